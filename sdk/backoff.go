@@ -1,0 +1,60 @@
+package sdk
+
+import (
+	"math"
+	"time"
+)
+
+// Backoff computes retry delays: min(Max, Base·2^(attempt-1)) plus a jitter
+// drawn uniformly in [0, Jitter·delay]. The zero value uses the defaults
+// (Base 1s, Max 5m, Jitter 0.2).
+type Backoff struct {
+	Base   time.Duration
+	Max    time.Duration
+	Jitter float64 // fraction of the delay; negative means none
+}
+
+// DefaultBackoff is the Backoff used when none is given.
+var DefaultBackoff = Backoff{Base: time.Second, Max: 5 * time.Minute, Jitter: 0.2}
+
+func (b Backoff) withDefaults() Backoff {
+	if b.Base <= 0 {
+		b.Base = DefaultBackoff.Base
+	}
+	if b.Max <= 0 {
+		b.Max = DefaultBackoff.Max
+	}
+	if b.Max < b.Base {
+		b.Max = b.Base
+	}
+	if b.Jitter == 0 {
+		b.Jitter = DefaultBackoff.Jitter
+	}
+	if b.Jitter < 0 {
+		b.Jitter = 0
+	}
+	return b
+}
+
+// Delay returns the delay before the retry that follows attempt (1-based),
+// with u, a number in [0, 1), choosing the jitter. Given the same u it is
+// deterministic.
+func (b Backoff) Delay(attempt int, u float64) time.Duration {
+	b = b.withDefaults()
+	if attempt < 1 {
+		attempt = 1
+	}
+	d := b.Max
+	if exp := attempt - 1; exp < 62 {
+		if f := float64(b.Base) * math.Pow(2, float64(exp)); f < float64(b.Max) {
+			d = time.Duration(f)
+		}
+	}
+	if u < 0 {
+		u = 0
+	}
+	if u >= 1 {
+		u = math.Nextafter(1, 0)
+	}
+	return d + time.Duration(b.Jitter*u*float64(d))
+}

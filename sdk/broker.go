@@ -1,0 +1,189 @@
+package sdk
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Delivery is one receipt of a [Message]; the same Message can be delivered
+// many times. Brokers implement it; the [Worker] settles each Delivery exactly
+// once with one of Ack, Retry, DeadLetter (or [Releaser.Release]).
+//
+// A Delivery is used by one goroutine at a time, except ExtendLease, which the
+// Worker's heartbeat may call while the handler runs. A second settlement
+// returns [ErrAlreadySettled]; a settlement after the lease was lost returns an
+// error wrapping [ErrLeaseLost] and changes nothing. Settlement errors are safe
+// to ignore for correctness: an unsettled delivery comes back.
+type Delivery interface {
+	// Message returns the delivered message. Callers must not modify it.
+	Message() *Message
+	// Attempt is 1 on the first delivery and counts retries and crash
+	// redeliveries (expired leases) alike.
+	Attempt() int
+	// Queue is the queue the delivery came from.
+	Queue() string
+	// Ack removes the message: its work is done.
+	Ack(ctx context.Context) error
+	// Retry returns the message to be delivered again, not before delay, with
+	// Attempt()+1. cause is recorded where the broker can keep it.
+	Retry(ctx context.Context, delay time.Duration, cause error) error
+	// DeadLetter moves the message to the queue's dead-letter queue with the
+	// reason headers (see [AnnotateDeadLetter]).
+	DeadLetter(ctx context.Context, cause error) error
+	// ExtendLease pushes the lease (visibility timeout) to d from now. Brokers
+	// without leases return nil and document how they detect dead consumers.
+	ExtendLease(ctx context.Context, d time.Duration) error
+}
+
+// Publisher sends messages to a queue.
+//
+// Publish may be called concurrently. It calls [Prepare] on every message
+// first (filling IDs, checking sizes and names), so msgs are modified; it does
+// not retain them after it returns. It returns once the broker has durably
+// accepted every message (publisher confirms, a committed row, a 200 from
+// SQS), or an error: a batch that fails validation publishes nothing; a batch
+// that fails at the broker may be partially published, and the error says
+// which ([PublishError]). Retrying a failed Publish is safe: consumers dedupe
+// by IdempotencyKey, not by delivery. After Close it returns [ErrClosed].
+type Publisher interface {
+	Publish(ctx context.Context, queue string, msgs ...*Message) error
+}
+
+// Subscriber hands out deliveries.
+//
+// Receive returns between 1 and max deliveries leased to the caller, waiting
+// (without busy looping) while the queue is empty. It may return an empty
+// slice with a nil error after a broker-specific long-poll window; callers
+// loop. It returns ctx.Err() when ctx is done, and [ErrClosed] after Close.
+// Receive may be called concurrently; two receivers never hold the same
+// message at the same time while its lease lasts.
+type Subscriber interface {
+	Receive(ctx context.Context, queue string, max int) ([]Delivery, error)
+}
+
+// Broker is a Publisher and a Subscriber that can be closed.
+//
+// Close releases the broker's connections and goroutines. It is safe to call
+// twice; every call after it returns [ErrClosed]. Deliveries received before
+// Close and not settled come back after their lease.
+type Broker interface {
+	Publisher
+	Subscriber
+	Close() error
+}
+
+// Releaser is implemented by deliveries that can be handed back without
+// consuming an attempt: the next delivery has the same Attempt(). The Worker
+// uses it for work interrupted by shutdown and for [RetryAfter]; when a
+// delivery lacks it, the Worker falls back to Retry.
+type Releaser interface {
+	Release(ctx context.Context, delay time.Duration) error
+}
+
+// Flusher is implemented by brokers that buffer settlements (for example SQS
+// batches deletes). The Worker calls Flush when it drains.
+type Flusher interface {
+	Flush(ctx context.Context) error
+}
+
+// QueueDeclarer creates a queue and its companions (dead-letter queue, retry
+// queues, redrive policy). It is idempotent: declaring an existing queue with
+// the same settings succeeds.
+type QueueDeclarer interface {
+	DeclareQueue(ctx context.Context, queue string) error
+}
+
+// QueueStats is a snapshot of a queue. Brokers whose counters are approximate
+// (SQS) say so in their docs.
+type QueueStats struct {
+	Queue        string
+	Ready        int64         // deliverable now
+	Delayed      int64         // scheduled for later (publish delay or Retry)
+	InFlight     int64         // leased to a consumer, not settled
+	DeadLettered int64         // in the dead-letter queue
+	OldestAge    time.Duration // age of the oldest ready message, 0 when none
+}
+
+// Inspector reports queue statistics.
+type Inspector interface {
+	Stats(ctx context.Context, queue string) (QueueStats, error)
+}
+
+// DeadLetters lists, shows, redrives and purges a queue's dead letters. The
+// messages it returns carry the reason headers ([HeaderDeadLetterReason] and
+// the others). Redrive puts messages back on their original queue with
+// attempts reset and [HeaderRedriveCount] incremented; with no ids it redrives
+// them all. Unknown ids give [ErrNotFound].
+type DeadLetters interface {
+	ListDeadLetters(ctx context.Context, queue string, limit int) ([]*Message, error)
+	GetDeadLetter(ctx context.Context, queue, id string) (*Message, error)
+	RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error)
+	PurgeDeadLetters(ctx context.Context, queue string) (int, error)
+}
+
+// AnnotateDeadLetter sets the dead-letter headers on m (a copy the broker is
+// about to store): reason, class, attempts, original queue and failure times.
+// firstFailure may be zero, in which case the header already on m is kept or,
+// if none, now is used. Every broker uses it so dead letters look alike.
+func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firstFailure, now time.Time) {
+	reason := "dead-lettered"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	m.SetHeader(HeaderDeadLetterReason, reason)
+	m.SetHeader(HeaderDeadLetterClass, string(Classify(cause)))
+	m.SetHeader(HeaderDeadLetterAttempts, strconv.Itoa(attempt))
+	m.SetHeader(HeaderDeadLetterQueue, queue)
+	ts := now.UTC().Format(time.RFC3339Nano)
+	if !firstFailure.IsZero() {
+		m.SetHeader(HeaderFirstFailure, firstFailure.UTC().Format(time.RFC3339Nano))
+	} else if m.Header(HeaderFirstFailure) == "" {
+		m.SetHeader(HeaderFirstFailure, ts)
+	}
+	m.SetHeader(HeaderLastFailure, ts)
+}
+
+// PrepareRedrive readies a dead-lettered message for its original queue: it
+// removes the dead-letter headers, increments [HeaderRedriveCount] and returns
+// the queue to publish to (the [HeaderDeadLetterQueue] header, else fallback).
+func PrepareRedrive(m *Message, fallback string) string {
+	q := m.Header(HeaderDeadLetterQueue)
+	if q == "" {
+		q = fallback
+	}
+	n, _ := strconv.Atoi(m.Header(HeaderRedriveCount))
+	for _, h := range []string{HeaderDeadLetterReason, HeaderDeadLetterClass, HeaderDeadLetterAttempts,
+		HeaderDeadLetterQueue, HeaderFirstFailure, HeaderLastFailure, HeaderAttempt} {
+		delete(m.Headers, h)
+	}
+	m.SetHeader(HeaderRedriveCount, strconv.Itoa(n+1))
+	m.Delay = 0
+	return q
+}
+
+// PublishError reports a batch that the broker accepted only in part. Failed
+// holds the IDs of the messages that were not published, with their causes;
+// the others were. It wraps the first cause.
+type PublishError struct {
+	Failed map[string]error
+}
+
+func (e *PublishError) Error() string {
+	for id, err := range e.Failed {
+		if len(e.Failed) == 1 {
+			return "berth: publish failed for message " + id + ": " + err.Error()
+		}
+		return "berth: publish failed for " + strconv.Itoa(len(e.Failed)) + " messages, e.g. " + id + ": " + err.Error()
+	}
+	return "berth: publish failed"
+}
+
+// Unwrap returns the causes.
+func (e *PublishError) Unwrap() []error {
+	errs := make([]error, 0, len(e.Failed))
+	for _, err := range e.Failed {
+		errs = append(errs, err)
+	}
+	return errs
+}

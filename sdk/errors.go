@@ -1,0 +1,197 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrClosed is returned by every call on a broker after Close.
+	ErrClosed = errors.New("berth: broker closed")
+	// ErrInvalidQueue reports a queue name a broker cannot use.
+	ErrInvalidQueue = errors.New("berth: invalid queue name")
+	// ErrInvalidHeader reports a header name or value a broker cannot carry.
+	ErrInvalidHeader = errors.New("berth: invalid header")
+	// ErrInvalidMessage reports a message that cannot be published as it is.
+	ErrInvalidMessage = errors.New("berth: invalid message")
+	// ErrMessageTooLarge reports a message over the broker's size limit.
+	ErrMessageTooLarge = errors.New("berth: message too large")
+	// ErrLeaseLost reports that a delivery's lease expired or was taken by
+	// another consumer: settling it changes nothing.
+	ErrLeaseLost = errors.New("berth: lease lost")
+	// ErrAlreadySettled is returned when a delivery is settled a second time.
+	ErrAlreadySettled = errors.New("berth: delivery already settled")
+	// ErrUnknownJobType is wrapped (permanently) by [Router] for a Message.Type
+	// with no handler.
+	ErrUnknownJobType = errors.New("berth: unknown job type")
+	// ErrUndecodable is wrapped (permanently) by [Decode] for a body that does
+	// not decode.
+	ErrUndecodable = errors.New("berth: undecodable message body")
+	// ErrNotFound reports a dead letter or queue that does not exist.
+	ErrNotFound = errors.New("berth: not found")
+	// ErrShutdown is the cancellation cause of a handler's context when the
+	// Worker stops before the handler finished.
+	ErrShutdown = errors.New("berth: worker shutting down")
+	// ErrDrainTimeout is returned by [Worker.Run] when handlers did not return
+	// within the drain deadline after their context was cancelled.
+	ErrDrainTimeout = errors.New("berth: drain deadline exceeded")
+	// ErrMaxDeliveries is the cause recorded on a message that a broker
+	// dead-lettered because it was delivered too many times without being
+	// settled (a poison message that kills its workers).
+	ErrMaxDeliveries = errors.New("berth: max deliveries exceeded")
+	// ErrUnavailable reports that the broker cannot be reached right now; the
+	// call may be retried. Brokers wrap it with the underlying cause.
+	ErrUnavailable = errors.New("berth: broker unavailable")
+)
+
+// QueueNameError reports an invalid queue name. It wraps [ErrInvalidQueue].
+type QueueNameError struct {
+	Name   string
+	Reason string // optional detail
+}
+
+func (e *QueueNameError) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("berth: invalid queue name %q: %s", e.Name, e.Reason)
+	}
+	return fmt.Sprintf("berth: invalid queue name %q", e.Name)
+}
+
+// Unwrap returns [ErrInvalidQueue].
+func (e *QueueNameError) Unwrap() error { return ErrInvalidQueue }
+
+// HeaderError reports a header a broker cannot carry. It wraps [ErrInvalidHeader].
+type HeaderError struct {
+	Name   string
+	Reason string
+}
+
+func (e *HeaderError) Error() string {
+	return fmt.Sprintf("berth: invalid header %q: %s", e.Name, e.Reason)
+}
+
+// Unwrap returns [ErrInvalidHeader].
+func (e *HeaderError) Unwrap() error { return ErrInvalidHeader }
+
+// MessageTooLargeError reports a message over a broker's limit, found before
+// anything was published. It wraps [ErrMessageTooLarge].
+type MessageTooLargeError struct {
+	ID    string
+	Size  int
+	Limit int
+}
+
+func (e *MessageTooLargeError) Error() string {
+	return fmt.Sprintf("berth: message %s is %d bytes, over the broker limit of %d", e.ID, e.Size, e.Limit)
+}
+
+// Unwrap returns [ErrMessageTooLarge].
+func (e *MessageTooLargeError) Unwrap() error { return ErrMessageTooLarge }
+
+// PermanentError marks a failure that no retry can fix. The Worker dead-letters
+// the delivery at once.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return "permanent failure"
+	}
+	return "permanent: " + e.Err.Error()
+}
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as permanent: the job is dead-lettered, never retried.
+// Use it for invalid payloads, missing rows, broken business rules and
+// idempotency conflicts. Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// RetryAfterError asks for the job to be tried again after Delay.
+type RetryAfterError struct {
+	Err   error
+	Delay time.Duration
+}
+
+func (e *RetryAfterError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("retry after %s", e.Delay)
+	}
+	return fmt.Sprintf("retry after %s: %v", e.Delay, e.Err)
+}
+
+// Unwrap returns the wrapped error.
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter asks for the job to run again after d, for a resource that is busy
+// or rate limited rather than broken. It does not count as a failed attempt: the
+// Worker never dead-letters because of it, and releases the delivery without
+// consuming an attempt where the broker can ([Releaser]). err may be nil.
+func RetryAfter(err error, d time.Duration) error {
+	if d < 0 {
+		d = 0
+	}
+	return &RetryAfterError{Err: err, Delay: d}
+}
+
+// PanicError is the error a recovered handler panic becomes. It is transient.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// ErrorClass names how the Worker treats an error. It labels logs, metrics and
+// dead-letter headers.
+type ErrorClass string
+
+// The error classes.
+const (
+	ClassNone       ErrorClass = ""
+	ClassPermanent  ErrorClass = "permanent"
+	ClassRetryAfter ErrorClass = "retry_after"
+	ClassTransient  ErrorClass = "transient"
+	ClassPanic      ErrorClass = "panic"
+	ClassCanceled   ErrorClass = "canceled"
+	ClassPoison     ErrorClass = "max_deliveries"
+)
+
+// Classify returns the class of err: nil is ClassNone; Permanent,
+// RetryAfter, panics and ErrMaxDeliveries have their own class; context
+// cancellation is ClassCanceled; everything else is transient.
+func Classify(err error) ErrorClass {
+	if err == nil {
+		return ClassNone
+	}
+	var pe *PermanentError
+	if errors.As(err, &pe) {
+		return ClassPermanent
+	}
+	var re *RetryAfterError
+	if errors.As(err, &re) {
+		return ClassRetryAfter
+	}
+	var pa *PanicError
+	if errors.As(err, &pa) {
+		return ClassPanic
+	}
+	if errors.Is(err, ErrMaxDeliveries) {
+		return ClassPoison
+	}
+	if errors.Is(err, context.Canceled) {
+		return ClassCanceled
+	}
+	return ClassTransient
+}
+
+// IsPermanent reports whether err is marked [Permanent].
+func IsPermanent(err error) bool { return Classify(err) == ClassPermanent }

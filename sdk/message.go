@@ -1,0 +1,184 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Message is one job. Publishers fill ID and CorrelationID when they are empty
+// (see [Prepare]); every other field is carried unchanged to the consumer.
+type Message struct {
+	// ID is unique per publish. Filled with a UUIDv7 if empty.
+	ID string
+	// Type is the job type, e.g. "billing.charge": it routes the job ([Router])
+	// and labels its metrics.
+	Type string
+	// IdempotencyKey names the business operation, e.g. "charge:order_123:v1".
+	// It is not the message ID: two publishes of the same operation share it.
+	IdempotencyKey string
+	// Key is the ordering key (the SQS FIFO MessageGroupId). Optional.
+	Key string
+	// CorrelationID ties together the jobs of one business flow. Filled from the
+	// publishing context (see [WithCorrelationID]) or generated at publish.
+	CorrelationID string
+	// Headers are application headers. Names starting with "berth-" are reserved.
+	Headers map[string]string
+	// Body is the payload; any bytes, including none.
+	Body []byte
+	// Delay postpones the first delivery. Optional.
+	Delay time.Duration
+}
+
+// Clone returns a deep copy of m.
+func (m *Message) Clone() *Message {
+	c := *m
+	if m.Headers != nil {
+		c.Headers = make(map[string]string, len(m.Headers))
+		for k, v := range m.Headers {
+			c.Headers[k] = v
+		}
+	}
+	if m.Body != nil {
+		c.Body = append([]byte(nil), m.Body...)
+	}
+	return &c
+}
+
+// Size is the number of bytes the message occupies on a broker: body, header
+// names and values, and the string fields. Brokers compare it with their limit.
+func (m *Message) Size() int {
+	n := len(m.Body) + len(m.ID) + len(m.Type) + len(m.IdempotencyKey) + len(m.Key) + len(m.CorrelationID)
+	for k, v := range m.Headers {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// Header returns the value of header name, or "" when absent.
+func (m *Message) Header(name string) string {
+	if m.Headers == nil {
+		return ""
+	}
+	return m.Headers[name]
+}
+
+// SetHeader sets header name to value, allocating the map if needed.
+func (m *Message) SetHeader(name, value string) {
+	if m.Headers == nil {
+		m.Headers = make(map[string]string)
+	}
+	m.Headers[name] = value
+}
+
+// Reserved header names. Brokers write them on dead-lettered and retried
+// messages; applications read them, never set them.
+const (
+	// HeaderDeadLetterReason is the error text that dead-lettered the message.
+	HeaderDeadLetterReason = "berth-dlq-reason"
+	// HeaderDeadLetterClass is the [ErrorClass] of that error.
+	HeaderDeadLetterClass = "berth-dlq-class"
+	// HeaderDeadLetterAttempts is the attempt at which the message was dead-lettered.
+	HeaderDeadLetterAttempts = "berth-dlq-attempts"
+	// HeaderDeadLetterQueue is the queue the message was dead-lettered from,
+	// where redrive puts it back.
+	HeaderDeadLetterQueue = "berth-dlq-queue"
+	// HeaderFirstFailure is the RFC 3339 time of the first failure the broker
+	// knows of (brokers that cannot track retries set it to the last failure).
+	HeaderFirstFailure = "berth-first-failure"
+	// HeaderLastFailure is the RFC 3339 time of the failure that dead-lettered it.
+	HeaderLastFailure = "berth-last-failure"
+	// HeaderRedriveCount counts how many times the message was redriven.
+	HeaderRedriveCount = "berth-redrive-count"
+	// HeaderAttempt carries the attempt number on brokers that republish
+	// retries as new messages (RabbitMQ).
+	HeaderAttempt = "berth-attempt"
+)
+
+// MaxDelay bounds delays given to Publish and Retry on every broker, so that
+// portable code behaves alike (SQS cannot delay longer than 15 minutes at
+// publish; Retry through visibility allows 12 hours).
+const MaxDelay = 12 * time.Hour
+
+var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$`)
+
+// ValidateQueueName reports whether name is a portable queue name: 1 to 80
+// characters of letters, digits, '_', '-' and '.', not starting with '.' or
+// '-'. Brokers may add rules of their own. The error wraps [ErrInvalidQueue].
+func ValidateQueueName(name string) error {
+	if !queueNameRE.MatchString(name) {
+		return &QueueNameError{Name: name}
+	}
+	return nil
+}
+
+// ValidateHeaders checks that header names are non-empty valid UTF-8 and values
+// valid UTF-8. The error wraps [ErrInvalidHeader].
+func ValidateHeaders(h map[string]string) error {
+	for k, v := range h {
+		if k == "" || !utf8.ValidString(k) {
+			return &HeaderError{Name: k, Reason: "name must be non-empty UTF-8"}
+		}
+		if !utf8.ValidString(v) {
+			return &HeaderError{Name: k, Reason: "value must be UTF-8"}
+		}
+	}
+	return nil
+}
+
+// NewID returns a new message ID: a UUIDv7, time-ordered.
+func NewID() string {
+	id, err := uuid.NewV7()
+	if err != nil { // only when the system's random source fails
+		return uuid.NewString()
+	}
+	return id.String()
+}
+
+// Prepare is what every broker's Publish calls before anything is sent: it
+// validates the queue name, the headers, the delay and the size against limit
+// (limit <= 0 means no limit), and fills ID and CorrelationID when empty. It
+// modifies m in place. Its errors are typed ([QueueNameError], [HeaderError],
+// [MessageTooLargeError], [ErrInvalidMessage]) and nothing is published when
+// any message of a batch fails it.
+func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
+	if err := ValidateQueueName(queue); err != nil {
+		return err
+	}
+	if m == nil {
+		return fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	}
+	if m.Delay < 0 || m.Delay > MaxDelay {
+		return fmt.Errorf("%w: delay %s outside [0, %s]", ErrInvalidMessage, m.Delay, MaxDelay)
+	}
+	if err := ValidateHeaders(m.Headers); err != nil {
+		return err
+	}
+	if m.ID == "" {
+		m.ID = NewID()
+	}
+	if m.CorrelationID == "" {
+		m.CorrelationID = CorrelationID(ctx)
+		if m.CorrelationID == "" {
+			m.CorrelationID = NewID()
+		}
+	}
+	if limit > 0 && m.Size() > limit {
+		return &MessageTooLargeError{ID: m.ID, Size: m.Size(), Limit: limit}
+	}
+	return nil
+}
+
+// PrepareAll runs [Prepare] on every message and stops at the first error.
+func PrepareAll(ctx context.Context, queue string, msgs []*Message, limit int) error {
+	for _, m := range msgs {
+		if err := Prepare(ctx, queue, m, limit); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package sdk
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// DecodeError reports a body that does not decode into the handler's type. It
+// wraps [ErrUndecodable] and the decoder's error.
+type DecodeError struct {
+	MessageID string
+	Type      string
+	Err       error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("berth: message %s (type %q): undecodable body: %v", e.MessageID, e.Type, e.Err)
+}
+
+// Unwrap returns [ErrUndecodable] and the decoder's error.
+func (e *DecodeError) Unwrap() []error { return []error{ErrUndecodable, e.Err} }
+
+// Decode decodes the JSON body of m into a T. A failure is permanent (a
+// [PermanentError] wrapping a [DecodeError]): no retry makes bad bytes good.
+// Unknown fields are rejected, so a payload of the wrong shape is not taken
+// for an empty one.
+func Decode[T any](m *Message) (T, error) {
+	var v T
+	dec := json.NewDecoder(bytes.NewReader(m.Body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return v, Permanent(&DecodeError{MessageID: m.ID, Type: m.Type, Err: err})
+	}
+	if dec.More() {
+		return v, Permanent(&DecodeError{MessageID: m.ID, Type: m.Type, Err: fmt.Errorf("trailing data after JSON value")})
+	}
+	return v, nil
+}
+
+// JSON returns a Handler that decodes each delivery's body into a T and calls
+// fn with it. Undecodable bodies are dead-lettered without calling fn.
+func JSON[T any](fn func(ctx context.Context, d Delivery, v T) error) Handler {
+	return HandlerFunc(func(ctx context.Context, d Delivery) error {
+		v, err := Decode[T](d.Message())
+		if err != nil {
+			return err
+		}
+		return fn(ctx, d, v)
+	})
+}
+
+// NewJSON returns a message of type jobType whose body is v encoded as JSON.
+func NewJSON(jobType string, v any) (*Message, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode %s payload: %v", ErrInvalidMessage, jobType, err)
+	}
+	return &Message{Type: jobType, Body: b}, nil
+}

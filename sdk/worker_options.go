@@ -1,0 +1,147 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// RetryPolicy says how transient failures are retried.
+type RetryPolicy struct {
+	// MaxAttempts is the attempt at which a transient failure is dead-lettered
+	// instead of retried. Default 5.
+	MaxAttempts int
+	// Backoff computes the delay before each retry.
+	Backoff Backoff
+}
+
+// DefaultMaxAttempts is the MaxAttempts used when none is given.
+const DefaultMaxAttempts = 5
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	p.Backoff = p.Backoff.withDefaults()
+	return p
+}
+
+// WorkerOptions configures a [Worker]. The zero value, with Queue set, is a
+// sensible worker.
+type WorkerOptions struct {
+	// Queue to consume. Required.
+	Queue string
+	// Concurrency is how many handlers run at once. Default 8.
+	Concurrency int
+	// Prefetch is how many deliveries may wait, received but not yet started,
+	// beyond the running ones. Their leases run while they wait. Default
+	// Concurrency.
+	Prefetch int
+	// Retry is the retry policy for job types without their own.
+	Retry RetryPolicy
+	// RetryByType overrides Retry per Message.Type.
+	RetryByType map[string]RetryPolicy
+	// Lease is the lease length the Worker asks for when it extends a lease;
+	// it should match the broker's lease (visibility timeout). Default 30s.
+	Lease time.Duration
+	// HeartbeatInterval is how often running handlers' leases are extended.
+	// Default Lease/3. Negative disables heartbeats.
+	HeartbeatInterval time.Duration
+	// DrainTimeout bounds shutdown: handlers still running this long after Run's
+	// context is done have their context cancelled (cause [ErrShutdown]) and
+	// their deliveries released. Default 30s.
+	DrainTimeout time.Duration
+	// SettleTimeout bounds each settlement call. Default 10s.
+	SettleTimeout time.Duration
+	// Middleware wraps the handler, the first outermost.
+	Middleware []Middleware
+	// Observers see every delivery start and settle (telemetry, tests).
+	Observers []Observer
+	// Logger receives structured logs. Default slog.Default().
+	Logger *slog.Logger
+	// Rand draws backoff jitter. Give a seeded source for deterministic
+	// tests. Default: a random source. Used under a lock.
+	Rand *rand.Rand
+}
+
+func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
+	if err := ValidateQueueName(o.Queue); err != nil {
+		return o, fmt.Errorf("berth: worker: %w", err)
+	}
+	if o.Concurrency < 0 || o.Prefetch < 0 {
+		return o, fmt.Errorf("berth: worker: negative Concurrency or Prefetch")
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 8
+	}
+	if o.Prefetch == 0 {
+		o.Prefetch = o.Concurrency
+	}
+	o.Retry = o.Retry.withDefaults()
+	if o.RetryByType != nil {
+		m := make(map[string]RetryPolicy, len(o.RetryByType))
+		for t, p := range o.RetryByType {
+			m[t] = p.withDefaults()
+		}
+		o.RetryByType = m
+	}
+	if o.Lease <= 0 {
+		o.Lease = 30 * time.Second
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = o.Lease / 3
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 30 * time.Second
+	}
+	if o.SettleTimeout <= 0 {
+		o.SettleTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Rand == nil {
+		o.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	return o, nil
+}
+
+// Action is what the Worker did with a delivery.
+type Action string
+
+// The settlement actions.
+const (
+	ActionAck        Action = "ack"
+	ActionRetry      Action = "retry"
+	ActionDeadLetter Action = "dead_letter"
+	ActionRelease    Action = "release"    // handed back without consuming an attempt
+	ActionLeaseLost  Action = "lease_lost" // not settled: the lease was lost
+)
+
+// Settlement describes how one delivery was settled.
+type Settlement struct {
+	Action   Action
+	Delay    time.Duration // for ActionRetry and ActionRelease
+	Class    ErrorClass    // class of the handler's error
+	Cause    error         // the handler's error, nil on success
+	Err      error         // the settlement call's own error, if it failed
+	Duration time.Duration // handler run time
+}
+
+// Observer sees each delivery the Worker processes. Start is called before the
+// middleware chain with the delivery's context and returns the context the
+// handler runs in (to carry a span, a correlation ID); Settled is called after
+// the settlement with that context. Both are called from many goroutines at
+// once and must be quick.
+type Observer interface {
+	Start(ctx context.Context, d Delivery) context.Context
+	Settled(ctx context.Context, d Delivery, s Settlement)
+}
+
+// LeaseObserver is an optional extension of Observer told of every lease
+// extension attempt by the heartbeat (err nil on success).
+type LeaseObserver interface {
+	LeaseExtended(ctx context.Context, d Delivery, by time.Duration, err error)
+}
