@@ -1,0 +1,183 @@
+// Package brokertest is the conformance suite every berth broker runs: one set
+// of named cases that checks a broker keeps the [sdk.Delivery] contract of
+// DESIGN.md (leases, attempts, retries, dead letters, limits, Close) and that
+// the [sdk.Worker] on top of it settles every message exactly once.
+//
+// A broker's test describes itself with a [Harness] and calls [Run]:
+//
+//	func TestConformance(t *testing.T) {
+//		brokertest.Run(t, brokertest.Harness{
+//			New: func(t *testing.T) sdk.Broker {
+//				b, err := memory.New(memory.Options{Lease: time.Second, MaxDeliveries: 3})
+//				if err != nil {
+//					t.Fatal(err)
+//				}
+//				return b
+//			},
+//			Lease:          time.Second,
+//			MaxDeliveries:  3,
+//			MaxMessageSize: 1 << 20,
+//		})
+//	}
+//
+// Every case is a subtest with a fresh broker and a fresh queue. A case that
+// needs a behaviour the broker declares in [Harness.Unsupported] is skipped
+// with "unsupported: <reason>". Timing assertions are only lower bounds ("not
+// delivered before d") and generous upper bounds ("eventually, within
+// [Harness.Timeout]"), so the suite holds on a loaded machine.
+package brokertest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Capability names an optional behaviour a broker may lack. A harness lists
+// the ones its broker lacks in [Harness.Unsupported], each with a reason.
+type Capability string
+
+// The capabilities the suite knows.
+const (
+	// CapLease: an unsettled delivery is redelivered once its lease expires,
+	// without [Harness.Abandon] (RabbitMQ redelivers only when the consumer's
+	// channel closes).
+	CapLease Capability = "lease"
+	// CapLeaseLost: settling a delivery whose lease expired (and whose message
+	// was delivered again) returns an error wrapping [sdk.ErrLeaseLost].
+	CapLeaseLost Capability = "lease-lost"
+	// CapExtendLease: ExtendLease keeps a delivery from being redelivered past
+	// its original lease.
+	CapExtendLease Capability = "extend-lease"
+	// CapDelayedPublish: Message.Delay postpones the first delivery.
+	CapDelayedPublish Capability = "delayed-publish"
+	// CapRetryDelay: Retry(d) is not delivered again before d.
+	CapRetryDelay Capability = "retry-delay"
+	// CapRelease: deliveries implement [sdk.Releaser].
+	CapRelease Capability = "release"
+	// CapDeadLetters: the broker implements [sdk.DeadLetters].
+	CapDeadLetters Capability = "dead-letters"
+	// CapStats: the broker implements [sdk.Inspector] with exact counts.
+	CapStats Capability = "stats"
+	// CapMaxDeliveries: a message delivered [Harness.MaxDeliveries] times
+	// without being settled is dead-lettered with [sdk.ErrMaxDeliveries].
+	CapMaxDeliveries Capability = "max-deliveries"
+	// CapMaxMessageSize: the broker has a size limit ([Harness.MaxMessageSize])
+	// checked before publishing.
+	CapMaxMessageSize Capability = "max-message-size"
+)
+
+// Harness describes the broker under test. New is required; the rest have
+// defaults.
+type Harness struct {
+	// New returns a fresh broker for one subtest. The suite closes it at the
+	// end of the subtest (Close twice must be safe); New may register its own
+	// t.Cleanup for anything else (connections, schemas).
+	New func(t *testing.T) sdk.Broker
+	// Queue returns a fresh, unique, declared queue (with its dead-letter
+	// queue and whatever else the broker needs) and registers its cleanup.
+	// Default: "brokertest_<random>", declared through [sdk.QueueDeclarer]
+	// when the broker implements it.
+	Queue func(t *testing.T, b sdk.Broker) string
+	// Lease is the lease every delivery gets from the broker in this harness.
+	// Keep it short (0.5–3 s): cases wait for it to expire. Required.
+	Lease time.Duration
+	// MaxDeliveries is the poison cap the broker was configured with
+	// (required unless CapMaxDeliveries is unsupported).
+	MaxDeliveries int
+	// MaxMessageSize is the broker's size limit in bytes, as [sdk.Message.Size]
+	// counts them (required unless CapMaxMessageSize is unsupported).
+	MaxMessageSize int
+	// Abandon simulates the death of the consumer holding d: RabbitMQ closes
+	// the channel it came on. Default: stop touching d and let its lease run out.
+	Abandon func(t *testing.T, b sdk.Broker, d sdk.Delivery)
+	// Unsupported maps each capability the broker lacks to the reason.
+	Unsupported map[Capability]string
+	// WorkerMessages is the number of messages of the Worker-level cases.
+	// Default 10000.
+	WorkerMessages int
+	// Timeout bounds every "eventually" of the suite. Default 20s.
+	Timeout time.Duration
+}
+
+// Run runs every conformance case against the broker h describes, each as a
+// named subtest of t.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.New == nil {
+		t.Fatal("brokertest: Harness.New is required")
+	}
+	if h.Lease <= 0 {
+		t.Fatal("brokertest: Harness.Lease is required")
+	}
+	if h.WorkerMessages <= 0 {
+		h.WorkerMessages = 10000
+	}
+	if h.Timeout <= 0 {
+		h.Timeout = 20 * time.Second
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, capability := range c.needs {
+				if reason, ok := h.Unsupported[capability]; ok {
+					t.Skipf("unsupported: %s (%s)", reason, capability)
+				}
+			}
+			c.run(t, newEnv(t, h))
+		})
+	}
+}
+
+// Names returns the names of the cases [Run] runs, in order.
+func Names() []string {
+	names := make([]string, len(cases))
+	for i, c := range cases {
+		names[i] = c.name
+	}
+	return names
+}
+
+// testCase is one named conformance case.
+type testCase struct {
+	name  string
+	needs []Capability
+	run   func(t *testing.T, e *env)
+}
+
+// env is what a case works with: a fresh broker and queue.
+type env struct {
+	h Harness
+	b sdk.Broker
+	q string
+}
+
+func newEnv(t *testing.T, h Harness) *env {
+	t.Helper()
+	b := h.New(t)
+	t.Cleanup(func() { _ = b.Close() })
+	var q string
+	if h.Queue != nil {
+		q = h.Queue(t, b)
+	} else {
+		q = "brokertest_" + randomSuffix()
+		if d, ok := b.(sdk.QueueDeclarer); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
+			defer cancel()
+			if err := d.DeclareQueue(ctx, q); err != nil {
+				t.Fatalf("DeclareQueue(%q): %v", q, err)
+			}
+		}
+	}
+	return &env{h: h, b: b, q: q}
+}
+
+// randomSuffix returns 12 random hex characters.
+func randomSuffix() string {
+	var p [6]byte
+	_, _ = rand.Read(p[:])
+	return hex.EncodeToString(p[:])
+}

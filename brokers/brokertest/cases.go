@@ -1,0 +1,4 @@
+package brokertest
+
+// cases is the conformance suite, in the order Run runs it.
+var cases = []testCase{}
