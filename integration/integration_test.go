@@ -1,0 +1,48 @@
+package integration
+
+import (
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestURLHostPortHidesNothingButHost(t *testing.T) {
+	f := urlHostPort("5672")
+	cases := map[string]string{
+		"amqp://guest:secret@127.0.0.1:5673/vhost": "127.0.0.1:5673",
+		"amqps://u:p@rabbit.example":               "rabbit.example:5672",
+		"amqp://[::1]/":                            "[::1]:5672",
+		"::not a url":                              "invalid-url:0",
+	}
+	for in, want := range cases {
+		if got := f(in); got != want {
+			t.Errorf("urlHostPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Every service CI starts answers here; in CI a missing one fails instead of
+// skipping, which is what this test proves for the machine it runs on.
+func TestServicesAnswer(t *testing.T) {
+	for name, get := range map[string]func(testing.TB) string{
+		"rabbitmq": RabbitMQURL, "postgres": PostgresDSN, "redis": RedisAddr, "sqs": SQSEndpoint,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if ep := get(t); ep == "" {
+				t.Fatal("empty endpoint")
+			}
+		})
+	}
+}
+
+func TestEnvOverrideMustAnswer(t *testing.T) {
+	t.Setenv("BERTH_REDIS_ADDR", "127.0.0.1:1") // nothing listens on port 1
+	_, err := find(service{name: "x", env: "BERTH_REDIS_ADDR", fallback: "127.0.0.1:6379",
+		addr: func(s string) string { return s }, docker: func() (string, error) { return "", os.ErrNotExist }})
+	if err == nil {
+		t.Fatal("an unreachable override must be an error, not silently replaced by the default")
+	}
+}
