@@ -1,0 +1,184 @@
+package brokertest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// ctx returns a context bounded by the harness timeout, cancelled with the test.
+func (e *env) ctx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), e.h.Timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// publish publishes msgs to the case's queue and fails the test on error.
+func (e *env) publish(t *testing.T, msgs ...*sdk.Message) {
+	t.Helper()
+	if err := e.b.Publish(e.ctx(t), e.q, msgs...); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+}
+
+// receive waits, within the harness timeout, for at least one delivery and
+// returns what one Receive call gave (at most max).
+func (e *env) receive(t *testing.T, max int) []sdk.Delivery {
+	t.Helper()
+	ctx := e.ctx(t)
+	for {
+		ds, err := e.b.Receive(ctx, e.q, max)
+		if err != nil {
+			t.Fatalf("Receive: %v (nothing delivered within %s)", err, e.h.Timeout)
+		}
+		if len(ds) > max {
+			t.Fatalf("Receive(max=%d) returned %d deliveries", max, len(ds))
+		}
+		if len(ds) > 0 {
+			return ds
+		}
+	}
+}
+
+// receiveOne waits for one delivery.
+func (e *env) receiveOne(t *testing.T) sdk.Delivery {
+	t.Helper()
+	return e.receive(t, 1)[0]
+}
+
+// receiveN waits for exactly n deliveries, in as many calls as it takes.
+func (e *env) receiveN(t *testing.T, n int) []sdk.Delivery {
+	t.Helper()
+	var all []sdk.Delivery
+	for len(all) < n {
+		all = append(all, e.receive(t, n-len(all))...)
+	}
+	return all
+}
+
+// expectNone receives for the duration wait and fails the test if anything
+// is delivered.
+func (e *env) expectNone(t *testing.T, wait time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	for {
+		ds, err := e.b.Receive(ctx, e.q, 10)
+		for _, d := range ds {
+			t.Fatalf("unexpected delivery of %s (attempt %d)", d.Message().ID, d.Attempt())
+		}
+		if err != nil {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Receive on a quiet queue: %v, want the context's error", err)
+			}
+			return
+		}
+	}
+}
+
+// abandon lets go of d without settling it, as a consumer that died would.
+func (e *env) abandon(t *testing.T, d sdk.Delivery) {
+	t.Helper()
+	if e.h.Abandon != nil {
+		e.h.Abandon(t, e.b, d)
+	}
+}
+
+// supports reports whether the harness declares capability c supported.
+func (e *env) supports(c Capability) bool {
+	_, unsupported := e.h.Unsupported[c]
+	return !unsupported
+}
+
+// deadLetters returns the broker's DeadLetters or fails the test.
+func (e *env) deadLetters(t *testing.T) sdk.DeadLetters {
+	t.Helper()
+	dl, ok := e.b.(sdk.DeadLetters)
+	if !ok {
+		t.Fatalf("%T does not implement sdk.DeadLetters; declare CapDeadLetters unsupported with a reason", e.b)
+	}
+	return dl
+}
+
+// waitDeadLetters waits until the queue's dead-letter queue holds n messages
+// and returns them.
+func (e *env) waitDeadLetters(t *testing.T, n int) []*sdk.Message {
+	t.Helper()
+	dl := e.deadLetters(t)
+	ctx := e.ctx(t)
+	for {
+		ms, err := dl.ListDeadLetters(ctx, e.q, n+10)
+		if err != nil {
+			t.Fatalf("ListDeadLetters: %v", err)
+		}
+		if len(ms) == n {
+			return ms
+		}
+		if len(ms) > n {
+			t.Fatalf("ListDeadLetters: %d dead letters, want %d", len(ms), n)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("ListDeadLetters: %d dead letters after %s, want %d", len(ms), e.h.Timeout, n)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// settleAck acks d and fails the test on error.
+func settleAck(t *testing.T, ctx context.Context, d sdk.Delivery) {
+	t.Helper()
+	if err := d.Ack(ctx); err != nil {
+		t.Fatalf("Ack of %s (attempt %d): %v", d.Message().ID, d.Attempt(), err)
+	}
+}
+
+// userHeaders returns h without the reserved "berth-" headers.
+func userHeaders(h map[string]string) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if !strings.HasPrefix(k, "berth-") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// compareMessage reports how got differs from want in the fields a broker
+// carries (ID, Type, IdempotencyKey, Key, CorrelationID, user headers, Body).
+func compareMessage(t *testing.T, got, want *sdk.Message) {
+	t.Helper()
+	if got.ID != want.ID {
+		t.Errorf("ID = %q, want %q", got.ID, want.ID)
+	}
+	if got.Type != want.Type {
+		t.Errorf("message %s: Type = %q, want %q", want.ID, got.Type, want.Type)
+	}
+	if got.IdempotencyKey != want.IdempotencyKey {
+		t.Errorf("message %s: IdempotencyKey = %q, want %q", want.ID, got.IdempotencyKey, want.IdempotencyKey)
+	}
+	if got.Key != want.Key {
+		t.Errorf("message %s: Key = %q, want %q", want.ID, got.Key, want.Key)
+	}
+	if got.CorrelationID != want.CorrelationID {
+		t.Errorf("message %s: CorrelationID = %q, want %q", want.ID, got.CorrelationID, want.CorrelationID)
+	}
+	if g, w := userHeaders(got.Headers), userHeaders(want.Headers); !maps.Equal(g, w) {
+		t.Errorf("message %s: Headers = %q, want %q", want.ID, g, w)
+	}
+	if !bytes.Equal(got.Body, want.Body) {
+		t.Errorf("message %s: Body = %x, want %x", want.ID, got.Body, want.Body)
+	}
+}
+
+// textMessage returns a message with body s.
+func textMessage(s string) *sdk.Message {
+	return &sdk.Message{Type: "brokertest." + s, Body: []byte(s)}
+}
