@@ -30,9 +30,6 @@ func (b Backoff) withDefaults() Backoff {
 	if b.Jitter == 0 {
 		b.Jitter = DefaultBackoff.Jitter
 	}
-	if b.Jitter < 0 {
-		b.Jitter = 0
-	}
 	return b
 }
 
@@ -56,5 +53,5 @@ func (b Backoff) Delay(attempt int, u float64) time.Duration {
 	if u >= 1 {
 		u = math.Nextafter(1, 0)
 	}
-	return d + time.Duration(b.Jitter*u*float64(d))
+	return d + time.Duration(max(b.Jitter, 0)*u*float64(d))
 }

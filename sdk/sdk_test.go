@@ -1,0 +1,211 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+	"github.com/google/uuid"
+)
+
+func TestBackoff(t *testing.T) {
+	b := sdk.Backoff{Base: 100 * time.Millisecond, Max: time.Second, Jitter: 0.5}
+	for _, tc := range []struct {
+		attempt int
+		u       float64
+		want    time.Duration
+	}{
+		{1, 0, 100 * time.Millisecond},
+		{2, 0, 200 * time.Millisecond},
+		{4, 0, 800 * time.Millisecond},
+		{5, 0, time.Second}, // capped
+		{500, 0, time.Second},
+		{1, 0.5, 125 * time.Millisecond},
+		{0, 0, 100 * time.Millisecond}, // attempts below 1 count as 1
+	} {
+		if got := b.Delay(tc.attempt, tc.u); got != tc.want {
+			t.Errorf("Delay(%d, %v) = %v, want %v", tc.attempt, tc.u, got, tc.want)
+		}
+	}
+	if got := b.Delay(5, 0.9999); got >= 1500*time.Millisecond || got < time.Second {
+		t.Errorf("jitter outside [delay, delay·1.5): %v", got)
+	}
+	if got := (sdk.Backoff{}).Delay(1, 0); got != sdk.DefaultBackoff.Base {
+		t.Errorf("zero Backoff uses defaults: got %v", got)
+	}
+	if got := (sdk.Backoff{Base: time.Second, Jitter: -1}).Delay(1, 0.99); got != time.Second {
+		t.Errorf("negative jitter means none: got %v", got)
+	}
+}
+
+func TestPrepare(t *testing.T) {
+	ctx := sdk.WithCorrelationID(context.Background(), "flow-1")
+	m := &sdk.Message{Type: "t", Body: []byte("x")}
+	if err := sdk.Prepare(ctx, "jobs", m, 0); err != nil {
+		t.Fatal(err)
+	}
+	id, err := uuid.Parse(m.ID)
+	if err != nil || id.Version() != 7 {
+		t.Errorf("ID %q is not a UUIDv7 (%v)", m.ID, err)
+	}
+	if m.CorrelationID != "flow-1" {
+		t.Errorf("CorrelationID %q, want the context's", m.CorrelationID)
+	}
+	kept := &sdk.Message{ID: "mine", CorrelationID: "c"}
+	if err := sdk.Prepare(context.Background(), "jobs", kept, 0); err != nil || kept.ID != "mine" || kept.CorrelationID != "c" {
+		t.Errorf("Prepare overwrote given fields: %+v %v", kept, err)
+	}
+	gen := &sdk.Message{}
+	if err := sdk.Prepare(context.Background(), "jobs", gen, 0); err != nil || gen.CorrelationID == "" {
+		t.Errorf("no correlation ID generated: %+v %v", gen, err)
+	}
+
+	var tooLarge *sdk.MessageTooLargeError
+	if err := sdk.Prepare(ctx, "jobs", &sdk.Message{Body: make([]byte, 100)}, 64); !errors.As(err, &tooLarge) || !errors.Is(err, sdk.ErrMessageTooLarge) || tooLarge.Limit != 64 {
+		t.Errorf("oversized: %v", err)
+	}
+	for _, q := range []string{"", "has space", ".dot", strings.Repeat("q", 81), "semi;colon"} {
+		if err := sdk.Prepare(ctx, q, &sdk.Message{}, 0); !errors.Is(err, sdk.ErrInvalidQueue) {
+			t.Errorf("queue %q: %v, want ErrInvalidQueue", q, err)
+		}
+	}
+	bad := &sdk.Message{Headers: map[string]string{"k": string([]byte{0xff})}}
+	if err := sdk.Prepare(ctx, "jobs", bad, 0); !errors.Is(err, sdk.ErrInvalidHeader) {
+		t.Errorf("non-UTF-8 header: %v", err)
+	}
+	if err := sdk.Prepare(ctx, "jobs", &sdk.Message{Delay: -time.Second}, 0); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("negative delay: %v", err)
+	}
+	if err := sdk.Prepare(ctx, "jobs", nil, 0); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("nil message: %v", err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	base := errors.New("x")
+	for err, want := range map[error]sdk.ErrorClass{
+		nil:                                      sdk.ClassNone,
+		base:                                     sdk.ClassTransient,
+		sdk.Permanent(base):                      sdk.ClassPermanent,
+		fmt.Errorf("w: %w", sdk.Permanent(base)): sdk.ClassPermanent,
+		sdk.RetryAfter(base, time.Second):        sdk.ClassRetryAfter,
+		&sdk.PanicError{Value: 1}:                sdk.ClassPanic,
+		fmt.Errorf("w: %w", sdk.ErrMaxDeliveries): sdk.ClassPoison,
+		context.Canceled: sdk.ClassCanceled,
+	} {
+		if got := sdk.Classify(err); got != want {
+			t.Errorf("Classify(%v) = %q, want %q", err, got, want)
+		}
+	}
+	if sdk.Permanent(nil) != nil {
+		t.Error("Permanent(nil) must be nil")
+	}
+	if !errors.Is(sdk.Permanent(base), base) || !errors.Is(sdk.RetryAfter(base, 0), base) {
+		t.Error("wrapped errors lost their cause")
+	}
+}
+
+func TestRouter(t *testing.T) {
+	r := sdk.NewRouter()
+	r.RegisterFunc("a", func(context.Context, sdk.Delivery) error { return errors.New("from a") })
+	if err := r.Handle(context.Background(), newFake(1, "a")); err == nil || err.Error() != "from a" {
+		t.Errorf("route a: %v", err)
+	}
+	err := r.Handle(context.Background(), newFake(1, "nope"))
+	if !errors.Is(err, sdk.ErrUnknownJobType) || !sdk.IsPermanent(err) {
+		t.Errorf("unknown type: %v, want a permanent ErrUnknownJobType", err)
+	}
+	if got := r.Types(); len(got) != 1 || got[0] != "a" {
+		t.Errorf("Types() = %v", got)
+	}
+}
+
+func TestDecode(t *testing.T) {
+	type charge struct {
+		Order  string `json:"order"`
+		Amount int    `json:"amount"`
+	}
+	v, err := sdk.Decode[charge](&sdk.Message{Body: []byte(`{"order":"o1","amount":5}`)})
+	if err != nil || v.Order != "o1" || v.Amount != 5 {
+		t.Fatalf("Decode = %+v, %v", v, err)
+	}
+	for _, body := range []string{`{"order":`, `{"order":"o1","bogus":1}`, `{"amount":"five"}`, `{} {}`, ``} {
+		_, err := sdk.Decode[charge](&sdk.Message{ID: "m", Type: "charge", Body: []byte(body)})
+		var de *sdk.DecodeError
+		if !sdk.IsPermanent(err) || !errors.Is(err, sdk.ErrUndecodable) || !errors.As(err, &de) || de.MessageID != "m" {
+			t.Errorf("Decode(%q) = %v, want a permanent DecodeError", body, err)
+		}
+	}
+	called := false
+	h := sdk.JSON(func(ctx context.Context, d sdk.Delivery, v charge) error { called = true; return nil })
+	if err := h.Handle(context.Background(), newFake(1, "charge")); !sdk.IsPermanent(err) || called {
+		t.Errorf("JSON handler on an empty body: %v (called %v)", err, called)
+	}
+}
+
+func TestChainOrder(t *testing.T) {
+	var trace []string
+	mw := func(name string) sdk.Middleware {
+		return func(next sdk.Handler) sdk.Handler {
+			return sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+				trace = append(trace, name)
+				return next.Handle(ctx, d)
+			})
+		}
+	}
+	h := sdk.Chain(sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { trace = append(trace, "h"); return nil }), mw("a"), mw("b"))
+	_ = h.Handle(context.Background(), newFake(1, "x"))
+	if strings.Join(trace, ",") != "a,b,h" {
+		t.Fatalf("order %v, want a,b,h", trace)
+	}
+}
+
+func TestAnnotateAndRedrive(t *testing.T) {
+	m := &sdk.Message{ID: "m1"}
+	first := time.Date(2026, 8, 14, 10, 0, 0, 0, time.UTC)
+	now := first.Add(time.Minute)
+	sdk.AnnotateDeadLetter(m, "billing", 3, sdk.Permanent(errors.New("order missing")), first, now)
+	for h, want := range map[string]string{
+		sdk.HeaderDeadLetterReason:   "permanent: order missing",
+		sdk.HeaderDeadLetterClass:    "permanent",
+		sdk.HeaderDeadLetterAttempts: "3",
+		sdk.HeaderDeadLetterQueue:    "billing",
+		sdk.HeaderFirstFailure:       "2026-08-14T10:00:00Z",
+		sdk.HeaderLastFailure:        "2026-08-14T10:01:00Z",
+	} {
+		if got := m.Header(h); got != want {
+			t.Errorf("%s = %q, want %q", h, got, want)
+		}
+	}
+	q := sdk.PrepareRedrive(m, "fallback")
+	if q != "billing" || m.Header(sdk.HeaderRedriveCount) != "1" || m.Header(sdk.HeaderDeadLetterReason) != "" {
+		t.Errorf("redrive: queue %q headers %v", q, m.Headers)
+	}
+	sdk.AnnotateDeadLetter(m, "billing", 1, errors.New("again"), time.Time{}, now)
+	sdk.PrepareRedrive(m, "fallback")
+	if m.Header(sdk.HeaderRedriveCount) != "2" {
+		t.Errorf("second redrive count %q", m.Header(sdk.HeaderRedriveCount))
+	}
+}
+
+func TestPublishError(t *testing.T) {
+	cause := errors.New("throttled")
+	err := error(&sdk.PublishError{Failed: map[string]error{"m1": cause}})
+	if !errors.Is(err, cause) || !strings.Contains(err.Error(), "m1") {
+		t.Fatalf("PublishError %v does not name the message or wrap the cause", err)
+	}
+}
+
+func TestCloneIsDeep(t *testing.T) {
+	m := &sdk.Message{Headers: map[string]string{"a": "1"}, Body: []byte("b")}
+	c := m.Clone()
+	c.Headers["a"] = "2"
+	c.Body[0] = 'x'
+	if m.Headers["a"] != "1" || m.Body[0] != 'b' {
+		t.Fatal("Clone shares memory with the original")
+	}
+}

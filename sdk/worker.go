@@ -1,0 +1,406 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Worker receives deliveries from one queue, runs a Handler on each with
+// bounded concurrency, keeps their leases alive while they run, and settles
+// each exactly once from the handler's result (see the package doc).
+//
+// A Worker is safe to share, but runs one Run at a time.
+type Worker struct {
+	sub     Subscriber
+	handler Handler
+	opts    WorkerOptions
+	leaseOb []LeaseObserver
+
+	randMu  sync.Mutex
+	running atomic.Bool
+}
+
+// ErrWorkerRunning is returned by Run when the Worker is already running.
+var ErrWorkerRunning = errors.New("berth: worker already running")
+
+// NewWorker returns a Worker that consumes opts.Queue from sub with h, wrapped
+// in opts.Middleware. It validates opts and returns an error for a bad one.
+func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
+	if sub == nil || h == nil {
+		return nil, errors.New("berth: worker: nil subscriber or handler")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o}
+	for _, ob := range o.Observers {
+		if lo, ok := ob.(LeaseObserver); ok {
+			w.leaseOb = append(w.leaseOb, lo)
+		}
+	}
+	return w, nil
+}
+
+// task is one received delivery while the Worker holds it.
+type task struct {
+	d        Delivery
+	lost     atomic.Bool  // the lease was lost: do not run, do not settle
+	extended atomic.Int64 // unix nanos of the last lease start or extension
+	mu       sync.Mutex
+	cancel   context.CancelCauseFunc // set while the handler runs
+}
+
+func (t *task) loseLease() {
+	t.lost.Store(true)
+	t.mu.Lock()
+	if t.cancel != nil {
+		t.cancel(ErrLeaseLost)
+	}
+	t.mu.Unlock()
+}
+
+// Run processes deliveries until ctx is done, then drains: it stops
+// receiving, releases deliveries not yet started, gives running handlers up
+// to DrainTimeout to finish, then cancels their context (cause [ErrShutdown])
+// and releases what they hand back, flushes buffered settlements and returns.
+//
+// It returns nil after a drain that followed ctx, the broker's error when the
+// broker is closed ([ErrClosed]), or [ErrDrainTimeout] when handlers ignored
+// their cancelled context past the deadline (those goroutines then settle
+// when they return).
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return ErrWorkerRunning
+	}
+	defer w.running.Store(false)
+	o := w.opts
+
+	// Handlers outlive ctx by the drain deadline: their context is cancelled
+	// only when that passes (or their lease is lost).
+	base, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopHandlers(ErrShutdown)
+
+	capacity := o.Concurrency + o.Prefetch
+	slots := make(chan struct{}, capacity)
+	jobs := make(chan *task, capacity)
+	var held sync.Map // *task -> struct{}, for the heartbeat
+
+	var pool sync.WaitGroup
+	for range o.Concurrency {
+		pool.Add(1)
+		go func() {
+			defer pool.Done()
+			for t := range jobs {
+				switch {
+				case t.lost.Load():
+					w.logLeaseLost(t.d)
+				case ctx.Err() != nil:
+					w.release(base, t.d, "not started before shutdown")
+				default:
+					w.process(base, t)
+				}
+				held.Delete(t)
+				<-slots
+			}
+		}()
+	}
+
+	hbStop := make(chan struct{})
+	var hb sync.WaitGroup
+	if o.HeartbeatInterval > 0 {
+		hb.Add(1)
+		go func() {
+			defer hb.Done()
+			w.heartbeat(base, &held, hbStop)
+		}()
+	}
+
+	err := w.receive(ctx, slots, jobs, &held)
+	close(jobs)
+
+	drained := make(chan struct{})
+	go func() { pool.Wait(); close(drained) }()
+	deadline := time.NewTimer(o.DrainTimeout)
+	defer deadline.Stop()
+	select {
+	case <-drained:
+	case <-deadline.C:
+		o.Logger.Warn("berth: drain deadline passed; cancelling running handlers", "queue", o.Queue)
+		stopHandlers(ErrShutdown)
+		grace := time.NewTimer(o.SettleTimeout + time.Second)
+		defer grace.Stop()
+		select {
+		case <-drained:
+		case <-grace.C:
+			err = errors.Join(err, ErrDrainTimeout)
+		}
+	}
+	close(hbStop)
+	hb.Wait()
+
+	if f, ok := w.sub.(Flusher); ok {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.SettleTimeout)
+		if ferr := f.Flush(fctx); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		cancel()
+	}
+	return err
+}
+
+// receive fills free slots with deliveries until ctx is done.
+func (w *Worker) receive(ctx context.Context, slots chan struct{}, jobs chan<- *task, held *sync.Map) error {
+	o := w.opts
+	capacity := cap(slots)
+	failures := 0
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		n := 1
+	fill:
+		for n < capacity {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break fill
+			}
+		}
+		ds, err := w.sub.Receive(ctx, o.Queue, n)
+		now := time.Now().UnixNano()
+		for _, d := range ds {
+			t := &task{d: d}
+			t.extended.Store(now)
+			if o.HeartbeatInterval > 0 {
+				held.Store(t, struct{}{})
+			}
+			jobs <- t
+		}
+		for range n - len(ds) {
+			<-slots
+		}
+		switch {
+		case err == nil:
+			failures = 0
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrClosed):
+			return err
+		default:
+			failures++
+			delay := Backoff{Base: 50 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.5}.Delay(failures, w.rand())
+			o.Logger.Warn("berth: receive failed; backing off", "queue", o.Queue, "err", err, "delay", delay)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
+
+// heartbeat extends the leases of held deliveries every HeartbeatInterval,
+// and marks a delivery lost when its extension is refused or its lease
+// expires while extensions fail.
+func (w *Worker) heartbeat(ctx context.Context, held *sync.Map, stop <-chan struct{}) {
+	o := w.opts
+	tick := time.NewTicker(max(o.HeartbeatInterval/2, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		var wg sync.WaitGroup
+		held.Range(func(k, _ any) bool {
+			t := k.(*task)
+			last := time.Unix(0, t.extended.Load())
+			if t.lost.Load() || now.Sub(last) < o.HeartbeatInterval {
+				return true
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.extend(ctx, t, last)
+			}()
+			return true
+		})
+		wg.Wait()
+	}
+}
+
+func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
+	o := w.opts
+	ectx, cancel := context.WithTimeout(ctx, o.SettleTimeout)
+	err := t.d.ExtendLease(ectx, o.Lease)
+	cancel()
+	for _, lo := range w.leaseOb {
+		lo.LeaseExtended(ctx, t.d, o.Lease, err)
+	}
+	switch {
+	case err == nil:
+		t.extended.Store(time.Now().UnixNano())
+	case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrAlreadySettled):
+		t.loseLease()
+	case time.Since(last) >= o.Lease:
+		o.Logger.Warn("berth: lease expired while extensions failed", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+		t.loseLease()
+	default:
+		o.Logger.Warn("berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+	}
+}
+
+// process runs the handler on t and settles its delivery.
+func (w *Worker) process(base context.Context, t *task) {
+	d := t.d
+	m := d.Message()
+	ctx, cancel := context.WithCancelCause(base)
+	defer cancel(nil)
+	t.mu.Lock()
+	t.cancel = cancel
+	t.mu.Unlock()
+	if t.lost.Load() { // lost between dispatch and now
+		cancel(ErrLeaseLost)
+	}
+	if m.CorrelationID != "" {
+		ctx = WithCorrelationID(ctx, m.CorrelationID)
+	}
+	for _, ob := range w.opts.Observers {
+		ctx = ob.Start(ctx, d)
+	}
+
+	start := time.Now()
+	err := w.call(ctx, d)
+	s := w.settle(base, ctx, d, err, t.lost.Load())
+	s.Duration = time.Since(start)
+	for _, ob := range w.opts.Observers {
+		ob.Settled(ctx, d, s)
+	}
+}
+
+func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+			w.opts.Logger.Error("berth: handler panic", "queue", w.opts.Queue, "id", d.Message().ID,
+				"type", d.Message().Type, "panic", r, "stack", string(err.(*PanicError).Stack))
+		}
+	}()
+	return w.handler.Handle(ctx, d)
+}
+
+// settle applies the settlement table of the package doc, once.
+func (w *Worker) settle(base, hctx context.Context, d Delivery, err error, lost bool) Settlement {
+	o := w.opts
+	s := Settlement{Cause: err, Class: Classify(err)}
+	if lost {
+		s.Action = ActionLeaseLost
+		w.logLeaseLost(d)
+		return s
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), o.SettleTimeout)
+	defer cancel()
+	m := d.Message()
+	var ra *RetryAfterError
+	switch {
+	case err == nil:
+		s.Action, s.Err = ActionAck, d.Ack(ctx)
+	case errors.Is(context.Cause(hctx), ErrShutdown):
+		s.Action = ActionRelease
+		s.Err = releaseOrRetry(ctx, d, 0, err)
+	case s.Class == ClassPermanent:
+		s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
+	case errors.As(err, &ra):
+		s.Action, s.Delay = ActionRelease, ra.Delay
+		if _, ok := d.(Releaser); !ok {
+			s.Action = ActionRetry
+		}
+		s.Err = releaseOrRetry(ctx, d, ra.Delay, err)
+	default:
+		p := o.Retry
+		if tp, ok := o.RetryByType[m.Type]; ok {
+			p = tp
+		}
+		if d.Attempt() < p.MaxAttempts {
+			s.Action, s.Delay = ActionRetry, p.Backoff.Delay(d.Attempt(), w.rand())
+			s.Err = d.Retry(ctx, s.Delay, err)
+		} else {
+			s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
+		}
+	}
+	w.log(d, s)
+	return s
+}
+
+func releaseOrRetry(ctx context.Context, d Delivery, delay time.Duration, cause error) error {
+	if r, ok := d.(Releaser); ok {
+		return r.Release(ctx, delay)
+	}
+	return d.Retry(ctx, delay, cause)
+}
+
+func (w *Worker) release(base context.Context, d Delivery, why string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), w.opts.SettleTimeout)
+	defer cancel()
+	if err := releaseOrRetry(ctx, d, 0, ErrShutdown); err != nil {
+		w.opts.Logger.Warn("berth: release failed; the delivery returns after its lease",
+			"queue", w.opts.Queue, "id", d.Message().ID, "why", why, "err", err)
+	}
+}
+
+func (w *Worker) rand() float64 {
+	w.randMu.Lock()
+	defer w.randMu.Unlock()
+	return w.opts.Rand.Float64()
+}
+
+func (w *Worker) logLeaseLost(d Delivery) {
+	w.opts.Logger.Warn("berth: lease lost; not settling (another consumer may own the delivery)",
+		"queue", w.opts.Queue, "id", d.Message().ID, "type", d.Message().Type, "attempt", d.Attempt())
+}
+
+func (w *Worker) log(d Delivery, s Settlement) {
+	l := w.opts.Logger
+	level := slog.LevelDebug
+	switch {
+	case s.Err != nil:
+		level = slog.LevelWarn
+	case s.Action == ActionDeadLetter:
+		level = slog.LevelWarn
+	case s.Action == ActionRetry || s.Action == ActionRelease:
+		level = slog.LevelInfo
+	}
+	ctx := context.Background()
+	if !l.Enabled(ctx, level) {
+		return
+	}
+	m := d.Message()
+	attrs := []slog.Attr{
+		slog.String("queue", w.opts.Queue), slog.String("id", m.ID), slog.String("type", m.Type),
+		slog.Int("attempt", d.Attempt()), slog.String("action", string(s.Action)),
+	}
+	if m.CorrelationID != "" {
+		attrs = append(attrs, slog.String("correlation_id", m.CorrelationID))
+	}
+	if s.Cause != nil {
+		attrs = append(attrs, slog.String("class", string(s.Class)), slog.Any("cause", s.Cause))
+	}
+	if s.Delay > 0 {
+		attrs = append(attrs, slog.Duration("delay", s.Delay))
+	}
+	if s.Err != nil {
+		attrs = append(attrs, slog.Any("settle_err", s.Err))
+	}
+	l.LogAttrs(ctx, level, "berth: settled", attrs...)
+}

@@ -1,0 +1,419 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// runWorker runs a Worker on sub until stop is called; stop returns Run's error.
+func runWorker(t *testing.T, sub sdk.Subscriber, h sdk.Handler, opts sdk.WorkerOptions) (stop func() error) {
+	t.Helper()
+	if opts.Queue == "" {
+		opts.Queue = "q"
+	}
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	w, err := sdk.NewWorker(sub, h, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+func waitSettled(t *testing.T, f *fakeDelivery) {
+	t.Helper()
+	select {
+	case <-f.settled:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("delivery %s not settled; actions %v", f.msg.ID, f.Actions())
+	}
+}
+
+func TestSettlementTable(t *testing.T) {
+	transient := errors.New("connection reset")
+	policy := sdk.RetryPolicy{MaxAttempts: 3, Backoff: sdk.Backoff{Base: 100 * time.Millisecond, Max: time.Second, Jitter: -1}}
+	cases := []struct {
+		name      string
+		attempt   int
+		releaser  bool
+		err       error
+		panicWith any
+		want      string
+		wantDelay time.Duration
+		wantClass sdk.ErrorClass
+	}{
+		{name: "nil acks", attempt: 1, want: "ack"},
+		{name: "permanent dead-letters on first attempt", attempt: 1, err: sdk.Permanent(transient), want: "dead_letter", wantClass: sdk.ClassPermanent},
+		{name: "retry-after releases when possible", attempt: 2, releaser: true, err: sdk.RetryAfter(transient, 3*time.Second), want: "release", wantDelay: 3 * time.Second, wantClass: sdk.ClassRetryAfter},
+		{name: "retry-after retries otherwise", attempt: 2, err: sdk.RetryAfter(nil, 3*time.Second), want: "retry", wantDelay: 3 * time.Second, wantClass: sdk.ClassRetryAfter},
+		{name: "retry-after never dead-letters", attempt: 9, err: sdk.RetryAfter(nil, time.Second), want: "retry", wantDelay: time.Second, wantClass: sdk.ClassRetryAfter},
+		{name: "transient retries with backoff", attempt: 2, err: transient, want: "retry", wantDelay: 200 * time.Millisecond, wantClass: sdk.ClassTransient},
+		{name: "transient at max attempts dead-letters", attempt: 3, err: transient, want: "dead_letter", wantClass: sdk.ClassTransient},
+		{name: "panic is transient", attempt: 1, panicWith: "boom", want: "retry", wantDelay: 100 * time.Millisecond, wantClass: sdk.ClassPanic},
+		{name: "panic at max attempts dead-letters", attempt: 3, panicWith: fmt.Errorf("boom"), want: "dead_letter", wantClass: sdk.ClassPanic},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sub := newFakeSub()
+			f := newFake(tc.attempt, "job")
+			var d sdk.Delivery = f
+			if tc.releaser {
+				d = releasable{f}
+			}
+			var got sdk.Settlement
+			var gotMu sync.Mutex
+			ob := observer{settled: func(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+				gotMu.Lock()
+				got = s
+				gotMu.Unlock()
+			}}
+			h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+				if tc.panicWith != nil {
+					panic(tc.panicWith)
+				}
+				return tc.err
+			})
+			stop := runWorker(t, sub, h, sdk.WorkerOptions{Retry: policy, Observers: []sdk.Observer{ob}})
+			sub.ch <- d
+			waitSettled(t, f)
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if a := f.Actions(); len(a) != 1 || a[0] != tc.want {
+				t.Fatalf("actions %v, want exactly [%s]", a, tc.want)
+			}
+			if f.delay != tc.wantDelay {
+				t.Errorf("delay %v, want %v", f.delay, tc.wantDelay)
+			}
+			gotMu.Lock()
+			defer gotMu.Unlock()
+			if got.Class != tc.wantClass || string(got.Action) != tc.want {
+				t.Errorf("observer saw %+v, want action %s class %q", got, tc.want, tc.wantClass)
+			}
+			if tc.want == "dead_letter" && f.cause == nil {
+				t.Error("dead letter without its cause")
+			}
+		})
+	}
+}
+
+func TestRetryPolicyByType(t *testing.T) {
+	sub := newFakeSub()
+	fast, slow := newFake(2, "fast"), newFake(2, "slow")
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return errors.New("flaky") })
+	runWorker(t, sub, h, sdk.WorkerOptions{
+		Retry:       sdk.RetryPolicy{MaxAttempts: 5, Backoff: sdk.Backoff{Base: time.Second, Jitter: -1}},
+		RetryByType: map[string]sdk.RetryPolicy{"fast": {MaxAttempts: 2}},
+	})
+	sub.ch <- fast
+	sub.ch <- slow
+	waitSettled(t, fast)
+	waitSettled(t, slow)
+	if a := fast.Actions(); a[0] != "dead_letter" {
+		t.Errorf("type with MaxAttempts 2 at attempt 2: %v, want dead_letter", a)
+	}
+	if a := slow.Actions(); a[0] != "retry" || slow.delay != 2*time.Second {
+		t.Errorf("default policy at attempt 2: %v after %v, want retry after 2s", a, slow.delay)
+	}
+}
+
+type observer struct {
+	start   func(ctx context.Context, d sdk.Delivery) context.Context
+	settled func(ctx context.Context, d sdk.Delivery, s sdk.Settlement)
+}
+
+func (o observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
+	if o.start != nil {
+		return o.start(ctx, d)
+	}
+	return ctx
+}
+
+func (o observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
+	if o.settled != nil {
+		o.settled(ctx, d, s)
+	}
+}
+
+func TestBoundedConcurrency(t *testing.T) {
+	const n, conc = 200, 4
+	sub := newFakeSub()
+	var running, peak atomic.Int32
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		r := running.Add(1)
+		for {
+			p := peak.Load()
+			if r <= p || peak.CompareAndSwap(p, r) {
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+		running.Add(-1)
+		return nil
+	})
+	runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: conc, Prefetch: 2})
+	fs := make([]*fakeDelivery, n)
+	for i := range fs {
+		fs[i] = newFake(1, "job")
+		sub.ch <- fs[i]
+	}
+	for _, f := range fs {
+		waitSettled(t, f)
+	}
+	if p := peak.Load(); p > conc || p < 2 {
+		t.Fatalf("peak concurrency %d, want between 2 and %d", p, conc)
+	}
+}
+
+func TestShutdownReleasesInterruptedAndUnstartedWork(t *testing.T) {
+	sub := newFakeSub()
+	started := make(chan struct{}, 1)
+	var cause atomic.Value
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		cause.Store(context.Cause(ctx))
+		return ctx.Err()
+	})
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Prefetch: 1, DrainTimeout: 50 * time.Millisecond})
+	running, waiting := newFake(2, "job"), newFake(1, "job")
+	sub.ch <- releasable{running}
+	<-started
+	sub.ch <- releasable{waiting}
+	time.Sleep(20 * time.Millisecond) // let the receiver take the second one into its buffer
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := cause.Load(); got != sdk.ErrShutdown {
+		t.Errorf("handler ctx cause %v, want ErrShutdown", got)
+	}
+	if a := running.Actions(); len(a) != 1 || a[0] != "release" {
+		t.Errorf("interrupted delivery: %v, want [release]", a)
+	}
+	if a := waiting.Actions(); len(a) > 1 || (len(a) == 1 && a[0] != "release") {
+		t.Errorf("unstarted delivery: %v, want [release] or untouched", a)
+	}
+}
+
+func TestShutdownLetsHandlersFinish(t *testing.T) {
+	sub := newFakeSub()
+	started := make(chan struct{})
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		close(started)
+		time.Sleep(30 * time.Millisecond)
+		return ctx.Err() // nil: the drain deadline has not passed
+	})
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{DrainTimeout: 10 * time.Second})
+	f := newFake(1, "job")
+	sub.ch <- f
+	<-started
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if a := f.Actions(); len(a) != 1 || a[0] != "ack" {
+		t.Fatalf("actions %v, want [ack]: a handler finishing within the drain deadline is acked", a)
+	}
+}
+
+func TestHeartbeatExtendsLongJobs(t *testing.T) {
+	sub := newFakeSub()
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
+	f := newFake(1, "job")
+	sub.ch <- f
+	waitSettled(t, f)
+	f.mu.Lock()
+	n := f.extended
+	f.mu.Unlock()
+	if n < 2 {
+		t.Fatalf("lease extended %d times during a job of 10 heartbeat intervals", n)
+	}
+	if a := f.Actions(); a[0] != "ack" {
+		t.Fatalf("actions %v", a)
+	}
+}
+
+func TestLeaseLostCancelsHandlerAndDoesNotSettle(t *testing.T) {
+	sub := newFakeSub()
+	var cause atomic.Value
+	done := make(chan sdk.Settlement, 1)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		<-ctx.Done()
+		cause.Store(context.Cause(ctx))
+		return nil // even a success must not be acked once the lease is gone
+	})
+	ob := observer{settled: func(_ context.Context, _ sdk.Delivery, s sdk.Settlement) { done <- s }}
+	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{ob}})
+	f := newFake(1, "job")
+	f.extendFn = func() error { return fmt.Errorf("token mismatch: %w", sdk.ErrLeaseLost) }
+	sub.ch <- f
+	select {
+	case s := <-done:
+		if s.Action != sdk.ActionLeaseLost {
+			t.Fatalf("settlement %v, want lease_lost", s.Action)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never cancelled")
+	}
+	if got := cause.Load(); got != sdk.ErrLeaseLost {
+		t.Errorf("cause %v, want ErrLeaseLost", got)
+	}
+	if a := f.Actions(); len(a) != 0 {
+		t.Fatalf("a delivery whose lease was lost was settled: %v", a)
+	}
+}
+
+func TestExtensionFailuresPastLeaseLoseIt(t *testing.T) {
+	sub := newFakeSub()
+	done := make(chan sdk.Settlement, 1)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error { <-ctx.Done(); return ctx.Err() })
+	ob := observer{settled: func(_ context.Context, _ sdk.Delivery, s sdk.Settlement) { done <- s }}
+	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 40 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{ob}})
+	f := newFake(1, "job")
+	f.extendFn = func() error { return errors.New("network unreachable") }
+	sub.ch <- f
+	select {
+	case s := <-done:
+		if s.Action != sdk.ActionLeaseLost {
+			t.Fatalf("settlement %v, want lease_lost", s.Action)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lease whose extensions kept failing was never given up")
+	}
+}
+
+func TestRunReturnsWhenBrokerCloses(t *testing.T) {
+	sub := newFakeSub()
+	sub.errs <- fmt.Errorf("receive: %w", sdk.ErrClosed)
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{Queue: "q", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(context.Background()); !errors.Is(err, sdk.ErrClosed) {
+		t.Fatalf("Run = %v, want ErrClosed", err)
+	}
+	select {
+	case <-sub.flushed:
+	default:
+		t.Error("Run did not flush the broker's buffered settlements")
+	}
+}
+
+func TestReceiveErrorsAreRetried(t *testing.T) {
+	sub := newFakeSub()
+	sub.errs <- errors.New("temporary outage")
+	sub.errs <- errors.New("temporary outage")
+	runWorker(t, sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{})
+	f := newFake(1, "job")
+	sub.ch <- f
+	waitSettled(t, f)
+}
+
+func TestRunTwiceAtOnceIsRefused(t *testing.T) {
+	sub := newFakeSub()
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{Queue: "q", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- w.Run(ctx) }()
+	time.Sleep(10 * time.Millisecond)
+	if err := w.Run(ctx); !errors.Is(err, sdk.ErrWorkerRunning) {
+		t.Errorf("second Run = %v, want ErrWorkerRunning", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewWorkerValidates(t *testing.T) {
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	if _, err := sdk.NewWorker(newFakeSub(), h, sdk.WorkerOptions{Queue: "bad queue"}); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("invalid queue: %v", err)
+	}
+	if _, err := sdk.NewWorker(nil, h, sdk.WorkerOptions{Queue: "q"}); err == nil {
+		t.Error("nil subscriber accepted")
+	}
+	if _, err := sdk.NewWorker(newFakeSub(), h, sdk.WorkerOptions{Queue: "q", Concurrency: -1}); err == nil {
+		t.Error("negative concurrency accepted")
+	}
+}
+
+func TestCorrelationIDReachesHandler(t *testing.T) {
+	sub := newFakeSub()
+	got := make(chan string, 1)
+	runWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		got <- sdk.CorrelationID(ctx)
+		return nil
+	}), sdk.WorkerOptions{})
+	f := newFake(1, "job")
+	f.msg.CorrelationID = "corr-42"
+	sub.ch <- f
+	if id := <-got; id != "corr-42" {
+		t.Fatalf("correlation ID in handler ctx %q", id)
+	}
+}
+
+func TestJitterIsDeterministicWithSeed(t *testing.T) {
+	delays := func() []time.Duration {
+		sub := newFakeSub()
+		var mu sync.Mutex
+		var out []time.Duration
+		ob := observer{settled: func(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+			mu.Lock()
+			out = append(out, s.Delay)
+			mu.Unlock()
+		}}
+		stop := runWorker(t, sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return errors.New("x") }),
+			sdk.WorkerOptions{Concurrency: 1, Prefetch: 1, Rand: rand.New(rand.NewPCG(7, 7)), Observers: []sdk.Observer{ob},
+				Retry: sdk.RetryPolicy{MaxAttempts: 10, Backoff: sdk.Backoff{Base: time.Second, Jitter: 0.5}}})
+		for i := 1; i <= 4; i++ {
+			f := newFake(i, "job")
+			sub.ch <- f
+			waitSettled(t, f)
+		}
+		stop()
+		return out
+	}
+	a, b := delays(), delays()
+	if fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatalf("same seed, different delays: %v vs %v", a, b)
+	}
+	for i, d := range a {
+		lo := time.Second << i
+		if d < lo || d > lo+lo/2 {
+			t.Errorf("attempt %d delay %v outside [%v, %v]", i+1, d, lo, lo+lo/2)
+		}
+	}
+}
