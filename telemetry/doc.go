@@ -1,0 +1,56 @@
+// Package telemetry traces and measures berth jobs with OpenTelemetry, on every
+// broker alike: one trace from publish to the last delivery, a correlation ID in
+// every handler's context and every log record, and the metrics an operator
+// needs (queue depth, retries, dead letters, durations, leases).
+//
+// It uses only the OpenTelemetry API; the application chooses the SDK and the
+// exporters and passes its providers in [Options].
+//
+// Wiring, once per process:
+//
+//	tel, err := telemetry.New(telemetry.Options{
+//		TracerProvider: tp,
+//		MeterProvider:  mp,
+//		Queues:         []telemetry.InspectedQueue{{Inspector: broker, Queue: "billing"}},
+//	})
+//	defer tel.Close()
+//	pub := tel.Publisher(broker) // publish through pub: producer spans, trace headers, correlation IDs
+//	w, err := sdk.NewWorker(broker, handler, sdk.WorkerOptions{
+//		Queue:     "billing",
+//		Observers: []sdk.Observer{tel}, // consumer spans, metrics, correlation ID in the handler's context
+//	})
+//	logger := slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(os.Stderr, nil)))
+//
+// # Propagation
+//
+// The trace context travels in [sdk.Message.Headers] as W3C "traceparent" and
+// "tracestate", with W3C "baggage", so it crosses every broker that carries
+// headers (all of berth's). The correlation ID travels in
+// [sdk.Message.CorrelationID]. [Inject] and [Extract] are the shared code for
+// anything else that moves messages (an outbox relay, a redrive tool).
+//
+// # Spans
+//
+// Spans follow the OpenTelemetry messaging semantic conventions
+// (semconv v1.43.0): a PRODUCER span "send <queue>" per published message (for
+// a batch, a PRODUCER span "create <queue>" per message and a CLIENT span
+// "send <queue>" linked to them), and a CONSUMER span "process <queue>" per
+// delivery, a child of the message's creation span and linked to it (set
+// [Options.LinkOnly] to start a new trace per delivery instead). A retried job
+// therefore shows as one trace: the send span with one process span per
+// attempt. Process spans carry messaging.system, messaging.destination.name,
+// messaging.operation.name and .type, messaging.message.id,
+// messaging.message.conversation_id (the correlation ID), and berth's own:
+// berth.job.type, berth.delivery.attempt, berth.settlement.action,
+// berth.retry.delay (seconds), berth.dead_letter.reason, error.type (the
+// [sdk.ErrorClass]).
+//
+// # Metrics
+//
+// See [Observer] for the instruments. Other berth packages (idempotency,
+// concurrency) feed the counters they alone can see through small methods of
+// [Observer] ([Observer.DuplicateSuppressed], [Observer.IdempotencyConflict],
+// [Observer.VersionConflict], [Observer.LockWait]), which they reach either
+// through an interface of their own that *Observer satisfies, or through
+// [FromContext] inside a handler.
+package telemetry

@@ -1,0 +1,189 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// deliveryCtx is the handler's context while a delivery runs: it carries the
+// delivery's telemetry state itself, so starting a delivery costs one
+// allocation for the state and the context value together.
+type deliveryCtx struct {
+	context.Context
+	obs    *Observer
+	d      sdk.Delivery
+	base   labelKey
+	start  time.Time
+	active bool // in-flight counted
+}
+
+func (c *deliveryCtx) Value(key any) any {
+	if key == (ctxKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+func stateFrom(ctx context.Context) *deliveryCtx {
+	st, _ := ctx.Value(ctxKey{}).(*deliveryCtx)
+	return st
+}
+
+// Start implements [sdk.Observer]: it extracts the trace context and baggage
+// from the message's headers, starts the CONSUMER "process <queue>" span,
+// puts the message's correlation ID in the context (when the Worker has not),
+// and counts the delivery.
+func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
+	m := d.Message()
+	base := labelKey{system: o.systemOf(d), queue: d.Queue(), jobType: m.Type}
+	l := o.labelsFor(base)
+
+	parent := Extract(ctx, o.prop, m)
+	creation := trace.SpanContextFromContext(parent)
+	attrs := make([]attribute.KeyValue, len(l.spanAttrs), len(l.spanAttrs)+4)
+	copy(attrs, l.spanAttrs)
+	attrs = append(attrs,
+		semconv.MessagingMessageID(m.ID),
+		AttrAttempt.Int(d.Attempt()),
+		semconv.MessagingMessageBodySize(len(m.Body)),
+	)
+	if m.CorrelationID != "" {
+		attrs = append(attrs, semconv.MessagingMessageConversationID(m.CorrelationID))
+	}
+	opts := make([]trace.SpanStartOption, 0, 4)
+	opts = append(opts, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	if creation.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: creation}))
+	}
+	if o.linkOnly {
+		opts = append(opts, trace.WithNewRoot()) // the message's baggage stays in ctx
+	}
+	ctx, _ = o.tracer.Start(parent, l.spanName, opts...)
+
+	if id := m.CorrelationID; id != "" && sdk.CorrelationID(ctx) != id {
+		ctx = sdk.WithCorrelationID(ctx, id)
+	}
+
+	o.consumed.Add(ctx, 1, l.add...)
+	o.inFlight.Add(ctx, 1, l.add...)
+	if d.Attempt() > 1 {
+		o.redeliveries.Add(ctx, 1, l.add...)
+	}
+	return &deliveryCtx{Context: ctx, obs: o, d: d, base: base, start: time.Now(), active: true}
+}
+
+// Settled implements [sdk.Observer]: it records the outcome on the process
+// span and ends it, and records the delivery metrics.
+func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
+	st := stateFrom(ctx)
+	base := labelKey{system: o.systemOf(d), queue: d.Queue(), jobType: d.Message().Type}
+	var start time.Time
+	if st != nil && st.obs == o {
+		base, start = st.base, st.start
+		if st.active {
+			st.active = false
+			o.inFlight.Add(ctx, -1, o.labelsFor(base).add...)
+		}
+	}
+	span := trace.SpanFromContext(ctx)
+	o.recordSpan(span, s)
+	span.End()
+
+	k := base
+	k.action, k.class = s.Action, s.Class
+	if s.Action == sdk.ActionAck || s.Action == sdk.ActionLeaseLost {
+		k.class = sdk.ClassNone // an ack has no error; a lost lease's error is the cancellation
+	}
+	lk := o.labelsFor(k)
+	o.settlements.Add(ctx, 1, lk.add...)
+
+	lb := o.labelsFor(base)
+	if s.Duration > 0 {
+		withClass := lb
+		if s.Cause != nil && s.Class != sdk.ClassNone {
+			withClass = o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class})
+		}
+		o.processDur.Record(ctx, s.Duration.Seconds(), withClass.record...)
+	}
+	if s.Cause != nil && s.Class != sdk.ClassNone {
+		o.jobErrors.Add(ctx, 1, o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class}).add...)
+	}
+	switch s.Action {
+	case sdk.ActionAck:
+		if s.Err == nil && !start.IsZero() {
+			o.claimToAck.Record(ctx, time.Since(start).Seconds(), lb.record...)
+		}
+	case sdk.ActionRetry:
+		o.retries.Add(ctx, 1, lk.add...)
+		o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
+	case sdk.ActionRelease:
+		if s.Delay > 0 {
+			o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
+		}
+	case sdk.ActionDeadLetter:
+		o.deadLetters.Add(ctx, 1, lk.add...)
+	}
+	if s.Action == sdk.ActionLeaseLost || errors.Is(s.Err, sdk.ErrLeaseLost) {
+		o.leaseExp.Add(ctx, 1, lb.add...)
+	}
+}
+
+func (o *Observer) recordSpan(span trace.Span, s sdk.Settlement) {
+	if !span.IsRecording() {
+		return
+	}
+	attrs := make([]attribute.KeyValue, 0, 4)
+	attrs = append(attrs, AttrAction.String(string(s.Action)))
+	if s.Class != sdk.ClassNone {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(s.Class)))
+	}
+	switch s.Action {
+	case sdk.ActionRetry, sdk.ActionRelease:
+		attrs = append(attrs, AttrRetryDelay.Float64(s.Delay.Seconds()))
+	case sdk.ActionDeadLetter:
+		reason := "dead-lettered"
+		if s.Cause != nil {
+			reason = s.Cause.Error()
+		}
+		attrs = append(attrs, AttrDeadLetterReason.String(reason))
+	}
+	if s.Err != nil {
+		attrs = append(attrs, AttrSettleError.String(s.Err.Error()))
+	}
+	span.SetAttributes(attrs...)
+	switch {
+	case s.Cause != nil && s.Action != sdk.ActionRelease:
+		span.RecordError(s.Cause)
+		span.SetStatus(codes.Error, string(s.Class))
+	case s.Err != nil:
+		span.RecordError(s.Err)
+		span.SetStatus(codes.Error, "settlement failed")
+	case s.Action == sdk.ActionLeaseLost:
+		span.SetStatus(codes.Error, "lease lost")
+	}
+}
+
+// LeaseExtended implements [sdk.LeaseObserver]: it counts lease extensions,
+// successful or not.
+func (o *Observer) LeaseExtended(ctx context.Context, d sdk.Delivery, by time.Duration, err error) {
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKey.String(o.systemOf(d)),
+		semconv.MessagingDestinationName(d.Queue()),
+		AttrJobType.String(d.Message().Type),
+		AttrLeaseResult.String("ok"),
+	}
+	if err != nil {
+		attrs[3] = AttrLeaseResult.String("failed")
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(sdk.Classify(err))))
+	}
+	o.leaseExt.Add(ctx, 1, metric.WithAttributes(attrs...))
+}

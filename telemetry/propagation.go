@@ -1,0 +1,62 @@
+package telemetry
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// DefaultPropagator is the propagator used when [Options.Propagator] is nil:
+// W3C trace context and W3C baggage.
+var DefaultPropagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(
+	propagation.TraceContext{}, propagation.Baggage{})
+
+// HeaderCarrier adapts a message's headers to a [propagation.TextMapCarrier].
+// Set allocates the map when the message has none.
+type HeaderCarrier struct{ M *sdk.Message }
+
+// Get returns the header key, or "".
+func (c HeaderCarrier) Get(key string) string { return c.M.Header(key) }
+
+// Set sets header key.
+func (c HeaderCarrier) Set(key, value string) { c.M.SetHeader(key, value) }
+
+// Keys lists the header names.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(c.M.Headers))
+	for k := range c.M.Headers {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Inject writes the trace context and baggage of ctx into m's headers with
+// prop (nil means [DefaultPropagator]). It replaces m.Headers by a copy first,
+// so a header map shared by several messages is never written to. It does not
+// touch m.CorrelationID.
+func Inject(ctx context.Context, prop propagation.TextMapPropagator, m *sdk.Message) {
+	if prop == nil {
+		prop = DefaultPropagator
+	}
+	h := make(map[string]string, len(m.Headers)+2)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	m.Headers = h
+	prop.Inject(ctx, propagation.MapCarrier(h))
+}
+
+// Extract returns ctx with the remote span context and the baggage found in
+// m's headers, using prop (nil means [DefaultPropagator]). A message without
+// trace headers gives ctx unchanged.
+func Extract(ctx context.Context, prop propagation.TextMapPropagator, m *sdk.Message) context.Context {
+	if prop == nil {
+		prop = DefaultPropagator
+	}
+	if len(m.Headers) == 0 {
+		return ctx
+	}
+	return prop.Extract(ctx, propagation.MapCarrier(m.Headers))
+}

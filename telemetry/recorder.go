@@ -1,0 +1,95 @@
+package telemetry
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+)
+
+// The recording methods below are how the idempotency and concurrency
+// packages feed the counters only they can see. They take a context so that,
+// called from inside a handler, they label the measurement with the delivery
+// (system, queue, job type) and mark the process span. Each accepts a nil
+// receiver and then does nothing, so FromContext(ctx).X(...) is always safe.
+//
+// A package that does not want to import telemetry declares the interface it
+// needs, for example
+//
+//	type Metrics interface {
+//		DuplicateSuppressed(ctx context.Context, jobType string)
+//		IdempotencyConflict(ctx context.Context, jobType string)
+//	}
+//
+// and *Observer satisfies it.
+
+// DuplicateSuppressed counts a delivery whose effect was already done (the
+// idempotency store or cache had its key), so the handler did not run again.
+// jobType "" means the job type of the delivery in ctx.
+func (o *Observer) DuplicateSuppressed(ctx context.Context, jobType string) {
+	if o == nil {
+		return
+	}
+	o.duplicates.Add(ctx, 1, o.jobOpts(ctx, jobType)...)
+	addEvent(ctx, "berth.duplicate_suppressed")
+}
+
+// IdempotencyConflict counts an idempotency key reused with a different
+// payload (the delivery is dead-lettered with ErrKeyConflict). jobType "" means
+// the job type of the delivery in ctx.
+func (o *Observer) IdempotencyConflict(ctx context.Context, jobType string) {
+	if o == nil {
+		return
+	}
+	o.idemConflicts.Add(ctx, 1, o.jobOpts(ctx, jobType)...)
+	addEvent(ctx, "berth.idempotency_conflict")
+}
+
+// VersionConflict counts an optimistic-lock conflict (an UPDATE … WHERE
+// version = $n that matched no row) on resource, a resource type such as
+// "orders" (never a row ID: it is a metric label).
+func (o *Observer) VersionConflict(ctx context.Context, resource string) {
+	if o == nil {
+		return
+	}
+	o.versionConflicts.Add(ctx, 1, metric.WithAttributes(o.resourceAttrs(ctx, resource)...))
+	addEvent(ctx, "berth.version_conflict", AttrResource.String(resource))
+}
+
+// LockWait records the time spent waiting for a row lock on resource (a
+// resource type such as "orders"), and whether the lock was acquired (false:
+// lock_timeout or NOWAIT busy).
+func (o *Observer) LockWait(ctx context.Context, resource string, wait time.Duration, acquired bool) {
+	if o == nil {
+		return
+	}
+	attrs := append(o.resourceAttrs(ctx, resource), AttrLockAcquired.Bool(acquired))
+	o.lockWait.Record(ctx, wait.Seconds(), metric.WithAttributes(attrs...))
+}
+
+// jobOpts labels a job-level counter with the delivery in ctx, or with
+// jobType alone outside a delivery.
+func (o *Observer) jobOpts(ctx context.Context, jobType string) []metric.AddOption {
+	if st := stateFrom(ctx); st != nil {
+		k := st.base
+		if jobType != "" {
+			k.jobType = jobType
+		}
+		return o.labelsFor(k).add
+	}
+	return []metric.AddOption{metric.WithAttributes(AttrJobType.String(jobType))}
+}
+
+func (o *Observer) resourceAttrs(ctx context.Context, resource string) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs = append(attrs, AttrResource.String(resource))
+	if st := stateFrom(ctx); st != nil {
+		attrs = append(attrs,
+			semconv.MessagingSystemKey.String(st.base.system),
+			semconv.MessagingDestinationName(st.base.queue),
+			AttrJobType.String(st.base.jobType))
+	}
+	return attrs
+}

@@ -1,0 +1,346 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// ScopeName is the instrumentation scope of berth's tracer and meter.
+const ScopeName = "github.com/berthq/berth/telemetry"
+
+// Attribute keys berth adds to the messaging semantic conventions.
+const (
+	AttrJobType          = attribute.Key("berth.job.type")
+	AttrAttempt          = attribute.Key("berth.delivery.attempt")
+	AttrAction           = attribute.Key("berth.settlement.action")
+	AttrRetryDelay       = attribute.Key("berth.retry.delay") // seconds
+	AttrDeadLetterReason = attribute.Key("berth.dead_letter.reason")
+	AttrSettleError      = attribute.Key("berth.settlement.error")
+	AttrQueueState       = attribute.Key("berth.queue.state")
+	AttrResource         = attribute.Key("berth.resource.type")
+	AttrLockAcquired     = attribute.Key("berth.lock.acquired")
+	AttrLeaseResult      = attribute.Key("berth.lease.result")
+)
+
+// InspectedQueue names a queue whose depth and oldest message age are reported
+// as observable gauges, read through Inspector at each collection.
+type InspectedQueue struct {
+	Inspector sdk.Inspector
+	Queue     string
+}
+
+// Options configures [New]. The zero value uses the global OpenTelemetry
+// providers and propagator... except the propagator, which defaults to
+// [DefaultPropagator] (W3C trace context and baggage) so that headers are
+// always written.
+type Options struct {
+	// TracerProvider creates berth's tracer. Default otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider creates berth's meter. Default otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Propagator writes and reads the trace headers. Default DefaultPropagator.
+	Propagator propagation.TextMapPropagator
+	// System is the messaging.system attribute. Default: derived from the
+	// broker's package ("rabbitmq", "aws_sqs", "postgres", "memory").
+	System string
+	// LinkOnly starts each delivery's process span as the root of a new trace,
+	// linked to the message's creation span, instead of as its child.
+	LinkOnly bool
+	// Queues are reported by the queue depth and oldest age gauges.
+	Queues []InspectedQueue
+	// InspectTimeout bounds each Stats call of a collection. Default 5s.
+	InspectTimeout time.Duration
+}
+
+// Observer is the telemetry of one process: an [sdk.Observer] and
+// [sdk.LeaseObserver] for Workers, a factory of traced publishers
+// ([Observer.Publisher]), and the recorder of the counters other packages feed.
+// It is safe for concurrent use. Close unregisters its gauge callbacks.
+//
+// Instruments (units in UCUM, names after the OpenTelemetry conventions):
+//
+//	messaging.client.sent.messages        counter   {message}    published (error.type on failure)
+//	messaging.client.consumed.messages    counter   {message}    deliveries started
+//	messaging.process.duration            histogram s            handler run time, per berth.job.type
+//	berth.worker.in_flight                updown    {delivery}   deliveries being handled
+//	berth.delivery.redeliveries           counter   {delivery}   deliveries with attempt > 1
+//	berth.delivery.settlements            counter   {delivery}   per berth.settlement.action and error.type
+//	berth.delivery.claim_to_ack.duration  histogram s            start of handling to successful ack
+//	berth.job.errors                      counter   {error}      handler errors per error.type (class)
+//	berth.job.retries                     counter   {retry}      retries per berth.job.type
+//	berth.job.dead_letters                counter   {message}    dead letters per berth.job.type and error.type
+//	berth.retry.delay                     histogram s            backoff and retry-after delays
+//	berth.lease.extensions                counter   {extension}  heartbeat extensions, berth.lease.result ok|failed
+//	berth.lease.expirations               counter   {lease}      leases lost while handling or settling
+//	berth.queue.depth                     gauge     {message}    per berth.queue.state ready|delayed|in_flight|dead_lettered
+//	berth.queue.oldest_age                gauge     s            age of the oldest ready message
+//	berth.idempotency.duplicates          counter   {message}    duplicates suppressed (fed by idempotency)
+//	berth.idempotency.conflicts           counter   {conflict}   same key, different payload (fed by idempotency)
+//	berth.concurrency.version_conflicts   counter   {conflict}   optimistic-lock conflicts (fed by concurrency)
+//	berth.concurrency.lock_wait.duration  histogram s            row-lock wait time (fed by concurrency)
+//
+// Every delivery metric carries messaging.system, messaging.destination.name
+// and berth.job.type.
+type Observer struct {
+	tracer     trace.Tracer
+	prop       propagation.TextMapPropagator
+	system     string
+	linkOnly   bool
+	queues     []InspectedQueue
+	inspectTTL time.Duration
+	reg        metric.Registration
+
+	sent, consumed, redeliveries, settlements, jobErrors, retries, deadLetters,
+	leaseExt, leaseExp, duplicates, idemConflicts, versionConflicts metric.Int64Counter
+	inFlight                                     metric.Int64UpDownCounter
+	processDur, claimToAck, retryDelay, lockWait metric.Float64Histogram
+	depth                                        metric.Int64ObservableGauge
+	oldest                                       metric.Float64ObservableGauge
+
+	systems sync.Map // reflect.Type -> string
+
+	mu     sync.RWMutex
+	labels map[labelKey]*labels
+}
+
+var (
+	_ sdk.Observer      = (*Observer)(nil)
+	_ sdk.LeaseObserver = (*Observer)(nil)
+)
+
+// durationBuckets are the boundaries the messaging conventions advise for
+// messaging.process.duration, in seconds, widened for long jobs.
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 300}
+
+// delayBuckets suit backoff delays, in seconds.
+var delayBuckets = []float64{0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 43200}
+
+// New creates the instruments and registers the queue gauges.
+func New(opts Options) (*Observer, error) {
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = otel.GetTracerProvider()
+	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = otel.GetMeterProvider()
+	}
+	if opts.Propagator == nil {
+		opts.Propagator = DefaultPropagator
+	}
+	if opts.InspectTimeout <= 0 {
+		opts.InspectTimeout = 5 * time.Second
+	}
+	for i, q := range opts.Queues {
+		if q.Inspector == nil {
+			return nil, fmt.Errorf("berth: telemetry: Queues[%d]: nil Inspector", i)
+		}
+		if err := sdk.ValidateQueueName(q.Queue); err != nil {
+			return nil, fmt.Errorf("berth: telemetry: Queues[%d]: %w", i, err)
+		}
+	}
+	o := &Observer{
+		tracer:     opts.TracerProvider.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
+		prop:       opts.Propagator,
+		system:     opts.System,
+		linkOnly:   opts.LinkOnly,
+		queues:     append([]InspectedQueue(nil), opts.Queues...),
+		inspectTTL: opts.InspectTimeout,
+		labels:     make(map[labelKey]*labels),
+	}
+	m := opts.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	hist := func(name, desc string, bounds []float64) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(bounds...))
+		errs = append(errs, err)
+		return h
+	}
+	o.sent = counter("messaging.client.sent.messages", "{message}", "Messages published.")
+	o.consumed = counter("messaging.client.consumed.messages", "{message}", "Deliveries handed to a handler.")
+	o.redeliveries = counter("berth.delivery.redeliveries", "{delivery}", "Deliveries with attempt > 1 (retries and crash redeliveries).")
+	o.settlements = counter("berth.delivery.settlements", "{delivery}", "Deliveries settled, per action.")
+	o.jobErrors = counter("berth.job.errors", "{error}", "Handler errors, per error class.")
+	o.retries = counter("berth.job.retries", "{retry}", "Deliveries retried.")
+	o.deadLetters = counter("berth.job.dead_letters", "{message}", "Deliveries dead-lettered.")
+	o.leaseExt = counter("berth.lease.extensions", "{extension}", "Lease extensions by the heartbeat.")
+	o.leaseExp = counter("berth.lease.expirations", "{lease}", "Leases lost while handling or settling.")
+	o.duplicates = counter("berth.idempotency.duplicates", "{message}", "Duplicate deliveries suppressed by the idempotency layer.")
+	o.idemConflicts = counter("berth.idempotency.conflicts", "{conflict}", "Idempotency keys reused with a different payload.")
+	o.versionConflicts = counter("berth.concurrency.version_conflicts", "{conflict}", "Optimistic-lock version conflicts.")
+	o.processDur = hist("messaging.process.duration", "Handler run time.", durationBuckets)
+	o.claimToAck = hist("berth.delivery.claim_to_ack.duration", "Time from the start of handling to a successful ack.", durationBuckets)
+	o.retryDelay = hist("berth.retry.delay", "Delay before a retried delivery comes back.", delayBuckets)
+	o.lockWait = hist("berth.concurrency.lock_wait.duration", "Time spent waiting for a row lock.", durationBuckets)
+	var err error
+	o.inFlight, err = m.Int64UpDownCounter("berth.worker.in_flight", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries being handled."))
+	errs = append(errs, err)
+	o.depth, err = m.Int64ObservableGauge("berth.queue.depth", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages in a queue, per state."))
+	errs = append(errs, err)
+	o.oldest, err = m.Float64ObservableGauge("berth.queue.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest ready message."))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("berth: telemetry: creating instruments: %w", err)
+	}
+	if len(o.queues) > 0 {
+		o.reg, err = m.RegisterCallback(o.observeQueues, o.depth, o.oldest)
+		if err != nil {
+			return nil, fmt.Errorf("berth: telemetry: registering queue gauges: %w", err)
+		}
+	}
+	return o, nil
+}
+
+// Close unregisters the queue gauges. It is safe to call twice.
+func (o *Observer) Close() error {
+	o.mu.Lock()
+	reg := o.reg
+	o.reg = nil
+	o.mu.Unlock()
+	if reg != nil {
+		return reg.Unregister()
+	}
+	return nil
+}
+
+func (o *Observer) observeQueues(ctx context.Context, obs metric.Observer) error {
+	var errs []error
+	for _, q := range o.queues {
+		sctx, cancel := context.WithTimeout(ctx, o.inspectTTL)
+		st, err := q.Inspector.Stats(sctx, q.Queue)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stats of %s: %w", q.Queue, err))
+			continue
+		}
+		dest := semconv.MessagingDestinationName(q.Queue)
+		for _, s := range []struct {
+			state string
+			n     int64
+		}{{"ready", st.Ready}, {"delayed", st.Delayed}, {"in_flight", st.InFlight}, {"dead_lettered", st.DeadLettered}} {
+			obs.ObserveInt64(o.depth, s.n, metric.WithAttributes(dest, AttrQueueState.String(s.state)))
+		}
+		obs.ObserveFloat64(o.oldest, st.OldestAge.Seconds(), metric.WithAttributes(dest))
+	}
+	return errors.Join(errs...)
+}
+
+// systemOf names the messaging system of a broker's value (a Delivery or a
+// Publisher) from its package path.
+func (o *Observer) systemOf(v any) string {
+	if o.system != "" {
+		return o.system
+	}
+	t := reflect.TypeOf(v)
+	if s, ok := o.systems.Load(t); ok {
+		return s.(string)
+	}
+	rt := t
+	for rt != nil && rt.Kind() == reflect.Pointer {
+		rt = rt.Elem()
+	}
+	name := "berth"
+	if rt != nil && rt.PkgPath() != "" {
+		p := rt.PkgPath()
+		name = p[strings.LastIndexByte(p, '/')+1:]
+		switch name {
+		case "sqs":
+			name = "aws_sqs"
+		case "main":
+			name = "berth"
+		}
+	}
+	o.systems.Store(t, name)
+	return name
+}
+
+// labelKey identifies one attribute set of the delivery metrics.
+type labelKey struct {
+	system, queue, jobType string
+	action                 sdk.Action
+	class                  sdk.ErrorClass
+}
+
+// labels caches what recording with one attribute set needs, so that the
+// hot path allocates nothing for metrics.
+type labels struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
+	// For the base key (no action, no class) only:
+	spanName  string
+	spanAttrs []attribute.KeyValue
+}
+
+// maxLabelSets bounds the cache; beyond it sets are built per call.
+const maxLabelSets = 4096
+
+func (o *Observer) labelsFor(k labelKey) *labels {
+	o.mu.RLock()
+	l, ok := o.labels[k]
+	o.mu.RUnlock()
+	if ok {
+		return l
+	}
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKey.String(k.system),
+		semconv.MessagingDestinationName(k.queue),
+		AttrJobType.String(k.jobType),
+	}
+	if k.action != "" {
+		attrs = append(attrs, AttrAction.String(string(k.action)))
+	}
+	if k.class != sdk.ClassNone {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(k.class)))
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
+	l = &labels{add: []metric.AddOption{opt}, record: []metric.RecordOption{opt}}
+	if k.action == "" && k.class == sdk.ClassNone {
+		l.spanName = "process " + k.queue
+		l.spanAttrs = []attribute.KeyValue{
+			semconv.MessagingSystemKey.String(k.system),
+			semconv.MessagingDestinationName(k.queue),
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingOperationTypeProcess,
+			AttrJobType.String(k.jobType),
+		}
+	}
+	o.mu.Lock()
+	if len(o.labels) < maxLabelSets {
+		o.labels[k] = l
+	}
+	o.mu.Unlock()
+	return l
+}
+
+type ctxKey struct{}
+
+// FromContext returns the Observer handling the delivery of ctx (set by
+// [Observer.Start]), or nil. Every recording method of Observer accepts a nil
+// receiver, so other packages can call FromContext(ctx).DuplicateSuppressed(ctx, "")
+// without checking.
+func FromContext(ctx context.Context) *Observer {
+	if st := stateFrom(ctx); st != nil {
+		return st.obs
+	}
+	return nil
+}
