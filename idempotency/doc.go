@@ -1,0 +1,38 @@
+// Package idempotency gives berth handlers an exactly-once effect on top of
+// at-least-once delivery: each job names its business operation with an
+// idempotency key (Message.IdempotencyKey, e.g. "charge:order_123:v1"), and a
+// result store with a unique constraint on that key decides whether the
+// handler runs.
+//
+// The [Middleware] has two modes:
+//
+//   - [Transactional] (effects in the same PostgreSQL database): one
+//     transaction holds the key row, the handler's own writes (the handler
+//     finds the transaction in its context, see pgstore.TxFrom) and the
+//     result; it commits, then the handler returns nil and the Worker acks.
+//     A crash before commit leaves nothing; a crash after commit makes the
+//     redelivery find the key and ack without running the handler; a
+//     concurrent duplicate blocks on the uncommitted key and then sees it.
+//   - [Lease] (external effects, e.g. a payment API called with the key):
+//     the key is claimed in_progress with an expiry, the handler runs outside
+//     any transaction, then the result is stored completed. A duplicate that
+//     finds the claim in progress is retried later ([sdk.RetryAfter]), never
+//     run concurrently and never acked; an expired claim is taken over by
+//     exactly one worker; a handler error releases the claim.
+//
+// The same key with a different payload fingerprint is a permanent
+// [ErrKeyConflict], never the stored result. A message without a key is
+// dead-lettered ([ErrMissingKey]) or falls back to its message ID, as
+// configured.
+//
+// Stores: idempotency/pgstore (PostgreSQL, the source of truth),
+// idempotency/memstore (tests and demos), and idempotency/redisstore, a fast
+// and lossy dedupe [Cache] consulted first and written only after success:
+// losing it never causes a duplicate effect, because the durable store is
+// always checked before the handler runs.
+//
+// [Inbox] applies the same guard to events received from other systems, with
+// the event ID as the key. [PurgeExpired] deletes expired results in bounded
+// batches. [Stats] counts duplicates suppressed, key conflicts, in-progress
+// collisions and lease takeovers; an [Observer] sees the same events.
+package idempotency

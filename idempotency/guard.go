@@ -1,0 +1,408 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Mode selects how the guard holds a key while the handler runs.
+type Mode int
+
+const (
+	// Transactional holds the key in a transaction that also carries the
+	// handler's writes and the result (requires a [TxStore]).
+	Transactional Mode = iota + 1
+	// Lease claims the key in_progress with an expiry and runs the handler
+	// outside any transaction.
+	Lease
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Transactional:
+		return "transactional"
+	case Lease:
+		return "lease"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// Defaults of [Options].
+const (
+	DefaultClaimLease      = 5 * time.Minute
+	DefaultInProgressDelay = 2 * time.Second
+	DefaultRetention       = 7 * 24 * time.Hour
+	DefaultCleanupTimeout  = 5 * time.Second
+)
+
+// Options configures a [Guard]. Store is required; the zero value of every
+// other field is a sensible default.
+type Options struct {
+	// Store holds the keys: the source of truth.
+	Store Store
+	// Mode defaults to Transactional when Store is a [TxStore], else Lease.
+	Mode Mode
+	// Cache, optional, is consulted before the store and written after success.
+	Cache Cache
+	// CacheTTL is how long the cache remembers a completed key. Default
+	// Retention.
+	CacheTTL time.Duration
+	// Key extracts the key of a message. Default [MessageKey].
+	Key KeyFunc
+	// MissingKey says what to do with a message without a key. Default
+	// [MissingKeyReject].
+	MissingKey MissingKey
+	// Fingerprint digests a message's payload. Default [Fingerprint].
+	Fingerprint FingerprintFunc
+	// ClaimLease is how long a lease-mode claim holds without a heartbeat.
+	// Default 5m.
+	ClaimLease time.Duration
+	// Heartbeat is how often a running lease-mode claim is extended by
+	// ClaimLease. Default ClaimLease/3; negative disables it.
+	Heartbeat time.Duration
+	// InProgressDelay is the RetryAfter delay for a duplicate that finds the
+	// key in progress. Default 2s.
+	InProgressDelay time.Duration
+	// Retention is how long results are kept. Default 7 days.
+	Retention time.Duration
+	// CleanupTimeout bounds the rollback or release after a failed or
+	// interrupted handler (it runs even when the handler's ctx is done).
+	// Default 5s.
+	CleanupTimeout time.Duration
+	// Stats, optional, counts events.
+	Stats *Stats
+	// Observer, optional, sees every event (metrics).
+	Observer Observer
+	// Logger receives debug logs of duplicates and cache failures. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Guard runs operations at most once per idempotency key. It is safe for
+// concurrent use. Build one with [New]; use it as middleware
+// ([Guard.Middleware]), for external events ([Guard.Inbox]) or directly
+// ([Guard.Do]).
+type Guard struct {
+	o   Options
+	txs TxStore
+}
+
+// New validates opts and returns a Guard.
+func New(opts Options) (*Guard, error) {
+	if opts.Store == nil {
+		return nil, fmt.Errorf("%w: Store is required", ErrInvalidConfig)
+	}
+	txs, isTx := opts.Store.(TxStore)
+	switch opts.Mode {
+	case 0:
+		opts.Mode = Lease
+		if isTx {
+			opts.Mode = Transactional
+		}
+	case Transactional:
+		if !isTx {
+			return nil, fmt.Errorf("%w: transactional mode needs a TxStore, %T is not one", ErrInvalidConfig, opts.Store)
+		}
+	case Lease:
+	default:
+		return nil, fmt.Errorf("%w: unknown mode %d", ErrInvalidConfig, int(opts.Mode))
+	}
+	if opts.MissingKey != MissingKeyReject && opts.MissingKey != MissingKeyUseMessageID {
+		return nil, fmt.Errorf("%w: unknown MissingKey policy %d", ErrInvalidConfig, int(opts.MissingKey))
+	}
+	if opts.ClaimLease < 0 || opts.InProgressDelay < 0 || opts.Retention < 0 || opts.CacheTTL < 0 || opts.CleanupTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative duration", ErrInvalidConfig)
+	}
+	if opts.Key == nil {
+		opts.Key = MessageKey
+	}
+	if opts.Fingerprint == nil {
+		opts.Fingerprint = Fingerprint
+	}
+	if opts.ClaimLease == 0 {
+		opts.ClaimLease = DefaultClaimLease
+	}
+	if opts.Heartbeat == 0 {
+		opts.Heartbeat = opts.ClaimLease / 3
+	}
+	if opts.InProgressDelay == 0 {
+		opts.InProgressDelay = DefaultInProgressDelay
+	}
+	if opts.Retention == 0 {
+		opts.Retention = DefaultRetention
+	}
+	if opts.CacheTTL == 0 {
+		opts.CacheTTL = opts.Retention
+	}
+	if opts.CleanupTimeout == 0 {
+		opts.CleanupTimeout = DefaultCleanupTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Guard{o: opts, txs: txs}, nil
+}
+
+// Middleware returns a Guard's middleware as a one-liner: New, then
+// [Guard.Middleware].
+func Middleware(opts Options) (sdk.Middleware, error) {
+	g, err := New(opts)
+	if err != nil {
+		return nil, err
+	}
+	return g.Middleware(), nil
+}
+
+// Mode returns the guard's mode.
+func (g *Guard) Mode() Mode { return g.o.Mode }
+
+// Middleware wraps a handler: a delivery whose key is completed is acked
+// without running it (the handler returns nil); one whose key is in progress
+// elsewhere gets [sdk.RetryAfter]; a key conflict or a missing key is
+// [sdk.Permanent]; otherwise the handler runs under the key as the mode says.
+func (g *Guard) Middleware() sdk.Middleware {
+	return func(next sdk.Handler) sdk.Handler {
+		return sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+			m := d.Message()
+			key := g.o.Key(m)
+			if key == "" {
+				if g.o.MissingKey == MissingKeyUseMessageID && m.ID != "" {
+					key = m.ID
+				} else {
+					g.event(ctx, EventMissingKey, m.Type)
+					return sdk.Permanent(&MissingKeyError{MessageID: m.ID, Type: m.Type})
+				}
+			}
+			op := Operation{Key: key, JobType: m.Type, Fingerprint: g.o.Fingerprint(m)}
+			_, err := g.Do(ctx, op, func(ctx context.Context) error { return next.Handle(ctx, d) })
+			return err
+		})
+	}
+}
+
+// Operation is one business operation run under a [Guard].
+type Operation struct {
+	Key         string // required
+	JobType     string
+	Fingerprint string // compared with the stored one; "" matches only ""
+}
+
+// Do runs fn at most once for op.Key (once its effect is stored). It returns
+// ran=false and a nil error when the key was already completed with the same
+// fingerprint; a permanent [ConflictError] for a different fingerprint; an
+// [sdk.RetryAfter] wrapping [ErrInProgress] when another owner holds the key;
+// fn's error, after rolling back or releasing the key, when fn fails; and a
+// transient error when the store fails. In Transactional mode fn's ctx
+// carries the transaction; in both modes it carries the key ([KeyFrom]) and
+// accepts a result ([SetResult]).
+func (g *Guard) Do(ctx context.Context, op Operation, fn func(ctx context.Context) error) (ran bool, err error) {
+	if op.Key == "" {
+		return false, sdk.Permanent(&MissingKeyError{Type: op.JobType})
+	}
+	if g.o.Cache != nil {
+		fp, found, err := g.o.Cache.Lookup(ctx, op.Key)
+		switch {
+		case err != nil:
+			g.event(ctx, EventCacheError, op.JobType)
+			g.o.Logger.DebugContext(ctx, "idempotency: cache lookup failed; using the store", "key", op.Key, "err", err)
+		case found && fp == op.Fingerprint:
+			g.event(ctx, EventCacheHit, op.JobType)
+			g.event(ctx, EventDuplicate, op.JobType)
+			return false, nil
+		}
+		// A miss, or a different fingerprint: the store decides.
+	}
+	c := Claim{
+		Key:         op.Key,
+		JobType:     op.JobType,
+		Fingerprint: op.Fingerprint,
+		Owner:       newToken(),
+		Lease:       g.o.ClaimLease,
+		Retention:   g.o.Retention,
+	}
+	if g.o.Mode == Transactional {
+		return g.doTx(ctx, c, fn)
+	}
+	return g.doLease(ctx, c, fn)
+}
+
+// found handles the outcomes in which fn does not run.
+func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record) error {
+	if rec != nil && rec.Fingerprint != c.Fingerprint {
+		g.event(ctx, EventConflict, c.JobType)
+		return sdk.Permanent(&ConflictError{Key: c.Key, JobType: c.JobType, Stored: rec.JobType})
+	}
+	switch out {
+	case Completed:
+		g.event(ctx, EventDuplicate, c.JobType)
+		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", "key", c.Key, "job_type", c.JobType)
+		g.remember(ctx, c)
+		return nil
+	case InProgress:
+		g.event(ctx, EventInProgress, c.JobType)
+		return sdk.RetryAfter(fmt.Errorf("%w: key %q", ErrInProgress, c.Key), g.o.InProgressDelay)
+	}
+	return fmt.Errorf("idempotency: store returned unexpected outcome %v for key %q", out, c.Key)
+}
+
+func (g *Guard) doTx(ctx context.Context, c Claim, fn func(ctx context.Context) error) (ran bool, err error) {
+	tx, out, rec, err := g.txs.Begin(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	if out != Acquired {
+		if tx != nil {
+			_ = tx.Rollback(ctx)
+		}
+		return false, g.found(ctx, c, out, rec)
+	}
+	r := &running{key: c.Key}
+	hctx := tx.Context(context.WithValue(ctx, guardKey{}, r))
+	ended := false
+	defer func() {
+		if !ended { // fn panicked
+			g.cleanup(ctx, tx.Rollback)
+		}
+	}()
+	if err := fn(hctx); err != nil {
+		ended = true
+		g.cleanup(ctx, tx.Rollback)
+		return true, err
+	}
+	ended = true
+	if err := tx.Commit(ctx, r.result()); err != nil {
+		g.cleanup(ctx, tx.Rollback)
+		return true, fmt.Errorf("idempotency: commit key %q: %w", c.Key, err)
+	}
+	g.event(ctx, EventExecuted, c.JobType)
+	g.remember(ctx, c)
+	return true, nil
+}
+
+func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Context) error) (ran bool, err error) {
+	out, rec, err := g.o.Store.Claim(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	switch out {
+	case Acquired:
+	case TakenOver:
+		g.event(ctx, EventTakeover, c.JobType)
+	default:
+		return false, g.found(ctx, c, out, rec)
+	}
+	release := func(cctx context.Context) error { return g.o.Store.Release(cctx, c) }
+	r := &running{key: c.Key}
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, r))
+	stop := g.heartbeat(hctx, c, cancel)
+	ended := false
+	defer func() {
+		stop()
+		cancel(nil)
+		if !ended { // fn panicked
+			g.cleanup(ctx, release)
+		}
+	}()
+	ferr := fn(hctx)
+	stop()
+	ended = true
+	if ferr != nil {
+		g.cleanup(ctx, release)
+		if cause := context.Cause(hctx); errors.Is(cause, ErrClaimLost) {
+			g.event(ctx, EventClaimLost, c.JobType)
+			return true, errors.Join(ferr, cause)
+		}
+		return true, ferr
+	}
+	if err := g.o.Store.Complete(ctx, c, r.result()); err != nil {
+		if errors.Is(err, ErrClaimLost) {
+			g.event(ctx, EventClaimLost, c.JobType)
+		}
+		return true, fmt.Errorf("idempotency: complete key %q: %w", c.Key, err)
+	}
+	g.event(ctx, EventExecuted, c.JobType)
+	g.remember(ctx, c)
+	return true, nil
+}
+
+// heartbeat extends c every Heartbeat while fn runs; when the claim is lost it
+// cancels fn's context with ErrClaimLost. stop waits for the goroutine.
+func (g *Guard) heartbeat(ctx context.Context, c Claim, cancel context.CancelCauseFunc) (stop func()) {
+	if g.o.Heartbeat < 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(g.o.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				err := g.o.Store.Extend(ctx, c, g.o.ClaimLease)
+				if errors.Is(err, ErrClaimLost) {
+					cancel(fmt.Errorf("%w: key %q", ErrClaimLost, c.Key))
+					return
+				}
+				if err != nil {
+					g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", "key", c.Key, "err", err)
+				}
+			}
+		}
+	}()
+	stopped := false
+	return func() {
+		if !stopped {
+			stopped = true
+			close(done)
+			<-exited
+		}
+	}
+}
+
+// cleanup runs f (rollback, release) with a context that survives the
+// handler's cancellation, bounded by CleanupTimeout.
+func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.CleanupTimeout)
+	defer cancel()
+	if err := f(cctx); err != nil && !errors.Is(err, ErrClaimLost) {
+		g.o.Logger.WarnContext(ctx, "idempotency: cleanup failed; the key frees itself when its claim expires", "err", err)
+	}
+}
+
+func (g *Guard) remember(ctx context.Context, c Claim) {
+	if g.o.Cache == nil {
+		return
+	}
+	if err := g.o.Cache.Remember(ctx, c.Key, c.Fingerprint, g.o.CacheTTL); err != nil {
+		g.event(ctx, EventCacheError, c.JobType)
+		g.o.Logger.DebugContext(ctx, "idempotency: cache write failed", "key", c.Key, "err", err)
+	}
+}
+
+func (g *Guard) event(ctx context.Context, e Event, jobType string) {
+	if g.o.Stats != nil {
+		g.o.Stats.Observe(ctx, e, jobType)
+	}
+	if g.o.Observer != nil {
+		g.o.Observer.Observe(ctx, e, jobType)
+	}
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,98 @@
+package idempotency
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrMissingKey is wrapped (permanently) by the middleware for a message
+	// without an idempotency key when [MissingKeyReject] is in force.
+	ErrMissingKey = errors.New("idempotency: missing idempotency key")
+	// ErrKeyConflict is wrapped (permanently) when a key is reused for a
+	// different payload: the stored result belongs to another operation.
+	ErrKeyConflict = errors.New("idempotency: key reused with a different payload")
+	// ErrInProgress is wrapped in the [sdk.RetryAfter] returned for a
+	// duplicate that finds the key claimed by a live worker.
+	ErrInProgress = errors.New("idempotency: key in progress elsewhere")
+	// ErrClaimLost reports that a lease-mode claim expired and was taken over
+	// before it was completed or released: this attempt's result is not
+	// stored. It is transient: the redelivery finds the new owner's outcome.
+	ErrClaimLost = errors.New("idempotency: claim lost")
+	// ErrNotFound is returned by Store.Get for an unknown key.
+	ErrNotFound = errors.New("idempotency: key not found")
+	// ErrInvalidConfig reports options or identifiers a constructor refuses.
+	ErrInvalidConfig = errors.New("idempotency: invalid configuration")
+)
+
+// MissingKeyError reports a message that carries no idempotency key. It wraps
+// [ErrMissingKey].
+type MissingKeyError struct {
+	MessageID string
+	Type      string
+}
+
+func (e *MissingKeyError) Error() string {
+	return fmt.Sprintf("idempotency: message %s (type %q) has no idempotency key", e.MessageID, e.Type)
+}
+
+// Unwrap returns [ErrMissingKey].
+func (e *MissingKeyError) Unwrap() error { return ErrMissingKey }
+
+// ConflictError reports a key reused for a different payload. It wraps
+// [ErrKeyConflict].
+type ConflictError struct {
+	Key     string
+	JobType string // job type of the message that conflicted
+	Stored  string // job type stored with the key
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("idempotency: key %q reused with a different payload (job type %q, stored for %q)", e.Key, e.JobType, e.Stored)
+}
+
+// Unwrap returns [ErrKeyConflict].
+func (e *ConflictError) Unwrap() error { return ErrKeyConflict }
+
+// MissingKey says what the middleware does with a message that has no key.
+type MissingKey int
+
+const (
+	// MissingKeyReject dead-letters it with a [MissingKeyError]. The default:
+	// a message ID changes with every publish, so it dedupes redeliveries but
+	// not a job published twice.
+	MissingKeyReject MissingKey = iota
+	// MissingKeyUseMessageID uses the message ID as the key.
+	MissingKeyUseMessageID
+)
+
+// KeyFunc extracts the idempotency key of a message; "" means none.
+type KeyFunc func(m *sdk.Message) string
+
+// MessageKey is the default [KeyFunc]: Message.IdempotencyKey.
+func MessageKey(m *sdk.Message) string { return m.IdempotencyKey }
+
+// FingerprintFunc returns a digest of what a message asks to do. Two messages
+// with the same key and different fingerprints conflict.
+type FingerprintFunc func(m *sdk.Message) string
+
+// Fingerprint is the default [FingerprintFunc]: the hex SHA-256 of the job
+// type, a zero byte and the body. Headers, IDs and correlation IDs are not
+// part of it: they differ between two publishes of one operation.
+func Fingerprint(m *sdk.Message) string {
+	return FingerprintOf(m.Type, m.Body)
+}
+
+// FingerprintOf is the fingerprint of a job type and a payload.
+func FingerprintOf(jobType string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(jobType))
+	h.Write([]byte{0})
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
