@@ -1,0 +1,62 @@
+// Package sqlident validates and quotes the SQL identifiers (table and column
+// names) that the concurrency packages splice into statements. Values always
+// travel as bind parameters; only identifiers are spliced, and only after this
+// package accepted and quoted them.
+package sqlident
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrInvalid reports a table or column name that is not a plain identifier.
+var ErrInvalid = errors.New("invalid SQL identifier")
+
+// nameRE is a conservative identifier: letters, digits and '_', not starting
+// with a digit, at most 63 bytes (PostgreSQL's NAMEDATALEN-1).
+var nameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Column validates a column name and returns it quoted.
+func Column(name string) (string, error) {
+	if !nameRE.MatchString(name) {
+		return "", fmt.Errorf("%w: column %q", ErrInvalid, name)
+	}
+	return pgx.Identifier{name}.Sanitize(), nil
+}
+
+// Table validates a table name, optionally schema-qualified ("billing.orders"),
+// and returns it quoted.
+func Table(name string) (string, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return "", fmt.Errorf("%w: table %q", ErrInvalid, name)
+	}
+	for _, p := range parts {
+		if !nameRE.MatchString(p) {
+			return "", fmt.Errorf("%w: table %q", ErrInvalid, name)
+		}
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// Columns validates and quotes each name; duplicates are refused.
+func Columns(names []string) ([]string, error) {
+	out := make([]string, len(names))
+	seen := make(map[string]bool, len(names))
+	for i, n := range names {
+		q, err := Column(n)
+		if err != nil {
+			return nil, err
+		}
+		if seen[n] {
+			return nil, fmt.Errorf("%w: column %q given twice", ErrInvalid, n)
+		}
+		seen[n] = true
+		out[i] = q
+	}
+	return out, nil
+}

@@ -1,0 +1,239 @@
+// Package optimistic implements optimistic locking with a version column: an
+// update names the version it read, and matches no row when someone else
+// updated the row in between.
+//
+//	UPDATE orders SET status = $3, version = version + 1
+//	 WHERE id = $1 AND version = $2
+//	RETURNING version
+//
+// Zero rows matched gives [ErrVersionConflict]: the caller's copy is stale.
+// [Retrier.Do] reloads and re-applies a change a bounded number of times and
+// counts the conflicts it met. Nothing is held between the read and the
+// write, so readers never wait; under heavy contention on one row a row lock
+// (package rowlock) wastes less work.
+package optimistic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/berthq/berth/concurrency/internal/sqlident"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrVersionConflict reports an update whose expected version is no
+	// longer the row's version. Reload and re-apply (see [Retrier]).
+	ErrVersionConflict = errors.New("optimistic: version conflict")
+	// ErrNotFound reports that no row has the key.
+	ErrNotFound = errors.New("optimistic: row not found")
+)
+
+// ConflictError is the error of an update that lost the race. It wraps
+// [ErrVersionConflict].
+type ConflictError struct {
+	Table    string
+	Key      any
+	Expected int64 // the version the update named
+	Actual   int64 // the row's version when the conflict was found
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("optimistic: %s %v: expected version %d, found %d", e.Table, e.Key, e.Expected, e.Actual)
+}
+
+// Unwrap returns ErrVersionConflict.
+func (e *ConflictError) Unwrap() error { return ErrVersionConflict }
+
+// DB is what the statements run on: a pgx.Tx, *pgx.Conn or *pgxpool.Pool.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Options configure a [Table].
+type Options struct {
+	// Table name, optionally schema-qualified. Required. Validated and quoted.
+	Table string
+	// KeyColumn identifies the row. Default "id".
+	KeyColumn string
+	// VersionColumn holds the version, an integer. Default "version".
+	VersionColumn string
+}
+
+// Table runs versioned reads and updates on one table. It is safe for
+// concurrent use.
+type Table struct {
+	name    string
+	table   string // quoted
+	key     string // quoted
+	version string // quoted
+}
+
+// New validates opts and returns a Table.
+func New(opts Options) (*Table, error) {
+	t := &Table{name: opts.Table}
+	var err error
+	if t.table, err = sqlident.Table(opts.Table); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
+	}
+	if opts.KeyColumn == "" {
+		opts.KeyColumn = "id"
+	}
+	if opts.VersionColumn == "" {
+		opts.VersionColumn = "version"
+	}
+	if opts.KeyColumn == opts.VersionColumn {
+		return nil, errors.New("optimistic: KeyColumn and VersionColumn are the same")
+	}
+	if t.key, err = sqlident.Column(opts.KeyColumn); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
+	}
+	if t.version, err = sqlident.Column(opts.VersionColumn); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
+	}
+	return t, nil
+}
+
+// Get reads the row's version and the given columns into dest (one target per
+// column). A missing row gives [ErrNotFound].
+func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest ...any) (int64, error) {
+	if len(columns) != len(dest) {
+		return 0, fmt.Errorf("optimistic: %d columns but %d destinations", len(columns), len(dest))
+	}
+	cols, err := sqlident.Columns(columns)
+	if err != nil {
+		return 0, fmt.Errorf("optimistic: %w", err)
+	}
+	var version int64
+	q := "SELECT " + strings.Join(append([]string{t.version}, cols...), ", ") +
+		" FROM " + t.table + " WHERE " + t.key + " = $1"
+	if err := db.QueryRow(ctx, q, key).Scan(append([]any{&version}, dest...)...); err != nil {
+		return 0, t.wrap(ctx, key, err)
+	}
+	return version, nil
+}
+
+// Update sets the columns in set on the row whose key is key, provided its
+// version is still version, and bumps the version. It returns the new
+// version. A stale version gives a [*ConflictError] ([ErrVersionConflict]); a
+// missing row gives [ErrNotFound]. Column names are validated and quoted;
+// values are bind parameters. set must not name the key or version column.
+func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set map[string]any) (int64, error) {
+	names := make([]string, 0, len(set))
+	for c := range set {
+		names = append(names, c)
+	}
+	slices.Sort(names) // one SQL text per column set: prepared once per connection
+	var b strings.Builder
+	b.WriteString("UPDATE " + t.table + " SET ")
+	args := make([]any, 2, 2+len(names))
+	args[0], args[1] = key, version
+	for _, c := range names {
+		q, err := sqlident.Column(c)
+		if err != nil {
+			return 0, fmt.Errorf("optimistic: %w", err)
+		}
+		if q == t.key || q == t.version {
+			return 0, fmt.Errorf("optimistic: set names the key or version column %q", c)
+		}
+		args = append(args, set[c])
+		b.WriteString(q + " = $" + strconv.Itoa(len(args)) + ", ")
+	}
+	b.WriteString(t.version + " = " + t.version + " + 1 WHERE " + t.key + " = $1 AND " +
+		t.version + " = $2 RETURNING " + t.version)
+	var next int64
+	err := db.QueryRow(ctx, b.String(), args...).Scan(&next)
+	if err == nil {
+		return next, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return 0, t.wrap(ctx, key, err)
+	}
+	// No row matched: tell a stale version from a missing row.
+	var actual int64
+	err = db.QueryRow(ctx, "SELECT "+t.version+" FROM "+t.table+" WHERE "+t.key+" = $1", key).Scan(&actual)
+	if err != nil {
+		return 0, t.wrap(ctx, key, err)
+	}
+	return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: actual}
+}
+
+func (t *Table) wrap(ctx context.Context, key any, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("optimistic: %s %v: %w", t.name, key, err)
+}
+
+// DefaultMaxAttempts is the number of tries a zero [Retrier] makes.
+const DefaultMaxAttempts = 5
+
+// Retrier re-runs a read-modify-write that lost an optimistic race. The zero
+// value is ready to use; a Retrier is safe for concurrent use and counts the
+// conflicts of every call.
+type Retrier struct {
+	// MaxAttempts bounds the tries per Do call. Default DefaultMaxAttempts.
+	MaxAttempts int
+	// OnConflict, when set, is called after each conflict with the attempt
+	// number (from 1) and the conflict error: a hook for an
+	// optimistic-lock-conflict metric. It must be quick and safe for
+	// concurrent use.
+	OnConflict func(ctx context.Context, attempt int, err error)
+
+	conflicts atomic.Int64
+}
+
+// Do calls attempt until it returns something other than an error wrapping
+// [ErrVersionConflict], at most MaxAttempts times. Each call of attempt must
+// reload the row (its version included) and re-apply the change: re-sending
+// the stale write can never succeed. When every try conflicts, Do returns the
+// last conflict wrapped in an [*ExhaustedError] (still matching
+// ErrVersionConflict); the error is transient: a later retry of the job
+// reloads again.
+func (r *Retrier) Do(ctx context.Context, attempt func(ctx context.Context) error) error {
+	limit := r.MaxAttempts
+	if limit <= 0 {
+		limit = DefaultMaxAttempts
+	}
+	var err error
+	for i := 1; i <= limit; i++ {
+		if err = attempt(ctx); !errors.Is(err, ErrVersionConflict) {
+			return err
+		}
+		r.conflicts.Add(1)
+		if r.OnConflict != nil {
+			r.OnConflict(ctx, i, err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return &ExhaustedError{Attempts: limit, Err: err}
+}
+
+// Conflicts returns the number of conflicts Do has met, over all calls.
+func (r *Retrier) Conflicts() int64 { return r.conflicts.Load() }
+
+// ExhaustedError reports that every attempt of [Retrier.Do] conflicted.
+type ExhaustedError struct {
+	Attempts int
+	Err      error // the last conflict
+}
+
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("optimistic: %d attempts conflicted: %v", e.Attempts, e.Err)
+}
+
+// Unwrap returns the last conflict.
+func (e *ExhaustedError) Unwrap() error { return e.Err }

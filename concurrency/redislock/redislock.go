@@ -1,0 +1,344 @@
+// Package redislock is a Redis lock on a named resource, with an owner token,
+// a watchdog and fencing tokens.
+//
+// A lock is an efficiency tool: it keeps two workers from doing the same
+// expensive work at the same time. It is not a correctness tool. A lock held in
+// Redis can be lost while its holder still believes it holds it — the holder
+// pauses (GC, SIGSTOP, a slow disk, a VM migration) past the lock's TTL, the
+// network drops the extension, Redis fails over and forgets the key — and
+// another worker then takes it. Correctness comes from idempotency (a unique
+// key row per business operation) and from the database (row locks,
+// optimistic versions, state transitions, unique constraints). Use a lock to
+// save work; never rely on it alone to prevent a duplicate effect.
+//
+// What this package does to narrow the gap:
+//   - Each [Lock] has a random owner token; only the owner can extend or
+//     release it (compare-and-act in a Lua script), so an expired holder never
+//     deletes its successor's lock.
+//   - [Client.Run] runs work under a watchdog that extends the lock while the
+//     work runs and cancels the work's context, with cause [ErrLockLost], as
+//     soon as the lock is lost or can no longer be confirmed before it
+//     expires.
+//   - Each acquisition gets a fencing token, [Lock.Token]: a per-resource
+//     counter incremented (INCR) in the same Lua script that takes the lock,
+//     so tokens grow with every holder. A write that records and checks the
+//     token (package fence) is refused when a later holder already wrote: the
+//     paused holder that wakes up cannot overwrite its successor's work.
+//
+// [Client.Middleware] locks a resource named by each message (e.g. the order
+// id) around a handler; a busy resource becomes a short sdk.RetryAfter, which
+// the Worker does not count as a failed attempt.
+//
+// Keys: the lock is "<prefix>{<resource>}" and its fencing counter
+// "<prefix>{<resource>}:fence" (one hash slot, for Redis Cluster). The counter
+// never expires: deleting it would restart tokens at 1 and break fencing.
+// Fencing therefore also assumes Redis keeps the counter (persistence on, no
+// failover to a replica that lost writes).
+package redislock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+	"github.com/redis/go-redis/v9"
+)
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrBusy reports a lock held by someone else. It arrives wrapped in
+	// sdk.RetryAfter, as a [*BusyError].
+	ErrBusy = errors.New("redislock: resource busy")
+	// ErrLockLost reports a lock that is no longer ours: it expired or was
+	// taken. It is the cancellation cause of the work's context in
+	// [Client.Run], and the error of Extend and Release on a lost lock.
+	ErrLockLost = errors.New("redislock: lock lost")
+	// ErrInvalidResource reports an empty resource name.
+	ErrInvalidResource = errors.New("redislock: invalid resource name")
+)
+
+// BusyError describes a lock that was not obtained. It wraps [ErrBusy].
+type BusyError struct {
+	Resource string
+	// Remaining is how long the current holder's lock has left, as Redis
+	// reported it (0 when unknown).
+	Remaining time.Duration
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("redislock: %s busy (held for %s more)", e.Resource, e.Remaining)
+}
+
+// Unwrap returns ErrBusy.
+func (e *BusyError) Unwrap() error { return ErrBusy }
+
+// Options configure a [Client]. The zero value is a sensible default.
+type Options struct {
+	// Prefix starts every key. Default "berth:lock:".
+	Prefix string
+	// TTL is the lock's lifetime in Redis without extension. Default 30s;
+	// at least 10ms.
+	TTL time.Duration
+	// ExtendEvery is how often the watchdog of [Client.Run] extends the
+	// lock. Default TTL/3; must be below TTL.
+	ExtendEvery time.Duration
+	// BusyDelay is the longest delay put in the RetryAfter error of a busy
+	// resource; the delay is the holder's remaining TTL when that is
+	// shorter. Default 1s.
+	BusyDelay time.Duration
+}
+
+// Client obtains locks. It is safe for concurrent use and holds no goroutine:
+// there is nothing to close.
+type Client struct {
+	rdb         redis.Scripter
+	prefix      string
+	ttl         time.Duration
+	extendEvery time.Duration
+	busyDelay   time.Duration
+}
+
+// New validates opts and returns a Client using rdb (a *redis.Client,
+// *redis.ClusterClient or *redis.Ring).
+func New(rdb redis.Scripter, opts Options) (*Client, error) {
+	if rdb == nil {
+		return nil, errors.New("redislock: nil Redis client")
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = "berth:lock:"
+	}
+	if opts.TTL < 0 || opts.ExtendEvery < 0 || opts.BusyDelay < 0 {
+		return nil, errors.New("redislock: negative TTL, ExtendEvery or BusyDelay")
+	}
+	if opts.TTL == 0 {
+		opts.TTL = 30 * time.Second
+	}
+	if opts.TTL < 10*time.Millisecond {
+		return nil, fmt.Errorf("redislock: TTL %s under 10ms", opts.TTL)
+	}
+	if opts.ExtendEvery == 0 {
+		opts.ExtendEvery = opts.TTL / 3
+	}
+	if opts.ExtendEvery >= opts.TTL {
+		return nil, fmt.Errorf("redislock: ExtendEvery %s not below TTL %s", opts.ExtendEvery, opts.TTL)
+	}
+	if opts.BusyDelay == 0 {
+		opts.BusyDelay = time.Second
+	}
+	return &Client{rdb: rdb, prefix: opts.Prefix, ttl: opts.TTL, extendEvery: opts.ExtendEvery, busyDelay: opts.BusyDelay}, nil
+}
+
+// obtainScript takes the lock and, only when it did, increments the fencing
+// counter: one atomic step, so no two holders share a token and tokens follow
+// the order of acquisition.
+var obtainScript = redis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+`)
+
+// releaseScript deletes the lock only when the caller still owns it.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// extendScript resets the lock's TTL only when the caller still owns it.
+var extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`)
+
+// Lock is a held lock. Its methods may be called from several goroutines.
+type Lock struct {
+	c        *Client
+	resource string
+	key      string
+	owner    string
+	token    int64
+	ttl      time.Duration
+}
+
+// Resource returns the locked resource's name.
+func (l *Lock) Resource() string { return l.resource }
+
+// Token returns the fencing token of this acquisition: greater than the token
+// of every earlier holder of the same resource. Pass it to the database write
+// the lock protects (see package fence).
+func (l *Lock) Token() int64 { return l.token }
+
+// TTL returns the lifetime the lock is taken and extended for.
+func (l *Lock) TTL() time.Duration { return l.ttl }
+
+// Obtain tries once to take the lock on resource for the Client's TTL. A lock
+// held by someone else gives an error built by sdk.RetryAfter wrapping a
+// [*BusyError] ([ErrBusy]). Obtain does not wait and starts no watchdog:
+// extend the lock yourself, or use [Client.Run].
+func (c *Client) Obtain(ctx context.Context, resource string) (*Lock, error) {
+	if resource == "" {
+		return nil, ErrInvalidResource
+	}
+	owner, err := newOwner()
+	if err != nil {
+		return nil, err
+	}
+	key := c.prefix + "{" + resource + "}"
+	res, err := obtainScript.Run(ctx, c.rdb, []string{key, key + ":fence"}, owner, c.ttl.Milliseconds()).Int64Slice()
+	if err != nil {
+		return nil, c.wrap(ctx, "obtain", resource, err)
+	}
+	if len(res) != 2 {
+		return nil, fmt.Errorf("redislock: obtain %s: unexpected reply %v", resource, res)
+	}
+	if res[0] == 0 {
+		remaining := time.Duration(max(res[1], 0)) * time.Millisecond
+		delay := c.busyDelay
+		if remaining > 0 && remaining < delay {
+			delay = remaining
+		}
+		return nil, sdk.RetryAfter(&BusyError{Resource: resource, Remaining: remaining}, delay)
+	}
+	return &Lock{c: c, resource: resource, key: key, owner: owner, token: res[1], ttl: c.ttl}, nil
+}
+
+// Extend resets the lock's lifetime to its TTL from now. It returns an error
+// wrapping [ErrLockLost] when the lock is no longer ours; other errors
+// (network) leave the question open.
+func (l *Lock) Extend(ctx context.Context) error {
+	n, err := extendScript.Run(ctx, l.c.rdb, []string{l.key}, l.owner, l.ttl.Milliseconds()).Int64()
+	if err != nil {
+		return l.c.wrap(ctx, "extend", l.resource, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %s (token %d)", ErrLockLost, l.resource, l.token)
+	}
+	return nil
+}
+
+// Release deletes the lock if it is still ours. It returns an error wrapping
+// [ErrLockLost] when it was not (it had expired, and perhaps another holder
+// took it): whatever the holder did after that point was not protected by
+// the lock. Releasing twice reports ErrLockLost the second time.
+func (l *Lock) Release(ctx context.Context) error {
+	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.owner).Int64()
+	if err != nil {
+		return l.c.wrap(ctx, "release", l.resource, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %s (token %d) had expired at release", ErrLockLost, l.resource, l.token)
+	}
+	return nil
+}
+
+// Run takes the lock on resource, runs fn while a watchdog extends the lock
+// every ExtendEvery, and releases the lock when fn returns.
+//
+// fn's context is cancelled with cause [ErrLockLost] (see context.Cause) when
+// an extension finds the lock gone, or when extensions keep failing until the
+// lock's expiry passes; fn should then stop. When the lock was lost before fn
+// returned, or found expired at release, Run returns an error wrapping
+// ErrLockLost (joined with fn's own error, when fn failed for another
+// reason): the work ran partly unprotected, so the job should be retried and
+// its idempotency key decide. A busy resource gives the sdk.RetryAfter error
+// of [Client.Obtain] without calling fn.
+func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.Context, l *Lock) error) error {
+	start := time.Now()
+	l, err := c.Obtain(ctx, resource)
+	if err != nil {
+		return err
+	}
+	workCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.watch(workCtx, start, stop, cancel)
+	}()
+	fnErr := fn(workCtx, l)
+	close(stop)
+	<-done
+	lost := context.Cause(workCtx)
+	if !errors.Is(lost, ErrLockLost) {
+		lost = nil
+	}
+	// Release even when ctx is done: a lock left behind blocks the next
+	// holder for a whole TTL.
+	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+	defer relCancel()
+	if err := l.Release(relCtx); err != nil && lost == nil {
+		lost = err
+	}
+	switch {
+	case lost == nil:
+		return fnErr
+	case fnErr == nil || errors.Is(fnErr, context.Canceled):
+		return lost
+	default:
+		return errors.Join(fnErr, lost)
+	}
+}
+
+// watch extends l until stop is closed; it cancels the work with ErrLockLost
+// when the lock is gone or can no longer be confirmed before it expires.
+// obtained is a time at or before the acquisition: the lock is certainly ours
+// until obtained+TTL, and after each extension until (time sent)+TTL.
+func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct{}, cancel context.CancelCauseFunc) {
+	validUntil := obtained.Add(l.ttl)
+	every := l.c.extendEvery
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		if !sent.Before(validUntil) {
+			cancel(fmt.Errorf("%w: %s (token %d): not extended before expiry", ErrLockLost, l.resource, l.token))
+			return
+		}
+		extCtx, extCancel := context.WithDeadline(ctx, validUntil)
+		err := l.Extend(extCtx)
+		extCancel()
+		switch {
+		case err == nil:
+			validUntil = sent.Add(l.ttl)
+			timer.Reset(every)
+		case errors.Is(err, ErrLockLost):
+			cancel(err)
+			return
+		default:
+			// Network trouble: try again soon, give up at expiry.
+			wait := min(every/4, time.Until(validUntil))
+			timer.Reset(max(wait, 0))
+		}
+	}
+}
+
+func (c *Client) wrap(ctx context.Context, op, resource string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("redislock: %s %s: %w", op, resource, err)
+}
+
+func newOwner() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("redislock: owner token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
