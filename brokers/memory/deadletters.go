@@ -1,0 +1,149 @@
+package memory
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// deadQueue returns the existing queue for a dead-letter call.
+func (b *Broker) deadQueue(queue string) (*queue, error) {
+	if b.closed.Load() {
+		return nil, sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	return b.existing(queue), nil
+}
+
+// ListDeadLetters returns copies of up to limit (all when limit <= 0) of
+// queue's dead letters, oldest first.
+func (b *Broker) ListDeadLetters(_ context.Context, queue string, limit int) ([]*sdk.Message, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil || q == nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.promote(time.Now(), b.maxDeliveries)
+	n := len(q.dead)
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	out := make([]*sdk.Message, n)
+	for i := range out {
+		out[i] = q.dead[i].Clone()
+	}
+	return out, nil
+}
+
+// GetDeadLetter returns a copy of the dead letter of queue with id, or an
+// error wrapping [sdk.ErrNotFound].
+func (b *Broker) GetDeadLetter(_ context.Context, queue, id string) (*sdk.Message, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil {
+		return nil, err
+	}
+	if q != nil {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		q.promote(time.Now(), b.maxDeliveries)
+		for _, m := range q.dead {
+			if m.ID == id {
+				return m.Clone(), nil
+			}
+		}
+	}
+	return nil, notFound(queue, id)
+}
+
+func notFound(queue, id string) error {
+	return &notFoundError{queue: queue, id: id}
+}
+
+// notFoundError wraps sdk.ErrNotFound with the queue and id.
+type notFoundError struct{ queue, id string }
+
+func (e *notFoundError) Error() string {
+	return "memory: no dead letter " + e.id + " in queue " + e.queue
+}
+
+func (e *notFoundError) Unwrap() error { return sdk.ErrNotFound }
+
+// RedriveDeadLetters puts the dead letters with the given ids (all of them
+// when none is given) back on the queue they were dead-lettered from, ready
+// now, with attempts reset and [sdk.HeaderRedriveCount] incremented. It
+// returns how many it redrove; an unknown id is an error wrapping
+// [sdk.ErrNotFound], and then nothing is redriven.
+func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...string) (int, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil {
+		return 0, err
+	}
+	if q == nil {
+		if len(ids) > 0 {
+			return 0, notFound(queue, ids[0])
+		}
+		return 0, nil
+	}
+	q.mu.Lock()
+	var picked []*sdk.Message
+	if len(ids) == 0 {
+		picked, q.dead = q.dead, nil
+	} else {
+		want := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			want[id] = true
+		}
+		found := make(map[string]bool, len(ids))
+		for _, m := range q.dead {
+			if want[m.ID] {
+				found[m.ID] = true
+			}
+		}
+		for _, id := range ids {
+			if !found[id] {
+				q.mu.Unlock()
+				return 0, notFound(queue, id)
+			}
+		}
+		q.dead = slices.DeleteFunc(q.dead, func(m *sdk.Message) bool {
+			if want[m.ID] {
+				picked = append(picked, m)
+				return true
+			}
+			return false
+		})
+	}
+	q.mu.Unlock()
+
+	now := time.Now()
+	for _, m := range picked { // each m is the broker's own copy: reuse it
+		target := b.queue(sdk.PrepareRedrive(m, queue))
+		e := &entry{msg: *m}
+		target.mu.Lock()
+		target.makeReady(e, now)
+		target.mu.Unlock()
+	}
+	return len(picked), nil
+}
+
+// PurgeDeadLetters deletes queue's dead letters and returns how many.
+func (b *Broker) PurgeDeadLetters(_ context.Context, queue string) (int, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil || q == nil {
+		return 0, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.promote(time.Now(), b.maxDeliveries)
+	n := len(q.dead)
+	q.dead = nil
+	return n, nil
+}

@@ -1,0 +1,333 @@
+// Package memory is berth's embedded broker: queues held in the process's
+// memory with the full semantics of the [sdk.Delivery] contract — leases
+// (visibility timeouts) with fenced settlement, attempts counted across
+// retries and expired leases, delayed publish and Retry(d), a dead-letter
+// queue per queue with list, redrive and purge, statistics, and a cap on
+// deliveries for poison messages.
+//
+// It is the default for tests, examples and single-process applications.
+// Nothing survives the process: use a real broker when jobs must outlive it.
+//
+// The broker runs no goroutine of its own. Delays and leases are kept in
+// heaps and acted upon lazily, by the calls that look at a queue (Receive,
+// Stats, the dead-letter calls); a Receive waiting on an empty queue sleeps
+// on one timer set for the next due delay or lease end and is woken by
+// Publish and by settlements that make a message ready.
+package memory
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Defaults of [Options].
+const (
+	DefaultLease          = 30 * time.Second
+	DefaultMaxDeliveries  = 25
+	DefaultMaxMessageSize = 1 << 20
+)
+
+// Options configures a [Broker]. The zero value is a sensible broker.
+type Options struct {
+	// Lease is how long a delivery is leased to its receiver before the
+	// message is delivered again. Default 30s ([DefaultLease]).
+	Lease time.Duration
+	// MaxDeliveries caps the deliveries of a message (first delivery,
+	// retries and expired leases all count; Release does not): a message that
+	// reaches the cap without being settled, or would be delivered once more
+	// past it, is dead-lettered with cause [sdk.ErrMaxDeliveries]. Keep it
+	// above the Worker's MaxAttempts. 0 means [DefaultMaxDeliveries];
+	// negative disables the cap.
+	MaxDeliveries int
+	// MaxMessageSize is the largest [sdk.Message.Size] Publish accepts. 0
+	// means [DefaultMaxMessageSize] (1 MiB); negative means no limit.
+	MaxMessageSize int
+}
+
+// Broker is an in-memory broker. It implements [sdk.Broker],
+// [sdk.QueueDeclarer], [sdk.Inspector] and [sdk.DeadLetters]; its deliveries
+// implement [sdk.Delivery] and [sdk.Releaser]. All its methods may be called
+// concurrently.
+//
+// Queues exist from their first use (Publish, Receive or DeclareQueue).
+// Each queue's dead-letter queue is kept with it and is reached through the
+// [sdk.DeadLetters] methods with the queue's own name.
+type Broker struct {
+	lease          time.Duration
+	maxDeliveries  int
+	maxMessageSize int
+
+	queues   sync.Map // name -> *queue
+	closed   atomic.Bool
+	closeMu  sync.Mutex
+	closedCh chan struct{}
+}
+
+// Interfaces the broker and its deliveries implement.
+var (
+	_ sdk.Broker        = (*Broker)(nil)
+	_ sdk.QueueDeclarer = (*Broker)(nil)
+	_ sdk.Inspector     = (*Broker)(nil)
+	_ sdk.DeadLetters   = (*Broker)(nil)
+	_ sdk.Delivery      = (*delivery)(nil)
+	_ sdk.Releaser      = (*delivery)(nil)
+)
+
+// New returns an empty broker configured by opts.
+func New(opts Options) (*Broker, error) {
+	if opts.Lease < 0 {
+		return nil, fmt.Errorf("memory: negative Lease %s", opts.Lease)
+	}
+	if opts.Lease == 0 {
+		opts.Lease = DefaultLease
+	}
+	if opts.MaxDeliveries == 0 {
+		opts.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if opts.MaxMessageSize == 0 {
+		opts.MaxMessageSize = DefaultMaxMessageSize
+	}
+	return &Broker{
+		lease:          opts.Lease,
+		maxDeliveries:  opts.MaxDeliveries,
+		maxMessageSize: opts.MaxMessageSize,
+		closedCh:       make(chan struct{}),
+	}, nil
+}
+
+// queue returns the queue named name, creating it.
+func (b *Broker) queue(name string) *queue {
+	if q, ok := b.queues.Load(name); ok {
+		return q.(*queue)
+	}
+	q, _ := b.queues.LoadOrStore(name, &queue{name: name})
+	return q.(*queue)
+}
+
+// existing returns the queue named name, or nil if it was never used.
+func (b *Broker) existing(name string) *queue {
+	if q, ok := b.queues.Load(name); ok {
+		return q.(*queue)
+	}
+	return nil
+}
+
+// DeclareQueue creates queue if it does not exist. It is idempotent.
+func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	b.queue(queue)
+	return nil
+}
+
+// Publish validates msgs with [sdk.PrepareAll] (filling IDs and correlation
+// IDs in place) and, when all pass, stores copies of them: the caller may
+// reuse msgs afterwards. Nothing is stored when any message fails. Messages
+// with a Delay become deliverable once it has passed.
+func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	if err := sdk.PrepareAll(ctx, queue, msgs, b.maxMessageSize); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	// One allocation for the entries and one for all bodies of the batch.
+	entries := make([]entry, len(msgs))
+	size := 0
+	for _, m := range msgs {
+		size += len(m.Body)
+	}
+	var bodies []byte
+	if size > 0 {
+		bodies = make([]byte, 0, size)
+	}
+	for i, m := range msgs {
+		e := &entries[i]
+		e.msg = *m
+		if m.Body != nil {
+			start := len(bodies)
+			bodies = append(bodies, m.Body...)
+			e.msg.Body = bodies[start:len(bodies):len(bodies)]
+		}
+		if m.Headers != nil {
+			h := make(map[string]string, len(m.Headers))
+			for k, v := range m.Headers {
+				h[k] = v
+			}
+			e.msg.Headers = h
+		}
+	}
+	q := b.queue(queue)
+	now := time.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	for i := range entries {
+		e := &entries[i]
+		if d := e.msg.Delay; d > 0 {
+			e.msg.Delay = 0
+			q.schedule(e, now.Add(d))
+			continue
+		}
+		e.msg.Delay = 0
+		q.makeReady(e, now)
+	}
+	return nil
+}
+
+// Receive leases up to max (at least 1) ready messages of queue to the
+// caller, waiting while there are none. It returns ctx.Err() when ctx is
+// done first and [sdk.ErrClosed] when the broker is closed, also while it
+// waits. The deliveries' messages are shared: callers must not modify them.
+func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	max = cmpMax(max, 1)
+	q := b.queue(queue)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if b.closed.Load() {
+			return nil, sdk.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		q.mu.Lock()
+		now := time.Now()
+		q.promote(now, b.maxDeliveries)
+		if q.ready.len() > 0 {
+			ds := b.take(q, max, now)
+			q.mu.Unlock()
+			if len(ds) > 0 {
+				return ds, nil
+			}
+			continue // all over the cap: look again
+		}
+		if q.wake == nil {
+			q.wake = make(chan struct{})
+		}
+		wake := q.wake
+		next, ok := q.nextDeadline()
+		q.wakeAt, q.hasWakeAt = next, ok
+		q.mu.Unlock()
+
+		var fire <-chan time.Time
+		if ok {
+			d := next.Sub(now)
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			fire = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-b.closedCh:
+			return nil, sdk.ErrClosed
+		case <-wake:
+		case <-fire:
+		}
+	}
+}
+
+func cmpMax(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// take leases up to max ready entries of q. q.mu is held.
+func (b *Broker) take(q *queue, max int, now time.Time) []sdk.Delivery {
+	n := min(max, q.ready.len())
+	ds := make([]delivery, n)
+	out := make([]sdk.Delivery, 0, n)
+	until := now.Add(b.lease)
+	for q.ready.len() > 0 && len(out) < n {
+		e := q.ready.pop()
+		if b.maxDeliveries > 0 && e.attempts >= b.maxDeliveries {
+			q.deadLetter(e, sdk.ErrMaxDeliveries, now)
+			continue
+		}
+		e.attempts++
+		e.gen++
+		e.state = stateInFlight
+		e.due = until
+		heap.Push(&q.inFlight, e)
+		d := &ds[len(out)]
+		*d = delivery{b: b, q: q, e: e, gen: e.gen, attempt: e.attempts}
+		out = append(out, d)
+	}
+	if len(out) > 0 {
+		q.deadlineMoved(until)
+	}
+	return out
+}
+
+// Stats reports the queue's counts. OldestAge is the time since the oldest
+// ready message became ready (was published, or its delay, retry delay or
+// lease ran out). A queue never used has zero stats.
+func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) {
+	if b.closed.Load() {
+		return sdk.QueueStats{}, sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return sdk.QueueStats{}, err
+	}
+	s := sdk.QueueStats{Queue: queue}
+	q := b.existing(queue)
+	if q == nil {
+		return s, nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	q.promote(now, b.maxDeliveries)
+	s.Ready = int64(q.ready.len())
+	s.Delayed = int64(len(q.delayed))
+	s.InFlight = int64(len(q.inFlight))
+	s.DeadLettered = int64(len(q.dead))
+	if q.ready.len() > 0 {
+		s.OldestAge = max(now.Sub(q.ready.peek().readySince), 0)
+	}
+	return s, nil
+}
+
+// Close closes the broker. Every later call returns [sdk.ErrClosed], and
+// Receive calls waiting at the time return it. The messages are dropped.
+// Close is safe to call more than once.
+func (b *Broker) Close() error {
+	b.closeMu.Lock()
+	defer b.closeMu.Unlock()
+	if b.closed.Swap(true) {
+		return nil
+	}
+	close(b.closedCh)
+	return nil
+}

@@ -1,0 +1,43 @@
+package memory_test
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/berthq/berth/brokers/brokertest"
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	testLease         = 500 * time.Millisecond
+	testMaxDeliveries = 3
+	testMaxSize       = 64 << 10
+)
+
+func newBroker(t testing.TB, opts memory.Options) *memory.Broker {
+	t.Helper()
+	b, err := memory.New(opts)
+	if err != nil {
+		t.Fatalf("memory.New: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	brokertest.Run(t, brokertest.Harness{
+		New: func(t *testing.T) sdk.Broker {
+			return newBroker(t, memory.Options{Lease: testLease, MaxDeliveries: testMaxDeliveries, MaxMessageSize: testMaxSize})
+		},
+		Lease:          testLease,
+		MaxDeliveries:  testMaxDeliveries,
+		MaxMessageSize: testMaxSize,
+	})
+}

@@ -1,0 +1,180 @@
+package memory
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Where an entry is.
+const (
+	stateReady = iota
+	stateDelayed
+	stateInFlight
+	stateGone // acked, dead-lettered, or dropped at Close
+)
+
+// entry is one message in a queue, from publish to ack or dead letter. Its
+// msg never changes after publish: deliveries hand out &e.msg without copying,
+// and dead letters and redrives work on clones.
+type entry struct {
+	msg          sdk.Message
+	attempts     int       // deliveries so far (Release gives one back)
+	state        int       // stateReady, ...
+	gen          uint64    // bumped at every delivery and settlement: fences stale deliveries
+	due          time.Time // stateDelayed: when it becomes ready; stateInFlight: lease end
+	readySince   time.Time // stateReady: when it became ready
+	firstFailure time.Time // first Retry or DeadLetter, for the dead-letter headers
+	index        int       // position in the delayed or in-flight heap
+}
+
+// queue is one named queue. Every field is guarded by mu.
+type queue struct {
+	name     string
+	mu       sync.Mutex
+	ready    fifo
+	delayed  timeHeap // by due
+	inFlight timeHeap // by lease end
+	dead     []*sdk.Message
+
+	// wake is closed (and set to nil) when a waiting receiver must look
+	// again: ready work arrived or the next deadline moved earlier.
+	wake      chan struct{}
+	wakeAt    time.Time // the deadline the waiters' timers are set for; zero: none
+	hasWakeAt bool
+}
+
+// signal wakes the waiting receivers.
+func (q *queue) signal() {
+	if q.wake != nil {
+		close(q.wake)
+		q.wake = nil
+	}
+}
+
+// deadlineMoved wakes waiting receivers if t is earlier than what they wait for.
+func (q *queue) deadlineMoved(t time.Time) {
+	if q.wake != nil && (!q.hasWakeAt || t.Before(q.wakeAt)) {
+		q.signal()
+	}
+}
+
+// makeReady appends e to the ready FIFO.
+func (q *queue) makeReady(e *entry, now time.Time) {
+	e.state = stateReady
+	e.readySince = now
+	q.ready.push(e)
+	q.signal()
+}
+
+// schedule puts e in the delayed heap until due.
+func (q *queue) schedule(e *entry, due time.Time) {
+	e.state = stateDelayed
+	e.due = due
+	heap.Push(&q.delayed, e)
+	if q.delayed[0] == e {
+		q.deadlineMoved(due)
+	}
+}
+
+// promote moves due delayed entries to ready and returns expired leases to
+// ready (their attempt stays counted). Entries over the delivery cap go to
+// the dead-letter queue.
+func (q *queue) promote(now time.Time, maxDeliveries int) {
+	for len(q.delayed) > 0 && !q.delayed[0].due.After(now) {
+		e := heap.Pop(&q.delayed).(*entry)
+		q.makeReady(e, e.due)
+	}
+	for len(q.inFlight) > 0 && !q.inFlight[0].due.After(now) {
+		e := heap.Pop(&q.inFlight).(*entry)
+		e.gen++ // the holder's lease is lost
+		if maxDeliveries > 0 && e.attempts >= maxDeliveries {
+			q.deadLetter(e, sdk.ErrMaxDeliveries, now)
+			continue
+		}
+		q.makeReady(e, e.due)
+	}
+}
+
+// nextDeadline returns the earliest time something becomes ready.
+func (q *queue) nextDeadline() (time.Time, bool) {
+	var t time.Time
+	ok := false
+	if len(q.delayed) > 0 {
+		t, ok = q.delayed[0].due, true
+	}
+	if len(q.inFlight) > 0 && (!ok || q.inFlight[0].due.Before(t)) {
+		t, ok = q.inFlight[0].due, true
+	}
+	return t, ok
+}
+
+// deadLetter moves e (already out of every list) to the dead-letter queue.
+func (q *queue) deadLetter(e *entry, cause error, now time.Time) {
+	e.state = stateGone
+	e.gen++
+	m := e.msg.Clone()
+	m.Delay = 0
+	sdk.AnnotateDeadLetter(m, q.name, e.attempts, cause, e.firstFailure, now)
+	q.dead = append(q.dead, m)
+}
+
+// fifo is a growable ring buffer of entries.
+type fifo struct {
+	buf        []*entry
+	head, size int
+}
+
+func (f *fifo) len() int { return f.size }
+
+func (f *fifo) push(e *entry) {
+	if f.size == len(f.buf) {
+		n := max(2*len(f.buf), 64)
+		buf := make([]*entry, n)
+		k := copy(buf, f.buf[f.head:])
+		copy(buf[k:], f.buf[:f.head])
+		f.buf, f.head = buf, 0
+	}
+	f.buf[(f.head+f.size)%len(f.buf)] = e
+	f.size++
+}
+
+func (f *fifo) peek() *entry { return f.buf[f.head] }
+
+func (f *fifo) pop() *entry {
+	e := f.buf[f.head]
+	f.buf[f.head] = nil
+	f.head = (f.head + 1) % len(f.buf)
+	f.size--
+	if f.size == 0 {
+		f.head = 0
+	}
+	return e
+}
+
+// timeHeap is a min-heap of entries by due, for container/heap.
+type timeHeap []*entry
+
+func (h timeHeap) Len() int           { return len(h) }
+func (h timeHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h timeHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *timeHeap) Push(x any) {
+	e := x.(*entry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *timeHeap) Pop() any {
+	old := *h
+	n := len(old)
+	e := old[n-1]
+	old[n-1] = nil
+	*h = old[:n-1]
+	e.index = -1
+	return e
+}
