@@ -1,0 +1,225 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/outbox"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// setup returns a pool, an outbox in a fresh schema, and a memory broker.
+func setup(t *testing.T) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := fmt.Sprintf("outbox_test_%d", rand.Uint64()%1e12)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	box, err := outbox.New(pool, outbox.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate is not idempotent: %v", err)
+	}
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return pool, box, b
+}
+
+func drain(t *testing.T, b *memory.Broker, queue string, want int) map[string]*sdk.Message {
+	t.Helper()
+	got := map[string]*sdk.Message{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(got) < want {
+		ds, err := b.Receive(ctx, queue, 100)
+		if err != nil {
+			t.Fatalf("received %d of %d: %v", len(got), want, err)
+		}
+		for _, d := range ds {
+			if _, dup := got[d.Message().ID]; dup {
+				t.Errorf("message %s delivered twice", d.Message().ID)
+			}
+			got[d.Message().ID] = d.Message()
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return got
+}
+
+func TestOnlyCommittedMessagesArePublished(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b := setup(t)
+
+	rolledBack := &sdk.Message{Type: "email", Body: []byte("never")}
+	tx, _ := pool.Begin(ctx)
+	if err := box.Add(ctx, tx, "emails", rolledBack); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+
+	committed := &sdk.Message{Type: "email", IdempotencyKey: "receipt:o1", Key: "o1",
+		Headers: map[string]string{"lang": "ünïcode"}, Body: []byte{0, 1, 0xff}, CorrelationID: "flow-9"}
+	tx, _ = pool.Begin(ctx)
+	if err := box.Add(ctx, tx, "emails", committed); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := box.RelayOnce(ctx, b, outbox.RelayOptions{})
+	if err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v; want 1 committed message", n, err)
+	}
+	got := drain(t, b, "emails", 1)
+	m := got[committed.ID]
+	if m == nil {
+		t.Fatalf("published %v, want the committed message %s (ID chosen at Add)", got, committed.ID)
+	}
+	if m.IdempotencyKey != "receipt:o1" || m.Key != "o1" || m.CorrelationID != "flow-9" ||
+		m.Header("lang") != "ünïcode" || string(m.Body) != string([]byte{0, 1, 0xff}) || m.Type != "email" {
+		t.Errorf("fields changed on the way: %+v", m)
+	}
+	if p, _ := box.Pending(ctx); p != 0 {
+		t.Errorf("%d rows left after a successful relay", p)
+	}
+	if n, _ := box.RelayOnce(ctx, b, outbox.RelayOptions{}); n != 0 {
+		t.Errorf("second relay published %d: rows must be published once", n)
+	}
+}
+
+// failing publishes nothing for the first n calls.
+type failing struct {
+	sdk.Publisher
+	mu   sync.Mutex
+	left int
+}
+
+var errDown = errors.New("broker down")
+
+func (f *failing) Publish(ctx context.Context, q string, msgs ...*sdk.Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.left > 0 {
+		f.left--
+		return fmt.Errorf("%w: %w", sdk.ErrUnavailable, errDown)
+	}
+	return f.Publisher.Publish(ctx, q, msgs...)
+}
+
+func TestFailedPublishKeepsRowsForRetry(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b := setup(t)
+	tx, _ := pool.Begin(ctx)
+	m := &sdk.Message{Type: "x"}
+	if err := box.Add(ctx, tx, "q", m); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Commit(ctx)
+
+	pub := &failing{Publisher: b, left: 1}
+	opts := outbox.RelayOptions{Backoff: sdk.Backoff{Base: time.Millisecond, Max: time.Millisecond}}
+	if n, err := box.RelayOnce(ctx, pub, opts); !errors.Is(err, errDown) || n != 0 {
+		t.Fatalf("RelayOnce with the broker down = %d, %v", n, err)
+	}
+	if p, _ := box.Pending(ctx); p != 1 {
+		t.Fatalf("pending %d after a failed publish, want 1: nothing may be lost", p)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- box.Relay(rctx, pub, outbox.RelayOptions{PollInterval: 5 * time.Millisecond, Backoff: opts.Backoff}) }()
+	got := drain(t, b, "q", 1)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got[m.ID] == nil {
+		t.Fatalf("the retried row was published under another ID: %v", got)
+	}
+}
+
+func TestConcurrentRelaysPublishEachRowOnce(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b := setup(t)
+	const total = 1000
+	ids := map[string]bool{}
+	for i := 0; i < total; i += 100 {
+		tx, _ := pool.Begin(ctx)
+		var msgs []*sdk.Message
+		for j := 0; j < 100; j++ {
+			msgs = append(msgs, &sdk.Message{Type: "x", Body: []byte(fmt.Sprint(i + j))})
+		}
+		if err := box.Add(ctx, tx, "q", msgs...); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Commit(ctx)
+		for _, m := range msgs {
+			ids[m.ID] = true
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = box.Relay(rctx, b, outbox.RelayOptions{BatchSize: 25, PollInterval: 5 * time.Millisecond})
+		}()
+	}
+	got := drain(t, b, "q", total) // fails on any duplicate
+	cancel()
+	wg.Wait()
+	for id := range ids {
+		if got[id] == nil {
+			t.Fatalf("message %s lost", id)
+		}
+	}
+	st, err := b.Stats(ctx, "q")
+	if err != nil || st.Ready != 0 {
+		t.Fatalf("stats %+v %v: something was published twice", st, err)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	ctx := context.Background()
+	pool, box, _ := setup(t)
+	tx, _ := pool.Begin(ctx)
+	defer tx.Rollback(ctx)
+	if err := box.Add(ctx, tx, "bad queue", &sdk.Message{}); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("invalid queue: %v", err)
+	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Body: make([]byte, 300*1024)}); !errors.Is(err, sdk.ErrMessageTooLarge) {
+		t.Errorf("oversized: %v", err)
+	}
+	if _, err := outbox.New(pool, outbox.Options{Table: "x; DROP TABLE y"}); !errors.Is(err, outbox.ErrInvalidIdentifier) {
+		t.Errorf("table name with SQL in it: %v", err)
+	}
+}
