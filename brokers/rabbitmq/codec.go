@@ -1,0 +1,191 @@
+package rabbitmq
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Headers berth uses on the wire for Message fields that AMQP has no
+// property for.
+const (
+	headerIdempotencyKey = "berth-idempotency-key"
+	headerKey            = "berth-key"
+)
+
+// brokerHeaders are set by RabbitMQ itself; a message cannot carry them
+// and they are not handed to applications.
+var brokerHeaders = map[string]bool{
+	"x-death": true, "x-delivery-count": true,
+	"x-first-death-exchange": true, "x-first-death-queue": true, "x-first-death-reason": true,
+	"x-last-death-exchange": true, "x-last-death-queue": true, "x-last-death-reason": true,
+	"x-received-from": true,
+	// Sender-selected distribution: RabbitMQ would route by them and strip BCC.
+	"CC": true, "BCC": true,
+}
+
+// maxShortString is AMQP's limit for property values and header names.
+const maxShortString = 255
+
+// validate checks what sdk.Prepare does not: what AMQP 0-9-1 and RabbitMQ
+// cannot carry.
+func validate(m *sdk.Message) error {
+	for k := range m.Headers {
+		if brokerHeaders[k] {
+			return &sdk.HeaderError{Name: k, Reason: "reserved by RabbitMQ"}
+		}
+		if len(k) > maxShortString {
+			return &sdk.HeaderError{Name: k[:32] + "…", Reason: "name longer than 255 bytes"}
+		}
+	}
+	for name, v := range map[string]string{"ID": m.ID, "Type": m.Type, "CorrelationID": m.CorrelationID} {
+		if len(v) > maxShortString {
+			return fmt.Errorf("%w: %s longer than 255 bytes (an AMQP short string)", sdk.ErrInvalidMessage, name)
+		}
+	}
+	return nil
+}
+
+// encode returns the AMQP publishing for m, with attempt in the attempt
+// header when above 1.
+func encode(m *sdk.Message, attempt int, now time.Time) amqp.Publishing {
+	h := make(amqp.Table, len(m.Headers)+3)
+	for k, v := range m.Headers {
+		h[k] = v
+	}
+	delete(h, sdk.HeaderAttempt)
+	if m.IdempotencyKey != "" {
+		h[headerIdempotencyKey] = m.IdempotencyKey
+	}
+	if m.Key != "" {
+		h[headerKey] = m.Key
+	}
+	if attempt > 1 {
+		h[sdk.HeaderAttempt] = strconv.Itoa(attempt)
+	}
+	return amqp.Publishing{
+		Headers:       h,
+		DeliveryMode:  amqp.Persistent,
+		MessageId:     m.ID,
+		Type:          m.Type,
+		CorrelationId: m.CorrelationID,
+		Timestamp:     now,
+		Body:          m.Body,
+	}
+}
+
+// decoded is a message read back from AMQP, with what the wire said about
+// its attempts.
+type decoded struct {
+	msg         *sdk.Message
+	base        int // the attempt header, 1 when absent
+	deliveryCnt int // x-delivery-count (quorum queues), -1 when absent
+}
+
+// decode turns an AMQP message back into a Message. Broker headers and
+// non-string header values (which berth never writes) are left out.
+func decode(h amqp.Table, id, typ, corr string, body []byte) decoded {
+	m := &sdk.Message{ID: id, Type: typ, CorrelationID: corr, Body: body}
+	d := decoded{msg: m, base: 1, deliveryCnt: -1}
+	for k, v := range h {
+		switch k {
+		case headerIdempotencyKey:
+			m.IdempotencyKey, _ = v.(string)
+		case headerKey:
+			m.Key, _ = v.(string)
+		case sdk.HeaderAttempt:
+			if n, ok := toInt(v); ok && n > 0 {
+				d.base = n
+			}
+		case "x-delivery-count":
+			if n, ok := toInt(v); ok {
+				d.deliveryCnt = n
+			}
+		default:
+			if brokerHeaders[k] {
+				continue
+			}
+			if s, ok := v.(string); ok {
+				m.SetHeader(k, s)
+			}
+		}
+	}
+	return d
+}
+
+func toInt(v any) (int, bool) {
+	switch n := v.(type) {
+	case string:
+		i, err := strconv.Atoi(n)
+		return i, err == nil
+	case int:
+		return n, true
+	case int8:
+		return int(n), true
+	case int16:
+		return int(n), true
+	case int32:
+		return int(n), true
+	case int64:
+		return int(n), true
+	case uint8:
+		return int(n), true
+	case uint16:
+		return int(n), true
+	case uint32:
+		return int(n), true
+	}
+	return 0, false
+}
+
+// deathInfo reads the x-death header RabbitMQ adds when it dead-letters a
+// message itself: the queue it left and why, and when.
+func deathInfo(h amqp.Table) (queue, reason string, at time.Time, ok bool) {
+	deaths, _ := h["x-death"].([]any)
+	if len(deaths) == 0 {
+		return "", "", time.Time{}, false
+	}
+	first, _ := deaths[0].(amqp.Table) // most recent death first
+	if first == nil {
+		return "", "", time.Time{}, false
+	}
+	queue, _ = first["queue"].(string)
+	reason, _ = first["reason"].(string)
+	at, _ = first["time"].(time.Time)
+	return queue, reason, at, true
+}
+
+// annotateBrokerDeath gives a message the broker dead-lettered on its own
+// (delivery limit, rejection) the same reason headers as berth's DeadLetter.
+func annotateBrokerDeath(m *sdk.Message, h amqp.Table, mainQueue string) {
+	if m.Header(sdk.HeaderDeadLetterReason) != "" {
+		return
+	}
+	q, reason, at, ok := deathInfo(h)
+	if !ok {
+		return
+	}
+	if q == "" || strings.Contains(q, ".delay.") {
+		q = mainQueue
+	}
+	var cause error = sdk.ErrMaxDeliveries
+	if reason != "delivery_limit" {
+		cause = fmt.Errorf("rabbitmq: dead-lettered by the broker: %s", reason)
+	}
+	attempts := 0
+	if n, ok := toInt(h["x-delivery-count"]); ok {
+		attempts = n
+	}
+	if at.IsZero() {
+		at = time.Now()
+	}
+	sdk.AnnotateDeadLetter(m, q, attempts, cause, at, at)
+	if attempts == 0 {
+		delete(m.Headers, sdk.HeaderDeadLetterAttempts)
+	}
+}

@@ -1,0 +1,350 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// consumer consumes one queue on its own channel of the consuming
+// connection and feeds the deliveries to Receive through out. It reopens
+// the channel (and redeclares) when the channel or the connection dies.
+type consumer struct {
+	b     *Broker
+	queue string
+	out   chan *delivery
+
+	mu  sync.Mutex
+	cur *chanState
+}
+
+// chanState is one consumer channel's life: deliveries hold it, and a
+// settlement on a dead one reports [sdk.ErrLeaseLost].
+type chanState struct {
+	ch   *amqp.Channel
+	dead chan struct{}
+	once sync.Once
+}
+
+func (s *chanState) kill() { s.once.Do(func() { close(s.dead) }) }
+
+func (s *chanState) isDead() bool {
+	select {
+	case <-s.dead:
+		return true
+	default:
+		return s.ch.IsClosed()
+	}
+}
+
+// consumerFor returns the queue's consumer, starting it on first use.
+func (b *Broker) consumerFor(queue string) (*consumer, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed() {
+		return nil, sdk.ErrClosed
+	}
+	c := b.consumers[queue]
+	if c == nil {
+		c = &consumer{b: b, queue: queue, out: make(chan *delivery, b.opts.Prefetch)}
+		b.consumers[queue] = c
+		b.wg.Add(1)
+		go c.run()
+	}
+	return c, nil
+}
+
+func (c *consumer) run() {
+	defer c.b.wg.Done()
+	log := c.b.opts.Logger.With("broker", "rabbitmq", "queue", c.queue)
+	for attempt := 1; ; {
+		err := c.session()
+		if c.b.closed() {
+			return
+		}
+		if err == nil { // the channel ran and died: reopen at once
+			attempt = 1
+		} else {
+			log.Warn("rabbitmq consumer", "attempt", attempt, "err", err)
+			attempt++
+		}
+		if !c.b.sleep(c.b.backoff(attempt)) {
+			return
+		}
+	}
+}
+
+// session opens a channel, consumes until it dies, and returns nil when it
+// delivered at least once before dying.
+func (c *consumer) session() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-c.b.done:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	defer cancel()
+	if err := c.b.ensure(ctx, c.queue); err != nil {
+		return err
+	}
+	conn, err := c.b.con.get(ctx)
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	st := &chanState{ch: ch, dead: make(chan struct{})}
+	defer st.kill()
+	if err := ch.Qos(c.b.opts.Prefetch, 0, false); err != nil {
+		_ = ch.Close()
+		return err
+	}
+	dels, err := ch.ConsumeWithContext(ctx, c.queue, "", false, false, false, false, nil)
+	if err != nil {
+		_ = ch.Close()
+		return err
+	}
+	c.mu.Lock()
+	c.cur = st
+	c.mu.Unlock()
+	for {
+		select {
+		case d, ok := <-dels:
+			if !ok {
+				return nil
+			}
+			dv := c.wrap(d, st)
+			select {
+			case c.out <- dv:
+			case <-st.dead:
+				return nil
+			case <-c.b.done:
+				_ = ch.Close()
+				return nil
+			}
+		case <-st.dead: // abandoned
+			_ = ch.Close()
+			return nil
+		case <-c.b.done:
+			_ = ch.Close()
+			return nil
+		}
+	}
+}
+
+func (c *consumer) wrap(d amqp.Delivery, st *chanState) *delivery {
+	dec := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body)
+	attempt := dec.base
+	switch {
+	case dec.deliveryCnt >= 0:
+		attempt += dec.deliveryCnt
+	case d.Redelivered:
+		attempt++
+	}
+	return &delivery{c: c, st: st, tag: d.DeliveryTag, msg: dec.msg, attempt: attempt}
+}
+
+// Receive returns between 1 and max deliveries of queue, waiting without
+// busy looping while it is empty; it returns ctx.Err() when ctx is done and
+// [sdk.ErrClosed] after Close. The first Receive of a queue starts a
+// consumer with [Options.Prefetch]; it keeps running until Close, holding up
+// to Prefetch messages for this process.
+func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	if max < 1 {
+		return nil, fmt.Errorf("%w: rabbitmq: Receive max %d below 1", sdk.ErrInvalidMessage, max)
+	}
+	c, err := b.consumerFor(queue)
+	if err != nil {
+		return nil, err
+	}
+	var out []sdk.Delivery
+	for len(out) == 0 {
+		select {
+		case d := <-c.out:
+			if !d.st.isDead() {
+				out = append(out, d)
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-b.done:
+			return nil, sdk.ErrClosed
+		}
+	}
+	for len(out) < max {
+		select {
+		case d := <-c.out:
+			if !d.st.isDead() {
+				out = append(out, d)
+			}
+		default:
+			return out, nil
+		}
+	}
+	return out, nil
+}
+
+// delivery is one receipt of a message on a consumer channel.
+type delivery struct {
+	c       *consumer
+	st      *chanState
+	tag     uint64
+	msg     *sdk.Message
+	attempt int
+	settled atomic.Bool
+}
+
+var _ sdk.Releaser = (*delivery)(nil)
+
+func (d *delivery) Message() *sdk.Message { return d.msg }
+func (d *delivery) Attempt() int          { return d.attempt }
+func (d *delivery) Queue() string         { return d.c.queue }
+
+// ExtendLease does nothing: RabbitMQ holds a delivery until it is settled
+// or its channel closes; the server's consumer_timeout (30 minutes by
+// default) bounds how long. It returns [sdk.ErrLeaseLost] when the channel
+// is gone and [sdk.ErrAlreadySettled] after a settlement.
+func (d *delivery) ExtendLease(ctx context.Context, _ time.Duration) error {
+	if d.settled.Load() {
+		return sdk.ErrAlreadySettled
+	}
+	if d.st.isDead() {
+		return d.lost()
+	}
+	return nil
+}
+
+func (d *delivery) lost() error {
+	return fmt.Errorf("%w: rabbitmq: the channel of delivery %s closed; the server requeued it", sdk.ErrLeaseLost, d.msg.ID)
+}
+
+// begin claims the delivery's one settlement.
+func (d *delivery) begin() error {
+	if d.c.b.closed() {
+		return sdk.ErrClosed
+	}
+	if !d.settled.CompareAndSwap(false, true) {
+		return sdk.ErrAlreadySettled
+	}
+	if d.st.isDead() {
+		return d.lost()
+	}
+	return nil
+}
+
+func (d *delivery) ack() error {
+	if err := d.st.ch.Ack(d.tag, false); err != nil {
+		if d.st.isDead() || errors.Is(err, amqp.ErrClosed) {
+			return d.lost()
+		}
+		return fmt.Errorf("rabbitmq: ack: %w", err)
+	}
+	return nil
+}
+
+// Ack removes the message (basic.ack).
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	return d.ack()
+}
+
+// Retry publishes a copy with Attempt()+1 through the delay queue of the
+// next bucket up from delay (or straight to the queue when delay is 0),
+// waits for its confirm, then acks this delivery. If the publish fails the
+// delivery is requeued (basic.nack) and the error returned.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	m := d.msg.Clone()
+	if m.Header(sdk.HeaderFirstFailure) == "" {
+		m.SetHeader(sdk.HeaderFirstFailure, time.Now().UTC().Format(time.RFC3339Nano))
+	}
+	return d.republish(ctx, m, d.attempt+1, delay)
+}
+
+// Release hands the message back without consuming an attempt: a copy with
+// the same Attempt() goes through the delay path like Retry, then this
+// delivery is acked.
+func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	return d.republish(ctx, d.msg.Clone(), d.attempt, delay)
+}
+
+func (d *delivery) republish(ctx context.Context, m *sdk.Message, attempt int, delay time.Duration) error {
+	b := d.c.b
+	if delay < 0 {
+		delay = 0
+	}
+	if delay > sdk.MaxDelay {
+		delay = sdk.MaxDelay
+	}
+	key := d.c.queue
+	if delay > 0 {
+		q, err := b.ensureDelay(ctx, d.c.queue, delay)
+		if err != nil {
+			return d.requeue(err)
+		}
+		key = q
+	}
+	out := []outgoing{{id: m.ID, key: key, pub: encode(m, attempt, time.Now())}}
+	if err := b.sendAll(ctx, out); err != nil {
+		return d.requeue(err)
+	}
+	return d.ack()
+}
+
+// DeadLetter publishes a copy annotated with the reason headers
+// ([sdk.AnnotateDeadLetter]) to the dead-letter exchange, which routes it
+// to "<queue>.dlq", waits for the confirm, then acks this delivery.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	b := d.c.b
+	m := d.msg.Clone()
+	now := time.Now()
+	sdk.AnnotateDeadLetter(m, d.c.queue, d.attempt, cause, time.Time{}, now)
+	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: encode(m, 1, now)}}
+	if err := b.sendAll(ctx, out); err != nil {
+		return d.requeue(err)
+	}
+	return d.ack()
+}
+
+// requeue gives the delivery back to the queue after a failed copy and
+// returns the cause. The copy may have reached the broker all the same
+// (a lost confirm): then the message is delivered twice, never lost.
+func (d *delivery) requeue(cause error) error {
+	if d.st.isDead() {
+		return errors.Join(cause, d.lost())
+	}
+	if err := d.st.ch.Nack(d.tag, false, true); err != nil {
+		return errors.Join(cause, d.lost())
+	}
+	return cause
+}
+
+// abandon closes the channel the delivery came on, as a crashed consumer
+// would: the server requeues every unsettled delivery of that channel.
+func (d *delivery) abandon() {
+	_ = d.st.ch.Close()
+	d.st.kill()
+}

@@ -1,0 +1,3 @@
+package rabbitmq
+
+const helperEnv = "BERTH_RMQ_HELPER"

@@ -1,0 +1,276 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// UnroutableError reports a message the server returned because no queue
+// took it (the mandatory flag): usually the queue does not exist. It wraps
+// [sdk.ErrNotFound].
+type UnroutableError struct {
+	Exchange   string
+	RoutingKey string
+	Code       uint16
+	Reason     string
+}
+
+func (e *UnroutableError) Error() string {
+	return fmt.Sprintf("rabbitmq: message returned unroutable by exchange %q, routing key %q: %d %s",
+		e.Exchange, e.RoutingKey, e.Code, e.Reason)
+}
+
+// Unwrap returns [sdk.ErrNotFound].
+func (e *UnroutableError) Unwrap() error { return sdk.ErrNotFound }
+
+// errNacked is the cause when the server refuses a message (basic.nack).
+var errNacked = fmt.Errorf("%w: rabbitmq: message refused by the server (nack)", sdk.ErrUnavailable)
+
+// pubChannel is a confirm-mode channel. One goroutine (confirmLoop) reads its
+// returns and its confirms from unbuffered Go channels: amqp091 hands both
+// over from its single reader goroutine, and RabbitMQ sends a basic.return
+// before the basic.ack of the same message, so a return is always recorded
+// before the confirm it belongs to is resolved.
+type pubChannel struct {
+	ch *amqp.Channel
+
+	pubMu sync.Mutex // serialises publishes so delivery tags are known
+
+	mu       sync.Mutex
+	pending  map[uint64]*pending
+	returned map[string]amqp.Return // by message ID, until its confirm
+	dead     error                  // set when the channel closed
+}
+
+type pending struct {
+	id   string
+	done chan error // buffered 1
+}
+
+// publisher returns the live confirm channel, opening one when needed.
+func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
+	b.mu.Lock()
+	pc := b.pc
+	b.mu.Unlock()
+	if pc != nil && pc.alive() {
+		return pc, nil
+	}
+	conn, err := b.pub.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pc != nil && b.pc.alive() {
+		return b.pc, nil
+	}
+	if b.closed() {
+		return nil, sdk.ErrClosed
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: rabbitmq: open publish channel: %w", sdk.ErrUnavailable, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
+	}
+	pc = &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[string]amqp.Return)}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	b.wg.Add(1)
+	go pc.confirmLoop(b, confirms, returns)
+	b.pc = pc
+	return pc, nil
+}
+
+func (pc *pubChannel) alive() bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.dead == nil && !pc.ch.IsClosed()
+}
+
+func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return) {
+	defer b.wg.Done()
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			pc.mu.Lock()
+			pc.returned[r.MessageId] = r
+			pc.mu.Unlock()
+		case c, ok := <-confirms:
+			if !ok {
+				pc.fail(fmt.Errorf("%w: rabbitmq: publish channel closed before the confirm", sdk.ErrUnavailable))
+				return
+			}
+			pc.mu.Lock()
+			p := pc.pending[c.DeliveryTag]
+			delete(pc.pending, c.DeliveryTag)
+			var err error
+			if p != nil {
+				if r, ok := pc.returned[p.id]; ok {
+					delete(pc.returned, p.id)
+					err = &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, Code: r.ReplyCode, Reason: r.ReplyText}
+				} else if !c.Ack {
+					err = errNacked
+				}
+			}
+			pc.mu.Unlock()
+			if p != nil {
+				p.done <- err
+			}
+		case <-b.done:
+			_ = pc.ch.Close()
+			pc.fail(sdk.ErrClosed)
+			return
+		}
+	}
+}
+
+// fail resolves every pending publish with err and marks the channel dead.
+func (pc *pubChannel) fail(err error) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.dead == nil {
+		pc.dead = err
+	}
+	for tag, p := range pc.pending {
+		p.done <- err
+		delete(pc.pending, tag)
+	}
+}
+
+// send publishes one message and returns the pending confirm.
+func (pc *pubChannel) send(ctx context.Context, exchange, key, id string, p amqp.Publishing) (*pending, error) {
+	pc.pubMu.Lock()
+	defer pc.pubMu.Unlock()
+	pd := &pending{id: id, done: make(chan error, 1)}
+	tag := pc.ch.GetNextPublishSeqNo()
+	pc.mu.Lock()
+	if pc.dead != nil {
+		err := pc.dead
+		pc.mu.Unlock()
+		return nil, err
+	}
+	pc.pending[tag] = pd
+	pc.mu.Unlock()
+	if err := pc.ch.PublishWithContext(ctx, exchange, key, true, false, p); err != nil {
+		pc.mu.Lock()
+		delete(pc.pending, tag)
+		pc.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: rabbitmq: publish: %w", sdk.ErrUnavailable, err)
+	}
+	return pd, nil
+}
+
+// outgoing is one message ready for the wire.
+type outgoing struct {
+	id       string
+	exchange string
+	key      string
+	pub      amqp.Publishing
+}
+
+// sendAll publishes out pipelined: every message is written, then every
+// confirm awaited. It returns nil or a *sdk.PublishError naming the failed
+// messages.
+func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
+	pc, err := b.publisher(ctx)
+	if err != nil {
+		return failAll(out, err)
+	}
+	failed := map[string]error{}
+	waits := make([]*pending, len(out))
+	for i, o := range out {
+		pd, err := pc.send(ctx, o.exchange, o.key, o.id, o.pub)
+		if err != nil {
+			failed[o.id] = err
+			continue
+		}
+		waits[i] = pd
+	}
+	for i, pd := range waits {
+		if pd == nil {
+			continue
+		}
+		select {
+		case err := <-pd.done:
+			if err != nil {
+				failed[out[i].id] = err
+			}
+		case <-ctx.Done():
+			failed[out[i].id] = fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err())
+		}
+	}
+	if len(failed) > 0 {
+		return &sdk.PublishError{Failed: failed}
+	}
+	return nil
+}
+
+func failAll(out []outgoing, err error) error {
+	if errors.Is(err, sdk.ErrClosed) {
+		return sdk.ErrClosed
+	}
+	failed := make(map[string]error, len(out))
+	for _, o := range out {
+		failed[o.id] = err
+	}
+	return &sdk.PublishError{Failed: failed}
+}
+
+// Publish sends msgs to queue with publisher confirms, pipelined, and
+// returns once the server has confirmed every one of them. Messages with a
+// Delay go through the delay queue of the next bucket up (see the package
+// doc). Validation errors publish nothing; a failure at the broker returns a
+// *[sdk.PublishError] whose causes wrap [sdk.ErrUnavailable] (connection or
+// channel lost: retry) or are [*UnroutableError] (no such queue). During an
+// outage Publish waits for the reconnection, bounded by ctx and
+// [Options.UnavailableAfter]. After Close it returns [sdk.ErrClosed].
+func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if b.closed() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if err := validate(m); err != nil {
+			return err
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := b.ensure(ctx, queue); err != nil {
+		return err
+	}
+	now := time.Now()
+	out := make([]outgoing, 0, len(msgs))
+	for _, m := range msgs {
+		key := queue
+		if m.Delay > 0 {
+			bq, err := b.ensureDelay(ctx, queue, m.Delay)
+			if err != nil {
+				return err
+			}
+			key = bq
+		}
+		out = append(out, outgoing{id: m.ID, key: key, pub: encode(m, 1, now)})
+	}
+	return b.sendAll(ctx, out)
+}

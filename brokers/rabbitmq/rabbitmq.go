@@ -1,0 +1,464 @@
+// Package rabbitmq is the RabbitMQ broker of berth, built on
+// github.com/rabbitmq/amqp091-go.
+//
+// It keeps the [sdk.Delivery] contract with RabbitMQ's own primitives:
+//
+//   - Publish uses publisher confirms, pipelined (a batch is written, then its
+//     confirms are awaited together), persistent messages and the mandatory
+//     flag: a message no queue takes comes back as an [*UnroutableError].
+//   - Receive consumes with a prefetch (basic.qos) and manual acks, on a
+//     connection of its own, separate from the publishing connection.
+//   - Retry(d) publishes a copy carrying the next attempt in the
+//     [sdk.HeaderAttempt] header to a delay queue whose per-queue TTL
+//     dead-letters it back to the main queue, waits for the confirm, and only
+//     then acks the original. DeadLetter publishes an annotated copy to
+//     "<queue>.dlq" the same way. If the publish fails, the original is
+//     returned to the queue (basic.nack with requeue): nothing is lost between
+//     the two steps, at worst a message is delivered twice.
+//   - A message that kills every worker is dead-lettered by the broker itself:
+//     quorum queues are declared with x-delivery-limit, and dead-letter at
+//     least once (x-dead-letter-strategy at-least-once, x-overflow
+//     reject-publish).
+//   - Attempt() is the attempt header (1 when absent) plus the quorum queue's
+//     x-delivery-count, so it counts SDK retries and crash redeliveries alike.
+//     Classic queues carry only a redelivered flag: a crash redelivery counts
+//     as one more attempt however many times it happened.
+//   - When a connection or channel dies the broker reconnects with backoff,
+//     declares its queues again and resumes consuming. Deliveries from the
+//     dead channel are not acked on the new one: settling them returns an
+//     error wrapping [sdk.ErrLeaseLost] (the broker has already put them back).
+//
+// # Delays
+//
+// RabbitMQ has no per-message delay without a plugin. Message.Delay and
+// Retry(d) use a fixed set of delay queues per main queue ("buckets",
+// [Options.DelayBuckets]), each with one TTL, dead-lettering back to the main
+// queue. A delay is rounded up to the next bucket, so a message is never
+// delivered early; it may be late by up to the gap to that bucket (with the
+// default buckets, at most 2.5× the requested delay, e.g. 2.1s becomes 5s)
+// plus the broker's TTL timer resolution. Delays above the largest bucket use
+// the largest bucket. A delay queue is declared the first time it is needed.
+//
+// # Leases
+//
+// RabbitMQ has no visibility timeout: a delivery is held until it is settled
+// or its channel closes. ExtendLease is therefore a no-op; a consumer that
+// hangs is detected by the server's consumer_timeout (30 minutes by default),
+// which closes the channel and requeues its deliveries.
+//
+// # Credentials
+//
+// The URL's password never appears in an error or a log record: errors and
+// logs carry the redacted URL (see [Redact]). amqps:// URLs use
+// [Options.TLS] (or the system roots when it is nil).
+package rabbitmq
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// QueueType is the kind of RabbitMQ queue berth declares.
+type QueueType string
+
+// The queue types.
+const (
+	// Quorum queues are replicated, count deliveries (x-delivery-count),
+	// enforce a delivery limit and dead-letter at least once. The default.
+	Quorum QueueType = "quorum"
+	// Classic queues are faster on a single node but have no delivery limit:
+	// a message that kills every worker is redelivered forever, and Attempt()
+	// sees at most one crash redelivery per copy (the redelivered flag).
+	Classic QueueType = "classic"
+)
+
+// DefaultDelayBuckets are the delay queues' TTLs used when
+// [Options.DelayBuckets] is empty.
+var DefaultDelayBuckets = []time.Duration{
+	250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second,
+	10 * time.Second, 30 * time.Second, time.Minute, 2 * time.Minute, 5 * time.Minute,
+	10 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour, 6 * time.Hour, 12 * time.Hour,
+}
+
+// Defaults of [Options].
+const (
+	DefaultPrefetch           = 64
+	DefaultMaxDeliveries      = 10
+	DefaultMaxMessageSize     = 16 << 20
+	DefaultDeadLetterExchange = "berth.dlx"
+	DefaultUnavailableAfter   = 30 * time.Second
+)
+
+// Options configures a [Broker]. The zero value is a sensible broker.
+type Options struct {
+	// TLS configures amqps:// connections. Nil uses the system roots.
+	TLS *tls.Config
+	// QueueType of the queues berth declares. Default [Quorum].
+	QueueType QueueType
+	// MaxDeliveries is how many times a message may be delivered without
+	// being settled before the broker dead-letters it (quorum queues only;
+	// x-delivery-limit is MaxDeliveries-1). Default 10.
+	MaxDeliveries int
+	// Prefetch is the per-queue consumer prefetch (basic.qos): how many
+	// deliveries the broker hands this process before they are settled.
+	// Default 64.
+	Prefetch int
+	// MaxMessageSize is the limit, as [sdk.Message.Size] counts, checked
+	// before publishing. Default 16 MiB (the server's own default limit is
+	// 128 MiB).
+	MaxMessageSize int
+	// DelayBuckets are the TTLs of the delay queues. Default
+	// [DefaultDelayBuckets]. Every bucket must be at least 1ms.
+	DelayBuckets []time.Duration
+	// DeadLetterExchange is the direct exchange dead letters go through.
+	// Default "berth.dlx".
+	DeadLetterExchange string
+	// NoDeclare skips topology declaration on first use, for teams that
+	// manage queues elsewhere. [Broker.DeclareQueue] still declares.
+	NoDeclare bool
+	// UnavailableAfter bounds how long Publish and settlements wait for a
+	// lost connection to come back before failing with an error wrapping
+	// [sdk.ErrUnavailable]. The caller's ctx bounds it too. Default 30s.
+	UnavailableAfter time.Duration
+	// ConnectionName is the client-provided connection name shown by
+	// rabbitmqctl; "-publish" and "-consume" are appended. Default "berth".
+	ConnectionName string
+	// Heartbeat is the AMQP heartbeat interval. Default 10s.
+	Heartbeat time.Duration
+	// Reconnect is the backoff between reconnection attempts. Default base
+	// 100ms, max 5s.
+	Reconnect sdk.Backoff
+	// Logger receives reconnection logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	switch o.QueueType {
+	case "":
+		o.QueueType = Quorum
+	case Quorum, Classic:
+	default:
+		return o, fmt.Errorf("rabbitmq: unknown QueueType %q", o.QueueType)
+	}
+	if o.MaxDeliveries < 0 || o.Prefetch < 0 || o.MaxMessageSize < 0 || o.UnavailableAfter < 0 || o.Heartbeat < 0 {
+		return o, errors.New("rabbitmq: negative option")
+	}
+	if o.MaxDeliveries == 0 {
+		o.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if o.Prefetch == 0 {
+		o.Prefetch = DefaultPrefetch
+	}
+	if o.Prefetch > 65535 {
+		return o, errors.New("rabbitmq: Prefetch above 65535")
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if len(o.DelayBuckets) == 0 {
+		o.DelayBuckets = DefaultDelayBuckets
+	}
+	o.DelayBuckets = slices.Clone(o.DelayBuckets)
+	slices.Sort(o.DelayBuckets)
+	o.DelayBuckets = slices.Compact(o.DelayBuckets)
+	if o.DelayBuckets[0] < time.Millisecond {
+		return o, fmt.Errorf("rabbitmq: delay bucket %s below 1ms", o.DelayBuckets[0])
+	}
+	if o.DeadLetterExchange == "" {
+		o.DeadLetterExchange = DefaultDeadLetterExchange
+	}
+	if o.UnavailableAfter == 0 {
+		o.UnavailableAfter = DefaultUnavailableAfter
+	}
+	if o.ConnectionName == "" {
+		o.ConnectionName = "berth"
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = 10 * time.Second
+	}
+	if o.Reconnect.Base <= 0 {
+		o.Reconnect.Base = 100 * time.Millisecond
+	}
+	if o.Reconnect.Max <= 0 {
+		o.Reconnect.Max = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+// Broker is a RabbitMQ [sdk.Broker]. It also implements [sdk.QueueDeclarer],
+// [sdk.Inspector] and [sdk.DeadLetters]; its deliveries implement
+// [sdk.Releaser]. All methods may be called concurrently.
+type Broker struct {
+	opts     Options
+	redacted string
+	uri      string
+
+	pub *link // publishing, settlement copies, topology, dead letters
+	con *link // consuming
+
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu        sync.Mutex
+	pc        *pubChannel
+	consumers map[string]*consumer
+	declared  map[string]bool // queue names (main queues and delay queues) declared on the current connection
+
+	randMu sync.Mutex
+	rand   *rand.Rand
+}
+
+// New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
+// connections, one to publish and one to consume, and returns the broker.
+// It fails with an error wrapping [sdk.ErrUnavailable] when the server cannot
+// be reached, and never puts the URL's password in an error.
+func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	redacted, err := Redact(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := amqp.ParseURI(rawURL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid URL %s", redacted)
+	}
+	b := &Broker{
+		opts:      opts,
+		redacted:  redacted,
+		uri:       rawURL,
+		done:      make(chan struct{}),
+		consumers: make(map[string]*consumer),
+		declared:  make(map[string]bool),
+		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}
+	b.con = &link{b: b, name: opts.ConnectionName + "-consume", up: make(chan struct{})}
+	pubConn, err := b.pub.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conConn, err := b.con.dial(ctx)
+	if err != nil {
+		_ = pubConn.Close()
+		return nil, err
+	}
+	b.wg.Add(2)
+	b.pub.set(pubConn)
+	b.con.set(conConn)
+	go b.pub.supervise(pubConn)
+	go b.con.supervise(conConn)
+	return b, nil
+}
+
+// Redact returns rawURL with its password replaced by "xxxxx", for logs and
+// errors. An unparsable URL gives an error that does not contain it.
+func Redact(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", errors.New("rabbitmq: invalid URL (not shown: it may hold credentials)")
+	}
+	return u.Redacted(), nil
+}
+
+// Close closes the connections and stops the broker's goroutines. Unsettled
+// deliveries go back to their queues. It is safe to call twice; every later
+// call on the broker returns [sdk.ErrClosed].
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() {
+		close(b.done)
+		b.wg.Wait()
+	})
+	return nil
+}
+
+func (b *Broker) closed() bool {
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (b *Broker) backoff(attempt int) time.Duration {
+	b.randMu.Lock()
+	u := b.rand.Float64()
+	b.randMu.Unlock()
+	return b.opts.Reconnect.Delay(attempt, u)
+}
+
+// sleep waits d, or until the broker closes (false).
+func (b *Broker) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-b.done:
+		return false
+	}
+}
+
+// link is one supervised AMQP connection: it reconnects with backoff when the
+// connection dies, until the broker closes.
+type link struct {
+	b    *Broker
+	name string
+
+	mu   sync.Mutex
+	conn *amqp.Connection // nil while down
+	up   chan struct{}    // closed while conn is usable
+}
+
+func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
+	cfg := amqp.Config{
+		TLSClientConfig: l.b.opts.TLS,
+		Heartbeat:       l.b.opts.Heartbeat,
+		Properties:      amqp.Table{"connection_name": l.name, "product": "berth"},
+		Locale:          "en_US",
+	}
+	type result struct {
+		c   *amqp.Connection
+		err error
+	}
+	// amqp091 dials without a context; bound the wait by ctx and drop a
+	// connection that arrives too late.
+	ch := make(chan result, 1)
+	go func() {
+		c, err := amqp.DialConfig(l.b.uri, cfg)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %s", sdk.ErrUnavailable, l.b.redacted, scrub(r.err.Error(), l.b.uri))
+		}
+		return r.c, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				_ = r.c.Close()
+			}
+		}()
+		return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, ctx.Err())
+	}
+}
+
+// scrub removes the raw URL from an error text, should a library put it there.
+func scrub(s, rawURL string) string {
+	if u, err := url.Parse(rawURL); err == nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			s = strings.ReplaceAll(s, p, "xxxxx")
+		}
+	}
+	return s
+}
+
+func (l *link) set(c *amqp.Connection) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conn = c
+	close(l.up)
+}
+
+func (l *link) unset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
+		l.conn = nil
+		l.up = make(chan struct{})
+	}
+}
+
+// get returns the live connection, waiting for a reconnection bounded by
+// ctx and Options.UnavailableAfter.
+func (l *link) get(ctx context.Context) (*amqp.Connection, error) {
+	var timeout <-chan time.Time
+	for {
+		l.mu.Lock()
+		c, up := l.conn, l.up
+		l.mu.Unlock()
+		if c != nil && !c.IsClosed() {
+			return c, nil
+		}
+		if c != nil { // closed, the supervisor has not noticed yet
+			up = nil
+		}
+		if timeout == nil {
+			t := time.NewTimer(l.b.opts.UnavailableAfter)
+			defer t.Stop()
+			timeout = t.C
+		}
+		var poll <-chan time.Time
+		if up == nil {
+			poll = time.After(10 * time.Millisecond)
+		}
+		select {
+		case <-up:
+		case <-poll:
+		case <-l.b.done:
+			return nil, sdk.ErrClosed
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: rabbitmq: %s connection down: %w", sdk.ErrUnavailable, l.name, ctx.Err())
+		case <-timeout:
+			return nil, fmt.Errorf("%w: rabbitmq: %s connection down for %s", sdk.ErrUnavailable, l.name, l.b.opts.UnavailableAfter)
+		}
+	}
+}
+
+// supervise watches the connection and reconnects when it dies.
+func (l *link) supervise(conn *amqp.Connection) {
+	defer l.b.wg.Done()
+	log := l.b.opts.Logger.With("broker", "rabbitmq", "connection", l.name, "url", l.b.redacted)
+	for {
+		lost := conn.NotifyClose(make(chan *amqp.Error, 1))
+		select {
+		case <-l.b.done:
+			l.unset()
+			_ = conn.Close()
+			return
+		case err := <-lost:
+			l.unset()
+			if err != nil {
+				log.Warn("rabbitmq connection lost", "code", err.Code, "reason", err.Reason)
+			} else {
+				log.Warn("rabbitmq connection lost")
+			}
+		}
+		l.b.forgetDeclared()
+		for attempt := 1; ; attempt++ {
+			if !l.b.sleep(l.b.backoff(attempt)) {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			c, err := l.dial(ctx)
+			cancel()
+			if err == nil {
+				conn = c
+				break
+			}
+			log.Warn("rabbitmq reconnect failed", "attempt", attempt, "err", err)
+		}
+		log.Info("rabbitmq reconnected")
+		l.set(conn)
+	}
+}

@@ -1,0 +1,211 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// DeadLetterQueue returns the name of queue's dead-letter queue.
+func DeadLetterQueue(queue string) string { return queue + ".dlq" }
+
+// DelayQueue returns the name of the delay queue that holds messages for
+// queue for ttl before dead-lettering them back to it.
+func DelayQueue(queue string, ttl time.Duration) string {
+	return queue + ".delay." + formatTTL(ttl)
+}
+
+func formatTTL(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	default:
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	}
+}
+
+// bucket returns the TTL of the delay queue for d: the smallest bucket not
+// below d, or the largest bucket.
+func (b *Broker) bucket(d time.Duration) time.Duration {
+	for _, ttl := range b.opts.DelayBuckets {
+		if ttl >= d {
+			return ttl
+		}
+	}
+	return b.opts.DelayBuckets[len(b.opts.DelayBuckets)-1]
+}
+
+// mainArgs are the arguments of a main queue.
+func (b *Broker) mainArgs(queue string) amqp.Table {
+	args := amqp.Table{
+		"x-queue-type":              string(b.opts.QueueType),
+		"x-dead-letter-exchange":    b.opts.DeadLetterExchange,
+		"x-dead-letter-routing-key": queue,
+	}
+	if b.opts.QueueType == Quorum {
+		args["x-delivery-limit"] = int64(b.opts.MaxDeliveries - 1)
+		args["x-dead-letter-strategy"] = "at-least-once"
+		args["x-overflow"] = "reject-publish"
+	}
+	return args
+}
+
+// delayArgs are the arguments of a delay queue: a TTL, dead-lettering back
+// to the main queue through the default exchange.
+func (b *Broker) delayArgs(queue string, ttl time.Duration) amqp.Table {
+	args := amqp.Table{
+		"x-queue-type":              string(b.opts.QueueType),
+		"x-message-ttl":             ttl.Milliseconds(),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": queue,
+	}
+	if b.opts.QueueType == Quorum {
+		args["x-dead-letter-strategy"] = "at-least-once"
+		args["x-overflow"] = "reject-publish"
+	}
+	return args
+}
+
+// DeclareQueue declares queue, the dead-letter exchange, "<queue>.dlq" bound
+// to it, with the broker's queue type and delivery limit. It is idempotent;
+// declaring an existing queue with other arguments fails (RabbitMQ's
+// PRECONDITION_FAILED). Delay queues are declared when first used.
+func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
+	if b.closed() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	err := b.withChannel(ctx, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(b.opts.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+			return err
+		}
+		dlqArgs := amqp.Table{"x-queue-type": string(b.opts.QueueType)}
+		if _, err := ch.QueueDeclare(DeadLetterQueue(queue), true, false, false, false, dlqArgs); err != nil {
+			return err
+		}
+		if err := ch.QueueBind(DeadLetterQueue(queue), queue, b.opts.DeadLetterExchange, false, nil); err != nil {
+			return err
+		}
+		_, err := ch.QueueDeclare(queue, true, false, false, false, b.mainArgs(queue))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("rabbitmq: declare queue %q: %w", queue, err)
+	}
+	b.mu.Lock()
+	b.declared[queue] = true
+	b.mu.Unlock()
+	return nil
+}
+
+// withChannel runs fn on a fresh channel of the publishing connection and
+// closes it. A channel error (404, 406) closes only that channel.
+func (b *Broker) withChannel(ctx context.Context, fn func(ch *amqp.Channel) error) error {
+	conn, err := b.pub.get(ctx)
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("%w: rabbitmq: open channel: %w", sdk.ErrUnavailable, err)
+	}
+	defer ch.Close()
+	err = fn(ch)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return fmt.Errorf("%w: %w", sdk.ErrNotFound, err)
+	}
+	if errors.Is(err, amqp.ErrClosed) {
+		return fmt.Errorf("%w: %w", sdk.ErrUnavailable, err)
+	}
+	return err
+}
+
+// ensure declares queue's topology once per connection, unless NoDeclare.
+func (b *Broker) ensure(ctx context.Context, queue string) error {
+	if b.opts.NoDeclare {
+		return nil
+	}
+	b.mu.Lock()
+	ok := b.declared[queue]
+	b.mu.Unlock()
+	if ok {
+		return nil
+	}
+	return b.DeclareQueue(ctx, queue)
+}
+
+// ensureDelay declares the delay queue for queue and d, once per
+// connection, and returns its name. With NoDeclare the name only.
+func (b *Broker) ensureDelay(ctx context.Context, queue string, d time.Duration) (string, error) {
+	ttl := b.bucket(d)
+	name := DelayQueue(queue, ttl)
+	if b.opts.NoDeclare {
+		return name, nil
+	}
+	b.mu.Lock()
+	ok := b.declared[name]
+	b.mu.Unlock()
+	if ok {
+		return name, nil
+	}
+	err := b.withChannel(ctx, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(name, true, false, false, false, b.delayArgs(queue, ttl))
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("rabbitmq: declare delay queue %q: %w", name, err)
+	}
+	b.mu.Lock()
+	b.declared[name] = true
+	b.mu.Unlock()
+	return name, nil
+}
+
+// forgetDeclared makes the next use of every queue declare it again, after
+// a reconnection (the server may have restarted and lost non-durable state).
+func (b *Broker) forgetDeclared() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	clear(b.declared)
+}
+
+// DeleteQueue deletes queue, its dead-letter queue and its delay queues,
+// whatever they hold. For tests and tooling.
+func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
+	if b.closed() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	names := []string{queue, DeadLetterQueue(queue)}
+	for _, ttl := range b.opts.DelayBuckets {
+		names = append(names, DelayQueue(queue, ttl))
+	}
+	for _, n := range names {
+		err := b.withChannel(ctx, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(n, false, false, false)
+			return err
+		})
+		if err != nil && !errors.Is(err, sdk.ErrNotFound) {
+			return fmt.Errorf("rabbitmq: delete queue %q: %w", n, err)
+		}
+		b.mu.Lock()
+		delete(b.declared, n)
+		b.mu.Unlock()
+	}
+	return nil
+}
