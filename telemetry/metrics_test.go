@@ -1,0 +1,369 @@
+package telemetry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+	"github.com/berthq/berth/telemetry"
+)
+
+// metrics is one collection of a ManualReader.
+type metrics struct {
+	t  testing.TB
+	rm metricdata.ResourceMetrics
+}
+
+func collect(t testing.TB, r *sdkmetric.ManualReader) metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return metrics{t: t, rm: rm}
+}
+
+func (ms metrics) find(name string) (metricdata.Metrics, bool) {
+	for _, sm := range ms.rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return m, true
+			}
+		}
+	}
+	return metricdata.Metrics{}, false
+}
+
+// matches reports whether set has every key=value of want.
+func matches(set attribute.Set, want []attribute.KeyValue) bool {
+	for _, kv := range want {
+		v, ok := set.Value(kv.Key)
+		if !ok || v != kv.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// sum adds the values (for histograms, the counts) of name's data points
+// whose attributes include want.
+func (ms metrics) sum(name string, want ...attribute.KeyValue) float64 {
+	m, ok := ms.find(name)
+	if !ok {
+		return 0
+	}
+	var total float64
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, p := range d.DataPoints {
+			if matches(p.Attributes, want) {
+				total += float64(p.Value)
+			}
+		}
+	case metricdata.Gauge[int64]:
+		for _, p := range d.DataPoints {
+			if matches(p.Attributes, want) {
+				total += float64(p.Value)
+			}
+		}
+	case metricdata.Gauge[float64]:
+		for _, p := range d.DataPoints {
+			if matches(p.Attributes, want) {
+				total += p.Value
+			}
+		}
+	case metricdata.Histogram[float64]:
+		for _, p := range d.DataPoints {
+			if matches(p.Attributes, want) {
+				total += float64(p.Count)
+			}
+		}
+	default:
+		ms.t.Fatalf("metric %s has unexpected data %T", name, m.Data)
+	}
+	return total
+}
+
+// histSum is the sum of the recorded values of histogram name.
+func (ms metrics) histSum(name string, want ...attribute.KeyValue) float64 {
+	m, _ := ms.find(name)
+	d, _ := m.Data.(metricdata.Histogram[float64])
+	var total float64
+	for _, p := range d.DataPoints {
+		if matches(p.Attributes, want) {
+			total += p.Sum
+		}
+	}
+	return total
+}
+
+func (ms metrics) unit(name string) string {
+	m, ok := ms.find(name)
+	if !ok {
+		ms.t.Fatalf("metric %s not collected", name)
+	}
+	return m.Unit
+}
+
+// TestMetricsCountAScriptedScenario publishes dups duplicates (same
+// idempotency key as an earlier job), retried jobs that fail once
+// transiently, and dead jobs that fail permanently, through a handler with a
+// small idempotency layer that reports suppressed duplicates the way the
+// idempotency package does (FromContext(ctx).DuplicateSuppressed), and checks
+// that every counter says exactly that.
+func TestMetricsCountAScriptedScenario(t *testing.T) {
+	const (
+		unique = 5 // jobs that succeed first time
+		dups   = 3 // duplicates of the first three of them
+		retry  = 4 // jobs that fail once, then succeed
+		dead   = 2 // jobs that fail permanently
+	)
+	b := newMemory(t)
+	queue := uniqueQueue(t, "tm")
+	obs, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{
+		Queues: []telemetry.InspectedQueue{{Inspector: b, Queue: queue}},
+	})
+	pub := obs.Publisher(b)
+	ctx := context.Background()
+
+	var msgs []*sdk.Message
+	for i := range unique {
+		msgs = append(msgs, &sdk.Message{Type: "billing.charge", IdempotencyKey: fmt.Sprintf("charge:order_%d:v1", i)})
+	}
+	for i := range dups {
+		msgs = append(msgs, &sdk.Message{Type: "billing.charge", IdempotencyKey: fmt.Sprintf("charge:order_%d:v1", i)})
+	}
+	for i := range retry {
+		msgs = append(msgs, &sdk.Message{Type: "email.send", IdempotencyKey: fmt.Sprintf("email:welcome:user_%d", i)})
+	}
+	for i := range dead {
+		msgs = append(msgs, &sdk.Message{Type: "invoice.sync", IdempotencyKey: fmt.Sprintf("sync_invoice:inv_%d", i)})
+	}
+	// One publish per message: the duplicates must come after their originals.
+	for _, m := range msgs {
+		if err := pub.Publish(ctx, queue, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var (
+		mu      sync.Mutex
+		done    = map[string]bool{}
+		handled atomic.Int64
+	)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		defer handled.Add(1)
+		m := d.Message()
+		switch m.Type {
+		case "email.send":
+			if d.Attempt() == 1 {
+				return errors.New("smtp busy")
+			}
+		case "invoice.sync":
+			return sdk.Permanent(errors.New("invoice missing"))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if done[m.IdempotencyKey] {
+			telemetry.FromContext(ctx).DuplicateSuppressed(ctx, "")
+			return nil
+		}
+		done[m.IdempotencyKey] = true
+		return nil
+	})
+	stop := runWorker(t, b, h, sdk.WorkerOptions{
+		Queue:       queue,
+		Concurrency: 4,
+		Retry:       sdk.RetryPolicy{MaxAttempts: 3, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 20 * time.Millisecond, Jitter: -1}},
+		Observers:   []sdk.Observer{obs},
+	})
+	total := unique + dups + retry + dead
+	deliveries := total + retry
+	eventually(t, 20*time.Second, "every delivery settled", func() bool {
+		return collect(t, reader).sum("berth.delivery.settlements") == float64(deliveries)
+	})
+	stop()
+
+	ms := collect(t, reader)
+	job := func(jobType string) attribute.KeyValue { return telemetry.AttrJobType.String(jobType) }
+	errType := func(c sdk.ErrorClass) attribute.KeyValue { return attribute.String("error.type", string(c)) }
+	checks := []struct {
+		what  string
+		got   float64
+		want  int
+		unit  string
+		instr string
+	}{
+		{"sent", ms.sum("messaging.client.sent.messages"), total, "{message}", "messaging.client.sent.messages"},
+		{"consumed", ms.sum("messaging.client.consumed.messages"), deliveries, "{message}", "messaging.client.consumed.messages"},
+		{"duplicates", ms.sum("berth.idempotency.duplicates", job("billing.charge")), dups, "{message}", "berth.idempotency.duplicates"},
+		{"retries", ms.sum("berth.job.retries", job("email.send"), errType(sdk.ClassTransient)), retry, "{retry}", "berth.job.retries"},
+		{"retries of other types", ms.sum("berth.job.retries") - float64(retry), 0, "", ""},
+		{"redeliveries", ms.sum("berth.delivery.redeliveries", job("email.send")), retry, "{delivery}", "berth.delivery.redeliveries"},
+		{"dead letters", ms.sum("berth.job.dead_letters", job("invoice.sync"), errType(sdk.ClassPermanent)), dead, "{message}", "berth.job.dead_letters"},
+		{"dead letters of other types", ms.sum("berth.job.dead_letters") - float64(dead), 0, "", ""},
+		{"acks", ms.sum("berth.delivery.settlements", attribute.String("berth.settlement.action", "ack")), unique + dups + retry, "{delivery}", "berth.delivery.settlements"},
+		{"transient errors", ms.sum("berth.job.errors", errType(sdk.ClassTransient)), retry, "{error}", "berth.job.errors"},
+		{"permanent errors", ms.sum("berth.job.errors", errType(sdk.ClassPermanent)), dead, "", ""},
+		{"in flight at the end", ms.sum("berth.worker.in_flight"), 0, "{delivery}", "berth.worker.in_flight"},
+		{"process durations", ms.sum("messaging.process.duration"), deliveries, "s", "messaging.process.duration"},
+		{"charge durations", ms.sum("messaging.process.duration", job("billing.charge")), unique + dups, "", ""},
+		{"claim-to-ack latencies", ms.sum("berth.delivery.claim_to_ack.duration"), unique + dups + retry, "s", "berth.delivery.claim_to_ack.duration"},
+		{"backoff delays", ms.sum("berth.retry.delay"), retry, "s", "berth.retry.delay"},
+		{"dead-lettered in the queue", ms.sum("berth.queue.depth", telemetry.AttrQueueState.String("dead_lettered")), dead, "{message}", "berth.queue.depth"},
+		{"ready in the queue", ms.sum("berth.queue.depth", telemetry.AttrQueueState.String("ready")), 0, "", ""},
+		{"lease expirations", ms.sum("berth.lease.expirations"), 0, "", ""},
+	}
+	for _, c := range checks {
+		if c.got != float64(c.want) {
+			t.Errorf("%s: got %v, want %d", c.what, c.got, c.want)
+		}
+		if c.instr != "" {
+			if u := ms.unit(c.instr); u != c.unit {
+				t.Errorf("%s: unit %q, want %q", c.instr, u, c.unit)
+			}
+		}
+	}
+	if got, want := ms.histSum("berth.retry.delay"), float64(retry)*0.02; got < want-1e-9 || got > want+1e-9 {
+		t.Errorf("backoff delay sum %v s, want %v", got, want)
+	}
+	if _, ok := ms.find("berth.queue.oldest_age"); !ok {
+		t.Error("berth.queue.oldest_age not collected")
+	}
+}
+
+// TestRecordersOutsideADelivery checks the methods other packages call work
+// with a bare context (job type given) and with a nil Observer.
+func TestRecordersOutsideADelivery(t *testing.T) {
+	obs, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{})
+	ctx := context.Background()
+	obs.DuplicateSuppressed(ctx, "billing.charge")
+	obs.IdempotencyConflict(ctx, "billing.charge")
+	obs.IdempotencyConflict(ctx, "billing.charge")
+	obs.VersionConflict(ctx, "orders")
+	obs.LockWait(ctx, "orders", 30*time.Millisecond, true)
+	obs.LockWait(ctx, "orders", 50*time.Millisecond, false)
+
+	var none *telemetry.Observer // what FromContext returns outside a Worker
+	none.DuplicateSuppressed(ctx, "x")
+	none.IdempotencyConflict(ctx, "x")
+	none.VersionConflict(ctx, "x")
+	none.LockWait(ctx, "x", time.Second, true)
+	if telemetry.FromContext(ctx) != nil {
+		t.Error("FromContext of a bare context is not nil")
+	}
+
+	ms := collect(t, reader)
+	charge := telemetry.AttrJobType.String("billing.charge")
+	orders := telemetry.AttrResource.String("orders")
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"duplicates", ms.sum("berth.idempotency.duplicates", charge), 1},
+		{"idempotency conflicts", ms.sum("berth.idempotency.conflicts", charge), 2},
+		{"version conflicts", ms.sum("berth.concurrency.version_conflicts", orders), 1},
+		{"lock waits acquired", ms.sum("berth.concurrency.lock_wait.duration", orders, telemetry.AttrLockAcquired.Bool(true)), 1},
+		{"lock waits busy", ms.sum("berth.concurrency.lock_wait.duration", orders, telemetry.AttrLockAcquired.Bool(false)), 1},
+		{"lock wait seconds", ms.histSum("berth.concurrency.lock_wait.duration", orders), 0.08},
+	} {
+		if d := c.got - c.want; d > 1e-9 || d < -1e-9 {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if u := ms.unit("berth.concurrency.lock_wait.duration"); u != "s" {
+		t.Errorf("lock wait unit %q, want s", u)
+	}
+}
+
+func TestNewRejectsBadQueues(t *testing.T) {
+	if _, err := telemetry.New(telemetry.Options{Queues: []telemetry.InspectedQueue{{Queue: "q"}}}); err == nil {
+		t.Error("nil Inspector accepted")
+	}
+	b := newMemory(t)
+	_, err := telemetry.New(telemetry.Options{Queues: []telemetry.InspectedQueue{{Inspector: b, Queue: "bad queue!"}}})
+	if !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("bad queue name: err %v, want ErrInvalidQueue", err)
+	}
+}
+
+func telemetryErrorType(v string) attribute.KeyValue { return attribute.String("error.type", v) }
+
+// TestLeaseExtensionsAndExpirations: a handler that outlives its lease with
+// heartbeats on gets its lease extended; with heartbeats off its lease
+// expires, the ack fails with ErrLeaseLost and an expiration is counted.
+func TestLeaseExtensionsAndExpirations(t *testing.T) {
+	b, err := memory.New(memory.Options{Lease: 300 * time.Millisecond, MaxDeliveries: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	obs, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{})
+	pub := obs.Publisher(b)
+	ctx := context.Background()
+
+	run := func(queue string, heartbeat time.Duration) {
+		if err := pub.Publish(ctx, queue, &sdk.Message{Type: "report.build"}); err != nil {
+			t.Fatal(err)
+		}
+		var calls atomic.Int64
+		acked := make(chan struct{})
+		stop := runWorker(t, b, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+			if calls.Add(1) == 1 {
+				time.Sleep(900 * time.Millisecond) // three leases
+			}
+			return nil
+		}), sdk.WorkerOptions{Queue: queue, Concurrency: 2, Lease: 300 * time.Millisecond, HeartbeatInterval: heartbeat,
+			Observers: []sdk.Observer{obs, sdk.Observer(ackSignal(acked))}})
+		<-acked
+		stop()
+	}
+	extended, expired := uniqueQueue(t, "tx"), uniqueQueue(t, "te")
+	run(extended, 100*time.Millisecond)
+	run(expired, -1)
+
+	ms := collect(t, reader)
+	if got := ms.sum("berth.lease.extensions", semconvDest(extended), telemetry.AttrLeaseResult.String("ok")); got < 1 {
+		t.Errorf("lease extensions with heartbeats: %v, want at least 1", got)
+	}
+	if got := ms.sum("berth.lease.expirations", semconvDest(extended)); got != 0 {
+		t.Errorf("lease expirations with heartbeats: %v, want 0", got)
+	}
+	if got := ms.sum("berth.lease.expirations", semconvDest(expired)); got != 1 {
+		t.Errorf("lease expirations without heartbeats: %v, want 1", got)
+	}
+	if got := ms.sum("berth.lease.extensions", semconvDest(expired)); got != 0 {
+		t.Errorf("lease extensions without heartbeats: %v, want 0", got)
+	}
+}
+
+func semconvDest(q string) attribute.KeyValue {
+	return attribute.String("messaging.destination.name", q)
+}
+
+// ackSignal is an Observer that closes its channel at the first successful ack.
+type ackSignal chan struct{}
+
+func (a ackSignal) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+func (a ackSignal) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+	if s.Action == sdk.ActionAck && s.Err == nil {
+		select {
+		case <-a:
+		default:
+			close(a)
+		}
+	}
+}
