@@ -1,0 +1,118 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// maxAckBatch bounds the rows of one completion statement.
+const maxAckBatch = 500
+
+// acker completes acked jobs in batches (group commit): Ack hands its row to
+// the acker's goroutine and waits; the goroutine takes every ack waiting at
+// that moment and completes them in one UPDATE. A lone ack is written at
+// once; under load, acks that arrive while a statement runs share the next
+// one. Ack still returns only once its row is durably completed (or not).
+type acker struct {
+	b    *Broker
+	reqs chan ackReq // unbuffered: a send succeeds only while run receives
+}
+
+type ackReq struct {
+	id    int64
+	token string
+	done  chan error // buffered (1): run never blocks on a caller that gave up
+}
+
+func newAcker(b *Broker) *acker { return &acker{b: b, reqs: make(chan ackReq)} }
+
+// ack completes the row if its lease token still matches.
+func (a *acker) ack(ctx context.Context, id int64, token string) error {
+	r := ackReq{id: id, token: token, done: make(chan error, 1)}
+	select {
+	case a.reqs <- r:
+	case <-a.b.closed:
+		return errClosed("ack")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run is the acker's goroutine; it returns when ctx is cancelled (Close),
+// after writing the acks it already took.
+func (a *acker) run(ctx context.Context) {
+	batch := make([]ackReq, 0, 64)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-a.reqs:
+			batch = append(batch[:0], r)
+		}
+	drain:
+		for len(batch) < maxAckBatch {
+			select {
+			case r := <-a.reqs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		a.flush(batch)
+	}
+}
+
+// flush completes batch in one statement. It does not use the callers'
+// contexts (one caller giving up must not fail the others); it is bounded by
+// its own timeout instead.
+func (a *acker) flush(batch []ackReq) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids := make([]int64, len(batch))
+	tokens := make([]string, len(batch))
+	for i, r := range batch {
+		ids[i], tokens[i] = r.id, r.token
+	}
+	rows, err := a.b.pool.Query(ctx, `UPDATE `+a.b.table+` AS j
+		SET status = 'completed', visibility_until = NULL, updated_at = now()
+		FROM unnest($1::bigint[], $2::text[]::uuid[]) AS a(id, token)
+		WHERE j.id = a.id AND j.lease_token = a.token AND j.status = 'processing'
+		RETURNING j.id`, ids, tokens)
+	done := make(map[int64]bool, len(batch))
+	if err == nil {
+		for rows.Next() {
+			var id int64
+			if err = rows.Scan(&id); err != nil {
+				break
+			}
+			done[id] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		err = a.b.wrap("ack", err)
+		for _, r := range batch {
+			r.done <- err
+		}
+		return
+	}
+	for _, r := range batch {
+		if done[r.id] {
+			r.done <- nil
+		} else {
+			r.done <- fmt.Errorf("berth/postgres: ack job %d: %w", r.id, sdk.ErrLeaseLost)
+		}
+	}
+}

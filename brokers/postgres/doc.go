@@ -1,0 +1,40 @@
+// Package postgres is a berth broker on a PostgreSQL job table: the jobs, their
+// attempts, errors and dead letters live in your own database, queryable with
+// SQL, and a job can be enqueued in the same transaction as the business change
+// that calls for it.
+//
+// The table is DESIGN.md's reference jobs table (id, job_type, payload_json,
+// status, attempt_count, max_attempts, available_at, visibility_until,
+// worker_id, idempotency_key, last_error, created_at, updated_at) plus queue,
+// headers, lease_token and the message fields. [Broker.Migrate] creates it;
+// [SchemaSQL] (and the embedded schema.sql) is the same DDL for teams who apply
+// migrations themselves. The body is stored byte for byte in payload (bytea);
+// payload_json holds a copy when the body is valid JSON, for SQL, and is NULL
+// otherwise.
+//
+// How the table keeps the [sdk.Delivery] contract:
+//
+//	claim       UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED LIMIT max): due queued/retry rows
+//	            and processing rows whose lease expired become processing, attempt_count+1,
+//	            visibility_until = now()+Lease, worker_id, a fresh lease_token
+//	poison      a row claimed max_attempts times is dead-lettered at the next claim (sdk.ErrMaxDeliveries)
+//	Ack         status = 'completed' (acks of concurrent deliveries share one statement)
+//	Retry(d)    status = 'retry', available_at = now()+d, last_error
+//	Release(d)  back to queued/retry with attempt_count-1: no attempt consumed
+//	DeadLetter  status = 'dead_letter', last_error, the sdk.AnnotateDeadLetter headers
+//	ExtendLease visibility_until = now()+d
+//
+// Every settlement is fenced by the lease token: it changes the row only if the
+// token still matches, so a worker whose lease expired and was taken over
+// changes nothing and gets an error wrapping [sdk.ErrLeaseLost]. While a row
+// is processing, available_at equals visibility_until, so one partial index on
+// (queue, available_at) serves both new work and expired leases.
+//
+// Receive waits on LISTEN/NOTIFY (one dedicated connection per broker, owned
+// by it and closed by Close), wakes at the due time of the earliest delayed
+// job or lease, and polls every Options.PollInterval as a fallback; it never
+// busy-loops.
+//
+// Status 'failed' is in the reference schema's check constraint but berth
+// never writes it: a job that cannot succeed is 'dead_letter'.
+package postgres

@@ -1,0 +1,60 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// wrap turns a database error into the broker's: context errors are returned
+// unwrapped; a closed broker's into [sdk.ErrClosed]; connection failures,
+// server shutdowns, serialization failures and deadlocks into errors wrapping
+// [sdk.ErrUnavailable] (the call may be retried); anything else is wrapped as
+// is. The text never carries the connection string.
+func (b *Broker) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if b.isClosed() {
+		return errClosed(op)
+	}
+	if retryable(err) {
+		return fmt.Errorf("berth/postgres: %s: %w: %w", op, sdk.ErrUnavailable, err)
+	}
+	return fmt.Errorf("berth/postgres: %s: %w", op, err)
+}
+
+// retryable reports whether err is worth retrying later: a broken or refused
+// connection, a server going away, a deadlock or serialization failure.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "57P"), // admin shutdown, crash shutdown, cannot connect now
+			pgErr.Code == "53300",                // too many connections
+			pgErr.Code == "40001",                // serialization failure
+			pgErr.Code == "40P01":                // deadlock detected
+			return true
+		}
+		return false
+	}
+	// No server error: the connection failed or was closed under us.
+	return true
+}
+
+// stripNUL removes NUL bytes, which PostgreSQL text and jsonb cannot hold.
+func stripNUL(s string) string {
+	if strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(s, "\x00", "")
+}

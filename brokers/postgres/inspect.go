@@ -1,0 +1,272 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Job statuses, the values of the status column.
+const (
+	StatusQueued     = "queued"
+	StatusProcessing = "processing"
+	StatusRetry      = "retry"
+	StatusCompleted  = "completed"
+	StatusFailed     = "failed" // in the reference schema; berth never writes it
+	StatusDeadLetter = "dead_letter"
+)
+
+var (
+	_ sdk.Broker        = (*Broker)(nil)
+	_ sdk.QueueDeclarer = (*Broker)(nil)
+	_ sdk.Inspector     = (*Broker)(nil)
+	_ sdk.DeadLetters   = (*Broker)(nil)
+)
+
+// DeclareQueue validates the queue name. Queues are rows of the one jobs
+// table, so there is nothing to create; run [Broker.Migrate] once for the
+// table itself.
+func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
+	if b.isClosed() {
+		return errClosed("declare queue")
+	}
+	return sdk.ValidateQueueName(queue)
+}
+
+// Stats reports queue's counts, exactly, in one statement: Ready counts
+// queued and retry jobs that are due plus processing jobs whose lease has
+// expired (claimable again); Delayed, the queued and retry jobs not yet due;
+// InFlight, the processing jobs whose lease runs; DeadLettered, the
+// dead_letter jobs. OldestAge is how long the longest-waiting ready job has
+// been due (now - available_at). Completed jobs are not counted (see
+// [Broker.CountByStatus]).
+func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
+	if b.isClosed() {
+		return sdk.QueueStats{}, errClosed("stats")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return sdk.QueueStats{}, err
+	}
+	s := sdk.QueueStats{Queue: queue}
+	var oldestUS int64
+	err := b.pool.QueryRow(ctx, `SELECT
+			count(*) FILTER (WHERE status IN ('queued', 'retry', 'processing') AND available_at <= now()),
+			count(*) FILTER (WHERE status IN ('queued', 'retry') AND available_at > now()),
+			count(*) FILTER (WHERE status = 'processing' AND available_at > now()),
+			count(*) FILTER (WHERE status = 'dead_letter'),
+			COALESCE((extract(epoch FROM now() - min(available_at)
+				FILTER (WHERE status IN ('queued', 'retry', 'processing') AND available_at <= now())) * 1e6)::bigint, 0)
+		FROM `+b.table+` WHERE queue = $1 AND status <> 'completed'`, queue).
+		Scan(&s.Ready, &s.Delayed, &s.InFlight, &s.DeadLettered, &oldestUS)
+	if err != nil {
+		return sdk.QueueStats{}, b.wrap("stats", err)
+	}
+	s.OldestAge = time.Duration(oldestUS) * time.Microsecond
+	return s, nil
+}
+
+// CountByStatus returns queue's job count per status column value (statuses
+// with no job are absent).
+func (b *Broker) CountByStatus(ctx context.Context, queue string) (map[string]int64, error) {
+	if b.isClosed() {
+		return nil, errClosed("count by status")
+	}
+	rows, err := b.pool.Query(ctx, `SELECT status, count(*) FROM `+b.table+` WHERE queue = $1 GROUP BY status`, queue)
+	if err != nil {
+		return nil, b.wrap("count by status", err)
+	}
+	counts := make(map[string]int64)
+	var (
+		status string
+		n      int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&status, &n}, func() error { counts[status] = n; return nil })
+	if err != nil {
+		return nil, b.wrap("count by status", err)
+	}
+	return counts, nil
+}
+
+const deadLetterColumns = `message_id, job_type, payload, headers, correlation_id, ordering_key, COALESCE(idempotency_key, '')`
+
+func scanMessage(row pgx.Row) (*sdk.Message, error) {
+	m := &sdk.Message{}
+	var headers []byte
+	if err := row.Scan(&m.ID, &m.Type, &m.Body, &headers, &m.CorrelationID, &m.Key, &m.IdempotencyKey); err != nil {
+		return nil, err
+	}
+	if headers != nil {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			return nil, fmt.Errorf("headers of message %s: %w", m.ID, err)
+		}
+	}
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	return m, nil
+}
+
+// ListDeadLetters returns up to limit (default 100) of queue's dead letters,
+// the earliest dead-lettered first, with their dead-letter headers.
+func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
+	if b.isClosed() {
+		return nil, errClosed("list dead letters")
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := b.pool.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
+		WHERE queue = $1 AND status = 'dead_letter' ORDER BY updated_at, id LIMIT $2`, queue, limit)
+	if err != nil {
+		return nil, b.wrap("list dead letters", err)
+	}
+	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*sdk.Message, error) { return scanMessage(r) })
+	if err != nil {
+		return nil, b.wrap("list dead letters", err)
+	}
+	return msgs, nil
+}
+
+// GetDeadLetter returns the dead letter of queue whose message ID is id, or
+// an error wrapping [sdk.ErrNotFound].
+func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
+	if b.isClosed() {
+		return nil, errClosed("get dead letter")
+	}
+	m, err := scanMessage(b.pool.QueryRow(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
+		WHERE queue = $1 AND status = 'dead_letter' AND message_id = $2 ORDER BY id LIMIT 1`, queue, id))
+	if err == pgx.ErrNoRows {
+		return nil, fmt.Errorf("berth/postgres: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+	}
+	if err != nil {
+		return nil, b.wrap("get dead letter", err)
+	}
+	return m, nil
+}
+
+// RedriveDeadLetters puts dead letters of queue back to 'queued' in place:
+// attempt_count reset to 0, due now, the dead-letter headers removed and
+// berth-redrive-count incremented (as [sdk.PrepareRedrive] does); last_error
+// is kept for the record. With no ids it redrives them all. If any id is not
+// a dead letter of queue, nothing is redriven and the error wraps
+// [sdk.ErrNotFound].
+func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	if b.isClosed() {
+		return 0, errClosed("redrive dead letters")
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return 0, b.wrap("redrive dead letters", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `UPDATE `+b.table+` SET
+			status = 'queued', attempt_count = 0, available_at = now(), visibility_until = NULL,
+			lease_token = NULL, first_failure_at = NULL, updated_at = now(),
+			headers = (COALESCE(headers, '{}'::jsonb) - $3::text[]) || jsonb_build_object('`+sdk.HeaderRedriveCount+`',
+				(CASE WHEN headers->>'`+sdk.HeaderRedriveCount+`' ~ '^[0-9]{1,9}$'
+					THEN (headers->>'`+sdk.HeaderRedriveCount+`')::int ELSE 0 END + 1)::text)
+		WHERE queue = $1 AND status = 'dead_letter' AND ($2::text[] IS NULL OR message_id = ANY($2))
+		RETURNING message_id`, queue, nilIfEmpty(ids), []string{
+		sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
+		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt})
+	if err != nil {
+		return 0, b.wrap("redrive dead letters", err)
+	}
+	redriven, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, b.wrap("redrive dead letters", err)
+	}
+	if len(ids) > 0 {
+		found := make(map[string]bool, len(redriven))
+		for _, id := range redriven {
+			found[id] = true
+		}
+		for _, id := range ids {
+			if !found[id] {
+				return 0, fmt.Errorf("berth/postgres: redrive dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+			}
+		}
+	}
+	if len(redriven) > 0 {
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, b.channel, queue); err != nil {
+			return 0, b.wrap("redrive dead letters", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, b.wrap("redrive dead letters", err)
+	}
+	return len(redriven), nil
+}
+
+// PurgeDeadLetters deletes queue's dead letters and returns how many.
+func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
+	if b.isClosed() {
+		return 0, errClosed("purge dead letters")
+	}
+	tag, err := b.pool.Exec(ctx, `DELETE FROM `+b.table+` WHERE queue = $1 AND status = 'dead_letter'`, queue)
+	if err != nil {
+		return 0, b.wrap("purge dead letters", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeleteCompleted deletes completed jobs (of every queue) last updated more
+// than olderThan ago, batch rows per statement (default 1000) so that no
+// statement holds many locks or runs long, until none is left. It returns
+// the number deleted; on error, the count of the batches that were committed.
+func (b *Broker) DeleteCompleted(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	if b.isClosed() {
+		return 0, errClosed("delete completed")
+	}
+	if batch <= 0 {
+		batch = DefaultRetentionBatch
+	}
+	var total int64
+	for {
+		tag, err := b.pool.Exec(ctx, `DELETE FROM `+b.table+` WHERE id IN (
+				SELECT id FROM `+b.table+`
+				WHERE status = 'completed' AND updated_at < now() - $1 * interval '1 microsecond'
+				LIMIT $2 FOR UPDATE SKIP LOCKED)`, max(olderThan, 0).Microseconds(), batch)
+		if err != nil {
+			return total, b.wrap("delete completed", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}
+
+// retentionLoop runs DeleteCompleted every RetentionInterval until Close.
+func (b *Broker) retentionLoop(ctx context.Context) {
+	t := time.NewTicker(b.opts.RetentionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := b.DeleteCompleted(ctx, b.opts.Retention, b.opts.RetentionBatch)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			b.opts.Logger.Warn("berth/postgres: retention failed", "schema", b.schema, "deleted", n, "err", err)
+		case n > 0:
+			b.opts.Logger.Debug("berth/postgres: retention deleted completed jobs", "schema", b.schema, "deleted", n)
+		}
+	}
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}

@@ -1,0 +1,115 @@
+package postgres
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// waker lets Receive calls wait for a queue's notification. Each queue has a
+// channel that is closed (and replaced) when the queue is notified.
+type waker struct {
+	mu    sync.Mutex
+	chans map[string]chan struct{}
+}
+
+func newWaker() *waker { return &waker{chans: make(map[string]chan struct{})} }
+
+// wait returns a channel closed at the next notification of queue. Take it
+// before querying the table, so a notification that arrives between the query
+// and the wait is not missed.
+func (w *waker) wait(queue string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch, ok := w.chans[queue]
+	if !ok {
+		ch = make(chan struct{})
+		w.chans[queue] = ch
+	}
+	return ch
+}
+
+// notify wakes the waiters of queue.
+func (w *waker) notify(queue string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ch, ok := w.chans[queue]; ok {
+		close(ch)
+		delete(w.chans, queue)
+	}
+}
+
+// notifyAll wakes every waiter: after the listener (re)connects, notifications
+// sent while it was away are lost, so everyone looks at the table again.
+func (w *waker) notifyAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for q, ch := range w.chans {
+		close(ch)
+		delete(w.chans, q)
+	}
+}
+
+// startListening lets the listener connect; called by the first Receive, so a
+// publish-only broker holds no LISTEN connection.
+func (b *Broker) startListening() {
+	b.listenOnce.Do(func() { close(b.listenGo) })
+}
+
+// listen owns the broker's LISTEN connection, a dedicated connection made from
+// the pool's configuration (LISTEN needs a session; a pooled connection would
+// be handed to others). It relays each notification (payload: the queue name)
+// to the waiting Receive calls and reconnects with backoff when the
+// connection fails; while it is down, Receive polls. It returns when ctx is
+// cancelled by Close.
+func (b *Broker) listen(ctx context.Context) {
+	select {
+	case <-b.listenGo:
+	case <-ctx.Done():
+		return
+	}
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := b.listenOnceConn(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		b.opts.Logger.Warn("berth/postgres: LISTEN connection lost; polling until it is back",
+			"schema", b.schema, "err", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// listenOnceConn connects, listens and relays until the connection fails.
+func (b *Broker) listenOnceConn(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdent(b.channel)); err != nil {
+		return err
+	}
+	// Anything published while we were not listening is found by a new look.
+	b.wake.notifyAll()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		b.wake.notify(n.Payload)
+	}
+}

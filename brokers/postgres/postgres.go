@@ -1,0 +1,229 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// ErrInvalidSchema reports an Options.Schema that is not a safe identifier.
+var ErrInvalidSchema = errors.New("berth/postgres: invalid schema name")
+
+// ErrInvalidOptions reports Options that cannot work (a negative duration, a
+// MaxAttempts below zero).
+var ErrInvalidOptions = errors.New("berth/postgres: invalid options")
+
+// Defaults of [Options].
+const (
+	DefaultLease             = 30 * time.Second
+	DefaultPollInterval      = time.Second
+	DefaultMaxMessageSize    = 1 << 20
+	DefaultRetentionInterval = time.Minute
+	DefaultRetentionBatch    = 1000
+)
+
+// Options configures a [Broker]. The zero value is a sensible broker on the
+// schema "berth".
+type Options struct {
+	// Schema holds the jobs table. Default "berth". Validated by
+	// [ValidateSchema] and always quoted.
+	Schema string
+	// Lease is how long a claimed job stays with its worker before another
+	// may claim it (visibility_until). Default 30s. The Worker's Lease should
+	// match it.
+	Lease time.Duration
+	// MaxAttempts is written into max_attempts of every job published: a job
+	// claimed that many times without being settled is dead-lettered at the
+	// next claim with cause [sdk.ErrMaxDeliveries] (a poison job that kills
+	// its workers). Default [sdk.DefaultMaxAttempts]. Keep it at least the
+	// Worker's RetryPolicy.MaxAttempts, or the Worker's own dead-lettering
+	// never happens.
+	MaxAttempts int
+	// WorkerID is written into worker_id of the rows this broker claims.
+	// Default "<hostname>-<pid>-<random>".
+	WorkerID string
+	// PollInterval bounds how long Receive waits before querying the table
+	// again when no notification arrives (LISTEN/NOTIFY is the fast path;
+	// delayed jobs and expired leases wake Receive at their due time without
+	// a notification). Default 1s.
+	PollInterval time.Duration
+	// DisableListen turns LISTEN/NOTIFY off: Receive polls only (for poolers
+	// in transaction mode, which cannot LISTEN). Publish still notifies.
+	DisableListen bool
+	// DedupeEnqueue makes the IdempotencyKey of published messages unique per
+	// queue: publishing a message whose key a job of that queue already has
+	// (in any status, until retention deletes it) inserts nothing, and
+	// Publish sets the message's ID to the existing job's. Messages without a
+	// key are unaffected. Default off: every publish is a new job and
+	// duplicates are stopped by the idempotency middleware at consume time.
+	DedupeEnqueue bool
+	// Retention, when positive, runs a background loop owned by the broker
+	// that deletes completed jobs older than Retention every
+	// RetentionInterval, RetentionBatch rows per statement. Zero keeps
+	// completed jobs (call [Broker.DeleteCompleted] yourself).
+	Retention time.Duration
+	// RetentionInterval is the period of the retention loop. Default 1m.
+	RetentionInterval time.Duration
+	// RetentionBatch bounds each DELETE of the retention loop. Default 1000.
+	RetentionBatch int
+	// MaxMessageSize is the largest [sdk.Message.Size] Publish accepts.
+	// Default 1 MiB; negative means no limit (PostgreSQL's own is 1 GB).
+	MaxMessageSize int
+	// Logger receives the broker's logs (listener reconnects, retention).
+	// Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if err := ValidateSchema(o.Schema); err != nil {
+		return o, err
+	}
+	if o.Lease < 0 || o.PollInterval < 0 || o.Retention < 0 || o.RetentionInterval < 0 ||
+		o.RetentionBatch < 0 || o.MaxAttempts < 0 {
+		return o, fmt.Errorf("%w: negative Lease, PollInterval, Retention, RetentionInterval, RetentionBatch or MaxAttempts", ErrInvalidOptions)
+	}
+	if o.Lease == 0 {
+		o.Lease = DefaultLease
+	}
+	if o.Lease < time.Millisecond {
+		return o, fmt.Errorf("%w: Lease %s under 1ms", ErrInvalidOptions, o.Lease)
+	}
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = sdk.DefaultMaxAttempts
+	}
+	if o.WorkerID == "" {
+		host, _ := os.Hostname()
+		o.WorkerID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.RetentionInterval == 0 {
+		o.RetentionInterval = DefaultRetentionInterval
+	}
+	if o.RetentionBatch == 0 {
+		o.RetentionBatch = DefaultRetentionBatch
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+// Broker is a job queue on a PostgreSQL table. It implements [sdk.Broker],
+// [sdk.QueueDeclarer], [sdk.Inspector] and [sdk.DeadLetters]; its deliveries
+// implement [sdk.Releaser].
+//
+// All methods may be called concurrently. The broker does not own the pool:
+// Close stops the broker's goroutines and its LISTEN connection, and the
+// caller closes the pool after it.
+type Broker struct {
+	pool    *pgxpool.Pool
+	opts    Options
+	schema  string
+	table   string // quoted schema.jobs
+	channel string // NOTIFY channel
+
+	closeOnce sync.Once
+	closed    <-chan struct{}    // closed by Close
+	stop      context.CancelFunc // cancels the context of the broker's goroutines
+	wg        sync.WaitGroup     // the broker's goroutines: acker, listener, retention loop
+
+	listenOnce sync.Once
+	listenGo   chan struct{} // closed by the first Receive: the listener may connect
+	wake       *waker
+	acks       *acker
+}
+
+// New returns a broker on pool. It does not touch the database: call
+// [Broker.Migrate] (or apply [SchemaSQL]) before the first Publish.
+func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidOptions)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	b := &Broker{
+		pool:     pool,
+		opts:     o,
+		schema:   o.Schema,
+		table:    quoteIdent(o.Schema) + ".jobs",
+		channel:  o.Schema + ".jobs",
+		closed:   ctx.Done(),
+		stop:     stop,
+		listenGo: make(chan struct{}),
+		wake:     newWaker(),
+	}
+	b.acks = newAcker(b)
+	b.goOwned(func() { b.acks.run(ctx) })
+	if !o.DisableListen {
+		b.goOwned(func() { b.listen(ctx) })
+	}
+	if o.Retention > 0 {
+		b.goOwned(func() { b.retentionLoop(ctx) })
+	}
+	return b, nil
+}
+
+// Close stops the broker: pending Receive calls return [sdk.ErrClosed], the
+// LISTEN connection and the retention loop stop, and every later call returns
+// [sdk.ErrClosed]. Jobs received and not settled come back after their lease.
+// Close is safe to call twice; it does not close the pool.
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() {
+		b.stop()
+		b.wg.Wait()
+	})
+	return nil
+}
+
+// Schema returns the schema the broker's table lives in.
+func (b *Broker) Schema() string { return b.schema }
+
+// WorkerID returns the worker_id written on the rows this broker claims.
+func (b *Broker) WorkerID() string { return b.opts.WorkerID }
+
+func (b *Broker) isClosed() bool {
+	select {
+	case <-b.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// goOwned runs f on a goroutine that Close waits for.
+func (b *Broker) goOwned(f func()) {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		f()
+	}()
+}
+
+func randomHex(n int) string {
+	p := make([]byte, n)
+	_, _ = rand.Read(p)
+	return hex.EncodeToString(p)
+}
+
+func errClosed(op string) error { return fmt.Errorf("berth/postgres: %s: %w", op, sdk.ErrClosed) }

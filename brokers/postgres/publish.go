@@ -1,0 +1,193 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Publish inserts one job per message into queue, in one statement, and
+// notifies the queue's receivers. It returns once the rows are committed.
+// Messages are validated by [sdk.PrepareAll] first (nothing is inserted when
+// one fails); values PostgreSQL text cannot hold (NUL bytes) are refused with
+// [sdk.ErrInvalidHeader] or [sdk.ErrInvalidMessage]. With
+// Options.DedupeEnqueue, a message whose IdempotencyKey a job of queue
+// already has is not inserted, and its ID is set to the existing job's.
+//
+// A batch is all or nothing (one statement). After Close it returns
+// [sdk.ErrClosed].
+func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if b.isClosed() {
+		return errClosed("publish")
+	}
+	if err := b.prepare(ctx, queue, msgs); err != nil || len(msgs) == 0 {
+		return err
+	}
+	return b.insert(ctx, b.pool, queue, msgs)
+}
+
+// PublishTx inserts the jobs inside the caller's transaction: they exist if
+// and only if tx commits, and receivers are notified at commit (NOTIFY is
+// transactional). Use it to enqueue work in the same transaction as the
+// business change that calls for it. tx is not committed or rolled back
+// here. Otherwise it behaves as [Broker.Publish].
+func (b *Broker) PublishTx(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.Message) error {
+	if b.isClosed() {
+		return errClosed("publish")
+	}
+	if tx == nil {
+		return fmt.Errorf("berth/postgres: publish: nil transaction: %w", sdk.ErrInvalidMessage)
+	}
+	if err := b.prepare(ctx, queue, msgs); err != nil || len(msgs) == 0 {
+		return err
+	}
+	return b.insert(ctx, tx, queue, msgs)
+}
+
+// prepare validates msgs for this broker.
+func (b *Broker) prepare(ctx context.Context, queue string, msgs []*sdk.Message) error {
+	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		for k, v := range m.Headers {
+			if strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
+				return &sdk.HeaderError{Name: stripNUL(k), Reason: "PostgreSQL cannot store NUL bytes in headers"}
+			}
+		}
+		for _, s := range []string{m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID} {
+			if strings.IndexByte(s, 0) >= 0 {
+				return fmt.Errorf("%w: message %s: PostgreSQL cannot store NUL bytes in ID, Type, IdempotencyKey, Key or CorrelationID",
+					sdk.ErrInvalidMessage, stripNUL(m.ID))
+			}
+		}
+	}
+	return nil
+}
+
+// querier is what insert needs from a pool or a transaction.
+type querier interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// insert writes msgs, already prepared, with q.
+func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sdk.Message) error {
+	n := len(msgs)
+	var (
+		ids, types, corrs, keys, idems = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		bodies                         = make([][]byte, n)
+		payloadJSON, headers           = make([]*string, n), make([]*string, n)
+		delays                         = make([]int64, n)
+		now                            = false
+	)
+	for i, m := range msgs {
+		ids[i], types[i], corrs[i], keys[i], idems[i] = m.ID, m.Type, m.CorrelationID, m.Key, m.IdempotencyKey
+		bodies[i] = m.Body
+		if bodies[i] == nil {
+			bodies[i] = []byte{}
+		}
+		if json.Valid(m.Body) {
+			s := string(m.Body)
+			payloadJSON[i] = &s
+		}
+		if m.Headers != nil {
+			h, err := json.Marshal(m.Headers)
+			if err != nil {
+				return fmt.Errorf("berth/postgres: publish: headers of %s: %w", m.ID, err)
+			}
+			s := string(h)
+			headers[i] = &s
+		}
+		delays[i] = m.Delay.Microseconds()
+		if m.Delay == 0 {
+			now = true
+		}
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(`INSERT INTO `+b.table+` (queue, message_id, job_type, payload, payload_json, headers,
+			correlation_id, ordering_key, idempotency_key, dedupe, max_attempts, available_at)
+		SELECT $1, u.message_id, u.job_type, u.payload, u.payload_json::json, u.headers::jsonb,
+			u.correlation_id, u.ordering_key, NULLIF(u.idem, ''), $2 AND u.idem <> '', $3,
+			now() + u.delay_us * interval '1 microsecond'
+		FROM unnest($4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[])
+			AS u(message_id, job_type, payload, payload_json, headers, correlation_id, ordering_key, idem, delay_us)
+		ON CONFLICT (queue, idempotency_key) WHERE dedupe DO NOTHING
+		RETURNING message_id`,
+		queue, b.opts.DedupeEnqueue, b.opts.MaxAttempts,
+		ids, types, bodies, payloadJSON, headers, corrs, keys, idems, delays)
+	if now {
+		batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
+	}
+	br := q.SendBatch(ctx, batch)
+	inserted := make(map[string]bool, n)
+	rows, err := br.Query()
+	if err == nil {
+		for rows.Next() {
+			var id string
+			if err = rows.Scan(&id); err != nil {
+				break
+			}
+			inserted[id] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err == nil && now {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return b.wrap("publish", err)
+	}
+	if !b.opts.DedupeEnqueue || len(inserted) == n {
+		return nil
+	}
+	return b.resolveDuplicates(ctx, q, queue, msgs, inserted)
+}
+
+// resolveDuplicates sets the ID of each message that dedupe did not insert to
+// the ID of the job holding its idempotency key.
+func (b *Broker) resolveDuplicates(ctx context.Context, q querier, queue string, msgs []*sdk.Message, inserted map[string]bool) error {
+	var keys []string
+	for _, m := range msgs {
+		if !inserted[m.ID] && m.IdempotencyKey != "" {
+			keys = append(keys, m.IdempotencyKey)
+		}
+	}
+	rows, err := q.Query(ctx, `SELECT idempotency_key, message_id FROM `+b.table+`
+		WHERE queue = $1 AND dedupe AND idempotency_key = ANY($2)`, queue, keys)
+	if err != nil {
+		return b.wrap("publish", err)
+	}
+	existing, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var kv [2]string
+		err := r.Scan(&kv[0], &kv[1])
+		return kv, err
+	})
+	if err != nil {
+		return b.wrap("publish", err)
+	}
+	byKey := make(map[string]string, len(existing))
+	for _, kv := range existing {
+		byKey[kv[0]] = kv[1]
+	}
+	for _, m := range msgs {
+		if inserted[m.ID] || m.IdempotencyKey == "" {
+			continue
+		}
+		if id, ok := byKey[m.IdempotencyKey]; ok {
+			m.ID = id
+		}
+	}
+	return nil
+}

@@ -1,0 +1,330 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// minWait is the shortest Receive sleeps between two looks at the table, so
+// that a due job locked by another claimer does not make it spin.
+const minWait = 10 * time.Millisecond
+
+// rfc3339SQL formats a timestamptz the way sdk.AnnotateDeadLetter does (UTC,
+// RFC 3339 with fraction).
+const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`
+
+// Receive claims between 1 and max jobs of queue, waiting while none is
+// available: it wakes on a NOTIFY from Publish (or a settlement that makes a
+// job available), at the due time of the earliest delayed job or expiring
+// lease, and at least every Options.PollInterval. Claimed rows become
+// 'processing' with attempt_count+1, a lease of Options.Lease, this broker's
+// worker_id and a fresh lease_token. A job already claimed max_attempts times
+// is dead-lettered instead, with cause [sdk.ErrMaxDeliveries], and not
+// returned.
+//
+// Receive may be called concurrently (FOR UPDATE SKIP LOCKED keeps claimers
+// apart). It returns ctx.Err() when ctx is done, [sdk.ErrClosed] after Close,
+// and an error wrapping [sdk.ErrUnavailable] when the database cannot be
+// reached (the caller retries).
+func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if b.isClosed() {
+		return nil, errClosed("receive")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	if max < 1 {
+		max = 1
+	}
+	b.startListening()
+	for {
+		woken := b.wake.wait(queue)
+		ds, poisoned, err := b.claim(ctx, queue, max)
+		if err != nil {
+			return nil, err
+		}
+		if len(ds) > 0 {
+			return ds, nil
+		}
+		if poisoned > 0 {
+			continue
+		}
+		wait, err := b.nextDue(ctx, queue)
+		if err != nil {
+			return nil, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-b.closed:
+			t.Stop()
+			return nil, errClosed("receive")
+		case <-woken:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// nextDue returns how long to sleep before the next look at queue: until its
+// earliest due time (delayed job, retry, lease expiry), within
+// [minWait, PollInterval].
+func (b *Broker) nextDue(ctx context.Context, queue string) (time.Duration, error) {
+	var us *int64
+	err := b.pool.QueryRow(ctx, `SELECT (extract(epoch FROM min(available_at) - now()) * 1e6)::bigint
+		FROM `+b.table+` WHERE queue = $1 AND status IN ('queued', 'retry', 'processing')`, queue).Scan(&us)
+	if err != nil {
+		return 0, b.wrap("receive", err)
+	}
+	wait := b.opts.PollInterval
+	if us != nil {
+		wait = min(wait, time.Duration(*us)*time.Microsecond)
+	}
+	return max(wait, minWait), nil
+}
+
+// claim runs the claim statement once.
+func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Delivery, poisoned int, err error) {
+	now := fmt.Sprintf(rfc3339SQL, "now()")
+	first := fmt.Sprintf(rfc3339SQL, "COALESCE(j.first_failure_at, now())")
+	q := `WITH c AS (
+		SELECT id, attempt_count >= max_attempts AS poison
+		FROM ` + b.table + `
+		WHERE queue = $1 AND status IN ('queued', 'retry', 'processing') AND available_at <= now()
+		ORDER BY available_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED
+	)
+	UPDATE ` + b.table + ` AS j SET
+		status           = CASE WHEN c.poison THEN 'dead_letter' ELSE 'processing' END,
+		attempt_count    = CASE WHEN c.poison THEN j.attempt_count ELSE j.attempt_count + 1 END,
+		available_at     = CASE WHEN c.poison THEN j.available_at ELSE now() + $3 * interval '1 microsecond' END,
+		visibility_until = CASE WHEN c.poison THEN NULL ELSE now() + $3 * interval '1 microsecond' END,
+		lease_token      = CASE WHEN c.poison THEN NULL ELSE gen_random_uuid() END,
+		worker_id        = $4,
+		last_error       = CASE WHEN c.poison THEN $5 ELSE j.last_error END,
+		first_failure_at = CASE WHEN c.poison THEN COALESCE(j.first_failure_at, now()) ELSE j.first_failure_at END,
+		headers          = CASE WHEN c.poison THEN COALESCE(j.headers, '{}'::jsonb) || jsonb_build_object(
+			'` + sdk.HeaderDeadLetterReason + `', $5::text,
+			'` + sdk.HeaderDeadLetterClass + `', $6::text,
+			'` + sdk.HeaderDeadLetterAttempts + `', j.attempt_count::text,
+			'` + sdk.HeaderDeadLetterQueue + `', j.queue,
+			'` + sdk.HeaderFirstFailure + `', COALESCE(j.headers->>'` + sdk.HeaderFirstFailure + `', ` + first + `),
+			'` + sdk.HeaderLastFailure + `', ` + now + `)
+			ELSE j.headers END,
+		updated_at       = now()
+	FROM c
+	WHERE j.id = c.id
+	RETURNING c.poison, j.id, j.message_id, j.job_type, j.payload, j.headers, j.correlation_id,
+		j.ordering_key, COALESCE(j.idempotency_key, ''), j.attempt_count, COALESCE(j.lease_token::text, ''),
+		j.first_failure_at`
+	rows, err := b.pool.Query(ctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
+		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)))
+	if err != nil {
+		return nil, 0, b.wrap("receive", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			poison  bool
+			d       = &delivery{b: b, queue: queue, msg: &sdk.Message{}}
+			headers []byte
+			first   *time.Time
+		)
+		if err := rows.Scan(&poison, &d.id, &d.msg.ID, &d.msg.Type, &d.msg.Body, &headers, &d.msg.CorrelationID,
+			&d.msg.Key, &d.msg.IdempotencyKey, &d.attempt, &d.token, &first); err != nil {
+			return nil, 0, b.wrap("receive", err)
+		}
+		if poison {
+			poisoned++
+			b.opts.Logger.Warn("berth/postgres: job dead-lettered at claim: max deliveries exceeded",
+				"queue", queue, "message_id", d.msg.ID, "attempts", d.attempt)
+			continue
+		}
+		if headers != nil {
+			if err := json.Unmarshal(headers, &d.msg.Headers); err != nil {
+				return nil, 0, fmt.Errorf("berth/postgres: receive: headers of job %d: %w", d.id, err)
+			}
+		}
+		if d.msg.Body == nil {
+			d.msg.Body = []byte{}
+		}
+		if first != nil {
+			d.firstFailure = *first
+		}
+		ds = append(ds, d)
+	}
+	if err := rows.Err(); err != nil {
+		// The statement failed as a whole: nothing was claimed.
+		return nil, 0, b.wrap("receive", err)
+	}
+	return ds, poisoned, nil
+}
+
+// delivery is one claimed row. Its settlements are fenced by the lease token.
+type delivery struct {
+	b            *Broker
+	id           int64
+	token        string
+	queue        string
+	msg          *sdk.Message
+	attempt      int
+	firstFailure time.Time
+
+	mu      sync.Mutex
+	settled bool
+}
+
+var (
+	_ sdk.Delivery = (*delivery)(nil)
+	_ sdk.Releaser = (*delivery)(nil)
+)
+
+func (d *delivery) Message() *sdk.Message { return d.msg }
+func (d *delivery) Attempt() int          { return d.attempt }
+func (d *delivery) Queue() string         { return d.queue }
+
+// JobID returns the row's id in the jobs table.
+func (d *delivery) JobID() int64 { return d.id }
+
+// settle runs one settlement: it refuses a second one, and marks the delivery
+// settled when the row was written. A settlement that finds the lease lost
+// leaves it unsettled: every later call reports the lost lease too.
+func (d *delivery) settle(ctx context.Context, op string, f func(ctx context.Context) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.settled {
+		return fmt.Errorf("berth/postgres: %s job %d: %w", op, d.id, sdk.ErrAlreadySettled)
+	}
+	if d.b.isClosed() {
+		return errClosed(op)
+	}
+	err := f(ctx)
+	if err == nil {
+		d.settled = true
+	}
+	return err
+}
+
+// Ack marks the job completed. Acks from concurrent deliveries are written
+// together (see acker).
+func (d *delivery) Ack(ctx context.Context) error {
+	return d.settle(ctx, "ack", func(ctx context.Context) error { return d.b.acks.ack(ctx, d.id, d.token) })
+}
+
+// Retry makes the job available again after delay, status 'retry', recording
+// cause in last_error. The next claim counts a new attempt.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
+	return d.settle(ctx, "retry", func(ctx context.Context) error {
+		delay = clampDelay(delay)
+		var lastErr *string
+		if cause != nil {
+			s := stripNUL(cause.Error())
+			lastErr = &s
+		}
+		return d.exec(ctx, "retry", delay == 0, `SET status = 'retry',
+			available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL,
+			last_error = COALESCE($4, last_error), first_failure_at = COALESCE(first_failure_at, now()),
+			updated_at = now()`, delay.Microseconds(), lastErr)
+	})
+}
+
+// Release hands the job back without consuming an attempt: attempt_count is
+// restored, so the next delivery has the same Attempt().
+func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
+	return d.settle(ctx, "release", func(ctx context.Context) error {
+		delay = clampDelay(delay)
+		return d.exec(ctx, "release", delay == 0, `SET
+			status = CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END,
+			attempt_count = greatest(attempt_count - 1, 0),
+			available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL, updated_at = now()`,
+			delay.Microseconds())
+	})
+}
+
+// DeadLetter moves the job to status 'dead_letter' with last_error and the
+// dead-letter headers of [sdk.AnnotateDeadLetter].
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	return d.settle(ctx, "dead-letter", func(ctx context.Context) error {
+		m := d.msg.Clone()
+		sdk.AnnotateDeadLetter(m, d.queue, d.attempt, cause, d.firstFailure, time.Now())
+		m.SetHeader(sdk.HeaderDeadLetterReason, stripNUL(m.Header(sdk.HeaderDeadLetterReason)))
+		headers, err := json.Marshal(m.Headers)
+		if err != nil {
+			return fmt.Errorf("berth/postgres: dead-letter job %d: %w", d.id, err)
+		}
+		return d.exec(ctx, "dead-letter", false, `SET status = 'dead_letter',
+			headers = $3::jsonb, last_error = $4, visibility_until = NULL,
+			first_failure_at = COALESCE(first_failure_at, now()), updated_at = now()`,
+			string(headers), m.Header(sdk.HeaderDeadLetterReason))
+	})
+}
+
+// ExtendLease pushes the lease to d from now, if this delivery still holds it.
+func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
+	if by <= 0 {
+		return fmt.Errorf("berth/postgres: extend lease by %s: %w", by, sdk.ErrInvalidMessage)
+	}
+	d.mu.Lock()
+	settled := d.settled
+	d.mu.Unlock()
+	if settled {
+		return fmt.Errorf("berth/postgres: extend lease of job %d: %w", d.id, sdk.ErrAlreadySettled)
+	}
+	if d.b.isClosed() {
+		return errClosed("extend lease")
+	}
+	return d.exec(ctx, "extend lease", false, `SET
+		available_at = now() + $3 * interval '1 microsecond',
+		visibility_until = now() + $3 * interval '1 microsecond', updated_at = now()`, by.Microseconds())
+}
+
+// exec runs "UPDATE jobs <set> WHERE id = $1 AND lease_token = $2 AND status =
+// 'processing'": zero rows means another claim took the job (or it was
+// purged), reported as [sdk.ErrLeaseLost]. With notify, the queue's waiters
+// are woken in the same transaction.
+func (d *delivery) exec(ctx context.Context, op string, notify bool, set string, args ...any) error {
+	q := `UPDATE ` + d.b.table + ` ` + set + ` WHERE id = $1 AND lease_token = $2::uuid AND status = 'processing'`
+	args = append([]any{d.id, d.token}, args...)
+	var n int64
+	if notify {
+		batch := &pgx.Batch{}
+		batch.Queue(q, args...)
+		batch.Queue(`SELECT pg_notify($1, $2)`, d.b.channel, d.queue)
+		br := d.b.pool.SendBatch(ctx, batch)
+		tag, err := br.Exec()
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return d.b.wrap(op, err)
+		}
+		n = tag.RowsAffected()
+	} else {
+		tag, err := d.b.pool.Exec(ctx, q, args...)
+		if err != nil {
+			return d.b.wrap(op, err)
+		}
+		n = tag.RowsAffected()
+	}
+	if n == 0 {
+		return fmt.Errorf("berth/postgres: %s job %d: %w", op, d.id, sdk.ErrLeaseLost)
+	}
+	return nil
+}
+
+func clampDelay(d time.Duration) time.Duration {
+	return min(max(d, 0), sdk.MaxDelay)
+}
