@@ -1,11 +1,67 @@
 package telemetry_test
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/integration"
+)
 
 // TestOneTracePerJob runs the publish → consume → retry → dead-letter trace
-// scenario on every broker.
+// scenario on every broker: the trace headers are shared code, so the same
+// trace must come out of each.
 func TestOneTracePerJob(t *testing.T) {
 	t.Run("memory", func(t *testing.T) {
 		traceScenario(t, newMemory(t), uniqueQueue(t, "tt"))
+	})
+	t.Run("rabbitmq", func(t *testing.T) {
+		url := integration.RabbitMQURL(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		b, err := rabbitmq.New(ctx, url, rabbitmq.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		queue := uniqueQueue(t, "berth_teltest")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := b.DeleteQueue(ctx, queue); err != nil {
+				t.Errorf("delete queue: %v", err)
+			}
+		})
+		traceScenario(t, b, queue)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		schema := uniqueQueue(t, "berth_teltest")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
+				t.Errorf("drop schema %s: %v", schema, err)
+			}
+		})
+		b, err := postgres.New(pool, postgres.Options{Schema: schema, Lease: 5 * time.Second, PollInterval: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		if err := b.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		traceScenario(t, b, "tt")
 	})
 }
