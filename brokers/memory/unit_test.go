@@ -1,0 +1,386 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+)
+
+func ctxT(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func receiveOne(t *testing.T, b *memory.Broker, q string) sdk.Delivery {
+	t.Helper()
+	ds, err := b.Receive(ctxT(t), q, 1)
+	if err != nil {
+		t.Fatalf("Receive: %v", err)
+	}
+	return ds[0]
+}
+
+func TestNewOptions(t *testing.T) {
+	if _, err := memory.New(memory.Options{Lease: -time.Second}); err == nil {
+		t.Error("New with a negative Lease: no error")
+	}
+	b := newBroker(t, memory.Options{MaxMessageSize: -1})
+	// No size limit: a body well over the default 1 MiB is accepted.
+	big := &sdk.Message{Body: make([]byte, 2*memory.DefaultMaxMessageSize)}
+	if err := b.Publish(ctxT(t), "q", big); err != nil {
+		t.Fatalf("Publish without a size limit: %v", err)
+	}
+	d := receiveOne(t, b, "q")
+	if len(d.Message().Body) != len(big.Body) {
+		t.Errorf("body of %d bytes, want %d", len(d.Message().Body), len(big.Body))
+	}
+}
+
+func TestDefaultMessageSizeLimit(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	err := b.Publish(ctxT(t), "q", &sdk.Message{Body: make([]byte, memory.DefaultMaxMessageSize+1)})
+	var tooLarge *sdk.MessageTooLargeError
+	if !errors.As(err, &tooLarge) || tooLarge.Limit != memory.DefaultMaxMessageSize {
+		t.Errorf("Publish over the default limit: %v, want MessageTooLargeError with Limit %d", err, memory.DefaultMaxMessageSize)
+	}
+}
+
+func TestInvalidArguments(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	const bad = "no spaces"
+	if _, err := b.Receive(ctx, bad, 1); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("Receive: %v, want ErrInvalidQueue", err)
+	}
+	if err := b.DeclareQueue(ctx, bad); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("DeclareQueue: %v, want ErrInvalidQueue", err)
+	}
+	if _, err := b.Stats(ctx, bad); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("Stats: %v, want ErrInvalidQueue", err)
+	}
+	if _, err := b.ListDeadLetters(ctx, bad, 1); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("ListDeadLetters: %v, want ErrInvalidQueue", err)
+	}
+	if err := b.Publish(ctx, "q", &sdk.Message{Delay: sdk.MaxDelay + time.Second}); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("Publish with a delay over MaxDelay: %v, want ErrInvalidMessage", err)
+	}
+	if err := b.Publish(ctx, "q", &sdk.Message{}, nil); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("Publish of a nil message: %v, want ErrInvalidMessage", err)
+	}
+	if s, _ := b.Stats(ctx, "q"); s.Ready != 0 {
+		t.Errorf("%d messages ready after failed publishes, want 0", s.Ready)
+	}
+}
+
+func TestUnusedQueue(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	s, err := b.Stats(ctx, "never-used")
+	if err != nil || s != (sdk.QueueStats{Queue: "never-used"}) {
+		t.Errorf("Stats = %+v, %v; want zero stats", s, err)
+	}
+	if ms, err := b.ListDeadLetters(ctx, "never-used", 10); err != nil || len(ms) != 0 {
+		t.Errorf("ListDeadLetters = %d, %v; want none", len(ms), err)
+	}
+	if _, err := b.GetDeadLetter(ctx, "never-used", "x"); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("GetDeadLetter: %v, want ErrNotFound", err)
+	}
+	if n, err := b.RedriveDeadLetters(ctx, "never-used", "x"); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("RedriveDeadLetters(x) = %d, %v; want ErrNotFound", n, err)
+	}
+	if n, err := b.RedriveDeadLetters(ctx, "never-used"); err != nil || n != 0 {
+		t.Errorf("RedriveDeadLetters(all) = %d, %v; want 0, nil", n, err)
+	}
+	if n, err := b.PurgeDeadLetters(ctx, "never-used"); err != nil || n != 0 {
+		t.Errorf("PurgeDeadLetters = %d, %v; want 0, nil", n, err)
+	}
+}
+
+func TestRedriveUnknownIDRedrivesNothing(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	m := &sdk.Message{Body: []byte("x")}
+	if err := b.Publish(ctx, "q", m); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveOne(t, b, "q").DeadLetter(ctx, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.RedriveDeadLetters(ctx, "q", m.ID, "unknown"); !errors.Is(err, sdk.ErrNotFound) || n != 0 {
+		t.Errorf("RedriveDeadLetters with an unknown id = %d, %v; want 0, ErrNotFound", n, err)
+	}
+	if s, _ := b.Stats(ctx, "q"); s.DeadLettered != 1 || s.Ready != 0 {
+		t.Errorf("after a failed redrive: %+v, want the dead letter still there", s)
+	}
+}
+
+func TestMaxDeliveriesDisabled(t *testing.T) {
+	const lease = 5 * time.Millisecond
+	b := newBroker(t, memory.Options{Lease: lease, MaxDeliveries: -1})
+	if err := b.Publish(ctxT(t), "q", &sdk.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; attempt <= memory.DefaultMaxDeliveries+2; attempt++ {
+		d := receiveOne(t, b, "q") // never settled
+		if d.Attempt() != attempt {
+			t.Fatalf("Attempt() = %d, want %d", d.Attempt(), attempt)
+		}
+	}
+}
+
+func TestMaxDeliveriesCountsRetries(t *testing.T) {
+	b := newBroker(t, memory.Options{MaxDeliveries: 2})
+	ctx := ctxT(t)
+	m := &sdk.Message{}
+	if err := b.Publish(ctx, "q", m); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := receiveOne(t, b, "q").Retry(ctx, 0, errors.New("boom")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The third delivery would pass the cap: it is dead-lettered at receive.
+	rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if ds, err := b.Receive(rctx, "q", 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Receive past the cap: %d deliveries, %v; want none", len(ds), err)
+	}
+	dead, err := b.GetDeadLetter(ctx, "q", m.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dead.Header(sdk.HeaderDeadLetterClass) != string(sdk.ClassPoison) || dead.Header(sdk.HeaderDeadLetterAttempts) != "2" {
+		t.Errorf("dead letter headers %q, want class %s at attempt 2", dead.Headers, sdk.ClassPoison)
+	}
+}
+
+func TestReceiveMaxBelowOne(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	if err := b.Publish(ctxT(t), "q", &sdk.Message{}, &sdk.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctxT(t), "q", 0)
+	if err != nil || len(ds) != 1 {
+		t.Errorf("Receive(max=0) = %d deliveries, %v; want 1", len(ds), err)
+	}
+}
+
+func TestWaitingReceiverWokenByPublish(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	got := make(chan sdk.Delivery, 1)
+	go func() {
+		ds, err := b.Receive(t.Context(), "q", 1)
+		if err == nil {
+			got <- ds[0]
+		}
+		close(got)
+	}()
+	time.Sleep(20 * time.Millisecond) // let it wait
+	m := &sdk.Message{}
+	if err := b.Publish(ctxT(t), "q", m); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-got:
+		if d == nil || d.Message().ID != m.ID {
+			t.Fatalf("waiting Receive got %v, want %s", d, m.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiting Receive not woken by Publish")
+	}
+}
+
+// A receiver waiting for a far deadline is woken when a nearer one appears.
+func TestWaitingReceiverSeesEarlierRetry(t *testing.T) {
+	b := newBroker(t, memory.Options{Lease: time.Hour})
+	ctx := ctxT(t)
+	far := &sdk.Message{Delay: time.Hour}
+	near := &sdk.Message{}
+	if err := b.Publish(ctx, "q", far, near); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(t, b, "q") // near, leased for an hour
+	got := make(chan sdk.Delivery, 1)
+	go func() {
+		ds, err := b.Receive(t.Context(), "q", 1) // waits for the hour-long deadlines
+		if err == nil {
+			got <- ds[0]
+		}
+		close(got)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	retried := time.Now()
+	if err := d.Retry(ctx, 30*time.Millisecond, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d2 := <-got:
+		if d2 == nil || d2.Message().ID != near.ID || d2.Attempt() != 2 {
+			t.Fatalf("got %v, want %s attempt 2", d2, near.ID)
+		}
+		if el := time.Since(retried); el < 30*time.Millisecond {
+			t.Errorf("retry delivered after %s, before its delay", el)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiting Receive did not see the nearer retry")
+	}
+}
+
+func TestSettleAfterClose(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	if err := b.Publish(ctx, "q", &sdk.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(t, b, "q")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ack(ctx); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("Ack after Close: %v, want ErrClosed", err)
+	}
+	if err := d.ExtendLease(ctx, time.Second); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("ExtendLease after Close: %v, want ErrClosed", err)
+	}
+	if _, err := b.Stats(ctx, "q"); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("Stats after Close: %v, want ErrClosed", err)
+	}
+	if err := b.DeclareQueue(ctx, "q"); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("DeclareQueue after Close: %v, want ErrClosed", err)
+	}
+	if _, err := b.PurgeDeadLetters(ctx, "q"); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("PurgeDeadLetters after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestExtendLeaseAfterSettle(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	if err := b.Publish(ctx, "q", &sdk.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(t, b, "q")
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ExtendLease(ctx, time.Second); !errors.Is(err, sdk.ErrAlreadySettled) {
+		t.Errorf("ExtendLease after Ack: %v, want ErrAlreadySettled", err)
+	}
+}
+
+// TestStress mixes every operation from many goroutines and checks that no
+// message is lost or duplicated: each ends acked or dead-lettered once.
+func TestStress(t *testing.T) {
+	const (
+		n         = 2000
+		receivers = 8
+	)
+	b := newBroker(t, memory.Options{Lease: 50 * time.Millisecond, MaxDeliveries: 6})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	ids := make(map[string]bool, n)
+	for i := 0; i < n; i += 100 {
+		batch := make([]*sdk.Message, 100)
+		for j := range batch {
+			batch[j] = &sdk.Message{Body: []byte(fmt.Sprint(i + j))}
+			if j%10 == 0 {
+				batch[j].Delay = time.Duration(j) * time.Millisecond
+			}
+		}
+		if err := b.Publish(ctx, "q", batch...); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range batch {
+			ids[m.ID] = true
+		}
+	}
+	var (
+		mu    sync.Mutex
+		acked = map[string]int{}
+		wg    sync.WaitGroup
+	)
+	for r := range receivers {
+		rng := rand.New(rand.NewPCG(uint64(r), 1))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				ds, err := b.Receive(ctx, "q", 1+rng.IntN(8))
+				if err != nil {
+					return
+				}
+				for _, d := range ds {
+					var err error
+					switch p := rng.IntN(100); {
+					case p < 60:
+						if err = d.Ack(ctx); err == nil {
+							mu.Lock()
+							acked[d.Message().ID]++
+							mu.Unlock()
+						}
+					case p < 75:
+						err = d.Retry(ctx, time.Duration(rng.IntN(5))*time.Millisecond, errors.New("flaky"))
+					case p < 85:
+						err = d.(sdk.Releaser).Release(ctx, 0)
+					case p < 90:
+						err = d.ExtendLease(ctx, time.Second)
+						if err == nil {
+							err = d.Ack(ctx)
+							if err == nil {
+								mu.Lock()
+								acked[d.Message().ID]++
+								mu.Unlock()
+							}
+						}
+					case p < 93:
+						err = d.DeadLetter(ctx, sdk.Permanent(errors.New("bad")))
+					default:
+						// abandoned: comes back after the lease, or goes to the DLQ at the cap
+					}
+					if err != nil && !errors.Is(err, sdk.ErrLeaseLost) {
+						t.Errorf("settlement: %v", err)
+					}
+				}
+			}
+		})
+	}
+	// Wait until every message is acked or dead.
+	for {
+		s, err := b.Stats(ctx, "q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Ready == 0 && s.Delayed == 0 && s.InFlight == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("not drained: %+v", s)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	wg.Wait()
+	dead, err := b.ListDeadLetters(context.Background(), "q", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadIDs := map[string]int{}
+	for _, m := range dead {
+		deadIDs[m.ID]++
+	}
+	for id := range ids {
+		if acked[id]+deadIDs[id] != 1 {
+			t.Errorf("message %s: acked %d, dead %d; want exactly one", id, acked[id], deadIDs[id])
+		}
+	}
+	t.Logf("%d messages: %d acked, %d dead-lettered", n, len(acked), len(dead))
+}
