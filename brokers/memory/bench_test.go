@@ -192,4 +192,3 @@ func benchWorker(b *testing.B, prepublish bool) {
 		b.ReportMetric(rate/channelRate, "x-channel")
 	}
 }
-
