@@ -1,9 +1,12 @@
 package sdk
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
 	"fmt"
-	"regexp"
+	"io"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -24,7 +27,8 @@ type Message struct {
 	// Key is the ordering key (the SQS FIFO MessageGroupId). Optional.
 	Key string
 	// CorrelationID ties together the jobs of one business flow. Filled from the
-	// publishing context (see [WithCorrelationID]) or generated at publish.
+	// publishing context (see [WithCorrelationID]), else with the message's
+	// own ID: a message published outside any flow starts one.
 	CorrelationID string
 	// Headers are application headers. Names starting with "berth-" are reserved.
 	Headers map[string]string
@@ -104,14 +108,18 @@ const (
 // publish; Retry through visibility allows 12 hours).
 const MaxDelay = 12 * time.Hour
 
-var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$`)
-
 // ValidateQueueName reports whether name is a portable queue name: 1 to 80
 // characters of letters, digits, '_', '-' and '.', not starting with '.' or
 // '-'. Brokers may add rules of their own. The error wraps [ErrInvalidQueue].
 func ValidateQueueName(name string) error {
-	if !queueNameRE.MatchString(name) {
+	if len(name) == 0 || len(name) > 80 || name[0] == '.' || name[0] == '-' {
 		return &QueueNameError{Name: name}
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return &QueueNameError{Name: name}
+		}
 	}
 	return nil
 }
@@ -132,11 +140,27 @@ func ValidateHeaders(h map[string]string) error {
 
 // NewID returns a new message ID: a UUIDv7, time-ordered.
 func NewID() string {
-	id, err := uuid.NewV7()
+	id, err := uuid.NewV7FromReader(idRandom)
 	if err != nil { // only when the system's random source fails
 		return uuid.NewString()
 	}
 	return id.String()
+}
+
+// idRandom buffers crypto/rand for NewID: one system call per 256 IDs
+// instead of one per ID, without changing the uuid package's global state
+// (uuid.EnableRandPool would, for the whole program).
+var idRandom = &lockedReader{r: bufio.NewReaderSize(rand.Reader, 16*256)}
+
+type lockedReader struct {
+	mu sync.Mutex
+	r  *bufio.Reader
+}
+
+func (l *lockedReader) Read(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return io.ReadFull(l.r, p)
 }
 
 // Prepare is what every broker's Publish calls before anything is sent: it
@@ -149,6 +173,10 @@ func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
+	return prepare(ctx, m, limit)
+}
+
+func prepare(ctx context.Context, m *Message, limit int) error {
 	if m == nil {
 		return fmt.Errorf("%w: nil message", ErrInvalidMessage)
 	}
@@ -164,7 +192,9 @@ func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 	if m.CorrelationID == "" {
 		m.CorrelationID = CorrelationID(ctx)
 		if m.CorrelationID == "" {
-			m.CorrelationID = NewID()
+			// A message published outside any flow starts one: its own ID
+			// names the conversation.
+			m.CorrelationID = m.ID
 		}
 	}
 	if limit > 0 && m.Size() > limit {
@@ -175,8 +205,11 @@ func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 
 // PrepareAll runs [Prepare] on every message and stops at the first error.
 func PrepareAll(ctx context.Context, queue string, msgs []*Message, limit int) error {
+	if err := ValidateQueueName(queue); err != nil {
+		return err
+	}
 	for _, m := range msgs {
-		if err := Prepare(ctx, queue, m, limit); err != nil {
+		if err := prepare(ctx, m, limit); err != nil {
 			return err
 		}
 	}

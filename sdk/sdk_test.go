@@ -60,8 +60,8 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("Prepare overwrote given fields: %+v %v", kept, err)
 	}
 	gen := &sdk.Message{}
-	if err := sdk.Prepare(context.Background(), "jobs", gen, 0); err != nil || gen.CorrelationID == "" {
-		t.Errorf("no correlation ID generated: %+v %v", gen, err)
+	if err := sdk.Prepare(context.Background(), "jobs", gen, 0); err != nil || gen.CorrelationID != gen.ID {
+		t.Errorf("outside a flow the message starts one under its own ID: %+v %v", gen, err)
 	}
 
 	var tooLarge *sdk.MessageTooLargeError

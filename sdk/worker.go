@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,17 @@ type Worker struct {
 
 	randMu  sync.Mutex
 	running atomic.Bool
+	shared  atomic.Pointer[settleCtx]
+}
+
+// settleCtx is a settlement context shared by the settlements of a short
+// window: creating a deadline context (a clock read, a timer, allocations)
+// for every settlement cost more than the memory broker's whole Ack. Each
+// settlement still gets at least 90% of SettleTimeout.
+type settleCtx struct {
+	ctx          context.Context
+	cancel       context.CancelFunc
+	refreshAfter time.Time
 }
 
 // ErrWorkerRunning is returned by Run when the Worker is already running.
@@ -50,6 +62,7 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 // task is one received delivery while the Worker holds it.
 type task struct {
 	d        Delivery
+	slot     int          // index in the held table, returned to the free list when done
 	lost     atomic.Bool  // the lease was lost: do not run, do not settle
 	extended atomic.Int64 // unix nanos of the last lease start or extension
 	mu       sync.Mutex
@@ -86,10 +99,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	base, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopHandlers(ErrShutdown)
 
+	// Each held delivery occupies a slot: capacity bounds running plus
+	// prefetched work, and the slot table is what the heartbeat walks.
 	capacity := o.Concurrency + o.Prefetch
-	slots := make(chan struct{}, capacity)
+	free := make(chan int, capacity)
+	for i := range capacity {
+		free <- i
+	}
+	held := make([]atomic.Pointer[task], capacity)
 	jobs := make(chan *task, capacity)
-	var held sync.Map // *task -> struct{}, for the heartbeat
 
 	var pool sync.WaitGroup
 	for range o.Concurrency {
@@ -105,8 +123,8 @@ func (w *Worker) Run(ctx context.Context) error {
 				default:
 					w.process(base, t)
 				}
-				held.Delete(t)
-				<-slots
+				held[t.slot].Store(nil)
+				free <- t.slot
 			}
 		}()
 	}
@@ -117,11 +135,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		hb.Add(1)
 		go func() {
 			defer hb.Done()
-			w.heartbeat(base, &held, hbStop)
+			w.heartbeat(base, held, hbStop)
 		}()
 	}
 
-	err := w.receive(ctx, slots, jobs, &held)
+	err := w.receive(ctx, free, jobs, held)
 	close(jobs)
 
 	drained := make(chan struct{})
@@ -143,6 +161,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	close(hbStop)
 	hb.Wait()
+	if sc := w.shared.Swap(nil); sc != nil {
+		sc.cancel()
+	}
 
 	if f, ok := w.sub.(Flusher); ok {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.SettleTimeout)
@@ -155,38 +176,46 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // receive fills free slots with deliveries until ctx is done.
-func (w *Worker) receive(ctx context.Context, slots chan struct{}, jobs chan<- *task, held *sync.Map) error {
+func (w *Worker) receive(ctx context.Context, free chan int, jobs chan<- *task, held []atomic.Pointer[task]) error {
 	o := w.opts
-	capacity := cap(slots)
+	slots := make([]int, 0, cap(free))
 	failures := 0
 	for {
+		slots = slots[:0]
 		select {
-		case slots <- struct{}{}:
+		case i := <-free:
+			slots = append(slots, i)
 		case <-ctx.Done():
 			return nil
 		}
-		n := 1
+		if len(free) < cap(slots)/2 {
+			// Under load slots come back one at a time; yielding once lets
+			// the handlers that are finishing return theirs, so one Receive
+			// fetches a batch instead of one message per call.
+			runtime.Gosched()
+		}
 	fill:
-		for n < capacity {
+		for len(slots) < cap(slots) {
 			select {
-			case slots <- struct{}{}:
-				n++
+			case i := <-free:
+				slots = append(slots, i)
 			default:
 				break fill
 			}
 		}
-		ds, err := w.sub.Receive(ctx, o.Queue, n)
+		ds, err := w.sub.Receive(ctx, o.Queue, len(slots))
+		if len(ds) > len(slots) {
+			ds = ds[:len(slots)] // a broker bug; never hold more than the slots
+		}
 		now := time.Now().UnixNano()
-		for _, d := range ds {
-			t := &task{d: d}
+		for i, d := range ds {
+			t := &task{d: d, slot: slots[i]}
 			t.extended.Store(now)
-			if o.HeartbeatInterval > 0 {
-				held.Store(t, struct{}{})
-			}
+			held[t.slot].Store(t)
 			jobs <- t
 		}
-		for range n - len(ds) {
-			<-slots
+		for _, i := range slots[len(ds):] {
+			free <- i
 		}
 		switch {
 		case err == nil:
@@ -211,7 +240,7 @@ func (w *Worker) receive(ctx context.Context, slots chan struct{}, jobs chan<- *
 // heartbeat extends the leases of held deliveries every HeartbeatInterval,
 // and marks a delivery lost when its extension is refused or its lease
 // expires while extensions fail.
-func (w *Worker) heartbeat(ctx context.Context, held *sync.Map, stop <-chan struct{}) {
+func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], stop <-chan struct{}) {
 	o := w.opts
 	tick := time.NewTicker(max(o.HeartbeatInterval/2, time.Millisecond))
 	defer tick.Stop()
@@ -223,19 +252,21 @@ func (w *Worker) heartbeat(ctx context.Context, held *sync.Map, stop <-chan stru
 		}
 		now := time.Now()
 		var wg sync.WaitGroup
-		held.Range(func(k, _ any) bool {
-			t := k.(*task)
+		for i := range held {
+			t := held[i].Load()
+			if t == nil {
+				continue
+			}
 			last := time.Unix(0, t.extended.Load())
 			if t.lost.Load() || now.Sub(last) < o.HeartbeatInterval {
-				return true
+				continue
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				w.extend(ctx, t, last)
 			}()
-			return true
-		})
+		}
 		wg.Wait()
 	}
 }
@@ -282,8 +313,9 @@ func (w *Worker) process(base context.Context, t *task) {
 
 	start := time.Now()
 	err := w.call(ctx, d)
-	s := w.settle(base, ctx, d, err, t.lost.Load())
-	s.Duration = time.Since(start)
+	end := time.Now()
+	s := w.settle(w.settleContext(base, end), ctx, d, err, t.lost.Load())
+	s.Duration = end.Sub(start)
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
 	}
@@ -300,8 +332,23 @@ func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
 	return w.handler.Handle(ctx, d)
 }
 
-// settle applies the settlement table of the package doc, once.
-func (w *Worker) settle(base, hctx context.Context, d Delivery, err error, lost bool) Settlement {
+// settleContext returns a context for settlements made at now, bounded by
+// about SettleTimeout (see settleCtx).
+func (w *Worker) settleContext(base context.Context, now time.Time) context.Context {
+	if sc := w.shared.Load(); sc != nil && now.Before(sc.refreshAfter) {
+		return sc.ctx
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(base), now.Add(w.opts.SettleTimeout))
+	next := &settleCtx{ctx: ctx, cancel: cancel, refreshAfter: now.Add(w.opts.SettleTimeout / 10)}
+	// The replaced context is not cancelled: settlements may still use it;
+	// its timer releases it at its deadline.
+	w.shared.Store(next)
+	return ctx
+}
+
+// settle applies the settlement table of the package doc, once, with ctx
+// bounding the settlement call.
+func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost bool) Settlement {
 	o := w.opts
 	s := Settlement{Cause: err, Class: Classify(err)}
 	if lost {
@@ -309,8 +356,6 @@ func (w *Worker) settle(base, hctx context.Context, d Delivery, err error, lost 
 		w.logLeaseLost(d)
 		return s
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), o.SettleTimeout)
-	defer cancel()
 	m := d.Message()
 	var ra *RetryAfterError
 	switch {
