@@ -16,7 +16,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("BERTH_PG_HELPER") != "" {
+	if os.Getenv(helperEnv) != "" {
 		os.Exit(m.Run()) // a helper process is SIGKILLed: no leak check
 	}
 	goleak.VerifyTestMain(m)

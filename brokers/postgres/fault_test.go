@@ -1,0 +1,271 @@
+package postgres_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+const helperEnv = "BERTH_PG_HELPER"
+
+// TestHelperProcess is not a test: it is the worker process the fault tests
+// start and SIGKILL. Role "hold" claims BERTH_PG_COUNT jobs, prints CLAIMED
+// and holds them, never settling, until it is killed.
+func TestHelperProcess(t *testing.T) {
+	role := os.Getenv(helperEnv)
+	if role == "" {
+		t.Skip("the worker process of the fault tests; runs only when they start it")
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("BERTH_POSTGRES_DSN"))
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(2)
+	}
+	lease, _ := time.ParseDuration(os.Getenv("BERTH_PG_LEASE"))
+	b, err := postgres.New(pool, postgres.Options{Schema: os.Getenv("BERTH_PG_SCHEMA"), Lease: lease,
+		WorkerID: "child-" + strconv.Itoa(os.Getpid())})
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(2)
+	}
+	n, _ := strconv.Atoi(os.Getenv("BERTH_PG_COUNT"))
+	var held []string
+	for len(held) < n {
+		ds, err := b.Receive(ctx, os.Getenv("BERTH_PG_QUEUE"), n-len(held))
+		if err != nil {
+			fmt.Println("ERROR", err)
+			os.Exit(2)
+		}
+		for _, d := range ds {
+			held = append(held, d.Message().ID)
+		}
+	}
+	fmt.Println("CLAIMED " + strings.Join(held, " "))
+	time.Sleep(time.Hour) // hold the leases until SIGKILL
+	os.Exit(3)
+}
+
+// TestKilledWorkerJobsReclaimed: a worker process SIGKILLed while it holds
+// leased rows; after the lease the rows are claimed again with the attempt
+// counted, and every job is completed once.
+func TestKilledWorkerJobsReclaimed(t *testing.T) {
+	pool := newPool(t, "berth-kill-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{WorkerID: "parent", Lease: time.Minute})
+	ctx := testCtx(t)
+	q := "kill_" + suffix()
+	const total, held = 20, 8
+	ids := publishN(t, b, q, total)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=hold", "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
+		"BERTH_PG_SCHEMA="+b.Schema(), "BERTH_PG_QUEUE="+q, "BERTH_PG_COUNT="+strconv.Itoa(held), "BERTH_PG_LEASE=1s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	claimed := make(chan []string, 1)
+	go func() {
+		defer close(claimed)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "CLAIMED "); ok {
+				claimed <- strings.Fields(rest)
+				break
+			}
+			t.Logf("child: %s", sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	var childIDs []string
+	select {
+	case childIDs = <-claimed:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatal("child never claimed its jobs")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if len(childIDs) != held {
+		t.Fatalf("child claimed %d jobs, want %d", len(childIDs), held)
+	}
+	var processing int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+b.Schema()+`.jobs
+		WHERE queue = $1 AND status = 'processing' AND worker_id LIKE 'child-%' AND attempt_count = 1`, q).Scan(&processing); err != nil {
+		t.Fatal(err)
+	}
+	if processing != held {
+		t.Fatalf("%d rows leased by the dead child, want %d", processing, held)
+	}
+
+	attempts := map[string]int{}
+	for len(attempts) < total {
+		for _, d := range receiveN(t, b, q, 1) {
+			if _, dup := attempts[d.Message().ID]; dup {
+				t.Errorf("job %s delivered again after its ack", d.Message().ID)
+			}
+			attempts[d.Message().ID] = d.Attempt()
+			if err := d.Ack(ctx); err != nil {
+				t.Fatalf("Ack: %v", err)
+			}
+		}
+	}
+	isChild := map[string]bool{}
+	for _, id := range childIDs {
+		isChild[id] = true
+	}
+	for _, id := range ids {
+		want := 1
+		if isChild[id] {
+			want = 2 // the dead child's claim counted
+		}
+		if attempts[id] != want {
+			t.Errorf("job %s: Attempt() = %d, want %d", id, attempts[id], want)
+		}
+	}
+	counts, err := b.CountByStatus(ctx, q)
+	if err != nil || len(counts) != 1 || counts[postgres.StatusCompleted] != total {
+		t.Errorf("CountByStatus = %v, %v; want %d completed", counts, err, total)
+	}
+}
+
+// TestTerminatedConnectionsRecover kills every connection of the worker's
+// pool (and the broker's LISTEN connection) twice with pg_terminate_backend
+// in the middle of a run: nothing is lost, nothing is dead-lettered, the
+// Worker finishes the queue and the listener comes back.
+func TestTerminatedConnectionsRecover(t *testing.T) {
+	appName := "berth-term-" + suffix()
+	pool := newPool(t, appName, 6)
+	admin := newPool(t, "berth-term-admin", 2)
+	quiet := slog.New(slog.DiscardHandler)
+	b := newBroker(t, pool, postgres.Options{Lease: 2 * time.Second, MaxAttempts: 20,
+		PollInterval: 200 * time.Millisecond, Logger: quiet})
+	ctx := testCtx(t)
+	q := "term_" + suffix()
+	const n = 600
+	ids := publishN(t, b, q, n)
+
+	var (
+		mu      sync.Mutex
+		effects = map[string]int{}
+		handled int
+		marks   = map[int]chan struct{}{n / 4: make(chan struct{}), n / 2: make(chan struct{})}
+	)
+	handler := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		time.Sleep(time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		effects[d.Message().ID]++
+		handled++
+		if ch, ok := marks[handled]; ok {
+			close(ch)
+		}
+		return nil
+	})
+	w, err := sdk.NewWorker(b, handler, sdk.WorkerOptions{Queue: q, Concurrency: 8, Lease: 2 * time.Second,
+		Retry: sdk.RetryPolicy{MaxAttempts: 20}, DrainTimeout: 10 * time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-runErr; err != nil {
+			t.Errorf("Worker.Run: %v", err)
+		}
+	}()
+
+	terminate := func() int {
+		var killed int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+			FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&killed); err != nil {
+			t.Fatalf("pg_terminate_backend: %v", err)
+		}
+		return killed
+	}
+	for _, at := range []int{n / 4, n / 2} {
+		select {
+		case <-marks[at]:
+		case <-ctx.Done():
+			t.Fatalf("the worker never handled %d jobs", at)
+		}
+		killed := terminate()
+		if killed == 0 {
+			t.Errorf("no connection of %s to terminate after %d jobs", appName, at)
+		}
+		t.Logf("after %d jobs: terminated %d connections", at, killed)
+	}
+
+	for {
+		counts, err := b.CountByStatus(ctx, q)
+		if err != nil && ctx.Err() != nil {
+			t.Fatalf("jobs never all completed: %v", err)
+		}
+		if counts[postgres.StatusCompleted] == n {
+			break
+		}
+		if counts[postgres.StatusDeadLetter] > 0 {
+			t.Fatalf("jobs dead-lettered after connection loss: %v", counts)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("jobs never all completed: %v", counts)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	mu.Lock()
+	again := 0
+	for _, id := range ids {
+		if effects[id] == 0 {
+			t.Errorf("job %s completed but never handled", id)
+		}
+		if effects[id] > 1 {
+			again++
+		}
+	}
+	mu.Unlock()
+	t.Logf("%d jobs completed; %d handled more than once (their ack was lost with its connection)", n, again)
+
+	// The LISTEN connection came back: a job published now is received
+	// through NOTIFY as before.
+	for {
+		var listening int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND query ILIKE 'LISTEN%'`, appName).Scan(&listening); err != nil {
+			t.Fatal(err)
+		}
+		if listening > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the LISTEN connection never came back")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
