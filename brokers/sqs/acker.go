@@ -1,0 +1,320 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+)
+
+// maxSurfaced bounds the delete failures kept for the next Flush; more are
+// logged and counted.
+const maxSurfaced = 100
+
+// entryRetries is how many times a delete entry that SQS failed on its own
+// side (not the sender's fault) is sent again.
+const entryRetries = 2
+
+// ackEntry is one buffered delete.
+type ackEntry struct {
+	queue  string
+	id     string // berth message ID, for errors
+	handle string
+	done   chan error // nil: nobody waits; the result goes to surfaced
+	tries  int
+}
+
+// ackBatch is the deletes of one DeleteMessageBatch call.
+type ackBatch struct {
+	url     string
+	entries []ackEntry
+}
+
+// acker buffers deletes per queue and sends them with DeleteMessageBatch when
+// 10 are pending or interval after the first. It owns two goroutines (a
+// timer and a sender), stopped by close.
+type acker struct {
+	client   *awssqs.Client
+	interval time.Duration
+	log      *slog.Logger
+
+	batches chan ackBatch
+	arm     chan struct{} // cap 1: a partial batch is waiting for the timer
+	stop    chan struct{} // closed by close: the timer stops
+	quit    chan struct{} // closed by close after the last flush: the sender stops
+	wg      sync.WaitGroup
+
+	mu       sync.Mutex
+	pending  map[string][]ackEntry // by queue URL
+	count    int                   // entries buffered or being sent
+	idle     chan struct{}         // closed whenever count is 0
+	surfaced []error
+	dropped  int // failures beyond maxSurfaced since the last flush
+	closed   bool
+}
+
+func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger) *acker {
+	a := &acker{
+		client:   client,
+		interval: interval,
+		log:      log,
+		batches:  make(chan ackBatch),
+		arm:      make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		quit:     make(chan struct{}),
+		pending:  make(map[string][]ackEntry),
+		idle:     make(chan struct{}),
+	}
+	close(a.idle)
+	a.wg.Add(2)
+	go a.timer()
+	go a.sender()
+	return a
+}
+
+// add buffers a delete. When it completes a batch of 10, add hands the batch
+// to the sender (waiting while the sender is busy: backpressure).
+func (a *acker) add(url string, e ackEntry) error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return errClosedAcker
+	}
+	if a.count == 0 {
+		a.idle = make(chan struct{})
+	}
+	a.count++
+	p := append(a.pending[url], e)
+	var full []ackEntry
+	if len(p) >= batchSize {
+		full, p = p, nil
+	}
+	a.pending[url] = p
+	first := len(p) == 1
+	a.mu.Unlock()
+	if full != nil {
+		select {
+		case a.batches <- ackBatch{url: url, entries: full}:
+		case <-a.quit: // close gave up waiting for the sender
+			for _, e := range full {
+				a.finish(e, errClosedAcker)
+			}
+		}
+	} else if first {
+		select {
+		case a.arm <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+var errClosedAcker = errors.New("berth/sqs: acker closed")
+
+// takeAll removes every partial batch from the buffer.
+func (a *acker) takeAll() []ackBatch {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []ackBatch
+	for url, p := range a.pending {
+		if len(p) > 0 {
+			out = append(out, ackBatch{url: url, entries: p})
+		}
+		delete(a.pending, url)
+	}
+	return out
+}
+
+// timer sends partial batches interval after one starts.
+func (a *acker) timer() {
+	defer a.wg.Done()
+	t := time.NewTimer(a.interval)
+	t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			t.Stop()
+			return
+		case <-a.arm:
+		}
+		t.Reset(a.interval)
+		select {
+		case <-a.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		batches := a.takeAll()
+		for i, b := range batches {
+			select {
+			case a.batches <- b:
+			case <-a.stop: // close sends what is left itself
+				for _, rest := range batches[i:] {
+					a.requeue(rest)
+				}
+				return
+			}
+		}
+	}
+}
+
+// requeue puts a batch back in the buffer (close will send it).
+func (a *acker) requeue(b ackBatch) {
+	a.mu.Lock()
+	a.pending[b.url] = append(a.pending[b.url], b.entries...)
+	a.mu.Unlock()
+}
+
+// sender sends batches until quit.
+func (a *acker) sender() {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-a.quit:
+			return
+		case b := <-a.batches:
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			a.deleteBatch(ctx, b)
+			cancel()
+		}
+	}
+}
+
+// deleteBatch sends one DeleteMessageBatch, retries the entries that failed
+// on SQS's side, and delivers every entry's result.
+func (a *acker) deleteBatch(ctx context.Context, b ackBatch) {
+	entries := b.entries
+	for len(entries) > 0 {
+		in := &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(b.url), Entries: make([]sqstypes.DeleteMessageBatchRequestEntry, len(entries))}
+		for i, e := range entries {
+			in.Entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)}
+		}
+		out, err := a.client.DeleteMessageBatch(ctx, in)
+		if err != nil { // the SDK already retried what it could
+			for _, e := range entries {
+				a.finish(e, err)
+			}
+			return
+		}
+		answered := make([]bool, len(entries))
+		for _, s := range out.Successful {
+			if i, err := strconv.Atoi(aws.ToString(s.Id)); err == nil && i >= 0 && i < len(entries) && !answered[i] {
+				answered[i] = true
+				a.finish(entries[i], nil)
+			}
+		}
+		var again []ackEntry
+		for _, f := range out.Failed {
+			i, err := strconv.Atoi(aws.ToString(f.Id))
+			if err != nil || i < 0 || i >= len(entries) || answered[i] {
+				continue
+			}
+			answered[i] = true
+			e := entries[i]
+			ferr := &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+			if !f.SenderFault && e.tries < entryRetries {
+				e.tries++
+				again = append(again, e)
+				continue
+			}
+			a.finish(e, ferr)
+		}
+		for i, ok := range answered {
+			if !ok {
+				a.finish(entries[i], errors.New("berth/sqs: SQS reported neither success nor failure for this delete"))
+			}
+		}
+		if len(again) > 0 {
+			select {
+			case <-ctx.Done():
+				for _, e := range again {
+					a.finish(e, ctx.Err())
+				}
+				return
+			case <-time.After(time.Duration(again[0].tries) * 50 * time.Millisecond):
+			}
+		}
+		entries = again
+	}
+}
+
+// finish delivers the result of one delete.
+func (a *acker) finish(e ackEntry, err error) {
+	if err != nil {
+		err = &AckError{Queue: e.queue, ID: e.id, Err: err}
+	}
+	a.mu.Lock()
+	if e.done == nil && err != nil {
+		a.log.Warn("berth/sqs: delete failed; the message will be delivered again",
+			slog.String("queue", e.queue), slog.String("message_id", e.id), slog.Any("error", err))
+		if len(a.surfaced) < maxSurfaced {
+			a.surfaced = append(a.surfaced, err)
+		} else {
+			a.dropped++
+		}
+	}
+	a.count--
+	if a.count == 0 {
+		close(a.idle)
+	}
+	a.mu.Unlock()
+	if e.done != nil {
+		e.done <- err
+	}
+}
+
+// flush sends every partial batch and waits until nothing is buffered or
+// being sent, then returns the failures since the last flush.
+func (a *acker) flush(ctx context.Context) error {
+	batches := a.takeAll()
+	for i, b := range batches {
+		select {
+		case a.batches <- b:
+		case <-ctx.Done():
+			for _, rest := range batches[i:] {
+				a.requeue(rest)
+			}
+			return ctx.Err()
+		}
+	}
+	a.mu.Lock()
+	idle := a.idle
+	a.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	errs := a.surfaced
+	if a.dropped > 0 {
+		errs = append(errs, errors.New("berth/sqs: "+strconv.Itoa(a.dropped)+" more deletes failed (see the logs)"))
+	}
+	a.surfaced, a.dropped = nil, 0
+	return errors.Join(errs...)
+}
+
+// close refuses new deletes, flushes what is buffered and stops the
+// goroutines.
+func (a *acker) close(ctx context.Context) error {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	close(a.stop)
+	err := a.flush(ctx)
+	close(a.quit)
+	a.wg.Wait()
+	for _, b := range a.takeAll() { // left over when ctx ran out
+		for _, e := range b.entries {
+			a.finish(e, errClosedAcker)
+		}
+	}
+	return err
+}

@@ -1,0 +1,328 @@
+package sqs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Limits of SQS that the broker enforces before calling it.
+const (
+	// MaxVisibility is the longest visibility timeout SQS allows, counted from
+	// the message's receipt.
+	MaxVisibility = 12 * time.Hour
+	// MaxPublishDelay is the longest delay SQS allows at publish.
+	MaxPublishDelay = 15 * time.Minute
+	// MaxWaitTime is the longest long-poll wait SQS allows.
+	MaxWaitTime = 20 * time.Second
+	// DefaultMaxMessageSize is the default [Options.MaxMessageSize]: 256 KiB.
+	DefaultMaxMessageSize = 256 << 10
+	// MaxWireSize is the largest message SQS accepts (body plus attributes),
+	// and the largest SendMessageBatch request: 1 MiB.
+	MaxWireSize = 1 << 20
+	// batchSize is SQS's maximum number of entries per batch call and of
+	// messages per ReceiveMessage.
+	batchSize = 10
+	// maxQueueNameLen is SQS's limit on queue names, ".fifo" included.
+	maxQueueNameLen = 80
+)
+
+// Options configures a [Broker]. The zero value gives sensible defaults.
+type Options struct {
+	// VisibilityTimeout is the lease of every received message, and the
+	// queue default that DeclareQueue sets. Rounded up to whole seconds,
+	// between 1 s and 12 h. Default 30 s.
+	VisibilityTimeout time.Duration
+	// WaitTime is the long-poll wait of Receive on an empty queue. Rounded up
+	// to whole seconds, between 1 s and 20 s (it is never 0, which would make
+	// callers busy-loop). Default 20 s.
+	WaitTime time.Duration
+	// MaxReceiveCount is the redrive policy that DeclareQueue sets: a message
+	// received that many times without being settled is moved to the
+	// dead-letter queue by SQS. Default 10, so that the Worker's own
+	// MaxAttempts (default 5) normally dead-letters first, with the reason.
+	MaxReceiveCount int
+	// DeadLetterSuffix names the dead-letter queue of queue q when q has no
+	// redrive policy to read it from: q+DeadLetterSuffix (before ".fifo").
+	// Default "-dlq".
+	DeadLetterSuffix string
+	// AckInterval is how long a buffered delete may wait for more deletes to
+	// share its DeleteMessageBatch call. Default 20 ms.
+	AckInterval time.Duration
+	// SyncAck makes Ack wait until its delete was sent and return its error.
+	// Default false: Ack returns once the delete is buffered.
+	SyncAck bool
+	// MaxMessageSize bounds [sdk.Message.Size] at publish. Default 256 KiB;
+	// at most MaxWireSize.
+	MaxMessageSize int
+	// MaxWireSize bounds the encoded message (body and attributes, as SQS
+	// counts them), which must also fit the queue's MaximumMessageSize.
+	// Default and maximum [MaxWireSize] (1 MiB).
+	MaxWireSize int
+	// DefaultGroup is the FIFO MessageGroupId of messages without a Key.
+	// Default "berth".
+	DefaultGroup string
+	// Logger receives the broker's logs (failed deletes). Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.VisibilityTimeout == 0 {
+		o.VisibilityTimeout = 30 * time.Second
+	}
+	if o.VisibilityTimeout < 0 || o.VisibilityTimeout > MaxVisibility {
+		return o, fmt.Errorf("berth/sqs: VisibilityTimeout %s outside (0, %s]", o.VisibilityTimeout, MaxVisibility)
+	}
+	if o.WaitTime == 0 {
+		o.WaitTime = MaxWaitTime
+	}
+	if o.WaitTime < 0 || o.WaitTime > MaxWaitTime {
+		return o, fmt.Errorf("berth/sqs: WaitTime %s outside (0, %s]", o.WaitTime, MaxWaitTime)
+	}
+	if o.MaxReceiveCount == 0 {
+		o.MaxReceiveCount = 10
+	}
+	if o.MaxReceiveCount < 1 || o.MaxReceiveCount > 1000 {
+		return o, fmt.Errorf("berth/sqs: MaxReceiveCount %d outside [1, 1000]", o.MaxReceiveCount)
+	}
+	if o.DeadLetterSuffix == "" {
+		o.DeadLetterSuffix = "-dlq"
+	}
+	if !queueNameRE.MatchString("q" + o.DeadLetterSuffix) {
+		return o, fmt.Errorf("berth/sqs: DeadLetterSuffix %q: only letters, digits, '-' and '_'", o.DeadLetterSuffix)
+	}
+	if o.AckInterval == 0 {
+		o.AckInterval = 20 * time.Millisecond
+	}
+	if o.AckInterval < 0 {
+		return o, fmt.Errorf("berth/sqs: negative AckInterval %s", o.AckInterval)
+	}
+	if o.MaxWireSize == 0 {
+		o.MaxWireSize = MaxWireSize
+	}
+	if o.MaxWireSize < 1024 || o.MaxWireSize > MaxWireSize {
+		return o, fmt.Errorf("berth/sqs: MaxWireSize %d outside [1024, %d]", o.MaxWireSize, MaxWireSize)
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = min(DefaultMaxMessageSize, o.MaxWireSize)
+	}
+	if o.MaxMessageSize < 1 || o.MaxMessageSize > o.MaxWireSize {
+		return o, fmt.Errorf("berth/sqs: MaxMessageSize %d outside [1, %d]", o.MaxMessageSize, o.MaxWireSize)
+	}
+	if o.DefaultGroup == "" {
+		o.DefaultGroup = "berth"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+// Broker is an [sdk.Broker] on SQS. It also implements [sdk.QueueDeclarer],
+// [sdk.Inspector], [sdk.DeadLetters] and [sdk.Flusher]. All its methods may be
+// called concurrently.
+type Broker struct {
+	client *awssqs.Client
+	opts   Options
+	acks   *acker
+
+	// closing is cancelled by Close; every blocking call stops with it.
+	closing context.Context
+	cancel  context.CancelFunc
+	closed  atomic.Bool
+	once    sync.Once
+
+	mu     sync.Mutex
+	queues map[string]*queueRef // by name
+}
+
+// queueRef is a resolved queue: its URL (looked up once) and, on first need,
+// its dead-letter queue.
+type queueRef struct {
+	name string
+	url  string
+	fifo bool
+
+	dlqOnce    sync.Mutex
+	dlq        *queueRef
+	maxReceive int // the redrive policy's maxReceiveCount, 0 when unknown
+}
+
+// New returns a Broker that uses client, which the caller configured
+// (region, credentials, endpoint, retries, APIOptions). Close does not close
+// the client's HTTP connections.
+func New(client *awssqs.Client, opts Options) (*Broker, error) {
+	if client == nil {
+		return nil, errors.New("berth/sqs: nil *sqs.Client")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Broker{
+		client:  client,
+		opts:    o,
+		closing: ctx,
+		cancel:  cancel,
+		queues:  make(map[string]*queueRef),
+	}
+	b.acks = newAcker(client, o.AckInterval, o.Logger)
+	return b, nil
+}
+
+// NewFromConfig returns a Broker on a new *sqs.Client built from cfg and optFns.
+func NewFromConfig(cfg aws.Config, opts Options, optFns ...func(*awssqs.Options)) (*Broker, error) {
+	return New(awssqs.NewFromConfig(cfg, optFns...), opts)
+}
+
+// Client returns the SQS client the broker uses.
+func (b *Broker) Client() *awssqs.Client { return b.client }
+
+// Close sends the buffered deletes (waiting at most 10 s), stops the broker's
+// goroutine and unblocks every Receive in progress, which returns
+// [sdk.ErrClosed], as does every later call. Unsettled deliveries come back
+// after their visibility timeout. Close is safe to call twice; the second
+// call returns nil.
+func (b *Broker) Close() error {
+	var err error
+	b.once.Do(func() {
+		b.closed.Store(true)
+		b.cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = b.acks.close(ctx)
+	})
+	return err
+}
+
+// Flush sends the buffered deletes now and waits for them, returning the
+// errors of deletes SQS refused since the last Flush ([AckError]). It
+// implements [sdk.Flusher].
+func (b *Broker) Flush(ctx context.Context) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	return b.acks.flush(ctx)
+}
+
+// watch returns a context that is cancelled with ctx or when the broker
+// closes, and a function that reports, after a call failed, whether the
+// failure came from Close.
+func (b *Broker) watch(ctx context.Context) (context.Context, func(), func() bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(b.closing, cancel)
+	return ctx, func() { stop(); cancel() }, func() bool { return b.closing.Err() != nil }
+}
+
+// queue returns the resolved queue name, looking its URL up once.
+func (b *Broker) queue(ctx context.Context, name string) (*queueRef, error) {
+	if err := validateQueueName(name); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	q := b.queues[name]
+	b.mu.Unlock()
+	if q != nil {
+		return q, nil
+	}
+	out, err := b.client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
+	if err != nil {
+		return nil, b.wrap(ctx, "resolve queue "+name, err)
+	}
+	return b.remember(name, aws.ToString(out.QueueUrl)), nil
+}
+
+// remember caches the URL of queue name.
+func (b *Broker) remember(name, url string) *queueRef {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if q := b.queues[name]; q != nil && q.url == url {
+		return q
+	}
+	q := &queueRef{name: name, url: url, fifo: strings.HasSuffix(name, fifoSuffix)}
+	b.queues[name] = q
+	return q
+}
+
+// forget drops the cached URL of queue name (after the queue was deleted).
+func (b *Broker) forget(name string) {
+	b.mu.Lock()
+	delete(b.queues, name)
+	b.mu.Unlock()
+}
+
+// deadLetterQueue returns q's dead-letter queue: the target of its redrive
+// policy, else q's name with the dead-letter suffix.
+func (b *Broker) deadLetterQueue(ctx context.Context, q *queueRef) (*queueRef, error) {
+	q.dlqOnce.Lock()
+	defer q.dlqOnce.Unlock()
+	if q.dlq != nil {
+		return q.dlq, nil
+	}
+	name := b.deadLetterName(q.name)
+	out, err := b.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(q.url),
+		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameRedrivePolicy},
+	})
+	if err != nil {
+		return nil, b.wrap(ctx, "read redrive policy of "+q.name, err)
+	}
+	if p := out.Attributes[string(sqstypes.QueueAttributeNameRedrivePolicy)]; p != "" {
+		var policy struct {
+			Target string `json:"deadLetterTargetArn"`
+			Max    any    `json:"maxReceiveCount"` // a string or a number
+		}
+		if json.Unmarshal([]byte(p), &policy) == nil && policy.Target != "" {
+			name = policy.Target[strings.LastIndexByte(policy.Target, ':')+1:]
+			q.maxReceive, _ = strconv.Atoi(fmt.Sprint(policy.Max))
+		}
+	}
+	dlq, err := b.queue(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	q.dlq = dlq
+	return dlq, nil
+}
+
+// deadLetterName is the conventional dead-letter queue name of queue.
+func (b *Broker) deadLetterName(queue string) string {
+	if base, ok := strings.CutSuffix(queue, fifoSuffix); ok {
+		return base + b.opts.DeadLetterSuffix + fifoSuffix
+	}
+	return queue + b.opts.DeadLetterSuffix
+}
+
+// wrap turns an SDK error into a berth error: context errors unwrapped,
+// a missing queue wrapping [sdk.ErrNotFound], the broker's own shutdown
+// [sdk.ErrClosed], transport failures [sdk.ErrUnavailable].
+func (b *Broker) wrap(ctx context.Context, what string, err error) error {
+	if b.closing.Err() != nil {
+		return sdk.ErrClosed
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return ctx.Err()
+	}
+	var missing *sqstypes.QueueDoesNotExist
+	if errors.As(err, &missing) || apiCode(err) == "AWS.SimpleQueueService.NonExistentQueue" {
+		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrNotFound, err)
+	}
+	if isTransport(err) {
+		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrUnavailable, err)
+	}
+	return fmt.Errorf("berth/sqs: %s: %w", what, err)
+}

@@ -1,0 +1,63 @@
+// Package sqs is the berth broker for Amazon SQS (and SQS-compatible servers
+// such as fauxqs or LocalStack), built on aws-sdk-go-v2's SQS client, which
+// speaks the AWS JSON protocol.
+//
+// A [Broker] wraps the application's own *sqs.Client:
+//
+//	client := awssqs.NewFromConfig(cfg)
+//	b, err := sqs.New(client, sqs.Options{VisibilityTimeout: time.Minute})
+//	if err != nil { ... }
+//	defer b.Close()
+//	if err := b.DeclareQueue(ctx, "billing"); err != nil { ... } // queue + "billing-dlq" + redrive policy
+//	err = b.Publish(ctx, "billing", &sdk.Message{Type: "billing.charge", Body: body})
+//	w, err := sdk.NewWorker(b, handler, sdk.WorkerOptions{Queue: "billing", Lease: time.Minute})
+//
+// How the berth contract maps onto SQS:
+//
+//   - Receive long-polls (WaitTimeSeconds, default 20 s) for up to 10 messages,
+//     leasing them for [Options.VisibilityTimeout]. Attempt() is the message's
+//     ApproximateReceiveCount.
+//   - Ack deletes through DeleteMessageBatch: deletes are buffered and sent
+//     when 10 are pending for a queue or [Options.AckInterval] after the first
+//     one, by a goroutine the Broker owns. [Broker.Flush] (which the Worker
+//     calls when it drains) and Close send what is pending; a delete that SQS
+//     refuses is logged and returned by the next Flush ([AckError]).
+//   - Retry(d) is ChangeMessageVisibility(d, rounded up to whole seconds, so
+//     never early); ExtendLease is ChangeMessageVisibility too. SQS caps a
+//     message's visibility at 12 hours from its receipt: longer leases fail
+//     with a [*LeaseCeilingError]. SQS cannot hand a message back without
+//     counting a receive, so deliveries do not implement [sdk.Releaser].
+//   - DeadLetter sends a copy carrying the reason headers to the dead-letter
+//     queue, then deletes the original. A message received more than
+//     MaxReceiveCount times without being settled is moved to the dead-letter
+//     queue by SQS's own redrive policy; berth reports it with the reason
+//     [sdk.ErrMaxDeliveries] when it lists it.
+//   - Publish uses SendMessageBatch in chunks of at most 10 messages; entries
+//     that SQS refuses are reported in an [*sdk.PublishError]. Delays are
+//     limited to 15 minutes ([*DelayError]); FIFO queues take no per-message
+//     delay at all.
+//   - FIFO queues (names ending in ".fifo"): MessageGroupId is Message.Key
+//     (or [Options.DefaultGroup]); MessageDeduplicationId is the
+//     IdempotencyKey, else the message ID, hashed when it does not fit SQS's
+//     128-character alphabet.
+//
+// Encoding: SQS allows 10 message attributes and only some characters in a
+// body. berth packs every Message field and all headers into one String
+// attribute named "berth" (JSON), so any number of headers fits, and sends the
+// body as it is when it is SQS text, else base64 (empty bodies are encoded
+// too: SQS refuses them). Size is checked before anything is sent, twice: the
+// berth size ([sdk.Message.Size]) against [Options.MaxMessageSize] (default
+// 256 KiB) and the encoded size against [Options.MaxWireSize] (default 1 MiB,
+// SQS's maximum). Messages without the "berth" attribute (sent by other
+// producers) are delivered with their SQS MessageId as ID, their body as it
+// is, and their String attributes as headers.
+//
+// Inspection ([Broker.Stats]) reads the approximate counters of
+// GetQueueAttributes; SQS has no oldest-message age there (only CloudWatch
+// has), so OldestAge is always 0, and messages made invisible by Retry are
+// counted as in flight. Dead letters are listed by receiving from the
+// dead-letter queue and making the messages visible again, and redriven by
+// sending each to its source queue as a new message (so its receive count,
+// hence Attempt(), starts again at 1) and deleting it from the dead-letter
+// queue; this works on every SQS-compatible server.
+package sqs

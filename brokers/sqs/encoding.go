@@ -1,0 +1,198 @@
+package sqs
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// attrName is the one message attribute berth writes: a JSON [envelope].
+const attrName = "berth"
+
+// attrType is its SQS data type.
+const attrType = "String"
+
+// Body encodings, in envelope.Enc.
+const (
+	encText   = ""      // the SQS body is the message body
+	encBase64 = "b64"   // the SQS body is the standard base64 of the message body
+	encEmpty  = "empty" // the message body is empty; the SQS body is a placeholder
+)
+
+// emptyBody is what an empty message body is sent as (SQS refuses empty bodies).
+const emptyBody = "-"
+
+// envelope carries every Message field but the body, in the "berth" attribute.
+type envelope struct {
+	V   int               `json:"v"`
+	ID  string            `json:"id"`
+	T   string            `json:"t,omitempty"`
+	IK  string            `json:"ik,omitempty"`
+	K   string            `json:"k,omitempty"`
+	C   string            `json:"c,omitempty"`
+	Enc string            `json:"e,omitempty"`
+	H   map[string]string `json:"h,omitempty"`
+}
+
+// encoded is a message ready for SendMessage(Batch).
+type encoded struct {
+	body  string
+	attrs map[string]sqstypes.MessageAttributeValue
+	size  int // as SQS counts it: body, attribute names, types and values
+}
+
+// encode turns m into an SQS body and attributes that any SQS server accepts
+// and that decode restores exactly.
+func encode(m *sdk.Message) (encoded, error) {
+	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, H: m.Headers}
+	var body string
+	switch {
+	case len(m.Body) == 0:
+		env.Enc, body = encEmpty, emptyBody
+	case isSQSText(m.Body):
+		body = string(m.Body)
+	default:
+		env.Enc, body = encBase64, base64.StdEncoding.EncodeToString(m.Body)
+	}
+	raw, err := json.Marshal(env)
+	if err != nil { // strings and a map of strings always marshal
+		return encoded{}, fmt.Errorf("berth/sqs: encode message %s: %w", m.ID, err)
+	}
+	value := escapeNonSQS(raw)
+	return encoded{
+		body: body,
+		attrs: map[string]sqstypes.MessageAttributeValue{
+			attrName: {DataType: aws.String(attrType), StringValue: aws.String(value)},
+		},
+		size: len(body) + len(attrName) + len(attrType) + len(value),
+	}, nil
+}
+
+// decode restores the message that encode turned into msg. A message without
+// the "berth" attribute (from another producer) gets its SQS MessageId as ID,
+// its body as it is and its String and Number attributes as headers.
+func decode(msg sqstypes.Message) (*sdk.Message, error) {
+	body := aws.ToString(msg.Body)
+	a, ok := msg.MessageAttributes[attrName]
+	if !ok || aws.ToString(a.DataType) != attrType {
+		m := &sdk.Message{ID: aws.ToString(msg.MessageId), Body: []byte(body)}
+		for name, v := range msg.MessageAttributes {
+			if v.StringValue != nil {
+				m.SetHeader(name, *v.StringValue)
+			}
+		}
+		return m, nil
+	}
+	var env envelope
+	if err := json.Unmarshal([]byte(aws.ToString(a.StringValue)), &env); err != nil {
+		return nil, fmt.Errorf("berth/sqs: message %s: undecodable %q attribute: %w", aws.ToString(msg.MessageId), attrName, err)
+	}
+	m := &sdk.Message{ID: env.ID, Type: env.T, IdempotencyKey: env.IK, Key: env.K, CorrelationID: env.C, Headers: env.H}
+	switch env.Enc {
+	case encText:
+		m.Body = []byte(body)
+	case encEmpty:
+		m.Body = nil
+	case encBase64:
+		b, err := base64.StdEncoding.DecodeString(body)
+		if err != nil {
+			return nil, fmt.Errorf("berth/sqs: message %s: undecodable base64 body: %w", env.ID, err)
+		}
+		m.Body = b
+	default:
+		return nil, fmt.Errorf("berth/sqs: message %s: unknown body encoding %q", env.ID, env.Enc)
+	}
+	return m, nil
+}
+
+// sqsRune reports whether SQS (and every emulator) accepts r in a body or a
+// String attribute: #x9 | #xA | #xD | #x20–#xD7FF | #xE000–#xFFFD. SQS also
+// accepts #x10000–#x10FFFF, but fauxqs does not, so berth encodes them.
+func sqsRune(r rune) bool {
+	return r == 0x9 || r == 0xA || r == 0xD || (r >= 0x20 && r <= 0xD7FF) || (r >= 0xE000 && r <= 0xFFFD)
+}
+
+// isSQSText reports whether b can be sent as an SQS body as it is.
+func isSQSText(b []byte) bool {
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n <= 1 {
+			return false
+		}
+		if !sqsRune(r) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+// escapeNonSQS rewrites the runes of JSON text js that SQS refuses as \u
+// escapes (surrogate pairs beyond the BMP). Such runes only occur inside JSON
+// strings (json.Marshal already escapes control characters), where the escape
+// means the same rune, so the result decodes to the same value.
+func escapeNonSQS(js []byte) string {
+	if isSQSText(js) {
+		return string(js)
+	}
+	var out bytes.Buffer
+	out.Grow(len(js) + 16)
+	for _, r := range string(js) {
+		if sqsRune(r) {
+			out.WriteRune(r)
+			continue
+		}
+		if r > 0xFFFF {
+			r -= 0x10000
+			writeU(&out, 0xD800+(r>>10))
+			writeU(&out, 0xDC00+(r&0x3FF))
+			continue
+		}
+		writeU(&out, r)
+	}
+	return out.String()
+}
+
+func writeU(out *bytes.Buffer, r rune) {
+	s := strconv.FormatInt(int64(r), 16)
+	out.WriteString(`\u`)
+	for i := len(s); i < 4; i++ {
+		out.WriteByte('0')
+	}
+	out.WriteString(s)
+}
+
+// fifoTokenRE: SQS allows these characters, at most 128, in MessageGroupId
+// and MessageDeduplicationId.
+func isFIFOToken(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x21 || c > 0x7E { // alphanumerics and punctuation !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~
+			return false
+		}
+	}
+	return true
+}
+
+// fifoToken returns s when SQS accepts it as a group or deduplication ID,
+// else the hex SHA-256 of s (64 characters), which it always accepts.
+func fifoToken(s string) string {
+	if isFIFOToken(s) {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,132 @@
+package sqs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/berthq/berth/sdk"
+)
+
+const fifoSuffix = ".fifo"
+
+// queueNameRE is SQS's queue name alphabet, without the ".fifo" suffix.
+var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// validateQueueName checks the portable rules ([sdk.ValidateQueueName]) and
+// SQS's: letters, digits, '-' and '_', at most 80 characters, and a '.' only
+// in a ".fifo" suffix.
+func validateQueueName(name string) error {
+	if err := sdk.ValidateQueueName(name); err != nil {
+		return err
+	}
+	base := strings.TrimSuffix(name, fifoSuffix)
+	if !queueNameRE.MatchString(base) {
+		return &sdk.QueueNameError{Name: name, Reason: "SQS allows letters, digits, '-' and '_', and '.' only in a \".fifo\" suffix"}
+	}
+	return nil
+}
+
+// ErrLeaseCeiling is wrapped by [LeaseCeilingError].
+var ErrLeaseCeiling = errors.New("berth/sqs: visibility beyond SQS's 12-hour ceiling")
+
+// LeaseCeilingError reports an ExtendLease or Retry that would keep a message
+// invisible more than 12 hours after it was received, which SQS refuses.
+// Nothing was changed: the lease ends when it would have. It wraps
+// [ErrLeaseCeiling].
+type LeaseCeilingError struct {
+	ID        string        // message ID
+	Requested time.Duration // the lease or delay asked for, from now
+	Received  time.Time     // when the message was received
+}
+
+func (e *LeaseCeilingError) Error() string {
+	return fmt.Sprintf("berth/sqs: message %s: %s more would end %s after its receipt, beyond SQS's ceiling of %s",
+		e.ID, e.Requested, time.Since(e.Received).Round(time.Second)+e.Requested, MaxVisibility)
+}
+
+// Unwrap returns [ErrLeaseCeiling].
+func (e *LeaseCeilingError) Unwrap() error { return ErrLeaseCeiling }
+
+// DelayError reports a publish delay SQS cannot honour: over 15 minutes, or
+// any per-message delay on a FIFO queue. Nothing of the batch was published.
+// It wraps [sdk.ErrInvalidMessage].
+type DelayError struct {
+	ID    string
+	Delay time.Duration
+	Max   time.Duration // 15 minutes; 0 on a FIFO queue
+}
+
+func (e *DelayError) Error() string {
+	if e.Max == 0 {
+		return fmt.Sprintf("berth/sqs: message %s: FIFO queues take no per-message delay (%s asked)", e.ID, e.Delay)
+	}
+	return fmt.Sprintf("berth/sqs: message %s: delay %s over SQS's maximum of %s", e.ID, e.Delay, e.Max)
+}
+
+// Unwrap returns [sdk.ErrInvalidMessage].
+func (e *DelayError) Unwrap() error { return sdk.ErrInvalidMessage }
+
+// AckError reports a delete (Ack, or the delete that follows a DeadLetter)
+// that SQS refused. Flush returns it; the message comes back after its
+// visibility timeout.
+type AckError struct {
+	Queue string
+	ID    string // berth message ID
+	Err   error
+}
+
+func (e *AckError) Error() string {
+	return fmt.Sprintf("berth/sqs: delete of message %s from %s failed: %v", e.ID, e.Queue, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *AckError) Unwrap() error { return e.Err }
+
+// apiCode returns the SQS error code of err, or "".
+func apiCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// isTransport reports whether err is a failure to reach SQS at all.
+func isTransport(err error) bool {
+	var send *smithyhttp.RequestSendError
+	var nerr net.Error
+	return errors.As(err, &send) || errors.As(err, &nerr)
+}
+
+// isStaleReceipt reports whether err says the receipt handle no longer
+// holds the message: its visibility ran out and it was received again, or
+// it was deleted.
+func isStaleReceipt(err error) bool {
+	var notInflight *sqstypes.MessageNotInflight
+	var invalid *sqstypes.ReceiptHandleIsInvalid
+	if errors.As(err, &notInflight) || errors.As(err, &invalid) {
+		return true
+	}
+	switch apiCode(err) {
+	case "MessageNotInflight", "ReceiptHandleIsInvalid", "InvalidParameterValue",
+		"AWS.SimpleQueueService.MessageNotInflight":
+		return true
+	}
+	return false
+}
+
+// leaseLost wraps err for a delivery whose receipt handle went stale.
+func leaseLost(id string, err error) error {
+	if err == nil {
+		return fmt.Errorf("berth/sqs: message %s: %w", id, sdk.ErrLeaseLost)
+	}
+	return fmt.Errorf("berth/sqs: message %s: %w: %w", id, sdk.ErrLeaseLost, err)
+}

@@ -1,0 +1,196 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Publish sends msgs to queue with SendMessageBatch, in chunks of at most 10
+// messages and 1 MiB. It implements [sdk.Publisher]: every message is
+// checked first ([sdk.Prepare], the sizes, the delay: [*DelayError]) and
+// nothing is sent when one fails. Entries SQS refuses, and the messages of
+// chunks not sent after a failed call, are named in an [*sdk.PublishError];
+// the other messages were published.
+func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := validateQueueName(queue); err != nil {
+		return err
+	}
+	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
+		return err
+	}
+	fifo := isFIFOName(queue)
+	entries := make([]sendEntry, len(msgs))
+	for i, m := range msgs {
+		e, err := b.entry(m, fifo, "")
+		if err != nil {
+			return err
+		}
+		entries[i] = e
+	}
+	if len(entries) == 0 {
+		return nil
+	}
+	ctx, done, _ := b.watch(ctx)
+	defer done()
+	q, err := b.queue(ctx, queue)
+	if err != nil {
+		return err
+	}
+	return b.send(ctx, q, entries)
+}
+
+// sendEntry is one message ready for SendMessageBatch.
+type sendEntry struct {
+	id  string // berth message ID
+	enc encoded
+	in  sqstypes.SendMessageBatchRequestEntry
+}
+
+// entry checks and encodes m for a queue (FIFO or not). dedupSalt, when not
+// empty, makes the FIFO deduplication ID differ from an earlier send of the
+// same message (dead-lettering, redrive).
+func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string) (sendEntry, error) {
+	if m.Delay > 0 {
+		if fifo {
+			return sendEntry{}, &DelayError{ID: m.ID, Delay: m.Delay}
+		}
+		if m.Delay > MaxPublishDelay {
+			return sendEntry{}, &DelayError{ID: m.ID, Delay: m.Delay, Max: MaxPublishDelay}
+		}
+	}
+	enc, err := encode(m)
+	if err != nil {
+		return sendEntry{}, err
+	}
+	if enc.size > b.opts.MaxWireSize {
+		return sendEntry{}, &sdk.MessageTooLargeError{ID: m.ID, Size: enc.size, Limit: b.opts.MaxWireSize}
+	}
+	in := sqstypes.SendMessageBatchRequestEntry{
+		MessageBody:       aws.String(enc.body),
+		MessageAttributes: enc.attrs,
+	}
+	if m.Delay > 0 {
+		in.DelaySeconds = ceilSeconds(m.Delay)
+	}
+	if fifo {
+		group := m.Key
+		if group == "" {
+			group = b.opts.DefaultGroup
+		}
+		dedup := m.IdempotencyKey
+		if dedup == "" {
+			dedup = m.ID
+		}
+		if n := m.Header(sdk.HeaderRedriveCount); n != "" {
+			dedup += "#redrive-" + n
+		}
+		if dedupSalt != "" {
+			dedup += "#" + dedupSalt
+		}
+		in.MessageGroupId = aws.String(fifoToken(group))
+		in.MessageDeduplicationId = aws.String(fifoToken(dedup))
+	}
+	return sendEntry{id: m.ID, enc: enc, in: in}, nil
+}
+
+// send publishes entries to q in batches of at most 10 entries and
+// MaxWireSize bytes.
+func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) error {
+	failed := map[string]error{}
+	for start := 0; start < len(entries); {
+		end, size := start, 0
+		for end < len(entries) && end-start < batchSize && size+entries[end].enc.size <= b.opts.MaxWireSize {
+			size += entries[end].enc.size
+			end++
+		}
+		chunk := entries[start:end]
+		if err := b.sendBatch(ctx, q, chunk, failed); err != nil {
+			if len(failed) == 0 && start == 0 {
+				return err // nothing was published
+			}
+			for _, e := range entries[start:] {
+				if _, ok := failed[e.id]; !ok {
+					failed[e.id] = err
+				}
+			}
+			break
+		}
+		start = end
+	}
+	if len(failed) > 0 {
+		return &sdk.PublishError{Failed: failed}
+	}
+	return nil
+}
+
+// sendBatch sends one SendMessageBatch call. Entries SQS refused are added to
+// failed; the error is that of the call itself.
+func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry, failed map[string]error) error {
+	in := &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: make([]sqstypes.SendMessageBatchRequestEntry, len(chunk))}
+	for i, e := range chunk {
+		in.Entries[i] = e.in
+		in.Entries[i].Id = aws.String(strconv.Itoa(i))
+	}
+	out, err := b.client.SendMessageBatch(ctx, in)
+	if err != nil {
+		return b.wrap(ctx, "publish to "+q.name, err)
+	}
+	ok := make([]bool, len(chunk))
+	for _, r := range out.Successful {
+		if i, err := strconv.Atoi(aws.ToString(r.Id)); err == nil && i >= 0 && i < len(chunk) {
+			ok[i] = true
+		}
+	}
+	for _, f := range out.Failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || i < 0 || i >= len(chunk) {
+			continue
+		}
+		ok[i] = true // accounted for below
+		failed[chunk[i].id] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+	}
+	for i, done := range ok {
+		if !done { // in neither list: never silently assume success
+			failed[chunk[i].id] = errors.New("berth/sqs: SQS reported neither success nor failure for this entry")
+		}
+	}
+	return nil
+}
+
+// EntryError is the failure of one entry of an SQS batch call, as SQS
+// reported it.
+type EntryError struct {
+	Code        string
+	Message     string
+	SenderFault bool // the request was wrong; sending it again fails again
+}
+
+func (e *EntryError) Error() string {
+	return fmt.Sprintf("SQS refused the entry: %s: %s", e.Code, e.Message)
+}
+
+// ceilSeconds converts d to whole seconds, rounding up so that a delay or a
+// visibility is never shorter than asked.
+func ceilSeconds(d time.Duration) int32 {
+	if d <= 0 {
+		return 0
+	}
+	return int32((d + time.Second - 1) / time.Second)
+}
+
+// isFIFOName reports whether queue names a FIFO queue.
+func isFIFOName(queue string) bool {
+	return len(queue) > len(fifoSuffix) && queue[len(queue)-len(fifoSuffix):] == fifoSuffix
+}

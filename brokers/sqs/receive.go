@@ -1,0 +1,280 @@
+package sqs
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Receive long-polls queue for up to max messages (at most 10 per call) and
+// leases them for [Options.VisibilityTimeout]. It implements
+// [sdk.Subscriber]: on an empty queue it waits up to [Options.WaitTime] and
+// returns an empty slice; it returns ctx.Err() when ctx is done and
+// [sdk.ErrClosed] when the broker closes, even in the middle of a wait.
+func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delivery, error) {
+	if b.closed.Load() {
+		return nil, sdk.ErrClosed
+	}
+	n = min(max(n, 1), batchSize)
+	ctx, done, _ := b.watch(ctx)
+	defer done()
+	q, err := b.queue(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	msgs, at, err := b.receive(ctx, q, n, b.opts.VisibilityTimeout, b.opts.WaitTime)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sdk.Delivery, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, b.delivery(q, m, at))
+	}
+	return out, nil
+}
+
+// receive calls ReceiveMessage once, asking for every attribute. at is when
+// the call started: the leases run from no later than that.
+func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) ([]sqstypes.Message, time.Time, error) {
+	at := time.Now()
+	out, err := b.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+		QueueUrl:                    aws.String(q.url),
+		MaxNumberOfMessages:         int32(n),
+		VisibilityTimeout:           ceilSeconds(visibility),
+		WaitTimeSeconds:             ceilSeconds(wait),
+		MessageAttributeNames:       []string{"All"},
+		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+	})
+	if err != nil {
+		return nil, at, b.wrap(ctx, "receive from "+q.name, err)
+	}
+	return out.Messages, at, nil
+}
+
+// message decodes m; a message whose berth attribute does not decode is
+// delivered as a foreign one (raw body, attributes as headers) rather than
+// lost, so that its handler can dead-letter it.
+func (b *Broker) message(q *queueRef, m sqstypes.Message) *sdk.Message {
+	msg, err := decode(m)
+	if err != nil {
+		b.opts.Logger.Warn("berth/sqs: undecodable message delivered as it is",
+			slog.String("queue", q.name), slog.String("sqs_message_id", aws.ToString(m.MessageId)), slog.Any("error", err))
+		msg = &sdk.Message{ID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body))}
+		for name, v := range m.MessageAttributes {
+			if v.StringValue != nil {
+				msg.SetHeader(name, *v.StringValue)
+			}
+		}
+	}
+	return msg
+}
+
+// receiveCount is m's ApproximateReceiveCount, at least 1.
+func receiveCount(m sqstypes.Message) int {
+	n, err := strconv.Atoi(m.Attributes[string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount)])
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
+
+func (b *Broker) delivery(q *queueRef, m sqstypes.Message, at time.Time) *delivery {
+	return &delivery{
+		b:        b,
+		q:        q,
+		msg:      b.message(q, m),
+		sqsID:    aws.ToString(m.MessageId),
+		handle:   aws.ToString(m.ReceiptHandle),
+		attempt:  receiveCount(m),
+		received: at,
+		deadline: at.Add(time.Duration(ceilSeconds(b.opts.VisibilityTimeout)) * time.Second),
+	}
+}
+
+// Delivery states.
+const (
+	stateLeased  = iota
+	stateSettled // acked, retried or dead-lettered
+	stateLost    // the receipt handle went stale: another receive holds it
+)
+
+// delivery is one receipt of an SQS message.
+type delivery struct {
+	b        *Broker
+	q        *queueRef
+	msg      *sdk.Message
+	sqsID    string
+	handle   string
+	attempt  int
+	received time.Time
+
+	mu       sync.Mutex // held across settlement calls
+	deadline time.Time  // the lease ends no later than this
+	state    int
+}
+
+var _ sdk.Delivery = (*delivery)(nil)
+
+func (d *delivery) Message() *sdk.Message { return d.msg }
+func (d *delivery) Attempt() int          { return d.attempt }
+func (d *delivery) Queue() string         { return d.q.name }
+
+// usable returns why d cannot be settled or extended, or nil. d.mu is held.
+func (d *delivery) usable() error {
+	switch {
+	case d.state == stateSettled:
+		return sdk.ErrAlreadySettled
+	case d.state == stateLost:
+		return leaseLost(d.msg.ID, nil)
+	case d.b.closed.Load():
+		return sdk.ErrClosed
+	}
+	return nil
+}
+
+// Ack deletes the message. The delete is buffered (see [Options.AckInterval]
+// and [Options.SyncAck]). Once the lease may have run out, Ack first checks
+// with ChangeMessageVisibility that the receipt still holds the message, and
+// returns an error wrapping [sdk.ErrLeaseLost] when it does not.
+func (d *delivery) Ack(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.usable(); err != nil {
+		return err
+	}
+	if err := d.checkLease(ctx); err != nil {
+		return err
+	}
+	var done chan error
+	if d.b.opts.SyncAck {
+		done = make(chan error, 1)
+	}
+	if err := d.b.acks.add(d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
+		return sdk.ErrClosed
+	}
+	d.state = stateSettled
+	if done == nil {
+		return nil
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Retry makes the message visible again after delay (rounded up to whole
+// seconds) with ChangeMessageVisibility; its next receipt counts one more
+// receive, hence Attempt()+1. cause is not kept: SQS cannot annotate a
+// message in place.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.usable(); err != nil {
+		return err
+	}
+	delay = max(delay, 0)
+	if err := d.changeVisibility(ctx, delay); err != nil {
+		return err
+	}
+	d.state = stateSettled
+	return nil
+}
+
+// ExtendLease keeps the message invisible for dur from now (rounded up to
+// whole seconds). Past SQS's 12-hour ceiling it returns a
+// [*LeaseCeilingError] and changes nothing.
+func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.usable(); err != nil {
+		return err
+	}
+	return d.changeVisibility(ctx, max(dur, 0))
+}
+
+// DeadLetter sends a copy of the message, with the reason headers
+// ([sdk.AnnotateDeadLetter]), to the dead-letter queue, then deletes the
+// original. On a FIFO queue the copy keeps its group.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.usable(); err != nil {
+		return err
+	}
+	if err := d.checkLease(ctx); err != nil {
+		return err
+	}
+	dlq, err := d.b.deadLetterQueue(ctx, d.q)
+	if err != nil {
+		return err
+	}
+	m := d.msg.Clone()
+	m.Delay = 0
+	sdk.AnnotateDeadLetter(m, d.q.name, d.attempt, cause, time.Time{}, time.Now())
+	e, err := d.b.entry(m, dlq.fifo, "dlq-"+d.sqsID+"-"+strconv.Itoa(d.attempt))
+	if err != nil {
+		return err
+	}
+	if err := d.b.send(ctx, dlq, []sendEntry{e}); err != nil {
+		return err
+	}
+	// The copy is in the dead-letter queue: from here on the delivery is
+	// settled, even if the delete fails (the original would then come back
+	// and be dead-lettered again).
+	d.state = stateSettled
+	done := make(chan error, 1)
+	if err := d.b.acks.add(d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
+		return sdk.ErrClosed
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// checkLease makes sure, once the lease may have run out, that the receipt
+// still holds the message, by extending its visibility. d.mu is held.
+func (d *delivery) checkLease(ctx context.Context) error {
+	if time.Now().Before(d.deadline) {
+		return nil
+	}
+	return d.changeVisibility(ctx, d.b.opts.VisibilityTimeout)
+}
+
+// changeVisibility sets the message's visibility timeout to dur from now.
+// d.mu is held.
+func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration) error {
+	secs := ceilSeconds(dur)
+	now := time.Now()
+	if now.Add(time.Duration(secs)*time.Second).Sub(d.received) > MaxVisibility {
+		return &LeaseCeilingError{ID: d.msg.ID, Requested: dur, Received: d.received}
+	}
+	ctx, done, _ := d.b.watch(ctx)
+	defer done()
+	_, err := d.b.client.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+		QueueUrl:          aws.String(d.q.url),
+		ReceiptHandle:     aws.String(d.handle),
+		VisibilityTimeout: secs,
+	})
+	if err != nil {
+		if isStaleReceipt(err) {
+			d.state = stateLost
+			return leaseLost(d.msg.ID, err)
+		}
+		return d.b.wrap(ctx, "change visibility of message "+d.msg.ID, err)
+	}
+	d.deadline = now.Add(time.Duration(secs) * time.Second)
+	return nil
+}
