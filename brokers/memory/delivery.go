@@ -30,17 +30,26 @@ func (d *delivery) Attempt() int { return d.attempt }
 func (d *delivery) Queue() string { return d.q.name }
 
 // settle runs f with the queue locked if d still holds its lease. f takes the
-// entry out of the in-flight heap itself.
-func (d *delivery) settle(f func(q *queue, e *entry, now time.Time)) error {
+// entry out of the in-flight heap itself. needNow says whether f uses the
+// clock: reading it costs more than the rest of an Ack.
+//
+// A lease whose time ran out but whose message was not yet handed to anyone
+// else still settles: no other consumer can hold it, and the Ack of a slow
+// but successful handler is not thrown away. Once the broker noticed the
+// expiry (at the next Receive or Stats), settling returns ErrLeaseLost.
+func (d *delivery) settle(needNow bool, f func(q *queue, e *entry, now time.Time)) error {
 	if d.b.closed.Load() {
 		return sdk.ErrClosed
 	}
 	q := d.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	now := time.Now()
-	if err := d.check(now); err != nil {
+	if err := d.check(); err != nil {
 		return err
+	}
+	var now time.Time
+	if needNow {
+		now = time.Now()
 	}
 	d.settled = true
 	heap.Remove(&q.inFlight, d.e.index)
@@ -49,16 +58,11 @@ func (d *delivery) settle(f func(q *queue, e *entry, now time.Time)) error {
 }
 
 // check reports whether d may still be settled. q.mu is held.
-func (d *delivery) check(now time.Time) error {
+func (d *delivery) check() error {
 	if d.settled {
 		return sdk.ErrAlreadySettled
 	}
-	e := d.e
-	if e.gen != d.gen || e.state != stateInFlight {
-		return leaseLost(d)
-	}
-	if !e.due.After(now) { // expired, not yet noticed by promote
-		d.q.promote(now, d.b.maxDeliveries)
+	if e := d.e; e.gen != d.gen || e.state != stateInFlight {
 		return leaseLost(d)
 	}
 	return nil
@@ -82,7 +86,7 @@ func (e *leaseLostError) Unwrap() error { return sdk.ErrLeaseLost }
 
 // Ack removes the message.
 func (d *delivery) Ack(context.Context) error {
-	return d.settle(func(q *queue, e *entry, _ time.Time) {
+	return d.settle(false, func(q *queue, e *entry, _ time.Time) {
 		e.state = stateGone
 		e.gen++
 	})
@@ -92,7 +96,7 @@ func (d *delivery) Ack(context.Context) error {
 // sdk.MaxDelay]), counting an attempt. cause is not stored, but its time is:
 // the first failure time is carried to the dead-letter headers.
 func (d *delivery) Retry(_ context.Context, delay time.Duration, _ error) error {
-	return d.settle(func(q *queue, e *entry, now time.Time) {
+	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		if e.firstFailure.IsZero() {
 			e.firstFailure = now
 		}
@@ -103,7 +107,7 @@ func (d *delivery) Retry(_ context.Context, delay time.Duration, _ error) error 
 // Release hands the message back without consuming an attempt: the next
 // delivery has the same Attempt. It becomes deliverable after delay.
 func (d *delivery) Release(_ context.Context, delay time.Duration) error {
-	return d.settle(func(q *queue, e *entry, now time.Time) {
+	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		e.attempts--
 		d.requeue(q, e, now, delay)
 	})
@@ -122,14 +126,14 @@ func (d *delivery) requeue(q *queue, e *entry, now time.Time, delay time.Duratio
 // DeadLetter moves the message to the queue's dead-letter queue with the
 // reason headers of [sdk.AnnotateDeadLetter].
 func (d *delivery) DeadLetter(_ context.Context, cause error) error {
-	return d.settle(func(q *queue, e *entry, now time.Time) {
+	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		q.deadLetter(e, cause, now)
 	})
 }
 
-// ExtendLease moves the end of the lease to d from now (the broker's lease
-// when d <= 0). It returns an error wrapping [sdk.ErrLeaseLost] when the
-// lease already ended and [sdk.ErrAlreadySettled] after a settlement.
+// ExtendLease moves the end of the lease to by from now (the broker's lease
+// when by <= 0). It returns an error wrapping [sdk.ErrLeaseLost] when the
+// lease already ended, and [sdk.ErrAlreadySettled] after a settlement.
 func (d *delivery) ExtendLease(_ context.Context, by time.Duration) error {
 	if d.b.closed.Load() {
 		return sdk.ErrClosed
@@ -141,7 +145,8 @@ func (d *delivery) ExtendLease(_ context.Context, by time.Duration) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := time.Now()
-	if err := d.check(now); err != nil {
+	q.promote(now, d.b.maxDeliveries) // a lease that ran out is not revived
+	if err := d.check(); err != nil {
 		return err
 	}
 	d.e.due = now.Add(by)
