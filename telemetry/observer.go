@@ -33,6 +33,14 @@ func (c *deliveryCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
+// Span start options that never change, made once: each With… call allocates.
+var (
+	consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+	producerKind = trace.WithSpanKind(trace.SpanKindProducer)
+	clientKind   = trace.WithSpanKind(trace.SpanKindClient)
+	newRoot      = trace.WithNewRoot()
+)
+
 func stateFrom(ctx context.Context) *deliveryCtx {
 	st, _ := ctx.Value(ctxKey{}).(*deliveryCtx)
 	return st
@@ -49,23 +57,18 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 
 	parent := Extract(ctx, o.prop, m)
 	creation := trace.SpanContextFromContext(parent)
-	attrs := make([]attribute.KeyValue, len(l.spanAttrs), len(l.spanAttrs)+4)
-	copy(attrs, l.spanAttrs)
-	attrs = append(attrs,
-		semconv.MessagingMessageID(m.ID),
-		AttrAttempt.Int(d.Attempt()),
-		semconv.MessagingMessageBodySize(len(m.Body)),
-	)
+	attrs := make([]attribute.KeyValue, 0, 3)
+	attrs = append(attrs, semconv.MessagingMessageID(m.ID), AttrAttempt.Int(d.Attempt()))
 	if m.CorrelationID != "" {
 		attrs = append(attrs, semconv.MessagingMessageConversationID(m.CorrelationID))
 	}
-	opts := make([]trace.SpanStartOption, 0, 4)
-	opts = append(opts, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	opts := make([]trace.SpanStartOption, 0, 5)
+	opts = append(opts, consumerKind, l.spanAttrsOpt, trace.WithAttributes(attrs...))
 	if creation.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: creation}))
 	}
 	if o.linkOnly {
-		opts = append(opts, trace.WithNewRoot()) // the message's baggage stays in ctx
+		opts = append(opts, newRoot) // the message's baggage stays in ctx
 	}
 	ctx, _ = o.tracer.Start(parent, l.spanName, opts...)
 

@@ -52,29 +52,30 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 			return p.next.Publish(ctx, queue, msgs...) // the broker reports the invalid message
 		}
 	}
-	system := o.systemOf(p.next)
-	base := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String(system),
-		semconv.MessagingDestinationName(queue),
-	}
+	pl := o.publishLabels(labelKey{system: o.systemOf(p.next), queue: queue})
 	corr := sdk.CorrelationID(ctx)
-	spans := make([]trace.Span, len(msgs))
-	var batch trace.Span
 	if len(msgs) == 1 {
-		spans[0] = p.startMessage(ctx, msgs[0], corr, base, "send", semconv.MessagingOperationTypeSend)
-	} else {
-		links := make([]trace.Link, len(msgs))
-		for i, m := range msgs {
-			spans[i] = p.startMessage(ctx, m, corr, base, "create", semconv.MessagingOperationTypeCreate)
-			links[i] = trace.Link{SpanContext: spans[i].SpanContext()}
+		span := p.startMessage(ctx, msgs[0], corr, pl, false)
+		err := p.next.Publish(ctx, queue, msgs...)
+		failed := 0
+		if err != nil {
+			failed = 1
+			recordPublishError(span, err)
 		}
-		attrs := append(append([]attribute.KeyValue(nil), base...),
-			semconv.MessagingOperationName("send"),
-			semconv.MessagingOperationTypeSend,
-			semconv.MessagingBatchMessageCount(len(msgs)))
-		_, batch = o.tracer.Start(ctx, "send "+queue,
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...), trace.WithLinks(links...))
+		span.End()
+		p.count(ctx, pl, 1, failed, err)
+		return err
 	}
+	spans := make([]trace.Span, len(msgs))
+	links := make([]trace.Link, len(msgs))
+	for i, m := range msgs {
+		spans[i] = p.startMessage(ctx, m, corr, pl, true)
+		links[i] = trace.Link{SpanContext: spans[i].SpanContext()}
+	}
+	_, batch := o.tracer.Start(ctx, pl.sendName,
+		clientKind,
+		trace.WithAttributes(append(pl.sendAttrs[:len(pl.sendAttrs):len(pl.sendAttrs)], semconv.MessagingBatchMessageCount(len(msgs)))...),
+		trace.WithLinks(links...))
 
 	err := p.next.Publish(ctx, queue, msgs...)
 
@@ -88,31 +89,66 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		}
 		if merr != nil {
 			failed++
-			s.RecordError(merr)
-			s.SetStatus(codes.Error, "publish failed")
-			s.SetAttributes(semconv.ErrorTypeKey.String(errorType(merr)))
+			recordPublishError(s, merr)
 		}
 		s.End()
 	}
-	if batch != nil {
-		if err != nil {
-			batch.RecordError(err)
-			batch.SetStatus(codes.Error, "publish failed")
-			batch.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
-		}
-		batch.End()
+	if err != nil {
+		recordPublishError(batch, err)
 	}
-	if ok := len(msgs) - failed; ok > 0 {
-		o.sent.Add(ctx, int64(ok), metric.WithAttributes(base...))
-	}
-	if failed > 0 {
-		o.sent.Add(ctx, int64(failed), metric.WithAttributes(append(base, semconv.ErrorTypeKey.String(errorType(err)))...))
-	}
+	batch.End()
+	p.count(ctx, pl, len(msgs), failed, err)
 	return err
 }
 
-func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr string, base []attribute.KeyValue,
-	op string, opType attribute.KeyValue) trace.Span {
+func recordPublishError(span trace.Span, err error) {
+	span.RecordError(err)
+	span.SetStatus(codes.Error, "publish failed")
+	span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+}
+
+// count adds the sent messages, the failed ones with their error.type.
+func (p *Publisher) count(ctx context.Context, pl *pubLabels, n, failed int, err error) {
+	if ok := n - failed; ok > 0 {
+		p.obs.sent.Add(ctx, int64(ok), pl.add...)
+	}
+	if failed > 0 {
+		attrs := append(pl.sendAttrs[:2:2], semconv.ErrorTypeKey.String(errorType(err)))
+		p.obs.sent.Add(ctx, int64(failed), metric.WithAttributes(attrs...))
+	}
+}
+
+// pubLabels caches what publishing to one queue of one system needs.
+type pubLabels struct {
+	add                    []metric.AddOption
+	sendName, createName   string
+	sendAttrs, createAttrs []attribute.KeyValue
+}
+
+func (o *Observer) publishLabels(k labelKey) *pubLabels {
+	o.mu.RLock()
+	l, ok := o.pubLabels[k]
+	o.mu.RUnlock()
+	if ok {
+		return l
+	}
+	sys, dest := semconv.MessagingSystemKey.String(k.system), semconv.MessagingDestinationName(k.queue)
+	l = &pubLabels{
+		add:         []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(sys, dest))},
+		sendName:    "send " + k.queue,
+		createName:  "create " + k.queue,
+		sendAttrs:   []attribute.KeyValue{sys, dest, semconv.MessagingOperationName("send"), semconv.MessagingOperationTypeSend},
+		createAttrs: []attribute.KeyValue{sys, dest, semconv.MessagingOperationName("create"), semconv.MessagingOperationTypeCreate},
+	}
+	o.mu.Lock()
+	if len(o.pubLabels) < maxLabelSets {
+		o.pubLabels[k] = l
+	}
+	o.mu.Unlock()
+	return l
+}
+
+func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr string, pl *pubLabels, create bool) trace.Span {
 	if m.ID == "" {
 		m.ID = sdk.NewID()
 	}
@@ -122,24 +158,23 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 			m.CorrelationID = sdk.NewID()
 		}
 	}
-	attrs := make([]attribute.KeyValue, 0, len(base)+6)
-	attrs = append(attrs, base...)
+	name, base := pl.sendName, pl.sendAttrs
+	if create {
+		name, base = pl.createName, pl.createAttrs
+	}
+	attrs := make([]attribute.KeyValue, len(base), len(base)+4)
+	copy(attrs, base)
 	attrs = append(attrs,
-		semconv.MessagingOperationName(op),
-		opType,
 		semconv.MessagingMessageID(m.ID),
 		semconv.MessagingMessageConversationID(m.CorrelationID),
-		semconv.MessagingMessageBodySize(len(m.Body)),
 	)
 	if m.Type != "" {
 		attrs = append(attrs, AttrJobType.String(m.Type))
 	}
-	sctx, span := p.obs.tracer.Start(ctx, op+" "+queueOf(base), trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	sctx, span := p.obs.tracer.Start(ctx, name, producerKind, trace.WithAttributes(attrs...))
 	Inject(sctx, p.obs.prop, m)
 	return span
 }
-
-func queueOf(base []attribute.KeyValue) string { return base[1].Value.AsString() }
 
 // errorType is the error.type of a publish failure: the berth sentinel it
 // wraps, else "_OTHER" as the conventions ask.

@@ -113,8 +113,9 @@ type Observer struct {
 
 	systems sync.Map // reflect.Type -> string
 
-	mu     sync.RWMutex
-	labels map[labelKey]*labels
+	mu        sync.RWMutex
+	labels    map[labelKey]*labels
+	pubLabels map[labelKey]*pubLabels
 }
 
 var (
@@ -159,6 +160,7 @@ func New(opts Options) (*Observer, error) {
 		queues:     append([]InspectedQueue(nil), opts.Queues...),
 		inspectTTL: opts.InspectTimeout,
 		labels:     make(map[labelKey]*labels),
+		pubLabels:  make(map[labelKey]*pubLabels),
 	}
 	m := opts.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	var errs []error
@@ -287,8 +289,8 @@ type labels struct {
 	add    []metric.AddOption
 	record []metric.RecordOption
 	// For the base key (no action, no class) only:
-	spanName  string
-	spanAttrs []attribute.KeyValue
+	spanName     string
+	spanAttrsOpt trace.SpanStartEventOption
 }
 
 // maxLabelSets bounds the cache; beyond it sets are built per call.
@@ -316,13 +318,13 @@ func (o *Observer) labelsFor(k labelKey) *labels {
 	l = &labels{add: []metric.AddOption{opt}, record: []metric.RecordOption{opt}}
 	if k.action == "" && k.class == sdk.ClassNone {
 		l.spanName = "process " + k.queue
-		l.spanAttrs = []attribute.KeyValue{
+		l.spanAttrsOpt = trace.WithAttributes(
 			semconv.MessagingSystemKey.String(k.system),
 			semconv.MessagingDestinationName(k.queue),
 			semconv.MessagingOperationName("process"),
 			semconv.MessagingOperationTypeProcess,
 			AttrJobType.String(k.jobType),
-		}
+		)
 	}
 	o.mu.Lock()
 	if len(o.labels) < maxLabelSets {
