@@ -71,6 +71,12 @@ const (
 	CapMaxMessageSize Capability = "max-message-size"
 )
 
+var knownCapabilities = map[Capability]bool{
+	CapLease: true, CapLeaseLost: true, CapExtendLease: true, CapDelayedPublish: true,
+	CapRetryDelay: true, CapRelease: true, CapDeadLetters: true, CapStats: true,
+	CapMaxDeliveries: true, CapMaxMessageSize: true,
+}
+
 // Harness describes the broker under test. New is required; the rest have
 // defaults.
 type Harness struct {
@@ -113,6 +119,14 @@ func Run(t *testing.T, h Harness) {
 	}
 	if h.Lease <= 0 {
 		t.Fatal("brokertest: Harness.Lease is required")
+	}
+	for c, reason := range h.Unsupported {
+		if !knownCapabilities[c] {
+			t.Fatalf("brokertest: Harness.Unsupported names unknown capability %q", c)
+		}
+		if reason == "" {
+			t.Fatalf("brokertest: Harness.Unsupported[%q] needs a reason", c)
+		}
 	}
 	if h.WorkerMessages <= 0 {
 		h.WorkerMessages = 10000

@@ -150,6 +150,9 @@ func (f *fifo) pop() *entry {
 	f.size--
 	if f.size == 0 {
 		f.head = 0
+		if len(f.buf) > 4096 { // let a burst's buffer go
+			f.buf = nil
+		}
 	}
 	return e
 }
