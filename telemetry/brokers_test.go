@@ -2,13 +2,18 @@ package telemetry_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/integration"
 )
 
@@ -33,6 +38,31 @@ func TestOneTracePerJob(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			if err := b.DeleteQueue(ctx, queue); err != nil {
+				t.Errorf("delete queue: %v", err)
+			}
+		})
+		traceScenario(t, b, queue)
+	})
+	t.Run("sqs", func(t *testing.T) {
+		endpoint := integration.SQSEndpoint(t)
+		transport := &http.Transport{}
+		t.Cleanup(transport.CloseIdleConnections) // runs last: no keep-alive goroutine outlives the test
+		client := awssqs.New(awssqs.Options{
+			HTTPClient:   &http.Client{Transport: transport},
+			Region:       "us-east-1",
+			BaseEndpoint: aws.String(endpoint),
+			Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+		})
+		b, err := sqs.New(client, sqs.Options{VisibilityTimeout: 5 * time.Second, WaitTime: time.Second, SyncAck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		queue := uniqueQueue(t, "berth_teltest")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := b.DeleteQueue(ctx, queue, true); err != nil {
 				t.Errorf("delete queue: %v", err)
 			}
 		})
