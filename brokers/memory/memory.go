@@ -138,14 +138,11 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
-	if err := sdk.ValidateQueueName(queue); err != nil {
-		return err
+	if len(msgs) == 0 {
+		return sdk.ValidateQueueName(queue)
 	}
 	if err := sdk.PrepareAll(ctx, queue, msgs, b.maxMessageSize); err != nil {
-		return err
-	}
-	if len(msgs) == 0 {
-		return nil
+		return err // it validates the queue name too
 	}
 	// One allocation for the entries and one for all bodies of the batch.
 	entries := make([]entry, len(msgs))
@@ -198,11 +195,14 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 // done first and [sdk.ErrClosed] when the broker is closed, also while it
 // waits. The deliveries' messages are shared: callers must not modify them.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
-	if err := sdk.ValidateQueueName(queue); err != nil {
-		return nil, err
+	q := b.existing(queue) // an existing queue's name was validated when it was made
+	if q == nil {
+		if err := sdk.ValidateQueueName(queue); err != nil {
+			return nil, err
+		}
+		q = b.queue(queue)
 	}
 	max = cmpMax(max, 1)
-	q := b.queue(queue)
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
