@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -291,6 +292,7 @@ func TestMiddlewareBusyIsReleasedNotFailed(t *testing.T) {
 		Queue: queue, Concurrency: 2,
 		Middleware: []sdk.Middleware{c.Middleware(key)},
 		Observers:  []sdk.Observer{rec},
+		Logger:     slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
