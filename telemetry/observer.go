@@ -126,14 +126,14 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 			o.claimToAck.Record(ctx, time.Since(start).Seconds(), lb.record...)
 		}
 	case sdk.ActionRetry:
-		o.retries.Add(ctx, 1, lk.add...)
+		o.retries.Add(ctx, 1, o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class}).add...)
 		o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 	case sdk.ActionRelease:
 		if s.Delay > 0 {
 			o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 		}
 	case sdk.ActionDeadLetter:
-		o.deadLetters.Add(ctx, 1, lk.add...)
+		o.deadLetters.Add(ctx, 1, o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class}).add...)
 	}
 	if s.Action == sdk.ActionLeaseLost || errors.Is(s.Err, sdk.ErrLeaseLost) {
 		o.leaseExp.Add(ctx, 1, lb.add...)
