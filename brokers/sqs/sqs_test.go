@@ -1,0 +1,701 @@
+package sqs_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// fastOptions gives short leases and polls for tests.
+func fastOptions() sqs.Options {
+	return sqs.Options{VisibilityTimeout: time.Second, WaitTime: time.Second}
+}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// receiveN receives until it holds n deliveries.
+func receiveN(t *testing.T, b *sqs.Broker, q string, n int) []sdk.Delivery {
+	t.Helper()
+	ctx := testCtx(t)
+	var out []sdk.Delivery
+	for len(out) < n {
+		ds, err := b.Receive(ctx, q, n-len(out))
+		if err != nil {
+			t.Fatalf("Receive: %v (after %d of %d deliveries)", err, len(out), n)
+		}
+		out = append(out, ds...)
+	}
+	return out
+}
+
+// expectNone receives for wait and fails on any delivery.
+func expectNone(t *testing.T, b *sqs.Broker, q string, wait time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	for {
+		ds, err := b.Receive(ctx, q, 10)
+		for _, d := range ds {
+			t.Fatalf("unexpected delivery of %s (attempt %d)", d.Message().ID, d.Attempt())
+		}
+		if err != nil {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Receive: %v", err)
+			}
+			return
+		}
+	}
+}
+
+func sameMessage(t *testing.T, got, want *sdk.Message) {
+	t.Helper()
+	if got.ID != want.ID || got.Type != want.Type || got.IdempotencyKey != want.IdempotencyKey ||
+		got.Key != want.Key || got.CorrelationID != want.CorrelationID {
+		t.Errorf("fields: got %+v, want %+v", got, want)
+	}
+	if !maps.Equal(got.Headers, want.Headers) {
+		t.Errorf("message %s: headers %q, want %q", want.ID, got.Headers, want.Headers)
+	}
+	if !bytes.Equal(got.Body, want.Body) {
+		t.Errorf("message %s: body of %d bytes differs from the %d published", want.ID, len(got.Body), len(want.Body))
+	}
+}
+
+// TestEncodingRoundTrip: binary bodies, characters SQS refuses, empty bodies
+// and 30 headers (SQS allows 10 attributes) come back exactly.
+func TestEncodingRoundTrip(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "encoding", false, sqs.QueueConfig{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	binary := make([]byte, 4096)
+	for i := range binary {
+		binary[i] = byte(rng.UintN(256))
+	}
+	headers := map[string]string{}
+	for i := range 30 {
+		headers["x-h"+strconv.Itoa(i)] = "v" + strconv.Itoa(i)
+	}
+	headers["x-control"] = "a\x00b\x01c\x1f"
+	headers["x-nonchar"] = "\ufffe\uffff"
+	headers["x-astral"] = "🚀 𝄞"
+	headers["x-quote"] = `"}{\`
+	headers["x-empty"] = ""
+	headers["naïve ✓ name"] = "value"
+	want := []*sdk.Message{
+		{ID: sdk.NewID(), Type: "binary", Body: binary, Headers: headers, IdempotencyKey: "ik:1", Key: "k", CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "empty", CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "astral", Body: []byte("emoji 🚀 outside the BMP"), CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "controls", Body: []byte("tab\tCR\rLF\n but NUL \x00"), CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "text", Body: []byte(`{"json": "body", "é": 1}`), CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "base64-looking", Body: []byte("aGVsbG8="), CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "dash", Body: []byte("-"), CorrelationID: "c"},
+		{ID: sdk.NewID(), Type: "invalid-utf8", Body: []byte{0xff, 0xfe, 'a'}, CorrelationID: "c"},
+	}
+	pub := make([]*sdk.Message, len(want))
+	for i, m := range want {
+		pub[i] = m.Clone()
+	}
+	if err := b.Publish(testCtx(t), q, pub...); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	got := map[string]*sdk.Message{}
+	for _, d := range receiveN(t, b, q, len(want)) {
+		got[d.Message().ID] = d.Message()
+		if err := d.Ack(testCtx(t)); err != nil {
+			t.Fatalf("Ack: %v", err)
+		}
+	}
+	for _, w := range want {
+		g, ok := got[w.ID]
+		if !ok {
+			t.Errorf("message %s (%s) not received", w.ID, w.Type)
+			continue
+		}
+		sameMessage(t, g, w)
+	}
+}
+
+// TestForeignMessage: a message sent by another producer (no berth
+// attribute) is delivered with its SQS ID, raw body and attributes as headers.
+func TestForeignMessage(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "foreign", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	url, err := b.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(q)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := b.Client().SendMessage(ctx, &awssqs.SendMessageInput{
+		QueueUrl:    url.QueueUrl,
+		MessageBody: aws.String("from elsewhere"),
+		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
+			"traceparent": {DataType: aws.String("String"), StringValue: aws.String("00-abc-def-01")},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	m := d.Message()
+	if m.ID != aws.ToString(out.MessageId) || string(m.Body) != "from elsewhere" || m.Header("traceparent") != "00-abc-def-01" {
+		t.Errorf("foreign message decoded as %+v", m)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPublishPartialFailure: an entry SQS refuses (here: larger than the
+// queue's MaximumMessageSize) is named in a PublishError; the others arrive.
+func TestPublishPartialFailure(t *testing.T) {
+	small := newBroker(t, sqs.Options{MaxWireSize: 1024, VisibilityTimeout: time.Second, WaitTime: time.Second})
+	q := declare(t, small, "partial", false, sqs.QueueConfig{}) // MaximumMessageSize 1024
+	b := newBroker(t, fastOptions())
+	ok1 := &sdk.Message{Type: "ok", Body: []byte("fits")}
+	big := &sdk.Message{Type: "big", Body: bytes.Repeat([]byte("x"), 2000)}
+	ok2 := &sdk.Message{Type: "ok", Body: []byte("fits too")}
+	err := b.Publish(testCtx(t), q, ok1, big, ok2)
+	var pe *sdk.PublishError
+	if !errors.As(err, &pe) {
+		t.Fatalf("Publish: %v, want *sdk.PublishError", err)
+	}
+	if len(pe.Failed) != 1 || pe.Failed[big.ID] == nil {
+		t.Fatalf("PublishError.Failed = %v, want only %s", pe.Failed, big.ID)
+	}
+	var ee *sqs.EntryError
+	if !errors.As(pe.Failed[big.ID], &ee) || !ee.SenderFault {
+		t.Errorf("failure of %s: %v, want a sender-fault *sqs.EntryError", big.ID, pe.Failed[big.ID])
+	}
+	got := map[string]bool{}
+	for _, d := range receiveN(t, b, q, 2) {
+		got[d.Message().ID] = true
+		_ = d.Ack(testCtx(t))
+	}
+	if !got[ok1.ID] || !got[ok2.ID] {
+		t.Errorf("received %v, want %s and %s", got, ok1.ID, ok2.ID)
+	}
+}
+
+// TestPublishChecks: delays SQS cannot honour and encoded messages over the
+// wire limit are refused before anything is sent.
+func TestPublishChecks(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "checks", false, sqs.QueueConfig{})
+	fq := declare(t, b, "checks", true, sqs.QueueConfig{})
+	ctx := testCtx(t)
+
+	late := &sdk.Message{Type: "late", Body: []byte("x"), Delay: 16 * time.Minute}
+	err := b.Publish(ctx, q, &sdk.Message{Type: "fine", Body: []byte("x")}, late)
+	var de *sqs.DelayError
+	if !errors.As(err, &de) || !errors.Is(err, sdk.ErrInvalidMessage) || de.ID != late.ID {
+		t.Errorf("Publish with a 16-minute delay: %v, want *sqs.DelayError for %s", err, late.ID)
+	}
+	err = b.Publish(ctx, fq, &sdk.Message{Type: "fifo-delay", Body: []byte("x"), Delay: time.Second})
+	if !errors.As(err, &de) || de.Max != 0 {
+		t.Errorf("Publish with a delay to a FIFO queue: %v, want *sqs.DelayError", err)
+	}
+	// 200 KB of control characters in a header: within MaxMessageSize, but
+	// six times larger once escaped for SQS.
+	wide := &sdk.Message{Type: "wide", Headers: map[string]string{"x": strings.Repeat("\x01", 200<<10)}}
+	err = b.Publish(ctx, q, wide)
+	var tl *sdk.MessageTooLargeError
+	if !errors.As(err, &tl) || tl.Limit != sqs.MaxWireSize || tl.Size <= tl.Limit {
+		t.Errorf("Publish of a message too large once encoded: %v, want *sdk.MessageTooLargeError with limit %d", err, sqs.MaxWireSize)
+	}
+	if err := b.Publish(ctx, "has.dot", &sdk.Message{Body: []byte("x")}); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("Publish to a name SQS refuses: %v, want ErrInvalidQueue", err)
+	}
+	if _, err := b.Receive(ctx, "missing_"+suffix(), 1); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("Receive from a missing queue: %v, want ErrNotFound", err)
+	}
+	expectNone(t, b, q, 1500*time.Millisecond)
+}
+
+// TestLeaseCeiling: a lease or retry beyond 12 hours from receipt is refused
+// with a typed error and changes nothing.
+func TestLeaseCeiling(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "ceiling", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	var ce *sqs.LeaseCeilingError
+	if err := d.ExtendLease(ctx, 13*time.Hour); !errors.As(err, &ce) || !errors.Is(err, sqs.ErrLeaseCeiling) {
+		t.Errorf("ExtendLease(13h): %v, want *sqs.LeaseCeilingError", err)
+	}
+	if err := d.Retry(ctx, 12*time.Hour, nil); !errors.Is(err, sqs.ErrLeaseCeiling) {
+		t.Errorf("Retry(12h) after the receipt: %v, want ErrLeaseCeiling", err)
+	}
+	if err := d.ExtendLease(ctx, 5*time.Second); err != nil {
+		t.Errorf("ExtendLease(5s): %v", err)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Errorf("Ack after refused extensions: %v", err)
+	}
+}
+
+// TestAckBatchesDeletes: acks share DeleteMessageBatch calls, and Flush
+// sends what is buffered.
+func TestAckBatchesDeletes(t *testing.T) {
+	c := newCalls()
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 10 * time.Second, WaitTime: time.Second, AckInterval: time.Hour}, c.option)
+	q := declare(t, b, "batching", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	const n = 95
+	msgs := make([]*sdk.Message, n)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Body: []byte(strconv.Itoa(i))}
+	}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.get("SendMessageBatch"); got != 10 {
+		t.Errorf("%d SendMessageBatch calls for %d messages, want 10", got, n)
+	}
+	c.reset()
+	for _, d := range receiveN(t, b, q, n) {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.get("DeleteMessageBatch"); got != n/10 {
+		t.Errorf("%d DeleteMessageBatch calls before Flush for %d acks, want %d (full batches only)", got, n, n/10)
+	}
+	if err := b.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	if got := c.get("DeleteMessageBatch"); got != n/10+1 {
+		t.Errorf("%d DeleteMessageBatch calls after Flush, want %d", got, n/10+1)
+	}
+	if got := c.get("DeleteMessage"); got != 0 {
+		t.Errorf("%d single DeleteMessage calls, want 0", got)
+	}
+	st, err := b.Stats(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Ready != 0 || st.InFlight != 0 {
+		t.Errorf("after acks and Flush: %+v, want an empty queue", st)
+	}
+}
+
+// TestCloseSendsBufferedAcks: Close deletes what Ack buffered.
+func TestCloseSendsBufferedAcks(t *testing.T) {
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second, AckInterval: time.Hour})
+	q := declare(t, b, "closeflush", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("a")}, &sdk.Message{Body: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range receiveN(t, b, q, 2) {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := b.Flush(ctx); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("Flush after Close: %v, want ErrClosed", err)
+	}
+	other := newBroker(t, fastOptions())
+	st, err := other.Stats(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Ready != 0 || st.InFlight != 0 {
+		t.Errorf("after Close: %+v, want both messages deleted", st)
+	}
+}
+
+// TestAckFailureSurfaced: a delete SQS refuses is returned by the next
+// Flush as an *sqs.AckError, not dropped.
+func TestAckFailureSurfaced(t *testing.T) {
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second, AckInterval: time.Hour})
+	q := declare(t, b, "ackfail", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	deleteQueue(t, q) // the delete will find no queue
+	if err := d.Ack(ctx); err != nil {
+		t.Fatalf("Ack (buffered): %v", err)
+	}
+	err := b.Flush(ctx)
+	var ae *sqs.AckError
+	if !errors.As(err, &ae) || ae.ID != d.Message().ID {
+		t.Fatalf("Flush after a refused delete: %v, want *sqs.AckError for %s", err, d.Message().ID)
+	}
+	if err := b.Flush(ctx); err != nil {
+		t.Errorf("second Flush: %v, want nil (the failure was reported once)", err)
+	}
+	syncB := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second, SyncAck: true})
+	q2 := declare(t, syncB, "ackfail", false, sqs.QueueConfig{})
+	if err := syncB.Publish(ctx, q2, &sdk.Message{Body: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	d = receiveN(t, syncB, q2, 1)[0]
+	deleteQueue(t, q2)
+	if err := d.Ack(ctx); !errors.As(err, &ae) {
+		t.Errorf("SyncAck Ack of a refused delete: %v, want *sqs.AckError", err)
+	}
+}
+
+// TestStats reads SQS's counters for the queue and its dead-letter queue.
+func TestStats(t *testing.T) {
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second})
+	q := declare(t, b, "stats", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	delayed := &sdk.Message{Body: []byte("later"), Delay: time.Minute}
+	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("1")}, &sdk.Message{Body: []byte("2")}, &sdk.Message{Body: []byte("3")}, delayed); err != nil {
+		t.Fatal(err)
+	}
+	want := func(ready, delayed, inFlight, dead int64) {
+		t.Helper()
+		st, err := b.Stats(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Queue != q || st.Ready != ready || st.Delayed != delayed || st.InFlight != inFlight || st.DeadLettered != dead {
+			t.Errorf("Stats = %+v, want ready %d, delayed %d, in flight %d, dead-lettered %d", st, ready, delayed, inFlight, dead)
+		}
+	}
+	want(3, 1, 0, 0)
+	d := receiveN(t, b, q, 1)[0]
+	want(2, 1, 1, 0)
+	if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+	want(2, 1, 0, 1)
+}
+
+// TestEnsureQueue: declaring twice succeeds, a changed setting converges,
+// and names SQS cannot take are refused.
+func TestEnsureQueue(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "ensure", false, sqs.QueueConfig{MaxReceiveCount: 4})
+	ctx := testCtx(t)
+	if err := b.EnsureQueue(ctx, q, sqs.QueueConfig{MaxReceiveCount: 4}); err != nil {
+		t.Errorf("second EnsureQueue: %v", err)
+	}
+	if err := b.EnsureQueue(ctx, q, sqs.QueueConfig{MaxReceiveCount: 7}); err != nil {
+		t.Errorf("EnsureQueue with another MaxReceiveCount: %v", err)
+	}
+	url, err := b.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(q)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs, err := b.Client().GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
+		QueueUrl: url.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameRedrivePolicy},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := attrs.Attributes["RedrivePolicy"]; !strings.Contains(p, `"7"`) && !strings.Contains(p, `:7`) {
+		t.Errorf("RedrivePolicy %s, want maxReceiveCount 7", p)
+	}
+	for _, name := range []string{"has.dot", strings.Repeat("a", 77), "bad name"} {
+		if err := b.DeclareQueue(ctx, name); !errors.Is(err, sdk.ErrInvalidQueue) {
+			t.Errorf("DeclareQueue(%q): %v, want ErrInvalidQueue", name, err)
+		}
+	}
+}
+
+// TestOptions: invalid options are refused by New.
+func TestOptions(t *testing.T) {
+	if _, err := sqs.New(nil, sqs.Options{}); err == nil {
+		t.Error("New(nil client) succeeded")
+	}
+	client := newClient(t)
+	for _, o := range []sqs.Options{
+		{VisibilityTimeout: 13 * time.Hour},
+		{VisibilityTimeout: -time.Second},
+		{WaitTime: 21 * time.Second},
+		{MaxReceiveCount: 1001},
+		{DeadLetterSuffix: ".dlq"},
+		{MaxWireSize: 2 << 20},
+		{MaxMessageSize: 2 << 20},
+		{AckInterval: -time.Millisecond},
+	} {
+		if b, err := sqs.New(client, o); err == nil {
+			_ = b.Close()
+			t.Errorf("New(%+v) succeeded", o)
+		}
+	}
+}
+
+// TestSlowHandlerWithoutHeartbeatIsRedelivered: with heartbeats off, a
+// handler slower than the visibility timeout sees its message delivered
+// again, to another handler, while it still runs.
+func TestSlowHandlerWithoutHeartbeatIsRedelivered(t *testing.T) {
+	starts := runSlowHandler(t, -1)
+	if len(starts) < 2 || starts[0] != 1 || starts[1] != 2 {
+		t.Errorf("attempts seen by the handler: %v, want 1 then 2 (redelivered while the first ran)", starts)
+	}
+}
+
+// TestHeartbeatKeepsSlowHandler: with the Worker's heartbeat, the same slow
+// handler runs once and its message is acked.
+func TestHeartbeatKeepsSlowHandler(t *testing.T) {
+	starts := runSlowHandler(t, 0)
+	if len(starts) != 1 {
+		t.Errorf("attempts seen by the handler: %v, want one run (the heartbeat kept the lease)", starts)
+	}
+}
+
+// runSlowHandler runs a Worker (heartbeat interval hb: 0 default, negative
+// off) whose handler takes 3 visibility timeouts on the first attempt, and
+// returns the attempts the handler saw.
+func runSlowHandler(t *testing.T, hb time.Duration) []int {
+	const lease = time.Second
+	b := newBroker(t, sqs.Options{VisibilityTimeout: lease, WaitTime: time.Second})
+	q := declare(t, b, "slow", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	m := &sdk.Message{Type: "slow", Body: []byte("slow")}
+	if err := b.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu     sync.Mutex
+		starts []int
+		done   = make(chan struct{})
+		once   sync.Once
+	)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		mu.Lock()
+		starts = append(starts, d.Attempt())
+		first := len(starts) == 1
+		mu.Unlock()
+		if first {
+			select {
+			case <-time.After(3 * lease):
+			case <-ctx.Done():
+			}
+		}
+		once.Do(func() { close(done) })
+		return nil
+	})
+	w, err := sdk.NewWorker(b, h, sdk.WorkerOptions{Queue: q, Concurrency: 2, Lease: lease, HeartbeatInterval: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(wctx) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the handler never finished")
+	}
+	time.Sleep(2 * lease) // a lost lease would show as a redelivery by now
+	cancel()
+	if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Worker.Run: %v", err)
+	}
+	if hb >= 0 {
+		st, err := b.Stats(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Ready != 0 || st.InFlight != 0 || st.DeadLettered != 0 {
+			t.Errorf("after the worker: %+v, want the message acked", st)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return append([]int(nil), starts...)
+}
+
+// TestRedrivePolicyMovesNeverSettled: a message received MaxReceiveCount
+// times and never settled is moved to the dead-letter queue by SQS, listed
+// there as a poison message, and redriven with its attempts reset.
+func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "poison", false, sqs.QueueConfig{MaxReceiveCount: 2})
+	ctx := testCtx(t)
+	m := &sdk.Message{Type: "poison", Body: []byte("kills workers"), Headers: map[string]string{"x-user": "kept"}}
+	if err := b.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		d := receiveN(t, b, q, 1)[0]
+		if d.Attempt() != attempt {
+			t.Fatalf("Attempt() = %d, want %d", d.Attempt(), attempt)
+		}
+		// never settled: the lease runs out
+	}
+	// Receive until SQS moves it (fauxqs moves it on the receive that would
+	// exceed maxReceiveCount). Each Receive runs its whole long poll: a poll
+	// cancelled early could, on fauxqs as on SQS, still take the redriven
+	// message below and hide it for a visibility timeout.
+	for st := (sdk.QueueStats{}); st.DeadLettered != 1; {
+		ds, err := b.Receive(ctx, q, 10)
+		if err != nil {
+			t.Fatalf("Receive: %v", err)
+		}
+		for _, d := range ds {
+			t.Fatalf("delivered a third time (attempt %d) despite maxReceiveCount 2", d.Attempt())
+		}
+		if st, err = b.Stats(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if st.Ready+st.InFlight+st.DeadLettered != 1 {
+			t.Fatalf("Stats = %+v, want the one message somewhere", st)
+		}
+	}
+	dead, err := b.GetDeadLetter(ctx, q, m.ID)
+	if err != nil {
+		t.Fatalf("GetDeadLetter: %v", err)
+	}
+	if dead.Header(sdk.HeaderDeadLetterReason) != sdk.ErrMaxDeliveries.Error() ||
+		dead.Header(sdk.HeaderDeadLetterClass) != string(sdk.ClassPoison) ||
+		dead.Header(sdk.HeaderDeadLetterAttempts) != "2" || dead.Header(sdk.HeaderDeadLetterQueue) != q ||
+		dead.Header("x-user") != "kept" {
+		t.Errorf("dead letter headers %q", dead.Headers)
+	}
+	if n, err := b.RedriveDeadLetters(ctx, q); err != nil || n != 1 {
+		t.Fatalf("RedriveDeadLetters = %d, %v; want 1", n, err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	if d.Message().ID != m.ID || d.Attempt() != 1 || d.Message().Header(sdk.HeaderRedriveCount) != "1" {
+		t.Errorf("redriven: %s attempt %d, headers %q; want %s attempt 1, redrive count 1", d.Message().ID, d.Attempt(), d.Message().Headers, m.ID)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFIFO: a duplicate within the deduplication window is dropped, order
+// within a group holds, and dead letters and redrive work on FIFO queues.
+func TestFIFO(t *testing.T) {
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 5 * time.Second, WaitTime: time.Second, SyncAck: true})
+	q := declare(t, b, "fifo", true, sqs.QueueConfig{})
+	ctx := testCtx(t)
+
+	first := &sdk.Message{Type: "charge", IdempotencyKey: "charge:order_1:v1", Key: "order_1", Body: []byte("1")}
+	dup := &sdk.Message{Type: "charge", IdempotencyKey: "charge:order_1:v1", Key: "order_1", Body: []byte("1 again")}
+	if err := b.Publish(ctx, q, first); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, q, dup); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	if d.Message().ID != first.ID {
+		t.Fatalf("got %s, want the first publish %s", d.Message().ID, first.ID)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectNone(t, b, q, 1500*time.Millisecond) // the duplicate was dropped
+
+	// Two interleaved groups, published in batches; long keys and
+	// idempotency keys are hashed to fit.
+	const perGroup = 12
+	groups := []string{"g-a", strings.Repeat("g-b", 50)}
+	var msgs []*sdk.Message
+	for i := range perGroup {
+		for _, g := range groups {
+			msgs = append(msgs, &sdk.Message{Type: "seq", Key: g, IdempotencyKey: strings.Repeat("k", 130) + g + strconv.Itoa(i), Body: []byte(strconv.Itoa(i))})
+		}
+	}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	next := map[string]int{}
+	for received := 0; received < len(msgs); {
+		ds, err := b.Receive(ctx, q, 10)
+		if err != nil {
+			t.Fatalf("Receive: %v", err)
+		}
+		for _, d := range ds {
+			m := d.Message()
+			if got := string(m.Body); got != strconv.Itoa(next[m.Key]) {
+				t.Fatalf("group %.8s…: got %s, want %d: order broken", m.Key, got, next[m.Key])
+			}
+			next[m.Key]++
+			received++
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	// Dead letter and redrive keep the group and are not deduplicated away.
+	dl := &sdk.Message{Type: "dl", Key: "order_2", IdempotencyKey: "charge:order_2:v1", Body: []byte("bad")}
+	if err := b.Publish(ctx, q, dl); err != nil {
+		t.Fatal(err)
+	}
+	d = receiveN(t, b, q, 1)[0]
+	if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("card declined"))); err != nil {
+		t.Fatalf("DeadLetter: %v", err)
+	}
+	if n, err := b.RedriveDeadLetters(ctx, q, dl.ID); err != nil || n != 1 {
+		t.Fatalf("RedriveDeadLetters = %d, %v", n, err)
+	}
+	d = receiveN(t, b, q, 1)[0]
+	if d.Message().ID != dl.ID || d.Message().Key != "order_2" || d.Attempt() != 1 {
+		t.Errorf("redriven FIFO message: %s key %q attempt %d", d.Message().ID, d.Message().Key, d.Attempt())
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDeadLetterScanLeavesMessages: listing does not consume dead letters,
+// and a cancelled scan makes them visible again.
+func TestDeadLetterScanLeavesMessages(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "scan", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	var msgs []*sdk.Message
+	for i := range 25 {
+		msgs = append(msgs, &sdk.Message{Type: "scan", Body: []byte(fmt.Sprint(i))})
+	}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range receiveN(t, b, q, len(msgs)) {
+		if err := d.DeadLetter(ctx, errors.New("boom")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		got, err := b.ListDeadLetters(ctx, q, 100)
+		if err != nil || len(got) != len(msgs) {
+			t.Fatalf("ListDeadLetters = %d messages, %v; want %d", len(got), err, len(msgs))
+		}
+	}
+	if got, err := b.ListDeadLetters(ctx, q, 7); err != nil || len(got) != 7 {
+		t.Fatalf("ListDeadLetters(limit 7) = %d, %v", len(got), err)
+	}
+	if n, err := b.PurgeDeadLetters(ctx, q); err != nil || n != len(msgs) {
+		t.Fatalf("PurgeDeadLetters = %d, %v; want %d", n, err, len(msgs))
+	}
+}
