@@ -22,9 +22,10 @@ type Worker struct {
 	opts    WorkerOptions
 	leaseOb []LeaseObserver
 
-	randMu  sync.Mutex
-	running atomic.Bool
-	shared  atomic.Pointer[settleCtx]
+	randMu   sync.Mutex
+	running  atomic.Bool
+	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
+	shared   atomic.Pointer[settleCtx]
 }
 
 // settleCtx is a settlement context shared by the settlements of a short
@@ -71,9 +72,14 @@ type task struct {
 
 func (t *task) loseLease() {
 	t.lost.Store(true)
+	t.stop(ErrLeaseLost)
+}
+
+// stop cancels the handler's context with cause, if it runs.
+func (t *task) stop(cause error) {
 	t.mu.Lock()
 	if t.cancel != nil {
-		t.cancel(ErrLeaseLost)
+		t.cancel(cause)
 	}
 	t.mu.Unlock()
 }
@@ -95,9 +101,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	o := w.opts
 
 	// Handlers outlive ctx by the drain deadline: their context is cancelled
-	// only when that passes (or their lease is lost).
-	base, stopHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer stopHandlers(ErrShutdown)
+	// only when that passes (or their lease is lost). base cannot be
+	// cancelled, so a handler's context does not register with a shared
+	// parent (a mutex all handlers would contend on); shutdown cancels each
+	// held task instead.
+	base := context.WithoutCancel(ctx)
+	w.stopping.Store(false)
 
 	// Each held delivery occupies a slot: capacity bounds running plus
 	// prefetched work, and the slot table is what the heartbeat walks.
@@ -150,7 +159,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-drained:
 	case <-deadline.C:
 		o.Logger.Warn("berth: drain deadline passed; cancelling running handlers", "queue", o.Queue)
-		stopHandlers(ErrShutdown)
+		w.stopping.Store(true)
+		for i := range held {
+			if t := held[i].Load(); t != nil {
+				t.stop(ErrShutdown)
+			}
+		}
 		grace := time.NewTimer(o.SettleTimeout + time.Second)
 		defer grace.Stop()
 		select {
@@ -301,8 +315,13 @@ func (w *Worker) process(base context.Context, t *task) {
 	t.mu.Lock()
 	t.cancel = cancel
 	t.mu.Unlock()
-	if t.lost.Load() { // lost between dispatch and now
+	// Checked after publishing cancel: either the heartbeat or the drain sees
+	// t.cancel, or this sees their flag.
+	if t.lost.Load() {
 		cancel(ErrLeaseLost)
+	}
+	if w.stopping.Load() {
+		cancel(ErrShutdown)
 	}
 	if m.CorrelationID != "" {
 		ctx = WithCorrelationID(ctx, m.CorrelationID)
@@ -311,11 +330,16 @@ func (w *Worker) process(base context.Context, t *task) {
 		ctx = ob.Start(ctx, d)
 	}
 
-	start := time.Now()
+	var start time.Time
+	if len(w.opts.Observers) > 0 { // Duration is for observers; the clock is slow on some VMs
+		start = time.Now()
+	}
 	err := w.call(ctx, d)
 	end := time.Now()
 	s := w.settle(w.settleContext(base, end), ctx, d, err, t.lost.Load())
-	s.Duration = end.Sub(start)
+	if !start.IsZero() {
+		s.Duration = end.Sub(start)
+	}
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
 	}
