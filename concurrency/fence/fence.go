@@ -48,6 +48,7 @@ type StaleTokenError struct {
 	Current int64 // the token the row holds
 }
 
+// Error describes the refused write.
 func (e *StaleTokenError) Error() string {
 	return fmt.Sprintf("fence: %s %v: token %d refused, row holds %d", e.Table, e.Key, e.Token, e.Current)
 }

@@ -45,6 +45,7 @@ type ConflictError struct {
 	Actual   int64 // the row's version when the conflict was found
 }
 
+// Error describes the conflict.
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("optimistic: %s %v: expected version %d, found %d", e.Table, e.Key, e.Expected, e.Actual)
 }
@@ -231,6 +232,7 @@ type ExhaustedError struct {
 	Err      error // the last conflict
 }
 
+// Error describes the exhausted retries.
 func (e *ExhaustedError) Error() string {
 	return fmt.Sprintf("optimistic: %d attempts conflicted: %v", e.Attempts, e.Err)
 }

@@ -69,6 +69,7 @@ type BusyError struct {
 	Remaining time.Duration
 }
 
+// Error describes the busy resource.
 func (e *BusyError) Error() string {
 	return fmt.Sprintf("redislock: %s busy (held for %s more)", e.Resource, e.Remaining)
 }

@@ -49,6 +49,7 @@ type BusyError struct {
 	Err    error
 }
 
+// Error describes the busy resource.
 func (e *BusyError) Error() string {
 	return fmt.Sprintf("rowlock: row %v of %s busy after %s", e.Key, e.Table, e.Waited.Round(time.Microsecond))
 }

@@ -53,6 +53,7 @@ type TransitionError struct {
 	Backward bool
 }
 
+// Error describes the refused move.
 func (e *TransitionError) Error() string {
 	dir := "not allowed"
 	if e.Backward {
