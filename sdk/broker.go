@@ -65,7 +65,8 @@ type Subscriber interface {
 // Broker is a Publisher and a Subscriber that can be closed.
 //
 // Close releases the broker's connections and goroutines. It is safe to call
-// twice; every call after it returns [ErrClosed]. Deliveries received before
+// more than once (later calls return nil); every other call after it returns
+// [ErrClosed]. Deliveries received before
 // Close and not settled come back after their lease.
 type Broker interface {
 	Publisher
