@@ -1,0 +1,40 @@
+package sqlident_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/berthq/berth/concurrency/internal/sqlident"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestTable(t *testing.T) {
+	good := map[string]string{
+		"orders":         `"orders"`,
+		"Billing.Orders": `"Billing"."Orders"`,
+		"_t1":            `"_t1"`,
+	}
+	for in, want := range good {
+		if got, err := sqlident.Table(in); err != nil || got != want {
+			t.Errorf("Table(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "1orders", "a.b.c", ".orders", "orders.", `or"ders`, "orders; DROP TABLE x", "ö", string(make([]byte, 64))} {
+		if _, err := sqlident.Table(in); !errors.Is(err, sqlident.ErrInvalid) {
+			t.Errorf("Table(%q) = %v, want ErrInvalid", in, err)
+		}
+	}
+}
+
+func TestColumns(t *testing.T) {
+	if got, err := sqlident.Columns([]string{"a", "b_2"}); err != nil || len(got) != 2 || got[1] != `"b_2"` {
+		t.Errorf("Columns = %q, %v", got, err)
+	}
+	for _, in := range [][]string{{"a", "a"}, {"a.b"}, {"a b"}, {""}} {
+		if _, err := sqlident.Columns(in); !errors.Is(err, sqlident.ErrInvalid) {
+			t.Errorf("Columns(%q) = %v, want ErrInvalid", in, err)
+		}
+	}
+}
