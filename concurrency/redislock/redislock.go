@@ -31,7 +31,9 @@
 //
 // Keys: the lock is "<prefix>{<resource>}" and its fencing counter
 // "<prefix>{<resource>}:fence" (one hash slot, for Redis Cluster). The counter
-// never expires: deleting it would restart tokens at 1 and break fencing.
+// never expires: deleting it would restart tokens at 1 and break fencing. That
+// is one small key per resource ever locked; delete a resource's counter only
+// when nothing will ever write that resource again.
 // Fencing therefore also assumes Redis keeps the counter (persistence on, no
 // failover to a replica that lost writes).
 package redislock

@@ -12,6 +12,7 @@ import (
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/state"
 	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
@@ -267,4 +268,37 @@ func ExampleNew() {
 	// Output:
 	// true
 	// state: invalid transition table: cycle paid → pending → processing → paid
+}
+
+// interposer runs a real statement through db, and calls between after the
+// first statement, to make another writer act at that exact point.
+type interposer struct {
+	state.DB
+	calls   int
+	between func()
+}
+
+func (i *interposer) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	i.calls++
+	if i.calls == 2 && i.between != nil {
+		i.between()
+	}
+	return i.DB.QueryRow(ctx, sql, args...)
+}
+
+// The row moves into an allowed source state between Transition's refused
+// UPDATE and the read that explains the refusal: Transition tries again and
+// succeeds instead of reporting a refusal that is no longer true.
+func TestTransitionRetriesWhenRowMovesIntoAllowedState(t *testing.T) {
+	pool, m := setup(t, 1)
+	ctx := context.Background()
+	db := &interposer{DB: pool, between: func() {
+		if _, err := m.Transition(ctx, pool, 1, "processing", nil); err != nil {
+			t.Error(err)
+		}
+	}}
+	res, err := m.Transition(ctx, db, 1, "paid", nil)
+	if err != nil || res != (state.Result{From: "processing", Changed: true}) {
+		t.Fatalf("Transition = %+v, %v; want processing → paid after the concurrent move", res, err)
+	}
 }
