@@ -47,10 +47,14 @@
 //
 // # Metrics
 //
-// See [Observer] for the instruments. Other berth packages (idempotency,
-// concurrency) feed the counters they alone can see through small methods of
-// [Observer] ([Observer.DuplicateSuppressed], [Observer.IdempotencyConflict],
-// [Observer.VersionConflict], [Observer.LockWait]), which they reach either
-// through an interface of their own that *Observer satisfies, or through
-// [FromContext] inside a handler.
+// See [Observer] for the instruments. The counters only other berth packages
+// can see are fed through their hooks:
+//
+//	idempotency.Options{Observer: tel.Idempotency()}             // duplicates, conflicts, every guard event
+//	rowlock.Options{Observe: tel.RowLockObserved}                // row-lock wait time
+//	optimistic.Retrier{OnConflict: tel.VersionConflictHook("orders")} // optimistic-lock conflicts
+//
+// or directly through [Observer.DuplicateSuppressed],
+// [Observer.IdempotencyConflict], [Observer.VersionConflict] and
+// [Observer.LockWait], reachable inside a handler with [FromContext].
 package telemetry

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/idempotency/memstore"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -117,17 +118,17 @@ func (ms metrics) unit(name string) string {
 }
 
 // TestMetricsCountAScriptedScenario publishes dups duplicates (same
-// idempotency key as an earlier job), retried jobs that fail once
-// transiently, and dead jobs that fail permanently, through a handler with a
-// small idempotency layer that reports suppressed duplicates the way the
-// idempotency package does (FromContext(ctx).DuplicateSuppressed), and checks
-// that every counter says exactly that.
+// idempotency key and payload as an earlier job), conflicts (same key,
+// different payload), retried jobs that fail once transiently, and dead jobs
+// that fail permanently, through the idempotency guard (memstore) reporting to
+// the Observer, and checks that every counter says exactly that.
 func TestMetricsCountAScriptedScenario(t *testing.T) {
 	const (
-		unique = 5 // jobs that succeed first time
-		dups   = 3 // duplicates of the first three of them
-		retry  = 4 // jobs that fail once, then succeed
-		dead   = 2 // jobs that fail permanently
+		unique    = 5 // jobs that succeed first time
+		dups      = 3 // duplicates of the first three of them
+		conflicts = 1 // the key of order_0 with another payload
+		retry     = 4 // jobs that fail once, then succeed
+		dead      = 2 // jobs that fail permanently
 	)
 	b := newMemory(t)
 	queue := uniqueQueue(t, "tm")
@@ -137,12 +138,18 @@ func TestMetricsCountAScriptedScenario(t *testing.T) {
 	pub := obs.Publisher(b)
 	ctx := context.Background()
 
+	charge := func(i int, amount string) *sdk.Message {
+		return &sdk.Message{Type: "billing.charge", IdempotencyKey: fmt.Sprintf("charge:order_%d:v1", i), Body: []byte(amount)}
+	}
 	var msgs []*sdk.Message
 	for i := range unique {
-		msgs = append(msgs, &sdk.Message{Type: "billing.charge", IdempotencyKey: fmt.Sprintf("charge:order_%d:v1", i)})
+		msgs = append(msgs, charge(i, "10.00"))
 	}
 	for i := range dups {
-		msgs = append(msgs, &sdk.Message{Type: "billing.charge", IdempotencyKey: fmt.Sprintf("charge:order_%d:v1", i)})
+		msgs = append(msgs, charge(i, "10.00"))
+	}
+	for range conflicts {
+		msgs = append(msgs, charge(0, "99.00"))
 	}
 	for i := range retry {
 		msgs = append(msgs, &sdk.Message{Type: "email.send", IdempotencyKey: fmt.Sprintf("email:welcome:user_%d", i)})
@@ -150,22 +157,20 @@ func TestMetricsCountAScriptedScenario(t *testing.T) {
 	for i := range dead {
 		msgs = append(msgs, &sdk.Message{Type: "invoice.sync", IdempotencyKey: fmt.Sprintf("sync_invoice:inv_%d", i)})
 	}
-	// One publish per message: the duplicates must come after their originals.
+	// One publish per message, in this order: the duplicates come after
+	// their originals, and the Worker below takes one at a time.
 	for _, m := range msgs {
 		if err := pub.Publish(ctx, queue, m); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	var (
-		mu      sync.Mutex
-		done    = map[string]bool{}
-		handled atomic.Int64
-	)
+	guard, err := idempotency.New(idempotency.Options{Store: memstore.New(memstore.Options{}), Observer: obs.Idempotency(), Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
-		defer handled.Add(1)
-		m := d.Message()
-		switch m.Type {
+		switch d.Message().Type {
 		case "email.send":
 			if d.Attempt() == 1 {
 				return errors.New("smtp busy")
@@ -173,22 +178,16 @@ func TestMetricsCountAScriptedScenario(t *testing.T) {
 		case "invoice.sync":
 			return sdk.Permanent(errors.New("invoice missing"))
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if done[m.IdempotencyKey] {
-			telemetry.FromContext(ctx).DuplicateSuppressed(ctx, "")
-			return nil
-		}
-		done[m.IdempotencyKey] = true
 		return nil
 	})
 	stop := runWorker(t, b, h, sdk.WorkerOptions{
 		Queue:       queue,
-		Concurrency: 4,
+		Concurrency: 1,
 		Retry:       sdk.RetryPolicy{MaxAttempts: 3, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 20 * time.Millisecond, Jitter: -1}},
+		Middleware:  []sdk.Middleware{guard.Middleware()},
 		Observers:   []sdk.Observer{obs},
 	})
-	total := unique + dups + retry + dead
+	total := unique + dups + conflicts + retry + dead
 	deliveries := total + retry
 	eventually(t, 20*time.Second, "every delivery settled", func() bool {
 		return collect(t, reader).sum("berth.delivery.settlements") == float64(deliveries)
@@ -208,20 +207,23 @@ func TestMetricsCountAScriptedScenario(t *testing.T) {
 		{"sent", ms.sum("messaging.client.sent.messages"), total, "{message}", "messaging.client.sent.messages"},
 		{"consumed", ms.sum("messaging.client.consumed.messages"), deliveries, "{message}", "messaging.client.consumed.messages"},
 		{"duplicates", ms.sum("berth.idempotency.duplicates", job("billing.charge")), dups, "{message}", "berth.idempotency.duplicates"},
+		{"conflicts", ms.sum("berth.idempotency.conflicts", job("billing.charge")), conflicts, "{conflict}", "berth.idempotency.conflicts"},
+		{"guard events: duplicates", ms.sum("berth.idempotency.events", telemetry.AttrIdempotencyEvent.String("duplicate_suppressed")), dups, "{event}", "berth.idempotency.events"},
 		{"retries", ms.sum("berth.job.retries", job("email.send"), errType(sdk.ClassTransient)), retry, "{retry}", "berth.job.retries"},
 		{"retries of other types", ms.sum("berth.job.retries") - float64(retry), 0, "", ""},
 		{"redeliveries", ms.sum("berth.delivery.redeliveries", job("email.send")), retry, "{delivery}", "berth.delivery.redeliveries"},
 		{"dead letters", ms.sum("berth.job.dead_letters", job("invoice.sync"), errType(sdk.ClassPermanent)), dead, "{message}", "berth.job.dead_letters"},
-		{"dead letters of other types", ms.sum("berth.job.dead_letters") - float64(dead), 0, "", ""},
+		{"dead letters of conflicts", ms.sum("berth.job.dead_letters", job("billing.charge"), errType(sdk.ClassPermanent)), conflicts, "", ""},
+		{"dead letters in all", ms.sum("berth.job.dead_letters"), dead + conflicts, "", ""},
 		{"acks", ms.sum("berth.delivery.settlements", attribute.String("berth.settlement.action", "ack")), unique + dups + retry, "{delivery}", "berth.delivery.settlements"},
 		{"transient errors", ms.sum("berth.job.errors", errType(sdk.ClassTransient)), retry, "{error}", "berth.job.errors"},
-		{"permanent errors", ms.sum("berth.job.errors", errType(sdk.ClassPermanent)), dead, "", ""},
+		{"permanent errors", ms.sum("berth.job.errors", errType(sdk.ClassPermanent)), dead + conflicts, "", ""},
 		{"in flight at the end", ms.sum("berth.worker.in_flight"), 0, "{delivery}", "berth.worker.in_flight"},
 		{"process durations", ms.sum("messaging.process.duration"), deliveries, "s", "messaging.process.duration"},
-		{"charge durations", ms.sum("messaging.process.duration", job("billing.charge")), unique + dups, "", ""},
+		{"charge durations", ms.sum("messaging.process.duration", job("billing.charge")), unique + dups + conflicts, "", ""},
 		{"claim-to-ack latencies", ms.sum("berth.delivery.claim_to_ack.duration"), unique + dups + retry, "s", "berth.delivery.claim_to_ack.duration"},
 		{"backoff delays", ms.sum("berth.retry.delay"), retry, "s", "berth.retry.delay"},
-		{"dead-lettered in the queue", ms.sum("berth.queue.depth", telemetry.AttrQueueState.String("dead_lettered")), dead, "{message}", "berth.queue.depth"},
+		{"dead-lettered in the queue", ms.sum("berth.queue.depth", telemetry.AttrQueueState.String("dead_lettered")), dead + conflicts, "{message}", "berth.queue.depth"},
 		{"ready in the queue", ms.sum("berth.queue.depth", telemetry.AttrQueueState.String("ready")), 0, "", ""},
 		{"lease expirations", ms.sum("berth.lease.expirations"), 0, "", ""},
 	}
@@ -254,6 +256,11 @@ func TestRecordersOutsideADelivery(t *testing.T) {
 	obs.VersionConflict(ctx, "orders")
 	obs.LockWait(ctx, "orders", 30*time.Millisecond, true)
 	obs.LockWait(ctx, "orders", 50*time.Millisecond, false)
+	// The hooks the concurrency packages take (rowlock.Options.Observe,
+	// optimistic.Retrier.OnConflict).
+	obs.RowLockObserved(ctx, "orders", 20*time.Millisecond, nil)
+	obs.RowLockObserved(ctx, "orders", 2*time.Second, errors.New("rowlock: busy"))
+	obs.VersionConflictHook("orders")(ctx, 1, errors.New("optimistic: conflict"))
 
 	var none *telemetry.Observer // what FromContext returns outside a Worker
 	none.DuplicateSuppressed(ctx, "x")
@@ -274,10 +281,10 @@ func TestRecordersOutsideADelivery(t *testing.T) {
 	}{
 		{"duplicates", ms.sum("berth.idempotency.duplicates", charge), 1},
 		{"idempotency conflicts", ms.sum("berth.idempotency.conflicts", charge), 2},
-		{"version conflicts", ms.sum("berth.concurrency.version_conflicts", orders), 1},
-		{"lock waits acquired", ms.sum("berth.concurrency.lock_wait.duration", orders, telemetry.AttrLockAcquired.Bool(true)), 1},
-		{"lock waits busy", ms.sum("berth.concurrency.lock_wait.duration", orders, telemetry.AttrLockAcquired.Bool(false)), 1},
-		{"lock wait seconds", ms.histSum("berth.concurrency.lock_wait.duration", orders), 0.08},
+		{"version conflicts", ms.sum("berth.concurrency.version_conflicts", orders), 2},
+		{"lock waits acquired", ms.sum("berth.concurrency.lock_wait.duration", orders, telemetry.AttrLockAcquired.Bool(true)), 2},
+		{"lock waits busy", ms.sum("berth.concurrency.lock_wait.duration", orders, telemetry.AttrLockAcquired.Bool(false)), 2},
+		{"lock wait seconds", ms.histSum("berth.concurrency.lock_wait.duration", orders), 2.1},
 	} {
 		if d := c.got - c.want; d > 1e-9 || d < -1e-9 {
 			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)

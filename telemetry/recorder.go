@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/berthq/berth/idempotency"
 )
 
 // The recording methods below are how the idempotency and concurrency
@@ -92,4 +94,62 @@ func (o *Observer) resourceAttrs(ctx context.Context, resource string) []attribu
 			AttrJobType.String(st.base.jobType))
 	}
 	return attrs
+}
+
+// Idempotency returns the [idempotency.Observer] to put in
+// idempotency.Options.Observer: every guard event is counted in
+// berth.idempotency.events (attribute berth.idempotency.event), duplicates
+// suppressed also in berth.idempotency.duplicates and key conflicts in
+// berth.idempotency.conflicts (see [Observer.DuplicateSuppressed] and
+// [Observer.IdempotencyConflict]).
+func (o *Observer) Idempotency() idempotency.Observer { return idempotencyObserver{o} }
+
+type idempotencyObserver struct{ o *Observer }
+
+func (i idempotencyObserver) Observe(ctx context.Context, e idempotency.Event, jobType string) {
+	o := i.o
+	if o == nil {
+		return
+	}
+	attrs := append(o.jobAttrs(ctx, jobType), AttrIdempotencyEvent.String(string(e)))
+	o.idemEvents.Add(ctx, 1, metric.WithAttributes(attrs...))
+	switch e {
+	case idempotency.EventDuplicate:
+		o.DuplicateSuppressed(ctx, jobType)
+	case idempotency.EventConflict:
+		o.IdempotencyConflict(ctx, jobType)
+	}
+}
+
+// RowLockObserved records one row-lock attempt: it has the signature of
+// rowlock.Options.Observe, so wire it as
+//
+//	rowlock.Options{Table: "orders", Observe: tel.RowLockObserved}
+//
+// table labels the wait (berth.resource.type); err nil means acquired.
+func (o *Observer) RowLockObserved(ctx context.Context, table string, waited time.Duration, err error) {
+	o.LockWait(ctx, table, waited, err == nil)
+}
+
+// VersionConflictHook returns a function with the signature of
+// optimistic.Retrier.OnConflict that counts each conflict on resource:
+//
+//	optimistic.Retrier{OnConflict: tel.VersionConflictHook("orders")}
+func (o *Observer) VersionConflictHook(resource string) func(ctx context.Context, attempt int, err error) {
+	return func(ctx context.Context, _ int, _ error) { o.VersionConflict(ctx, resource) }
+}
+
+// jobAttrs labels a measurement with the delivery in ctx, or with jobType
+// alone outside a delivery.
+func (o *Observer) jobAttrs(ctx context.Context, jobType string) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 4)
+	if st := stateFrom(ctx); st != nil {
+		if jobType == "" {
+			jobType = st.base.jobType
+		}
+		attrs = append(attrs,
+			semconv.MessagingSystemKey.String(st.base.system),
+			semconv.MessagingDestinationName(st.base.queue))
+	}
+	return append(attrs, AttrJobType.String(jobType))
 }

@@ -34,6 +34,7 @@ const (
 	AttrResource         = attribute.Key("berth.resource.type")
 	AttrLockAcquired     = attribute.Key("berth.lock.acquired")
 	AttrLeaseResult      = attribute.Key("berth.lease.result")
+	AttrIdempotencyEvent = attribute.Key("berth.idempotency.event")
 )
 
 // InspectedQueue names a queue whose depth and oldest message age are reported
@@ -90,6 +91,7 @@ type Options struct {
 //	berth.queue.oldest_age                gauge     s            age of the oldest ready message
 //	berth.idempotency.duplicates          counter   {message}    duplicates suppressed (fed by idempotency)
 //	berth.idempotency.conflicts           counter   {conflict}   same key, different payload (fed by idempotency)
+//	berth.idempotency.events              counter   {event}      every guard event, per berth.idempotency.event (fed by idempotency)
 //	berth.concurrency.version_conflicts   counter   {conflict}   optimistic-lock conflicts (fed by concurrency)
 //	berth.concurrency.lock_wait.duration  histogram s            row-lock wait time (fed by concurrency)
 //
@@ -105,7 +107,7 @@ type Observer struct {
 	reg        metric.Registration
 
 	sent, consumed, redeliveries, settlements, jobErrors, retries, deadLetters,
-	leaseExt, leaseExp, duplicates, idemConflicts, versionConflicts metric.Int64Counter
+	leaseExt, leaseExp, duplicates, idemConflicts, idemEvents, versionConflicts metric.Int64Counter
 	inFlight                                     metric.Int64UpDownCounter
 	processDur, claimToAck, retryDelay, lockWait metric.Float64Histogram
 	depth                                        metric.Int64ObservableGauge
@@ -186,6 +188,7 @@ func New(opts Options) (*Observer, error) {
 	o.leaseExp = counter("berth.lease.expirations", "{lease}", "Leases lost while handling or settling.")
 	o.duplicates = counter("berth.idempotency.duplicates", "{message}", "Duplicate deliveries suppressed by the idempotency layer.")
 	o.idemConflicts = counter("berth.idempotency.conflicts", "{conflict}", "Idempotency keys reused with a different payload.")
+	o.idemEvents = counter("berth.idempotency.events", "{event}", "Idempotency guard events, per berth.idempotency.event.")
 	o.versionConflicts = counter("berth.concurrency.version_conflicts", "{conflict}", "Optimistic-lock version conflicts.")
 	o.processDur = hist("messaging.process.duration", "Handler run time.", durationBuckets)
 	o.claimToAck = hist("berth.delivery.claim_to_ack.duration", "Time from the start of handling to a successful ack.", durationBuckets)

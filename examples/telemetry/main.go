@@ -4,7 +4,7 @@
 //
 // The flow: a checkout publishes one "billing.charge" job per order, under a
 // correlation ID; a Worker charges each order once (a duplicate publish is
-// suppressed by a small idempotency check, a flaky payment gateway makes some
+// suppressed by the idempotency guard, a flaky payment gateway makes some
 // charges retry, an order that does not exist is dead-lettered) and publishes
 // an "email.receipt" job for each charge, which carries the same correlation
 // ID and continues the same trace. Logs go through telemetry.LogHandler, so
@@ -33,6 +33,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/idempotency/memstore"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -100,31 +102,26 @@ func run(ctx context.Context) error {
 	root.End()
 
 	// The billing worker.
-	var (
-		mu      sync.Mutex
-		charged = map[string]bool{}
-		settled atomic.Int64
-	)
+	var settled atomic.Int64
+	// The idempotency guard acks the duplicate of order_1 without charging
+	// again, and reports it (and every other guard event) to telemetry.
+	guard, err := idempotency.New(idempotency.Options{
+		Store:    memstore.New(memstore.Options{}),
+		Observer: tel.Idempotency(),
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return err
+	}
 	charge := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
 		m := d.Message()
 		order := string(m.Body)
 		if order == missingOrd {
 			return sdk.Permanent(fmt.Errorf("order %s does not exist", order))
 		}
-		mu.Lock()
-		done := charged[m.IdempotencyKey]
-		mu.Unlock()
-		if done { // what the idempotency package does, reported the same way
-			telemetry.FromContext(ctx).DuplicateSuppressed(ctx, "")
-			logger.InfoContext(ctx, "already charged; skipping", "order", order)
-			return nil
-		}
 		if d.Attempt() == 1 && strings.HasSuffix(order, "3") || strings.HasSuffix(order, "6") && d.Attempt() < 3 {
 			return errors.New("payment gateway timeout")
 		}
-		mu.Lock()
-		charged[m.IdempotencyKey] = true
-		mu.Unlock()
 		logger.InfoContext(ctx, "charged", "order", order)
 		return pub.Publish(ctx, email, &sdk.Message{Type: "email.receipt", IdempotencyKey: "email:receipt:" + order, Body: m.Body})
 	})
@@ -143,14 +140,15 @@ func run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	for queue, h := range map[string]sdk.Handler{billing: charge, email: mail} {
-		// One billing handler at a time, so the duplicate of order_1 finds
-		// it charged (the idempotency package makes this safe at any concurrency).
-		concurrency := 1
-		if queue == email {
-			concurrency = 4
+		// One billing handler at a time, so that the duplicate of order_1
+		// finds it completed rather than in progress (which the guard would
+		// hand back for later: safe, but the counts below would vary).
+		concurrency, mws := 4, []sdk.Middleware(nil)
+		if queue == billing {
+			concurrency, mws = 1, []sdk.Middleware{guard.Middleware()}
 		}
 		w, err := sdk.NewWorker(broker, h, sdk.WorkerOptions{
-			Queue: queue, Concurrency: concurrency, Retry: retry, Logger: workerLog,
+			Queue: queue, Concurrency: concurrency, Retry: retry, Logger: workerLog, Middleware: mws,
 			Observers: []sdk.Observer{tel, count},
 		})
 		if err != nil {
