@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -19,6 +20,9 @@ const maxAckBatch = 500
 type acker struct {
 	b    *Broker
 	reqs chan ackReq // unbuffered: a send succeeds only while run receives
+
+	flushes, rows atomic.Int64 // statements and rows written, for the benchmark
+	unbatched     atomic.Bool  // write each ack alone (the benchmark's baseline)
 }
 
 type ackReq struct {
@@ -32,6 +36,10 @@ func newAcker(b *Broker) *acker { return &acker{b: b, reqs: make(chan ackReq)} }
 // ack completes the row if its lease token still matches.
 func (a *acker) ack(ctx context.Context, id int64, token string) error {
 	r := ackReq{id: id, token: token, done: make(chan error, 1)}
+	if a.unbatched.Load() {
+		a.flush([]ackReq{r})
+		return <-r.done
+	}
 	select {
 	case a.reqs <- r:
 	case <-a.b.closed:
@@ -77,6 +85,8 @@ func (a *acker) run(ctx context.Context) {
 func (a *acker) flush(batch []ackReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	a.flushes.Add(1)
+	a.rows.Add(int64(len(batch)))
 	ids := make([]int64, len(batch))
 	tokens := make([]string, len(batch))
 	for i, r := range batch {

@@ -327,7 +327,9 @@ func TestPublishTx(t *testing.T) {
 
 var errRollback = errors.New("roll back")
 
-func maps1(counts map[string]int64, status string) bool { return len(counts) == 1 && counts[status] == 1 }
+func maps1(counts map[string]int64, status string) bool {
+	return len(counts) == 1 && counts[status] == 1
+}
 
 // TestDedupeEnqueue: with DedupeEnqueue, a second publish of an idempotency
 // key returns the existing job instead of inserting one.

@@ -1,0 +1,252 @@
+package postgres_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/sdk"
+)
+
+// BenchmarkBerthVsRaw processes b.N jobs twice on the same jobs table (same
+// schema, same indexes, same pool): once with berth (sdk.Worker on the
+// broker: claims fenced by lease tokens, acks through the group-commit
+// batcher) and once with a raw pgx loop (claim a batch with FOR UPDATE SKIP
+// LOCKED, complete it with one UPDATE ... WHERE id = ANY). Both use the same
+// batch size and worker count. It reports jobs/s for each and their ratio.
+// Run it with a fixed count, e.g. -benchtime=20000x.
+func BenchmarkBerthVsRaw(b *testing.B) {
+	const workers, batch = 4, 10
+	pool := newPool(b, "berth-bench", workers+2)
+	type side struct {
+		name string
+		run  func(br *postgres.Broker, q string, claims *claimCounter)
+	}
+	sides := []side{
+		{"raw", func(br *postgres.Broker, q string, _ *claimCounter) { rawLoop(b, pool, br.Schema(), q, workers, batch) }},
+		{"broker", func(br *postgres.Broker, q string, c *claimCounter) { brokerLoop(b, br, c, q, b.N, workers, batch) }},
+		{"broker-unbatched", func(br *postgres.Broker, q string, c *claimCounter) {
+			br.SetUnbatchedAcks(true) // one UPDATE per ack: is the acker needed?
+			brokerLoop(b, br, c, q, b.N, workers, batch)
+		}},
+		{"worker", func(br *postgres.Broker, q string, c *claimCounter) {
+			berthWorkers(b, c, q, b.N, workers, batch/2, batch-batch/2) // holds at most batch, like raw
+		}},
+		{"worker-prefetch", func(br *postgres.Broker, q string, c *claimCounter) {
+			berthWorkers(b, c, q, b.N, workers, batch, batch) // the Worker's default Prefetch: holds up to 2·batch
+		}},
+	}
+	took := map[string]time.Duration{}
+	claims := map[string]*claimCounter{}
+	acks := map[string][2]int64{}
+	for round := range 2 { // alternate the order to spread cache and load effects
+		for i := range sides {
+			s := sides[(i+round)%len(sides)]
+			br := newBroker(b, pool, postgres.Options{Lease: time.Minute, PollInterval: 100 * time.Millisecond,
+				Logger: slog.New(slog.DiscardHandler)})
+			q := "bench_" + suffix()
+			publishBench(b, br, q, b.N)
+			if claims[s.name] == nil {
+				claims[s.name] = &claimCounter{Subscriber: br}
+			}
+			claims[s.name].Subscriber = br
+			start := time.Now()
+			s.run(br, q, claims[s.name])
+			took[s.name] += time.Since(start)
+			var done int
+			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+br.Schema()+`.jobs
+				WHERE queue = $1 AND status = 'completed'`, q).Scan(&done); err != nil || done != b.N {
+				b.Fatalf("%s: %d of %d jobs completed (%v)", s.name, done, b.N, err)
+			}
+			f, a := br.AckStats()
+			acks[s.name] = [2]int64{acks[s.name][0] + f, acks[s.name][1] + a}
+			_ = br.Close()
+		}
+	}
+	rate := func(side string) float64 { return float64(2*b.N) / took[side].Seconds() }
+	b.ReportMetric(0, "ns/op")
+	for _, s := range sides {
+		b.ReportMetric(rate(s.name), s.name+"-jobs/s")
+		if s.name == "raw" {
+			continue
+		}
+		b.ReportMetric(rate(s.name)/rate("raw"), s.name+"/raw")
+		b.ReportMetric(claims[s.name].avg(), s.name+"-claim-size")
+		b.ReportMetric(float64(acks[s.name][1])/float64(acks[s.name][0]), s.name+"-ack-batch")
+	}
+}
+
+// claimCounter counts the deliveries per Receive call.
+type claimCounter struct {
+	sdk.Subscriber
+	calls, got atomic.Int64
+}
+
+func (c *claimCounter) Receive(ctx context.Context, q string, n int) ([]sdk.Delivery, error) {
+	ds, err := c.Subscriber.Receive(ctx, q, n)
+	c.calls.Add(1)
+	c.got.Add(int64(len(ds)))
+	return ds, err
+}
+
+func (c *claimCounter) avg() float64 { return float64(c.got.Load()) / float64(max(c.calls.Load(), 1)) }
+
+func publishBench(b *testing.B, br *postgres.Broker, q string, n int) {
+	b.Helper()
+	for n > 0 {
+		k := min(n, 1000)
+		msgs := make([]*sdk.Message, k)
+		for i := range msgs {
+			msgs[i] = &sdk.Message{Type: "bench", Body: []byte(`{"order":"order_123","amount":4200}`)}
+		}
+		if err := br.Publish(context.Background(), q, msgs...); err != nil {
+			b.Fatalf("Publish: %v", err)
+		}
+		n -= k
+	}
+}
+
+// rawLoop is what a team would write by hand: workers goroutines, each
+// claiming batch rows with SKIP LOCKED and completing them in one statement,
+// until the queue is empty.
+func rawLoop(b *testing.B, pool *pgxpool.Pool, schema, q string, workers, batch int) {
+	b.Helper()
+	table := pgx.Identifier{schema, "jobs"}.Sanitize()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				rows, err := pool.Query(ctx, `WITH c AS (
+						SELECT id FROM `+table+`
+						WHERE queue = $1 AND status IN ('queued', 'retry', 'processing') AND available_at <= now()
+						ORDER BY available_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+					UPDATE `+table+` j SET status = 'processing', attempt_count = j.attempt_count + 1,
+						available_at = now() + interval '1 minute', visibility_until = now() + interval '1 minute',
+						worker_id = 'raw', updated_at = now()
+					FROM c WHERE j.id = c.id
+					RETURNING j.id, j.payload`, q, batch)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				var ids []int64
+				for rows.Next() {
+					var (
+						id      int64
+						payload []byte
+					)
+					if err := rows.Scan(&id, &payload); err != nil {
+						b.Error(err)
+					}
+					ids = append(ids, id)
+				}
+				rows.Close()
+				if rows.Err() != nil {
+					b.Error(rows.Err())
+					return
+				}
+				if len(ids) == 0 {
+					return
+				}
+				if _, err := pool.Exec(ctx, `UPDATE `+table+` SET status = 'completed', updated_at = now()
+					WHERE id = ANY($1)`, ids); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// berthWorkers runs workers sdk.Workers on sub, each with the given
+// Concurrency and Prefetch (a Receive asks for at most their sum), until n
+// jobs are acked.
+func berthWorkers(b *testing.B, sub sdk.Subscriber, q string, n, workers, concurrency, prefetch int) {
+	b.Helper()
+	var acked atomic.Int64
+	done := make(chan struct{})
+	obs := ackCounter{n: int64(n), acked: &acked, done: done}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range workers {
+		w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+			sdk.WorkerOptions{Queue: q, Concurrency: concurrency, Prefetch: prefetch, Lease: time.Minute, HeartbeatInterval: -1,
+				Observers: []sdk.Observer{obs}, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Go(func() {
+			if err := w.Run(ctx); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute):
+		b.Error("berth workers did not finish")
+	}
+	cancel()
+	wg.Wait()
+}
+
+type ackCounter struct {
+	n     int64
+	acked *atomic.Int64
+	done  chan struct{}
+}
+
+func (a ackCounter) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+func (a ackCounter) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+	if s.Action == sdk.ActionAck && s.Err == nil && a.acked.Add(1) == a.n {
+		close(a.done)
+	}
+}
+
+// brokerLoop is rawLoop's loop on berth's broker API: workers goroutines,
+// each receiving up to batch deliveries and acking them (the acks of one
+// batch run concurrently, as a Worker's handlers would, so the broker's acker
+// writes them together), until n jobs are acked.
+func brokerLoop(b *testing.B, br *postgres.Broker, c *claimCounter, q string, n, workers, batch int) {
+	b.Helper()
+	var acked atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for acked.Load() < int64(n) {
+				ds, err := c.Receive(ctx, q, batch)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					return
+				}
+				var acks sync.WaitGroup
+				for _, d := range ds {
+					acks.Go(func() {
+						if err := d.Ack(ctx); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				acks.Wait()
+				if acked.Add(int64(len(ds))) >= int64(n) {
+					cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
