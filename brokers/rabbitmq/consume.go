@@ -122,6 +122,10 @@ func (c *consumer) session() error {
 		select {
 		case d, ok := <-dels:
 			if !ok {
+				// The channel died, or the server cancelled the consumer
+				// (queue deleted, leader moved): close the channel so that
+				// its unacked deliveries go back to the queue either way.
+				_ = ch.Close()
 				return nil
 			}
 			dv := c.wrap(d, st)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,8 +90,9 @@ func TestConnectionCutMidRun(t *testing.T) {
 	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
 		mu.Lock()
 		defer mu.Unlock()
-		processed[d.Message().ID]++
-		if n := len(processed); n == total/5 || n == total/2 || n == 4*total/5 {
+		id := d.Message().ID
+		processed[id]++
+		if n := len(processed); processed[id] == 1 && (n == total/5 || n == total/2 || n == 4*total/5) {
 			p.Cut() // while publishes and acks are in flight
 		}
 		if len(processed) == total {
@@ -115,11 +118,15 @@ func TestConnectionCutMidRun(t *testing.T) {
 	case <-ctx.Done():
 		mu.Lock()
 		info, err := b.Info(context.Background(), q)
+		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
 		t.Fatalf("%d of %d confirmed messages processed; queue now %+v (%v)", len(processed), total, info, err)
 	}
 	stop()
 	if err := <-werr; err != nil {
 		t.Fatalf("Worker.Run: %v", err)
+	}
+	if info, err := b.Info(ctx, q); err != nil || info.DeadLettered != 0 {
+		t.Errorf("after the run: %+v, %v; want nothing dead-lettered", info, err)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -170,41 +177,70 @@ func TestPublishWaitsDuringOutage(t *testing.T) {
 	}
 }
 
-// TestSettleAfterChannelLoss: a delivery whose connection died is not acked
-// on the new connection; settling it reports ErrLeaseLost and the message
-// comes back with its attempt counted.
+// TestSettleAfterChannelLoss: deliveries whose connection died are not
+// settled on the new connection: Ack, Retry and DeadLetter report
+// ErrLeaseLost and publish nothing, and the messages come back with their
+// attempt counted.
 func TestSettleAfterChannelLoss(t *testing.T) {
 	url := serverURL(t)
 	p, purl := newProxy(t, url)
 	q := testQueue(t, url)
 	b := newBroker(t, purl, Options{Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
-	ctx := t.Context()
-	m := &sdk.Message{Type: "lost"}
-	if err := b.Publish(ctx, q, m); err != nil {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	msgs := []*sdk.Message{{Type: "lost-ack"}, {Type: "lost-retry"}, {Type: "lost-dead"}}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	ds, err := b.Receive(ctx, q, 1)
-	if err != nil {
-		t.Fatal(err)
+	var old []sdk.Delivery
+	for len(old) < len(msgs) {
+		ds, err := b.Receive(ctx, q, len(msgs)-len(old))
+		if err != nil {
+			t.Fatal(err)
+		}
+		old = append(old, ds...)
 	}
-	old := ds[0]
 	p.Cut()
-	for _, settle := range []func() error{
-		func() error { return old.Ack(ctx) },
+	// An ack written before the client notices the cut is lost with the
+	// connection (the server requeues the message); wait until it notices.
+	for !errors.Is(old[0].ExtendLease(ctx, time.Second), sdk.ErrLeaseLost) {
+		if ctx.Err() != nil {
+			t.Fatal("the broker never noticed the cut")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i, settle := range []func(d sdk.Delivery) error{
+		func(d sdk.Delivery) error { return d.Ack(ctx) },
+		func(d sdk.Delivery) error { return d.Retry(ctx, 0, errors.New("boom")) },
+		func(d sdk.Delivery) error { return d.DeadLetter(ctx, errors.New("boom")) },
 	} {
-		if err := settle(); !errors.Is(err, sdk.ErrLeaseLost) {
-			t.Fatalf("Ack of a delivery from a dead channel: %v, want ErrLeaseLost", err)
+		if err := settle(old[i]); !errors.Is(err, sdk.ErrLeaseLost) {
+			t.Errorf("settlement %d of a delivery from a dead channel: %v, want ErrLeaseLost", i, err)
 		}
 	}
-	ds, err = b.Receive(ctx, q, 1)
-	if err != nil {
-		t.Fatal(err)
+	got := map[string]int{}
+	for len(got) < len(msgs) {
+		ds, err := b.Receive(ctx, q, len(msgs))
+		if err != nil {
+			t.Fatalf("Receive after the cut: %v (got %v)", err, got)
+		}
+		for _, d := range ds {
+			if _, dup := got[d.Message().ID]; dup {
+				t.Errorf("message %s delivered twice after the cut: a stale settlement published a copy", d.Message().ID)
+			}
+			got[d.Message().ID] = d.Attempt()
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	if ds[0].Message().ID != m.ID || ds[0].Attempt() != 2 {
-		t.Fatalf("after the cut got %s attempt %d, want %s attempt 2", ds[0].Message().ID, ds[0].Attempt(), m.ID)
+	for _, m := range msgs {
+		if got[m.ID] != 2 {
+			t.Errorf("message %s back at attempt %d, want 2", m.ID, got[m.ID])
+		}
 	}
-	if err := ds[0].Ack(ctx); err != nil {
-		t.Fatal(err)
+	if info, err := b.Info(ctx, q); err != nil || info.DeadLettered != 0 || info.Ready != 0 {
+		t.Errorf("after settling: %+v, %v; want an empty queue and no dead letter", info, err)
 	}
 }
 
@@ -233,6 +269,12 @@ func TestServerClosesConnection(t *testing.T) {
 	held := ds[0]
 	for _, suffix := range []string{"-publish", "-consume"} {
 		closeConnection(t, ctx, ctl, name+suffix)
+	}
+	for !errors.Is(held.ExtendLease(ctx, time.Second), sdk.ErrLeaseLost) {
+		if ctx.Err() != nil {
+			t.Fatal("the broker never noticed the closed connection")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if err := held.Ack(ctx); !errors.Is(err, sdk.ErrLeaseLost) {
 		t.Errorf("Ack after the server closed the connection: %v, want ErrLeaseLost", err)

@@ -350,6 +350,11 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			var ae *amqp.Error
+			if errors.As(r.err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) {
+				// Wrong credentials or vhost: waiting will not help.
+				return nil, fmt.Errorf("rabbitmq: connect to %s: %s", l.b.redacted, scrub(r.err.Error(), l.b.uri))
+			}
 			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %s", sdk.ErrUnavailable, l.b.redacted, scrub(r.err.Error(), l.b.uri))
 		}
 		return r.c, nil
