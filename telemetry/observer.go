@@ -20,6 +20,7 @@ import (
 type deliveryCtx struct {
 	context.Context
 	obs    *Observer
+	span   trace.Span
 	d      sdk.Delivery
 	base   labelKey
 	start  time.Time
@@ -27,7 +28,7 @@ type deliveryCtx struct {
 }
 
 func (c *deliveryCtx) Value(key any) any {
-	if key == (ctxKey{}) {
+	if k, ok := key.(ctxKey); ok && (k.o == nil || k.o == c.obs) {
 		return c
 	}
 	return c.Context.Value(key)
@@ -41,8 +42,16 @@ var (
 	newRoot      = trace.WithNewRoot()
 )
 
+// stateFrom returns the innermost delivery state in ctx, of any Observer.
 func stateFrom(ctx context.Context) *deliveryCtx {
 	st, _ := ctx.Value(ctxKey{}).(*deliveryCtx)
+	return st
+}
+
+// stateOf returns o's delivery state in ctx: two Observers on one Worker
+// each find their own.
+func (o *Observer) stateOf(ctx context.Context) *deliveryCtx {
+	st, _ := ctx.Value(ctxKey{o: o}).(*deliveryCtx)
 	return st
 }
 
@@ -57,6 +66,9 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 
 	parent := Extract(ctx, o.prop, m)
 	creation := trace.SpanContextFromContext(parent)
+	if creation.Equal(trace.SpanContextFromContext(ctx)) {
+		creation = trace.SpanContext{} // the message carried no trace context
+	}
 	attrs := make([]attribute.KeyValue, 0, 3)
 	attrs = append(attrs, semconv.MessagingMessageID(m.ID), AttrAttempt.Int(d.Attempt()))
 	if m.CorrelationID != "" {
@@ -67,10 +79,12 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	if creation.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: creation}))
 	}
-	if o.linkOnly {
-		opts = append(opts, newRoot) // the message's baggage stays in ctx
+	if o.linkOnly || !creation.IsValid() {
+		// A new trace; the message's baggage stays in ctx. A message without
+		// trace headers does not join whatever span the Worker's context has.
+		opts = append(opts, newRoot)
 	}
-	ctx, _ = o.tracer.Start(parent, l.spanName, opts...)
+	ctx, span := o.tracer.Start(parent, l.spanName, opts...)
 
 	if id := m.CorrelationID; id != "" && sdk.CorrelationID(ctx) != id {
 		ctx = sdk.WithCorrelationID(ctx, id)
@@ -81,25 +95,23 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	if d.Attempt() > 1 {
 		o.redeliveries.Add(ctx, 1, l.add...)
 	}
-	return &deliveryCtx{Context: ctx, obs: o, d: d, base: base, start: time.Now(), active: true}
+	return &deliveryCtx{Context: ctx, obs: o, span: span, d: d, base: base, start: time.Now(), active: true}
 }
 
 // Settled implements [sdk.Observer]: it records the outcome on the process
 // span and ends it, and records the delivery metrics.
 func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
-	st := stateFrom(ctx)
 	base := labelKey{system: o.systemOf(d), queue: d.Queue(), jobType: d.Message().Type}
 	var start time.Time
-	if st != nil && st.obs == o {
+	if st := o.stateOf(ctx); st != nil {
 		base, start = st.base, st.start
-		if st.active {
+		if st.active { // Settled once per Start
 			st.active = false
 			o.inFlight.Add(ctx, -1, o.labelsFor(base).add...)
+			o.recordSpan(st.span, s)
+			st.span.End()
 		}
 	}
-	span := trace.SpanFromContext(ctx)
-	o.recordSpan(span, s)
-	span.End()
 
 	k := base
 	k.action, k.class = s.Action, s.Class

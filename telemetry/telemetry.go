@@ -337,7 +337,9 @@ func (o *Observer) labelsFor(k labelKey) *labels {
 	return l
 }
 
-type ctxKey struct{}
+// ctxKey finds a delivery's state in its context: that of Observer o, or
+// with o nil the innermost of any Observer.
+type ctxKey struct{ o *Observer }
 
 // FromContext returns the Observer handling the delivery of ctx (set by
 // [Observer.Start]), or nil. Every recording method of Observer accepts a nil
