@@ -26,6 +26,5 @@ func TestConformance(t *testing.T) {
 		Lease:          lease,
 		MaxDeliveries:  maxDeliveries,
 		MaxMessageSize: postgres.DefaultMaxMessageSize,
-		WorkerMessages: 2000,
 	})
 }

@@ -470,3 +470,31 @@ func TestNULBytesRefused(t *testing.T) {
 		t.Errorf("DeadLetter with a NUL in the cause: %v", err)
 	}
 }
+
+// TestPollingOnly: with DisableListen the broker holds no LISTEN connection
+// and Receive still finds new jobs by polling.
+func TestPollingOnly(t *testing.T) {
+	appName := "berth-poll-" + suffix()
+	pool := newPool(t, appName, 2)
+	b := newBroker(t, pool, postgres.Options{DisableListen: true, PollInterval: 50 * time.Millisecond})
+	ctx := testCtx(t)
+	q := "poll_" + suffix()
+	got := make(chan int, 1)
+	go func() {
+		ds, err := b.Receive(ctx, q, 5)
+		if err != nil {
+			t.Errorf("Receive: %v", err)
+		}
+		got <- len(ds)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	publishN(t, b, q, 1)
+	if n := <-got; n != 1 {
+		t.Errorf("Receive returned %d deliveries, want 1", n)
+	}
+	var listening int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query ILIKE 'LISTEN%'`,
+		appName).Scan(&listening); err != nil || listening != 0 {
+		t.Errorf("%d LISTEN connections (%v) with DisableListen, want 0", listening, err)
+	}
+}

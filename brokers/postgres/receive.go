@@ -48,6 +48,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		woken := b.wake.wait(queue)
 		ds, poisoned, err := b.claim(ctx, queue, max)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			return nil, err
 		}
 		if len(ds) > 0 {
@@ -58,6 +61,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		}
 		wait, err := b.nextDue(ctx, queue)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			return nil, err
 		}
 		t := time.NewTimer(wait)
