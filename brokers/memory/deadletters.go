@@ -93,6 +93,7 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 		return 0, nil
 	}
 	q.mu.Lock()
+	q.promote(time.Now(), b.maxDeliveries) // a poison message whose last lease ran out is a dead letter
 	var picked []*sdk.Message
 	if len(ids) == 0 {
 		picked, q.dead = q.dead, nil
@@ -123,11 +124,12 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 	}
 	q.mu.Unlock()
 
-	now := time.Now()
 	for _, m := range picked { // each m is the broker's own copy: reuse it
 		target := b.queue(sdk.PrepareRedrive(m, queue))
 		e := &entry{msg: *m}
 		target.mu.Lock()
+		now := time.Now()
+		target.promote(now, b.maxDeliveries)
 		target.makeReady(e, now)
 		target.mu.Unlock()
 	}

@@ -120,6 +120,7 @@ func (d *delivery) requeue(q *queue, e *entry, now time.Time, delay time.Duratio
 		q.schedule(e, now.Add(delay))
 		return
 	}
+	q.promote(now, d.b.maxDeliveries) // keep the ready FIFO ordered by readySince
 	q.makeReady(e, now)
 }
 
@@ -151,5 +152,6 @@ func (d *delivery) ExtendLease(_ context.Context, by time.Duration) error {
 	}
 	d.e.due = now.Add(by)
 	heap.Fix(&q.inFlight, d.e.index)
+	q.deadlineMoved(d.e.due) // a shortened lease: waiting receivers must wake for it
 	return nil
 }

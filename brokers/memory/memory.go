@@ -171,12 +171,13 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		}
 	}
 	q := b.queue(queue)
-	now := time.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
+	now := time.Now()
+	q.promote(now, b.maxDeliveries) // what is due goes ahead of what is published now
 	for i := range entries {
 		e := &entries[i]
 		if d := e.msg.Delay; d > 0 {
@@ -190,11 +191,14 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	return nil
 }
 
-// Receive leases up to max (at least 1) ready messages of queue to the
+// Receive leases up to n (at least 1) ready messages of queue to the
 // caller, waiting while there are none. It returns ctx.Err() when ctx is
 // done first and [sdk.ErrClosed] when the broker is closed, also while it
 // waits. The deliveries' messages are shared: callers must not modify them.
-func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delivery, error) {
+	if b.closed.Load() {
+		return nil, sdk.ErrClosed
+	}
 	q := b.existing(queue) // an existing queue's name was validated when it was made
 	if q == nil {
 		if err := sdk.ValidateQueueName(queue); err != nil {
@@ -202,7 +206,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		}
 		q = b.queue(queue)
 	}
-	max = cmpMax(max, 1)
+	n = max(n, 1)
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -220,7 +224,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		now := time.Now()
 		q.promote(now, b.maxDeliveries)
 		if q.ready.len() > 0 {
-			ds := b.take(q, max, now)
+			ds := b.take(q, n, now)
 			q.mu.Unlock()
 			if len(ds) > 0 {
 				return ds, nil
@@ -256,16 +260,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	}
 }
 
-func cmpMax(a, b int) int {
-	if a > b {
-		return a
-	}
-	return b
-}
-
-// take leases up to max ready entries of q. q.mu is held.
-func (b *Broker) take(q *queue, max int, now time.Time) []sdk.Delivery {
-	n := min(max, q.ready.len())
+// take leases up to limit ready entries of q. q.mu is held.
+func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
+	n := min(limit, q.ready.len())
 	ds := make([]delivery, n)
 	out := make([]sdk.Delivery, 0, n)
 	until := now.Add(b.lease)

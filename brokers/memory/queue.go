@@ -82,19 +82,29 @@ func (q *queue) schedule(e *entry, due time.Time) {
 // promote moves due delayed entries to ready and returns expired leases to
 // ready (their attempt stays counted). Entries over the delivery cap go to
 // the dead-letter queue.
+//
+// The two heaps are merged in due order, and every makeReady at now is
+// preceded by a promote at now, so the ready FIFO stays ordered by
+// readySince: its head is the oldest ready message, which Stats reports.
 func (q *queue) promote(now time.Time, maxDeliveries int) {
-	for len(q.delayed) > 0 && !q.delayed[0].due.After(now) {
-		e := heap.Pop(&q.delayed).(*entry)
-		q.makeReady(e, e.due)
-	}
-	for len(q.inFlight) > 0 && !q.inFlight[0].due.After(now) {
-		e := heap.Pop(&q.inFlight).(*entry)
-		e.gen++ // the holder's lease is lost
-		if maxDeliveries > 0 && e.attempts >= maxDeliveries {
-			q.deadLetter(e, sdk.ErrMaxDeliveries, now)
-			continue
+	for {
+		delayedDue := len(q.delayed) > 0 && !q.delayed[0].due.After(now)
+		leaseDue := len(q.inFlight) > 0 && !q.inFlight[0].due.After(now)
+		switch {
+		case delayedDue && (!leaseDue || !q.inFlight[0].due.Before(q.delayed[0].due)):
+			e := heap.Pop(&q.delayed).(*entry)
+			q.makeReady(e, e.due)
+		case leaseDue:
+			e := heap.Pop(&q.inFlight).(*entry)
+			e.gen++ // the holder's lease is lost
+			if maxDeliveries > 0 && e.attempts >= maxDeliveries {
+				q.deadLetter(e, sdk.ErrMaxDeliveries, now)
+				continue
+			}
+			q.makeReady(e, e.due)
+		default:
+			return
 		}
-		q.makeReady(e, e.due)
 	}
 }
 
