@@ -1,8 +1,10 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -87,6 +89,11 @@ func (a *acker) flush(batch []ackReq) {
 	defer cancel()
 	a.flushes.Add(1)
 	a.rows.Add(int64(len(batch)))
+	// Feed the rows in id order, so that two batches sharing rows (a stale
+	// worker's ack and the new holder's) lock them in the same order and do
+	// not deadlock in the usual plan; if they ever do, the error wraps
+	// sdk.ErrUnavailable and the job comes back after its lease.
+	slices.SortFunc(batch, func(x, y ackReq) int { return cmp.Compare(x.id, y.id) })
 	ids := make([]int64, len(batch))
 	tokens := make([]string, len(batch))
 	for i, r := range batch {

@@ -35,6 +35,10 @@
 // job or lease, and polls every Options.PollInterval as a fallback; it never
 // busy-loops.
 //
+// Deliveries also have a JobID() int64 method (the row's id), reachable with
+// a type assertion to interface{ JobID() int64 }, to join the jobs table with
+// your own tables in SQL.
+//
 // Status 'failed' is in the reference schema's check constraint but berth
 // never writes it: a job that cannot succeed is 'dead_letter'.
 package postgres

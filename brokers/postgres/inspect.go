@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -140,7 +141,7 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	}
 	m, err := scanMessage(b.pool.QueryRow(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' AND message_id = $2 ORDER BY id LIMIT 1`, queue, id))
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("berth/postgres: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
 	}
 	if err != nil {

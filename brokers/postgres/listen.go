@@ -70,11 +70,15 @@ func (b *Broker) listen(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	backoff := 50 * time.Millisecond
+	const minBackoff = 50 * time.Millisecond
+	backoff := minBackoff
 	for ctx.Err() == nil {
-		err := b.listenOnceConn(ctx)
+		listened, err := b.listenOnceConn(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			backoff = minBackoff // it worked for a while: reconnect quickly
 		}
 		b.opts.Logger.Warn("berth/postgres: LISTEN connection lost; polling until it is back",
 			"schema", b.schema, "err", err, "retry_in", backoff)
@@ -90,10 +94,12 @@ func (b *Broker) listen(ctx context.Context) {
 }
 
 // listenOnceConn connects, listens and relays until the connection fails.
-func (b *Broker) listenOnceConn(ctx context.Context) error {
+// listened reports whether LISTEN succeeded. The connection is made from the
+// pool's ConnConfig: pool hooks (BeforeConnect, AfterConnect) do not run on it.
+func (b *Broker) listenOnceConn(ctx context.Context) (listened bool, err error) {
 	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -101,14 +107,14 @@ func (b *Broker) listenOnceConn(ctx context.Context) error {
 		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdent(b.channel)); err != nil {
-		return err
+		return false, err
 	}
 	// Anything published while we were not listening is found by a new look.
 	b.wake.notifyAll()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		b.wake.notify(n.Payload)
 	}
