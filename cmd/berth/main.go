@@ -34,8 +34,8 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// opener connects to a broker of the given kind.
-type opener func(ctx context.Context, kind, url string) (sdk.Broker, error)
+// opener connects to a broker.
+type opener func(ctx context.Context, t target) (sdk.Broker, error)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -60,7 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, open open
 	fs := flag.NewFlagSet("berth", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kind := fs.String("broker", os.Getenv("BERTH_BROKER"), "broker: rabbitmq, sqs or postgres (env BERTH_BROKER)")
-	url := fs.String("url", "", "broker URL or DSN (default: env BERTH_URL)")
+	url := fs.String("url", "", "broker URL, DSN or SQS endpoint (default: env BERTH_URL)")
+	schema := fs.String("schema", "", "PostgreSQL broker schema (default: the broker's)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, open open
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 
-	b, err := open(ctx, *kind, *url)
+	b, err := open(ctx, target{kind: *kind, url: *url, schema: *schema})
 	if err != nil {
 		fmt.Fprintf(stderr, "berth: %v\n", err)
 		return 1

@@ -51,7 +51,7 @@ func deadLettered(t *testing.T) (*memory.Broker, []string) {
 func berth(t *testing.T, b *memory.Broker, args ...string) (string, string, int) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), args, &out, &errOut, func(ctx context.Context, kind, url string) (sdk.Broker, error) {
+	code := run(context.Background(), args, &out, &errOut, func(ctx context.Context, _ target) (sdk.Broker, error) {
 		return nopClose{b}, nil
 	})
 	return out.String(), errOut.String(), code
@@ -128,12 +128,12 @@ func TestUsageErrors(t *testing.T) {
 func TestOpenNeverEchoesTheURL(t *testing.T) {
 	const secret = "postgres://admin:hunter2@db.internal/app"
 	for _, kind := range []string{"", "kafka"} {
-		_, err := open(context.Background(), kind, secret)
+		_, err := open(context.Background(), target{kind: kind, url: secret})
 		if err == nil || strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("open(%q) = %v", kind, err)
 		}
 	}
-	if _, err := open(context.Background(), "postgres", ""); !errors.Is(err, errNoURL) {
+	if _, err := open(context.Background(), target{kind: "postgres"}); !errors.Is(err, errNoURL) {
 		t.Errorf("no URL: %v", err)
 	}
 }
