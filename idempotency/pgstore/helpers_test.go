@@ -1,0 +1,144 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/idempotency/pgstore"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func randSuffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// newPool opens a pool large enough for eight concurrent transactions plus
+// the test's own queries (the default is max(4, GOMAXPROCS)).
+func newPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 20
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// env is one test's PostgreSQL schema, pool and migrated store, plus an
+// effects table the handlers write to.
+type env struct {
+	dsn    string
+	schema string
+	pool   *pgxpool.Pool
+	store  *pgstore.Store
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	dsn := integration.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := newPool(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := "berth_idem_" + randSuffix()
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(cctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+		pool.Close()
+	})
+	store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (id bigserial PRIMARY KEY, key text NOT NULL, worker text)`); err != nil {
+		t.Fatal(err)
+	}
+	return &env{dsn: dsn, schema: schema, pool: pool, store: store}
+}
+
+func (e *env) effects() string { return pgx.Identifier{e.schema, "effects"}.Sanitize() }
+
+func (e *env) effectCount(t testing.TB, key string) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.effects()+` WHERE key = $1`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// delivery is a fake sdk.Delivery that records how it was settled; the
+// end-to-end tests that need a broker's redelivery use a child process and
+// the real database instead.
+type delivery struct {
+	msg     *sdk.Message
+	attempt int
+
+	mu      sync.Mutex
+	settled string
+	cause   error
+	onAck   func()
+}
+
+func newDelivery(m *sdk.Message) *delivery { return &delivery{msg: m, attempt: 1} }
+
+func (d *delivery) Message() *sdk.Message { return d.msg }
+func (d *delivery) Attempt() int          { return d.attempt }
+func (d *delivery) Queue() string         { return "billing" }
+func (d *delivery) Ack(context.Context) error {
+	if d.onAck != nil {
+		d.onAck()
+	}
+	return d.settle("ack", nil)
+}
+func (d *delivery) Retry(_ context.Context, _ time.Duration, cause error) error {
+	return d.settle("retry", cause)
+}
+func (d *delivery) DeadLetter(_ context.Context, cause error) error {
+	return d.settle("dead_letter", cause)
+}
+func (d *delivery) ExtendLease(context.Context, time.Duration) error { return nil }
+
+func (d *delivery) settle(how string, cause error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.settled != "" {
+		return sdk.ErrAlreadySettled
+	}
+	d.settled, d.cause = how, cause
+	return nil
+}
+
+// settle applies the Worker's settlement table to a handler's result.
+func settle(ctx context.Context, d sdk.Delivery, err error) {
+	switch sdk.Classify(err) {
+	case sdk.ClassNone:
+		_ = d.Ack(ctx)
+	case sdk.ClassPermanent:
+		_ = d.DeadLetter(ctx, err)
+	default:
+		var ra *sdk.RetryAfterError
+		delay := time.Second
+		if errors.As(err, &ra) {
+			delay = ra.Delay
+		}
+		_ = d.Retry(ctx, delay, err)
+	}
+}
