@@ -115,8 +115,19 @@ type calls struct {
 
 func newCalls() *calls { return &calls{n: map[string]int{}} }
 
-// option is the APIOptions entry that counts into c.
+// option is the APIOptions entry that counts into c: operations by name,
+// and HTTP attempts (retries included) under "attempts".
 func (c *calls) option(st *middleware.Stack) error {
+	err := st.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthCountAttempts",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			c.mu.Lock()
+			c.n["attempts"]++
+			c.mu.Unlock()
+			return next.HandleFinalize(ctx, in)
+		}), middleware.After)
+	if err != nil {
+		return err
+	}
 	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthCountCalls",
 		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 			c.mu.Lock()
@@ -138,4 +149,17 @@ func (c *calls) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.n = map[string]int{}
+}
+
+// total is the number of operations counted.
+func (c *calls) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for op, k := range c.n {
+		if op != "attempts" {
+			n += k
+		}
+	}
+	return n
 }
