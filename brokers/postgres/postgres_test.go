@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -496,5 +497,48 @@ func TestPollingOnly(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query ILIKE 'LISTEN%'`,
 		appName).Scan(&listening); err != nil || listening != 0 {
 		t.Errorf("%d LISTEN connections (%v) with DisableListen, want 0", listening, err)
+	}
+}
+
+// TestRedriveInSQL: redrive resets attempt_count, keeps last_error for the
+// record and counts every redrive in berth-redrive-count.
+func TestRedriveInSQL(t *testing.T) {
+	pool := newPool(t, "berth-redrive-"+suffix(), 2)
+	b := newBroker(t, pool, postgres.Options{})
+	ctx := testCtx(t)
+	q := "redrive_" + suffix()
+	id := publishN(t, b, q, 1)[0]
+	for round := 1; round <= 2; round++ {
+		d := receiveN(t, b, q, 1)[0]
+		if err := d.Retry(ctx, 0, errors.New("transient")); err != nil {
+			t.Fatal(err)
+		}
+		d = receiveN(t, b, q, 1)[0]
+		if d.Attempt() != 2 {
+			t.Fatalf("round %d: Attempt() = %d, want 2", round, d.Attempt())
+		}
+		if err := d.DeadLetter(ctx, errors.New("gave up")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := b.RedriveDeadLetters(ctx, q, id); err != nil || n != 1 {
+			t.Fatalf("round %d: RedriveDeadLetters = %d, %v", round, n, err)
+		}
+		var (
+			status, lastErr, count string
+			attempts               int
+			dlqHeaders             bool
+		)
+		if err := pool.QueryRow(ctx, `SELECT status, attempt_count, last_error, headers->>$2, headers ? $3
+			FROM `+b.Schema()+`.jobs WHERE message_id = $1`, id, sdk.HeaderRedriveCount, sdk.HeaderDeadLetterReason).
+			Scan(&status, &attempts, &lastErr, &count, &dlqHeaders); err != nil {
+			t.Fatal(err)
+		}
+		if status != postgres.StatusQueued || attempts != 0 || lastErr != "gave up" || count != strconv.Itoa(round) || dlqHeaders {
+			t.Errorf("round %d: row %s, attempt_count %d, last_error %q, redrive count %q, reason header %v",
+				round, status, attempts, lastErr, count, dlqHeaders)
+		}
+	}
+	if n, err := b.PurgeDeadLetters(ctx, q); err != nil || n != 0 {
+		t.Errorf("PurgeDeadLetters of an empty DLQ = %d, %v", n, err)
 	}
 }
