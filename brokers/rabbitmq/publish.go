@@ -34,10 +34,10 @@ func (e *UnroutableError) Unwrap() error { return sdk.ErrNotFound }
 var errNacked = fmt.Errorf("%w: rabbitmq: message refused by the server (nack)", sdk.ErrUnavailable)
 
 // pubChannel is a confirm-mode channel. One goroutine (confirmLoop) reads its
-// returns and its confirms from unbuffered Go channels: amqp091 hands both
-// over from its single reader goroutine, and RabbitMQ sends a basic.return
-// before the basic.ack of the same message, so a return is always recorded
-// before the confirm it belongs to is resolved.
+// returns and its confirms: amqp091 hands both over from its single reader
+// goroutine, RabbitMQ sends a basic.return before the basic.ack of the same
+// message, and the returns channel is unbuffered, so a return is always
+// recorded before the confirm it belongs to is resolved.
 type pubChannel struct {
 	ch *amqp.Channel
 
@@ -83,7 +83,11 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 		return nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
 	}
 	pc = &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[string]amqp.Return)}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
+	// Returns unbuffered, confirms buffered: the reader goroutine blocks
+	// until confirmLoop has taken a return, and confirmLoop records it before
+	// it reads anything else, so the confirm of a returned message, which
+	// the server sends after the return, always finds it recorded.
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
 	returns := ch.NotifyReturn(make(chan amqp.Return))
 	b.wg.Add(1)
 	go pc.confirmLoop(b, confirms, returns)
