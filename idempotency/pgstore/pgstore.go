@@ -185,7 +185,9 @@ type tx struct {
 	key string
 }
 
-func (t *tx) Context(ctx context.Context) context.Context { return context.WithValue(ctx, txKey{}, t.tx) }
+func (t *tx) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txKey{}, t.tx)
+}
 
 func (t *tx) Commit(ctx context.Context, r idempotency.Result) error {
 	if r.ResourceType != "" || r.ResourceID != "" || r.JSON != nil {

@@ -1,0 +1,380 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/idempotency/memstore"
+	"github.com/berthq/berth/sdk"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// effects counts applied effects per key, as a ledger would.
+type effects struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (e *effects) add(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.n == nil {
+		e.n = map[string]int{}
+	}
+	e.n[key]++
+}
+
+func (e *effects) get(key string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.n[key]
+}
+
+// runWorker runs a Worker on b until every message of queue is settled.
+func runWorker(t *testing.T, b *memory.Broker, queue string, h sdk.Handler, mws ...sdk.Middleware) {
+	t.Helper()
+	w, err := sdk.NewWorker(b, h, sdk.WorkerOptions{
+		Queue:       queue,
+		Concurrency: 8,
+		Middleware:  mws,
+		Retry:       sdk.RetryPolicy{MaxAttempts: 5, Backoff: sdk.Backoff{Base: 5 * time.Millisecond, Max: 20 * time.Millisecond}},
+		Logger:      quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := b.Stats(context.Background(), queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Ready+s.Delayed+s.InFlight == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("queue not drained: %+v", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("worker: %v", err)
+	}
+}
+
+func newBroker(t *testing.T) *memory.Broker {
+	b, err := memory.New(memory.Options{Lease: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// End to end on the memory broker and the Worker: jobs published twice take
+// effect once; the same key with another payload and a message without a key
+// are dead-lettered with their reasons.
+func TestWorkerEndToEnd(t *testing.T) {
+	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.Lease} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := context.Background()
+			b := newBroker(t)
+			var stats idempotency.Stats
+			g, err := idempotency.New(idempotency.Options{Store: memstore.New(memstore.Options{}), Mode: mode, Stats: &stats, Logger: quiet, InProgressDelay: 5 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var fx effects
+			var flaky atomic.Int32
+			h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+				key, _ := idempotency.KeyFrom(ctx)
+				if d.Attempt() == 1 && flaky.Add(1)%3 == 0 { // fails once, on the first attempt
+					return errors.New("transient gateway error")
+				}
+				if tx, ok := memstore.TxFrom(ctx); ok {
+					tx.OnCommit(func() { fx.add(key) })
+				} else {
+					fx.add(key)
+				}
+				return nil
+			})
+			var msgs []*sdk.Message
+			for i := range 20 {
+				key := fmt.Sprintf("charge:order_%d:v1", i)
+				body := fmt.Sprintf(`{"order":%d}`, i)
+				for range 2 {
+					msgs = append(msgs, &sdk.Message{Type: "billing.charge", IdempotencyKey: key, Body: []byte(body)})
+				}
+			}
+			conflict := &sdk.Message{Type: "billing.charge", IdempotencyKey: "charge:order_0:v1", Body: []byte(`{"order":999}`), Delay: 500 * time.Millisecond}
+			missing := &sdk.Message{Type: "billing.charge", Body: []byte(`{}`)}
+			msgs = append(msgs, conflict, missing)
+			if err := b.Publish(ctx, "billing", msgs...); err != nil {
+				t.Fatal(err)
+			}
+			runWorker(t, b, "billing", h, g.Middleware())
+
+			for i := range 20 {
+				if n := fx.get(fmt.Sprintf("charge:order_%d:v1", i)); n != 1 {
+					t.Errorf("order %d charged %d times", i, n)
+				}
+			}
+			dead, err := b.ListDeadLetters(ctx, "billing", 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reasons := map[string]string{}
+			for _, m := range dead {
+				reasons[m.ID] = m.Header(sdk.HeaderDeadLetterReason)
+				if c := m.Header(sdk.HeaderDeadLetterClass); c != string(sdk.ClassPermanent) {
+					t.Errorf("dead letter %s class %q, want permanent", m.ID, c)
+				}
+			}
+			wantConflict := sdk.Permanent(&idempotency.ConflictError{Key: conflict.IdempotencyKey, JobType: "billing.charge", Stored: "billing.charge"}).Error()
+			wantMissing := sdk.Permanent(&idempotency.MissingKeyError{MessageID: missing.ID, Type: "billing.charge"}).Error()
+			if len(dead) != 2 || reasons[conflict.ID] != wantConflict || reasons[missing.ID] != wantMissing {
+				t.Fatalf("dead letters = %v, want the conflict and the missing key", reasons)
+			}
+			s := stats.Snapshot()
+			if s.Executed != 20 || s.KeyConflicts != 1 || s.MissingKeys != 1 || s.DuplicatesSuppressed < 1 {
+				t.Fatalf("stats = %+v", s)
+			}
+		})
+	}
+}
+
+func TestMissingKeyFallsBackToMessageID(t *testing.T) {
+	g, err := idempotency.New(idempotency.Options{Store: memstore.New(memstore.Options{}), MissingKey: idempotency.MissingKeyUseMessageID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	h := g.Middleware()(sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if key, _ := idempotency.KeyFrom(ctx); key != d.Message().ID {
+			t.Errorf("key %q, want the message ID", key)
+		}
+		runs.Add(1)
+		return nil
+	}))
+	m := &sdk.Message{ID: sdk.NewID(), Type: "email.welcome", Body: []byte("user_456")}
+	for range 3 { // a redelivery carries the same ID
+		if err := h.Handle(context.Background(), fakeDelivery{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("ran %d times, want 1", runs.Load())
+	}
+}
+
+type fakeDelivery struct{ m *sdk.Message }
+
+func (d fakeDelivery) Message() *sdk.Message                             { return d.m }
+func (d fakeDelivery) Attempt() int                                      { return 1 }
+func (d fakeDelivery) Queue() string                                     { return "q" }
+func (d fakeDelivery) Ack(context.Context) error                         { return nil }
+func (d fakeDelivery) Retry(context.Context, time.Duration, error) error { return nil }
+func (d fakeDelivery) DeadLetter(context.Context, error) error           { return nil }
+func (d fakeDelivery) ExtendLease(context.Context, time.Duration) error  { return nil }
+
+// brokenCache fails every call, as an unreachable Redis does.
+type brokenCache struct{ calls atomic.Int32 }
+
+func (c *brokenCache) Lookup(context.Context, string) (string, bool, error) {
+	c.calls.Add(1)
+	return "", false, errors.New("dial tcp: connection refused")
+}
+
+func (c *brokenCache) Remember(context.Context, string, string, time.Duration) error {
+	c.calls.Add(1)
+	return errors.New("dial tcp: connection refused")
+}
+
+func TestBrokenCacheFallsBackToStore(t *testing.T) {
+	var stats idempotency.Stats
+	cache := &brokenCache{}
+	g, err := idempotency.New(idempotency.Options{Store: memstore.New(memstore.Options{}), Cache: cache, Stats: &stats, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	op := idempotency.Operation{Key: "k", JobType: "t", Fingerprint: "fp"}
+	for range 3 {
+		if _, err := g.Do(context.Background(), op, func(context.Context) error { runs.Add(1); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("ran %d times, want 1", runs.Load())
+	}
+	if s := stats.Snapshot(); s.CacheErrors == 0 || s.DuplicatesSuppressed != 2 {
+		t.Fatalf("stats = %+v", s)
+	}
+}
+
+func TestPanicFreesKey(t *testing.T) {
+	for _, mode := range []idempotency.Mode{idempotency.Transactional, idempotency.Lease} {
+		t.Run(mode.String(), func(t *testing.T) {
+			store := memstore.New(memstore.Options{})
+			g, err := idempotency.New(idempotency.Options{Store: store, Mode: mode, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			op := idempotency.Operation{Key: "k", JobType: "t", Fingerprint: "fp"}
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Fatal("panic not propagated")
+					}
+				}()
+				_, _ = g.Do(context.Background(), op, func(context.Context) error { panic("boom") })
+			}()
+			ran, err := g.Do(context.Background(), op, func(context.Context) error { return nil })
+			if err != nil || !ran {
+				t.Fatalf("after a panic: ran=%v err=%v, want the retry to run", ran, err)
+			}
+		})
+	}
+}
+
+// A heartbeat keeps a long handler's claim alive past ClaimLease; without
+// it the claim is taken over and the late Complete reports ErrClaimLost.
+func TestHeartbeatAndClaimLost(t *testing.T) {
+	ctx := context.Background()
+	op := idempotency.Operation{Key: "k", JobType: "t", Fingerprint: "fp"}
+	for _, tc := range []struct {
+		name      string
+		heartbeat time.Duration
+		wantLost  bool
+	}{{"heartbeat", 20 * time.Millisecond, false}, {"no heartbeat", -1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := memstore.New(memstore.Options{})
+			var stats idempotency.Stats
+			g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, ClaimLease: 100 * time.Millisecond, Heartbeat: tc.heartbeat, Stats: &stats, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var secondRan atomic.Bool
+			_, err = g.Do(ctx, op, func(context.Context) error {
+				time.Sleep(300 * time.Millisecond) // past ClaimLease
+				ran, err := g.Do(ctx, op, func(context.Context) error { secondRan.Store(true); return nil })
+				if tc.wantLost && (!ran || err != nil) {
+					t.Errorf("takeover: ran=%v err=%v", ran, err)
+				}
+				if !tc.wantLost && !errors.Is(err, idempotency.ErrInProgress) {
+					t.Errorf("duplicate during a live claim: %v, want ErrInProgress", err)
+				}
+				return nil
+			})
+			if tc.wantLost != errors.Is(err, idempotency.ErrClaimLost) {
+				t.Fatalf("first Do = %v; want ErrClaimLost: %v", err, tc.wantLost)
+			}
+			if secondRan.Load() != tc.wantLost {
+				t.Fatalf("second ran = %v", secondRan.Load())
+			}
+			if s := stats.Snapshot(); (s.LeaseTakeovers == 1) != tc.wantLost {
+				t.Fatalf("stats = %+v", s)
+			}
+		})
+	}
+}
+
+func TestInbox(t *testing.T) {
+	g, err := idempotency.New(idempotency.Options{Store: memstore.New(memstore.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := g.Inbox()
+	ev := idempotency.InboxEvent{Source: "stripe", ID: "evt_1", Type: "payment_intent.succeeded", Payload: []byte(`{"amount":1200}`)}
+	var applied atomic.Int32
+	for i := range 3 {
+		processed, err := in.Process(context.Background(), ev, func(context.Context) error { applied.Add(1); return nil })
+		if err != nil || processed != (i == 0) {
+			t.Fatalf("delivery %d: processed=%v err=%v", i, processed, err)
+		}
+	}
+	ev2 := ev
+	ev2.Payload = []byte(`{"amount":9999}`)
+	if _, err := in.Process(context.Background(), ev2, func(context.Context) error { return nil }); !errors.Is(err, idempotency.ErrKeyConflict) {
+		t.Fatalf("same event ID, other payload: %v, want ErrKeyConflict", err)
+	}
+	if _, err := in.Process(context.Background(), idempotency.InboxEvent{Source: "stripe"}, func(context.Context) error { return nil }); !errors.Is(err, idempotency.ErrMissingKey) || !sdk.IsPermanent(err) {
+		t.Fatalf("event without ID: %v, want permanent ErrMissingKey", err)
+	}
+	if applied.Load() != 1 {
+		t.Fatalf("applied %d times", applied.Load())
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	for name, o := range map[string]idempotency.Options{
+		"no store":         {},
+		"unknown mode":     {Store: store, Mode: 7},
+		"negative lease":   {Store: store, ClaimLease: -time.Second},
+		"unknown policy":   {Store: store, MissingKey: 9},
+		"tx without store": {Store: leaseOnly{store}, Mode: idempotency.Transactional},
+	} {
+		if _, err := idempotency.New(o); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	g, err := idempotency.New(idempotency.Options{Store: leaseOnly{store}})
+	if err != nil || g.Mode() != idempotency.Lease {
+		t.Fatalf("default mode for a lease-only store = %v, %v", g, err)
+	}
+}
+
+// leaseOnly hides the memory store's transactions.
+type leaseOnly struct{ idempotency.Store }
+
+func TestFingerprint(t *testing.T) {
+	a := idempotency.Fingerprint(&sdk.Message{Type: "a", Body: []byte("bc")})
+	b := idempotency.Fingerprint(&sdk.Message{Type: "ab", Body: []byte("c")})
+	c := idempotency.Fingerprint(&sdk.Message{ID: "other", Type: "a", Body: []byte("bc"), Headers: map[string]string{"x": "y"}})
+	if a == b || a != c || len(a) != 64 {
+		t.Fatalf("fingerprints %s %s %s", a, b, c)
+	}
+}
+
+func TestPurgeExpired(t *testing.T) {
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	store := memstore.New(memstore.Options{Now: clock})
+	g, err := idempotency.New(idempotency.Options{Store: store, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 25 {
+		if _, err := g.Do(context.Background(), idempotency.Operation{Key: fmt.Sprint(i)}, func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Hour)
+	mu.Unlock()
+	n, err := idempotency.PurgeExpired(context.Background(), store, 10)
+	if err != nil || n != 25 {
+		t.Fatalf("PurgeExpired = %d, %v; want 25", n, err)
+	}
+}
