@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -335,7 +334,9 @@ func testDeadLetterHeaders(t *testing.T, e *env) {
 	if err := d.DeadLetter(ctx, cause); err != nil {
 		t.Fatalf("DeadLetter: %v", err)
 	}
-	e.expectNone(t, e.h.Lease/2)
+	// Past the lease: a broker that copies to the DLQ but leaves the original
+	// unsettled would deliver it again here.
+	e.expectNone(t, e.h.Lease+e.h.Lease/2)
 	dead := e.waitDeadLetters(t, 1)[0]
 	compareMessage(t, dead, m)
 	checkDeadLetterHeaders(t, dead, e.q, cause, 1, start)
@@ -401,8 +402,11 @@ func testDeadLetterRedrive(t *testing.T, e *env) {
 	if got := d.Message().Header(sdk.HeaderRedriveCount); got != "1" {
 		t.Errorf("%s = %q, want \"1\"", sdk.HeaderRedriveCount, got)
 	}
-	if got := d.Message().Header(sdk.HeaderDeadLetterReason); got != "" {
-		t.Errorf("redriven message still has %s = %q", sdk.HeaderDeadLetterReason, got)
+	for _, h := range []string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
+		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure} {
+		if got := d.Message().Header(h); got != "" {
+			t.Errorf("redriven message still has %s = %q", h, got)
+		}
 	}
 	compareMessage(t, d.Message(), a)
 	settleAck(t, ctx, d)
@@ -440,16 +444,21 @@ func testExtendLease(t *testing.T, e *env) {
 	m := textMessage("extend")
 	e.publish(t, m)
 	ctx := e.ctx(t)
-	start := time.Now()
 	d := e.receiveOne(t)
-	time.Sleep(e.h.Lease / 2)
+	received := time.Now()
+	time.Sleep(e.h.Lease / 3)
 	if err := d.ExtendLease(ctx, 2*e.h.Lease); err != nil {
-		t.Fatalf("ExtendLease: %v", err)
+		t.Fatalf("ExtendLease %s after the delivery: %v", time.Since(received), err)
 	}
-	// The original lease ends before start+Lease; the extended one after
-	// start+Lease/2+2·Lease. Nothing may come back in between.
-	if wait := time.Until(start.Add(e.h.Lease + e.h.Lease/2)); wait > 0 {
-		e.expectNone(t, wait)
+	extended := time.Now()
+	// The original lease ended by received+Lease, at most 2/3 Lease after
+	// extended; the extended one ends no sooner than 2·Lease after the call
+	// began. Nothing may come back for a whole Lease after the extension:
+	// that window passes the original end whatever the sleep overslept, and
+	// still leaves a Lease of margin before the new end.
+	e.expectNone(t, time.Until(extended.Add(e.h.Lease)))
+	if d.Attempt() != 1 {
+		t.Errorf("Attempt() = %d after ExtendLease, want 1", d.Attempt())
 	}
 	settleAck(t, ctx, d)
 	e.expectNone(t, e.h.Lease)
@@ -534,11 +543,10 @@ func testConcurrentReceivers(t *testing.T, e *env) {
 	ctx, cancel := context.WithCancel(e.ctx(t))
 	defer cancel()
 	var (
-		mu       sync.Mutex
-		held     = map[string]bool{}
-		acked    = map[string]int{}
-		received atomic.Int64
-		wg       sync.WaitGroup
+		mu    sync.Mutex
+		held  = map[string]bool{}
+		acked = map[string]int{}
+		wg    sync.WaitGroup
 	)
 	errs := make(chan error, receivers)
 	for range receivers {
@@ -551,26 +559,34 @@ func testConcurrentReceivers(t *testing.T, e *env) {
 					}
 					return
 				}
+				// A receiver holds its whole batch until it acked it, so
+				// that a message handed to two receivers overlaps.
+				mu.Lock()
 				for _, d := range ds {
 					id := d.Message().ID
-					mu.Lock()
 					if held[id] {
 						t.Errorf("message %s held by two receivers at once", id)
 					}
 					held[id] = true
-					mu.Unlock()
+				}
+				mu.Unlock()
+				for _, d := range ds {
+					id := d.Message().ID
 					err := d.Ack(ctx)
 					mu.Lock()
 					delete(held, id)
 					if err == nil {
 						acked[id]++
 					} else if !errors.Is(err, sdk.ErrLeaseLost) {
+						// ErrLeaseLost: the lease ran out under load and
+						// the message comes back; the count below still
+						// wants one successful Ack of each.
 						t.Errorf("Ack of %s: %v", id, err)
 					}
-					mu.Unlock()
-					if received.Add(1) >= n {
+					if len(acked) == n {
 						cancel()
 					}
+					mu.Unlock()
 				}
 			}
 		})
@@ -744,6 +760,7 @@ func testStats(t *testing.T, e *env) {
 	})
 	delayed := textMessage("stats-delayed")
 	delayed.Delay = 10 * time.Minute
+	beforePublish := time.Now()
 	e.publish(t, textMessage("stats-1"), textMessage("stats-2"), textMessage("stats-3"), delayed)
 	published := time.Now()
 	time.Sleep(50 * time.Millisecond)
@@ -755,6 +772,9 @@ func testStats(t *testing.T, e *env) {
 	}
 	if s.OldestAge < 50*time.Millisecond {
 		t.Errorf("OldestAge = %s, want at least 50ms (published %s ago)", s.OldestAge, time.Since(published))
+	}
+	if limit := time.Since(beforePublish) + time.Second; s.OldestAge > limit { // a second for the broker's clock
+		t.Errorf("OldestAge = %s, want at most %s (published %s ago)", s.OldestAge, limit, time.Since(beforePublish))
 	}
 	d := e.receiveOne(t)
 	waitStats("2 ready, 1 in flight", func(s sdk.QueueStats) bool {
@@ -796,6 +816,26 @@ func testCallsAfterClose(t *testing.T, e *env) {
 	}
 	if ds, err := e.b.Receive(ctx, e.q, 1); !errors.Is(err, sdk.ErrClosed) {
 		t.Errorf("Receive after Close: %d deliveries, %v; want ErrClosed", len(ds), err)
+	}
+	// "Every other call after Close returns ErrClosed" covers the optional
+	// interfaces too.
+	if d, ok := e.b.(sdk.QueueDeclarer); ok {
+		if err := d.DeclareQueue(ctx, e.q); !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("DeclareQueue after Close: %v, want ErrClosed", err)
+		}
+	}
+	if in, ok := e.b.(sdk.Inspector); ok {
+		if _, err := in.Stats(ctx, e.q); !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("Stats after Close: %v, want ErrClosed", err)
+		}
+	}
+	if dl, ok := e.b.(sdk.DeadLetters); ok {
+		if _, err := dl.ListDeadLetters(ctx, e.q, 10); !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("ListDeadLetters after Close: %v, want ErrClosed", err)
+		}
+		if _, err := dl.RedriveDeadLetters(ctx, e.q); !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("RedriveDeadLetters after Close: %v, want ErrClosed", err)
+		}
 	}
 }
 
