@@ -22,9 +22,17 @@ type deliveryCtx struct {
 	obs    *Observer
 	span   trace.Span
 	d      sdk.Delivery
-	base   labelKey
+	l      *labels
 	start  time.Time
 	active bool // in-flight counted
+
+	// Buffers for the span's start options and attributes, so that starting
+	// and settling a delivery allocates once for all of them. The SDK copies
+	// what it keeps.
+	attrBuf [8]attribute.KeyValue
+	endBuf  [4]attribute.KeyValue
+	optBuf  [4]trace.SpanStartOption
+	linkBuf [1]trace.Link
 }
 
 func (c *deliveryCtx) Value(key any) any {
@@ -69,68 +77,72 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	if creation.Equal(trace.SpanContextFromContext(ctx)) {
 		creation = trace.SpanContext{} // the message carried no trace context
 	}
-	attrs := make([]attribute.KeyValue, 0, 3)
+	st := &deliveryCtx{obs: o, d: d, l: l, active: true}
+	attrs := append(st.attrBuf[:0], l.spanAttrs...)
 	attrs = append(attrs, semconv.MessagingMessageID(m.ID), AttrAttempt.Int(d.Attempt()))
 	if m.CorrelationID != "" {
 		attrs = append(attrs, semconv.MessagingMessageConversationID(m.CorrelationID))
 	}
-	opts := make([]trace.SpanStartOption, 0, 5)
-	opts = append(opts, consumerKind, l.spanAttrsOpt, trace.WithAttributes(attrs...))
+	opts := append(st.optBuf[:0], consumerKind, trace.WithAttributes(attrs...))
 	if creation.IsValid() {
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: creation}))
+		st.linkBuf[0] = trace.Link{SpanContext: creation}
+		opts = append(opts, trace.WithLinks(st.linkBuf[:]...))
 	}
 	if o.linkOnly || !creation.IsValid() {
 		// A new trace; the message's baggage stays in ctx. A message without
 		// trace headers does not join whatever span the Worker's context has.
 		opts = append(opts, newRoot)
 	}
-	ctx, span := o.tracer.Start(parent, l.spanName, opts...)
+	ctx, st.span = o.tracer.Start(parent, l.spanName, opts...)
 
 	if id := m.CorrelationID; id != "" && sdk.CorrelationID(ctx) != id {
 		ctx = sdk.WithCorrelationID(ctx, id)
 	}
 
 	o.consumed.Add(ctx, 1, l.add...)
-	o.inFlight.Add(ctx, 1, l.add...)
+	l.inFlight.Add(1)
 	if d.Attempt() > 1 {
 		o.redeliveries.Add(ctx, 1, l.add...)
 	}
-	return &deliveryCtx{Context: ctx, obs: o, span: span, d: d, base: base, start: time.Now(), active: true}
+	st.Context, st.start = ctx, time.Now()
+	return st
 }
 
 // Settled implements [sdk.Observer]: it records the outcome on the process
 // span and ends it, and records the delivery metrics.
 func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
-	base := labelKey{system: o.systemOf(d), queue: d.Queue(), jobType: d.Message().Type}
-	var start time.Time
+	var (
+		lb    *labels
+		start time.Time
+	)
 	if st := o.stateOf(ctx); st != nil {
-		base, start = st.base, st.start
+		lb, start = st.l, st.start
 		if st.active { // Settled once per Start
 			st.active = false
-			o.inFlight.Add(ctx, -1, o.labelsFor(base).add...)
-			o.recordSpan(st.span, s)
+			lb.inFlight.Add(-1)
+			o.recordSpan(st.span, st.endBuf[:0], s)
 			st.span.End()
 		}
+	} else {
+		lb = o.labelsFor(labelKey{system: o.systemOf(d), queue: d.Queue(), jobType: d.Message().Type})
 	}
 
-	k := base
-	k.action, k.class = s.Action, s.Class
+	class := s.Class
+	if s.Cause == nil {
+		class = sdk.ClassNone
+	}
+	settleClass := class
 	if s.Action == sdk.ActionAck || s.Action == sdk.ActionLeaseLost {
-		k.class = sdk.ClassNone // an ack has no error; a lost lease's error is the cancellation
+		settleClass = sdk.ClassNone // an ack has no error; a lost lease's error is the cancellation
 	}
-	lk := o.labelsFor(k)
-	o.settlements.Add(ctx, 1, lk.add...)
-
-	lb := o.labelsFor(base)
+	o.settlements.Add(ctx, 1, lb.outcome(s.Action, settleClass).add...)
+	lc := lb
+	if class != sdk.ClassNone {
+		lc = lb.outcome("", class)
+		o.jobErrors.Add(ctx, 1, lc.add...)
+	}
 	if s.Duration > 0 {
-		withClass := lb
-		if s.Cause != nil && s.Class != sdk.ClassNone {
-			withClass = o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class})
-		}
-		o.processDur.Record(ctx, s.Duration.Seconds(), withClass.record...)
-	}
-	if s.Cause != nil && s.Class != sdk.ClassNone {
-		o.jobErrors.Add(ctx, 1, o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class}).add...)
+		o.processDur.Record(ctx, s.Duration.Seconds(), lc.record...)
 	}
 	switch s.Action {
 	case sdk.ActionAck:
@@ -138,25 +150,24 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 			o.claimToAck.Record(ctx, time.Since(start).Seconds(), lb.record...)
 		}
 	case sdk.ActionRetry:
-		o.retries.Add(ctx, 1, o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class}).add...)
+		o.retries.Add(ctx, 1, lc.add...)
 		o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 	case sdk.ActionRelease:
 		if s.Delay > 0 {
 			o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 		}
 	case sdk.ActionDeadLetter:
-		o.deadLetters.Add(ctx, 1, o.labelsFor(labelKey{system: base.system, queue: base.queue, jobType: base.jobType, class: s.Class}).add...)
+		o.deadLetters.Add(ctx, 1, lc.add...)
 	}
 	if s.Action == sdk.ActionLeaseLost || errors.Is(s.Err, sdk.ErrLeaseLost) {
 		o.leaseExp.Add(ctx, 1, lb.add...)
 	}
 }
 
-func (o *Observer) recordSpan(span trace.Span, s sdk.Settlement) {
+func (o *Observer) recordSpan(span trace.Span, attrs []attribute.KeyValue, s sdk.Settlement) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 4)
 	attrs = append(attrs, AttrAction.String(string(s.Action)))
 	if s.Class != sdk.ClassNone {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(string(s.Class)))

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -141,10 +142,11 @@ func (o *Observer) publishLabels(k labelKey) *pubLabels {
 		createAttrs: []attribute.KeyValue{sys, dest, semconv.MessagingOperationName("create"), semconv.MessagingOperationTypeCreate},
 	}
 	o.mu.Lock()
-	if len(o.pubLabels) < maxLabelSets {
-		o.pubLabels[k] = l
+	defer o.mu.Unlock()
+	if prev, ok := o.pubLabels[k]; ok {
+		return prev
 	}
-	o.mu.Unlock()
+	o.pubLabels[k] = l
 	return l
 }
 
@@ -162,8 +164,9 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 	if create {
 		name, base = pl.createName, pl.createAttrs
 	}
-	attrs := make([]attribute.KeyValue, len(base), len(base)+4)
-	copy(attrs, base)
+	buf := attrPool.Get().(*[8]attribute.KeyValue)
+	defer attrPool.Put(buf) // the SDK copies the attributes it keeps
+	attrs := append(buf[:0], base...)
 	attrs = append(attrs,
 		semconv.MessagingMessageID(m.ID),
 		semconv.MessagingMessageConversationID(m.CorrelationID),
@@ -175,6 +178,9 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 	Inject(sctx, p.obs.prop, m)
 	return span
 }
+
+// attrPool recycles the attribute buffers of producer spans.
+var attrPool = sync.Pool{New: func() any { return new([8]attribute.KeyValue) }}
 
 // errorType is the error.type of a publish failure: the berth sentinel it
 // wraps, else "_OTHER" as the conventions ask.

@@ -75,7 +75,7 @@ func (o *Observer) LockWait(ctx context.Context, resource string, wait time.Dura
 // jobType alone outside a delivery.
 func (o *Observer) jobOpts(ctx context.Context, jobType string) []metric.AddOption {
 	if st := stateFrom(ctx); st != nil {
-		k := st.base
+		k := st.l.key
 		if jobType != "" {
 			k.jobType = jobType
 		}
@@ -89,9 +89,9 @@ func (o *Observer) resourceAttrs(ctx context.Context, resource string) []attribu
 	attrs = append(attrs, AttrResource.String(resource))
 	if st := stateFrom(ctx); st != nil {
 		attrs = append(attrs,
-			semconv.MessagingSystemKey.String(st.base.system),
-			semconv.MessagingDestinationName(st.base.queue),
-			AttrJobType.String(st.base.jobType))
+			semconv.MessagingSystemKey.String(st.l.key.system),
+			semconv.MessagingDestinationName(st.l.key.queue),
+			AttrJobType.String(st.l.key.jobType))
 	}
 	return attrs
 }
@@ -145,11 +145,11 @@ func (o *Observer) jobAttrs(ctx context.Context, jobType string) []attribute.Key
 	attrs := make([]attribute.KeyValue, 0, 4)
 	if st := stateFrom(ctx); st != nil {
 		if jobType == "" {
-			jobType = st.base.jobType
+			jobType = st.l.key.jobType
 		}
 		attrs = append(attrs,
-			semconv.MessagingSystemKey.String(st.base.system),
-			semconv.MessagingDestinationName(st.base.queue))
+			semconv.MessagingSystemKey.String(st.l.key.system),
+			semconv.MessagingDestinationName(st.l.key.queue))
 	}
 	return append(attrs, AttrJobType.String(jobType))
 }

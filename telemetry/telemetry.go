@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -77,7 +78,7 @@ type Options struct {
 //	messaging.client.sent.messages        counter   {message}    published (error.type on failure)
 //	messaging.client.consumed.messages    counter   {message}    deliveries started
 //	messaging.process.duration            histogram s            handler run time, per berth.job.type
-//	berth.worker.in_flight                updown    {delivery}   deliveries being handled
+//	berth.worker.in_flight                updown    {delivery}   deliveries being handled (observed)
 //	berth.delivery.redeliveries           counter   {delivery}   deliveries with attempt > 1
 //	berth.delivery.settlements            counter   {delivery}   per berth.settlement.action and error.type
 //	berth.delivery.claim_to_ack.duration  histogram s            start of handling to successful ack
@@ -104,18 +105,18 @@ type Observer struct {
 	linkOnly   bool
 	queues     []InspectedQueue
 	inspectTTL time.Duration
-	reg        metric.Registration
+	regs       []metric.Registration
 
 	sent, consumed, redeliveries, settlements, jobErrors, retries, deadLetters,
 	leaseExt, leaseExp, duplicates, idemConflicts, idemEvents, versionConflicts metric.Int64Counter
-	inFlight                                     metric.Int64UpDownCounter
+	inFlight                                     metric.Int64ObservableUpDownCounter
 	processDur, claimToAck, retryDelay, lockWait metric.Float64Histogram
 	depth                                        metric.Int64ObservableGauge
 	oldest                                       metric.Float64ObservableGauge
 
 	systems sync.Map // reflect.Type -> string
 
-	mu        sync.RWMutex
+	mu        sync.RWMutex // guards labels, pubLabels, regs
 	labels    map[labelKey]*labels
 	pubLabels map[labelKey]*pubLabels
 }
@@ -195,7 +196,7 @@ func New(opts Options) (*Observer, error) {
 	o.retryDelay = hist("berth.retry.delay", "Delay before a retried delivery comes back.", delayBuckets)
 	o.lockWait = hist("berth.concurrency.lock_wait.duration", "Time spent waiting for a row lock.", durationBuckets)
 	var err error
-	o.inFlight, err = m.Int64UpDownCounter("berth.worker.in_flight", metric.WithUnit("{delivery}"),
+	o.inFlight, err = m.Int64ObservableUpDownCounter("berth.worker.in_flight", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries being handled."))
 	errs = append(errs, err)
 	o.depth, err = m.Int64ObservableGauge("berth.queue.depth", metric.WithUnit("{message}"),
@@ -207,25 +208,35 @@ func New(opts Options) (*Observer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("berth: telemetry: creating instruments: %w", err)
 	}
+	o.regs = make([]metric.Registration, 0, 2)
+	reg, err := m.RegisterCallback(o.observeInFlight, o.inFlight)
+	if err != nil {
+		return nil, fmt.Errorf("berth: telemetry: registering the in-flight counter: %w", err)
+	}
+	o.regs = append(o.regs, reg)
 	if len(o.queues) > 0 {
-		o.reg, err = m.RegisterCallback(o.observeQueues, o.depth, o.oldest)
+		reg, err := m.RegisterCallback(o.observeQueues, o.depth, o.oldest)
 		if err != nil {
+			_ = o.Close()
 			return nil, fmt.Errorf("berth: telemetry: registering queue gauges: %w", err)
 		}
+		o.regs = append(o.regs, reg)
 	}
 	return o, nil
 }
 
-// Close unregisters the queue gauges. It is safe to call twice.
+// Close unregisters the gauge callbacks (in-flight, queue depth and age):
+// call it when the Observer is no longer used. It is safe to call twice.
 func (o *Observer) Close() error {
 	o.mu.Lock()
-	reg := o.reg
-	o.reg = nil
+	regs := o.regs
+	o.regs = nil
 	o.mu.Unlock()
-	if reg != nil {
-		return reg.Unregister()
+	var errs []error
+	for _, r := range regs {
+		errs = append(errs, r.Unregister())
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (o *Observer) observeQueues(ctx context.Context, obs metric.Observer) error {
@@ -279,26 +290,37 @@ func (o *Observer) systemOf(v any) string {
 	return name
 }
 
-// labelKey identifies one attribute set of the delivery metrics.
+// labelKey identifies the attribute set of one queue and job type.
 type labelKey struct {
 	system, queue, jobType string
-	action                 sdk.Action
-	class                  sdk.ErrorClass
+}
+
+// outcomeKey refines a labelKey with a settlement action and error class.
+type outcomeKey struct {
+	action sdk.Action
+	class  sdk.ErrorClass
 }
 
 // labels caches what recording with one attribute set needs, so that the
-// hot path allocates nothing for metrics.
+// hot path allocates nothing for metrics. Base labels (one per labelKey) also
+// carry the span name and attributes, the in-flight count, and their
+// outcome refinements.
 type labels struct {
-	add    []metric.AddOption
-	record []metric.RecordOption
-	// For the base key (no action, no class) only:
-	spanName     string
-	spanAttrsOpt trace.SpanStartEventOption
+	add     []metric.AddOption
+	record  []metric.RecordOption
+	observe []metric.ObserveOption
+
+	spanName  string
+	spanAttrs []attribute.KeyValue
+	inFlight  atomic.Int64
+	key       labelKey
+
+	mu       sync.RWMutex
+	outcomes map[outcomeKey]*labels
 }
 
-// maxLabelSets bounds the cache; beyond it sets are built per call.
-const maxLabelSets = 4096
-
+// labelsFor returns the base labels of k, made once. Their number is that of
+// (system, queue, job type) combinations, which deployments keep small.
 func (o *Observer) labelsFor(k labelKey) *labels {
 	o.mu.RLock()
 	l, ok := o.labels[k]
@@ -306,35 +328,66 @@ func (o *Observer) labelsFor(k labelKey) *labels {
 	if ok {
 		return l
 	}
-	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String(k.system),
-		semconv.MessagingDestinationName(k.queue),
-		AttrJobType.String(k.jobType),
-	}
-	if k.action != "" {
-		attrs = append(attrs, AttrAction.String(string(k.action)))
-	}
-	if k.class != sdk.ClassNone {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(string(k.class)))
-	}
-	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
-	l = &labels{add: []metric.AddOption{opt}, record: []metric.RecordOption{opt}}
-	if k.action == "" && k.class == sdk.ClassNone {
-		l.spanName = "process " + k.queue
-		l.spanAttrsOpt = trace.WithAttributes(
-			semconv.MessagingSystemKey.String(k.system),
-			semconv.MessagingDestinationName(k.queue),
-			semconv.MessagingOperationName("process"),
-			semconv.MessagingOperationTypeProcess,
-			AttrJobType.String(k.jobType),
-		)
+	sys, dest, job := semconv.MessagingSystemKey.String(k.system), semconv.MessagingDestinationName(k.queue), AttrJobType.String(k.jobType)
+	opt := metric.WithAttributeSet(attribute.NewSet(sys, dest, job))
+	l = &labels{
+		add:       []metric.AddOption{opt},
+		record:    []metric.RecordOption{opt},
+		observe:   []metric.ObserveOption{opt},
+		spanName:  "process " + k.queue,
+		spanAttrs: []attribute.KeyValue{sys, dest, semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess, job},
+		key:       k,
+		outcomes:  make(map[outcomeKey]*labels),
 	}
 	o.mu.Lock()
-	if len(o.labels) < maxLabelSets {
-		o.labels[k] = l
+	defer o.mu.Unlock()
+	if prev, ok := o.labels[k]; ok {
+		return prev
 	}
-	o.mu.Unlock()
+	o.labels[k] = l
 	return l
+}
+
+// outcome returns l refined with action and class (either may be empty).
+func (l *labels) outcome(action sdk.Action, class sdk.ErrorClass) *labels {
+	ok := outcomeKey{action, class}
+	l.mu.RLock()
+	r, found := l.outcomes[ok]
+	l.mu.RUnlock()
+	if found {
+		return r
+	}
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemKey.String(l.key.system),
+		semconv.MessagingDestinationName(l.key.queue),
+		AttrJobType.String(l.key.jobType),
+	}
+	if action != "" {
+		attrs = append(attrs, AttrAction.String(string(action)))
+	}
+	if class != sdk.ClassNone {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(class)))
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
+	r = &labels{add: []metric.AddOption{opt}, record: []metric.RecordOption{opt}, key: l.key}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if prev, ok2 := l.outcomes[ok]; ok2 {
+		return prev
+	}
+	l.outcomes[ok] = r
+	return r
+}
+
+// observeInFlight reports the in-flight count of every queue and job type
+// seen so far.
+func (o *Observer) observeInFlight(_ context.Context, obs metric.Observer) error {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	for _, l := range o.labels {
+		obs.ObserveInt64(o.inFlight, l.inFlight.Load(), l.observe...)
+	}
+	return nil
 }
 
 // ctxKey finds a delivery's state in its context: that of Observer o, or
