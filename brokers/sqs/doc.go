@@ -52,6 +52,13 @@
 // producers) are delivered with their SQS MessageId as ID, their body as it
 // is, and their String attributes as headers.
 //
+// A Receive cancelled in the middle of its long poll (ctx done, or Close)
+// may still have taken messages on the server side: SQS, and fauxqs, answer
+// the abandoned poll, and those messages stay invisible for one visibility
+// timeout, with one more receive counted. Nothing is lost, but a Worker that
+// stops often adds attempts; keep MaxReceiveCount above the Worker's
+// MaxAttempts.
+//
 // Inspection ([Broker.Stats]) reads the approximate counters of
 // GetQueueAttributes; SQS has no oldest-message age there (only CloudWatch
 // has), so OldestAge is always 0, and messages made invisible by Retry are
