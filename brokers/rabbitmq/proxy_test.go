@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"net/url"
@@ -23,6 +24,14 @@ type proxy struct {
 
 func newProxy(t testing.TB, rawURL string) (*proxy, string) {
 	t.Helper()
+	return newTLSProxy(t, rawURL, nil)
+}
+
+// newTLSProxy is newProxy with the proxy's side speaking TLS with cfg (nil:
+// plain TCP), so that amqps:// can be tested against a plain server. The
+// returned URL has the scheme amqps when cfg is set.
+func newTLSProxy(t testing.TB, rawURL string, cfg *tls.Config) (*proxy, string) {
+	t.Helper()
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatalf("parse URL: %v", err)
@@ -30,6 +39,10 @@ func newProxy(t testing.TB, rawURL string) (*proxy, string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen: %v", err)
+	}
+	if cfg != nil {
+		ln = tls.NewListener(ln, cfg)
+		u.Scheme = "amqps"
 	}
 	target := u.Host
 	if u.Port() == "" {

@@ -39,6 +39,15 @@
 // plus the broker's TTL timer resolution. Delays above the largest bucket use
 // the largest bucket. A delay queue is declared the first time it is needed.
 //
+// # Prefetch and attempts
+//
+// The first Receive of a queue starts a consumer that keeps up to
+// [Options.Prefetch] messages in this process until they are settled or the
+// broker is closed, whether or not Receive is called again. If the process
+// dies, the server redelivers all of them with x-delivery-count raised, so a
+// prefetched message counts an attempt even if no handler saw it; keep
+// Prefetch near the Worker's Concurrency + Prefetch.
+//
 // # Leases
 //
 // RabbitMQ has no visibility timeout: a delivery is held until it is settled
@@ -50,7 +59,18 @@
 //
 // The URL's password never appears in an error or a log record: errors and
 // logs carry the redacted URL (see [Redact]). amqps:// URLs use
-// [Options.TLS] (or the system roots when it is nil).
+// [Options.TLS] (or the system roots when it is nil). Connection failures
+// wrap [sdk.ErrUnavailable]; a refused login, an unknown vhost or an
+// untrusted certificate do not, since waiting does not fix them.
+//
+// # Inspection
+//
+// Without the management plugin AMQP reports a queue's ready messages and
+// consumers ([Broker.Info]); [Broker.Stats] fills Ready, Delayed and
+// DeadLettered and leaves InFlight and OldestAge at 0. Dead letters are read
+// with basic.get on a channel of their own and given back by closing it, so
+// listing never loses a message (while a listing runs, the messages it holds
+// are invisible to other listings).
 package rabbitmq
 
 import (
@@ -350,12 +370,15 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			cause := safeErr(r.err, l.b.uri)
 			var ae *amqp.Error
-			if errors.As(r.err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) {
-				// Wrong credentials or vhost: waiting will not help.
-				return nil, fmt.Errorf("rabbitmq: connect to %s: %s", l.b.redacted, scrub(r.err.Error(), l.b.uri))
+			var ce *tls.CertificateVerificationError
+			if errors.As(r.err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) ||
+				errors.As(r.err, &ce) {
+				// Wrong credentials, vhost or certificate: waiting will not help.
+				return nil, fmt.Errorf("rabbitmq: connect to %s: %w", l.b.redacted, cause)
 			}
-			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %s", sdk.ErrUnavailable, l.b.redacted, scrub(r.err.Error(), l.b.uri))
+			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, cause)
 		}
 		return r.c, nil
 	case <-ctx.Done():
@@ -368,14 +391,18 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 	}
 }
 
-// scrub removes the raw URL from an error text, should a library put it there.
-func scrub(s, rawURL string) string {
-	if u, err := url.Parse(rawURL); err == nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			s = strings.ReplaceAll(s, p, "xxxxx")
-		}
+// safeErr returns err, or, if its text holds the URL's password (no library
+// is known to do that, but a password in a log is not worth the risk), an
+// error with that text masked and without the chain.
+func safeErr(err error, rawURL string) error {
+	u, perr := url.Parse(rawURL)
+	if perr != nil {
+		return errors.New("connection error (not shown: it may hold credentials)")
 	}
-	return s
+	if p, ok := u.User.Password(); ok && p != "" && strings.Contains(err.Error(), p) {
+		return errors.New(strings.ReplaceAll(err.Error(), p, "xxxxx"))
+	}
+	return err
 }
 
 func (l *link) set(c *amqp.Connection) {
