@@ -89,8 +89,9 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 	// the server sends after the return, always finds it recorded.
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
 	returns := ch.NotifyReturn(make(chan amqp.Return))
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1)) // amqp091 sends it before closing confirms
 	b.wg.Add(1)
-	go pc.confirmLoop(b, confirms, returns)
+	go pc.confirmLoop(b, confirms, returns, closed)
 	b.pc = pc
 	return pc, nil
 }
@@ -101,7 +102,7 @@ func (pc *pubChannel) alive() bool {
 	return pc.dead == nil && !pc.ch.IsClosed()
 }
 
-func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return) {
+func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closed <-chan *amqp.Error) {
 	defer b.wg.Done()
 	for {
 		select {
@@ -115,7 +116,7 @@ func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, 
 			pc.mu.Unlock()
 		case c, ok := <-confirms:
 			if !ok {
-				pc.fail(fmt.Errorf("%w: rabbitmq: publish channel closed before the confirm", sdk.ErrUnavailable))
+				pc.fail(closeCause(closed))
 				return
 			}
 			pc.mu.Lock()
@@ -140,6 +141,23 @@ func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, 
 			return
 		}
 	}
+}
+
+// closeCause says why the publish channel closed: a missing exchange (the
+// server closes the channel with 404) wraps [sdk.ErrNotFound]; anything else,
+// a lost connection first of all, wraps [sdk.ErrUnavailable].
+func closeCause(closed <-chan *amqp.Error) error {
+	select {
+	case e := <-closed:
+		if e != nil && e.Code == amqp.NotFound {
+			return fmt.Errorf("%w: rabbitmq: publish channel closed by the server: %w", sdk.ErrNotFound, e)
+		}
+		if e != nil {
+			return fmt.Errorf("%w: rabbitmq: publish channel closed before the confirm: %w", sdk.ErrUnavailable, e)
+		}
+	default:
+	}
+	return fmt.Errorf("%w: rabbitmq: publish channel closed before the confirm", sdk.ErrUnavailable)
 }
 
 // fail resolves every pending publish with err and marks the channel dead.
