@@ -15,15 +15,19 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// Benchmarks run berth and a raw aws-sdk-go-v2 loop with the same batching
-// (10 per ReceiveMessage, 10 per DeleteMessageBatch / SendMessageBatch) side
-// by side, each b.N messages, and report msgs/s and SQS API calls per
-// message, counted by an APIOptions middleware on the SDK's stack:
+// The benchmarks run berth and a raw aws-sdk-go-v2 loop with the same
+// batching (10 per ReceiveMessage, DeleteMessageBatch and SendMessageBatch)
+// side by side in one run: they alternate in rounds of 100 messages, so that
+// the load of a shared machine falls on both alike. They report msgs/s of
+// each, berth's ratio to raw, and SQS API calls per message, counted by an
+// APIOptions middleware on the SDK's stack (one per operation):
 //
 //	.ci/start-sqs && go test -run '^$' -bench . -benchtime 3000x ./brokers/sqs/
 
-// benchQueue declares a queue and returns the broker, its client's call
-// counter and the queue's name and URL.
+const round = 100
+
+// benchQueue declares a queue and returns a broker whose client counts its
+// calls, the counter, and the queue's name and URL.
 func benchQueue(b *testing.B) (*sqs.Broker, *calls, string, string) {
 	b.Helper()
 	c := newCalls()
@@ -36,7 +40,7 @@ func benchQueue(b *testing.B) (*sqs.Broker, *calls, string, string) {
 	return br, c, q, aws.ToString(out.QueueUrl)
 }
 
-// fill publishes n small messages through berth (outside the timer).
+// fill publishes n small messages through berth (outside the timings).
 func fill(b *testing.B, br *sqs.Broker, q string, n int) {
 	b.Helper()
 	ctx := context.Background()
@@ -52,185 +56,202 @@ func fill(b *testing.B, br *sqs.Broker, q string, n int) {
 	}
 }
 
-func report(b *testing.B, c *calls, start time.Time, n int, apiCalls int) {
-	el := time.Since(start)
-	if a := c.get("attempts"); a > c.total() {
-		b.Logf("%d HTTP attempts for %d operations: the SDK retried", a, c.total())
-	}
-	b.ReportMetric(float64(n)/el.Seconds(), "msgs/s")
-	b.ReportMetric(float64(apiCalls)/float64(n), "calls/msg")
+// side is one contestant: its time, message count and call counter.
+type side struct {
+	name    string
+	elapsed time.Duration
+	n       int
+	c       *calls
+	ops     []string // the operations that count
 }
 
-// BenchmarkReceiveDelete: consume b.N messages, receive + delete.
+func (s *side) time(f func()) {
+	start := time.Now()
+	f()
+	s.elapsed += time.Since(start)
+}
+
+func (s *side) rate() float64 { return float64(s.n) / s.elapsed.Seconds() }
+
+func (s *side) report(b *testing.B) {
+	b.ReportMetric(s.rate(), s.name+"-msgs/s")
+	ops := 0
+	for _, op := range s.ops {
+		ops += s.c.get(op)
+	}
+	b.ReportMetric(float64(ops)/float64(s.n), s.name+"-calls/msg")
+	if a, t := s.c.get("attempts"), s.c.total(); a > t {
+		b.Logf("%s: %d HTTP attempts for %d operations: the SDK retried", s.name, a, t)
+	}
+}
+
+// BenchmarkReceiveDelete consumes b.N messages with each of raw and berth
+// (Receive, then Ack of each delivery, buffered into DeleteMessageBatch).
 func BenchmarkReceiveDelete(b *testing.B) {
-	b.Run("raw", func(b *testing.B) {
-		br, c, _, url := benchQueue(b)
-		fill(b, br, queueName(url), b.N)
-		client := br.Client()
-		ctx := context.Background()
-		c.reset()
-		b.ResetTimer()
-		start := time.Now()
-		for got := 0; got < b.N; {
-			out, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
-				QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: 60, WaitTimeSeconds: 1,
-				MessageAttributeNames:       []string{"All"},
-				MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
-			})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if len(out.Messages) == 0 {
-				continue
-			}
-			entries := make([]sqstypes.DeleteMessageBatchRequestEntry, len(out.Messages))
-			for i, m := range out.Messages {
-				entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
-			}
-			del, err := client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
-			if err != nil || len(del.Failed) > 0 {
-				b.Fatal(err, del.Failed)
-			}
-			got += len(out.Messages)
-		}
-		b.StopTimer()
-		report(b, c, start, b.N, c.get("ReceiveMessage")+c.get("DeleteMessageBatch"))
-	})
-	b.Run("berth", func(b *testing.B) {
-		br, c, q, _ := benchQueue(b)
-		fill(b, br, q, b.N)
-		ctx := context.Background()
-		c.reset()
-		b.ResetTimer()
-		start := time.Now()
-		for got := 0; got < b.N; {
-			ds, err := br.Receive(ctx, q, 10)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for _, d := range ds {
-				if err := d.Ack(ctx); err != nil {
+	rawB, rawC, _, rawURL := benchQueue(b)
+	br, berthC, q, _ := benchQueue(b)
+	fill(b, rawB, queueName(rawURL), b.N)
+	fill(b, br, q, b.N)
+	client := rawB.Client()
+	ctx := context.Background()
+	raw := &side{name: "raw", c: rawC, ops: []string{"ReceiveMessage", "DeleteMessageBatch"}}
+	berth := &side{name: "berth", c: berthC, ops: []string{"ReceiveMessage", "DeleteMessageBatch"}}
+	rawC.reset()
+	berthC.reset()
+	b.ResetTimer()
+	for raw.n < b.N {
+		n := min(round, b.N-raw.n)
+		raw.time(func() {
+			for got := 0; got < n; {
+				out, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+					QueueUrl: aws.String(rawURL), MaxNumberOfMessages: int32(min(10, n-got)), VisibilityTimeout: 60, WaitTimeSeconds: 1,
+					MessageAttributeNames:       []string{"All"},
+					MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+				})
+				if err != nil {
 					b.Fatal(err)
 				}
+				if len(out.Messages) == 0 {
+					continue
+				}
+				entries := make([]sqstypes.DeleteMessageBatchRequestEntry, len(out.Messages))
+				for i, m := range out.Messages {
+					entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
+				}
+				del, err := client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(rawURL), Entries: entries})
+				if err != nil || len(del.Failed) > 0 {
+					b.Fatal(err, del.Failed)
+				}
+				got += len(out.Messages)
 			}
-			got += len(ds)
-		}
-		if err := br.Flush(ctx); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
-		report(b, c, start, b.N, c.get("ReceiveMessage")+c.get("DeleteMessageBatch"))
-	})
-	b.Run("berth-worker", func(b *testing.B) {
-		br, c, q, _ := benchQueue(b)
-		fill(b, br, q, b.N)
-		var done atomic.Int64
-		finished := make(chan struct{})
-		h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
-			if done.Add(1) == int64(b.N) {
-				close(finished)
-			}
-			return nil
 		})
-		w, err := sdk.NewWorker(br, h, sdk.WorkerOptions{Queue: q, Concurrency: 16, Lease: time.Minute})
-		if err != nil {
-			b.Fatal(err)
+		raw.n += n
+		berth.time(func() {
+			for got := 0; got < n; {
+				ds, err := br.Receive(ctx, q, n-got)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, d := range ds {
+					if err := d.Ack(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				got += len(ds)
+			}
+			if err := br.Flush(ctx); err != nil {
+				b.Fatal(err)
+			}
+		})
+		berth.n += n
+	}
+	b.StopTimer()
+	raw.report(b)
+	berth.report(b)
+	b.ReportMetric(berth.rate()/raw.rate(), "berth/raw")
+}
+
+// BenchmarkWorker consumes b.N messages with an sdk.Worker (16 handlers,
+// heartbeats on) and a no-op handler: the realistic path, not alternated.
+func BenchmarkWorker(b *testing.B) {
+	br, c, q, _ := benchQueue(b)
+	fill(b, br, q, b.N)
+	var done atomic.Int64
+	finished := make(chan struct{})
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if done.Add(1) == int64(b.N) {
+			close(finished)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		c.reset()
-		b.ResetTimer()
-		start := time.Now()
+		return nil
+	})
+	w, err := sdk.NewWorker(br, h, sdk.WorkerOptions{Queue: q, Concurrency: 16, Lease: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	c.reset()
+	s := &side{name: "worker", c: c, ops: []string{"ReceiveMessage", "DeleteMessageBatch"}, n: b.N}
+	b.ResetTimer()
+	s.time(func() {
 		go func() { errc <- w.Run(ctx) }()
 		<-finished
 		cancel()
 		if err := <-errc; err != nil {
 			b.Fatal(err)
 		}
-		b.StopTimer()
-		// The calls of the final empty polls are counted too.
-		report(b, c, start, b.N, c.get("ReceiveMessage")+c.get("DeleteMessageBatch"))
 	})
+	b.StopTimer()
+	s.report(b) // the drain's last empty polls count too
 }
 
-// BenchmarkPublish: publish b.N messages in batches of 10.
+// BenchmarkPublish publishes b.N messages with each of raw (bare bodies),
+// raw-attrs (the same bodies with ID, type and correlation ID as three native
+// message attributes, as an application without berth would carry them) and
+// berth, in batches of 10.
 func BenchmarkPublish(b *testing.B) {
 	body := []byte(`{"order":"order_123","amount":1999}`)
-	b.Run("raw", func(b *testing.B) {
-		br, c, _, url := benchQueue(b)
-		client := br.Client()
-		ctx := context.Background()
-		c.reset()
-		b.ResetTimer()
-		start := time.Now()
-		for sent := 0; sent < b.N; {
-			n := min(10, b.N-sent)
-			entries := make([]sqstypes.SendMessageBatchRequestEntry, n)
+	rawB, rawC, _, rawURL := benchQueue(b)
+	attrB, attrC, _, attrURL := benchQueue(b)
+	br, berthC, q, _ := benchQueue(b)
+	ctx := context.Background()
+	str := func(v string) sqstypes.MessageAttributeValue {
+		return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+	}
+	rawSend := func(client *awssqs.Client, url string, n int, attrs bool) {
+		for sent := 0; sent < n; {
+			k := min(10, n-sent)
+			entries := make([]sqstypes.SendMessageBatchRequestEntry, k)
 			for i := range entries {
 				entries[i] = sqstypes.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(body))}
-			}
-			out, err := client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
-			if err != nil || len(out.Failed) > 0 {
-				b.Fatal(err)
-			}
-			sent += n
-		}
-		b.StopTimer()
-		report(b, c, start, b.N, c.get("SendMessageBatch"))
-	})
-	// raw-attrs carries what berth carries (ID, type, correlation ID) as
-	// native message attributes, as an application without berth would.
-	b.Run("raw-attrs", func(b *testing.B) {
-		br, c, _, url := benchQueue(b)
-		client := br.Client()
-		ctx := context.Background()
-		str := func(v string) sqstypes.MessageAttributeValue {
-			return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
-		}
-		c.reset()
-		b.ResetTimer()
-		start := time.Now()
-		for sent := 0; sent < b.N; {
-			n := min(10, b.N-sent)
-			entries := make([]sqstypes.SendMessageBatchRequestEntry, n)
-			for i := range entries {
-				id := sdk.NewID()
-				entries[i] = sqstypes.SendMessageBatchRequestEntry{
-					Id: aws.String(strconv.Itoa(i)), MessageBody: aws.String(string(body)),
-					MessageAttributes: map[string]sqstypes.MessageAttributeValue{
+				if attrs {
+					id := sdk.NewID()
+					entries[i].MessageAttributes = map[string]sqstypes.MessageAttributeValue{
 						"id": str(id), "type": str("bench"), "correlation-id": str(id),
-					},
+					}
 				}
 			}
 			out, err := client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
 			if err != nil || len(out.Failed) > 0 {
 				b.Fatal(err)
 			}
-			sent += n
+			sent += k
 		}
-		b.StopTimer()
-		report(b, c, start, b.N, c.get("SendMessageBatch"))
-	})
-	b.Run("berth", func(b *testing.B) {
-		br, c, q, _ := benchQueue(b)
-		ctx := context.Background()
-		c.reset()
-		b.ResetTimer()
-		start := time.Now()
-		for sent := 0; sent < b.N; {
-			n := min(10, b.N-sent)
-			msgs := make([]*sdk.Message, n)
-			for i := range msgs {
-				msgs[i] = &sdk.Message{Type: "bench", Body: body}
+	}
+	raw := &side{name: "raw", c: rawC, ops: []string{"SendMessageBatch"}}
+	attr := &side{name: "raw-attrs", c: attrC, ops: []string{"SendMessageBatch"}}
+	berth := &side{name: "berth", c: berthC, ops: []string{"SendMessageBatch"}}
+	rawC.reset()
+	attrC.reset()
+	berthC.reset()
+	b.ResetTimer()
+	for raw.n < b.N {
+		n := min(round, b.N-raw.n)
+		raw.time(func() { rawSend(rawB.Client(), rawURL, n, false) })
+		raw.n += n
+		attr.time(func() { rawSend(attrB.Client(), attrURL, n, true) })
+		attr.n += n
+		berth.time(func() {
+			for sent := 0; sent < n; {
+				k := min(10, n-sent)
+				msgs := make([]*sdk.Message, k)
+				for i := range msgs {
+					msgs[i] = &sdk.Message{Type: "bench", Body: body}
+				}
+				if err := br.Publish(ctx, q, msgs...); err != nil {
+					b.Fatal(err)
+				}
+				sent += k
 			}
-			if err := br.Publish(ctx, q, msgs...); err != nil {
-				b.Fatal(err)
-			}
-			sent += n
-		}
-		b.StopTimer()
-		report(b, c, start, b.N, c.get("SendMessageBatch"))
-	})
+		})
+		berth.n += n
+	}
+	b.StopTimer()
+	raw.report(b)
+	attr.report(b)
+	berth.report(b)
+	b.ReportMetric(berth.rate()/raw.rate(), "berth/raw")
+	b.ReportMetric(berth.rate()/attr.rate(), "berth/raw-attrs")
 }
 
 // queueName is the last path segment of a queue URL.
