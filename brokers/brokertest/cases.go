@@ -45,6 +45,8 @@ var cases = []testCase{
 	{name: "CloseUnblocksReceive", run: testCloseUnblocksReceive},
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},
 	{name: "WorkerShutdownMidway", run: testWorkerShutdownMidway},
+	{name: "WorkerShutdownInterrupts", run: testWorkerShutdownInterrupts},
+	{name: "WorkerLongJob", needs: []Capability{CapLease, CapExtendLease}, run: testWorkerLongJob},
 }
 
 var errBoom = errors.New("brokertest: boom")

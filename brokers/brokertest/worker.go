@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,4 +252,166 @@ func testWorkerShutdownMidway(t *testing.T, e *env) {
 	}
 	t.Logf("%d messages: %d settled by the first worker, the rest by the second", n, first)
 	e.expectNone(t, e.h.Lease/2)
+}
+
+// testWorkerShutdownInterrupts stops a Worker whose handlers are all still
+// running: after DrainTimeout their context is cancelled with
+// [sdk.ErrShutdown], and the deliveries they hand back must come back
+// without an attempt consumed (Attempt() 1 again where the broker can
+// release, 2 where it falls back to Retry), never dead-lettered, and be acked
+// once by the next Worker.
+func testWorkerShutdownInterrupts(t *testing.T, e *env) {
+	const n = 8 // fewer than the Worker's Concurrency: all run at once
+	ids := e.publishMany(t, n, "brokertest.interrupted")
+	var (
+		phase   atomic.Int32 // 1: handlers block until cancelled; 2: they succeed
+		mu      sync.Mutex
+		started = map[string]int{}
+		causes  = map[string]error{}
+		second  = map[string]int{} // Attempt() seen by the second Worker
+		all     = make(chan struct{})
+	)
+	phase.Store(1)
+	handler := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		id := d.Message().ID
+		if phase.Load() == 2 {
+			mu.Lock()
+			second[id] = d.Attempt()
+			mu.Unlock()
+			return nil
+		}
+		mu.Lock()
+		started[id]++
+		if len(started) == n && started[id] == 1 {
+			close(all)
+		}
+		mu.Unlock()
+		<-ctx.Done()
+		mu.Lock()
+		causes[id] = context.Cause(ctx)
+		mu.Unlock()
+		return ctx.Err()
+	})
+	obs := newSettlements()
+	opts := e.workerOptions(obs, 3)
+	opts.DrainTimeout = 100 * time.Millisecond
+	w1, err := sdk.NewWorker(e.b, handler, opts)
+	if err != nil {
+		t.Fatalf("NewWorker: %v", err)
+	}
+	stop1 := startWorker(t, w1)
+	select {
+	case <-all:
+	case <-time.After(e.h.Timeout):
+		mu.Lock()
+		got := len(started)
+		mu.Unlock()
+		t.Fatalf("%d of %d handlers started within %s", got, n, e.h.Timeout)
+	}
+	stop1() // cancels the handlers after DrainTimeout; Run must return nil
+	phase.Store(2)
+
+	mu.Lock()
+	for _, id := range ids {
+		if started[id] != 1 {
+			// A second start while the first handler still ran: its lease
+			// was not kept alive.
+			t.Errorf("message %s started %d times by the first Worker, want 1", id, started[id])
+		}
+		if !errors.Is(causes[id], sdk.ErrShutdown) {
+			t.Errorf("message %s: handler context cancelled with cause %v, want ErrShutdown", id, causes[id])
+		}
+	}
+	mu.Unlock()
+	if got := obs.finals(); got != 0 {
+		t.Fatalf("%d messages acked or dead-lettered by the interrupted Worker, want 0", got)
+	}
+
+	w2, err := sdk.NewWorker(e.b, handler, e.workerOptions(obs, 4))
+	if err != nil {
+		t.Fatalf("NewWorker: %v", err)
+	}
+	stop2 := startWorker(t, w2)
+	obs.waitFinals(t, n, e.workerTimeout(n))
+	stop2()
+
+	want := 2 // Retry(0): one attempt consumed
+	if e.supports(CapRelease) {
+		want = 1
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if a, d := obs.acked[id], obs.dead[id]; a != 1 || d != 0 {
+			t.Errorf("message %s: acked %d times, dead-lettered %d times; want acked once", id, a, d)
+		}
+		if got := second[id]; got != want {
+			t.Errorf("message %s: Attempt() = %d after an interrupted run, want %d", id, got, want)
+		}
+	}
+	e.expectNone(t, e.h.Lease/2)
+}
+
+// testWorkerLongJob runs handlers three times as long as the lease on two
+// Workers sharing the queue: the Worker's heartbeat must keep each lease
+// alive, so that no message is handed to the other Worker (or back to the
+// same one) while its handler runs — the "visibility timeout shorter than
+// the job" duplicate of DESIGN.md.
+func testWorkerLongJob(t *testing.T, e *env) {
+	const n = 4
+	run := 3 * e.h.Lease
+	ids := e.publishMany(t, n, "brokertest.long")
+	var (
+		mu      sync.Mutex
+		starts  = map[string]int{}
+		running = map[string]int{}
+	)
+	handler := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		id := d.Message().ID
+		mu.Lock()
+		starts[id]++
+		running[id]++
+		if running[id] > 1 {
+			t.Errorf("message %s run by two handlers at once (attempt %d): its lease was not extended", id, d.Attempt())
+		}
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			running[id]--
+			mu.Unlock()
+		}()
+		select {
+		case <-time.After(run):
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})
+	obs := newSettlements()
+	for i := range 2 {
+		opts := e.workerOptions(obs, uint64(10+i))
+		opts.Concurrency = n
+		opts.Prefetch = 1
+		// Extensions every Lease/5 leave the heartbeat most of a lease of
+		// slack on a loaded machine.
+		opts.HeartbeatInterval = e.h.Lease / 5
+		w, err := sdk.NewWorker(e.b, handler, opts)
+		if err != nil {
+			t.Fatalf("NewWorker: %v", err)
+		}
+		startWorker(t, w)
+	}
+	obs.waitFinals(t, n, e.h.Timeout+run)
+
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if starts[id] != 1 || obs.acked[id] != 1 {
+			t.Errorf("message %s: started %d times, acked %d times; want once each", id, starts[id], obs.acked[id])
+		}
+	}
 }
