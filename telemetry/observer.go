@@ -28,9 +28,8 @@ type deliveryCtx struct {
 
 	// Buffers for the span's start options and attributes, so that starting
 	// and settling a delivery allocates once for all of them. The SDK copies
-	// what it keeps.
+	// what it keeps, so attrBuf serves again for the settlement attributes.
 	attrBuf [8]attribute.KeyValue
-	endBuf  [4]attribute.KeyValue
 	optBuf  [4]trace.SpanStartOption
 	linkBuf [1]trace.Link
 }
@@ -99,10 +98,10 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 		ctx = sdk.WithCorrelationID(ctx, id)
 	}
 
-	o.consumed.Add(ctx, 1, l.add...)
+	l.consumed.Add(1)
 	l.inFlight.Add(1)
 	if d.Attempt() > 1 {
-		o.redeliveries.Add(ctx, 1, l.add...)
+		l.redeliveries.Add(1)
 	}
 	st.Context, st.start = ctx, time.Now()
 	return st
@@ -120,7 +119,7 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 		if st.active { // Settled once per Start
 			st.active = false
 			lb.inFlight.Add(-1)
-			o.recordSpan(st.span, st.endBuf[:0], s)
+			o.recordSpan(st.span, st.attrBuf[:0], s)
 			st.span.End()
 		}
 	} else {
@@ -135,11 +134,11 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 	if s.Action == sdk.ActionAck || s.Action == sdk.ActionLeaseLost {
 		settleClass = sdk.ClassNone // an ack has no error; a lost lease's error is the cancellation
 	}
-	o.settlements.Add(ctx, 1, lb.outcome(s.Action, settleClass).add...)
+	lb.outcome(s.Action, settleClass).settled.Add(1)
 	lc := lb
 	if class != sdk.ClassNone {
 		lc = lb.outcome("", class)
-		o.jobErrors.Add(ctx, 1, lc.add...)
+		lc.errors.Add(1)
 	}
 	if s.Duration > 0 {
 		o.processDur.Record(ctx, s.Duration.Seconds(), lc.record...)
@@ -150,17 +149,17 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 			o.claimToAck.Record(ctx, time.Since(start).Seconds(), lb.record...)
 		}
 	case sdk.ActionRetry:
-		o.retries.Add(ctx, 1, lc.add...)
+		lc.retries.Add(1)
 		o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 	case sdk.ActionRelease:
 		if s.Delay > 0 {
 			o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 		}
 	case sdk.ActionDeadLetter:
-		o.deadLetters.Add(ctx, 1, lc.add...)
+		lc.deadLetters.Add(1)
 	}
 	if s.Action == sdk.ActionLeaseLost || errors.Is(s.Err, sdk.ErrLeaseLost) {
-		o.leaseExp.Add(ctx, 1, lb.add...)
+		lb.leaseExp.Add(1)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -64,7 +65,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 			recordPublishError(span, err)
 		}
 		span.End()
-		p.count(ctx, pl, 1, failed, err)
+		p.count(pl, 1, failed, err)
 		return err
 	}
 	spans := make([]trace.Span, len(msgs))
@@ -98,7 +99,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		recordPublishError(batch, err)
 	}
 	batch.End()
-	p.count(ctx, pl, len(msgs), failed, err)
+	p.count(pl, len(msgs), failed, err)
 	return err
 }
 
@@ -108,22 +109,41 @@ func recordPublishError(span trace.Span, err error) {
 	span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 }
 
-// count adds the sent messages, the failed ones with their error.type.
-func (p *Publisher) count(ctx context.Context, pl *pubLabels, n, failed int, err error) {
+// count adds the sent messages, the failed ones under their error.type.
+func (p *Publisher) count(pl *pubLabels, n, failed int, err error) {
 	if ok := n - failed; ok > 0 {
-		p.obs.sent.Add(ctx, int64(ok), pl.add...)
+		pl.sent.Add(int64(ok))
 	}
 	if failed > 0 {
-		attrs := append(pl.sendAttrs[:2:2], semconv.ErrorTypeKey.String(errorType(err)))
-		p.obs.sent.Add(ctx, int64(failed), metric.WithAttributes(attrs...))
+		pl.failedFor(errorType(err)).sent.Add(int64(failed))
 	}
 }
 
 // pubLabels caches what publishing to one queue of one system needs.
 type pubLabels struct {
-	add                    []metric.AddOption
+	labels
+	sent                   atomic.Int64
 	sendName, createName   string
 	sendAttrs, createAttrs []attribute.KeyValue
+	failed                 map[string]*sentLabels // by error.type; guarded by mu
+}
+
+// sentLabels counts failed publishes of one error.type.
+type sentLabels struct {
+	labels
+	sent atomic.Int64
+}
+
+func (pl *pubLabels) failedFor(errType string) *sentLabels {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if f, ok := pl.failed[errType]; ok {
+		return f
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(pl.sendAttrs[0], pl.sendAttrs[1], semconv.ErrorTypeKey.String(errType)))
+	f := &sentLabels{labels: labels{observe: []metric.ObserveOption{opt}}}
+	pl.failed[errType] = f
+	return f
 }
 
 func (o *Observer) publishLabels(k labelKey) *pubLabels {
@@ -135,7 +155,8 @@ func (o *Observer) publishLabels(k labelKey) *pubLabels {
 	}
 	sys, dest := semconv.MessagingSystemKey.String(k.system), semconv.MessagingDestinationName(k.queue)
 	l = &pubLabels{
-		add:         []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(sys, dest))},
+		labels:      labels{observe: []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(sys, dest))}},
+		failed:      make(map[string]*sentLabels),
 		sendName:    "send " + k.queue,
 		createName:  "create " + k.queue,
 		sendAttrs:   []attribute.KeyValue{sys, dest, semconv.MessagingOperationName("send"), semconv.MessagingOperationTypeSend},
