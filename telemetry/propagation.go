@@ -13,25 +13,6 @@ import (
 var DefaultPropagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(
 	propagation.TraceContext{}, propagation.Baggage{})
 
-// HeaderCarrier adapts a message's headers to a [propagation.TextMapCarrier].
-// Set allocates the map when the message has none.
-type HeaderCarrier struct{ M *sdk.Message }
-
-// Get returns the header key, or "".
-func (c HeaderCarrier) Get(key string) string { return c.M.Header(key) }
-
-// Set sets header key.
-func (c HeaderCarrier) Set(key, value string) { c.M.SetHeader(key, value) }
-
-// Keys lists the header names.
-func (c HeaderCarrier) Keys() []string {
-	keys := make([]string, 0, len(c.M.Headers))
-	for k := range c.M.Headers {
-		keys = append(keys, k)
-	}
-	return keys
-}
-
 // Inject writes the trace context and baggage of ctx into m's headers with
 // prop (nil means [DefaultPropagator]). It replaces m.Headers by a copy first,
 // so a header map shared by several messages is never written to. It does not

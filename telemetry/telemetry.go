@@ -46,9 +46,9 @@ type InspectedQueue struct {
 }
 
 // Options configures [New]. The zero value uses the global OpenTelemetry
-// providers and propagator... except the propagator, which defaults to
-// [DefaultPropagator] (W3C trace context and baggage) so that headers are
-// always written.
+// tracer and meter providers, and [DefaultPropagator] (W3C trace context and
+// baggage, whatever the global propagator is, so that headers are always
+// written and read the same way).
 type Options struct {
 	// TracerProvider creates berth's tracer. Default otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -137,7 +137,9 @@ var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
 // delayBuckets suit backoff delays, in seconds.
 var delayBuckets = []float64{0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 43200}
 
-// New creates the instruments and registers the queue gauges.
+// New creates the instruments and registers the callbacks that report the
+// delivery counters and the queue gauges. It returns an error for an invalid
+// InspectedQueue or when the meter refuses an instrument.
 func New(opts Options) (*Observer, error) {
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = otel.GetTracerProvider()
