@@ -84,14 +84,7 @@ func (c *consumer) run() {
 // session opens a channel, consumes until it dies, and returns nil when it
 // delivered at least once before dying.
 func (c *consumer) session() error {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-c.b.done:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
+	ctx, cancel := context.WithCancel(c.b.ctx)
 	defer cancel()
 	if err := c.b.ensure(ctx, c.queue); err != nil {
 		return err

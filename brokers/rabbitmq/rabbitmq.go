@@ -80,6 +80,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -233,6 +234,8 @@ type Broker struct {
 	con *link // consuming
 
 	done      chan struct{}
+	ctx       context.Context // cancelled by Close; bounds background work
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
@@ -270,14 +273,17 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		declared:  make(map[string]bool),
 		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}
 	b.con = &link{b: b, name: opts.ConnectionName + "-consume", up: make(chan struct{})}
 	pubConn, err := b.pub.dial(ctx)
 	if err != nil {
+		b.cancel()
 		return nil, err
 	}
 	conConn, err := b.con.dial(ctx)
 	if err != nil {
+		b.cancel()
 		_ = pubConn.Close()
 		return nil, err
 	}
@@ -305,6 +311,7 @@ func Redact(rawURL string) (string, error) {
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		close(b.done)
+		b.cancel()
 		b.wg.Wait()
 	})
 	return nil
@@ -350,45 +357,56 @@ type link struct {
 }
 
 func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
+	const handshake = 30 * time.Second
+	// amqp091 dials without a context: the Dial hook bounds the TCP connect
+	// by ctx and the TLS and AMQP handshakes by a deadline that ctx can
+	// bring forward.
+	var stop func() bool
 	cfg := amqp.Config{
 		TLSClientConfig: l.b.opts.TLS,
 		Heartbeat:       l.b.opts.Heartbeat,
 		Properties:      amqp.Table{"connection_name": l.name, "product": "berth"},
 		Locale:          "en_US",
-	}
-	type result struct {
-		c   *amqp.Connection
-		err error
-	}
-	// amqp091 dials without a context; bound the wait by ctx and drop a
-	// connection that arrives too late.
-	ch := make(chan result, 1)
-	go func() {
-		c, err := amqp.DialConfig(l.b.uri, cfg)
-		ch <- result{c, err}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			cause := safeErr(r.err, l.b.uri)
-			var ae *amqp.Error
-			var ce *tls.CertificateVerificationError
-			if errors.As(r.err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) ||
-				errors.As(r.err, &ce) {
-				// Wrong credentials, vhost or certificate: waiting will not help.
-				return nil, fmt.Errorf("rabbitmq: connect to %s: %w", l.b.redacted, cause)
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: handshake}
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
 			}
-			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, cause)
+			deadline := time.Now().Add(handshake)
+			if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+				deadline = dl
+			}
+			if err := c.SetDeadline(deadline); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+			return c, nil
+		},
+	}
+	conn, err := amqp.DialConfig(l.b.uri, cfg)
+	if stop != nil && !stop() && err == nil {
+		// ctx ended just as the handshake finished: the deadline it set
+		// would break the connection later.
+		_ = conn.Close()
+		conn, err = nil, ctx.Err()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, ctx.Err())
 		}
-		return r.c, nil
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.c != nil {
-				_ = r.c.Close()
-			}
-		}()
-		return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, ctx.Err())
+		cause := safeErr(err, l.b.uri)
+		var ae *amqp.Error
+		var ce *tls.CertificateVerificationError
+		if errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) ||
+			errors.As(err, &ce) {
+			// Wrong credentials, vhost or certificate: waiting will not help.
+			return nil, fmt.Errorf("rabbitmq: connect to %s: %w", l.b.redacted, cause)
+		}
+		return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, cause)
 	}
+	return conn, nil
 }
 
 // safeErr returns err, or, if its text holds the URL's password (no library
@@ -481,7 +499,7 @@ func (l *link) supervise(conn *amqp.Connection) {
 			if !l.b.sleep(l.b.backoff(attempt)) {
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(l.b.ctx, 30*time.Second)
 			c, err := l.dial(ctx)
 			cancel()
 			if err == nil {
