@@ -257,9 +257,9 @@ func testWorkerShutdownMidway(t *testing.T, e *env) {
 // testWorkerShutdownInterrupts stops a Worker whose handlers are all still
 // running: after DrainTimeout their context is cancelled with
 // [sdk.ErrShutdown], and the deliveries they hand back must come back
-// without an attempt consumed (Attempt() 1 again where the broker can
-// release, 2 where it falls back to Retry), never dead-lettered, and be acked
-// once by the next Worker.
+// without an attempt consumed where the broker can release (Attempt() 1
+// again; at least 2 where the Worker falls back to Retry), never
+// dead-lettered, and be acked once by the next Worker.
 func testWorkerShutdownInterrupts(t *testing.T, e *env) {
 	const n = 8 // fewer than the Worker's Concurrency: all run at once
 	ids := e.publishMany(t, n, "brokertest.interrupted")
@@ -335,10 +335,11 @@ func testWorkerShutdownInterrupts(t *testing.T, e *env) {
 	obs.waitFinals(t, n, e.workerTimeout(n))
 	stop2()
 
-	want := 2 // Retry(0): one attempt consumed
-	if e.supports(CapRelease) {
-		want = 1
-	}
+	// With Release the attempt is given back: exactly 1. Without it the
+	// Worker falls back to Retry(0), which counts one; more is allowed
+	// there, because on SQS a long poll cancelled by the shutdown may still
+	// be answered server-side and count a receive nobody saw.
+	release := e.supports(CapRelease)
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
 	mu.Lock()
@@ -347,8 +348,10 @@ func testWorkerShutdownInterrupts(t *testing.T, e *env) {
 		if a, d := obs.acked[id], obs.dead[id]; a != 1 || d != 0 {
 			t.Errorf("message %s: acked %d times, dead-lettered %d times; want acked once", id, a, d)
 		}
-		if got := second[id]; got != want {
-			t.Errorf("message %s: Attempt() = %d after an interrupted run, want %d", id, got, want)
+		if got := second[id]; release && got != 1 {
+			t.Errorf("message %s: Attempt() = %d after an interrupted run, want 1 (released)", id, got)
+		} else if !release && got < 2 {
+			t.Errorf("message %s: Attempt() = %d after an interrupted run, want at least 2 (retried)", id, got)
 		}
 	}
 	e.expectNone(t, e.h.Lease/2)
