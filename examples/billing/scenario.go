@@ -109,6 +109,7 @@ type deadLetter struct {
 	MessageID string
 	Key       string
 	Reason    string
+	Cause     error // the handler's error, for errors.Is
 }
 
 // summary is what a run did.

@@ -53,11 +53,15 @@ func (t *tracker) settled() int {
 	return len(t.done)
 }
 
-func (t *tracker) finish(m *sdk.Message, reason string, dead bool) {
+func (t *tracker) finish(m *sdk.Message, cause error, dead bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if dead {
-		t.dead = append(t.dead, deadLetter{MessageID: m.ID, Key: m.IdempotencyKey, Reason: reason})
+		reason := "dead-lettered"
+		if cause != nil {
+			reason = cause.Error()
+		}
+		t.dead = append(t.dead, deadLetter{MessageID: m.ID, Key: m.IdempotencyKey, Reason: reason, Cause: cause})
 	}
 	t.done[m.ID] = true
 	if len(t.done) >= t.total {
@@ -93,7 +97,7 @@ func (d *tracked) Ack(ctx context.Context) error {
 	err := d.Delivery.Ack(ctx)
 	if err == nil {
 		d.t.acked.Add(1)
-		d.t.finish(d.Message(), "", false)
+		d.t.finish(d.Message(), nil, false)
 	}
 	return err
 }
@@ -102,11 +106,7 @@ func (d *tracked) DeadLetter(ctx context.Context, cause error) error {
 	err := d.Delivery.DeadLetter(ctx, cause)
 	if err == nil {
 		d.t.deadCount.Add(1)
-		reason := "dead-lettered"
-		if cause != nil {
-			reason = cause.Error()
-		}
-		d.t.finish(d.Message(), reason, true)
+		d.t.finish(d.Message(), cause, true)
 	}
 	return err
 }
