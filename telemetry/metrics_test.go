@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -317,7 +318,8 @@ func TestLeaseExtensionsAndExpirations(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	obs, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{})
+	tp, rec := newTracing(t)
+	obs, reader := newObserver(t, tp, telemetry.Options{})
 	pub := obs.Publisher(b)
 	ctx := context.Background()
 
@@ -329,7 +331,11 @@ func TestLeaseExtensionsAndExpirations(t *testing.T) {
 		acked := make(chan struct{})
 		stop := runWorker(t, b, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
 			if calls.Add(1) == 1 {
-				time.Sleep(900 * time.Millisecond) // three leases
+				select { // three leases, unless the Worker gives up on the lease first
+				case <-time.After(900 * time.Millisecond):
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
 			}
 			return nil
 		}), sdk.WorkerOptions{Queue: queue, Concurrency: 2, Lease: 300 * time.Millisecond, HeartbeatInterval: heartbeat,
@@ -337,9 +343,13 @@ func TestLeaseExtensionsAndExpirations(t *testing.T) {
 		<-acked
 		stop()
 	}
-	extended, expired := uniqueQueue(t, "tx"), uniqueQueue(t, "te")
+	extended, expired, lost := uniqueQueue(t, "tx"), uniqueQueue(t, "te"), uniqueQueue(t, "tl")
 	run(extended, 100*time.Millisecond)
 	run(expired, -1)
+	// Heartbeats every 600 ms on a 300 ms lease: the first extension comes
+	// after the message went to the other slot, is refused, and the Worker
+	// cancels the handler without settling.
+	run(lost, 600*time.Millisecond)
 
 	ms := collect(t, reader)
 	if got := ms.sum("berth.lease.extensions", semconvDest(extended), telemetry.AttrLeaseResult.String("ok")); got < 1 {
@@ -353,6 +363,27 @@ func TestLeaseExtensionsAndExpirations(t *testing.T) {
 	}
 	if got := ms.sum("berth.lease.extensions", semconvDest(expired)); got != 0 {
 		t.Errorf("lease extensions without heartbeats: %v, want 0", got)
+	}
+	if got := ms.sum("berth.lease.extensions", semconvDest(lost), telemetry.AttrLeaseResult.String("failed")); got < 1 {
+		t.Errorf("refused lease extensions: %v, want at least 1", got)
+	}
+	if got := ms.sum("berth.lease.expirations", semconvDest(lost)); got != 1 {
+		t.Errorf("lease expirations after a refused extension: %v, want 1", got)
+	}
+	if got := ms.sum("berth.delivery.settlements", semconvDest(lost), attribute.String("berth.settlement.action", "lease_lost")); got != 1 {
+		t.Errorf("lease_lost settlements: %v, want 1", got)
+	}
+	var lostSpans int
+	for _, s := range spansNamed(rec, "process "+lost) {
+		if attrsOf(s)["berth.settlement.action"].AsString() == string(sdk.ActionLeaseLost) {
+			lostSpans++
+			if s.Status().Code != codes.Error {
+				t.Errorf("lease_lost span status %v, want error", s.Status())
+			}
+		}
+	}
+	if lostSpans != 1 {
+		t.Errorf("%d process spans with action lease_lost, want 1", lostSpans)
 	}
 }
 
