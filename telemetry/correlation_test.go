@@ -310,3 +310,32 @@ func TestLinkOnlyStartsANewTraceKeepingBaggage(t *testing.T) {
 		t.Errorf("LinkOnly process span links %v, want the send span", ls)
 	}
 }
+
+// TestPublishContinuesATraceCarriedByTheMessage: a message written with
+// Inject under a request's span (as an outbox row would be) and published
+// later outside any span (by a relay) gets its send span in the request's
+// trace.
+func TestPublishContinuesATraceCarriedByTheMessage(t *testing.T) {
+	b := newMemory(t)
+	queue := uniqueQueue(t, "tr")
+	tp, rec := newTracing(t)
+	obs, _ := newObserver(t, tp, telemetry.Options{})
+	ctx, request := tp.Tracer("test").Start(context.Background(), "place-order")
+	m := &sdk.Message{Type: "billing.charge"}
+	telemetry.Inject(ctx, nil, m) // in the business transaction
+	request.End()
+
+	if err := obs.Publisher(b).Publish(context.Background(), queue, m); err != nil { // the relay, later
+		t.Fatal(err)
+	}
+	sends := spansNamed(rec, "send "+queue)
+	if len(sends) != 1 {
+		t.Fatalf("got %d send spans, want 1", len(sends))
+	}
+	if s := sends[0]; s.Parent().SpanID() != request.SpanContext().SpanID() || s.SpanContext().TraceID() != request.SpanContext().TraceID() {
+		t.Errorf("send span parent %s in trace %s, want the request span %s", s.Parent().SpanID(), s.SpanContext().TraceID(), request.SpanContext().SpanID())
+	}
+	if sc := traceparentOf(m); sc.SpanID() != sends[0].SpanContext().SpanID() {
+		t.Errorf("the message carries span %s, want its send span", sc.SpanID())
+	}
+}

@@ -26,6 +26,11 @@ import (
 // batch gets a PRODUCER span "create <queue>" per message (each message's
 // creation context) and a CLIENT span "send <queue>" linked to all of them.
 //
+// Published outside any span, a message that already carries a trace
+// context in its headers (put there by [Inject] when an outbox row was
+// written, for instance) gets its send span under that context, so the
+// trace continues across the outbox.
+//
 // Publish may be called concurrently, like the wrapped Publisher's. The
 // wrapped broker's optional interfaces ([sdk.Inspector], [sdk.DeadLetters],
 // …) are reached through [Publisher.Unwrap]: Publisher does not pretend to
@@ -195,7 +200,14 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 	if m.Type != "" {
 		attrs = append(attrs, AttrJobType.String(m.Type))
 	}
-	sctx, span := p.obs.tracer.Start(ctx, name, producerKind, trace.WithAttributes(attrs...))
+	parent := ctx
+	if len(m.Headers) > 0 && !trace.SpanContextFromContext(ctx).IsValid() {
+		// A message that already carries a trace context (written with
+		// Inject into an outbox row, say) and is published outside any span
+		// continues that trace.
+		parent = Extract(ctx, p.obs.prop, m)
+	}
+	sctx, span := p.obs.tracer.Start(parent, name, producerKind, trace.WithAttributes(attrs...))
 	Inject(sctx, p.obs.prop, m)
 	return span
 }
