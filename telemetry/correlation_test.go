@@ -339,3 +339,45 @@ func TestPublishContinuesATraceCarriedByTheMessage(t *testing.T) {
 		t.Errorf("the message carries span %s, want its send span", sc.SpanID())
 	}
 }
+
+// foreignDelivery is a real delivery whose message looks as if a producer
+// outside berth had published it: no CorrelationID, only a header.
+type foreignDelivery struct {
+	sdk.Delivery
+	m *sdk.Message
+}
+
+func (f foreignDelivery) Message() *sdk.Message { return f.m }
+
+// TestCorrelationHeader: with Options.CorrelationHeader the Publisher also
+// writes the correlation ID under that header, and the Observer takes it
+// from there for a message that arrives without a CorrelationID.
+func TestCorrelationHeader(t *testing.T) {
+	b := newMemory(t)
+	queue := uniqueQueue(t, "th")
+	tp, _ := newTracing(t)
+	obs, _ := newObserver(t, tp, telemetry.Options{CorrelationHeader: "x-correlation-id"})
+	m := &sdk.Message{Type: "t"}
+	if err := obs.Publisher(b).Publish(sdk.WithCorrelationID(context.Background(), "corr-7"), queue, m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header("x-correlation-id"); got != "corr-7" {
+		t.Errorf("x-correlation-id header %q, want corr-7", got)
+	}
+
+	ds, err := b.Receive(context.Background(), queue, 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("receive: %v, %d deliveries", err, len(ds))
+	}
+	foreign := ds[0].Message().Clone()
+	foreign.CorrelationID = ""
+	foreign.Headers = map[string]string{"x-correlation-id": "ext-9"}
+	ctx := obs.Start(context.Background(), foreignDelivery{Delivery: ds[0], m: foreign})
+	if got := sdk.CorrelationID(ctx); got != "ext-9" {
+		t.Errorf("handler correlation ID %q, want ext-9 from the header", got)
+	}
+	obs.Settled(ctx, ds[0], sdk.Settlement{Action: sdk.ActionAck})
+	if err := ds[0].Ack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -79,8 +79,10 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	st := &deliveryCtx{obs: o, d: d, l: l, active: true}
 	attrs := append(st.attrBuf[:0], l.spanAttrs...)
 	attrs = append(attrs, semconv.MessagingMessageID(m.ID), AttrAttempt.Int(d.Attempt()))
-	if m.CorrelationID != "" {
-		attrs = append(attrs, semconv.MessagingMessageConversationID(m.CorrelationID))
+	if id := m.CorrelationID; id != "" {
+		attrs = append(attrs, semconv.MessagingMessageConversationID(id))
+	} else if id := m.Header(o.corrHeader); o.corrHeader != "" && id != "" {
+		attrs = append(attrs, semconv.MessagingMessageConversationID(id))
 	}
 	opts := append(st.optBuf[:0], consumerKind, trace.WithAttributes(attrs...))
 	if creation.IsValid() {
@@ -94,7 +96,11 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	}
 	ctx, st.span = o.tracer.Start(parent, l.spanName, opts...)
 
-	if id := m.CorrelationID; id != "" && sdk.CorrelationID(ctx) != id {
+	id := m.CorrelationID
+	if id == "" && o.corrHeader != "" {
+		id = m.Header(o.corrHeader)
+	}
+	if id != "" && sdk.CorrelationID(ctx) != id {
 		ctx = sdk.WithCorrelationID(ctx, id)
 	}
 

@@ -209,6 +209,9 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 	}
 	sctx, span := p.obs.tracer.Start(parent, name, producerKind, trace.WithAttributes(attrs...))
 	Inject(sctx, p.obs.prop, m)
+	if h := p.obs.corrHeader; h != "" {
+		m.Headers[h] = m.CorrelationID // Inject made Headers a fresh map
+	}
 	return span
 }
 

@@ -59,6 +59,12 @@ type Options struct {
 	// System is the messaging.system attribute. Default: derived from the
 	// broker's package ("rabbitmq", "aws_sqs", "postgres", "memory").
 	System string
+	// CorrelationHeader, when set, names a header that also carries the
+	// correlation ID, for consumers outside berth ("x-correlation-id"): the
+	// Publisher writes it, and the Observer reads it when a message arrives
+	// without a CorrelationID (published by a producer outside berth).
+	// Default none: berth brokers carry Message.CorrelationID themselves.
+	CorrelationHeader string
 	// LinkOnly starts each delivery's process span as the root of a new trace,
 	// linked to the message's creation span, instead of as its child.
 	LinkOnly bool
@@ -103,6 +109,7 @@ type Observer struct {
 	prop       propagation.TextMapPropagator
 	system     string
 	linkOnly   bool
+	corrHeader string
 	queues     []InspectedQueue
 	inspectTTL time.Duration
 	regs       []metric.Registration
@@ -166,6 +173,7 @@ func New(opts Options) (*Observer, error) {
 		prop:       opts.Propagator,
 		system:     opts.System,
 		linkOnly:   opts.LinkOnly,
+		corrHeader: opts.CorrelationHeader,
 		queues:     append([]InspectedQueue(nil), opts.Queues...),
 		inspectTTL: opts.InspectTimeout,
 		labels:     make(map[labelKey]*labels),
