@@ -1,13 +1,27 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) == "1" { // re-executed as a worker by a fault test
+		os.Exit(runChild())
+	}
+	code := m.Run()
+	httpTransport.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 func TestURLHostPortHidesNothingButHost(t *testing.T) {
 	f := urlHostPort("5672")
