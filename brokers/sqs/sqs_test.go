@@ -280,8 +280,10 @@ func TestAckBatchesDeletes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := c.get("DeleteMessageBatch"); got != n/10 {
-		t.Errorf("%d DeleteMessageBatch calls before Flush for %d acks, want %d (full batches only)", got, n, n/10)
+	// Full batches went to the sender as they filled (it may still be
+	// sending the last); the 5 left wait for the interval (an hour here).
+	if got := c.get("DeleteMessageBatch"); got > n/10 {
+		t.Errorf("%d DeleteMessageBatch calls before Flush for %d acks, want at most %d (full batches only)", got, n, n/10)
 	}
 	if err := b.Flush(ctx); err != nil {
 		t.Fatalf("Flush: %v", err)
