@@ -270,6 +270,18 @@ func TestPublishFailureIsRecorded(t *testing.T) {
 	if got := ms.sum("messaging.client.sent.messages", telemetryErrorType("closed")); got != 1 {
 		t.Errorf("failed sends counted %v, want 1", got)
 	}
+
+	// Invalid queue names share one label set, whatever the name.
+	b2 := newMemory(t)
+	for _, bad := range []string{"bad queue!", "", ".hidden"} {
+		if err := obs.Publisher(b2).Publish(context.Background(), bad, &sdk.Message{}); !errors.Is(err, sdk.ErrInvalidQueue) {
+			t.Errorf("publish to %q: %v, want ErrInvalidQueue", bad, err)
+		}
+	}
+	ms = collect(t, reader)
+	if got := ms.sum("messaging.client.sent.messages", semconvDest("_invalid"), telemetryErrorType("invalid_queue")); got != 3 {
+		t.Errorf("sends to invalid queues counted %v under _invalid, want 3", got)
+	}
 }
 
 // TestLinkOnlyStartsANewTraceKeepingBaggage: with LinkOnly the process span is

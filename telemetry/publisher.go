@@ -158,6 +158,17 @@ func (o *Observer) publishLabels(k labelKey) *pubLabels {
 	if ok {
 		return l
 	}
+	if sdk.ValidateQueueName(k.queue) != nil {
+		// The broker will refuse the publish: one label set for every bad
+		// name, so that they cannot grow the cache (or a metric backend).
+		k.queue = invalidQueue
+		o.mu.RLock()
+		l, ok = o.pubLabels[k]
+		o.mu.RUnlock()
+		if ok {
+			return l
+		}
+	}
 	sys, dest := semconv.MessagingSystemKey.String(k.system), semconv.MessagingDestinationName(k.queue)
 	l = &pubLabels{
 		labels:      labels{observe: []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(sys, dest))}},
@@ -214,6 +225,9 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 	}
 	return span
 }
+
+// invalidQueue stands for every invalid queue name in spans and metrics.
+const invalidQueue = "_invalid"
 
 // attrPool recycles the attribute buffers of producer spans.
 var attrPool = sync.Pool{New: func() any { return new([8]attribute.KeyValue) }}
