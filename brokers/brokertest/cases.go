@@ -687,6 +687,13 @@ func testInvalidQueue(t *testing.T, e *env) {
 		if err := e.b.Publish(ctx, q, textMessage("invalid-queue")); !errors.Is(err, sdk.ErrInvalidQueue) {
 			t.Errorf("Publish to %q: %v, want ErrInvalidQueue", q, err)
 		}
+		// A Worker on a misspelt queue must hear of it, not wait forever.
+		rctx, cancel := context.WithTimeout(ctx, e.h.Lease)
+		ds, err := e.b.Receive(rctx, q, 1)
+		cancel()
+		if !errors.Is(err, sdk.ErrInvalidQueue) {
+			t.Errorf("Receive from %q: %d deliveries, %v; want ErrInvalidQueue", q, len(ds), err)
+		}
 	}
 }
 
