@@ -533,6 +533,15 @@ func testSettleTwice(t *testing.T, e *env) {
 	if err := d.Retry(ctx, 0, errBoom); !errors.Is(err, sdk.ErrAlreadySettled) {
 		t.Errorf("Retry after DeadLetter: %v, want ErrAlreadySettled", err)
 	}
+	// The refused settlements changed nothing: the acked message does not
+	// come back (past its lease), the one retried for an hour does not
+	// either, and only the dead-lettered one is in the dead-letter queue.
+	e.expectNone(t, e.h.Lease+e.h.Lease/2)
+	if e.supports(CapDeadLetters) {
+		if dead := e.waitDeadLetters(t, 1); dead[0].Type != "brokertest.twice-dead" {
+			t.Errorf("dead letter %s, want the twice-dead message", dead[0].Type)
+		}
+	}
 }
 
 func testConcurrentReceivers(t *testing.T, e *env) {
