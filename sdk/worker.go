@@ -64,10 +64,22 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 type task struct {
 	d        Delivery
 	slot     int          // index in the held table, returned to the free list when done
+	received int64        // unix nanos of the Receive that returned it
 	lost     atomic.Bool  // the lease was lost: do not run, do not settle
 	extended atomic.Int64 // unix nanos of the last lease start or extension
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
+	ctx      context.Context         // the handler's context, set with cancel
+}
+
+// context returns the handler's context once it runs, else fallback.
+func (t *task) context(fallback context.Context) context.Context {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ctx != nil {
+		return t.ctx
+	}
+	return fallback
 }
 
 func (t *task) loseLease() {
@@ -223,7 +235,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan<- *task, 
 		}
 		now := time.Now().UnixNano()
 		for i, d := range ds {
-			t := &task{d: d, slot: slots[i]}
+			t := &task{d: d, slot: slots[i], received: now}
 			t.extended.Store(now)
 			held[t.slot].Store(t)
 			jobs <- t
@@ -290,8 +302,11 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	ectx, cancel := context.WithTimeout(ctx, o.SettleTimeout)
 	err := t.d.ExtendLease(ectx, o.Lease)
 	cancel()
-	for _, lo := range w.leaseOb {
-		lo.LeaseExtended(ctx, t.d, o.Lease, err)
+	if len(w.leaseOb) > 0 {
+		hctx := t.context(ctx)
+		for _, lo := range w.leaseOb {
+			lo.LeaseExtended(hctx, t.d, o.Lease, err)
+		}
 	}
 	switch {
 	case err == nil:
@@ -329,6 +344,11 @@ func (w *Worker) process(base context.Context, t *task) {
 	for _, ob := range w.opts.Observers {
 		ctx = ob.Start(ctx, d)
 	}
+	if len(w.leaseOb) > 0 {
+		t.mu.Lock()
+		t.ctx = ctx
+		t.mu.Unlock()
+	}
 
 	var start time.Time
 	if len(w.opts.Observers) > 0 { // Duration is for observers; the clock is slow on some VMs
@@ -339,6 +359,7 @@ func (w *Worker) process(base context.Context, t *task) {
 	s := w.settle(w.settleContext(base, end), ctx, d, err, t.lost.Load())
 	if !start.IsZero() {
 		s.Duration = end.Sub(start)
+		s.Received = time.Unix(0, t.received)
 	}
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
@@ -408,7 +429,7 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 			s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
 		}
 	}
-	w.log(d, s)
+	w.log(hctx, d, s)
 	return s
 }
 
@@ -439,7 +460,9 @@ func (w *Worker) logLeaseLost(d Delivery) {
 		"queue", w.opts.Queue, "id", d.Message().ID, "type", d.Message().Type, "attempt", d.Attempt())
 }
 
-func (w *Worker) log(d Delivery, s Settlement) {
+// log records a settlement with the handler's context, so that a context-aware
+// slog.Handler (telemetry's) adds trace and correlation IDs.
+func (w *Worker) log(ctx context.Context, d Delivery, s Settlement) {
 	l := w.opts.Logger
 	level := slog.LevelDebug
 	switch {
@@ -450,7 +473,6 @@ func (w *Worker) log(d Delivery, s Settlement) {
 	case s.Action == ActionRetry || s.Action == ActionRelease:
 		level = slog.LevelInfo
 	}
-	ctx := context.Background()
 	if !l.Enabled(ctx, level) {
 		return
 	}

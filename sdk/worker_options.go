@@ -127,7 +127,8 @@ type Settlement struct {
 	Class    ErrorClass    // class of the handler's error
 	Cause    error         // the handler's error, nil on success
 	Err      error         // the settlement call's own error, if it failed
-	Duration time.Duration // handler run time
+	Duration time.Duration // handler run time (set when the Worker has observers)
+	Received time.Time     // when Receive returned the delivery (set when the Worker has observers)
 }
 
 // Observer sees each delivery the Worker processes. Start is called before the
@@ -141,7 +142,8 @@ type Observer interface {
 }
 
 // LeaseObserver is an optional extension of Observer told of every lease
-// extension attempt by the heartbeat (err nil on success).
+// extension attempt by the heartbeat (err nil on success), with the handler's
+// context once the handler runs (before, the Worker's).
 type LeaseObserver interface {
 	LeaseExtended(ctx context.Context, d Delivery, by time.Duration, err error)
 }

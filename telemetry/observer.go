@@ -151,8 +151,13 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 	}
 	switch s.Action {
 	case sdk.ActionAck:
-		if s.Err == nil && !start.IsZero() {
-			o.claimToAck.Record(ctx, time.Since(start).Seconds(), lb.record...)
+		// From the Receive that claimed the delivery (prefetch wait included),
+		// falling back to the start of handling.
+		if claimed := s.Received; s.Err == nil && (!claimed.IsZero() || !start.IsZero()) {
+			if claimed.IsZero() {
+				claimed = start
+			}
+			o.claimToAck.Record(ctx, time.Since(claimed).Seconds(), lb.record...)
 		}
 	case sdk.ActionRetry:
 		lc.retries.Add(1)

@@ -87,7 +87,7 @@ type Options struct {
 //	berth.worker.in_flight                updown    {delivery}   deliveries being handled (observed)
 //	berth.delivery.redeliveries           counter   {delivery}   deliveries with attempt > 1
 //	berth.delivery.settlements            counter   {delivery}   per berth.settlement.action and error.type
-//	berth.delivery.claim_to_ack.duration  histogram s            start of handling to successful ack
+//	berth.delivery.claim_to_ack.duration  histogram s            receive (claim) to successful ack
 //	berth.job.errors                      counter   {error}      handler errors per error.type (class)
 //	berth.job.retries                     counter   {retry}      retries per berth.job.type
 //	berth.job.dead_letters                counter   {message}    dead letters per berth.job.type and error.type
@@ -211,7 +211,7 @@ func New(opts Options) (*Observer, error) {
 	o.idemEvents = counter("berth.idempotency.events", "{event}", "Idempotency guard events, per berth.idempotency.event.")
 	o.versionConflicts = counter("berth.concurrency.version_conflicts", "{conflict}", "Optimistic-lock version conflicts.")
 	o.processDur = hist("messaging.process.duration", "Handler run time.", durationBuckets)
-	o.claimToAck = hist("berth.delivery.claim_to_ack.duration", "Time from the start of handling to a successful ack.", durationBuckets)
+	o.claimToAck = hist("berth.delivery.claim_to_ack.duration", "Time from the receive that claimed a delivery to its successful ack.", durationBuckets)
 	o.retryDelay = hist("berth.retry.delay", "Delay before a retried delivery comes back.", delayBuckets)
 	o.lockWait = hist("berth.concurrency.lock_wait.duration", "Time spent waiting for a row lock.", durationBuckets)
 	var err error
