@@ -378,3 +378,40 @@ func TestPurgeExpired(t *testing.T) {
 		t.Fatalf("PurgeExpired = %d, %v; want 25", n, err)
 	}
 }
+
+func TestRunJanitor(t *testing.T) {
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	store := memstore.New(memstore.Options{Now: clock})
+	g, err := idempotency.New(idempotency.Options{Store: store, Retention: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := g.Do(context.Background(), idempotency.Operation{Key: fmt.Sprint(i)}, func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	now = now.Add(time.Hour)
+	mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	deleted := make(chan int, 10)
+	done := make(chan error, 1)
+	go func() {
+		done <- idempotency.RunJanitor(ctx, store, 10*time.Millisecond, 2, func(n int, err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			deleted <- n
+		})
+	}()
+	if n := <-deleted; n != 5 {
+		t.Fatalf("first janitor run deleted %d, want 5", n)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunJanitor = %v, want context.Canceled", err)
+	}
+}

@@ -117,7 +117,8 @@ type Store interface {
 // free it returns Acquired and an open Tx; a concurrent Begin of the same key
 // blocks until that Tx ends, then sees its outcome (Completed after a commit,
 // Acquired after a rollback). For any other outcome the Tx is nil and the
-// Record describes the row found.
+// Record describes the row found. Begin never takes over a lease-mode claim,
+// even an expired one (it reports InProgress): use one mode per key.
 type TxStore interface {
 	Store
 	Begin(ctx context.Context, c Claim) (Tx, Outcome, *Record, error)
