@@ -1,0 +1,136 @@
+package sqs_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// Environment of the helper process.
+const (
+	helperRole  = "BERTH_SQS_HELPER"
+	helperQueue = "BERTH_SQS_HELPER_QUEUE"
+)
+
+// TestHelperProcess is the child of TestCrashedConsumer; it does nothing in
+// a normal run.
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv(helperRole) != "consumer" {
+		return
+	}
+	// Deletes are buffered for an hour: only Flush sends them.
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 2 * time.Second, WaitTime: time.Second, AckInterval: time.Hour})
+	q := os.Getenv(helperQueue)
+	ctx := context.Background()
+	ds := receiveN(t, b, q, 20)
+	var flushed []string
+	for _, d := range ds[:10] {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		flushed = append(flushed, d.Message().ID)
+	}
+	if err := b.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds[10:15] { // acked, still in the buffer
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ds[15:] are never settled.
+	fmt.Printf("READY %s\n", strings.Join(flushed, ","))
+	select {} // wait for SIGKILL
+}
+
+// TestCrashedConsumer: a consumer killed with acks still buffered and
+// deliveries unsettled loses nothing. Every message whose delete was not
+// flushed comes back after the visibility timeout; the flushed ones do not.
+func TestCrashedConsumer(t *testing.T) {
+	// A lease longer than the wait for the child's leases to run out.
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 10 * time.Second, WaitTime: time.Second})
+	q := declare(t, b, "crash", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	var msgs []*sdk.Message
+	for i := range 30 {
+		msgs = append(msgs, &sdk.Message{Type: "crash", Body: []byte(fmt.Sprint(i))})
+	}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperRole+"=consumer", helperQueue+"="+q,
+		"BERTH_SQS_ENDPOINT="+integration.SQSEndpoint(t))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
+				lines <- rest
+				return
+			}
+		}
+	}()
+	var ready string
+	select {
+	case l, ok := <-lines:
+		if !ok {
+			_ = cmd.Wait()
+			t.Fatal("the consumer exited before it was ready")
+		}
+		ready = l
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatal("the consumer never got ready")
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no Close, no flush
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	for range lines { // the reader ends with the pipe
+	}
+
+	flushed := map[string]bool{}
+	for _, id := range strings.Split(ready, ",") {
+		flushed[id] = true
+	}
+	if len(flushed) != 10 {
+		t.Fatalf("the consumer reported %d flushed acks, want 10", len(flushed))
+	}
+	got := map[string]int{}
+	for _, d := range receiveN(t, b, q, 20) {
+		got[d.Message().ID]++
+		if flushed[d.Message().ID] {
+			t.Errorf("message %s came back although its delete was flushed", d.Message().ID)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range msgs {
+		if !flushed[m.ID] && got[m.ID] != 1 {
+			t.Errorf("message %s: received %d times after the crash, want 1", m.ID, got[m.ID])
+		}
+	}
+	expectNone(t, b, q, 2500*time.Millisecond)
+}
