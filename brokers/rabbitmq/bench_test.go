@@ -82,8 +82,12 @@ func BenchmarkConsume(b *testing.B) {
 			if err := pub.Confirm(false); err != nil {
 				b.Fatal(err)
 			}
-			rawPublish(b, pub, rawQ, b.N)
-			rawPublish(b, pub, berthQ, b.N)
+			// Fill both queues in alternating rounds: on classic queues the
+			// queue filled first is measurably slower to drain.
+			for done := 0; done < b.N; done += benchRound {
+				rawPublish(b, pub, rawQ, min(benchRound, b.N-done))
+				rawPublish(b, pub, berthQ, min(benchRound, b.N-done))
+			}
 			ch := rawChannel(b, url)
 			if err := ch.Qos(benchPrefetch, 0, false); err != nil {
 				b.Fatal(err)
