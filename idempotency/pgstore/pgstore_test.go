@@ -412,6 +412,9 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
+	if strings.HasPrefix(role, "worker-") {
+		workerChild(role, e)
+	}
 	mw, err := idempotency.Middleware(idempotency.Options{Store: e.store})
 	if err != nil {
 		fmt.Println("ERR", err)
