@@ -56,6 +56,7 @@ type acker struct {
 	idle     chan struct{}         // closed whenever count is 0
 	surfaced []error
 	dropped  int // failures beyond maxSurfaced since the last flush
+	flushing int // Flush calls waiting
 	closed   bool
 }
 
@@ -92,7 +93,7 @@ func (a *acker) add(url string, e ackEntry) error {
 	a.count++
 	p := append(a.pending[url], e)
 	var full []ackEntry
-	if len(p) >= batchSize {
+	if len(p) >= batchSize || a.flushing > 0 { // a Flush waits: do not buffer
 		full, p = p, nil
 	}
 	a.pending[url] = p
@@ -270,8 +271,17 @@ func (a *acker) finish(e ackEntry, err error) {
 }
 
 // flush sends every partial batch and waits until nothing is buffered or
-// being sent, then returns the failures since the last flush.
+// being sent (deletes added meanwhile are sent at once, unbuffered), then
+// returns the failures since the last flush.
 func (a *acker) flush(ctx context.Context) error {
+	a.mu.Lock()
+	a.flushing++
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.flushing--
+		a.mu.Unlock()
+	}()
 	batches := a.takeAll()
 	for i, b := range batches {
 		select {

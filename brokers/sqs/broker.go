@@ -220,12 +220,12 @@ func (b *Broker) Flush(ctx context.Context) error {
 }
 
 // watch returns a context that is cancelled with ctx or when the broker
-// closes, and a function that reports, after a call failed, whether the
-// failure came from Close.
-func (b *Broker) watch(ctx context.Context) (context.Context, func(), func() bool) {
+// closes (wrap then reports [sdk.ErrClosed]), and the function that releases
+// it.
+func (b *Broker) watch(ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(b.closing, cancel)
-	return ctx, func() { stop(); cancel() }, func() bool { return b.closing.Err() != nil }
+	return ctx, func() { stop(); cancel() }
 }
 
 // queue returns the resolved queue name, looking its URL up once.

@@ -61,7 +61,7 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 	if isFIFOName(dlqName) != isFIFOName(queue) {
 		return &sdk.QueueNameError{Name: dlqName, Reason: "the dead-letter queue of a FIFO queue must be FIFO, and of a standard queue standard"}
 	}
-	ctx, done, _ := b.watch(ctx)
+	ctx, done := b.watch(ctx)
 	defer done()
 
 	common := map[string]string{
@@ -129,7 +129,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string, deadLetters bool
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
-	ctx, done, _ := b.watch(ctx)
+	ctx, done := b.watch(ctx)
 	defer done()
 	q, err := b.queue(ctx, queue)
 	if errors.Is(err, sdk.ErrNotFound) {

@@ -37,7 +37,7 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 	if b.closed.Load() {
 		return st, sdk.ErrClosed
 	}
-	ctx, done, _ := b.watch(ctx)
+	ctx, done := b.watch(ctx)
 	defer done()
 	q, err := b.queue(ctx, queue)
 	if err != nil {
@@ -349,7 +349,7 @@ func (b *Broker) withDeadLetters(ctx context.Context, queue string, limit int, s
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
-	ctx, done, _ := b.watch(ctx)
+	ctx, done := b.watch(ctx)
 	defer done()
 	q, err := b.queue(ctx, queue)
 	if err != nil {

@@ -42,7 +42,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if len(entries) == 0 {
 		return nil
 	}
-	ctx, done, _ := b.watch(ctx)
+	ctx, done := b.watch(ctx)
 	defer done()
 	q, err := b.queue(ctx, queue)
 	if err != nil {

@@ -24,7 +24,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 		return nil, sdk.ErrClosed
 	}
 	n = min(max(n, 1), batchSize)
-	ctx, done, _ := b.watch(ctx)
+	ctx, done := b.watch(ctx)
 	defer done()
 	q, err := b.queue(ctx, queue)
 	if err != nil {
@@ -261,7 +261,7 @@ func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration) erro
 	if now.Add(time.Duration(secs)*time.Second).Sub(d.received) > MaxVisibility {
 		return &LeaseCeilingError{ID: d.msg.ID, Requested: dur, Received: d.received}
 	}
-	ctx, done, _ := d.b.watch(ctx)
+	ctx, done := d.b.watch(ctx)
 	defer done()
 	_, err := d.b.client.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
 		QueueUrl:          aws.String(d.q.url),
