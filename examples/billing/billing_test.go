@@ -103,3 +103,18 @@ func TestConfigRejected(t *testing.T) {
 		}
 	}
 }
+
+// The Redis cache in front of the PostgreSQL store answers duplicates; the
+// charges stay at one per order.
+func TestScenarioPostgresRedis(t *testing.T) {
+	dsn, addr := integration.PostgresDSN(t), integration.RedisAddr(t)
+	var out bytes.Buffer
+	s, err := run(context.Background(), config{PostgresDSN: dsn, RedisAddr: addr, Seed: 5, FailRate: 0.2, Crash: true, Orders: 40}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	check(t, s, out.String())
+	if s.Guard.CacheHits == 0 {
+		t.Fatal("no duplicate was answered by the cache")
+	}
+}

@@ -22,8 +22,11 @@
 //	go run ./examples/billing -broker postgres -postgres postgres://postgres@127.0.0.1:5432/test
 //	go run ./examples/billing -broker rabbitmq -rabbitmq amqp://guest:guest@127.0.0.1:5672/
 //	go run ./examples/billing -broker sqs -sqs http://127.0.0.1:4566
+//	go run ./examples/billing -redis 127.0.0.1:6379 -crash
 //
-// With -postgres the orders, charges and job_results tables live in a fresh
+// With -redis, a Redis cache (SET NX EX, written after each commit) answers
+// most duplicates before the store is asked; it is never the source of
+// truth. With -postgres the orders, charges and job_results tables live in a fresh
 // schema of that database (dropped at the end unless -keep). The summary ends
 // with the number of orders charged twice; the exit status is 1 unless it is
 // 0 and every valid order was charged.
@@ -44,6 +47,7 @@ func main() {
 	flag.StringVar(&c.Broker, "broker", "memory", "broker: memory, rabbitmq, sqs or postgres")
 	flag.StringVar(&c.PostgresDSN, "postgres", os.Getenv("BERTH_POSTGRES_DSN"), "PostgreSQL DSN for the stores (and -broker postgres); default $BERTH_POSTGRES_DSN, empty means memory stores")
 	flag.StringVar(&c.RabbitMQURL, "rabbitmq", os.Getenv("BERTH_RABBITMQ_URL"), "RabbitMQ URL for -broker rabbitmq")
+	flag.StringVar(&c.RedisAddr, "redis", "", "Redis host:port for the dedupe cache in front of the store (optional)")
 	flag.StringVar(&c.SQSEndpoint, "sqs", os.Getenv("BERTH_SQS_ENDPOINT"), "SQS endpoint for -broker sqs")
 	flag.IntVar(&c.Orders, "orders", 60, "number of orders")
 	flag.IntVar(&c.DupEvery, "dup-every", 3, "publish every n-th order's job twice")

@@ -28,9 +28,12 @@ import (
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/memstore"
 	"github.com/berthq/berth/idempotency/pgstore"
+	"github.com/berthq/berth/idempotency/redisstore"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // config is the scenario's knobs; main fills it from flags.
@@ -39,6 +42,7 @@ type config struct {
 	PostgresDSN string // stores (job_results, orders) in PostgreSQL; required by -broker postgres
 	RabbitMQURL string
 	SQSEndpoint string
+	RedisAddr   string // optional: the Redis dedupe cache in front of the store
 
 	Orders      int
 	DupEvery    int     // every DupEvery-th order is published twice
@@ -114,7 +118,7 @@ type deadLetter struct {
 
 // summary is what a run did.
 type summary struct {
-	Broker, Store                 string
+	Broker, Store, Cache          string
 	Orders, Published, Duplicates int
 	Poison                        int
 	Deliveries, Acked, Retried    int64
@@ -141,6 +145,7 @@ type env struct {
 	lease   time.Duration
 	queue   string
 	store   idempotency.Store
+	cache   idempotency.Cache
 	ledger  ledger
 	closers []func()
 }
@@ -193,6 +198,23 @@ func open(ctx context.Context, c *config) (*env, error) {
 	} else {
 		e.store = memstore.New(memstore.Options{})
 		e.ledger = newMemLedger()
+	}
+
+	if c.RedisAddr != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: c.RedisAddr, MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+		e.closers = append(e.closers, func() { _ = rdb.Close() })
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		prefix := "berth:billing:" + randHex(4) + ":"
+		cache, err := redisstore.New(rdb, redisstore.Options{Prefix: prefix})
+		if err != nil {
+			return nil, err
+		}
+		if !c.Keep {
+			e.closers = append(e.closers, func() { deletePrefix(rdb, prefix) })
+		}
+		e.cache = cache
 	}
 
 	switch c.Broker {
@@ -277,6 +299,10 @@ func run(ctx context.Context, c config, out io.Writer) (*summary, error) {
 	if c.PostgresDSN != "" {
 		s.Store = "postgres"
 	}
+	s.Cache = "none"
+	if c.RedisAddr != "" {
+		s.Cache = "redis"
+	}
 	rng := mrand.New(mrand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
 
 	// The orders, and their charge jobs: some published twice (one copy at
@@ -314,7 +340,7 @@ func run(ctx context.Context, c config, out io.Writer) (*summary, error) {
 	// The tracker sees every settlement that reaches the broker.
 	tr := newTracker(e.broker, c.Crash, rng.Uint64(), len(msgs))
 	var stats idempotency.Stats
-	guard, err := idempotency.New(idempotency.Options{Store: e.store, Mode: idempotency.Transactional, Stats: &stats, InProgressDelay: 50 * time.Millisecond, Logger: c.Logger})
+	guard, err := idempotency.New(idempotency.Options{Store: e.store, Cache: e.cache, Mode: idempotency.Transactional, Stats: &stats, InProgressDelay: 50 * time.Millisecond, Logger: c.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +447,7 @@ func (o *settleCounter) Settled(_ context.Context, _ sdk.Delivery, st sdk.Settle
 
 func (s *summary) print(w io.Writer, c config) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
-	p("billing scenario: broker=%s store=%s workers=%dx%d seed=%d crash=%v lock=%v", s.Broker, s.Store, c.Workers, c.Concurrency, c.Seed, c.Crash, c.Lock)
+	p("billing scenario: broker=%s store=%s cache=%s workers=%dx%d seed=%d crash=%v lock=%v", s.Broker, s.Store, s.Cache, c.Workers, c.Concurrency, c.Seed, c.Crash, c.Lock)
 	p("jobs published:        %d (%d orders, %d published twice, %d poison)", s.Published, s.Orders, s.Duplicates, s.Poison)
 	p("deliveries:            %d", s.Deliveries)
 	p("acked:                 %d", s.Acked)
@@ -434,8 +460,8 @@ func (s *summary) print(w io.Writer, c config) {
 		p("  - %s (key %s): %s", d.MessageID, d.Key, d.Reason)
 	}
 	g := s.Guard
-	p("idempotency:           %d executed, %d duplicates suppressed, %d key conflicts, %d in-progress collisions, %d lease takeovers",
-		g.Executed, g.DuplicatesSuppressed, g.KeyConflicts, g.InProgressCollisions, g.LeaseTakeovers)
+	p("idempotency:           %d executed, %d duplicates suppressed (%d by the Redis cache), %d key conflicts, %d in-progress collisions, %d lease takeovers",
+		g.Executed, g.DuplicatesSuppressed, g.CacheHits, g.KeyConflicts, g.InProgressCollisions, g.LeaseTakeovers)
 	p("already charged:       %d (recorded and acked)", s.AlreadyCharged)
 	byCount := map[int]int{}
 	for i := 1; i <= s.Orders; i++ {
@@ -467,4 +493,14 @@ func (s *summary) print(w io.Writer, c config) {
 	}
 	p("elapsed:               %s", s.Elapsed.Round(time.Millisecond))
 	p("orders charged twice:  %d", s.ChargedTwice)
+}
+
+// deletePrefix deletes the run's cache keys.
+func deletePrefix(rdb *redis.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 500).Iterator()
+	for iter.Next(ctx) {
+		_ = rdb.Del(ctx, iter.Val()).Err()
+	}
 }
