@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +55,7 @@ func BenchmarkBerthVsRaw(b *testing.B) {
 		}},
 	}
 	took := map[string]time.Duration{}
+	cpu := map[string]time.Duration{} // this process's CPU (the client side; the server's is not counted)
 	claims := map[string]*claimCounter{}
 	acks := map[string][2]int64{}
 	// Many short interleaved rounds, each side's order rotating, so that the
@@ -70,9 +72,10 @@ func BenchmarkBerthVsRaw(b *testing.B) {
 				claims[s.name] = &claimCounter{Subscriber: br}
 			}
 			claims[s.name].Subscriber = br
-			start := time.Now()
+			start, cpu0 := time.Now(), processCPU()
 			s.run(br, q, claims[s.name])
 			took[s.name] += time.Since(start)
+			cpu[s.name] += processCPU() - cpu0
 			var done int
 			if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+br.Schema()+`.jobs
 				WHERE queue = $1 AND status = 'completed'`, q).Scan(&done); err != nil || done != b.N {
@@ -87,6 +90,7 @@ func BenchmarkBerthVsRaw(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 	for _, s := range sides {
 		b.ReportMetric(rate(s.name), s.name+"-jobs/s")
+		b.ReportMetric(float64(cpu[s.name].Microseconds())/float64(rounds*b.N), s.name+"-client-cpu-µs/job")
 		if s.name == "raw" {
 			continue
 		}
@@ -94,6 +98,15 @@ func BenchmarkBerthVsRaw(b *testing.B) {
 		b.ReportMetric(claims[s.name].avg(), s.name+"-claim-size")
 		b.ReportMetric(float64(acks[s.name][1])/float64(acks[s.name][0]), s.name+"-ack-batch")
 	}
+}
+
+// processCPU returns the user and system CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // claimCounter counts the deliveries per Receive call.
