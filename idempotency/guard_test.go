@@ -125,10 +125,15 @@ func TestWorkerEndToEnd(t *testing.T) {
 					msgs = append(msgs, &sdk.Message{Type: "billing.charge", IdempotencyKey: key, Body: []byte(body)})
 				}
 			}
-			conflict := &sdk.Message{Type: "billing.charge", IdempotencyKey: "charge:order_0:v1", Body: []byte(`{"order":999}`), Delay: 500 * time.Millisecond}
 			missing := &sdk.Message{Type: "billing.charge", Body: []byte(`{}`)}
-			msgs = append(msgs, conflict, missing)
+			msgs = append(msgs, missing)
 			if err := b.Publish(ctx, "billing", msgs...); err != nil {
+				t.Fatal(err)
+			}
+			runWorker(t, b, "billing", h, g.Middleware())
+			// Once order_0 is charged, its key comes back with another payload.
+			conflict := &sdk.Message{Type: "billing.charge", IdempotencyKey: "charge:order_0:v1", Body: []byte(`{"order":999}`)}
+			if err := b.Publish(ctx, "billing", conflict); err != nil {
 				t.Fatal(err)
 			}
 			runWorker(t, b, "billing", h, g.Middleware())
@@ -265,17 +270,17 @@ func TestHeartbeatAndClaimLost(t *testing.T) {
 		name      string
 		heartbeat time.Duration
 		wantLost  bool
-	}{{"heartbeat", 20 * time.Millisecond, false}, {"no heartbeat", -1, true}} {
+	}{{"heartbeat", 30 * time.Millisecond, false}, {"no heartbeat", -1, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := memstore.New(memstore.Options{})
 			var stats idempotency.Stats
-			g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, ClaimLease: 100 * time.Millisecond, Heartbeat: tc.heartbeat, Stats: &stats, Logger: quiet})
+			g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, ClaimLease: 300 * time.Millisecond, Heartbeat: tc.heartbeat, Stats: &stats, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var secondRan atomic.Bool
 			_, err = g.Do(ctx, op, func(context.Context) error {
-				time.Sleep(300 * time.Millisecond) // past ClaimLease
+				time.Sleep(900 * time.Millisecond) // well past ClaimLease
 				ran, err := g.Do(ctx, op, func(context.Context) error { secondRan.Store(true); return nil })
 				if tc.wantLost && (!ran || err != nil) {
 					t.Errorf("takeover: ran=%v err=%v", ran, err)

@@ -89,10 +89,12 @@ func TestWorkerOnPostgresBrokerConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := "charge:order_" + randSuffix() + ":v1"
-	a1, a2 := chargeMsg(key, `{"amount":100}`), chargeMsg(key, `{"amount":100}`)
-	conflict := chargeMsg(key, `{"amount":999}`)
-	conflict.Delay = 300 * time.Millisecond // after the first completed
-	if err := b.Publish(context.Background(), "billing", a1, a2, conflict); err != nil {
+	if err := b.Publish(context.Background(), "billing", chargeMsg(key, `{"amount":100}`), chargeMsg(key, `{"amount":100}`)); err != nil {
+		t.Fatal(err)
+	}
+	drain(t, b, newWorker(t, b, effectHandler(e, "w", nil), mw))
+	conflict := chargeMsg(key, `{"amount":999}`) // the key again, once completed, with another payload
+	if err := b.Publish(context.Background(), "billing", conflict); err != nil {
 		t.Fatal(err)
 	}
 	drain(t, b, newWorker(t, b, effectHandler(e, "w", nil), mw))
