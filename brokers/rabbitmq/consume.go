@@ -19,10 +19,7 @@ import (
 type consumer struct {
 	b     *Broker
 	queue string
-	out   chan *delivery
-
-	mu  sync.Mutex
-	cur *chanState
+	out   chan *delivery // buffered to Prefetch
 }
 
 // chanState is one consumer channel's life: deliveries hold it, and a
@@ -69,7 +66,7 @@ func (c *consumer) run() {
 		if c.b.closed() {
 			return
 		}
-		if err == nil { // the channel ran and died: reopen at once
+		if err == nil { // the channel ran and died: reopen after the shortest backoff
 			attempt = 1
 		} else {
 			log.Warn("rabbitmq consumer", "attempt", attempt, "err", err)
@@ -108,9 +105,6 @@ func (c *consumer) session() error {
 		_ = ch.Close()
 		return err
 	}
-	c.mu.Lock()
-	c.cur = st
-	c.mu.Unlock()
 	for {
 		select {
 		case d, ok := <-dels:

@@ -310,7 +310,11 @@ func Redact(rawURL string) (string, error) {
 // call on the broker returns [sdk.ErrClosed].
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
+		// Under mu: consumerFor and publisher start goroutines (wg.Add)
+		// only after checking done under mu, so none starts after Wait.
+		b.mu.Lock()
 		close(b.done)
+		b.mu.Unlock()
 		b.cancel()
 		b.wg.Wait()
 	})
