@@ -554,9 +554,8 @@ func testConcurrentReceivers(t *testing.T, e *env) {
 	ctx, cancel := context.WithCancel(e.ctx(t))
 	defer cancel()
 	var (
-		mu   sync.Mutex
-		held = map[string]holding{}
-
+		mu    sync.Mutex
+		held  = map[string]holding{}
 		acked = map[string]int{}
 		wg    sync.WaitGroup
 	)
