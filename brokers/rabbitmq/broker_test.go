@@ -148,3 +148,28 @@ func TestInfo(t *testing.T) {
 		}
 	}
 }
+
+// TestExtendLeaseNoop: ExtendLease succeeds while the delivery is held (the
+// server has no lease to extend) and reports a settled delivery.
+func TestExtendLeaseNoop(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	b := newBroker(t, url, Options{Logger: quiet})
+	ctx := t.Context()
+	if err := b.Publish(ctx, q, &sdk.Message{Type: "long"}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].ExtendLease(ctx, time.Hour); err != nil {
+		t.Errorf("ExtendLease of a held delivery: %v, want nil", err)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].ExtendLease(ctx, time.Hour); !errors.Is(err, sdk.ErrAlreadySettled) {
+		t.Errorf("ExtendLease after Ack: %v, want ErrAlreadySettled", err)
+	}
+}
