@@ -255,6 +255,13 @@ type Broker struct {
 	rand   *rand.Rand
 }
 
+var (
+	_ sdk.Broker        = (*Broker)(nil)
+	_ sdk.QueueDeclarer = (*Broker)(nil)
+	_ sdk.Inspector     = (*Broker)(nil)
+	_ sdk.DeadLetters   = (*Broker)(nil)
+)
+
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
 // connections, one to publish and one to consume, and returns the broker.
 // It fails with an error wrapping [sdk.ErrUnavailable] when the server cannot
