@@ -155,7 +155,9 @@ func TestFailedPublishKeepsRowsForRetry(t *testing.T) {
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error)
-	go func() { done <- box.Relay(rctx, pub, outbox.RelayOptions{PollInterval: 5 * time.Millisecond, Backoff: opts.Backoff}) }()
+	go func() {
+		done <- box.Relay(rctx, pub, outbox.RelayOptions{PollInterval: 5 * time.Millisecond, Backoff: opts.Backoff})
+	}()
 	got := drain(t, b, "q", 1)
 	cancel()
 	if err := <-done; err != nil {
