@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,14 +15,19 @@ import (
 // maxAckBatch bounds the rows of one completion statement.
 const maxAckBatch = 500
 
-// acker completes acked jobs in batches (group commit): Ack hands its row to
-// the acker's goroutine and waits; the goroutine takes every ack waiting at
-// that moment and completes them in one UPDATE. A lone ack is written at
-// once; under load, acks that arrive while a statement runs share the next
-// one. Ack still returns only once its row is durably completed (or not).
+// acker completes acked jobs in batches (group commit): Ack appends its row
+// to the pending list, kicks the acker's goroutine and waits; the goroutine
+// takes everything pending at that moment and completes it in one UPDATE. A
+// lone ack is written at once; under load, acks that arrive while a statement
+// runs share the next one. Ack still returns only once its row is durably
+// completed (or not).
 type acker struct {
 	b    *Broker
-	reqs chan ackReq // unbuffered: a send succeeds only while run receives
+	kick chan struct{} // buffered (1): "something is pending"
+
+	mu      sync.Mutex
+	pending []ackReq
+	stopped bool // run has returned: Ack reports ErrClosed
 
 	flushes, rows atomic.Int64 // statements and rows written, for the benchmark
 	unbatched     atomic.Bool  // write each ack alone (the benchmark's baseline)
@@ -30,10 +36,10 @@ type acker struct {
 type ackReq struct {
 	id    int64
 	token string
-	done  chan error // buffered (1): run never blocks on a caller that gave up
+	done  chan error // buffered (1): a flush never blocks on a caller that gave up
 }
 
-func newAcker(b *Broker) *acker { return &acker{b: b, reqs: make(chan ackReq)} }
+func newAcker(b *Broker) *acker { return &acker{b: b, kick: make(chan struct{}, 1)} }
 
 // ack completes the row if its lease token still matches.
 func (a *acker) ack(ctx context.Context, id int64, token string) error {
@@ -42,12 +48,16 @@ func (a *acker) ack(ctx context.Context, id int64, token string) error {
 		a.flush([]ackReq{r})
 		return <-r.done
 	}
-	select {
-	case a.reqs <- r:
-	case <-a.b.closed:
+	a.mu.Lock()
+	if a.stopped {
+		a.mu.Unlock()
 		return errClosed("ack")
-	case <-ctx.Done():
-		return ctx.Err()
+	}
+	a.pending = append(a.pending, r)
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default: // already kicked
 	}
 	select {
 	case err := <-r.done:
@@ -57,27 +67,37 @@ func (a *acker) ack(ctx context.Context, id int64, token string) error {
 	}
 }
 
+// take removes up to maxAckBatch pending acks.
+func (a *acker) take() []ackReq {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := min(len(a.pending), maxAckBatch)
+	batch := a.pending[:n:n]
+	a.pending = a.pending[n:]
+	if len(a.pending) == 0 {
+		a.pending = nil
+	}
+	return batch
+}
+
 // run is the acker's goroutine; it returns when ctx is cancelled (Close),
-// after writing the acks it already took.
+// after writing every ack already pending.
 func (a *acker) run(ctx context.Context) {
-	batch := make([]ackReq, 0, 64)
 	for {
 		select {
 		case <-ctx.Done():
-			return
-		case r := <-a.reqs:
-			batch = append(batch[:0], r)
-		}
-	drain:
-		for len(batch) < maxAckBatch {
-			select {
-			case r := <-a.reqs:
-				batch = append(batch, r)
-			default:
-				break drain
+			a.mu.Lock()
+			a.stopped = true
+			a.mu.Unlock()
+			for batch := a.take(); len(batch) > 0; batch = a.take() {
+				a.flush(batch)
 			}
+			return
+		case <-a.kick:
 		}
-		a.flush(batch)
+		for batch := a.take(); len(batch) > 0; batch = a.take() {
+			a.flush(batch)
+		}
 	}
 }
 
