@@ -38,7 +38,7 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		helperEnv+"=fenced-writer",
 		"BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
@@ -121,12 +121,9 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 	}
 }
 
-// TestHelperProcess is the child of TestPausedLockHolderIsFenced; it does
-// nothing unless re-exec'd with helperEnv set.
-func TestHelperProcess(t *testing.T) {
-	if os.Getenv(helperEnv) != "fenced-writer" {
-		t.Skip("helper process for TestPausedLockHolderIsFenced")
-	}
+// helperProcess is the child of TestPausedLockHolderIsFenced, run by TestMain
+// instead of the tests when helperEnv is set. It never returns.
+func helperProcess() {
 	err := fencedWriter()
 	if err != nil {
 		fmt.Printf("CHILD ERROR %v\n", err)
