@@ -53,7 +53,8 @@ type Options struct {
 // Broker is an in-memory broker. It implements [sdk.Broker],
 // [sdk.QueueDeclarer], [sdk.Inspector] and [sdk.DeadLetters]; its deliveries
 // implement [sdk.Delivery] and [sdk.Releaser]. All its methods may be called
-// concurrently.
+// concurrently. After Close every method but Close, and every settlement or
+// ExtendLease of a delivery, returns [sdk.ErrClosed].
 //
 // Queues exist from their first use (Publish, Receive or DeclareQueue).
 // Each queue's dead-letter queue is kept with it and is reached through the
