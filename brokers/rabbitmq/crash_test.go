@@ -131,8 +131,7 @@ func TestPoisonCrashesEndInDLQ(t *testing.T) {
 
 	done := map[string]string{} // id → attempt
 	var crashes []string        // attempts at which the poison crashed a child
-	dead := false
-	for !dead || len(done) < len(msgs)-1 {
+	for dead := false; !dead; {
 		if len(crashes) > maxDeliveries {
 			t.Fatalf("poison crashed %d children, more than MaxDeliveries %d", len(crashes), maxDeliveries)
 		}
@@ -147,11 +146,12 @@ func TestPoisonCrashesEndInDLQ(t *testing.T) {
 			case "CRASH":
 				crashes = append(crashes, f[2])
 			}
-			if len(done) == len(msgs)-1 {
-				dead = poisonDead(t, ctx, b, q, poison.ID)
-				if dead {
-					c.kill(t)
-				}
+			// After MaxDeliveries crashes the server dead-letters the
+			// poison; once the others are done too, the run is over.
+			if !dead && len(crashes) == maxDeliveries && len(done) == len(msgs)-1 {
+				waitDeadLetter(t, ctx, b, q, poison.ID)
+				dead = true
+				c.kill(t)
 			}
 		}
 	}
@@ -183,18 +183,21 @@ func TestPoisonCrashesEndInDLQ(t *testing.T) {
 	}
 }
 
-// poisonDead waits briefly for the poison to reach the dead-letter queue.
-func poisonDead(t *testing.T, ctx context.Context, b *Broker, q, id string) bool {
+// waitDeadLetter waits, within ctx, for message id in q's dead-letter queue.
+func waitDeadLetter(t *testing.T, ctx context.Context, b *Broker, q, id string) {
 	t.Helper()
-	for range 50 {
+	for {
 		_, err := b.GetDeadLetter(ctx, q, id)
 		if err == nil {
-			return true
+			return
 		}
 		if !errors.Is(err, sdk.ErrNotFound) {
-			t.Fatalf("GetDeadLetter: %v", err)
+			t.Fatalf("GetDeadLetter(%s): %v", id, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("poison %s never reached the dead-letter queue", id)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return false
 }

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -158,7 +159,7 @@ func (c *child) next(t *testing.T, timeout time.Duration) []string {
 
 func (c *child) kill(t *testing.T) {
 	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatalf("SIGKILL: %v", err)
 	}
 }
