@@ -66,7 +66,7 @@ func (b *Broker) inspect(ctx context.Context, name string) (amqp.Queue, error) {
 }
 
 // Stats implements [sdk.Inspector] with what AMQP reports: Ready, Delayed
-// and DeadLettered are the servers' counts; InFlight and OldestAge are
+// and DeadLettered are the server's counts; InFlight and OldestAge are
 // always 0, because only the management API knows unacknowledged counts
 // and message ages.
 func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {

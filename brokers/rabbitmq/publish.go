@@ -260,7 +260,8 @@ func failAll(out []outgoing, err error) error {
 // Delay go through the delay queue of the next bucket up (see the package
 // doc). Validation errors publish nothing; a failure at the broker returns a
 // *[sdk.PublishError] whose causes wrap [sdk.ErrUnavailable] (connection or
-// channel lost: retry) or are [*UnroutableError] (no such queue). During an
+// channel lost, or the server refused the message: retry) or
+// [sdk.ErrNotFound] ([*UnroutableError]: no such queue, with NoDeclare). During an
 // outage Publish waits for the reconnection, bounded by ctx and
 // [Options.UnavailableAfter]. After Close it returns [sdk.ErrClosed].
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {

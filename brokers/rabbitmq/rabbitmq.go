@@ -320,8 +320,9 @@ func Redact(rawURL string) (string, error) {
 }
 
 // Close closes the connections and stops the broker's goroutines. Unsettled
-// deliveries go back to their queues. It is safe to call twice; every later
-// call on the broker returns [sdk.ErrClosed].
+// deliveries go back to their queues. It is safe to call twice, also
+// concurrently: later Closes return nil once the first has finished; every
+// other call on the broker returns [sdk.ErrClosed].
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		// Under mu: consumerFor and publisher start goroutines (wg.Add)
