@@ -22,7 +22,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" { // re-executed by a crash test
+		helperProcess(role)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestConformance(t *testing.T) {
 	e := newEnv(t) // one schema for the suite: keys are unique per case
@@ -393,13 +398,9 @@ const (
 	envKey    = "BERTH_IDEM_KEY"
 )
 
-// TestHelperProcess is the worker child of the crash tests; it does nothing
-// unless started by one of them.
-func TestHelperProcess(t *testing.T) {
-	role := os.Getenv(envRole)
-	if role == "" {
-		t.Skip("helper process for the crash tests")
-	}
+// helperProcess is the worker child of the crash tests, run by TestMain
+// instead of the tests when envRole is set. It never returns.
+func helperProcess(role string) {
 	ctx := context.Background()
 	pool, err := newPool(ctx, os.Getenv("BERTH_POSTGRES_DSN"))
 	if err != nil {
@@ -448,7 +449,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 func testCrash(t *testing.T, role, marker string, wantRuns int) {
 	e := newEnv(t)
 	key := "charge:order_" + randSuffix() + ":v1"
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"="+role, envSchema+"="+e.schema, envKey+"="+key, "BERTH_POSTGRES_DSN="+e.dsn)
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -214,7 +214,7 @@ func TestWorkerCrash(t *testing.T) {
 
 func killChildAt(t *testing.T, e *env, role, marker, key string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"="+role, envSchema+"="+e.schema, envKey+"="+key, "BERTH_POSTGRES_DSN="+e.dsn)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
