@@ -103,6 +103,10 @@ func (c *consumer) session() error {
 	dels, err := ch.ConsumeWithContext(ctx, c.queue, "", false, false, false, false, nil)
 	if err != nil {
 		_ = ch.Close()
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			c.b.forget(c.queue) // deleted behind our back: declare again next time
+		}
 		return err
 	}
 	for {
@@ -111,7 +115,11 @@ func (c *consumer) session() error {
 			if !ok {
 				// The channel died, or the server cancelled the consumer
 				// (queue deleted, leader moved): close the channel so that
-				// its unacked deliveries go back to the queue either way.
+				// its unacked deliveries go back to the queue either way,
+				// and declare the queue again before consuming again.
+				if !ch.IsClosed() {
+					c.b.forget(c.queue)
+				}
 				_ = ch.Close()
 				return nil
 			}

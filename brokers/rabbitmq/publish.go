@@ -295,5 +295,12 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		}
 		out = append(out, outgoing{id: m.ID, key: key, pub: encode(m, 1, now)})
 	}
-	return b.sendAll(ctx, out)
+	err := b.sendAll(ctx, out)
+	var ue *UnroutableError
+	if errors.As(err, &ue) {
+		// The queue was deleted behind our back (or never declared, with
+		// NoDeclare): declare it again on the next Publish.
+		b.forget(ue.RoutingKey)
+	}
+	return err
 }

@@ -68,3 +68,50 @@ func TestFailedCopyKeepsOriginal(t *testing.T) {
 		t.Fatalf("Publish after the publish channel was closed by a 404: %v", err)
 	}
 }
+
+// TestQueueDeletedUnderConsumer: when the queue is deleted while consumed,
+// the broker declares it again and resumes: the consumer comes back and
+// Publish works again (its first try may report the queue missing).
+func TestQueueDeletedUnderConsumer(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	b := newBroker(t, url, Options{Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := b.Publish(ctx, q, &sdk.Message{Type: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deleteQueues(t, url, q)
+
+	m := &sdk.Message{Type: "after"}
+	for {
+		err := b.Publish(ctx, q, m)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sdk.ErrNotFound) {
+			t.Fatalf("Publish after the queue was deleted: %v, want success or ErrNotFound", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ds, err = b.Receive(ctx, q, 1)
+	if err != nil {
+		t.Fatalf("Receive after the queue was deleted and declared again: %v", err)
+	}
+	if ds[0].Message().ID != m.ID {
+		t.Fatalf("received %s, want %s", ds[0].Message().ID, m.ID)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Info(ctx, DeadLetterQueue(q)); err != nil {
+		t.Errorf("dead-letter queue not declared again: %v", err)
+	}
+}

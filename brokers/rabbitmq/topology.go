@@ -174,6 +174,13 @@ func (b *Broker) ensureDelay(ctx context.Context, queue string, d time.Duration)
 	return name, nil
 }
 
+// forget makes the next use of name declare it again.
+func (b *Broker) forget(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.declared, name)
+}
+
 // forgetDeclared makes the next use of every queue declare it again, after
 // a reconnection (the server may have restarted and lost non-durable state).
 func (b *Broker) forgetDeclared() {
