@@ -37,8 +37,7 @@ func harness(url string, opts Options) brokertest.Harness {
 		Abandon: func(t *testing.T, b sdk.Broker, d sdk.Delivery) {
 			d.(*delivery).abandon()
 		},
-		Unsupported:    unsupported,
-		WorkerMessages: 2000,
+		Unsupported: unsupported,
 	}
 }
 
