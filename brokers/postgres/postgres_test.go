@@ -542,3 +542,39 @@ func TestRedriveInSQL(t *testing.T) {
 		t.Errorf("PurgeDeadLetters of an empty DLQ = %d, %v", n, err)
 	}
 }
+
+// TestPoisonDeadLetteredAtClaim: a job claimed max_attempts times without
+// being settled is dead-lettered by the next claim, in SQL terms.
+func TestPoisonDeadLetteredAtClaim(t *testing.T) {
+	pool := newPool(t, "berth-poison-"+suffix(), 2)
+	const lease = 200 * time.Millisecond
+	b := newBroker(t, pool, postgres.Options{MaxAttempts: 2, Lease: lease, PollInterval: 50 * time.Millisecond})
+	ctx := testCtx(t)
+	q := "poison_" + suffix()
+	id := publishN(t, b, q, 1)[0]
+	for attempt := 1; attempt <= 2; attempt++ {
+		if d := receiveN(t, b, q, 1)[0]; d.Attempt() != attempt {
+			t.Fatalf("Attempt() = %d, want %d", d.Attempt(), attempt)
+		} // never settled: the worker "dies"
+	}
+	short, cancel := context.WithTimeout(ctx, 3*lease)
+	defer cancel()
+	if ds, err := b.Receive(short, q, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Receive after max attempts: %d deliveries, %v; want none", len(ds), err)
+	}
+	var (
+		status, lastErr, class string
+		attempts               int
+	)
+	if err := pool.QueryRow(ctx, `SELECT status, last_error, headers->>$2, attempt_count FROM `+b.Schema()+`.jobs
+		WHERE message_id = $1`, id, sdk.HeaderDeadLetterClass).Scan(&status, &lastErr, &class, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if status != postgres.StatusDeadLetter || lastErr != sdk.ErrMaxDeliveries.Error() || class != string(sdk.ClassPoison) || attempts != 2 {
+		t.Errorf("poison row: %s, last_error %q, class %q, attempt_count %d", status, lastErr, class, attempts)
+	}
+	st, err := b.Stats(ctx, q)
+	if err != nil || st.DeadLettered != 1 || st.Ready+st.InFlight+st.Delayed != 0 {
+		t.Errorf("Stats = %+v, %v; want one dead letter only", st, err)
+	}
+}
