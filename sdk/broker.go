@@ -2,8 +2,11 @@ package sdk
 
 import (
 	"context"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Delivery is one receipt of a [Message]; the same Message can be delivered
@@ -115,7 +118,9 @@ type Inspector interface {
 // messages it returns carry the reason headers ([HeaderDeadLetterReason] and
 // the others). Redrive puts messages back on their original queue with
 // attempts reset and [HeaderRedriveCount] incremented; with no ids it redrives
-// them all. Unknown ids give [ErrNotFound].
+// them all. Unknown ids give [ErrNotFound]. ListDeadLetters returns at most
+// limit messages, oldest first where the broker knows the order; a limit <= 0
+// means [DefaultListLimit].
 type DeadLetters interface {
 	ListDeadLetters(ctx context.Context, queue string, limit int) ([]*Message, error)
 	GetDeadLetter(ctx context.Context, queue, id string) (*Message, error)
@@ -123,17 +128,25 @@ type DeadLetters interface {
 	PurgeDeadLetters(ctx context.Context, queue string) (int, error)
 }
 
+// DefaultListLimit is the number of dead letters ListDeadLetters returns when
+// given a limit <= 0.
+const DefaultListLimit = 100
+
 // AnnotateDeadLetter sets the dead-letter headers on m (a copy the broker is
 // about to store): reason, class, attempts, original queue and failure times.
 // firstFailure may be zero, in which case the header already on m is kept or,
 // if none, now is used. Every broker uses it so dead letters look alike.
+//
+// The reason is the cause's text made valid UTF-8 and cut to
+// [MaxReasonLength] bytes: an error may carry any bytes, and a dead letter
+// must fit every broker (PostgreSQL refuses invalid UTF-8, SQS limits size).
 func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firstFailure, now time.Time) {
-	reason := "dead-lettered"
+	reason, class := "dead-lettered", ClassUnknown
 	if cause != nil {
-		reason = cause.Error()
+		reason, class = cause.Error(), Classify(cause)
 	}
-	m.SetHeader(HeaderDeadLetterReason, reason)
-	m.SetHeader(HeaderDeadLetterClass, string(Classify(cause)))
+	m.SetHeader(HeaderDeadLetterReason, boundReason(reason))
+	m.SetHeader(HeaderDeadLetterClass, string(class))
 	m.SetHeader(HeaderDeadLetterAttempts, strconv.Itoa(attempt))
 	m.SetHeader(HeaderDeadLetterQueue, queue)
 	ts := now.UTC().Format(time.RFC3339Nano)
@@ -143,6 +156,21 @@ func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firs
 		m.SetHeader(HeaderFirstFailure, ts)
 	}
 	m.SetHeader(HeaderLastFailure, ts)
+}
+
+// MaxReasonLength bounds the [HeaderDeadLetterReason] header, in bytes.
+const MaxReasonLength = 1024
+
+func boundReason(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= MaxReasonLength {
+		return s
+	}
+	cut := MaxReasonLength - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // PrepareRedrive readies a dead-lettered message for its original queue: it
@@ -170,14 +198,20 @@ type PublishError struct {
 	Failed map[string]error
 }
 
+// Error names the failed messages (the first by ID when there are several).
 func (e *PublishError) Error() string {
-	for id, err := range e.Failed {
-		if len(e.Failed) == 1 {
-			return "berth: publish failed for message " + id + ": " + err.Error()
-		}
-		return "berth: publish failed for " + strconv.Itoa(len(e.Failed)) + " messages, e.g. " + id + ": " + err.Error()
+	if len(e.Failed) == 0 {
+		return "berth: publish failed"
 	}
-	return "berth: publish failed"
+	ids := make([]string, 0, len(e.Failed))
+	for id := range e.Failed {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	if len(ids) == 1 {
+		return "berth: publish failed for message " + ids[0] + ": " + e.Failed[ids[0]].Error()
+	}
+	return "berth: publish failed for " + strconv.Itoa(len(ids)) + " messages, e.g. " + ids[0] + ": " + e.Failed[ids[0]].Error()
 }
 
 // Unwrap returns the causes.

@@ -53,6 +53,7 @@ type QueueNameError struct {
 	Reason string // optional detail
 }
 
+// Error names the queue and why it is refused.
 func (e *QueueNameError) Error() string {
 	if e.Reason != "" {
 		return fmt.Sprintf("berth: invalid queue name %q: %s", e.Name, e.Reason)
@@ -69,6 +70,7 @@ type HeaderError struct {
 	Reason string
 }
 
+// Error names the header and why it is refused.
 func (e *HeaderError) Error() string {
 	return fmt.Sprintf("berth: invalid header %q: %s", e.Name, e.Reason)
 }
@@ -84,6 +86,7 @@ type MessageTooLargeError struct {
 	Limit int
 }
 
+// Error gives the message, its size and the limit.
 func (e *MessageTooLargeError) Error() string {
 	return fmt.Sprintf("berth: message %s is %d bytes, over the broker limit of %d", e.ID, e.Size, e.Limit)
 }
@@ -95,6 +98,7 @@ func (e *MessageTooLargeError) Unwrap() error { return ErrMessageTooLarge }
 // the delivery at once.
 type PermanentError struct{ Err error }
 
+// Error prefixes the cause with "permanent: ".
 func (e *PermanentError) Error() string {
 	if e.Err == nil {
 		return "permanent failure"
@@ -121,6 +125,7 @@ type RetryAfterError struct {
 	Delay time.Duration
 }
 
+// Error gives the delay and the cause.
 func (e *RetryAfterError) Error() string {
 	if e.Err == nil {
 		return fmt.Sprintf("retry after %s", e.Delay)
@@ -132,9 +137,16 @@ func (e *RetryAfterError) Error() string {
 func (e *RetryAfterError) Unwrap() error { return e.Err }
 
 // RetryAfter asks for the job to run again after d, for a resource that is busy
-// or rate limited rather than broken. It does not count as a failed attempt: the
-// Worker never dead-letters because of it, and releases the delivery without
-// consuming an attempt where the broker can ([Releaser]). err may be nil.
+// or rate limited rather than broken. It does not count as a failed attempt:
+// the Worker never dead-letters because of it, and releases the delivery
+// without consuming an attempt where the broker can ([Releaser]: memory,
+// RabbitMQ, PostgreSQL). Where it cannot (SQS), the delivery is retried and
+// the receive counts toward the broker's own redrive cap (maxReceiveCount),
+// which does dead-letter a job that is busy forever. err may be nil.
+//
+// A handler that returns RetryAfter for ever on a releasing broker runs for
+// ever: bound such loops in the handler (a deadline in the payload, a
+// counter in a store) when "busy" may not end.
 func RetryAfter(err error, d time.Duration) error {
 	if d < 0 {
 		d = 0
@@ -148,7 +160,15 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error gives the panic value.
 func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error (panic(err)), so that
+// errors.Is sees through a panic to its cause.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
 
 // ErrorClass names how the Worker treats an error. It labels logs, metrics and
 // dead-letter headers.
@@ -163,6 +183,7 @@ const (
 	ClassPanic      ErrorClass = "panic"
 	ClassCanceled   ErrorClass = "canceled"
 	ClassPoison     ErrorClass = "max_deliveries"
+	ClassUnknown    ErrorClass = "unknown" // a dead letter without a cause
 )
 
 // Classify returns the class of err: nil is ClassNone; Permanent,

@@ -112,10 +112,14 @@ func ExampleRouter() {
 	// true true
 }
 
-// Decode rejects a body of the wrong shape with a permanent error.
+// Decode ignores fields it does not know (a newer producer's) and rejects a
+// body of the wrong shape with a permanent error.
 func ExampleDecode() {
-	_, err := sdk.Decode[Charge](&sdk.Message{ID: "m1", Type: "billing.charge", Body: []byte(`{"order":"o1"}`)})
+	c, err := sdk.Decode[Charge](&sdk.Message{Body: []byte(`{"order_id":"o1","amount":5,"currency":"EUR"}`)})
+	fmt.Println(c.OrderID, c.Amount, err)
+	_, err = sdk.Decode[Charge](&sdk.Message{ID: "m1", Type: "billing.charge", Body: []byte(`{"order_id":42}`)})
 	fmt.Println(errors.Is(err, sdk.ErrUndecodable), sdk.IsPermanent(err))
 	// Output:
+	// o1 5 <nil>
 	// true true
 }

@@ -74,16 +74,22 @@ func (r releasable) Release(ctx context.Context, d time.Duration) error {
 
 // fakeSub hands out the deliveries sent on its channel.
 type fakeSub struct {
-	ch      chan sdk.Delivery
-	errs    chan error
-	flushed chan struct{}
+	lease     time.Duration // reported through sdk.LeaseReporter when set
+	receiving chan struct{} // signalled at every Receive
+	ch        chan sdk.Delivery
+	errs      chan error
+	flushed   chan struct{}
 }
 
 func newFakeSub() *fakeSub {
-	return &fakeSub{ch: make(chan sdk.Delivery, 1024), errs: make(chan error, 16), flushed: make(chan struct{}, 1)}
+	return &fakeSub{ch: make(chan sdk.Delivery, 1024), errs: make(chan error, 16), flushed: make(chan struct{}, 1), receiving: make(chan struct{}, 1)}
 }
 
 func (s *fakeSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	select {
+	case s.receiving <- struct{}{}:
+	default:
+	}
 	select {
 	case err := <-s.errs:
 		return nil, err

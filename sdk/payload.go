@@ -15,6 +15,7 @@ type DecodeError struct {
 	Err       error
 }
 
+// Error names the message, its type and the decoder's complaint.
 func (e *DecodeError) Error() string {
 	return fmt.Sprintf("berth: message %s (type %q): undecodable body: %v", e.MessageID, e.Type, e.Err)
 }
@@ -24,12 +25,22 @@ func (e *DecodeError) Unwrap() []error { return []error{ErrUndecodable, e.Err} }
 
 // Decode decodes the JSON body of m into a T. A failure is permanent (a
 // [PermanentError] wrapping a [DecodeError]): no retry makes bad bytes good.
-// Unknown fields are rejected, so a payload of the wrong shape is not taken
-// for an empty one.
-func Decode[T any](m *Message) (T, error) {
+//
+// Fields the body has and T lacks are ignored, so a producer that adds a
+// field does not send every job of consumers not yet upgraded to the
+// dead-letter queue; use [DecodeStrict] to refuse them.
+func Decode[T any](m *Message) (T, error) { return decode[T](m, false) }
+
+// DecodeStrict is [Decode] refusing fields that T lacks: for payloads whose
+// every field matters and whose producers deploy with their consumers.
+func DecodeStrict[T any](m *Message) (T, error) { return decode[T](m, true) }
+
+func decode[T any](m *Message, strict bool) (T, error) {
 	var v T
 	dec := json.NewDecoder(bytes.NewReader(m.Body))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(&v); err != nil {
 		return v, Permanent(&DecodeError{MessageID: m.ID, Type: m.Type, Err: err})
 	}

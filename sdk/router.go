@@ -11,7 +11,7 @@ import (
 // is a permanent failure wrapping [ErrUnknownJobType]: the job is
 // dead-lettered with that reason, never redelivered in a loop.
 //
-// Handle may be registered while the router serves; routes are read under a lock.
+// Handlers may be registered while the router serves; routes are read under a lock.
 type Router struct {
 	mu     sync.RWMutex
 	routes map[string]Handler

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/berthq/berth/sdk"
 	"github.com/google/uuid"
@@ -133,7 +134,14 @@ func TestDecode(t *testing.T) {
 	if err != nil || v.Order != "o1" || v.Amount != 5 {
 		t.Fatalf("Decode = %+v, %v", v, err)
 	}
-	for _, body := range []string{`{"order":`, `{"order":"o1","bogus":1}`, `{"amount":"five"}`, `{} {}`, ``} {
+	added, err := sdk.Decode[charge](&sdk.Message{Body: []byte(`{"order":"o2","amount":7,"currency":"EUR"}`)})
+	if err != nil || added.Order != "o2" {
+		t.Errorf("a field added by a newer producer must not dead-letter the job: %+v %v", added, err)
+	}
+	if _, err := sdk.DecodeStrict[charge](&sdk.Message{Body: []byte(`{"order":"o2","currency":"EUR"}`)}); !errors.Is(err, sdk.ErrUndecodable) || !sdk.IsPermanent(err) {
+		t.Errorf("DecodeStrict accepted an unknown field: %v", err)
+	}
+	for _, body := range []string{`{"order":`, `{"amount":"five"}`, `{} {}`, ``, `[1]`} {
 		_, err := sdk.Decode[charge](&sdk.Message{ID: "m", Type: "charge", Body: []byte(body)})
 		var de *sdk.DecodeError
 		if !sdk.IsPermanent(err) || !errors.Is(err, sdk.ErrUndecodable) || !errors.As(err, &de) || de.MessageID != "m" {
@@ -192,11 +200,40 @@ func TestAnnotateAndRedrive(t *testing.T) {
 	}
 }
 
+func TestDeadLetterReasonFitsEveryBroker(t *testing.T) {
+	m := &sdk.Message{}
+	sdk.AnnotateDeadLetter(m, "q", 1, errors.New("bad \xff byte "+strings.Repeat("é", 4000)), time.Time{}, time.Now())
+	r := m.Header(sdk.HeaderDeadLetterReason)
+	if !utf8.ValidString(r) || len(r) > sdk.MaxReasonLength || !strings.HasPrefix(r, "bad \uFFFD byte é") {
+		t.Errorf("reason %d bytes, valid UTF-8 %v: %.40q", len(r), utf8.ValidString(r), r)
+	}
+	sdk.AnnotateDeadLetter(m, "q", 1, nil, time.Time{}, time.Now())
+	if m.Header(sdk.HeaderDeadLetterClass) != string(sdk.ClassUnknown) {
+		t.Errorf("class of a dead letter without a cause: %q", m.Header(sdk.HeaderDeadLetterClass))
+	}
+}
+
+func TestPanicErrorUnwraps(t *testing.T) {
+	cause := errors.New("nil map")
+	if !errors.Is(&sdk.PanicError{Value: cause}, cause) {
+		t.Error("a panic with an error value does not unwrap to it")
+	}
+	if (&sdk.PanicError{Value: "text"}).Unwrap() != nil {
+		t.Error("a panic with a non-error value unwraps to something")
+	}
+}
+
 func TestPublishError(t *testing.T) {
 	cause := errors.New("throttled")
 	err := error(&sdk.PublishError{Failed: map[string]error{"m1": cause}})
 	if !errors.Is(err, cause) || !strings.Contains(err.Error(), "m1") {
 		t.Fatalf("PublishError %v does not name the message or wrap the cause", err)
+	}
+	two := &sdk.PublishError{Failed: map[string]error{"b": cause, "a": cause}}
+	for range 10 {
+		if !strings.Contains(two.Error(), "2 messages, e.g. a:") {
+			t.Fatalf("PublishError text is not deterministic: %v", two)
+		}
 	}
 }
 

@@ -47,6 +47,9 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if sub == nil || h == nil {
 		return nil, errors.New("berth: worker: nil subscriber or handler")
 	}
+	if lr, ok := sub.(LeaseReporter); ok && opts.Lease == 0 {
+		opts.Lease = lr.Lease()
+	}
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -101,10 +104,17 @@ func (t *task) stop(cause error) {
 // to DrainTimeout to finish, then cancels their context (cause [ErrShutdown])
 // and releases what they hand back, flushes buffered settlements and returns.
 //
-// It returns nil after a drain that followed ctx, the broker's error when the
-// broker is closed ([ErrClosed]), or [ErrDrainTimeout] when handlers ignored
-// their cancelled context past the deadline (those goroutines then settle
-// when they return).
+// It returns nil after a drain that followed ctx; the broker's error when
+// the broker is closed ([ErrClosed]) or the queue is invalid or missing
+// ([ErrInvalidQueue], [ErrNotFound]); or [ErrDrainTimeout] when handlers
+// ignored their cancelled context past the deadline.
+//
+// Shutdown takes at most DrainTimeout + SettleTimeout + 1s, plus a Flush of
+// at most SettleTimeout: handlers that honour their context return within
+// DrainTimeout and a settlement; a handler that ignores it is abandoned after
+// the extra SettleTimeout + 1s, and its goroutine, still owned by nothing but
+// the handler, settles its delivery when (if) it returns. Set DrainTimeout
+// below the platform's grace period (Kubernetes: 30s) minus SettleTimeout.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrWorkerRunning
@@ -138,7 +148,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			for t := range jobs {
 				switch {
 				case t.lost.Load():
-					w.logLeaseLost(t.d)
+					w.logLeaseLost(base, t.d)
 				case ctx.Err() != nil:
 					w.release(base, t.d, "not started before shutdown")
 				default:
@@ -230,8 +240,11 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan<- *task, 
 			}
 		}
 		ds, err := w.sub.Receive(ctx, o.Queue, len(slots))
-		if len(ds) > len(slots) {
-			ds = ds[:len(slots)] // a broker bug; never hold more than the slots
+		if len(ds) > len(slots) { // a broker bug: never hold more than the slots
+			for _, d := range ds[len(slots):] {
+				w.release(ctx, d, "received beyond the requested max")
+			}
+			ds = ds[:len(slots)]
 		}
 		now := time.Now().UnixNano()
 		for i, d := range ds {
@@ -248,7 +261,8 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan<- *task, 
 			failures = 0
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(err, ErrClosed):
+		case errors.Is(err, ErrClosed), errors.Is(err, ErrInvalidQueue), errors.Is(err, ErrNotFound):
+			// Waiting will not make a closed broker or a missing queue work.
 			return err
 		default:
 			failures++
@@ -302,6 +316,9 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	ectx, cancel := context.WithTimeout(ctx, o.SettleTimeout)
 	err := t.d.ExtendLease(ectx, o.Lease)
 	cancel()
+	if errors.Is(err, ErrAlreadySettled) {
+		return // settled while the heartbeat looked: nothing to extend, nothing lost
+	}
 	if len(w.leaseOb) > 0 {
 		hctx := t.context(ctx)
 		for _, lo := range w.leaseOb {
@@ -311,13 +328,13 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	switch {
 	case err == nil:
 		t.extended.Store(time.Now().UnixNano())
-	case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrAlreadySettled):
+	case errors.Is(err, ErrLeaseLost):
 		t.loseLease()
 	case time.Since(last) >= o.Lease:
-		o.Logger.Warn("berth: lease expired while extensions failed", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+		o.Logger.WarnContext(t.context(ctx), "berth: lease expired while extensions failed", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
 		t.loseLease()
 	default:
-		o.Logger.Warn("berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+		o.Logger.WarnContext(t.context(ctx), "berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
 	}
 }
 
@@ -370,8 +387,9 @@ func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
-			w.opts.Logger.Error("berth: handler panic", "queue", w.opts.Queue, "id", d.Message().ID,
-				"type", d.Message().Type, "panic", r, "stack", string(err.(*PanicError).Stack))
+			m := d.Message()
+			w.opts.Logger.ErrorContext(ctx, "berth: handler panic", "queue", w.opts.Queue, "id", m.ID,
+				"type", m.Type, "correlation_id", m.CorrelationID, "panic", r, "stack", string(err.(*PanicError).Stack))
 		}
 	}()
 	return w.handler.Handle(ctx, d)
@@ -398,7 +416,7 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	s := Settlement{Cause: err, Class: Classify(err)}
 	if lost {
 		s.Action = ActionLeaseLost
-		w.logLeaseLost(d)
+		w.logLeaseLost(hctx, d)
 		return s
 	}
 	m := d.Message()
@@ -444,8 +462,9 @@ func (w *Worker) release(base context.Context, d Delivery, why string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), w.opts.SettleTimeout)
 	defer cancel()
 	if err := releaseOrRetry(ctx, d, 0, ErrShutdown); err != nil {
-		w.opts.Logger.Warn("berth: release failed; the delivery returns after its lease",
-			"queue", w.opts.Queue, "id", d.Message().ID, "why", why, "err", err)
+		m := d.Message()
+		w.opts.Logger.WarnContext(ctx, "berth: release failed; the delivery returns after its lease",
+			"queue", w.opts.Queue, "id", m.ID, "correlation_id", m.CorrelationID, "why", why, "err", err)
 	}
 }
 
@@ -455,9 +474,10 @@ func (w *Worker) rand() float64 {
 	return w.opts.Rand.Float64()
 }
 
-func (w *Worker) logLeaseLost(d Delivery) {
-	w.opts.Logger.Warn("berth: lease lost; not settling (another consumer may own the delivery)",
-		"queue", w.opts.Queue, "id", d.Message().ID, "type", d.Message().Type, "attempt", d.Attempt())
+func (w *Worker) logLeaseLost(ctx context.Context, d Delivery) {
+	m := d.Message()
+	w.opts.Logger.WarnContext(ctx, "berth: lease lost; not settling (another consumer may own the delivery)",
+		"queue", w.opts.Queue, "id", m.ID, "type", m.Type, "correlation_id", m.CorrelationID, "attempt", d.Attempt())
 }
 
 // log records a settlement with the handler's context, so that a context-aware

@@ -44,10 +44,13 @@ type WorkerOptions struct {
 	// RetryByType overrides Retry per Message.Type.
 	RetryByType map[string]RetryPolicy
 	// Lease is the lease length the Worker asks for when it extends a lease;
-	// it should match the broker's lease (visibility timeout). Default 30s.
+	// it must not exceed the broker's lease (visibility timeout), or leases
+	// run out between heartbeats. Default: the broker's, when it reports one
+	// ([LeaseReporter]), else 30s.
 	Lease time.Duration
-	// HeartbeatInterval is how often running handlers' leases are extended.
-	// Default Lease/3. Negative disables heartbeats.
+	// HeartbeatInterval is how often held deliveries' leases are extended.
+	// Default Lease/3; at most Lease/2, so that one failed extension can be
+	// retried before the lease ends. Negative disables heartbeats.
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds shutdown: handlers still running this long after Run's
 	// context is done have their context cancelled (cause [ErrShutdown]) and
@@ -87,11 +90,17 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		}
 		o.RetryByType = m
 	}
-	if o.Lease <= 0 {
+	if o.Lease < 0 {
+		return o, fmt.Errorf("berth: worker: negative Lease %s", o.Lease)
+	}
+	if o.Lease == 0 {
 		o.Lease = 30 * time.Second
 	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = o.Lease / 3
+	}
+	if o.HeartbeatInterval > o.Lease/2 {
+		return o, fmt.Errorf("berth: worker: HeartbeatInterval %s is longer than half the Lease %s: leases would run out between heartbeats and long jobs run twice", o.HeartbeatInterval, o.Lease)
 	}
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = 30 * time.Second
@@ -106,6 +115,13 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		o.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
 	return o, nil
+}
+
+// LeaseReporter is implemented by subscribers that lease deliveries for a
+// fixed time; NewWorker uses it as the default WorkerOptions.Lease so the two
+// cannot disagree.
+type LeaseReporter interface {
+	Lease() time.Duration
 }
 
 // Action is what the Worker did with a delivery.

@@ -328,6 +328,83 @@ func TestRunReturnsWhenBrokerCloses(t *testing.T) {
 	}
 }
 
+func TestRunReturnsOnPermanentReceiveErrors(t *testing.T) {
+	for _, cause := range []error{sdk.ErrNotFound, &sdk.QueueNameError{Name: "x"}} {
+		sub := newFakeSub()
+		sub.errs <- fmt.Errorf("receive: %w", cause)
+		w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{Queue: "q", Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Run(context.Background()); !errors.Is(err, cause) {
+			t.Errorf("Run = %v, want it to stop on %v instead of retrying forever", err, cause)
+		}
+	}
+}
+
+func TestLeaseAndHeartbeatMustAgree(t *testing.T) {
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	if _, err := sdk.NewWorker(newFakeSub(), h, sdk.WorkerOptions{Queue: "q", Lease: time.Second, HeartbeatInterval: time.Second}); err == nil {
+		t.Error("a heartbeat as slow as the lease was accepted: long jobs would run twice")
+	}
+	if _, err := sdk.NewWorker(newFakeSub(), h, sdk.WorkerOptions{Queue: "q", Lease: -time.Second}); err == nil {
+		t.Error("a negative lease was accepted")
+	}
+	// The broker's lease is the default, so the heartbeat keeps up with it.
+	sub := newFakeSub()
+	sub.lease = 40 * time.Millisecond
+	runWorker(t, reporting{sub}, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
+		time.Sleep(120 * time.Millisecond)
+		return nil
+	}), sdk.WorkerOptions{})
+	f := newFake(1, "job")
+	sub.ch <- f
+	waitSettled(t, f)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.extended < 3 {
+		t.Fatalf("%d extensions in 3 broker leases: the Worker did not take the broker's lease as its own", f.extended)
+	}
+}
+
+// reporting is a fakeSub that reports its lease.
+type reporting struct{ *fakeSub }
+
+func (r reporting) Lease() time.Duration { return r.lease }
+
+func TestHeartbeatIgnoresSettledDeliveries(t *testing.T) {
+	sub := newFakeSub()
+	var failed atomic.Int32
+	ob := leaseObserver{extended: func(err error) {
+		if err != nil {
+			failed.Add(1)
+		}
+	}}
+	runWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		time.Sleep(30 * time.Millisecond)
+		return nil
+	}), sdk.WorkerOptions{Lease: 20 * time.Millisecond, HeartbeatInterval: 5 * time.Millisecond, Observers: []sdk.Observer{ob}})
+	f := newFake(1, "job")
+	f.extendFn = func() error { return sdk.ErrAlreadySettled } // as if the ack won the race
+	sub.ch <- f
+	waitSettled(t, f)
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d extensions of an already settled delivery reported as failures", n)
+	}
+	if a := f.Actions(); len(a) != 1 || a[0] != "ack" {
+		t.Fatalf("actions %v: an ErrAlreadySettled from the heartbeat must not cost the delivery its settlement", a)
+	}
+}
+
+type leaseObserver struct {
+	observer
+	extended func(err error)
+}
+
+func (o leaseObserver) LeaseExtended(_ context.Context, _ sdk.Delivery, _ time.Duration, err error) {
+	o.extended(err)
+}
+
 func TestReceiveErrorsAreRetried(t *testing.T) {
 	sub := newFakeSub()
 	sub.errs <- errors.New("temporary outage")
@@ -347,7 +424,7 @@ func TestRunTwiceAtOnceIsRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- w.Run(ctx) }()
-	time.Sleep(10 * time.Millisecond)
+	<-sub.receiving // the first Run is under way
 	if err := w.Run(ctx); !errors.Is(err, sdk.ErrWorkerRunning) {
 		t.Errorf("second Run = %v, want ErrWorkerRunning", err)
 	}
