@@ -323,7 +323,7 @@ func TestLeaseExtensionsAndExpirations(t *testing.T) {
 	pub := obs.Publisher(b)
 	ctx := context.Background()
 
-	run := func(queue string, heartbeat time.Duration) {
+	run := func(queue string, heartbeat, lease time.Duration) {
 		if err := pub.Publish(ctx, queue, &sdk.Message{Type: "report.build"}); err != nil {
 			t.Fatal(err)
 		}
@@ -338,18 +338,19 @@ func TestLeaseExtensionsAndExpirations(t *testing.T) {
 				}
 			}
 			return nil
-		}), sdk.WorkerOptions{Queue: queue, Concurrency: 2, Lease: 300 * time.Millisecond, HeartbeatInterval: heartbeat,
+		}), sdk.WorkerOptions{Queue: queue, Concurrency: 2, Lease: lease, HeartbeatInterval: heartbeat,
 			Observers: []sdk.Observer{obs, sdk.Observer(ackSignal(acked))}})
 		<-acked
 		stop()
 	}
 	extended, expired, lost := uniqueQueue(t, "tx"), uniqueQueue(t, "te"), uniqueQueue(t, "tl")
-	run(extended, 100*time.Millisecond)
-	run(expired, -1)
-	// Heartbeats every 600 ms on a 300 ms lease: the first extension comes
-	// after the message went to the other slot, is refused, and the Worker
-	// cancels the handler without settling.
-	run(lost, 600*time.Millisecond)
+	run(extended, 100*time.Millisecond, 300*time.Millisecond)
+	run(expired, -1, 300*time.Millisecond)
+	// A Worker that believes the lease is 1.3 s (the broker's is 300 ms)
+	// heartbeats every 600 ms: the first extension comes after the message
+	// went to the other slot, is refused, and the Worker cancels the handler
+	// without settling.
+	run(lost, 600*time.Millisecond, 1300*time.Millisecond)
 
 	ms := collect(t, reader)
 	if got := ms.sum("berth.lease.extensions", semconvDest(extended), telemetry.AttrLeaseResult.String("ok")); got < 1 {
