@@ -76,6 +76,7 @@ var (
 	_ sdk.QueueDeclarer = (*Broker)(nil)
 	_ sdk.Inspector     = (*Broker)(nil)
 	_ sdk.DeadLetters   = (*Broker)(nil)
+	_ sdk.LeaseReporter = (*Broker)(nil)
 	_ sdk.Delivery      = (*delivery)(nil)
 	_ sdk.Releaser      = (*delivery)(nil)
 )
@@ -329,3 +330,7 @@ func (b *Broker) Close() error {
 	close(b.closedCh)
 	return nil
 }
+
+// Lease returns the lease every delivery gets ([sdk.LeaseReporter]): a Worker
+// on this broker takes it as its default lease.
+func (b *Broker) Lease() time.Duration { return b.lease }

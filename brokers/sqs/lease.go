@@ -1,0 +1,13 @@
+package sqs
+
+import (
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+var _ sdk.LeaseReporter = (*Broker)(nil)
+
+// Lease returns the visibility timeout of received messages, as
+// [sdk.LeaseReporter]: a Worker on this broker takes it as its default.
+func (b *Broker) Lease() time.Duration { return b.opts.VisibilityTimeout }
