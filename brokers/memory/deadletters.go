@@ -32,10 +32,10 @@ func (b *Broker) ListDeadLetters(_ context.Context, queue string, limit int) ([]
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.promote(time.Now(), b.maxDeliveries)
-	n := len(q.dead)
-	if limit > 0 {
-		n = min(n, limit)
+	if limit <= 0 {
+		limit = sdk.DefaultListLimit
 	}
+	n := min(len(q.dead), limit)
 	out := make([]*sdk.Message, n)
 	for i := range out {
 		out[i] = q.dead[i].Clone()

@@ -369,7 +369,7 @@ func TestStress(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	dead, err := b.ListDeadLetters(context.Background(), "q", 0)
+	dead, err := b.ListDeadLetters(context.Background(), "q", len(ids))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -119,7 +119,7 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 		return nil, errClosed("list dead letters")
 	}
 	if limit <= 0 {
-		limit = 100
+		limit = sdk.DefaultListLimit
 	}
 	rows, err := b.pool.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' ORDER BY updated_at, id LIMIT $2`, queue, limit)

@@ -140,7 +140,7 @@ func (b *Broker) holdDeadLetters(ctx context.Context, queue string, limit int) (
 // them with basic.get and gives them all back by closing its channel.
 func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
 	if limit <= 0 {
-		return nil, nil
+		limit = sdk.DefaultListLimit
 	}
 	h, err := b.holdDeadLetters(ctx, queue, limit)
 	if err != nil {
