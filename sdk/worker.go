@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -139,6 +138,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	held := make([]atomic.Pointer[task], capacity)
 	jobs := make(chan *task, capacity)
+	hungry := make(chan struct{}, 1) // a handler took the last waiting job
 
 	var pool sync.WaitGroup
 	for range o.Concurrency {
@@ -146,6 +146,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		go func() {
 			defer pool.Done()
 			for t := range jobs {
+				if len(jobs) == 0 {
+					select {
+					case hungry <- struct{}{}:
+					default:
+					}
+				}
 				switch {
 				case t.lost.Load():
 					w.logLeaseLost(base, t.d)
@@ -170,7 +176,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
-	err := w.receive(ctx, free, jobs, held)
+	err := w.receive(ctx, free, jobs, hungry, held)
 	close(jobs)
 
 	drained := make(chan struct{})
@@ -212,7 +218,7 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // receive fills free slots with deliveries until ctx is done.
-func (w *Worker) receive(ctx context.Context, free chan int, jobs chan<- *task, held []atomic.Pointer[task]) error {
+func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
 	o := w.opts
 	slots := make([]int, 0, cap(free))
 	failures := 0
@@ -224,11 +230,18 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan<- *task, 
 		case <-ctx.Done():
 			return nil
 		}
-		if len(free) < cap(slots)/2 {
-			// Under load slots come back one at a time; yielding once lets
-			// the handlers that are finishing return theirs, so one Receive
-			// fetches a batch instead of one message per call.
-			runtime.Gosched()
+		// Under load slots come back one at a time. While prefetched work
+		// still waits there is no hurry: gather slots until half are free or
+		// the handlers run out of work, so one Receive fetches a batch
+		// instead of one message per call (a claim statement, an API call).
+		for len(slots) < cap(slots)/2 && len(jobs) > 0 {
+			select {
+			case i := <-free:
+				slots = append(slots, i)
+			case <-hungry:
+			case <-ctx.Done():
+				return nil
+			}
 		}
 	fill:
 		for len(slots) < cap(slots) {
