@@ -279,7 +279,10 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 				errs = append(errs, err)
 				continue
 			}
+			// Only the dead letters whose copy was sent may be deleted:
+			// one that cannot be encoded for the target stays where it is.
 			entries := make([]sendEntry, 0, len(hs))
+			sendable := hs[:0:0]
 			for _, h := range hs {
 				e, err := b.entry(h.msg, tq.fifo, "")
 				if err != nil {
@@ -287,6 +290,10 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 					continue
 				}
 				entries = append(entries, e)
+				sendable = append(sendable, h)
+			}
+			if len(entries) == 0 {
+				continue
 			}
 			err = b.send(ctx, tq, entries)
 			var pe *sdk.PublishError
@@ -298,7 +305,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 				errs = append(errs, err)
 				continue
 			}
-			for _, h := range hs {
+			for _, h := range sendable {
 				if pe == nil || pe.Failed[h.msg.ID] == nil {
 					done = append(done, h)
 				}
