@@ -72,9 +72,9 @@ type Options struct {
 	InProgressDelay time.Duration
 	// Retention is how long results are kept. Default 7 days.
 	Retention time.Duration
-	// CleanupTimeout bounds the rollback or release after a failed or
-	// interrupted handler (it runs even when the handler's ctx is done).
-	// Default 5s.
+	// CleanupTimeout bounds the calls that record a handler's outcome — the
+	// commit or completion after a success, the rollback or release after a
+	// failure — which run even when the handler's ctx is done. Default 5s.
 	CleanupTimeout time.Duration
 	// Stats, optional, counts events.
 	Stats *Stats
@@ -277,7 +277,12 @@ func (g *Guard) doTx(ctx context.Context, c Claim, fn func(ctx context.Context) 
 		return true, err
 	}
 	ended = true
-	if err := tx.Commit(ctx, r.result()); err != nil {
+	// fn succeeded: commit even if ctx was cancelled meanwhile (shutdown,
+	// lost delivery lease), so the work is not thrown away.
+	cctx, cancel := g.detached(ctx)
+	err = tx.Commit(cctx, r.result())
+	cancel()
+	if err != nil {
 		g.cleanup(ctx, tx.Rollback)
 		return true, fmt.Errorf("idempotency: commit key %q: %w", c.Key, err)
 	}
@@ -321,7 +326,13 @@ func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Contex
 		}
 		return true, ferr
 	}
-	if err := g.o.Store.Complete(ctx, c, r.result()); err != nil {
+	// fn's effect is applied: record it even if ctx was cancelled meanwhile.
+	// A claim left in progress would expire and be taken over by the
+	// redelivery, which would apply the effect a second time.
+	cctx, ccancel := g.detached(ctx)
+	err = g.o.Store.Complete(cctx, c, r.result())
+	ccancel()
+	if err != nil {
 		if errors.Is(err, ErrClaimLost) {
 			g.event(ctx, EventClaimLost, c.JobType)
 		}
@@ -372,10 +383,16 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, cancel context.CancelCau
 	}
 }
 
-// cleanup runs f (rollback, release) with a context that survives the
-// handler's cancellation, bounded by CleanupTimeout.
+// detached returns a context for recording an outcome (commit, complete,
+// rollback, release): it keeps ctx's values, survives ctx's cancellation and
+// is bounded by CleanupTimeout.
+func (g *Guard) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), g.o.CleanupTimeout)
+}
+
+// cleanup runs f (rollback, release) with a [Guard.detached] context.
 func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.o.CleanupTimeout)
+	cctx, cancel := g.detached(ctx)
 	defer cancel()
 	if err := f(cctx); err != nil && !errors.Is(err, ErrClaimLost) {
 		g.o.Logger.WarnContext(ctx, "idempotency: cleanup failed; the key frees itself when its claim expires", "err", err)
