@@ -65,7 +65,9 @@ type Options struct {
 	// Default 5m.
 	ClaimLease time.Duration
 	// Heartbeat is how often a running lease-mode claim is extended by
-	// ClaimLease. Default ClaimLease/3; negative disables it.
+	// ClaimLease. Default ClaimLease/3; negative disables it. When the claim
+	// is lost, or extensions fail until the next one would come after the
+	// claim's expiry, the handler's ctx is cancelled with [ErrClaimLost].
 	Heartbeat time.Duration
 	// InProgressDelay is the RetryAfter delay for a duplicate that finds the
 	// key in progress. Default 2s.
@@ -292,6 +294,7 @@ func (g *Guard) doTx(ctx context.Context, c Claim, fn func(ctx context.Context) 
 }
 
 func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Context) error) (ran bool, err error) {
+	claimed := time.Now() // the claim expires ClaimLease after this, at the earliest
 	out, rec, err := g.o.Store.Claim(ctx, c)
 	if err != nil {
 		return false, err
@@ -306,7 +309,7 @@ func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Contex
 	release := func(cctx context.Context) error { return g.o.Store.Release(cctx, c) }
 	r := &running{key: c.Key}
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, r))
-	stop := g.heartbeat(hctx, c, cancel)
+	stop := g.heartbeat(hctx, c, claimed, cancel)
 	ended := false
 	defer func() {
 		stop()
@@ -343,9 +346,11 @@ func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Contex
 	return true, nil
 }
 
-// heartbeat extends c every Heartbeat while fn runs; when the claim is lost it
-// cancels fn's context with ErrClaimLost. stop waits for the goroutine.
-func (g *Guard) heartbeat(ctx context.Context, c Claim, cancel context.CancelCauseFunc) (stop func()) {
+// heartbeat extends c every Heartbeat while fn runs; when the claim is lost,
+// or extensions keep failing until the claim (extended last at held) would
+// expire before the next try, it cancels fn's context with ErrClaimLost.
+// stop waits for the goroutine.
+func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel context.CancelCauseFunc) (stop func()) {
 	if g.o.Heartbeat < 0 {
 		return func() {}
 	}
@@ -362,14 +367,21 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, cancel context.CancelCau
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				sent := time.Now()
 				err := g.o.Store.Extend(ctx, c, g.o.ClaimLease)
 				if errors.Is(err, ErrClaimLost) {
 					cancel(fmt.Errorf("%w: key %q", ErrClaimLost, c.Key))
 					return
 				}
-				if err != nil {
-					g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", "key", c.Key, "err", err)
+				if err == nil {
+					held = sent
+					continue
 				}
+				if time.Since(held)+g.o.Heartbeat >= g.o.ClaimLease { // the next try would come too late
+					cancel(fmt.Errorf("%w: key %q: not extended within the claim lease: %w", ErrClaimLost, c.Key, err))
+					return
+				}
+				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", "key", c.Key, "err", err)
 			}
 		}
 	}()

@@ -420,3 +420,41 @@ func TestRunJanitor(t *testing.T) {
 		t.Fatalf("RunJanitor = %v, want context.Canceled", err)
 	}
 }
+
+// failingExtend is a store whose Extend always fails transiently (a database
+// unreachable for longer than the claim lease): a failure path a real server
+// cannot produce on demand.
+type failingExtend struct{ idempotency.Store }
+
+func (failingExtend) Extend(context.Context, idempotency.Claim, time.Duration) error {
+	return errors.New("connection refused")
+}
+
+// When the heartbeat cannot extend the claim before it expires, another
+// worker may take it over: the handler is cancelled with ErrClaimLost instead
+// of running on, unfenced, next to the new owner.
+func TestHeartbeatFailingPastLeaseCancelsHandler(t *testing.T) {
+	store := failingExtend{memstore.New(memstore.Options{})}
+	g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease,
+		ClaimLease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := idempotency.Operation{Key: "k", JobType: "t", Fingerprint: "fp"}
+	var cancelled atomic.Bool
+	_, err = g.Do(context.Background(), op, func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			cancelled.Store(true)
+			return ctx.Err()
+		case <-time.After(5 * time.Second): // far past ClaimLease
+			return nil
+		}
+	})
+	if !cancelled.Load() {
+		t.Fatal("the handler ran on past its claim's expiry")
+	}
+	if !errors.Is(err, idempotency.ErrClaimLost) {
+		t.Fatalf("Do = %v, want ErrClaimLost", err)
+	}
+}
