@@ -47,6 +47,7 @@ type acker struct {
 	batches chan ackBatch
 	arm     chan struct{} // cap 1: a partial batch is waiting for the timer
 	stop    chan struct{} // closed by close: the timer stops
+	stopped chan struct{} // closed by the timer when it has stopped
 	quit    chan struct{} // closed by close after the last flush: the sender stops
 	wg      sync.WaitGroup
 
@@ -68,6 +69,7 @@ func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger) *
 		batches:  make(chan ackBatch),
 		arm:      make(chan struct{}, 1),
 		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
 		quit:     make(chan struct{}),
 		pending:  make(map[string][]ackEntry),
 		idle:     make(chan struct{}),
@@ -135,6 +137,7 @@ func (a *acker) takeAll() []ackBatch {
 // timer sends partial batches interval after one starts.
 func (a *acker) timer() {
 	defer a.wg.Done()
+	defer close(a.stopped)
 	t := time.NewTimer(a.interval)
 	t.Stop()
 	for {
@@ -165,11 +168,18 @@ func (a *acker) timer() {
 	}
 }
 
-// requeue puts a batch back in the buffer (close will send it).
+// requeue puts a batch back in the buffer and arms the timer, which sends
+// it after the interval (after close, close sends it itself). Without the
+// arm, a batch put back by a Flush whose ctx ended would wait for the next
+// Ack, Flush or Close while its message came back and ran again.
 func (a *acker) requeue(b ackBatch) {
 	a.mu.Lock()
 	a.pending[b.url] = append(a.pending[b.url], b.entries...)
 	a.mu.Unlock()
+	select {
+	case a.arm <- struct{}{}:
+	default:
+	}
 }
 
 // sender sends batches until quit.
@@ -318,6 +328,10 @@ func (a *acker) close(ctx context.Context) error {
 	a.closed = true
 	a.mu.Unlock()
 	close(a.stop)
+	// The timer may be handing a batch to the sender and put it back when
+	// it sees stop: flush only once it has, or flush would miss that batch
+	// and wait for it until ctx ends.
+	<-a.stopped
 	err := a.flush(ctx)
 	close(a.quit)
 	a.wg.Wait()

@@ -1,9 +1,13 @@
 package sqs_test
 
 import (
+	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
@@ -52,5 +56,143 @@ func TestRedriveKeepsUnsendableDeadLetter(t *testing.T) {
 	got := receiveN(t, big, q, 1)
 	if got[0].Message().ID != small.ID {
 		t.Fatalf("redriven %s, want %s", got[0].Message().ID, small.ID)
+	}
+}
+
+// TestFlushTimeoutLeavesNoDeleteBehind: a Flush whose ctx ends while the
+// sender is busy puts its deletes back in the buffer; they must still be sent
+// by the AckInterval timer, not wait for the next Ack, Flush or Close (the
+// message would meanwhile come back and run again).
+func TestFlushTimeoutLeavesNoDeleteBehind(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var mu sync.Mutex
+	var deleted []string
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		if op != "DeleteMessageBatch" {
+			return `{}`
+		}
+		if n == 1 { // hold the sender with the first batch
+			close(entered)
+			<-release
+		}
+		var ok []string
+		for _, e := range req["Entries"].([]any) {
+			e := e.(map[string]any)
+			mu.Lock()
+			deleted = append(deleted, e["ReceiptHandle"].(string))
+			mu.Unlock()
+			ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
+		}
+		return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := testCtx(t)
+	ds, err := b.Receive(ctx, "q", 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
+	}
+	flush := func(d time.Duration) error {
+		fctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return b.Flush(fctx)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := flush(100 * time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush with the sender held = %v, want context.DeadlineExceeded", err)
+	}
+	<-entered
+	if err := ds[1].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Longer than the AckInterval: the timer fires (finding nothing) while
+	// this Flush holds h1, which it then puts back.
+	if err := flush(time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush with the sender held = %v, want context.DeadlineExceeded", err)
+	}
+	once.Do(func() { close(release) })
+	for range 300 {
+		mu.Lock()
+		got := slices.Contains(deleted, "h1")
+		mu.Unlock()
+		if got {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Fatalf("deletes sent %v: h1 stayed buffered after its Flush timed out", deleted)
+}
+
+// TestCloseSendsTimerBatch: a batch the AckInterval timer took but could not
+// yet hand to the (busy) sender when Close began is still deleted by Close.
+func TestCloseSendsTimerBatch(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var mu sync.Mutex
+	var deleted []string
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		if op != "DeleteMessageBatch" {
+			return `{}`
+		}
+		if n == 1 {
+			close(entered)
+			<-release
+		}
+		var ok []string
+		for _, e := range req["Entries"].([]any) {
+			e := e.(map[string]any)
+			mu.Lock()
+			deleted = append(deleted, e["ReceiptHandle"].(string))
+			mu.Unlock()
+			ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
+		}
+		return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	ds, err := b.Receive(ctx, "q", 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the sender is busy with h0
+	if err := ds[1].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the timer takes h1 and waits for the sender
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	time.Sleep(100 * time.Millisecond)
+	once.Do(func() { close(release) })
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(deleted, "h1") {
+		t.Fatalf("deletes sent %v: Close dropped h1, which the timer held", deleted)
 	}
 }
