@@ -245,9 +245,14 @@ func testDeleteExpiredBounded(t *testing.T, s idempotency.Store) {
 	if err := s.Complete(ctx, kept, idempotency.Result{}); err != nil {
 		t.Fatal(err)
 	}
-	live := claim(prefix+"live", "fp") // a live claim survives its retention
-	live.Retention = 0
+	// A live claim survives its retention: claimed with a short lease, then
+	// extended (a heartbeat) past the retention deadline set at the claim.
+	live := claim(prefix+"live", "fp")
+	live.Lease, live.Retention = 10*time.Millisecond, 10*time.Millisecond
 	mustClaim(t, s, live, idempotency.Acquired)
+	if err := s.Extend(ctx, live, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(100 * time.Millisecond)
 
 	// Other tests may share the table; count only what happens to our keys.
