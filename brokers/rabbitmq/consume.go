@@ -305,6 +305,7 @@ func (d *delivery) republish(ctx context.Context, m *sdk.Message, attempt int, d
 	}
 	out := []outgoing{{id: m.ID, key: key, pub: encode(m, attempt, time.Now())}}
 	if err := b.sendAll(ctx, out); err != nil {
+		b.forgetUnroutable(err, key)
 		return d.requeue(err)
 	}
 	return d.ack()
@@ -318,14 +319,32 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		return err
 	}
 	b := d.c.b
+	// Declares the dead-letter exchange and queue again if a failed
+	// DeadLetter found them missing (forgetUnroutable below).
+	if err := b.ensure(ctx, d.c.queue); err != nil {
+		return d.requeue(err)
+	}
 	m := d.msg.Clone()
 	now := time.Now()
 	sdk.AnnotateDeadLetter(m, d.c.queue, d.attempt, cause, time.Time{}, now)
 	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: encode(m, 1, now)}}
 	if err := b.sendAll(ctx, out); err != nil {
+		b.forgetUnroutable(err, d.c.queue)
 		return d.requeue(err)
 	}
 	return d.ack()
+}
+
+// forgetUnroutable makes the next use of name declare it again when err says
+// a copy sent to it was returned unroutable: a delay queue, or the
+// dead-letter queue of the main queue name, deleted behind the broker's
+// back. Without it every later settlement through it failed until the
+// connection was replaced.
+func (b *Broker) forgetUnroutable(err error, name string) {
+	var ue *UnroutableError
+	if errors.As(err, &ue) {
+		b.forget(name)
+	}
 }
 
 // requeue gives the delivery back to the queue after a failed copy and

@@ -1,0 +1,85 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// deleteOne deletes one queue through a connection of its own, behind the
+// broker's back.
+func deleteOne(t *testing.T, url, name string) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSettlementRedeclaresDeletedCompanions: when a delay queue or the
+// dead-letter queue is deleted behind the broker's back, the settlement
+// that finds it missing fails (the original comes back), and the next one
+// declares it again, as Publish does for a main queue. Before, every later
+// Retry through that bucket failed on this broker until it reconnected,
+// sending the message round without its delay until the delivery limit.
+func TestSettlementRedeclaresDeletedCompanions(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	b := newBroker(t, url, Options{Logger: quiet})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	m := &sdk.Message{Type: "companions"}
+	if err := b.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	receive := func(attempt int) sdk.Delivery {
+		t.Helper()
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[0].Message().ID != m.ID || ds[0].Attempt() != attempt {
+			t.Fatalf("got %s attempt %d, want %s attempt %d", ds[0].Message().ID, ds[0].Attempt(), m.ID, attempt)
+		}
+		return ds[0]
+	}
+	const delay = 250 * time.Millisecond
+	if err := receive(1).Retry(ctx, delay, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	d := receive(2)
+	deleteOne(t, url, DelayQueue(q, delay))
+	if err := d.Retry(ctx, delay, errors.New("boom")); !errors.Is(err, sdk.ErrNotFound) {
+		t.Fatalf("Retry through the deleted delay queue: %v, want an error wrapping ErrNotFound", err)
+	}
+	if err := receive(3).Retry(ctx, delay, errors.New("boom")); err != nil {
+		t.Fatalf("Retry after a failed one: %v, want the delay queue declared again", err)
+	}
+
+	d = receive(4)
+	deleteOne(t, url, DeadLetterQueue(q))
+	if err := d.DeadLetter(ctx, errors.New("boom")); !errors.Is(err, sdk.ErrNotFound) {
+		t.Fatalf("DeadLetter to the deleted dead-letter queue: %v, want an error wrapping ErrNotFound", err)
+	}
+	if err := receive(5).DeadLetter(ctx, errors.New("boom")); err != nil {
+		t.Fatalf("DeadLetter after a failed one: %v, want the dead-letter queue declared again", err)
+	}
+	got, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(got) != 1 || got[0].ID != m.ID {
+		t.Fatalf("ListDeadLetters = %d messages, %v; want %s", len(got), err, m.ID)
+	}
+}
