@@ -263,8 +263,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 }
 
 // Retry publishes a copy with Attempt()+1 through the delay queue of the
-// next bucket up from delay (or straight to the queue when delay is 0),
-// waits for its confirm, then acks this delivery. If the publish fails the
+// next bucket up from delay (or straight to the queue when delay is 0; the
+// largest bucket when delay exceeds it), waits for its confirm, then acks
+// this delivery. If the publish fails the
 // delivery is requeued (basic.nack) and the error returned.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
 	if err := d.begin(); err != nil {

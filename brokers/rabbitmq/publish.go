@@ -30,6 +30,23 @@ func (e *UnroutableError) Error() string {
 // Unwrap returns [sdk.ErrNotFound].
 func (e *UnroutableError) Unwrap() error { return sdk.ErrNotFound }
 
+// DelayError reports a Publish delay longer than the largest delay bucket
+// ([Options.DelayBuckets]): the message would be delivered early, after that
+// bucket. Nothing of the batch was published. It wraps
+// [sdk.ErrInvalidMessage].
+type DelayError struct {
+	ID    string        // message ID
+	Delay time.Duration // the delay asked
+	Max   time.Duration // the largest delay bucket
+}
+
+func (e *DelayError) Error() string {
+	return fmt.Sprintf("rabbitmq: message %s: delay %s beyond the largest delay bucket, %s", e.ID, e.Delay, e.Max)
+}
+
+// Unwrap returns [sdk.ErrInvalidMessage].
+func (e *DelayError) Unwrap() error { return sdk.ErrInvalidMessage }
+
 // errNacked is the cause when the server refuses a message (basic.nack).
 var errNacked = fmt.Errorf("%w: rabbitmq: message refused by the server (nack)", sdk.ErrUnavailable)
 
@@ -258,7 +275,8 @@ func failAll(out []outgoing, err error) error {
 // Publish sends msgs to queue with publisher confirms, pipelined, and
 // returns once the server has confirmed every one of them. Messages with a
 // Delay go through the delay queue of the next bucket up (see the package
-// doc). Validation errors publish nothing; a failure at the broker returns a
+// doc). Validation errors publish nothing (a Delay beyond the largest delay
+// bucket is one: [*DelayError]); a failure at the broker returns a
 // *[sdk.PublishError] whose causes wrap [sdk.ErrUnavailable] (connection or
 // channel lost, or the server refused the message: retry) or
 // [sdk.ErrNotFound] ([*UnroutableError]: no such queue, with NoDeclare). During an
@@ -271,9 +289,13 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
 		return err
 	}
+	longest := b.opts.DelayBuckets[len(b.opts.DelayBuckets)-1]
 	for _, m := range msgs {
 		if err := validate(m); err != nil {
 			return err
+		}
+		if m.Delay > longest {
+			return &DelayError{ID: m.ID, Delay: m.Delay, Max: longest}
 		}
 	}
 	if len(msgs) == 0 {

@@ -39,8 +39,11 @@
 // the default buckets (250ms, 500ms, 1s, 2s, 5s, 10s, 30s, 1m, 2m, 5m, 10m,
 // 30m, 1h, 2h, 6h, 12h) a delay of 250ms or more waits at most 3× as long
 // (10.1s becomes 30s, 2.1s becomes 5s); a shorter one waits 250ms. The
-// largest bucket caps delays ([sdk.MaxDelay] is 12h). Expiry is per queue and
-// in order, so a short delay is never held up behind a long one. A delay
+// default largest bucket is [sdk.MaxDelay] (12h), the longest delay berth
+// allows. With custom buckets, a Publish delay beyond the largest is refused
+// ([*DelayError]); a Retry delay beyond it is cut to it (that retry comes
+// early), so keep the largest bucket at or above the Worker's backoff
+// maximum. Expiry is per queue and in order, so a short delay is never held up behind a long one. A delay
 // queue is declared the first time it is needed (unless NoDeclare; then
 // declare the buckets with the topology you manage: [DelayQueue] names them;
 // each has x-message-ttl and dead-letters to the default exchange with the
@@ -149,7 +152,8 @@ type Options struct {
 	// 128 MiB).
 	MaxMessageSize int
 	// DelayBuckets are the TTLs of the delay queues. Default
-	// [DefaultDelayBuckets]. Every bucket must be at least 1ms.
+	// [DefaultDelayBuckets]. Every bucket must be at least 1ms. The largest
+	// bounds Publish delays ([*DelayError]) and cuts longer Retry delays.
 	DelayBuckets []time.Duration
 	// DeadLetterExchange is the direct exchange dead letters go through.
 	// Default "berth.dlx".

@@ -83,3 +83,31 @@ func TestSettlementRedeclaresDeletedCompanions(t *testing.T) {
 		t.Fatalf("ListDeadLetters = %d messages, %v; want %s", len(got), err, m.ID)
 	}
 }
+
+// TestPublishDelayBeyondBuckets: a Publish delay longer than the largest
+// delay bucket would be delivered early (after that bucket): it is refused
+// with a typed error, and nothing of the batch is published.
+func TestPublishDelayBeyondBuckets(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	b := newBroker(t, url, Options{Logger: quiet, DelayBuckets: []time.Duration{100 * time.Millisecond, time.Second}})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := b.DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	ok := &sdk.Message{Type: "ok", Delay: time.Second}
+	late := &sdk.Message{Type: "late", Delay: time.Second + time.Millisecond}
+	err := b.Publish(ctx, q, ok, late)
+	var de *DelayError
+	if !errors.Is(err, sdk.ErrInvalidMessage) || !errors.As(err, &de) || de.ID != late.ID || de.Max != time.Second {
+		t.Fatalf("Publish = %v, want a *DelayError for %s (max 1s) wrapping ErrInvalidMessage", err, late.ID)
+	}
+	info, err := b.Info(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Ready != 0 || info.Delayed != 0 {
+		t.Fatalf("after the refused batch: %d ready, %d delayed; want nothing published", info.Ready, info.Delayed)
+	}
+}
