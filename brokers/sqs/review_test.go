@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
 )
@@ -194,5 +197,51 @@ func TestCloseSendsTimerBatch(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Contains(deleted, "h1") {
 		t.Fatalf("deletes sent %v: Close dropped h1, which the timer held", deleted)
+	}
+}
+
+// TestDeadLetterKeepsOriginalWhenCopyFails: when the copy cannot be sent to
+// the dead-letter queue (deleted behind the broker's back), DeadLetter fails
+// and deletes nothing: the original comes back after its visibility timeout.
+func TestDeadLetterKeepsOriginalWhenCopyFails(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "dlqgone", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	first := &sdk.Message{Type: "first", Body: []byte("1")}
+	second := &sdk.Message{Type: "second", Body: []byte("2")}
+	if err := b.Publish(ctx, q, first); err != nil {
+		t.Fatal(err)
+	}
+	// The first dead letter makes the broker resolve and cache the DLQ.
+	if err := receiveN(t, b, q, 1)[0].DeadLetter(ctx, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	client := newClient(t)
+	url, err := client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(q + "-dlq")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: url.QueueUrl}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, q, second); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	if err := d.DeadLetter(ctx, errors.New("boom")); !errors.Is(err, sdk.ErrNotFound) {
+		t.Fatalf("DeadLetter to a deleted dead-letter queue: %v, want an error wrapping ErrNotFound", err)
+	}
+	if err := b.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := receiveN(t, b, q, 1)[0]
+	if again.Message().ID != second.ID || again.Attempt() != 2 {
+		t.Fatalf("got %s attempt %d, want %s back with attempt 2", again.Message().ID, again.Attempt(), second.ID)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
