@@ -24,6 +24,7 @@ const (
 	Lease
 )
 
+// String returns the mode's name, "transactional" or "lease".
 func (m Mode) String() string {
 	switch m {
 	case Transactional:

@@ -37,6 +37,7 @@ type MissingKeyError struct {
 	Type      string
 }
 
+// Error says which message has no key.
 func (e *MissingKeyError) Error() string {
 	return fmt.Sprintf("idempotency: message %s (type %q) has no idempotency key", e.MessageID, e.Type)
 }
@@ -52,6 +53,7 @@ type ConflictError struct {
 	Stored  string // job type stored with the key
 }
 
+// Error names the key and both job types.
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("idempotency: key %q reused with a different payload (job type %q, stored for %q)", e.Key, e.JobType, e.Stored)
 }

@@ -70,6 +70,7 @@ const (
 	InProgress
 )
 
+// String returns the outcome's name, e.g. "taken_over".
 func (o Outcome) String() string {
 	switch o {
 	case Acquired:
