@@ -192,8 +192,9 @@ func NewFromConfig(cfg aws.Config, opts Options, optFns ...func(*awssqs.Options)
 // Client returns the SQS client the broker uses.
 func (b *Broker) Client() *awssqs.Client { return b.client }
 
-// Close sends the buffered deletes (waiting at most 10 s), stops the broker's
-// goroutine and unblocks every Receive in progress, which returns
+// Close sends the buffered deletes (waiting at most 10 s for them, plus, if
+// SQS hangs, the rest of the 30 s timeout of a delete call in flight), stops
+// the broker's goroutines and unblocks every Receive in progress, which returns
 // [sdk.ErrClosed], as does every later call. Unsettled deliveries come back
 // after their visibility timeout. Close is safe to call twice; the second
 // call returns nil.

@@ -175,7 +175,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 // Retry makes the message visible again after delay (rounded up to whole
 // seconds) with ChangeMessageVisibility; its next receipt counts one more
 // receive, hence Attempt()+1. cause is not kept: SQS cannot annotate a
-// message in place.
+// message in place. A delay that would end more than 12 hours after the
+// receipt is refused with a [*LeaseCeilingError] and changes nothing: the
+// message then comes back when its current lease ends.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
