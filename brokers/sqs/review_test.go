@@ -245,3 +245,40 @@ func TestDeadLetterKeepsOriginalWhenCopyFails(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDelaysRoundUp: SQS counts delays and visibility in whole seconds; a
+// delay between two of them is rounded up, so a retry or a delayed publish
+// never comes early. (The conformance suite's delays are whole seconds.)
+func TestDelaysRoundUp(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "roundup", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	const delay = 1500 * time.Millisecond
+	m := &sdk.Message{Type: "retried", Body: []byte("r")}
+	if err := b.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	retried := time.Now()
+	if err := d.Retry(ctx, delay, errors.New("boom")); err != nil {
+		t.Fatal(err)
+	}
+	back := receiveN(t, b, q, 1)[0]
+	if el := time.Since(retried); el < delay {
+		t.Errorf("retry delivered after %s, before its delay of %s", el, delay)
+	}
+	if err := back.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	published := time.Now()
+	if err := b.Publish(ctx, q, &sdk.Message{Type: "delayed", Body: []byte("d"), Delay: delay}); err != nil {
+		t.Fatal(err)
+	}
+	got := receiveN(t, b, q, 1)[0]
+	if el := time.Since(published); el < delay {
+		t.Errorf("delayed message delivered after %s, before its delay of %s", el, delay)
+	}
+	if err := got.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
