@@ -15,6 +15,7 @@ import (
 	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/berthq/berth/idempotency/redisstore"
 	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -281,5 +282,31 @@ func TestUnreachableRedis(t *testing.T) {
 	}
 	if s := stats.Snapshot(); runs.Load() != 1 || s.CacheErrors == 0 || s.DuplicatesSuppressed != 2 {
 		t.Fatalf("runs=%d stats=%+v", runs.Load(), s)
+	}
+}
+
+// A key whose completion the cache remembers, reused for a different
+// payload, is still a permanent conflict: the cache answers only for the
+// same fingerprint, and never turns a conflict into a suppressed duplicate.
+func TestCachedKeyWithOtherPayloadConflicts(t *testing.T) {
+	c, _ := newCache(t)
+	store, _, _ := newPGStore(t)
+	g, err := idempotency.New(idempotency.Options{Store: store, Cache: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	op := idempotency.Operation{Key: "charge:order_1:v1", JobType: "billing.charge", Fingerprint: "fp-4200"}
+	if ran, err := g.Do(ctx, op, func(context.Context) error { return nil }); !ran || err != nil {
+		t.Fatalf("first: ran=%v err=%v", ran, err)
+	}
+	if fp, found, err := c.Lookup(ctx, op.Key); !found || fp != op.Fingerprint || err != nil {
+		t.Fatalf("cache after success = %q, %v, %v", fp, found, err)
+	}
+	other := op
+	other.Fingerprint = "fp-9900"
+	ran, err := g.Do(ctx, other, func(context.Context) error { return nil })
+	if ran || !errors.Is(err, idempotency.ErrKeyConflict) || sdk.Classify(err) != sdk.ClassPermanent {
+		t.Fatalf("other payload: ran=%v err=%v; want a permanent ErrKeyConflict", ran, err)
 	}
 }
