@@ -71,7 +71,11 @@ type Options struct {
 	// claim's expiry, the handler's ctx is cancelled with [ErrClaimLost].
 	Heartbeat time.Duration
 	// InProgressDelay is the RetryAfter delay for a duplicate that finds the
-	// key in progress. Default 2s.
+	// key in progress. Default 2s. When the delivery is not an
+	// [sdk.Releaser] (its broker counts every retry as a receive, e.g. SQS)
+	// and the key is a lease-mode claim, the middleware waits at least until
+	// the claim expires instead: earlier retries cannot take it over and
+	// would use up the receive limit of the message that must.
 	InProgressDelay time.Duration
 	// Retention is how long results are kept. Default 7 days.
 	Retention time.Duration
@@ -184,7 +188,8 @@ func (g *Guard) Middleware() sdk.Middleware {
 				}
 			}
 			op := Operation{Key: key, JobType: m.Type, Fingerprint: g.o.Fingerprint(m)}
-			_, err := g.Do(ctx, op, func(ctx context.Context) error { return next.Handle(ctx, d) })
+			_, releasable := d.(sdk.Releaser)
+			_, err := g.do(ctx, op, !releasable, func(ctx context.Context) error { return next.Handle(ctx, d) })
 			return err
 		})
 	}
@@ -206,6 +211,12 @@ type Operation struct {
 // carries the transaction; in both modes it carries the key ([KeyFrom]) and
 // accepts a result ([SetResult]).
 func (g *Guard) Do(ctx context.Context, op Operation, fn func(ctx context.Context) error) (ran bool, err error) {
+	return g.do(ctx, op, false, fn)
+}
+
+// do is [Guard.Do]; retryCosts says that a retry of the caller counts an
+// attempt (its delivery is not an [sdk.Releaser]).
+func (g *Guard) do(ctx context.Context, op Operation, retryCosts bool, fn func(ctx context.Context) error) (ran bool, err error) {
 	if op.Key == "" {
 		return false, sdk.Permanent(&MissingKeyError{Type: op.JobType})
 	}
@@ -231,13 +242,13 @@ func (g *Guard) Do(ctx context.Context, op Operation, fn func(ctx context.Contex
 		Retention:   g.o.Retention,
 	}
 	if g.o.Mode == Transactional {
-		return g.doTx(ctx, c, fn)
+		return g.doTx(ctx, c, retryCosts, fn)
 	}
-	return g.doLease(ctx, c, fn)
+	return g.doLease(ctx, c, retryCosts, fn)
 }
 
 // found handles the outcomes in which fn does not run.
-func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record) error {
+func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, retryCosts bool) error {
 	if rec != nil && rec.Fingerprint != c.Fingerprint {
 		g.event(ctx, EventConflict, c.JobType)
 		return sdk.Permanent(&ConflictError{Key: c.Key, JobType: c.JobType, Stored: rec.JobType})
@@ -250,12 +261,18 @@ func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record) er
 		return nil
 	case InProgress:
 		g.event(ctx, EventInProgress, c.JobType)
-		return sdk.RetryAfter(fmt.Errorf("%w: key %q", ErrInProgress, c.Key), g.o.InProgressDelay)
+		delay := g.o.InProgressDelay
+		if retryCosts && rec != nil && !rec.LockedUntil.IsZero() {
+			// Every retry counts an attempt: none before the claim
+			// expires, when this delivery may take it over.
+			delay = max(delay, time.Until(rec.LockedUntil))
+		}
+		return sdk.RetryAfter(fmt.Errorf("%w: key %q", ErrInProgress, c.Key), delay)
 	}
 	return fmt.Errorf("idempotency: store returned unexpected outcome %v for key %q", out, c.Key)
 }
 
-func (g *Guard) doTx(ctx context.Context, c Claim, fn func(ctx context.Context) error) (ran bool, err error) {
+func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx context.Context) error) (ran bool, err error) {
 	tx, out, rec, err := g.txs.Begin(ctx, c)
 	if err != nil {
 		return false, err
@@ -264,7 +281,7 @@ func (g *Guard) doTx(ctx context.Context, c Claim, fn func(ctx context.Context) 
 		if tx != nil {
 			_ = tx.Rollback(ctx)
 		}
-		return false, g.found(ctx, c, out, rec)
+		return false, g.found(ctx, c, out, rec, retryCosts)
 	}
 	r := &running{key: c.Key}
 	hctx := tx.Context(context.WithValue(ctx, guardKey{}, r))
@@ -294,7 +311,7 @@ func (g *Guard) doTx(ctx context.Context, c Claim, fn func(ctx context.Context) 
 	return true, nil
 }
 
-func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Context) error) (ran bool, err error) {
+func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(ctx context.Context) error) (ran bool, err error) {
 	claimed := time.Now() // the claim expires ClaimLease after this, at the earliest
 	out, rec, err := g.o.Store.Claim(ctx, c)
 	if err != nil {
@@ -305,7 +322,7 @@ func (g *Guard) doLease(ctx context.Context, c Claim, fn func(ctx context.Contex
 	case TakenOver:
 		g.event(ctx, EventTakeover, c.JobType)
 	default:
-		return false, g.found(ctx, c, out, rec)
+		return false, g.found(ctx, c, out, rec, retryCosts)
 	}
 	release := func(cctx context.Context) error { return g.o.Store.Release(cctx, c) }
 	r := &running{key: c.Key}

@@ -458,3 +458,52 @@ func TestHeartbeatFailingPastLeaseCancelsHandler(t *testing.T) {
 		t.Fatalf("Do = %v, want ErrClaimLost", err)
 	}
 }
+
+// releasingDelivery is a delivery whose broker can hand it back without
+// counting an attempt (memory, PostgreSQL, RabbitMQ).
+type releasingDelivery struct{ fakeDelivery }
+
+func (releasingDelivery) Release(context.Context, time.Duration) error { return nil }
+
+// A delivery that finds its key claimed by a crashed worker, on a broker
+// where every retry counts a receive (SQS: no sdk.Releaser), is retried when
+// the claim expires, not every InProgressDelay: retries that cannot succeed
+// before the expiry would exhaust the receive limit and dead-letter the only
+// message that can take the claim over, and the operation would never run.
+// A Releaser's delivery keeps the short delay (it costs no attempt, and sees
+// an early completion sooner).
+func TestInProgressDelayUntilClaimExpiryWhenRetriesCount(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	const claimLease = time.Minute
+	g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, ClaimLease: claimLease, InProgressDelay: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &sdk.Message{ID: sdk.NewID(), Type: "t", IdempotencyKey: "k", Body: []byte("x")}
+	// The crashed worker's claim.
+	c := idempotency.Claim{Key: "k", JobType: "t", Fingerprint: idempotency.Fingerprint(m), Owner: "dead", Lease: claimLease, Retention: time.Hour}
+	if out, _, err := store.Claim(context.Background(), c); out != idempotency.Acquired || err != nil {
+		t.Fatalf("Claim = %v, %v", out, err)
+	}
+	h := g.Middleware()(sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
+		t.Error("handler ran while the key is claimed")
+		return nil
+	}))
+	for _, tc := range []struct {
+		name     string
+		d        sdk.Delivery
+		min, max time.Duration
+	}{
+		{"counted retries", fakeDelivery{m}, claimLease - 10*time.Second, claimLease + time.Second},
+		{"releaser", releasingDelivery{fakeDelivery{m}}, time.Second, time.Second},
+	} {
+		err := h.Handle(context.Background(), tc.d)
+		var ra *sdk.RetryAfterError
+		if !errors.As(err, &ra) || !errors.Is(err, idempotency.ErrInProgress) {
+			t.Fatalf("%s: %v, want RetryAfter wrapping ErrInProgress", tc.name, err)
+		}
+		if ra.Delay < tc.min || ra.Delay > tc.max {
+			t.Errorf("%s: retry after %s, want within [%s, %s]", tc.name, ra.Delay, tc.min, tc.max)
+		}
+	}
+}
