@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -289,9 +290,21 @@ func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 	if d.b.isClosed() {
 		return errClosed("extend lease")
 	}
-	return d.exec(ctx, "extend lease", false, `SET
+	err := d.exec(ctx, "extend lease", false, `SET
 		available_at = now() + $3 * interval '1 microsecond',
 		visibility_until = now() + $3 * interval '1 microsecond', updated_at = now()`, by.Microseconds())
+	if errors.Is(err, sdk.ErrLeaseLost) {
+		// A settlement of this delivery may have changed the row while the
+		// UPDATE ran (it holds d.mu until it is written): then the lease was
+		// not lost, the job is settled.
+		d.mu.Lock()
+		settled := d.settled
+		d.mu.Unlock()
+		if settled {
+			return fmt.Errorf("berth/postgres: extend lease of job %d: %w", d.id, sdk.ErrAlreadySettled)
+		}
+	}
+	return err
 }
 
 // exec runs "UPDATE jobs <set> WHERE id = $1 AND lease_token = $2 AND status =
