@@ -21,7 +21,11 @@ const DefaultPrefix = "berth:idem:"
 
 // Options configures a Cache.
 type Options struct {
-	// Prefix is prepended to every key. Default "berth:idem:".
+	// Prefix is prepended to every key. Default "berth:idem:". Use one
+	// prefix per durable store (per job_results table): a key found under
+	// the prefix is taken as completed in the store the guard uses, so two
+	// stores (tenants, environments) sharing a Redis and a prefix would skip
+	// each other's operations.
 	Prefix string
 	// Timeout bounds each call so a slow Redis never slows the handler path
 	// much. Default 100ms.
