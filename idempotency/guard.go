@@ -81,7 +81,8 @@ type Options struct {
 	Retention time.Duration
 	// CleanupTimeout bounds the calls that record a handler's outcome — the
 	// commit or completion after a success, the rollback or release after a
-	// failure — which run even when the handler's ctx is done. Default 5s.
+	// failure — which run even when the handler's ctx is done; a lease-mode
+	// completion that fails is retried within it. Default 5s.
 	CleanupTimeout time.Duration
 	// Stats, optional, counts events.
 	Stats *Stats
@@ -350,10 +351,7 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	// fn's effect is applied: record it even if ctx was cancelled meanwhile.
 	// A claim left in progress would expire and be taken over by the
 	// redelivery, which would apply the effect a second time.
-	cctx, ccancel := g.detached(ctx)
-	err = g.o.Store.Complete(cctx, c, r.result())
-	ccancel()
-	if err != nil {
+	if err := g.complete(ctx, c, r.result()); err != nil {
 		if errors.Is(err, ErrClaimLost) {
 			g.event(ctx, EventClaimLost, c.JobType)
 		}
@@ -362,6 +360,33 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	g.event(ctx, EventExecuted, c.JobType)
 	g.remember(ctx, c)
 	return true, nil
+}
+
+// complete records a lease-mode success on a [Guard.detached] context,
+// retrying transient failures until CleanupTimeout: the effect is applied,
+// and a claim left in progress would expire and be taken over by a
+// redelivery that applies it again. Retrying is safe: Complete is fenced by
+// the owner token (a first call that did complete makes the next report
+// ErrClaimLost, and the redelivery then finds the key completed).
+func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
+	cctx, cancel := g.detached(ctx)
+	defer cancel()
+	wait := 20 * time.Millisecond
+	for {
+		err := g.o.Store.Complete(cctx, c, r)
+		if err == nil || errors.Is(err, ErrClaimLost) {
+			return err
+		}
+		g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", "key", c.Key, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-cctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // heartbeat extends c every Heartbeat while fn runs; when the claim is lost,

@@ -507,3 +507,40 @@ func TestInProgressDelayUntilClaimExpiryWhenRetriesCount(t *testing.T) {
 		}
 	}
 }
+
+// flakyComplete is a store whose Complete fails transiently a few times (a
+// connection dropped under the call): a failure a real server cannot produce
+// on demand.
+type flakyComplete struct {
+	idempotency.Store
+	failures atomic.Int32
+}
+
+func (s *flakyComplete) Complete(ctx context.Context, c idempotency.Claim, r idempotency.Result) error {
+	if s.failures.Add(-1) >= 0 {
+		return errors.New("conn closed")
+	}
+	return s.Store.Complete(ctx, c, r)
+}
+
+// In lease mode the effect is already applied when Complete runs: a
+// transient failure there is retried (it is fenced by the owner token, so
+// retrying is safe) instead of leaving the claim in progress, to expire and
+// be taken over by a redelivery that would apply the effect again.
+func TestCompleteRetriedAfterTransientFailure(t *testing.T) {
+	mem := memstore.New(memstore.Options{})
+	store := &flakyComplete{Store: mem}
+	store.failures.Store(2)
+	g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := idempotency.Operation{Key: "k", JobType: "t", Fingerprint: "fp"}
+	if ran, err := g.Do(context.Background(), op, func(context.Context) error { return nil }); !ran || err != nil {
+		t.Fatalf("Do = %v, %v; want the effect recorded despite two transient Complete failures", ran, err)
+	}
+	rec, err := mem.Get(context.Background(), "k")
+	if err != nil || rec.Status != idempotency.StatusCompleted {
+		t.Fatalf("record = %+v, %v; want completed", rec, err)
+	}
+}
