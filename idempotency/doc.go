@@ -18,7 +18,16 @@
 //     any transaction, then the result is stored completed. A duplicate that
 //     finds the claim in progress is retried later ([sdk.RetryAfter]), never
 //     run concurrently and never acked; an expired claim is taken over by
-//     exactly one worker; a handler error releases the claim.
+//     exactly one worker; a handler error releases the claim. The handler's
+//     ctx is cancelled with [ErrClaimLost] when the claim is taken over or
+//     cannot be extended before it expires.
+//
+// Lease mode cannot make an external effect atomic with its record: a worker
+// that dies after the effect and before the result is stored leaves a claim
+// that is taken over when it expires, and the handler runs again. Pass the
+// key ([KeyFrom]) to the external API so that it deduplicates that second
+// call; the guard does its part by recording a success even after the
+// handler's ctx was cancelled and by retrying a failed completion.
 //
 // The same key with a different payload fingerprint is a permanent
 // [ErrKeyConflict], never the stored result. A message without a key is
