@@ -66,9 +66,10 @@ type Options struct {
 	// Default 5m.
 	ClaimLease time.Duration
 	// Heartbeat is how often a running lease-mode claim is extended by
-	// ClaimLease. Default ClaimLease/3; negative disables it. When the claim
-	// is lost, or extensions fail until the next one would come after the
-	// claim's expiry, the handler's ctx is cancelled with [ErrClaimLost].
+	// ClaimLease. Default ClaimLease/3; at most ClaimLease/2; negative
+	// disables it. When the claim is lost, or extensions fail until the
+	// next one would come after the claim's expiry, the handler's ctx is
+	// cancelled with [ErrClaimLost].
 	Heartbeat time.Duration
 	// InProgressDelay is the RetryAfter delay for a duplicate that finds the
 	// key in progress. Default 2s. When the delivery is not an
@@ -139,6 +140,11 @@ func New(opts Options) (*Guard, error) {
 	}
 	if opts.Heartbeat == 0 {
 		opts.Heartbeat = opts.ClaimLease / 3
+	}
+	if opts.Heartbeat > opts.ClaimLease/2 {
+		// One failed extension would let the claim expire, and another
+		// worker run the operation at the same time.
+		return nil, fmt.Errorf("%w: Heartbeat %s is more than half of ClaimLease %s", ErrInvalidConfig, opts.Heartbeat, opts.ClaimLease)
 	}
 	if opts.InProgressDelay == 0 {
 		opts.InProgressDelay = DefaultInProgressDelay

@@ -338,6 +338,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative lease":   {Store: store, ClaimLease: -time.Second},
 		"unknown policy":   {Store: store, MissingKey: 9},
 		"tx without store": {Store: leaseOnly{store}, Mode: idempotency.Transactional},
+		"slow heartbeat":   {Store: store, Mode: idempotency.Lease, ClaimLease: time.Minute, Heartbeat: 31 * time.Second},
 	} {
 		if _, err := idempotency.New(o); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
