@@ -68,6 +68,7 @@ type task struct {
 	slot     int          // index in the held table, returned to the free list when done
 	received int64        // unix nanos of the Receive that returned it
 	lost     atomic.Bool  // the lease was lost: do not run, do not settle
+	settling atomic.Bool  // the handler returned: the heartbeat leaves it alone
 	extended atomic.Int64 // unix nanos of the last lease start or extension
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
@@ -295,7 +296,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 // expires while extensions fail.
 func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], stop <-chan struct{}) {
 	o := w.opts
-	tick := time.NewTicker(max(o.HeartbeatInterval/2, time.Millisecond))
+	tick := time.NewTicker(w.tick())
 	defer tick.Stop()
 	for {
 		select {
@@ -311,7 +312,7 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 				continue
 			}
 			last := time.Unix(0, t.extended.Load())
-			if t.lost.Load() || now.Sub(last) < o.HeartbeatInterval {
+			if t.lost.Load() || t.settling.Load() || now.Sub(last) < o.HeartbeatInterval {
 				continue
 			}
 			wg.Add(1)
@@ -323,6 +324,10 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 		wg.Wait()
 	}
 }
+
+// tick is the heartbeat's period: half the interval, so that an extension
+// is tried within HeartbeatInterval·1.5 of the last one.
+func (w *Worker) tick() time.Duration { return max(w.opts.HeartbeatInterval/2, time.Millisecond) }
 
 func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	o := w.opts
@@ -343,8 +348,10 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 		t.extended.Store(time.Now().UnixNano())
 	case errors.Is(err, ErrLeaseLost):
 		t.loseLease()
-	case time.Since(last) >= o.Lease:
-		o.Logger.WarnContext(t.context(ctx), "berth: lease expired while extensions failed", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+	case time.Since(last)+w.tick() >= o.Lease:
+		// The next attempt would come after the lease ends, when another
+		// consumer may already hold the message: give up now.
+		o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
 		t.loseLease()
 	default:
 		o.Logger.WarnContext(t.context(ctx), "berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
@@ -385,6 +392,7 @@ func (w *Worker) process(base context.Context, t *task) {
 		start = time.Now()
 	}
 	err := w.call(ctx, d)
+	t.settling.Store(true) // an extension racing the settlement would only report a false loss
 	end := time.Now()
 	s := w.settle(w.settleContext(base, end), ctx, d, err, t.lost.Load())
 	if !start.IsZero() {
