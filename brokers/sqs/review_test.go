@@ -67,6 +67,7 @@ func TestRedriveKeepsUnsendableDeadLetter(t *testing.T) {
 // by the AckInterval timer, not wait for the next Ack, Flush or Close (the
 // message would meanwhile come back and run again).
 func TestFlushTimeoutLeavesNoDeleteBehind(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
@@ -204,6 +205,7 @@ func TestCloseSendsTimerBatch(t *testing.T) {
 // the dead-letter queue (deleted behind the broker's back), DeadLetter fails
 // and deletes nothing: the original comes back after its visibility timeout.
 func TestDeadLetterKeepsOriginalWhenCopyFails(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	b := newBroker(t, fastOptions())
 	q := declare(t, b, "dlqgone", false, sqs.QueueConfig{})
 	ctx := testCtx(t)
@@ -250,6 +252,7 @@ func TestDeadLetterKeepsOriginalWhenCopyFails(t *testing.T) {
 // delay between two of them is rounded up, so a retry or a delayed publish
 // never comes early. (The conformance suite's delays are whole seconds.)
 func TestDelaysRoundUp(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	b := newBroker(t, fastOptions())
 	q := declare(t, b, "roundup", false, sqs.QueueConfig{})
 	ctx := testCtx(t)

@@ -199,6 +199,7 @@ func TestPublishPartialFailure(t *testing.T) {
 // TestPublishChecks: delays SQS cannot honour and encoded messages over the
 // wire limit are refused before anything is sent.
 func TestPublishChecks(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	b := newBroker(t, fastOptions())
 	q := declare(t, b, "checks", false, sqs.QueueConfig{})
 	fq := declare(t, b, "checks", true, sqs.QueueConfig{})
@@ -456,6 +457,7 @@ func TestOptions(t *testing.T) {
 // handler slower than the visibility timeout sees its message delivered
 // again, to another handler, while it still runs.
 func TestSlowHandlerWithoutHeartbeatIsRedelivered(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	starts := runSlowHandler(t, -1)
 	if len(starts) < 2 || starts[0] != 1 || starts[1] != 2 {
 		t.Errorf("attempts seen by the handler: %v, want 1 then 2 (redelivered while the first ran)", starts)
@@ -465,6 +467,7 @@ func TestSlowHandlerWithoutHeartbeatIsRedelivered(t *testing.T) {
 // TestHeartbeatKeepsSlowHandler: with the Worker's heartbeat, the same slow
 // handler runs once and its message is acked.
 func TestHeartbeatKeepsSlowHandler(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	starts := runSlowHandler(t, 0)
 	if len(starts) != 1 {
 		t.Errorf("attempts seen by the handler: %v, want one run (the heartbeat kept the lease)", starts)
@@ -538,6 +541,7 @@ func runSlowHandler(t *testing.T, hb time.Duration) []int {
 // times and never settled is moved to the dead-letter queue by SQS, listed
 // there as a poison message, and redriven with its attempts reset.
 func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	b := newBroker(t, fastOptions())
 	q := declare(t, b, "poison", false, sqs.QueueConfig{MaxReceiveCount: 2})
 	ctx := testCtx(t)
@@ -596,6 +600,7 @@ func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
 // TestFIFO: a duplicate within the deduplication window is dropped, order
 // within a group holds, and dead letters and redrive work on FIFO queues.
 func TestFIFO(t *testing.T) {
+	t.Parallel() // sleep-bound: waits out leases and delays
 	b := newBroker(t, sqs.Options{VisibilityTimeout: 5 * time.Second, WaitTime: time.Second, SyncAck: true})
 	q := declare(t, b, "fifo", true, sqs.QueueConfig{})
 	ctx := testCtx(t)
