@@ -190,9 +190,15 @@ func (a *acker) sender() {
 		case <-a.quit:
 			return
 		case b := <-a.batches:
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			a.deleteBatch(ctx, b)
-			cancel()
+			// A batch put back in the buffer (requeue) joins the deletes
+			// buffered meanwhile and may exceed SQS's 10 entries per call.
+			for len(b.entries) > 0 {
+				n := min(len(b.entries), batchSize)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				a.deleteBatch(ctx, ackBatch{url: b.url, entries: b.entries[:n]})
+				cancel()
+				b.entries = b.entries[n:]
+			}
 		}
 	}
 }

@@ -285,3 +285,88 @@ func TestDelaysRoundUp(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDeleteBatchesStayWithinTen: deletes put back in the buffer (here by
+// the timer when Close stops it) join those buffered meanwhile; however
+// many they are, every DeleteMessageBatch call carries at most 10 entries,
+// SQS's limit (more fail the whole call).
+func TestDeleteBatchesStayWithinTen(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var mu sync.Mutex
+	var sizes []int
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		if op != "DeleteMessageBatch" {
+			return `{}`
+		}
+		if n == 1 {
+			close(entered)
+			<-release
+		}
+		entries := req["Entries"].([]any)
+		mu.Lock()
+		sizes = append(sizes, len(entries))
+		mu.Unlock()
+		if len(entries) > 10 {
+			return `{"__type":"com.amazonaws.sqs#TooManyEntriesInBatchRequest","message":"too many entries"}`
+		}
+		var ok []string
+		for _, e := range entries {
+			ok = append(ok, `{"Id":"`+e.(map[string]any)["Id"].(string)+`"}`)
+		}
+		return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	var ds []sdk.Delivery
+	for len(ds) < 12 {
+		got, err := b.Receive(ctx, "q", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, got...)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the sender is busy with the first delete
+	for _, d := range ds[1:6] {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the timer takes those 5 and waits for the sender
+	for _, d := range ds[6:] {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	time.Sleep(100 * time.Millisecond)
+	once.Do(func() { close(release) })
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	total := 0
+	for _, n := range sizes {
+		total += n
+		if n > 10 {
+			t.Errorf("DeleteMessageBatch calls of %v entries: one above SQS's limit of 10", sizes)
+			break
+		}
+	}
+	if total != len(ds) {
+		t.Errorf("%d deletes sent in calls of %v entries, want %d", total, sizes, len(ds))
+	}
+}
