@@ -24,14 +24,11 @@ import (
 
 const helperEnv = "BERTH_PG_HELPER"
 
-// TestHelperProcess is not a test: it is the worker process the fault tests
-// start and SIGKILL. Role "hold" claims BERTH_PG_COUNT jobs, prints CLAIMED
-// and holds them, never settling, until it is killed.
-func TestHelperProcess(t *testing.T) {
-	role := os.Getenv(helperEnv)
-	if role == "" {
-		t.Skip("the worker process of the fault tests; runs only when they start it")
-	}
+// helperProcess is the worker process the fault tests start and SIGKILL,
+// run by TestMain instead of the tests when helperEnv is set. Role "hold"
+// claims BERTH_PG_COUNT jobs, prints CLAIMED and holds them, never settling,
+// until it is killed.
+func helperProcess() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("BERTH_POSTGRES_DSN"))
 	if err != nil {
@@ -73,7 +70,7 @@ func TestKilledWorkerJobsReclaimed(t *testing.T) {
 	const total, held = 20, 8
 	ids := publishN(t, b, q, total)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=hold", "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
 		"BERTH_PG_SCHEMA="+b.Schema(), "BERTH_PG_QUEUE="+q, "BERTH_PG_COUNT="+strconv.Itoa(held), "BERTH_PG_LEASE=1s")
 	stdout, err := cmd.StdoutPipe()

@@ -28,13 +28,10 @@ const (
 	helperHold  = "BERTH_RMQ_HELPER_HOLD"
 )
 
-// TestHelperProcess is not a test: it is the child process of the fault
-// tests, and returns at once when not started by one.
-func TestHelperProcess(t *testing.T) {
-	role := os.Getenv(helperEnv)
-	if role == "" {
-		t.Skip("helper process of the fault tests; runs only when started by them")
-	}
+// helperProcess is the child process of the fault tests, run by TestMain
+// instead of the tests when helperEnv names its role. It ends by exiting or
+// by being SIGKILLed.
+func helperProcess(role string) {
 	ctx := context.Background()
 	b, err := New(ctx, os.Getenv(helperURL), Options{Prefetch: 1, Logger: quiet, MaxDeliveries: 3})
 	if role == "hold" {
@@ -107,7 +104,7 @@ type child struct {
 
 func startChild(t *testing.T, role, url, queue string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+role, helperURL+"="+url, helperQueue+"="+queue)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr

@@ -15,10 +15,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		// A child process of a fault test: run only TestHelperProcess, and
-		// skip the leak check (it is SIGKILLed or exits on purpose).
-		os.Exit(m.Run())
+	if role := os.Getenv(helperEnv); role != "" {
+		// A child process of a fault test: no tests and no leak check (it
+		// is SIGKILLed or exits on purpose).
+		helperProcess(role)
+		os.Exit(0)
 	}
 	goleak.VerifyTestMain(m)
 }
