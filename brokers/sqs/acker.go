@@ -82,8 +82,9 @@ func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger) *
 }
 
 // add buffers a delete. When it completes a batch of 10, add hands the batch
-// to the sender (waiting while the sender is busy: backpressure).
-func (a *acker) add(url string, e ackEntry) error {
+// to the sender, waiting while the sender is busy (backpressure) until ctx
+// ends; then the batch stays buffered and the timer sends it.
+func (a *acker) add(ctx context.Context, url string, e ackEntry) error {
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -108,6 +109,8 @@ func (a *acker) add(url string, e ackEntry) error {
 			for _, e := range full {
 				a.finish(e, errClosedAcker)
 			}
+		case <-ctx.Done(): // SQS is slow: do not hold the caller past its ctx
+			a.requeue(ackBatch{url: url, entries: full})
 		}
 	} else if first {
 		select {

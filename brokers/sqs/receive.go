@@ -157,7 +157,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if d.b.opts.SyncAck {
 		done = make(chan error, 1)
 	}
-	if err := d.b.acks.add(d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
+	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
 		return sdk.ErrClosed
 	}
 	d.state = stateSettled
@@ -235,7 +235,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	// and be dead-lettered again).
 	d.state = stateSettled
 	done := make(chan error, 1)
-	if err := d.b.acks.add(d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
+	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
 		return sdk.ErrClosed
 	}
 	select {

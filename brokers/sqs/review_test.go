@@ -370,3 +370,87 @@ func TestDeleteBatchesStayWithinTen(t *testing.T) {
 		t.Errorf("%d deletes sent in calls of %v entries, want %d", total, sizes, len(ds))
 	}
 }
+
+// TestAckHonoursCtxWhenSenderBusy: an Ack that completes a batch of 10 while
+// the sender is stuck on an earlier call (SQS slow) returns when its ctx
+// ends, the delete still buffered, instead of blocking until SQS answers.
+func TestAckHonoursCtxWhenSenderBusy(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	var mu sync.Mutex
+	deleted := 0
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		if op != "DeleteMessageBatch" {
+			return `{}`
+		}
+		if n == 1 {
+			close(entered)
+			<-release
+		}
+		var ok []string
+		for _, e := range req["Entries"].([]any) {
+			ok = append(ok, `{"Id":"`+e.(map[string]any)["Id"].(string)+`"}`)
+		}
+		mu.Lock()
+		deleted += len(ok)
+		mu.Unlock()
+		return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	var ds []sdk.Delivery
+	for len(ds) < 11 {
+		got, err := b.Receive(ctx, "q", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, got...)
+	}
+	ds = ds[:11]
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_ = b.Flush(fctx) // hands the first delete to the sender, which the fake holds
+	cancel()
+	<-entered
+	acked := make(chan error, 1)
+	go func() {
+		actx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		for _, d := range ds[1:] { // the tenth completes a batch
+			if err := d.Ack(actx); err != nil {
+				acked <- err
+				return
+			}
+		}
+		acked <- nil
+	}()
+	select {
+	case err := <-acked:
+		if err != nil {
+			t.Errorf("Ack with the sender busy: %v, want nil (buffered)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Ack blocked past its ctx while the sender was busy")
+		once.Do(func() { close(release) })
+		<-acked
+	}
+	once.Do(func() { close(release) })
+	if err := b.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if deleted != len(ds) {
+		t.Errorf("%d deletes sent, want %d", deleted, len(ds))
+	}
+}
