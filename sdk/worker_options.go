@@ -33,7 +33,9 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 type WorkerOptions struct {
 	// Queue to consume. Required.
 	Queue string
-	// Concurrency is how many handlers run at once. Default 8.
+	// Concurrency is how many handlers run at once. Default 8. Deliveries of
+	// one Receive run concurrently, so order within an ordering key (an SQS
+	// FIFO message group) holds only with Concurrency 1 and Prefetch 1.
 	Concurrency int
 	// Prefetch is how many deliveries may wait, received but not yet started,
 	// beyond the running ones. Their leases run while they wait. Default

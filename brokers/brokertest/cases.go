@@ -249,8 +249,12 @@ func testRetryCountsAttempt(t *testing.T, e *env) {
 	e.expectNone(t, e.h.Lease+e.h.Lease/2)
 }
 
+// Delays in these cases are not whole seconds, so that a broker that rounds
+// a delay down to its granularity (SQS: seconds) is caught delivering early.
+const subSecondDelay = 1500 * time.Millisecond
+
 func testRetryDelay(t *testing.T, e *env) {
-	const delay = time.Second
+	const delay = subSecondDelay
 	first := textMessage("retried")
 	e.publish(t, first)
 	ctx := e.ctx(t)
@@ -277,7 +281,7 @@ func testRetryDelay(t *testing.T, e *env) {
 }
 
 func testDelayedPublish(t *testing.T, e *env) {
-	const delay = time.Second
+	const delay = subSecondDelay
 	delayed := textMessage("delayed")
 	delayed.Delay = delay
 	start := time.Now()
