@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
@@ -21,30 +24,48 @@ const (
 	helperQueue = "BERTH_SQS_HELPER_QUEUE"
 )
 
-// TestHelperProcess is the child of TestCrashedConsumer; it does nothing in
-// a normal run.
-func TestHelperProcess(t *testing.T) {
-	if os.Getenv(helperRole) != "consumer" {
-		t.Skip("the child process of TestCrashedConsumer; runs only when re-executed by it")
+// helperProcess is the child of TestCrashedConsumer, run by TestMain instead
+// of the tests when helperRole is set. It never returns: it fails with exit
+// status 2, or waits for its SIGKILL.
+func helperProcess() {
+	fail := func(err error) {
+		fmt.Println("ERROR", err)
+		os.Exit(2)
 	}
+	client := awssqs.New(awssqs.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(os.Getenv("BERTH_SQS_ENDPOINT")),
+		Credentials:  credentials.NewStaticCredentialsProvider("berth", "berth", ""),
+	})
 	// Deletes are buffered for an hour: only Flush sends them.
-	b := newBroker(t, sqs.Options{VisibilityTimeout: 2 * time.Second, WaitTime: time.Second, AckInterval: time.Hour})
+	b, err := sqs.New(client, sqs.Options{VisibilityTimeout: 2 * time.Second, WaitTime: time.Second, AckInterval: time.Hour})
+	if err != nil {
+		fail(err)
+	}
 	q := os.Getenv(helperQueue)
-	ctx := context.Background()
-	ds := receiveN(t, b, q, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var ds []sdk.Delivery
+	for len(ds) < 20 {
+		got, err := b.Receive(ctx, q, 20-len(ds))
+		if err != nil {
+			fail(err)
+		}
+		ds = append(ds, got...)
+	}
 	var flushed []string
 	for _, d := range ds[:10] {
 		if err := d.Ack(ctx); err != nil {
-			t.Fatal(err)
+			fail(err)
 		}
 		flushed = append(flushed, d.Message().ID)
 	}
 	if err := b.Flush(ctx); err != nil {
-		t.Fatal(err)
+		fail(err)
 	}
 	for _, d := range ds[10:15] { // acked, still in the buffer
 		if err := d.Ack(ctx); err != nil {
-			t.Fatal(err)
+			fail(err)
 		}
 	}
 	// ds[15:] are never settled.
@@ -68,7 +89,7 @@ func TestCrashedConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperRole+"=consumer", helperQueue+"="+q,
 		"BERTH_SQS_ENDPOINT="+integration.SQSEndpoint(t))
 	out, err := cmd.StdoutPipe()

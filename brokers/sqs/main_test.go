@@ -26,6 +26,9 @@ import (
 var transport = &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second}
 
 func TestMain(m *testing.M) {
+	if os.Getenv(helperRole) == "consumer" { // re-executed by TestCrashedConsumer
+		helperProcess()
+	}
 	code := m.Run()
 	transport.CloseIdleConnections()
 	if code == 0 {
