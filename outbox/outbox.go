@@ -43,6 +43,13 @@ type Options struct {
 	// business transaction instead of the relay. Default 256 KiB, the smallest
 	// limit of berth's network brokers.
 	MaxMessageSize int
+	// OnAdd, optional, is called by Add for each message, after its ID is
+	// filled and before it is stored, with the business transaction's
+	// context. Use it to carry the producer's trace into the row, so the
+	// relay's publish continues it:
+	//
+	//	OnAdd: func(ctx context.Context, m *sdk.Message) { telemetry.Inject(ctx, nil, m) }
+	OnAdd func(ctx context.Context, m *sdk.Message)
 }
 
 // Outbox writes messages into its table and relays them.
@@ -51,6 +58,7 @@ type Outbox struct {
 	table string // quoted, schema-qualified
 	ident [2]string
 	limit int
+	onAdd func(ctx context.Context, m *sdk.Message)
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -84,6 +92,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Outbox, error) {
 		table: pgx.Identifier{opts.Schema, opts.Table}.Sanitize(),
 		ident: [2]string{opts.Schema, opts.Table},
 		limit: opts.MaxMessageSize,
+		onAdd: opts.OnAdd,
 	}, nil
 }
 
@@ -131,6 +140,9 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.
 	q := `INSERT INTO ` + o.table + ` (queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	for _, m := range msgs {
+		if o.onAdd != nil {
+			o.onAdd(ctx, m)
+		}
 		h, err := json.Marshal(m.Headers)
 		if err != nil {
 			return fmt.Errorf("outbox: headers of %s: %w", m.ID, err)

@@ -22,6 +22,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // setup returns a pool, an outbox in a fresh schema, and a memory broker.
 func setup(t *testing.T) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
+	return setupWith(t, outbox.Options{})
+}
+
+func setupWith(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
@@ -33,7 +37,8 @@ func setup(t *testing.T) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
 		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
 		pool.Close()
 	})
-	box, err := outbox.New(pool, outbox.Options{Schema: schema})
+	opts.Schema = schema
+	box, err := outbox.New(pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,5 +228,34 @@ func TestBadInput(t *testing.T) {
 	}
 	if _, err := outbox.New(pool, outbox.Options{Table: "x; DROP TABLE y"}); !errors.Is(err, outbox.ErrInvalidIdentifier) {
 		t.Errorf("table name with SQL in it: %v", err)
+	}
+}
+
+type traceKey struct{}
+
+// OnAdd sees each message inside the business transaction's context, and
+// what it writes travels with the row to the consumer (a trace context).
+func TestOnAddCarriesContextIntoTheRow(t *testing.T) {
+	ctx := context.WithValue(context.Background(), traceKey{}, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	pool, box, b := setupWith(t, outbox.Options{OnAdd: func(ctx context.Context, m *sdk.Message) {
+		if m.ID == "" {
+			t.Error("OnAdd before the ID was filled")
+		}
+		if tp, ok := ctx.Value(traceKey{}).(string); ok {
+			m.SetHeader("traceparent", tp)
+		}
+	}})
+	tx, _ := pool.Begin(ctx)
+	m := &sdk.Message{Type: "email"}
+	if err := box.Add(ctx, tx, "q", m); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Commit(ctx)
+	if _, err := box.RelayOnce(context.Background(), b, outbox.RelayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := drain(t, b, "q", 1)[m.ID]
+	if got == nil || got.Header("traceparent") != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
+		t.Fatalf("relayed message %+v lacks the header OnAdd wrote", got)
 	}
 }
