@@ -25,10 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"strings"
 	"time"
 
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -61,8 +61,6 @@ type Outbox struct {
 	onAdd func(ctx context.Context, m *sdk.Message)
 }
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 // ErrInvalidIdentifier reports a schema or table name that is not a plain SQL
 // identifier.
 var ErrInvalidIdentifier = errors.New("outbox: invalid SQL identifier")
@@ -80,8 +78,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Outbox, error) {
 		opts.Table = "berth_outbox"
 	}
 	for _, id := range []string{opts.Schema, opts.Table} {
-		if !identRE.MatchString(id) {
-			return nil, fmt.Errorf("%w: %q", ErrInvalidIdentifier, id)
+		if _, err := sqlident.Column(id); err != nil { // one plain identifier each
+			return nil, fmt.Errorf("%w: %w", ErrInvalidIdentifier, err)
 		}
 	}
 	if opts.MaxMessageSize <= 0 {

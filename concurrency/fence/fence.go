@@ -24,7 +24,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )

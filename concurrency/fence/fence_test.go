@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/berthq/berth/concurrency/fence"
-	"github.com/berthq/berth/concurrency/internal/sqlident"
 	"github.com/berthq/berth/concurrency/internal/testenv"
+	"github.com/berthq/berth/internal/sqlident"
 	"go.uber.org/goleak"
 )
 

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/optimistic"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )

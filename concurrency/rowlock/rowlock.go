@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"

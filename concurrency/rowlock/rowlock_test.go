@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/rowlock"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"

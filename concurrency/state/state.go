@@ -22,7 +22,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"

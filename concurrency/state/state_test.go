@@ -8,9 +8,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/state"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"

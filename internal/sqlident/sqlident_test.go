@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/berthq/berth/concurrency/internal/sqlident"
+	"github.com/berthq/berth/internal/sqlident"
 	"go.uber.org/goleak"
 )
 

@@ -1,5 +1,5 @@
 // Package sqlident validates and quotes the SQL identifiers (table and column
-// names) that the concurrency packages splice into statements. Values always
+// names) that berth's packages splice into statements. Values always
 // travel as bind parameters; only identifiers are spliced, and only after this
 // package accepted and quoted them.
 package sqlident
