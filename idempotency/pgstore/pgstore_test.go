@@ -1,16 +1,13 @@
 package pgstore_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -449,36 +446,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 func testCrash(t *testing.T, role, marker string, wantRuns int) {
 	e := newEnv(t)
 	key := "charge:order_" + randSuffix() + ":v1"
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envRole+"="+role, envSchema+"="+e.schema, envKey+"="+key, "BERTH_POSTGRES_DSN="+e.dsn)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	seen := false
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "ERR") {
-			t.Fatalf("child: %s", line)
-		}
-		if line == marker {
-			seen = true
-			break
-		}
-	}
-	if !seen {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("child exited before %s", marker)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	killChildAt(t, e, role, marker, key)
 
 	// The broker redelivers; a new worker handles it.
 	var stats idempotency.Stats
