@@ -85,22 +85,7 @@ type Table struct {
 func New(opts Options) (*Table, error) {
 	t := &Table{name: opts.Table}
 	var err error
-	if t.table, err = sqlident.Table(opts.Table); err != nil {
-		return nil, fmt.Errorf("fence: %w", err)
-	}
-	if opts.KeyColumn == "" {
-		opts.KeyColumn = "id"
-	}
-	if opts.TokenColumn == "" {
-		opts.TokenColumn = "fence_token"
-	}
-	if opts.KeyColumn == opts.TokenColumn {
-		return nil, errors.New("fence: KeyColumn and TokenColumn are the same")
-	}
-	if t.key, err = sqlident.Column(opts.KeyColumn); err != nil {
-		return nil, fmt.Errorf("fence: %w", err)
-	}
-	if t.token, err = sqlident.Column(opts.TokenColumn); err != nil {
+	if t.table, t.key, t.token, err = sqlident.Keyed(opts.Table, opts.KeyColumn, opts.TokenColumn, "fence_token"); err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
 	}
 	return t, nil

@@ -82,22 +82,7 @@ type Table struct {
 func New(opts Options) (*Table, error) {
 	t := &Table{name: opts.Table}
 	var err error
-	if t.table, err = sqlident.Table(opts.Table); err != nil {
-		return nil, fmt.Errorf("optimistic: %w", err)
-	}
-	if opts.KeyColumn == "" {
-		opts.KeyColumn = "id"
-	}
-	if opts.VersionColumn == "" {
-		opts.VersionColumn = "version"
-	}
-	if opts.KeyColumn == opts.VersionColumn {
-		return nil, errors.New("optimistic: KeyColumn and VersionColumn are the same")
-	}
-	if t.key, err = sqlident.Column(opts.KeyColumn); err != nil {
-		return nil, fmt.Errorf("optimistic: %w", err)
-	}
-	if t.version, err = sqlident.Column(opts.VersionColumn); err != nil {
+	if t.table, t.key, t.version, err = sqlident.Keyed(opts.Table, opts.KeyColumn, opts.VersionColumn, "version"); err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
 	return t, nil

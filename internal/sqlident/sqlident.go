@@ -60,3 +60,28 @@ func Columns(names []string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// Keyed validates and quotes a table, its key column (default "id") and one
+// more column (default def), which must differ from the key: the shape of
+// every versioned or fenced row update.
+func Keyed(table, key, col, def string) (qTable, qKey, qCol string, err error) {
+	if key == "" {
+		key = "id"
+	}
+	if col == "" {
+		col = def
+	}
+	if key == col {
+		return "", "", "", fmt.Errorf("%w: key column and %s column are both %q", ErrInvalid, def, key)
+	}
+	if qTable, err = Table(table); err != nil {
+		return "", "", "", err
+	}
+	if qKey, err = Column(key); err != nil {
+		return "", "", "", err
+	}
+	if qCol, err = Column(col); err != nil {
+		return "", "", "", err
+	}
+	return qTable, qKey, qCol, nil
+}

@@ -38,3 +38,15 @@ func TestColumns(t *testing.T) {
 		}
 	}
 }
+
+func TestKeyed(t *testing.T) {
+	tb, k, c, err := sqlident.Keyed("billing.orders", "", "", "version")
+	if err != nil || tb != `"billing"."orders"` || k != `"id"` || c != `"version"` {
+		t.Fatalf("Keyed defaults = %s %s %s, %v", tb, k, c, err)
+	}
+	for _, bad := range [][3]string{{"orders", "version", "version"}, {"orders; drop", "", ""}, {"orders", "id; --", ""}, {"orders", "", "a b"}} {
+		if _, _, _, err := sqlident.Keyed(bad[0], bad[1], bad[2], "version"); !errors.Is(err, sqlident.ErrInvalid) {
+			t.Errorf("Keyed%q = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
