@@ -67,6 +67,9 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		}
 		return d.DeleteDeadLetters(ctx, queue, ids...)
 	}
+	if len(f.IDs) > 0 {
+		return applyIDs(ctx, dl, queue, f, o, do, progress)
+	}
 	if act == Delete && f.IsZero() && o.Limit <= 0 {
 		if _, ok := dl.(Deleter); !ok {
 			n, err := dl.PurgeDeadLetters(ctx, queue)
@@ -127,4 +130,85 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		return nil
 	})
 	return r, err
+}
+
+// applyIDs is Apply for a filter that names its dead letters: each is
+// looked up (a missing one is a Failure), checked against the rest of the
+// filter, and the chosen ones are moved PageSize at a time.
+func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, do func(context.Context, []string) (int, error), progress func(int)) (Result, error) {
+	o = o.withDefaults()
+	var r Result
+	r.Complete = true
+	miss := func(id string, err error) {
+		r.Missed++
+		if len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		}
+	}
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		n, err := do(ctx, batch)
+		switch {
+		case err == nil:
+			r.Done += n
+		case errors.Is(err, sdk.ErrNotFound):
+			for _, id := range batch {
+				n, err := do(ctx, []string{id})
+				switch {
+				case err == nil && n == 1:
+					r.Done++
+				case err == nil || errors.Is(err, sdk.ErrNotFound):
+					miss(id, sdk.ErrNotFound)
+				default:
+					return err
+				}
+			}
+		default:
+			return err
+		}
+		batch = batch[:0]
+		if progress != nil {
+			progress(r.Done)
+		}
+		return nil
+	}
+	rest := f
+	rest.IDs = nil
+	seen := map[string]bool{}
+	for _, id := range f.IDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		if o.Limit > 0 && r.Matched == o.Limit {
+			r.Complete = false
+			break
+		}
+		m, err := dl.GetDeadLetter(ctx, queue, id)
+		r.Scanned++
+		switch {
+		case errors.Is(err, sdk.ErrNotFound):
+			miss(id, err)
+			continue
+		case err != nil:
+			return r, err
+		}
+		if !rest.Match(m, o.Now()) {
+			continue
+		}
+		r.Matched++
+		batch = append(batch, id)
+		if len(batch) == o.PageSize {
+			if err := flush(); err != nil {
+				return r, err
+			}
+		}
+	}
+	return r, flush()
 }

@@ -223,3 +223,51 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		cursor = next
 	}
 }
+
+// Preview counts the dead letters f chooses without changing anything and
+// returns the first keep of them. With IDs in f, each is looked up and the
+// IDs that are not dead letters of queue are returned as missing.
+func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int) (s Summary, first []*sdk.Message, missing []string, err error) {
+	o = o.withDefaults()
+	if len(f.IDs) == 0 {
+		s, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
+			for _, m := range page {
+				if len(first) < keep {
+					first = append(first, m)
+				}
+			}
+			return nil
+		})
+		return s, first, nil, err
+	}
+	rest := f
+	rest.IDs = nil
+	s.Complete = true
+	seen := map[string]bool{}
+	for _, id := range f.IDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if o.Limit > 0 && s.Matched == o.Limit {
+			s.Complete = false
+			break
+		}
+		m, err := dl.GetDeadLetter(ctx, queue, id)
+		s.Scanned++
+		switch {
+		case errors.Is(err, sdk.ErrNotFound):
+			missing = append(missing, id)
+			continue
+		case err != nil:
+			return s, first, missing, err
+		}
+		if rest.Match(m, o.Now()) {
+			s.Matched++
+			if len(first) < keep {
+				first = append(first, m)
+			}
+		}
+	}
+	return s, first, missing, nil
+}
