@@ -1,0 +1,5 @@
+package ledger_test
+
+const helperEnv = "BERTH_LEDGER_HELPER"
+
+func helperProcess() {}
