@@ -163,6 +163,14 @@ WHERE queue = $1 AND status = 'dead' AND updated_at <= $2`
 	return s, nil
 }
 
+// Table returns the quoted, schema-qualified name of the jobs table (the
+// attempts table is beside it).
+func (s *Store) Table() string { return s.jobs }
+
+// AttemptsTable returns the quoted, schema-qualified name of the attempts
+// table.
+func (s *Store) AttemptsTable() string { return s.attempts }
+
 // SQL returns the DDL of the ledger's tables and indexes for opts, with
 // validated, quoted identifiers. Every statement is idempotent.
 func SQL(opts Options) (string, error) {
