@@ -83,7 +83,13 @@ type Options struct {
 	// CleanupTimeout bounds the calls that record a handler's outcome — the
 	// commit or completion after a success, the rollback or release after a
 	// failure — which run even when the handler's ctx is done; a lease-mode
-	// completion that fails is retried within it. Default 5s.
+	// completion that fails is retried within it. Default 5s, or half of
+	// ClaimLease − Heartbeat when that is shorter. It must be
+	// shorter than ClaimLease − Heartbeat (ClaimLease when the heartbeat is
+	// disabled): the claim was last extended up to one Heartbeat before the
+	// handler returned, and a completion still being retried when it expires
+	// would let another worker take the key over and run the operation again.
+	// [New] returns an error wrapping [ErrInvalidConfig] otherwise.
 	CleanupTimeout time.Duration
 	// Stats, optional, counts events.
 	Stats *Stats
@@ -155,8 +161,14 @@ func New(opts Options) (*Guard, error) {
 	if opts.CacheTTL == 0 {
 		opts.CacheTTL = opts.Retention
 	}
+	hb := max(opts.Heartbeat, 0)
 	if opts.CleanupTimeout == 0 {
-		opts.CleanupTimeout = DefaultCleanupTimeout
+		// The default, or less under a claim short enough to need it.
+		opts.CleanupTimeout = min(DefaultCleanupTimeout, (opts.ClaimLease-hb)/2)
+	}
+	if opts.CleanupTimeout >= opts.ClaimLease-hb {
+		return nil, fmt.Errorf("%w: CleanupTimeout %s must be shorter than ClaimLease %s − Heartbeat %s: a completion retried that long could outlive the claim",
+			ErrInvalidConfig, opts.CleanupTimeout, opts.ClaimLease, hb)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -295,12 +307,12 @@ func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx 
 	ended := false
 	defer func() {
 		if !ended { // fn panicked
-			g.cleanup(ctx, tx.Rollback)
+			g.cleanup(ctx, tx.Rollback, rollbackFailed)
 		}
 	}()
 	if err := fn(hctx); err != nil {
 		ended = true
-		g.cleanup(ctx, tx.Rollback)
+		g.cleanup(ctx, tx.Rollback, rollbackFailed)
 		return true, err
 	}
 	ended = true
@@ -310,7 +322,7 @@ func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx 
 	err = tx.Commit(cctx, r.result())
 	cancel()
 	if err != nil {
-		g.cleanup(ctx, tx.Rollback)
+		g.cleanup(ctx, tx.Rollback, rollbackFailed)
 		return true, fmt.Errorf("idempotency: commit key %q: %w", c.Key, err)
 	}
 	g.event(ctx, EventExecuted, c.JobType)
@@ -340,14 +352,14 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 		stop()
 		cancel(nil)
 		if !ended { // fn panicked
-			g.cleanup(ctx, release)
+			g.cleanup(ctx, release, releaseFailed)
 		}
 	}()
 	ferr := fn(hctx)
 	stop()
 	ended = true
 	if ferr != nil {
-		g.cleanup(ctx, release)
+		g.cleanup(ctx, release, releaseFailed)
 		if cause := context.Cause(hctx); errors.Is(cause, ErrClaimLost) {
 			g.event(ctx, EventClaimLost, c.JobType)
 			return true, errors.Join(ferr, cause)
@@ -451,12 +463,22 @@ func (g *Guard) detached(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), g.o.CleanupTimeout)
 }
 
-// cleanup runs f (rollback, release) with a [Guard.detached] context.
-func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error) {
+// What a failed cleanup means, per mode.
+const (
+	// A lease-mode claim that could not be released expires by itself.
+	releaseFailed = "idempotency: releasing the claim failed; the key frees itself when its claim expires"
+	// A transaction whose rollback failed holds no claim: the database ends
+	// it when its connection closes, which pgx does after a failed rollback.
+	rollbackFailed = "idempotency: rollback failed; the database ends the transaction when its connection closes"
+)
+
+// cleanup runs f (rollback, release) with a [Guard.detached] context and
+// logs msg if it fails.
+func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error, msg string) {
 	cctx, cancel := g.detached(ctx)
 	defer cancel()
 	if err := f(cctx); err != nil && !errors.Is(err, ErrClaimLost) {
-		g.o.Logger.WarnContext(ctx, "idempotency: cleanup failed; the key frees itself when its claim expires", "err", err)
+		g.o.Logger.WarnContext(ctx, msg, "err", err)
 	}
 }
 
