@@ -77,7 +77,8 @@ func (e *notFoundError) Error() string {
 func (e *notFoundError) Unwrap() error { return sdk.ErrNotFound }
 
 // RedriveDeadLetters puts the dead letters with the given ids (all of them
-// when none is given) back on the queue they were dead-lettered from, ready
+// when none is given) back on queue, the queue they were dead-lettered from
+// (not a queue a header names), ready
 // now, with attempts reset and [sdk.HeaderRedriveCount] incremented. It
 // returns how many it redrove; an unknown id is an error wrapping
 // [sdk.ErrNotFound], and then nothing is redriven.
@@ -125,14 +126,16 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 	}
 	q.mu.Unlock()
 
+	// The target is q, whose dead letters these are: never a header value,
+	// which a message could carry forged.
 	for _, m := range picked { // each m is the broker's own copy: reuse it
-		target := b.queue(sdk.PrepareRedrive(m, queue))
+		sdk.PrepareRedrive(m, queue)
 		e := &entry{msg: *m}
-		target.mu.Lock()
+		q.mu.Lock()
 		now := time.Now()
-		target.promote(now, b.maxDeliveries)
-		target.makeReady(e, now)
-		target.mu.Unlock()
+		q.promote(now, b.maxDeliveries)
+		q.makeReady(e, now)
+		q.mu.Unlock()
 	}
 	return len(picked), nil
 }

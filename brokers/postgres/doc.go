@@ -9,8 +9,9 @@
 // headers, lease_token and the message fields. [Broker.Migrate] creates it;
 // [SchemaSQL] (and the embedded schema.sql) is the same DDL for teams who apply
 // migrations themselves. The body is stored byte for byte in payload (bytea);
-// payload_json holds a copy when the body is valid JSON, for SQL, and is NULL
-// otherwise.
+// payload_json holds a copy when the body is valid JSON in valid UTF-8 with no
+// \u0000 or surrogate escape (what PostgreSQL can turn into text and jsonb), for
+// SQL, and is NULL otherwise: any body, JSON-looking or not, is published.
 //
 // How the table keeps the [sdk.Delivery] contract:
 //
