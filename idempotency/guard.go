@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -95,9 +96,30 @@ type Options struct {
 	Stats *Stats
 	// Observer, optional, sees every event (metrics).
 	Observer Observer
-	// Logger receives debug logs of duplicates and cache failures. Default
-	// slog.Default().
+	// Logger receives debug logs of duplicates and cache failures, and
+	// warnings of failed store calls. Default slog.Default().
 	Logger *slog.Logger
+	// LogKeys writes idempotency keys into log records as they are
+	// ("key"). Default false: a key often names a customer or a payment, and
+	// logs travel further than the store, so records carry "key_sha256",
+	// the first 16 hex digits of the key's SHA-256 ([KeyDigest]), which
+	// identifies the key to whoever knows it.
+	LogKeys bool
+}
+
+// KeyDigest is how log records name an idempotency key unless
+// [Options.LogKeys] is set: the first 16 hex digits of its SHA-256.
+func KeyDigest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}
+
+// keyAttr is key as a log attribute, hashed unless Options.LogKeys.
+func (g *Guard) keyAttr(key string) slog.Attr {
+	if g.o.LogKeys {
+		return slog.String("key", key)
+	}
+	return slog.String("key_sha256", KeyDigest(key))
 }
 
 // Guard runs operations at most once per idempotency key. It is safe for
@@ -244,7 +266,7 @@ func (g *Guard) do(ctx context.Context, op Operation, retryCosts bool, fn func(c
 		switch {
 		case err != nil:
 			g.event(ctx, EventCacheError, op.JobType)
-			g.o.Logger.DebugContext(ctx, "idempotency: cache lookup failed; using the store", "key", op.Key, "err", err)
+			g.o.Logger.DebugContext(ctx, "idempotency: cache lookup failed; using the store", g.keyAttr(op.Key), "err", err)
 		case found && fp == op.Fingerprint:
 			g.event(ctx, EventCacheHit, op.JobType)
 			g.event(ctx, EventDuplicate, op.JobType)
@@ -275,7 +297,7 @@ func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, re
 	switch out {
 	case Completed:
 		g.event(ctx, EventDuplicate, c.JobType)
-		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", "key", c.Key, "job_type", c.JobType)
+		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", g.keyAttr(c.Key), "job_type", c.JobType)
 		g.remember(ctx, c)
 		return nil
 	case InProgress:
@@ -395,7 +417,7 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
 		}
-		g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", "key", c.Key, "err", err)
+		g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", g.keyAttr(c.Key), "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-cctx.Done():
@@ -442,7 +464,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 					cancel(fmt.Errorf("%w: key %q: not extended within the claim lease: %w", ErrClaimLost, c.Key, err))
 					return
 				}
-				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", "key", c.Key, "err", err)
+				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", g.keyAttr(c.Key), "err", err)
 			}
 		}
 	}()
@@ -488,7 +510,7 @@ func (g *Guard) remember(ctx context.Context, c Claim) {
 	}
 	if err := g.o.Cache.Remember(ctx, c.Key, c.Fingerprint, g.o.CacheTTL); err != nil {
 		g.event(ctx, EventCacheError, c.JobType)
-		g.o.Logger.DebugContext(ctx, "idempotency: cache write failed", "key", c.Key, "err", err)
+		g.o.Logger.DebugContext(ctx, "idempotency: cache write failed", g.keyAttr(c.Key), "err", err)
 	}
 }
 

@@ -633,3 +633,45 @@ func (s *safeBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestHardening11_IdempotencyKeysHashedInLogs: issue 11 item 11. The guard
+// logged idempotency keys (which often name a customer or a payment) as they
+// are, at WARN when a store call failed. By default a record names the key
+// by its digest; Options.LogKeys restores the key itself.
+func TestHardening11_IdempotencyKeysHashedInLogs(t *testing.T) {
+	const key = "payment:customer-4711:invoice-2026-12"
+	for _, logKeys := range []bool{false, true} {
+		var logs safeBuffer
+		store := &flakyComplete{Store: memstore.New(memstore.Options{})}
+		store.failures.Store(1)
+		g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, LogKeys: logKeys,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		op := idempotency.Operation{Key: key, JobType: "t", Fingerprint: "fp"}
+		for range 2 { // the second run is a duplicate: a debug record
+			if _, err := g.Do(context.Background(), op, func(context.Context) error { return nil }); err != nil {
+				t.Fatalf("Do: %v", err)
+			}
+		}
+		out := logs.String()
+		if !strings.Contains(out, "level=WARN msg=\"idempotency: recording the result failed; retrying\"") ||
+			!strings.Contains(out, "duplicate suppressed") {
+			t.Fatalf("LogKeys %v: want the WARN of the failed Complete and the duplicate's record; logs:\n%s", logKeys, out)
+		}
+		digest := "key_sha256=" + idempotency.KeyDigest(key)
+		if logKeys {
+			if !strings.Contains(out, "key="+key) {
+				t.Errorf("LogKeys true: the key is missing from the logs:\n%s", out)
+			}
+			continue
+		}
+		if strings.Contains(out, key) {
+			t.Errorf("LogKeys false: the key appears in the logs:\n%s", out)
+		}
+		if strings.Count(out, digest) != 2 {
+			t.Errorf("LogKeys false: want %s in both records:\n%s", digest, out)
+		}
+	}
+}
