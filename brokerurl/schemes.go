@@ -135,11 +135,15 @@ func (b *pgBroker) Close() error {
 	return err
 }
 
-// As reaches the *postgres.Broker under the pool's owner: target must be a
-// **postgres.Broker.
+// As reaches the *postgres.Broker under the pool's owner, or its pool:
+// target must be a **postgres.Broker or a **pgxpool.Pool.
 func (b *pgBroker) As(target any) bool {
-	if t, ok := target.(**postgres.Broker); ok {
+	switch t := target.(type) {
+	case **postgres.Broker:
 		*t = b.Broker
+		return true
+	case **pgxpool.Pool:
+		*t = b.pool
 		return true
 	}
 	return false

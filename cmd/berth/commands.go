@@ -136,46 +136,24 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer b.Close()
-	var total *int64
-	if in, ok := b.(sdk.Inspector); ok {
-		st, err := in.Stats(ctx, queue)
-		if err != nil {
-			return err
-		}
-		total = &st.DeadLettered
-	}
-	o := dlq.Options{PageSize: c.pageSize}
-	if f.IsZero() && total != nil {
-		o.Limit = c.offset + limit // the total is known: stop after the page
-	}
-	var shown []*sdk.Message
-	i := 0
-	s, err := dlq.Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
-		for _, m := range page {
-			if i >= c.offset && i < c.offset+limit {
-				shown = append(shown, m)
-			}
-			i++
-		}
-		return nil
-	})
+	l, err := dlq.List(ctx, dl, queue, f, c.offset, limit, dlq.Options{PageSize: c.pageSize})
 	if err != nil {
 		return err
 	}
-	matched, complete := s.Matched, s.Complete
-	if f.IsZero() && total != nil && o.Limit > 0 {
-		matched, complete = int(*total), true
+	var total *int64
+	if l.Total >= 0 {
+		total = &l.Total
 	}
 	var next *int
-	if c.offset+len(shown) < matched {
-		n := c.offset + len(shown)
-		next = &n
+	if l.Next >= 0 {
+		next = &l.Next
 	}
+	shown, matched, complete := l.Messages, l.Matched, l.Complete
 	if c.json {
 		v := jsonList{Queue: queue, TotalDeadLetters: total, Matched: matched, Complete: complete, Offset: c.offset, Limit: limit,
-			NextOffset: next, Messages: make([]jsonMessage, 0, len(shown))}
+			NextOffset: next, Messages: make([]dlq.Message, 0, len(shown))}
 		for _, m := range shown {
-			v.Messages = append(v.Messages, toJSON(m))
+			v.Messages = append(v.Messages, dlq.View(m))
 		}
 		if err := writeJSON(c.stdout, v); err != nil {
 			return err
@@ -186,7 +164,7 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		}
 		what := fmt.Sprintf("%d matching", matched)
 		if !complete {
-			what = fmt.Sprintf("at least %d matching (the broker lists only the first %d)", matched, s.Scanned)
+			what = fmt.Sprintf("at least %d matching (the broker lists only the first of its dead letters)", matched)
 		}
 		if f.IsZero() && complete {
 			what = fmt.Sprintf("%d", matched)
@@ -235,9 +213,9 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if c.json {
-		return writeJSON(c.stdout, toJSON(m))
+		return writeJSON(c.stdout, dlq.View(m))
 	}
-	h := history(m)
+	h := dlq.HistoryOf(m)
 	w := c.stdout
 	fmt.Fprintf(w, "id:              %s\ntype:            %s\n", esc(m.ID), esc(m.Type))
 	if m.IdempotencyKey != "" {
@@ -255,7 +233,7 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 	for _, k := range sortedKeys(m.Headers) {
 		fmt.Fprintf(w, "  %s: %s\n", esc(k), esc(m.Headers[k]))
 	}
-	j := toJSON(m)
+	j := dlq.View(m)
 	if j.BodyEncoding == "base64" {
 		fmt.Fprintf(w, "body (%d bytes, not UTF-8, base64):\n%s\n", len(m.Body), j.Body)
 		return nil
@@ -388,7 +366,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string) error {
 	if c.json {
 		for _, m := range first {
-			r.Messages = append(r.Messages, toJSON(m))
+			r.Messages = append(r.Messages, dlq.View(m))
 		}
 		if err := writeJSON(c.stdout, r); err != nil {
 			return err

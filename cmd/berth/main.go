@@ -1,5 +1,6 @@
-// Command berth is the operator's tool for berth queues: queue statistics
-// and the dead-letter queue (list, show, redrive, purge), on any broker [brokerurl] opens (RabbitMQ, SQS, PostgreSQL, memory).
+// Command berth is the operator's tool for berth queues: queue statistics,
+// the dead-letter queue (list, show, redrive, purge) and a web dashboard
+// (package dashboard), on any broker [brokerurl] opens (RabbitMQ, SQS, PostgreSQL, memory).
 //
 // Usage:
 //
@@ -12,6 +13,7 @@
 //	berth dlq redrive billing -class transient -dry-run  what would be redriven
 //	berth dlq redrive billing -class transient -yes      redrive them
 //	berth dlq purge billing -older-than 720h -yes        delete old ones
+//	berth ui -url mem:// -demo                           the web dashboard
 //
 // Flags go before or after the command and its arguments; "berth help
 // COMMAND" or "berth COMMAND -h" describes one command. The URL may come
@@ -67,6 +69,7 @@ type env struct {
 	progress    bool // stderr is a terminal: draw progress bars
 	getenv      func(string) string
 	open        func(ctx context.Context, rawURL string) (sdk.Broker, error)
+	listening   func(addr string) // ui: called with the address once it listens (tests)
 }
 
 // cliDefaults are the URL parameters the CLI sets unless the URL does: it
@@ -126,6 +129,11 @@ func commands() []*command {
 		{name: "dlq purge", args: "QUEUE [ID...]", short: "delete the chosen dead letters (IDs and/or filters; all when none) for good",
 			long:  "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be deleted.",
 			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actPurge) }},
+		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
+			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
+				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
+				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.",
+			flags: []string{"addr", "token", "read-only", "demo", "queues"}, run: runUI},
 	}
 }
 
@@ -145,6 +153,8 @@ type cli struct {
 	limit, offset         int
 	pageSize              int
 	dryRun, yes           bool
+	addr, token, queues   string
+	readOnly, demo        bool
 	limitSet, pageSizeSet bool
 }
 
@@ -167,6 +177,11 @@ func newCLI(e env) *cli {
 	fs.IntVar(&c.pageSize, "page-size", 500, "dead letters read and moved per broker call")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would be done, change nothing")
 	fs.BoolVar(&c.yes, "yes", false, "do it without asking")
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "ui: listen address (not loopback: needs a token)")
+	fs.StringVar(&c.token, "token", "", "ui: the token every request must carry (default $BERTH_UI_TOKEN, which keeps it out of ps)")
+	fs.BoolVar(&c.readOnly, "read-only", false, "ui: show, never change")
+	fs.BoolVar(&c.demo, "demo", false, "ui: with mem://, seed a few queues and dead letters to look at")
+	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
 	c.fs = fs
 	return c
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/sdk"
 	"go.uber.org/goleak"
 )
@@ -150,7 +151,7 @@ func TestFlagsBeforeAndAfter(t *testing.T) {
 		{"dlq", "-json", "show", "billing", "--", ids[0]},
 	} {
 		r := berth(t, b, args...)
-		var m jsonMessage
+		var m dlq.Message
 		if r.code != 0 || json.Unmarshal([]byte(r.out), &m) != nil || m.ID != ids[0] {
 			t.Errorf("berth %v: exit %d %s %s", args, r.code, r.out, r.err)
 		}
@@ -407,7 +408,7 @@ func TestEscaping(t *testing.T) {
 	}
 	// -json: valid JSON that carries the text exactly; no raw ESC byte.
 	r = berth(t, b, "-json", "dlq", "show", "billing", m.ID)
-	var j jsonMessage
+	var j dlq.Message
 	if json.Unmarshal([]byte(r.out), &j) != nil || j.Headers["note"] != evil || strings.Contains(r.out, "\x1b") {
 		t.Fatalf("json: %s", r.out)
 	}
