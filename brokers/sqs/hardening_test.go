@@ -225,7 +225,7 @@ func TestHardening4_SQSScanCapIsReported(t *testing.T) {
 }
 
 // TestHardening4_SQSScanKeepsItsHolds: issue 11 item 4. A scan longer than
-// its hold (30 s; 2 s here, with receives slowed to 700 ms) let the first
+// its hold (30 s; 6 s here, with receives slowed to 1 s) let the first
 // pages become visible again: later receives took them a second time, and
 // the scan then deleted or released them with stale receipts. The scan now
 // extends what it holds, so every dead letter is received exactly once, and
@@ -240,7 +240,7 @@ func TestHardening4_SQSScanKeepsItsHolds(t *testing.T) {
 				if awsmiddleware.GetOperationName(ctx) != "ReceiveMessage" {
 					return next.HandleInitialize(ctx, in)
 				}
-				time.Sleep(700 * time.Millisecond)
+				time.Sleep(time.Second)
 				out, md, err := next.HandleInitialize(ctx, in)
 				if r, ok := out.Result.(*awssqs.ReceiveMessageOutput); ok && err == nil {
 					mu.Lock()
@@ -253,13 +253,13 @@ func TestHardening4_SQSScanKeepsItsHolds(t *testing.T) {
 			}), middleware.After)
 	}
 	b := newBroker(t, fastOptions(), slow)
-	sqs.SetScanLimits(b, 2*time.Second, 10000)
+	sqs.SetScanLimits(b, 6*time.Second, 10000)
 	q := declare(t, b, "scanhold", false, sqs.QueueConfig{})
-	msgs := fillDeadLetters(t, b, q, 40)
+	msgs := fillDeadLetters(t, b, q, 80) // 8 pages: ~9 s of scan, 1.5 holds
 	ctx := testCtx(t)
 
 	ids := []string{}
-	for _, m := range msgs[35:] {
+	for _, m := range msgs[75:] {
 		ids = append(ids, m.ID)
 	}
 	n, err := b.RedriveDeadLetters(ctx, q, ids...)
@@ -272,12 +272,12 @@ func TestHardening4_SQSScanKeepsItsHolds(t *testing.T) {
 			t.Errorf("dead letter %s received %d times by one scan: its hold lapsed", id, k)
 		}
 	}
-	if len(received) != 40 {
-		t.Errorf("the scan received %d distinct dead letters, want 40", len(received))
+	if len(received) != 80 {
+		t.Errorf("the scan received %d distinct dead letters, want 80", len(received))
 	}
 	mu.Unlock()
 	raw := newClient(t)
-	if left := drainRaw(t, raw, queueURL(t, raw, q+"-dlq")); left != 35 {
-		t.Errorf("%d dead letters left, want 35", left)
+	if left := drainRaw(t, raw, queueURL(t, raw, q+"-dlq")); left != 75 {
+		t.Errorf("%d dead letters left, want 75", left)
 	}
 }
