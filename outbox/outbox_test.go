@@ -27,6 +27,13 @@ func setup(t *testing.T) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
 
 func setupWith(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
 	t.Helper()
+	pool, box, b, _ := setupSchema(t, opts)
+	return pool, box, b
+}
+
+// setupSchema is setupWith that also returns the outbox's schema.
+func setupSchema(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker, string) {
+	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
 	if err != nil {
@@ -53,7 +60,7 @@ func setupWith(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return pool, box, b
+	return pool, box, b, schema
 }
 
 func drain(t *testing.T, b *memory.Broker, queue string, want int) map[string]*sdk.Message {

@@ -1,0 +1,505 @@
+// Package pgledger is the PostgreSQL side of the job-state ledger: [Store]
+// keeps the ledger's own tables (fed by the ledger on RabbitMQ, SQS and the
+// memory broker), and [Jobs] reads the PostgreSQL broker's jobs table, which
+// already is a ledger, through the same [ledger.Reader] API.
+//
+// Create the tables with [Store.Migrate], or apply [SQL] with your migration
+// tool. Keep them bounded with [Store.Purge].
+package pgledger
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/berthq/berth/ledger"
+)
+
+// DB is what the store needs of a connection pool; *pgxpool.Pool satisfies
+// it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Options names the tables. The zero value is berth.ledger_jobs and
+// berth.ledger_attempts.
+type Options struct {
+	// Schema holding the tables. Default "berth" (the PostgreSQL broker's).
+	Schema string
+	// Prefix of the table names: Prefix+"jobs" and Prefix+"attempts".
+	// Default "ledger_".
+	Prefix string
+}
+
+// Defaults of [Options].
+const (
+	DefaultSchema = "berth"
+	DefaultPrefix = "ledger_"
+)
+
+// ErrInvalidOptions reports a bad schema or prefix.
+var ErrInvalidOptions = errors.New("pgledger: invalid options")
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	for _, id := range []string{o.Schema, o.Prefix + "attempts"} {
+		if !identRE.MatchString(id) {
+			return o, fmt.Errorf("%w: identifier %q: want 1-40 of [a-z0-9_], not starting with a digit", ErrInvalidOptions, id)
+		}
+	}
+	return o, nil
+}
+
+// Store is the ledger's PostgreSQL store: a [ledger.Store] and a
+// [ledger.Reader]. It is safe for concurrent use.
+type Store struct {
+	db               DB
+	opts             Options
+	jobs, attempts   string // quoted schema.table
+	upsertJobs       string
+	upsertAttempts   string
+	redrive, redrAll string
+}
+
+var (
+	_ ledger.Store  = (*Store)(nil)
+	_ ledger.Reader = (*Store)(nil)
+)
+
+// New returns a store on db. It does not touch the database; call
+// [Store.Migrate] to create the tables.
+func New(db DB, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil DB", ErrInvalidOptions)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, opts: opts,
+		jobs:     pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize(),
+		attempts: pgx.Identifier{opts.Schema, opts.Prefix + "attempts"}.Sanitize(),
+	}
+	// newer is the guard of the package doc, in SQL: an event replaces the
+	// row's state only when it is of a later generation or attempt, or of
+	// the same attempt, not final yet, with a rank and time at least the
+	// row's. Fields that describe the message (queue, type, keys, first
+	// seen) are merged whatever the order.
+	const newer = `((EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts)
+	OR ((EXCLUDED.generation, EXCLUDED.attempts) = (j.generation, j.attempts) AND j.rank < 3
+		AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at)))`
+	when := func(col, v string) string {
+		return col + ` = CASE WHEN ` + newer + ` THEN ` + v + ` ELSE j.` + col + ` END`
+	}
+	s.upsertJobs = `INSERT INTO ` + s.jobs + ` AS j (message_id, queue, job_type, idempotency_key, correlation_id,
+	status, rank, generation, attempts, last_error, error_class, next_attempt_at, first_seen_at,
+	started_at, finished_at, duration_us, worker_id, updated_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::smallint[],
+	$8::int[], $9::int[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[],
+	$15::timestamptz[], $16::bigint[], $17::text[], $18::timestamptz[])
+ON CONFLICT (message_id) DO UPDATE SET
+	queue = CASE WHEN j.queue = '' THEN EXCLUDED.queue ELSE j.queue END,
+	job_type = CASE WHEN j.job_type = '' THEN EXCLUDED.job_type ELSE j.job_type END,
+	idempotency_key = COALESCE(j.idempotency_key, EXCLUDED.idempotency_key),
+	correlation_id = CASE WHEN j.correlation_id = '' THEN EXCLUDED.correlation_id ELSE j.correlation_id END,
+	first_seen_at = LEAST(j.first_seen_at, EXCLUDED.first_seen_at),
+	` + when("status", "EXCLUDED.status") + `,
+	` + when("last_error", "COALESCE(EXCLUDED.last_error, j.last_error)") + `,
+	` + when("error_class", "COALESCE(EXCLUDED.error_class, j.error_class)") + `,
+	` + when("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
+	` + when("started_at", "COALESCE(EXCLUDED.started_at, j.started_at)") + `,
+	` + when("finished_at", "EXCLUDED.finished_at") + `,
+	` + when("duration_us", "EXCLUDED.duration_us") + `,
+	` + when("worker_id", "COALESCE(EXCLUDED.worker_id, j.worker_id)") + `,
+	` + when("rank", "EXCLUDED.rank") + `,
+	` + when("generation", "EXCLUDED.generation") + `,
+	` + when("attempts", "EXCLUDED.attempts") + `,
+	` + when("updated_at", "EXCLUDED.updated_at")
+	// Within an attempt retrying (rank 2) and succeeded/dead (3) are final.
+	const attemptNewer = `(j.rank < 2 AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at))`
+	awhen := func(col, v string) string {
+		return col + ` = CASE WHEN ` + attemptNewer + ` THEN ` + v + ` ELSE j.` + col + ` END`
+	}
+	s.upsertAttempts = `INSERT INTO ` + s.attempts + ` AS j (message_id, generation, attempt, status, rank,
+	started_at, finished_at, duration_us, error, error_class, next_attempt_at, worker_id, updated_at)
+SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::smallint[], $6::timestamptz[],
+	$7::timestamptz[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[])
+ON CONFLICT (message_id, generation, attempt) DO UPDATE SET
+	` + awhen("status", "EXCLUDED.status") + `,
+	` + awhen("started_at", "COALESCE(EXCLUDED.started_at, j.started_at)") + `,
+	` + awhen("finished_at", "EXCLUDED.finished_at") + `,
+	` + awhen("duration_us", "EXCLUDED.duration_us") + `,
+	` + awhen("error", "EXCLUDED.error") + `,
+	` + awhen("error_class", "EXCLUDED.error_class") + `,
+	` + awhen("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
+	` + awhen("worker_id", "COALESCE(EXCLUDED.worker_id, j.worker_id)") + `,
+	` + awhen("rank", "EXCLUDED.rank") + `,
+	` + awhen("updated_at", "EXCLUDED.updated_at")
+	const redriven = `status = 'redriven', rank = 0, generation = generation + 1, attempts = 0,
+	next_attempt_at = NULL, started_at = NULL, finished_at = NULL, duration_us = NULL`
+	s.redrive = `UPDATE ` + s.jobs + ` AS j SET ` + redriven + `, updated_at = u.at
+FROM unnest($1::text[], $2::timestamptz[]) AS u(id, at)
+WHERE j.message_id = u.id AND j.status = 'dead' AND j.updated_at <= u.at`
+	s.redrAll = `UPDATE ` + s.jobs + ` SET ` + redriven + `, updated_at = $2
+WHERE queue = $1 AND status = 'dead' AND updated_at <= $2`
+	return s, nil
+}
+
+// Table returns the quoted, schema-qualified name of the jobs table (the
+// attempts table is beside it).
+func (s *Store) Table() string { return s.jobs }
+
+// AttemptsTable returns the quoted, schema-qualified name of the attempts
+// table.
+func (s *Store) AttemptsTable() string { return s.attempts }
+
+// SQL returns the DDL of the ledger's tables and indexes for opts, with
+// validated, quoted identifiers. Every statement is idempotent.
+func SQL(opts Options) (string, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return "", err
+	}
+	q := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	jobs := pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()
+	attempts := pgx.Identifier{opts.Schema, opts.Prefix + "attempts"}.Sanitize()
+	p := opts.Prefix
+	return `CREATE SCHEMA IF NOT EXISTS ` + q(opts.Schema) + `;
+CREATE TABLE IF NOT EXISTS ` + jobs + ` (
+    message_id      text        PRIMARY KEY,
+    queue           text        NOT NULL DEFAULT '',
+    job_type        text        NOT NULL DEFAULT '',
+    idempotency_key text,
+    correlation_id  text        NOT NULL DEFAULT '',
+    status          text        NOT NULL CHECK (status IN ('enqueued', 'running', 'retrying', 'released', 'succeeded', 'dead', 'redriven')),
+    rank            smallint    NOT NULL, -- ledger.Status.Rank: orders the states of one attempt
+    generation      integer     NOT NULL DEFAULT 0, -- redrives
+    attempts        integer     NOT NULL DEFAULT 0,
+    last_error      text,
+    error_class     text,
+    next_attempt_at timestamptz,
+    first_seen_at   timestamptz NOT NULL,
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    duration_us     bigint,
+    worker_id       text,
+    updated_at      timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_key_idx") + ` ON ` + jobs + ` (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_queue_status_idx") + ` ON ` + jobs + ` (queue, status, updated_at, message_id);
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_updated_idx") + ` ON ` + jobs + ` (updated_at, message_id);
+CREATE TABLE IF NOT EXISTS ` + attempts + ` (
+    message_id      text        NOT NULL,
+    generation      integer     NOT NULL,
+    attempt         integer     NOT NULL,
+    status          text        NOT NULL CHECK (status IN ('running', 'retrying', 'released', 'succeeded', 'dead')),
+    rank            smallint    NOT NULL,
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    duration_us     bigint,
+    error           text,
+    error_class     text,
+    next_attempt_at timestamptz,
+    worker_id       text,
+    updated_at      timestamptz NOT NULL,
+    PRIMARY KEY (message_id, generation, attempt)
+);
+`, nil
+}
+
+// Migrate creates the tables and indexes when they do not exist. It is
+// idempotent and safe to run from many processes at once: it takes a
+// transaction-scoped advisory lock so concurrent runs do not race on
+// CREATE ... IF NOT EXISTS.
+func (s *Store) Migrate(ctx context.Context) error {
+	ddl, err := SQL(s.opts)
+	if err != nil {
+		return err
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.ledger.migrate."+s.jobs); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	return nil
+}
+
+// row is an event as the tables take it, after merging the events of one
+// batch that name the same row (one statement cannot update a row twice).
+type row struct {
+	ledger.Event
+	firstSeen, finished time.Time
+}
+
+// newer is the SQL guard in Go, for merging within a batch.
+func newer(e, r ledger.Event) bool {
+	if c := cmp.Compare(e.Generation, r.Generation); c != 0 {
+		return c > 0
+	}
+	if c := cmp.Compare(e.Attempt, r.Attempt); c != 0 {
+		return c > 0
+	}
+	if r.Status.Rank() >= 3 {
+		return false
+	}
+	if c := cmp.Compare(e.Status.Rank(), r.Status.Rank()); c != 0 {
+		return c > 0
+	}
+	return !e.At.Before(r.At)
+}
+
+func toRow(e ledger.Event) row {
+	r := row{Event: e, firstSeen: e.At}
+	if e.Status.Rank() >= 2 || e.Status == ledger.StatusReleased {
+		r.finished = e.At
+	}
+	return r
+}
+
+// merge folds e into r as the upsert would.
+func merge(r *row, e ledger.Event) {
+	n := toRow(e)
+	other := e
+	if old := r.Event; newer(e, old) {
+		r.Event, r.finished, other = e, n.finished, old
+		if r.Error == "" {
+			r.Error = old.Error
+		}
+		if r.Class == "" {
+			r.Class = old.Class
+		}
+		if r.Worker == "" {
+			r.Worker = old.Worker
+		}
+		if r.StartedAt.IsZero() {
+			r.StartedAt = old.StartedAt
+		}
+	}
+	fill := func(dst *string, v string) {
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	fill(&r.Queue, other.Queue)
+	fill(&r.Type, other.Type)
+	fill(&r.IdempotencyKey, other.IdempotencyKey)
+	fill(&r.CorrelationID, other.CorrelationID)
+	if n.firstSeen.Before(r.firstSeen) {
+		r.firstSeen = n.firstSeen
+	}
+}
+
+// attemptNewer is the attempts table's guard in Go.
+func attemptNewer(e, r ledger.Event) bool {
+	if r.Status.Rank() >= 2 {
+		return false
+	}
+	if c := cmp.Compare(e.Status.Rank(), r.Status.Rank()); c != 0 {
+		return c > 0
+	}
+	return !e.At.Before(r.At)
+}
+
+// Write applies batch: the job rows, the attempt rows and the redrives, in
+// one round trip and one transaction. It does not retain batch.
+func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
+	jobs := map[string]*row{}
+	type akey struct {
+		id       string
+		gen, att int
+	}
+	attempts := map[akey]*row{}
+	var redriveIDs []string
+	var redriveAt []time.Time
+	var redriveAll []ledger.Event
+	for _, e := range batch {
+		if !e.Status.Valid() {
+			continue
+		}
+		if e.Status == ledger.StatusRedriven {
+			switch {
+			case e.RedriveAll:
+				redriveAll = append(redriveAll, e)
+			case e.MessageID != "":
+				redriveIDs, redriveAt = append(redriveIDs, e.MessageID), append(redriveAt, e.At)
+			}
+			continue
+		}
+		if e.MessageID == "" {
+			continue
+		}
+		if r, ok := jobs[e.MessageID]; ok {
+			merge(r, e)
+		} else {
+			r := toRow(e)
+			jobs[e.MessageID] = &r
+		}
+		if e.Attempt > 0 && e.Status.Rank() >= 1 {
+			k := akey{e.MessageID, e.Generation, e.Attempt}
+			if r, ok := attempts[k]; !ok {
+				r := toRow(e)
+				attempts[k] = &r
+			} else if attemptNewer(e, r.Event) {
+				started, worker := r.StartedAt, r.Worker
+				*r = toRow(e)
+				if r.StartedAt.IsZero() {
+					r.StartedAt = started
+				}
+				if r.Worker == "" {
+					r.Worker = worker
+				}
+			}
+		}
+	}
+	b := &pgx.Batch{}
+	if len(jobs) > 0 {
+		rows := make([]*row, 0, len(jobs))
+		for _, r := range jobs {
+			rows = append(rows, r)
+		}
+		// One order for every writer: concurrent batches lock rows in the
+		// same order and cannot deadlock.
+		slices.SortFunc(rows, func(a, b *row) int { return cmp.Compare(a.MessageID, b.MessageID) })
+		n := len(rows)
+		var (
+			ids, queues, types, keys, corrs, statuses = make([]string, n), make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n)
+			ranks                                     = make([]int16, n)
+			gens, atts                                = make([]int32, n), make([]int32, n)
+			errs, classes, workers                    = make([]*string, n), make([]*string, n), make([]*string, n)
+			next, first, started, finished, updated   = make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]time.Time, n)
+			durs                                      = make([]*int64, n)
+		)
+		for i, r := range rows {
+			ids[i], queues[i], types[i], keys[i], corrs[i] = r.MessageID, r.Queue, r.Type, nonEmpty(r.IdempotencyKey), r.CorrelationID
+			statuses[i], ranks[i], gens[i], atts[i] = string(r.Status), int16(r.Status.Rank()), int32(r.Generation), int32(r.Attempt)
+			errs[i], classes[i], workers[i] = nonEmpty(r.Error), nonEmpty(string(r.Class)), nonEmpty(r.Worker)
+			next[i], first[i], started[i], finished[i], updated[i] = nonZero(r.NextAttemptAt), r.firstSeen, nonZero(r.StartedAt), nonZero(r.finished), r.At
+			durs[i] = duration(r.Status, r.Duration)
+		}
+		b.Queue(s.upsertJobs, ids, queues, types, keys, corrs, statuses, ranks, gens, atts, errs, classes,
+			next, first, started, finished, durs, workers, updated)
+	}
+	if len(attempts) > 0 {
+		rows := make([]*row, 0, len(attempts))
+		for _, r := range attempts {
+			rows = append(rows, r)
+		}
+		slices.SortFunc(rows, func(a, b *row) int {
+			return cmp.Or(cmp.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Generation, b.Generation), cmp.Compare(a.Attempt, b.Attempt))
+		})
+		n := len(rows)
+		var (
+			ids, statuses           = make([]string, n), make([]string, n)
+			gens, atts              = make([]int32, n), make([]int32, n)
+			ranks                   = make([]int16, n)
+			started, finished, next = make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
+			durs                    = make([]*int64, n)
+			errs, classes, workers  = make([]*string, n), make([]*string, n), make([]*string, n)
+			updated                 = make([]time.Time, n)
+		)
+		for i, r := range rows {
+			ids[i], gens[i], atts[i], statuses[i], ranks[i] = r.MessageID, int32(r.Generation), int32(r.Attempt), string(r.Status), int16(r.Status.Rank())
+			started[i], finished[i], next[i], durs[i] = nonZero(r.StartedAt), nonZero(r.finished), nonZero(r.NextAttemptAt), duration(r.Status, r.Duration)
+			errs[i], classes[i], workers[i], updated[i] = nonEmpty(r.Error), nonEmpty(string(r.Class)), nonEmpty(r.Worker), r.At
+		}
+		b.Queue(s.upsertAttempts, ids, gens, atts, statuses, ranks, started, finished, durs, errs, classes, next, workers, updated)
+	}
+	if len(redriveIDs) > 0 {
+		b.Queue(s.redrive, redriveIDs, redriveAt)
+	}
+	for _, e := range redriveAll {
+		b.Queue(s.redrAll, e.Queue, e.At)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("pgledger: write %d events: %w", len(batch), err)
+	}
+	return nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nonZero(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// duration is the handler run time of a settlement, in microseconds, and
+// NULL for the other statuses.
+func duration(st ledger.Status, d time.Duration) *int64 {
+	if st.Rank() < 2 && st != ledger.StatusReleased || d <= 0 {
+		return nil
+	}
+	us := d.Microseconds()
+	return &us
+}
+
+// DefaultPurgeBatch is the batch size [Store.Purge] uses when given none.
+const DefaultPurgeBatch = 1000
+
+// Purge deletes the jobs that finished (succeeded or dead) before before,
+// with their attempts, batch rows at a time (default 1000), until a batch
+// comes back short or ctx is done. Each batch is its own short statement. It
+// returns how many jobs it deleted.
+func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, error) {
+	if batch <= 0 {
+		batch = DefaultPurgeBatch
+	}
+	q := `WITH d AS (
+	DELETE FROM ` + s.jobs + ` WHERE message_id IN (
+		SELECT message_id FROM ` + s.jobs + ` WHERE status IN ('succeeded', 'dead') AND updated_at < $1
+		ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+	RETURNING message_id),
+a AS (DELETE FROM ` + s.attempts + ` WHERE message_id IN (SELECT message_id FROM d))
+SELECT count(*) FROM d`
+	total := 0
+	for {
+		var n int
+		if err := s.db.QueryRow(ctx, q, before, batch).Scan(&n); err != nil {
+			return total, fmt.Errorf("pgledger: purge: %w", err)
+		}
+		total += n
+		if n < batch {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}
