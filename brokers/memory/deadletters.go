@@ -97,7 +97,7 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 	q.promote(time.Now(), b.maxDeliveries) // a poison message whose last lease ran out is a dead letter
 	var picked []*sdk.Message
 	if len(ids) == 0 {
-		picked, q.dead = q.dead, nil
+		picked, q.dead, q.deadSeq = q.dead, nil, nil
 	} else {
 		want := make(map[string]bool, len(ids))
 		for _, id := range ids {
@@ -118,6 +118,7 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 		q.dead = slices.DeleteFunc(q.dead, func(m *sdk.Message) bool {
 			if want[m.ID] {
 				picked = append(picked, m)
+				delete(q.deadSeq, m)
 				return true
 			}
 			return false
@@ -149,6 +150,6 @@ func (b *Broker) PurgeDeadLetters(_ context.Context, queue string) (int, error) 
 	defer q.mu.Unlock()
 	q.promote(time.Now(), b.maxDeliveries)
 	n := len(q.dead)
-	q.dead = nil
+	q.dead, q.deadSeq = nil, nil
 	return n, nil
 }

@@ -19,7 +19,7 @@
 //	            and processing rows whose lease expired become processing, attempt_count+1,
 //	            visibility_until = now()+Lease, worker_id, a fresh lease_token
 //	poison      a row claimed max_attempts times is dead-lettered at the next claim (sdk.ErrMaxDeliveries)
-//	Ack         status = 'completed' (acks of concurrent deliveries share one statement)
+//	Ack         status = 'completed' (acks of concurrent deliveries share one statement, repeated on a lost connection)
 //	Retry(d)    status = 'retry', available_at = now()+d, last_error
 //	Release(d)  back to queued/retry with attempt_count-1: no attempt consumed
 //	DeadLetter  status = 'dead_letter', last_error, the sdk.AnnotateDeadLetter headers

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 )
@@ -176,5 +178,82 @@ func TestHardening2_RedriveIgnoresForgedQueueHeader(t *testing.T) {
 	}
 	if err := b.Publish(ctx, q, &sdk.Message{Headers: map[string]string{sdk.HeaderDeadLetterQueue: victim}}); !errors.Is(err, sdk.ErrInvalidMessage) {
 		t.Errorf("Publish with a berth- header = %v, want ErrInvalidMessage", err)
+	}
+}
+
+// Issue 11 item 6: the batched ack survives a pool whose connections were
+// all terminated: it runs again on another connection (it is idempotent)
+// instead of failing every ack of the batch, whose jobs would then wait out
+// their lease and run again.
+func TestHardening6_AckAfterTerminatedBackends(t *testing.T) {
+	appName := "berth-ack-term-" + suffix()
+	admin := newPool(t, "berth-ack-term-admin", 2)
+	ctx := testCtx(t)
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	cfg.MaxConns, cfg.MinConns = n, 0
+	// Never ping on acquire: the dead connections are handed out whatever
+	// the machine's speed (pgxpool pings only those idle for over 1s).
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := newBroker(t, pool, postgres.Options{DisableListen: true, Schema: freshSchema(t, admin)})
+	q := "ackterm_" + suffix()
+	publishN(t, b, q, n)
+	ds := receiveN(t, b, q, n)
+
+	// All n connections open, then idle in the pool, then terminated.
+	var held []*pgxpool.Conn
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	for _, c := range held {
+		c.Release()
+	}
+	var killed int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+		FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != n {
+		t.Fatalf("terminated %d backends of %s, want %d", killed, appName, n)
+	}
+	for {
+		var left int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	errs := make(chan error, n)
+	for _, d := range ds {
+		go func() { errs <- d.Ack(ctx) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("Ack after the pool's connections were terminated: %v", err)
+		}
+	}
+	counts, err := b.CountByStatus(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts[postgres.StatusCompleted] != n {
+		t.Errorf("jobs by status %v, want %d completed", counts, n)
 	}
 }
