@@ -175,6 +175,11 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.
 			return err
 		}
 	}
+	for _, m := range msgs {
+		if err := storable(m); err != nil {
+			return err
+		}
+	}
 	batch := &pgx.Batch{}
 	q := `INSERT INTO ` + o.table + ` (queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
@@ -190,6 +195,23 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 		batch.Queue(q, queue, m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID, h, body, m.Delay.Milliseconds())
 	}
 	return tx.SendBatch(ctx, batch).Close()
+}
+
+// storable refuses what the outbox table cannot hold: NUL bytes in headers
+// (jsonb) and in the text columns. The body is bytea and may hold anything.
+func storable(m *sdk.Message) error {
+	for k, v := range m.Headers {
+		if strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
+			return &sdk.HeaderError{Name: strings.ReplaceAll(k, "\x00", ""), Reason: "the outbox (PostgreSQL jsonb) cannot store NUL bytes in headers"}
+		}
+	}
+	for _, f := range []string{m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID} {
+		if strings.IndexByte(f, 0) >= 0 {
+			return fmt.Errorf("%w: message %q: the outbox (PostgreSQL text) cannot store NUL bytes in ID, Type, IdempotencyKey, Key or CorrelationID",
+				sdk.ErrInvalidMessage, m.ID)
+		}
+	}
+	return nil
 }
 
 // RelayOptions configures Relay.

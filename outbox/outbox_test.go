@@ -233,6 +233,15 @@ func TestBadInput(t *testing.T) {
 	if err := box.Add(ctx, tx, "q", &sdk.Message{Body: make([]byte, 300*1024)}); !errors.Is(err, sdk.ErrMessageTooLarge) {
 		t.Errorf("oversized: %v", err)
 	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Headers: map[string]string{"x": "a\x00b"}}); !errors.Is(err, sdk.ErrInvalidHeader) {
+		t.Errorf("NUL in a header: %v, want ErrInvalidHeader", err)
+	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Key: "a\x00b"}); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("NUL in Key: %v, want ErrInvalidMessage", err)
+	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Headers: map[string]string{"berth-dlq-queue": "x"}}); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("reserved header: %v, want ErrInvalidMessage", err)
+	}
 	if _, err := outbox.New(pool, outbox.Options{Table: "x; DROP TABLE y"}); !errors.Is(err, outbox.ErrInvalidIdentifier) {
 		t.Errorf("table name with SQL in it: %v", err)
 	}

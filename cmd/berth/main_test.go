@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,16 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// A test that needs the real process (signals) runs this binary as the
+	// berth command, with the arguments in BERTH_CLI_ARGS.
+	if args, ok := os.LookupEnv("BERTH_CLI_ARGS"); ok {
+		os.Args = append([]string{"berth"}, strings.Split(args, "\x1f")...)
+		main()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // deadLettered returns a memory broker whose queue "billing" holds one ready
 // message and n dead letters: the i-th has type billing.charge (even i) or

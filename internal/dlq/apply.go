@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -25,6 +26,9 @@ func (a Action) String() string {
 	}
 	return "redrive"
 }
+
+// PageTimeout bounds one broker call of [Apply], which its ctx does not cut.
+const PageTimeout = 2 * time.Minute
 
 // ErrUnsupported is wrapped by the error of an operation the broker lacks.
 var ErrUnsupported = errors.New("not supported by this broker")
@@ -51,13 +55,20 @@ const MaxFailures = 100
 // is called with the running count. A chosen dead letter that is gone when
 // its page is applied (another operator, a concurrent purge) is a Failure,
 // not an error: the others of its page are applied one by one. Apply stops
-// at the first other error or when ctx is done, and returns the result so
-// far with that error: everything counted in Done was done, nothing else
-// was. A page whose call was cut by ctx is applied or not as the broker's
-// transaction decides; a redrive never applies a message twice in one call.
+// at the first other error, or when ctx is done (between pages: the page in
+// hand is finished, not cut), and returns the result so far with that error:
+// everything counted in Done was done, nothing else was. (When the broker
+// call itself fails, its page is done or not as the broker's transaction
+// decides: PostgreSQL and memory do all of a page or none of it.)
 func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
 	var r Result
 	do := func(ctx context.Context, ids []string) (int, error) {
+		// A page is not cut by ctx: once started it finishes and is
+		// counted, so an interrupted Apply reports exactly what it did.
+		// ctx is checked between pages.
+		// PageTimeout still bounds a broker that hangs.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), PageTimeout)
+		defer cancel()
 		if act == Redrive {
 			return dl.RedriveDeadLetters(ctx, queue, ids...)
 		}
