@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -167,5 +170,64 @@ func TestFilterCheck(t *testing.T) {
 	ts, id, err := ledger.DecodeCursor(ledger.Cursor(time.UnixMicro(1234567), "x:y"))
 	if err != nil || !ts.Equal(time.UnixMicro(1234567)) || id != "x:y" {
 		t.Errorf("cursor round trip = %v %q %v", ts, id, err)
+	}
+}
+
+// TestMetrics reads the ledger's instruments through an OpenTelemetry
+// reader: events per result, batches, the buffer gauge and the lag.
+func TestMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	c := &capture{}
+	l := newLedger(t, c, ledger.Options{MeterProvider: mp, Buffer: 2, BlockTimeout: -1})
+	c.mu.Lock() // the writer blocks on its first batch: the buffer fills, the rest drop
+	for range 20 {
+		l.Record(ledger.Event{MessageID: "m", Status: ledger.StatusEnqueued, At: time.Now()})
+	}
+	c.mu.Unlock()
+	if err := l.Flush(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	s := l.Stats()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	var lagCount uint64
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != ledger.ScopeName {
+			continue
+		}
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					r, _ := p.Attributes.Value(ledger.AttrResult)
+					got[m.Name+"/"+r.AsString()] = p.Value
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					got[m.Name] = p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					lagCount += p.Count
+				}
+			}
+		}
+	}
+	want := map[string]int64{
+		"berth.ledger.events/written": s.Written, "berth.ledger.events/dropped": s.Dropped,
+		"berth.ledger.events/failed": 0, "berth.ledger.batches/": s.Batches, "berth.ledger.buffered": 0,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, got[k], v, got)
+		}
+	}
+	if s.Dropped == 0 || s.Written+s.Dropped != 20 || lagCount != uint64(s.Batches) {
+		t.Errorf("stats %+v, %d lag points: want drops, 20 events in all, a lag per batch", s, lagCount)
 	}
 }

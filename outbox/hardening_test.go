@@ -250,3 +250,48 @@ func TestHardening3_OutboxConcurrentMigrate(t *testing.T) {
 		_, _ = pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
 	}
 }
+
+// Issue 11 item 3: relays running side by side keep each ordering key's
+// order: a row is never published while an earlier row of its key is held by
+// another relay.
+func TestHardening3_OutboxConcurrentRelaysKeepKeyOrder(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b := setup(t)
+	const keys, perKey = 5, 40
+	for i := range perKey {
+		var msgs []*sdk.Message
+		for k := range keys {
+			msgs = append(msgs, &sdk.Message{Key: fmt.Sprint("k", k), Body: []byte(fmt.Sprint(i))})
+		}
+		add(t, pool, box, "q", msgs...)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = box.Relay(rctx, b, outbox.RelayOptions{BatchSize: 7, PollInterval: 2 * time.Millisecond})
+		}()
+	}
+	next := map[string]int{}
+	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer dcancel()
+	for got := 0; got < keys*perKey; {
+		ds, err := b.Receive(dctx, "q", 100)
+		if err != nil {
+			t.Fatalf("received %d of %d: %v", got, keys*perKey, err)
+		}
+		for _, d := range ds {
+			m := d.Message()
+			if want := fmt.Sprint(next[m.Key]); string(m.Body) != want {
+				t.Errorf("key %s: got row %s, want %s", m.Key, m.Body, want)
+			}
+			next[m.Key]++
+			got++
+			_ = d.Ack(ctx)
+		}
+	}
+	cancel()
+	wg.Wait()
+}

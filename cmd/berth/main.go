@@ -14,6 +14,8 @@
 //	berth dlq redrive billing -class transient -yes      redrive them
 //	berth dlq purge billing -older-than 720h -yes        delete old ones
 //	berth outbox list -db postgres://localhost/app       parked outbox rows
+//	berth job show 0192f1d4-... -db $LEDGER_DSN           one job's state and attempts
+//	berth jobs -queue billing -status retrying -since 1h  jobs by queue, status, time
 //	berth ui -url mem:// -demo                           the web dashboard
 //
 // Flags go before or after the command and its arguments; "berth help
@@ -138,6 +140,11 @@ func commands() []*command {
 		{name: "outbox discard", args: "[ROW-ID...]", short: "delete parked outbox rows (all when none is named): never published",
 			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
+		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
+			flags: []string{"db", "schema"}, run: runJobShow},
+		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest update first, with the total",
+			long:  "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.",
+			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
@@ -166,6 +173,9 @@ type cli struct {
 	db, table             string
 	readOnly, demo        bool
 	limitSet, pageSizeSet bool
+	schema, queue, status string
+	after                 string
+	since                 time.Duration
 }
 
 func newCLI(e env) *cli {
@@ -192,8 +202,13 @@ func newCLI(e env) *cli {
 	fs.BoolVar(&c.readOnly, "read-only", false, "ui: show, never change")
 	fs.BoolVar(&c.demo, "demo", false, "ui: with mem://, seed a few queues and dead letters to look at")
 	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
-	fs.StringVar(&c.db, "db", "", "outbox: the application's PostgreSQL (default $BERTH_DB)")
+	fs.StringVar(&c.db, "db", "", "outbox, job, jobs: the application's PostgreSQL, where the outbox and the ledger live (default $BERTH_DB)")
 	fs.StringVar(&c.table, "table", "", "outbox: the outbox table, [schema.]table (default public.berth_outbox)")
+	fs.StringVar(&c.schema, "schema", "", "job, jobs: the schema of the ledger's tables in -db (default berth)")
+	fs.StringVar(&c.queue, "queue", "", "jobs: only jobs of this queue")
+	fs.StringVar(&c.status, "status", "", "jobs: only jobs in these statuses (comma-separated: enqueued, running, retrying, released, succeeded, dead, redriven)")
+	fs.DurationVar(&c.since, "since", 0, "jobs: only jobs updated in this last while (e.g. 1h)")
+	fs.StringVar(&c.after, "after", "", "jobs: the next page, as printed after the previous one")
 	c.fs = fs
 	return c
 }

@@ -81,8 +81,10 @@ func ConnectionLost(err error) bool {
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return true
 	}
-	// A closed or broken connection surfaces without a server error: an
-	// unexpected EOF, a reset, "conn closed".
+	// A closed or broken connection surfaces without a server error: pgconn
+	// reports it with one of its connection-level error types (all have a
+	// SafeToRetry method, whatever it answers: "conn closed", a failed read
+	// or write), or as an I/O error (unexpected EOF, reset, broken pipe).
 	var connErr interface{ SafeToRetry() bool }
 	return errors.As(err, &connErr) || isIO(err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,6 +86,19 @@ FROM `+s.attempts+` WHERE message_id = $1 ORDER BY generation, attempt`, j.Messa
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: %s: attempts: %w", what, err)
+	}
+	// The attempts table holds the attempts the job moved past; the
+	// current one is the row itself.
+	if j.Attempts > 0 && j.Status.Rank() >= 1 {
+		cur := ledger.Attempt{Generation: j.Generation, Attempt: j.Attempts, Status: j.Status, StartedAt: j.StartedAt,
+			FinishedAt: j.FinishedAt, Duration: j.Duration, NextAttemptAt: j.NextAttemptAt, Worker: j.Worker}
+		if j.Status == ledger.StatusRetrying || j.Status == ledger.StatusDead || j.Status == ledger.StatusReleased {
+			cur.Error, cur.Class = j.LastError, j.ErrorClass
+		}
+		j.History = slices.DeleteFunc(j.History, func(a ledger.Attempt) bool {
+			return a.Generation == cur.Generation && a.Attempt == cur.Attempt
+		})
+		j.History = append(j.History, cur)
 	}
 	ledger.MarkAbandoned(j.History)
 	return &j, nil

@@ -109,12 +109,57 @@ func New(db DB, opts Options) (*Store, error) {
 	when := func(col, v string) string {
 		return col + ` = CASE WHEN ` + newer + ` THEN ` + v + ` ELSE j.` + col + ` END`
 	}
-	s.upsertJobs = `INSERT INTO ` + s.jobs + ` AS j (message_id, queue, job_type, idempotency_key, correlation_id,
+	// Within an attempt retrying (rank 2) and succeeded/dead (3) are final.
+	const attemptNewer = `(a.rank < 2 AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (a.rank, a.updated_at))`
+	awhen := func(col, v string) string {
+		return col + ` = CASE WHEN ` + attemptNewer + ` THEN ` + v + ` ELSE a.` + col + ` END`
+	}
+	const attemptCols = `(message_id, generation, attempt, status, rank, started_at, finished_at, duration_us,
+	error, error_class, next_attempt_at, worker_id, updated_at)`
+	onAttempt := `ON CONFLICT (message_id, generation, attempt) DO UPDATE SET
+	` + awhen("status", "EXCLUDED.status") + `,
+	` + awhen("started_at", "COALESCE(EXCLUDED.started_at, a.started_at)") + `,
+	` + awhen("finished_at", "EXCLUDED.finished_at") + `,
+	` + awhen("duration_us", "EXCLUDED.duration_us") + `,
+	` + awhen("error", "EXCLUDED.error") + `,
+	` + awhen("error_class", "EXCLUDED.error_class") + `,
+	` + awhen("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
+	` + awhen("worker_id", "COALESCE(EXCLUDED.worker_id, a.worker_id)") + `,
+	` + awhen("rank", "EXCLUDED.rank") + `,
+	` + awhen("updated_at", "EXCLUDED.updated_at")
+	// copyCurrent selects, from a jobs row j, its current attempt as an
+	// attempts row: written when the row moves on to a later attempt or
+	// generation, so a job that succeeds at its first attempt writes one
+	// row, and history costs only the jobs that have one.
+	const copyCurrent = `SELECT j.message_id, j.generation, j.attempts, j.status, j.rank, j.started_at, j.finished_at,
+	j.duration_us, CASE WHEN j.status IN ('retrying', 'dead', 'released') THEN j.last_error END,
+	CASE WHEN j.status IN ('retrying', 'dead', 'released') THEN j.error_class END, j.next_attempt_at, j.worker_id, j.updated_at`
+	// The statement's sub-statements all see the rows as they were before
+	// it: prev copies the attempt a later event replaces; stale files an
+	// event of an earlier attempt than the row's (a late write) in the
+	// history; the upsert then applies the guard.
+	s.upsertJobs = `WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+	$7::smallint[], $8::int[], $9::int[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[],
+	$14::timestamptz[], $15::timestamptz[], $16::bigint[], $17::text[], $18::timestamptz[])
+	AS u(message_id, queue, job_type, idempotency_key, correlation_id, status, rank, generation, attempts,
+		last_error, error_class, next_attempt_at, first_seen_at, started_at, finished_at, duration_us, worker_id, updated_at)),
+prev AS (
+	INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
+	` + copyCurrent + ` FROM ` + s.jobs + ` j JOIN u ON j.message_id = u.message_id
+	WHERE j.message_id = ANY($1::text[]) AND j.attempts > 0 AND j.rank >= 1
+		AND (u.generation, u.attempts) > (j.generation, j.attempts)
+	` + onAttempt + `),
+stale AS (
+	INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
+	SELECT u.message_id, u.generation, u.attempts, u.status, u.rank, u.started_at, u.finished_at, u.duration_us,
+		u.last_error, u.error_class, u.next_attempt_at, u.worker_id, u.updated_at
+	FROM u JOIN ` + s.jobs + ` j ON j.message_id = u.message_id
+	WHERE u.attempts > 0 AND u.rank >= 1 AND (u.generation, u.attempts) < (j.generation, j.attempts)
+	` + onAttempt + `)
+INSERT INTO ` + s.jobs + ` AS j (message_id, queue, job_type, idempotency_key, correlation_id,
 	status, rank, generation, attempts, last_error, error_class, next_attempt_at, first_seen_at,
 	started_at, finished_at, duration_us, worker_id, updated_at)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::smallint[],
-	$8::int[], $9::int[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[],
-	$15::timestamptz[], $16::bigint[], $17::text[], $18::timestamptz[])
+SELECT * FROM u
 ON CONFLICT (message_id) DO UPDATE SET
 	queue = CASE WHEN j.queue = '' THEN EXCLUDED.queue ELSE j.queue END,
 	job_type = CASE WHEN j.job_type = '' THEN EXCLUDED.job_type ELSE j.job_type END,
@@ -133,33 +178,26 @@ ON CONFLICT (message_id) DO UPDATE SET
 	` + when("generation", "EXCLUDED.generation") + `,
 	` + when("attempts", "EXCLUDED.attempts") + `,
 	` + when("updated_at", "EXCLUDED.updated_at")
-	// Within an attempt retrying (rank 2) and succeeded/dead (3) are final.
-	const attemptNewer = `(j.rank < 2 AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at))`
-	awhen := func(col, v string) string {
-		return col + ` = CASE WHEN ` + attemptNewer + ` THEN ` + v + ` ELSE j.` + col + ` END`
-	}
-	s.upsertAttempts = `INSERT INTO ` + s.attempts + ` AS j (message_id, generation, attempt, status, rank,
-	started_at, finished_at, duration_us, error, error_class, next_attempt_at, worker_id, updated_at)
+	// Attempts a batch itself moved past (a retry and the next attempt in
+	// one batch) go straight to the history.
+	s.upsertAttempts = `INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
 SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::smallint[], $6::timestamptz[],
 	$7::timestamptz[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[])
-ON CONFLICT (message_id, generation, attempt) DO UPDATE SET
-	` + awhen("status", "EXCLUDED.status") + `,
-	` + awhen("started_at", "COALESCE(EXCLUDED.started_at, j.started_at)") + `,
-	` + awhen("finished_at", "EXCLUDED.finished_at") + `,
-	` + awhen("duration_us", "EXCLUDED.duration_us") + `,
-	` + awhen("error", "EXCLUDED.error") + `,
-	` + awhen("error_class", "EXCLUDED.error_class") + `,
-	` + awhen("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
-	` + awhen("worker_id", "COALESCE(EXCLUDED.worker_id, j.worker_id)") + `,
-	` + awhen("rank", "EXCLUDED.rank") + `,
-	` + awhen("updated_at", "EXCLUDED.updated_at")
-	const redriven = `status = 'redriven', rank = 0, generation = generation + 1, attempts = 0,
+` + onAttempt
+	// A redrive files the dead attempt in the history and starts a new
+	// generation.
+	const redriven = `status = 'redriven', rank = 0, generation = j.generation + 1, attempts = 0,
 	next_attempt_at = NULL, started_at = NULL, finished_at = NULL, duration_us = NULL`
-	s.redrive = `UPDATE ` + s.jobs + ` AS j SET ` + redriven + `, updated_at = u.at
-FROM unnest($1::text[], $2::timestamptz[]) AS u(id, at)
-WHERE j.message_id = u.id AND j.status = 'dead' AND j.updated_at <= u.at`
-	s.redrAll = `UPDATE ` + s.jobs + ` SET ` + redriven + `, updated_at = $2
-WHERE queue = $1 AND status = 'dead' AND updated_at <= $2`
+	redrive := func(match string) string {
+		return `WITH d AS (SELECT * FROM ` + s.jobs + ` j WHERE ` + match + ` AND j.status = 'dead' AND j.updated_at <= $2),
+prev AS (
+	INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
+	` + copyCurrent + ` FROM d j WHERE j.attempts > 0
+	` + onAttempt + `)
+UPDATE ` + s.jobs + ` j SET ` + redriven + `, updated_at = $2 FROM d WHERE j.message_id = d.message_id`
+	}
+	s.redrive = redrive(`j.message_id = $1`)
+	s.redrAll = redrive(`j.queue = $1`)
 	return s, nil
 }
 
@@ -327,29 +365,19 @@ func attemptNewer(e, r ledger.Event) bool {
 	return !e.At.Before(r.At)
 }
 
-// Write applies batch: the job rows, the attempt rows and the redrives, in
-// one round trip and one transaction. It does not retain batch.
+// Write applies batch: the job rows (filing in the history the attempts
+// they move past), the attempts the batch itself moved past, and the
+// redrives, in one round trip and one transaction. It does not retain
+// batch.
 func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 	jobs := map[string]*row{}
-	type akey struct {
-		id       string
-		gen, att int
-	}
-	attempts := map[akey]*row{}
-	var redriveIDs []string
-	var redriveAt []time.Time
-	var redriveAll []ledger.Event
+	var redrives []ledger.Event
 	for _, e := range batch {
 		if !e.Status.Valid() {
 			continue
 		}
 		if e.Status == ledger.StatusRedriven {
-			switch {
-			case e.RedriveAll:
-				redriveAll = append(redriveAll, e)
-			case e.MessageID != "":
-				redriveIDs, redriveAt = append(redriveIDs, e.MessageID), append(redriveAt, e.At)
-			}
+			redrives = append(redrives, e)
 			continue
 		}
 		if e.MessageID == "" {
@@ -361,20 +389,32 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 			r := toRow(e)
 			jobs[e.MessageID] = &r
 		}
-		if e.Attempt > 0 && e.Status.Rank() >= 1 {
-			k := akey{e.MessageID, e.Generation, e.Attempt}
-			if r, ok := attempts[k]; !ok {
-				r := toRow(e)
-				attempts[k] = &r
-			} else if attemptNewer(e, r.Event) {
-				started, worker := r.StartedAt, r.Worker
-				*r = toRow(e)
-				if r.StartedAt.IsZero() {
-					r.StartedAt = started
-				}
-				if r.Worker == "" {
-					r.Worker = worker
-				}
+	}
+	// The events of attempts other than their job's final one in this
+	// batch are history.
+	type akey struct {
+		id       string
+		gen, att int
+	}
+	attempts := map[akey]*row{}
+	for _, e := range batch {
+		r := jobs[e.MessageID]
+		if r == nil || e.Status == ledger.StatusRedriven || e.Attempt == 0 || e.Status.Rank() < 1 ||
+			e.Generation == r.Generation && e.Attempt == r.Attempt {
+			continue
+		}
+		k := akey{e.MessageID, e.Generation, e.Attempt}
+		if a, ok := attempts[k]; !ok {
+			a := toRow(e)
+			attempts[k] = &a
+		} else if attemptNewer(e, a.Event) {
+			started, worker := a.StartedAt, a.Worker
+			*a = toRow(e)
+			if a.StartedAt.IsZero() {
+				a.StartedAt = started
+			}
+			if a.Worker == "" {
+				a.Worker = worker
 			}
 		}
 	}
@@ -431,11 +471,15 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 		}
 		b.Queue(s.upsertAttempts, ids, gens, atts, statuses, ranks, started, finished, durs, errs, classes, next, workers, updated)
 	}
-	if len(redriveIDs) > 0 {
-		b.Queue(s.redrive, redriveIDs, redriveAt)
-	}
-	for _, e := range redriveAll {
-		b.Queue(s.redrAll, e.Queue, e.At)
+	// Redrives go after the rows: a dead event and its redrive may share
+	// a batch.
+	for _, e := range redrives {
+		switch {
+		case e.RedriveAll:
+			b.Queue(s.redrAll, e.Queue, e.At)
+		case e.MessageID != "":
+			b.Queue(s.redrive, e.MessageID, e.At)
+		}
 	}
 	if b.Len() == 0 {
 		return nil
