@@ -295,7 +295,8 @@ func merge(r *row, e ledger.Event) {
 	}
 }
 
-// attemptNewer is the attempts table's guard in Go.
+// attemptNewer orders the states of one attempt: within it retrying,
+// succeeded and dead are final.
 func attemptNewer(e, r ledger.Event) bool {
 	if r.Status.Rank() >= 2 {
 		return false
