@@ -38,8 +38,6 @@ func TestConformance(t *testing.T) {
 				"so a handed-back message always comes back with Attempt()+1",
 			brokertest.CapStats: "SQS reports no oldest-message age in GetQueueAttributes (only CloudWatch does), " +
 				"and counts messages waiting out a Retry delay as in flight (NotVisible), not delayed",
-			brokertest.CapConnectionLoss: "the SQS API is independent HTTPS requests with no session to lose or resume, " +
-				"and this package has no fault proxy in front of the emulator; failed requests are covered by fake_test.go",
 		},
 		// A queue nobody created gives QueueDoesNotExist (ErrNotFound).
 		Undeclared: brokertest.UndeclaredNotFound,
@@ -48,6 +46,18 @@ func TestConformance(t *testing.T) {
 			return errors.As(err, &ae)
 		},
 		Peer: func(t *testing.T, _ sdk.Broker) sdk.Broker { return newBroker(t, opts) },
+		// The client's connections, long polls in flight among them, are
+		// cut by a TCP proxy in front of the endpoint.
+		Faulty: func(t *testing.T) (sdk.Broker, func()) {
+			b, p := newProxiedBroker(t, opts)
+			return b, func() {
+				if n := p.Cut(); n == 0 {
+					t.Error("the proxy had no connection to cut")
+				} else {
+					t.Logf("cut %d connections", n)
+				}
+			}
+		},
 		// Only FIFO queues keep an order, per MessageGroupId (Message.Key);
 		// standard queues are best-effort.
 		OrderedQueue: func(t *testing.T, b sdk.Broker) string {
