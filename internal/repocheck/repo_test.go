@@ -108,10 +108,12 @@ func TestHardening16_GoDirective(t *testing.T) {
 	}
 	cmd := exec.Command(gobin, "list", "-mod=readonly", "-m", "-f", "{{if not .Main}}{{.Path}} {{.GoVersion}}{{end}}", "all")
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=readonly")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -m all: %v", err)
+		t.Fatalf("go list -m all: %v\n%s", err, stderr.String())
 	}
 	need, from := "", ""
 	for _, line := range strings.Split(string(out), "\n") {
