@@ -1,6 +1,7 @@
 // Package brokertest is the conformance suite every berth broker runs: one set
 // of named cases that checks a broker keeps the [sdk.Delivery] contract of
-// DESIGN.md (leases, attempts, retries, dead letters, limits, Close) and that
+// ARCHITECTURE.md, "The contract" (leases, attempts, retries, dead letters,
+// limits, Close) and that
 // the [sdk.Worker] on top of it settles every message exactly once.
 //
 // A broker's test describes itself with a [Harness] and calls [Run]:

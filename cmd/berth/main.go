@@ -188,7 +188,7 @@ func newCLI(e env) *cli {
 	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")
 	fs.DurationVar(&c.interval, "interval", 2*time.Second, "the period of -watch")
 	fs.StringVar(&c.types, "type", "", "only messages of these types (comma-separated, exact)")
-	fs.StringVar(&c.class, "class", "", "only dead letters of this error class (permanent, transient, unknown)")
+	fs.StringVar(&c.class, "class", "", "only dead letters of this error class (permanent, transient, panic, max_deliveries, unknown, …)")
 	fs.StringVar(&c.reason, "reason", "", "only dead letters whose reason contains this text, or matches /regexp/")
 	fs.DurationVar(&c.olderThan, "older-than", 0, "only dead letters whose last failure is older than this (e.g. 24h)")
 	fs.DurationVar(&c.newerThan, "newer-than", 0, "only dead letters whose last failure is newer than this")
