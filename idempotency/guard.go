@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -83,15 +84,42 @@ type Options struct {
 	// CleanupTimeout bounds the calls that record a handler's outcome — the
 	// commit or completion after a success, the rollback or release after a
 	// failure — which run even when the handler's ctx is done; a lease-mode
-	// completion that fails is retried within it. Default 5s.
+	// completion that fails is retried within it. Default 5s, or half of
+	// ClaimLease − Heartbeat when that is shorter. It must be
+	// shorter than ClaimLease − Heartbeat (ClaimLease when the heartbeat is
+	// disabled): the claim was last extended up to one Heartbeat before the
+	// handler returned, and a completion still being retried when it expires
+	// would let another worker take the key over and run the operation again.
+	// [New] returns an error wrapping [ErrInvalidConfig] otherwise.
 	CleanupTimeout time.Duration
 	// Stats, optional, counts events.
 	Stats *Stats
 	// Observer, optional, sees every event (metrics).
 	Observer Observer
-	// Logger receives debug logs of duplicates and cache failures. Default
-	// slog.Default().
+	// Logger receives debug logs of duplicates and cache failures, and
+	// warnings of failed store calls. Default slog.Default().
 	Logger *slog.Logger
+	// LogKeys writes idempotency keys into log records as they are
+	// ("key"). Default false: a key often names a customer or a payment, and
+	// logs travel further than the store, so records carry "key_sha256",
+	// the first 16 hex digits of the key's SHA-256 ([KeyDigest]), which
+	// identifies the key to whoever knows it.
+	LogKeys bool
+}
+
+// KeyDigest is how log records name an idempotency key unless
+// [Options.LogKeys] is set: the first 16 hex digits of its SHA-256.
+func KeyDigest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}
+
+// keyAttr is key as a log attribute, hashed unless Options.LogKeys.
+func (g *Guard) keyAttr(key string) slog.Attr {
+	if g.o.LogKeys {
+		return slog.String("key", key)
+	}
+	return slog.String("key_sha256", KeyDigest(key))
 }
 
 // Guard runs operations at most once per idempotency key. It is safe for
@@ -155,8 +183,14 @@ func New(opts Options) (*Guard, error) {
 	if opts.CacheTTL == 0 {
 		opts.CacheTTL = opts.Retention
 	}
+	hb := max(opts.Heartbeat, 0)
 	if opts.CleanupTimeout == 0 {
-		opts.CleanupTimeout = DefaultCleanupTimeout
+		// The default, or less under a claim short enough to need it.
+		opts.CleanupTimeout = min(DefaultCleanupTimeout, (opts.ClaimLease-hb)/2)
+	}
+	if opts.CleanupTimeout >= opts.ClaimLease-hb {
+		return nil, fmt.Errorf("%w: CleanupTimeout %s must be shorter than ClaimLease %s − Heartbeat %s: a completion retried that long could outlive the claim",
+			ErrInvalidConfig, opts.CleanupTimeout, opts.ClaimLease, hb)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -232,7 +266,7 @@ func (g *Guard) do(ctx context.Context, op Operation, retryCosts bool, fn func(c
 		switch {
 		case err != nil:
 			g.event(ctx, EventCacheError, op.JobType)
-			g.o.Logger.DebugContext(ctx, "idempotency: cache lookup failed; using the store", "key", op.Key, "err", err)
+			g.o.Logger.DebugContext(ctx, "idempotency: cache lookup failed; using the store", g.keyAttr(op.Key), "err", err)
 		case found && fp == op.Fingerprint:
 			g.event(ctx, EventCacheHit, op.JobType)
 			g.event(ctx, EventDuplicate, op.JobType)
@@ -263,7 +297,7 @@ func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, re
 	switch out {
 	case Completed:
 		g.event(ctx, EventDuplicate, c.JobType)
-		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", "key", c.Key, "job_type", c.JobType)
+		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", g.keyAttr(c.Key), "job_type", c.JobType)
 		g.remember(ctx, c)
 		return nil
 	case InProgress:
@@ -295,12 +329,12 @@ func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx 
 	ended := false
 	defer func() {
 		if !ended { // fn panicked
-			g.cleanup(ctx, tx.Rollback)
+			g.cleanup(ctx, tx.Rollback, rollbackFailed)
 		}
 	}()
 	if err := fn(hctx); err != nil {
 		ended = true
-		g.cleanup(ctx, tx.Rollback)
+		g.cleanup(ctx, tx.Rollback, rollbackFailed)
 		return true, err
 	}
 	ended = true
@@ -310,7 +344,7 @@ func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx 
 	err = tx.Commit(cctx, r.result())
 	cancel()
 	if err != nil {
-		g.cleanup(ctx, tx.Rollback)
+		g.cleanup(ctx, tx.Rollback, rollbackFailed)
 		return true, fmt.Errorf("idempotency: commit key %q: %w", c.Key, err)
 	}
 	g.event(ctx, EventExecuted, c.JobType)
@@ -340,14 +374,14 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 		stop()
 		cancel(nil)
 		if !ended { // fn panicked
-			g.cleanup(ctx, release)
+			g.cleanup(ctx, release, releaseFailed)
 		}
 	}()
 	ferr := fn(hctx)
 	stop()
 	ended = true
 	if ferr != nil {
-		g.cleanup(ctx, release)
+		g.cleanup(ctx, release, releaseFailed)
 		if cause := context.Cause(hctx); errors.Is(cause, ErrClaimLost) {
 			g.event(ctx, EventClaimLost, c.JobType)
 			return true, errors.Join(ferr, cause)
@@ -383,7 +417,7 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
 		}
-		g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", "key", c.Key, "err", err)
+		g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", g.keyAttr(c.Key), "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-cctx.Done():
@@ -430,7 +464,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 					cancel(fmt.Errorf("%w: key %q: not extended within the claim lease: %w", ErrClaimLost, c.Key, err))
 					return
 				}
-				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", "key", c.Key, "err", err)
+				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", g.keyAttr(c.Key), "err", err)
 			}
 		}
 	}()
@@ -451,12 +485,22 @@ func (g *Guard) detached(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), g.o.CleanupTimeout)
 }
 
-// cleanup runs f (rollback, release) with a [Guard.detached] context.
-func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error) {
+// What a failed cleanup means, per mode.
+const (
+	// A lease-mode claim that could not be released expires by itself.
+	releaseFailed = "idempotency: releasing the claim failed; the key frees itself when its claim expires"
+	// A transaction whose rollback failed holds no claim: the database ends
+	// it when its connection closes, which pgx does after a failed rollback.
+	rollbackFailed = "idempotency: rollback failed; the database ends the transaction when its connection closes"
+)
+
+// cleanup runs f (rollback, release) with a [Guard.detached] context and
+// logs msg if it fails.
+func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error, msg string) {
 	cctx, cancel := g.detached(ctx)
 	defer cancel()
 	if err := f(cctx); err != nil && !errors.Is(err, ErrClaimLost) {
-		g.o.Logger.WarnContext(ctx, "idempotency: cleanup failed; the key frees itself when its claim expires", "err", err)
+		g.o.Logger.WarnContext(ctx, msg, "err", err)
 	}
 }
 
@@ -466,7 +510,7 @@ func (g *Guard) remember(ctx context.Context, c Claim) {
 	}
 	if err := g.o.Cache.Remember(ctx, c.Key, c.Fingerprint, g.o.CacheTTL); err != nil {
 		g.event(ctx, EventCacheError, c.JobType)
-		g.o.Logger.DebugContext(ctx, "idempotency: cache write failed", "key", c.Key, "err", err)
+		g.o.Logger.DebugContext(ctx, "idempotency: cache write failed", g.keyAttr(c.Key), "err", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -543,5 +544,134 @@ func TestCompleteRetriedAfterTransientFailure(t *testing.T) {
 	rec, err := mem.Get(context.Background(), "k")
 	if err != nil || rec.Status != idempotency.StatusCompleted {
 		t.Fatalf("record = %+v, %v; want completed", rec, err)
+	}
+}
+
+// Issue 11 item 8: a completion retried for CleanupTimeout must end before a
+// claim extended one Heartbeat earlier expires, or another worker could take
+// the key over meanwhile; New refuses such a configuration.
+func TestHardening8_CleanupTimeoutWithinClaim(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	for name, tc := range map[string]struct {
+		o  idempotency.Options
+		ok bool
+	}{
+		"cleanup = lease - heartbeat":   {idempotency.Options{ClaimLease: 10 * time.Second, Heartbeat: 3 * time.Second, CleanupTimeout: 7 * time.Second}, false},
+		"cleanup > lease - heartbeat":   {idempotency.Options{ClaimLease: 10 * time.Second, Heartbeat: 3 * time.Second, CleanupTimeout: 8 * time.Second}, false},
+		"cleanup < lease - heartbeat":   {idempotency.Options{ClaimLease: 10 * time.Second, Heartbeat: 3 * time.Second, CleanupTimeout: 6 * time.Second}, true},
+		"no heartbeat, cleanup = lease": {idempotency.Options{ClaimLease: 10 * time.Second, Heartbeat: -1, CleanupTimeout: 10 * time.Second}, false},
+		"no heartbeat, cleanup < lease": {idempotency.Options{ClaimLease: 10 * time.Second, Heartbeat: -1, CleanupTimeout: 9 * time.Second}, true},
+		"default cleanup, short lease":  {idempotency.Options{ClaimLease: 300 * time.Millisecond}, true},
+		"defaults":                      {idempotency.Options{}, true},
+	} {
+		for _, mode := range []idempotency.Mode{idempotency.Lease, idempotency.Transactional} {
+			o := tc.o
+			o.Store, o.Mode = store, mode
+			_, err := idempotency.New(o)
+			if tc.ok && err != nil {
+				t.Errorf("%s (%v): %v, want nil", name, mode, err)
+			}
+			if !tc.ok && !errors.Is(err, idempotency.ErrInvalidConfig) {
+				t.Errorf("%s (%v): %v, want ErrInvalidConfig", name, mode, err)
+			}
+		}
+	}
+}
+
+// failingRollback is a TxStore whose transactions cannot be rolled back.
+type failingRollback struct{ *memstore.Store }
+
+func (s failingRollback) Begin(ctx context.Context, c idempotency.Claim) (idempotency.Tx, idempotency.Outcome, *idempotency.Record, error) {
+	tx, out, rec, err := s.Store.Begin(ctx, c)
+	if tx != nil {
+		tx = failingTx{tx}
+	}
+	return tx, out, rec, err
+}
+
+type failingTx struct{ idempotency.Tx }
+
+func (t failingTx) Rollback(ctx context.Context) error {
+	_ = t.Tx.Rollback(ctx)
+	return errors.New("connection reset")
+}
+
+// Issue 11 item 6: in transactional mode there is no claim to expire; a
+// failed rollback must not be reported as "the key frees itself when its
+// claim expires".
+func TestHardening6_TransactionalRollbackWarningNamesNoClaim(t *testing.T) {
+	var logs safeBuffer
+	g, err := idempotency.New(idempotency.Options{Store: failingRollback{memstore.New(memstore.Options{})},
+		Mode: idempotency.Transactional, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	if _, err := g.Do(context.Background(), idempotency.Operation{Key: "k"}, func(context.Context) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("Do = %v, want boom", err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "rollback failed") || strings.Contains(out, "claim") {
+		t.Errorf("log after a failed rollback in transactional mode:\n%s", out)
+	}
+}
+
+// safeBuffer is a bytes.Buffer for a logger.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestHardening11_IdempotencyKeysHashedInLogs: issue 11 item 11. The guard
+// logged idempotency keys (which often name a customer or a payment) as they
+// are, at WARN when a store call failed. By default a record names the key
+// by its digest; Options.LogKeys restores the key itself.
+func TestHardening11_IdempotencyKeysHashedInLogs(t *testing.T) {
+	const key = "payment:customer-4711:invoice-2026-12"
+	for _, logKeys := range []bool{false, true} {
+		var logs safeBuffer
+		store := &flakyComplete{Store: memstore.New(memstore.Options{})}
+		store.failures.Store(1)
+		g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, LogKeys: logKeys,
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		op := idempotency.Operation{Key: key, JobType: "t", Fingerprint: "fp"}
+		for range 2 { // the second run is a duplicate: a debug record
+			if _, err := g.Do(context.Background(), op, func(context.Context) error { return nil }); err != nil {
+				t.Fatalf("Do: %v", err)
+			}
+		}
+		out := logs.String()
+		if !strings.Contains(out, "level=WARN msg=\"idempotency: recording the result failed; retrying\"") ||
+			!strings.Contains(out, "duplicate suppressed") {
+			t.Fatalf("LogKeys %v: want the WARN of the failed Complete and the duplicate's record; logs:\n%s", logKeys, out)
+		}
+		digest := "key_sha256=" + idempotency.KeyDigest(key)
+		if logKeys {
+			if !strings.Contains(out, "key="+key) {
+				t.Errorf("LogKeys true: the key is missing from the logs:\n%s", out)
+			}
+			continue
+		}
+		if strings.Contains(out, key) {
+			t.Errorf("LogKeys false: the key appears in the logs:\n%s", out)
+		}
+		if strings.Count(out, digest) != 2 {
+			t.Errorf("LogKeys false: want %s in both records:\n%s", digest, out)
+		}
 	}
 }

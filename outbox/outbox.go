@@ -11,6 +11,13 @@
 // package idempotency). Relays running side by side take disjoint batches
 // (FOR UPDATE SKIP LOCKED), so they do not publish the same row concurrently.
 //
+// Rows fail one by one: a row the broker refuses is retried alone, on its own
+// backoff, and parked after [RelayOptions.MaxAttempts] with its last error
+// ([Outbox.Parked], [Outbox.Requeue], [Outbox.Discard]); the other rows go on.
+// Rows sharing a queue and ordering key are published in the order they were
+// added, and a row that waits for its retry or is parked holds back the later
+// rows of its key only.
+//
 //	tx, _ := pool.Begin(ctx)
 //	_, _ = tx.Exec(ctx, `UPDATE orders SET status='paid' WHERE id=$1`, id)
 //	_ = box.Add(ctx, tx, "emails", &sdk.Message{Type: "email.receipt", IdempotencyKey: "receipt:" + id})
@@ -25,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -95,10 +103,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Outbox, error) {
 }
 
 // SchemaSQL returns the DDL that Migrate runs, for teams that apply
-// migrations themselves.
+// migrations themselves. It is idempotent, and upgrades a table made by an
+// older version (the parked_at column and the ordering index).
 func (o *Outbox) SchemaSQL() string {
 	schema := pgx.Identifier{o.ident[0]}.Sanitize()
 	idx := pgx.Identifier{o.ident[1] + "_pending_idx"}.Sanitize()
+	keyIdx := pgx.Identifier{o.ident[1] + "_key_idx"}.Sanitize()
 	return fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s;
 CREATE TABLE IF NOT EXISTS %[2]s (
     id             bigserial PRIMARY KEY,
@@ -116,14 +126,35 @@ CREATE TABLE IF NOT EXISTS %[2]s (
     available_at   timestamptz NOT NULL DEFAULT now(),
     created_at     timestamptz NOT NULL DEFAULT now()
 );
+-- parked_at: set when the relay gave up on the row (RelayOptions.MaxAttempts).
+ALTER TABLE %[2]s ADD COLUMN IF NOT EXISTS parked_at timestamptz;
 CREATE INDEX IF NOT EXISTS %[3]s ON %[2]s (available_at, id);
-`, schema, o.table, idx)
+-- Rows of one ordering key in order: a failing or parked row holds back the
+-- later rows of its key.
+CREATE INDEX IF NOT EXISTS %[4]s ON %[2]s (queue, ordering_key, id) WHERE ordering_key <> '';
+`, schema, o.table, idx, keyIdx)
 }
 
-// Migrate creates the outbox table if it does not exist.
+// Migrate creates the outbox table if it does not exist, or upgrades it. It
+// holds a transaction-scoped advisory lock while it runs, so processes that
+// start together and all migrate do not race on the catalog (CREATE ... IF
+// NOT EXISTS is not safe against a concurrent CREATE of the same name).
 func (o *Outbox) Migrate(ctx context.Context) error {
-	_, err := o.pool.Exec(ctx, o.SchemaSQL())
-	return err
+	tx, err := o.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.outbox."+o.ident[0]+"."+o.ident[1]); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, o.SchemaSQL()); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	return nil
 }
 
 // Add writes msgs for queue inside tx, the caller's business transaction.
@@ -134,13 +165,25 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.
 	if err := sdk.PrepareAll(ctx, queue, msgs, o.limit); err != nil {
 		return err
 	}
+	if o.onAdd != nil {
+		for _, m := range msgs {
+			o.onAdd(ctx, m)
+		}
+		// What OnAdd wrote must pass too: a row the broker would refuse
+		// fails the business transaction rather than being parked later.
+		if err := sdk.PrepareAll(ctx, queue, msgs, o.limit); err != nil {
+			return err
+		}
+	}
+	for _, m := range msgs {
+		if err := storable(m); err != nil {
+			return err
+		}
+	}
 	batch := &pgx.Batch{}
 	q := `INSERT INTO ` + o.table + ` (queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	for _, m := range msgs {
-		if o.onAdd != nil {
-			o.onAdd(ctx, m)
-		}
 		h, err := json.Marshal(m.Headers)
 		if err != nil {
 			return fmt.Errorf("outbox: headers of %s: %w", m.ID, err)
@@ -154,20 +197,44 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	return tx.SendBatch(ctx, batch).Close()
 }
 
+// storable refuses what the outbox table cannot hold: NUL bytes in headers
+// (jsonb) and in the text columns. The body is bytea and may hold anything.
+func storable(m *sdk.Message) error {
+	for k, v := range m.Headers {
+		if strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
+			return &sdk.HeaderError{Name: strings.ReplaceAll(k, "\x00", ""), Reason: "the outbox (PostgreSQL jsonb) cannot store NUL bytes in headers"}
+		}
+	}
+	for _, f := range []string{m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID} {
+		if strings.IndexByte(f, 0) >= 0 {
+			return fmt.Errorf("%w: message %q: the outbox (PostgreSQL text) cannot store NUL bytes in ID, Type, IdempotencyKey, Key or CorrelationID",
+				sdk.ErrInvalidMessage, m.ID)
+		}
+	}
+	return nil
+}
+
 // RelayOptions configures Relay.
 type RelayOptions struct {
 	BatchSize    int           // rows per transaction; default 100
 	PollInterval time.Duration // wait when the outbox is empty; default 200ms
-	// Backoff paces retries of rows whose publish failed. Default
-	// sdk.DefaultBackoff.
+	// Backoff paces the retries of each row whose publish failed, by that
+	// row's own attempt count. Default sdk.DefaultBackoff.
 	Backoff sdk.Backoff
-	Logger  *slog.Logger // default slog.Default()
+	// MaxAttempts is how many failed publishes of a row the relay makes
+	// before it parks the row: a parked row is kept with its last error and
+	// no longer published until [Outbox.Requeue] (list them with
+	// [Outbox.Parked]). Failures that wrap [sdk.ErrUnavailable] (the broker
+	// is down, not refusing the row) never park a row, they only postpone
+	// it. Default 20 (about an hour with the default backoff).
+	MaxAttempts int
+	Logger      *slog.Logger // default slog.Default()
 }
 
-// Relay publishes committed outbox rows to pub until ctx is done, then
-// returns nil. Failed publishes are retried with backoff; the rows stay in
-// the table until the broker accepts them.
-func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions) error {
+// DefaultMaxAttempts is RelayOptions.MaxAttempts when it is not set.
+const DefaultMaxAttempts = 20
+
+func (opts RelayOptions) withDefaults() RelayOptions {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = 200 * time.Millisecond
 	}
@@ -177,6 +244,17 @@ func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 100
 	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	return opts
+}
+
+// Relay publishes committed outbox rows to pub until ctx is done, then
+// returns nil. Failed publishes are retried with backoff, row by row; the
+// rows stay in the table until the broker accepts them or they are parked.
+func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions) error {
+	opts = opts.withDefaults()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -191,7 +269,7 @@ func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			opts.Logger.Warn("outbox: relay batch failed; rows stay for a retry", "table", o.table, "err", err)
+			opts.Logger.Warn("outbox: relay: some rows failed; they are retried with backoff", "table", o.table, "published", n, "err", err)
 		case n == opts.BatchSize:
 			wait = 0 // a full batch: there is probably more
 		}
@@ -203,45 +281,76 @@ type row struct {
 	id    int64
 	queue string
 	msg   *sdk.Message
+	// filled by RelayOnce
+	attempts int
+	err      error
+}
+
+const rowColumns = `id, queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms, attempts`
+
+// scanRow reads rowColumns, then the extra columns into extra.
+func scanRow(rows pgx.Rows, extra ...any) (row, error) {
+	var r row
+	var headers []byte
+	var delayMS int64
+	m := &sdk.Message{}
+	dest := append([]any{&r.id, &r.queue, &m.ID, &m.Type, &m.IdempotencyKey, &m.Key, &m.CorrelationID, &headers, &m.Body, &delayMS, &r.attempts}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(headers, &m.Headers); err != nil {
+		return r, fmt.Errorf("outbox: row %d headers: %w", r.id, err)
+	}
+	if len(m.Headers) == 0 {
+		m.Headers = nil
+	}
+	m.Delay = time.Duration(delayMS) * time.Millisecond
+	r.msg = m
+	return r, nil
 }
 
 // RelayOnce publishes one batch of due rows and deletes them, in one
 // transaction, and returns how many it published. Rows locked by another
 // relay are skipped.
+//
+// Each row succeeds or fails on its own: a row the broker refuses (too
+// large, a header it cannot carry) does not hold back the others. It is
+// retried alone after its own backoff, its attempts counted, and parked
+// after RelayOptions.MaxAttempts. The error, when some rows failed, joins
+// their causes; the rows published are deleted all the same.
+//
+// Rows with the same queue and ordering key (sdk.Message.Key) are published
+// in the order they were added, one per Publish call, so that a refused row
+// is never overtaken by a later row of its key: while a row waits for its
+// retry, or is parked, the later rows of its key wait too (the rows of other
+// keys, and rows without a key, go on). Rows without a key are published in
+// one call per queue.
 func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOptions) (int, error) {
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 100
-	}
+	opts = opts.withDefaults()
 	tx, err := o.pool.Begin(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	rows, err := tx.Query(ctx, `SELECT id, queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms
-FROM `+o.table+` WHERE available_at <= now() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
+	// Due rows, except those behind an earlier row of their key that waits
+	// for a retry or is parked.
+	rows, err := tx.Query(ctx, `SELECT `+rowColumns+` FROM `+o.table+` AS o
+WHERE parked_at IS NULL AND available_at <= now()
+  AND NOT (ordering_key <> '' AND EXISTS (SELECT 1 FROM `+o.table+` AS e
+      WHERE e.queue = o.queue AND e.ordering_key = o.ordering_key AND e.id < o.id
+        AND (e.parked_at IS NOT NULL OR e.available_at > now())))
+ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	if err != nil {
 		return 0, err
 	}
-	var batch []row
+	var batch []*row
 	for rows.Next() {
-		var r row
-		var headers []byte
-		var delayMS int64
-		m := &sdk.Message{}
-		if err := rows.Scan(&r.id, &r.queue, &m.ID, &m.Type, &m.IdempotencyKey, &m.Key, &m.CorrelationID, &headers, &m.Body, &delayMS); err != nil {
+		r, err := scanRow(rows)
+		if err != nil {
 			rows.Close()
 			return 0, err
 		}
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("outbox: row %d headers: %w", r.id, err)
-		}
-		if len(m.Headers) == 0 {
-			m.Headers = nil
-		}
-		m.Delay = time.Duration(delayMS) * time.Millisecond
-		r.msg = m
-		batch = append(batch, r)
+		batch = append(batch, &r)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -250,78 +359,317 @@ FROM `+o.table+` WHERE available_at <= now() ORDER BY id LIMIT $1 FOR UPDATE SKI
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	batch, err = o.dropOvertaking(ctx, tx, batch)
+	if err != nil {
+		return 0, err
+	}
 
-	// Publish per queue, keeping row order within each queue.
-	var done []int64
-	var failed []int64
-	var pubErr error
-	for _, group := range groupByQueue(batch) {
-		msgs := make([]*sdk.Message, len(group))
-		for i, r := range group {
-			msgs[i] = r.msg
-		}
-		if err := pub.Publish(ctx, group[0].queue, msgs...); err != nil {
-			pubErr = errors.Join(pubErr, err)
-			var pe *sdk.PublishError
-			for _, r := range group {
-				if errors.As(err, &pe) && pe.Failed[r.msg.ID] == nil {
-					done = append(done, r.id) // accepted by the broker
-				} else {
-					failed = append(failed, r.id)
-				}
-			}
-			continue
-		}
-		for _, r := range group {
+	publishInOrder(ctx, pub, batch)
+	if err := ctx.Err(); err != nil {
+		// Roll back: the rows published so far are published again later,
+		// with the same IDs (at least once, like a crash).
+		return 0, err
+	}
+	var (
+		done                []int64
+		failedIDs           []int64
+		failedErrs          []string
+		failedDelays        []float64
+		failedPark          []bool
+		pubErr              error
+		reported            = map[string]bool{}
+		maxAttempts, parked = opts.MaxAttempts, 0
+		failures            int
+	)
+	for _, r := range batch {
+		switch {
+		case r.err == nil:
 			done = append(done, r.id)
+		case r.err == errNotTried:
+		default:
+			attempts := r.attempts + 1
+			park := attempts >= maxAttempts && !errors.Is(r.err, sdk.ErrUnavailable)
+			if park {
+				parked++
+			}
+			failedIDs = append(failedIDs, r.id)
+			failedErrs = append(failedErrs, strings.ReplaceAll(sdk.SanitizeReason(r.err.Error()), "\x00", ""))
+			failedDelays = append(failedDelays, opts.Backoff.Delay(attempts, rand.Float64()).Seconds())
+			failedPark = append(failedPark, park)
+			failures++
+			if text := r.err.Error(); !reported[text] && len(reported) < 5 {
+				reported[text] = true
+				pubErr = errors.Join(pubErr, fmt.Errorf("outbox: row %d (message %s, attempt %d): %w", r.id, r.msg.ID, attempts, r.err))
+			}
 		}
+	}
+	if failures > len(reported) {
+		pubErr = errors.Join(pubErr, fmt.Errorf("outbox: %d rows failed in all", failures))
 	}
 	if len(done) > 0 {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+o.table+` WHERE id = ANY($1)`, done); err != nil {
-			return 0, err
+			return 0, errors.Join(pubErr, err)
 		}
 	}
-	if len(failed) > 0 {
-		// Postpone failed rows so one bad row does not block the table.
-		delay := opts.Backoff.Delay(1, 0)
-		if _, err := tx.Exec(ctx, `UPDATE `+o.table+` SET attempts = attempts + 1, last_error = $2,
-available_at = now() + make_interval(secs => least(($3::float8 * power(2, attempts)), $4::float8)) WHERE id = ANY($1)`,
-			failed, truncate(pubErr.Error(), 1000), delay.Seconds(), opts.Backoff.Delay(64, 0).Seconds()); err != nil {
+	if len(failedIDs) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE `+o.table+` AS o SET attempts = o.attempts + 1, last_error = f.err,
+available_at = now() + f.delay * interval '1 second',
+parked_at = CASE WHEN f.park THEN now() END
+FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[]) AS f(id, err, delay, park)
+WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark); err != nil {
 			return 0, errors.Join(pubErr, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, errors.Join(pubErr, err)
 	}
+	if parked > 0 {
+		opts.Logger.Error("outbox: rows parked after failing every attempt; see Outbox.Parked", "table", o.table, "parked", parked, "max_attempts", maxAttempts)
+	}
 	return len(done), pubErr
 }
 
-func groupByQueue(rows []row) [][]row {
-	var order []string
-	groups := map[string][]row{}
-	for _, r := range rows {
-		if _, ok := groups[r.queue]; !ok {
-			order = append(order, r.queue)
+// errNotTried marks a row left for a later pass: an earlier row of its
+// ordering key failed in this one.
+var errNotTried = errors.New("outbox: not tried")
+
+// dropOvertaking removes from batch the rows that an earlier row of their
+// queue and ordering key, not in batch, would be overtaken by: one that
+// another relay holds right now. The rows stay locked until the transaction
+// ends and are not touched.
+func (o *Outbox) dropOvertaking(ctx context.Context, tx pgx.Tx, batch []*row) ([]*row, error) {
+	var queues, keys []string
+	var ids, all []int64
+	for _, r := range batch {
+		all = append(all, r.id)
+		if r.msg.Key != "" {
+			queues, keys, ids = append(queues, r.queue), append(keys, r.msg.Key), append(ids, r.id)
 		}
-		groups[r.queue] = append(groups[r.queue], r)
 	}
-	out := make([][]row, len(order))
-	for i, q := range order {
-		out[i] = groups[q]
+	if len(ids) == 0 {
+		return batch, nil
 	}
-	return out
+	rows, err := tx.Query(ctx, `SELECT b.queue, b.key, min(b.id) FROM unnest($1::text[], $2::text[], $3::bigint[]) AS b(queue, key, id)
+WHERE EXISTS (SELECT 1 FROM `+o.table+` AS e WHERE e.queue = b.queue AND e.ordering_key = b.key AND e.id < b.id AND e.id <> ALL($4))
+GROUP BY b.queue, b.key`, queues, keys, ids, all)
+	if err != nil {
+		return nil, err
+	}
+	type qk struct{ queue, key string }
+	from := map[qk]int64{}
+	for rows.Next() {
+		var k qk
+		var id int64
+		if err := rows.Scan(&k.queue, &k.key, &id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		from[k] = id
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(from) == 0 {
+		return batch, nil
+	}
+	kept := batch[:0]
+	for _, r := range batch {
+		if id, ok := from[qk{r.queue, r.msg.Key}]; ok && r.id >= id {
+			continue
+		}
+		kept = append(kept, r)
+	}
+	return kept, nil
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// publishInOrder publishes batch, setting each row's err: nil when the
+// broker accepted it, errNotTried when an earlier row of its ordering key
+// failed. In each round, the next row of every ordering key and (in the
+// first round) every row without a key are published, one call per queue:
+// rows of one key never share a call, so a broker that accepts part of a
+// call cannot let a later row of a key overtake a refused one.
+func publishInOrder(ctx context.Context, pub sdk.Publisher, batch []*row) {
+	type qk struct{ queue, key string }
+	var free []*row
+	lines := map[qk][]*row{}
+	var order []qk
+	for _, r := range batch {
+		r.err = errNotTried
+		if r.msg.Key == "" {
+			free = append(free, r)
+			continue
+		}
+		k := qk{r.queue, r.msg.Key}
+		if _, ok := lines[k]; !ok {
+			order = append(order, k)
+		}
+		lines[k] = append(lines[k], r)
 	}
-	return strings.ToValidUTF8(s[:n], "")
+	round := append([]*row(nil), free...)
+	for _, k := range order {
+		round = append(round, lines[k][0])
+	}
+	for len(round) > 0 && ctx.Err() == nil {
+		publishRound(ctx, pub, round)
+		var next []*row
+		for _, k := range order {
+			line := lines[k]
+			if len(line) == 0 {
+				continue
+			}
+			if line[0].err != nil { // failed: the rest of its key waits
+				lines[k] = nil
+				continue
+			}
+			line = line[1:]
+			lines[k] = line
+			if len(line) > 0 {
+				next = append(next, line[0])
+			}
+		}
+		round = next
+	}
 }
 
-// Pending returns how many messages wait in the outbox.
+// publishRound publishes rows, one call per queue, and sets each row's err.
+// A call refused as a whole (an invalid message fails the batch) is retried
+// message by message, so that only the bad row fails; a broker that is down
+// fails them all.
+func publishRound(ctx context.Context, pub sdk.Publisher, rows []*row) {
+	byQueue := map[string][]*row{}
+	var queues []string
+	for _, r := range rows {
+		if _, ok := byQueue[r.queue]; !ok {
+			queues = append(queues, r.queue)
+		}
+		byQueue[r.queue] = append(byQueue[r.queue], r)
+	}
+	for _, q := range queues {
+		group := byQueue[q]
+		err := publish(ctx, pub, q, group)
+		var pe *sdk.PublishError
+		switch {
+		case err == nil:
+			for _, r := range group {
+				r.err = nil
+			}
+		case errors.As(err, &pe):
+			for _, r := range group {
+				r.err = pe.Failed[r.msg.ID] // nil: accepted
+			}
+		case len(group) > 1 && ctx.Err() == nil && !errors.Is(err, sdk.ErrUnavailable) && !errors.Is(err, sdk.ErrClosed):
+			for _, r := range group {
+				r.err = publish(ctx, pub, q, []*row{r})
+			}
+		default:
+			for _, r := range group {
+				r.err = err
+			}
+		}
+	}
+}
+
+// publish sends copies of the rows' messages (Publish may modify them).
+func publish(ctx context.Context, pub sdk.Publisher, queue string, rows []*row) error {
+	msgs := make([]*sdk.Message, len(rows))
+	for i, r := range rows {
+		msgs[i] = r.msg.Clone()
+	}
+	return pub.Publish(ctx, queue, msgs...)
+}
+
+// Pending returns how many messages wait in the outbox to be published,
+// parked rows not included.
 func (o *Outbox) Pending(ctx context.Context) (int64, error) {
 	var n int64
-	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.table).Scan(&n)
+	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE parked_at IS NULL`).Scan(&n)
 	return n, err
+}
+
+// ParkedRow is a row the relay gave up on after RelayOptions.MaxAttempts
+// failed publishes.
+type ParkedRow struct {
+	ID        int64        // the row's id: pass it to Requeue or Discard
+	Queue     string       // the queue it was added for
+	Message   *sdk.Message // the message as added
+	Attempts  int          // failed publishes
+	LastError string       // the last failure, valid UTF-8, at most sdk.MaxReasonLength bytes; untrusted text
+	CreatedAt time.Time    // when it was added
+	ParkedAt  time.Time    // when the relay parked it
+}
+
+// Parked returns up to limit parked rows (all of them when limit <= 0),
+// oldest first. While a row is parked, the later rows of its ordering key
+// are held back.
+func (o *Outbox) Parked(ctx context.Context, limit int) ([]ParkedRow, error) {
+	q := `SELECT ` + rowColumns + `, last_error, created_at, parked_at FROM ` + o.table + ` WHERE parked_at IS NOT NULL ORDER BY id`
+	args := []any{}
+	if limit > 0 {
+		q += ` LIMIT $1`
+		args = append(args, limit)
+	}
+	rows, err := o.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: parked: %w", err)
+	}
+	defer rows.Close()
+	var out []ParkedRow
+	for rows.Next() {
+		var p ParkedRow
+		r, err := scanRow(rows, &p.LastError, &p.CreatedAt, &p.ParkedAt)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: parked: %w", err)
+		}
+		p.ID, p.Queue, p.Message, p.Attempts = r.id, r.queue, r.msg, r.attempts
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: parked: %w", err)
+	}
+	return out, nil
+}
+
+// Requeue puts parked rows back in line, due now with their attempts reset
+// (all parked rows when no id is given), and returns how many. If an id is
+// not a parked row, nothing is requeued and the error wraps [sdk.ErrNotFound].
+func (o *Outbox) Requeue(ctx context.Context, ids ...int64) (int, error) {
+	return o.parkedOp(ctx, "requeue", `UPDATE `+o.table+` SET parked_at = NULL, attempts = 0, available_at = now()`, ids)
+}
+
+// Discard deletes parked rows (all parked rows when no id is given): their
+// messages are never published. It returns how many; if an id is not a
+// parked row, nothing is deleted and the error wraps [sdk.ErrNotFound].
+func (o *Outbox) Discard(ctx context.Context, ids ...int64) (int, error) {
+	return o.parkedOp(ctx, "discard", `DELETE FROM `+o.table, ids)
+}
+
+func (o *Outbox) parkedOp(ctx context.Context, op, stmt string, ids []int64) (int, error) {
+	tx, err := o.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var sel []int64
+	if len(ids) > 0 {
+		sel = ids
+	}
+	tag, err := tx.Exec(ctx, stmt+` WHERE parked_at IS NOT NULL AND ($1::bigint[] IS NULL OR id = ANY($1))`, sel)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	n := int(tag.RowsAffected())
+	if len(ids) > 0 {
+		distinct := map[int64]bool{}
+		for _, id := range ids {
+			distinct[id] = true
+		}
+		if n != len(distinct) {
+			return 0, fmt.Errorf("outbox: %s: %d of the %d ids are not parked rows: %w", op, len(distinct)-n, len(distinct), sdk.ErrNotFound)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("outbox: %s: %w", op, err)
+	}
+	return n, nil
 }

@@ -27,6 +27,13 @@ func setup(t *testing.T) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
 
 func setupWith(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker) {
 	t.Helper()
+	pool, box, b, _ := setupSchema(t, opts)
+	return pool, box, b
+}
+
+// setupSchema is setupWith that also returns the outbox's schema.
+func setupSchema(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox, *memory.Broker, string) {
+	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
 	if err != nil {
@@ -53,7 +60,7 @@ func setupWith(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outbox
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return pool, box, b
+	return pool, box, b, schema
 }
 
 func drain(t *testing.T, b *memory.Broker, queue string, want int) map[string]*sdk.Message {
@@ -225,6 +232,15 @@ func TestBadInput(t *testing.T) {
 	}
 	if err := box.Add(ctx, tx, "q", &sdk.Message{Body: make([]byte, 300*1024)}); !errors.Is(err, sdk.ErrMessageTooLarge) {
 		t.Errorf("oversized: %v", err)
+	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Headers: map[string]string{"x": "a\x00b"}}); !errors.Is(err, sdk.ErrInvalidHeader) {
+		t.Errorf("NUL in a header: %v, want ErrInvalidHeader", err)
+	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Key: "a\x00b"}); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("NUL in Key: %v, want ErrInvalidMessage", err)
+	}
+	if err := box.Add(ctx, tx, "q", &sdk.Message{Headers: map[string]string{"berth-dlq-queue": "x"}}); !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("reserved header: %v, want ErrInvalidMessage", err)
 	}
 	if _, err := outbox.New(pool, outbox.Options{Table: "x; DROP TABLE y"}); !errors.Is(err, outbox.ErrInvalidIdentifier) {
 		t.Errorf("table name with SQL in it: %v", err)

@@ -49,6 +49,8 @@ type Delivery interface {
 // that fails at the broker may be partially published, and the error says
 // which ([PublishError]). Retrying a failed Publish is safe: consumers dedupe
 // by IdempotencyKey, not by delivery. After Close it returns [ErrClosed].
+// With ctx already done it publishes nothing and returns ctx.Err() (every
+// broker, the in-memory one included).
 type Publisher interface {
 	Publish(ctx context.Context, queue string, msgs ...*Message) error
 }
@@ -145,7 +147,7 @@ func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firs
 	if cause != nil {
 		reason, class = cause.Error(), Classify(cause)
 	}
-	m.SetHeader(HeaderDeadLetterReason, boundReason(reason))
+	m.SetHeader(HeaderDeadLetterReason, SanitizeReason(reason))
 	m.SetHeader(HeaderDeadLetterClass, string(class))
 	m.SetHeader(HeaderDeadLetterAttempts, strconv.Itoa(attempt))
 	m.SetHeader(HeaderDeadLetterQueue, queue)
@@ -161,7 +163,12 @@ func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firs
 // MaxReasonLength bounds the [HeaderDeadLetterReason] header, in bytes.
 const MaxReasonLength = 1024
 
-func boundReason(s string) string {
+// SanitizeReason makes an error text fit to be stored or shown beside a
+// message: invalid UTF-8 is replaced with U+FFFD and the text is cut to
+// [MaxReasonLength] bytes (ending in "…" when cut). [AnnotateDeadLetter]
+// uses it for the dead-letter reason; brokers use it wherever they record a
+// cause (a retry's last error), since an error may carry any bytes.
+func SanitizeReason(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= MaxReasonLength {
 		return s
@@ -175,12 +182,11 @@ func boundReason(s string) string {
 
 // PrepareRedrive readies a dead-lettered message for its original queue: it
 // removes the dead-letter headers, increments [HeaderRedriveCount] and returns
-// the queue to publish to (the [HeaderDeadLetterQueue] header, else fallback).
-func PrepareRedrive(m *Message, fallback string) string {
-	q := m.Header(HeaderDeadLetterQueue)
-	if q == "" {
-		q = fallback
-	}
+// queue, the queue whose dead letters are being redriven, as the queue to
+// publish to. The [HeaderDeadLetterQueue] header is never the target: a
+// header can be forged by a producer or a foreign dead-letterer, while the
+// dead-letter queue's owner is known from berth's own topology.
+func PrepareRedrive(m *Message, queue string) string {
 	n, _ := strconv.Atoi(m.Header(HeaderRedriveCount))
 	for _, h := range []string{HeaderDeadLetterReason, HeaderDeadLetterClass, HeaderDeadLetterAttempts,
 		HeaderDeadLetterQueue, HeaderFirstFailure, HeaderLastFailure, HeaderAttempt} {
@@ -188,7 +194,7 @@ func PrepareRedrive(m *Message, fallback string) string {
 	}
 	m.SetHeader(HeaderRedriveCount, strconv.Itoa(n+1))
 	m.Delay = 0
-	return q
+	return queue
 }
 
 // PublishError reports a batch that the broker accepted only in part. Failed

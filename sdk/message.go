@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -30,7 +31,9 @@ type Message struct {
 	// publishing context (see [WithCorrelationID]), else with the message's
 	// own ID: a message published outside any flow starts one.
 	CorrelationID string
-	// Headers are application headers. Names starting with "berth-" are reserved.
+	// Headers are application headers. Names starting with "berth-" (in any
+	// case) are reserved for brokers: [Prepare] refuses them (see
+	// [IsReservedHeader]).
 	Headers map[string]string
 	// Body is the payload; any bytes, including none.
 	Body []byte
@@ -124,6 +127,18 @@ func ValidateQueueName(name string) error {
 	return nil
 }
 
+// ReservedHeaderPrefix starts every header name berth reserves for itself
+// (compared without regard to case).
+const ReservedHeaderPrefix = "berth-"
+
+// IsReservedHeader reports whether name starts with [ReservedHeaderPrefix],
+// in any case. Only brokers write such headers (dead-letter annotation,
+// redrive, attempts); [Prepare] refuses them from applications, and a broker
+// never takes a routing decision (a redrive target) from one.
+func IsReservedHeader(name string) bool {
+	return len(name) >= len(ReservedHeaderPrefix) && strings.EqualFold(name[:len(ReservedHeaderPrefix)], ReservedHeaderPrefix)
+}
+
 // ValidateHeaders checks that header names are non-empty valid UTF-8 and values
 // valid UTF-8. The error wraps [ErrInvalidHeader].
 func ValidateHeaders(h map[string]string) error {
@@ -169,6 +184,11 @@ func (l *lockedReader) Read(p []byte) (int, error) {
 // modifies m in place. Its errors are typed ([QueueNameError], [HeaderError],
 // [MessageTooLargeError], [ErrInvalidMessage]) and nothing is published when
 // any message of a batch fails it.
+//
+// It refuses, with an error wrapping [ErrInvalidMessage]: a reserved header
+// name ([IsReservedHeader]; the error also wraps a [HeaderError]), and an ID,
+// Type, Key, IdempotencyKey or CorrelationID that is not valid UTF-8 (the
+// error names the field). The Body may be any bytes.
 func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
@@ -185,6 +205,22 @@ func prepare(ctx context.Context, m *Message, limit int) error {
 	}
 	if err := ValidateHeaders(m.Headers); err != nil {
 		return err
+	}
+	for k := range m.Headers {
+		if IsReservedHeader(k) {
+			// Both sentinels hold: the message is refused because of a header.
+			return fmt.Errorf("%w: %w", ErrInvalidMessage,
+				&HeaderError{Name: k, Reason: "names starting with " + ReservedHeaderPrefix + " are reserved for brokers"})
+		}
+	}
+	for _, f := range [...]struct{ name, value string }{
+		{"ID", m.ID}, {"Type", m.Type}, {"Key", m.Key}, {"IdempotencyKey", m.IdempotencyKey}, {"CorrelationID", m.CorrelationID},
+	} {
+		if !utf8.ValidString(f.value) {
+			// Brokers carry these as text: PostgreSQL refuses invalid UTF-8
+			// and SQS replaces it, mapping distinct keys onto one.
+			return fmt.Errorf("%w: %s %q is not valid UTF-8", ErrInvalidMessage, f.name, f.value)
+		}
 	}
 	if m.ID == "" {
 		m.ID = NewID()

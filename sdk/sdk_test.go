@@ -189,12 +189,12 @@ func TestAnnotateAndRedrive(t *testing.T) {
 			t.Errorf("%s = %q, want %q", h, got, want)
 		}
 	}
-	q := sdk.PrepareRedrive(m, "fallback")
+	q := sdk.PrepareRedrive(m, "billing")
 	if q != "billing" || m.Header(sdk.HeaderRedriveCount) != "1" || m.Header(sdk.HeaderDeadLetterReason) != "" {
 		t.Errorf("redrive: queue %q headers %v", q, m.Headers)
 	}
 	sdk.AnnotateDeadLetter(m, "billing", 1, errors.New("again"), time.Time{}, now)
-	sdk.PrepareRedrive(m, "fallback")
+	sdk.PrepareRedrive(m, "billing")
 	if m.Header(sdk.HeaderRedriveCount) != "2" {
 		t.Errorf("second redrive count %q", m.Header(sdk.HeaderRedriveCount))
 	}
@@ -244,5 +244,67 @@ func TestCloneIsDeep(t *testing.T) {
 	c.Body[0] = 'x'
 	if m.Headers["a"] != "1" || m.Body[0] != 'b' {
 		t.Fatal("Clone shares memory with the original")
+	}
+}
+
+// Issue 11 item 2: names starting with "berth-" (any case) are reserved for
+// brokers; Prepare refuses them from applications with a typed error.
+func TestHardening2_PrepareRefusesReservedHeaders(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{sdk.HeaderDeadLetterQueue, sdk.HeaderRedriveCount, "BERTH-dlq-queue", "Berth-anything", "berth-"} {
+		m := &sdk.Message{Headers: map[string]string{"ok": "1", name: "evil"}}
+		err := sdk.Prepare(ctx, "jobs", m, 0)
+		var he *sdk.HeaderError
+		if !errors.Is(err, sdk.ErrInvalidMessage) || !errors.As(err, &he) || he.Name != name {
+			t.Errorf("header %q: %v, want ErrInvalidMessage with a HeaderError naming it", name, err)
+		}
+		if err := sdk.PrepareAll(ctx, "jobs", []*sdk.Message{{}, m}, 0); !errors.Is(err, sdk.ErrInvalidMessage) {
+			t.Errorf("PrepareAll with header %q: %v, want ErrInvalidMessage", name, err)
+		}
+	}
+	for _, name := range []string{"berth", "berthx-a", "x-berth-a", "traceparent"} {
+		if err := sdk.Prepare(ctx, "jobs", &sdk.Message{Headers: map[string]string{name: "v"}}, 0); err != nil {
+			t.Errorf("header %q is not reserved: %v", name, err)
+		}
+	}
+	if !sdk.IsReservedHeader("BeRtH-x") || sdk.IsReservedHeader("berth") {
+		t.Error("IsReservedHeader is wrong")
+	}
+}
+
+// Issue 11 item 2: the redrive target is the queue whose dead letters are
+// redriven, never the (forgeable) HeaderDeadLetterQueue value.
+func TestHardening2_PrepareRedriveIgnoresForgedQueue(t *testing.T) {
+	m := &sdk.Message{Headers: map[string]string{sdk.HeaderDeadLetterQueue: "evil", sdk.HeaderRedriveCount: "2", "app": "kept"}}
+	if got := sdk.PrepareRedrive(m, "orders"); got != "orders" {
+		t.Errorf("PrepareRedrive target = %q, want the queue redriven (orders)", got)
+	}
+	if m.Header(sdk.HeaderDeadLetterQueue) != "" || m.Header(sdk.HeaderRedriveCount) != "3" || m.Header("app") != "kept" {
+		t.Errorf("headers after PrepareRedrive: %v", m.Headers)
+	}
+}
+
+// Issue 11 item 5: the string fields brokers carry as text must be UTF-8;
+// the error names the field. The body may be any bytes.
+func TestHardening5_PrepareRefusesNonUTF8Fields(t *testing.T) {
+	ctx := context.Background()
+	bad := "order:\xfe"
+	for field, m := range map[string]*sdk.Message{
+		"ID":             {ID: bad},
+		"Type":           {Type: bad},
+		"Key":            {Key: bad},
+		"IdempotencyKey": {IdempotencyKey: bad},
+		"CorrelationID":  {CorrelationID: bad},
+	} {
+		err := sdk.Prepare(ctx, "jobs", m, 0)
+		if !errors.Is(err, sdk.ErrInvalidMessage) || !strings.Contains(err.Error(), field+" ") {
+			t.Errorf("%s not UTF-8: %v, want ErrInvalidMessage naming %s", field, err, field)
+		}
+		if err != nil && !utf8.ValidString(err.Error()) {
+			t.Errorf("%s: error text is not UTF-8: %q", field, err.Error())
+		}
+	}
+	if err := sdk.Prepare(ctx, "jobs", &sdk.Message{Key: "order:é", Body: []byte{0xff, 0xfe, 0}}, 0); err != nil {
+		t.Errorf("UTF-8 key and binary body: %v", err)
 	}
 }

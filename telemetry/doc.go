@@ -43,11 +43,20 @@
 // messaging.message.conversation_id (the correlation ID), and berth's own:
 // berth.job.type, berth.delivery.attempt, berth.settlement.action,
 // berth.retry.delay (seconds), berth.dead_letter.reason, error.type (the
-// [sdk.ErrorClass]).
+// [sdk.ErrorClass]). Error texts (the dead-letter reason, a failed
+// settlement's error, the "exception" event of the cause) pass through
+// [sdk.SanitizeReason], as the dead-letter reason header does: valid UTF-8, at
+// most [sdk.MaxReasonLength] bytes.
 //
 // # Metrics
 //
-// See [Observer] for the instruments. The counters only other berth packages
+// See [Observer] for the instruments. berth.job.type comes from the message,
+// so its values are bounded: the declared [Options.JobTypes] and the first
+// [Options.MaxJobTypes] (default 100) others seen keep their name, the rest are
+// counted as [OtherJobType]. Close leaves the delivery counters registered so
+// that a final export after it still reports them.
+//
+// The counters only other berth packages
 // can see are fed through their hooks:
 //
 //	idempotency.Options{Observer: tel.Idempotency()}             // duplicates, conflicts, every guard event

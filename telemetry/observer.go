@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"reflect"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -190,22 +191,46 @@ func (o *Observer) recordSpan(span trace.Span, attrs []attribute.KeyValue, s sdk
 		if s.Cause != nil {
 			reason = s.Cause.Error()
 		}
-		attrs = append(attrs, AttrDeadLetterReason.String(reason))
+		attrs = append(attrs, AttrDeadLetterReason.String(sdk.SanitizeReason(reason)))
 	}
 	if s.Err != nil {
-		attrs = append(attrs, AttrSettleError.String(s.Err.Error()))
+		attrs = append(attrs, AttrSettleError.String(sdk.SanitizeReason(s.Err.Error())))
 	}
 	span.SetAttributes(attrs...)
 	switch {
 	case s.Cause != nil && s.Action != sdk.ActionRelease:
-		span.RecordError(s.Cause)
+		recordError(span, s.Cause)
 		span.SetStatus(codes.Error, string(s.Class))
 	case s.Err != nil:
-		span.RecordError(s.Err)
+		recordError(span, s.Err)
 		span.SetStatus(codes.Error, "settlement failed")
 	case s.Action == sdk.ActionLeaseLost:
 		span.SetStatus(codes.Error, "lease lost")
 	}
+}
+
+// recordError is span.RecordError with the message made valid UTF-8 and
+// bounded by [sdk.SanitizeReason], as a dead-letter reason is: an error's
+// text may quote a message or a server's answer, carry any bytes and be of
+// any length. The event is the one RecordError adds ("exception", with
+// exception.type and exception.message).
+func recordError(span trace.Span, err error) {
+	if err == nil || !span.IsRecording() {
+		return
+	}
+	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+		semconv.ExceptionType(errorTypeName(err)),
+		semconv.ExceptionMessage(sdk.SanitizeReason(err.Error())),
+	))
+}
+
+// errorTypeName names err's type as the OpenTelemetry SDK's RecordError does.
+func errorTypeName(err error) string {
+	t := reflect.TypeOf(err)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String() // a pointer or another unnamed type
+	}
+	return t.PkgPath() + "." + t.Name()
 }
 
 // LeaseExtended implements [sdk.LeaseObserver]: it counts lease extensions,
@@ -214,7 +239,7 @@ func (o *Observer) LeaseExtended(ctx context.Context, d sdk.Delivery, by time.Du
 	attrs := []attribute.KeyValue{
 		semconv.MessagingSystemKey.String(o.systemOf(d)),
 		semconv.MessagingDestinationName(d.Queue()),
-		AttrJobType.String(d.Message().Type),
+		AttrJobType.String(o.jobLabel(d.Message().Type)),
 		AttrLeaseResult.String("ok"),
 	}
 	if err != nil {

@@ -109,7 +109,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 }
 
 func recordPublishError(span trace.Span, err error) {
-	span.RecordError(err)
+	recordError(span, err)
 	span.SetStatus(codes.Error, "publish failed")
 	span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 }

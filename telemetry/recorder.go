@@ -81,7 +81,7 @@ func (o *Observer) jobOpts(ctx context.Context, jobType string) []metric.AddOpti
 		}
 		return o.labelsFor(k).add
 	}
-	return []metric.AddOption{metric.WithAttributes(AttrJobType.String(jobType))}
+	return []metric.AddOption{metric.WithAttributes(AttrJobType.String(o.jobLabel(jobType)))}
 }
 
 func (o *Observer) resourceAttrs(ctx context.Context, resource string) []attribute.KeyValue {
@@ -145,11 +145,14 @@ func (o *Observer) jobAttrs(ctx context.Context, jobType string) []attribute.Key
 	attrs := make([]attribute.KeyValue, 0, 4)
 	if st := stateFrom(ctx); st != nil {
 		if jobType == "" {
-			jobType = st.l.key.jobType
+			jobType = st.l.key.jobType // already a label value
+		} else {
+			jobType = o.jobLabel(jobType)
 		}
 		attrs = append(attrs,
 			semconv.MessagingSystemKey.String(st.l.key.system),
 			semconv.MessagingDestinationName(st.l.key.queue))
+		return append(attrs, AttrJobType.String(jobType))
 	}
-	return append(attrs, AttrJobType.String(jobType))
+	return append(attrs, AttrJobType.String(o.jobLabel(jobType)))
 }

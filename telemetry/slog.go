@@ -80,7 +80,7 @@ func (h *LogHandler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	if st := stateFrom(ctx); st != nil {
 		if !have[3] {
-			attrs[n] = slog.String(LogJobType, st.l.key.jobType)
+			attrs[n] = slog.String(LogJobType, st.d.Message().Type)
 			n++
 		}
 		if !have[4] {

@@ -72,12 +72,30 @@ type Options struct {
 	Queues []InspectedQueue
 	// InspectTimeout bounds each Stats call of a collection. Default 5s.
 	InspectTimeout time.Duration
+	// JobTypes are job types that always get their own berth.job.type value
+	// in metrics (declare the types your handlers register).
+	JobTypes []string
+	// MaxJobTypes bounds how many other job types, first seen first served,
+	// get their own berth.job.type value; deliveries of the rest are counted
+	// under [OtherJobType]. A job type comes from the message, which anyone
+	// who can publish chooses, and every value costs a label set per
+	// instrument, kept for the Observer's life. Default 100; negative: only
+	// JobTypes.
+	MaxJobTypes int
 }
+
+// OtherJobType is the berth.job.type value (in metrics, process spans and
+// the idempotency counters) of job types beyond [Options.JobTypes] and
+// [Options.MaxJobTypes]. Log records keep the message's own type.
+const OtherJobType = "_OTHER"
+
+// defaultMaxJobTypes is the default [Options.MaxJobTypes].
+const defaultMaxJobTypes = 100
 
 // Observer is the telemetry of one process: an [sdk.Observer] and
 // [sdk.LeaseObserver] for Workers, a factory of traced publishers
 // ([Observer.Publisher]), and the recorder of the counters other packages feed.
-// It is safe for concurrent use. Close unregisters its gauge callbacks.
+// It is safe for concurrent use. Close unregisters its queue gauge callbacks.
 //
 // Instruments (units in UCUM, names after the OpenTelemetry conventions):
 //
@@ -127,9 +145,13 @@ type Observer struct {
 
 	systems sync.Map // reflect.Type -> string
 
-	mu        sync.RWMutex // guards labels, pubLabels, regs
+	mu        sync.RWMutex // guards labels, pubLabels, regs, jobTypes
 	labels    map[labelKey]*labels
 	pubLabels map[labelKey]*pubLabels
+	// jobTypes are the job types with their own label value: Options.JobTypes
+	// and then the first maxSeen others seen (seen counts those).
+	jobTypes      map[string]bool
+	maxSeen, seen int
 }
 
 var (
@@ -168,7 +190,12 @@ func New(opts Options) (*Observer, error) {
 			return nil, fmt.Errorf("berth: telemetry: Queues[%d]: %w", i, err)
 		}
 	}
+	if opts.MaxJobTypes == 0 {
+		opts.MaxJobTypes = defaultMaxJobTypes
+	}
 	o := &Observer{
+		maxSeen:    max(opts.MaxJobTypes, 0),
+		jobTypes:   make(map[string]bool, len(opts.JobTypes)),
 		tracer:     opts.TracerProvider.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
 		prop:       opts.Propagator,
 		system:     opts.System,
@@ -178,6 +205,9 @@ func New(opts Options) (*Observer, error) {
 		inspectTTL: opts.InspectTimeout,
 		labels:     make(map[labelKey]*labels),
 		pubLabels:  make(map[labelKey]*pubLabels),
+	}
+	for _, t := range opts.JobTypes {
+		o.jobTypes[t] = true
 	}
 	m := opts.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	var errs []error
@@ -227,26 +257,32 @@ func New(opts Options) (*Observer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("berth: telemetry: creating instruments: %w", err)
 	}
-	o.regs = make([]metric.Registration, 0, 2)
-	reg, err := m.RegisterCallback(o.observeCounts, o.sent, o.consumed, o.redeliveries, o.settlements,
-		o.jobErrors, o.retries, o.deadLetters, o.leaseExp, o.inFlight)
-	if err != nil {
-		return nil, fmt.Errorf("berth: telemetry: registering the delivery counters: %w", err)
-	}
-	o.regs = append(o.regs, reg)
 	if len(o.queues) > 0 {
 		reg, err := m.RegisterCallback(o.observeQueues, o.depth, o.oldest)
 		if err != nil {
-			_ = o.Close()
 			return nil, fmt.Errorf("berth: telemetry: registering queue gauges: %w", err)
 		}
 		o.regs = append(o.regs, reg)
 	}
+	// Registered last and never unregistered (see Close): nothing can fail
+	// after it, so a failed New leaves no callback behind.
+	if _, err := m.RegisterCallback(o.observeCounts, o.sent, o.consumed, o.redeliveries, o.settlements,
+		o.jobErrors, o.retries, o.deadLetters, o.leaseExp, o.inFlight); err != nil {
+		errs := []error{fmt.Errorf("berth: telemetry: registering the delivery counters: %w", err)}
+		for _, r := range o.regs {
+			errs = append(errs, r.Unregister())
+		}
+		return nil, errors.Join(errs...)
+	}
 	return o, nil
 }
 
-// Close unregisters the gauge callbacks (in-flight, queue depth and age):
-// call it when the Observer is no longer used. It is safe to call twice.
+// Close unregisters the queue gauge callbacks (depth and oldest age, which
+// call the Inspectors): call it when the Observer is no longer used, before
+// closing the brokers it inspects. The delivery counters (and the in-flight
+// count) stay registered with the MeterProvider, so that its final export
+// (MeterProvider.Shutdown or ForceFlush after Close) still reports what the
+// Observer counted; they go with the MeterProvider. It is safe to call twice.
 func (o *Observer) Close() error {
 	o.mu.Lock()
 	regs := o.regs
@@ -344,14 +380,51 @@ type labels struct {
 	outcomes map[outcomeKey]*labels
 }
 
-// labelsFor returns the base labels of k, made once. Their number is that of
-// (system, queue, job type) combinations, which deployments keep small.
+// jobLabel returns the berth.job.type value of job type t: t itself when it
+// is declared or among the first [Options.MaxJobTypes] others seen, else
+// [OtherJobType].
+func (o *Observer) jobLabel(t string) string {
+	o.mu.RLock()
+	known := o.jobTypes[t]
+	full := o.seen >= o.maxSeen
+	o.mu.RUnlock()
+	if known {
+		return t
+	}
+	if full {
+		return OtherJobType
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.jobTypes[t]:
+	case o.seen < o.maxSeen:
+		o.jobTypes[t] = true
+		o.seen++
+	default:
+		return OtherJobType
+	}
+	return t
+}
+
+// labelsFor returns the base labels of k, made once, with k's job type
+// replaced by its label value ([Observer.jobLabel]). Their number is that of
+// (system, queue, job type label) combinations, bounded by
+// [Options.MaxJobTypes] whatever the messages say.
 func (o *Observer) labelsFor(k labelKey) *labels {
 	o.mu.RLock()
 	l, ok := o.labels[k]
 	o.mu.RUnlock()
 	if ok {
-		return l
+		return l // only admitted job types are cached
+	}
+	if k.jobType = o.jobLabel(k.jobType); k.jobType == OtherJobType {
+		o.mu.RLock()
+		l, ok = o.labels[k]
+		o.mu.RUnlock()
+		if ok {
+			return l
+		}
 	}
 	sys, dest, job := semconv.MessagingSystemKey.String(k.system), semconv.MessagingDestinationName(k.queue), AttrJobType.String(k.jobType)
 	opt := metric.WithAttributeSet(attribute.NewSet(sys, dest, job))

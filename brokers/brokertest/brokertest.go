@@ -1,6 +1,7 @@
 // Package brokertest is the conformance suite every berth broker runs: one set
 // of named cases that checks a broker keeps the [sdk.Delivery] contract of
-// DESIGN.md (leases, attempts, retries, dead letters, limits, Close) and that
+// ARCHITECTURE.md, "The contract" (leases, attempts, retries, dead letters,
+// limits, Close) and that
 // the [sdk.Worker] on top of it settles every message exactly once.
 //
 // A broker's test describes itself with a [Harness] and calls [Run]:
@@ -22,7 +23,9 @@
 //
 // Every case is a subtest with a fresh broker and a fresh queue. A case that
 // needs a behaviour the broker declares in [Harness.Unsupported] is skipped
-// with "unsupported: <reason>". Timing assertions are only lower bounds ("not
+// with "unsupported: <reason>"; the hooks some cases need (a second
+// instance, a connection to cut, the driver's error type) are Harness fields.
+// Timing assertions are only lower bounds ("not
 // delivered before d") and generous upper bounds ("eventually, within
 // [Harness.Timeout]"), so the suite holds on a loaded machine.
 package brokertest
@@ -31,6 +34,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,13 +73,46 @@ const (
 	// CapMaxMessageSize: the broker has a size limit ([Harness.MaxMessageSize])
 	// checked before publishing.
 	CapMaxMessageSize Capability = "max-message-size"
+	// CapNULHeader: header names and values may hold NUL bytes. A broker
+	// that cannot store them refuses them with [sdk.ErrInvalidHeader] and
+	// stores nothing; the suite checks that instead of skipping.
+	CapNULHeader Capability = "nul-header"
+	// CapOrderingKey: messages of one [sdk.Message.Key], published in one
+	// Publish call, reach a single receiver in publish order (on
+	// [Harness.OrderedQueue]'s queue when set).
+	CapOrderingKey Capability = "ordering-key"
+	// CapPeer: [Harness.Peer] gives a second instance on the same queues, so
+	// that work is shared between instances and unsettled deliveries of a
+	// closed instance come back to another.
+	CapPeer Capability = "peer"
+	// CapDriverError: the error of a call on a queue that does not exist
+	// carries the driver's own error, found by [Harness.As].
+	CapDriverError Capability = "driver-error"
+	// CapConnectionLoss: [Harness.Faulty] gives an instance whose connection
+	// the test can cut, and the broker recovers from the cut.
+	CapConnectionLoss Capability = "connection-loss"
 )
 
 var knownCapabilities = map[Capability]bool{
 	CapLease: true, CapLeaseLost: true, CapExtendLease: true, CapDelayedPublish: true,
 	CapRetryDelay: true, CapRelease: true, CapDeadLetters: true, CapStats: true,
-	CapMaxDeliveries: true, CapMaxMessageSize: true,
+	CapMaxDeliveries: true, CapMaxMessageSize: true, CapNULHeader: true, CapOrderingKey: true,
+	CapPeer: true, CapDriverError: true, CapConnectionLoss: true,
 }
+
+// Undeclared is what a broker does with a valid queue name that was never
+// declared.
+type Undeclared int
+
+// The behaviours for a queue that was never declared.
+const (
+	// UndeclaredNotFound: Publish and Receive return an error wrapping
+	// [sdk.ErrNotFound] at once (Receive does not wait for the queue).
+	UndeclaredNotFound Undeclared = iota
+	// UndeclaredCreated: the queue comes into being on first use: a Receive
+	// on it waits, and a message published to it is delivered.
+	UndeclaredCreated
+)
 
 // Harness describes the broker under test. New is required; the rest have
 // defaults.
@@ -103,11 +140,47 @@ type Harness struct {
 	Abandon func(t *testing.T, b sdk.Broker, d sdk.Delivery)
 	// Unsupported maps each capability the broker lacks to the reason.
 	Unsupported map[Capability]string
+	// KnownDefects maps a case name to a defect that makes it fail on this
+	// broker today and is being fixed (the issue reference and what is
+	// wrong); the case is skipped with "known defect: <reason>". It is for a
+	// fix in progress only, never for a behaviour the broker keeps: that is
+	// a capability declared in Unsupported.
+	KnownDefects map[string]string
 	// WorkerMessages is the number of messages of the Worker-level cases.
 	// Default 10000.
 	WorkerMessages int
 	// Timeout bounds every "eventually" of the suite. Default 20s.
 	Timeout time.Duration
+
+	// Undeclared is what the broker does with a valid queue name that was
+	// never declared. Default [UndeclaredNotFound].
+	Undeclared Undeclared
+	// NewNoDeclare (optional) returns a broker like New's but configured not
+	// to declare queues on first use (RabbitMQ's NoDeclare; PostgreSQL on a
+	// schema where Migrate never ran), closed by the suite. The suite
+	// checks that it gives [UndeclaredNotFound] behaviour, and it is where
+	// [Harness.As] is tried when the broker itself creates queues.
+	NewNoDeclare func(t *testing.T) sdk.Broker
+	// As reports whether err carries the driver's own error, by calling
+	// errors.As with the driver's type (gocloud's ErrorAs): for example
+	// *amqp.Error or smithy.APIError. The suite gives it the error of a
+	// Receive on a queue that does not exist. Required unless
+	// CapDriverError is unsupported.
+	As func(err error) bool
+	// Peer returns a second instance on the same queues as b (another
+	// process's view of the same server, schema or account), closed by the
+	// suite. Required unless CapPeer is unsupported.
+	Peer func(t *testing.T, b sdk.Broker) sdk.Broker
+	// OrderedQueue (optional) returns a fresh queue on b where the broker
+	// keeps the order within an ordering key (an SQS FIFO queue), with its
+	// cleanup. Default: [Harness.Queue].
+	OrderedQueue func(t *testing.T, b sdk.Broker) string
+	// Faulty returns a fresh instance whose connection cut severs, as a
+	// network failure would (through a fault proxy, or by terminating its
+	// server sessions); the broker must recover by itself. The suite closes
+	// the instance and declares its queues with [Harness.Queue]. Required
+	// unless CapConnectionLoss is unsupported.
+	Faulty func(t *testing.T) (b sdk.Broker, cut func())
 }
 
 // Run runs every conformance case against the broker h describes, each as a
@@ -134,8 +207,21 @@ func Run(t *testing.T, h Harness) {
 	if h.Timeout <= 0 {
 		h.Timeout = 20 * time.Second
 	}
+	for name, reason := range h.KnownDefects {
+		if !slices.Contains(Names(), name) || reason == "" {
+			t.Fatalf("brokertest: Harness.KnownDefects[%q]: want a case name and a reason", name)
+		}
+	}
+	for c, hook := range map[Capability]bool{CapDriverError: h.As != nil, CapPeer: h.Peer != nil, CapConnectionLoss: h.Faulty != nil} {
+		if _, unsupported := h.Unsupported[c]; !unsupported && !hook {
+			t.Fatalf("brokertest: capability %q needs its Harness hook, or declare it unsupported with a reason", c)
+		}
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if reason, ok := h.KnownDefects[c.name]; ok {
+				t.Skipf("known defect: %s", reason)
+			}
 			for _, capability := range c.needs {
 				if reason, ok := h.Unsupported[capability]; ok {
 					t.Skipf("unsupported: %s (%s)", reason, capability)
@@ -173,20 +259,26 @@ func newEnv(t *testing.T, h Harness) *env {
 	t.Helper()
 	b := h.New(t)
 	t.Cleanup(func() { _ = b.Close() })
-	var q string
-	if h.Queue != nil {
-		q = h.Queue(t, b)
-	} else {
-		q = "brokertest_" + randomSuffix()
-		if d, ok := b.(sdk.QueueDeclarer); ok {
-			ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
-			defer cancel()
-			if err := d.DeclareQueue(ctx, q); err != nil {
-				t.Fatalf("DeclareQueue(%q): %v", q, err)
-			}
+	e := &env{h: h, b: b}
+	e.q = e.queue(t, b)
+	return e
+}
+
+// queue returns a fresh declared queue on b, as [Harness.Queue] says.
+func (e *env) queue(t *testing.T, b sdk.Broker) string {
+	t.Helper()
+	if e.h.Queue != nil {
+		return e.h.Queue(t, b)
+	}
+	q := "brokertest_" + randomSuffix()
+	if d, ok := b.(sdk.QueueDeclarer); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), e.h.Timeout)
+		defer cancel()
+		if err := d.DeclareQueue(ctx, q); err != nil {
+			t.Fatalf("DeclareQueue(%q): %v", q, err)
 		}
 	}
-	return &env{h: h, b: b, q: q}
+	return q
 }
 
 // randomSuffix returns 12 random hex characters.

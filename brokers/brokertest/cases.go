@@ -38,11 +38,26 @@ var cases = []testCase{
 	{name: "OversizedPublish", needs: []Capability{CapMaxMessageSize}, run: testOversized},
 	{name: "InvalidQueue", run: testInvalidQueue},
 	{name: "InvalidHeader", run: testInvalidHeader},
+	{name: "InvalidMessageFields", run: testInvalidMessageFields},
 	{name: "PoisonMaxDeliveries", needs: []Capability{CapMaxDeliveries}, run: testPoison},
 	{name: "Stats", needs: []Capability{CapStats}, run: testStats},
 	{name: "CloseTwice", run: testCloseTwice},
 	{name: "CallsAfterClose", run: testCallsAfterClose},
 	{name: "CloseUnblocksReceive", run: testCloseUnblocksReceive},
+	{name: "PublishCancelledContext", run: testPublishCancelledContext},
+	{name: "ReceiveCancelledContext", run: testReceiveCancelledContext},
+	{name: "OddHeadersAndBodies", run: testOddHeadersAndBodies},
+	{name: "NULHeader", run: testNULHeader},
+	{name: "UndeclaredQueue", run: testUndeclaredQueue},
+	{name: "DriverErrorAs", needs: []Capability{CapDriverError}, run: testDriverErrorAs},
+	{name: "PeersShareWork", needs: []Capability{CapPeer}, run: testPeersShareWork},
+	{name: "ManyQueuesSameID", run: testManyQueuesSameID},
+	{name: "OrderWithinKey", needs: []Capability{CapOrderingKey}, run: testOrderWithinKey},
+	{name: "ConcurrentCloseWhileBusy", run: testConcurrentCloseWhileBusy},
+	{name: "CloseReturnsUnsettled", needs: []Capability{CapPeer}, run: testCloseReturnsUnsettled},
+	{name: "PublishRacingClose", run: testPublishRacingClose},
+	{name: "SettleAfterClose", run: testSettleAfterClose},
+	{name: "ConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testConnectionLoss},
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},
 	{name: "WorkerShutdownMidway", run: testWorkerShutdownMidway},
 	{name: "WorkerShutdownInterrupts", run: testWorkerShutdownInterrupts},
@@ -743,6 +758,38 @@ func testInvalidHeader(t *testing.T, e *env) {
 	for _, bad := range []*sdk.Message{badValue, badName} {
 		if err := e.b.Publish(ctx, e.q, good.Clone(), bad); !errors.Is(err, sdk.ErrInvalidHeader) {
 			t.Errorf("Publish with header %q: %v, want ErrInvalidHeader", bad.Headers, err)
+		}
+	}
+	e.expectNone(t, e.h.Lease/2)
+}
+
+// testInvalidMessageFields: reserved berth- headers (issue 11 item 2) and
+// string fields that are not UTF-8 (item 5) are refused with
+// sdk.ErrInvalidMessage and nothing of the batch is published: no broker
+// may store a forged dead-letter header or map order:\xfe and order:\xff
+// onto one key.
+func testInvalidMessageFields(t *testing.T, e *env) {
+	ctx := e.ctx(t)
+	var bad []*sdk.Message
+	for _, h := range []string{sdk.HeaderDeadLetterQueue, "Berth-Custom"} {
+		m := textMessage("reserved-header")
+		m.Headers = map[string]string{h: "forged"}
+		bad = append(bad, m)
+	}
+	for _, set := range []func(m *sdk.Message){
+		func(m *sdk.Message) { m.Key = "order:\xfe" },
+		func(m *sdk.Message) { m.IdempotencyKey = "order:\xff" },
+		func(m *sdk.Message) { m.Type = "type\xc3" },
+		func(m *sdk.Message) { m.CorrelationID = "\xfe" },
+		func(m *sdk.Message) { m.ID = "id-\xff" },
+	} {
+		m := textMessage("non-utf8-field")
+		set(m)
+		bad = append(bad, m)
+	}
+	for _, m := range bad {
+		if err := e.b.Publish(ctx, e.q, textMessage("good"), m); !errors.Is(err, sdk.ErrInvalidMessage) {
+			t.Errorf("Publish of %#v: %v, want ErrInvalidMessage", m, err)
 		}
 	}
 	e.expectNone(t, e.h.Lease/2)

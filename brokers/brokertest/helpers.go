@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -32,9 +33,15 @@ func (e *env) publish(t *testing.T, msgs ...*sdk.Message) {
 // returns what one Receive call gave (at most max).
 func (e *env) receive(t *testing.T, max int) []sdk.Delivery {
 	t.Helper()
+	return e.receiveOn(t, e.b, e.q, max)
+}
+
+// receiveOn is receive from queue q of broker b.
+func (e *env) receiveOn(t *testing.T, b sdk.Broker, q string, max int) []sdk.Delivery {
+	t.Helper()
 	ctx := e.ctx(t)
 	for {
-		ds, err := e.b.Receive(ctx, e.q, max)
+		ds, err := b.Receive(ctx, q, max)
 		if err != nil {
 			t.Fatalf("Receive: %v (nothing delivered within %s)", err, e.h.Timeout)
 		}
@@ -56,9 +63,15 @@ func (e *env) receiveOne(t *testing.T) sdk.Delivery {
 // receiveN waits for exactly n deliveries, in as many calls as it takes.
 func (e *env) receiveN(t *testing.T, n int) []sdk.Delivery {
 	t.Helper()
+	return e.receiveNOn(t, e.b, e.q, n)
+}
+
+// receiveNOn is receiveN from queue q of broker b.
+func (e *env) receiveNOn(t *testing.T, b sdk.Broker, q string, n int) []sdk.Delivery {
+	t.Helper()
 	var all []sdk.Delivery
 	for len(all) < n {
-		all = append(all, e.receive(t, n-len(all))...)
+		all = append(all, e.receiveOn(t, b, q, n-len(all))...)
 	}
 	return all
 }
@@ -67,18 +80,26 @@ func (e *env) receiveN(t *testing.T, n int) []sdk.Delivery {
 // is delivered.
 func (e *env) expectNone(t *testing.T, wait time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	if err := expectNoneOn(t.Context(), e.b, e.q, wait); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectNoneOn receives from queue q of b for the duration wait and returns
+// an error naming what was delivered, if anything was.
+func expectNoneOn(ctx context.Context, b sdk.Broker, q string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
-		ds, err := e.b.Receive(ctx, e.q, 10)
+		ds, err := b.Receive(ctx, q, 10)
 		for _, d := range ds {
-			t.Fatalf("unexpected delivery of %s (attempt %d)", d.Message().ID, d.Attempt())
+			return fmt.Errorf("unexpected delivery of %s (attempt %d) from %s", d.Message().ID, d.Attempt(), q)
 		}
 		if err != nil {
 			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Receive on a quiet queue: %v, want the context's error", err)
+				return fmt.Errorf("Receive on a quiet queue %s: %w, want the context's error", q, err)
 			}
-			return
+			return nil
 		}
 	}
 }

@@ -77,7 +77,8 @@ func (e *notFoundError) Error() string {
 func (e *notFoundError) Unwrap() error { return sdk.ErrNotFound }
 
 // RedriveDeadLetters puts the dead letters with the given ids (all of them
-// when none is given) back on the queue they were dead-lettered from, ready
+// when none is given) back on queue, the queue they were dead-lettered from
+// (not a queue a header names), ready
 // now, with attempts reset and [sdk.HeaderRedriveCount] incremented. It
 // returns how many it redrove; an unknown id is an error wrapping
 // [sdk.ErrNotFound], and then nothing is redriven.
@@ -96,7 +97,7 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 	q.promote(time.Now(), b.maxDeliveries) // a poison message whose last lease ran out is a dead letter
 	var picked []*sdk.Message
 	if len(ids) == 0 {
-		picked, q.dead = q.dead, nil
+		picked, q.dead, q.deadSeq = q.dead, nil, nil
 	} else {
 		want := make(map[string]bool, len(ids))
 		for _, id := range ids {
@@ -117,6 +118,7 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 		q.dead = slices.DeleteFunc(q.dead, func(m *sdk.Message) bool {
 			if want[m.ID] {
 				picked = append(picked, m)
+				delete(q.deadSeq, m)
 				return true
 			}
 			return false
@@ -124,14 +126,16 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 	}
 	q.mu.Unlock()
 
+	// The target is q, whose dead letters these are: never a header value,
+	// which a message could carry forged.
 	for _, m := range picked { // each m is the broker's own copy: reuse it
-		target := b.queue(sdk.PrepareRedrive(m, queue))
+		sdk.PrepareRedrive(m, queue)
 		e := &entry{msg: *m}
-		target.mu.Lock()
+		q.mu.Lock()
 		now := time.Now()
-		target.promote(now, b.maxDeliveries)
-		target.makeReady(e, now)
-		target.mu.Unlock()
+		q.promote(now, b.maxDeliveries)
+		q.makeReady(e, now)
+		q.mu.Unlock()
 	}
 	return len(picked), nil
 }
@@ -146,6 +150,6 @@ func (b *Broker) PurgeDeadLetters(_ context.Context, queue string) (int, error) 
 	defer q.mu.Unlock()
 	q.promote(time.Now(), b.maxDeliveries)
 	n := len(q.dead)
-	q.dead = nil
+	q.dead, q.deadSeq = nil, nil
 	return n, nil
 }

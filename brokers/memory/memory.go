@@ -135,10 +135,14 @@ func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
 // Publish validates msgs with [sdk.PrepareAll] (filling IDs and correlation
 // IDs in place) and, when all pass, stores copies of them: the caller may
 // reuse msgs afterwards. Nothing is stored when any message fails. Messages
-// with a Delay become deliverable once it has passed.
+// with a Delay become deliverable once it has passed. With ctx already done
+// it stores nothing and returns ctx.Err(), as the network brokers do.
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if len(msgs) == 0 {
 		return sdk.ValidateQueueName(queue)

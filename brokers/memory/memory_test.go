@@ -39,5 +39,12 @@ func TestConformance(t *testing.T) {
 		Lease:          testLease,
 		MaxDeliveries:  testMaxDeliveries,
 		MaxMessageSize: testMaxSize,
+		Undeclared:     brokertest.UndeclaredCreated, // a queue exists from its first use
+		Unsupported: map[brokertest.Capability]string{
+			brokertest.CapPeer: "an in-memory broker's queues live in its own Broker value: " +
+				"no second instance sees them, and Close drops the messages",
+			brokertest.CapDriverError:    "no driver underneath: every error is berth's own",
+			brokertest.CapConnectionLoss: "no connection to lose: the broker lives in the process",
+		},
 	})
 }

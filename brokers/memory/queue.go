@@ -38,6 +38,8 @@ type queue struct {
 	delayed  timeHeap // by due
 	inFlight timeHeap // by lease end
 	dead     []*sdk.Message
+	deadSeq  map[*sdk.Message]uint64 // position of each dead letter, for DeadLetterPage cursors
+	deadNext uint64
 
 	// wake is closed (and set to nil) when a waiting receiver must look
 	// again: ready work arrived or the next deadline moved earlier.
@@ -129,6 +131,7 @@ func (q *queue) deadLetter(e *entry, cause error, now time.Time) {
 	m.Delay = 0
 	sdk.AnnotateDeadLetter(m, q.name, e.attempts, cause, e.firstFailure, now)
 	q.dead = append(q.dead, m)
+	q.numberDead(m)
 }
 
 // fifo is a growable ring buffer of entries.

@@ -469,3 +469,46 @@ func TestReceiveAfterCloseInvalidName(t *testing.T) {
 		t.Errorf("Receive after Close: %v, want ErrClosed", err)
 	}
 }
+
+// Issue 18 defect 4: Publish with a context already cancelled stores
+// nothing and returns context.Canceled, as RabbitMQ, SQS and PostgreSQL do.
+func TestContract18_4_PublishCancelledContext(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Publish with a cancelled context = %v, want context.Canceled", err)
+	}
+	s, err := b.Stats(ctxT(t), "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Ready+s.Delayed+s.InFlight != 0 {
+		t.Errorf("a cancelled Publish stored a message: %+v", s)
+	}
+}
+
+// Issue 11 item 2: a dead letter that carries a forged berth-dlq-queue goes
+// back to the queue whose dead letter it is, not to the queue it names.
+func TestHardening2_RedriveIgnoresForgedQueueHeader(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	forged := &sdk.Message{ID: "forged-1", Headers: map[string]string{
+		sdk.HeaderDeadLetterQueue: "victim", sdk.HeaderDeadLetterReason: "x"}}
+	memory.PlantDeadLetter(b, "orders", forged)
+	if n, err := b.RedriveDeadLetters(ctx, "orders"); err != nil || n != 1 {
+		t.Fatalf("RedriveDeadLetters = %d, %v; want 1, nil", n, err)
+	}
+	if s, err := b.Stats(ctx, "victim"); err != nil || s.Ready != 0 {
+		t.Errorf("the forged target got messages: %+v, %v", s, err)
+	}
+	d := receiveOne(t, b, "orders")
+	if d.Message().ID != forged.ID || d.Message().Header(sdk.HeaderDeadLetterQueue) != "" {
+		t.Errorf("redriven %s with headers %v, want %s without dead-letter headers", d.Message().ID, d.Message().Headers, forged.ID)
+	}
+	// And the application can no longer forge one at publish.
+	err := b.Publish(ctx, "orders", &sdk.Message{Headers: map[string]string{sdk.HeaderDeadLetterQueue: "victim"}})
+	if !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Errorf("Publish with a berth- header = %v, want ErrInvalidMessage", err)
+	}
+}

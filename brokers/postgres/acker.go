@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berthq/berth/internal/pgretry"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -119,13 +120,23 @@ func (a *acker) flush(batch []ackReq) {
 	for i, r := range batch {
 		ids[i], tokens[i] = r.id, r.token
 	}
-	rows, err := a.b.pool.Query(ctx, `UPDATE `+a.b.table+` AS j
+	// The statement is idempotent: it matches the row by its lease token
+	// whether it is still processing or already completed by this very
+	// statement (a completed row keeps its token, and no other delivery
+	// holds it). So when it fails on a lost connection, whose outcome is
+	// unknown, it is run again (pgretry), instead of failing the whole
+	// batch and leaving its jobs to wait out their lease.
+	done := make(map[int64]bool, len(batch))
+	err := pgretry.Do(ctx, func(ctx context.Context) error {
+		clear(done)
+		rows, err := a.b.pool.Query(ctx, `UPDATE `+a.b.table+` AS j
 		SET status = 'completed', visibility_until = NULL, updated_at = now()
 		FROM unnest($1::bigint[], $2::text[]::uuid[]) AS a(id, token)
-		WHERE j.id = a.id AND j.lease_token = a.token AND j.status = 'processing'
+		WHERE j.id = a.id AND j.lease_token = a.token AND j.status IN ('processing', 'completed')
 		RETURNING j.id`, ids, tokens)
-	done := make(map[int64]bool, len(batch))
-	if err == nil {
+		if err != nil {
+			return err
+		}
 		for rows.Next() {
 			var id int64
 			if err = rows.Scan(&id); err != nil {
@@ -137,7 +148,8 @@ func (a *acker) flush(batch []ackReq) {
 		if err == nil {
 			err = rows.Err()
 		}
-	}
+		return err
+	})
 	if err != nil {
 		err = a.b.wrap("ack", err)
 		for _, r := range batch {

@@ -3,14 +3,16 @@
 // SQL, and a job can be enqueued in the same transaction as the business change
 // that calls for it.
 //
-// The table is DESIGN.md's reference jobs table (id, job_type, payload_json,
+// The table is the reference jobs table of ARCHITECTURE.md ("Reference schema
+// and the billing scenario") (id, job_type, payload_json,
 // status, attempt_count, max_attempts, available_at, visibility_until,
 // worker_id, idempotency_key, last_error, created_at, updated_at) plus queue,
 // headers, lease_token and the message fields. [Broker.Migrate] creates it;
 // [SchemaSQL] (and the embedded schema.sql) is the same DDL for teams who apply
 // migrations themselves. The body is stored byte for byte in payload (bytea);
-// payload_json holds a copy when the body is valid JSON, for SQL, and is NULL
-// otherwise.
+// payload_json holds a copy when the body is valid JSON in valid UTF-8 with no
+// \u0000 or surrogate escape (what PostgreSQL can turn into text and jsonb), for
+// SQL, and is NULL otherwise: any body, JSON-looking or not, is published.
 //
 // How the table keeps the [sdk.Delivery] contract:
 //
@@ -18,7 +20,7 @@
 //	            and processing rows whose lease expired become processing, attempt_count+1,
 //	            visibility_until = now()+Lease, worker_id, a fresh lease_token
 //	poison      a row claimed max_attempts times is dead-lettered at the next claim (sdk.ErrMaxDeliveries)
-//	Ack         status = 'completed' (acks of concurrent deliveries share one statement)
+//	Ack         status = 'completed' (acks of concurrent deliveries share one statement, repeated on a lost connection)
 //	Retry(d)    status = 'retry', available_at = now()+d, last_error
 //	Release(d)  back to queued/retry with attempt_count-1: no attempt consumed
 //	DeadLetter  status = 'dead_letter', last_error, the sdk.AnnotateDeadLetter headers

@@ -1,10 +1,12 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -92,7 +94,7 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 		if bodies[i] == nil {
 			bodies[i] = []byte{}
 		}
-		if json.Valid(m.Body) {
+		if jsonCopyable(m.Body) {
 			s := string(m.Body)
 			payloadJSON[i] = &s
 		}
@@ -153,6 +155,33 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 		return nil
 	}
 	return b.resolveDuplicates(ctx, q, queue, msgs, inserted)
+}
+
+// jsonCopyable reports whether body may be copied into payload_json: it is
+// valid JSON (json.Valid accepts invalid UTF-8 inside strings, which
+// PostgreSQL text refuses with SQLSTATE 22021, so UTF-8 is checked too), and
+// has no \u0000 or surrogate escape, which PostgreSQL's json stores but
+// refuses to turn into text or jsonb (a query of payload_json would fail).
+// The test for escapes is conservative: an escaped backslash followed by
+// "u0000" also leaves payload_json NULL. The body itself is always stored
+// byte for byte in payload.
+func jsonCopyable(body []byte) bool {
+	if !utf8.Valid(body) || !json.Valid(body) {
+		return false
+	}
+	for i := 0; ; {
+		j := bytes.Index(body[i:], []byte(`\u`))
+		if j < 0 {
+			return true
+		}
+		i += j + 2
+		if len(body)-i >= 4 {
+			hex := strings.ToLower(string(body[i : i+4]))
+			if hex == "0000" || hex[0] == 'd' && hex[1] >= '8' {
+				return false
+			}
+		}
+	}
 }
 
 // resolveDuplicates sets the ID of each message that dedupe did not insert to

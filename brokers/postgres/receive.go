@@ -229,13 +229,15 @@ func (d *delivery) Ack(ctx context.Context) error {
 }
 
 // Retry makes the job available again after delay, status 'retry', recording
-// cause in last_error. The next claim counts a new attempt.
+// cause in last_error (as [sdk.SanitizeReason] makes it, without NUL bytes). The next claim counts a new attempt.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
 	return d.settle(ctx, "retry", func(ctx context.Context) error {
 		delay = clampDelay(delay)
 		var lastErr *string
 		if cause != nil {
-			s := stripNUL(cause.Error())
+			// Bounded and valid UTF-8, like the dead-letter reason: a cause
+			// PostgreSQL text refuses would fail the Retry and waste the attempt.
+			s := stripNUL(sdk.SanitizeReason(cause.Error()))
 			lastErr = &s
 		}
 		return d.exec(ctx, "retry", delay == 0, `SET status = 'retry',

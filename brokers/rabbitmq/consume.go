@@ -214,9 +214,13 @@ func (d *delivery) Queue() string         { return d.c.queue }
 
 // ExtendLease does nothing: RabbitMQ holds a delivery until it is settled
 // or its channel closes; the server's consumer_timeout (30 minutes by
-// default) bounds how long. It returns [sdk.ErrLeaseLost] when the channel
-// is gone and [sdk.ErrAlreadySettled] after a settlement.
+// default) bounds how long. It returns [sdk.ErrClosed] after Close (like
+// the settlements), [sdk.ErrLeaseLost] when the channel is gone and
+// [sdk.ErrAlreadySettled] after a settlement.
 func (d *delivery) ExtendLease(ctx context.Context, _ time.Duration) error {
+	if d.c.b.closed() {
+		return sdk.ErrClosed
+	}
 	if d.settled.Load() {
 		return sdk.ErrAlreadySettled
 	}

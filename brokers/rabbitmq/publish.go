@@ -255,6 +255,15 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 			failed[out[i].id] = fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err())
 		}
 	}
+	if len(failed) > 0 && b.closed() {
+		// Close cut the channel under these messages: a retry would get
+		// ErrClosed, so they say ErrClosed rather than ErrUnavailable.
+		for id, err := range failed {
+			if !errors.Is(err, sdk.ErrClosed) {
+				failed[id] = fmt.Errorf("%w: rabbitmq: closed during the publish (%v)", sdk.ErrClosed, err)
+			}
+		}
+	}
 	if len(failed) > 0 {
 		return &sdk.PublishError{Failed: failed}
 	}

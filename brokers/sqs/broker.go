@@ -147,6 +147,12 @@ type Broker struct {
 
 	mu     sync.Mutex
 	queues map[string]*queueRef // by name
+
+	// Dead-letter scans: how long a receive hides a letter, and how many
+	// letters one scan may hold (defaultHold, defaultMaxHeld; tests shorten
+	// them).
+	scanHold time.Duration
+	scanMax  int
 }
 
 // queueRef is a resolved queue: its URL (looked up once) and, on first need,
@@ -179,6 +185,9 @@ func New(client *awssqs.Client, opts Options) (*Broker, error) {
 		closing: ctx,
 		cancel:  cancel,
 		queues:  make(map[string]*queueRef),
+
+		scanHold: defaultHold,
+		scanMax:  defaultMaxHeld,
 	}
 	b.acks = newAcker(client, o.AckInterval, o.Logger)
 	return b, nil

@@ -1,8 +1,11 @@
 package sqs_test
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/aws/smithy-go"
 
 	"github.com/berthq/berth/brokers/brokertest"
 	"github.com/berthq/berth/brokers/sqs"
@@ -35,6 +38,30 @@ func TestConformance(t *testing.T) {
 				"so a handed-back message always comes back with Attempt()+1",
 			brokertest.CapStats: "SQS reports no oldest-message age in GetQueueAttributes (only CloudWatch does), " +
 				"and counts messages waiting out a Retry delay as in flight (NotVisible), not delayed",
+		},
+		// A queue nobody created gives QueueDoesNotExist (ErrNotFound).
+		Undeclared: brokertest.UndeclaredNotFound,
+		As: func(err error) bool {
+			var ae smithy.APIError
+			return errors.As(err, &ae)
+		},
+		Peer: func(t *testing.T, _ sdk.Broker) sdk.Broker { return newBroker(t, opts) },
+		// The client's connections, long polls in flight among them, are
+		// cut by a TCP proxy in front of the endpoint.
+		Faulty: func(t *testing.T) (sdk.Broker, func()) {
+			b, p := newProxiedBroker(t, opts)
+			return b, func() {
+				if n := p.Cut(); n == 0 {
+					t.Error("the proxy had no connection to cut")
+				} else {
+					t.Logf("cut %d connections", n)
+				}
+			}
+		},
+		// Only FIFO queues keep an order, per MessageGroupId (Message.Key);
+		// standard queues are best-effort.
+		OrderedQueue: func(t *testing.T, b sdk.Broker) string {
+			return declare(t, b.(*sqs.Broker), "brokertest", true, sqs.QueueConfig{})
 		},
 		// Below the suite's 10,000 for the emulator's speed: fauxqs moves a
 		// few hundred messages/s through a Worker here (publish, receive,

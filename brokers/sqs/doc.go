@@ -50,7 +50,8 @@
 // 256 KiB) and the encoded size against [Options.MaxWireSize] (default 1 MiB,
 // SQS's maximum). Messages without the "berth" attribute (sent by other
 // producers) are delivered with their SQS MessageId as ID, their body as it
-// is, and their String attributes as headers.
+// is, and their String attributes as headers, except those with a reserved
+// name (berth-…), which are dropped: only berth writes them.
 //
 // A Receive cancelled in the middle of its long poll (ctx done, or Close)
 // may still have taken messages on the server side: SQS, and fauxqs, answer
@@ -64,7 +65,17 @@
 // has), so OldestAge is always 0, and messages made invisible by Retry are
 // counted as in flight. Dead letters are listed by receiving from the
 // dead-letter queue and making the messages visible again, and redriven by
-// sending each to its source queue as a new message (so its receive count,
-// hence Attempt(), starts again at 1) and deleting it from the dead-letter
-// queue; this works on every SQS-compatible server.
+// sending each to the queue whose dead-letter queue it is (never to a queue a
+// header names) as a new message (so its receive count, hence Attempt(),
+// starts again at 1) and deleting it from the dead-letter queue; this works
+// on every SQS-compatible server. These scans page through the dead-letter
+// queue until a long-poll receive finds nothing (the approximate counters
+// lag, so they never end a scan), extend the visibility of what they hold
+// while they run, and redrive and purge page by page. Get and redrive by IDs
+// hold what they pass over, at most 10,000 dead letters; a scan that reaches
+// that bound, or a redrive of all that sees dead letters come back while it
+// runs, returns a [*ScanError] saying how many remain. A dead letter that
+// SQS's redrive policy moved, or that another producer sent, is listed with
+// the reason [sdk.ErrMaxDeliveries] and the queue being read as its source,
+// whatever berth- headers it carries.
 package sqs

@@ -79,19 +79,12 @@ func encode(m *sdk.Message) (encoded, error) {
 }
 
 // decode restores the message that encode turned into msg. A message without
-// the "berth" attribute (from another producer) gets its SQS MessageId as ID,
-// its body as it is and its String and Number attributes as headers.
+// the "berth" attribute (from another producer) is [foreign].
 func decode(msg sqstypes.Message) (*sdk.Message, error) {
 	body := aws.ToString(msg.Body)
 	a, ok := msg.MessageAttributes[attrName]
 	if !ok || aws.ToString(a.DataType) != attrType {
-		m := &sdk.Message{ID: aws.ToString(msg.MessageId), Body: []byte(body)}
-		for name, v := range msg.MessageAttributes {
-			if v.StringValue != nil {
-				m.SetHeader(name, *v.StringValue)
-			}
-		}
-		return m, nil
+		return foreign(msg), nil
 	}
 	var env envelope
 	if err := json.Unmarshal([]byte(aws.ToString(a.StringValue)), &env); err != nil {
@@ -113,6 +106,21 @@ func decode(msg sqstypes.Message) (*sdk.Message, error) {
 		return nil, fmt.Errorf("berth/sqs: message %s: unknown body encoding %q", env.ID, env.Enc)
 	}
 	return m, nil
+}
+
+// foreign is the message of an SQS message that berth did not encode: its
+// SQS MessageId as ID, its body as it is, and its String and Number
+// attributes as headers, except those with a reserved name (berth-…), which
+// only berth writes: a foreign producer's berth-dlq-reason or
+// berth-dlq-queue would otherwise pass for berth's own.
+func foreign(msg sqstypes.Message) *sdk.Message {
+	m := &sdk.Message{ID: aws.ToString(msg.MessageId), Body: []byte(aws.ToString(msg.Body))}
+	for name, v := range msg.MessageAttributes {
+		if v.StringValue != nil && !sdk.IsReservedHeader(name) {
+			m.SetHeader(name, *v.StringValue)
+		}
+	}
+	return m
 }
 
 // sqsRune reports whether SQS (and every emulator) accepts r in a body or a

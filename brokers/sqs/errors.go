@@ -115,7 +115,13 @@ func isStaleReceipt(err error) bool {
 	if errors.As(err, &notInflight) || errors.As(err, &invalid) {
 		return true
 	}
-	switch apiCode(err) {
+	return staleCode(apiCode(err))
+}
+
+// staleCode reports whether an SQS error code (of a call or of a batch
+// entry) says that a receipt handle no longer holds its message.
+func staleCode(code string) bool {
+	switch code {
 	case "MessageNotInflight", "ReceiptHandleIsInvalid", "InvalidParameterValue",
 		"AWS.SimpleQueueService.MessageNotInflight":
 		return true

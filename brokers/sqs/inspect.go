@@ -15,13 +15,25 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// Dead-letter scans hold the messages they receive this long, then make
-// them visible again.
+// Dead-letter scans (list, get, redrive, purge) receive the dead letters they
+// look at, which hides them from other receivers until the scan makes them
+// visible again or deletes them.
 const (
-	holdFor = 30 * time.Second
-	// maxScan bounds how many dead letters one Get, Redrive or Purge call
-	// looks at.
-	maxScan = 10000
+	// defaultHold is how long a scan's receive hides a dead letter; the scan
+	// extends it every third of that while it holds the letter.
+	defaultHold = 30 * time.Second
+	// defaultMaxHeld bounds how many dead letters one scan holds at once:
+	// those it looked at and must keep hidden to see further (not the one
+	// Get or Redrive looks for, or one a redrive could not send). A scan
+	// that reaches it stops with a [*ScanError].
+	defaultMaxHeld = 10000
+	// scanWait is the long-poll wait of a scan's receives.
+	scanWait = time.Second
+	// emptyReceives consecutive empty receives end a scan. A long poll
+	// (WaitTimeSeconds > 0) asks every SQS server, so one empty answer means
+	// no dead letter was visible. The approximate counters do not end a
+	// scan: they lag, and do not count messages whose hold has just lapsed.
+	emptyReceives = 1
 	// defaultListLimit is ListDeadLetters' limit when none is given.
 	defaultListLimit = 100
 )
@@ -80,66 +92,132 @@ func (b *Broker) counts(ctx context.Context, q *queueRef) ([3]int64, error) {
 	return c, nil
 }
 
-// heldLetter is a dead letter received (and so invisible) during a scan.
-type heldLetter struct {
-	raw sqstypes.Message
-	msg *sdk.Message
+// ErrScanIncomplete is wrapped by a [*ScanError].
+var ErrScanIncomplete = errors.New("berth/sqs: dead-letter scan incomplete")
+
+// ScanError reports a dead-letter call that ended with dead letters it was
+// asked to reach still in the dead-letter queue, for a reason other than a
+// failed call (which is returned as it is). It wraps [ErrScanIncomplete].
+type ScanError struct {
+	Queue string // the queue whose dead letters were scanned
+	// Remaining is how many dead letters the call knows remain (those it
+	// held and made visible again); more may.
+	Remaining int
+	Reason    string
 }
 
-// scan receives up to limit messages from q's dead-letter queue, holding
-// them invisible, until stop returns true for one of them or the queue looks
-// empty. The caller releases or deletes what it holds.
-func (b *Broker) scan(ctx context.Context, q *queueRef, limit int, stop func(*sdk.Message) bool) (*queueRef, []heldLetter, error) {
-	dlq, err := b.deadLetterQueue(ctx, q)
-	if err != nil {
-		return nil, nil, err
-	}
-	var held []heldLetter
-	seen := map[string]bool{}
-	for len(held) < limit {
-		// The visible count first: a receive on an empty queue would wait.
-		c, err := b.counts(ctx, dlq)
-		if err != nil {
-			return dlq, held, err
+// Error says what remains and why.
+func (e *ScanError) Error() string {
+	return fmt.Sprintf("berth/sqs: dead letters of %s: %d or more remain: %s", e.Queue, e.Remaining, e.Reason)
+}
+
+// Unwrap returns [ErrScanIncomplete].
+func (e *ScanError) Unwrap() error { return ErrScanIncomplete }
+
+// letter is a dead letter a scan received and holds invisible.
+type letter struct {
+	sqsID  string
+	handle string       // the receipt that holds it; "" once its hold was lost
+	msg    *sdk.Message // nil once the scan no longer needs it
+}
+
+// scan walks a dead-letter queue: each call of next receives the letters it
+// has not seen yet, and holds them (extending their visibility) until the
+// scan deletes or releases them.
+type scan struct {
+	b       *Broker
+	q, dlq  *queueRef
+	held    map[string]*letter // by SQS MessageId
+	renewed time.Time
+	empties int
+}
+
+// next returns dead letters the scan has not returned before, holding them,
+// or none once emptyReceives receives in a row found nothing.
+func (s *scan) next(ctx context.Context) ([]*letter, error) {
+	for s.empties < emptyReceives {
+		if err := s.renew(ctx); err != nil {
+			return nil, err
 		}
-		if c[0] == 0 {
-			break
-		}
-		msgs, _, err := b.receive(ctx, dlq, min(batchSize, limit-len(held)), holdFor, time.Second)
+		msgs, _, err := s.b.receive(ctx, s.dlq, batchSize, s.b.scanHold, scanWait)
 		if err != nil {
-			return dlq, held, err
+			return nil, err
 		}
 		if len(msgs) == 0 {
-			break
+			s.empties++
+			continue
 		}
-		found := false
+		s.empties = 0
+		var out []*letter
 		for _, m := range msgs {
 			id := aws.ToString(m.MessageId)
-			if seen[id] {
+			if l := s.held[id]; l != nil {
+				// Its hold lapsed and this receive took it again: the new
+				// receipt is the one that holds it now.
+				l.handle = aws.ToString(m.ReceiptHandle)
 				continue
 			}
-			seen[id] = true
-			msg := b.message(dlq, m)
-			b.annotate(q, msg, m)
-			held = append(held, heldLetter{raw: m, msg: msg})
-			if stop != nil && stop(msg) {
-				found = true
-			}
+			l := &letter{sqsID: id, handle: aws.ToString(m.ReceiptHandle), msg: s.b.message(s.dlq, m)}
+			s.b.annotate(ctx, s.q, s.dlq, l.msg, m)
+			s.held[id] = l
+			out = append(out, l)
 		}
-		if found {
-			break
+		if len(out) > 0 {
+			return out, nil
 		}
 	}
-	return dlq, held, nil
+	return nil, nil
 }
 
-// annotate gives a message that SQS's redrive policy moved (it has no reason
-// headers) the headers of a poison message: reason [sdk.ErrMaxDeliveries],
-// attempts the policy's maxReceiveCount, failure time now (SQS does not
-// say when it moved it).
-func (b *Broker) annotate(q *queueRef, msg *sdk.Message, raw sqstypes.Message) {
-	if msg.Header(sdk.HeaderDeadLetterReason) != "" {
+// full reports whether the scan holds as many letters as it may.
+func (s *scan) full() bool { return len(s.held) >= s.b.scanMax }
+
+// incomplete is the error of a scan that stopped because it was full.
+func (s *scan) incomplete() error {
+	return &ScanError{Queue: s.q.name, Remaining: len(s.held),
+		Reason: fmt.Sprintf("the scan stopped after holding %d dead letters", s.b.scanMax)}
+}
+
+// renew extends the hold of every letter the scan holds, once a third of the
+// hold has passed since the last renewal, so that no receipt goes stale
+// however long the scan takes. A letter whose receipt no longer holds it
+// loses its handle until a receive takes it again.
+func (s *scan) renew(ctx context.Context) error {
+	if time.Since(s.renewed) < s.b.scanHold/3 {
+		return nil
+	}
+	s.renewed = time.Now()
+	ls := make([]*letter, 0, len(s.held))
+	for _, l := range s.held {
+		if l.handle != "" {
+			ls = append(ls, l)
+		}
+	}
+	return s.b.changeVisibilityBatch(ctx, s.dlq, ls, s.b.scanHold)
+}
+
+// forget drops letters the scan deleted.
+func (s *scan) forget(ls []*letter) {
+	for _, l := range ls {
+		delete(s.held, l.sqsID)
+	}
+}
+
+// annotate makes msg, received from q's dead-letter queue dlq, say why it is
+// there. A dead letter berth made carries the reason headers and names its
+// source queue, one whose dead-letter queue dlq is. Any other message — moved
+// by SQS's redrive policy after maxReceiveCount receives, or sent there by
+// another producer, whose berth- headers may be forged — loses the
+// dead-letter headers it carries and gets those of a poison message: reason
+// [sdk.ErrMaxDeliveries], attempts the policy's maxReceiveCount, source
+// queue q, failure time now (SQS does not say when it moved it).
+func (b *Broker) annotate(ctx context.Context, q, dlq *queueRef, msg *sdk.Message, raw sqstypes.Message) {
+	if msg.Header(sdk.HeaderDeadLetterReason) != "" && b.feeds(ctx, q, msg.Header(sdk.HeaderDeadLetterQueue), dlq) {
 		return
+	}
+	for _, h := range []string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
+		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt} {
+		delete(msg.Headers, h)
 	}
 	attempts := q.maxReceive
 	if attempts <= 0 {
@@ -148,52 +226,80 @@ func (b *Broker) annotate(q *queueRef, msg *sdk.Message, raw sqstypes.Message) {
 	sdk.AnnotateDeadLetter(msg, q.name, attempts, sdk.ErrMaxDeliveries, time.Time{}, time.Now())
 }
 
-// release makes held messages visible again.
-func (b *Broker) release(ctx context.Context, dlq *queueRef, held []heldLetter) error {
+// feeds reports whether queue name's dead letters go to dlq: it is q (whose
+// dead-letter queue dlq is), or a queue whose redrive policy names dlq.
+func (b *Broker) feeds(ctx context.Context, q *queueRef, name string, dlq *queueRef) bool {
+	if name == q.name {
+		return true
+	}
+	if validateQueueName(name) != nil {
+		return false
+	}
+	src, err := b.queue(ctx, name)
+	if err != nil {
+		return false
+	}
+	d, err := b.deadLetterQueue(ctx, src)
+	return err == nil && d.url == dlq.url
+}
+
+// changeVisibilityBatch sets the visibility of the letters to d. A letter
+// whose receipt no longer holds it loses its handle; other failures are
+// returned.
+func (b *Broker) changeVisibilityBatch(ctx context.Context, dlq *queueRef, ls []*letter, d time.Duration) error {
 	var errs []error
-	for start := 0; start < len(held); start += batchSize {
-		chunk := held[start:min(start+batchSize, len(held))]
+	for start := 0; start < len(ls); start += batchSize {
+		chunk := ls[start:min(start+batchSize, len(ls))]
 		in := &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(dlq.url)}
-		for i, h := range chunk {
+		for i, l := range chunk {
 			in.Entries = append(in.Entries, sqstypes.ChangeMessageVisibilityBatchRequestEntry{
-				Id: aws.String(strconv.Itoa(i)), ReceiptHandle: h.raw.ReceiptHandle, VisibilityTimeout: 0,
+				Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(l.handle), VisibilityTimeout: ceilSeconds(d),
 			})
 		}
 		out, err := b.client.ChangeMessageVisibilityBatch(ctx, in)
 		if err != nil {
-			errs = append(errs, b.wrap(ctx, "release dead letters of "+dlq.name, err))
+			errs = append(errs, b.wrap(ctx, "change the visibility of dead letters of "+dlq.name, err))
 			continue
 		}
 		for _, f := range out.Failed {
-			errs = append(errs, fmt.Errorf("berth/sqs: release a dead letter of %s: %w", dlq.name,
+			i, err := strconv.Atoi(aws.ToString(f.Id))
+			if err == nil && i >= 0 && i < len(chunk) && staleCode(aws.ToString(f.Code)) {
+				chunk[i].handle = ""
+				continue
+			}
+			errs = append(errs, fmt.Errorf("berth/sqs: change the visibility of a dead letter of %s: %w", dlq.name,
 				&EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// remove deletes held messages now.
-func (b *Broker) remove(ctx context.Context, dlq *queueRef, held []heldLetter) (int, error) {
+// remove deletes the letters now and returns those deleted.
+func (b *Broker) remove(ctx context.Context, dlq *queueRef, ls []*letter) ([]*letter, error) {
 	var errs []error
-	n := 0
-	for start := 0; start < len(held); start += batchSize {
-		chunk := held[start:min(start+batchSize, len(held))]
+	var gone []*letter
+	for start := 0; start < len(ls); start += batchSize {
+		chunk := ls[start:min(start+batchSize, len(ls))]
 		in := &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(dlq.url)}
-		for i, h := range chunk {
-			in.Entries = append(in.Entries, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: h.raw.ReceiptHandle})
+		for i, l := range chunk {
+			in.Entries = append(in.Entries, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(l.handle)})
 		}
 		out, err := b.client.DeleteMessageBatch(ctx, in)
 		if err != nil {
 			errs = append(errs, b.wrap(ctx, "delete dead letters of "+dlq.name, err))
 			continue
 		}
-		n += len(out.Successful)
+		for _, r := range out.Successful {
+			if i, err := strconv.Atoi(aws.ToString(r.Id)); err == nil && i >= 0 && i < len(chunk) {
+				gone = append(gone, chunk[i])
+			}
+		}
 		for _, f := range out.Failed {
 			errs = append(errs, fmt.Errorf("berth/sqs: delete a dead letter of %s: %w", dlq.name,
 				&EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}))
 		}
 	}
-	return n, errors.Join(errs...)
+	return gone, errors.Join(errs...)
 }
 
 // ListDeadLetters returns up to limit (default 100) messages of queue's
@@ -206,116 +312,122 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 		limit = defaultListLimit
 	}
 	var out []*sdk.Message
-	err := b.withDeadLetters(ctx, queue, limit, nil, func(ctx context.Context, dlq *queueRef, held []heldLetter) ([]heldLetter, error) {
-		for _, h := range held {
-			out = append(out, h.msg)
+	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		for len(out) < limit {
+			ls, err := s.next(ctx)
+			if err != nil || len(ls) == 0 {
+				return err
+			}
+			for _, l := range ls {
+				if len(out) < limit {
+					out = append(out, l.msg)
+				}
+				l.msg = nil
+			}
 		}
-		return nil, nil
+		return nil
 	})
 	return out, err
 }
 
 // GetDeadLetter returns the dead letter with berth ID (or SQS MessageId) id,
-// or an error wrapping [sdk.ErrNotFound].
+// or an error wrapping [sdk.ErrNotFound] once a scan of the whole dead-letter
+// queue did not find it. A scan that has to hold more than 10,000 other dead
+// letters stops with a [*ScanError] instead.
 func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
 	var found *sdk.Message
-	match := func(m *sdk.Message) bool { return m.ID == id }
-	err := b.withDeadLetters(ctx, queue, maxScan, match, func(ctx context.Context, dlq *queueRef, held []heldLetter) ([]heldLetter, error) {
-		for _, h := range held {
-			if h.msg.ID == id || aws.ToString(h.raw.MessageId) == id {
-				found = h.msg
+	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		for found == nil {
+			if s.full() {
+				return s.incomplete()
+			}
+			ls, err := s.next(ctx)
+			if err != nil || len(ls) == 0 {
+				return err
+			}
+			for _, l := range ls {
+				if found == nil && (l.msg.ID == id || l.sqsID == id) {
+					found = l.msg
+				}
+				l.msg = nil
 			}
 		}
-		return nil, nil
+		return nil
 	})
+	if found != nil {
+		return found, err
+	}
 	if err != nil {
 		return nil, err
 	}
-	if found == nil {
-		return nil, fmt.Errorf("berth/sqs: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
-	}
-	return found, nil
+	return nil, fmt.Errorf("berth/sqs: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
 }
 
-// RedriveDeadLetters sends the dead letters with the given IDs (all of them
-// when none is given) back to the queue they came from, as new messages (so
-// their receive count, Attempt(), starts again) with the reason headers
-// removed and [sdk.HeaderRedriveCount] incremented, and deletes them from the
-// dead-letter queue. It returns how many it redrove, and an error wrapping
-// [sdk.ErrNotFound] naming the IDs it did not find.
+// RedriveDeadLetters sends the dead letters with the given IDs (berth IDs or
+// SQS MessageIds; all of them when none is given) back to queue, as new
+// messages (so their receive count, Attempt(), starts again) with the reason
+// headers removed and [sdk.HeaderRedriveCount] incremented, and deletes them
+// from the dead-letter queue. The target is always queue, whose dead-letter
+// queue is being read, never a header's value.
+//
+// It pages through the dead-letter queue, redriving each page as it goes,
+// until receives find it empty. It returns how many it redrove, and an error
+// wrapping [sdk.ErrNotFound] naming the IDs it did not find. Dead letters it
+// could not send stay, with the errors returned; with no IDs, one that comes
+// back to the dead-letter queue during the call (dead-lettered again by a
+// consumer) stays too, reported by a [*ScanError], as is a scan that had to
+// hold more than 10,000 dead letters.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
-	var stop func(*sdk.Message) bool
-	if len(want) > 0 {
-		left := len(want)
-		stop = func(m *sdk.Message) bool {
-			if want[m.ID] {
-				left--
-			}
-			return left == 0
-		}
-	}
-	redriven := 0
 	found := map[string]bool{}
-	err := b.withDeadLetters(ctx, queue, maxScan, stop, func(ctx context.Context, dlq *queueRef, held []heldLetter) ([]heldLetter, error) {
-		byTarget := map[string][]heldLetter{}
-		for _, h := range held {
-			if len(want) > 0 && !want[h.msg.ID] && !want[aws.ToString(h.raw.MessageId)] {
-				continue
+	left := len(want)
+	sent := map[string]bool{} // berth IDs redriven by this call
+	again := 0
+	redriven := 0
+	var errs []error
+	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		for len(want) == 0 || left > 0 {
+			if s.full() {
+				return s.incomplete()
 			}
-			found[h.msg.ID], found[aws.ToString(h.raw.MessageId)] = true, true
-			m := h.msg.Clone()
-			target := sdk.PrepareRedrive(m, queue)
-			byTarget[target] = append(byTarget[target], heldLetter{raw: h.raw, msg: m})
-		}
-		var done []heldLetter
-		var errs []error
-		for target, hs := range byTarget {
-			tq, err := b.queue(ctx, target)
-			if err != nil {
-				errs = append(errs, err)
-				continue
+			ls, err := s.next(ctx)
+			if err != nil || len(ls) == 0 {
+				return err
 			}
-			// Only the dead letters whose copy was sent may be deleted:
-			// one that cannot be encoded for the target stays where it is.
-			entries := make([]sendEntry, 0, len(hs))
-			sendable := hs[:0:0]
-			for _, h := range hs {
-				e, err := b.entry(h.msg, tq.fifo, "")
-				if err != nil {
-					errs = append(errs, err)
+			var page []*letter
+			for _, l := range ls {
+				switch {
+				case len(want) > 0 && !want[l.msg.ID] && !want[l.sqsID]:
+				case len(want) == 0 && sent[l.msg.ID]:
+					again++
+				default:
+					for _, k := range []string{l.msg.ID, l.sqsID} {
+						if want[k] && !found[k] {
+							found[k] = true
+							left--
+						}
+					}
+					page = append(page, l)
 					continue
 				}
-				entries = append(entries, e)
-				sendable = append(sendable, h)
+				l.msg = nil // held, not needed
 			}
-			if len(entries) == 0 {
-				continue
-			}
-			err = b.send(ctx, tq, entries)
-			var pe *sdk.PublishError
-			switch {
-			case err == nil:
-			case errors.As(err, &pe):
+			n, err := b.redrive(ctx, s, page, sent)
+			redriven += n
+			if err != nil {
 				errs = append(errs, err)
-			default:
-				errs = append(errs, err)
-				continue
-			}
-			for _, h := range sendable {
-				if pe == nil || pe.Failed[h.msg.ID] == nil {
-					done = append(done, h)
-				}
 			}
 		}
-		n, err := b.remove(ctx, dlq, done)
-		redriven += n
-		return done, errors.Join(append(errs, err)...)
+		return nil
 	})
-	if err != nil {
+	if err == nil && again > 0 {
+		err = &ScanError{Queue: queue, Remaining: again,
+			Reason: "dead-lettered again while the redrive ran"}
+	}
+	if err := errors.Join(append(errs, err)...); err != nil {
 		return redriven, err
 	}
 	var missing []string
@@ -330,29 +442,78 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	return redriven, nil
 }
 
-// PurgeDeadLetters deletes every message of queue's dead-letter queue and
-// returns how many it deleted (counted one by one, not through PurgeQueue,
-// which SQS limits to once a minute and applies lazily).
-func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
-	total := 0
-	for {
-		n := 0
-		err := b.withDeadLetters(ctx, queue, 100, nil, func(ctx context.Context, dlq *queueRef, held []heldLetter) ([]heldLetter, error) {
-			var err error
-			n, err = b.remove(ctx, dlq, held)
-			return held, err
-		})
-		total += n
-		if err != nil || n == 0 {
-			return total, err
+// redrive sends page's letters to s.q and deletes from the dead-letter queue
+// those whose copy was sent; it returns how many it deleted. A letter that
+// cannot be encoded for the queue, or that SQS refused, stays held.
+func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[string]bool) (int, error) {
+	if len(page) == 0 {
+		return 0, nil
+	}
+	var errs []error
+	entries := make([]sendEntry, 0, len(page))
+	sendable := make([]*letter, 0, len(page))
+	for _, l := range page {
+		m := l.msg.Clone()
+		sdk.PrepareRedrive(m, s.q.name)
+		e, err := b.entry(m, s.q.fifo, "")
+		if err != nil {
+			errs = append(errs, err)
+			l.msg = nil
+			continue
+		}
+		entries = append(entries, e)
+		sendable = append(sendable, l)
+	}
+	if len(entries) == 0 {
+		return 0, errors.Join(errs...)
+	}
+	err := b.send(ctx, s.q, entries)
+	var pe *sdk.PublishError
+	if err != nil {
+		errs = append(errs, err)
+		if !errors.As(err, &pe) {
+			return 0, errors.Join(errs...) // nothing was sent
 		}
 	}
+	var done []*letter
+	for _, l := range sendable {
+		if pe == nil || pe.Failed[l.msg.ID] == nil {
+			done = append(done, l)
+			sent[l.msg.ID] = true
+		}
+		l.msg = nil
+	}
+	gone, err := b.remove(ctx, s.dlq, done)
+	s.forget(gone)
+	return len(gone), errors.Join(append(errs, err)...)
 }
 
-// withDeadLetters scans queue's dead letters, lets fn act on those it
-// holds, then releases those fn did not consume.
-func (b *Broker) withDeadLetters(ctx context.Context, queue string, limit int, stop func(*sdk.Message) bool,
-	fn func(ctx context.Context, dlq *queueRef, held []heldLetter) (consumed []heldLetter, err error)) error {
+// PurgeDeadLetters deletes every message of queue's dead-letter queue, page
+// by page until receives find it empty, and returns how many it deleted
+// (counted one by one, not through PurgeQueue, which SQS limits to once a
+// minute and applies lazily).
+func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
+	total := 0
+	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		for {
+			ls, err := s.next(ctx)
+			if err != nil || len(ls) == 0 {
+				return err
+			}
+			gone, err := b.remove(ctx, s.dlq, ls)
+			s.forget(gone)
+			total += len(gone)
+			if err != nil {
+				return err
+			}
+		}
+	})
+	return total, err
+}
+
+// withScan runs fn on a scan of queue's dead-letter queue, then makes the
+// letters the scan still holds visible again.
+func (b *Broker) withScan(ctx context.Context, queue string, fn func(ctx context.Context, s *scan) error) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
@@ -362,27 +523,21 @@ func (b *Broker) withDeadLetters(ctx context.Context, queue string, limit int, s
 	if err != nil {
 		return err
 	}
-	dlq, held, err := b.scan(ctx, q, limit, stop)
-	if dlq == nil {
+	dlq, err := b.deadLetterQueue(ctx, q)
+	if err != nil {
 		return err
 	}
-	var consumed []heldLetter
-	if err == nil {
-		consumed, err = fn(ctx, dlq, held)
-	}
-	gone := map[string]bool{}
-	for _, h := range consumed {
-		gone[aws.ToString(h.raw.ReceiptHandle)] = true
-	}
-	var rest []heldLetter
-	for _, h := range held {
-		if !gone[aws.ToString(h.raw.ReceiptHandle)] {
-			rest = append(rest, h)
+	s := &scan{b: b, q: q, dlq: dlq, held: map[string]*letter{}, renewed: time.Now()}
+	err = fn(ctx, s)
+	var rest []*letter
+	for _, l := range s.held {
+		if l.handle != "" {
+			rest = append(rest, l)
 		}
 	}
 	// Release even when ctx is done, so that a cancelled scan does not hide
-	// the dead letters for holdFor.
+	// the dead letters for a whole hold.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	return errors.Join(err, b.release(rctx, dlq, rest))
+	return errors.Join(err, b.changeVisibilityBatch(rctx, dlq, rest, 0))
 }

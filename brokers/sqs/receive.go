@@ -67,12 +67,7 @@ func (b *Broker) message(q *queueRef, m sqstypes.Message) *sdk.Message {
 	if err != nil {
 		b.opts.Logger.Warn("berth/sqs: undecodable message delivered as it is",
 			slog.String("queue", q.name), slog.String("sqs_message_id", aws.ToString(m.MessageId)), slog.Any("error", err))
-		msg = &sdk.Message{ID: aws.ToString(m.MessageId), Body: []byte(aws.ToString(m.Body))}
-		for name, v := range m.MessageAttributes {
-			if v.StringValue != nil {
-				msg.SetHeader(name, *v.StringValue)
-			}
-		}
+		msg = foreign(m)
 	}
 	return msg
 }

@@ -1,307 +1,381 @@
-// Command berth is the operator's tool for berth queues: queue statistics and
-// the dead-letter queue (list, show, redrive, purge) on RabbitMQ, SQS and
-// PostgreSQL.
+// Command berth is the operator's tool for berth queues: queue statistics,
+// the dead-letter queue (list, show, redrive, purge) and a web dashboard
+// (package dashboard), on any broker [brokerurl] opens (RabbitMQ, SQS, PostgreSQL, memory).
 //
 // Usage:
 //
-//	berth -broker postgres -url postgres://localhost/app stats billing
-//	berth -broker rabbitmq -url amqp://guest:guest@localhost/ dlq list billing
-//	berth -broker sqs -url http://127.0.0.1:4566 dlq show billing 0192f1d4-...
-//	berth -broker postgres dlq redrive billing            # all dead letters
-//	berth -broker postgres dlq redrive billing ID1 ID2    # some
-//	berth -broker postgres dlq purge billing
+//	berth [flags] <command> [arguments] [flags]
 //
-// The URL may also come from the BERTH_URL environment variable, which keeps
-// credentials out of shell history. It never appears in output or errors.
+//	berth stats -url postgres://localhost/app            every queue
+//	berth stats billing emails -watch                    two queues, refreshed
+//	berth dlq list billing -reason timeout -limit 20     filtered, paged
+//	berth dlq show billing 0192f1d4-...                  one dead letter
+//	berth dlq redrive billing -class transient -dry-run  what would be redriven
+//	berth dlq redrive billing -class transient -yes      redrive them
+//	berth dlq purge billing -older-than 720h -yes        delete old ones
+//	berth outbox list -db postgres://localhost/app       parked outbox rows
+//	berth job show 0192f1d4-... -db $LEDGER_DSN           one job's state and attempts
+//	berth jobs -queue billing -status retrying -since 1h  jobs by queue, status, time
+//	berth ui -url mem:// -demo                           the web dashboard
+//
+// Flags go before or after the command and its arguments; "berth help
+// COMMAND" or "berth COMMAND -h" describes one command. The URL may come
+// from the BERTH_URL environment variable, which keeps credentials out of
+// shell history; it never appears in output or errors.
+//
+// Exit codes: 0 done; 1 error (broker unreachable, refused); 2 usage (bad
+// command line, or a change without -yes and no terminal to confirm on);
+// 3 nothing matched or not found; 4 partial (some chosen dead letters were
+// not moved, or the command was interrupted; the output says which and why).
+//
+// Text output escapes control characters, terminal escape sequences and
+// invalid UTF-8 from messages. -json prints one JSON document per line
+// (with -watch, one per refresh); its fields are documented in README.md
+// ("Operating berth") and only ever gain new fields.
 package main
 
 import (
+	"bufio"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
-	"text/tabwriter"
+	"syscall"
 	"time"
-	"unicode/utf8"
 
+	"golang.org/x/term"
+
+	"github.com/berthq/berth/brokerurl"
 	"github.com/berthq/berth/sdk"
 )
 
-// opener connects to a broker.
-type opener func(ctx context.Context, t target) (sdk.Broker, error)
+// Exit codes.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitPartial  = 4
+)
+
+// env is what a run of the CLI talks to; tests replace every part.
+type env struct {
+	stdin       io.Reader
+	stdout      io.Writer
+	stderr      io.Writer
+	interactive bool // stdin and stderr are terminals: confirmations may be asked
+	progress    bool // stderr is a terminal: draw progress bars
+	getenv      func(string) string
+	open        func(ctx context.Context, rawURL string) (sdk.Broker, error)
+	listening   func(addr string) // ui: called with the address once it listens (tests)
+}
+
+// cliDefaults are the URL parameters the CLI sets unless the URL does: it
+// never declares topology and never LISTENs.
+var cliDefaults = url.Values{
+	"no_declare":      {"true"},
+	"connection_name": {"berth-cli"},
+	"listen":          {"false"},
+}
+
+func openURL(ctx context.Context, rawURL string) (sdk.Broker, error) {
+	return brokerurl.Open(ctx, rawURL, brokerurl.Options{Defaults: cliDefaults})
+}
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, open)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { // a second signal kills the process the default way
+		<-ctx.Done()
+		stop()
+	}()
+	stdinTTY := term.IsTerminal(int(os.Stdin.Fd()))
+	stderrTTY := term.IsTerminal(int(os.Stderr.Fd()))
+	code := run(ctx, os.Args[1:], env{
+		stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr,
+		interactive: stdinTTY && stderrTTY, progress: stderrTTY,
+		getenv: os.Getenv, open: openURL,
+	})
 	stop()
 	os.Exit(code)
 }
 
-const usage = `usage: berth [flags] <command>
+// command is one verb of the CLI.
+type command struct {
+	name  string   // "stats", "dlq list", …
+	args  string   // its arguments, for usage
+	short string   // one line
+	long  string   // more, for -h
+	flags []string // its own flags (the global ones are always allowed)
+	run   func(ctx context.Context, c *cli, args []string) error
+}
+
+var globalFlags = []string{"url", "json", "timeout"}
+
+func commands() []*command {
+	filters := []string{"type", "class", "reason", "older-than", "newer-than"}
+	change := append(append([]string{}, filters...), "limit", "dry-run", "yes", "page-size")
+	return []*command{
+		{name: "stats", args: "[QUEUE...]", short: "ready, delayed, in flight, dead-lettered, oldest age of queues (all when none is named)",
+			flags: []string{"watch", "interval"}, run: runStats},
+		{name: "dlq list", args: "QUEUE", short: "the dead letters of QUEUE matching the filters, a page at a time",
+			long:  "The last line counts every matching dead letter, not just the page shown.",
+			flags: append(append([]string{}, filters...), "limit", "offset"), run: runList},
+		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow},
+		{name: "dlq redrive", args: "QUEUE [ID...]", short: "put the chosen dead letters (IDs and/or filters; all when none) back on QUEUE, attempts reset",
+			long:  "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be redriven.",
+			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actRedrive) }},
+		{name: "dlq purge", args: "QUEUE [ID...]", short: "delete the chosen dead letters (IDs and/or filters; all when none) for good",
+			long:  "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be deleted.",
+			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actPurge) }},
+		{name: "outbox list", args: "", short: "the outbox rows the relay parked after every attempt failed (-db, -table)",
+			flags: []string{"db", "table", "limit"}, run: runOutboxList},
+		{name: "outbox requeue", args: "[ROW-ID...]", short: "put parked outbox rows (all when none is named) back in line for the relay",
+			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
+			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, false) }},
+		{name: "outbox discard", args: "[ROW-ID...]", short: "delete parked outbox rows (all when none is named): never published",
+			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
+			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
+		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
+			flags: []string{"db", "schema"}, run: runJobShow},
+		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest update first, with the total",
+			long:  "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.",
+			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs},
+		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
+			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
+				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
+				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
+				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.",
+			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
+	}
+}
+
+// cli holds one run's flags and the broker it opened.
+type cli struct {
+	env
+	fs *flag.FlagSet
+
+	url      string
+	json     bool
+	timeout  time.Duration
+	watch    bool
+	interval time.Duration
+
+	types, class, reason  string
+	olderThan, newerThan  time.Duration
+	limit, offset         int
+	pageSize              int
+	dryRun, yes           bool
+	addr, token, queues   string
+	db, table             string
+	readOnly, demo        bool
+	limitSet, pageSizeSet bool
+	schema, queue, status string
+	after                 string
+	since                 time.Duration
+}
+
+func newCLI(e env) *cli {
+	c := &cli{env: e}
+	fs := flag.NewFlagSet("berth", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned and printed once, as they are
+	fs.StringVar(&c.url, "url", "", "broker URL: amqp://, amqps://, postgres://, sqs://REGION, http(s)://SQS-ENDPOINT, mem:// (default $BERTH_URL)")
+	fs.BoolVar(&c.json, "json", false, "print JSON, one document per line")
+	fs.DurationVar(&c.timeout, "timeout", 0, "give up after this long (default: no limit)")
+	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")
+	fs.DurationVar(&c.interval, "interval", 2*time.Second, "the period of -watch")
+	fs.StringVar(&c.types, "type", "", "only messages of these types (comma-separated, exact)")
+	fs.StringVar(&c.class, "class", "", "only dead letters of this error class (permanent, transient, panic, max_deliveries, unknown, …)")
+	fs.StringVar(&c.reason, "reason", "", "only dead letters whose reason contains this text, or matches /regexp/")
+	fs.DurationVar(&c.olderThan, "older-than", 0, "only dead letters whose last failure is older than this (e.g. 24h)")
+	fs.DurationVar(&c.newerThan, "newer-than", 0, "only dead letters whose last failure is newer than this")
+	fs.IntVar(&c.limit, "limit", 0, "list: page size (default 50); redrive, purge: at most this many")
+	fs.IntVar(&c.offset, "offset", 0, "skip this many matching dead letters (the next page's offset is printed)")
+	fs.IntVar(&c.pageSize, "page-size", 500, "dead letters read and moved per broker call")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would be done, change nothing")
+	fs.BoolVar(&c.yes, "yes", false, "do it without asking")
+	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "ui: listen address (not loopback: needs a token)")
+	fs.StringVar(&c.token, "token", "", "ui: the token every request must carry (default $BERTH_UI_TOKEN, which keeps it out of ps)")
+	fs.BoolVar(&c.readOnly, "read-only", false, "ui: show, never change")
+	fs.BoolVar(&c.demo, "demo", false, "ui: with mem://, seed a few queues and dead letters to look at")
+	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
+	fs.StringVar(&c.db, "db", "", "outbox, job, jobs: the application's PostgreSQL, where the outbox and the ledger live (default $BERTH_DB)")
+	fs.StringVar(&c.table, "table", "", "outbox: the outbox table, [schema.]table (default public.berth_outbox)")
+	fs.StringVar(&c.schema, "schema", "", "job, jobs: the schema of the ledger's tables in -db (default berth)")
+	fs.StringVar(&c.queue, "queue", "", "jobs: only jobs of this queue")
+	fs.StringVar(&c.status, "status", "", "jobs: only jobs in these statuses (comma-separated: enqueued, running, retrying, released, succeeded, dead, redriven)")
+	fs.DurationVar(&c.since, "since", 0, "jobs: only jobs updated in this last while (e.g. 1h)")
+	fs.StringVar(&c.after, "after", "", "jobs: the next page, as printed after the previous one")
+	c.fs = fs
+	return c
+}
+
+const usageHead = `usage: berth [flags] <command> [arguments] [flags]
 
 commands:
-  stats QUEUE...              depth, delayed, in flight, dead-lettered, oldest age
-  dlq list QUEUE [-n N]       dead letters with their reasons
-  dlq show QUEUE ID           one dead letter, headers and body
-  dlq redrive QUEUE [ID...]   put dead letters back on QUEUE (all when no ID), attempts reset
-  dlq purge QUEUE             delete every dead letter of QUEUE
-
-flags:
 `
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, open opener) int {
-	fs := flag.NewFlagSet("berth", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	kind := fs.String("broker", os.Getenv("BERTH_BROKER"), "broker: rabbitmq, sqs or postgres (env BERTH_BROKER)")
-	url := fs.String("url", "", "broker URL, DSN or SQS endpoint (default: env BERTH_URL)")
-	schema := fs.String("schema", "", "PostgreSQL broker schema (default: the broker's)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		return 2
+func (c *cli) usage(w io.Writer) {
+	fmt.Fprint(w, usageHead)
+	for _, cmd := range commands() {
+		fmt.Fprintf(w, "  %-30s %s\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.short)
 	}
-	if *url == "" {
-		*url = os.Getenv("BERTH_URL")
-	}
-	rest := fs.Args()
-	if len(rest) == 0 {
-		fs.Usage()
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
+	fmt.Fprint(w, "\nflags of every command:\n")
+	printFlags(w, c.fs, globalFlags)
+	fmt.Fprint(w, "\n\"berth COMMAND -h\" lists a command's own flags.\n"+
+		"exit codes: 0 done, 1 error, 2 usage, 3 nothing matched / not found, 4 partial\n")
+}
 
-	b, err := open(ctx, target{kind: *kind, url: *url, schema: *schema})
+func (c *cli) commandUsage(w io.Writer, cmd *command) {
+	fmt.Fprintf(w, "usage: berth %s [flags]\n\n%s\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.short)
+	if cmd.long != "" {
+		fmt.Fprintln(w, cmd.long)
+	}
+	if len(cmd.flags) > 0 {
+		fmt.Fprint(w, "\nflags:\n")
+		printFlags(w, c.fs, cmd.flags)
+	}
+	fmt.Fprint(w, "\nflags of every command:\n")
+	printFlags(w, c.fs, globalFlags)
+}
+
+func run(ctx context.Context, args []string, e env) int {
+	c := newCLI(e)
+	pos, help, err := parseInterspersed(c.fs, args)
 	if err != nil {
-		fmt.Fprintf(stderr, "berth: %v\n", err)
-		return 1
+		fmt.Fprintf(c.stderr, "berth: %v\n", err)
+		fmt.Fprint(c.stderr, "run \"berth -h\" for usage\n")
+		return exitUsage
 	}
-	defer b.Close()
+	if len(pos) > 0 && pos[0] == "help" {
+		pos, help = pos[1:], true
+	}
+	cmd, rest := find(pos)
+	if help {
+		if cmd != nil {
+			c.commandUsage(c.stdout, cmd)
+		} else {
+			c.usage(c.stdout)
+		}
+		return exitOK
+	}
+	if cmd == nil {
+		if len(pos) == 0 {
+			c.usage(c.stderr)
+		} else {
+			fmt.Fprintf(c.stderr, "berth: unknown command %q\nrun \"berth -h\" for usage\n", esc(joinWords(pos[:min(2, len(pos))])))
+		}
+		return exitUsage
+	}
+	for _, name := range flagsGiven(c.fs) {
+		if !contains(globalFlags, name) && !contains(cmd.flags, name) {
+			fmt.Fprintf(c.stderr, "berth: -%s does not apply to %q\nrun \"berth %s -h\" for its flags\n", name, cmd.name, cmd.name)
+			return exitUsage
+		}
+		c.limitSet = c.limitSet || name == "limit"
+		c.pageSizeSet = c.pageSizeSet || name == "page-size"
+	}
+	if c.url == "" {
+		c.url = c.getenv("BERTH_URL")
+	}
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	err = cmd.run(ctx, c, rest)
+	return c.exit(cmd, err)
+}
 
-	out := output{w: stdout, json: *asJSON}
-	err = dispatch(ctx, b, rest, out)
-	var ue usageError
+// find returns the command the leading positional arguments name and the
+// arguments after it.
+func find(pos []string) (*command, []string) {
+	for _, cmd := range commands() {
+		words := strings.Fields(cmd.name)
+		if len(pos) >= len(words) && joinWords(pos[:len(words)]) == cmd.name {
+			return cmd, pos[len(words):]
+		}
+	}
+	return nil, nil
+}
+
+// exit prints err and returns the exit code it means.
+func (c *cli) exit(cmd *command, err error) int {
+	var (
+		ue *usageError
+		pe *partialError
+	)
 	switch {
+	case err == nil:
+		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "berth: %v\n\n", err)
-		fs.Usage()
-		return 2
-	case err != nil:
-		fmt.Fprintf(stderr, "berth: %v\n", err)
-		return 1
-	}
-	return 0
-}
-
-type usageError string
-
-func (e usageError) Error() string { return string(e) }
-
-func dispatch(ctx context.Context, b sdk.Broker, args []string, out output) error {
-	switch args[0] {
-	case "stats":
-		if len(args) < 2 {
-			return usageError("stats needs at least one QUEUE")
-		}
-		in, ok := b.(sdk.Inspector)
-		if !ok {
-			return fmt.Errorf("this broker cannot report statistics")
-		}
-		var all []sdk.QueueStats
-		for _, q := range args[1:] {
-			st, err := in.Stats(ctx, q)
-			if err != nil {
-				return fmt.Errorf("stats %s: %w", q, err)
-			}
-			all = append(all, st)
-		}
-		return out.stats(all)
-	case "dlq":
-		if len(args) < 3 {
-			return usageError("dlq needs a subcommand and a QUEUE")
-		}
-		dl, ok := b.(sdk.DeadLetters)
-		if !ok {
-			return fmt.Errorf("this broker has no dead-letter operations")
-		}
-		return dlq(ctx, dl, args[1], args[2], args[3:], out)
+		fmt.Fprintf(c.stderr, "berth %s: %s\nrun \"berth %s -h\" for usage\n", cmd.name, esc(err.Error()), cmd.name)
+		return exitUsage
+	case errors.As(err, &pe):
+		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, esc(err.Error()))
+		return exitPartial
+	case errors.Is(err, errNothing) || errors.Is(err, sdk.ErrNotFound):
+		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, esc(err.Error()))
+		return exitNotFound
 	default:
-		return usageError(fmt.Sprintf("unknown command %q", args[0]))
+		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, esc(err.Error()))
+		return exitError
 	}
 }
 
-func dlq(ctx context.Context, dl sdk.DeadLetters, sub, queue string, rest []string, out output) error {
-	switch sub {
-	case "list":
-		fs := flag.NewFlagSet("dlq list", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		n := fs.Int("n", 50, "at most this many")
-		if err := fs.Parse(rest); err != nil || fs.NArg() > 0 {
-			return usageError("dlq list QUEUE [-n N]")
+// errNothing is wrapped by the error of a command whose filters matched
+// nothing; it exits 3.
+var errNothing = errors.New("nothing matched")
+
+// partialError is a change that was done only in part; it exits 4.
+type partialError struct{ msg string }
+
+func (e *partialError) Error() string { return e.msg }
+
+// broker opens the broker of -url.
+func (c *cli) broker(ctx context.Context) (sdk.Broker, error) {
+	if c.url == "" {
+		return nil, usagef("no broker URL: give -url or set BERTH_URL")
+	}
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	b, err := c.open(octx, c.url)
+	if err != nil {
+		var pe *brokerurl.ParamError
+		if errors.As(err, &pe) || errors.Is(err, brokerurl.ErrUnknownScheme) || errors.Is(err, brokerurl.ErrInvalidURL) {
+			return nil, &usageError{err.Error()}
 		}
-		msgs, err := dl.ListDeadLetters(ctx, queue, *n)
-		if err != nil {
-			return err
-		}
-		return out.deadLetters(msgs)
-	case "show":
-		if len(rest) != 1 {
-			return usageError("dlq show QUEUE ID")
-		}
-		m, err := dl.GetDeadLetter(ctx, queue, rest[0])
-		if err != nil {
-			return err
-		}
-		return out.message(m)
-	case "redrive":
-		n, err := dl.RedriveDeadLetters(ctx, queue, rest...)
-		if err != nil {
-			return err
-		}
-		return out.count("redriven", n)
-	case "purge":
-		if len(rest) != 0 {
-			return usageError("dlq purge QUEUE")
-		}
-		n, err := dl.PurgeDeadLetters(ctx, queue)
-		if err != nil {
-			return err
-		}
-		return out.count("purged", n)
-	default:
-		return usageError(fmt.Sprintf("unknown dlq subcommand %q", sub))
+		return nil, err
 	}
+	return b, nil
 }
 
-type output struct {
-	w    io.Writer
-	json bool
+// confirm asks the operator on a terminal; elsewhere it refuses without -yes.
+func (c *cli) confirm(question string) error {
+	if c.yes {
+		return nil
+	}
+	if !c.interactive {
+		return usagef("refusing to change anything without -yes (no terminal to ask on); -dry-run shows what would change")
+	}
+	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
+	line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return nil
+	}
+	return errors.New("not confirmed; nothing changed")
 }
 
-func (o output) encode(v any) error {
-	enc := json.NewEncoder(o.w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-func (o output) stats(all []sdk.QueueStats) error {
-	if o.json {
-		type js struct {
-			Queue        string  `json:"queue"`
-			Ready        int64   `json:"ready"`
-			Delayed      int64   `json:"delayed"`
-			InFlight     int64   `json:"in_flight"`
-			DeadLettered int64   `json:"dead_lettered"`
-			OldestAgeSec float64 `json:"oldest_age_seconds"`
-		}
-		var v []js
-		for _, s := range all {
-			v = append(v, js{s.Queue, s.Ready, s.Delayed, s.InFlight, s.DeadLettered, s.OldestAge.Seconds()})
-		}
-		return o.encode(v)
-	}
-	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tREADY\tDELAYED\tIN FLIGHT\tDEAD\tOLDEST")
-	for _, s := range all {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", s.Queue, s.Ready, s.Delayed, s.InFlight, s.DeadLettered, s.OldestAge.Round(time.Millisecond))
-	}
-	return tw.Flush()
-}
-
-func (o output) deadLetters(msgs []*sdk.Message) error {
-	if o.json {
-		v := make([]jsonMessage, len(msgs))
-		for i, m := range msgs {
-			v[i] = toJSON(m)
-		}
-		return o.encode(v)
-	}
-	tw := tabwriter.NewWriter(o.w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTYPE\tATTEMPTS\tCLASS\tLAST FAILURE\tREASON")
-	for _, m := range msgs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, m.Type, m.Header(sdk.HeaderDeadLetterAttempts),
-			m.Header(sdk.HeaderDeadLetterClass), m.Header(sdk.HeaderLastFailure), oneLine(m.Header(sdk.HeaderDeadLetterReason), 80))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	_, err := fmt.Fprintf(o.w, "%d dead letter(s)\n", len(msgs))
-	return err
-}
-
-type jsonMessage struct {
-	ID             string            `json:"id"`
-	Type           string            `json:"type"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty"`
-	Key            string            `json:"key,omitempty"`
-	CorrelationID  string            `json:"correlation_id,omitempty"`
-	Headers        map[string]string `json:"headers,omitempty"`
-	Body           string            `json:"body"` // text, or base64 of binary bodies prefixed "base64:"
-}
-
-func toJSON(m *sdk.Message) jsonMessage {
-	return jsonMessage{m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID, m.Headers, bodyText(m.Body)}
-}
-
-func (o output) message(m *sdk.Message) error {
-	if o.json {
-		return o.encode(toJSON(m))
-	}
-	fmt.Fprintf(o.w, "id:              %s\ntype:            %s\nidempotency key: %s\nkey:             %s\ncorrelation id:  %s\n",
-		m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID)
-	names := make([]string, 0, len(m.Headers))
-	for k := range m.Headers {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	fmt.Fprintln(o.w, "headers:")
-	for _, k := range names {
-		fmt.Fprintf(o.w, "  %s: %s\n", k, m.Headers[k])
-	}
-	_, err := fmt.Fprintf(o.w, "body (%d bytes):\n%s\n", len(m.Body), bodyText(m.Body))
-	return err
-}
-
-func (o output) count(what string, n int) error {
-	if o.json {
-		return o.encode(map[string]int{what: n})
-	}
-	_, err := fmt.Fprintf(o.w, "%s %d message(s)\n", what, n)
-	return err
-}
-
-func bodyText(b []byte) string {
-	if isText(b) {
-		return string(b)
-	}
-	return "base64:" + base64.StdEncoding.EncodeToString(b)
-}
-
-func isText(b []byte) bool {
-	s := string(b)
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if r < 0x20 && r != '\n' && r != '\r' && r != '\t' {
-			return false
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
 		}
 	}
-	return true
-}
-
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
+	return false
 }

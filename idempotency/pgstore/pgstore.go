@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/internal/pgretry"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -206,11 +207,20 @@ func (t *tx) Rollback(ctx context.Context) error {
 	return err
 }
 
-// Begin implements [idempotency.TxStore]: BEGIN, then INSERT of the key row
-// (as completed: nobody sees it before the commit). A concurrent Begin of the
+// Begin implements [idempotency.TxStore]: BEGIN (repeated a few times when
+// it fails on a lost connection), then INSERT of the key row (as completed:
+// nobody sees it before the commit). A concurrent Begin of the
 // same key blocks on the unique index until this transaction ends.
 func (s *Store) Begin(ctx context.Context, c idempotency.Claim) (idempotency.Tx, idempotency.Outcome, *idempotency.Record, error) {
-	ptx, err := s.db.Begin(ctx)
+	// A BEGIN on a connection the server dropped (the pool still held it)
+	// fails without doing anything: take another connection, a few times,
+	// rather than fail the job and spend one of its attempts.
+	var ptx pgx.Tx
+	err := pgretry.Do(ctx, func(ctx context.Context) error {
+		var err error
+		ptx, err = s.db.Begin(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("pgstore: begin: %w", err)
 	}

@@ -1,0 +1,13 @@
+package memory
+
+import "github.com/berthq/berth/sdk"
+
+// PlantDeadLetter stores m as a dead letter of queue as it is, headers
+// included, the way a message that reached the dead-letter list by a path
+// berth does not control would look.
+func PlantDeadLetter(b *Broker, queue string, m *sdk.Message) {
+	q := b.queue(queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.dead = append(q.dead, m.Clone())
+}

@@ -1,0 +1,155 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Queues returns the names of the queues that have jobs in the table (of
+// any status, until retention deletes them), sorted.
+func (b *Broker) Queues(ctx context.Context) ([]string, error) {
+	if b.isClosed() {
+		return nil, errClosed("queues")
+	}
+	rows, err := b.pool.Query(ctx, `SELECT DISTINCT queue FROM `+b.table+` ORDER BY queue`)
+	if err != nil {
+		return nil, b.wrap("queues", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, b.wrap("queues", err)
+	}
+	return names, nil
+}
+
+// DeadLetterPage returns up to limit (default [sdk.DefaultListLimit]) of
+// queue's dead letters after cursor, the earliest dead-lettered first (as
+// [Broker.ListDeadLetters] orders them), and the cursor of the next page (""
+// when this page is the last). An empty cursor starts at the first. The
+// cursor is a position, not a row: it stays valid while the dead letters it
+// passed are redriven or deleted, and a job dead-lettered after the walk
+// started comes at its end. Each page is one statement.
+func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+	if b.isClosed() {
+		return nil, "", errClosed("dead letter page")
+	}
+	if limit <= 0 {
+		limit = sdk.DefaultListLimit
+	}
+	after, afterID := time.Time{}, int64(0)
+	if cursor != "" {
+		us, id, ok := strings.Cut(cursor, "-")
+		u, err1 := strconv.ParseInt(us, 10, 64)
+		n, err2 := strconv.ParseInt(id, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, "", errors.New("berth/postgres: invalid dead-letter page cursor")
+		}
+		after, afterID = time.UnixMicro(u), n
+	}
+	rows, err := b.pool.Query(ctx, `SELECT `+deadLetterColumns+`, updated_at, id FROM `+b.table+`
+		WHERE queue = $1 AND status = 'dead_letter' AND ($2::timestamptz IS NULL OR (updated_at, id) > ($2, $3))
+		ORDER BY updated_at, id LIMIT $4`, queue, nullTime(after), afterID, limit+1)
+	if err != nil {
+		return nil, "", b.wrap("dead letter page", err)
+	}
+	var (
+		msgs []*sdk.Message
+		last string
+		next string
+	)
+	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
+		if len(msgs) == limit {
+			next = last
+			return struct{}{}, nil
+		}
+		m := &sdk.Message{}
+		var (
+			headers []byte
+			at      time.Time
+			id      int64
+		)
+		if err := r.Scan(&m.ID, &m.Type, &m.Body, &headers, &m.CorrelationID, &m.Key, &m.IdempotencyKey, &at, &id); err != nil {
+			return struct{}{}, err
+		}
+		if err := decodeHeaders(m, headers); err != nil {
+			return struct{}{}, err
+		}
+		msgs = append(msgs, m)
+		last = strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+		return struct{}{}, nil
+	})
+	if err != nil {
+		return nil, "", b.wrap("dead letter page", err)
+	}
+	return msgs, next, nil
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// DeleteDeadLetters deletes the dead letters of queue whose message IDs are
+// ids and returns how many. If any id is not a dead letter of queue, nothing
+// is deleted and the error wraps [sdk.ErrNotFound]. With no ids it deletes
+// nothing ([Broker.PurgeDeadLetters] deletes them all).
+func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	if b.isClosed() {
+		return 0, errClosed("delete dead letters")
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return 0, b.wrap("delete dead letters", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `DELETE FROM `+b.table+`
+		WHERE queue = $1 AND status = 'dead_letter' AND message_id = ANY($2) RETURNING message_id`, queue, ids)
+	if err != nil {
+		return 0, b.wrap("delete dead letters", err)
+	}
+	deleted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, b.wrap("delete dead letters", err)
+	}
+	found := make(map[string]bool, len(deleted))
+	for _, id := range deleted {
+		found[id] = true
+	}
+	for _, id := range ids {
+		if !found[id] {
+			return 0, fmt.Errorf("berth/postgres: delete dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, b.wrap("delete dead letters", err)
+	}
+	return len(deleted), nil
+}
+
+// decodeHeaders fills m.Headers from the headers column and makes a NULL
+// body empty, as scanMessage does.
+func decodeHeaders(m *sdk.Message, headers []byte) error {
+	if headers != nil {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			return fmt.Errorf("headers of message %s: %w", m.ID, err)
+		}
+	}
+	if m.Body == nil {
+		m.Body = []byte{}
+	}
+	return nil
+}

@@ -1,0 +1,141 @@
+// Package brokerurl opens a berth broker from a URL, so that programs and the
+// berth command name their broker in one string (in the spirit of gocloud's
+// URL openers):
+//
+//	amqp://user:pass@host:5672/vhost?prefetch=32&queue_type=quorum   RabbitMQ
+//	amqps://user:pass@host/vhost                                      RabbitMQ over TLS
+//	postgres://user:pass@host/db?schema=berth&lease=30s               PostgreSQL job table
+//	postgresql://...                                                  the same
+//	sqs://us-east-1                                                   AWS SQS in that region
+//	http://127.0.0.1:4566?region=eu-west-1                            an SQS endpoint (emulator)
+//	https://sqs.eu-west-1.amazonaws.com                               an SQS endpoint
+//	mem://                                                            a new in-memory broker
+//
+// Each scheme's query parameters are listed on its opener ([Schemes] lists
+// the schemes). A parameter berth does not know for that scheme, or a value it
+// cannot use, is an error: a [*ParamError] naming the parameter, wrapping
+// [ErrInvalidURL]. An unknown scheme wraps [ErrUnknownScheme]. No error
+// returned by [Open] contains the URL's password.
+//
+// A new scheme is one entry in the table of schemes.go and one [Opener]; a
+// program can add its own through [Options.Schemes] without touching the
+// package.
+package brokerurl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/berthq/berth/sdk"
+)
+
+var (
+	// ErrUnknownScheme is wrapped by the error of a URL whose scheme has no
+	// opener.
+	ErrUnknownScheme = errors.New("brokerurl: unknown scheme")
+	// ErrInvalidURL is wrapped by the error of a URL that does not parse or
+	// has a bad parameter (then the error is also a [*ParamError]).
+	ErrInvalidURL = errors.New("brokerurl: invalid broker URL")
+)
+
+// ParamError reports a query parameter that is unknown for the URL's scheme
+// or whose value is unusable. It names the parameter and never repeats the
+// value (which could be a secret). It wraps [ErrInvalidURL].
+type ParamError struct {
+	Scheme string // the URL's scheme
+	Param  string // the parameter's name
+	Reason string // what is wrong, e.g. "unknown parameter", "want a duration such as 30s"
+}
+
+// Error implements error.
+func (e *ParamError) Error() string {
+	return fmt.Sprintf("brokerurl: %s URL: parameter %q: %s", e.Scheme, e.Param, e.Reason)
+}
+
+// Unwrap returns [ErrInvalidURL].
+func (e *ParamError) Unwrap() error { return ErrInvalidURL }
+
+// An Opener opens the broker a parsed URL names. It reads the scheme's
+// parameters from p (which records each one it is asked for) and calls
+// [Params.Done] before it connects, so that an unknown or bad parameter fails
+// fast. u is the caller's URL with its query intact; the opener must not
+// return an error that contains u's password ([Open] scrubs it as a second
+// line of defence).
+type Opener func(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error)
+
+// Options adjusts [Open]. The zero value opens the built-in schemes.
+type Options struct {
+	// Schemes adds openers, or replaces built-in ones, by lower-case scheme.
+	Schemes map[string]Opener
+	// Defaults are query parameters used when the URL does not set them,
+	// for example the berth command's "no_declare=true" on amqp:// (it never
+	// changes topology). A default a scheme does not know is ignored.
+	Defaults url.Values
+}
+
+// Schemes returns the built-in schemes, sorted.
+func Schemes() []string { return slices.Sorted(maps.Keys(schemes)) }
+
+// Open connects to the broker rawURL names. The caller closes the broker.
+// Errors never contain the URL's password.
+func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme == "" {
+		// url.Parse's error quotes the whole URL, password included.
+		return nil, fmt.Errorf("%w: want scheme://[user[:password]@]host[/path][?param=value]", ErrInvalidURL)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	open, ok := opts.Schemes[scheme]
+	if !ok {
+		open, ok = schemes[scheme]
+	}
+	if !ok {
+		known := Schemes()
+		for s := range opts.Schemes {
+			known = append(known, s)
+		}
+		slices.Sort(known)
+		return nil, fmt.Errorf("%w %q (known: %s)", ErrUnknownScheme, scheme, strings.Join(slices.Compact(known), ", "))
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		// A pair that does not parse (a ';', a bad %-escape) would be dropped
+		// silently by u.Query(); the error text quotes it, so it is not kept.
+		return nil, fmt.Errorf("%w: the query string does not parse (a ';' or a bad %%-escape)", ErrInvalidURL)
+	}
+	p := &Params{scheme: scheme, query: q, defaults: opts.Defaults, used: map[string]bool{}}
+	b, err := open(ctx, u, p)
+	if err == nil {
+		if err = p.Done(); err != nil { // an opener that forgot Done
+			_ = b.Close()
+			b = nil
+		}
+	}
+	if err != nil {
+		pw, _ := u.User.Password()
+		return nil, scrub(err, pw)
+	}
+	return b, nil
+}
+
+// scrub returns err, or an error of the same identity whose text has pw
+// replaced, if the text contains pw.
+func scrub(err error, pw string) error {
+	if pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return &scrubbed{err: err, pw: pw}
+}
+
+type scrubbed struct {
+	err error
+	pw  string
+}
+
+func (s *scrubbed) Error() string { return strings.ReplaceAll(s.err.Error(), s.pw, "xxxxx") }
+func (s *scrubbed) Unwrap() error { return s.err }

@@ -1,0 +1,206 @@
+package brokerurl_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokerurl"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const secret = "hunter2"
+
+func TestErrorsNameTheParameterAndHideThePassword(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		url, param string
+	}{
+		{"amqp://admin:" + secret + "@127.0.0.1:1/?prefetch=lots", "prefetch"},
+		{"amqp://admin:" + secret + "@127.0.0.1:1/?queue_type=stream", "queue_type"},
+		{"amqps://admin:" + secret + "@127.0.0.1:1/?prefech=3", "prefech"},
+		{"postgres://admin:" + secret + "@127.0.0.1:1/db?lease=forever", "lease"},
+		{"postgres://admin:" + secret + "@127.0.0.1:1/db?listen=maybe", "listen"},
+		{"postgresql://admin:" + secret + "@127.0.0.1:1/db?schema=pg_catalog", "schema"},
+		{"postgresql://admin:" + secret + "@127.0.0.1:1/db?schema=x%3Bdrop", "schema"},
+		{"mem://?lease=-1s", "lease"},
+		{"mem://?max_deliveries=1&max_deliveries=2", "max_deliveries"},
+		{"mem://?password=" + secret, "password"},
+		{"sqs://eu-west-1?wait_time=" + secret, "wait_time"},
+		{"http://127.0.0.1:1?visibility=30s", "visibility"},
+	}
+	for _, c := range cases {
+		b, err := brokerurl.Open(ctx, c.url, brokerurl.Options{})
+		if b != nil {
+			b.Close()
+		}
+		var pe *brokerurl.ParamError
+		if !errors.As(err, &pe) || pe.Param != c.param || !errors.Is(err, brokerurl.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want a ParamError naming %q", c.url, err, c.param)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("Open(%q): the error shows the secret: %v", c.url, err)
+		}
+	}
+}
+
+func TestUnknownSchemeAndUnparsableURL(t *testing.T) {
+	ctx := context.Background()
+	_, err := brokerurl.Open(ctx, "kafka://admin:"+secret+"@host/", brokerurl.Options{})
+	if !errors.Is(err, brokerurl.ErrUnknownScheme) || strings.Contains(err.Error(), secret) {
+		t.Errorf("kafka: %v", err)
+	}
+	for _, raw := range []string{"", "localhost:5432", "postgres://admin:" + secret + "@host:port/db", "amqp://a:" + secret + "@[::1/", "postgres://a:" + secret + "@h/db?schema=x;drop"} {
+		_, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if err == nil || strings.Contains(err.Error(), secret) {
+			t.Errorf("Open(%q) = %v", raw, err)
+		}
+		if !errors.Is(err, brokerurl.ErrInvalidURL) && !errors.Is(err, brokerurl.ErrUnknownScheme) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", raw, err)
+		}
+	}
+}
+
+func TestConnectionErrorsHideThePassword(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, raw := range []string{
+		"postgres://admin:" + secret + "@127.0.0.1:1/db?connect_timeout=2",
+		"amqp://admin:" + secret + "@127.0.0.1:1/",
+	} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if err == nil {
+			b.Close()
+			t.Fatalf("Open(%s) connected to port 1", raw)
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("Open: %v", err)
+		}
+	}
+}
+
+func TestMemory(t *testing.T) {
+	ctx := context.Background()
+	b, err := brokerurl.Open(ctx, "mem://?lease=5s&max_deliveries=3", brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, ok := b.(*memory.Broker); !ok {
+		t.Fatalf("mem:// opened %T", b)
+	}
+	if err := b.Publish(ctx, "q", &sdk.Message{Type: "t", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	ctx := context.Background()
+	var got url.Values
+	custom := func(_ context.Context, u *url.URL, p *brokerurl.Params) (sdk.Broker, error) {
+		got = url.Values{"depth": {fmt.Sprint(p.Int("depth", 1))}, "name": {p.String("name", "")}}
+		if err := p.Done(); err != nil {
+			return nil, err
+		}
+		return memory.New(memory.Options{})
+	}
+	opts := brokerurl.Options{
+		Schemes:  map[string]brokerurl.Opener{"test": custom},
+		Defaults: url.Values{"depth": {"7"}, "name": {"x"}},
+	}
+	b, err := brokerurl.Open(ctx, "test://h?name=y", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if got.Get("depth") != "7" || got.Get("name") != "y" {
+		t.Fatalf("params %v: the default and the URL's own value", got)
+	}
+	// A default the scheme does not know is not an error.
+	b, err = brokerurl.Open(ctx, "mem://", brokerurl.Options{Defaults: url.Values{"no_declare": {"true"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+}
+
+// An opener that forgets Params.Done still has its unknown parameters refused.
+func TestOpenerThatForgetsDone(t *testing.T) {
+	lazy := func(context.Context, *url.URL, *brokerurl.Params) (sdk.Broker, error) {
+		return memory.New(memory.Options{})
+	}
+	_, err := brokerurl.Open(context.Background(), "lazy://?x=1", brokerurl.Options{Schemes: map[string]brokerurl.Opener{"lazy": lazy}})
+	var pe *brokerurl.ParamError
+	if !errors.As(err, &pe) || pe.Param != "x" {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestPostgres(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	ctx := context.Background()
+	schema := fmt.Sprintf("brokerurl_%d", rand.Uint64()%1e12)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("schema", schema)
+	q.Set("migrate", "true")
+	q.Set("lease", "10s")
+	q.Set("application_name", "brokerurl-test") // a pgx parameter, passed through
+	u.RawQuery = q.Encode()
+	b, err := brokerurl.Open(ctx, u.String(), brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pb *postgres.Broker
+	if as, ok := b.(interface{ As(any) bool }); !ok || !as.As(&pb) || pb.Schema() != schema {
+		t.Fatalf("As(*postgres.Broker) of %T", b)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		if conn, err := pgx.Connect(context.Background(), dsn); err == nil {
+			_, _ = conn.Exec(context.Background(), `DROP SCHEMA "`+schema+`" CASCADE`)
+			_ = conn.Close(context.Background())
+		}
+	})
+	if err := b.Publish(ctx, "q", &sdk.Message{Type: "t", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.(sdk.Inspector).Stats(ctx, "q")
+	if err != nil || st.Ready != 1 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
+
+func TestRabbitMQ(t *testing.T) {
+	raw := integration.RabbitMQURL(t)
+	b, err := brokerurl.Open(context.Background(), raw+"?prefetch=8&queue_type=classic&no_declare=true&connection_name=brokerurl-test", brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+}
+
+func TestSQS(t *testing.T) {
+	endpoint := integration.SQSEndpoint(t)
+	b, err := brokerurl.Open(context.Background(), endpoint+"?region=eu-west-1&wait_time=1s", brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+}

@@ -1,0 +1,139 @@
+package brokerurl
+
+import (
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Params are the query parameters of a URL being opened. An [Opener] reads
+// each parameter it knows with one call, then calls Done, which reports the
+// first bad value or a parameter nobody asked for. Reading a parameter twice
+// is allowed. A Params is used by one goroutine.
+type Params struct {
+	scheme   string
+	query    url.Values
+	defaults url.Values
+	used     map[string]bool
+	err      error
+}
+
+func (p *Params) get(name string) (string, bool) {
+	p.used[name] = true
+	if vs, ok := p.query[name]; ok {
+		if len(vs) > 1 {
+			p.fail(name, "given more than once")
+		}
+		return vs[0], true
+	}
+	if vs, ok := p.defaults[name]; ok && len(vs) > 0 {
+		return vs[0], true
+	}
+	return "", false
+}
+
+func (p *Params) fail(name, reason string) {
+	if p.err == nil {
+		p.err = &ParamError{Scheme: p.scheme, Param: name, Reason: reason}
+	}
+}
+
+// String returns the parameter name, or def when the URL does not set it.
+func (p *Params) String(name, def string) string {
+	if v, ok := p.get(name); ok {
+		return v
+	}
+	return def
+}
+
+// Int returns the parameter name as an integer >= 0, or def when unset.
+func (p *Params) Int(name string, def int) int {
+	v, ok := p.get(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		p.fail(name, "want an integer >= 0")
+		return def
+	}
+	return n
+}
+
+// Duration returns the parameter name as a duration >= 0 ("30s", "1m30s"),
+// or def when unset.
+func (p *Params) Duration(name string, def time.Duration) time.Duration {
+	v, ok := p.get(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		p.fail(name, "want a duration >= 0 such as 30s")
+		return def
+	}
+	return d
+}
+
+// Bool returns the parameter name as a boolean (true/false/1/0), or def
+// when unset.
+func (p *Params) Bool(name string, def bool) bool {
+	v, ok := p.get(name)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.fail(name, "want true or false")
+		return def
+	}
+	return b
+}
+
+// Enum returns the parameter name, which must be one of allowed, or def
+// when unset.
+func (p *Params) Enum(name, def string, allowed ...string) string {
+	v, ok := p.get(name)
+	if !ok {
+		return def
+	}
+	if !slices.Contains(allowed, v) {
+		p.fail(name, "want one of "+strings.Join(allowed, ", "))
+		return def
+	}
+	return v
+}
+
+// Rest returns the parameters no one has read yet and marks them read: an
+// opener passes them on to the driver (PostgreSQL's sslmode, for one).
+func (p *Params) Rest() url.Values {
+	rest := url.Values{}
+	for k, vs := range p.query {
+		if !p.used[k] {
+			rest[k] = vs
+			p.used[k] = true
+		}
+	}
+	return rest
+}
+
+// Done returns the first bad parameter, or else the first (by name)
+// parameter no one read, as a [*ParamError].
+func (p *Params) Done() error {
+	if p.err != nil {
+		return p.err
+	}
+	var unknown []string
+	for k := range p.query {
+		if !p.used[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		p.fail(unknown[0], "unknown parameter")
+	}
+	return p.err
+}

@@ -1,0 +1,220 @@
+package brokerurl
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// schemes is the one table of built-in schemes. To add a broker, add its
+// schemes here and write its Opener below (or in a file of its own).
+var schemes = map[string]Opener{
+	"amqp":       openRabbitMQ,
+	"amqps":      openRabbitMQ,
+	"postgres":   openPostgres,
+	"postgresql": openPostgres,
+	"sqs":        openSQS,
+	"http":       openSQS,
+	"https":      openSQS,
+	"mem":        openMemory,
+}
+
+// openMemory opens a new, empty memory broker: mem://
+//
+// Parameters: lease (duration), max_deliveries, max_message_size — the
+// fields of [memory.Options].
+func openMemory(_ context.Context, _ *url.URL, p *Params) (sdk.Broker, error) {
+	o := memory.Options{
+		Lease:          p.Duration("lease", 0),
+		MaxDeliveries:  p.Int("max_deliveries", 0),
+		MaxMessageSize: p.Int("max_message_size", 0),
+	}
+	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	return memory.New(o)
+}
+
+// openRabbitMQ opens RabbitMQ: amqp://user:pass@host:5672/vhost or amqps://.
+//
+// Parameters (the fields of [rabbitmq.Options]): prefetch, queue_type
+// (quorum or classic), max_deliveries, no_declare (true: never declare
+// topology), connection_name, heartbeat (duration).
+func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
+	o := rabbitmq.Options{
+		Prefetch:       p.Int("prefetch", 0),
+		QueueType:      rabbitmq.QueueType(p.Enum("queue_type", "", string(rabbitmq.Quorum), string(rabbitmq.Classic))),
+		MaxDeliveries:  p.Int("max_deliveries", 0),
+		NoDeclare:      p.Bool("no_declare", false),
+		ConnectionName: p.String("connection_name", ""),
+		Heartbeat:      p.Duration("heartbeat", 0),
+	}
+	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	return rabbitmq.New(ctx, withQuery(u, nil), o)
+}
+
+// openPostgres opens the PostgreSQL job table: postgres://user:pass@host/db.
+//
+// Parameters: schema, lease (duration), max_attempts, poll_interval
+// (duration), listen (default true; false for poolers in transaction mode),
+// dedupe_enqueue, migrate (true: create or upgrade the table on open). Every
+// other parameter (sslmode, application_name, …) goes to pgx. The broker owns
+// the pool it opens and closes it.
+func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
+	o := postgres.Options{
+		Schema:        p.String("schema", ""),
+		Lease:         p.Duration("lease", 0),
+		MaxAttempts:   p.Int("max_attempts", 0),
+		PollInterval:  p.Duration("poll_interval", 0),
+		DisableListen: !p.Bool("listen", true),
+		DedupeEnqueue: p.Bool("dedupe_enqueue", false),
+	}
+	migrate := p.Bool("migrate", false)
+	rest := p.Rest()
+	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	if o.Schema != "" {
+		if err := postgres.ValidateSchema(o.Schema); err != nil {
+			return nil, &ParamError{Scheme: "postgres", Param: "schema", Reason: "not a valid schema name"}
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(withQuery(u, rest))
+	if err != nil {
+		return nil, fmt.Errorf("%w: postgres: the connection string does not parse", ErrInvalidURL) // pgx may quote it
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("brokerurl: postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		// pgx names host, user and database, never the password.
+		return nil, fmt.Errorf("brokerurl: postgres: cannot connect: %w", err)
+	}
+	b, err := postgres.New(pool, o)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if migrate {
+		if err := b.Migrate(ctx); err != nil {
+			_ = b.Close()
+			pool.Close()
+			return nil, err
+		}
+	}
+	return &pgBroker{Broker: b, pool: pool}, nil
+}
+
+// pgBroker closes the pool it opened after the broker.
+type pgBroker struct {
+	*postgres.Broker
+	pool *pgxpool.Pool
+}
+
+// Close closes the broker, then its pool.
+func (b *pgBroker) Close() error {
+	err := b.Broker.Close()
+	b.pool.Close()
+	return err
+}
+
+// As reaches the *postgres.Broker under the pool's owner, or its pool:
+// target must be a **postgres.Broker or a **pgxpool.Pool.
+func (b *pgBroker) As(target any) bool {
+	switch t := target.(type) {
+	case **postgres.Broker:
+		*t = b.Broker
+		return true
+	case **pgxpool.Pool:
+		*t = b.pool
+		return true
+	}
+	return false
+}
+
+// openSQS opens AWS SQS: sqs://REGION (AWS's endpoint of that region) or
+// http(s)://ENDPOINT (an emulator such as fauxqs, or a VPC endpoint).
+//
+// Parameters: region (default: sqs://'s host, else the AWS configuration,
+// else us-east-1), visibility_timeout, wait_time (durations),
+// max_receive_count, dlq_suffix. Credentials come from the AWS default chain;
+// for an endpoint on a loopback address (an emulator) static dummy
+// credentials are used.
+func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
+	scheme := p.scheme
+	region := p.String("region", "")
+	o := sqs.Options{
+		VisibilityTimeout: p.Duration("visibility_timeout", 0),
+		WaitTime:          p.Duration("wait_time", 0),
+		MaxReceiveCount:   p.Int("max_receive_count", 0),
+		DeadLetterSuffix:  p.String("dlq_suffix", ""),
+	}
+	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%w: sqs: credentials in the URL are not supported (use the AWS configuration)", ErrInvalidURL)
+	}
+	var endpoint string
+	if scheme == "sqs" {
+		if region == "" {
+			region = u.Host
+		}
+	} else {
+		if u.Host == "" {
+			return nil, fmt.Errorf("%w: sqs: an http(s) URL must name the endpoint's host", ErrInvalidURL)
+		}
+		endpoint = withQuery(u, nil)
+	}
+	cfg, err := awsconfig.LoadDefaultConfig(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("brokerurl: sqs: AWS configuration: %w", err)
+	}
+	if region != "" {
+		cfg.Region = region
+	}
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	var optFns []func(*awssqs.Options)
+	if endpoint != "" {
+		if isLoopback(u.Hostname()) {
+			cfg.Credentials = credentials.NewStaticCredentialsProvider("berth", "berth", "")
+		}
+		optFns = append(optFns, func(o *awssqs.Options) { o.BaseEndpoint = aws.String(endpoint) })
+	}
+	return sqs.NewFromConfig(cfg, o, optFns...)
+}
+
+// withQuery returns u as a string with its query replaced by q.
+func withQuery(u *url.URL, q url.Values) string {
+	c := *u
+	c.RawQuery = q.Encode()
+	c.ForceQuery = false
+	return c.String()
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

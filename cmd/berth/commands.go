@@ -1,0 +1,396 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/sdk"
+)
+
+func runStats(ctx context.Context, c *cli, args []string) error {
+	if c.interval <= 0 {
+		return usagef("-interval must be positive")
+	}
+	b, err := c.broker(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	in, ok := b.(sdk.Inspector)
+	if !ok {
+		return fmt.Errorf("this broker cannot report statistics")
+	}
+	queues := args
+	for {
+		if len(args) == 0 {
+			ql, ok := b.(dlq.QueueLister)
+			if !ok {
+				return usagef("this broker cannot list its queues: name them (berth stats QUEUE...)")
+			}
+			if queues, err = ql.Queues(ctx); err != nil {
+				return err
+			}
+		}
+		all := make([]sdk.QueueStats, 0, len(queues))
+		for _, q := range queues {
+			st, err := in.Stats(ctx, q)
+			if err != nil {
+				if c.watch && ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("stats %s: %w", q, err)
+			}
+			all = append(all, st)
+		}
+		if err := c.printStats(all); err != nil {
+			return err
+		}
+		if !c.watch {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil // -watch ends when interrupted
+		case <-time.After(c.interval):
+		}
+	}
+}
+
+func (c *cli) printStats(all []sdk.QueueStats) error {
+	if c.json {
+		v := jsonStats{Time: time.Now().UTC(), Queues: make([]jsonQueue, 0, len(all))}
+		for _, s := range all {
+			v.Queues = append(v.Queues, jsonQueue{s.Queue, s.Ready, s.Delayed, s.InFlight, s.DeadLettered, s.OldestAge.Seconds()})
+		}
+		return writeJSON(c.stdout, v)
+	}
+	if c.watch {
+		fmt.Fprintf(c.stdout, "%s\n", time.Now().Format(time.TimeOnly))
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tREADY\tDELAYED\tIN FLIGHT\tDEAD\tOLDEST")
+	for _, s := range all {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", esc(s.Queue), s.Ready, s.Delayed, s.InFlight, s.DeadLettered, s.OldestAge.Round(time.Millisecond))
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(tw, "(no queues)")
+	}
+	return tw.Flush()
+}
+
+// filter builds the dead-letter filter of the command line.
+func (c *cli) filter(ids []string) (dlq.Filter, error) {
+	f := dlq.Filter{IDs: ids, Class: c.class, OlderThan: c.olderThan, NewerThan: c.newerThan}
+	if c.types != "" {
+		for _, t := range strings.Split(c.types, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				f.Types = append(f.Types, t)
+			}
+		}
+	}
+	if err := f.ParseReason(c.reason); err != nil {
+		return f, &usageError{err.Error()}
+	}
+	if c.olderThan < 0 || c.newerThan < 0 || c.limit < 0 || c.offset < 0 || c.pageSize <= 0 {
+		return f, usagef("-older-than, -newer-than, -limit and -offset must not be negative, -page-size must be positive")
+	}
+	return f, nil
+}
+
+func (c *cli) deadLetters(ctx context.Context) (sdk.Broker, sdk.DeadLetters, error) {
+	b, err := c.broker(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	dl, ok := b.(sdk.DeadLetters)
+	if !ok {
+		b.Close()
+		return nil, nil, fmt.Errorf("this broker has no dead-letter operations")
+	}
+	return b, dl, nil
+}
+
+func runList(ctx context.Context, c *cli, args []string) error {
+	if len(args) != 1 {
+		return usagef("want exactly one QUEUE, got %d arguments", len(args))
+	}
+	queue := args[0]
+	f, err := c.filter(nil)
+	if err != nil {
+		return err
+	}
+	limit := c.limit
+	if limit == 0 {
+		limit = 50
+	}
+	b, dl, err := c.deadLetters(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	l, err := dlq.List(ctx, dl, queue, f, c.offset, limit, dlq.Options{PageSize: c.pageSize})
+	if err != nil {
+		return err
+	}
+	var total *int64
+	if l.Total >= 0 {
+		total = &l.Total
+	}
+	var next *int
+	if l.Next >= 0 {
+		next = &l.Next
+	}
+	shown, matched, complete := l.Messages, l.Matched, l.Complete
+	if c.json {
+		v := jsonList{Queue: queue, TotalDeadLetters: total, Matched: matched, Complete: complete, Offset: c.offset, Limit: limit,
+			NextOffset: next, Messages: make([]dlq.Message, 0, len(shown))}
+		for _, m := range shown {
+			v.Messages = append(v.Messages, dlq.View(m))
+		}
+		if err := writeJSON(c.stdout, v); err != nil {
+			return err
+		}
+	} else {
+		if len(shown) > 0 {
+			printTable(c.stdout, shown)
+		}
+		what := fmt.Sprintf("%d matching", matched)
+		if !complete {
+			what = fmt.Sprintf("at least %d matching (the broker lists only the first of its dead letters)", matched)
+		}
+		if f.IsZero() && complete {
+			what = fmt.Sprintf("%d", matched)
+		}
+		switch {
+		case len(shown) == 0:
+			fmt.Fprintf(c.stdout, "no dead letters shown of %s", what)
+		default:
+			fmt.Fprintf(c.stdout, "dead letters %d-%d of %s", c.offset+1, c.offset+len(shown), what)
+		}
+		if total != nil && !f.IsZero() {
+			fmt.Fprintf(c.stdout, " (%d in the dead-letter queue of %s)", *total, esc(queue))
+		}
+		fmt.Fprintln(c.stdout)
+		if next != nil {
+			fmt.Fprintf(c.stdout, "next page: -offset %d\n", *next)
+		}
+	}
+	if matched == 0 {
+		return fmt.Errorf("%s: %w", esc(queue), errNothing)
+	}
+	return nil
+}
+
+func printTable(w io.Writer, msgs []*sdk.Message) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTYPE\tATTEMPTS\tCLASS\tLAST FAILURE\tREASON")
+	for _, m := range msgs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", esc(m.ID), oneLine(m.Type, 40), oneLine(m.Header(sdk.HeaderDeadLetterAttempts), 6),
+			oneLine(m.Header(sdk.HeaderDeadLetterClass), 12), oneLine(m.Header(sdk.HeaderLastFailure), 35), oneLine(m.Header(sdk.HeaderDeadLetterReason), 80))
+	}
+	_ = tw.Flush()
+}
+
+func runShow(ctx context.Context, c *cli, args []string) error {
+	if len(args) != 2 {
+		return usagef("want QUEUE and ID, got %d arguments", len(args))
+	}
+	b, dl, err := c.deadLetters(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	m, err := dl.GetDeadLetter(ctx, args[0], args[1])
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return writeJSON(c.stdout, dlq.View(m))
+	}
+	h := dlq.HistoryOf(m)
+	w := c.stdout
+	fmt.Fprintf(w, "id:              %s\ntype:            %s\n", esc(m.ID), esc(m.Type))
+	if m.IdempotencyKey != "" {
+		fmt.Fprintf(w, "idempotency key: %s\n", esc(m.IdempotencyKey))
+	}
+	if m.Key != "" {
+		fmt.Fprintf(w, "key:             %s\n", esc(m.Key))
+	}
+	if m.CorrelationID != "" {
+		fmt.Fprintf(w, "correlation id:  %s\n", esc(m.CorrelationID))
+	}
+	fmt.Fprintf(w, "failure:\n  reason:        %s\n  class:         %s\n  attempts:      %d\n  first failure: %s\n  last failure:  %s\n  redriven:      %d time(s)\n",
+		esc(h.Reason), esc(h.Class), h.Attempts, esc(h.FirstFailure), esc(h.LastFailure), h.RedriveCount)
+	fmt.Fprintln(w, "headers:")
+	for _, k := range sortedKeys(m.Headers) {
+		fmt.Fprintf(w, "  %s: %s\n", esc(k), esc(m.Headers[k]))
+	}
+	j := dlq.View(m)
+	if j.BodyEncoding == "base64" {
+		fmt.Fprintf(w, "body (%d bytes, not UTF-8, base64):\n%s\n", len(m.Body), j.Body)
+		return nil
+	}
+	fmt.Fprintf(w, "body (%d bytes):\n%s\n", len(m.Body), escBlock(string(m.Body)))
+	return nil
+}
+
+type action int
+
+const (
+	actRedrive action = iota
+	actPurge
+)
+
+func runChange(ctx context.Context, c *cli, args []string, act action) error {
+	if len(args) < 1 {
+		return usagef("want QUEUE [ID...]")
+	}
+	queue, ids := args[0], args[1:]
+	f, err := c.filter(ids)
+	if err != nil {
+		return err
+	}
+	verb, done := "redrive", "redriven"
+	dact := dlq.Redrive
+	if act == actPurge {
+		verb, done, dact = "purge", "purged", dlq.Delete
+	}
+	b, dl, err := c.deadLetters(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	o := dlq.Options{PageSize: c.pageSize, Limit: c.limit}
+	report := jsonChange{Action: verb, Queue: queue, DryRun: c.dryRun, Failed: []jsonFailure{}}
+
+	if c.dryRun || !c.yes {
+		s, first, missing, err := dlq.Preview(ctx, dl, queue, f, o, 20)
+		if err != nil {
+			return err
+		}
+		report.Matched, report.Complete, report.Missed = s.Matched, s.Complete, len(missing)
+		for _, id := range missing {
+			report.Failed = append(report.Failed, jsonFailure{ID: id, Error: sdk.ErrNotFound.Error()})
+		}
+		if c.dryRun {
+			return c.printDryRun(report, first, verb, missing)
+		}
+		if s.Matched == 0 {
+			return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
+		}
+		q := fmt.Sprintf("%s %d dead letter(s) of %s?", verb, s.Matched, esc(queue))
+		if act == actPurge {
+			q = fmt.Sprintf("delete %d dead letter(s) of %s for good?", s.Matched, esc(queue))
+		}
+		if err := c.confirm(q); err != nil {
+			return err
+		}
+		o.Limit = s.Matched // never more than was confirmed
+	}
+
+	var bar *progressbar.ProgressBar
+	if c.progress {
+		total := int64(-1)
+		if f.IsZero() {
+			if in, ok := b.(sdk.Inspector); ok {
+				if st, err := in.Stats(ctx, queue); err == nil {
+					total = st.DeadLettered
+				}
+			}
+		}
+		if o.Limit > 0 && (total < 0 || int64(o.Limit) < total) {
+			total = int64(o.Limit)
+		}
+		bar = progressbar.NewOptions64(total,
+			progressbar.OptionSetWriter(c.stderr),
+			progressbar.OptionSetDescription(verb+" "+esc(queue)),
+			progressbar.OptionShowCount(),
+			progressbar.OptionShowIts(),
+			progressbar.OptionSetItsString("msg"),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionFullWidth(),
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(c.stderr) }),
+		)
+	}
+	r, err := dlq.Apply(ctx, dl, queue, f, dact, o, func(n int) {
+		if bar != nil {
+			_ = bar.Set(n)
+		}
+	})
+	if bar != nil {
+		_ = bar.Exit()
+		fmt.Fprintln(c.stderr)
+	}
+	interrupted := err != nil && ctx.Err() != nil
+	if err != nil && !interrupted {
+		if r.Done > 0 {
+			fmt.Fprintf(c.stdout, "%s %d dead letter(s) of %s before the error\n", done, r.Done, esc(queue))
+		}
+		return err
+	}
+	report.Matched, report.Done, report.Missed, report.Complete, report.Interrupted = r.Matched, r.Done, r.Missed, r.Complete, interrupted
+	report.Failed = failures(r.Failed)
+	if c.json {
+		if err := writeJSON(c.stdout, report); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(c.stdout, "%s %d dead letter(s) of %s\n", done, r.Done, esc(queue))
+		for _, fl := range r.Failed {
+			fmt.Fprintf(c.stdout, "not %s: %s: %s\n", done, esc(fl.ID), esc(fl.Err.Error()))
+		}
+		if r.Missed > len(r.Failed) {
+			fmt.Fprintf(c.stdout, "… and %d more not %s\n", r.Missed-len(r.Failed), done)
+		}
+	}
+	switch {
+	case interrupted:
+		return &partialError{fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
+	case r.Missed > 0:
+		return &partialError{fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
+	case r.Matched == 0 && r.Done == 0:
+		return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
+	}
+	return nil
+}
+
+func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string) error {
+	if c.json {
+		for _, m := range first {
+			r.Messages = append(r.Messages, dlq.View(m))
+		}
+		if err := writeJSON(c.stdout, r); err != nil {
+			return err
+		}
+	} else {
+		if len(first) > 0 {
+			printTable(c.stdout, first)
+			if r.Matched > len(first) {
+				fmt.Fprintf(c.stdout, "… and %d more\n", r.Matched-len(first))
+			}
+		}
+		n := fmt.Sprint(r.Matched)
+		if !r.Complete {
+			n = "at least " + n
+		}
+		fmt.Fprintf(c.stdout, "dry run: would %s %s dead letter(s) of %s; nothing changed\n", verb, n, esc(r.Queue))
+		for _, id := range missing {
+			fmt.Fprintf(c.stdout, "not a dead letter of %s: %s\n", esc(r.Queue), esc(id))
+		}
+	}
+	if r.Matched == 0 {
+		return fmt.Errorf("no dead letter of %s matches: %w", esc(r.Queue), errNothing)
+	}
+	return nil
+}
+
+var _ = errors.New

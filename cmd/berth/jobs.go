@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// The job verbs read the job-state ledger (package ledger): the ledger's
+// own tables in -db (fed on RabbitMQ, SQS and memory), or, on the
+// PostgreSQL broker of -url, its jobs table.
+
+// openLedger returns the ledger reader of -db (default $BERTH_DB), else of
+// the PostgreSQL broker of -url.
+func (c *cli) openLedger(ctx context.Context) (ledger.Reader, func(), error) {
+	dsn := c.db
+	if dsn == "" {
+		dsn = c.getenv("BERTH_DB")
+	}
+	if dsn != "" {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, nil, usagef("-db: the connection string does not parse") // pgx may quote it
+		}
+		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		pool, err := pgxpool.NewWithConfig(octx, cfg)
+		if err == nil {
+			err = pool.Ping(octx)
+		}
+		if err != nil {
+			if pool != nil {
+				pool.Close()
+			}
+			return nil, nil, fmt.Errorf("ledger database: %w", err) // pgx names host, user and database, never the password
+		}
+		s, err := pgledger.New(pool, pgledger.Options{Schema: c.schema})
+		if err != nil {
+			pool.Close()
+			if errors.Is(err, pgledger.ErrInvalidOptions) {
+				return nil, nil, &usageError{err.Error()}
+			}
+			return nil, nil, err
+		}
+		return s, pool.Close, nil
+	}
+	if c.url == "" {
+		return nil, nil, usagef("no ledger: give -db (the PostgreSQL the ledger writes to) or the -url of a PostgreSQL broker, or set BERTH_DB or BERTH_URL")
+	}
+	b, err := c.broker(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		pb   *postgres.Broker
+		pool *pgxpool.Pool
+	)
+	as, ok := b.(interface{ As(any) bool })
+	if !ok || !as.As(&pb) || !as.As(&pool) {
+		_ = b.Close()
+		return nil, nil, usagef("this broker keeps no job state: give -db, the PostgreSQL its ledger writes to (package ledger)")
+	}
+	j, err := pgledger.NewJobs(pool, pb.Schema())
+	if err != nil {
+		_ = b.Close()
+		return nil, nil, err
+	}
+	return j, func() { _ = b.Close() }, nil
+}
+
+// The -json documents of the job verbs. Fields are only ever added.
+
+type jsonAttempt struct {
+	Generation    int        `json:"generation"`
+	Attempt       int        `json:"attempt"`
+	Status        string     `json:"status"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+	DurationSec   float64    `json:"duration_seconds"`
+	Error         string     `json:"error"`
+	Class         string     `json:"class"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	Worker        string     `json:"worker"`
+	Abandoned     bool       `json:"abandoned"`
+}
+
+type jsonJob struct {
+	ID             string        `json:"id"`
+	Queue          string        `json:"queue"`
+	Type           string        `json:"type"`
+	IdempotencyKey string        `json:"idempotency_key"`
+	CorrelationID  string        `json:"correlation_id"`
+	Status         string        `json:"status"`
+	Generation     int           `json:"generation"`
+	Attempts       int           `json:"attempts"`
+	LastError      string        `json:"last_error"`
+	ErrorClass     string        `json:"error_class"`
+	NextAttemptAt  *time.Time    `json:"next_attempt_at"`
+	FirstSeenAt    *time.Time    `json:"first_seen_at"`
+	StartedAt      *time.Time    `json:"started_at"`
+	FinishedAt     *time.Time    `json:"finished_at"`
+	DurationSec    float64       `json:"duration_seconds"`
+	Worker         string        `json:"worker"`
+	UpdatedAt      *time.Time    `json:"updated_at"`
+	History        []jsonAttempt `json:"history"` // empty where the ledger keeps none (the PostgreSQL broker's table)
+}
+
+type jsonJobs struct {
+	Total *int64    `json:"total"` // every matching job, not just this page; null with -type (not counted)
+	Next  *string   `json:"next"`  // the -after of the next page; null on the last
+	Jobs  []jsonJob `json:"jobs"`
+}
+
+func tp(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func viewJob(j *ledger.Job) jsonJob {
+	v := jsonJob{ID: j.MessageID, Queue: j.Queue, Type: j.Type, IdempotencyKey: j.IdempotencyKey, CorrelationID: j.CorrelationID,
+		Status: string(j.Status), Generation: j.Generation, Attempts: j.Attempts, LastError: j.LastError, ErrorClass: string(j.ErrorClass),
+		NextAttemptAt: tp(j.NextAttemptAt), FirstSeenAt: tp(j.FirstSeenAt), StartedAt: tp(j.StartedAt), FinishedAt: tp(j.FinishedAt),
+		DurationSec: j.Duration.Seconds(), Worker: j.Worker, UpdatedAt: tp(j.UpdatedAt), History: []jsonAttempt{}}
+	for _, a := range j.History {
+		v.History = append(v.History, jsonAttempt{Generation: a.Generation, Attempt: a.Attempt, Status: string(a.Status),
+			StartedAt: tp(a.StartedAt), FinishedAt: tp(a.FinishedAt), DurationSec: a.Duration.Seconds(), Error: a.Error,
+			Class: string(a.Class), NextAttemptAt: tp(a.NextAttemptAt), Worker: a.Worker, Abandoned: a.Abandoned})
+	}
+	return v
+}
+
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func runJobShow(ctx context.Context, c *cli, args []string) error {
+	if len(args) != 1 {
+		return usagef("want exactly one ID or idempotency key, got %d arguments", len(args))
+	}
+	r, closeLedger, err := c.openLedger(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	j, err := r.Job(ctx, args[0])
+	if errors.Is(err, sdk.ErrNotFound) {
+		j, err = r.JobByKey(ctx, args[0])
+	}
+	if errors.Is(err, sdk.ErrNotFound) {
+		return fmt.Errorf("no job with ID or idempotency key %q: %w", args[0], sdk.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return writeJSON(c.stdout, viewJob(j))
+	}
+	w := c.stdout
+	fmt.Fprintf(w, "id:              %s\nqueue:           %s\ntype:            %s\n", esc(j.MessageID), esc(j.Queue), esc(j.Type))
+	if j.IdempotencyKey != "" {
+		fmt.Fprintf(w, "idempotency key: %s\n", esc(j.IdempotencyKey))
+	}
+	if j.CorrelationID != "" {
+		fmt.Fprintf(w, "correlation id:  %s\n", esc(j.CorrelationID))
+	}
+	fmt.Fprintf(w, "status:          %s\nattempts:        %d", j.Status, j.Attempts)
+	if j.Generation > 0 {
+		fmt.Fprintf(w, " (after %d redrive(s))", j.Generation)
+	}
+	fmt.Fprintln(w)
+	if j.LastError != "" {
+		fmt.Fprintf(w, "last error:      %s", oneLine(j.LastError, 200))
+		if j.ErrorClass != "" {
+			fmt.Fprintf(w, " [%s]", esc(string(j.ErrorClass)))
+		}
+		fmt.Fprintln(w)
+	}
+	if !j.NextAttemptAt.IsZero() {
+		fmt.Fprintf(w, "next attempt:    %s\n", when(j.NextAttemptAt))
+	}
+	fmt.Fprintf(w, "first seen:      %s\nstarted:         %s\nfinished:        %s\n", when(j.FirstSeenAt), when(j.StartedAt), when(j.FinishedAt))
+	if j.Duration > 0 {
+		fmt.Fprintf(w, "duration:        %s\n", j.Duration)
+	}
+	if j.Worker != "" {
+		fmt.Fprintf(w, "worker:          %s\n", esc(j.Worker))
+	}
+	fmt.Fprintf(w, "updated:         %s\n", when(j.UpdatedAt))
+	if len(j.History) > 0 {
+		fmt.Fprintln(w, "attempts:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  #\tSTATUS\tSTARTED\tDURATION\tWORKER\tERROR")
+		for _, a := range j.History {
+			n := fmt.Sprint(a.Attempt)
+			if a.Generation > 0 {
+				n = fmt.Sprintf("%d.%d", a.Generation, a.Attempt)
+			}
+			status := string(a.Status)
+			if a.Abandoned {
+				status += " (abandoned: never settled)"
+			}
+			e := oneLine(a.Error, 80)
+			if a.Class != "" {
+				e += " [" + esc(string(a.Class)) + "]"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", n, status, when(a.StartedAt), a.Duration, oneLine(a.Worker, 30), e)
+		}
+		_ = tw.Flush()
+	}
+	return nil
+}
+
+func runJobs(ctx context.Context, c *cli, args []string) error {
+	if len(args) != 0 {
+		return usagef("jobs takes no arguments; choose with -queue, -status, -type, -since")
+	}
+	if strings.Contains(c.types, ",") {
+		return usagef("jobs: -type takes one type")
+	}
+	if c.since < 0 {
+		return usagef("-since must be positive")
+	}
+	f := ledger.Filter{Queue: c.queue, Type: c.types, Limit: c.limit, After: c.after}
+	if f.Limit == 0 {
+		f.Limit = 50
+	}
+	if c.status != "" {
+		for _, s := range strings.Split(c.status, ",") {
+			st := ledger.Status(strings.TrimSpace(s))
+			if !st.Valid() {
+				return usagef("-status %q: want one or more of %s", s, statusNames())
+			}
+			f.Statuses = append(f.Statuses, st)
+		}
+	}
+	now := time.Now()
+	if c.since > 0 {
+		f.Since = now.Add(-c.since)
+	}
+	r, closeLedger, err := c.openLedger(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeLedger()
+	p, err := r.List(ctx, f)
+	if errors.Is(err, ledger.ErrInvalidFilter) {
+		return &usageError{err.Error()}
+	}
+	if err != nil {
+		return err
+	}
+	// The total counts every matching job (Counts has no type filter).
+	var total *int64
+	if f.Type == "" {
+		cs, err := r.Counts(ctx, ledger.Window{Queue: f.Queue, Since: f.Since})
+		if err != nil {
+			return err
+		}
+		var n int64
+		for st, k := range cs.ByStatus {
+			if len(f.Statuses) == 0 || contains(statusStrings(f.Statuses), string(st)) {
+				n += k
+			}
+		}
+		total = &n
+	}
+	if c.json {
+		v := jsonJobs{Total: total, Jobs: make([]jsonJob, 0, len(p.Jobs))}
+		if p.Next != "" {
+			v.Next = &p.Next
+		}
+		for i := range p.Jobs {
+			v.Jobs = append(v.Jobs, viewJob(&p.Jobs[i]))
+		}
+		if err := writeJSON(c.stdout, v); err != nil {
+			return err
+		}
+	} else {
+		if len(p.Jobs) > 0 {
+			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tQUEUE\tTYPE\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tLAST ERROR")
+			for _, j := range p.Jobs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", esc(j.MessageID), oneLine(j.Queue, 30), oneLine(j.Type, 40), j.Status,
+					j.Attempts, when(j.UpdatedAt), when(j.NextAttemptAt), oneLine(j.LastError, 80))
+			}
+			_ = tw.Flush()
+		}
+		fmt.Fprintf(c.stdout, "%d job(s) shown", len(p.Jobs))
+		if total != nil {
+			fmt.Fprintf(c.stdout, " of %d matching", *total)
+		}
+		fmt.Fprintln(c.stdout)
+		if p.Next != "" {
+			fmt.Fprintf(c.stdout, "next page: -after %s\n", p.Next)
+		}
+	}
+	if len(p.Jobs) == 0 {
+		return fmt.Errorf("jobs: %w", errNothing)
+	}
+	return nil
+}
+
+func statusNames() string { return strings.Join(statusStrings(ledger.Statuses), ", ") }
+
+func statusStrings(ss []ledger.Status) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return out
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"time"
+	"unicode/utf8"
+
+	"github.com/berthq/berth/internal/dlq"
+)
+
+// esc makes untrusted text safe for one line of a terminal (see
+// dlq.EscapeText).
+func esc(s string) string { return dlq.EscapeText(s, false) }
+
+// escBlock is esc for multi-line text: newlines and tabs are kept.
+func escBlock(s string) string { return dlq.EscapeText(s, true) }
+
+// oneLine is esc cut to n runes.
+func oneLine(s string, n int) string {
+	s = esc(s)
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// The -json documents. Fields are only ever added.
+
+type jsonQueue struct {
+	Queue        string  `json:"queue"`
+	Ready        int64   `json:"ready"`
+	Delayed      int64   `json:"delayed"`
+	InFlight     int64   `json:"in_flight"`
+	DeadLettered int64   `json:"dead_lettered"`
+	OldestAgeSec float64 `json:"oldest_age_seconds"`
+}
+
+type jsonStats struct {
+	Time   time.Time   `json:"time"`
+	Queues []jsonQueue `json:"queues"`
+}
+
+type jsonList struct {
+	Queue            string        `json:"queue"`
+	TotalDeadLetters *int64        `json:"total_dead_letters"` // null when the broker cannot count them
+	Matched          int           `json:"matched"`            // every matching dead letter, not just this page
+	Complete         bool          `json:"complete"`           // false: the broker could not be scanned to the end; matched is a lower bound
+	Offset           int           `json:"offset"`
+	Limit            int           `json:"limit"`
+	NextOffset       *int          `json:"next_offset"` // null on the last page
+	Messages         []dlq.Message `json:"messages"`
+}
+
+type jsonFailure struct {
+	ID    string `json:"id"`
+	Error string `json:"error"`
+}
+
+type jsonChange struct {
+	Action      string        `json:"action"` // "redrive" or "purge"
+	Queue       string        `json:"queue"`
+	DryRun      bool          `json:"dry_run"`
+	Matched     int           `json:"matched"`
+	Done        int           `json:"done"`
+	Missed      int           `json:"missed"`
+	Complete    bool          `json:"complete"`
+	Interrupted bool          `json:"interrupted"`
+	Failed      []jsonFailure `json:"failed"`
+	Messages    []dlq.Message `json:"messages,omitempty"` // -dry-run: the first of them
+}
+
+func failures(fs []dlq.Failure) []jsonFailure {
+	out := make([]jsonFailure, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, jsonFailure{ID: f.ID, Error: f.Err.Error()})
+	}
+	return out
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestOnRabbitMQ drives the CLI on a broker without the paging and listing
+// capabilities: the dead letters are read in one scan, a filtered redrive
+// names their IDs, and stats needs its queues named.
+func TestOnRabbitMQ(t *testing.T) {
+	ctx := context.Background()
+	u := integration.RabbitMQURL(t)
+	queue := fmt.Sprintf("berth-cli-test-%d", rand.Uint64()%1e12)
+	b, err := rabbitmq.New(ctx, u, rabbitmq.Options{ConnectionName: "berth-cli-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		if conn, err := amqp.Dial(u); err == nil {
+			if ch, err := conn.Channel(); err == nil {
+				_, _ = ch.QueueDelete(queue, false, false, false)
+				_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(queue), false, false, false)
+			}
+			conn.Close()
+		}
+	})
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if err := b.Publish(ctx, queue, &sdk.Message{Type: "billing.charge", Body: fmt.Appendf(nil, `{"n":%d}`, i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for got := 0; got < 5; {
+		ds, err := b.Receive(ctx, queue, 5-got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			var n int
+			fmt.Sscanf(string(d.Message().Body), `{"n":%d}`, &n)
+			cause := sdk.Permanent(fmt.Errorf("card %d declined", n))
+			if n%2 == 0 {
+				cause = fmt.Errorf("timeout %d", n)
+			}
+			if err := d.DeadLetter(ctx, cause); err != nil {
+				t.Fatal(err)
+			}
+			got++
+		}
+	}
+	b.Close() // its consumer would take the redriven messages
+	r := cliOn(t, u, "dlq", "list", queue, "-class", "transient")
+	if r.code != 0 || !strings.Contains(r.out, "of 3 matching (5 in the dead-letter queue") {
+		t.Fatalf("list (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	if r := cliOn(t, u, "stats"); r.code != exitUsage || !strings.Contains(r.err, "name them") {
+		t.Fatalf("stats of every queue on RabbitMQ: %d %s", r.code, r.err)
+	}
+	if r := cliOn(t, u, "dlq", "redrive", queue, "-reason", "timeout", "-yes"); r.code != 0 || !strings.Contains(r.out, "redriven 3 ") {
+		t.Fatalf("redrive (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	// RabbitMQ's counts follow the redrive's confirms a moment later.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r = cliOn(t, u, "-json", "stats", queue)
+		if r.code == 0 && strings.Contains(r.out, `"ready":3`) && strings.Contains(r.out, `"dead_lettered":2`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats after redrive (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+	}
+	if r := cliOn(t, u, "dlq", "purge", queue, "-class", "permanent", "-yes"); r.code != exitError || !strings.Contains(r.err, "not supported") {
+		t.Fatalf("filtered purge on RabbitMQ: %d %s", r.code, r.err)
+	}
+	if r := cliOn(t, u, "dlq", "purge", queue, "-yes"); r.code != 0 || !strings.Contains(r.out, "purged 2 ") {
+		t.Fatalf("purge all (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/dashboard"
+	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
+)
+
+func runUI(ctx context.Context, c *cli, args []string) error {
+	if len(args) != 0 {
+		return usagef("ui takes no arguments (queues go in -queues)")
+	}
+	token := c.token
+	if token == "" {
+		token = c.getenv("BERTH_UI_TOKEN")
+	}
+	host, _, err := net.SplitHostPort(c.addr)
+	if err != nil {
+		return usagef("-addr: want host:port, e.g. 127.0.0.1:8080")
+	}
+	if !isLoopback(host) && token == "" {
+		return usagef("refusing to serve on %s without a token: anyone who can reach it could redrive and purge; set BERTH_UI_TOKEN (or -token), or listen on 127.0.0.1", c.addr)
+	}
+	if c.demo && !strings.HasPrefix(strings.ToLower(c.url), "mem:") {
+		return usagef("-demo seeds made-up messages and works with mem:// only")
+	}
+	b, err := c.broker(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if c.demo {
+		if err := seedDemo(ctx, b); err != nil {
+			return err
+		}
+	}
+	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
+	o := dashboard.Options{ReadOnly: c.readOnly, Token: token, Title: redactedURL(c.url), Logger: logger}
+	for _, q := range strings.Split(c.queues, ",") {
+		if q = strings.TrimSpace(q); q != "" {
+			o.Queues = append(o.Queues, q)
+		}
+	}
+	// Job pages: the ledger's tables in -db (BERTH_DB) when given; else, on
+	// the PostgreSQL broker, its jobs table, which is the ledger.
+	if c.db != "" || c.getenv("BERTH_DB") != "" {
+		jobs, closeJobs, err := c.openLedger(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeJobs()
+		o.Jobs = jobs
+	} else {
+		var pb *postgres.Broker
+		var pool *pgxpool.Pool
+		if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
+			if jobs, err := pgledger.NewJobs(pool, pb.Schema()); err == nil {
+				o.Jobs = jobs
+			}
+		}
+	}
+	d, err := dashboard.New(b, o)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	fmt.Fprintf(c.stderr, "berth ui: serving http://%s/%s (Ctrl-C to stop)\n", ln.Addr(), map[bool]string{true: " read-only", false: ""}[c.readOnly])
+	if c.listening != nil {
+		c.listening(ln.Addr().String())
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if serr := <-done; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// redactedURL is the broker URL to show: scheme, user, host and path; no
+// password and no query (which may hold one).
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	r := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
+	if u.User != nil {
+		r.User = url.User(u.User.Username())
+	}
+	if r.Host == "" && r.Path == "" {
+		return r.Scheme + "://"
+	}
+	return r.String()
+}
+
+// seedDemo fills a memory broker with a few queues and dead letters.
+func seedDemo(ctx context.Context, b sdk.Broker) error {
+	type dl struct {
+		typ, body string
+		cause     error
+	}
+	reasons := []dl{
+		{"billing.charge", `{"order":"o-1041","amount_cents":1299,"currency":"EUR"}`, sdk.Permanent(errors.New("card declined: insufficient funds"))},
+		{"billing.charge", `{"order":"o-1042","amount_cents":4500,"currency":"EUR"}`, errors.New("payment gateway timeout after 10s")},
+		{"billing.refund", `{"order":"o-0977","amount_cents":1299}`, sdk.Permanent(errors.New("refund exceeds captured amount"))},
+		{"billing.charge", `{"order":"o-1043","amount_cents":780,"currency":"USD"}`, errors.New("payment gateway timeout after 10s")},
+		{"billing.charge", "\x00\x01binary\xff", sdk.Permanent(errors.New("undecodable body: invalid character"))},
+		{"billing.invoice", `{"order":"o-1044"}`, errors.New("pdf renderer: connection refused")},
+		{"billing.charge", `{"order":"o-1045","note":"\u001b[31mred\u001b[0m"}`, sdk.Permanent(errors.New("validation: note has control characters \x1b[31m"))},
+	}
+	for _, r := range reasons {
+		if err := b.Publish(ctx, "billing", &sdk.Message{Type: r.typ, Body: []byte(r.body)}); err != nil {
+			return err
+		}
+		ds, err := b.Receive(ctx, "billing", 1)
+		if err != nil || len(ds) != 1 {
+			return fmt.Errorf("demo: receive: %v", err)
+		}
+		if err := ds[0].DeadLetter(ctx, r.cause); err != nil {
+			return err
+		}
+	}
+	for i := range 42 {
+		if err := b.Publish(ctx, "billing", &sdk.Message{Type: "billing.charge", Body: fmt.Appendf(nil, `{"order":"o-2%03d"}`, i)}); err != nil {
+			return err
+		}
+	}
+	for i := range 7 {
+		if err := b.Publish(ctx, "emails", &sdk.Message{Type: "email.send", Body: fmt.Appendf(nil, `{"to":"user%d@example.com"}`, i)}); err != nil {
+			return err
+		}
+	}
+	if err := b.Publish(ctx, "reports", &sdk.Message{Type: "report.daily", Body: []byte(`{}`), Delay: time.Hour}); err != nil {
+		return err
+	}
+	ds, err := b.Receive(ctx, "emails", 2) // two in flight
+	_ = ds
+	return err
+}

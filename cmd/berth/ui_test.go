@@ -1,0 +1,186 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// syncBuffer is a bytes.Buffer safe for the server's and the test's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startUI runs "berth ui" with args until the test ends and returns its
+// address and its standard error.
+func startUI(t *testing.T, e env, args ...string) (string, *syncBuffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	stderr := &syncBuffer{}
+	e.stdin, e.stdout, e.stderr = strings.NewReader(""), io.Discard, stderr
+	if e.getenv == nil {
+		e.getenv = func(string) string { return "" }
+	}
+	e.listening = func(a string) { addr <- a }
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"ui"}, args...), e) }()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("ui exited %d: %s", code, stderr.String())
+		}
+	})
+	select {
+	case a := <-addr:
+		return a, stderr
+	case code := <-done:
+		done <- code
+		t.Fatalf("ui exited %d: %s", code, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("ui did not start")
+	}
+	return "", nil
+}
+
+func httpGet(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestUIRefusesAPublicAddressWithoutAToken(t *testing.T) {
+	b, _ := deadLettered(t, 1)
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", "192.0.2.1:8080"} {
+		r := berth(t, b, "ui", "-addr", addr)
+		if r.code != exitUsage || !strings.Contains(r.err, "refusing to serve") {
+			t.Errorf("ui -addr %s: exit %d %s", addr, r.code, r.err)
+		}
+	}
+	if r := berth(t, b, "ui", "-addr", "nonsense"); r.code != exitUsage {
+		t.Errorf("bad -addr: %d", r.code)
+	}
+}
+
+func TestUIServesLoopbackAndHidesThePassword(t *testing.T) {
+	b, _ := deadLettered(t, 2)
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil }}
+	addr, stderr := startUI(t, e, "-addr", "127.0.0.1:0", "-url", "postgres://admin:hunter2@db.internal/app?password=hunter2")
+	code, page := httpGet(t, "http://"+addr+"/", "")
+	if code != 200 || !strings.Contains(page, `data-queue="billing"`) || !strings.Contains(page, "postgres://admin@db.internal/app") {
+		t.Fatalf("overview %d:\n%s", code, page)
+	}
+	for _, path := range []string{"/", "/queues/billing", "/api/queues"} {
+		if _, page := httpGet(t, "http://"+addr+path, ""); strings.Contains(page, "hunter2") {
+			t.Errorf("%s shows the password", path)
+		}
+	}
+	if strings.Contains(stderr.String(), "hunter2") || !strings.Contains(stderr.String(), "serving http://127.0.0.1:") {
+		t.Errorf("stderr: %s", stderr.String())
+	}
+}
+
+func TestUIPublicAddressWithAToken(t *testing.T) {
+	b, _ := deadLettered(t, 1)
+	e := env{
+		open:   func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil },
+		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": "t0ken"}[k] },
+	}
+	addr, _ := startUI(t, e, "-addr", "0.0.0.0:0", "-url", "mem://", "-read-only")
+	_, port, _ := net.SplitHostPort(addr)
+	if code, _ := httpGet(t, "http://127.0.0.1:"+port+"/", ""); code != http.StatusUnauthorized {
+		t.Fatalf("without the token: %d", code)
+	}
+	code, page := httpGet(t, "http://127.0.0.1:"+port+"/queues/billing", "t0ken")
+	if code != 200 || !strings.Contains(page, `id="read-only"`) || strings.Contains(page, `id="redrive"`) {
+		t.Fatalf("with the token: %d", code)
+	}
+}
+
+func TestUIDemo(t *testing.T) {
+	if r := berth(t, nil, "ui", "-demo", "-url", "postgres://db/app"); r.code != exitUsage || !strings.Contains(r.err, "mem://") {
+		t.Fatalf("-demo on postgres: %d %s", r.code, r.err)
+	}
+	addr, _ := startUI(t, env{open: openURL}, "-addr", "127.0.0.1:0", "-url", "mem://", "-demo")
+	code, body := httpGet(t, "http://"+addr+"/api/queues", "")
+	if code != 200 || !strings.Contains(body, `"queue":"billing","ready":42,"delayed":0,"in_flight":0,"dead_lettered":7`) {
+		t.Fatalf("demo queues: %d %s", code, body)
+	}
+}
+
+// With -db the job pages read the ledger's own tables (a memory broker has
+// no job state of its own).
+func TestUIJobPagesFromTheLedger(t *testing.T) {
+	ctx := context.Background()
+	dsn := integration.PostgresDSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := fmt.Sprintf("cli_ledger_%d", rand.Uint64()%1e12)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := store.Write(ctx, []ledger.Event{{MessageID: "job-1", Queue: "billing", Type: "billing.charge", Status: ledger.StatusRetrying,
+		Attempt: 1, At: now, StartedAt: now, Error: "gateway \x1b[31mtimeout", Class: sdk.ClassTransient}}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := deadLettered(t, 1)
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil }}
+	addr, _ := startUI(t, e, "-addr", "127.0.0.1:0", "-url", "mem://", "-db", dsn, "-schema", schema)
+	code, page := httpGet(t, "http://"+addr+"/jobs?status=retrying", "")
+	if code != 200 || !strings.Contains(page, "job-1") || strings.Contains(page, "\x1b") {
+		t.Fatalf("/jobs: %d\n%s", code, page)
+	}
+	code, page = httpGet(t, "http://"+addr+"/jobs/job-1", "")
+	if code != 200 || !strings.Contains(page, `id="job-status">retrying<`) || !strings.Contains(page, `gateway \x1b[31mtimeout`) {
+		t.Fatalf("/jobs/job-1: %d\n%s", code, page)
+	}
+}

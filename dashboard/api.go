@@ -1,0 +1,187 @@
+package dashboard
+
+import (
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"net/url"
+
+	"github.com/berthq/berth/internal/dlq"
+)
+
+// The JSON API. Documents only ever gain fields; errors are
+// {"error": "..."} with the HTTP status that fits.
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (d *Dashboard) apiFail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	if status == http.StatusInternalServerError {
+		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+func (d *Dashboard) apiQueues(w http.ResponseWriter, r *http.Request) {
+	rows, err := d.queueRows(r.Context())
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"queues": rows, "read_only": d.o.ReadOnly})
+}
+
+type apiList struct {
+	Queue            string        `json:"queue"`
+	TotalDeadLetters *int64        `json:"total_dead_letters"`
+	Matched          int           `json:"matched"`
+	Complete         bool          `json:"complete"`
+	Offset           int           `json:"offset"`
+	Limit            int           `json:"limit"`
+	NextOffset       *int          `json:"next_offset"`
+	Messages         []dlq.Message `json:"messages"`
+}
+
+func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
+	queue := r.PathValue("queue")
+	q := r.URL.Query()
+	_, f, err := parseFilter(q)
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	offset, err := intParam(q, "offset", 0)
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	limit, err := intParam(q, "limit", d.o.PageSize)
+	if err != nil || limit == 0 || limit > 1000 {
+		d.apiFail(w, r, &badRequest{"limit: want 1 to 1000"})
+		return
+	}
+	l, err := dlq.List(r.Context(), d.deadLetters(), queue, f, offset, limit, dlq.Options{})
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	v := apiList{Queue: queue, Matched: l.Matched, Complete: l.Complete, Offset: offset, Limit: limit, Messages: make([]dlq.Message, 0, len(l.Messages))}
+	if l.Total >= 0 {
+		v.TotalDeadLetters = &l.Total
+	}
+	if l.Next >= 0 {
+		v.NextOffset = &l.Next
+	}
+	for _, m := range l.Messages {
+		v.Messages = append(v.Messages, dlq.View(m))
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (d *Dashboard) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
+	m, err := d.deadLetters().GetDeadLetter(r.Context(), r.PathValue("queue"), r.PathValue("id"))
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dlq.View(m))
+}
+
+// apiChangeRequest is the body of POST /api/queues/{queue}/{redrive|purge}.
+type apiChangeRequest struct {
+	IDs       []string `json:"ids"`
+	All       bool     `json:"all"` // every match of the filter; required when ids is empty
+	Type      string   `json:"type"`
+	Class     string   `json:"class"`
+	Reason    string   `json:"reason"`
+	OlderThan string   `json:"older_than"`
+	NewerThan string   `json:"newer_than"`
+	Limit     int      `json:"limit"` // at most this many (0: no bound)
+	DryRun    bool     `json:"dry_run"`
+}
+
+type apiFailure struct {
+	ID    string `json:"id"`
+	Error string `json:"error"`
+}
+
+type apiChangeResult struct {
+	Action   string       `json:"action"`
+	Queue    string       `json:"queue"`
+	DryRun   bool         `json:"dry_run"`
+	Matched  int          `json:"matched"`
+	Done     int          `json:"done"`
+	Missed   int          `json:"missed"`
+	Complete bool         `json:"complete"`
+	Failed   []apiFailure `json:"failed"`
+}
+
+func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
+	if d.o.ReadOnly {
+		d.apiFail(w, r, errReadOnly)
+		return
+	}
+	action, queue := r.PathValue("action"), r.PathValue("queue")
+	if action != "redrive" && action != "purge" {
+		d.apiFail(w, r, &badRequest{"the action is redrive or purge"})
+		return
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		d.apiFail(w, r, &badRequest{"want Content-Type: application/json"})
+		return
+	}
+	var req apiChangeRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		d.apiFail(w, r, &badRequest{"the body does not parse: " + err.Error()})
+		return
+	}
+	if len(req.IDs) == 0 && !req.All {
+		d.apiFail(w, r, &badRequest{`choose dead letters: "ids", or "all": true for every match of the filter`})
+		return
+	}
+	if req.Limit < 0 {
+		d.apiFail(w, r, &badRequest{"limit: want an integer >= 0"})
+		return
+	}
+	_, f, err := parseFilter(url.Values{"type": {req.Type}, "class": {req.Class}, "reason": {req.Reason}, "older_than": {req.OlderThan}, "newer_than": {req.NewerThan}})
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	if !req.All {
+		f.IDs = req.IDs
+	}
+	out := apiChangeResult{Action: action, Queue: queue, DryRun: req.DryRun, Failed: []apiFailure{}}
+	if req.DryRun {
+		s, _, missing, err := dlq.Preview(r.Context(), d.deadLetters(), queue, f, dlq.Options{Limit: req.Limit}, 0)
+		if err != nil {
+			d.apiFail(w, r, err)
+			return
+		}
+		out.Matched, out.Complete, out.Missed = s.Matched, s.Complete, len(missing)
+		for _, id := range missing {
+			out.Failed = append(out.Failed, apiFailure{id, "not found"})
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	res, err := d.apply(r.Context(), queue, action, f, req.Limit)
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	out.Matched, out.Done, out.Missed, out.Complete = res.Matched, res.Done, res.Missed, res.Complete
+	for _, fl := range res.Failed {
+		out.Failed = append(out.Failed, apiFailure{fl.ID, fl.Err.Error()})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+var errNoLedger = errors.New("job state needs a ledger (berth ui -ledger, or the PostgreSQL broker)")

@@ -1,0 +1,74 @@
+// berth dashboard: live overview and page selection. No framework; all
+// text goes in through textContent, never as HTML.
+"use strict";
+
+function refreshQueues(table) {
+  fetch(table.dataset.live, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+    .then((r) => (r.ok ? r.json() : Promise.reject(r.status)))
+    .then((data) => {
+      const body = table.tBodies[0];
+      const seen = new Set();
+      for (const q of data.queues) {
+        seen.add(q.queue);
+        let row = Array.from(body.rows).find((r) => r.dataset.queue === q.queue);
+        if (!row) {
+          row = body.insertRow();
+          row.dataset.queue = q.queue;
+          const name = row.insertCell();
+          const a = document.createElement("a");
+          a.href = "/queues/" + encodeURIComponent(q.queue);
+          a.textContent = q.queue;
+          name.appendChild(a);
+          for (const c of ["ready", "delayed", "in_flight", "dead_lettered", "oldest_age"]) {
+            row.insertCell().className = "n " + c;
+          }
+          const empty = body.querySelector("tr.empty");
+          if (empty) empty.remove();
+        }
+        for (const c of ["ready", "delayed", "in_flight", "dead_lettered", "oldest_age"]) {
+          const cell = row.querySelector("td." + c);
+          const v = String(q[c]);
+          if (cell.textContent === v) continue;
+          if (c === "dead_lettered" && q[c] > 0) { // a link to the dead letters
+            const a = document.createElement("a");
+            a.href = "/queues/" + encodeURIComponent(q.queue);
+            a.textContent = v;
+            cell.replaceChildren(a);
+          } else {
+            cell.textContent = v;
+          }
+        }
+      }
+      for (const row of Array.from(body.rows)) {
+        if (row.dataset.queue && !seen.has(row.dataset.queue)) row.remove();
+      }
+      const note = document.getElementById("refreshed");
+      if (note) note.textContent = "Updated " + new Date().toLocaleTimeString() + "; refreshes every 2 s.";
+      table.dataset.refreshes = String(Number(table.dataset.refreshes || 0) + 1);
+    })
+    .catch(() => {
+      const note = document.getElementById("refreshed");
+      if (note) note.textContent = "Refresh failed; retrying.";
+    });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const live = document.querySelector("table[data-live]");
+  if (live) setInterval(() => refreshQueues(live), 2000);
+
+  const pageAll = document.getElementById("page-all");
+  if (pageAll) {
+    pageAll.addEventListener("change", () => {
+      for (const box of document.querySelectorAll('#dead-letters input[name="id"]')) box.checked = pageAll.checked;
+    });
+  }
+  const all = document.getElementById("all");
+  if (all) {
+    all.addEventListener("change", () => {
+      for (const box of document.querySelectorAll('#dead-letters input[name="id"]')) {
+        box.checked = all.checked;
+        box.disabled = all.checked;
+      }
+    });
+  }
+});

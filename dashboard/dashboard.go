@@ -1,0 +1,156 @@
+// Package dashboard is berth's web dashboard: an http.Handler, rendered on
+// the server from templates and assets embedded in the binary (no Node
+// toolchain), over any broker. `berth ui` serves it; a program can mount it
+// too.
+//
+// Pages: the queues overview (ready, delayed, in flight, dead-lettered,
+// oldest age; refreshed live), a queue's dead letters (filter, page, select
+// some or all matching, redrive or purge behind a confirmation that states
+// the count), one dead letter (headers, body, failure history) and, with a
+// [ledger.Reader], job state (one job by ID or idempotency key, lists by
+// status). The same data is served as JSON under /api/.
+//
+// Security: with Options.Token every request must carry it (a bearer token,
+// or the password of HTTP basic auth, which browsers ask for); state-changing
+// requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
+// and refuses every change; message text is escaped by html/template, and
+// control characters are shown as escapes. Where to listen, and refusing a
+// non-loopback address without a token, is the caller's part (`berth ui`
+// does it).
+package dashboard
+
+import (
+	"crypto/subtle"
+	"embed"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
+)
+
+//go:embed assets templates
+var files embed.FS
+
+// Options configure a [Dashboard]. The zero value is a read-write dashboard
+// without authentication, for a loopback address.
+type Options struct {
+	// ReadOnly hides every change and refuses it (403).
+	ReadOnly bool
+	// Token, when set, is required by every request: "Authorization: Bearer
+	// TOKEN", or HTTP basic auth with TOKEN as the password (any user name).
+	Token string
+	// Queues are shown on the overview besides those the broker lists; on a
+	// broker that cannot list its queues (RabbitMQ, SQS) they are the
+	// overview.
+	Queues []string
+	// Title names the broker in the page header, e.g. its URL without the
+	// password. It is shown as text.
+	Title string
+	// Jobs, when set, adds the job-state pages (/jobs) read from it.
+	Jobs ledger.Reader
+	// PageSize is the number of dead letters per page. Default 50.
+	PageSize int
+	// Logger receives errors of requests. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Dashboard is the dashboard's handler. Its methods may be called
+// concurrently. It does not own the broker: the caller closes it.
+type Dashboard struct {
+	b       sdk.Broker
+	o       Options
+	pages   map[string]*template.Template
+	handler http.Handler
+}
+
+// ErrNoDeadLetters is returned by [New] for a broker without the
+// sdk.DeadLetters operations.
+var ErrNoDeadLetters = errors.New("dashboard: the broker has no dead-letter operations")
+
+// New returns the dashboard of b.
+func New(b sdk.Broker, o Options) (*Dashboard, error) {
+	if _, ok := b.(sdk.DeadLetters); !ok {
+		return nil, ErrNoDeadLetters
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = 50
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	d := &Dashboard{b: b, o: o, pages: map[string]*template.Template{}}
+	for _, name := range []string{"overview", "queue", "message", "confirm", "jobs", "job", "error"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, err
+		}
+		d.pages[name] = t
+	}
+	assets, _ := fs.Sub(files, "assets")
+	mux := http.NewServeMux()
+	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(assets)))
+	mux.HandleFunc("GET /{$}", d.overview)
+	mux.HandleFunc("GET /queues/{queue}", d.queue)
+	mux.HandleFunc("GET /queues/{queue}/confirm", d.confirm)
+	mux.HandleFunc("POST /queues/{queue}/{action}", d.change)
+	mux.HandleFunc("GET /queues/{queue}/messages/{id}", d.message)
+	mux.HandleFunc("GET /jobs", d.jobs)
+	mux.HandleFunc("GET /jobs/{id}", d.job)
+	mux.HandleFunc("GET /api/queues", d.apiQueues)
+	mux.HandleFunc("GET /api/queues/{queue}/dead-letters", d.apiDeadLetters)
+	mux.HandleFunc("GET /api/queues/{queue}/dead-letters/{id}", d.apiDeadLetter)
+	mux.HandleFunc("POST /api/queues/{queue}/{action}", d.apiChange)
+	mux.HandleFunc("GET /api/jobs", d.apiJobs)
+	mux.HandleFunc("GET /api/jobs/{id}", d.apiJob)
+	var h http.Handler = mux
+	h = http.NewCrossOriginProtection().Handler(h)
+	h = securityHeaders(h)
+	if o.Token != "" {
+		h = requireToken(o.Token, h)
+	}
+	d.handler = h
+	return d, nil
+}
+
+// ServeHTTP serves the dashboard.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.handler.ServeHTTP(w, r) }
+
+func requireToken(token string, next http.Handler) http.Handler {
+	want := []byte(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var got string
+		if _, pw, ok := r.BasicAuth(); ok {
+			got = pw
+		} else if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			got = t
+		}
+		if subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Basic realm="berth", charset="UTF-8"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deadLetters returns the broker's dead-letter operations.
+func (d *Dashboard) deadLetters() sdk.DeadLetters { return d.b.(sdk.DeadLetters) }
+
+var _ = dlq.EscapeText

@@ -1,0 +1,432 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/sdk"
+)
+
+var funcs = template.FuncMap{
+	// text shows untrusted text with control characters as escapes;
+	// html/template escapes the HTML.
+	"text":  func(s string) string { return dlq.EscapeText(s, false) },
+	"multi": func(s string) string { return dlq.EscapeText(s, true) },
+	"age": func(d time.Duration) string {
+		if d <= 0 {
+			return "–"
+		}
+		return d.Round(time.Second).String()
+	},
+	"short": func(s string, n int) string {
+		s = dlq.EscapeText(s, false)
+		if utf8.RuneCountInString(s) <= n {
+			return s
+		}
+		return string([]rune(s)[:n-1]) + "…"
+	},
+	// ago shows an RFC 3339 time as its age ("5m ago"), or the text as is.
+	"ago": func(ts string) string {
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil {
+			return dlq.EscapeText(ts, false)
+		}
+		d := time.Since(t)
+		switch {
+		case d < time.Minute:
+			return fmt.Sprintf("%ds ago", int(d.Seconds()))
+		case d < time.Hour:
+			return fmt.Sprintf("%dm ago", int(d.Minutes()))
+		case d < 48*time.Hour:
+			return fmt.Sprintf("%dh ago", int(d.Hours()))
+		}
+		return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+	},
+	"plus":  func(a, b int) int { return a + b },
+	"minus": func(a, b int) int { return a - b },
+	"list":  func(s ...string) []string { return s },
+	"header": func(m *sdk.Message, name string) string {
+		return m.Header(name)
+	},
+}
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	ReadOnly bool
+	HasJobs  bool
+	Data     any
+}
+
+func (d *Dashboard) render(w http.ResponseWriter, name string, status int, data any) {
+	var buf bytes.Buffer
+	p := page{Title: d.o.Title, ReadOnly: d.o.ReadOnly, HasJobs: d.o.Jobs != nil, Data: data}
+	if err := d.pages[name].Execute(&buf, p); err != nil {
+		d.o.Logger.Error("dashboard: render", "page", name, "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// fail shows err as a page with the status it means.
+func (d *Dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	if status == http.StatusInternalServerError {
+		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	d.render(w, "error", status, map[string]any{"Status": status, "Error": err.Error()})
+}
+
+func statusOf(err error) int {
+	var be *badRequest
+	switch {
+	case errors.As(err, &be):
+		return http.StatusBadRequest
+	case errors.Is(err, errReadOnly):
+		return http.StatusForbidden
+	case errors.Is(err, sdk.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, sdk.ErrInvalidQueue):
+		return http.StatusBadRequest
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, sdk.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+var errReadOnly = errors.New("the dashboard is read-only")
+
+// queueRow is one line of the overview.
+type queueRow struct {
+	Queue        string  `json:"queue"`
+	Ready        int64   `json:"ready"`
+	Delayed      int64   `json:"delayed"`
+	InFlight     int64   `json:"in_flight"`
+	DeadLettered int64   `json:"dead_lettered"`
+	OldestAgeSec float64 `json:"oldest_age_seconds"`
+	OldestAge    string  `json:"oldest_age"`
+}
+
+func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
+	names := slices.Clone(d.o.Queues)
+	if ql, ok := d.b.(dlq.QueueLister); ok {
+		more, err := ql.Queues(ctx)
+		if err != nil {
+			return nil, err
+		}
+		names = append(names, more...)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	rows := make([]queueRow, 0, len(names))
+	in, _ := d.b.(sdk.Inspector)
+	for _, q := range names {
+		row := queueRow{Queue: q, OldestAge: "–"}
+		if in != nil {
+			st, err := in.Stats(ctx, q)
+			if err != nil {
+				return nil, fmt.Errorf("stats of %s: %w", q, err)
+			}
+			row = queueRow{q, st.Ready, st.Delayed, st.InFlight, st.DeadLettered, st.OldestAge.Seconds(), funcs["age"].(func(time.Duration) string)(st.OldestAge)}
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
+	rows, err := d.queueRows(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	d.render(w, "overview", http.StatusOK, map[string]any{"Queues": rows, "Listed": d.canList()})
+}
+
+func (d *Dashboard) canList() bool { _, ok := d.b.(dlq.QueueLister); return ok }
+
+// filterForm is a dead-letter filter as the query string carries it.
+type filterForm struct {
+	Type, Class, Reason, OlderThan, NewerThan string
+}
+
+func (f filterForm) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"type": f.Type, "class": f.Class, "reason": f.Reason, "older_than": f.OlderThan, "newer_than": f.NewerThan} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+// Query is the filter as a query string (without "?").
+func (f filterForm) Query() string { return f.values().Encode() }
+
+func parseFilter(q url.Values) (filterForm, dlq.Filter, error) {
+	ff := filterForm{Type: q.Get("type"), Class: q.Get("class"), Reason: q.Get("reason"), OlderThan: q.Get("older_than"), NewerThan: q.Get("newer_than")}
+	var f dlq.Filter
+	for _, t := range strings.Split(ff.Type, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			f.Types = append(f.Types, t)
+		}
+	}
+	f.Class = ff.Class
+	if err := f.ParseReason(ff.Reason); err != nil {
+		return ff, f, &badRequest{err.Error()}
+	}
+	for _, p := range []struct {
+		name, s string
+		to      *time.Duration
+	}{{"older than", ff.OlderThan, &f.OlderThan}, {"newer than", ff.NewerThan, &f.NewerThan}} {
+		if p.s == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(p.s)
+		if err != nil || dur < 0 {
+			return ff, f, &badRequest{p.name + ": want a duration such as 24h or 30m"}
+		}
+		*p.to = dur
+	}
+	return ff, f, nil
+}
+
+func intParam(q url.Values, name string, def int) (int, error) {
+	s := q.Get(name)
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, &badRequest{name + ": want an integer >= 0"}
+	}
+	return n, nil
+}
+
+// queuePage is the data of a queue's dead-letter page.
+type queuePage struct {
+	Queue   string
+	Filter  filterForm
+	Listing dlq.Listing
+	First   int // 1-based number of the first row
+	Prev    int // offset of the previous page, -1 on the first
+	Flash   string
+}
+
+func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
+	queue := r.PathValue("queue")
+	q := r.URL.Query()
+	ff, f, err := parseFilter(q)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	offset, err := intParam(q, "offset", 0)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	l, err := dlq.List(r.Context(), d.deadLetters(), queue, f, offset, d.o.PageSize, dlq.Options{})
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	prev := -1
+	if offset > 0 {
+		prev = max(0, offset-d.o.PageSize)
+	}
+	d.render(w, "queue", http.StatusOK, queuePage{Queue: queue, Filter: ff, Listing: l, First: offset + 1, Prev: prev, Flash: flash(q)})
+}
+
+// flash is the result message of a change, carried in the redirect's query
+// (numbers and a fixed verb only, so nothing is reflected).
+func flash(q url.Values) string {
+	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[q.Get("done")]
+	if verb == "" {
+		return ""
+	}
+	n, _ := strconv.Atoi(q.Get("n"))
+	missed, _ := strconv.Atoi(q.Get("missed"))
+	s := fmt.Sprintf("%s %d dead letter(s)", verb, n)
+	if missed > 0 {
+		s += fmt.Sprintf("; %d of the chosen were not %s (gone already)", missed, verb)
+	}
+	return s
+}
+
+// selection is what a change applies to: IDs, or every match of a filter,
+// bounded by the count the operator confirmed.
+type selection struct {
+	Action string
+	All    bool
+	IDs    []string
+	Filter filterForm
+	Limit  int
+}
+
+func parseSelection(r *http.Request, form url.Values) (selection, dlq.Filter, error) {
+	s := selection{Action: r.PathValue("action"), All: form.Get("all") == "1", IDs: form["id"]}
+	if s.Action == "" {
+		s.Action = form.Get("action")
+	}
+	if s.Action != "redrive" && s.Action != "purge" {
+		return s, dlq.Filter{}, &badRequest{"the action is redrive or purge"}
+	}
+	ff, f, err := parseFilter(form)
+	if err != nil {
+		return s, f, err
+	}
+	s.Filter = ff
+	if s.All {
+		s.IDs = nil
+	} else {
+		if len(s.IDs) == 0 {
+			return s, f, &badRequest{"nothing selected: tick dead letters, or \"all matching\""}
+		}
+		f.IDs = s.IDs
+	}
+	if s.Limit, err = intParam(form, "limit", 0); err != nil {
+		return s, f, err
+	}
+	return s, f, nil
+}
+
+// confirmPage is the data of the confirmation page.
+type confirmPage struct {
+	Queue   string
+	Sel     selection
+	Count   int
+	Missing []string
+	Sample  []*sdk.Message
+	Verb    string
+}
+
+func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
+	if d.o.ReadOnly {
+		d.fail(w, r, errReadOnly)
+		return
+	}
+	queue := r.PathValue("queue")
+	sel, f, err := parseSelection(r, r.URL.Query())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	s, sample, missing, err := dlq.Preview(r.Context(), d.deadLetters(), queue, f, dlq.Options{}, 10)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	sel.Limit = s.Matched
+	verb := map[string]string{"redrive": "Redrive", "purge": "Delete for good"}[sel.Action]
+	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb})
+}
+
+func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
+	if d.o.ReadOnly {
+		d.fail(w, r, errReadOnly)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		d.fail(w, r, &badRequest{"the form does not parse"})
+		return
+	}
+	queue := r.PathValue("queue")
+	sel, f, err := parseSelection(r, r.PostForm)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if sel.Limit <= 0 {
+		d.fail(w, r, &badRequest{"confirm first: the count to change is missing"})
+		return
+	}
+	res, err := d.apply(r.Context(), queue, sel.Action, f, sel.Limit)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	v := sel.Filter.values()
+	v.Set("done", sel.Action)
+	v.Set("n", strconv.Itoa(res.Done))
+	v.Set("missed", strconv.Itoa(res.Missed))
+	http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?"+v.Encode(), http.StatusSeeOther)
+}
+
+func (d *Dashboard) apply(ctx context.Context, queue, action string, f dlq.Filter, limit int) (dlq.Result, error) {
+	act := dlq.Redrive
+	if action == "purge" {
+		act = dlq.Delete
+	}
+	res, err := dlq.Apply(ctx, d.deadLetters(), queue, f, act, dlq.Options{Limit: limit}, nil)
+	if err == nil {
+		d.o.Logger.Info("dashboard: dead letters changed", "action", action, "queue", queue, "done", res.Done, "missed", res.Missed)
+	}
+	return res, err
+}
+
+// messagePage is the data of one dead letter's page.
+type messagePage struct {
+	Queue   string
+	M       *sdk.Message
+	History dlq.History
+	Headers [][2]string
+	Body    string
+	Kind    string // "json", "text" or "hex"
+}
+
+func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
+	queue, id := r.PathValue("queue"), r.PathValue("id")
+	m, err := d.deadLetters().GetDeadLetter(r.Context(), queue, id)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	p := messagePage{Queue: queue, M: m, History: dlq.HistoryOf(m)}
+	for _, k := range sortedKeys(m.Headers) {
+		p.Headers = append(p.Headers, [2]string{k, m.Headers[k]})
+	}
+	p.Body, p.Kind = renderBody(m.Body)
+	d.render(w, "message", http.StatusOK, p)
+}
+
+// renderBody returns the body as pretty JSON, escaped text or a hex dump.
+func renderBody(b []byte) (string, string) {
+	var buf bytes.Buffer
+	if json.Valid(b) && json.Indent(&buf, b, "", "  ") == nil {
+		return dlq.EscapeText(buf.String(), true), "json"
+	}
+	if utf8.Valid(b) {
+		return dlq.EscapeText(string(b), true), "text"
+	}
+	return hex.Dump(b), "hex"
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,225 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Action is what [Apply] does to the chosen dead letters.
+type Action int
+
+const (
+	// Redrive puts them back on their queue (sdk.DeadLetters.RedriveDeadLetters).
+	Redrive Action = iota
+	// Delete removes them for good ([Deleter], or PurgeDeadLetters when the
+	// filter chooses every dead letter and the broker cannot delete by id).
+	Delete
+)
+
+func (a Action) String() string {
+	if a == Delete {
+		return "purge"
+	}
+	return "redrive"
+}
+
+// PageTimeout bounds one broker call of [Apply], which its ctx does not cut.
+const PageTimeout = 2 * time.Minute
+
+// ErrUnsupported is wrapped by the error of an operation the broker lacks.
+var ErrUnsupported = errors.New("not supported by this broker")
+
+// Failure is one chosen dead letter that was not moved, and why.
+type Failure struct {
+	ID  string
+	Err error
+}
+
+// Result is the account of an [Apply].
+type Result struct {
+	Summary
+	Done   int       // dead letters redriven or deleted
+	Failed []Failure // chosen but not done (at most MaxFailures are kept; Missed counts them all)
+	Missed int       // chosen but not done
+}
+
+// MaxFailures bounds Result.Failed, so that memory stays bounded.
+const MaxFailures = 100
+
+// Apply redrives or deletes the dead letters of queue that f chooses, page by
+// page: each page's chosen IDs go to the broker in one call, then progress
+// is called with the running count. A chosen dead letter that is gone when
+// its page is applied (another operator, a concurrent purge) is a Failure,
+// not an error: the others of its page are applied one by one. Apply stops
+// at the first other error, or when ctx is done (between pages: the page in
+// hand is finished, not cut), and returns the result so far with that error:
+// everything counted in Done was done, nothing else was. (When the broker
+// call itself fails, its page is done or not as the broker's transaction
+// decides: PostgreSQL and memory do all of a page or none of it.)
+func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
+	var r Result
+	do := func(ctx context.Context, ids []string) (int, error) {
+		// A page is not cut by ctx: once started it finishes and is
+		// counted, so an interrupted Apply reports exactly what it did.
+		// ctx is checked between pages.
+		// PageTimeout still bounds a broker that hangs.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), PageTimeout)
+		defer cancel()
+		if act == Redrive {
+			return dl.RedriveDeadLetters(ctx, queue, ids...)
+		}
+		d, ok := dl.(Deleter)
+		if !ok {
+			return 0, fmt.Errorf("deleting chosen dead letters: %w (purge all of them, with no filter)", ErrUnsupported)
+		}
+		return d.DeleteDeadLetters(ctx, queue, ids...)
+	}
+	if len(f.IDs) > 0 {
+		return applyIDs(ctx, dl, queue, f, o, do, progress)
+	}
+	if act == Delete && f.IsZero() && o.Limit <= 0 {
+		if _, ok := dl.(Deleter); !ok {
+			n, err := dl.PurgeDeadLetters(ctx, queue)
+			r.Done, r.Matched, r.Complete = n, n, err == nil
+			if progress != nil && err == nil {
+				progress(n)
+			}
+			return r, err
+		}
+	}
+	if act == Redrive && f.IsZero() && o.Limit <= 0 {
+		if _, ok := dl.(Pager); !ok { // the broker's own redrive of all beats a capped scan
+			n, err := dl.RedriveDeadLetters(ctx, queue)
+			r.Done, r.Matched, r.Complete = n, n, err == nil
+			if progress != nil && err == nil {
+				progress(n)
+			}
+			return r, err
+		}
+	}
+	var err error
+	r.Summary, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
+		ids := make([]string, len(page))
+		for i, m := range page {
+			ids[i] = m.ID
+		}
+		n, err := do(ctx, ids)
+		switch {
+		case err == nil:
+			r.Done += n
+			if n < len(ids) { // the broker moved fewer than asked without an error
+				r.Missed += len(ids) - n
+			}
+		case errors.Is(err, sdk.ErrNotFound):
+			for _, id := range ids {
+				n, err := do(ctx, []string{id})
+				switch {
+				case err == nil && n == 1:
+					r.Done++
+				case err == nil || errors.Is(err, sdk.ErrNotFound):
+					if err == nil {
+						err = sdk.ErrNotFound
+					}
+					r.Missed++
+					if len(r.Failed) < MaxFailures {
+						r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+					}
+				default:
+					return err
+				}
+			}
+		default:
+			return err
+		}
+		if progress != nil {
+			progress(r.Done)
+		}
+		return nil
+	})
+	return r, err
+}
+
+// applyIDs is Apply for a filter that names its dead letters: each is
+// looked up (a missing one is a Failure), checked against the rest of the
+// filter, and the chosen ones are moved PageSize at a time.
+func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, do func(context.Context, []string) (int, error), progress func(int)) (Result, error) {
+	o = o.withDefaults()
+	var r Result
+	r.Complete = true
+	miss := func(id string, err error) {
+		r.Missed++
+		if len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		}
+	}
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		n, err := do(ctx, batch)
+		switch {
+		case err == nil:
+			r.Done += n
+		case errors.Is(err, sdk.ErrNotFound):
+			for _, id := range batch {
+				n, err := do(ctx, []string{id})
+				switch {
+				case err == nil && n == 1:
+					r.Done++
+				case err == nil || errors.Is(err, sdk.ErrNotFound):
+					miss(id, sdk.ErrNotFound)
+				default:
+					return err
+				}
+			}
+		default:
+			return err
+		}
+		batch = batch[:0]
+		if progress != nil {
+			progress(r.Done)
+		}
+		return nil
+	}
+	rest := f
+	rest.IDs = nil
+	seen := map[string]bool{}
+	for _, id := range f.IDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		if o.Limit > 0 && r.Matched == o.Limit {
+			r.Complete = false
+			break
+		}
+		m, err := dl.GetDeadLetter(ctx, queue, id)
+		r.Scanned++
+		switch {
+		case errors.Is(err, sdk.ErrNotFound):
+			miss(id, err)
+			continue
+		case err != nil:
+			return r, err
+		}
+		if !rest.Match(m, o.Now()) {
+			continue
+		}
+		r.Matched++
+		batch = append(batch, id)
+		if len(batch) == o.PageSize {
+			if err := flush(); err != nil {
+				return r, err
+			}
+		}
+	}
+	return r, flush()
+}

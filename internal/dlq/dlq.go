@@ -1,0 +1,273 @@
+// Package dlq is what the berth command and its dashboard share to work on
+// dead letters: a filter, a walk over a queue's dead letters page by page in
+// bounded memory, and redrive or delete of the chosen ones with progress and
+// a precise account of what was not done.
+//
+// Brokers are used through [sdk.DeadLetters] and the optional capabilities
+// below, found by type assertion. The memory and PostgreSQL brokers have
+// them all; on a broker without [Pager] a walk sees only the first
+// [Options.ScanLimit] dead letters and says so ([Summary.Complete] false).
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Pager walks a queue's dead letters, oldest first: each call returns up to
+// limit of them after cursor ("" for the first page) and the next page's
+// cursor ("" after the last page). A cursor stays valid while the dead
+// letters it passed are redriven or deleted.
+type Pager interface {
+	DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error)
+}
+
+// Deleter deletes chosen dead letters. An unknown id gives an error
+// wrapping [sdk.ErrNotFound] and then nothing is deleted.
+type Deleter interface {
+	DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error)
+}
+
+// QueueLister lists a broker's queues.
+type QueueLister interface {
+	Queues(ctx context.Context) ([]string, error)
+}
+
+// Filter chooses dead letters. Its zero value matches every one; each set
+// field narrows the choice.
+type Filter struct {
+	IDs       []string       // message IDs
+	Types     []string       // message types, exactly
+	Class     string         // the berth-dlq-class header, exactly (permanent, transient, …)
+	Reason    string         // a substring of the berth-dlq-reason header
+	ReasonRE  *regexp.Regexp // or a regexp it matches
+	OlderThan time.Duration  // last failure more than this long ago
+	NewerThan time.Duration  // last failure less than this long ago
+}
+
+// ErrBadFilter is wrapped by the error of a filter that cannot be built.
+var ErrBadFilter = errors.New("bad filter")
+
+// ParseReason sets f's reason: "/re/" is a regexp, anything else a substring.
+func (f *Filter) ParseReason(s string) error {
+	if len(s) >= 2 && strings.HasPrefix(s, "/") && strings.HasSuffix(s, "/") {
+		re, err := regexp.Compile(s[1 : len(s)-1])
+		if err != nil {
+			return fmt.Errorf("%w: -reason: %v", ErrBadFilter, err)
+		}
+		f.ReasonRE, f.Reason = re, ""
+		return nil
+	}
+	f.Reason, f.ReasonRE = s, nil
+	return nil
+}
+
+// IsZero reports whether f matches every dead letter.
+func (f Filter) IsZero() bool {
+	return len(f.IDs) == 0 && len(f.Types) == 0 && f.Class == "" && f.Reason == "" && f.ReasonRE == nil &&
+		f.OlderThan == 0 && f.NewerThan == 0
+}
+
+// Match reports whether m is chosen, at time now.
+func (f Filter) Match(m *sdk.Message, now time.Time) bool {
+	if len(f.IDs) > 0 && !slices.Contains(f.IDs, m.ID) {
+		return false
+	}
+	if len(f.Types) > 0 && !slices.Contains(f.Types, m.Type) {
+		return false
+	}
+	if f.Class != "" && m.Header(sdk.HeaderDeadLetterClass) != f.Class {
+		return false
+	}
+	reason := m.Header(sdk.HeaderDeadLetterReason)
+	if f.Reason != "" && !strings.Contains(reason, f.Reason) {
+		return false
+	}
+	if f.ReasonRE != nil && !f.ReasonRE.MatchString(reason) {
+		return false
+	}
+	if f.OlderThan > 0 || f.NewerThan > 0 {
+		at, ok := LastFailure(m)
+		if !ok {
+			return false
+		}
+		age := now.Sub(at)
+		if f.OlderThan > 0 && age <= f.OlderThan {
+			return false
+		}
+		if f.NewerThan > 0 && age >= f.NewerThan {
+			return false
+		}
+	}
+	return true
+}
+
+// LastFailure returns the time of the failure that dead-lettered m.
+func LastFailure(m *sdk.Message) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339Nano, m.Header(sdk.HeaderLastFailure))
+	return t, err == nil
+}
+
+// Options bound a walk.
+type Options struct {
+	// PageSize is how many dead letters are read at a time. Default 500.
+	PageSize int
+	// ScanLimit bounds how many dead letters are read from a broker without
+	// [Pager] (in one ListDeadLetters call). Default 10000.
+	ScanLimit int
+	// Limit, when positive, stops after this many matches.
+	Limit int
+	// Now is the clock of the age filters. Default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.PageSize <= 0 {
+		o.PageSize = 500
+	}
+	if o.ScanLimit <= 0 {
+		o.ScanLimit = 10000
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Summary counts a walk.
+type Summary struct {
+	Scanned  int  // dead letters read
+	Matched  int  // of them, chosen by the filter (up to Options.Limit)
+	Complete bool // every dead letter of the queue was looked at (false: the broker cannot page past ScanLimit, or Limit stopped the walk)
+}
+
+// Walk calls fn with the chosen dead letters of queue, page by page, oldest
+// first; fn must not keep the slice. It stops at the first error of the
+// broker or fn, or when ctx is done (returning ctx.Err()), with the summary
+// so far.
+func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, fn func([]*sdk.Message) error) (Summary, error) {
+	o = o.withDefaults()
+	var s Summary
+	emit := func(page []*sdk.Message) (bool, error) {
+		now := o.Now()
+		chosen := page[:0:0]
+		for _, m := range page {
+			if o.Limit > 0 && s.Matched == o.Limit {
+				break
+			}
+			if f.Match(m, now) {
+				chosen = append(chosen, m)
+				s.Matched++
+			}
+		}
+		if len(chosen) > 0 {
+			if err := fn(chosen); err != nil {
+				return true, err
+			}
+		}
+		return o.Limit > 0 && s.Matched == o.Limit, nil
+	}
+	p, ok := dl.(Pager)
+	if !ok {
+		page, err := dl.ListDeadLetters(ctx, queue, o.ScanLimit)
+		if err != nil {
+			return s, err
+		}
+		s.Scanned = len(page)
+		s.Complete = len(page) < o.ScanLimit
+		for len(page) > 0 {
+			n := min(len(page), o.PageSize)
+			stop, err := emit(page[:n])
+			if err != nil {
+				return s, err
+			}
+			if stop {
+				s.Complete = false
+				return s, nil
+			}
+			page = page[n:]
+			if err := ctx.Err(); err != nil {
+				return s, err
+			}
+		}
+		return s, nil
+	}
+	cursor := ""
+	for {
+		if err := ctx.Err(); err != nil {
+			return s, err
+		}
+		page, next, err := p.DeadLetterPage(ctx, queue, cursor, o.PageSize)
+		if err != nil {
+			return s, err
+		}
+		s.Scanned += len(page)
+		stop, err := emit(page)
+		if err != nil {
+			return s, err
+		}
+		if stop {
+			return s, nil // Complete stays false: there may be more matches
+		}
+		if next == "" {
+			s.Complete = true
+			return s, nil
+		}
+		cursor = next
+	}
+}
+
+// Preview counts the dead letters f chooses without changing anything and
+// returns the first keep of them. With IDs in f, each is looked up and the
+// IDs that are not dead letters of queue are returned as missing.
+func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int) (s Summary, first []*sdk.Message, missing []string, err error) {
+	o = o.withDefaults()
+	if len(f.IDs) == 0 {
+		s, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
+			for _, m := range page {
+				if len(first) < keep {
+					first = append(first, m)
+				}
+			}
+			return nil
+		})
+		return s, first, nil, err
+	}
+	rest := f
+	rest.IDs = nil
+	s.Complete = true
+	seen := map[string]bool{}
+	for _, id := range f.IDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if o.Limit > 0 && s.Matched == o.Limit {
+			s.Complete = false
+			break
+		}
+		m, err := dl.GetDeadLetter(ctx, queue, id)
+		s.Scanned++
+		switch {
+		case errors.Is(err, sdk.ErrNotFound):
+			missing = append(missing, id)
+			continue
+		case err != nil:
+			return s, first, missing, err
+		}
+		if rest.Match(m, o.Now()) {
+			s.Matched++
+			if len(first) < keep {
+				first = append(first, m)
+			}
+		}
+	}
+	return s, first, missing, nil
+}

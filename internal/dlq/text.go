@@ -1,0 +1,61 @@
+package dlq
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// EscapeText makes untrusted text safe to print: control characters (tab,
+// newline and ESC included, so no terminal escape sequence gets through),
+// bidirectional-text overrides and invalid UTF-8 are written as Go-style
+// escapes (\x1b, \u202e, \xff). With block, newlines and tabs are kept.
+// HTML needs its own escaping on top (html/template does it).
+func EscapeText(s string, block bool) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || unsafeRune(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case block && (r == '\n' || r == '\t'):
+			b.WriteRune(r)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case unsafeRune(r):
+			q := strconv.QuoteRuneToASCII(r) // '\x1b', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+func unsafeRune(r rune) bool {
+	if unicode.IsControl(r) { // C0, DEL, C1 (CSI is U+009B)
+		return true
+	}
+	switch {
+	case r == 0x061C, r == 0x200E, r == 0x200F, r >= 0x202A && r <= 0x202E, r >= 0x2066 && r <= 0x2069:
+		return true // bidi controls: text that reads differently from what it is
+	}
+	return false
+}

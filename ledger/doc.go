@@ -1,0 +1,47 @@
+// Package ledger keeps the state of every job — status, attempts, last error
+// and its class, next attempt, who ran it and for how long — queryable on
+// every broker: "what happened to order 123's charge job?", "which jobs are
+// retrying right now and why?", "how many failed in the last hour, and with
+// which error?".
+//
+// On RabbitMQ, SQS and the memory broker a job's state exists nowhere once
+// the message is in flight, so the ledger records it as it happens, without
+// touching handlers:
+//
+//   - [Ledger.Publisher] wraps any [sdk.Publisher] (a broker, the outbox
+//     relay's publisher, a telemetry publisher) and records `enqueued`;
+//   - the [Ledger] itself is an [sdk.Observer]: put it in
+//     WorkerOptions.Observers (beside telemetry's) and it records each
+//     attempt's start and settlement;
+//   - [Ledger.DeadLetters] wraps a broker's dead-letter API and records
+//     `redriven`.
+//
+// Recording never blocks a job for long and never fails it: events go into a
+// bounded buffer that one goroutine writes to the [Store] in batches (one
+// round trip per batch). When the buffer is full, recording waits at most
+// Options.BlockTimeout, then drops the event and counts it
+// ([Stats].Dropped, the berth.ledger.events metric with
+// berth.ledger.result=dropped). A failed batch is counted and logged; the
+// jobs it described go on as if nothing happened. A later event of the same
+// job repairs a lost one (the row holds the newest state, not a log).
+//
+// Out-of-order writes never move a row backwards: each event carries its
+// (redrive generation, attempt, status rank, time), and the store applies it
+// only when it is newer than the row, in SQL, so two processes writing about
+// one job agree whatever the order their batches land in. Within one attempt
+// `succeeded` and `dead` are final; `released` (handed back without consuming
+// an attempt) and `running` of the same attempt are ordered by time.
+//
+// The PostgreSQL store ([github.com/berthq/berth/ledger/pgledger]) keeps one
+// row per job, whose history holds every earlier attempt's outcome,
+// including one that a crashed worker never settled (a job that succeeds at
+// its first attempt writes no history). On
+// the PostgreSQL broker the jobs table already is the ledger: pgledger.Jobs
+// reads it through the same [Reader] API, and nothing is written twice.
+//
+// What the ledger cannot see: a broker's own dead-lettering of a message
+// that crashes every consumer (RabbitMQ's delivery limit, SQS's redrive
+// policy) happens without a Worker, so such a job stays `running` with its
+// crashed attempts listed; and a redrive made without [Ledger.DeadLetters]
+// shows only when the message is delivered again.
+package ledger

@@ -1,0 +1,84 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// A RabbitMQ service with a ledger in PostgreSQL: publishes go through the
+// ledger's Publisher, the Worker has the ledger among its observers, and
+// anyone can then ask what happened to a job. On the PostgreSQL broker,
+// read its jobs table with pgledger.NewJobs instead and feed nothing.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:5432/shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgledger.New(pool, pgledger.Options{}) // berth.ledger_jobs
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	l, err := ledger.New(ledger.Options{Store: store})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close() // writes what is buffered
+
+	b, err := rabbitmq.New(ctx, "amqp://guest:guest@127.0.0.1:5672/", rabbitmq.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+	charge := &sdk.Message{Type: "billing.charge", IdempotencyKey: "charge:order_123:v1", Body: []byte(`{"order":"123"}`)}
+	if err := l.Publisher(b).Publish(ctx, "billing", charge); err != nil {
+		log.Fatal(err)
+	}
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "billing", Observers: []sdk.Observer{l}}) // beside telemetry's Observer, if any
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { _ = w.Run(ctx) }()
+
+	// What happened to order 123's charge?
+	j, err := store.JobByKey(ctx, "charge:order_123:v1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(j.Status, j.Attempts, j.LastError)
+	for _, a := range j.History {
+		fmt.Println(a.Attempt, a.Status, a.Error, a.Abandoned)
+	}
+	// Which jobs of the queue are retrying, and why? How many failed in
+	// the last hour, by error class?
+	page, err := store.List(ctx, ledger.Filter{Queue: "billing", Statuses: []ledger.Status{ledger.StatusRetrying}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, j := range page.Jobs {
+		fmt.Println(j.MessageID, j.Attempts, j.NextAttemptAt, j.ErrorClass, j.LastError)
+	}
+	counts, err := store.Counts(ctx, ledger.Window{Queue: "billing", Since: time.Now().Add(-time.Hour)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(counts.ByStatus[ledger.StatusDead], counts.ByClass)
+	// Keep a week of finished jobs.
+	if _, err := store.Purge(ctx, time.Now().Add(-7*24*time.Hour), 0); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,495 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Status is a job's state in the ledger.
+type Status string
+
+// The statuses, in the order a job normally goes through them.
+const (
+	StatusEnqueued  Status = "enqueued"  // published, not yet started
+	StatusRunning   Status = "running"   // an attempt started and has not settled
+	StatusRetrying  Status = "retrying"  // an attempt failed; the next is due at NextAttemptAt
+	StatusReleased  Status = "released"  // handed back without consuming an attempt (shutdown, RetryAfter)
+	StatusSucceeded Status = "succeeded" // acked
+	StatusDead      Status = "dead"      // dead-lettered
+	StatusRedriven  Status = "redriven"  // moved back from the dead-letter queue, not yet started
+)
+
+// Statuses lists every status, for validation and display.
+var Statuses = []Status{StatusEnqueued, StatusRunning, StatusRetrying, StatusReleased, StatusSucceeded, StatusDead, StatusRedriven}
+
+// Valid reports whether s is one of [Statuses].
+func (s Status) Valid() bool {
+	for _, v := range Statuses {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Rank orders the statuses of one attempt: an event replaces a row of the
+// same generation and attempt only with a rank at least as high (and, at
+// equal rank, a time at least as late). Ranks 3 (succeeded, dead) are final
+// for their attempt; rank 2 (retrying) ends an attempt.
+func (s Status) Rank() int {
+	switch s {
+	case StatusEnqueued, StatusRedriven:
+		return 0
+	case StatusRunning, StatusReleased:
+		return 1
+	case StatusRetrying:
+		return 2
+	case StatusSucceeded, StatusDead:
+		return 3
+	}
+	return -1
+}
+
+// Event is one thing that happened to a job, as the ledger records it. The
+// feeds ([Ledger.Publisher], the Observer methods, [Ledger.DeadLetters])
+// build them; a [Store] writes them. Zero fields are unknown: a store keeps
+// what the row already holds for them.
+type Event struct {
+	MessageID      string
+	Queue          string
+	Type           string
+	IdempotencyKey string
+	CorrelationID  string
+	Status         Status
+	// Generation counts redrives (the message's berth-redrive-count): a
+	// redriven job starts again at attempt 1 in a new generation.
+	Generation int
+	// Attempt is the delivery's attempt, 0 for enqueued and redriven.
+	Attempt int
+	// At is when it happened; it orders events of equal rank.
+	At            time.Time
+	StartedAt     time.Time // running and settlements
+	NextAttemptAt time.Time // retrying, released with a delay
+	Error         string    // retrying, dead, released with a cause
+	Class         sdk.ErrorClass
+	Duration      time.Duration // handler run time, settlements
+	Worker        string
+	// RedriveAll, with Status redriven and no MessageID, marks every job of
+	// Queue that was dead at At as redriven (a redrive of the whole queue).
+	RedriveAll bool
+}
+
+// Store writes events. Write is called by one goroutine at a time (the
+// ledger's writer) with a batch it must not retain; it applies every event
+// whose (Generation, Attempt, rank, At) is newer than the row's, in any
+// order, and leaves older ones out (see the package doc). An error means
+// the batch may be partly written; the ledger counts it and moves on, so
+// Write must not retry for long. Implementations: pgledger.Store.
+type Store interface {
+	Write(ctx context.Context, batch []Event) error
+}
+
+// Options configures a [Ledger]. Only Store is required.
+type Options struct {
+	// Store receives the batches. Required.
+	Store Store
+	// Buffer is how many events may wait to be written. Default 8192.
+	Buffer int
+	// BatchSize bounds the events of one Write. Default 512.
+	BatchSize int
+	// BlockTimeout is how long recording waits for room when the buffer is
+	// full before dropping the event. Default 5ms; negative drops at once.
+	// The wait is on the Worker's goroutine (after the settlement), so it
+	// delays the next job, never the settled one.
+	BlockTimeout time.Duration
+	// Linger is how long the writer waits for more events before writing a
+	// batch that is not full. Events of one job that land in one batch
+	// (a short job's start and settlement) are merged into one row write,
+	// so a little lingering saves the database work under load. Default
+	// 5ms; negative writes whatever is buffered at once.
+	Linger time.Duration
+	// WriteTimeout bounds each Write. Default 10s.
+	WriteTimeout time.Duration
+	// WorkerID names this process in the rows it writes. Default
+	// "hostname/pid".
+	WorkerID string
+	// MeterProvider creates the ledger's instruments. Default
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Logger receives failed writes and the first drop of a run of drops.
+	// Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of [Options].
+const (
+	DefaultBuffer       = 8192
+	DefaultBatchSize    = 512
+	DefaultBlockTimeout = 5 * time.Millisecond
+	DefaultLinger       = 5 * time.Millisecond
+)
+
+// ErrInvalidOptions reports a bad [Options].
+var ErrInvalidOptions = errors.New("ledger: invalid options")
+
+// ErrClosed is returned by Flush after Close. It is [sdk.ErrClosed].
+var ErrClosed = sdk.ErrClosed
+
+// Stats counts the ledger's events since New. Recorded = Written + Dropped
+// + Failed + (events still buffered).
+type Stats struct {
+	Recorded int64 // events handed to the ledger
+	Written  int64 // events in batches the store accepted
+	Dropped  int64 // events dropped because the buffer stayed full
+	Failed   int64 // events in batches the store refused
+	Batches  int64 // Write calls that succeeded
+	Buffered int   // events waiting now
+	// MaxLag is the longest time a batch's oldest event waited between being
+	// recorded and the batch being written, since New; MeanLag the mean over
+	// batches.
+	MaxLag, MeanLag time.Duration
+}
+
+// ScopeName is the instrumentation scope of the ledger's meter.
+const ScopeName = "github.com/berthq/berth/ledger"
+
+// Metric attribute key: written, dropped or failed.
+const AttrResult = attribute.Key("berth.ledger.result")
+
+// Ledger records job events and writes them to a [Store] in batches. It is
+// an [sdk.Observer]; it is safe for concurrent use. Close stops its writer.
+//
+// Instruments:
+//
+//	berth.ledger.events          counter    {event}  per berth.ledger.result written|dropped|failed
+//	berth.ledger.batches         counter    {batch}  batches written
+//	berth.ledger.buffered        gauge      {event}  events waiting to be written
+//	berth.ledger.lag             histogram  s        from record to written, per batch (its oldest event)
+type Ledger struct {
+	opts   Options
+	worker string
+	buf    chan pending
+	flush  chan chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
+	closed atomic.Bool
+	once   sync.Once
+
+	recorded, written, dropped, failed, batches atomic.Int64
+	maxLag, lagSum                              atomic.Int64
+	dropping                                    atomic.Bool // logged the current run of drops
+
+	lag  metric.Float64Histogram
+	regs metric.Registration
+}
+
+type pending struct {
+	e  Event
+	at int64 // unix nanos when recorded
+}
+
+var _ sdk.Observer = (*Ledger)(nil)
+
+// New starts a ledger writing to opts.Store. Close it to write what is
+// buffered and stop its goroutine.
+func New(opts Options) (*Ledger, error) {
+	if opts.Store == nil {
+		return nil, fmt.Errorf("%w: nil Store", ErrInvalidOptions)
+	}
+	if opts.Buffer < 0 || opts.BatchSize < 0 || opts.WriteTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative Buffer, BatchSize or WriteTimeout", ErrInvalidOptions)
+	}
+	if opts.Buffer == 0 {
+		opts.Buffer = DefaultBuffer
+	}
+	if opts.BatchSize == 0 {
+		opts.BatchSize = DefaultBatchSize
+	}
+	if opts.BlockTimeout == 0 {
+		opts.BlockTimeout = DefaultBlockTimeout
+	}
+	if opts.Linger == 0 {
+		opts.Linger = DefaultLinger
+	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = 10 * time.Second
+	}
+	if opts.WorkerID == "" {
+		host, _ := os.Hostname()
+		opts.WorkerID = host + "/" + strconv.Itoa(os.Getpid())
+	}
+	if opts.MeterProvider == nil {
+		opts.MeterProvider = otel.GetMeterProvider()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	l := &Ledger{
+		opts: opts, worker: opts.WorkerID,
+		buf:   make(chan pending, opts.Buffer),
+		flush: make(chan chan struct{}),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	if err := l.instruments(); err != nil {
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+func (l *Ledger) instruments() error {
+	m := l.opts.MeterProvider.Meter(ScopeName)
+	events, err := m.Int64ObservableCounter("berth.ledger.events", metric.WithUnit("{event}"),
+		metric.WithDescription("Ledger events, per berth.ledger.result written|dropped|failed."))
+	if err != nil {
+		return err
+	}
+	batches, err := m.Int64ObservableCounter("berth.ledger.batches", metric.WithUnit("{batch}"),
+		metric.WithDescription("Ledger batches written."))
+	if err != nil {
+		return err
+	}
+	buffered, err := m.Int64ObservableGauge("berth.ledger.buffered", metric.WithUnit("{event}"),
+		metric.WithDescription("Ledger events waiting to be written."))
+	if err != nil {
+		return err
+	}
+	l.lag, err = m.Float64Histogram("berth.ledger.lag", metric.WithUnit("s"),
+		metric.WithDescription("Time from recording a ledger event to writing its batch (the batch's oldest event)."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+	if err != nil {
+		return err
+	}
+	written := metric.WithAttributeSet(attribute.NewSet(AttrResult.String("written")))
+	dropped := metric.WithAttributeSet(attribute.NewSet(AttrResult.String("dropped")))
+	failed := metric.WithAttributeSet(attribute.NewSet(AttrResult.String("failed")))
+	l.regs, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(events, l.written.Load(), written)
+		o.ObserveInt64(events, l.dropped.Load(), dropped)
+		o.ObserveInt64(events, l.failed.Load(), failed)
+		o.ObserveInt64(batches, l.batches.Load())
+		o.ObserveInt64(buffered, int64(len(l.buf)))
+		return nil
+	}, events, batches, buffered)
+	return err
+}
+
+// WorkerID is the name this ledger writes in the rows of the attempts it
+// runs.
+func (l *Ledger) WorkerID() string { return l.worker }
+
+// Stats returns the ledger's counters.
+func (l *Ledger) Stats() Stats {
+	s := Stats{
+		Recorded: l.recorded.Load(), Written: l.written.Load(), Dropped: l.dropped.Load(),
+		Failed: l.failed.Load(), Batches: l.batches.Load(), Buffered: len(l.buf),
+		MaxLag: time.Duration(l.maxLag.Load()),
+	}
+	if b := s.Batches; b > 0 {
+		s.MeanLag = time.Duration(l.lagSum.Load() / b)
+	}
+	return s
+}
+
+// Record hands e to the writer. It never fails: when the buffer stays full
+// for Options.BlockTimeout the event is dropped and counted; after Close it
+// is dropped too. The feeds call it; applications may record events of
+// their own (a custom publisher).
+func (l *Ledger) Record(e Event) {
+	l.recorded.Add(1)
+	if l.closed.Load() {
+		l.drop(e)
+		return
+	}
+	p := pending{e: e, at: time.Now().UnixNano()}
+	select {
+	case l.buf <- p:
+		return
+	default:
+	}
+	if l.opts.BlockTimeout > 0 {
+		t := time.NewTimer(l.opts.BlockTimeout)
+		defer t.Stop()
+		select {
+		case l.buf <- p:
+			return
+		case <-t.C:
+		case <-l.stop:
+		}
+	}
+	l.drop(e)
+}
+
+func (l *Ledger) drop(e Event) {
+	l.dropped.Add(1)
+	if l.dropping.CompareAndSwap(false, true) {
+		l.opts.Logger.Warn("berth/ledger: buffer full; dropping events until the writer catches up",
+			"buffer", l.opts.Buffer, "id", e.MessageID, "status", string(e.Status))
+	}
+}
+
+// Flush waits until every event recorded before it is written (or failed),
+// or ctx is done. After Close it returns [ErrClosed].
+func (l *Ledger) Flush(ctx context.Context) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	ack := make(chan struct{})
+	select {
+	case l.flush <- ack:
+	case <-l.done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-ack:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close writes what is buffered (each batch bounded by WriteTimeout), stops
+// the writer and unregisters the metrics callback. Events recorded after
+// Close are dropped and counted. Calling it again returns nil.
+func (l *Ledger) Close() error {
+	var err error
+	l.once.Do(func() {
+		l.closed.Store(true)
+		close(l.stop)
+		<-l.done
+		err = l.regs.Unregister()
+	})
+	return err
+}
+
+// run is the writer: from the first event of a batch it gathers events for
+// up to Linger or BatchSize, whichever comes first, and writes them; while
+// a batch is written the next one gathers, so batches grow with the rate.
+func (l *Ledger) run() {
+	defer close(l.done)
+	batch := make([]Event, 0, l.opts.BatchSize)
+	oldest := int64(0)
+	add := func(p pending) {
+		if len(batch) == 0 || p.at < oldest {
+			oldest = p.at
+		}
+		batch = append(batch, p.e)
+	}
+	gather := func() {
+		for len(batch) < l.opts.BatchSize {
+			select {
+			case p := <-l.buf:
+				add(p)
+			default:
+				return
+			}
+		}
+	}
+	drain := func() {
+		for {
+			gather()
+			if len(batch) == 0 {
+				return
+			}
+			l.write(batch, oldest)
+			batch = batch[:0]
+		}
+	}
+	for {
+		select {
+		case p := <-l.buf:
+			add(p)
+			ack, stop := l.linger(&batch, add)
+			l.write(batch, oldest)
+			batch = batch[:0]
+			if ack != nil {
+				drain()
+				close(ack)
+			}
+			if stop {
+				drain()
+				return
+			}
+		case ack := <-l.flush:
+			drain()
+			close(ack)
+		case <-l.stop:
+			drain()
+			return
+		}
+	}
+}
+
+// linger adds events to batch until it is full or Linger has passed since
+// its first event. A flush or stop cuts it short: it returns the flush's
+// ack, or stop true, for run to handle once the batch is written.
+func (l *Ledger) linger(batch *[]Event, add func(pending)) (ack chan struct{}, stop bool) {
+	var timeout <-chan time.Time
+	if l.opts.Linger > 0 {
+		t := time.NewTimer(l.opts.Linger)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for len(*batch) < l.opts.BatchSize {
+		select {
+		case p := <-l.buf:
+			add(p)
+			continue
+		default:
+		}
+		if timeout == nil {
+			return nil, false
+		}
+		select {
+		case p := <-l.buf:
+			add(p)
+		case <-timeout:
+			return nil, false
+		case ack := <-l.flush:
+			return ack, false
+		case <-l.stop:
+			return nil, true
+		}
+	}
+	return nil, false
+}
+
+func (l *Ledger) write(batch []Event, oldest int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.opts.WriteTimeout)
+	err := l.opts.Store.Write(ctx, batch)
+	cancel()
+	n := int64(len(batch))
+	if err != nil {
+		l.failed.Add(n)
+		l.opts.Logger.Warn("berth/ledger: write failed; these events are lost (the jobs are not affected)",
+			"events", n, "err", err)
+		return
+	}
+	lag := time.Now().UnixNano() - oldest
+	l.written.Add(n)
+	l.lagSum.Add(lag)
+	l.batches.Add(1)
+	if lag > l.maxLag.Load() {
+		l.maxLag.Store(lag)
+	}
+	l.lag.Record(context.Background(), float64(lag)/1e9)
+	if len(l.buf) < cap(l.buf)/2 {
+		l.dropping.Store(false)
+	}
+}

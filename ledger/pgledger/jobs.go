@@ -1,0 +1,187 @@
+package pgledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// Jobs reads the PostgreSQL broker's jobs table as a ledger: on that broker
+// a job's state already is a row, so nothing is written twice (do not feed a
+// [ledger.Ledger] there). It is safe for concurrent use.
+//
+// How the table's columns read:
+//
+//	queued, attempt_count 0     enqueued, or redriven when berth-redrive-count is set
+//	processing                  running (a lease, possibly expired: its worker may have crashed)
+//	retry                       retrying, NextAttemptAt = available_at (also a job released after a failure)
+//	completed                   succeeded
+//	dead_letter, failed         dead, ErrorClass from the berth-dlq-class header
+//	attempt_count               Attempts; Generation from berth-redrive-count
+//	created_at, updated_at      FirstSeenAt, UpdatedAt (and FinishedAt once settled)
+//
+// The table keeps no attempt history, start time or handler duration: Job
+// returns no History, and StartedAt and Duration are zero. Released is never
+// reported (a released job reads as enqueued or retrying). The cursor of
+// List is the row's id, so pages stay consistent as with [Store].
+type Jobs struct {
+	db    DB
+	table string
+}
+
+var _ ledger.Reader = (*Jobs)(nil)
+
+// NewJobs returns a reader of the jobs table in schema (default "berth",
+// the broker's Options.Schema).
+func NewJobs(db DB, schema string) (*Jobs, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil DB", ErrInvalidOptions)
+	}
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if !identRE.MatchString(strings.ToLower(schema)) {
+		return nil, fmt.Errorf("%w: schema %q", ErrInvalidOptions, schema)
+	}
+	return &Jobs{db: db, table: pgx.Identifier{schema, "jobs"}.Sanitize()}, nil
+}
+
+const (
+	hRedrive = `headers->>'` + sdk.HeaderRedriveCount + `'`
+	hClass   = `headers->>'` + sdk.HeaderDeadLetterClass + `'`
+)
+
+// statusSQL maps the table's status onto the ledger's.
+const statusSQL = `CASE status WHEN 'queued' THEN CASE WHEN ` + hRedrive + ` IS NOT NULL THEN 'redriven' ELSE 'enqueued' END
+	WHEN 'processing' THEN 'running' WHEN 'retry' THEN 'retrying' WHEN 'completed' THEN 'succeeded' ELSE 'dead' END`
+
+// predicates select the rows of one ledger status.
+var predicates = map[ledger.Status]string{
+	ledger.StatusEnqueued:  `(status = 'queued' AND ` + hRedrive + ` IS NULL)`,
+	ledger.StatusRedriven:  `(status = 'queued' AND ` + hRedrive + ` IS NOT NULL)`,
+	ledger.StatusRunning:   `status = 'processing'`,
+	ledger.StatusRetrying:  `status = 'retry'`,
+	ledger.StatusSucceeded: `status = 'completed'`,
+	ledger.StatusDead:      `status IN ('dead_letter', 'failed')`,
+	ledger.StatusReleased:  `false`,
+}
+
+const jobsCols = `id, message_id, queue, job_type, COALESCE(idempotency_key, ''), correlation_id, ` + statusSQL + `,
+	CASE WHEN ` + hRedrive + ` ~ '^[0-9]{1,9}$' THEN (` + hRedrive + `)::int ELSE 0 END,
+	attempt_count, COALESCE(last_error, ''), CASE WHEN status IN ('dead_letter', 'failed') THEN COALESCE(` + hClass + `, '') ELSE '' END,
+	CASE WHEN status = 'retry' THEN available_at END, created_at,
+	CASE WHEN status IN ('completed', 'dead_letter', 'failed', 'retry') THEN updated_at END,
+	COALESCE(worker_id, ''), updated_at`
+
+func scanJobsRow(r pgx.Row) (ledger.Job, int64, error) {
+	var (
+		j              ledger.Job
+		id             int64
+		status, class  string
+		next, finished *time.Time
+	)
+	err := r.Scan(&id, &j.MessageID, &j.Queue, &j.Type, &j.IdempotencyKey, &j.CorrelationID, &status, &j.Generation,
+		&j.Attempts, &j.LastError, &class, &next, &j.FirstSeenAt, &finished, &j.Worker, &j.UpdatedAt)
+	j.Status, j.ErrorClass, j.NextAttemptAt, j.FinishedAt = ledger.Status(status), sdk.ErrorClass(class), deref(next), deref(finished)
+	return j, id, err
+}
+
+// Job returns the newest job with message ID id. An unknown id gives an
+// error wrapping [sdk.ErrNotFound].
+func (s *Jobs) Job(ctx context.Context, id string) (*ledger.Job, error) {
+	return s.one(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE message_id = $1 ORDER BY id DESC LIMIT 1`, "job "+id, id)
+}
+
+// JobByKey returns the newest job with idempotency key key. An unknown key
+// gives an error wrapping [sdk.ErrNotFound].
+func (s *Jobs) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
+	return s.one(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE idempotency_key = $1 ORDER BY id DESC LIMIT 1`, "job with key "+key, key)
+}
+
+func (s *Jobs) one(ctx context.Context, q, what, arg string) (*ledger.Job, error) {
+	j, _, err := scanJobsRow(s.db.QueryRow(ctx, q, arg))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: %s: %w", what, err)
+	}
+	return &j, nil
+}
+
+// List returns a page of the jobs f selects, newest update first.
+func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
+	f, err := f.Check()
+	if err != nil {
+		return ledger.Page{}, err
+	}
+	where := []string{`($1 = '' OR queue = $1)`, `($2 = '' OR job_type = $2)`,
+		`($3::timestamptz IS NULL OR updated_at >= $3)`, `($4::timestamptz IS NULL OR updated_at < $4)`,
+		`($5::timestamptz IS NULL OR (updated_at, id) < ($5, $6))`}
+	if len(f.Statuses) > 0 {
+		var or []string
+		for _, st := range f.Statuses {
+			or = append(or, predicates[st])
+		}
+		where = append(where, "("+strings.Join(or, " OR ")+")")
+	}
+	var afterT *time.Time
+	var afterID int64
+	if f.After != "" {
+		t, id, _ := ledger.DecodeCursor(f.After)
+		n, err := strconv.ParseInt(id, 10, 64)
+		if err != nil {
+			return ledger.Page{}, fmt.Errorf("%w: cursor of another reader", ledger.ErrInvalidFilter)
+		}
+		afterT, afterID = &t, n
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE `+strings.Join(where, " AND ")+`
+ORDER BY updated_at DESC, id DESC LIMIT $7`,
+		f.Queue, f.Type, nonZero(f.Since), nonZero(f.Until), afterT, afterID, f.Limit+1)
+	if err != nil {
+		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
+	}
+	defer rows.Close()
+	var jobs []ledger.Job
+	var ids []int64
+	for rows.Next() {
+		j, id, err := scanJobsRow(rows)
+		if err != nil {
+			return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
+		}
+		jobs, ids = append(jobs, j), append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
+	}
+	p := ledger.Page{Jobs: jobs}
+	if len(jobs) > f.Limit {
+		p.Jobs = jobs[:f.Limit]
+		p.Next = ledger.Cursor(jobs[f.Limit-1].UpdatedAt, strconv.FormatInt(ids[f.Limit-1], 10))
+	}
+	return p, nil
+}
+
+// Counts counts the jobs updated in w by status and, for dead ones, by
+// error class (the table keeps no class for retries).
+func (s *Jobs) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, error) {
+	if err := checkWindow(w); err != nil {
+		return ledger.Counts{}, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+statusSQL+`,
+	CASE WHEN status IN ('dead_letter', 'failed') THEN COALESCE(`+hClass+`, '') ELSE '' END, count(*) FROM `+s.table+`
+WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
+GROUP BY 1, 2`, w.Queue, nonZero(w.Since), nonZero(w.Until))
+	if err != nil {
+		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
+	}
+	return collectCounts(rows)
+}

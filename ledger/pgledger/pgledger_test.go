@@ -1,0 +1,104 @@
+package pgledger_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestOptionsValidated(t *testing.T) {
+	for _, o := range []pgledger.Options{{Schema: "Bad"}, {Schema: "x;drop"}, {Prefix: "1x"}} {
+		if _, err := pgledger.SQL(o); !errors.Is(err, pgledger.ErrInvalidOptions) {
+			t.Errorf("SQL(%+v) = %v, want ErrInvalidOptions", o, err)
+		}
+	}
+	if _, err := pgledger.New(nil, pgledger.Options{}); !errors.Is(err, pgledger.ErrInvalidOptions) {
+		t.Errorf("New(nil) = %v", err)
+	}
+	if _, err := pgledger.NewJobs(nil, ""); !errors.Is(err, pgledger.ErrInvalidOptions) {
+		t.Errorf("NewJobs(nil) = %v", err)
+	}
+}
+
+func setup(t *testing.T) (*pgxpool.Pool, *pgledger.Store, context.Context) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var p [6]byte
+	_, _ = rand.Read(p[:])
+	schema := "berth_pgledgertest_" + hex.EncodeToString(p[:])
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Many processes migrating at once: the advisory lock serialises them.
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() { errs <- s.Migrate(ctx) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Migrate: %v", err)
+		}
+	}
+	return pool, s, ctx
+}
+
+// TestPurgeDeletesFinishedJobsInBatches: only finished jobs older than the
+// cutoff go, in bounded batches.
+func TestPurgeDeletesFinishedJobsInBatches(t *testing.T) {
+	_, s, ctx := setup(t)
+	old, recent := time.Now().Add(-48*time.Hour), time.Now()
+	var batch []ledger.Event
+	add := func(id string, st ledger.Status, at time.Time) {
+		batch = append(batch, ledger.Event{MessageID: id, Queue: "q", Status: ledger.StatusRunning, Attempt: 1, At: at.Add(-time.Second)},
+			ledger.Event{MessageID: id, Queue: "q", Status: st, Attempt: 1, At: at, Error: "e", Class: sdk.ClassTransient})
+	}
+	for i := range 25 {
+		add("old-done-"+strconv.Itoa(i), ledger.StatusSucceeded, old)
+	}
+	add("old-dead", ledger.StatusDead, old)
+	add("old-retrying", ledger.StatusRetrying, old)
+	add("new-done", ledger.StatusSucceeded, recent)
+	if err := s.Write(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Purge(ctx, time.Now().Add(-24*time.Hour), 10)
+	if err != nil || n != 26 {
+		t.Fatalf("Purge = %d, %v; want 26", n, err)
+	}
+	for _, id := range []string{"old-dead", "old-done-3"} {
+		if _, err := s.Job(ctx, id); !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("Job(%s) after purge = %v, want ErrNotFound", id, err)
+		}
+	}
+	for _, id := range []string{"old-retrying", "new-done"} {
+		j, err := s.Job(ctx, id)
+		if err != nil || len(j.History) != 1 {
+			t.Errorf("Job(%s) after purge = %+v, %v; want kept with its attempt", id, j, err)
+		}
+	}
+}

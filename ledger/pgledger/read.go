@@ -1,0 +1,206 @@
+package pgledger
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
+)
+
+const jobCols = `message_id, queue, job_type, COALESCE(idempotency_key, ''), correlation_id, status, generation,
+	attempts, COALESCE(last_error, ''), COALESCE(error_class, ''), next_attempt_at, first_seen_at, started_at,
+	finished_at, duration_us, COALESCE(worker_id, ''), updated_at`
+
+// scanJob reads jobCols and, when hist is not nil, the history column.
+func scanJob(r pgx.Row, hist *[]byte) (ledger.Job, error) {
+	var (
+		j                       ledger.Job
+		status, class           string
+		next, started, finished *time.Time
+		dur                     *int64
+	)
+	dest := []any{&j.MessageID, &j.Queue, &j.Type, &j.IdempotencyKey, &j.CorrelationID, &status, &j.Generation,
+		&j.Attempts, &j.LastError, &class, &next, &j.FirstSeenAt, &started, &finished, &dur, &j.Worker, &j.UpdatedAt}
+	if hist != nil {
+		dest = append(dest, hist)
+	}
+	err := r.Scan(dest...)
+	j.Status, j.ErrorClass = ledger.Status(status), sdk.ErrorClass(class)
+	j.NextAttemptAt, j.StartedAt, j.FinishedAt, j.Duration = deref(next), deref(started), deref(finished), micros(dur)
+	return j, err
+}
+
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+func micros(us *int64) time.Duration {
+	if us == nil {
+		return 0
+	}
+	return time.Duration(*us) * time.Microsecond
+}
+
+// Job returns the job with message ID id and its attempts. An unknown id
+// gives an error wrapping [sdk.ErrNotFound].
+func (s *Store) Job(ctx context.Context, id string) (*ledger.Job, error) {
+	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE message_id = $1`, "job "+id, id)
+}
+
+// JobByKey returns the most recently seen job with idempotency key key and
+// its attempts. An unknown key gives an error wrapping [sdk.ErrNotFound].
+func (s *Store) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
+	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE idempotency_key = $1
+ORDER BY first_seen_at DESC, message_id DESC LIMIT 1`, "job with key "+key, key)
+}
+
+func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Job, error) {
+	var hist []byte
+	j, err := scanJob(s.db.QueryRow(ctx, q, arg), &hist)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: %s: %w", what, err)
+	}
+	var entries []historyEntry
+	if err := json.Unmarshal(hist, &entries); err != nil {
+		return nil, fmt.Errorf("pgledger: %s: history: %w", what, err)
+	}
+	// Each attempt's newest state: a later rank, else a later time; the
+	// current attempt is the row itself.
+	type key struct{ gen, att int }
+	best := map[key]historyEntry{}
+	for _, e := range entries {
+		k := key{e.Generation, e.Attempt}
+		if b, ok := best[k]; !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.Before(b.UpdatedAt) {
+			best[k] = e
+		}
+	}
+	for k, e := range best {
+		if j.Attempts > 0 && j.Status.Rank() >= 1 && k == (key{j.Generation, j.Attempts}) {
+			continue
+		}
+		a := ledger.Attempt{Generation: e.Generation, Attempt: e.Attempt, Status: ledger.Status(e.Status), StartedAt: deref(e.StartedAt),
+			FinishedAt: deref(e.FinishedAt), Duration: micros(e.DurationUS), NextAttemptAt: deref(e.NextAttemptAt)}
+		if e.Error != nil {
+			a.Error = *e.Error
+		}
+		if e.ErrorClass != nil {
+			a.Class = sdk.ErrorClass(*e.ErrorClass)
+		}
+		if e.WorkerID != nil {
+			a.Worker = *e.WorkerID
+		}
+		j.History = append(j.History, a)
+	}
+	if j.Attempts > 0 && j.Status.Rank() >= 1 {
+		cur := ledger.Attempt{Generation: j.Generation, Attempt: j.Attempts, Status: j.Status, StartedAt: j.StartedAt,
+			FinishedAt: j.FinishedAt, Duration: j.Duration, NextAttemptAt: j.NextAttemptAt, Worker: j.Worker}
+		if j.Status == ledger.StatusRetrying || j.Status == ledger.StatusDead || j.Status == ledger.StatusReleased {
+			cur.Error, cur.Class = j.LastError, j.ErrorClass
+		}
+		j.History = append(j.History, cur)
+	}
+	slices.SortFunc(j.History, func(a, b ledger.Attempt) int {
+		return cmp.Or(cmp.Compare(a.Generation, b.Generation), cmp.Compare(a.Attempt, b.Attempt))
+	})
+	ledger.MarkAbandoned(j.History)
+	return &j, nil
+}
+
+// List returns a page of the jobs f selects, newest update first (see
+// [ledger.Reader]).
+func (s *Store) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
+	f, err := f.Check()
+	if err != nil {
+		return ledger.Page{}, err
+	}
+	var statuses []string
+	for _, st := range f.Statuses {
+		statuses = append(statuses, string(st))
+	}
+	var afterT *time.Time
+	var afterID string
+	if f.After != "" {
+		t, id, _ := ledger.DecodeCursor(f.After)
+		afterT, afterID = &t, id
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+jobCols+` FROM `+s.jobs+`
+WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND ($3 = '' OR job_type = $3)
+	AND ($4::timestamptz IS NULL OR updated_at >= $4) AND ($5::timestamptz IS NULL OR updated_at < $5)
+	AND ($6::timestamptz IS NULL OR (updated_at, message_id) < ($6, $7))
+ORDER BY updated_at DESC, message_id DESC LIMIT $8`,
+		f.Queue, statuses, f.Type, nonZero(f.Since), nonZero(f.Until), afterT, afterID, f.Limit+1)
+	if err != nil {
+		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Job, error) { return scanJob(r, nil) })
+	if err != nil {
+		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
+	}
+	return page(jobs, f.Limit, func(j ledger.Job) string { return ledger.Cursor(j.UpdatedAt, j.MessageID) }), nil
+}
+
+// page cuts jobs (fetched with limit+1) to limit and sets the cursor.
+func page(jobs []ledger.Job, limit int, cursor func(ledger.Job) string) ledger.Page {
+	p := ledger.Page{Jobs: jobs}
+	if len(jobs) > limit {
+		p.Jobs = jobs[:limit]
+		p.Next = cursor(jobs[limit-1])
+	}
+	return p
+}
+
+// Counts counts the jobs updated in w by status and, for those with an
+// error class, by class.
+func (s *Store) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, error) {
+	if err := checkWindow(w); err != nil {
+		return ledger.Counts{}, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT status, CASE WHEN status IN ('retrying', 'dead', 'released') THEN COALESCE(error_class, '') ELSE '' END,
+	count(*) FROM `+s.jobs+`
+WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
+GROUP BY 1, 2`, w.Queue, nonZero(w.Since), nonZero(w.Until))
+	if err != nil {
+		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
+	}
+	return collectCounts(rows)
+}
+
+func checkWindow(w ledger.Window) error {
+	if !w.Until.IsZero() && w.Until.Before(w.Since) {
+		return fmt.Errorf("%w: until %s before since %s", ledger.ErrInvalidFilter, w.Until, w.Since)
+	}
+	return nil
+}
+
+// collectCounts reads (status, class, count) rows. Classes are counted for
+// the jobs that failed: retrying, dead, released with a cause.
+func collectCounts(rows pgx.Rows) (ledger.Counts, error) {
+	c := ledger.Counts{ByStatus: map[ledger.Status]int64{}, ByClass: map[sdk.ErrorClass]int64{}}
+	var status, class string
+	var n int64
+	_, err := pgx.ForEachRow(rows, []any{&status, &class, &n}, func() error {
+		c.ByStatus[ledger.Status(status)] += n
+		if class != "" {
+			c.ByClass[sdk.ErrorClass(class)] += n
+		}
+		return nil
+	})
+	if err != nil {
+		return c, fmt.Errorf("pgledger: counts: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,500 @@
+// Package pgledger is the PostgreSQL side of the job-state ledger: [Store]
+// keeps the ledger's own tables (fed by the ledger on RabbitMQ, SQS and the
+// memory broker), and [Jobs] reads the PostgreSQL broker's jobs table, which
+// already is a ledger, through the same [ledger.Reader] API.
+//
+// Create the tables with [Store.Migrate], or apply [SQL] with your migration
+// tool. Keep them bounded with [Store.Purge].
+package pgledger
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/berthq/berth/ledger"
+)
+
+// DB is what the store needs of a connection pool; *pgxpool.Pool satisfies
+// it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Options names the table. The zero value is berth.ledger_jobs.
+type Options struct {
+	// Schema holding the tables. Default "berth" (the PostgreSQL broker's).
+	Schema string
+	// Prefix of the table name: Prefix+"jobs". Default "ledger_".
+	Prefix string
+}
+
+// Defaults of [Options].
+const (
+	DefaultSchema = "berth"
+	DefaultPrefix = "ledger_"
+)
+
+// ErrInvalidOptions reports a bad schema or prefix.
+var ErrInvalidOptions = errors.New("pgledger: invalid options")
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	for _, id := range []string{o.Schema, o.Prefix + "jobs_queue_status_idx"} {
+		if !identRE.MatchString(id) {
+			return o, fmt.Errorf("%w: identifier %q: want 1-40 of [a-z0-9_], not starting with a digit", ErrInvalidOptions, id)
+		}
+	}
+	return o, nil
+}
+
+// Store is the ledger's PostgreSQL store: a [ledger.Store] and a
+// [ledger.Reader]. It is safe for concurrent use.
+type Store struct {
+	db               DB
+	opts             Options
+	jobs             string // quoted schema.table
+	upsert           string
+	redrive, redrAll string
+}
+
+var (
+	_ ledger.Store  = (*Store)(nil)
+	_ ledger.Reader = (*Store)(nil)
+)
+
+// attemptJSON builds, from row r of the table (or EXCLUDED, an event),
+// the history entry of its current attempt.
+func attemptJSON(r string) string {
+	failed := r + `.status IN ('retrying', 'dead', 'released')`
+	return `jsonb_build_array(jsonb_build_object('generation', ` + r + `.generation, 'attempt', ` + r + `.attempts,
+	'status', ` + r + `.status, 'rank', ` + r + `.rank, 'started_at', ` + r + `.started_at, 'finished_at', ` + r + `.finished_at,
+	'duration_us', ` + r + `.duration_us, 'error', CASE WHEN ` + failed + ` THEN ` + r + `.last_error END,
+	'error_class', CASE WHEN ` + failed + ` THEN ` + r + `.error_class END, 'next_attempt_at', ` + r + `.next_attempt_at,
+	'worker_id', ` + r + `.worker_id, 'updated_at', ` + r + `.updated_at))`
+}
+
+// New returns a store on db. It does not touch the database; call
+// [Store.Migrate] to create the table.
+func New(db DB, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil DB", ErrInvalidOptions)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, opts: opts, jobs: pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()}
+	// newer is the guard of the package doc, in SQL: an event replaces the
+	// row's state only when it is of a later generation or attempt, or of
+	// the same attempt, not final yet, with a rank and time at least the
+	// row's. Fields that describe the message (queue, type, keys, first
+	// seen) are merged whatever the order.
+	const newer = `((EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts)
+	OR ((EXCLUDED.generation, EXCLUDED.attempts) = (j.generation, j.attempts) AND j.rank < 3
+		AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at)))`
+	when := func(col, v string) string {
+		return col + ` = CASE WHEN ` + newer + ` THEN ` + v + ` ELSE j.` + col + ` END`
+	}
+	// The history (a jsonb array, one entry per attempt state, read back
+	// keeping each attempt's newest) gains the row's current attempt when
+	// an event moves the row past it, an event of an earlier attempt than
+	// the row's (a late write), and the attempts the batch itself moved
+	// past (EXCLUDED.history). No other table is read: the statement's plan
+	// cannot go wrong as the table grows.
+	s.upsert = `INSERT INTO ` + s.jobs + ` AS j (message_id, queue, job_type, idempotency_key, correlation_id,
+	status, rank, generation, attempts, last_error, error_class, next_attempt_at, first_seen_at,
+	started_at, finished_at, duration_us, worker_id, updated_at, history)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::smallint[],
+	$8::int[], $9::int[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[],
+	$15::timestamptz[], $16::bigint[], $17::text[], $18::timestamptz[], $19::jsonb[])
+ON CONFLICT (message_id) DO UPDATE SET
+	history = j.history
+		|| CASE WHEN (EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts) AND j.attempts > 0 AND j.rank >= 1
+			THEN ` + attemptJSON("j") + ` ELSE '[]'::jsonb END
+		|| CASE WHEN (EXCLUDED.generation, EXCLUDED.attempts) < (j.generation, j.attempts) AND EXCLUDED.attempts > 0 AND EXCLUDED.rank >= 1
+			THEN ` + attemptJSON("EXCLUDED") + ` ELSE '[]'::jsonb END
+		|| EXCLUDED.history,
+	queue = CASE WHEN j.queue = '' THEN EXCLUDED.queue ELSE j.queue END,
+	job_type = CASE WHEN j.job_type = '' THEN EXCLUDED.job_type ELSE j.job_type END,
+	idempotency_key = COALESCE(j.idempotency_key, EXCLUDED.idempotency_key),
+	correlation_id = CASE WHEN j.correlation_id = '' THEN EXCLUDED.correlation_id ELSE j.correlation_id END,
+	first_seen_at = LEAST(j.first_seen_at, EXCLUDED.first_seen_at),
+	` + when("status", "EXCLUDED.status") + `,
+	` + when("last_error", "COALESCE(EXCLUDED.last_error, j.last_error)") + `,
+	` + when("error_class", "COALESCE(EXCLUDED.error_class, j.error_class)") + `,
+	` + when("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
+	` + when("started_at", "COALESCE(EXCLUDED.started_at, j.started_at)") + `,
+	` + when("finished_at", "EXCLUDED.finished_at") + `,
+	` + when("duration_us", "EXCLUDED.duration_us") + `,
+	` + when("worker_id", "COALESCE(EXCLUDED.worker_id, j.worker_id)") + `,
+	` + when("rank", "EXCLUDED.rank") + `,
+	` + when("generation", "EXCLUDED.generation") + `,
+	` + when("attempts", "EXCLUDED.attempts") + `,
+	` + when("updated_at", "EXCLUDED.updated_at")
+	// A redrive files the dead attempt in the history and starts a new
+	// generation.
+	const redriven = `status = 'redriven', rank = 0, generation = j.generation + 1, attempts = 0,
+	next_attempt_at = NULL, started_at = NULL, finished_at = NULL, duration_us = NULL, updated_at = $2`
+	redrive := `history = j.history || CASE WHEN j.attempts > 0 THEN ` + attemptJSON("j") + ` ELSE '[]'::jsonb END, ` + redriven
+	s.redrive = `UPDATE ` + s.jobs + ` j SET ` + redrive + `
+WHERE j.message_id = $1 AND j.status = 'dead' AND j.updated_at <= $2`
+	s.redrAll = `UPDATE ` + s.jobs + ` j SET ` + redrive + `
+WHERE j.queue = $1 AND j.status = 'dead' AND j.updated_at <= $2`
+	return s, nil
+}
+
+// Table returns the quoted, schema-qualified name of the jobs table.
+func (s *Store) Table() string { return s.jobs }
+
+// SQL returns the DDL of the ledger's tables and indexes for opts, with
+// validated, quoted identifiers. Every statement is idempotent.
+func SQL(opts Options) (string, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return "", err
+	}
+	q := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	jobs := pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()
+	p := opts.Prefix
+	return `CREATE SCHEMA IF NOT EXISTS ` + q(opts.Schema) + `;
+CREATE TABLE IF NOT EXISTS ` + jobs + ` (
+    message_id      text        PRIMARY KEY,
+    queue           text        NOT NULL DEFAULT '',
+    job_type        text        NOT NULL DEFAULT '',
+    idempotency_key text,
+    correlation_id  text        NOT NULL DEFAULT '',
+    status          text        NOT NULL CHECK (status IN ('enqueued', 'running', 'retrying', 'released', 'succeeded', 'dead', 'redriven')),
+    rank            smallint    NOT NULL, -- ledger.Status.Rank: orders the states of one attempt
+    generation      integer     NOT NULL DEFAULT 0, -- redrives
+    attempts        integer     NOT NULL DEFAULT 0,
+    last_error      text,
+    error_class     text,
+    next_attempt_at timestamptz,
+    first_seen_at   timestamptz NOT NULL,
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    duration_us     bigint,
+    worker_id       text,
+    updated_at      timestamptz NOT NULL,
+    history         jsonb       NOT NULL DEFAULT '[]' -- earlier attempts' states, see Store.Job
+);
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_key_idx") + ` ON ` + jobs + ` (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_queue_status_idx") + ` ON ` + jobs + ` (queue, status, updated_at, message_id);
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_updated_idx") + ` ON ` + jobs + ` (updated_at, message_id);
+`, nil
+}
+
+// Migrate creates the tables and indexes when they do not exist. It is
+// idempotent and safe to run from many processes at once: it takes a
+// transaction-scoped advisory lock so concurrent runs do not race on
+// CREATE ... IF NOT EXISTS.
+func (s *Store) Migrate(ctx context.Context) error {
+	ddl, err := SQL(s.opts)
+	if err != nil {
+		return err
+	}
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.ledger.migrate."+s.jobs); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	return nil
+}
+
+// row is an event as the tables take it, after merging the events of one
+// batch that name the same row (one statement cannot update a row twice).
+type row struct {
+	ledger.Event
+	firstSeen, finished time.Time
+}
+
+// newer is the SQL guard in Go, for merging within a batch.
+func newer(e, r ledger.Event) bool {
+	if c := cmp.Compare(e.Generation, r.Generation); c != 0 {
+		return c > 0
+	}
+	if c := cmp.Compare(e.Attempt, r.Attempt); c != 0 {
+		return c > 0
+	}
+	if r.Status.Rank() >= 3 {
+		return false
+	}
+	if c := cmp.Compare(e.Status.Rank(), r.Status.Rank()); c != 0 {
+		return c > 0
+	}
+	return !e.At.Before(r.At)
+}
+
+func toRow(e ledger.Event) row {
+	r := row{Event: e, firstSeen: e.At}
+	if e.Status.Rank() >= 2 || e.Status == ledger.StatusReleased {
+		r.finished = e.At
+	}
+	return r
+}
+
+// merge folds e into r as the upsert would.
+func merge(r *row, e ledger.Event) {
+	n := toRow(e)
+	other := e
+	if old := r.Event; newer(e, old) {
+		r.Event, r.finished, other = e, n.finished, old
+		if r.Error == "" {
+			r.Error = old.Error
+		}
+		if r.Class == "" {
+			r.Class = old.Class
+		}
+		if r.Worker == "" {
+			r.Worker = old.Worker
+		}
+		if r.StartedAt.IsZero() {
+			r.StartedAt = old.StartedAt
+		}
+	}
+	fill := func(dst *string, v string) {
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	fill(&r.Queue, other.Queue)
+	fill(&r.Type, other.Type)
+	fill(&r.IdempotencyKey, other.IdempotencyKey)
+	fill(&r.CorrelationID, other.CorrelationID)
+	if n.firstSeen.Before(r.firstSeen) {
+		r.firstSeen = n.firstSeen
+	}
+}
+
+// attemptNewer orders the states of one attempt: within it retrying,
+// succeeded and dead are final.
+func attemptNewer(e, r ledger.Event) bool {
+	if r.Status.Rank() >= 2 {
+		return false
+	}
+	if c := cmp.Compare(e.Status.Rank(), r.Status.Rank()); c != 0 {
+		return c > 0
+	}
+	return !e.At.Before(r.At)
+}
+
+// historyEntry is one attempt state in the history column.
+type historyEntry struct {
+	Generation    int        `json:"generation"`
+	Attempt       int        `json:"attempt"`
+	Status        string     `json:"status"`
+	Rank          int        `json:"rank"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+	DurationUS    *int64     `json:"duration_us"`
+	Error         *string    `json:"error"`
+	ErrorClass    *string    `json:"error_class"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	WorkerID      *string    `json:"worker_id"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+}
+
+// Write applies batch in one statement per kind: the job rows (with the
+// history the package doc describes), then the redrives, in one round
+// trip and one transaction. It does not retain batch.
+func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
+	jobs := map[string]*row{}
+	var redrives []ledger.Event
+	for _, e := range batch {
+		if !e.Status.Valid() {
+			continue
+		}
+		if e.Status == ledger.StatusRedriven {
+			redrives = append(redrives, e)
+			continue
+		}
+		if e.MessageID == "" {
+			continue
+		}
+		if r, ok := jobs[e.MessageID]; ok {
+			merge(r, e)
+		} else {
+			r := toRow(e)
+			jobs[e.MessageID] = &r
+		}
+	}
+	// The events of attempts other than their job's final one in this
+	// batch are history.
+	type akey struct {
+		id       string
+		gen, att int
+	}
+	attempts := map[akey]*row{}
+	for _, e := range batch {
+		r := jobs[e.MessageID]
+		if r == nil || e.Status == ledger.StatusRedriven || e.Attempt == 0 || e.Status.Rank() < 1 ||
+			e.Generation == r.Generation && e.Attempt == r.Attempt {
+			continue
+		}
+		k := akey{e.MessageID, e.Generation, e.Attempt}
+		if a, ok := attempts[k]; !ok {
+			a := toRow(e)
+			attempts[k] = &a
+		} else if attemptNewer(e, a.Event) {
+			started, worker := a.StartedAt, a.Worker
+			*a = toRow(e)
+			if a.StartedAt.IsZero() {
+				a.StartedAt = started
+			}
+			if a.Worker == "" {
+				a.Worker = worker
+			}
+		}
+	}
+	history := map[string][]historyEntry{}
+	for _, a := range attempts {
+		var e, c *string
+		if a.Status.Rank() >= 2 && a.Status != ledger.StatusSucceeded || a.Status == ledger.StatusReleased {
+			e, c = nonEmpty(a.Error), nonEmpty(string(a.Class))
+		}
+		history[a.MessageID] = append(history[a.MessageID], historyEntry{Generation: a.Generation, Attempt: a.Attempt,
+			Status: string(a.Status), Rank: a.Status.Rank(), StartedAt: nonZero(a.StartedAt), FinishedAt: nonZero(a.finished),
+			DurationUS: duration(a.Status, a.Duration), Error: e, ErrorClass: c, NextAttemptAt: nonZero(a.NextAttemptAt),
+			WorkerID: nonEmpty(a.Worker), UpdatedAt: a.At})
+	}
+	b := &pgx.Batch{}
+	if len(jobs) > 0 {
+		rows := make([]*row, 0, len(jobs))
+		for _, r := range jobs {
+			rows = append(rows, r)
+		}
+		// One order for every writer: concurrent batches lock rows in the
+		// same order and cannot deadlock.
+		slices.SortFunc(rows, func(a, b *row) int { return cmp.Compare(a.MessageID, b.MessageID) })
+		n := len(rows)
+		var (
+			ids, queues, types, keys, corrs, statuses = make([]string, n), make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n)
+			ranks                                     = make([]int16, n)
+			gens, atts                                = make([]int32, n), make([]int32, n)
+			errs, classes, workers                    = make([]*string, n), make([]*string, n), make([]*string, n)
+			next, first, started, finished, updated   = make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]time.Time, n)
+			durs                                      = make([]*int64, n)
+			hist                                      = make([]string, n)
+		)
+		for i, r := range rows {
+			ids[i], queues[i], types[i], keys[i], corrs[i] = r.MessageID, r.Queue, r.Type, nonEmpty(r.IdempotencyKey), r.CorrelationID
+			statuses[i], ranks[i], gens[i], atts[i] = string(r.Status), int16(r.Status.Rank()), int32(r.Generation), int32(r.Attempt)
+			errs[i], classes[i], workers[i] = nonEmpty(r.Error), nonEmpty(string(r.Class)), nonEmpty(r.Worker)
+			next[i], first[i], started[i], finished[i], updated[i] = nonZero(r.NextAttemptAt), r.firstSeen, nonZero(r.StartedAt), nonZero(r.finished), r.At
+			durs[i] = duration(r.Status, r.Duration)
+			hist[i] = "[]"
+			if h := history[r.MessageID]; len(h) > 0 {
+				j, err := json.Marshal(h)
+				if err != nil {
+					return fmt.Errorf("pgledger: write: history of %s: %w", r.MessageID, err)
+				}
+				hist[i] = string(j)
+			}
+		}
+		b.Queue(s.upsert, ids, queues, types, keys, corrs, statuses, ranks, gens, atts, errs, classes,
+			next, first, started, finished, durs, workers, updated, hist)
+	}
+	// Redrives go after the rows: a dead event and its redrive may share
+	// a batch.
+	for _, e := range redrives {
+		switch {
+		case e.RedriveAll:
+			b.Queue(s.redrAll, e.Queue, e.At)
+		case e.MessageID != "":
+			b.Queue(s.redrive, e.MessageID, e.At)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("pgledger: write %d events: %w", len(batch), err)
+	}
+	return nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nonZero(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// duration is the handler run time of a settlement, in microseconds, and
+// NULL for the other statuses.
+func duration(st ledger.Status, d time.Duration) *int64 {
+	if st.Rank() < 2 && st != ledger.StatusReleased || d <= 0 {
+		return nil
+	}
+	us := d.Microseconds()
+	return &us
+}
+
+// DefaultPurgeBatch is the batch size [Store.Purge] uses when given none.
+const DefaultPurgeBatch = 1000
+
+// Purge deletes the jobs that finished (succeeded or dead) before before,
+// batch rows at a time (default 1000), until a batch
+// comes back short or ctx is done. Each batch is its own short statement. It
+// returns how many jobs it deleted.
+func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, error) {
+	if batch <= 0 {
+		batch = DefaultPurgeBatch
+	}
+	q := `WITH d AS (
+	DELETE FROM ` + s.jobs + ` WHERE message_id IN (
+		SELECT message_id FROM ` + s.jobs + ` WHERE status IN ('succeeded', 'dead') AND updated_at < $1
+		ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+	RETURNING 1)
+SELECT count(*) FROM d`
+	total := 0
+	for {
+		var n int
+		if err := s.db.QueryRow(ctx, q, before, batch).Scan(&n); err != nil {
+			return total, fmt.Errorf("pgledger: purge: %w", err)
+		}
+		total += n
+		if n < batch {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

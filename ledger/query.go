@@ -1,0 +1,174 @@
+package ledger
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Job is one job's row: its current state and, where the reader keeps them,
+// its attempts.
+type Job struct {
+	MessageID      string
+	Queue          string
+	Type           string
+	IdempotencyKey string
+	CorrelationID  string
+	Status         Status
+	Generation     int // redrives so far
+	Attempts       int // attempts of the current generation
+	LastError      string
+	ErrorClass     sdk.ErrorClass
+	NextAttemptAt  time.Time // retrying, released with a delay
+	FirstSeenAt    time.Time
+	StartedAt      time.Time     // the current attempt's start
+	FinishedAt     time.Time     // the current attempt's end
+	Duration       time.Duration // the current attempt's handler run time
+	Worker         string        // who ran the current attempt
+	UpdatedAt      time.Time
+	// History lists every attempt of every generation, oldest first, when
+	// the reader keeps them (pgledger.Store does; pgledger.Jobs, reading the
+	// PostgreSQL broker's table, does not).
+	History []Attempt
+}
+
+// Attempt is the outcome of one attempt.
+type Attempt struct {
+	Generation    int
+	Attempt       int
+	Status        Status // running, released, retrying, succeeded or dead
+	StartedAt     time.Time
+	FinishedAt    time.Time
+	Duration      time.Duration
+	Error         string
+	Class         sdk.ErrorClass
+	NextAttemptAt time.Time
+	Worker        string
+	// Abandoned: the attempt never settled and a later one exists — its
+	// worker crashed or lost its lease.
+	Abandoned bool
+}
+
+// Filter selects jobs for [Reader.List]. Zero fields select everything.
+type Filter struct {
+	Queue    string
+	Statuses []Status
+	Type     string
+	// Since and Until bound the jobs' last update (Since inclusive, Until
+	// exclusive).
+	Since, Until time.Time
+	// Limit bounds the page. Default 100, at most 1000.
+	Limit int
+	// After is the Next cursor of the previous page; empty for the first.
+	After string
+}
+
+// Page is one page of a list, newest update first.
+type Page struct {
+	Jobs []Job
+	// Next is the cursor of the next page, empty on the last.
+	Next string
+}
+
+// Window bounds [Reader.Counts]: jobs updated in [Since, Until), of Queue
+// when set. A zero Until means now.
+type Window struct {
+	Queue        string
+	Since, Until time.Time
+}
+
+// Counts are the jobs of a window per status and, among those that failed
+// (retrying, dead, released with a cause), per error class.
+type Counts struct {
+	ByStatus map[Status]int64
+	ByClass  map[sdk.ErrorClass]int64
+}
+
+// Reader answers the ledger's questions. It is implemented by
+// pgledger.Store (the ledger's own tables) and pgledger.Jobs (the
+// PostgreSQL broker's jobs table). Its methods may be called concurrently.
+type Reader interface {
+	// Job returns the job with message ID id, with its History when kept.
+	// An unknown id gives an error wrapping [sdk.ErrNotFound].
+	Job(ctx context.Context, id string) (*Job, error)
+	// JobByKey returns the most recently seen job with idempotency key key
+	// (several publishes of one operation share a key; List with the ID
+	// finds the others). An unknown key gives [sdk.ErrNotFound].
+	JobByKey(ctx context.Context, key string) (*Job, error)
+	// List returns a page of the jobs f selects, newest update first, by
+	// keyset: pages stay consistent while rows change (a job updated while
+	// paging moves to the front and is not repeated later). A bad filter
+	// or cursor gives [ErrInvalidFilter].
+	List(ctx context.Context, f Filter) (Page, error)
+	// Counts counts the jobs of w by status and by error class.
+	Counts(ctx context.Context, w Window) (Counts, error)
+}
+
+// ErrInvalidFilter reports a bad [Filter] or [Window]: an unknown status, a
+// malformed cursor, a negative limit, Until before Since.
+var ErrInvalidFilter = errors.New("ledger: invalid filter")
+
+// Default and maximum page sizes of [Reader.List].
+const (
+	DefaultLimit = 100
+	MaxLimit     = 1000
+)
+
+// Check validates f and returns it with its defaults, for Reader
+// implementations.
+func (f Filter) Check() (Filter, error) {
+	for _, s := range f.Statuses {
+		if !s.Valid() {
+			return f, fmt.Errorf("%w: unknown status %q", ErrInvalidFilter, s)
+		}
+	}
+	if f.Limit < 0 {
+		return f, fmt.Errorf("%w: negative limit %d", ErrInvalidFilter, f.Limit)
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultLimit
+	}
+	f.Limit = min(f.Limit, MaxLimit)
+	if !f.Until.IsZero() && f.Until.Before(f.Since) {
+		return f, fmt.Errorf("%w: until %s before since %s", ErrInvalidFilter, f.Until, f.Since)
+	}
+	if f.After != "" {
+		if _, _, err := DecodeCursor(f.After); err != nil {
+			return f, err
+		}
+	}
+	return f, nil
+}
+
+// Cursor encodes the keyset position after a job updated at t with id.
+// Reader implementations use it to build [Page.Next].
+func Cursor(t time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + ":" + id))
+}
+
+// DecodeCursor reverses [Cursor]. A malformed cursor gives
+// [ErrInvalidFilter].
+func DecodeCursor(c string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		ts, id, ok := strings.Cut(string(b), ":")
+		if us, perr := strconv.ParseInt(ts, 10, 64); ok && perr == nil {
+			return time.UnixMicro(us), id, nil
+		}
+	}
+	return time.Time{}, "", fmt.Errorf("%w: malformed cursor", ErrInvalidFilter)
+}
+
+// MarkAbandoned sets Abandoned on the attempts of h that never settled
+// (running) and have a later attempt. h is ordered oldest first.
+func MarkAbandoned(h []Attempt) {
+	for i := range h {
+		h[i].Abandoned = h[i].Status == StatusRunning && i < len(h)-1
+	}
+}
