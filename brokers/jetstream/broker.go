@@ -19,7 +19,7 @@ import (
 // Defaults of [Options].
 const (
 	DefaultAckWait       = 30 * time.Second
-	DefaultWaitTime      = 5 * time.Second
+	DefaultWaitTime      = 7 * time.Second // does not divide DefaultAckWait: see the package doc
 	DefaultMaxDeliveries = 10
 	DefaultMaxInFlight   = 1024
 	DefaultPrefix        = "berth"
@@ -35,7 +35,8 @@ type Options struct {
 	// it. Default 30 s. Set WorkerOptions.Lease to at most this.
 	AckWait time.Duration
 	// WaitTime is how long one Receive long-polls an empty queue before it
-	// returns no deliveries. Default 5 s.
+	// returns no deliveries. Default 7 s. Choose one that does not divide
+	// AckWait (see the package doc).
 	WaitTime time.Duration
 	// MaxDeliveries is the poison cap: a message delivered more than this
 	// many times (retries and expired leases alike) is moved to the
@@ -60,6 +61,11 @@ type Options struct {
 	Storage jetstream.StorageType
 	// Replicas of each stream in a cluster. Default 1.
 	Replicas int
+	// NoDeclare stops Publish and Receive from declaring a queue on first
+	// use: a queue whose stream does not exist is then an error wrapping
+	// [sdk.ErrNotFound] and JetStream's own error. Declare queues with
+	// DeclareQueue (or the nats CLI) instead.
+	NoDeclare bool
 	// Logger receives reconnects, disconnects and failures of background
 	// work. Default slog.Default().
 	Logger *slog.Logger
@@ -163,6 +169,9 @@ func Connect(ctx context.Context, url string, co ConnectOptions, opts Options) (
 				logger.Warn("berth/jetstream: disconnected", "err", err)
 			}
 		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			logger.Warn("berth/jetstream: connection error", "err", err)
+		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			logger.Info("berth/jetstream: reconnected", "server", c.ConnectedUrlRedacted())
 		}),
@@ -235,7 +244,9 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(o.MaxInFlight*4),
-		jetstream.WithPublishAsyncTimeout(30*time.Second),
+		// A publish whose ack was lost with the connection fails after
+		// this long (wrapping sdk.ErrUnavailable); retrying it is safe.
+		jetstream.WithPublishAsyncTimeout(5*time.Second),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("berth/jetstream: %w", err)
@@ -282,9 +293,9 @@ func (b *Broker) Close() error {
 	return nil
 }
 
-// Flush waits until the server has received every settlement sent so far
-// (acks are sent without waiting for a reply). The Worker calls it when it
-// drains.
+// Flush waits until the server has received everything sent so far on the
+// connection (settlements already wait for their answer; the lease renewals
+// of ExtendLease's timer do not). The Worker calls it when it drains.
 func (b *Broker) Flush(ctx context.Context) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -330,6 +341,23 @@ func (b *Broker) goOwned(fn func()) bool {
 	return true
 }
 
+// errNotConnected reports a call made while the connection is down (nats.go
+// reconnecting): it is refused rather than buffered, so that the caller
+// knows it did not reach the server.
+var errNotConnected = errors.New("not connected to the NATS server")
+
+// connected returns an error wrapping sdk.ErrUnavailable unless the
+// connection is up.
+func (b *Broker) connected(op string) error {
+	if s := b.nc.Status(); s != nats.CONNECTED {
+		if b.closed.Load() {
+			return sdk.ErrClosed
+		}
+		return fmt.Errorf("berth/jetstream: %s: %w: %w (%s)", op, sdk.ErrUnavailable, errNotConnected, s)
+	}
+	return nil
+}
+
 // wrapErr turns a nats.go error into berth's: context errors unwrapped,
 // a closed broker ErrClosed, connection trouble ErrUnavailable.
 func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
@@ -345,7 +373,8 @@ func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
 	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrNoServers) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrConnectionReconnecting) ||
-		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, errNotConnected) {
 		return fmt.Errorf("berth/jetstream: %s: %w: %w", op, sdk.ErrUnavailable, err)
 	}
 	return fmt.Errorf("berth/jetstream: %s: %w", op, err)

@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -92,6 +93,17 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 	}
 	if q, ok := b.declared.Load(queue); ok {
 		return q.(*queueState), nil
+	}
+	if b.opts.NoDeclare {
+		q := b.names(queue)
+		if _, err := b.js.Stream(ctx, q.stream); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, fmt.Errorf("berth/jetstream: queue %s (stream %s): %w: %w", queue, q.stream, sdk.ErrNotFound, err)
+			}
+			return nil, b.wrapErr(ctx, "look up stream "+q.stream, err)
+		}
+		actual, _ := b.declared.LoadOrStore(queue, q)
+		return actual.(*queueState), nil
 	}
 	return b.declare(ctx, queue)
 }

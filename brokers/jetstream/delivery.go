@@ -80,17 +80,35 @@ func (d *delivery) end(err error) error {
 	return err
 }
 
+// settleTimeout bounds a settlement whose ctx has no deadline.
+const settleTimeout = 10 * time.Second
+
+// send sends a settlement on the delivery's ack subject as a request, and
+// returns once JetStream has answered it (its "double ack"), so that a nil
+// error means the server has it: a settlement merely buffered would be lost
+// with the connection, and the message would come back though its Ack
+// returned nil. While the connection is down it is refused at once with
+// sdk.ErrUnavailable instead of being buffered.
 func (d *delivery) send(ctx context.Context, op string, body []byte) error {
-	if err := d.b.nc.Publish(d.reply, body); err != nil {
+	if err := d.b.connected(op); err != nil {
+		return err
+	}
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		rctx, cancel = context.WithTimeout(ctx, settleTimeout)
+	}
+	defer cancel()
+	if _, err := d.b.nc.RequestWithContext(rctx, d.reply, body); err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			return fmt.Errorf("berth/jetstream: %s: %w: no answer within %s", op, sdk.ErrUnavailable, settleTimeout)
+		}
 		return d.b.wrapErr(ctx, op, err)
 	}
 	return nil
 }
 
-// Ack sends +ACK: JetStream removes the message (work-queue retention). The
-// ack is not waited for; [Broker.Flush] waits until the server has it. An
-// ack lost with the connection leaves the message to come back after its
-// AckWait.
+// Ack sends +ACK and waits for JetStream's answer: the message is removed
+// (work-queue retention).
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err

@@ -46,9 +46,10 @@
 //     once it is over ([*LeaseLostError], [sdk.ErrLeaseLost]): JetStream
 //     itself would accept a late ack from the first holder of a message it
 //     has redelivered.
-//   - Ack is +ACK, not waited for ([Broker.Flush] waits until the server has
-//     every settlement; the Worker calls it when it drains). Retry(d) is a
-//     nak with delay d (NakWithDelay): JetStream holds the message back on
+//   - Every settlement (+ACK, -NAK, +WPI) is sent as a request and waits for
+//     JetStream's answer (a "double ack"): a settlement only buffered by
+//     nats.go is lost when the connection drops, and the message would come
+//     back although its Ack returned nil. Retry(d) is a nak with delay d (NakWithDelay): JetStream holds the message back on
 //     the server, and the next delivery counts one more attempt. JetStream
 //     keeps no cause with a nak, so a dead letter's berth-first-failure is
 //     the time it was dead-lettered.
@@ -83,6 +84,14 @@
 //     it still delivers is handed back like a Release, without consuming an
 //     attempt, by a goroutine the Broker owns (stopped by Close).
 //
+// A server defect to know of: on nats-server 2.9.10 (the version berth is
+// tested on) a redelivery that falls due at the moment a waiting pull
+// request expires can be lost, and the message's NumDelivered then starts
+// again at 1, so its Attempt() too. Back-to-back empty long polls of
+// WaitTime each line up with a redelivery AckWait later when WaitTime divides
+// AckWait, so pick a WaitTime that does not (the defaults, 7 s and 30 s,
+// do not); newer servers were not tried here.
+//
 // # Inspection and dead letters
 //
 // [Broker.Stats] reads the consumers' NumPending and NumAckPending and the
@@ -99,8 +108,9 @@
 // nats.go reconnects and resubscribes; publishes made while disconnected
 // are buffered and sent on reconnect. A pull request lost with the
 // connection is given up after WaitTime plus a second, and the caller pulls
-// again. Settlements made while it is down are buffered too; one that reaches
-// the server after its delivery's AckWait is too late, and the message comes
-// back. Once the connection is closed for good, calls fail with an error
+// again. Settlements and pulls made while it is down are refused at once
+// with an error wrapping [sdk.ErrUnavailable]: the message comes back after
+// its AckWait. A publish whose ack was lost with the connection fails after
+// 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once the connection is closed for good, calls fail with an error
 // wrapping [sdk.ErrUnavailable] (or [sdk.ErrClosed] after Close).
 package jetstream

@@ -28,6 +28,9 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
 		return err
 	}
@@ -50,6 +53,9 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 			return &sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit}
 		}
 		wire[i] = w
+	}
+	if err := b.connected("publish"); err != nil {
+		return err
 	}
 	qs, err := b.queue(ctx, queue)
 	if err != nil {

@@ -98,6 +98,9 @@ type pullRequest struct {
 // first, the subscription is handed to a drain that gives back what the
 // server still delivers.
 func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]*nats.Msg, error) {
+	if err := b.connected("pull"); err != nil {
+		return nil, err
+	}
 	sub, err := b.nc.SubscribeSync(b.nc.NewInbox())
 	if err != nil {
 		return nil, b.wrapErr(ctx, "subscribe", err)
