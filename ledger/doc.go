@@ -32,9 +32,10 @@
 // `succeeded` and `dead` are final; `released` (handed back without consuming
 // an attempt) and `running` of the same attempt are ordered by time.
 //
-// The PostgreSQL store ([github.com/berthq/berth/ledger/pgledger]) keeps a
-// jobs table and an attempts table (one row per attempt, so a job shows every
-// attempt's outcome, including one that a crashed worker never settled). On
+// The PostgreSQL store ([github.com/berthq/berth/ledger/pgledger]) keeps one
+// row per job, whose history holds every earlier attempt's outcome,
+// including one that a crashed worker never settled (a job that succeeds at
+// its first attempt writes no history). On
 // the PostgreSQL broker the jobs table already is the ledger: pgledger.Jobs
 // reads it through the same [Reader] API, and nothing is written twice.
 //

@@ -25,7 +25,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store, err := pgledger.New(pool, pgledger.Options{}) // berth.ledger_jobs, berth.ledger_attempts
+	store, err := pgledger.New(pool, pgledger.Options{}) // berth.ledger_jobs
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -148,8 +148,9 @@ func commands() []*command {
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
-				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.",
-			flags: []string{"addr", "token", "read-only", "demo", "queues"}, run: runUI},
+				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
+				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.",
+			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
 	}
 }
 
@@ -188,7 +189,7 @@ func newCLI(e env) *cli {
 	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")
 	fs.DurationVar(&c.interval, "interval", 2*time.Second, "the period of -watch")
 	fs.StringVar(&c.types, "type", "", "only messages of these types (comma-separated, exact)")
-	fs.StringVar(&c.class, "class", "", "only dead letters of this error class (permanent, transient, unknown)")
+	fs.StringVar(&c.class, "class", "", "only dead letters of this error class (permanent, transient, panic, max_deliveries, unknown, …)")
 	fs.StringVar(&c.reason, "reason", "", "only dead letters whose reason contains this text, or matches /regexp/")
 	fs.DurationVar(&c.olderThan, "older-than", 0, "only dead letters whose last failure is older than this (e.g. 24h)")
 	fs.DurationVar(&c.newerThan, "newer-than", 0, "only dead letters whose last failure is newer than this")

@@ -1,7 +1,9 @@
 package pgledger
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -17,15 +19,20 @@ const jobCols = `message_id, queue, job_type, COALESCE(idempotency_key, ''), cor
 	attempts, COALESCE(last_error, ''), COALESCE(error_class, ''), next_attempt_at, first_seen_at, started_at,
 	finished_at, duration_us, COALESCE(worker_id, ''), updated_at`
 
-func scanJob(r pgx.Row) (ledger.Job, error) {
+// scanJob reads jobCols and, when hist is not nil, the history column.
+func scanJob(r pgx.Row, hist *[]byte) (ledger.Job, error) {
 	var (
 		j                       ledger.Job
 		status, class           string
 		next, started, finished *time.Time
 		dur                     *int64
 	)
-	err := r.Scan(&j.MessageID, &j.Queue, &j.Type, &j.IdempotencyKey, &j.CorrelationID, &status, &j.Generation,
-		&j.Attempts, &j.LastError, &class, &next, &j.FirstSeenAt, &started, &finished, &dur, &j.Worker, &j.UpdatedAt)
+	dest := []any{&j.MessageID, &j.Queue, &j.Type, &j.IdempotencyKey, &j.CorrelationID, &status, &j.Generation,
+		&j.Attempts, &j.LastError, &class, &next, &j.FirstSeenAt, &started, &finished, &dur, &j.Worker, &j.UpdatedAt}
+	if hist != nil {
+		dest = append(dest, hist)
+	}
+	err := r.Scan(dest...)
 	j.Status, j.ErrorClass = ledger.Status(status), sdk.ErrorClass(class)
 	j.NextAttemptAt, j.StartedAt, j.FinishedAt, j.Duration = deref(next), deref(started), deref(finished), micros(dur)
 	return j, err
@@ -48,58 +55,67 @@ func micros(us *int64) time.Duration {
 // Job returns the job with message ID id and its attempts. An unknown id
 // gives an error wrapping [sdk.ErrNotFound].
 func (s *Store) Job(ctx context.Context, id string) (*ledger.Job, error) {
-	return s.one(ctx, `SELECT `+jobCols+` FROM `+s.jobs+` WHERE message_id = $1`, "job "+id, id)
+	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE message_id = $1`, "job "+id, id)
 }
 
 // JobByKey returns the most recently seen job with idempotency key key and
 // its attempts. An unknown key gives an error wrapping [sdk.ErrNotFound].
 func (s *Store) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
-	return s.one(ctx, `SELECT `+jobCols+` FROM `+s.jobs+` WHERE idempotency_key = $1
+	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE idempotency_key = $1
 ORDER BY first_seen_at DESC, message_id DESC LIMIT 1`, "job with key "+key, key)
 }
 
 func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Job, error) {
-	j, err := scanJob(s.db.QueryRow(ctx, q, arg))
+	var hist []byte
+	j, err := scanJob(s.db.QueryRow(ctx, q, arg), &hist)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: %s: %w", what, err)
 	}
-	rows, err := s.db.Query(ctx, `SELECT generation, attempt, status, started_at, finished_at, duration_us,
-	COALESCE(error, ''), COALESCE(error_class, ''), next_attempt_at, COALESCE(worker_id, '')
-FROM `+s.attempts+` WHERE message_id = $1 ORDER BY generation, attempt`, j.MessageID)
-	if err != nil {
-		return nil, fmt.Errorf("pgledger: %s: attempts: %w", what, err)
+	var entries []historyEntry
+	if err := json.Unmarshal(hist, &entries); err != nil {
+		return nil, fmt.Errorf("pgledger: %s: history: %w", what, err)
 	}
-	j.History, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Attempt, error) {
-		var (
-			a                       ledger.Attempt
-			status, class           string
-			started, finished, next *time.Time
-			dur                     *int64
-		)
-		err := r.Scan(&a.Generation, &a.Attempt, &status, &started, &finished, &dur, &a.Error, &class, &next, &a.Worker)
-		a.Status, a.Class = ledger.Status(status), sdk.ErrorClass(class)
-		a.StartedAt, a.FinishedAt, a.NextAttemptAt, a.Duration = deref(started), deref(finished), deref(next), micros(dur)
-		return a, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pgledger: %s: attempts: %w", what, err)
+	// Each attempt's newest state: a later rank, else a later time; the
+	// current attempt is the row itself.
+	type key struct{ gen, att int }
+	best := map[key]historyEntry{}
+	for _, e := range entries {
+		k := key{e.Generation, e.Attempt}
+		if b, ok := best[k]; !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.Before(b.UpdatedAt) {
+			best[k] = e
+		}
 	}
-	// The attempts table holds the attempts the job moved past; the
-	// current one is the row itself.
+	for k, e := range best {
+		if j.Attempts > 0 && j.Status.Rank() >= 1 && k == (key{j.Generation, j.Attempts}) {
+			continue
+		}
+		a := ledger.Attempt{Generation: e.Generation, Attempt: e.Attempt, Status: ledger.Status(e.Status), StartedAt: deref(e.StartedAt),
+			FinishedAt: deref(e.FinishedAt), Duration: micros(e.DurationUS), NextAttemptAt: deref(e.NextAttemptAt)}
+		if e.Error != nil {
+			a.Error = *e.Error
+		}
+		if e.ErrorClass != nil {
+			a.Class = sdk.ErrorClass(*e.ErrorClass)
+		}
+		if e.WorkerID != nil {
+			a.Worker = *e.WorkerID
+		}
+		j.History = append(j.History, a)
+	}
 	if j.Attempts > 0 && j.Status.Rank() >= 1 {
 		cur := ledger.Attempt{Generation: j.Generation, Attempt: j.Attempts, Status: j.Status, StartedAt: j.StartedAt,
 			FinishedAt: j.FinishedAt, Duration: j.Duration, NextAttemptAt: j.NextAttemptAt, Worker: j.Worker}
 		if j.Status == ledger.StatusRetrying || j.Status == ledger.StatusDead || j.Status == ledger.StatusReleased {
 			cur.Error, cur.Class = j.LastError, j.ErrorClass
 		}
-		j.History = slices.DeleteFunc(j.History, func(a ledger.Attempt) bool {
-			return a.Generation == cur.Generation && a.Attempt == cur.Attempt
-		})
 		j.History = append(j.History, cur)
 	}
+	slices.SortFunc(j.History, func(a, b ledger.Attempt) int {
+		return cmp.Or(cmp.Compare(a.Generation, b.Generation), cmp.Compare(a.Attempt, b.Attempt))
+	})
 	ledger.MarkAbandoned(j.History)
 	return &j, nil
 }
@@ -130,7 +146,7 @@ ORDER BY updated_at DESC, message_id DESC LIMIT $8`,
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Job, error) { return scanJob(r) })
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Job, error) { return scanJob(r, nil) })
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}

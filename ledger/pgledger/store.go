@@ -10,6 +10,7 @@ package pgledger
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -32,13 +33,11 @@ type DB interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Options names the tables. The zero value is berth.ledger_jobs and
-// berth.ledger_attempts.
+// Options names the table. The zero value is berth.ledger_jobs.
 type Options struct {
 	// Schema holding the tables. Default "berth" (the PostgreSQL broker's).
 	Schema string
-	// Prefix of the table names: Prefix+"jobs" and Prefix+"attempts".
-	// Default "ledger_".
+	// Prefix of the table name: Prefix+"jobs". Default "ledger_".
 	Prefix string
 }
 
@@ -60,7 +59,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	for _, id := range []string{o.Schema, o.Prefix + "attempts"} {
+	for _, id := range []string{o.Schema, o.Prefix + "jobs_queue_status_idx"} {
 		if !identRE.MatchString(id) {
 			return o, fmt.Errorf("%w: identifier %q: want 1-40 of [a-z0-9_], not starting with a digit", ErrInvalidOptions, id)
 		}
@@ -73,9 +72,8 @@ func (o Options) withDefaults() (Options, error) {
 type Store struct {
 	db               DB
 	opts             Options
-	jobs, attempts   string // quoted schema.table
-	upsertJobs       string
-	upsertAttempts   string
+	jobs             string // quoted schema.table
+	upsert           string
 	redrive, redrAll string
 }
 
@@ -84,8 +82,19 @@ var (
 	_ ledger.Reader = (*Store)(nil)
 )
 
+// attemptJSON builds, from row r of the table (or EXCLUDED, an event),
+// the history entry of its current attempt.
+func attemptJSON(r string) string {
+	failed := r + `.status IN ('retrying', 'dead', 'released')`
+	return `jsonb_build_array(jsonb_build_object('generation', ` + r + `.generation, 'attempt', ` + r + `.attempts,
+	'status', ` + r + `.status, 'rank', ` + r + `.rank, 'started_at', ` + r + `.started_at, 'finished_at', ` + r + `.finished_at,
+	'duration_us', ` + r + `.duration_us, 'error', CASE WHEN ` + failed + ` THEN ` + r + `.last_error END,
+	'error_class', CASE WHEN ` + failed + ` THEN ` + r + `.error_class END, 'next_attempt_at', ` + r + `.next_attempt_at,
+	'worker_id', ` + r + `.worker_id, 'updated_at', ` + r + `.updated_at))`
+}
+
 // New returns a store on db. It does not touch the database; call
-// [Store.Migrate] to create the tables.
+// [Store.Migrate] to create the table.
 func New(db DB, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil DB", ErrInvalidOptions)
@@ -94,10 +103,7 @@ func New(db DB, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{db: db, opts: opts,
-		jobs:     pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize(),
-		attempts: pgx.Identifier{opts.Schema, opts.Prefix + "attempts"}.Sanitize(),
-	}
+	s := &Store{db: db, opts: opts, jobs: pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()}
 	// newer is the guard of the package doc, in SQL: an event replaces the
 	// row's state only when it is of a later generation or attempt, or of
 	// the same attempt, not final yet, with a rank and time at least the
@@ -109,58 +115,25 @@ func New(db DB, opts Options) (*Store, error) {
 	when := func(col, v string) string {
 		return col + ` = CASE WHEN ` + newer + ` THEN ` + v + ` ELSE j.` + col + ` END`
 	}
-	// Within an attempt retrying (rank 2) and succeeded/dead (3) are final.
-	const attemptNewer = `(a.rank < 2 AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (a.rank, a.updated_at))`
-	awhen := func(col, v string) string {
-		return col + ` = CASE WHEN ` + attemptNewer + ` THEN ` + v + ` ELSE a.` + col + ` END`
-	}
-	const attemptCols = `(message_id, generation, attempt, status, rank, started_at, finished_at, duration_us,
-	error, error_class, next_attempt_at, worker_id, updated_at)`
-	onAttempt := `ON CONFLICT (message_id, generation, attempt) DO UPDATE SET
-	` + awhen("status", "EXCLUDED.status") + `,
-	` + awhen("started_at", "COALESCE(EXCLUDED.started_at, a.started_at)") + `,
-	` + awhen("finished_at", "EXCLUDED.finished_at") + `,
-	` + awhen("duration_us", "EXCLUDED.duration_us") + `,
-	` + awhen("error", "EXCLUDED.error") + `,
-	` + awhen("error_class", "EXCLUDED.error_class") + `,
-	` + awhen("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
-	` + awhen("worker_id", "COALESCE(EXCLUDED.worker_id, a.worker_id)") + `,
-	` + awhen("rank", "EXCLUDED.rank") + `,
-	` + awhen("updated_at", "EXCLUDED.updated_at")
-	// copyCurrent selects, from a jobs row j, its current attempt as an
-	// attempts row: written when the row moves on to a later attempt or
-	// generation, so a job that succeeds at its first attempt writes one
-	// row, and history costs only the jobs that have one.
-	const copyCurrent = `SELECT j.message_id, j.generation, j.attempts, j.status, j.rank, j.started_at, j.finished_at,
-	j.duration_us, CASE WHEN j.status IN ('retrying', 'dead', 'released') THEN j.last_error END,
-	CASE WHEN j.status IN ('retrying', 'dead', 'released') THEN j.error_class END, j.next_attempt_at, j.worker_id, j.updated_at`
-	// The statement's sub-statements all see the rows as they were before
-	// it: prev copies the attempt a later event replaces; stale files an
-	// event of an earlier attempt than the row's (a late write) in the
-	// history; the upsert then applies the guard.
-	s.upsertJobs = `WITH u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-	$7::smallint[], $8::int[], $9::int[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[],
-	$14::timestamptz[], $15::timestamptz[], $16::bigint[], $17::text[], $18::timestamptz[])
-	AS u(message_id, queue, job_type, idempotency_key, correlation_id, status, rank, generation, attempts,
-		last_error, error_class, next_attempt_at, first_seen_at, started_at, finished_at, duration_us, worker_id, updated_at)),
-prev AS (
-	INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
-	` + copyCurrent + ` FROM ` + s.jobs + ` j JOIN u ON j.message_id = u.message_id
-	WHERE j.message_id = ANY($1::text[]) AND j.attempts > 0 AND j.rank >= 1
-		AND (u.generation, u.attempts) > (j.generation, j.attempts)
-	` + onAttempt + `),
-stale AS (
-	INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
-	SELECT u.message_id, u.generation, u.attempts, u.status, u.rank, u.started_at, u.finished_at, u.duration_us,
-		u.last_error, u.error_class, u.next_attempt_at, u.worker_id, u.updated_at
-	FROM u JOIN ` + s.jobs + ` j ON j.message_id = u.message_id
-	WHERE u.attempts > 0 AND u.rank >= 1 AND (u.generation, u.attempts) < (j.generation, j.attempts)
-	` + onAttempt + `)
-INSERT INTO ` + s.jobs + ` AS j (message_id, queue, job_type, idempotency_key, correlation_id,
+	// The history (a jsonb array, one entry per attempt state, read back
+	// keeping each attempt's newest) gains the row's current attempt when
+	// an event moves the row past it, an event of an earlier attempt than
+	// the row's (a late write), and the attempts the batch itself moved
+	// past (EXCLUDED.history). No other table is read: the statement's plan
+	// cannot go wrong as the table grows.
+	s.upsert = `INSERT INTO ` + s.jobs + ` AS j (message_id, queue, job_type, idempotency_key, correlation_id,
 	status, rank, generation, attempts, last_error, error_class, next_attempt_at, first_seen_at,
-	started_at, finished_at, duration_us, worker_id, updated_at)
-SELECT * FROM u
+	started_at, finished_at, duration_us, worker_id, updated_at, history)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::smallint[],
+	$8::int[], $9::int[], $10::text[], $11::text[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[],
+	$15::timestamptz[], $16::bigint[], $17::text[], $18::timestamptz[], $19::jsonb[])
 ON CONFLICT (message_id) DO UPDATE SET
+	history = j.history
+		|| CASE WHEN (EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts) AND j.attempts > 0 AND j.rank >= 1
+			THEN ` + attemptJSON("j") + ` ELSE '[]'::jsonb END
+		|| CASE WHEN (EXCLUDED.generation, EXCLUDED.attempts) < (j.generation, j.attempts) AND EXCLUDED.attempts > 0 AND EXCLUDED.rank >= 1
+			THEN ` + attemptJSON("EXCLUDED") + ` ELSE '[]'::jsonb END
+		|| EXCLUDED.history,
 	queue = CASE WHEN j.queue = '' THEN EXCLUDED.queue ELSE j.queue END,
 	job_type = CASE WHEN j.job_type = '' THEN EXCLUDED.job_type ELSE j.job_type END,
 	idempotency_key = COALESCE(j.idempotency_key, EXCLUDED.idempotency_key),
@@ -178,36 +151,20 @@ ON CONFLICT (message_id) DO UPDATE SET
 	` + when("generation", "EXCLUDED.generation") + `,
 	` + when("attempts", "EXCLUDED.attempts") + `,
 	` + when("updated_at", "EXCLUDED.updated_at")
-	// Attempts a batch itself moved past (a retry and the next attempt in
-	// one batch) go straight to the history.
-	s.upsertAttempts = `INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
-SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::smallint[], $6::timestamptz[],
-	$7::timestamptz[], $8::bigint[], $9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[])
-` + onAttempt
 	// A redrive files the dead attempt in the history and starts a new
 	// generation.
 	const redriven = `status = 'redriven', rank = 0, generation = j.generation + 1, attempts = 0,
-	next_attempt_at = NULL, started_at = NULL, finished_at = NULL, duration_us = NULL`
-	redrive := func(match string) string {
-		return `WITH d AS (SELECT * FROM ` + s.jobs + ` j WHERE ` + match + ` AND j.status = 'dead' AND j.updated_at <= $2),
-prev AS (
-	INSERT INTO ` + s.attempts + ` AS a ` + attemptCols + `
-	` + copyCurrent + ` FROM d j WHERE j.attempts > 0
-	` + onAttempt + `)
-UPDATE ` + s.jobs + ` j SET ` + redriven + `, updated_at = $2 FROM d WHERE j.message_id = d.message_id`
-	}
-	s.redrive = redrive(`j.message_id = $1`)
-	s.redrAll = redrive(`j.queue = $1`)
+	next_attempt_at = NULL, started_at = NULL, finished_at = NULL, duration_us = NULL, updated_at = $2`
+	redrive := `history = j.history || CASE WHEN j.attempts > 0 THEN ` + attemptJSON("j") + ` ELSE '[]'::jsonb END, ` + redriven
+	s.redrive = `UPDATE ` + s.jobs + ` j SET ` + redrive + `
+WHERE j.message_id = $1 AND j.status = 'dead' AND j.updated_at <= $2`
+	s.redrAll = `UPDATE ` + s.jobs + ` j SET ` + redrive + `
+WHERE j.queue = $1 AND j.status = 'dead' AND j.updated_at <= $2`
 	return s, nil
 }
 
-// Table returns the quoted, schema-qualified name of the jobs table (the
-// attempts table is beside it).
+// Table returns the quoted, schema-qualified name of the jobs table.
 func (s *Store) Table() string { return s.jobs }
-
-// AttemptsTable returns the quoted, schema-qualified name of the attempts
-// table.
-func (s *Store) AttemptsTable() string { return s.attempts }
 
 // SQL returns the DDL of the ledger's tables and indexes for opts, with
 // validated, quoted identifiers. Every statement is idempotent.
@@ -218,7 +175,6 @@ func SQL(opts Options) (string, error) {
 	}
 	q := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	jobs := pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()
-	attempts := pgx.Identifier{opts.Schema, opts.Prefix + "attempts"}.Sanitize()
 	p := opts.Prefix
 	return `CREATE SCHEMA IF NOT EXISTS ` + q(opts.Schema) + `;
 CREATE TABLE IF NOT EXISTS ` + jobs + ` (
@@ -239,27 +195,12 @@ CREATE TABLE IF NOT EXISTS ` + jobs + ` (
     finished_at     timestamptz,
     duration_us     bigint,
     worker_id       text,
-    updated_at      timestamptz NOT NULL
+    updated_at      timestamptz NOT NULL,
+    history         jsonb       NOT NULL DEFAULT '[]' -- earlier attempts' states, see Store.Job
 );
 CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_key_idx") + ` ON ` + jobs + ` (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_queue_status_idx") + ` ON ` + jobs + ` (queue, status, updated_at, message_id);
 CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_updated_idx") + ` ON ` + jobs + ` (updated_at, message_id);
-CREATE TABLE IF NOT EXISTS ` + attempts + ` (
-    message_id      text        NOT NULL,
-    generation      integer     NOT NULL,
-    attempt         integer     NOT NULL,
-    status          text        NOT NULL CHECK (status IN ('running', 'retrying', 'released', 'succeeded', 'dead')),
-    rank            smallint    NOT NULL,
-    started_at      timestamptz,
-    finished_at     timestamptz,
-    duration_us     bigint,
-    error           text,
-    error_class     text,
-    next_attempt_at timestamptz,
-    worker_id       text,
-    updated_at      timestamptz NOT NULL,
-    PRIMARY KEY (message_id, generation, attempt)
-);
 `, nil
 }
 
@@ -354,7 +295,8 @@ func merge(r *row, e ledger.Event) {
 	}
 }
 
-// attemptNewer is the attempts table's guard in Go.
+// attemptNewer orders the states of one attempt: within it retrying,
+// succeeded and dead are final.
 func attemptNewer(e, r ledger.Event) bool {
 	if r.Status.Rank() >= 2 {
 		return false
@@ -365,10 +307,25 @@ func attemptNewer(e, r ledger.Event) bool {
 	return !e.At.Before(r.At)
 }
 
-// Write applies batch: the job rows (filing in the history the attempts
-// they move past), the attempts the batch itself moved past, and the
-// redrives, in one round trip and one transaction. It does not retain
-// batch.
+// historyEntry is one attempt state in the history column.
+type historyEntry struct {
+	Generation    int        `json:"generation"`
+	Attempt       int        `json:"attempt"`
+	Status        string     `json:"status"`
+	Rank          int        `json:"rank"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+	DurationUS    *int64     `json:"duration_us"`
+	Error         *string    `json:"error"`
+	ErrorClass    *string    `json:"error_class"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	WorkerID      *string    `json:"worker_id"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+}
+
+// Write applies batch in one statement per kind: the job rows (with the
+// history the package doc describes), then the redrives, in one round
+// trip and one transaction. It does not retain batch.
 func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 	jobs := map[string]*row{}
 	var redrives []ledger.Event
@@ -418,6 +375,17 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 			}
 		}
 	}
+	history := map[string][]historyEntry{}
+	for _, a := range attempts {
+		var e, c *string
+		if a.Status.Rank() >= 2 && a.Status != ledger.StatusSucceeded || a.Status == ledger.StatusReleased {
+			e, c = nonEmpty(a.Error), nonEmpty(string(a.Class))
+		}
+		history[a.MessageID] = append(history[a.MessageID], historyEntry{Generation: a.Generation, Attempt: a.Attempt,
+			Status: string(a.Status), Rank: a.Status.Rank(), StartedAt: nonZero(a.StartedAt), FinishedAt: nonZero(a.finished),
+			DurationUS: duration(a.Status, a.Duration), Error: e, ErrorClass: c, NextAttemptAt: nonZero(a.NextAttemptAt),
+			WorkerID: nonEmpty(a.Worker), UpdatedAt: a.At})
+	}
 	b := &pgx.Batch{}
 	if len(jobs) > 0 {
 		rows := make([]*row, 0, len(jobs))
@@ -435,6 +403,7 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 			errs, classes, workers                    = make([]*string, n), make([]*string, n), make([]*string, n)
 			next, first, started, finished, updated   = make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]time.Time, n)
 			durs                                      = make([]*int64, n)
+			hist                                      = make([]string, n)
 		)
 		for i, r := range rows {
 			ids[i], queues[i], types[i], keys[i], corrs[i] = r.MessageID, r.Queue, r.Type, nonEmpty(r.IdempotencyKey), r.CorrelationID
@@ -442,34 +411,17 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 			errs[i], classes[i], workers[i] = nonEmpty(r.Error), nonEmpty(string(r.Class)), nonEmpty(r.Worker)
 			next[i], first[i], started[i], finished[i], updated[i] = nonZero(r.NextAttemptAt), r.firstSeen, nonZero(r.StartedAt), nonZero(r.finished), r.At
 			durs[i] = duration(r.Status, r.Duration)
+			hist[i] = "[]"
+			if h := history[r.MessageID]; len(h) > 0 {
+				j, err := json.Marshal(h)
+				if err != nil {
+					return fmt.Errorf("pgledger: write: history of %s: %w", r.MessageID, err)
+				}
+				hist[i] = string(j)
+			}
 		}
-		b.Queue(s.upsertJobs, ids, queues, types, keys, corrs, statuses, ranks, gens, atts, errs, classes,
-			next, first, started, finished, durs, workers, updated)
-	}
-	if len(attempts) > 0 {
-		rows := make([]*row, 0, len(attempts))
-		for _, r := range attempts {
-			rows = append(rows, r)
-		}
-		slices.SortFunc(rows, func(a, b *row) int {
-			return cmp.Or(cmp.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Generation, b.Generation), cmp.Compare(a.Attempt, b.Attempt))
-		})
-		n := len(rows)
-		var (
-			ids, statuses           = make([]string, n), make([]string, n)
-			gens, atts              = make([]int32, n), make([]int32, n)
-			ranks                   = make([]int16, n)
-			started, finished, next = make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
-			durs                    = make([]*int64, n)
-			errs, classes, workers  = make([]*string, n), make([]*string, n), make([]*string, n)
-			updated                 = make([]time.Time, n)
-		)
-		for i, r := range rows {
-			ids[i], gens[i], atts[i], statuses[i], ranks[i] = r.MessageID, int32(r.Generation), int32(r.Attempt), string(r.Status), int16(r.Status.Rank())
-			started[i], finished[i], next[i], durs[i] = nonZero(r.StartedAt), nonZero(r.finished), nonZero(r.NextAttemptAt), duration(r.Status, r.Duration)
-			errs[i], classes[i], workers[i], updated[i] = nonEmpty(r.Error), nonEmpty(string(r.Class)), nonEmpty(r.Worker), r.At
-		}
-		b.Queue(s.upsertAttempts, ids, gens, atts, statuses, ranks, started, finished, durs, errs, classes, next, workers, updated)
+		b.Queue(s.upsert, ids, queues, types, keys, corrs, statuses, ranks, gens, atts, errs, classes,
+			next, first, started, finished, durs, workers, updated, hist)
 	}
 	// Redrives go after the rows: a dead event and its redrive may share
 	// a batch.
@@ -518,7 +470,7 @@ func duration(st ledger.Status, d time.Duration) *int64 {
 const DefaultPurgeBatch = 1000
 
 // Purge deletes the jobs that finished (succeeded or dead) before before,
-// with their attempts, batch rows at a time (default 1000), until a batch
+// batch rows at a time (default 1000), until a batch
 // comes back short or ctx is done. Each batch is its own short statement. It
 // returns how many jobs it deleted.
 func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, error) {
@@ -529,8 +481,7 @@ func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, er
 	DELETE FROM ` + s.jobs + ` WHERE message_id IN (
 		SELECT message_id FROM ` + s.jobs + ` WHERE status IN ('succeeded', 'dead') AND updated_at < $1
 		ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-	RETURNING message_id),
-a AS (DELETE FROM ` + s.attempts + ` WHERE message_id IN (SELECT message_id FROM d))
+	RETURNING 1)
 SELECT count(*) FROM d`
 	total := 0
 	for {
