@@ -54,10 +54,18 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 			o.Queues = append(o.Queues, q)
 		}
 	}
-	// On the PostgreSQL broker the jobs table is the ledger: add its pages.
+	// The job pages read the ledger in -db when given (package ledger, on
+	// any broker); else, on the PostgreSQL broker, its jobs table.
 	var pb *postgres.Broker
 	var pool *pgxpool.Pool
-	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
+	if c.db != "" || c.getenv("BERTH_DB") != "" {
+		jobs, closeLedger, err := c.openLedger(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeLedger()
+		o.Jobs = jobs
+	} else if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
 		if jobs, err := pgledger.NewJobs(pool, pb.Schema()); err == nil {
 			o.Jobs = jobs
 		}
