@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -259,5 +260,39 @@ func TestRedriveWholeQueue(t *testing.T) {
 	}
 	if j, err := e.reader.Job(ctx, good.ID); err != nil || j.Status != ledger.StatusSucceeded {
 		t.Errorf("the succeeded job after a whole-queue redrive: %+v, %v", j, err)
+	}
+}
+
+// TestOutboxRelayRecordsEnqueued: the outbox relay, given the ledger's
+// Publisher, records each relayed job as enqueued, with the message
+// fields the application gave at Add.
+func TestOutboxRelayRecordsEnqueued(t *testing.T) {
+	e := memoryEnv(t)
+	ctx := testCtx(t, 60*time.Second)
+	pool := newPool(t)
+	box, err := outbox.New(pool, outbox.Options{Schema: freshSchema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := &sdk.Message{Type: "order.placed", IdempotencyKey: "order:9", Body: []byte(`{}`)}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Add(ctx, tx, e.queue, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := box.RelayOnce(ctx, e.publisher(), outbox.RelayOptions{}); err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v", n, err)
+	}
+	j := waitJob(t, ctx, e.reader, m.ID, "enqueued", func(j *ledger.Job) bool { return j.Status == ledger.StatusEnqueued })
+	if j.Queue != e.queue || j.Type != m.Type || j.IdempotencyKey != "order:9" {
+		t.Errorf("relayed job %+v", j)
 	}
 }
