@@ -16,7 +16,7 @@
 //   - [github.com/berthq/berth/concurrency/fence]: database writes that check
 //     a fencing token.
 //
-// Priorities, as in berth's design: idempotency first (a unique row per
+// Priorities (ARCHITECTURE.md, "Layers"): idempotency first (a unique row per
 // business operation), then concurrency control in the database (row locks,
 // versions, transitions), then optimisations. A Redis lock is an efficiency
 // tool, not a correctness tool: it can be lost without its holder noticing.

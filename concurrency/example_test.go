@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The billing flow of berth's design, in one transaction: record the
+// The billing flow of ARCHITECTURE.md, in one transaction: record the
 // idempotency key, lock the order, move it pending → paid through the
 // transition table, commit. A duplicate delivery finds the key; a stale
 // worker cannot move the order back; a busy order is retried later without

@@ -30,7 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The end-to-end billing test runs the reference scenario of DESIGN.md on
+// The end-to-end billing test runs the reference scenario of ARCHITECTURE.md on
 // every broker, with the real PostgreSQL holding the orders, the charges
 // (the side effect) and the idempotency results. On the network brokers a
 // worker runs as a child process and is SIGKILLed while some of its jobs sit
@@ -97,7 +97,7 @@ func openBroker(ctx context.Context, kind string, ep endpoints, pool *pgxpool.Po
 	return nil, fmt.Errorf("unknown broker %q", kind)
 }
 
-// billingHandler is step 5–8 of DESIGN.md's worker flow, inside the
+// billingHandler is step 5–8 of ARCHITECTURE.md's worker flow, inside the
 // transaction the idempotency guard opened: load the order FOR UPDATE,
 // validate, charge (insert the charge row: the side effect), mark it paid.
 // failRate of the attempts fail after charging, before commit: the

@@ -1,6 +1,7 @@
 // Package brokertest is the conformance suite every berth broker runs: one set
 // of named cases that checks a broker keeps the [sdk.Delivery] contract of
-// DESIGN.md (leases, attempts, retries, dead letters, limits, Close) and that
+// ARCHITECTURE.md, "The contract" (leases, attempts, retries, dead letters,
+// limits, Close) and that
 // the [sdk.Worker] on top of it settles every message exactly once.
 //
 // A broker's test describes itself with a [Harness] and calls [Run]:
@@ -155,7 +156,8 @@ type Harness struct {
 	// never declared. Default [UndeclaredNotFound].
 	Undeclared Undeclared
 	// NewNoDeclare (optional) returns a broker like New's but configured not
-	// to declare queues on first use (RabbitMQ's NoDeclare). The suite
+	// to declare queues on first use (RabbitMQ's NoDeclare; PostgreSQL on a
+	// schema where Migrate never ran), closed by the suite. The suite
 	// checks that it gives [UndeclaredNotFound] behaviour, and it is where
 	// [Harness.As] is tried when the broker itself creates queues.
 	NewNoDeclare func(t *testing.T) sdk.Broker

@@ -361,7 +361,7 @@ func testWorkerShutdownInterrupts(t *testing.T, e *env) {
 // Workers sharing the queue: the Worker's heartbeat must keep each lease
 // alive, so that no message is handed to the other Worker (or back to the
 // same one) while its handler runs — the "visibility timeout shorter than
-// the job" duplicate of DESIGN.md.
+// the job" duplicate (ARCHITECTURE.md, "Attempts, leases and heartbeats").
 func testWorkerLongJob(t *testing.T, e *env) {
 	const n = 4
 	run := 3 * e.h.Lease

@@ -3,7 +3,8 @@
 // SQL, and a job can be enqueued in the same transaction as the business change
 // that calls for it.
 //
-// The table is DESIGN.md's reference jobs table (id, job_type, payload_json,
+// The table is the reference jobs table of ARCHITECTURE.md ("Reference schema
+// and the billing scenario") (id, job_type, payload_json,
 // status, attempt_count, max_attempts, available_at, visibility_until,
 // worker_id, idempotency_key, last_error, created_at, updated_at) plus queue,
 // headers, lease_token and the message fields. [Broker.Migrate] creates it;

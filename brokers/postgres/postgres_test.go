@@ -57,8 +57,8 @@ func TestInvalidSchemaRejected(t *testing.T) {
 	}
 }
 
-// TestMigrateCreatesReferenceSchema checks the columns of DESIGN.md's
-// reference jobs table and the claim indexes, and that Migrate is idempotent
+// TestMigrateCreatesReferenceSchema checks the columns of the reference jobs
+// table (ARCHITECTURE.md, "Reference schema and the billing scenario") and the claim indexes, and that Migrate is idempotent
 // when run concurrently and again.
 func TestMigrateCreatesReferenceSchema(t *testing.T) {
 	pool := newPool(t, "berth-migrate-"+suffix(), 8)

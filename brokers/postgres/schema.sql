@@ -1,4 +1,4 @@
--- berth PostgreSQL broker: the jobs table (DESIGN.md's reference schema plus
+-- berth PostgreSQL broker: the jobs table (ARCHITECTURE.md's reference schema plus
 -- queue, headers, lease_token and the message fields). Every statement is
 -- idempotent. Replace "berth" with your schema name, or use
 -- postgres.SchemaSQL(schema) / (*postgres.Broker).Migrate.

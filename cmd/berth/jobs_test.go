@@ -136,38 +136,3 @@ func TestJobsOnLedger(t *testing.T) {
 	}
 }
 
-// TestUIJobPagesFromLedger: "berth ui -db" shows the ledger's jobs on a
-// broker that keeps none (memory here).
-func TestUIJobPagesFromLedger(t *testing.T) {
-	ctx := context.Background()
-	dsn := integration.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	schema := fmt.Sprintf("cli_ui_ledger_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
-	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Write(ctx, []ledger.Event{{MessageID: "job-7", Queue: "emails", Type: "email.send", Status: ledger.StatusDead,
-		Attempt: 1, At: time.Now(), Error: "mailbox <full>", Class: sdk.ClassPermanent}}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	addr, _ := startUI(t, env{open: func(context.Context, string) (sdk.Broker, error) { return m, nil }},
-		"-url", "mem://", "-db", dsn, "-schema", schema)
-	code, body := httpGet(t, "http://"+addr+"/jobs/job-7", "")
-	if code != 200 || !strings.Contains(body, "mailbox &lt;full&gt;") || !strings.Contains(body, "dead") {
-		t.Errorf("GET /jobs/job-7 = %d\n%s", code, body)
-	}
-}

@@ -149,7 +149,7 @@ func commands() []*command {
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
-				"The job pages read the ledger in -db (default $BERTH_DB), else a PostgreSQL broker's jobs table.",
+				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.",
 			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
 	}
 }

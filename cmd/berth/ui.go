@@ -54,20 +54,22 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 			o.Queues = append(o.Queues, q)
 		}
 	}
-	// The job pages read the ledger in -db when given (package ledger, on
-	// any broker); else, on the PostgreSQL broker, its jobs table.
-	var pb *postgres.Broker
-	var pool *pgxpool.Pool
+	// Job pages: the ledger's tables in -db (BERTH_DB) when given; else, on
+	// the PostgreSQL broker, its jobs table, which is the ledger.
 	if c.db != "" || c.getenv("BERTH_DB") != "" {
-		jobs, closeLedger, err := c.openLedger(ctx)
+		jobs, closeJobs, err := c.openLedger(ctx)
 		if err != nil {
 			return err
 		}
-		defer closeLedger()
+		defer closeJobs()
 		o.Jobs = jobs
-	} else if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
-		if jobs, err := pgledger.NewJobs(pool, pb.Schema()); err == nil {
-			o.Jobs = jobs
+	} else {
+		var pb *postgres.Broker
+		var pool *pgxpool.Pool
+		if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
+			if jobs, err := pgledger.NewJobs(pool, pb.Schema()); err == nil {
+				o.Jobs = jobs
+			}
 		}
 	}
 	d, err := dashboard.New(b, o)

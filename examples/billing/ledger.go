@@ -17,7 +17,8 @@ import (
 // errOrderNotFound is a permanent failure: no retry creates the order.
 var errOrderNotFound = errors.New("order not found")
 
-// order is a row of the orders table of DESIGN.md.
+// order is a row of the orders table (ARCHITECTURE.md, "Reference schema and
+// the billing scenario").
 type order struct {
 	ID          string
 	Status      string // pending | paid

@@ -3,7 +3,8 @@
 // calls fail transiently, one job is poison and (with -crash) workers die
 // between their commit and their ack.
 //
-// Each charge job follows the safe worker flow of DESIGN.md: the broker and
+// Each charge job follows the safe worker flow of ARCHITECTURE.md ("Reference
+// schema and the billing scenario"): the broker and
 // the Worker take and lease the job (1, 2); an optional in-process lock
 // serialises work per order (3, -lock); the idempotency guard checks the key
 // charge:<order>:v1 against job_results and, when it is new, opens the
