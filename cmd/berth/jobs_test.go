@@ -135,4 +135,3 @@ func TestJobsOnLedger(t *testing.T) {
 		t.Errorf("jobs on memory without -db: exit %d, %s", r.code, r.err)
 	}
 }
-
