@@ -135,5 +135,3 @@ func TestHardening7_NoDeclareMissingQueue(t *testing.T) {
 	}
 	_ = ds[0].Ack(ctx)
 }
-
-
