@@ -156,7 +156,8 @@ type Harness struct {
 	// never declared. Default [UndeclaredNotFound].
 	Undeclared Undeclared
 	// NewNoDeclare (optional) returns a broker like New's but configured not
-	// to declare queues on first use (RabbitMQ's NoDeclare). The suite
+	// to declare queues on first use (RabbitMQ's NoDeclare; PostgreSQL on a
+	// schema where Migrate never ran), closed by the suite. The suite
 	// checks that it gives [UndeclaredNotFound] behaviour, and it is where
 	// [Harness.As] is tried when the broker itself creates queues.
 	NewNoDeclare func(t *testing.T) sdk.Broker

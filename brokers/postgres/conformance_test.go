@@ -2,11 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokers/brokertest"
@@ -32,6 +34,21 @@ func TestConformance(t *testing.T) {
 		MaxMessageSize: postgres.DefaultMaxMessageSize,
 		// A queue is a value in the job table's queue column.
 		Undeclared: brokertest.UndeclaredCreated,
+		// Migrate is the broker's declaration: on a schema where it never
+		// ran, no queue exists and the server says so (42P01).
+		NewNoDeclare: func(t *testing.T) sdk.Broker {
+			o := opts
+			o.Schema = "berth_never_migrated_" + suffix()
+			b, err := postgres.New(pool, o)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			return b
+		},
+		As: func(err error) bool {
+			var pgErr *pgconn.PgError
+			return errors.As(err, &pgErr)
+		},
 		Peer: func(t *testing.T, b sdk.Broker) sdk.Broker {
 			o := opts
 			o.Schema = b.(*postgres.Broker).Schema()
@@ -48,8 +65,6 @@ func TestConformance(t *testing.T) {
 			brokertest.CapNULHeader: "PostgreSQL text and jsonb cannot hold NUL bytes: headers with NUL are refused",
 			brokertest.CapOrderingKey: "jobs are claimed by available_at, not by ordering_key: jobs published in one statement " +
 				"share it, and concurrent claims skip locked rows, so no order within a key is promised",
-			brokertest.CapDriverError: "a queue is a value in the job table: no call on a valid queue name fails in the " +
-				"server, so no *pgconn.PgError can be provoked through the portable interface",
 		},
 	})
 }

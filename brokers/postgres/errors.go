@@ -12,7 +12,8 @@ import (
 )
 
 // wrap turns a database error into the broker's: context errors are returned
-// unwrapped; a closed broker's into [sdk.ErrClosed]; connection failures,
+// unwrapped; a closed broker's into [sdk.ErrClosed]; a missing job table
+// (Migrate never ran) into [sdk.ErrNotFound]; connection failures,
 // server shutdowns, serialization failures and deadlocks into errors wrapping
 // [sdk.ErrUnavailable] (the call may be retried); anything else is wrapped as
 // is. The text never carries the connection string.
@@ -25,6 +26,9 @@ func (b *Broker) wrap(op string, err error) error {
 	}
 	if b.isClosed() {
 		return errClosed(op)
+	}
+	if missingTable(err) {
+		return fmt.Errorf("berth/postgres: %s: %w: no job table %s (run Migrate): %w", op, sdk.ErrNotFound, b.table, err)
 	}
 	if retryable(err) {
 		return fmt.Errorf("berth/postgres: %s: %w: %w", op, sdk.ErrUnavailable, err)
@@ -49,6 +53,13 @@ func retryable(err error) bool {
 	}
 	// No server error: the connection failed or was closed under us.
 	return true
+}
+
+// missingTable reports whether err says the job table or its schema does
+// not exist: Migrate never ran there, so no queue of the broker exists.
+func missingTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") // undefined_table, invalid_schema_name
 }
 
 // stripNUL removes NUL bytes, which PostgreSQL text and jsonb cannot hold.
