@@ -399,10 +399,11 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 				return err
 			}
 			var page []*letter
+			inPage := map[string]bool{}
 			for _, l := range ls {
 				switch {
 				case len(want) > 0 && !want[l.msg.ID] && !want[l.sqsID]:
-				case len(want) == 0 && sent[l.msg.ID]:
+				case len(want) == 0 && (sent[l.msg.ID] || inPage[l.msg.ID]):
 					again++
 				default:
 					for _, k := range []string{l.msg.ID, l.sqsID} {
@@ -412,6 +413,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 						}
 					}
 					page = append(page, l)
+					inPage[l.msg.ID] = true
 					continue
 				}
 				l.msg = nil // held, not needed
