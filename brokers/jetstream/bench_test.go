@@ -29,7 +29,7 @@ const (
 func BenchmarkPublish(b *testing.B) {
 	br := newBroker(b, jetstream.Options{Logger: quiet})
 	berthQ, rawQ := declare(b, br, "bench"), declare(b, br, "benchraw")
-	rawSubject := rawSubjectOf(br, rawQ)
+	rawSubject := br.Subject(rawQ)
 	js := rawJS(b)
 	ctx := context.Background()
 	body := make([]byte, benchBody)
@@ -164,11 +164,6 @@ func rawJS(b *testing.B) natsjs.JetStream {
 	return js
 }
 
-// rawSubjectOf is the ready subject of queue q (berth's topology).
-func rawSubjectOf(br *jetstream.Broker, q string) string {
-	return br.Options().Prefix + ".q." + q
-}
-
 // rawPublish publishes n messages with publish acks, benchWindow at a time,
 // each with a Nats-Msg-Id as berth sends.
 func rawPublish(b *testing.B, js natsjs.JetStream, subject string, n int) {
@@ -193,4 +188,3 @@ func rawPublish(b *testing.B, js natsjs.JetStream, subject string, n int) {
 		}
 	}
 }
-

@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -23,7 +24,8 @@ import (
 //   - DeadLettered is the dead-letter stream's message count;
 //   - OldestAge is the age of the oldest never-delivered message.
 //
-// A queue that does not exist has all counts 0.
+// A queue whose stream does not exist is an error wrapping [sdk.ErrNotFound]
+// (and JetStream's own error).
 func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
 	st := sdk.QueueStats{Queue: queue}
 	if b.closed.Load() {
@@ -35,7 +37,7 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 	q := b.names(queue)
 	ready, err := b.js.Consumer(ctx, q.stream, consumerName)
 	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return st, nil
+		return st, fmt.Errorf("berth/jetstream: stats of queue %s (stream %s): %w: %w", queue, q.stream, sdk.ErrNotFound, err)
 	}
 	if err != nil {
 		return st, b.wrapErr(ctx, "stats", err)
