@@ -22,7 +22,8 @@ const (
 
 // BenchmarkPublish publishes 256-byte messages with JetStream publish acks,
 // a window of 100, through berth (Publish of 100 messages) and through raw
-// nats.go (100 PublishMsgAsync with a Nats-Msg-Id, then their acks), on
+// nats.go (100 PublishMsgAsync with a Nats-Msg-Id and type and correlation
+// headers, then their acks), on
 // streams of the same configuration (berth's). The two take turns of 500
 // messages, so that load from other processes hits both alike; each reports
 // its msgs/s and "berth/raw" is the ratio.
@@ -165,7 +166,8 @@ func rawJS(b *testing.B) natsjs.JetStream {
 }
 
 // rawPublish publishes n messages with publish acks, benchWindow at a time,
-// each with a Nats-Msg-Id as berth sends.
+// each with a Nats-Msg-Id and the fields berth carries (type, correlation
+// ID) as plain NATS headers, as an application without berth would.
 func rawPublish(b *testing.B, js natsjs.JetStream, subject string, n int) {
 	b.Helper()
 	body := make([]byte, benchBody)
@@ -173,7 +175,9 @@ func rawPublish(b *testing.B, js natsjs.JetStream, subject string, n int) {
 	for sent := 0; sent < n; {
 		futs = futs[:0]
 		for ; len(futs) < benchWindow && sent < n; sent++ {
-			f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: body}, natsjs.WithMsgID(sdk.NewID()))
+			id := sdk.NewID()
+			m := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{"Type": {"bench"}, "Correlation-Id": {id}}}
+			f, err := js.PublishMsgAsync(m, natsjs.WithMsgID(id))
 			if err != nil {
 				b.Fatal(err)
 			}
