@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -34,7 +35,11 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 	}
 	q := b.names(queue)
 	ready, err := b.js.Consumer(ctx, q.stream, consumerName)
-	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The same on every broker: an unknown queue is not an empty one.
+		return st, fmt.Errorf("jetstream: stats of queue %q: %w: %w", queue, sdk.ErrNotFound, err)
+	}
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return st, nil
 	}
 	if err != nil {
