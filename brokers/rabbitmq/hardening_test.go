@@ -30,12 +30,16 @@ func TestContract18_2_ReceiveCancelledCtx(t *testing.T) {
 		}
 		ids = append(ids, m.ID)
 	}
-	// Start the consumer so that the deliveries wait in this process.
-	ds, err := b.Receive(ctx, q, 1)
+	// Start the consumer (prefetch 5, this call's max) so that the
+	// deliveries wait in this process.
+	ds, err := b.Receive(ctx, q, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]sdk.Delivery{ds[0].Message().ID: ds[0]}
+	got := map[string]sdk.Delivery{}
+	for _, d := range ds {
+		got[d.Message().ID] = d
+	}
 	time.Sleep(200 * time.Millisecond) // let the rest arrive
 	done, stop := context.WithCancel(ctx)
 	stop()

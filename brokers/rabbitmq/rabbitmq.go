@@ -158,7 +158,10 @@ type Options struct {
 	// deliveries the broker hands this process before they are settled.
 	// Default: the max of the queue's first Receive, which for an
 	// [sdk.Worker] is its capacity (Concurrency + Prefetch), so the server
-	// hands this process no more than the Worker can hold.
+	// hands this process no more than the Worker can hold (at most
+	// [DefaultPrefetch]). Set it when the first Receive asks for fewer than
+	// the caller will hold at once: with prefetch n, a caller holding n
+	// unsettled deliveries gets no more.
 	Prefetch int
 	// CloseTimeout bounds how long Close spends handing back deliveries
 	// that this process holds but no caller has received (they are
