@@ -29,7 +29,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -152,5 +151,3 @@ func securityHeaders(next http.Handler) http.Handler {
 
 // deadLetters returns the broker's dead-letter operations.
 func (d *Dashboard) deadLetters() sdk.DeadLetters { return d.b.(sdk.DeadLetters) }
-
-var _ = dlq.EscapeText

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/dashboard"
 	"github.com/berthq/berth/sdk"
 )
@@ -219,5 +218,3 @@ func TestNoDeadLetters(t *testing.T) {
 }
 
 type publishOnly struct{ sdk.Broker }
-
-var _ = memory.New

@@ -2,7 +2,6 @@ package dashboard_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
@@ -122,5 +121,3 @@ func stats(t *testing.T, b broker) sdk.QueueStats {
 	}
 	return st
 }
-
-var _ = errors.New

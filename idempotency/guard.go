@@ -99,9 +99,10 @@ type Options struct {
 	// Logger receives debug logs of duplicates and cache failures, and
 	// warnings of failed store calls. Default slog.Default().
 	Logger *slog.Logger
-	// LogKeys writes idempotency keys into log records as they are
-	// ("key"). Default false: a key often names a customer or a payment, and
-	// logs travel further than the store, so records carry "key_sha256",
+	// LogKeys writes idempotency keys into log records ("key") and into the
+	// text of the guard's ErrClaimLost causes as they are. Default false: a
+	// key often names a customer or a payment, and logs (and dead-letter
+	// reasons) travel further than the store, so they carry "key_sha256",
 	// the first 16 hex digits of the key's SHA-256 ([KeyDigest]), which
 	// identifies the key to whoever knows it.
 	LogKeys bool
@@ -112,6 +113,15 @@ type Options struct {
 func KeyDigest(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])
+}
+
+// keyText names key in an error's text (which the Worker logs and may store
+// as a dead-letter reason), hashed unless Options.LogKeys.
+func (g *Guard) keyText(key string) string {
+	if g.o.LogKeys {
+		return fmt.Sprintf("key %q", key)
+	}
+	return "key_sha256 " + KeyDigest(key)
 }
 
 // keyAttr is key as a log attribute, hashed unless Options.LogKeys.
@@ -453,7 +463,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 				sent := time.Now()
 				err := g.o.Store.Extend(ctx, c, g.o.ClaimLease)
 				if errors.Is(err, ErrClaimLost) {
-					cancel(fmt.Errorf("%w: key %q", ErrClaimLost, c.Key))
+					cancel(fmt.Errorf("%w: %s", ErrClaimLost, g.keyText(c.Key)))
 					return
 				}
 				if err == nil {
@@ -461,7 +471,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 					continue
 				}
 				if time.Since(held)+g.o.Heartbeat >= g.o.ClaimLease { // the next try would come too late
-					cancel(fmt.Errorf("%w: key %q: not extended within the claim lease: %w", ErrClaimLost, c.Key, err))
+					cancel(fmt.Errorf("%w: %s: not extended within the claim lease: %w", ErrClaimLost, g.keyText(c.Key), err))
 					return
 				}
 				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", g.keyAttr(c.Key), "err", err)

@@ -675,3 +675,31 @@ func TestHardening11_IdempotencyKeysHashedInLogs(t *testing.T) {
 		}
 	}
 }
+
+// TestHardening11_ClaimLostCauseNamesKeyByDigest: issue 11 item 11. The
+// cause that cancels a handler whose claim could not be extended quoted the
+// key; the Worker logs that cause at WARN and may store it as a dead-letter
+// reason. It names the key by its digest unless Options.LogKeys.
+func TestHardening11_ClaimLostCauseNamesKeyByDigest(t *testing.T) {
+	const key = "payment:customer-4711:invoice-2026-12"
+	g, err := idempotency.New(idempotency.Options{Store: failingExtend{memstore.New(memstore.Options{})}, Mode: idempotency.Lease,
+		ClaimLease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := idempotency.Operation{Key: key, JobType: "t", Fingerprint: "fp"}
+	_, err = g.Do(context.Background(), op, func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(5 * time.Second):
+			return nil
+		}
+	})
+	if !errors.Is(err, idempotency.ErrClaimLost) {
+		t.Fatalf("Do = %v, want ErrClaimLost", err)
+	}
+	if strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), idempotency.KeyDigest(key)) {
+		t.Errorf("claim-lost cause %q: want the key's digest %s, not the key", err, idempotency.KeyDigest(key))
+	}
+}

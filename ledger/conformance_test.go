@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -223,5 +224,75 @@ func waitDeadLetter(t *testing.T, ctx context.Context, dl sdk.DeadLetters, q, id
 			t.Fatalf("%s never reached the dead-letter queue", id)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// TestRedriveWholeQueue: a redrive of a whole queue (no IDs) through
+// Ledger.DeadLetters marks every dead job of the queue redriven, and only
+// those.
+func TestRedriveWholeQueue(t *testing.T) {
+	e := memoryEnv(t)
+	ctx := testCtx(t, 60*time.Second)
+	bad := []*sdk.Message{{Type: "bad"}, {Type: "bad"}}
+	good := &sdk.Message{Type: "good"}
+	if err := e.publisher().Publish(ctx, e.queue, append(bad, good)...); err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, e, sdk.HandlerFunc(func(_ context.Context, d sdk.Delivery) error {
+		if d.Message().Type == "bad" {
+			return sdk.Permanent(errors.New("no"))
+		}
+		return nil
+	}), sdk.WorkerOptions{})
+	for _, m := range bad {
+		waitJob(t, ctx, e.reader, m.ID, "dead", func(j *ledger.Job) bool { return j.Status == ledger.StatusDead })
+	}
+	waitJob(t, ctx, e.reader, good.ID, "succeeded", func(j *ledger.Job) bool { return j.Status == ledger.StatusSucceeded })
+	w.stop(t)
+	if n, err := e.deadLetters().RedriveDeadLetters(ctx, e.queue); err != nil || n != 2 {
+		t.Fatalf("RedriveDeadLetters(all) = %d, %v; want 2", n, err)
+	}
+	for _, m := range bad {
+		j := waitJob(t, ctx, e.reader, m.ID, "redriven", func(j *ledger.Job) bool { return j.Status == ledger.StatusRedriven })
+		if j.Generation != 1 || len(j.History) != 1 || j.History[0].Status != ledger.StatusDead {
+			t.Errorf("redriven job %+v: want generation 1 and the dead attempt in its history", j)
+		}
+	}
+	if j, err := e.reader.Job(ctx, good.ID); err != nil || j.Status != ledger.StatusSucceeded {
+		t.Errorf("the succeeded job after a whole-queue redrive: %+v, %v", j, err)
+	}
+}
+
+// TestOutboxRelayRecordsEnqueued: the outbox relay, given the ledger's
+// Publisher, records each relayed job as enqueued, with the message
+// fields the application gave at Add.
+func TestOutboxRelayRecordsEnqueued(t *testing.T) {
+	e := memoryEnv(t)
+	ctx := testCtx(t, 60*time.Second)
+	pool := newPool(t)
+	box, err := outbox.New(pool, outbox.Options{Schema: freshSchema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := &sdk.Message{Type: "order.placed", IdempotencyKey: "order:9", Body: []byte(`{}`)}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Add(ctx, tx, e.queue, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := box.RelayOnce(ctx, e.publisher(), outbox.RelayOptions{}); err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v", n, err)
+	}
+	j := waitJob(t, ctx, e.reader, m.ID, "enqueued", func(j *ledger.Job) bool { return j.Status == ledger.StatusEnqueued })
+	if j.Queue != e.queue || j.Type != m.Type || j.IdempotencyKey != "order:9" {
+		t.Errorf("relayed job %+v", j)
 	}
 }

@@ -2,12 +2,14 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
@@ -81,4 +83,63 @@ func Example() {
 	if _, err := store.Purge(ctx, time.Now().Add(-7*24*time.Hour), 0); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// printStore is a Store that prints what the ledger writes: the events a
+// job goes through.
+type printStore struct{}
+
+func (printStore) Write(_ context.Context, batch []ledger.Event) error {
+	for _, e := range batch {
+		line := fmt.Sprintf("%s attempt %d", e.Status, e.Attempt)
+		if e.Error != "" {
+			line += fmt.Sprintf(" (%s: %s)", e.Class, e.Error)
+		}
+		fmt.Println(line)
+	}
+	return nil
+}
+
+// The events the feeds record for a job that fails once, then succeeds:
+// what a Store receives, in order.
+func ExampleLedger_Start() {
+	ctx := context.Background()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+	l, err := ledger.New(ledger.Options{Store: printStore{}, Linger: -1, BatchSize: 1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Publisher(b).Publish(ctx, "emails", &sdk.Message{Type: "email.send"}); err != nil {
+		log.Fatal(err)
+	}
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if d.Attempt() == 1 {
+			return errors.New("smtp: timeout")
+		}
+		return nil
+	}), sdk.WorkerOptions{Queue: "emails", Concurrency: 1, Observers: []sdk.Observer{l},
+		Retry: sdk.RetryPolicy{Backoff: sdk.Backoff{Base: time.Millisecond, Max: time.Millisecond}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	for l.Stats().Recorded < 5 { // enqueued, two starts, two settlements
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	_ = l.Flush(ctx)
+	// Output:
+	// enqueued attempt 0
+	// running attempt 1
+	// retrying attempt 1 (transient: smtp: timeout)
+	// running attempt 2
+	// succeeded attempt 2
 }

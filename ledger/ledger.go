@@ -112,8 +112,9 @@ type Options struct {
 	BatchSize int
 	// BlockTimeout is how long recording waits for room when the buffer is
 	// full before dropping the event. Default 5ms; negative drops at once.
-	// The wait is on the Worker's goroutine (after the settlement), so it
-	// delays the next job, never the settled one.
+	// The wait is on the caller's goroutine: a Worker's handler starts (or
+	// its next job begins) at most BlockTimeout later; no job's outcome
+	// ever depends on it.
 	BlockTimeout time.Duration
 	// Linger is how long the writer waits for more events before writing a
 	// batch that is not full. Events of one job that land in one batch
@@ -149,7 +150,7 @@ var ErrInvalidOptions = errors.New("ledger: invalid options")
 var ErrClosed = sdk.ErrClosed
 
 // Stats counts the ledger's events since New. Recorded = Written + Dropped
-// + Failed + (events still buffered).
+// + Failed + (events buffered or being written).
 type Stats struct {
 	Recorded int64 // events handed to the ledger
 	Written  int64 // events in batches the store accepted

@@ -168,10 +168,13 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	// Two statements, not one with "$2 IS NULL OR message_id = ANY($2)": the
 	// OR keeps message_id out of the index condition, so a redrive of a few
 	// IDs read every dead letter of the queue (the CLI's page-by-page redrive
-	// of 100,000 became quadratic).
-	chosen := `message_id = ANY($2)`
-	if len(ids) == 0 {
-		chosen = `$2::text[] IS NULL`
+	// of 100,000 became quadratic). The IDs are joined (FROM unnest), not
+	// compared with = ANY($2): without table statistics a generic plan
+	// filters every dead letter through the array one element at a time
+	// (464 ms for 500 IDs among 70,000, against 33 ms joined).
+	from, chosen := ``, `$2::text[] IS NULL`
+	if len(ids) > 0 {
+		from, chosen = `FROM unnest($2::text[]) AS chosen(id)`, `message_id = chosen.id`
 	}
 	rows, err := tx.Query(ctx, `UPDATE `+b.table+` SET
 			status = 'queued', attempt_count = 0, available_at = now(), visibility_until = NULL,
@@ -179,6 +182,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 			headers = (COALESCE(headers, '{}'::jsonb) - $3::text[]) || jsonb_build_object('`+sdk.HeaderRedriveCount+`',
 				(CASE WHEN headers->>'`+sdk.HeaderRedriveCount+`' ~ '^[0-9]{1,9}$'
 					THEN (headers->>'`+sdk.HeaderRedriveCount+`')::int ELSE 0 END + 1)::text)
+		`+from+`
 		WHERE queue = $1 AND status = 'dead_letter' AND `+chosen+`
 		RETURNING message_id`, queue, nilIfEmpty(ids), []string{
 		sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,

@@ -116,8 +116,9 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 		return 0, b.wrap("delete dead letters", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `DELETE FROM `+b.table+`
-		WHERE queue = $1 AND status = 'dead_letter' AND message_id = ANY($2) RETURNING message_id`, queue, ids)
+	// Joined with the IDs rather than "= ANY($2)", as RedriveDeadLetters is.
+	rows, err := tx.Query(ctx, `DELETE FROM `+b.table+` USING unnest($2::text[]) AS chosen(id)
+		WHERE queue = $1 AND status = 'dead_letter' AND message_id = chosen.id RETURNING message_id`, queue, ids)
 	if err != nil {
 		return 0, b.wrap("delete dead letters", err)
 	}

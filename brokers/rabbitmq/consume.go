@@ -20,6 +20,9 @@ type consumer struct {
 	b     *Broker
 	queue string
 	out   chan *delivery // buffered to Prefetch
+
+	gone chan struct{} // closed when the consumer stopped for good (err says why)
+	err  error         // set before gone is closed
 }
 
 // chanState is one consumer channel's life: deliveries hold it, and a
@@ -50,7 +53,7 @@ func (b *Broker) consumerFor(queue string) (*consumer, error) {
 	}
 	c := b.consumers[queue]
 	if c == nil {
-		c = &consumer{b: b, queue: queue, out: make(chan *delivery, b.opts.Prefetch)}
+		c = &consumer{b: b, queue: queue, out: make(chan *delivery, b.opts.Prefetch), gone: make(chan struct{})}
 		b.consumers[queue] = c
 		b.wg.Add(1)
 		go c.run()
@@ -64,6 +67,14 @@ func (c *consumer) run() {
 	for attempt := 1; ; {
 		err := c.session()
 		if c.b.closed() {
+			return
+		}
+		var ae *amqp.Error
+		if c.b.opts.NoDeclare && errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			// With NoDeclare nothing here will create the queue: report it
+			// to Receive instead of retrying the 404 for ever, and let the
+			// next Receive start a new consumer (the queue may exist then).
+			c.stop(fmt.Errorf("%w: rabbitmq: queue %q: %w", sdk.ErrNotFound, c.queue, err))
 			return
 		}
 		if err == nil { // the channel ran and died: reopen after the shortest backoff
@@ -142,6 +153,18 @@ func (c *consumer) session() error {
 	}
 }
 
+// stop ends the consumer for good with err: Receive returns err, and the
+// next Receive of the queue starts a new consumer.
+func (c *consumer) stop(err error) {
+	c.b.mu.Lock()
+	if c.b.consumers[c.queue] == c {
+		delete(c.b.consumers, c.queue)
+	}
+	c.b.mu.Unlock()
+	c.err = err
+	close(c.gone)
+}
+
 func (c *consumer) wrap(d amqp.Delivery, st *chanState) *delivery {
 	dec := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body)
 	attempt := dec.base
@@ -155,8 +178,10 @@ func (c *consumer) wrap(d amqp.Delivery, st *chanState) *delivery {
 }
 
 // Receive returns between 1 and max deliveries of queue, waiting without
-// busy looping while it is empty; it returns ctx.Err() when ctx is done and
-// [sdk.ErrClosed] after Close. The first Receive of a queue starts a
+// busy looping while it is empty; it returns ctx.Err() when ctx is done
+// (already done: at once, taking nothing) and [sdk.ErrClosed] after Close.
+// With [Options.NoDeclare], a queue that does not exist gives an error
+// wrapping [sdk.ErrNotFound] and the server's *amqp.Error. The first Receive of a queue starts a
 // consumer with [Options.Prefetch]; it keeps running until Close, holding up
 // to Prefetch messages for this process.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
@@ -165,6 +190,12 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	}
 	if max < 1 {
 		return nil, fmt.Errorf("%w: rabbitmq: Receive max %d below 1", sdk.ErrInvalidMessage, max)
+	}
+	// Checked first: with a delivery waiting, the select below would pick
+	// between it and ctx.Done() at random, and hand a delivery to a caller
+	// that believes it got nothing.
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	c, err := b.consumerFor(queue)
 	if err != nil {
@@ -181,6 +212,8 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 			return nil, ctx.Err()
 		case <-b.done:
 			return nil, sdk.ErrClosed
+		case <-c.gone:
+			return nil, c.err
 		}
 	}
 	for len(out) < max {

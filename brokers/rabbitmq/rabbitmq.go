@@ -386,7 +386,9 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 	// bring forward.
 	var stop func() bool
 	cfg := amqp.Config{
-		TLSClientConfig: l.b.opts.TLS,
+		// A copy per dial: amqp091 writes ServerName into the config it
+		// is given, and the caller's may be shared.
+		TLSClientConfig: l.b.opts.TLS.Clone(),
 		Heartbeat:       l.b.opts.Heartbeat,
 		Properties:      amqp.Table{"connection_name": l.name, "product": "berth"},
 		Locale:          "en_US",

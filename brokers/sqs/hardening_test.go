@@ -202,6 +202,7 @@ func TestHardening4_SQSRedriveAllDrainsEverything(t *testing.T) {
 // all 40 (it holds only what it cannot send), and a Get that would have to
 // hold more than 25 says that more remain instead of "not found".
 func TestHardening4_SQSScanCapIsReported(t *testing.T) {
+	t.Parallel() // each scan ends with a 1 s long poll
 	b := newBroker(t, fastOptions())
 	sqs.SetScanLimits(b, 30*time.Second, 25)
 	q := declare(t, b, "scancap", false, sqs.QueueConfig{})

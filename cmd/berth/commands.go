@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -392,5 +391,3 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 	}
 	return nil
 }
-
-var _ = errors.New

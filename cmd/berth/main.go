@@ -148,8 +148,9 @@ func commands() []*command {
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
-				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.",
-			flags: []string{"addr", "token", "read-only", "demo", "queues"}, run: runUI},
+				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
+				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.",
+			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
 	}
 }
 

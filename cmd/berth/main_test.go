@@ -9,7 +9,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/internal/dlq"
@@ -458,5 +457,3 @@ func TestURLErrors(t *testing.T) {
 		t.Fatalf("BERTH_URL mem://: exit %d %s %s", code, out.String(), errOut.String())
 	}
 }
-
-var _ = time.Second

@@ -54,12 +54,22 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 			o.Queues = append(o.Queues, q)
 		}
 	}
-	// On the PostgreSQL broker the jobs table is the ledger: add its pages.
-	var pb *postgres.Broker
-	var pool *pgxpool.Pool
-	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
-		if jobs, err := pgledger.NewJobs(pool, pb.Schema()); err == nil {
-			o.Jobs = jobs
+	// Job pages: the ledger's tables in -db (BERTH_DB) when given; else, on
+	// the PostgreSQL broker, its jobs table, which is the ledger.
+	if c.db != "" || c.getenv("BERTH_DB") != "" {
+		jobs, closeJobs, err := c.openLedger(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeJobs()
+		o.Jobs = jobs
+	} else {
+		var pb *postgres.Broker
+		var pool *pgxpool.Pool
+		if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) && as.As(&pool) {
+			if jobs, err := pgledger.NewJobs(pool, pb.Schema()); err == nil {
+				o.Jobs = jobs
+			}
 		}
 	}
 	d, err := dashboard.New(b, o)

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -11,7 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // syncBuffer is a bytes.Buffer safe for the server's and the test's
@@ -136,5 +143,44 @@ func TestUIDemo(t *testing.T) {
 	code, body := httpGet(t, "http://"+addr+"/api/queues", "")
 	if code != 200 || !strings.Contains(body, `"queue":"billing","ready":42,"delayed":0,"in_flight":0,"dead_lettered":7`) {
 		t.Fatalf("demo queues: %d %s", code, body)
+	}
+}
+
+// With -db the job pages read the ledger's own tables (a memory broker has
+// no job state of its own).
+func TestUIJobPagesFromTheLedger(t *testing.T) {
+	ctx := context.Background()
+	dsn := integration.PostgresDSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := fmt.Sprintf("cli_ledger_%d", rand.Uint64()%1e12)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := store.Write(ctx, []ledger.Event{{MessageID: "job-1", Queue: "billing", Type: "billing.charge", Status: ledger.StatusRetrying,
+		Attempt: 1, At: now, StartedAt: now, Error: "gateway \x1b[31mtimeout", Class: sdk.ClassTransient}}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := deadLettered(t, 1)
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil }}
+	addr, _ := startUI(t, e, "-addr", "127.0.0.1:0", "-url", "mem://", "-db", dsn, "-schema", schema)
+	code, page := httpGet(t, "http://"+addr+"/jobs?status=retrying", "")
+	if code != 200 || !strings.Contains(page, "job-1") || strings.Contains(page, "\x1b") {
+		t.Fatalf("/jobs: %d\n%s", code, page)
+	}
+	code, page = httpGet(t, "http://"+addr+"/jobs/job-1", "")
+	if code != 200 || !strings.Contains(page, `id="job-status">retrying<`) || !strings.Contains(page, `gateway \x1b[31mtimeout`) {
+		t.Fatalf("/jobs/job-1: %d\n%s", code, page)
 	}
 }

@@ -244,7 +244,7 @@ func (s *Store) Begin(ctx context.Context, c idempotency.Claim) (idempotency.Tx,
 		return nil, outcomeOf(rec), rec, nil
 	}
 	_ = ptx.Rollback(context.WithoutCancel(ctx))
-	return nil, 0, nil, fmt.Errorf("pgstore: key %q keeps appearing and vanishing; try again", c.Key)
+	return nil, 0, nil, fmt.Errorf("pgstore: key_sha256 %s keeps appearing and vanishing; try again", idempotency.KeyDigest(c.Key))
 }
 
 // Claim implements [idempotency.Store] with one INSERT … ON CONFLICT DO
@@ -271,7 +271,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Out
 		}
 		return outcomeOf(rec), rec, nil
 	}
-	return 0, nil, fmt.Errorf("pgstore: key %q keeps appearing and vanishing; try again", c.Key)
+	return 0, nil, fmt.Errorf("pgstore: key_sha256 %s keeps appearing and vanishing; try again", idempotency.KeyDigest(c.Key))
 }
 
 // Complete implements [idempotency.Store].
@@ -356,7 +356,7 @@ func fenced(tag pgconn.CommandTag, err error, op, key string) error {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pgstore: %s key %q: %w", op, key, idempotency.ErrClaimLost)
+		return fmt.Errorf("pgstore: %s key_sha256 %s: %w", op, idempotency.KeyDigest(key), idempotency.ErrClaimLost)
 	}
 	return nil
 }

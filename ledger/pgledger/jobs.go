@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -40,7 +41,8 @@ type Jobs struct {
 var _ ledger.Reader = (*Jobs)(nil)
 
 // NewJobs returns a reader of the jobs table in schema (default "berth",
-// the broker's Options.Schema).
+// the broker's Options.Schema; validated as the broker does, an error
+// wrapping [ErrInvalidOptions] and postgres.ErrInvalidSchema).
 func NewJobs(db DB, schema string) (*Jobs, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil DB", ErrInvalidOptions)
@@ -48,8 +50,8 @@ func NewJobs(db DB, schema string) (*Jobs, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}
-	if !identRE.MatchString(strings.ToLower(schema)) {
-		return nil, fmt.Errorf("%w: schema %q", ErrInvalidOptions, schema)
+	if err := postgres.ValidateSchema(schema); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	return &Jobs{db: db, table: pgx.Identifier{schema, "jobs"}.Sanitize()}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
@@ -32,6 +33,9 @@ func TestOptionsValidated(t *testing.T) {
 	}
 	if _, err := pgledger.NewJobs(nil, ""); !errors.Is(err, pgledger.ErrInvalidOptions) {
 		t.Errorf("NewJobs(nil) = %v", err)
+	}
+	if _, err := pgledger.NewJobs(&pgxpool.Pool{}, "x;drop"); !errors.Is(err, pgledger.ErrInvalidOptions) || !errors.Is(err, postgres.ErrInvalidSchema) {
+		t.Errorf("NewJobs(bad schema) = %v, want ErrInvalidOptions and postgres.ErrInvalidSchema", err)
 	}
 }
 
