@@ -2,7 +2,6 @@ package concurrency_test
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/berthq/berth/concurrency/rowlock"
@@ -39,10 +38,8 @@ func Example() {
 				return err // done before: ack
 			}
 			var status string
-			if _, err := orders.Lock(ctx, tx, orderID, &status); errors.Is(err, rowlock.ErrNotFound) {
-				return sdk.Permanent(err)
-			} else if err != nil {
-				return err // busy: sdk.RetryAfter
+			if _, err := orders.Lock(ctx, tx, orderID, &status); err != nil {
+				return err // missing: sdk.Permanent (rowlock.ErrNotFound); busy: sdk.RetryAfter
 			}
 			// ... call the payment provider with m.IdempotencyKey ...
 			_, err = flow.Transition(ctx, tx, orderID, "paid", map[string]any{"charged_at": time.Now()})

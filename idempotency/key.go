@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -24,8 +25,9 @@ var (
 	// before it was completed or released: this attempt's result is not
 	// stored. It is transient: the redelivery finds the new owner's outcome.
 	ErrClaimLost = errors.New("idempotency: claim lost")
-	// ErrNotFound is returned by Store.Get for an unknown key.
-	ErrNotFound = errors.New("idempotency: key not found")
+	// ErrNotFound is returned by Store.Get for an unknown key. It matches
+	// sdk.ErrNotFound too (ARCHITECTURE.md, "Error classes").
+	ErrNotFound = notfound.New("idempotency: key not found")
 	// ErrInvalidConfig reports options or identifiers a constructor refuses.
 	ErrInvalidConfig = errors.New("idempotency: invalid configuration")
 )

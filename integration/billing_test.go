@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokers/rabbitmq"
@@ -47,6 +48,7 @@ const (
 	envPG     = "BERTH_E2E_PG"
 	envAMQP   = "BERTH_E2E_AMQP"
 	envSQS    = "BERTH_E2E_SQS"
+	envNATS   = "BERTH_E2E_NATS"
 )
 
 // httpTransport carries every SQS client of this package, so that TestMain
@@ -63,14 +65,14 @@ type charge struct {
 	Amount  int64  `json:"amount"`
 }
 
-type endpoints struct{ pg, amqp, sqs string }
+type endpoints struct{ pg, amqp, sqs, nats string }
 
 func (e endpoints) env() []string {
-	return []string{envPG + "=" + e.pg, envAMQP + "=" + e.amqp, envSQS + "=" + e.sqs}
+	return []string{envPG + "=" + e.pg, envAMQP + "=" + e.amqp, envSQS + "=" + e.sqs, envNATS + "=" + e.nats}
 }
 
 func endpointsFromEnv() endpoints {
-	return endpoints{pg: os.Getenv(envPG), amqp: os.Getenv(envAMQP), sqs: os.Getenv(envSQS)}
+	return endpoints{pg: os.Getenv(envPG), amqp: os.Getenv(envAMQP), sqs: os.Getenv(envSQS), nats: os.Getenv(envNATS)}
 }
 
 // openBroker connects to a broker of kind for the billing queue.
@@ -87,6 +89,9 @@ func openBroker(ctx context.Context, kind string, ep endpoints, pool *pgxpool.Po
 				o.BaseEndpoint = aws.String(ep.sqs)
 				o.HTTPClient = &http.Client{Transport: httpTransport}
 			})
+	case "jetstream":
+		return jetstream.Connect(ctx, ep.nats, jetstream.ConnectOptions{Name: "berth-e2e"},
+			jetstream.Options{AckWait: e2eLease, WaitTime: time.Second})
 	case "postgres":
 		b, err := postgres.New(pool, postgres.Options{Schema: schema, Lease: e2eLease, MaxAttempts: 20, PollInterval: 200 * time.Millisecond})
 		if err != nil {
@@ -492,13 +497,15 @@ FROM `+s+`.orders o LEFT JOIN `+s+`.charges c ON c.order_id = o.id GROUP BY o.id
 
 func TestBillingExactlyOnceEffect(t *testing.T) {
 	ep := endpoints{pg: PostgresDSN(t)}
-	for _, kind := range []string{"memory", "rabbitmq", "sqs", "postgres"} {
+	for _, kind := range []string{"memory", "rabbitmq", "sqs", "postgres", "jetstream"} {
 		t.Run(kind, func(t *testing.T) {
 			switch kind {
 			case "rabbitmq":
 				ep.amqp = RabbitMQURL(t)
 			case "sqs":
 				ep.sqs = SQSEndpoint(t)
+			case "jetstream":
+				ep.nats = NATSURL(t)
 			}
 			r := setupBilling(t, kind, ep)
 			const orders = 200

@@ -85,3 +85,11 @@ func dockerLocalStack() (string, error) {
 	host, port, _ := net.SplitHostPort(hp)
 	return "http://" + net.JoinHostPort(host, port), nil
 }
+
+func dockerNATS() (string, error) {
+	hp, err := startContainer("nats", "2.10-alpine", nil, []string{"-js"}, "4222/tcp")
+	if err != nil {
+		return "", err
+	}
+	return "nats://" + hp, nil
+}

@@ -1,5 +1,5 @@
 // Package integration hands tests real service endpoints: a RabbitMQ URL, a
-// PostgreSQL DSN, a Redis address and an SQS endpoint.
+// PostgreSQL DSN, a Redis address, an SQS endpoint and a NATS (JetStream) URL.
 //
 // Each helper looks, in order, at an environment variable, then at the
 // service's usual loopback address (probed), then, when a Docker daemon
@@ -74,6 +74,16 @@ func SQSEndpoint(t testing.TB) string {
 	return resolve(t, service{
 		name: "SQS", env: "BERTH_SQS_ENDPOINT", fallback: "http://127.0.0.1:4566",
 		addr: urlHostPort("4566"), docker: dockerLocalStack,
+	})
+}
+
+// NATSURL returns the URL of a NATS server with JetStream enabled
+// (BERTH_NATS_URL, else nats://127.0.0.1:4222, where the machine and
+// scripts/services run nats-server -js).
+func NATSURL(t testing.TB) string {
+	return resolve(t, service{
+		name: "NATS", env: "BERTH_NATS_URL", fallback: "nats://127.0.0.1:4222",
+		addr: urlHostPort("4222"), docker: dockerNATS,
 	})
 }
 

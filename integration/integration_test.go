@@ -42,7 +42,7 @@ func TestURLHostPortHidesNothingButHost(t *testing.T) {
 // skipping, which is what this test proves for the machine it runs on.
 func TestServicesAnswer(t *testing.T) {
 	for name, get := range map[string]func(testing.TB) string{
-		"rabbitmq": RabbitMQURL, "postgres": PostgresDSN, "redis": RedisAddr, "sqs": SQSEndpoint,
+		"rabbitmq": RabbitMQURL, "postgres": PostgresDSN, "redis": RedisAddr, "sqs": SQSEndpoint, "nats": NATSURL,
 	} {
 		t.Run(name, func(t *testing.T) {
 			if ep := get(t); ep == "" {

@@ -24,8 +24,9 @@ var (
 	ErrLeaseLost = errors.New("berth: lease lost")
 	// ErrAlreadySettled is returned when a delivery is settled a second time.
 	ErrAlreadySettled = errors.New("berth: delivery already settled")
-	// ErrUnknownJobType is wrapped (permanently) by [Router] for a Message.Type
-	// with no handler.
+	// ErrUnknownJobType is wrapped by [Router] for a Message.Type with no
+	// handler: permanently by default ([DeadLetterUnknown]), in a RetryAfter
+	// with [RetryUnknown].
 	ErrUnknownJobType = errors.New("berth: unknown job type")
 	// ErrUndecodable is wrapped (permanently) by [Decode] for a body that does
 	// not decode.
@@ -35,6 +36,11 @@ var (
 	// ErrShutdown is the cancellation cause of a handler's context when the
 	// Worker stops before the handler finished.
 	ErrShutdown = errors.New("berth: worker shutting down")
+	// ErrJobTimeout is the cancellation cause of a handler's context when the
+	// handler ran longer than its timeout ([WorkerOptions.Timeout]), and is
+	// wrapped by the cause the Worker settles such a delivery with. It wraps
+	// context.DeadlineExceeded and is transient: the job is retried.
+	ErrJobTimeout = fmt.Errorf("berth: job timeout: %w", context.DeadlineExceeded)
 	// ErrDrainTimeout is returned by [Worker.Run] when handlers did not return
 	// within the drain deadline after their context was cancelled.
 	ErrDrainTimeout = errors.New("berth: drain deadline exceeded")

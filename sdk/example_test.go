@@ -112,6 +112,22 @@ func ExampleRouter() {
 	// true true
 }
 
+// During a rolling deploy in which producers ship a new job type first, old
+// consumers hand such jobs back (without consuming an attempt) instead of
+// dead-lettering them, until a consumer that knows the type takes them.
+func ExampleRouter_HandleUnknown() {
+	r := sdk.NewRouter()
+	r.RegisterFunc("email.welcome", func(context.Context, sdk.Delivery) error { return nil })
+	r.HandleUnknown(sdk.RetryUnknown(30 * time.Second))
+	err := r.Handle(context.Background(), newFake(1, "email.digest"))
+	var ra *sdk.RetryAfterError
+	fmt.Println(errors.Is(err, sdk.ErrUnknownJobType), errors.As(err, &ra), ra.Delay)
+	fmt.Println(err)
+	// Output:
+	// true true 30s
+	// retry after 30s: berth: unknown job type "email.digest"
+}
+
 // Decode ignores fields it does not know (a newer producer's) and rejects a
 // body of the wrong shape with a permanent error.
 func ExampleDecode() {

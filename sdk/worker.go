@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -70,6 +71,7 @@ type task struct {
 	lost     atomic.Bool  // the lease was lost: do not run, do not settle
 	settling atomic.Bool  // the handler returned: the heartbeat leaves it alone
 	extended atomic.Int64 // unix nanos of the last lease start or extension
+	deadline atomic.Int64 // unix nanos when the handler's timeout passes, 0 for none
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
 	ctx      context.Context         // the handler's context, set with cancel
@@ -113,8 +115,10 @@ func (t *task) stop(cause error) {
 // at most SettleTimeout: handlers that honour their context return within
 // DrainTimeout and a settlement; a handler that ignores it is abandoned after
 // the extra SettleTimeout + 1s, and its goroutine, still owned by nothing but
-// the handler, settles its delivery when (if) it returns. Set DrainTimeout
-// below the platform's grace period (Kubernetes: 30s) minus SettleTimeout.
+// the handler, settles its delivery when (if) it returns. The defaults
+// ([DefaultDrainTimeout], [DefaultSettleTimeout]) fit Kubernetes' 30s grace
+// period; when you change them, keep DrainTimeout + 2·SettleTimeout + 1s
+// below the platform's grace period.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrWorkerRunning
@@ -315,6 +319,11 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 			if t.lost.Load() || t.settling.Load() || now.Sub(last) < o.HeartbeatInterval {
 				continue
 			}
+			if dl := t.deadline.Load(); dl != 0 && now.UnixNano() >= dl {
+				// Timed out: a handler that ignores its context must not
+				// hold the job for ever; let the lease run out.
+				continue
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -375,6 +384,13 @@ func (w *Worker) process(base context.Context, t *task) {
 	if w.stopping.Load() {
 		cancel(ErrShutdown)
 	}
+	if timeout := w.timeout(m.Type); timeout > 0 {
+		// A timer on the task's own cancel, not a context.WithTimeout: that
+		// would add a context and a children map to every job.
+		t.deadline.Store(time.Now().Add(timeout).UnixNano())
+		timer := time.AfterFunc(timeout, func() { cancel(ErrJobTimeout) })
+		defer timer.Stop()
+	}
 	if m.CorrelationID != "" {
 		ctx = WithCorrelationID(ctx, m.CorrelationID)
 	}
@@ -433,7 +449,6 @@ func (w *Worker) settleContext(base context.Context, now time.Time) context.Cont
 // settle applies the settlement table of the package doc, once, with ctx
 // bounding the settlement call.
 func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost bool) Settlement {
-	o := w.opts
 	s := Settlement{Cause: err, Class: Classify(err)}
 	if lost {
 		s.Action = ActionLeaseLost
@@ -448,6 +463,12 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	case errors.Is(context.Cause(hctx), ErrShutdown):
 		s.Action = ActionRelease
 		s.Err = releaseOrRetry(ctx, d, 0, err)
+	case errors.Is(context.Cause(hctx), ErrJobTimeout):
+		// The timeout wins over what the interrupted handler returned: it
+		// is a transient failure of this attempt.
+		err = fmt.Errorf("%w after %s: %v", ErrJobTimeout, w.timeout(m.Type), err)
+		s.Cause, s.Class = err, Classify(err)
+		s.Action, s.Delay, s.Err = w.retryOrDeadLetter(ctx, d, err)
 	case s.Class == ClassPermanent:
 		s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
 	case errors.As(err, &ra):
@@ -457,19 +478,33 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 		}
 		s.Err = releaseOrRetry(ctx, d, ra.Delay, err)
 	default:
-		p := o.Retry
-		if tp, ok := o.RetryByType[m.Type]; ok {
-			p = tp
-		}
-		if d.Attempt() < p.MaxAttempts {
-			s.Action, s.Delay = ActionRetry, p.Backoff.Delay(d.Attempt(), w.rand())
-			s.Err = d.Retry(ctx, s.Delay, err)
-		} else {
-			s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
-		}
+		s.Action, s.Delay, s.Err = w.retryOrDeadLetter(ctx, d, err)
 	}
 	w.log(hctx, d, s)
 	return s
+}
+
+// retryOrDeadLetter settles a transient failure: Retry with backoff while
+// the type's policy allows another attempt, else DeadLetter.
+func (w *Worker) retryOrDeadLetter(ctx context.Context, d Delivery, cause error) (Action, time.Duration, error) {
+	p := w.opts.Retry
+	if tp, ok := w.opts.RetryByType[d.Message().Type]; ok {
+		p = tp
+	}
+	if d.Attempt() < p.MaxAttempts {
+		delay := p.Backoff.Delay(d.Attempt(), w.rand())
+		return ActionRetry, delay, d.Retry(ctx, delay, cause)
+	}
+	return ActionDeadLetter, 0, d.DeadLetter(ctx, cause)
+}
+
+// timeout is the handler timeout of jobType, 0 for none.
+func (w *Worker) timeout(jobType string) time.Duration {
+	d := w.opts.Timeout
+	if td, ok := w.opts.TimeoutByType[jobType]; ok {
+		d = td
+	}
+	return max(d, 0)
 }
 
 func releaseOrRetry(ctx context.Context, d Delivery, delay time.Duration, cause error) error {

@@ -20,6 +20,22 @@ type RetryPolicy struct {
 // DefaultMaxAttempts is the MaxAttempts used when none is given.
 const DefaultMaxAttempts = 5
 
+// DefaultTimeout is the WorkerOptions.Timeout used when none is given: long
+// enough for any job that is not hung, and equal to RabbitMQ's default
+// consumer_timeout, so a hung handler is given up after the same time on
+// every broker.
+const DefaultTimeout = 30 * time.Minute
+
+// Shutdown defaults. [Worker.Run] returns at most DrainTimeout +
+// SettleTimeout + 1s after its context ends, plus a Flush bounded by
+// SettleTimeout: with these defaults 15 + 5 + 1 + 5 = 26s, inside the 30s
+// grace period Kubernetes gives a pod between SIGTERM and SIGKILL, with 4s
+// left to close the broker (ARCHITECTURE.md, "Shutdown").
+const (
+	DefaultDrainTimeout  = 15 * time.Second
+	DefaultSettleTimeout = 5 * time.Second
+)
+
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = DefaultMaxAttempts
@@ -45,6 +61,22 @@ type WorkerOptions struct {
 	Retry RetryPolicy
 	// RetryByType overrides Retry per Message.Type.
 	RetryByType map[string]RetryPolicy
+	// Timeout bounds each handler run. When it passes, the handler's context
+	// is cancelled with cause [ErrJobTimeout] (context.Cause(ctx); it matches
+	// context.DeadlineExceeded), the heartbeat stops extending the delivery's lease,
+	// and the delivery is settled as a transient failure: Retry with backoff
+	// while attempts remain, else DeadLetter, with a cause wrapping
+	// ErrJobTimeout (a handler that still returns nil is acked: its work is
+	// done). A handler that ignores its context cannot be stopped (Go has no
+	// way to), but it no longer holds its job: its lease runs out, the broker
+	// delivers the job again (counting an attempt), and the late settlement
+	// is refused as [ErrLeaseLost]; RabbitMQ, which has no leases, frees it
+	// by its consumer_timeout. See ARCHITECTURE.md, "Attempts, leases and
+	// heartbeats". Default [DefaultTimeout]; negative means no limit.
+	Timeout time.Duration
+	// TimeoutByType overrides Timeout per Message.Type (negative: no limit
+	// for that type).
+	TimeoutByType map[string]time.Duration
 	// Lease is the lease length the Worker asks for when it extends a lease;
 	// it must not exceed the broker's lease (visibility timeout), or leases
 	// run out between heartbeats. Default: the broker's, when it reports one
@@ -56,9 +88,9 @@ type WorkerOptions struct {
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds shutdown: handlers still running this long after Run's
 	// context is done have their context cancelled (cause [ErrShutdown]) and
-	// their deliveries released. Default 30s.
+	// their deliveries released. Default [DefaultDrainTimeout].
 	DrainTimeout time.Duration
-	// SettleTimeout bounds each settlement call. Default 10s.
+	// SettleTimeout bounds each settlement call. Default [DefaultSettleTimeout].
 	SettleTimeout time.Duration
 	// Middleware wraps the handler, the first outermost.
 	Middleware []Middleware
@@ -92,6 +124,19 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		}
 		o.RetryByType = m
 	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.TimeoutByType != nil {
+		m := make(map[string]time.Duration, len(o.TimeoutByType))
+		for t, d := range o.TimeoutByType {
+			if d == 0 {
+				d = o.Timeout
+			}
+			m[t] = d
+		}
+		o.TimeoutByType = m
+	}
 	if o.Lease < 0 {
 		return o, fmt.Errorf("berth: worker: negative Lease %s", o.Lease)
 	}
@@ -105,10 +150,10 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		return o, fmt.Errorf("berth: worker: HeartbeatInterval %s is longer than half the Lease %s: leases would run out between heartbeats and long jobs run twice", o.HeartbeatInterval, o.Lease)
 	}
 	if o.DrainTimeout <= 0 {
-		o.DrainTimeout = 30 * time.Second
+		o.DrainTimeout = DefaultDrainTimeout
 	}
 	if o.SettleTimeout <= 0 {
-		o.SettleTimeout = 10 * time.Second
+		o.SettleTimeout = DefaultSettleTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

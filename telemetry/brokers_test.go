@@ -11,6 +11,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/brokers/sqs"
@@ -63,6 +64,26 @@ func TestOneTracePerJob(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			if err := b.DeleteQueue(ctx, queue, true); err != nil {
+				t.Errorf("delete queue: %v", err)
+			}
+		})
+		traceScenario(t, b, queue)
+	})
+	t.Run("jetstream", func(t *testing.T) {
+		url := integration.NATSURL(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		b, err := jetstream.Connect(ctx, url, jetstream.ConnectOptions{Name: "berth-teltest"},
+			jetstream.Options{AckWait: 5 * time.Second, WaitTime: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		queue := uniqueQueue(t, "berth_teltest")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := b.DeleteQueue(ctx, queue); err != nil {
 				t.Errorf("delete queue: %v", err)
 			}
 		})

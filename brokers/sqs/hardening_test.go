@@ -282,3 +282,29 @@ func TestHardening4_SQSScanKeepsItsHolds(t *testing.T) {
 		t.Errorf("%d dead letters left, want 75", left)
 	}
 }
+
+// TestHardening4_SQSRedriveAllReportsWhatRemains: issue 11 item 4. A redrive
+// of all that meets a message it already redrove in this call (a consumer
+// dead-lettered it again meanwhile, or a duplicate) leaves it, so that the
+// call ends, and says so with a *ScanError instead of reporting success.
+func TestHardening4_SQSRedriveAllReportsWhatRemains(t *testing.T) {
+	t.Parallel() // each scan ends with a 1 s long poll
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "redriveleft", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	m := &sdk.Message{ID: sdk.NewID(), Type: "dl", Body: []byte("twice")}
+	for range 2 {
+		if err := b.Publish(ctx, q+"-dlq", m.Clone()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := b.RedriveDeadLetters(ctx, q)
+	var se *sqs.ScanError
+	if n != 1 || !errors.As(err, &se) || se.Remaining != 1 {
+		t.Fatalf("RedriveDeadLetters(all) = %d, %v; want 1 and a *ScanError with 1 remaining", n, err)
+	}
+	left, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(left) != 1 || left[0].ID != m.ID {
+		t.Fatalf("after redrive all: %d dead letters, %v; want the second copy of %s", len(left), err, m.ID)
+	}
+}

@@ -373,10 +373,11 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // It pages through the dead-letter queue, redriving each page as it goes,
 // until receives find it empty. It returns how many it redrove, and an error
 // wrapping [sdk.ErrNotFound] naming the IDs it did not find. Dead letters it
-// could not send stay, with the errors returned; with no IDs, one that comes
-// back to the dead-letter queue during the call (dead-lettered again by a
-// consumer) stays too, reported by a [*ScanError], as is a scan that had to
-// hold more than 10,000 dead letters.
+// could not send stay, with the errors returned. With no IDs, a dead letter
+// whose berth ID the call already redrove (it came back, dead-lettered again
+// by a consumer while the redrive ran, or it is a duplicate) stays too, so
+// that the call ends; it is reported by a [*ScanError], as is a scan that had
+// to hold more than 10,000 dead letters.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	want := map[string]bool{}
 	for _, id := range ids {
@@ -398,10 +399,11 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 				return err
 			}
 			var page []*letter
+			inPage := map[string]bool{}
 			for _, l := range ls {
 				switch {
 				case len(want) > 0 && !want[l.msg.ID] && !want[l.sqsID]:
-				case len(want) == 0 && sent[l.msg.ID]:
+				case len(want) == 0 && (sent[l.msg.ID] || inPage[l.msg.ID]):
 					again++
 				default:
 					for _, k := range []string{l.msg.ID, l.sqsID} {
@@ -411,6 +413,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 						}
 					}
 					page = append(page, l)
+					inPage[l.msg.ID] = true
 					continue
 				}
 				l.msg = nil // held, not needed
@@ -425,7 +428,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	})
 	if err == nil && again > 0 {
 		err = &ScanError{Queue: queue, Remaining: again,
-			Reason: "dead-lettered again while the redrive ran"}
+			Reason: "this call already redrove a message with the same ID (dead-lettered again while the redrive ran, or a duplicate)"}
 	}
 	if err := errors.Join(append(errs, err)...); err != nil {
 		return redriven, err

@@ -82,9 +82,11 @@ func TestJobsOnLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
 	schema := fmt.Sprintf("cli_ledger_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	t.Cleanup(func() { // after the test's defers: the pool must still be open to drop the schema
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		pool.Close()
+	})
 	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/internal/sqlident"
+	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -36,8 +38,11 @@ var (
 	// (a retry takes a fresh lock and a fresh token), and the work done under
 	// the stale token must be discarded (roll the transaction back).
 	ErrStaleToken = errors.New("fence: stale fencing token")
-	// ErrNotFound reports that no row has the key.
-	ErrNotFound = errors.New("fence: row not found")
+	// ErrNotFound reports that no row has the key. It matches
+	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
+	// a row that does not exist cannot succeed (the same convention in every
+	// concurrency package; ARCHITECTURE.md, "Error classes").
+	ErrNotFound = notfound.New("fence: row not found")
 )
 
 // StaleTokenError describes a refused write. It wraps [ErrStaleToken].
@@ -94,7 +99,7 @@ func New(opts Options) (*Table, error) {
 // Check records token on the row whose key is key, provided no later token
 // has; it writes nothing else. Run it first in a transaction whose other
 // writes the token should fence. A later token gives a [*StaleTokenError]
-// ([ErrStaleToken]); a missing row [ErrNotFound].
+// ([ErrStaleToken]); a missing row a permanent [ErrNotFound].
 func (t *Table) Check(ctx context.Context, db DB, key any, token int64) error {
 	return t.Update(ctx, db, key, token, nil)
 }
@@ -143,7 +148,7 @@ func (t *Table) Update(ctx context.Context, db DB, key any, token int64, set map
 
 func (t *Table) wrap(ctx context.Context, key any, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key)
+		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key))
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -22,7 +22,9 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/internal/sqlident"
+	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -32,8 +34,11 @@ var (
 	// ErrVersionConflict reports an update whose expected version is no
 	// longer the row's version. Reload and re-apply (see [Retrier]).
 	ErrVersionConflict = errors.New("optimistic: version conflict")
-	// ErrNotFound reports that no row has the key.
-	ErrNotFound = errors.New("optimistic: row not found")
+	// ErrNotFound reports that no row has the key. It matches
+	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
+	// a row that does not exist cannot succeed (the same convention in every
+	// concurrency package; ARCHITECTURE.md, "Error classes").
+	ErrNotFound = notfound.New("optimistic: row not found")
 )
 
 // ConflictError is the error of an update that lost the race. It wraps
@@ -89,7 +94,7 @@ func New(opts Options) (*Table, error) {
 }
 
 // Get reads the row's version and the given columns into dest (one target per
-// column). A missing row gives [ErrNotFound].
+// column). A missing row gives a permanent [ErrNotFound].
 func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest ...any) (int64, error) {
 	if len(columns) != len(dest) {
 		return 0, fmt.Errorf("optimistic: %d columns but %d destinations", len(columns), len(dest))
@@ -110,7 +115,7 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 // Update sets the columns in set on the row whose key is key, provided its
 // version is still version, and bumps the version. It returns the new
 // version. A stale version gives a [*ConflictError] ([ErrVersionConflict]); a
-// missing row gives [ErrNotFound]. Column names are validated and quoted;
+// missing row gives a permanent [ErrNotFound]. Column names are validated and quoted;
 // values are bind parameters. set must not name the key or version column.
 func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set map[string]any) (int64, error) {
 	names := make([]string, 0, len(set))
@@ -154,7 +159,7 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 
 func (t *Table) wrap(ctx context.Context, key any, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key)
+		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key))
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
@@ -34,10 +35,11 @@ var (
 	// ErrBusy reports a row locked by another transaction beyond the wait bound
 	// (or at once, with NoWait). It arrives wrapped in sdk.RetryAfter.
 	ErrBusy = errors.New("rowlock: row busy")
-	// ErrNotFound reports that no row has the key. It is not marked
-	// permanent: whether a missing row is a broken job is the caller's call
-	// (usually it is: wrap it with sdk.Permanent).
-	ErrNotFound = errors.New("rowlock: row not found")
+	// ErrNotFound reports that no row has the key. It matches
+	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
+	// a row that does not exist cannot succeed (the same convention in every
+	// concurrency package; ARCHITECTURE.md, "Error classes").
+	ErrNotFound = notfound.New("rowlock: row not found")
 )
 
 // BusyError describes a lock that was not obtained. It wraps [ErrBusy] and the
@@ -147,7 +149,7 @@ func New(opts Options) (*Locker, error) {
 //
 // A busy row gives an error made by sdk.RetryAfter wrapping a [*BusyError]
 // ([ErrBusy]); tx is then aborted and must be rolled back. A missing row
-// gives [ErrNotFound]. Context errors are returned unwrapped.
+// gives a permanent [ErrNotFound]. Context errors are returned unwrapped.
 func (l *Locker) Lock(ctx context.Context, tx pgx.Tx, key any, dest ...any) (time.Duration, error) {
 	waited, err := l.lock(ctx, tx, key, dest)
 	if l.observe != nil {
@@ -194,7 +196,7 @@ func (l *Locker) classify(ctx context.Context, key any, waited time.Duration, er
 		return nil
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %s %v", ErrNotFound, l.table, key)
+		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, l.table, key))
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
@@ -35,9 +36,11 @@ var (
 	ErrInvalidTransition = errors.New("state: transition not allowed")
 	// ErrUnknownState reports a state the transition table does not declare.
 	ErrUnknownState = errors.New("state: unknown state")
-	// ErrNotFound reports that no row has the key. It arrives wrapped in
-	// sdk.Permanent: a job about a row that does not exist cannot succeed.
-	ErrNotFound = errors.New("state: row not found")
+	// ErrNotFound reports that no row has the key. It matches
+	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
+	// a row that does not exist cannot succeed (the same convention in every
+	// concurrency package; ARCHITECTURE.md, "Error classes").
+	ErrNotFound = notfound.New("state: row not found")
 	// ErrInvalidTable reports a transition table rejected by [New].
 	ErrInvalidTable = errors.New("state: invalid transition table")
 )

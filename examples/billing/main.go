@@ -23,6 +23,7 @@
 //	go run ./examples/billing -broker postgres -postgres postgres://postgres@127.0.0.1:5432/test
 //	go run ./examples/billing -broker rabbitmq -rabbitmq amqp://guest:guest@127.0.0.1:5672/
 //	go run ./examples/billing -broker sqs -sqs http://127.0.0.1:4566
+//	go run ./examples/billing -broker jetstream -nats nats://127.0.0.1:4222
 //	go run ./examples/billing -redis 127.0.0.1:6379 -crash
 //
 // With -redis, a Redis cache (SET NX EX, written after each commit) answers
@@ -45,11 +46,12 @@ import (
 
 func main() {
 	var c config
-	flag.StringVar(&c.Broker, "broker", "memory", "broker: memory, rabbitmq, sqs or postgres")
+	flag.StringVar(&c.Broker, "broker", "memory", "broker: memory, rabbitmq, sqs, postgres or jetstream")
 	flag.StringVar(&c.PostgresDSN, "postgres", os.Getenv("BERTH_POSTGRES_DSN"), "PostgreSQL DSN for the stores (and -broker postgres); default $BERTH_POSTGRES_DSN, empty means memory stores")
 	flag.StringVar(&c.RabbitMQURL, "rabbitmq", os.Getenv("BERTH_RABBITMQ_URL"), "RabbitMQ URL for -broker rabbitmq")
 	flag.StringVar(&c.RedisAddr, "redis", "", "Redis host:port for the dedupe cache in front of the store (optional)")
 	flag.StringVar(&c.SQSEndpoint, "sqs", os.Getenv("BERTH_SQS_ENDPOINT"), "SQS endpoint for -broker sqs")
+	flag.StringVar(&c.NATSURL, "nats", natsDefault(), "NATS URL for -broker jetstream; default $BERTH_NATS_URL, else nats://127.0.0.1:4222")
 	flag.IntVar(&c.Orders, "orders", 60, "number of orders")
 	flag.IntVar(&c.DupEvery, "dup-every", 3, "publish every n-th order's job twice")
 	flag.IntVar(&c.Workers, "workers", 3, "Worker instances")
@@ -75,4 +77,11 @@ func main() {
 	if s.ChargedTwice != 0 || len(s.NotCharged) != 0 {
 		os.Exit(1)
 	}
+}
+
+func natsDefault() string {
+	if u := os.Getenv("BERTH_NATS_URL"); u != "" {
+		return u
+	}
+	return "nats://127.0.0.1:4222"
 }

@@ -21,6 +21,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokers/rabbitmq"
@@ -32,16 +33,18 @@ import (
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // config is the scenario's knobs; main fills it from flags.
 type config struct {
-	Broker      string // memory | rabbitmq | sqs | postgres
+	Broker      string // memory | rabbitmq | sqs | postgres | jetstream
 	PostgresDSN string // stores (job_results, orders) in PostgreSQL; required by -broker postgres
 	RabbitMQURL string
 	SQSEndpoint string
+	NATSURL     string
 	RedisAddr   string // optional: the Redis dedupe cache in front of the store
 
 	Orders      int
@@ -102,8 +105,12 @@ func (c *config) defaults() error {
 		if c.SQSEndpoint == "" {
 			return errors.New("-broker sqs needs -sqs ENDPOINT")
 		}
+	case "jetstream":
+		if c.NATSURL == "" {
+			return errors.New("-broker jetstream needs -nats URL")
+		}
 	default:
-		return fmt.Errorf("unknown broker %q (want memory, rabbitmq, sqs or postgres)", c.Broker)
+		return fmt.Errorf("unknown broker %q (want memory, rabbitmq, sqs, postgres or jetstream)", c.Broker)
 	}
 	return nil
 }
@@ -269,6 +276,27 @@ func open(ctx context.Context, c *config) (*env, error) {
 		e.broker = b
 		if !c.Keep {
 			e.closers = append(e.closers, func() { _ = b.DeleteQueue(context.Background(), e.queue, true) })
+		}
+	case "jetstream":
+		e.lease = 2 * time.Second
+		nc, err := nats.Connect(c.NATSURL, nats.Name("berth-billing-example"), nats.MaxReconnects(-1))
+		if err != nil {
+			return nil, fmt.Errorf("jetstream: %w", err)
+		}
+		e.closers = append(e.closers, nc.Close)
+		opts := jetstream.Options{AckWait: e.lease, WaitTime: time.Second, Logger: c.Logger}
+		b, err := jetstream.New(nc, opts)
+		if err != nil {
+			return nil, err
+		}
+		e.broker = b
+		if !c.Keep { // runs after the broker's Close, on the connection it leaves open
+			e.closers = append(e.closers, func() {
+				if d, err := jetstream.New(nc, opts); err == nil {
+					_ = d.DeleteQueue(context.Background(), e.queue)
+					_ = d.Close()
+				}
+			})
 		}
 	}
 	e.closers = append(e.closers, func() { _ = e.broker.Close() })

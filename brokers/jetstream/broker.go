@@ -1,0 +1,381 @@
+package jetstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Defaults of [Options].
+const (
+	DefaultAckWait       = 30 * time.Second
+	DefaultWaitTime      = 7 * time.Second // does not divide DefaultAckWait: see the package doc
+	DefaultMaxDeliveries = 10
+	DefaultMaxInFlight   = 1024
+	DefaultPrefix        = "berth"
+	// DefaultDuplicates is the window in which JetStream drops a second
+	// publish with the same Nats-Msg-Id.
+	DefaultDuplicates = 2 * time.Minute
+)
+
+// Options configures a [Broker]. The zero value is usable.
+type Options struct {
+	// AckWait is the lease of every delivery: JetStream redelivers a
+	// message not acknowledged within it. ExtendLease (InProgress) restarts
+	// it. Default 30 s. Set WorkerOptions.Lease to at most this.
+	AckWait time.Duration
+	// WaitTime is how long one Receive long-polls an empty queue before it
+	// returns no deliveries. Default 7 s. Choose one that does not divide
+	// AckWait (see the package doc).
+	WaitTime time.Duration
+	// MaxDeliveries is the poison cap: a message delivered more than this
+	// many times (retries and expired leases alike) is moved to the
+	// dead-letter stream with the cause [sdk.ErrMaxDeliveries] when it is
+	// received once more. Keep it above the Worker's MaxAttempts. Default 10.
+	MaxDeliveries int
+	// MaxMessageSize is the largest message, as [sdk.Message.Size] counts
+	// it, that Publish accepts. Default: the server's max_payload less 16 KiB
+	// for the headers berth adds.
+	MaxMessageSize int
+	// MaxInFlight bounds the asynchronous publishes awaiting their ack from
+	// JetStream, across all Publish calls of the Broker. Default 1024.
+	MaxInFlight int
+	// Prefix names berth's streams (upper-cased) and subjects. Default
+	// "berth": queue "billing" lives in stream BERTH_Q_billing on subjects
+	// berth.q.billing (ready) and berth.d.billing (delayed), its dead letters
+	// in stream BERTH_DLQ_billing. Letters, digits, '-' and '_' only.
+	Prefix string
+	// Duplicates is the stream's deduplication window (Nats-Msg-Id). Default 2 min.
+	Duplicates time.Duration
+	// Storage is where streams keep messages. Default jetstream.FileStorage.
+	Storage jetstream.StorageType
+	// Replicas of each stream in a cluster. Default 1.
+	Replicas int
+	// NoDeclare stops Publish and Receive from declaring a queue on first
+	// use: a queue whose stream does not exist is then an error wrapping
+	// [sdk.ErrNotFound] and JetStream's own error. Declare queues with
+	// DeclareQueue (or the nats CLI) instead.
+	NoDeclare bool
+	// Logger receives reconnects, disconnects and failures of background
+	// work. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults(maxPayload int64) (Options, error) {
+	if o.AckWait < 0 || o.WaitTime < 0 || o.MaxDeliveries < 0 || o.MaxMessageSize < 0 || o.MaxInFlight < 0 || o.Duplicates < 0 || o.Replicas < 0 {
+		return o, fmt.Errorf("berth/jetstream: negative option in %+v", o)
+	}
+	if o.AckWait == 0 {
+		o.AckWait = DefaultAckWait
+	}
+	if o.AckWait < 100*time.Millisecond {
+		return o, fmt.Errorf("berth/jetstream: AckWait %s below 100ms", o.AckWait)
+	}
+	if o.WaitTime == 0 {
+		o.WaitTime = DefaultWaitTime
+	}
+	if o.MaxDeliveries == 0 {
+		o.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.Duplicates == 0 {
+		o.Duplicates = DefaultDuplicates
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	for i := 0; i < len(o.Prefix); i++ {
+		c := o.Prefix[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return o, fmt.Errorf("berth/jetstream: Prefix %q: only letters, digits, '-' and '_'", o.Prefix)
+		}
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = int(maxPayload) - headerReserve
+	}
+	if o.MaxMessageSize <= 0 || int64(o.MaxMessageSize) > maxPayload {
+		return o, fmt.Errorf("berth/jetstream: MaxMessageSize %d outside (0, server max_payload %d]", o.MaxMessageSize, maxPayload)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+// headerReserve is what the default MaxMessageSize leaves of the server's
+// max_payload for the NATS headers berth writes.
+const headerReserve = 16 << 10
+
+// ConnectOptions are the connection settings of [Connect].
+type ConnectOptions struct {
+	// TLS, when set, is the client TLS configuration (server verification,
+	// client certificates). A tls:// URL with a nil TLS uses the system roots.
+	TLS *tls.Config
+	// CredentialsFile is a NATS .creds file (user JWT and NKey seed).
+	CredentialsFile string
+	// NKeyFile is an NKey seed file for NKey authentication.
+	NKeyFile string
+	// User and Password, or Token, authenticate when the URL carries none.
+	User, Password, Token string
+	// Name is the connection's name in the server's monitoring. Default "berth".
+	Name string
+	// ReconnectWait is the pause between reconnect attempts. Default 1 s.
+	// The connection reconnects for ever; a Broker's calls made while it is
+	// down wait (publishes are buffered by nats.go) or fail with
+	// [sdk.ErrUnavailable].
+	ReconnectWait time.Duration
+	// Extra nats.go options, applied last.
+	Extra []nats.Option
+}
+
+// Connect dials url (nats://, tls://; several separated by commas) and
+// returns a Broker that owns the connection: Close closes it. The connection
+// reconnects for ever and logs disconnects and reconnects on opts.Logger.
+func Connect(ctx context.Context, url string, co ConnectOptions, opts Options) (*Broker, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	name := co.Name
+	if name == "" {
+		name = "berth"
+	}
+	wait := co.ReconnectWait
+	if wait <= 0 {
+		wait = time.Second
+	}
+	nopts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(wait),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: closed on purpose
+				logger.Warn("berth/jetstream: disconnected", "err", err)
+			}
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			logger.Warn("berth/jetstream: connection error", "err", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			logger.Info("berth/jetstream: reconnected", "server", c.ConnectedUrlRedacted())
+		}),
+	}
+	if co.TLS != nil {
+		nopts = append(nopts, nats.Secure(co.TLS))
+	}
+	if co.CredentialsFile != "" {
+		nopts = append(nopts, nats.UserCredentials(co.CredentialsFile))
+	}
+	if co.NKeyFile != "" {
+		o, err := nats.NkeyOptionFromSeed(co.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("berth/jetstream: nkey: %w", err)
+		}
+		nopts = append(nopts, o)
+	}
+	if co.User != "" {
+		nopts = append(nopts, nats.UserInfo(co.User, co.Password))
+	}
+	if co.Token != "" {
+		nopts = append(nopts, nats.Token(co.Token))
+	}
+	nopts = append(nopts, co.Extra...)
+	if dl, ok := ctx.Deadline(); ok {
+		nopts = append(nopts, nats.Timeout(time.Until(dl)))
+	}
+	nc, err := nats.Connect(url, nopts...)
+	if err != nil {
+		return nil, fmt.Errorf("berth/jetstream: connect: %w: %w", sdk.ErrUnavailable, err)
+	}
+	b, err := New(nc, opts)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	b.ownsConn = true
+	return b, nil
+}
+
+// Broker is the berth broker on NATS JetStream. Its methods may be called
+// concurrently.
+type Broker struct {
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	opts     Options
+	ownsConn bool
+	slots    chan struct{} // publish acks in flight
+
+	declared sync.Map // queue name -> *queueState
+
+	closed    atomic.Bool
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup // movers and drains
+	mu        sync.Mutex     // guards subs
+	subs      map[*nats.Subscription]struct{}
+	movers    map[string]bool // guarded by mu: streams this Broker moves delayed messages of
+}
+
+// New returns a Broker on the application's connection nc, which must have
+// JetStream enabled. Close does not close nc.
+func New(nc *nats.Conn, opts Options) (*Broker, error) {
+	if nc == nil {
+		return nil, errors.New("berth/jetstream: nil connection")
+	}
+	o, err := opts.withDefaults(nc.MaxPayload())
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(o.MaxInFlight*4),
+		// A publish whose ack was lost with the connection fails after
+		// this long (wrapping sdk.ErrUnavailable); retrying it is safe.
+		jetstream.WithPublishAsyncTimeout(5*time.Second),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("berth/jetstream: %w", err)
+	}
+	return &Broker{
+		nc:      nc,
+		js:      js,
+		opts:    o,
+		slots:   make(chan struct{}, o.MaxInFlight),
+		closing: make(chan struct{}),
+		subs:    map[*nats.Subscription]struct{}{},
+	}, nil
+}
+
+// Options returns the broker's options with defaults filled in.
+func (b *Broker) Options() Options { return b.opts }
+
+// Conn returns the broker's NATS connection (for what berth does not cover).
+func (b *Broker) Conn() *nats.Conn { return b.nc }
+
+// Close stops the broker's background work (delay movers, drains of
+// cancelled receives), flushes settlements already sent and closes the
+// connection when the Broker owns it ([Connect]). Deliveries not settled
+// come back after their AckWait. Close twice is safe.
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() {
+		b.mu.Lock() // goOwned and track check closed under mu
+		b.closed.Store(true)
+		subs := b.subs
+		b.subs = map[*nats.Subscription]struct{}{}
+		b.mu.Unlock()
+		close(b.closing)
+		for s := range subs {
+			_ = s.Unsubscribe()
+		}
+		b.wg.Wait()
+		if !b.nc.IsClosed() {
+			_ = b.nc.FlushTimeout(2 * time.Second)
+		}
+		if b.ownsConn {
+			b.nc.Close()
+		}
+	})
+	return nil
+}
+
+// Flush waits until the server has received everything sent so far on the
+// connection (settlements already wait for their answer; the lease renewals
+// of ExtendLease's timer do not). The Worker calls it when it drains.
+func (b *Broker) Flush(ctx context.Context) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := b.nc.FlushWithContext(ctx); err != nil {
+		return b.wrapErr(ctx, "flush", err)
+	}
+	return nil
+}
+
+// track registers s so that Close unsubscribes it; it returns false after
+// Close.
+func (b *Broker) track(s *nats.Subscription) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.subs[s] = struct{}{}
+	return true
+}
+
+func (b *Broker) untrack(s *nats.Subscription) {
+	b.mu.Lock()
+	delete(b.subs, s)
+	b.mu.Unlock()
+	_ = s.Unsubscribe()
+}
+
+// goOwned runs fn on a goroutine that Close waits for; it returns false
+// (and does not run fn) after Close.
+func (b *Broker) goOwned(fn func()) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// errNotConnected reports a call made while the connection is down (nats.go
+// reconnecting): it is refused rather than buffered, so that the caller
+// knows it did not reach the server.
+var errNotConnected = errors.New("not connected to the NATS server")
+
+// connected returns an error wrapping sdk.ErrUnavailable unless the
+// connection is up.
+func (b *Broker) connected(op string) error {
+	if s := b.nc.Status(); s != nats.CONNECTED {
+		if b.closed.Load() {
+			return sdk.ErrClosed
+		}
+		return fmt.Errorf("berth/jetstream: %s: %w: %w (%s)", op, sdk.ErrUnavailable, errNotConnected, s)
+	}
+	return nil
+}
+
+// wrapErr turns a nats.go error into berth's: context errors unwrapped,
+// a closed broker ErrClosed, connection trouble ErrUnavailable.
+func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ctx.Err())) {
+		return ctx.Err()
+	}
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrNoServers) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, errNotConnected) {
+		return fmt.Errorf("berth/jetstream: %s: %w: %w", op, sdk.ErrUnavailable, err)
+	}
+	return fmt.Errorf("berth/jetstream: %s: %w", op, err)
+}

@@ -1,0 +1,176 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Consumer names: one durable pull consumer per subject, shared by every
+// Broker that receives from the queue (work-queue retention allows one
+// consumer per subject).
+const (
+	consumerName      = "berth"
+	delayConsumerName = "berth-delay"
+)
+
+// queueState is what a Broker knows of a declared queue.
+type queueState struct {
+	name     string // berth queue name
+	stream   string // BERTH_Q_<esc>
+	dlq      string // BERTH_DLQ_<esc>
+	ready    string // berth.q.<esc>
+	delayed  string // berth.d.<esc>
+	dead     string // berth.dlq.<esc> (a dead letter's subject adds .<id token>)
+	moverRun bool   // guarded by Broker.mu
+}
+
+// escape maps a queue name (letters, digits, '_', '-', '.') onto the
+// characters a stream name and a subject token allow, one to one: '_'
+// becomes "__" and '.' becomes "_D".
+func escape(queue string) string {
+	if !strings.ContainsAny(queue, "_.") {
+		return queue
+	}
+	var sb strings.Builder
+	for i := 0; i < len(queue); i++ {
+		switch c := queue[i]; c {
+		case '_':
+			sb.WriteString("__")
+		case '.':
+			sb.WriteString("_D")
+		default:
+			sb.WriteByte(c)
+		}
+	}
+	return sb.String()
+}
+
+func (b *Broker) names(queue string) *queueState {
+	esc := escape(queue)
+	up := strings.ToUpper(b.opts.Prefix)
+	return &queueState{
+		name:    queue,
+		stream:  up + "_Q_" + esc,
+		dlq:     up + "_DLQ_" + esc,
+		ready:   b.opts.Prefix + ".q." + esc,
+		delayed: b.opts.Prefix + ".d." + esc,
+		dead:    b.opts.Prefix + ".dlq." + esc,
+	}
+}
+
+// StreamNames returns the names of the stream holding queue's messages and
+// of the stream holding its dead letters.
+func (b *Broker) StreamNames(queue string) (stream, deadLetters string) {
+	q := b.names(queue)
+	return q.stream, q.dlq
+}
+
+// DeclareQueue creates (or updates to this Broker's options) the queue's
+// work-queue stream with its ready and delayed subjects, the two durable pull
+// consumers on them, and the dead-letter stream. It is idempotent.
+func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	_, err := b.declare(ctx, queue)
+	return err
+}
+
+// queue returns the state of queue, declaring it on first use.
+func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	if q, ok := b.declared.Load(queue); ok {
+		return q.(*queueState), nil
+	}
+	if b.opts.NoDeclare {
+		q := b.names(queue)
+		if _, err := b.js.Stream(ctx, q.stream); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, fmt.Errorf("berth/jetstream: queue %s (stream %s): %w: %w", queue, q.stream, sdk.ErrNotFound, err)
+			}
+			return nil, b.wrapErr(ctx, "look up stream "+q.stream, err)
+		}
+		actual, _ := b.declared.LoadOrStore(queue, q)
+		return actual.(*queueState), nil
+	}
+	return b.declare(ctx, queue)
+}
+
+func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error) {
+	q := b.names(queue)
+	o := b.opts
+	_, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        q.stream,
+		Description: "berth queue " + queue,
+		Subjects:    []string{q.ready, q.delayed},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     o.Storage,
+		Replicas:    o.Replicas,
+		Duplicates:  o.Duplicates,
+		MaxMsgSize:  -1,
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, b.wrapErr(ctx, "declare stream "+q.stream, err)
+	}
+	for _, c := range []jetstream.ConsumerConfig{
+		{Durable: consumerName, FilterSubject: q.ready, AckWait: o.AckWait},
+		{Durable: delayConsumerName, FilterSubject: q.delayed, AckWait: time.Minute},
+	} {
+		c.AckPolicy = jetstream.AckExplicitPolicy
+		c.DeliverPolicy = jetstream.DeliverAllPolicy
+		c.MaxDeliver = -1 // berth counts deliveries itself (see the package doc)
+		c.MaxAckPending = -1
+		c.MaxWaiting = 4096
+		c.Description = "berth " + c.Durable + " " + queue
+		if _, err := b.js.CreateOrUpdateConsumer(ctx, q.stream, c); err != nil {
+			return nil, b.wrapErr(ctx, "declare consumer "+c.Durable+" on "+q.stream, err)
+		}
+	}
+	_, err = b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        q.dlq,
+		Description: "berth dead letters of queue " + queue,
+		Subjects:    []string{q.dead + ".*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     o.Storage,
+		Replicas:    o.Replicas,
+		Duplicates:  o.Duplicates,
+		MaxMsgSize:  -1,
+	})
+	if err != nil {
+		return nil, b.wrapErr(ctx, "declare stream "+q.dlq, err)
+	}
+	actual, _ := b.declared.LoadOrStore(queue, q)
+	return actual.(*queueState), nil
+}
+
+// DeleteQueue deletes queue's streams (messages, consumers and dead
+// letters). Deleting a queue that does not exist succeeds.
+func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	q := b.names(queue)
+	b.declared.Delete(queue)
+	for _, s := range []string{q.stream, q.dlq} {
+		if err := b.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return b.wrapErr(ctx, "delete stream "+s, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,234 @@
+package jetstream
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// delivery is one JetStream delivery of a message.
+type delivery struct {
+	b         *Broker
+	q         *queueState
+	msg       *sdk.Message
+	reply     string // the $JS.ACK subject of this delivery
+	seq       uint64 // stream sequence
+	delivered uint64 // JetStream's NumDelivered
+	attempt   int
+
+	mu       sync.Mutex
+	settled  bool
+	deadline time.Time   // berth's view of when the lease ends
+	until    time.Time   // the end ExtendLease asked for
+	renew    *time.Timer // repeats InProgress until until, nil when none
+}
+
+var _ sdk.Releaser = (*delivery)(nil)
+
+func (d *delivery) Message() *sdk.Message { return d.msg }
+func (d *delivery) Attempt() int          { return d.attempt }
+func (d *delivery) Queue() string         { return d.q.name }
+
+// LeaseLostError reports a settlement refused because the delivery's lease
+// (AckWait) ended: JetStream may have handed the message to another
+// consumer. It wraps [sdk.ErrLeaseLost].
+type LeaseLostError struct {
+	Queue, ID string
+	Ended     time.Time
+}
+
+func (e *LeaseLostError) Error() string {
+	return fmt.Sprintf("berth/jetstream: message %s of queue %s: lease ended at %s", e.ID, e.Queue, e.Ended.Format(time.RFC3339Nano))
+}
+
+// Unwrap returns [sdk.ErrLeaseLost].
+func (e *LeaseLostError) Unwrap() error { return sdk.ErrLeaseLost }
+
+// begin checks that d can be settled: not yet settled, lease not over. It
+// holds d.mu until end is called.
+func (d *delivery) begin() error {
+	d.mu.Lock()
+	if d.b.closed.Load() {
+		d.mu.Unlock()
+		return sdk.ErrClosed
+	}
+	if d.settled {
+		d.mu.Unlock()
+		return sdk.ErrAlreadySettled
+	}
+	if time.Now().After(d.deadline) {
+		d.mu.Unlock()
+		return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
+	}
+	return nil
+}
+
+// end releases d.mu, marking d settled when err is nil.
+func (d *delivery) end(err error) error {
+	if err == nil {
+		d.settled = true
+		if d.renew != nil {
+			d.renew.Stop()
+			d.renew = nil
+		}
+	}
+	d.mu.Unlock()
+	return err
+}
+
+// settleTimeout bounds a settlement whose ctx has no deadline.
+const settleTimeout = 10 * time.Second
+
+// send sends a settlement on the delivery's ack subject as a request, and
+// returns once JetStream has answered it (its "double ack"), so that a nil
+// error means the server has it: a settlement merely buffered would be lost
+// with the connection, and the message would come back though its Ack
+// returned nil. While the connection is down it is refused at once with
+// sdk.ErrUnavailable instead of being buffered.
+func (d *delivery) send(ctx context.Context, op string, body []byte) error {
+	if err := d.b.connected(op); err != nil {
+		return err
+	}
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		rctx, cancel = context.WithTimeout(ctx, settleTimeout)
+	}
+	defer cancel()
+	if _, err := d.b.nc.RequestWithContext(rctx, d.reply, body); err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			return fmt.Errorf("berth/jetstream: %s: %w: no answer within %s", op, sdk.ErrUnavailable, settleTimeout)
+		}
+		return d.b.wrapErr(ctx, op, err)
+	}
+	return nil
+}
+
+// Ack sends +ACK and waits for JetStream's answer: the message is removed
+// (work-queue retention).
+func (d *delivery) Ack(ctx context.Context) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	return d.end(d.send(ctx, "ack", ackAck))
+}
+
+// Retry sends -NAK with the delay: JetStream redelivers the message, with
+// NumDelivered (hence Attempt) one higher, not before delay. cause is not
+// stored: JetStream keeps no text with a nak.
+func (d *delivery) Retry(ctx context.Context, delay time.Duration, _ error) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	delay = min(max(delay, 0), sdk.MaxDelay)
+	return d.end(d.send(ctx, "nak", nakDelay(delay)))
+}
+
+// ExtendLease sends +WPI (in progress): JetStream restarts the delivery's
+// AckWait. JetStream has no lease of another length, so when d is longer
+// than AckWait berth sends +WPI again every AckWait/2 until d has passed
+// (from a timer, stopped when the delivery is settled or the Broker closed).
+// The lease then ends between d and d+AckWait from now.
+func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.b.closed.Load():
+		return sdk.ErrClosed
+	case d.settled:
+		return sdk.ErrAlreadySettled
+	case time.Now().After(d.deadline):
+		return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
+	}
+	start := time.Now()
+	if err := d.send(ctx, "in progress", ackProgress); err != nil {
+		return err
+	}
+	d.deadline = start.Add(d.b.leaseFor())
+	d.until = start.Add(dur)
+	if d.renew != nil {
+		d.renew.Stop()
+		d.renew = nil
+	}
+	if dur > d.b.opts.AckWait {
+		d.renew = time.AfterFunc(d.b.opts.AckWait/2, d.renewLease)
+	}
+	return nil
+}
+
+// renewLease is ExtendLease's timer: one more +WPI while the asked-for end
+// is not reached.
+func (d *delivery) renewLease() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	if d.settled || d.renew == nil || d.b.closed.Load() || now.After(d.deadline) || !now.Before(d.until) {
+		d.renew = nil
+		return
+	}
+	if err := d.b.nc.Publish(d.reply, ackProgress); err != nil {
+		d.renew = nil
+		return
+	}
+	d.deadline = now.Add(d.b.leaseFor())
+	if d.until.Sub(now) > d.b.opts.AckWait {
+		d.renew.Reset(d.b.opts.AckWait / 2)
+	} else {
+		d.renew = nil
+	}
+}
+
+// DeadLetter stores a copy with the reason headers in the queue's
+// dead-letter stream (waiting for its ack), then acknowledges the original.
+func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
+	return d.deadLetter(ctx, cause, d.attempt)
+}
+
+func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	m := d.msg.Clone()
+	sdk.AnnotateDeadLetter(m, d.q.name, attempts, cause, time.Time{}, time.Now())
+	if attempts <= 0 {
+		delete(m.Headers, sdk.HeaderDeadLetterAttempts)
+	}
+	w, err := encode(m, d.q.dead+"."+idToken(m.ID), 1, time.Time{})
+	if err != nil {
+		return d.end(err)
+	}
+	id := "dlq:" + d.q.stream + ":" + strconv.FormatUint(d.seq, 10)
+	if err := d.b.publishOne(ctx, d.q.dlq, w, id); err != nil {
+		return d.end(err)
+	}
+	return d.end(d.send(ctx, "ack", ackAck))
+}
+
+// Release hands the message back without consuming an attempt. JetStream
+// counts every delivery of a stored message (a nak would too), so berth
+// stores a new copy whose first delivery counts as this delivery's attempt
+// (on the delayed subject when delay > 0), waits for its ack, then
+// acknowledges this one. Should the ack be lost, both copies are delivered:
+// consumers dedupe by IdempotencyKey.
+func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
+	if err := d.begin(); err != nil {
+		return err
+	}
+	delay = min(max(delay, 0), sdk.MaxDelay)
+	subject, notBefore := d.q.ready, time.Time{}
+	if delay > 0 {
+		subject, notBefore = d.q.delayed, time.Now().Add(delay)
+	}
+	w, err := encode(d.msg, subject, d.attempt, notBefore)
+	if err != nil {
+		return d.end(err)
+	}
+	id := "rel:" + d.q.stream + ":" + strconv.FormatUint(d.seq, 10) + ":" + strconv.FormatUint(d.delivered, 10)
+	if err := d.b.publishOne(ctx, d.q.stream, w, id); err != nil {
+		return d.end(err)
+	}
+	return d.end(d.send(ctx, "ack", ackAck))
+}

@@ -1,0 +1,116 @@
+// Package jetstream is the berth broker for NATS JetStream, built on
+// github.com/nats-io/nats.go and its jetstream package. It needs a NATS
+// server with JetStream enabled (nats-server -js); it is tested on 2.9.
+//
+//	b, err := jetstream.Connect(ctx, "nats://127.0.0.1:4222", jetstream.ConnectOptions{},
+//		jetstream.Options{AckWait: time.Minute})
+//	if err != nil { ... }
+//	defer b.Close()
+//	if err := b.DeclareQueue(ctx, "billing"); err != nil { ... } // streams and consumers
+//	err = b.Publish(ctx, "billing", &sdk.Message{Type: "billing.charge", Body: body})
+//	w, err := sdk.NewWorker(b, handler, sdk.WorkerOptions{Queue: "billing", Lease: time.Minute})
+//
+// [Connect] owns its connection (reconnecting for ever, with TLS, .creds,
+// NKey, user/password or token from [ConnectOptions]); [New] runs on an
+// application's *nats.Conn and leaves it open on Close.
+//
+// # Topology
+//
+// Queue q is one stream, BERTH_Q_q (work-queue retention), with two
+// subjects: berth.q.q (ready) and berth.d.q (delayed), each read by one
+// durable pull consumer ("berth" and "berth-delay") that every Broker on the
+// queue shares. Dead letters live in a second stream, BERTH_DLQ_q (limits
+// retention), one subject per message: berth.dlq.q.<id>. Queue names are
+// escaped into stream names and subject tokens one to one ('_' → "__",
+// '.' → "_D"). Publish and Receive declare a queue on first use.
+//
+// # How the berth contract maps onto JetStream
+//
+//   - Publish sends every message asynchronously (pipelined, at most
+//     [Options.MaxInFlight] acks outstanding) and returns when JetStream has
+//     acked them all. The message ID is the Nats-Msg-Id, so a retried Publish
+//     stores nothing twice within the dedupe window ([Options.Duplicates]).
+//   - Every Message field and header travels in one NATS header,
+//     Berth-Message, as JSON (an envelope like the SQS broker's attribute):
+//     JSON escapes CR, LF and control characters, so any header berth
+//     accepts fits; the body is the NATS payload as it is. Messages from
+//     other producers (no Berth-Message) are delivered with their
+//     Nats-Msg-Id (else stream:sequence) as ID and their headers as headers.
+//   - Receive pulls (a no_wait pull of max, else a long poll for one for up
+//     to [Options.WaitTime], then a no_wait pull for the rest). Attempt() is
+//     JetStream's NumDelivered, which counts naks and expired AckWaits alike.
+//   - The lease is the consumer's AckWait ([Options.AckWait]). ExtendLease
+//     sends InProgress (+WPI), which restarts the AckWait; a longer lease is
+//     kept by repeating it. berth keeps its own clock of the lease (AckWait
+//     from the message's arrival, less a small margin) and refuses to settle
+//     once it is over ([*LeaseLostError], [sdk.ErrLeaseLost]): JetStream
+//     itself would accept a late ack from the first holder of a message it
+//     has redelivered.
+//   - Every settlement (+ACK, -NAK, +WPI) is sent as a request and waits for
+//     JetStream's answer (a "double ack"): a settlement only buffered by
+//     nats.go is lost when the connection drops, and the message would come
+//     back although its Ack returned nil. Retry(d) is a nak with delay d (NakWithDelay): JetStream holds the message back on
+//     the server, and the next delivery counts one more attempt. JetStream
+//     keeps no cause with a nak, so a dead letter's berth-first-failure is
+//     the time it was dead-lettered.
+//   - Release (RetryAfter, shutdown): JetStream counts every delivery and
+//     cannot give one back, so a nak would consume an attempt. berth stores
+//     a new copy whose first delivery counts as the released delivery's
+//     attempt (the envelope's base attempt), waits for its publish ack, then
+//     acks the original. Were that ack lost, both copies are delivered; the
+//     idempotency key dedupes them.
+//   - Delays: nats-server before 2.12 has no delayed delivery. A message with
+//     a Delay (and a delayed Release) is stored on the delayed subject with
+//     its due time. Each Broker that receives from the queue runs one mover
+//     goroutine, which naks every message not yet due with the time left
+//     (JetStream holds it back that long) and, when it is due, stores it on
+//     the ready subject and acks it. Deliveries on the delayed subject are
+//     not attempts. A delayed message becomes ready only while some Broker
+//     receives from its queue, and due times are compared with the movers'
+//     clocks.
+//   - DeadLetter stores a copy with berth's reason headers
+//     ([sdk.AnnotateDeadLetter]) in the dead-letter stream, waits for its
+//     ack, then acks the original.
+//   - Poison messages: berth does not use the consumer's MaxDeliver and its
+//     advisory. The advisory is a core-NATS event, lost when no process
+//     listens at that moment, and the message would stay in the work queue,
+//     never delivered again. Instead Receive checks NumDelivered: a message
+//     delivered more than [Options.MaxDeliveries] times is not handed out
+//     but dead-lettered with the cause [sdk.ErrMaxDeliveries] (class
+//     "poison"). The check needs one more delivery, which happens on the
+//     next Receive after the last lease ran out.
+//   - A Receive whose context ends during its long poll returns at once.
+//     The pull request stays open on the server until it expires; a message
+//     it still delivers is handed back like a Release, without consuming an
+//     attempt, by a goroutine the Broker owns (stopped by Close).
+//
+// A server defect to know of: on nats-server 2.9.10 (the version berth is
+// tested on) a redelivery that falls due at the moment a waiting pull
+// request expires can be lost, and the message's NumDelivered then starts
+// again at 1, so its Attempt() too. Back-to-back empty long polls of
+// WaitTime each line up with a redelivery AckWait later when WaitTime divides
+// AckWait, so pick a WaitTime that does not (the defaults, 7 s and 30 s,
+// do not); newer servers were not tried here.
+//
+// # Inspection and dead letters
+//
+// [Broker.Stats] reads the consumers' NumPending and NumAckPending and the
+// dead-letter stream's size. JetStream counts a message waiting out a
+// Retry delay in NumAckPending, so Stats reports it in flight, not delayed.
+// [Broker.ListDeadLetters], [Broker.GetDeadLetter] (the last message on the
+// id's subject), [Broker.RedriveDeadLetters] (a new copy on the queue, the
+// dead letter deleted; the target is always the queue whose dead-letter
+// stream it is, never a header) and [Broker.PurgeDeadLetters] work on the
+// dead-letter stream through JetStream's message-get API.
+//
+// # Connection loss
+//
+// nats.go reconnects and resubscribes; publishes made while disconnected
+// are buffered and sent on reconnect. A pull request lost with the
+// connection is given up after WaitTime plus a second, and the caller pulls
+// again. Settlements and pulls made while it is down are refused at once
+// with an error wrapping [sdk.ErrUnavailable]: the message comes back after
+// its AckWait. A publish whose ack was lost with the connection fails after
+// 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once the connection is closed for good, calls fail with an error
+// wrapping [sdk.ErrUnavailable] (or [sdk.ErrClosed] after Close).
+package jetstream

@@ -1,0 +1,161 @@
+package jetstream
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// headerEnvelope is the NATS header that carries every Message field but the
+// body, as JSON (an [envelope]). JSON escapes CR, LF and every control
+// character, so any header name or value berth accepts fits in one NATS
+// header line, and the message comes back exactly as it was published.
+const headerEnvelope = "Berth-Message"
+
+// envelope is the JSON in the Berth-Message header.
+type envelope struct {
+	V  int               `json:"v"`
+	ID string            `json:"id"`
+	T  string            `json:"t,omitempty"`
+	IK string            `json:"ik,omitempty"`
+	K  string            `json:"k,omitempty"`
+	C  string            `json:"c,omitempty"`
+	H  map[string]string `json:"h,omitempty"`
+	// A is the attempt of the first delivery of this stored copy, when
+	// above 1: a released message is published again as a new copy whose
+	// deliveries start counting at the released delivery's attempt.
+	A int `json:"a,omitempty"`
+	// NB is when a delayed copy becomes ready (Unix nanoseconds), 0 when
+	// it is ready at once.
+	NB int64 `json:"nb,omitempty"`
+}
+
+// validate checks what sdk.Prepare does not and JetStream needs: string
+// fields in UTF-8 (JSON would replace invalid bytes, changing them).
+func validate(m *sdk.Message) error {
+	for name, v := range map[string]string{"ID": m.ID, "Type": m.Type, "IdempotencyKey": m.IdempotencyKey, "Key": m.Key, "CorrelationID": m.CorrelationID} {
+		if !utf8.ValidString(v) {
+			return fmt.Errorf("%w: %s is not valid UTF-8", sdk.ErrInvalidMessage, name)
+		}
+	}
+	return nil
+}
+
+// encode returns the NATS message for m on subject. base is the attempt its
+// first delivery counts as (1 for a new message); notBefore, when not zero,
+// is when a delayed copy becomes ready.
+func encode(m *sdk.Message, subject string, base int, notBefore time.Time) (*nats.Msg, error) {
+	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, H: m.Headers}
+	if base > 1 {
+		env.A = base
+	}
+	if !notBefore.IsZero() {
+		env.NB = notBefore.UnixNano()
+	}
+	raw, err := json.Marshal(env)
+	if err != nil { // strings and a map of strings always marshal
+		return nil, fmt.Errorf("berth/jetstream: encode message %s: %w", m.ID, err)
+	}
+	msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: m.Body}
+	msg.Header[headerEnvelope] = []string{string(raw)}
+	return msg, nil
+}
+
+// wireSize is what the server counts against max_payload: headers and body.
+func wireSize(msg *nats.Msg) int {
+	n := len("NATS/1.0\r\n\r\n") + len(msg.Data)
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			n += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	return n
+}
+
+// msgID returns a Nats-Msg-Id for s: s itself when it is printable ASCII
+// without spaces (a UUID always is), else "sha256:" and its hex digest.
+func msgID(s string) string {
+	if headerSafe(s) && len(s) <= 128 {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func headerSafe(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// idToken returns the subject token a dead letter with id is stored under:
+// the id when it is a safe token, else "h" and the hex SHA-256 of it.
+func idToken(id string) string {
+	ok := id != "" && len(id) <= 64
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-'
+	}
+	if ok {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "h" + hex.EncodeToString(sum[:16])
+}
+
+// decoded is a stored message read back.
+type decoded struct {
+	msg       *sdk.Message
+	base      int       // attempt of the copy's first delivery
+	notBefore time.Time // zero when ready at once
+}
+
+// decode restores the message encode wrote. A message without the
+// Berth-Message header (from another producer) gets its Nats-Msg-Id (else
+// "<stream>:<seq>") as ID, its data as body, and its headers (first
+// values; JetStream's own Nats-* headers left out) as headers.
+func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, error) {
+	raw := h.Get(headerEnvelope)
+	if raw == "" {
+		id := h.Get(nats.MsgIdHdr)
+		if id == "" {
+			id = stream + ":" + strconv.FormatUint(seq, 10)
+		}
+		m := &sdk.Message{ID: id, Body: data}
+		for k, vs := range h {
+			if strings.HasPrefix(k, "Nats-") || len(vs) == 0 {
+				continue
+			}
+			m.SetHeader(k, vs[0])
+		}
+		return decoded{msg: m, base: 1}, nil
+	}
+	var env envelope
+	if err := json.Unmarshal([]byte(raw), &env); err != nil {
+		return decoded{}, fmt.Errorf("berth/jetstream: %s:%d: undecodable %s header: %w", stream, seq, headerEnvelope, err)
+	}
+	m := &sdk.Message{ID: env.ID, Type: env.T, IdempotencyKey: env.IK, Key: env.K, CorrelationID: env.C, Headers: env.H}
+	if len(data) > 0 {
+		m.Body = data
+	}
+	d := decoded{msg: m, base: max(env.A, 1)}
+	if env.NB > 0 {
+		d.notBefore = time.Unix(0, env.NB)
+	}
+	return d, nil
+}

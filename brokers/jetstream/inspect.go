@@ -1,0 +1,261 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Stats reads the queue's consumers and dead-letter stream:
+//
+//   - Ready is the ready consumer's NumPending (stored, never delivered);
+//   - InFlight is its NumAckPending: deliveries not settled, and also
+//     messages waiting out a Retry delay (a nak with a delay) or waiting to
+//     be redelivered after a nak or an expired lease, which JetStream counts
+//     in the same number;
+//   - Delayed counts the delayed subject's messages (publish delays and
+//     delayed releases);
+//   - DeadLettered is the dead-letter stream's message count;
+//   - OldestAge is the age of the oldest never-delivered message.
+//
+// A queue that does not exist has all counts 0.
+func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
+	st := sdk.QueueStats{Queue: queue}
+	if b.closed.Load() {
+		return st, sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return st, err
+	}
+	q := b.names(queue)
+	ready, err := b.js.Consumer(ctx, q.stream, consumerName)
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return st, nil
+	}
+	if err != nil {
+		return st, b.wrapErr(ctx, "stats", err)
+	}
+	ci := ready.CachedInfo()
+	st.Ready, st.InFlight = int64(ci.NumPending), int64(ci.NumAckPending)
+	if delayed, err := b.js.Consumer(ctx, q.stream, delayConsumerName); err == nil {
+		di := delayed.CachedInfo()
+		st.Delayed = int64(di.NumPending) + int64(di.NumAckPending)
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return st, b.wrapErr(ctx, "stats", err)
+	}
+	if dlq, err := b.js.Stream(ctx, q.dlq); err == nil {
+		st.DeadLettered = int64(dlq.CachedInfo().State.Msgs)
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return st, b.wrapErr(ctx, "stats", err)
+	}
+	if st.Ready > 0 {
+		s, err := b.js.Stream(ctx, q.stream)
+		if err != nil {
+			return st, b.wrapErr(ctx, "stats", err)
+		}
+		raw, err := s.GetMsg(ctx, ci.Delivered.Stream+1, jetstream.WithGetMsgSubject(q.ready))
+		if err == nil {
+			st.OldestAge = max(time.Since(raw.Time), 0)
+		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return st, b.wrapErr(ctx, "stats", err)
+		}
+	}
+	return st, nil
+}
+
+// NotFoundError reports a dead letter that is not there. It wraps
+// [sdk.ErrNotFound].
+type NotFoundError struct{ Queue, ID string }
+
+func (e *NotFoundError) Error() string {
+	return "berth/jetstream: no dead letter " + strconv.Quote(e.ID) + " in queue " + e.Queue
+}
+
+// Unwrap returns [sdk.ErrNotFound].
+func (e *NotFoundError) Unwrap() error { return sdk.ErrNotFound }
+
+// deadStream returns queue's dead-letter stream, or nil when it does not exist.
+func (b *Broker) deadStream(ctx context.Context, queue string) (*queueState, jetstream.Stream, error) {
+	if b.closed.Load() {
+		return nil, nil, sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, nil, err
+	}
+	q := b.names(queue)
+	s, err := b.js.Stream(ctx, q.dlq)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return q, nil, nil
+	}
+	if err != nil {
+		return nil, nil, b.wrapErr(ctx, "dead letters", err)
+	}
+	return q, s, nil
+}
+
+// deadLetter is one stored dead letter.
+type deadLetter struct {
+	seq uint64
+	msg *sdk.Message
+}
+
+// scan returns up to limit dead letters on subject, oldest first (limit
+// <= 0: all).
+func (b *Broker) scan(ctx context.Context, s jetstream.Stream, subject string, limit int) ([]deadLetter, error) {
+	var out []deadLetter
+	for seq := uint64(1); limit <= 0 || len(out) < limit; {
+		raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return out, b.wrapErr(ctx, "read dead letters", err)
+		}
+		dec, err := decode(raw.Header, raw.Data, s.CachedInfo().Config.Name, raw.Sequence)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, deadLetter{seq: raw.Sequence, msg: dec.msg})
+		seq = raw.Sequence + 1
+	}
+	return out, nil
+}
+
+// ListDeadLetters returns up to limit of queue's dead letters, oldest
+// first, with their reason headers. A limit <= 0 means [sdk.DefaultListLimit].
+func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
+	q, s, err := b.deadStream(ctx, queue)
+	if err != nil || s == nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = sdk.DefaultListLimit
+	}
+	dls, err := b.scan(ctx, s, q.dead+".*", limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*sdk.Message, len(dls))
+	for i, dl := range dls {
+		out[i] = dl.msg
+	}
+	return out, nil
+}
+
+// GetDeadLetter returns queue's dead letter with id (the latest, should the
+// same message have been dead-lettered twice), or a [*NotFoundError].
+func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
+	q, s, err := b.deadStream(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	if s == nil {
+		return nil, &NotFoundError{Queue: queue, ID: id}
+	}
+	raw, err := s.GetLastMsgForSubject(ctx, q.dead+"."+idToken(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, &NotFoundError{Queue: queue, ID: id}
+	}
+	if err != nil {
+		return nil, b.wrapErr(ctx, "get dead letter", err)
+	}
+	dec, err := decode(raw.Header, raw.Data, q.dlq, raw.Sequence)
+	if err != nil {
+		return nil, err
+	}
+	if dec.msg.ID != id { // two ids hashed to one token
+		return nil, &NotFoundError{Queue: queue, ID: id}
+	}
+	return dec.msg, nil
+}
+
+// RedriveDeadLetters stores the dead letters with the given ids (all when
+// none is given) again on queue, ready now, with attempts reset and
+// [sdk.HeaderRedriveCount] incremented, and deletes them from the
+// dead-letter stream. The target is always queue, whose dead-letter stream
+// they are in; a berth-dlq-queue header is never followed. An unknown id is
+// a [*NotFoundError], and then nothing is redriven. Each copy's Nats-Msg-Id
+// is derived from its dead-letter sequence, so a redrive repeated after a
+// failure stores nothing twice within the dedupe window.
+func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	q, s, err := b.deadStream(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
+	if s == nil {
+		if len(ids) > 0 {
+			return 0, &NotFoundError{Queue: queue, ID: ids[0]}
+		}
+		return 0, nil
+	}
+	var picked []deadLetter
+	if len(ids) == 0 {
+		if picked, err = b.scan(ctx, s, q.dead+".*", 0); err != nil {
+			return 0, err
+		}
+	} else {
+		seen := map[string]bool{}
+		for _, id := range ids {
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			dls, err := b.scan(ctx, s, q.dead+"."+idToken(id), 0)
+			if err != nil {
+				return 0, err
+			}
+			n := len(picked)
+			for _, dl := range dls {
+				if dl.msg.ID == id {
+					picked = append(picked, dl)
+				}
+			}
+			if len(picked) == n {
+				return 0, &NotFoundError{Queue: queue, ID: id}
+			}
+		}
+	}
+	target, err := b.queue(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, dl := range picked {
+		m := dl.msg
+		sdk.PrepareRedrive(m, queue) // the target is queue, whatever the header says
+		w, err := encode(m, target.ready, 1, time.Time{})
+		if err != nil {
+			return n, err
+		}
+		if err := b.publishOne(ctx, target.stream, w, "rd:"+q.dlq+":"+strconv.FormatUint(dl.seq, 10)); err != nil {
+			return n, err
+		}
+		if err := s.DeleteMsg(ctx, dl.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return n, b.wrapErr(ctx, "delete redriven dead letter", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// PurgeDeadLetters deletes queue's dead letters and returns how many. Dead
+// letters stored while it runs are kept.
+func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
+	_, s, err := b.deadStream(ctx, queue)
+	if err != nil || s == nil {
+		return 0, err
+	}
+	st := s.CachedInfo().State
+	if st.Msgs == 0 {
+		return 0, nil
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSequence(st.LastSeq+1)); err != nil {
+		return 0, b.wrapErr(ctx, "purge dead letters", err)
+	}
+	return int(st.Msgs), nil
+}

@@ -1,0 +1,169 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Publish sends msgs to queue and returns once JetStream has stored every
+// one (its publish ack), declaring the queue on first use. Publishes are
+// pipelined: every message is sent without waiting for the previous ack, with
+// at most [Options.MaxInFlight] acks outstanding across the Broker. Each
+// carries its ID as Nats-Msg-Id, so a retried Publish within the stream's
+// [Options.Duplicates] window stores nothing twice (and neither does a
+// second Publish of a message with the same explicit ID within it).
+// Messages with a Delay go to the queue's delayed subject and are moved to
+// the ready one when due (see the package doc).
+//
+// Messages JetStream refuses are reported in an [*sdk.PublishError]; the
+// others were stored. When ctx ends first, Publish returns ctx.Err() and
+// the messages whose ack had not arrived may or may not be stored.
+func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
+		return err
+	}
+	wire := make([]*nats.Msg, len(msgs))
+	now := time.Now()
+	q := b.names(queue) // subjects only: declared below, after validation
+	for i, m := range msgs {
+		if err := validate(m); err != nil {
+			return err
+		}
+		subject, notBefore := q.ready, time.Time{}
+		if m.Delay > 0 {
+			subject, notBefore = q.delayed, now.Add(m.Delay)
+		}
+		w, err := encode(m, subject, 1, notBefore)
+		if err != nil {
+			return err
+		}
+		if n, limit := wireSize(w), int(b.nc.MaxPayload()); n > limit {
+			return &sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit}
+		}
+		wire[i] = w
+	}
+	if err := b.connected("publish"); err != nil {
+		return err
+	}
+	qs, err := b.queue(ctx, queue)
+	if err != nil {
+		return err
+	}
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = msgID(m.ID)
+	}
+	return b.publishWire(ctx, qs.stream, wire, ids, func(i int) string { return msgs[i].ID })
+}
+
+// publishWire publishes wire[i] with Nats-Msg-Id ids[i], pipelined and
+// bounded by the Broker's slots, and waits for every ack. name(i) names
+// message i in a PublishError.
+func (b *Broker) publishWire(ctx context.Context, stream string, wire []*nats.Msg, ids []string, name func(int) string) error {
+	type pending struct {
+		i   int
+		fut jetstream.PubAckFuture
+	}
+	var (
+		inflight []pending
+		failed   map[string]error
+	)
+	fail := func(i int, err error) {
+		if failed == nil {
+			failed = map[string]error{}
+		}
+		failed[name(i)] = b.wrapErr(ctx, "publish", err)
+	}
+	// await waits for the oldest outstanding ack and frees its slot.
+	await := func() error {
+		p := inflight[0]
+		inflight = inflight[1:]
+		defer func() { <-b.slots }()
+		select {
+		case <-p.fut.Ok():
+		case err := <-p.fut.Err():
+			fail(p.i, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.closing:
+			return sdk.ErrClosed
+		}
+		return nil
+	}
+	abandon := func() {
+		for range inflight {
+			<-b.slots
+		}
+		inflight = nil
+	}
+	for i, w := range wire {
+	acquire:
+		for {
+			select {
+			case b.slots <- struct{}{}:
+				break acquire
+			default:
+			}
+			if len(inflight) > 0 {
+				if err := await(); err != nil {
+					abandon()
+					return err
+				}
+				continue
+			}
+			select {
+			case b.slots <- struct{}{}:
+				break acquire
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-b.closing:
+				return sdk.ErrClosed
+			}
+		}
+		fut, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(ids[i]), jetstream.WithExpectStream(stream))
+		if err != nil {
+			<-b.slots
+			if errors.Is(err, nats.ErrConnectionClosed) && b.closed.Load() {
+				abandon()
+				return sdk.ErrClosed
+			}
+			fail(i, err)
+			continue
+		}
+		inflight = append(inflight, pending{i: i, fut: fut})
+	}
+	for len(inflight) > 0 {
+		if err := await(); err != nil {
+			abandon()
+			return err
+		}
+	}
+	if failed != nil {
+		return &sdk.PublishError{Failed: failed}
+	}
+	return nil
+}
+
+// publishOne publishes one prepared NATS message and waits for its ack.
+func (b *Broker) publishOne(ctx context.Context, stream string, w *nats.Msg, id string) error {
+	err := b.publishWire(ctx, stream, []*nats.Msg{w}, []string{id}, func(int) string { return id })
+	var pe *sdk.PublishError
+	if errors.As(err, &pe) {
+		for _, e := range pe.Failed {
+			return e
+		}
+	}
+	return err
+}

@@ -1,0 +1,306 @@
+package jetstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// maxBatch bounds one pull request.
+const maxBatch = 256
+
+// Receive returns up to max deliveries from queue (declared on first use),
+// each leased for [Options.AckWait]. It first takes what is ready at once
+// (a no_wait pull of max); when nothing is, it long-polls for one message for
+// up to [Options.WaitTime] and then takes what else is ready, so it never
+// waits for a batch to fill. It returns no deliveries and a nil error when
+// the long poll ends empty.
+//
+// A message delivered more than [Options.MaxDeliveries] times is not
+// returned: Receive moves it to the dead-letter stream with the cause
+// [sdk.ErrMaxDeliveries]. A message whose berth headers do not decode is
+// dead-lettered as permanent.
+//
+// When ctx ends (or Close is called) during the long poll, Receive returns at
+// once; the pull request stays open on the server until it expires, and a
+// message it still delivers is handed back without consuming an attempt (see
+// the package doc).
+func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if b.closed.Load() {
+		return nil, sdk.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	max = min(maxInt(max, 1), maxBatch)
+	q, err := b.queue(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	b.startMover(q)
+	for {
+		msgs, err := b.fetch(ctx, q, consumerName, max)
+		if len(msgs) == 0 {
+			return nil, err
+		}
+		ds := b.deliveries(ctx, q, msgs)
+		if len(ds) > 0 || err != nil {
+			return ds, nil
+		}
+		// Every message was poison and moved: look again.
+	}
+}
+
+func maxInt(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// fetch pulls up to max messages of consumer: what is ready now, else the
+// first to come within WaitTime and what is ready after it. Messages come
+// with a nil error or an error with the messages taken before it.
+func (b *Broker) fetch(ctx context.Context, q *queueState, consumer string, max int) ([]*nats.Msg, error) {
+	msgs, err := b.pull(ctx, q, consumer, max, 0)
+	if len(msgs) > 0 || err != nil {
+		return msgs, err
+	}
+	msgs, err = b.pull(ctx, q, consumer, 1, b.opts.WaitTime)
+	if len(msgs) == 0 || err != nil || max == 1 {
+		return msgs, err
+	}
+	more, err := b.pull(ctx, q, consumer, max-1, 0)
+	return append(msgs, more...), err
+}
+
+// pullRequest is the body of a $JS.API.CONSUMER.MSG.NEXT request.
+type pullRequest struct {
+	Batch   int   `json:"batch"`
+	Expires int64 `json:"expires,omitempty"`
+	NoWait  bool  `json:"no_wait,omitempty"`
+}
+
+// pull sends one pull request for batch messages: no_wait when wait is 0,
+// else open for wait. It reads the answers on a subscription of its own
+// until the batch is full or the server ends the request. When ctx ends
+// first, the subscription is handed to a drain that gives back what the
+// server still delivers.
+func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]*nats.Msg, error) {
+	if err := b.connected("pull"); err != nil {
+		return nil, err
+	}
+	sub, err := b.nc.SubscribeSync(b.nc.NewInbox())
+	if err != nil {
+		return nil, b.wrapErr(ctx, "subscribe", err)
+	}
+	if !b.track(sub) {
+		_ = sub.Unsubscribe()
+		return nil, sdk.ErrClosed
+	}
+	req := pullRequest{Batch: batch, NoWait: wait == 0}
+	if wait > 0 {
+		req.Expires = int64(wait)
+	}
+	body, _ := json.Marshal(req)
+	subject := "$JS.API.CONSUMER.MSG.NEXT." + q.stream + "." + consumer
+	if err := b.nc.PublishRequest(subject, sub.Subject, body); err != nil {
+		b.untrack(sub)
+		return nil, b.wrapErr(ctx, "pull", err)
+	}
+	// The server ends a waiting request at its expiry with a 408; a second
+	// more covers a slow answer and a request lost in a reconnect.
+	limit := time.Now().Add(wait + time.Second)
+	if wait == 0 {
+		limit = time.Now().Add(b.nc.Opts.Timeout + time.Second)
+	}
+	wctx, cancel := context.WithDeadline(ctx, limit)
+	defer cancel()
+	var msgs []*nats.Msg
+	for len(msgs) < batch {
+		m, err := sub.NextMsgWithContext(wctx)
+		if err != nil {
+			switch {
+			case b.closed.Load():
+				b.untrack(sub)
+				return msgs, sdk.ErrClosed
+			case ctx.Err() != nil:
+				if wait > 0 {
+					b.drain(q, consumer, sub, limit)
+				} else {
+					b.untrack(sub)
+				}
+				return msgs, ctx.Err()
+			case errors.Is(err, context.DeadlineExceeded):
+				b.untrack(sub) // request lost (reconnect): the caller asks again
+				return msgs, nil
+			default:
+				b.untrack(sub)
+				return msgs, b.wrapErr(ctx, "pull", err)
+			}
+		}
+		if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
+			switch status {
+			case "100": // idle heartbeat
+				continue
+			case "404", "408": // no messages; request expired
+				b.untrack(sub)
+				return msgs, nil
+			default: // 409: consumer deleted, too many waiting requests, ...
+				b.untrack(sub)
+				desc := m.Header.Get("Description")
+				if status == "409" && strings.Contains(desc, "Deleted") {
+					b.declared.Delete(q.name) // declared again on next use
+					return msgs, &QueueDeletedError{Queue: q.name, Stream: q.stream, Status: status + " " + desc}
+				}
+				return msgs, fmt.Errorf("berth/jetstream: pull from %s: %w: status %s %s", q.stream, sdk.ErrUnavailable, status, desc)
+			}
+		}
+		msgs = append(msgs, m)
+	}
+	b.untrack(sub)
+	return msgs, nil
+}
+
+// QueueDeletedError reports that a queue's stream or consumer was deleted
+// while a Receive waited on it. It wraps [sdk.ErrNotFound]; the next call
+// declares the queue again.
+type QueueDeletedError struct {
+	Queue, Stream, Status string
+}
+
+func (e *QueueDeletedError) Error() string {
+	return "berth/jetstream: queue " + e.Queue + " deleted while receiving (" + e.Stream + ": " + e.Status + ")"
+}
+
+// Unwrap returns [sdk.ErrNotFound].
+func (e *QueueDeletedError) Unwrap() error { return sdk.ErrNotFound }
+
+// drain keeps reading a cancelled pull's subscription until the request
+// expires (limit) or the Broker closes, and gives back every message the
+// server still delivers to it.
+func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, limit time.Time) {
+	if !b.goOwned(func() {
+		defer b.untrack(sub)
+		ctx, cancel := context.WithDeadline(context.Background(), limit)
+		defer cancel()
+		for {
+			m, err := sub.NextMsgWithContext(ctx)
+			if err != nil {
+				return
+			}
+			if m.Header.Get("Status") != "" && len(m.Data) == 0 {
+				if s := m.Header.Get("Status"); s != "100" {
+					return
+				}
+				continue
+			}
+			b.giveBack(q, consumer, m)
+		}
+	}) {
+		b.untrack(sub)
+	}
+}
+
+// giveBack returns a message that reached no caller without consuming an
+// attempt: a delayed-subject message is simply nak'ed (its deliveries are
+// not attempts); a ready one is stored again as a new copy whose first
+// delivery counts as this delivery's attempt, then acknowledged.
+func (b *Broker) giveBack(q *queueState, consumer string, m *nats.Msg) {
+	if consumer == delayConsumerName {
+		_ = b.nc.Publish(m.Reply, ackNak)
+		return
+	}
+	meta, err := m.Metadata()
+	if err != nil {
+		return
+	}
+	dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
+	if err != nil {
+		_ = b.nc.Publish(m.Reply, ackNak)
+		return
+	}
+	attempt := dec.base + int(meta.NumDelivered) - 1
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id := "back:" + q.stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10) + ":" + strconv.FormatUint(meta.NumDelivered, 10)
+	w, err := encode(dec.msg, q.ready, attempt, time.Time{})
+	if err == nil {
+		err = b.publishOne(ctx, q.stream, w, id)
+	}
+	if err != nil {
+		b.opts.Logger.Warn("berth/jetstream: giving back an unclaimed delivery; it comes back after its AckWait",
+			"queue", q.name, "err", err)
+		return
+	}
+	_ = b.nc.Publish(m.Reply, ackAck)
+}
+
+// Acknowledgement bodies of the JetStream protocol.
+var (
+	ackAck      = []byte("+ACK")
+	ackNak      = []byte("-NAK")
+	ackProgress = []byte("+WPI")
+)
+
+func nakDelay(d time.Duration) []byte {
+	if d <= 0 {
+		return ackNak
+	}
+	return []byte(`-NAK {"delay": ` + strconv.FormatInt(int64(d), 10) + `}`)
+}
+
+// deliveries turns pulled messages into Deliveries, moving poison and
+// undecodable ones to the dead-letter stream instead.
+func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []*nats.Msg) []sdk.Delivery {
+	out := make([]sdk.Delivery, 0, len(msgs))
+	for _, m := range msgs {
+		arrived := time.Now()
+		meta, err := m.Metadata()
+		if err != nil {
+			b.opts.Logger.Error("berth/jetstream: message without JetStream metadata", "queue", q.name, "err", err)
+			continue
+		}
+		d := &delivery{
+			b: b, q: q, reply: m.Reply, seq: meta.Sequence.Stream, delivered: meta.NumDelivered,
+			deadline: arrived.Add(b.leaseFor()),
+		}
+		dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
+		if err != nil {
+			d.msg = &sdk.Message{ID: q.stream + ":" + strconv.FormatUint(d.seq, 10), Body: m.Data}
+			d.attempt = int(meta.NumDelivered)
+			if derr := d.DeadLetter(ctx, sdk.Permanent(err)); derr != nil {
+				b.opts.Logger.Error("berth/jetstream: dead-lettering an undecodable message", "queue", q.name, "err", derr)
+			}
+			continue
+		}
+		d.msg = dec.msg
+		d.attempt = dec.base + int(meta.NumDelivered) - 1
+		if d.attempt > b.opts.MaxDeliveries {
+			if derr := d.deadLetter(ctx, sdk.ErrMaxDeliveries, d.attempt-1); derr != nil {
+				b.opts.Logger.Error("berth/jetstream: dead-lettering a poison message", "queue", q.name, "id", d.msg.ID, "err", derr)
+			}
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// leaseFor is how long berth counts a lease from a message's arrival: the
+// AckWait less a margin for the time the message took to arrive, so that
+// berth never settles a delivery the server may already have redelivered.
+func (b *Broker) leaseFor() time.Duration {
+	return b.opts.AckWait - min(b.opts.AckWait/20, 250*time.Millisecond)
+}

@@ -1,0 +1,100 @@
+package concurrency_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/berthq/berth/concurrency/fence"
+	"github.com/berthq/berth/concurrency/internal/testenv"
+	"github.com/berthq/berth/concurrency/optimistic"
+	"github.com/berthq/berth/concurrency/rowlock"
+	"github.com/berthq/berth/concurrency/state"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestHardening15_NotFoundConvention checks that a missing row is one error
+// in every concurrency package: it matches the package's own sentinel and
+// sdk.ErrNotFound, and it is permanent (a job about a row that does not exist
+// cannot succeed). Before, each package had a look-alike sentinel unrelated
+// to sdk.ErrNotFound, and only state marked it permanent.
+func TestHardening15_NotFoundConvention(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := testenv.Postgres(t, 2)
+	testenv.Exec(t, pool,
+		`CREATE TABLE items (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`)
+
+	for name, sentinel := range map[string]error{
+		"rowlock": rowlock.ErrNotFound, "optimistic": optimistic.ErrNotFound,
+		"fence": fence.ErrNotFound, "state": state.ErrNotFound,
+	} {
+		if !errors.Is(sentinel, sdk.ErrNotFound) {
+			t.Errorf("%s.ErrNotFound does not match sdk.ErrNotFound", name)
+		}
+		if errors.Is(sdk.ErrNotFound, sentinel) {
+			t.Errorf("sdk.ErrNotFound matches %s.ErrNotFound: the package sentinel must stay distinct", name)
+		}
+	}
+
+	locker, err := rowlock.New(rowlock.Options{Table: "items", Columns: []string{"n"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	versioned, err := optimistic.New(optimistic.Options{Table: "items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fenced, err := fence.New(fence.Options{Table: "items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow, err := state.New(state.Options{Table: "items", Transitions: map[string][]string{"pending": {"paid"}, "paid": nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const missing = 404
+	cases := []struct {
+		name     string
+		sentinel error
+		call     func() error
+	}{
+		{"rowlock.Lock", rowlock.ErrNotFound, func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var n int64
+				_, err := locker.Lock(ctx, tx, missing, &n)
+				return err
+			})
+		}},
+		{"optimistic.Get", optimistic.ErrNotFound, func() error {
+			_, err := versioned.Get(ctx, pool, missing, nil)
+			return err
+		}},
+		{"optimistic.Update", optimistic.ErrNotFound, func() error {
+			_, err := versioned.Update(ctx, pool, missing, 1, map[string]any{"n": 1})
+			return err
+		}},
+		{"fence.Check", fence.ErrNotFound, func() error { return fenced.Check(ctx, pool, missing, 1) }},
+		{"fence.Update", fence.ErrNotFound, func() error {
+			return fenced.Update(ctx, pool, missing, 1, map[string]any{"n": 1})
+		}},
+		{"state.Transition", state.ErrNotFound, func() error {
+			_, err := flow.Transition(ctx, pool, missing, "paid", nil)
+			return err
+		}},
+	}
+	for _, c := range cases {
+		err := c.call()
+		switch {
+		case err == nil:
+			t.Errorf("%s of a missing row: nil error", c.name)
+		case !errors.Is(err, c.sentinel):
+			t.Errorf("%s: %v, want the package's ErrNotFound", c.name, err)
+		case !errors.Is(err, sdk.ErrNotFound):
+			t.Errorf("%s: %v does not match sdk.ErrNotFound", c.name, err)
+		case sdk.Classify(err) != sdk.ClassPermanent:
+			t.Errorf("%s: %v classified %q, want permanent", c.name, err, sdk.Classify(err))
+		}
+	}
+}
