@@ -62,6 +62,7 @@ var cases = []testCase{
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},
 	{name: "WorkerShutdownMidway", run: testWorkerShutdownMidway},
 	{name: "WorkerShutdownInterrupts", run: testWorkerShutdownInterrupts},
+	{name: "WorkerShutdownKeepsAttempt", needs: []Capability{CapRelease}, run: testWorkerShutdownKeepsAttempt},
 	{name: "WorkerLongJob", needs: []Capability{CapLease, CapExtendLease}, run: testWorkerLongJob},
 }
 

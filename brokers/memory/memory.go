@@ -5,6 +5,10 @@
 // queue per queue with list, redrive and purge, statistics, and a cap on
 // deliveries for poison messages.
 //
+// Ready messages are handed out in the order they became ready (published,
+// or their delay, retry delay or lease ran out): messages published together
+// reach a single receiver in publish order, whatever their Key.
+//
 // It is the default for tests, examples and single-process applications.
 // Nothing survives the process: use a real broker when jobs must outlive it.
 //
