@@ -34,7 +34,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"slices"
 	"testing"
 	"time"
 
@@ -140,12 +139,6 @@ type Harness struct {
 	Abandon func(t *testing.T, b sdk.Broker, d sdk.Delivery)
 	// Unsupported maps each capability the broker lacks to the reason.
 	Unsupported map[Capability]string
-	// KnownDefects maps a case name to a defect that makes it fail on this
-	// broker today and is being fixed (the issue reference and what is
-	// wrong); the case is skipped with "known defect: <reason>". It is for a
-	// fix in progress only, never for a behaviour the broker keeps: that is
-	// a capability declared in Unsupported.
-	KnownDefects map[string]string
 	// WorkerMessages is the number of messages of the Worker-level cases.
 	// Default 10000.
 	WorkerMessages int
@@ -207,11 +200,6 @@ func Run(t *testing.T, h Harness) {
 	if h.Timeout <= 0 {
 		h.Timeout = 20 * time.Second
 	}
-	for name, reason := range h.KnownDefects {
-		if !slices.Contains(Names(), name) || reason == "" {
-			t.Fatalf("brokertest: Harness.KnownDefects[%q]: want a case name and a reason", name)
-		}
-	}
 	for c, hook := range map[Capability]bool{CapDriverError: h.As != nil, CapPeer: h.Peer != nil, CapConnectionLoss: h.Faulty != nil} {
 		if _, unsupported := h.Unsupported[c]; !unsupported && !hook {
 			t.Fatalf("brokertest: capability %q needs its Harness hook, or declare it unsupported with a reason", c)
@@ -219,9 +207,6 @@ func Run(t *testing.T, h Harness) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if reason, ok := h.KnownDefects[c.name]; ok {
-				t.Skipf("known defect: %s", reason)
-			}
 			for _, capability := range c.needs {
 				if reason, ok := h.Unsupported[capability]; ok {
 					t.Skipf("unsupported: %s (%s)", reason, capability)

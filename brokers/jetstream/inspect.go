@@ -36,8 +36,12 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 	}
 	q := b.names(queue)
 	ready, err := b.js.Consumer(ctx, q.stream, consumerName)
-	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return st, fmt.Errorf("berth/jetstream: stats of queue %s (stream %s): %w: %w", queue, q.stream, sdk.ErrNotFound, err)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The same on every broker: an unknown queue is not an empty one.
+		return st, fmt.Errorf("jetstream: stats of queue %q: %w: %w", queue, sdk.ErrNotFound, err)
+	}
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return st, nil
 	}
 	if err != nil {
 		return st, b.wrapErr(ctx, "stats", err)

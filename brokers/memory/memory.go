@@ -5,6 +5,10 @@
 // queue per queue with list, redrive and purge, statistics, and a cap on
 // deliveries for poison messages.
 //
+// Ready messages are handed out in the order they became ready (published,
+// or their delay, retry delay or lease ran out): messages published together
+// reach a single receiver in publish order, whatever their Key.
+//
 // It is the default for tests, examples and single-process applications.
 // Nothing survives the process: use a real broker when jobs must outlive it.
 //
@@ -295,7 +299,8 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 
 // Stats reports the queue's counts. OldestAge is the time since the oldest
 // ready message became ready (was published, or its delay, retry delay or
-// lease ran out). A queue never used has zero stats.
+// lease ran out). A queue never declared nor used gives an error wrapping
+// [sdk.ErrNotFound], as on every broker.
 func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) {
 	if b.closed.Load() {
 		return sdk.QueueStats{}, sdk.ErrClosed
@@ -306,7 +311,7 @@ func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) 
 	s := sdk.QueueStats{Queue: queue}
 	q := b.existing(queue)
 	if q == nil {
-		return s, nil
+		return s, fmt.Errorf("memory: stats of queue %q, never declared nor used: %w", queue, sdk.ErrNotFound)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

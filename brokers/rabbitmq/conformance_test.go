@@ -41,16 +41,6 @@ func harness(url string, opts Options) brokertest.Harness {
 			d.(*delivery).abandon()
 		},
 		Unsupported: unsupported,
-		// Being fixed under issue 18 (defects 2 and 3); remove each entry
-		// with its fix.
-		KnownDefects: map[string]string{
-			"ReceiveCancelledContext": "issue 18 defect 2: Receive with a cancelled context returns deliveries " +
-				"(a select on the delivery channel and ctx.Done() picks at random)",
-			"UndeclaredQueue": "issue 18 defect 3: with NoDeclare, Receive on a queue that does not exist " +
-				"blocks until its context ends instead of returning ErrNotFound",
-			"DriverErrorAs": "issue 18 defect 3: with NoDeclare, Receive on a queue that does not exist " +
-				"blocks, so the server's 404 (*amqp.Error) never reaches the caller",
-		},
 		// A queue is declared on first use, unless NoDeclare: then the
 		// server's 404 makes Publish and Receive fail with ErrNotFound.
 		Undeclared: brokertest.UndeclaredCreated,
