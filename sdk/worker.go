@@ -384,12 +384,12 @@ func (w *Worker) process(base context.Context, t *task) {
 	if w.stopping.Load() {
 		cancel(ErrShutdown)
 	}
+	var timer *time.Timer
 	if timeout := w.timeout(m.Type); timeout > 0 {
 		// A timer on the task's own cancel, not a context.WithTimeout: that
 		// would add a context and a children map to every job.
 		t.deadline.Store(time.Now().Add(timeout).UnixNano())
-		timer := time.AfterFunc(timeout, func() { cancel(ErrJobTimeout) })
-		defer timer.Stop()
+		timer = time.AfterFunc(timeout, func() { cancel(ErrJobTimeout) })
 	}
 	if m.CorrelationID != "" {
 		ctx = WithCorrelationID(ctx, m.CorrelationID)
@@ -408,6 +408,9 @@ func (w *Worker) process(base context.Context, t *task) {
 		start = time.Now()
 	}
 	err := w.call(ctx, d)
+	if timer != nil {
+		timer.Stop() // a handler that returned in time is not settled as timed out
+	}
 	t.settling.Store(true) // an extension racing the settlement would only report a false loss
 	end := time.Now()
 	s := w.settle(w.settleContext(base, end), ctx, d, err, t.lost.Load())

@@ -74,8 +74,8 @@ type WorkerOptions struct {
 	// by its consumer_timeout. See ARCHITECTURE.md, "Attempts, leases and
 	// heartbeats". Default [DefaultTimeout]; negative means no limit.
 	Timeout time.Duration
-	// TimeoutByType overrides Timeout per Message.Type (negative: no limit
-	// for that type).
+	// TimeoutByType overrides Timeout per Message.Type (0: Timeout;
+	// negative: no limit for that type).
 	TimeoutByType map[string]time.Duration
 	// Lease is the lease length the Worker asks for when it extends a lease;
 	// it must not exceed the broker's lease (visibility timeout), or leases
