@@ -69,8 +69,9 @@ type WorkerOptions struct {
 	// ErrJobTimeout (a handler that still returns nil is acked: its work is
 	// done). A handler that ignores its context cannot be stopped (Go has no
 	// way to), but it no longer holds its job: its lease runs out, the broker
-	// delivers the job again (counting an attempt), and the late settlement
-	// is refused as [ErrLeaseLost]; RabbitMQ, which has no leases, frees it
+	// delivers the job again (counting an attempt), and a late settlement
+	// after another consumer took it is refused ([ErrLeaseLost]); RabbitMQ,
+	// which has no leases, frees it
 	// by its consumer_timeout. See ARCHITECTURE.md, "Attempts, leases and
 	// heartbeats". Default [DefaultTimeout]; negative means no limit.
 	Timeout time.Duration
