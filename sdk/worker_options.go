@@ -73,7 +73,9 @@ type WorkerOptions struct {
 	// after another consumer took it is refused ([ErrLeaseLost]); RabbitMQ,
 	// which has no leases, frees it
 	// by its consumer_timeout. See ARCHITECTURE.md, "Attempts, leases and
-	// heartbeats". Default [DefaultTimeout]; negative means no limit.
+	// heartbeats". The Worker checks timeouts every twentieth of the
+	// shortest one (between 1ms and 1s), so a timeout fires up to two such
+	// ticks late. Default [DefaultTimeout]; negative means no limit.
 	Timeout time.Duration
 	// TimeoutByType overrides Timeout per Message.Type (0: Timeout;
 	// negative: no limit for that type).
