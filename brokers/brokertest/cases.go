@@ -41,6 +41,7 @@ var cases = []testCase{
 	{name: "InvalidMessageFields", run: testInvalidMessageFields},
 	{name: "PoisonMaxDeliveries", needs: []Capability{CapMaxDeliveries}, run: testPoison},
 	{name: "Stats", needs: []Capability{CapStats}, run: testStats},
+	{name: "StatsUnknownQueue", run: testStatsUnknownQueue},
 	{name: "CloseTwice", run: testCloseTwice},
 	{name: "CallsAfterClose", run: testCallsAfterClose},
 	{name: "CloseUnblocksReceive", run: testCloseUnblocksReceive},
@@ -61,6 +62,7 @@ var cases = []testCase{
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},
 	{name: "WorkerShutdownMidway", run: testWorkerShutdownMidway},
 	{name: "WorkerShutdownInterrupts", run: testWorkerShutdownInterrupts},
+	{name: "WorkerShutdownKeepsAttempt", needs: []Capability{CapRelease}, run: testWorkerShutdownKeepsAttempt},
 	{name: "WorkerLongJob", needs: []Capability{CapLease, CapExtendLease}, run: testWorkerLongJob},
 }
 

@@ -162,13 +162,19 @@ func deathInfo(h amqp.Table) (queue, reason string, at time.Time, ok bool) {
 
 // annotateBrokerDeath gives a message the broker dead-lettered on its own
 // (delivery limit, rejection) the same reason headers as berth's DeadLetter.
+//
+// Such a message never went through berth's DeadLetter, so any berth-dlq-*
+// header it carries came from its publisher: they are dropped and replaced.
+// (A copy berth dead-letters is published to the dead-letter exchange and
+// has no x-death.)
 func annotateBrokerDeath(m *sdk.Message, h amqp.Table, mainQueue string) {
-	if m.Header(sdk.HeaderDeadLetterReason) != "" {
-		return
-	}
 	q, reason, at, ok := deathInfo(h)
 	if !ok {
 		return
+	}
+	for _, k := range []string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass,
+		sdk.HeaderDeadLetterAttempts, sdk.HeaderDeadLetterQueue, sdk.HeaderLastFailure} {
+		delete(m.Headers, k)
 	}
 	if q == "" || strings.Contains(q, ".delay.") {
 		q = mainQueue

@@ -171,7 +171,8 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 }
 
 // RedriveDeadLetters publishes the dead letters with the given IDs (all
-// when none) back to their original queue with attempts reset and the
+// when none) back to queue, the queue whose dead-letter queue holds them
+// (whatever their berth-dlq-queue header says) with attempts reset and the
 // redrive counted ([sdk.PrepareRedrive]), waits for the confirms, and only
 // then removes them from the dead-letter queue. Unknown IDs give an error
 // wrapping [sdk.ErrNotFound] and redrive nothing. It returns how many were
@@ -201,12 +202,14 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	now := time.Now()
 	out := make([]outgoing, 0, len(picked))
+	if err := b.ensure(ctx, queue); err != nil {
+		return 0, err
+	}
 	for _, hm := range picked {
-		target := sdk.PrepareRedrive(hm.msg, queue)
-		if err := b.ensure(ctx, target); err != nil {
-			return 0, err
-		}
-		out = append(out, outgoing{id: hm.msg.ID, key: target, pub: encode(hm.msg, 1, now)})
+		// The target is the queue whose dead-letter queue this is, never
+		// the berth-dlq-queue header: a message can carry a forged one.
+		sdk.PrepareRedrive(hm.msg, queue)
+		out = append(out, outgoing{id: hm.msg.ID, key: queue, pub: encode(hm.msg, 1, now)})
 	}
 	// One pipelined batch; a dead letter is removed only once its copy is
 	// confirmed on its queue.

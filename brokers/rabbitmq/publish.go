@@ -88,7 +88,7 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 	if b.pc != nil && b.pc.alive() {
 		return b.pc, nil
 	}
-	if b.closed() {
+	if b.stopped() { // not closed(): Close publishes the copies of handed-back deliveries
 		return nil, sdk.ErrClosed
 	}
 	ch, err := conn.Channel()
@@ -255,7 +255,7 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 			failed[out[i].id] = fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err())
 		}
 	}
-	if len(failed) > 0 && b.closed() {
+	if len(failed) > 0 && b.stopped() {
 		// Close cut the channel under these messages: a retry would get
 		// ErrClosed, so they say ErrClosed rather than ErrUnavailable.
 		for id, err := range failed {

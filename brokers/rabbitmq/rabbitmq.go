@@ -53,10 +53,18 @@
 //
 // The first Receive of a queue starts a consumer that keeps up to
 // [Options.Prefetch] messages in this process until they are settled or the
-// broker is closed, whether or not Receive is called again. If the process
-// dies, the server redelivers all of them with x-delivery-count raised, so a
-// prefetched message counts an attempt even if no handler saw it; keep
-// Prefetch near the Worker's Concurrency + Prefetch.
+// broker is closed, whether or not Receive is called again. By default the
+// prefetch is the first Receive's max, which for an [sdk.Worker] is its
+// capacity (Concurrency + Prefetch). Close hands back the deliveries that
+// no Receive returned without consuming an attempt: it cancels the consumer
+// (basic.cancel), publishes a copy of each with its attempt in the attempt
+// header, waits for the confirms and acks the originals, within
+// [Options.CloseTimeout]. (Requeueing them would cost an attempt: on a
+// quorum queue every return, by nack, reject or channel close, raises
+// x-delivery-count on RabbitMQ 3.x and 4.0–4.2, and on a classic queue sets
+// the redelivered flag.) If the process dies, the server redelivers
+// everything it held with x-delivery-count raised, so a prefetched message
+// counts an attempt even if no handler saw it.
 //
 // # Leases
 //
@@ -126,7 +134,10 @@ var DefaultDelayBuckets = []time.Duration{
 
 // Defaults of [Options].
 const (
+	// DefaultPrefetch caps the prefetch that follows the first Receive's
+	// max when [Options.Prefetch] is 0.
 	DefaultPrefetch           = 64
+	DefaultCloseTimeout       = 5 * time.Second
 	DefaultMaxDeliveries      = 10
 	DefaultMaxMessageSize     = 16 << 20
 	DefaultDeadLetterExchange = "berth.dlx"
@@ -145,8 +156,18 @@ type Options struct {
 	MaxDeliveries int
 	// Prefetch is the per-queue consumer prefetch (basic.qos): how many
 	// deliveries the broker hands this process before they are settled.
-	// Default 64.
+	// Default: the max of the queue's first Receive, which for an
+	// [sdk.Worker] is its capacity (Concurrency + Prefetch), so the server
+	// hands this process no more than the Worker can hold (at most
+	// [DefaultPrefetch]). Set it when the first Receive asks for fewer than
+	// the caller will hold at once: with prefetch n, a caller holding n
+	// unsettled deliveries gets no more.
 	Prefetch int
+	// CloseTimeout bounds how long Close spends handing back deliveries
+	// that this process holds but no caller has received (they are
+	// requeued with their attempt unchanged); past it they go back when the
+	// connection closes, with a delivery counted. Default 5s.
+	CloseTimeout time.Duration
 	// MaxMessageSize is the limit, as [sdk.Message.Size] counts, checked
 	// before publishing. Default 16 MiB (the server's own default limit is
 	// 128 MiB).
@@ -191,8 +212,11 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxDeliveries == 0 {
 		o.MaxDeliveries = DefaultMaxDeliveries
 	}
-	if o.Prefetch == 0 {
-		o.Prefetch = DefaultPrefetch
+	if o.CloseTimeout < 0 {
+		return o, errors.New("rabbitmq: negative option")
+	}
+	if o.CloseTimeout == 0 {
+		o.CloseTimeout = DefaultCloseTimeout
 	}
 	if o.Prefetch > 65535 {
 		return o, errors.New("rabbitmq: Prefetch above 65535")
@@ -244,7 +268,8 @@ type Broker struct {
 	pub *link // publishing, settlement copies, topology, dead letters
 	con *link // consuming
 
-	done      chan struct{}
+	closing   chan struct{}   // closed when Close begins
+	done      chan struct{}   // closed once Close has handed deliveries back
 	ctx       context.Context // cancelled by Close; bounds background work
 	cancel    context.CancelFunc
 	closeOnce sync.Once
@@ -286,6 +311,7 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		opts:      opts,
 		redacted:  redacted,
 		uri:       rawURL,
+		closing:   make(chan struct{}),
 		done:      make(chan struct{}),
 		consumers: make(map[string]*consumer),
 		declared:  make(map[string]bool),
@@ -329,6 +355,26 @@ func Redact(rawURL string) (string, error) {
 // other call on the broker returns [sdk.ErrClosed].
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
+		// First every call on the broker starts returning ErrClosed, and
+		// the consumers hand back what this process holds but no caller
+		// has seen (see consumer.handBack), through connections still up.
+		b.mu.Lock()
+		close(b.closing)
+		cs := make([]*consumer, 0, len(b.consumers))
+		for _, c := range b.consumers {
+			cs = append(cs, c)
+		}
+		b.mu.Unlock()
+		limit := time.NewTimer(b.opts.CloseTimeout)
+		defer limit.Stop()
+		for _, c := range cs {
+			select {
+			case <-c.exited:
+			case <-limit.C:
+				// The connection is stuck: what is left goes back when it
+				// closes, with a delivery counted.
+			}
+		}
 		// Under mu: consumerFor and publisher start goroutines (wg.Add)
 		// only after checking done under mu, so none starts after Wait.
 		b.mu.Lock()
@@ -340,7 +386,19 @@ func (b *Broker) Close() error {
 	return nil
 }
 
+// closed reports whether Close has begun: public calls return ErrClosed.
 func (b *Broker) closed() bool {
+	select {
+	case <-b.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// stopped reports whether Close has ended the broker's goroutines (done
+// closed); between closed and stopped, Close hands deliveries back.
+func (b *Broker) stopped() bool {
 	select {
 	case <-b.done:
 		return true
