@@ -41,6 +41,7 @@ var cases = []testCase{
 	{name: "InvalidMessageFields", run: testInvalidMessageFields},
 	{name: "PoisonMaxDeliveries", needs: []Capability{CapMaxDeliveries}, run: testPoison},
 	{name: "Stats", needs: []Capability{CapStats}, run: testStats},
+	{name: "StatsUnknownQueue", run: testStatsUnknownQueue},
 	{name: "CloseTwice", run: testCloseTwice},
 	{name: "CallsAfterClose", run: testCallsAfterClose},
 	{name: "CloseUnblocksReceive", run: testCloseUnblocksReceive},

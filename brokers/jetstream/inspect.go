@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -23,7 +24,8 @@ import (
 //   - DeadLettered is the dead-letter stream's message count;
 //   - OldestAge is the age of the oldest never-delivered message.
 //
-// A queue that does not exist has all counts 0.
+// A queue whose stream does not exist is an error wrapping [sdk.ErrNotFound]
+// (and JetStream's own error).
 func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
 	st := sdk.QueueStats{Queue: queue}
 	if b.closed.Load() {
@@ -34,7 +36,11 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 	}
 	q := b.names(queue)
 	ready, err := b.js.Consumer(ctx, q.stream, consumerName)
-	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The same on every broker: an unknown queue is not an empty one.
+		return st, fmt.Errorf("jetstream: stats of queue %q: %w: %w", queue, sdk.ErrNotFound, err)
+	}
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return st, nil
 	}
 	if err != nil {

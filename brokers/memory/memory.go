@@ -299,7 +299,8 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 
 // Stats reports the queue's counts. OldestAge is the time since the oldest
 // ready message became ready (was published, or its delay, retry delay or
-// lease ran out). A queue never used has zero stats.
+// lease ran out). A queue never declared nor used gives an error wrapping
+// [sdk.ErrNotFound], as on every broker.
 func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) {
 	if b.closed.Load() {
 		return sdk.QueueStats{}, sdk.ErrClosed
@@ -310,7 +311,7 @@ func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) 
 	s := sdk.QueueStats{Queue: queue}
 	q := b.existing(queue)
 	if q == nil {
-		return s, nil
+		return s, fmt.Errorf("memory: stats of queue %q, never declared nor used: %w", queue, sdk.ErrNotFound)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

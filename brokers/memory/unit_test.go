@@ -84,9 +84,8 @@ func TestInvalidArguments(t *testing.T) {
 func TestUnusedQueue(t *testing.T) {
 	b := newBroker(t, memory.Options{})
 	ctx := ctxT(t)
-	s, err := b.Stats(ctx, "never-used")
-	if err != nil || s != (sdk.QueueStats{Queue: "never-used"}) {
-		t.Errorf("Stats = %+v, %v; want zero stats", s, err)
+	if s, err := b.Stats(ctx, "never-used"); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("Stats = %+v, %v; want ErrNotFound (the same on every broker)", s, err)
 	}
 	if ms, err := b.ListDeadLetters(ctx, "never-used", 10); err != nil || len(ms) != 0 {
 		t.Errorf("ListDeadLetters = %d, %v; want none", len(ms), err)
@@ -480,7 +479,7 @@ func TestContract18_4_PublishCancelledContext(t *testing.T) {
 		t.Fatalf("Publish with a cancelled context = %v, want context.Canceled", err)
 	}
 	s, err := b.Stats(ctxT(t), "q")
-	if err != nil {
+	if err != nil && !errors.Is(err, sdk.ErrNotFound) { // not found: the queue was not even created
 		t.Fatal(err)
 	}
 	if s.Ready+s.Delayed+s.InFlight != 0 {
@@ -499,7 +498,7 @@ func TestHardening2_RedriveIgnoresForgedQueueHeader(t *testing.T) {
 	if n, err := b.RedriveDeadLetters(ctx, "orders"); err != nil || n != 1 {
 		t.Fatalf("RedriveDeadLetters = %d, %v; want 1, nil", n, err)
 	}
-	if s, err := b.Stats(ctx, "victim"); err != nil || s.Ready != 0 {
+	if s, err := b.Stats(ctx, "victim"); (err != nil && !errors.Is(err, sdk.ErrNotFound)) || s.Ready != 0 { // never used: not found
 		t.Errorf("the forged target got messages: %+v, %v", s, err)
 	}
 	d := receiveOne(t, b, "orders")

@@ -29,6 +29,7 @@ func ExampleSchemaSQL() {
 	// Output:
 	// CREATE SCHEMA IF NOT EXISTS "billing_jobs";
 	// CREATE TABLE IF NOT EXISTS "billing_jobs".jobs
+	// CREATE TABLE IF NOT EXISTS "billing_jobs".queues
 	// CREATE INDEX IF NOT EXISTS jobs_claim_idx ON "billing_jobs".jobs (queue, available_at)
 	// CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedupe_idx ON "billing_jobs".jobs (queue, idempotency_key)
 	// CREATE INDEX IF NOT EXISTS jobs_dead_letter_idx ON "billing_jobs".jobs (queue, message_id)

@@ -29,14 +29,45 @@ var (
 	_ sdk.DeadLetters   = (*Broker)(nil)
 )
 
-// DeclareQueue validates the queue name. Queues are rows of the one jobs
-// table, so there is nothing to create; run [Broker.Migrate] once for the
-// table itself.
+// DeclareQueue validates the queue name and records it in the queues table,
+// so that [Broker.Stats] reports the queue, empty, instead of
+// [sdk.ErrNotFound]. Jobs are rows of the one jobs table, so there is
+// nothing else to create; run [Broker.Migrate] (or apply [SchemaSQL], which
+// has the queues table since berth's ErrNotFound convention) once.
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	if b.isClosed() {
 		return errClosed("declare queue")
 	}
-	return sdk.ValidateQueueName(queue)
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	// Recorded so that Stats knows the queue while it is still empty.
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.queues()+` (name) VALUES ($1) ON CONFLICT DO NOTHING`, queue); err != nil {
+		return b.wrap("declare queue", err)
+	}
+	return nil
+}
+
+// queues is the quoted table of declared queues.
+func (b *Broker) queues() string { return quoteIdent(b.schema) + ".queues" }
+
+// queueKnown reports whether queue was declared or holds a job of any status.
+// Stats asks only when it counted nothing, so the scan for completed jobs
+// runs for idle or unknown queues; a queue found that way is recorded, so
+// that the next call finds it by its key.
+func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
+	var declared, used bool
+	err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.queues()+` WHERE name = $1),
+			EXISTS (SELECT 1 FROM `+b.table+` WHERE queue = $1)`, queue).Scan(&declared, &used)
+	if err != nil {
+		return false, err
+	}
+	if used && !declared {
+		if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.queues()+` (name) VALUES ($1) ON CONFLICT DO NOTHING`, queue); err != nil {
+			return false, err
+		}
+	}
+	return declared || used, nil
 }
 
 // Stats reports queue's counts, exactly, in one statement: Ready counts
@@ -45,7 +76,9 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 // InFlight, the processing jobs whose lease runs; DeadLettered, the
 // dead_letter jobs. OldestAge is how long the longest-waiting ready job has
 // been due (now - available_at). Completed jobs are not counted (see
-// [Broker.CountByStatus]).
+// [Broker.CountByStatus]). A queue that was never declared and holds no job
+// of any status gives an error wrapping [sdk.ErrNotFound], as on every
+// broker.
 func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
 	if b.isClosed() {
 		return sdk.QueueStats{}, errClosed("stats")
@@ -68,6 +101,15 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 		return sdk.QueueStats{}, b.wrap("stats", err)
 	}
 	s.OldestAge = time.Duration(oldestUS) * time.Microsecond
+	if s.Ready+s.Delayed+s.InFlight+s.DeadLettered == 0 {
+		known, err := b.queueKnown(ctx, queue)
+		if err != nil {
+			return sdk.QueueStats{}, b.wrap("stats", err)
+		}
+		if !known {
+			return sdk.QueueStats{}, fmt.Errorf("berth/postgres: stats of queue %q, never declared and holding no job: %w", queue, sdk.ErrNotFound)
+		}
+	}
 	return s, nil
 }
 

@@ -31,6 +31,14 @@ CREATE TABLE IF NOT EXISTS "berth".jobs (
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
 
+-- Queues declared with DeclareQueue (and queues found holding jobs), so that
+-- Stats tells an empty queue from one that does not exist (sdk.ErrNotFound).
+-- Publishing does not need a row here: a queue also exists while it holds a job.
+CREATE TABLE IF NOT EXISTS "berth".queues (
+    name       text        PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- The claim query: claimable rows of a queue in due order. Processing rows
 -- carry their lease expiry in available_at, so one range scan finds both new
 -- work and expired leases.
