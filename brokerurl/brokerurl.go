@@ -10,6 +10,7 @@
 //	http://127.0.0.1:4566?region=eu-west-1                            an SQS endpoint (emulator)
 //	https://sqs.eu-west-1.amazonaws.com                               an SQS endpoint
 //	mem://                                                            a new in-memory broker
+//	nats://user:pass@host:4222?ack_wait=30s                           NATS JetStream
 //
 // Each scheme's query parameters are listed on its opener ([Schemes] lists
 // the schemes). A parameter berth does not know for that scheme, or a value it

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokerurl"
@@ -80,6 +82,7 @@ func TestConnectionErrorsHideThePassword(t *testing.T) {
 	for _, raw := range []string{
 		"postgres://admin:" + secret + "@127.0.0.1:1/db?connect_timeout=2",
 		"amqp://admin:" + secret + "@127.0.0.1:1/",
+		"nats://admin:" + secret + "@127.0.0.1:1",
 	} {
 		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
 		if err == nil {
@@ -203,4 +206,46 @@ func TestSQS(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close()
+}
+
+func TestJetStream(t *testing.T) {
+	raw := integration.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := brokerurl.Open(ctx, raw+"?ack_wait=soon", brokerurl.Options{}); !errors.Is(err, brokerurl.ErrInvalidURL) {
+		t.Fatalf("ack_wait=soon: %v, want ErrInvalidURL", err)
+	}
+	b, err := brokerurl.Open(ctx, raw+"?ack_wait=5s&wait_time=1s&max_deliveries=4&connection_name=brokerurl-test", brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	js, ok := b.(*jetstream.Broker)
+	if !ok {
+		t.Fatalf("nats:// opened %T", b)
+	}
+	if o := js.Options(); o.AckWait != 5*time.Second || o.WaitTime != time.Second || o.MaxDeliveries != 4 {
+		t.Errorf("options %+v: the URL's parameters not applied", o)
+	}
+	q := "brokerurl_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	defer func() { _ = js.DeleteQueue(context.Background(), q) }()
+	if err := b.Publish(ctx, q, &sdk.Message{Type: "t", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil || len(ds) != 1 || string(ds[0].Message().Body) != "x" {
+		t.Fatalf("Receive: %d deliveries, %v", len(ds), err)
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The CLI's defaults: no_declare makes a missing queue ErrNotFound.
+	nd, err := brokerurl.Open(ctx, raw, brokerurl.Options{Defaults: url.Values{"no_declare": {"true"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close()
+	if err := nd.Publish(ctx, q+"_missing", &sdk.Message{Type: "t"}); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("Publish to a missing queue with no_declare: %v, want ErrNotFound", err)
+	}
 }

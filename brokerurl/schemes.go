@@ -2,6 +2,7 @@ package brokerurl
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokers/rabbitmq"
@@ -30,6 +32,40 @@ var schemes = map[string]Opener{
 	"http":       openSQS,
 	"https":      openSQS,
 	"mem":        openMemory,
+	"nats":       openJetStream,
+}
+
+// openJetStream opens NATS JetStream: nats://user:pass@host:4222 (several
+// servers: nats://a:4222,b:4222 is not a URL; give one, nats.go learns the
+// others from the cluster).
+//
+// Parameters (the fields of [jetstream.Options] and [jetstream.ConnectOptions]):
+// ack_wait, wait_time (durations), max_deliveries, max_message_size,
+// prefix, no_declare, async_ack, connection_name, creds (a .creds file),
+// nkey (an NKey seed file), tls (true: require TLS, verified against the
+// system roots).
+func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
+	o := jetstream.Options{
+		AckWait:        p.Duration("ack_wait", 0),
+		WaitTime:       p.Duration("wait_time", 0),
+		MaxDeliveries:  p.Int("max_deliveries", 0),
+		MaxMessageSize: p.Int("max_message_size", 0),
+		Prefix:         p.String("prefix", ""),
+		NoDeclare:      p.Bool("no_declare", false),
+		AsyncAck:       p.Bool("async_ack", false),
+	}
+	co := jetstream.ConnectOptions{
+		Name:            p.String("connection_name", ""),
+		CredentialsFile: p.String("creds", ""),
+		NKeyFile:        p.String("nkey", ""),
+	}
+	if p.Bool("tls", false) {
+		co.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	return jetstream.Connect(ctx, withQuery(u, nil), co, o)
 }
 
 // openMemory opens a new, empty memory broker: mem://

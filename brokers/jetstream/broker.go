@@ -61,6 +61,13 @@ type Options struct {
 	Storage jetstream.StorageType
 	// Replicas of each stream in a cluster. Default 1.
 	Replicas int
+	// AsyncAck sends settlements (ack, nak, in progress) without waiting
+	// for JetStream's answer: faster when one goroutine acks messages one
+	// after another, but a settlement written just before the connection
+	// drops is lost and its message comes back although the call returned
+	// nil (the conformance suite's ConnectionLoss case fails with it).
+	// Default false: every settlement waits for the server.
+	AsyncAck bool
 	// NoDeclare stops Publish and Receive from declaring a queue on first
 	// use: a queue whose stream does not exist is then an error wrapping
 	// [sdk.ErrNotFound] and JetStream's own error. Declare queues with

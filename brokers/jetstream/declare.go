@@ -72,6 +72,11 @@ func (b *Broker) StreamNames(queue string) (stream, deadLetters string) {
 	return q.stream, q.dlq
 }
 
+// Subject returns the subject of queue's ready messages: what another
+// producer publishes to (a message without berth's header is delivered with
+// its Nats-Msg-Id as ID and its headers as headers).
+func (b *Broker) Subject(queue string) string { return b.names(queue).ready }
+
 // DeclareQueue creates (or updates to this Broker's options) the queue's
 // work-queue stream with its ready and delayed subjects, the two durable pull
 // consumers on them, and the dead-letter stream. It is idempotent.

@@ -93,6 +93,12 @@ func (d *delivery) send(ctx context.Context, op string, body []byte) error {
 	if err := d.b.connected(op); err != nil {
 		return err
 	}
+	if d.b.opts.AsyncAck {
+		if err := d.b.nc.Publish(d.reply, body); err != nil {
+			return d.b.wrapErr(ctx, op, err)
+		}
+		return nil
+	}
 	rctx, cancel := ctx, context.CancelFunc(func() {})
 	if _, ok := ctx.Deadline(); !ok {
 		rctx, cancel = context.WithTimeout(ctx, settleTimeout)

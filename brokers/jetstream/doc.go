@@ -49,7 +49,8 @@
 //   - Every settlement (+ACK, -NAK, +WPI) is sent as a request and waits for
 //     JetStream's answer (a "double ack"): a settlement only buffered by
 //     nats.go is lost when the connection drops, and the message would come
-//     back although its Ack returned nil. Retry(d) is a nak with delay d (NakWithDelay): JetStream holds the message back on
+//     back although its Ack returned nil. [Options.AsyncAck] trades that
+//     for speed when one goroutine settles messages one by one. Retry(d) is a nak with delay d (NakWithDelay): JetStream holds the message back on
 //     the server, and the next delivery counts one more attempt. JetStream
 //     keeps no cause with a nak, so a dead letter's berth-first-failure is
 //     the time it was dead-lettered.
@@ -111,6 +112,7 @@
 // again. Settlements and pulls made while it is down are refused at once
 // with an error wrapping [sdk.ErrUnavailable]: the message comes back after
 // its AckWait. A publish whose ack was lost with the connection fails after
-// 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once the connection is closed for good, calls fail with an error
-// wrapping [sdk.ErrUnavailable] (or [sdk.ErrClosed] after Close).
+// 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once
+// the connection is closed for good, calls fail with an error wrapping
+// [sdk.ErrUnavailable] (or [sdk.ErrClosed] after Close).
 package jetstream

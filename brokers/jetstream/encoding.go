@@ -42,8 +42,9 @@ type envelope struct {
 // validate checks what sdk.Prepare does not and JetStream needs: string
 // fields in UTF-8 (JSON would replace invalid bytes, changing them).
 func validate(m *sdk.Message) error {
-	for name, v := range map[string]string{"ID": m.ID, "Type": m.Type, "IdempotencyKey": m.IdempotencyKey, "Key": m.Key, "CorrelationID": m.CorrelationID} {
+	for i, v := range [...]string{m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID} {
 		if !utf8.ValidString(v) {
+			name := [...]string{"ID", "Type", "IdempotencyKey", "Key", "CorrelationID"}[i]
 			return fmt.Errorf("%w: %s is not valid UTF-8", sdk.ErrInvalidMessage, name)
 		}
 	}

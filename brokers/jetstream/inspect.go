@@ -24,7 +24,8 @@ import (
 //   - DeadLettered is the dead-letter stream's message count;
 //   - OldestAge is the age of the oldest never-delivered message.
 //
-// A queue that does not exist has all counts 0.
+// A queue whose stream does not exist is an error wrapping [sdk.ErrNotFound]
+// (and JetStream's own error).
 func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
 	st := sdk.QueueStats{Queue: queue}
 	if b.closed.Load() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"testing"
 	"time"
 
@@ -14,6 +15,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(helperEnv); role != "" {
+		// A child process of a fault test: no tests and no leak check (it
+		// is SIGKILLed or exits on purpose).
+		helperProcess(role)
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -71,7 +71,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 // publishWire publishes wire[i] with Nats-Msg-Id ids[i], pipelined and
 // bounded by the Broker's slots, and waits for every ack. name(i) names
 // message i in a PublishError.
-func (b *Broker) publishWire(ctx context.Context, stream string, wire []*nats.Msg, ids []string, name func(int) string) error {
+func (b *Broker) publishWire(ctx context.Context, _ string, wire []*nats.Msg, ids []string, name func(int) string) error {
 	type pending struct {
 		i   int
 		fut jetstream.PubAckFuture
@@ -132,7 +132,7 @@ func (b *Broker) publishWire(ctx context.Context, stream string, wire []*nats.Ms
 				return sdk.ErrClosed
 			}
 		}
-		fut, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(ids[i]), jetstream.WithExpectStream(stream))
+		fut, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(ids[i]))
 		if err != nil {
 			<-b.slots
 			if errors.Is(err, nats.ErrConnectionClosed) && b.closed.Load() {

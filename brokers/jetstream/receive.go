@@ -3,7 +3,6 @@ package jetstream
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -101,7 +100,11 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 	if err := b.connected("pull"); err != nil {
 		return nil, err
 	}
-	sub, err := b.nc.SubscribeSync(b.nc.NewInbox())
+	// A channel of its own, sized for the answer (batch messages and a
+	// status): SubscribeSync would allocate nats.go's 64k-slot channel for
+	// every pull.
+	ch := make(chan *nats.Msg, batch+8)
+	sub, err := b.nc.ChanSubscribe(b.nc.NewInbox(), ch)
 	if err != nil {
 		return nil, b.wrapErr(ctx, "subscribe", err)
 	}
@@ -125,30 +128,26 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 	if wait == 0 {
 		limit = time.Now().Add(b.nc.Opts.Timeout + time.Second)
 	}
-	wctx, cancel := context.WithDeadline(ctx, limit)
-	defer cancel()
+	timer := time.NewTimer(time.Until(limit))
+	defer timer.Stop()
 	var msgs []*nats.Msg
 	for len(msgs) < batch {
-		m, err := sub.NextMsgWithContext(wctx)
-		if err != nil {
-			switch {
-			case b.closed.Load():
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-b.closing:
+			b.untrack(sub)
+			return msgs, sdk.ErrClosed
+		case <-ctx.Done():
+			if wait > 0 {
+				b.drain(q, consumer, sub, ch, limit)
+			} else {
 				b.untrack(sub)
-				return msgs, sdk.ErrClosed
-			case ctx.Err() != nil:
-				if wait > 0 {
-					b.drain(q, consumer, sub, limit)
-				} else {
-					b.untrack(sub)
-				}
-				return msgs, ctx.Err()
-			case errors.Is(err, context.DeadlineExceeded):
-				b.untrack(sub) // request lost (reconnect): the caller asks again
-				return msgs, nil
-			default:
-				b.untrack(sub)
-				return msgs, b.wrapErr(ctx, "pull", err)
 			}
+			return msgs, ctx.Err()
+		case <-timer.C:
+			b.untrack(sub) // request lost (reconnect): the caller asks again
+			return msgs, nil
 		}
 		if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
 			switch status {
@@ -190,14 +189,18 @@ func (e *QueueDeletedError) Unwrap() error { return sdk.ErrNotFound }
 // drain keeps reading a cancelled pull's subscription until the request
 // expires (limit) or the Broker closes, and gives back every message the
 // server still delivers to it.
-func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, limit time.Time) {
+func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, ch <-chan *nats.Msg, limit time.Time) {
 	if !b.goOwned(func() {
 		defer b.untrack(sub)
-		ctx, cancel := context.WithDeadline(context.Background(), limit)
-		defer cancel()
+		timer := time.NewTimer(time.Until(limit))
+		defer timer.Stop()
 		for {
-			m, err := sub.NextMsgWithContext(ctx)
-			if err != nil {
+			var m *nats.Msg
+			select {
+			case m = <-ch:
+			case <-timer.C:
+				return
+			case <-b.closing:
 				return
 			}
 			if m.Header.Get("Status") != "" && len(m.Data) == 0 {

@@ -183,7 +183,7 @@ func newCLI(e env) *cli {
 	c := &cli{env: e}
 	fs := flag.NewFlagSet("berth", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned and printed once, as they are
-	fs.StringVar(&c.url, "url", "", "broker URL: amqp://, amqps://, postgres://, sqs://REGION, http(s)://SQS-ENDPOINT, mem:// (default $BERTH_URL)")
+	fs.StringVar(&c.url, "url", "", "broker URL: amqp://, amqps://, postgres://, sqs://REGION, http(s)://SQS-ENDPOINT, mem://, nats:// (default $BERTH_URL)")
 	fs.BoolVar(&c.json, "json", false, "print JSON, one document per line")
 	fs.DurationVar(&c.timeout, "timeout", 0, "give up after this long (default: no limit)")
 	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")

@@ -1,0 +1,160 @@
+package jetstream_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/sdk"
+)
+
+// Environment of the fault tests' child process.
+const (
+	helperEnv   = "BERTH_JS_HELPER" // the child's role: "hold" or "worker"
+	helperURL   = "BERTH_JS_HELPER_URL"
+	helperQueue = "BERTH_JS_HELPER_QUEUE"
+	helperHold  = "BERTH_JS_HELPER_HOLD"
+)
+
+// childAckWait and childMaxDeliveries configure the child's broker.
+const (
+	childAckWait       = time.Second
+	childMaxDeliveries = 3
+)
+
+// helperProcess is the child process of the fault tests, run by TestMain
+// instead of the tests when helperEnv names its role. It ends by exiting or
+// by being SIGKILLed.
+func helperProcess(role string) {
+	ctx := context.Background()
+	b, err := jetstream.Connect(ctx, os.Getenv(helperURL), jetstream.ConnectOptions{Name: "berth-test-child"},
+		jetstream.Options{AckWait: childAckWait, WaitTime: 700 * time.Millisecond, MaxDeliveries: childMaxDeliveries, Logger: quiet})
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	q := os.Getenv(helperQueue)
+	switch role {
+	case "hold":
+		// Receive a batch, ack its first half, hold the rest unacked and
+		// wait to be killed.
+		n, _ := strconv.Atoi(os.Getenv(helperHold))
+		var held []sdk.Delivery
+		for len(held) < n {
+			ds, err := b.Receive(ctx, q, n-len(held))
+			if err != nil {
+				fmt.Println("ERROR", err)
+				os.Exit(1)
+			}
+			held = append(held, ds...)
+		}
+		for _, d := range held[:n/2] {
+			if err := d.Ack(ctx); err != nil {
+				fmt.Println("ERROR", err)
+				os.Exit(1)
+			}
+			fmt.Println("ACKED", d.Message().ID)
+		}
+		for _, d := range held[n/2:] {
+			fmt.Println("HELD", d.Message().ID, d.Attempt())
+		}
+		fmt.Println("READY")
+		select {}
+	case "worker":
+		// A Worker whose handler crashes the process on a poison message.
+		h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+			if d.Message().Type == "poison" {
+				fmt.Println("CRASH", d.Message().ID, d.Attempt())
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+			fmt.Println("DONE", d.Message().ID, d.Attempt())
+			return nil
+		})
+		w, err := sdk.NewWorker(b, h, sdk.WorkerOptions{Queue: q, Concurrency: 1, Prefetch: 1, Lease: childAckWait, Logger: quiet})
+		if err != nil {
+			fmt.Println("ERROR", err)
+			os.Exit(1)
+		}
+		fmt.Println("READY")
+		_ = w.Run(ctx)
+	}
+	os.Exit(0)
+}
+
+// child is a running helper process.
+type child struct {
+	cmd   *exec.Cmd
+	lines chan []string // marker lines, split into fields; closed at exit
+}
+
+// startChild runs this test binary as a helper in role, on queue.
+func startChild(t *testing.T, role, url, queue string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+role, helperURL+"="+url, helperQueue+"="+queue)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, lines: make(chan []string, 1024)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(c.lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) > 0 {
+				c.lines <- f
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		_ = cmd.Wait()
+	})
+	return c
+}
+
+// next returns the child's next marker line, or nil when it exited.
+func (c *child) next(t *testing.T, timeout time.Duration) []string {
+	t.Helper()
+	select {
+	case f, ok := <-c.lines:
+		if !ok {
+			return nil
+		}
+		if f[0] == "ERROR" {
+			t.Fatalf("child: %s", strings.Join(f, " "))
+		}
+		return f
+	case <-time.After(timeout):
+		t.Fatalf("child said nothing for %s", timeout)
+		return nil
+	}
+}
+
+// kill SIGKILLs the child.
+func (c *child) kill(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("SIGKILL: %v", err)
+	}
+}
