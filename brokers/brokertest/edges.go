@@ -29,8 +29,8 @@ func testPublishCancelledContext(t *testing.T, e *env) {
 	}{{cancelled, context.Canceled}, {expired, context.DeadlineExceeded}} {
 		m := textMessage("ctx-done-publish")
 		err := e.b.Publish(c.ctx, e.q, m)
-		if !errors.Is(err, c.want) {
-			t.Errorf("Publish with a context already done: %v, want %v", err, c.want)
+		if err != c.want { // ctx.Err() itself, as sdk.Publisher says: not wrapped
+			t.Errorf("Publish with a context already done: %v, want ctx.Err() (%v)", err, c.want)
 		}
 		refused[m.ID] = true
 	}
@@ -68,8 +68,8 @@ func testReceiveCancelledContext(t *testing.T, e *env) {
 		if len(ds) > 0 {
 			taken += len(ds)
 			t.Errorf("Receive call %d with a cancelled context returned %d deliveries (err %v)", i+1, len(ds), err)
-		} else if !errors.Is(err, context.Canceled) {
-			t.Errorf("Receive call %d with a cancelled context: %v, want context.Canceled", i+1, err)
+		} else if err != context.Canceled { // ctx.Err() itself, as sdk.Subscriber says
+			t.Errorf("Receive call %d with a cancelled context: %v, want ctx.Err() (context.Canceled)", i+1, err)
 		}
 		// A broker that fills a buffer in the background (RabbitMQ's
 		// prefetch) has time to: the deliveries wait there, ready.

@@ -304,3 +304,98 @@ func TestHardening2_ForgedDeadLetterHeaders(t *testing.T) {
 		t.Errorf("the forged target %s received %d messages", victim, info.Ready)
 	}
 }
+
+// TestHardening7_FrozenConnection: a frozen (half-open) connection is
+// noticed within the configured heartbeat and replaced, and Close of a
+// broker whose connections are frozen returns within about CloseTimeout.
+// Before, Close waited for a close-ok until the heartbeat gave up (with a
+// 60s heartbeat: 90s, past this test's 20s bound).
+func TestHardening7_FrozenConnection(t *testing.T) {
+	url := serverURL(t)
+	p, purl := newProxy(t, url)
+	q := testQueue(t, url)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+
+	// Detection: with a 1s heartbeat the frozen connections are dropped
+	// and a publish goes through a new one.
+	b := newBroker(t, purl, Options{Heartbeat: time.Second, Logger: quiet})
+	if err := b.Publish(ctx, q, &sdk.Message{Type: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	p.Freeze()
+	// The publish under way when the heartbeat gives up fails with
+	// ErrUnavailable (its confirm is lost); the next goes through.
+	for {
+		err := b.Publish(ctx, q, &sdk.Message{Type: "after"})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sdk.ErrUnavailable) || ctx.Err() != nil {
+			t.Fatalf("Publish after the freeze: %v", err)
+		}
+	}
+	p.Thaw()
+
+	// Close bound: a long heartbeat, everything frozen, Close returns.
+	slow := newBroker(t, purl, Options{Heartbeat: 60 * time.Second, CloseTimeout: time.Second, Logger: quiet})
+	if err := slow.Publish(ctx, q, &sdk.Message{Type: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := slow.Receive(ctx, q, 1); err != nil {
+		t.Fatal(err)
+	}
+	p.Freeze()
+	defer p.Thaw()
+	closed := make(chan error, 1)
+	go func() { closed <- slow.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close of a broker with frozen connections did not return within 20s (CloseTimeout 1s)")
+	}
+}
+
+// TestHardening7_NewWaitsForServer: New started while the server cannot be
+// reached retries within its ctx and succeeds once the server answers.
+// Before, it failed at the first refused dial, so a worker started during a
+// broker restart exited.
+func TestHardening7_NewWaitsForServer(t *testing.T) {
+	url := serverURL(t)
+	p, purl := newProxy(t, url)
+	p.Refuse(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		b   *Broker
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		b, err := New(ctx, purl, Options{Logger: quiet, Reconnect: sdk.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond}})
+		res <- result{b, err}
+	}()
+	time.Sleep(500 * time.Millisecond) // several refused dials
+	select {
+	case r := <-res:
+		t.Fatalf("New returned while the server was unreachable: %v", r.err)
+	default:
+	}
+	p.Refuse(false)
+	r := <-res
+	if r.err != nil {
+		t.Fatalf("New once the server answers: %v", r.err)
+	}
+	_ = r.b.Close()
+
+	// A ctx that ends first gives ErrUnavailable.
+	p.Refuse(true)
+	short, stop := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer stop()
+	if _, err := New(short, purl, Options{Logger: quiet}); !errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("New against a refusing server: %v, want sdk.ErrUnavailable", err)
+	}
+}

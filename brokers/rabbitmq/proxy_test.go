@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"crypto/tls"
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -19,6 +18,8 @@ type proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]bool
 	refuse bool
+	frozen map[net.Conn]bool // conns whose bytes are held, as a half-open connection would
+	thaw   chan struct{}     // closed and replaced by Thaw
 	wg     sync.WaitGroup
 }
 
@@ -48,7 +49,7 @@ func newTLSProxy(t testing.TB, rawURL string, cfg *tls.Config) (*proxy, string) 
 	if u.Port() == "" {
 		target = net.JoinHostPort(u.Hostname(), "5672")
 	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}, frozen: map[net.Conn]bool{}, thaw: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -86,13 +87,64 @@ func (p *proxy) accept() {
 
 func (p *proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.waitThawed(src) {
+				break
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	p.mu.Lock()
 	delete(p.conns, dst)
 	delete(p.conns, src)
 	p.mu.Unlock()
+}
+
+// Freeze holds every byte of the connections open now, in both directions,
+// without closing them: a half-open connection, as a dead peer or a
+// dropped route leaves. New connections pass.
+func (p *proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		p.frozen[c] = true
+	}
+}
+
+// Thaw lets frozen connections go on.
+func (p *proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.frozen)
+	close(p.thaw)
+	p.thaw = make(chan struct{})
+}
+
+// waitThawed blocks while src is frozen; false when the connection was
+// closed meanwhile.
+func (p *proxy) waitThawed(src net.Conn) bool {
+	for {
+		p.mu.Lock()
+		frozen, open, thaw := p.frozen[src], p.conns[src], p.thaw
+		p.mu.Unlock()
+		if !open {
+			return false
+		}
+		if !frozen {
+			return true
+		}
+		<-thaw
+	}
 }
 
 // Cut closes every connection through the proxy.
@@ -102,6 +154,10 @@ func (p *proxy) Cut() {
 	for c := range p.conns {
 		_ = c.Close()
 	}
+	// Wake frozen pipes: their connections are closed now.
+	clear(p.frozen)
+	close(p.thaw)
+	p.thaw = make(chan struct{})
 }
 
 // Refuse makes the proxy drop new connections (true) or accept them again.
@@ -114,5 +170,6 @@ func (p *proxy) Refuse(on bool) {
 func (p *proxy) close() {
 	_ = p.ln.Close()
 	p.Cut()
+	p.Thaw()
 	p.wg.Wait()
 }

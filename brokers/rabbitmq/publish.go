@@ -295,6 +295,9 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if b.closed() {
 		return sdk.ErrClosed
 	}
+	if err := ctx.Err(); err != nil {
+		return err // sdk.Publisher: nothing published, ctx.Err() itself
+	}
 	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {
 		return err
 	}

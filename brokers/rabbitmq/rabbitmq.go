@@ -189,7 +189,10 @@ type Options struct {
 	// ConnectionName is the client-provided connection name shown by
 	// rabbitmqctl; "-publish" and "-consume" are appended. Default "berth".
 	ConnectionName string
-	// Heartbeat is the AMQP heartbeat interval. Default 10s.
+	// Heartbeat is the AMQP heartbeat interval, in whole seconds (the
+	// server may ask for less). A frozen (half-open) connection is noticed
+	// when nothing was read for 1.5 intervals, then reconnected. Default
+	// 10s.
 	Heartbeat time.Duration
 	// Reconnect is the backoff between reconnection attempts. Default base
 	// 100ms, max 5s.
@@ -293,8 +296,10 @@ var (
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
 // connections, one to publish and one to consume, and returns the broker.
-// It fails with an error wrapping [sdk.ErrUnavailable] when the server cannot
-// be reached, and never puts the URL's password in an error.
+// While the server cannot be reached it retries with the
+// [Options.Reconnect] backoff until ctx ends, then fails with an error
+// wrapping [sdk.ErrUnavailable]; a refused login or an untrusted certificate
+// fail at once. It never puts the URL's password in an error.
 func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -320,15 +325,15 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}
 	b.con = &link{b: b, name: opts.ConnectionName + "-consume", up: make(chan struct{})}
-	pubConn, err := b.pub.dial(ctx)
+	pubConn, err := b.pub.dialRetry(ctx)
 	if err != nil {
 		b.cancel()
 		return nil, err
 	}
-	conConn, err := b.con.dial(ctx)
+	conConn, err := b.con.dialRetry(ctx)
 	if err != nil {
 		b.cancel()
-		_ = pubConn.Close()
+		_ = pubConn.CloseDeadline(time.Now().Add(opts.CloseTimeout))
 		return nil, err
 	}
 	b.wg.Add(2)
@@ -435,6 +440,26 @@ type link struct {
 	mu   sync.Mutex
 	conn *amqp.Connection // nil while down
 	up   chan struct{}    // closed while conn is usable
+}
+
+// dialRetry dials until it succeeds, the error is not worth waiting for
+// (credentials, certificate), or ctx ends: a process started while the
+// server restarts waits for it, as long as its ctx allows, with the
+// Options.Reconnect backoff. The error is the last dial's.
+func (l *link) dialRetry(ctx context.Context) (*amqp.Connection, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := l.dial(ctx)
+		if err == nil || !errors.Is(err, sdk.ErrUnavailable) || ctx.Err() != nil {
+			return c, err
+		}
+		t := time.NewTimer(l.b.backoff(attempt))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+	}
 }
 
 func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
@@ -567,7 +592,9 @@ func (l *link) supervise(conn *amqp.Connection) {
 		select {
 		case <-l.b.done:
 			l.unset()
-			_ = conn.Close()
+			// Bounded: on a frozen connection Close would wait for a
+			// close-ok until the heartbeat gave up.
+			_ = conn.CloseDeadline(time.Now().Add(l.b.opts.CloseTimeout))
 			return
 		case err := <-lost:
 			l.unset()
