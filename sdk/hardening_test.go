@@ -141,18 +141,27 @@ func TestHardening12_TimeoutByType(t *testing.T) {
 		TimeoutByType: map[string]time.Duration{"short": 50 * time.Millisecond},
 		Retry:         sdk.RetryPolicy{MaxAttempts: 1}, Observers: []sdk.Observer{rec}})
 	publish(t, b, "jobs", &sdk.Message{Type: "short"}, &sdk.Message{Type: "long"})
+	checkTimeouts(t, rec, 2, map[string]sdk.Action{"short": sdk.ActionDeadLetter, "long": sdk.ActionAck})
 
-	all := rec.waitFor(t, "both settled", func(all []recorded) bool { return len(all) == 2 })
+	// A short default, lifted for one type (longer) and another (none).
+	b2 := newMemory(t, memory.Options{})
+	rec2 := newSettlements()
+	runWorker(t, b2, h, sdk.WorkerOptions{Queue: "jobs", Timeout: 50 * time.Millisecond,
+		TimeoutByType: map[string]time.Duration{"medium": time.Minute, "unbounded": -1},
+		Retry:         sdk.RetryPolicy{MaxAttempts: 1}, Observers: []sdk.Observer{rec2}})
+	publish(t, b2, "jobs", &sdk.Message{Type: "default"}, &sdk.Message{Type: "medium"}, &sdk.Message{Type: "unbounded"})
+	checkTimeouts(t, rec2, 3, map[string]sdk.Action{"default": sdk.ActionDeadLetter, "medium": sdk.ActionAck, "unbounded": sdk.ActionAck})
+}
+
+func checkTimeouts(t *testing.T, rec *settlements, n int, want map[string]sdk.Action) {
+	t.Helper()
+	all := rec.waitFor(t, "all settled", func(all []recorded) bool { return len(all) == n })
 	for _, r := range all {
-		switch r.typ {
-		case "short":
-			if r.s.Action != sdk.ActionDeadLetter || !errors.Is(r.s.Cause, sdk.ErrJobTimeout) {
-				t.Errorf("short: %s cause %v; want dead-lettered (MaxAttempts 1) by ErrJobTimeout", r.s.Action, r.s.Cause)
-			}
-		case "long":
-			if r.s.Action != sdk.ActionAck {
-				t.Errorf("long: %s cause %v; want ack under the default timeout", r.s.Action, r.s.Cause)
-			}
+		switch w := want[r.typ]; {
+		case r.s.Action != w:
+			t.Errorf("%s: %s cause %v; want %s", r.typ, r.s.Action, r.s.Cause, w)
+		case w == sdk.ActionDeadLetter && !errors.Is(r.s.Cause, sdk.ErrJobTimeout):
+			t.Errorf("%s: dead-lettered by %v; want ErrJobTimeout", r.typ, r.s.Cause)
 		}
 	}
 }

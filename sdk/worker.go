@@ -22,6 +22,8 @@ type Worker struct {
 	opts    WorkerOptions
 	leaseOb []LeaseObserver
 
+	timeoutTick time.Duration // the watchdog's period, 0 without timeouts
+
 	randMu   sync.Mutex
 	running  atomic.Bool
 	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
@@ -54,7 +56,7 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o}
+	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o)}
 	for _, ob := range o.Observers {
 		if lo, ok := ob.(LeaseObserver); ok {
 			w.leaseOb = append(w.leaseOb, lo)
@@ -71,7 +73,8 @@ type task struct {
 	lost     atomic.Bool  // the lease was lost: do not run, do not settle
 	settling atomic.Bool  // the handler returned: the heartbeat leaves it alone
 	extended atomic.Int64 // unix nanos of the last lease start or extension
-	deadline atomic.Int64 // unix nanos when the handler's timeout passes, 0 for none
+	started  int64        // unix nanos when the watchdog first saw the handler run; under mu
+	timedOut atomic.Bool  // the handler ran past its timeout: its lease is no longer extended
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
 	ctx      context.Context         // the handler's context, set with cancel
@@ -178,6 +181,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		go func() {
 			defer hb.Done()
 			w.heartbeat(base, held, hbStop)
+		}()
+	}
+	if w.timeoutTick > 0 {
+		hb.Add(1)
+		go func() {
+			defer hb.Done()
+			w.watchdog(held, hbStop)
 		}()
 	}
 
@@ -319,9 +329,9 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 			if t.lost.Load() || t.settling.Load() || now.Sub(last) < o.HeartbeatInterval {
 				continue
 			}
-			if dl := t.deadline.Load(); dl != 0 && now.UnixNano() >= dl {
-				// Timed out: a handler that ignores its context must not
-				// hold the job for ever; let the lease run out.
+			if t.timedOut.Load() {
+				// A handler that ignores its context must not hold the
+				// job for ever: let the lease run out.
 				continue
 			}
 			wg.Add(1)
@@ -332,6 +342,63 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 		}
 		wg.Wait()
 	}
+}
+
+// watchdog enforces handler timeouts: every timeoutTick it notes when each
+// running handler was first seen running and cancels, with cause
+// [ErrJobTimeout], those running longer than their type's timeout. One
+// goroutine walking the held slots costs nothing per job, where a timer or a
+// deadline context per job cost the memory broker's Worker a third of its
+// throughput; the price is precision: a timeout fires up to two ticks late.
+func (w *Worker) watchdog(held []atomic.Pointer[task], stop <-chan struct{}) {
+	tick := time.NewTicker(w.timeoutTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		now := time.Now().UnixNano()
+		for i := range held {
+			t := held[i].Load()
+			if t == nil || t.settling.Load() || t.timedOut.Load() {
+				continue
+			}
+			timeout := w.timeout(t.d.Message().Type)
+			if timeout <= 0 {
+				continue
+			}
+			t.mu.Lock()
+			if t.cancel == nil { // not started
+				t.mu.Unlock()
+				continue
+			}
+			if t.started == 0 {
+				t.started = now
+			}
+			if now-t.started >= int64(timeout) {
+				t.timedOut.Store(true)
+				t.cancel(ErrJobTimeout)
+			}
+			t.mu.Unlock()
+		}
+	}
+}
+
+// timeoutTick is the watchdog's period: a twentieth of the shortest
+// timeout, between 1ms and 1s; 0 when no timeout applies.
+func timeoutTick(o WorkerOptions) time.Duration {
+	shortest := o.Timeout
+	for _, d := range o.TimeoutByType {
+		if d > 0 && (shortest <= 0 || d < shortest) {
+			shortest = d
+		}
+	}
+	if shortest <= 0 {
+		return 0
+	}
+	return min(max(shortest/20, time.Millisecond), time.Second)
 }
 
 // tick is the heartbeat's period: half the interval, so that an extension
@@ -383,13 +450,6 @@ func (w *Worker) process(base context.Context, t *task) {
 	}
 	if w.stopping.Load() {
 		cancel(ErrShutdown)
-	}
-	if timeout := w.timeout(m.Type); timeout > 0 {
-		// A timer on the task's own cancel, not a context.WithTimeout: that
-		// would add a context and a children map to every job.
-		t.deadline.Store(time.Now().Add(timeout).UnixNano())
-		timer := time.AfterFunc(timeout, func() { cancel(ErrJobTimeout) })
-		defer timer.Stop()
 	}
 	if m.CorrelationID != "" {
 		ctx = WithCorrelationID(ctx, m.CorrelationID)

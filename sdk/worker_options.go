@@ -69,13 +69,16 @@ type WorkerOptions struct {
 	// ErrJobTimeout (a handler that still returns nil is acked: its work is
 	// done). A handler that ignores its context cannot be stopped (Go has no
 	// way to), but it no longer holds its job: its lease runs out, the broker
-	// delivers the job again (counting an attempt), and the late settlement
-	// is refused as [ErrLeaseLost]; RabbitMQ, which has no leases, frees it
+	// delivers the job again (counting an attempt), and a late settlement
+	// after another consumer took it is refused ([ErrLeaseLost]); RabbitMQ,
+	// which has no leases, frees it
 	// by its consumer_timeout. See ARCHITECTURE.md, "Attempts, leases and
-	// heartbeats". Default [DefaultTimeout]; negative means no limit.
+	// heartbeats". The Worker checks timeouts every twentieth of the
+	// shortest one (between 1ms and 1s), so a timeout fires up to two such
+	// ticks late. Default [DefaultTimeout]; negative means no limit.
 	Timeout time.Duration
-	// TimeoutByType overrides Timeout per Message.Type (negative: no limit
-	// for that type).
+	// TimeoutByType overrides Timeout per Message.Type (0: Timeout;
+	// negative: no limit for that type).
 	TimeoutByType map[string]time.Duration
 	// Lease is the lease length the Worker asks for when it extends a lease;
 	// it must not exceed the broker's lease (visibility timeout), or leases

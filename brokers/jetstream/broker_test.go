@@ -215,3 +215,76 @@ func TestStatsCounts(t *testing.T) {
 		t.Errorf("Stats of a queue that does not exist: %v, want ErrNotFound", err)
 	}
 }
+
+// TestDeadLetterPagesAndDelete walks the dead letters page by page while
+// deleting some (the cursor stays valid), deletes by id, and lists queues.
+func TestDeadLetterPagesAndDelete(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "pages.x")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const n = 7
+	for range n {
+		if err := b.Publish(ctx, q, &sdk.Message{Type: "page"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var order []string
+	for len(order) < n {
+		ds, err := b.Receive(ctx, q, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("no"))); err != nil {
+				t.Fatal(err)
+			}
+			order = append(order, d.Message().ID)
+		}
+	}
+	var walked []string
+	cursor := ""
+	for page := 0; ; page++ {
+		ms, next, err := b.DeadLetterPage(ctx, q, cursor, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			walked = append(walked, m.ID)
+		}
+		if page == 0 { // delete what the first page passed: the cursor holds
+			if k, err := b.DeleteDeadLetters(ctx, q, ms[0].ID, ms[1].ID); err != nil || k != 2 {
+				t.Fatalf("DeleteDeadLetters = %d, %v", k, err)
+			}
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(walked) != n {
+		t.Fatalf("walked %d dead letters, want %d", len(walked), n)
+	}
+	for i := range order {
+		if walked[i] != order[i] {
+			t.Fatalf("walk order %v, want %v", walked, order)
+		}
+	}
+	if _, err := b.DeleteDeadLetters(ctx, q, order[2], sdk.NewID()); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("DeleteDeadLetters with an unknown id: %v, want ErrNotFound", err)
+	}
+	if ms, _ := b.ListDeadLetters(ctx, q, 0); len(ms) != n-2 {
+		t.Errorf("%d dead letters left, want %d (a refused delete deletes nothing)", len(ms), n-2)
+	}
+	qs, err := b.Queues(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, name := range qs {
+		found = found || name == q
+	}
+	if !found {
+		t.Errorf("Queues() does not list %s", q)
+	}
+}

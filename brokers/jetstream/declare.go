@@ -52,6 +52,34 @@ func escape(queue string) string {
 	return sb.String()
 }
 
+// unescape reverses escape; ok is false for a name escape never makes.
+func unescape(esc string) (string, bool) {
+	if !strings.Contains(esc, "_") {
+		return esc, true
+	}
+	var sb strings.Builder
+	for i := 0; i < len(esc); i++ {
+		c := esc[i]
+		if c != '_' {
+			sb.WriteByte(c)
+			continue
+		}
+		if i+1 == len(esc) {
+			return "", false
+		}
+		i++
+		switch esc[i] {
+		case '_':
+			sb.WriteByte('_')
+		case 'D':
+			sb.WriteByte('.')
+		default:
+			return "", false
+		}
+	}
+	return sb.String(), true
+}
+
 func (b *Broker) names(queue string) *queueState {
 	esc := escape(queue)
 	up := strings.ToUpper(b.opts.Prefix)

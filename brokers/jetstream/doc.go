@@ -102,7 +102,10 @@
 // id's subject), [Broker.RedriveDeadLetters] (a new copy on the queue, the
 // dead letter deleted; the target is always the queue whose dead-letter
 // stream it is, never a header) and [Broker.PurgeDeadLetters] work on the
-// dead-letter stream through JetStream's message-get API.
+// dead-letter stream through JetStream's message-get API, and so do the
+// berth command's page walks ([Broker.DeadLetterPage], whose cursor is a
+// stream sequence) and deletes by id ([Broker.DeleteDeadLetters]).
+// [Broker.Queues] lists the queues from the stream names.
 //
 // # Connection loss
 //

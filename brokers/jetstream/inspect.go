@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -113,8 +115,13 @@ type deadLetter struct {
 // scan returns up to limit dead letters on subject, oldest first (limit
 // <= 0: all).
 func (b *Broker) scan(ctx context.Context, s jetstream.Stream, subject string, limit int) ([]deadLetter, error) {
+	return b.scanFrom(ctx, s, subject, 1, limit)
+}
+
+// scanFrom is scan from stream sequence seq on.
+func (b *Broker) scanFrom(ctx context.Context, s jetstream.Stream, subject string, seq uint64, limit int) ([]deadLetter, error) {
 	var out []deadLetter
-	for seq := uint64(1); limit <= 0 || len(out) < limit; {
+	for limit <= 0 || len(out) < limit {
 		raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
@@ -264,4 +271,105 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 		return 0, b.wrapErr(ctx, "purge dead letters", err)
 	}
 	return int(st.Msgs), nil
+}
+
+// DeadLetterPage returns up to limit (default [sdk.DefaultListLimit]) of
+// queue's dead letters after cursor, oldest first, and the cursor of the
+// next page ("" after the last page). The cursor is a dead-letter stream
+// sequence, so it stays valid while the dead letters it passed are
+// redriven or deleted.
+func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+	q, s, err := b.deadStream(ctx, queue)
+	if err != nil || s == nil {
+		return nil, "", err
+	}
+	var after uint64
+	if cursor != "" {
+		if after, err = strconv.ParseUint(cursor, 10, 64); err != nil {
+			return nil, "", fmt.Errorf("berth/jetstream: invalid dead-letter page cursor %q", cursor)
+		}
+	}
+	if limit <= 0 {
+		limit = sdk.DefaultListLimit
+	}
+	// One more than asked tells whether another page follows.
+	dls, err := b.scanFrom(ctx, s, q.dead+".*", after+1, limit+1)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(dls) > limit {
+		dls = dls[:limit]
+		next = strconv.FormatUint(dls[limit-1].seq, 10)
+	}
+	out := make([]*sdk.Message, len(dls))
+	for i, dl := range dls {
+		out[i] = dl.msg
+	}
+	return out, next, nil
+}
+
+// DeleteDeadLetters deletes queue's dead letters with the given ids and
+// returns how many. An unknown id is a [*NotFoundError], and then nothing is
+// deleted. With no ids it deletes nothing.
+func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	q, s, err := b.deadStream(ctx, queue)
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	if s == nil {
+		return 0, &NotFoundError{Queue: queue, ID: ids[0]}
+	}
+	var picked []deadLetter
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		dls, err := b.scan(ctx, s, q.dead+"."+idToken(id), 0)
+		if err != nil {
+			return 0, err
+		}
+		n := len(picked)
+		for _, dl := range dls {
+			if dl.msg.ID == id {
+				picked = append(picked, dl)
+			}
+		}
+		if len(picked) == n {
+			return 0, &NotFoundError{Queue: queue, ID: id}
+		}
+	}
+	n := 0
+	for _, dl := range picked {
+		if err := s.DeleteMsg(ctx, dl.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return n, b.wrapErr(ctx, "delete dead letter", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// Queues returns the berth queues on the server (the streams named with
+// this Broker's Prefix), sorted.
+func (b *Broker) Queues(ctx context.Context) ([]string, error) {
+	if b.closed.Load() {
+		return nil, sdk.ErrClosed
+	}
+	prefix := strings.ToUpper(b.opts.Prefix) + "_Q_"
+	names := b.js.StreamNames(ctx)
+	var out []string
+	for name := range names.Name() {
+		if esc, ok := strings.CutPrefix(name, prefix); ok {
+			if q, ok := unescape(esc); ok {
+				out = append(out, q)
+			}
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, b.wrapErr(ctx, "list streams", err)
+	}
+	slices.Sort(out)
+	return out, nil
 }

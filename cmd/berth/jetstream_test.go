@@ -65,6 +65,9 @@ func TestOnJetStream(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.out, `"ready":3`) || !strings.Contains(r.out, `"dead_lettered":2`) {
 		t.Fatalf("stats after redrive (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
+	if r := cliOn(t, u, "stats"); r.code != 0 || !strings.Contains(r.out, queue) {
+		t.Fatalf("stats of every queue (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
 	if r := cliOn(t, u, "dlq", "purge", queue, "-yes"); r.code != 0 || !strings.Contains(r.out, "purged 2 ") {
 		t.Fatalf("purge all (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
