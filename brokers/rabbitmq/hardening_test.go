@@ -399,3 +399,63 @@ func TestHardening7_NewWaitsForServer(t *testing.T) {
 		t.Fatalf("New against a refusing server: %v, want sdk.ErrUnavailable", err)
 	}
 }
+
+// TestContract18_5_ListingDoesNotWearDeadLetters: listing and showing a
+// dead letter 50 times leaves it intact with no delivery counted on the
+// quorum dead-letter queue, so no delivery limit (RabbitMQ 4's default of
+// 20, or a small explicit one) can drop it, and the order of the queue is
+// kept. Before, every listing returned it by closing the channel and raised
+// x-delivery-count by one (50 after 50 listings).
+func TestContract18_5_ListingDoesNotWearDeadLetters(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	b := newBroker(t, url, Options{Logger: quiet})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var ids []string
+	for range 3 {
+		m := &sdk.Message{Type: "wear"}
+		if err := b.Publish(ctx, q, m); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, m.ID)
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 {
+		l, err := b.ListDeadLetters(ctx, q, 2)
+		if err != nil || len(l) != 2 || l[0].ID != ids[0] || l[1].ID != ids[1] {
+			t.Fatalf("listing %d: %d messages, %v; want the first two in order", i, len(l), err)
+		}
+		if _, err := b.GetDeadLetter(ctx, q, ids[2]); err != nil {
+			t.Fatalf("show %d: %v", i, err)
+		}
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for _, id := range ids {
+		d, ok, err := ch.Get(DeadLetterQueue(q), false)
+		if err != nil || !ok {
+			t.Fatalf("dead letter %s gone after 50 listings: %v %v", id, ok, err)
+		}
+		if d.MessageId != id {
+			t.Errorf("dead letter order: got %s, want %s", d.MessageId, id)
+		}
+		if n, _ := toInt(d.Headers["x-delivery-count"]); n > 1 {
+			t.Errorf("dead letter %s: x-delivery-count %d after 50 listings, want at most 1 (this read)", id, n)
+		}
+	}
+}

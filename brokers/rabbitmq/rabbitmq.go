@@ -86,9 +86,15 @@
 // Without the management plugin AMQP reports a queue's ready messages and
 // consumers ([Broker.Info]); [Broker.Stats] fills Ready, Delayed and
 // DeadLettered and leaves InFlight and OldestAge at 0. Dead letters are read
-// with basic.get on a channel of their own and given back by closing it, so
-// listing never loses a message (while a listing runs, the messages it holds
-// are invisible to other listings).
+// with basic.get on a channel of their own (while a listing runs, the
+// messages it holds are invisible to other listings) and given back by
+// republishing each, as it is and in order, to the dead-letter queue and
+// acking the original once confirmed. Returning them by closing the channel
+// would raise a quorum queue's delivery count on every listing, and a
+// delivery limit (RabbitMQ 4's default is 20) would then drop them; the
+// dead-letter queue itself is declared with no delivery limit of berth's.
+// A crash in the middle leaves a dead letter twice, never none; dead letters
+// arriving during a listing may end up before the ones it gives back.
 package rabbitmq
 
 import (
