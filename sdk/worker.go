@@ -28,6 +28,7 @@ type Worker struct {
 	running  atomic.Bool
 	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
 	shared   atomic.Pointer[settleCtx]
+	health   workerHealth // what Health reports (sdk/health.go)
 }
 
 // settleCtx is a settlement context shared by the settlements of a short
@@ -78,6 +79,7 @@ type task struct {
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
 	ctx      context.Context         // the handler's context, set with cancel
+	pending  error                   // a stop asked before the handler started; under mu
 }
 
 // context returns the handler's context once it runs, else fallback.
@@ -95,11 +97,14 @@ func (t *task) loseLease() {
 	t.stop(ErrLeaseLost)
 }
 
-// stop cancels the handler's context with cause, if it runs.
+// stop cancels the handler's context with cause, if it runs; else the
+// handler's context starts cancelled with cause.
 func (t *task) stop(cause error) {
 	t.mu.Lock()
 	if t.cancel != nil {
 		t.cancel(cause)
+	} else if t.pending == nil {
+		t.pending = cause
 	}
 	t.mu.Unlock()
 }
@@ -122,11 +127,13 @@ func (t *task) stop(cause error) {
 // ([DefaultDrainTimeout], [DefaultSettleTimeout]) fit Kubernetes' 30s grace
 // period; when you change them, keep DrainTimeout + 2·SettleTimeout + 1s
 // below the platform's grace period.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Worker) Run(ctx context.Context) (err error) {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrWorkerRunning
 	}
 	defer w.running.Store(false)
+	w.health.start()
+	defer func() { w.health.stop(err) }()
 	o := w.opts
 
 	// Handlers outlive ctx by the drain deadline: their context is cancelled
@@ -169,6 +176,7 @@ func (w *Worker) Run(ctx context.Context) error {
 					w.process(base, t)
 				}
 				held[t.slot].Store(nil)
+				w.health.held.Add(-1)
 				free <- t.slot
 			}
 		}()
@@ -191,7 +199,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
-	err := w.receive(ctx, free, jobs, hungry, held)
+	err = w.receive(ctx, free, jobs, hungry, held)
+	w.health.state.Store(hDraining)
 	close(jobs)
 
 	drained := make(chan struct{})
@@ -267,6 +276,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 				break fill
 			}
 		}
+		w.health.receiving(time.Now().UnixNano())
 		ds, err := w.sub.Receive(ctx, o.Queue, len(slots))
 		if len(ds) > len(slots) { // a broker bug: never hold more than the slots
 			for _, d := range ds[len(slots):] {
@@ -275,6 +285,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 			ds = ds[:len(slots)]
 		}
 		now := time.Now().UnixNano()
+		w.health.received(now, len(ds), err, ctx.Err() != nil)
 		for i, d := range ds {
 			t := &task{d: d, slot: slots[i], received: now}
 			t.extended.Store(now)
@@ -434,14 +445,45 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	}
 }
 
+// Process runs the Worker's handler on one delivery that the caller received
+// itself, and settles it by the same rules as [Worker.Run] (ARCHITECTURE.md,
+// "Settlement"): the same middleware, observers, panic recovery, retry
+// policy and handler timeout, the same code. It returns the settlement.
+//
+// Process extends no lease (there is no heartbeat) and takes no concurrency
+// slot; it is meant for tests (package berthtest) and for programs that
+// receive deliveries themselves. When ctx ends before or while the handler
+// runs, the handler's context is cancelled with cause [ErrShutdown] and the
+// delivery released, as Run does at its drain deadline.
+func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
+	t := &task{d: d, received: time.Now().UnixNano()}
+	t.extended.Store(t.received)
+	stop := context.AfterFunc(ctx, func() { t.stop(ErrShutdown) })
+	defer stop()
+	if timeout := w.timeout(d.Message().Type); timeout > 0 {
+		timer := time.AfterFunc(timeout, func() {
+			if t.settling.Load() {
+				return
+			}
+			t.timedOut.Store(true)
+			t.stop(ErrJobTimeout)
+		})
+		defer timer.Stop()
+	}
+	return w.process(context.WithoutCancel(ctx), t)
+}
+
 // process runs the handler on t and settles its delivery.
-func (w *Worker) process(base context.Context, t *task) {
+func (w *Worker) process(base context.Context, t *task) Settlement {
 	d := t.d
 	m := d.Message()
 	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	t.mu.Lock()
 	t.cancel = cancel
+	if t.pending != nil {
+		cancel(t.pending)
+	}
 	t.mu.Unlock()
 	// Checked after publishing cancel: either the heartbeat or the drain sees
 	// t.cancel, or this sees their flag.
@@ -478,6 +520,7 @@ func (w *Worker) process(base context.Context, t *task) {
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
 	}
+	return s
 }
 
 func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
