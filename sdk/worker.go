@@ -29,6 +29,7 @@ type Worker struct {
 	running  atomic.Bool
 	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
 	shared   atomic.Pointer[settleCtx]
+	health   workerHealth // what Health reports (sdk/health.go)
 }
 
 // settleCtx is a settlement context shared by the settlements of a short
@@ -130,11 +131,13 @@ func (t *task) stop(cause error) {
 // ([DefaultDrainTimeout], [DefaultSettleTimeout]) fit Kubernetes' 30s grace
 // period; when you change them, keep DrainTimeout + 2·SettleTimeout + 1s
 // below the platform's grace period.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Worker) Run(ctx context.Context) (err error) {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrWorkerRunning
 	}
 	defer w.running.Store(false)
+	w.health.start()
+	defer func() { w.health.stop(err) }()
 	o := w.opts
 
 	// Handlers outlive ctx by the drain deadline: their context is cancelled
@@ -177,6 +180,7 @@ func (w *Worker) Run(ctx context.Context) error {
 					w.process(base, t)
 				}
 				held[t.slot].Store(nil)
+				w.health.held.Add(-1)
 				free <- t.slot
 			}
 		}()
@@ -199,7 +203,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
-	err := w.receive(ctx, free, jobs, hungry, held)
+	err = w.receive(ctx, free, jobs, hungry, held)
+	w.health.state.Store(hDraining)
 	close(jobs)
 
 	drained := make(chan struct{})
@@ -275,6 +280,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 				break fill
 			}
 		}
+		w.health.receiving(time.Now().UnixNano())
 		ds, err := w.sub.Receive(ctx, o.Queue, len(slots))
 		if len(ds) > len(slots) { // a broker bug: never hold more than the slots
 			for _, d := range ds[len(slots):] {
@@ -283,6 +289,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 			ds = ds[:len(slots)]
 		}
 		now := time.Now().UnixNano()
+		w.health.received(now, len(ds), err, ctx.Err() != nil)
 		for i, d := range ds {
 			t := &task{d: d, slot: slots[i], received: now}
 			t.extended.Store(now)
