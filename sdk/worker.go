@@ -87,6 +87,7 @@ type task struct {
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
 	ctx      context.Context         // the handler's context, set with cancel
+	pending  error                   // a stop asked before the handler started; under mu
 }
 
 // context returns the handler's context once it runs, else fallback.
@@ -104,11 +105,14 @@ func (t *task) loseLease() {
 	t.stop(ErrLeaseLost)
 }
 
-// stop cancels the handler's context with cause, if it runs.
+// stop cancels the handler's context with cause, if it runs; else the
+// handler's context starts cancelled with cause.
 func (t *task) stop(cause error) {
 	t.mu.Lock()
 	if t.cancel != nil {
 		t.cancel(cause)
+	} else if t.pending == nil {
+		t.pending = cause
 	}
 	t.mu.Unlock()
 }
@@ -449,14 +453,45 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	}
 }
 
+// Process runs the Worker's handler on one delivery that the caller received
+// itself, and settles it by the same rules as [Worker.Run] (ARCHITECTURE.md,
+// "Settlement"): the same middleware, observers, panic recovery, retry
+// policy and handler timeout, the same code. It returns the settlement.
+//
+// Process extends no lease (there is no heartbeat) and takes no concurrency
+// slot; it is meant for tests (package berthtest) and for programs that
+// receive deliveries themselves. When ctx ends before or while the handler
+// runs, the handler's context is cancelled with cause [ErrShutdown] and the
+// delivery released, as Run does at its drain deadline.
+func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
+	t := &task{d: d, received: time.Now().UnixNano()}
+	t.extended.Store(t.received)
+	stop := context.AfterFunc(ctx, func() { t.stop(ErrShutdown) })
+	defer stop()
+	if timeout := w.timeout(d.Message().Type); timeout > 0 {
+		timer := time.AfterFunc(timeout, func() {
+			if t.settling.Load() {
+				return
+			}
+			t.timedOut.Store(true)
+			t.stop(ErrJobTimeout)
+		})
+		defer timer.Stop()
+	}
+	return w.process(context.WithoutCancel(ctx), t)
+}
+
 // process runs the handler on t and settles its delivery.
-func (w *Worker) process(base context.Context, t *task) {
+func (w *Worker) process(base context.Context, t *task) Settlement {
 	d := t.d
 	m := d.Message()
 	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	t.mu.Lock()
 	t.cancel = cancel
+	if t.pending != nil {
+		cancel(t.pending)
+	}
 	t.mu.Unlock()
 	// Checked after publishing cancel: either the heartbeat or the drain sees
 	// t.cancel, or this sees their flag.
@@ -493,6 +528,7 @@ func (w *Worker) process(base context.Context, t *task) {
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
 	}
+	return s
 }
 
 func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
