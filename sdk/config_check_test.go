@@ -116,16 +116,16 @@ func TestWorkerDeadLettersAtBrokerCap(t *testing.T) {
 			f := newFake(tc.attempt, "job")
 			h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return tc.err })
 			stop := runWorker(t, sub, h, sdk.WorkerOptions{Retry: sdk.RetryPolicy{MaxAttempts: 8}})
-			sub.ch <- f
+			sub.ch <- f.WithoutRelease()
 			waitSettled(t, f)
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			if a := f.Actions(); len(a) != 1 || a[0] != tc.want {
+			if a := actions(f); len(a) != 1 || a[0] != tc.want {
 				t.Fatalf("actions %v, want [%s]", a, tc.want)
 			}
-			if !errors.Is(f.cause, real) {
-				t.Errorf("cause %v, want the handler's error", f.cause)
+			if !errors.Is(first(f).Cause, real) {
+				t.Errorf("cause %v, want the handler's error", first(f).Cause)
 			}
 		})
 	}
@@ -134,12 +134,12 @@ func TestWorkerDeadLettersAtBrokerCap(t *testing.T) {
 		f := newFake(5, "job")
 		h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return sdk.RetryAfter(real, time.Second) })
 		stop := runWorker(t, sub, h, sdk.WorkerOptions{Retry: sdk.RetryPolicy{MaxAttempts: 8}})
-		sub.ch <- releasable{f}
+		sub.ch <- f
 		waitSettled(t, f)
 		if err := stop(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-		if a := f.Actions(); len(a) != 1 || a[0] != "release" {
+		if a := actions(f); len(a) != 1 || a[0] != "release" {
 			t.Fatalf("actions %v, want [release]", a)
 		}
 	})

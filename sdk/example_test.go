@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/sdk"
 )
@@ -157,4 +158,39 @@ func ExampleCheckConfig() {
 	// Output:
 	// worker.max-attempts-over-broker-cap
 	// true
+}
+
+// ChargeOrder is the payload of the "billing.charge" job: its Kind ties
+// the payload to the job type for producers and handlers alike.
+type ChargeOrder struct {
+	OrderID string `json:"order_id"`
+	Cents   int64  `json:"cents"`
+}
+
+// Kind names the job type.
+func (ChargeOrder) Kind() string { return "billing.charge" }
+
+// IdempotencyKey names the business operation.
+func (c ChargeOrder) IdempotencyKey() string { return "charge:" + c.OrderID + ":v1" }
+
+// Typed jobs: the handler is registered for, and the message created from,
+// the payload type.
+func ExampleHandleJob() {
+	r := sdk.NewRouter()
+	sdk.HandleJob(r, func(ctx context.Context, j sdk.Job[ChargeOrder]) error {
+		fmt.Println("charging", j.Args.OrderID, j.Args.Cents, "at attempt", j.Delivery.Attempt())
+		return nil
+	})
+	m, err := sdk.NewJob(ChargeOrder{OrderID: "o1", Cents: 4200})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(m.Type, m.IdempotencyKey)
+	if err := r.Handle(context.Background(), berthtest.NewDelivery(m)); err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// billing.charge charge:o1:v1
+	// charging o1 4200 at attempt 1
 }
