@@ -141,6 +141,25 @@ func ExampleDecode() {
 	// true true
 }
 
+// CheckConfig finds the options a Worker would contradict its broker with:
+// here MaxAttempts 8 on a broker that dead-letters after 5 deliveries.
+// NewWorker logs the same conflicts, or refuses them with StrictConfig.
+func ExampleCheckConfig() {
+	broker, _ := memory.New(memory.Options{MaxDeliveries: 5})
+	defer broker.Close()
+	opts := sdk.WorkerOptions{Queue: "billing", Retry: sdk.RetryPolicy{MaxAttempts: 8}}
+	conflicts, _ := sdk.CheckConfig(broker, opts)
+	for _, c := range conflicts {
+		fmt.Println(c.ID)
+	}
+	opts.StrictConfig = true
+	_, err := sdk.NewWorker(broker, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), opts)
+	fmt.Println(errors.Is(err, sdk.ErrConfigConflict))
+	// Output:
+	// worker.max-attempts-over-broker-cap
+	// true
+}
+
 // ChargeOrder is the payload of the "billing.charge" job: its Kind ties
 // the payload to the job type for producers and handlers alike.
 type ChargeOrder struct {

@@ -23,6 +23,7 @@ type Worker struct {
 	leaseOb []LeaseObserver
 
 	timeoutTick time.Duration // the watchdog's period, 0 without timeouts
+	maxAttempts int           // the broker's poison cap (DeliveryCapReporter), 0 for none
 
 	randMu   sync.Mutex
 	running  atomic.Bool
@@ -46,6 +47,9 @@ var ErrWorkerRunning = errors.New("berth: worker already running")
 
 // NewWorker returns a Worker that consumes opts.Queue from sub with h, wrapped
 // in opts.Middleware. It validates opts and returns an error for a bad one.
+// It checks opts against what sub reports about itself ([CheckConfig]): a
+// contradiction is logged as a warning, or with opts.StrictConfig returned as
+// a [*ConfigError].
 func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if sub == nil || h == nil {
 		return nil, errors.New("berth: worker: nil subscriber or handler")
@@ -57,7 +61,11 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o)}
+	limit, err := applyConfig(sub, o)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit}
 	for _, ob := range o.Observers {
 		if lo, ok := ob.(LeaseObserver); ok {
 			w.leaseOb = append(w.leaseOb, lo)
@@ -577,6 +585,12 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	case errors.As(err, &ra):
 		s.Action, s.Delay = ActionRelease, ra.Delay
 		if _, ok := d.(Releaser); !ok {
+			if w.atBrokerCap(d) {
+				// A Retry would be the broker's last delivery spent: it
+				// would dead-letter the job itself, without this error.
+				s.Action, s.Delay, s.Err = ActionDeadLetter, 0, d.DeadLetter(ctx, err)
+				break
+			}
 			s.Action = ActionRetry
 		}
 		s.Err = releaseOrRetry(ctx, d, ra.Delay, err)
@@ -587,14 +601,22 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	return s
 }
 
+// atBrokerCap reports whether d's attempt is the last the broker's poison
+// cap allows.
+func (w *Worker) atBrokerCap(d Delivery) bool {
+	return w.maxAttempts > 0 && d.Attempt() >= w.maxAttempts
+}
+
 // retryOrDeadLetter settles a transient failure: Retry with backoff while
-// the type's policy allows another attempt, else DeadLetter.
+// the type's policy allows another attempt, else DeadLetter. The broker's
+// poison cap bounds the policy: at the broker's last delivery the Worker
+// dead-letters itself, so the dead letter carries the handler's error.
 func (w *Worker) retryOrDeadLetter(ctx context.Context, d Delivery, cause error) (Action, time.Duration, error) {
 	p := w.opts.Retry
 	if tp, ok := w.opts.RetryByType[d.Message().Type]; ok {
 		p = tp
 	}
-	if d.Attempt() < p.MaxAttempts {
+	if d.Attempt() < p.MaxAttempts && !w.atBrokerCap(d) {
 		delay := p.Backoff.Delay(d.Attempt(), w.rand())
 		return ActionRetry, delay, d.Retry(ctx, delay, cause)
 	}
