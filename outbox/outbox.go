@@ -197,6 +197,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	return tx.SendBatch(ctx, batch).Close()
 }
 
+// PublishTx is [Outbox.Add]: it makes the outbox an
+// [sdk.TxPublisher][pgx.Tx], the transactional publish of every broker that
+// cannot take part in a PostgreSQL transaction itself (RabbitMQ, SQS, NATS,
+// memory). The messages are published by the relay after tx commits.
+func (o *Outbox) PublishTx(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.Message) error {
+	return o.Add(ctx, tx, queue, msgs...)
+}
+
+var _ sdk.TxPublisher[pgx.Tx] = (*Outbox)(nil)
+
 // storable refuses what the outbox table cannot hold: NUL bytes in headers
 // (jsonb) and in the text columns. The body is bytea and may hold anything.
 func storable(m *sdk.Message) error {

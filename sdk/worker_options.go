@@ -101,6 +101,16 @@ type WorkerOptions struct {
 	Observers []Observer
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
+	// StrictConfig makes [NewWorker] fail with a [*ConfigError] (matching
+	// [ErrConfigConflict]) when the options contradict what the broker
+	// reports about itself (see [CheckConfig]): MaxAttempts above the
+	// broker's poison cap, a heartbeat too slow for the broker's lease, a
+	// timeout longer than the lease without heartbeats. Without it each
+	// conflict is logged as a warning when the Worker is made, and the Worker
+	// dead-letters a transient failure at the broker's cap itself (before the
+	// broker would), so the dead letter keeps the handler's error instead of
+	// "max deliveries exceeded".
+	StrictConfig bool
 	// Rand draws backoff jitter. Give a seeded source for deterministic
 	// tests. Default: a random source. Used under a lock.
 	Rand *rand.Rand

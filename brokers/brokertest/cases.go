@@ -66,6 +66,7 @@ var cases = []testCase{
 	{name: "WorkerShutdownInterrupts", run: testWorkerShutdownInterrupts},
 	{name: "WorkerShutdownKeepsAttempt", needs: []Capability{CapRelease}, run: testWorkerShutdownKeepsAttempt},
 	{name: "WorkerLongJob", needs: []Capability{CapLease, CapExtendLease}, run: testWorkerLongJob},
+	{name: "WorkerMaxAttemptsOverCap", run: testWorkerMaxAttemptsOverCap},
 }
 
 var errBoom = errors.New("brokertest: boom")
