@@ -1,7 +1,9 @@
 package monitoring
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -150,6 +152,62 @@ func TestRunbookReferencesExist(t *testing.T) {
 		"a-balance-is-wrong-lost-update", "lock-contention", "duplicates-after-a-deploy"} {
 		if !anchors[want] {
 			t.Errorf("RUNBOOK.md lacks the checklist #%s", want)
+		}
+	}
+}
+
+// checkID is what a configuration or doctor check's stable ID looks like:
+// a dotted area and a hyphenated name (worker.max-attempts-over-broker-cap).
+var checkID = regexp.MustCompile(`^[a-z]+\.[a-z0-9]+(-[a-z0-9]+)+$`)
+
+// TestRunbookCheckIDsExist checks that every check ID RUNBOOK.md names is a
+// string literal of berth's code (sdk's Conflict* constants, package
+// doctor's checks), so that a renamed check cannot leave the runbook
+// pointing at nothing.
+func TestRunbookCheckIDsExist(t *testing.T) {
+	b, err := os.ReadFile(runbookFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, span := range codeSpans(string(b)) {
+		if checkID.MatchString(span) {
+			ids[span] = false
+		}
+	}
+	if len(ids) < 3 {
+		t.Fatalf("RUNBOOK.md names only %d check IDs", len(ids))
+	}
+	err = filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "../.." && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for id := range ids {
+			if strings.Contains(string(src), `"`+id+`"`) {
+				ids[id] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, found := range ids {
+		if !found {
+			t.Errorf("RUNBOOK.md names check %s, which no Go file of the repository defines", id)
 		}
 	}
 }
