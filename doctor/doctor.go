@@ -129,11 +129,9 @@ func (o Options) withDefaults() Options {
 // cannot list its queues.
 var ErrNoQueues = errors.New("doctor: name the queues to check (this broker cannot list them)")
 
-// ErrUnsupported is returned by [Run] for a broker it has no checks for.
-var ErrUnsupported = errors.New("doctor: no checks for this broker")
-
-// Run runs every check that applies to b (RabbitMQ, SQS, PostgreSQL or
-// JetStream, as [brokerurl] opens them, or the broker types themselves) and
+// Run runs every check that applies to b (RabbitMQ, SQS, PostgreSQL, as
+// brokerurl opens them, or the broker types themselves; on others only the
+// Worker's options) and
 // returns the findings, worst first. An error means the checks could not run
 // (the broker cannot be reached); a check that cannot tell is an Info finding.
 func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
@@ -151,7 +149,8 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 		pg := asPostgres(b)
 		fs, err = postgresChecks(ctx, pg.pool, pg.schema, pg.broker, o)
 	default:
-		return nil, fmt.Errorf("%w: %T", ErrUnsupported, b)
+		fs = []Finding{{ID: "broker.checks", Severity: Info, Summary: "no broker-specific checks for this broker",
+			Evidence: fmt.Sprintf("%T: only the Worker's options are checked against what it reports", b)}}
 	}
 	if err != nil {
 		return fs, err
