@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -152,4 +153,31 @@ func TestHealthReceiveFailures(t *testing.T) {
 	if got.ReceiveFailures != 0 || got.LastReceive.Before(got.LastReceiveErrorAt) || got.LastReceiveError == "" {
 		t.Errorf("recovered: %+v, want no failures, a receive after the error, the error kept", got)
 	}
+}
+
+// A Worker's Health says whether it is live (Run has not returned) and
+// ready (running, and receiving without errors), with the evidence.
+func ExampleWorker_Health() {
+	broker, _ := memory.New(memory.Options{})
+	defer broker.Close()
+	w, _ := sdk.NewWorker(broker, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "billing", Concurrency: 4})
+	h := w.Health()
+	fmt.Println(h.Queue, h.State, "live:", h.Live, "ready:", h.Ready, "capacity:", h.Capacity) // Concurrency + Prefetch (default: Concurrency)
+
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- w.Run(ctx) }()
+	for !w.Health().Ready {
+		time.Sleep(time.Millisecond)
+	}
+	fmt.Println(w.Health().State, "ready:", w.Health().Ready)
+	stop()
+	<-ran
+	h = w.Health()
+	fmt.Println(h.State, "live:", h.Live, "ready:", h.Ready)
+	// Output:
+	// billing idle live: true ready: false capacity: 8
+	// running ready: true
+	// stopped live: false ready: false
 }

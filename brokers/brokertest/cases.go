@@ -57,6 +57,8 @@ var cases = []testCase{
 	{name: "ConcurrentCloseWhileBusy", run: testConcurrentCloseWhileBusy},
 	{name: "CloseReturnsUnsettled", needs: []Capability{CapPeer}, run: testCloseReturnsUnsettled},
 	{name: "PublishRacingClose", run: testPublishRacingClose},
+	{name: "AsyncPublish", run: testAsyncPublish},
+	{name: "AsyncPublishBrokerClose", run: testAsyncPublishBrokerClose},
 	{name: "SettleAfterClose", run: testSettleAfterClose},
 	{name: "ConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testConnectionLoss},
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},

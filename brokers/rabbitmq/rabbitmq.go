@@ -205,7 +205,15 @@ type Options struct {
 	Reconnect sdk.Backoff
 	// Logger receives reconnection logs. Default slog.Default().
 	Logger *slog.Logger
+	// MaxInFlight bounds the messages published with
+	// [Broker.PublishAsync] whose confirms have not come back: the sliding
+	// window of publisher confirms. PublishAsync blocks beyond it. Default
+	// [DefaultMaxInFlight].
+	MaxInFlight int
 }
+
+// DefaultMaxInFlight is the default [Options.MaxInFlight].
+const DefaultMaxInFlight = 256
 
 func (o Options) withDefaults() (Options, error) {
 	switch o.QueueType {
@@ -263,6 +271,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.MaxInFlight < 0 {
+		return o, errors.New("rabbitmq: negative option")
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
 	return o, nil
 }
 
@@ -291,13 +305,16 @@ type Broker struct {
 
 	randMu sync.Mutex
 	rand   *rand.Rand
+
+	window chan struct{} // one token per unconfirmed PublishAsync message
 }
 
 var (
-	_ sdk.Broker        = (*Broker)(nil)
-	_ sdk.QueueDeclarer = (*Broker)(nil)
-	_ sdk.Inspector     = (*Broker)(nil)
-	_ sdk.DeadLetters   = (*Broker)(nil)
+	_ sdk.Broker         = (*Broker)(nil)
+	_ sdk.QueueDeclarer  = (*Broker)(nil)
+	_ sdk.Inspector      = (*Broker)(nil)
+	_ sdk.DeadLetters    = (*Broker)(nil)
+	_ sdk.AsyncPublisher = (*Broker)(nil)
 )
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
@@ -327,6 +344,7 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		consumers: make(map[string]*consumer),
 		declared:  make(map[string]bool),
 		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		window:    make(chan struct{}, opts.MaxInFlight),
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}

@@ -1,0 +1,155 @@
+package monitoring
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// codeSpans returns the inline code spans and fenced code lines of a
+// Markdown text.
+func codeSpans(md string) []string {
+	var spans []string
+	inFence := false
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inFence = !inFence
+			continue
+		}
+		if inFence {
+			spans = append(spans, line)
+			continue
+		}
+		parts := strings.Split(line, "`")
+		for i := 1; i < len(parts); i += 2 {
+			spans = append(spans, parts[i])
+		}
+	}
+	return spans
+}
+
+var (
+	grafanaRef = regexp.MustCompile(`\[Grafana: ([^/\]]+?) / ([^\]]+?)\]`)
+	alertName  = regexp.MustCompile(`^Berth[A-Z][A-Za-z]+$`)
+	anchorLink = regexp.MustCompile(`\]\(#([a-z0-9-]+)\)`)
+	promName   = regexp.MustCompile(`^(berth|messaging)_[a-z0-9_]+`)
+)
+
+// TestRunbookReferencesExist checks that what RUNBOOK.md tells operators to
+// look at exists: every metric and label it names is one berth exports,
+// every [Grafana: Row / Panel] is a panel of that row of the dashboard,
+// every alert it names is a rule (and every rule is named), and every link
+// to a section has its heading. (Its CLI commands are checked by
+// cmd/berth's tests.)
+func TestRunbookReferencesExist(t *testing.T) {
+	c := newCatalogue(t)
+	b, err := os.ReadFile(runbookFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := string(b)
+
+	metrics := 0
+	for _, span := range codeSpans(md) {
+		if !promName.MatchString(span) {
+			continue
+		}
+		if prefix, ok := strings.CutSuffix(span, "*"); ok { // a family: berth_queue_*
+			found := false
+			for name := range c.series {
+				found = found || strings.HasPrefix(name, prefix)
+			}
+			if !found {
+				t.Errorf("RUNBOOK.md `%s`: no series berth exports starts so", span)
+			}
+			continue
+		}
+		p, err := scanPromQL(span)
+		if err != nil {
+			t.Errorf("RUNBOOK.md `%s`: %v", span, err)
+			continue
+		}
+		for _, u := range p.uses {
+			metrics++
+			_, series := c.series[u.metric]
+			_, histogram := c.series[u.metric+"_bucket"] // a histogram named by its family
+			if !series && !histogram && !c.labels[u.metric] {
+				t.Errorf("RUNBOOK.md `%s`: %s is neither a series, a histogram nor a label berth exports", span, u.metric)
+			}
+		}
+		for _, l := range p.labels {
+			if !c.labels[l] {
+				t.Errorf("RUNBOOK.md `%s`: label %s is not one berth's series carry", span, l)
+			}
+		}
+	}
+	if metrics < 20 {
+		t.Errorf("RUNBOOK.md names only %d metrics", metrics)
+	}
+
+	d := loadDashboard(t)
+	rows := map[string]map[string]bool{}
+	row := ""
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			row = p.Title
+			rows[row] = map[string]bool{}
+			for _, q := range p.Panels {
+				rows[row][q.Title] = true
+			}
+			continue
+		}
+		if rows[row] == nil {
+			rows[row] = map[string]bool{}
+		}
+		rows[row][p.Title] = true
+	}
+	refs := grafanaRef.FindAllStringSubmatch(md, -1)
+	if len(refs) < 10 {
+		t.Errorf("RUNBOOK.md points at only %d dashboard panels", len(refs))
+	}
+	for _, m := range refs {
+		if m[1] == "Row" && m[2] == "Panel" { // the notation, explained
+			continue
+		}
+		if !rows[m[1]][m[2]] {
+			t.Errorf("RUNBOOK.md %s: no panel %q in row %q of %s", m[0], m[2], m[1], dashboardFile)
+		}
+	}
+
+	rules := map[string]bool{}
+	rf := loadRules(t)
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			rules[r.Alert] = true
+		}
+	}
+	named := map[string]bool{}
+	for _, span := range codeSpans(md) {
+		if alertName.MatchString(span) {
+			named[span] = true
+			if !rules[span] {
+				t.Errorf("RUNBOOK.md names alert %s, which %s does not define", span, rulesFile)
+			}
+		}
+	}
+	for a := range rules {
+		if !named[a] {
+			t.Errorf("alert %s is not named in RUNBOOK.md", a)
+		}
+	}
+
+	anchors := runbookAnchors(t)
+	for _, m := range anchorLink.FindAllStringSubmatch(md, -1) {
+		if !anchors[m[1]] {
+			t.Errorf("RUNBOOK.md links to #%s, which is no heading of it", m[1])
+		}
+	}
+	for _, want := range []string{"an-order-was-charged-twice", "jobs-are-stuck", "the-dlq-grows",
+		"a-balance-is-wrong-lost-update", "lock-contention", "duplicates-after-a-deploy"} {
+		if !anchors[want] {
+			t.Errorf("RUNBOOK.md lacks the checklist #%s", want)
+		}
+	}
+}
