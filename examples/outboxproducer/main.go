@@ -15,8 +15,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokerurl"
+	"github.com/berthq/berth/examples/internal/demodb"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 )
@@ -62,28 +61,11 @@ func main() {
 }
 
 func demo(ctx context.Context, dsn, url string, out io.Writer) error {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "outbox_demo_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, dsn)
+	pool, schema, done, err := demodb.Open(ctx, dsn, "outbox_demo")
 	if err != nil {
 		return err
 	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return err
-	}
-	defer admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // best effort
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer done()
 	broker, err := brokerurl.Open(ctx, url, brokerurl.Options{})
 	if err != nil {
 		return err
