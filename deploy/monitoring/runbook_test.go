@@ -157,8 +157,8 @@ func TestRunbookReferencesExist(t *testing.T) {
 }
 
 // checkID is what a configuration or doctor check's stable ID looks like:
-// a dotted area and a hyphenated name (worker.max-attempts-over-broker-cap).
-var checkID = regexp.MustCompile(`^[a-z]+\.[a-z0-9]+(-[a-z0-9]+)+$`)
+// an area and a name (worker.max-attempts-over-broker-cap, clock.skew).
+var checkID = regexp.MustCompile(`^(worker|broker|rabbitmq|sqs|postgres|jetstream|idempotency|clock)\.[a-z0-9]+(-[a-z0-9]+)*$`)
 
 // TestRunbookCheckIDsExist checks that every check ID RUNBOOK.md names is a
 // string literal of berth's code (sdk's Conflict* constants, package
@@ -175,7 +175,7 @@ func TestRunbookCheckIDsExist(t *testing.T) {
 			ids[span] = false
 		}
 	}
-	if len(ids) < 3 {
+	if len(ids) < 15 {
 		t.Fatalf("RUNBOOK.md names only %d check IDs", len(ids))
 	}
 	err = filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
@@ -209,5 +209,49 @@ func TestRunbookCheckIDsExist(t *testing.T) {
 		if !found {
 			t.Errorf("RUNBOOK.md names check %s, which no Go file of the repository defines", id)
 		}
+	}
+}
+
+// findingID finds the IDs package doctor gives its findings.
+var findingID = regexp.MustCompile(`ID: +"([a-z]+\.[a-z0-9-]+)"`)
+
+// TestRunbookCoversDoctor checks that every finding package doctor can
+// report (other than its notes about itself) is named in RUNBOOK.md, so an
+// operator who reads a finding's ID finds what it means for the symptoms.
+func TestRunbookCoversDoctor(t *testing.T) {
+	b, err := os.ReadFile(runbookFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, span := range codeSpans(string(b)) {
+		named[span] = true
+	}
+	files, err := filepath.Glob("../../doctor/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range findingID.FindAllStringSubmatch(string(src), -1) {
+			ids++
+			switch m[1] {
+			case "broker.checks", "worker.options": // "no checks for this broker", "bad flags"
+				continue
+			}
+			if !named[m[1]] {
+				t.Errorf("doctor finding %s (%s) is not named in RUNBOOK.md", m[1], filepath.Base(f))
+			}
+		}
+	}
+	if ids < 20 {
+		t.Fatalf("found only %d doctor finding IDs in ../../doctor", ids)
 	}
 }
