@@ -222,11 +222,10 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 	errs := make(chan error, len(w.queues))
 	for _, q := range w.queues {
 		q.slots = make(chan int, capacity)
-		if w.opts.Priority {
-			q.want.Store(int64(capacity)) // the first queue takes every slot until it runs dry
-		} else {
-			q.want.Store(1) // until a Receive shows the queue has work
-		}
+		// Every queue starts active: a Receive shows soon enough (at most
+		// QueueIdleWait) whether it has work, and a queue whose receiver is
+		// slow to start still gets its share of the slots meanwhile.
+		q.want.Store(int64(capacity))
 		q.begin(rctx)
 		wg.Add(1)
 		go func() {

@@ -154,6 +154,15 @@ func TestWorkerQueuesWeighted(t *testing.T) {
 			ratio := float64(hi) / float64(lo)
 			t.Logf("first 2000 receives: hi %d, lo %d, ratio %.3f", hi, lo, ratio)
 			if ratio < 2.7 || ratio > 3.3 {
+				for k := 0; k < 2000; k += 100 {
+					h := 0
+					for _, q := range order[k : k+100] {
+						if q == "hi" {
+							h++
+						}
+					}
+					t.Logf("window %d: hi %d", k, h)
+				}
 				t.Errorf("hi:lo = %d:%d = %.3f, want within 10%% of 3", hi, lo, ratio)
 			}
 		})
