@@ -96,6 +96,14 @@ type Options struct {
 	// ClockSkew is the clock difference to the database above which it is
 	// reported (an error above five times it). Default 1s.
 	ClockSkew time.Duration
+	// RedeliveryWindow is how long a job may wait in its queue, dead letters
+	// waiting for a redrive included, before it runs once more (SQS: the
+	// retention period). The checks add the Worker's retry delays. Default 4
+	// days (SQS's default retention).
+	RedeliveryWindow time.Duration
+	// StuckClaims is how long past its lease an idempotency claim in
+	// progress is reported as stuck. Default 15 min.
+	StuckClaims time.Duration
 	// Now is the worker's clock. Default time.Now.
 	Now func() time.Time
 }
@@ -118,6 +126,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ClockSkew <= 0 {
 		o.ClockSkew = time.Second
+	}
+	if o.StuckClaims <= 0 {
+		o.StuckClaims = 15 * time.Minute
 	}
 	if o.Now == nil {
 		o.Now = time.Now
