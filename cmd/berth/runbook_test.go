@@ -93,7 +93,7 @@ func TestRunbookCommandsExist(t *testing.T) {
 			}
 		}
 	}
-	for _, v := range []string{"stats", "dlq list", "dlq show", "dlq redrive", "dlq purge", "job show", "jobs"} {
+	for _, v := range []string{"stats", "dlq list", "dlq show", "dlq redrive", "dlq purge", "job show", "jobs", "doctor"} {
 		if !verbs[v] {
 			t.Errorf("RUNBOOK.md never uses berth %s", v)
 		}
