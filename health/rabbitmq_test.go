@@ -2,16 +2,13 @@ package health_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
@@ -26,16 +23,7 @@ import (
 func TestReadinessFollowsRabbitMQ(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	u, err := url.Parse(integration.RabbitMQURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	proxy := integration.StartProxy(t, target)
-	u.Host = proxy.Addr()
+	proxy, u := viaProxy(t, integration.RabbitMQURL(t), "5672")
 	opts := rabbitmq.Options{Logger: quiet, ConnectionName: "berth-health-test",
 		Reconnect: sdk.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond}}
 	b, err := rabbitmq.New(ctx, u.String(), opts)
@@ -43,9 +31,7 @@ func TestReadinessFollowsRabbitMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	sfx := make([]byte, 6)
-	rand.Read(sfx)
-	queue := "health_" + hex.EncodeToString(sfx)
+	queue := "health_" + pgtest.Suffix()
 	if err := b.DeclareQueue(ctx, queue); err != nil {
 		t.Fatal(err)
 	}

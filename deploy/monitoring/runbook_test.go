@@ -7,29 +7,12 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/berthq/berth/internal/markdown"
 )
 
-// codeSpans returns the inline code spans and fenced code lines of a
-// Markdown text.
-func codeSpans(md string) []string {
-	var spans []string
-	inFence := false
-	for _, line := range strings.Split(md, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), "```") {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			spans = append(spans, line)
-			continue
-		}
-		parts := strings.Split(line, "`")
-		for i := 1; i < len(parts); i += 2 {
-			spans = append(spans, parts[i])
-		}
-	}
-	return spans
-}
+// codeSpans is markdown.CodeSpans, short.
+var codeSpans = markdown.CodeSpans
 
 var (
 	grafanaRef = regexp.MustCompile(`\[Grafana: ([^/\]]+?) / ([^\]]+?)\]`)
