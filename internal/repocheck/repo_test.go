@@ -168,8 +168,8 @@ func TestNoDockerInUserTestBinaries(t *testing.T) {
 		gobin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 	}
 	for _, args := range [][]string{
-		{"./berthtest/..."}, // with their tests
-		{"./integration"},                         // the package alone: its own tests ask for containers
+		{"./berthtest/...", "./examples/shop"}, // with their tests
+		{"./integration"},                      // the package alone: its own tests ask for containers
 	} {
 		cmdArgs := []string{"list", "-deps", "-f", "{{.ImportPath}}"}
 		if args[0] != "./integration" {
