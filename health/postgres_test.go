@@ -2,17 +2,14 @@ package health_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
@@ -25,21 +22,7 @@ import (
 func TestReadinessFollowsPostgres(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dsn := integration.PostgresDSN(t)
-
-	direct, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	sfx := make([]byte, 6)
-	rand.Read(sfx)
-	schema := "berth_health_" + hex.EncodeToString(sfx)
-	defer func() {
-		if _, err := direct.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	}()
+	direct, schema := pgtest.Schema(t, 4)
 	producer, err := postgres.New(direct, postgres.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -49,28 +32,19 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5432")
-	}
-	proxy := integration.StartProxy(t, target)
-	u.Host = proxy.Addr()
+	proxy, u := viaProxy(t, integration.PostgresDSN(t), "5432")
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	cfg.MaxConns = 4
-	viaProxy, err := pgxpool.NewWithConfig(ctx, cfg)
+	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer viaProxy.Close()
-	consumer, err := postgres.New(viaProxy, postgres.Options{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: quiet})
+	defer proxied.Close()
+	consumer, err := postgres.New(proxied, postgres.Options{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

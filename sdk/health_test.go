@@ -181,3 +181,44 @@ func ExampleWorker_Health() {
 	// running ready: true
 	// stopped live: false ready: false
 }
+
+// connSub is a subscriber whose broker reports its connection, as
+// RabbitMQ's does: Receive waits through the outage instead of failing.
+type connSub struct {
+	*fakeSub
+	err atomic.Pointer[error]
+}
+
+func (s *connSub) ConnectionError() error {
+	if p := s.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// TestHealthConnectionReporter: a broker that reports its connection down
+// makes the Worker not ready, with the reason, though no Receive failed.
+func TestHealthConnectionReporter(t *testing.T) {
+	sub := &connSub{fakeSub: newFakeSub()}
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "q", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitHealth(t, w, "ready", func(h sdk.Health) bool { return h.Ready })
+
+	down := fmt.Errorf("%w: connection reset", sdk.ErrUnavailable)
+	sub.err.Store(&down)
+	got := w.Health()
+	if got.Ready || !got.Live || got.ReceiveFailures != 0 || !strings.Contains(got.Reason, "connection reset") {
+		t.Errorf("connection down: %+v, want live, not ready, the connection error as reason", got)
+	}
+	sub.err.Store(nil)
+	if got := w.Health(); !got.Ready {
+		t.Errorf("connection back: %+v, want ready", got)
+	}
+}

@@ -339,11 +339,12 @@ type Broker struct {
 }
 
 var (
-	_ sdk.Broker         = (*Broker)(nil)
-	_ sdk.QueueDeclarer  = (*Broker)(nil)
-	_ sdk.Inspector      = (*Broker)(nil)
-	_ sdk.DeadLetters    = (*Broker)(nil)
-	_ sdk.AsyncPublisher = (*Broker)(nil)
+	_ sdk.Broker             = (*Broker)(nil)
+	_ sdk.ConnectionReporter = (*Broker)(nil)
+	_ sdk.QueueDeclarer      = (*Broker)(nil)
+	_ sdk.Inspector          = (*Broker)(nil)
+	_ sdk.DeadLetters        = (*Broker)(nil)
+	_ sdk.AsyncPublisher     = (*Broker)(nil)
 )
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
@@ -490,9 +491,33 @@ type link struct {
 	b    *Broker
 	name string
 
-	mu   sync.Mutex
-	conn *amqp.Connection // nil while down
-	up   chan struct{}    // closed while conn is usable
+	mu      sync.Mutex
+	conn    *amqp.Connection // nil while down
+	up      chan struct{}    // closed while conn is usable
+	downErr error            // why conn is down: the loss, then the last failed reconnect
+}
+
+// ConnectionError implements [sdk.ConnectionReporter]: nil while the
+// consuming connection is up, else why it is down (the loss, then the
+// last failed reconnect), wrapping [sdk.ErrUnavailable]; [sdk.ErrClosed]
+// once the broker is closed. A Receive waits through a reconnection instead
+// of failing, so this is how [sdk.Worker.Health] learns of an outage.
+func (b *Broker) ConnectionError() error {
+	select {
+	case <-b.closing:
+		return sdk.ErrClosed
+	default:
+	}
+	l := b.con
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil && !l.conn.IsClosed() {
+		return nil
+	}
+	if l.downErr != nil {
+		return fmt.Errorf("%w: rabbitmq: %s connection down: %w", sdk.ErrUnavailable, l.name, l.downErr)
+	}
+	return fmt.Errorf("%w: rabbitmq: %s connection down", sdk.ErrUnavailable, l.name)
 }
 
 // dialRetry dials until it succeeds, the error is not worth waiting for
@@ -588,7 +613,15 @@ func (l *link) set(c *amqp.Connection) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.conn = c
+	l.downErr = nil
 	close(l.up)
+}
+
+// down records why the connection is down (see Broker.ConnectionError).
+func (l *link) down(err error) {
+	l.mu.Lock()
+	l.downErr = err
+	l.mu.Unlock()
 }
 
 func (l *link) unset() {
@@ -653,8 +686,10 @@ func (l *link) supervise(conn *amqp.Connection) {
 			l.unset()
 			if err != nil {
 				log.Warn("rabbitmq connection lost", "code", err.Code, "reason", err.Reason)
+				l.down(fmt.Errorf("connection lost: %w", err))
 			} else {
 				log.Warn("rabbitmq connection lost")
+				l.down(errors.New("connection lost"))
 			}
 		}
 		l.b.forgetDeclared()
@@ -670,6 +705,7 @@ func (l *link) supervise(conn *amqp.Connection) {
 				break
 			}
 			log.Warn("rabbitmq reconnect failed", "attempt", attempt, "err", err)
+			l.down(err)
 		}
 		log.Info("rabbitmq reconnected")
 		l.set(conn)
