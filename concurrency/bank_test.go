@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/optimistic"
@@ -67,8 +68,8 @@ var errInjected = errors.New("injected transient failure")
 // its starting balance plus its ledger.
 func TestBankTransfers(t *testing.T) {
 	const accounts, transfers, start, workers = 50, 5000, 10_000, 8
-	pool, _ := testenv.Postgres(t, workers+2)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, workers+2)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE accounts (id bigint PRIMARY KEY, balance bigint NOT NULL, version bigint NOT NULL DEFAULT 1)`,
 		fmt.Sprintf(`INSERT INTO accounts (id, balance) SELECT g, %d FROM generate_series(1, %d) g`, start, accounts),
 		`CREATE TABLE transfers (id bigint PRIMARY KEY, from_id bigint NOT NULL, to_id bigint NOT NULL, amount bigint NOT NULL)`)

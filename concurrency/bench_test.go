@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/optimistic"
 	"github.com/berthq/berth/concurrency/redislock"
@@ -53,8 +54,8 @@ func BenchmarkRedisLock(b *testing.B) {
 // connection so that the figures measure the statements, not the shared
 // disk's fsync.
 func BenchmarkUpdate(b *testing.B) {
-	pool, _ := testenv.Postgres(b, 1)
-	testenv.Exec(b, pool,
+	pool, _ := pgtest.Schema(b, 1)
+	pgtest.Exec(b, pool,
 		`SET synchronous_commit = off`,
 		`CREATE TABLE bench (id bigint PRIMARY KEY, n bigint NOT NULL, version bigint NOT NULL DEFAULT 1)`,
 		`INSERT INTO bench (id, n) VALUES (1, 0), (2, 0)`)

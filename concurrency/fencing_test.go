@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/fence"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/redislock"
@@ -31,8 +32,8 @@ const helperEnv = "BERTH_CONCURRENCY_HELPER"
 // with a higher fencing token and writes. The child is resumed with SIGCONT
 // and makes its write with its old token: the database refuses it.
 func TestPausedLockHolderIsFenced(t *testing.T) {
-	pool, schema := testenv.Postgres(t, 2)
-	testenv.Exec(t, pool,
+	pool, schema := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE accounts (id bigint PRIMARY KEY, balance bigint NOT NULL, fence_token bigint)`,
 		`INSERT INTO accounts (id, balance) VALUES (1, 0)`)
 	rdb, prefix := testenv.Redis(t)

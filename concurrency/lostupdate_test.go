@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/fence"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/optimistic"
@@ -29,8 +30,8 @@ func TestMain(m *testing.M) {
 
 func counterTable(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, _ := testenv.Postgres(t, 6)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, 6)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE counters (id bigint PRIMARY KEY, n bigint NOT NULL, version bigint NOT NULL DEFAULT 1, fence_token bigint)`,
 		`INSERT INTO counters (id, n) VALUES (1, 0)`)
 	return pool
@@ -180,8 +181,8 @@ func TestLostUpdate(t *testing.T) {
 		// The same bug on a status: a worker read "pending", another moved
 		// the order to paid meanwhile, and the first writes what it decided
 		// from its stale read.
-		pool, _ := testenv.Postgres(t, 2)
-		testenv.Exec(t, pool,
+		pool, _ := pgtest.Schema(t, 2)
+		pgtest.Exec(t, pool,
 			`CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL)`,
 			`INSERT INTO orders VALUES (1, 'pending'), (2, 'pending')`)
 		m, err := state.New(state.Options{Table: "orders", Transitions: map[string][]string{

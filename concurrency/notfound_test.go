@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/fence"
-	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/optimistic"
 	"github.com/berthq/berth/concurrency/rowlock"
 	"github.com/berthq/berth/concurrency/state"
@@ -21,8 +21,8 @@ import (
 // to sdk.ErrNotFound, and only state marked it permanent.
 func TestHardening15_NotFoundConvention(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := testenv.Postgres(t, 2)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE items (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`)
 
 	for name, sentinel := range map[string]error{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/memstore"
 	"github.com/berthq/berth/sdk"
@@ -29,7 +30,7 @@ func Example() {
 	}))
 	msg := &sdk.Message{ID: sdk.NewID(), Type: "billing.charge", IdempotencyKey: "charge:order_123:v1", Body: []byte(`{"cents":4200}`)}
 	for range 2 {
-		if err := charge.Handle(context.Background(), fakeDelivery{msg}); err != nil {
+		if err := charge.Handle(context.Background(), berthtest.NewDelivery(msg)); err != nil {
 			log.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/memstore"
@@ -183,7 +184,7 @@ func TestMissingKeyFallsBackToMessageID(t *testing.T) {
 	}))
 	m := &sdk.Message{ID: sdk.NewID(), Type: "email.welcome", Body: []byte("user_456")}
 	for range 3 { // a redelivery carries the same ID
-		if err := h.Handle(context.Background(), fakeDelivery{m}); err != nil {
+		if err := h.Handle(context.Background(), berthtest.NewDelivery(m)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -191,16 +192,6 @@ func TestMissingKeyFallsBackToMessageID(t *testing.T) {
 		t.Fatalf("ran %d times, want 1", runs.Load())
 	}
 }
-
-type fakeDelivery struct{ m *sdk.Message }
-
-func (d fakeDelivery) Message() *sdk.Message                             { return d.m }
-func (d fakeDelivery) Attempt() int                                      { return 1 }
-func (d fakeDelivery) Queue() string                                     { return "q" }
-func (d fakeDelivery) Ack(context.Context) error                         { return nil }
-func (d fakeDelivery) Retry(context.Context, time.Duration, error) error { return nil }
-func (d fakeDelivery) DeadLetter(context.Context, error) error           { return nil }
-func (d fakeDelivery) ExtendLease(context.Context, time.Duration) error  { return nil }
 
 // brokenCache fails every call, as an unreachable Redis does.
 type brokenCache struct{ calls atomic.Int32 }
@@ -461,12 +452,6 @@ func TestHeartbeatFailingPastLeaseCancelsHandler(t *testing.T) {
 	}
 }
 
-// releasingDelivery is a delivery whose broker can hand it back without
-// counting an attempt (memory, PostgreSQL, RabbitMQ).
-type releasingDelivery struct{ fakeDelivery }
-
-func (releasingDelivery) Release(context.Context, time.Duration) error { return nil }
-
 // A delivery that finds its key claimed by a crashed worker, on a broker
 // where every retry counts a receive (SQS: no sdk.Releaser), is retried when
 // the claim expires, not every InProgressDelay: retries that cannot succeed
@@ -496,8 +481,8 @@ func TestInProgressDelayUntilClaimExpiryWhenRetriesCount(t *testing.T) {
 		d        sdk.Delivery
 		min, max time.Duration
 	}{
-		{"counted retries", fakeDelivery{m}, claimLease - 10*time.Second, claimLease + time.Second},
-		{"releaser", releasingDelivery{fakeDelivery{m}}, time.Second, time.Second},
+		{"counted retries", berthtest.NewDelivery(m).WithoutRelease(), claimLease - 10*time.Second, claimLease + time.Second},
+		{"releaser", berthtest.NewDelivery(m), time.Second, time.Second},
 	} {
 		err := h.Handle(context.Background(), tc.d)
 		var ra *sdk.RetryAfterError

@@ -2,11 +2,19 @@
 // PostgreSQL DSN, a Redis address, an SQS endpoint and a NATS (JetStream) URL.
 //
 // Each helper looks, in order, at an environment variable, then at the
-// service's usual loopback address (probed), then, when a Docker daemon
-// answers, at a container started through dockertest. When none of these
-// works the test is skipped, except when the CI environment variable is
-// "true": there a missing service fails the test, so an integration test can
-// never pass by skipping in CI.
+// service's usual loopback address (probed), then, when the test binary asked
+// for containers, at a container. When none of these works the test is
+// skipped, except when the CI environment variable is "true": there a
+// missing service fails the test, so an integration test can never pass by
+// skipping in CI.
+//
+// Containers are opt-in, so that this package does not bring Docker's client
+// into every test binary that only wants a DSN: import package
+// integration/containers for its side effect in the tests that want them,
+//
+//	import _ "github.com/berthq/berth/integration/containers"
+//
+// or register another way to start one with [UseContainers].
 //
 //	func TestSomething(t *testing.T) {
 //		dsn := integration.PostgresDSN(t)
@@ -33,20 +41,43 @@ type service struct {
 	env      string
 	fallback string                       // loopback default
 	addr     func(endpoint string) string // host:port to probe
-	docker   func() (endpoint string, err error)
 }
+
+// The services, as [ContainerStarter] receives them.
+const (
+	ServiceRabbitMQ = "RabbitMQ"
+	ServicePostgres = "PostgreSQL"
+	ServiceRedis    = "Redis"
+	ServiceSQS      = "SQS"
+	ServiceNATS     = "NATS"
+)
+
+// ContainerStarter starts a container running service (one of the Service
+// constants) and returns the endpoint the helper for that service returns.
+type ContainerStarter func(service string) (endpoint string, err error)
 
 var (
 	mu       sync.Mutex
 	resolved = map[string]string{}
 	failures = map[string]error{}
+	starter  ContainerStarter
 )
+
+// UseContainers makes the helpers call start for a service that neither its
+// environment variable nor its loopback address provides. Package
+// integration/containers calls it when imported; call it before the first
+// helper (from TestMain or an init function).
+func UseContainers(start ContainerStarter) {
+	mu.Lock()
+	defer mu.Unlock()
+	starter = start
+}
 
 // RabbitMQURL returns an AMQP URL (BERTH_RABBITMQ_URL, else amqp://guest:guest@127.0.0.1:5672/).
 func RabbitMQURL(t testing.TB) string {
 	return resolve(t, service{
-		name: "RabbitMQ", env: "BERTH_RABBITMQ_URL", fallback: "amqp://guest:guest@127.0.0.1:5672/",
-		addr: urlHostPort("5672"), docker: dockerRabbitMQ,
+		name: ServiceRabbitMQ, env: "BERTH_RABBITMQ_URL", fallback: "amqp://guest:guest@127.0.0.1:5672/",
+		addr: urlHostPort("5672"),
 	})
 }
 
@@ -54,16 +85,16 @@ func RabbitMQURL(t testing.TB) string {
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
 func PostgresDSN(t testing.TB) string {
 	return resolve(t, service{
-		name: "PostgreSQL", env: "BERTH_POSTGRES_DSN", fallback: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
-		addr: urlHostPort("5432"), docker: dockerPostgres,
+		name: ServicePostgres, env: "BERTH_POSTGRES_DSN", fallback: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+		addr: urlHostPort("5432"),
 	})
 }
 
 // RedisAddr returns a Redis host:port (BERTH_REDIS_ADDR, else 127.0.0.1:6379).
 func RedisAddr(t testing.TB) string {
 	return resolve(t, service{
-		name: "Redis", env: "BERTH_REDIS_ADDR", fallback: "127.0.0.1:6379",
-		addr: func(s string) string { return s }, docker: dockerRedis,
+		name: ServiceRedis, env: "BERTH_REDIS_ADDR", fallback: "127.0.0.1:6379",
+		addr: func(s string) string { return s },
 	})
 }
 
@@ -72,8 +103,8 @@ func RedisAddr(t testing.TB) string {
 // the fauxqs emulator). Use region us-east-1 and any static credentials.
 func SQSEndpoint(t testing.TB) string {
 	return resolve(t, service{
-		name: "SQS", env: "BERTH_SQS_ENDPOINT", fallback: "http://127.0.0.1:4566",
-		addr: urlHostPort("4566"), docker: dockerLocalStack,
+		name: ServiceSQS, env: "BERTH_SQS_ENDPOINT", fallback: "http://127.0.0.1:4566",
+		addr: urlHostPort("4566"),
 	})
 }
 
@@ -82,8 +113,8 @@ func SQSEndpoint(t testing.TB) string {
 // scripts/services run nats-server -js).
 func NATSURL(t testing.TB) string {
 	return resolve(t, service{
-		name: "NATS", env: "BERTH_NATS_URL", fallback: "nats://127.0.0.1:4222",
-		addr: urlHostPort("4222"), docker: dockerNATS,
+		name: ServiceNATS, env: "BERTH_NATS_URL", fallback: "nats://127.0.0.1:4222",
+		addr: urlHostPort("4222"),
 	})
 }
 
@@ -123,7 +154,11 @@ func find(s service) (string, error) {
 	if probeErr == nil {
 		return s.fallback, nil
 	}
-	ep, dockerErr := s.docker()
+	if starter == nil {
+		return "", fmt.Errorf("%s: $%s unset, %s does not answer (%v), and containers not enabled (import integration/containers)",
+			s.name, s.env, s.addr(s.fallback), probeErr)
+	}
+	ep, dockerErr := starter(s.name)
 	if dockerErr == nil {
 		return ep, nil
 	}

@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -55,8 +56,30 @@ func TestServicesAnswer(t *testing.T) {
 func TestEnvOverrideMustAnswer(t *testing.T) {
 	t.Setenv("BERTH_REDIS_ADDR", "127.0.0.1:1") // nothing listens on port 1
 	_, err := find(service{name: "x", env: "BERTH_REDIS_ADDR", fallback: "127.0.0.1:6379",
-		addr: func(s string) string { return s }, docker: func() (string, error) { return "", os.ErrNotExist }})
+		addr: func(s string) string { return s }})
 	if err == nil {
 		t.Fatal("an unreachable override must be an error, not silently replaced by the default")
+	}
+}
+
+// TestContainersOnlyWhenAsked: a service that does not answer is started in
+// a container only through the registered ContainerStarter, and the error
+// without one says how to ask for containers.
+func TestContainersOnlyWhenAsked(t *testing.T) {
+	mu.Lock()
+	saved := starter
+	starter = nil
+	mu.Unlock()
+	t.Cleanup(func() { UseContainers(saved) })
+
+	s := service{name: ServiceRedis, env: "BERTH_TEST_UNSET_ADDR", fallback: "127.0.0.1:1", addr: func(s string) string { return s }}
+	if _, err := find(s); err == nil || !strings.Contains(err.Error(), "integration/containers") {
+		t.Fatalf("without containers: %v, want an error naming integration/containers", err)
+	}
+	var asked string
+	UseContainers(func(service string) (string, error) { asked = service; return "127.0.0.1:7777", nil })
+	ep, err := find(s)
+	if err != nil || ep != "127.0.0.1:7777" || asked != ServiceRedis {
+		t.Fatalf("with a starter: %q, %v (asked for %q); want the starter's endpoint for %s", ep, err, asked, ServiceRedis)
 	}
 }

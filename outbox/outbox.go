@@ -197,6 +197,16 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	return tx.SendBatch(ctx, batch).Close()
 }
 
+// PublishTx is [Outbox.Add]: it makes the outbox an
+// [sdk.TxPublisher][pgx.Tx], the transactional publish of every broker that
+// cannot take part in a PostgreSQL transaction itself (RabbitMQ, SQS, NATS,
+// memory). The messages are published by the relay after tx commits.
+func (o *Outbox) PublishTx(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.Message) error {
+	return o.Add(ctx, tx, queue, msgs...)
+}
+
+var _ sdk.TxPublisher[pgx.Tx] = (*Outbox)(nil)
+
 // storable refuses what the outbox table cannot hold: NUL bytes in headers
 // (jsonb) and in the text columns. The body is bytea and may hold anything.
 func storable(m *sdk.Message) error {
@@ -537,6 +547,10 @@ func publishInOrder(ctx context.Context, pub sdk.Publisher, batch []*row) {
 // message by message, so that only the bad row fails; a broker that is down
 // fails them all.
 func publishRound(ctx context.Context, pub sdk.Publisher, rows []*row) {
+	if ap, ok := pub.(sdk.AsyncPublisher); ok {
+		publishAsync(ctx, ap, rows)
+		return
+	}
 	byQueue := map[string][]*row{}
 	var queues []string
 	for _, r := range rows {
@@ -566,6 +580,22 @@ func publishRound(ctx context.Context, pub sdk.Publisher, rows []*row) {
 			for _, r := range group {
 				r.err = err
 			}
+		}
+	}
+}
+
+// publishAsync publishes rows through a broker's own asynchronous publish:
+// every row is in flight at once (RabbitMQ: a sliding window of confirms
+// instead of one batch per queue awaited as a whole) and each gets its own
+// outcome, so an invalid row fails alone without a retry round.
+func publishAsync(ctx context.Context, ap sdk.AsyncPublisher, rows []*row) {
+	results := make([]*sdk.PublishResult, len(rows))
+	for i, r := range rows {
+		results[i], r.err = ap.PublishAsync(ctx, r.queue, r.msg.Clone())
+	}
+	for i, r := range rows {
+		if results[i] != nil {
+			r.err = results[i].Wait(ctx)
 		}
 	}
 }

@@ -228,3 +228,21 @@ func (e *PublishError) Unwrap() []error {
 	}
 	return errs
 }
+
+// TxPublisher publishes inside the caller's database transaction: the
+// messages are published if and only if tx commits, so a business change and
+// the jobs it calls for cannot part (no job for a rolled-back change, no
+// change whose job was lost). Tx is the driver's transaction type — pgx.Tx
+// for PostgreSQL — so that package sdk imports no database driver:
+//
+//	var pub sdk.TxPublisher[pgx.Tx] = postgresBroker // or an *outbox.Outbox
+//
+// The PostgreSQL broker implements it directly (the jobs are rows of tx);
+// for every other broker the outbox implements it (rows of tx, relayed to
+// the broker after commit). PublishTx validates msgs as [Publisher.Publish]
+// does ([Prepare]; nothing is written when one is invalid) and neither
+// commits nor rolls back tx. Package telemetry traces and counts it
+// (telemetry.WrapTx) as it does Publish.
+type TxPublisher[Tx any] interface {
+	PublishTx(ctx context.Context, tx Tx, queue string, msgs ...*Message) error
+}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/sdk"
 )
@@ -138,4 +139,58 @@ func ExampleDecode() {
 	// Output:
 	// o1 5 <nil>
 	// true true
+}
+
+// CheckConfig finds the options a Worker would contradict its broker with:
+// here MaxAttempts 8 on a broker that dead-letters after 5 deliveries.
+// NewWorker logs the same conflicts, or refuses them with StrictConfig.
+func ExampleCheckConfig() {
+	broker, _ := memory.New(memory.Options{MaxDeliveries: 5})
+	defer broker.Close()
+	opts := sdk.WorkerOptions{Queue: "billing", Retry: sdk.RetryPolicy{MaxAttempts: 8}}
+	conflicts, _ := sdk.CheckConfig(broker, opts)
+	for _, c := range conflicts {
+		fmt.Println(c.ID)
+	}
+	opts.StrictConfig = true
+	_, err := sdk.NewWorker(broker, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), opts)
+	fmt.Println(errors.Is(err, sdk.ErrConfigConflict))
+	// Output:
+	// worker.max-attempts-over-broker-cap
+	// true
+}
+
+// ChargeOrder is the payload of the "billing.charge" job: its Kind ties
+// the payload to the job type for producers and handlers alike.
+type ChargeOrder struct {
+	OrderID string `json:"order_id"`
+	Cents   int64  `json:"cents"`
+}
+
+// Kind names the job type.
+func (ChargeOrder) Kind() string { return "billing.charge" }
+
+// IdempotencyKey names the business operation.
+func (c ChargeOrder) IdempotencyKey() string { return "charge:" + c.OrderID + ":v1" }
+
+// Typed jobs: the handler is registered for, and the message created from,
+// the payload type.
+func ExampleHandleJob() {
+	r := sdk.NewRouter()
+	sdk.HandleJob(r, func(ctx context.Context, j sdk.Job[ChargeOrder]) error {
+		fmt.Println("charging", j.Args.OrderID, j.Args.Cents, "at attempt", j.Delivery.Attempt())
+		return nil
+	})
+	m, err := sdk.NewJob(ChargeOrder{OrderID: "o1", Cents: 4200})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(m.Type, m.IdempotencyKey)
+	if err := r.Handle(context.Background(), berthtest.NewDelivery(m)); err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// billing.charge charge:o1:v1
+	// charging o1 4200 at attempt 1
 }

@@ -2,74 +2,38 @@ package sdk_test
 
 import (
 	"context"
-	"sync"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/sdk"
 )
 
-// fakeDelivery records how it was settled. It stands in for a broker in the
-// Worker's unit tests, where failure paths (refused extensions, settlement
-// errors) must happen on demand; the conformance suite runs real brokers.
-type fakeDelivery struct {
-	msg      *sdk.Message
-	attempt  int
-	release  bool // implements Releaser
-	extendFn func() error
-
-	mu       sync.Mutex
-	actions  []string
-	delay    time.Duration
-	cause    error
-	extended int
-	settled  chan struct{}
+// newFake returns a recording delivery of a new message of type typ at
+// attempt, from queue "q". It is a Releaser; f.WithoutRelease() is the same
+// delivery without Release, as on SQS.
+func newFake(attempt int, typ string, opts ...berthtest.Option) *berthtest.Delivery {
+	opts = append([]berthtest.Option{berthtest.Attempt(attempt), berthtest.Queue("q")}, opts...)
+	return berthtest.NewDelivery(&sdk.Message{ID: sdk.NewID(), Type: typ}, opts...)
 }
 
-func newFake(attempt int, typ string) *fakeDelivery {
-	return &fakeDelivery{msg: &sdk.Message{ID: sdk.NewID(), Type: typ}, attempt: attempt, settled: make(chan struct{}, 4)}
+// failExtend makes every lease extension return err.
+func failExtend(err error) berthtest.Option {
+	return berthtest.OnExtend(func(context.Context, time.Duration) error { return err })
 }
 
-func (f *fakeDelivery) record(a string, d time.Duration, cause error) error {
-	f.mu.Lock()
-	f.actions = append(f.actions, a)
-	f.delay, f.cause = d, cause
-	f.mu.Unlock()
-	f.settled <- struct{}{}
-	return nil
-}
-
-func (f *fakeDelivery) Message() *sdk.Message         { return f.msg }
-func (f *fakeDelivery) Attempt() int                  { return f.attempt }
-func (f *fakeDelivery) Queue() string                 { return "q" }
-func (f *fakeDelivery) Ack(ctx context.Context) error { return f.record("ack", 0, nil) }
-func (f *fakeDelivery) Retry(ctx context.Context, d time.Duration, cause error) error {
-	return f.record("retry", d, cause)
-}
-func (f *fakeDelivery) DeadLetter(ctx context.Context, cause error) error {
-	return f.record("dead_letter", 0, cause)
-}
-func (f *fakeDelivery) ExtendLease(ctx context.Context, d time.Duration) error {
-	f.mu.Lock()
-	f.extended++
-	fn := f.extendFn
-	f.mu.Unlock()
-	if fn != nil {
-		return fn()
+// actions lists the settlement calls f received, by action.
+func actions(f *berthtest.Delivery) []string {
+	var out []string
+	for _, c := range f.Calls() {
+		out = append(out, string(c.Action))
 	}
-	return nil
+	return out
 }
 
-func (f *fakeDelivery) Actions() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.actions...)
-}
-
-// releasable is a fakeDelivery that also implements sdk.Releaser.
-type releasable struct{ *fakeDelivery }
-
-func (r releasable) Release(ctx context.Context, d time.Duration) error {
-	return r.record("release", d, nil)
+// first returns f's first settlement call.
+func first(f *berthtest.Delivery) berthtest.Call {
+	c, _ := f.Settlement()
+	return c
 }
 
 // fakeSub hands out the deliveries sent on its channel.

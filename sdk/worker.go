@@ -23,11 +23,16 @@ type Worker struct {
 	leaseOb []LeaseObserver
 
 	timeoutTick time.Duration // the watchdog's period, 0 without timeouts
+	maxAttempts int           // the broker's poison cap (DeliveryCapReporter), 0 for none
 
 	randMu   sync.Mutex
 	running  atomic.Bool
 	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
 	shared   atomic.Pointer[settleCtx]
+	health   workerHealth // what Health reports (sdk/health.go)
+
+	queues []*queueState // the consumed queues (sdk/queues.go)
+	wake   chan struct{} // wakes the multi-queue allocator; nil with one queue
 }
 
 // settleCtx is a settlement context shared by the settlements of a short
@@ -45,6 +50,9 @@ var ErrWorkerRunning = errors.New("berth: worker already running")
 
 // NewWorker returns a Worker that consumes opts.Queue from sub with h, wrapped
 // in opts.Middleware. It validates opts and returns an error for a bad one.
+// It checks opts against what sub reports about itself ([CheckConfig]): a
+// contradiction is logged as a warning, or with opts.StrictConfig returned as
+// a [*ConfigError].
 func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if sub == nil || h == nil {
 		return nil, errors.New("berth: worker: nil subscriber or handler")
@@ -56,7 +64,15 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o)}
+	limit, err := applyConfig(sub, o)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit}
+	w.queues = newQueueStates(o)
+	if len(w.queues) > 1 {
+		w.wake = make(chan struct{}, 1)
+	}
 	for _, ob := range o.Observers {
 		if lo, ok := ob.(LeaseObserver); ok {
 			w.leaseOb = append(w.leaseOb, lo)
@@ -78,6 +94,7 @@ type task struct {
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // set while the handler runs
 	ctx      context.Context         // the handler's context, set with cancel
+	pending  error                   // a stop asked before the handler started; under mu
 }
 
 // context returns the handler's context once it runs, else fallback.
@@ -95,11 +112,14 @@ func (t *task) loseLease() {
 	t.stop(ErrLeaseLost)
 }
 
-// stop cancels the handler's context with cause, if it runs.
+// stop cancels the handler's context with cause, if it runs; else the
+// handler's context starts cancelled with cause.
 func (t *task) stop(cause error) {
 	t.mu.Lock()
 	if t.cancel != nil {
 		t.cancel(cause)
+	} else if t.pending == nil {
+		t.pending = cause
 	}
 	t.mu.Unlock()
 }
@@ -122,11 +142,13 @@ func (t *task) stop(cause error) {
 // ([DefaultDrainTimeout], [DefaultSettleTimeout]) fit Kubernetes' 30s grace
 // period; when you change them, keep DrainTimeout + 2·SettleTimeout + 1s
 // below the platform's grace period.
-func (w *Worker) Run(ctx context.Context) error {
+func (w *Worker) Run(ctx context.Context) (err error) {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrWorkerRunning
 	}
 	defer w.running.Store(false)
+	w.health.start()
+	defer func() { w.health.stop(err) }()
 	o := w.opts
 
 	// Handlers outlive ctx by the drain deadline: their context is cancelled
@@ -169,6 +191,7 @@ func (w *Worker) Run(ctx context.Context) error {
 					w.process(base, t)
 				}
 				held[t.slot].Store(nil)
+				w.health.held.Add(-1)
 				free <- t.slot
 			}
 		}()
@@ -191,7 +214,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
-	err := w.receive(ctx, free, jobs, hungry, held)
+	err = w.receiveAll(ctx, free, jobs, hungry, held)
+	w.health.state.Store(hDraining)
 	close(jobs)
 
 	drained := make(chan struct{})
@@ -232,15 +256,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	return err
 }
 
-// receive fills free slots with deliveries until ctx is done.
-func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
+// receive fills slots taken from src with deliveries of q until ctx is
+// done, and gives back to free those it did not fill. With one queue src is
+// free; with several it is the slots the allocator handed q, and hungry is
+// nil.
+func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
 	o := w.opts
+	multi := hungry == nil
 	slots := make([]int, 0, cap(free))
 	failures := 0
 	for {
 		slots = slots[:0]
 		select {
-		case i := <-free:
+		case i := <-src:
 			slots = append(slots, i)
 		case <-ctx.Done():
 			return nil
@@ -249,9 +277,9 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 		// still waits there is no hurry: gather slots until half are free or
 		// the handlers run out of work, so one Receive fetches a batch
 		// instead of one message per call (a claim statement, an API call).
-		for len(slots) < cap(slots)/2 && len(jobs) > 0 {
+		for !multi && len(slots) < cap(slots)/2 && len(jobs) > 0 {
 			select {
-			case i := <-free:
+			case i := <-src:
 				slots = append(slots, i)
 			case <-hungry:
 			case <-ctx.Done():
@@ -261,13 +289,33 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 	fill:
 		for len(slots) < cap(slots) {
 			select {
-			case i := <-free:
+			case i := <-src:
 				slots = append(slots, i)
 			default:
 				break fill
 			}
 		}
-		ds, err := w.sub.Receive(ctx, o.Queue, len(slots))
+		rctx, resumed := q.receiveContext()
+		if rctx == nil { // paused: hold no slots, make no Receive
+			for _, i := range slots {
+				free <- i
+			}
+			w.poke()
+			select {
+			case <-resumed:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		w.health.receiving(time.Now().UnixNano())
+		var ds []Delivery
+		var err error
+		if multi && len(slots) > 1 {
+			ds, err = w.receiveBounded(rctx, q, len(slots))
+		} else {
+			ds, err = w.sub.Receive(rctx, q.name, len(slots))
+		}
 		if len(ds) > len(slots) { // a broker bug: never hold more than the slots
 			for _, d := range ds[len(slots):] {
 				w.release(ctx, d, "received beyond the requested max")
@@ -275,6 +323,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 			ds = ds[:len(slots)]
 		}
 		now := time.Now().UnixNano()
+		w.health.received(now, len(ds), err, rctx.Err() != nil)
 		for i, d := range ds {
 			t := &task{d: d, slot: slots[i], received: now}
 			t.extended.Store(now)
@@ -284,18 +333,30 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 		for _, i := range slots[len(ds):] {
 			free <- i
 		}
+		if multi {
+			// A queue that could not fill its slots is idle: it holds one
+			// slot waiting, the others go to the queues with work.
+			if len(ds) < len(slots) {
+				q.want.Store(1)
+			} else {
+				q.want.Store(int64(cap(free)))
+			}
+			w.poke()
+		}
 		switch {
 		case err == nil:
 			failures = 0
 		case ctx.Err() != nil:
 			return nil
+		case rctx.Err() != nil: // paused during the Receive
+			continue
 		case errors.Is(err, ErrClosed), errors.Is(err, ErrInvalidQueue), errors.Is(err, ErrNotFound):
 			// Waiting will not make a closed broker or a missing queue work.
 			return err
 		default:
 			failures++
 			delay := Backoff{Base: 50 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.5}.Delay(failures, w.rand())
-			o.Logger.Warn("berth: receive failed; backing off", "queue", o.Queue, "err", err, "delay", delay)
+			o.Logger.Warn("berth: receive failed; backing off", "queue", q.name, "err", err, "delay", delay)
 			select {
 			case <-time.After(delay):
 			case <-ctx.Done():
@@ -434,14 +495,45 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
 	}
 }
 
+// Process runs the Worker's handler on one delivery that the caller received
+// itself, and settles it by the same rules as [Worker.Run] (ARCHITECTURE.md,
+// "Settlement"): the same middleware, observers, panic recovery, retry
+// policy and handler timeout, the same code. It returns the settlement.
+//
+// Process extends no lease (there is no heartbeat) and takes no concurrency
+// slot; it is meant for tests (package berthtest) and for programs that
+// receive deliveries themselves. When ctx ends before or while the handler
+// runs, the handler's context is cancelled with cause [ErrShutdown] and the
+// delivery released, as Run does at its drain deadline.
+func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
+	t := &task{d: d, received: time.Now().UnixNano()}
+	t.extended.Store(t.received)
+	stop := context.AfterFunc(ctx, func() { t.stop(ErrShutdown) })
+	defer stop()
+	if timeout := w.timeout(d.Message().Type); timeout > 0 {
+		timer := time.AfterFunc(timeout, func() {
+			if t.settling.Load() {
+				return
+			}
+			t.timedOut.Store(true)
+			t.stop(ErrJobTimeout)
+		})
+		defer timer.Stop()
+	}
+	return w.process(context.WithoutCancel(ctx), t)
+}
+
 // process runs the handler on t and settles its delivery.
-func (w *Worker) process(base context.Context, t *task) {
+func (w *Worker) process(base context.Context, t *task) Settlement {
 	d := t.d
 	m := d.Message()
 	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	t.mu.Lock()
 	t.cancel = cancel
+	if t.pending != nil {
+		cancel(t.pending)
+	}
 	t.mu.Unlock()
 	// Checked after publishing cancel: either the heartbeat or the drain sees
 	// t.cancel, or this sees their flag.
@@ -478,6 +570,7 @@ func (w *Worker) process(base context.Context, t *task) {
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
 	}
+	return s
 }
 
 func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
@@ -534,6 +627,12 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	case errors.As(err, &ra):
 		s.Action, s.Delay = ActionRelease, ra.Delay
 		if _, ok := d.(Releaser); !ok {
+			if w.atBrokerCap(d) {
+				// A Retry would be the broker's last delivery spent: it
+				// would dead-letter the job itself, without this error.
+				s.Action, s.Delay, s.Err = ActionDeadLetter, 0, d.DeadLetter(ctx, err)
+				break
+			}
 			s.Action = ActionRetry
 		}
 		s.Err = releaseOrRetry(ctx, d, ra.Delay, err)
@@ -544,14 +643,22 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	return s
 }
 
+// atBrokerCap reports whether d's attempt is the last the broker's poison
+// cap allows.
+func (w *Worker) atBrokerCap(d Delivery) bool {
+	return w.maxAttempts > 0 && d.Attempt() >= w.maxAttempts
+}
+
 // retryOrDeadLetter settles a transient failure: Retry with backoff while
-// the type's policy allows another attempt, else DeadLetter.
+// the type's policy allows another attempt, else DeadLetter. The broker's
+// poison cap bounds the policy: at the broker's last delivery the Worker
+// dead-letters itself, so the dead letter carries the handler's error.
 func (w *Worker) retryOrDeadLetter(ctx context.Context, d Delivery, cause error) (Action, time.Duration, error) {
 	p := w.opts.Retry
 	if tp, ok := w.opts.RetryByType[d.Message().Type]; ok {
 		p = tp
 	}
-	if d.Attempt() < p.MaxAttempts {
+	if d.Attempt() < p.MaxAttempts && !w.atBrokerCap(d) {
 		delay := p.Backoff.Delay(d.Attempt(), w.rand())
 		return ActionRetry, delay, d.Retry(ctx, delay, cause)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/sdk"
 	"go.uber.org/goleak"
 )
@@ -46,13 +47,9 @@ func runWorker(t *testing.T, sub sdk.Subscriber, h sdk.Handler, opts sdk.WorkerO
 	return stop
 }
 
-func waitSettled(t *testing.T, f *fakeDelivery) {
+func waitSettled(t *testing.T, f *berthtest.Delivery) {
 	t.Helper()
-	select {
-	case <-f.settled:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("delivery %s not settled; actions %v", f.msg.ID, f.Actions())
-	}
+	f.Wait(t)
 }
 
 func TestSettlementTable(t *testing.T) {
@@ -82,9 +79,9 @@ func TestSettlementTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sub := newFakeSub()
 			f := newFake(tc.attempt, "job")
-			var d sdk.Delivery = f
+			d := f.WithoutRelease()
 			if tc.releaser {
-				d = releasable{f}
+				d = f
 			}
 			var got sdk.Settlement
 			var gotMu sync.Mutex
@@ -105,18 +102,18 @@ func TestSettlementTable(t *testing.T) {
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			if a := f.Actions(); len(a) != 1 || a[0] != tc.want {
+			if a := actions(f); len(a) != 1 || a[0] != tc.want {
 				t.Fatalf("actions %v, want exactly [%s]", a, tc.want)
 			}
-			if f.delay != tc.wantDelay {
-				t.Errorf("delay %v, want %v", f.delay, tc.wantDelay)
+			if first(f).Delay != tc.wantDelay {
+				t.Errorf("delay %v, want %v", first(f).Delay, tc.wantDelay)
 			}
 			gotMu.Lock()
 			defer gotMu.Unlock()
 			if got.Class != tc.wantClass || string(got.Action) != tc.want {
 				t.Errorf("observer saw %+v, want action %s class %q", got, tc.want, tc.wantClass)
 			}
-			if tc.want == "dead_letter" && f.cause == nil {
+			if tc.want == "dead_letter" && first(f).Cause == nil {
 				t.Error("dead letter without its cause")
 			}
 		})
@@ -131,15 +128,15 @@ func TestRetryPolicyByType(t *testing.T) {
 		Retry:       sdk.RetryPolicy{MaxAttempts: 5, Backoff: sdk.Backoff{Base: time.Second, Jitter: -1}},
 		RetryByType: map[string]sdk.RetryPolicy{"fast": {MaxAttempts: 2}},
 	})
-	sub.ch <- fast
-	sub.ch <- slow
+	sub.ch <- fast.WithoutRelease()
+	sub.ch <- slow.WithoutRelease()
 	waitSettled(t, fast)
 	waitSettled(t, slow)
-	if a := fast.Actions(); a[0] != "dead_letter" {
+	if a := actions(fast); a[0] != "dead_letter" {
 		t.Errorf("type with MaxAttempts 2 at attempt 2: %v, want dead_letter", a)
 	}
-	if a := slow.Actions(); a[0] != "retry" || slow.delay != 2*time.Second {
-		t.Errorf("default policy at attempt 2: %v after %v, want retry after 2s", a, slow.delay)
+	if a := actions(slow); a[0] != "retry" || first(slow).Delay != 2*time.Second {
+		t.Errorf("default policy at attempt 2: %v after %v, want retry after 2s", a, first(slow).Delay)
 	}
 }
 
@@ -178,10 +175,10 @@ func TestBoundedConcurrency(t *testing.T) {
 		return nil
 	})
 	runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: conc, Prefetch: 2})
-	fs := make([]*fakeDelivery, n)
+	fs := make([]*berthtest.Delivery, n)
 	for i := range fs {
 		fs[i] = newFake(1, "job")
-		sub.ch <- fs[i]
+		sub.ch <- fs[i].WithoutRelease()
 	}
 	for _, f := range fs {
 		waitSettled(t, f)
@@ -203,9 +200,9 @@ func TestShutdownReleasesInterruptedAndUnstartedWork(t *testing.T) {
 	})
 	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Prefetch: 1, DrainTimeout: 50 * time.Millisecond})
 	running, waiting := newFake(2, "job"), newFake(1, "job")
-	sub.ch <- releasable{running}
+	sub.ch <- running
 	<-started
-	sub.ch <- releasable{waiting}
+	sub.ch <- waiting
 	time.Sleep(20 * time.Millisecond) // let the receiver take the second one into its buffer
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -213,10 +210,10 @@ func TestShutdownReleasesInterruptedAndUnstartedWork(t *testing.T) {
 	if got := cause.Load(); got != sdk.ErrShutdown {
 		t.Errorf("handler ctx cause %v, want ErrShutdown", got)
 	}
-	if a := running.Actions(); len(a) != 1 || a[0] != "release" {
+	if a := actions(running); len(a) != 1 || a[0] != "release" {
 		t.Errorf("interrupted delivery: %v, want [release]", a)
 	}
-	if a := waiting.Actions(); len(a) > 1 || (len(a) == 1 && a[0] != "release") {
+	if a := actions(waiting); len(a) > 1 || (len(a) == 1 && a[0] != "release") {
 		t.Errorf("unstarted delivery: %v, want [release] or untouched", a)
 	}
 }
@@ -231,12 +228,12 @@ func TestShutdownLetsHandlersFinish(t *testing.T) {
 	})
 	stop := runWorker(t, sub, h, sdk.WorkerOptions{DrainTimeout: 10 * time.Second})
 	f := newFake(1, "job")
-	sub.ch <- f
+	sub.ch <- f.WithoutRelease()
 	<-started
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if a := f.Actions(); len(a) != 1 || a[0] != "ack" {
+	if a := actions(f); len(a) != 1 || a[0] != "ack" {
 		t.Fatalf("actions %v, want [ack]: a handler finishing within the drain deadline is acked", a)
 	}
 }
@@ -249,15 +246,13 @@ func TestHeartbeatExtendsLongJobs(t *testing.T) {
 	})
 	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
 	f := newFake(1, "job")
-	sub.ch <- f
+	sub.ch <- f.WithoutRelease()
 	waitSettled(t, f)
-	f.mu.Lock()
-	n := f.extended
-	f.mu.Unlock()
+	n := f.Extensions()
 	if n < 2 {
 		t.Fatalf("lease extended %d times during a job of 10 heartbeat intervals", n)
 	}
-	if a := f.Actions(); a[0] != "ack" {
+	if a := actions(f); a[0] != "ack" {
 		t.Fatalf("actions %v", a)
 	}
 }
@@ -273,9 +268,8 @@ func TestLeaseLostCancelsHandlerAndDoesNotSettle(t *testing.T) {
 	})
 	ob := observer{settled: func(_ context.Context, _ sdk.Delivery, s sdk.Settlement) { done <- s }}
 	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{ob}})
-	f := newFake(1, "job")
-	f.extendFn = func() error { return fmt.Errorf("token mismatch: %w", sdk.ErrLeaseLost) }
-	sub.ch <- f
+	f := newFake(1, "job", failExtend(fmt.Errorf("token mismatch: %w", sdk.ErrLeaseLost)))
+	sub.ch <- f.WithoutRelease()
 	select {
 	case s := <-done:
 		if s.Action != sdk.ActionLeaseLost {
@@ -287,7 +281,7 @@ func TestLeaseLostCancelsHandlerAndDoesNotSettle(t *testing.T) {
 	if got := cause.Load(); got != sdk.ErrLeaseLost {
 		t.Errorf("cause %v, want ErrLeaseLost", got)
 	}
-	if a := f.Actions(); len(a) != 0 {
+	if a := actions(f); len(a) != 0 {
 		t.Fatalf("a delivery whose lease was lost was settled: %v", a)
 	}
 }
@@ -298,9 +292,8 @@ func TestExtensionFailuresPastLeaseLoseIt(t *testing.T) {
 	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error { <-ctx.Done(); return ctx.Err() })
 	ob := observer{settled: func(_ context.Context, _ sdk.Delivery, s sdk.Settlement) { done <- s }}
 	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 40 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{ob}})
-	f := newFake(1, "job")
-	f.extendFn = func() error { return errors.New("network unreachable") }
-	sub.ch <- f
+	f := newFake(1, "job", failExtend(errors.New("network unreachable")))
+	sub.ch <- f.WithoutRelease()
 	select {
 	case s := <-done:
 		if s.Action != sdk.ActionLeaseLost {
@@ -358,12 +351,10 @@ func TestLeaseAndHeartbeatMustAgree(t *testing.T) {
 		return nil
 	}), sdk.WorkerOptions{})
 	f := newFake(1, "job")
-	sub.ch <- f
+	sub.ch <- f.WithoutRelease()
 	waitSettled(t, f)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.extended < 3 {
-		t.Fatalf("%d extensions in 3 broker leases: the Worker did not take the broker's lease as its own", f.extended)
+	if n := f.Extensions(); n < 3 {
+		t.Fatalf("%d extensions in 3 broker leases: the Worker did not take the broker's lease as its own", n)
 	}
 }
 
@@ -384,14 +375,13 @@ func TestHeartbeatIgnoresSettledDeliveries(t *testing.T) {
 		time.Sleep(30 * time.Millisecond)
 		return nil
 	}), sdk.WorkerOptions{Lease: 20 * time.Millisecond, HeartbeatInterval: 5 * time.Millisecond, Observers: []sdk.Observer{ob}})
-	f := newFake(1, "job")
-	f.extendFn = func() error { return sdk.ErrAlreadySettled } // as if the ack won the race
-	sub.ch <- f
+	f := newFake(1, "job", failExtend(sdk.ErrAlreadySettled)) // as if the ack won the race
+	sub.ch <- f.WithoutRelease()
 	waitSettled(t, f)
 	if n := failed.Load(); n != 0 {
 		t.Fatalf("%d extensions of an already settled delivery reported as failures", n)
 	}
-	if a := f.Actions(); len(a) != 1 || a[0] != "ack" {
+	if a := actions(f); len(a) != 1 || a[0] != "ack" {
 		t.Fatalf("actions %v: an ErrAlreadySettled from the heartbeat must not cost the delivery its settlement", a)
 	}
 }
@@ -411,7 +401,7 @@ func TestReceiveErrorsAreRetried(t *testing.T) {
 	sub.errs <- errors.New("temporary outage")
 	runWorker(t, sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{})
 	f := newFake(1, "job")
-	sub.ch <- f
+	sub.ch <- f.WithoutRelease()
 	waitSettled(t, f)
 }
 
@@ -455,8 +445,8 @@ func TestCorrelationIDReachesHandler(t *testing.T) {
 		return nil
 	}), sdk.WorkerOptions{})
 	f := newFake(1, "job")
-	f.msg.CorrelationID = "corr-42"
-	sub.ch <- f
+	f.Message().CorrelationID = "corr-42"
+	sub.ch <- f.WithoutRelease()
 	if id := <-got; id != "corr-42" {
 		t.Fatalf("correlation ID in handler ctx %q", id)
 	}
@@ -477,7 +467,7 @@ func TestJitterIsDeterministicWithSeed(t *testing.T) {
 				Retry: sdk.RetryPolicy{MaxAttempts: 10, Backoff: sdk.Backoff{Base: time.Second, Jitter: 0.5}}})
 		for i := 1; i <= 4; i++ {
 			f := newFake(i, "job")
-			sub.ch <- f
+			sub.ch <- f.WithoutRelease()
 			waitSettled(t, f)
 		}
 		stop()
@@ -492,5 +482,35 @@ func TestJitterIsDeterministicWithSeed(t *testing.T) {
 		if d < lo || d > lo+lo/2 {
 			t.Errorf("attempt %d delay %v outside [%v, %v]", i+1, d, lo, lo+lo/2)
 		}
+	}
+}
+
+// TestProcessSettlesLikeRun: Process applies the settlement rules to a
+// delivery the caller received, and a context that ends while the handler
+// runs cancels it with ErrShutdown and releases the delivery, as Run's drain
+// does.
+func TestProcessSettlesLikeRun(t *testing.T) {
+	w, err := sdk.NewWorker(newFakeSub(), sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if d.Message().Type == "block" {
+			<-ctx.Done()
+			if !errors.Is(context.Cause(ctx), sdk.ErrShutdown) {
+				return fmt.Errorf("cause %v", context.Cause(ctx))
+			}
+			return ctx.Err()
+		}
+		return sdk.Permanent(errors.New("bad"))
+	}), sdk.WorkerOptions{Queue: "q", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFake(1, "bad")
+	if s := w.Process(context.Background(), f); s.Action != sdk.ActionDeadLetter || first(f).Action != sdk.ActionDeadLetter {
+		t.Fatalf("Process: %s, delivery got %v", s.Action, actions(f))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	f = newFake(2, "block")
+	if s := w.Process(ctx, f); s.Action != sdk.ActionRelease || first(f).Action != sdk.ActionRelease {
+		t.Fatalf("Process cut short: %s, delivery got %v (cause %v)", s.Action, actions(f), s.Cause)
 	}
 }

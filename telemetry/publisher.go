@@ -53,30 +53,36 @@ func (p *Publisher) Unwrap() sdk.Publisher { return p.next }
 
 // Publish traces and publishes msgs to queue. See [Publisher].
 func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
-	o := p.obs
+	return p.obs.publish(ctx, p.next, queue, msgs, func() error { return p.next.Publish(ctx, queue, msgs...) })
+}
+
+// publish traces and counts the publishing of msgs to queue by send, which
+// target (a Publisher, a TxPublisher) does: the spans and headers of
+// [Publisher], the sent-messages counter under target's messaging.system.
+func (o *Observer) publish(ctx context.Context, target any, queue string, msgs []*sdk.Message, send func() error) error {
 	for _, m := range msgs {
 		if m == nil {
-			return p.next.Publish(ctx, queue, msgs...) // the broker reports the invalid message
+			return send() // the broker reports the invalid message
 		}
 	}
-	pl := o.publishLabels(labelKey{system: o.systemOf(p.next), queue: queue})
+	pl := o.publishLabels(labelKey{system: o.systemOf(target), queue: queue})
 	corr := sdk.CorrelationID(ctx)
 	if len(msgs) == 1 {
-		span := p.startMessage(ctx, msgs[0], corr, pl, false)
-		err := p.next.Publish(ctx, queue, msgs...)
+		span := o.startMessage(ctx, msgs[0], corr, pl, false)
+		err := send()
 		failed := 0
 		if err != nil {
 			failed = 1
 			recordPublishError(span, err)
 		}
 		span.End()
-		p.count(pl, 1, failed, err)
+		pl.count(1, failed, err)
 		return err
 	}
 	spans := make([]trace.Span, len(msgs))
 	links := make([]trace.Link, len(msgs))
 	for i, m := range msgs {
-		spans[i] = p.startMessage(ctx, m, corr, pl, true)
+		spans[i] = o.startMessage(ctx, m, corr, pl, true)
 		links[i] = trace.Link{SpanContext: spans[i].SpanContext()}
 	}
 	_, batch := o.tracer.Start(ctx, pl.sendName,
@@ -84,7 +90,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		trace.WithAttributes(append(pl.sendAttrs[:len(pl.sendAttrs):len(pl.sendAttrs)], semconv.MessagingBatchMessageCount(len(msgs)))...),
 		trace.WithLinks(links...))
 
-	err := p.next.Publish(ctx, queue, msgs...)
+	err := send()
 
 	var perr *sdk.PublishError
 	partial := errors.As(err, &perr)
@@ -104,7 +110,7 @@ func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		recordPublishError(batch, err)
 	}
 	batch.End()
-	p.count(pl, len(msgs), failed, err)
+	pl.count(len(msgs), failed, err)
 	return err
 }
 
@@ -115,7 +121,7 @@ func recordPublishError(span trace.Span, err error) {
 }
 
 // count adds the sent messages, the failed ones under their error.type.
-func (p *Publisher) count(pl *pubLabels, n, failed int, err error) {
+func (pl *pubLabels) count(n, failed int, err error) {
 	if ok := n - failed; ok > 0 {
 		pl.sent.Add(int64(ok))
 	}
@@ -187,7 +193,7 @@ func (o *Observer) publishLabels(k labelKey) *pubLabels {
 	return l
 }
 
-func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr string, pl *pubLabels, create bool) trace.Span {
+func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string, pl *pubLabels, create bool) trace.Span {
 	if m.ID == "" {
 		m.ID = sdk.NewID()
 	}
@@ -216,14 +222,49 @@ func (p *Publisher) startMessage(ctx context.Context, m *sdk.Message, corr strin
 		// A message that already carries a trace context (written with
 		// Inject into an outbox row, say) and is published outside any span
 		// continues that trace.
-		parent = Extract(ctx, p.obs.prop, m)
+		parent = Extract(ctx, o.prop, m)
 	}
-	sctx, span := p.obs.tracer.Start(parent, name, producerKind, trace.WithAttributes(attrs...))
-	Inject(sctx, p.obs.prop, m)
-	if h := p.obs.corrHeader; h != "" {
+	sctx, span := o.tracer.Start(parent, name, producerKind, trace.WithAttributes(attrs...))
+	Inject(sctx, o.prop, m)
+	if h := o.corrHeader; h != "" {
 		m.Headers[h] = m.CorrelationID // Inject made Headers a fresh map
 	}
 	return span
+}
+
+// TxPublisher is an [sdk.TxPublisher] that traces and counts what it
+// publishes inside the caller's transaction exactly as [Publisher] does for
+// Publish: a producer span per message (and a send span for a batch), the
+// trace context and correlation ID written into the messages (so the
+// consumer, or the outbox relay, continues the trace), and the
+// sent-messages counter, under the messaging.system of the wrapped
+// publisher ("postgres" for the PostgreSQL broker, "outbox" for the
+// outbox). A message counts as sent when PublishTx returns nil: it is
+// published if and when the transaction commits.
+//
+// Create it with [WrapTx]. PublishTx may be called concurrently when the
+// wrapped one may.
+type TxPublisher[Tx any] struct {
+	obs  *Observer
+	next sdk.TxPublisher[Tx]
+}
+
+// WrapTx returns p decorated by o with tracing, header propagation,
+// correlation IDs and the sent-messages counter, as [Observer.Publisher]
+// decorates a Publisher. (A function, not a method: Go methods take no type
+// parameters.) Go infers Tx from an sdk.TxPublisher value but not from a
+// concrete type: write telemetry.WrapTx[pgx.Tx](o, box) for an
+// *outbox.Outbox or a *postgres.Broker.
+func WrapTx[Tx any](o *Observer, p sdk.TxPublisher[Tx]) *TxPublisher[Tx] {
+	return &TxPublisher[Tx]{obs: o, next: p}
+}
+
+// Unwrap returns the wrapped TxPublisher.
+func (p *TxPublisher[Tx]) Unwrap() sdk.TxPublisher[Tx] { return p.next }
+
+// PublishTx traces and publishes msgs to queue inside tx. See [TxPublisher].
+func (p *TxPublisher[Tx]) PublishTx(ctx context.Context, tx Tx, queue string, msgs ...*sdk.Message) error {
+	return p.obs.publish(ctx, p.next, queue, msgs, func() error { return p.next.PublishTx(ctx, tx, queue, msgs...) })
 }
 
 // invalidQueue stands for every invalid queue name in spans and metrics.

@@ -25,6 +25,7 @@ var cases = []testCase{
 	{name: "RetryCountsAttempt", run: testRetryCountsAttempt},
 	{name: "RetryDelayNotBefore", needs: []Capability{CapRetryDelay}, run: testRetryDelay},
 	{name: "DelayedPublishNotBefore", needs: []Capability{CapDelayedPublish}, run: testDelayedPublish},
+	{name: "LongDelayHops", needs: []Capability{CapDelayedPublish}, run: testLongDelayHops},
 	{name: "DeadLetterHeaders", needs: []Capability{CapDeadLetters}, run: testDeadLetterHeaders},
 	{name: "DeadLetterKeepsFirstFailure", needs: []Capability{CapDeadLetters}, run: testDeadLetterFirstFailure},
 	{name: "DeadLetterRedrive", needs: []Capability{CapDeadLetters}, run: testDeadLetterRedrive},
@@ -57,6 +58,8 @@ var cases = []testCase{
 	{name: "ConcurrentCloseWhileBusy", run: testConcurrentCloseWhileBusy},
 	{name: "CloseReturnsUnsettled", needs: []Capability{CapPeer}, run: testCloseReturnsUnsettled},
 	{name: "PublishRacingClose", run: testPublishRacingClose},
+	{name: "AsyncPublish", run: testAsyncPublish},
+	{name: "AsyncPublishBrokerClose", run: testAsyncPublishBrokerClose},
 	{name: "SettleAfterClose", run: testSettleAfterClose},
 	{name: "ConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testConnectionLoss},
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},
@@ -64,6 +67,7 @@ var cases = []testCase{
 	{name: "WorkerShutdownInterrupts", run: testWorkerShutdownInterrupts},
 	{name: "WorkerShutdownKeepsAttempt", needs: []Capability{CapRelease}, run: testWorkerShutdownKeepsAttempt},
 	{name: "WorkerLongJob", needs: []Capability{CapLease, CapExtendLease}, run: testWorkerLongJob},
+	{name: "WorkerMaxAttemptsOverCap", run: testWorkerMaxAttemptsOverCap},
 }
 
 var errBoom = errors.New("brokertest: boom")

@@ -271,6 +271,14 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 // Options returns the broker's options with defaults filled in.
 func (b *Broker) Options() Options { return b.opts }
 
+var _ sdk.DeliveryCapReporter = (*Broker)(nil)
+
+// MaxDeliveries returns [Options.MaxDeliveries], the poison cap, as
+// [sdk.DeliveryCapReporter]: a Worker whose MaxAttempts is above it is warned
+// about (or refused), and dead-letters at it itself so the dead letter keeps
+// the handler's error.
+func (b *Broker) MaxDeliveries() int { return b.opts.MaxDeliveries }
+
 // Conn returns the broker's NATS connection (for what berth does not cover).
 func (b *Broker) Conn() *nats.Conn { return b.nc }
 

@@ -76,13 +76,14 @@ type Broker struct {
 
 // Interfaces the broker and its deliveries implement.
 var (
-	_ sdk.Broker        = (*Broker)(nil)
-	_ sdk.QueueDeclarer = (*Broker)(nil)
-	_ sdk.Inspector     = (*Broker)(nil)
-	_ sdk.DeadLetters   = (*Broker)(nil)
-	_ sdk.LeaseReporter = (*Broker)(nil)
-	_ sdk.Delivery      = (*delivery)(nil)
-	_ sdk.Releaser      = (*delivery)(nil)
+	_ sdk.Broker              = (*Broker)(nil)
+	_ sdk.QueueDeclarer       = (*Broker)(nil)
+	_ sdk.Inspector           = (*Broker)(nil)
+	_ sdk.DeadLetters         = (*Broker)(nil)
+	_ sdk.LeaseReporter       = (*Broker)(nil)
+	_ sdk.DeliveryCapReporter = (*Broker)(nil)
+	_ sdk.Delivery            = (*delivery)(nil)
+	_ sdk.Releaser            = (*delivery)(nil)
 )
 
 // New returns an empty broker configured by opts.
@@ -343,3 +344,9 @@ func (b *Broker) Close() error {
 // Lease returns the lease every delivery gets ([sdk.LeaseReporter]): a Worker
 // on this broker takes it as its default lease.
 func (b *Broker) Lease() time.Duration { return b.lease }
+
+// MaxDeliveries returns the poison cap (Options.MaxDeliveries; 0 when
+// disabled) as [sdk.DeliveryCapReporter]: a Worker whose MaxAttempts is
+// above it is warned about (or refused), and dead-letters at it itself so the
+// dead letter keeps the handler's error.
+func (b *Broker) MaxDeliveries() int { return max(b.maxDeliveries, 0) }

@@ -46,8 +46,9 @@ type Options struct {
 	// claimed that many times without being settled is dead-lettered at the
 	// next claim with cause [sdk.ErrMaxDeliveries] (a poison job that kills
 	// its workers). Default [sdk.DefaultMaxAttempts]. Keep it at least the
-	// Worker's RetryPolicy.MaxAttempts, or the Worker's own dead-lettering
-	// never happens.
+	// Worker's RetryPolicy.MaxAttempts: a Worker above it is warned about
+	// (refused with StrictConfig) and dead-letters at this cap itself, with
+	// the handler's error ([Broker.MaxDeliveries]).
 	MaxAttempts int
 	// WorkerID is written into worker_id of the rows this broker claims.
 	// Default "<hostname>-<pid>-<random>".

@@ -51,6 +51,8 @@ func (b *Broker) PublishTx(ctx context.Context, tx pgx.Tx, queue string, msgs ..
 	return b.insert(ctx, tx, queue, msgs)
 }
 
+var _ sdk.TxPublisher[pgx.Tx] = (*Broker)(nil)
+
 // prepare validates msgs for this broker.
 func (b *Broker) prepare(ctx context.Context, queue string, msgs []*sdk.Message) error {
 	if err := sdk.PrepareAll(ctx, queue, msgs, b.opts.MaxMessageSize); err != nil {

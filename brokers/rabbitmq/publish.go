@@ -68,7 +68,22 @@ type pubChannel struct {
 
 type pending struct {
 	id   string
-	done chan error // buffered 1
+	done chan error // buffered 1; nil for an asynchronous publish
+	res  *sdk.PublishResult
+	win  chan struct{} // the window token an asynchronous publish holds
+	key  string        // routing key, to forget an unroutable queue
+}
+
+// resolve hands the confirm's outcome to the waiting Publish or resolves
+// the asynchronous result and frees its window slot.
+func (p *pending) resolve(err error) {
+	if p.res == nil {
+		p.done <- err
+		return
+	}
+	if p.res.Resolve(err) {
+		<-p.win
+	}
 }
 
 // publisher returns the live confirm channel, opening one when needed.
@@ -150,7 +165,10 @@ func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, 
 			}
 			pc.mu.Unlock()
 			if p != nil {
-				p.done <- err
+				if p.res != nil && err != nil && errors.As(err, new(*UnroutableError)) {
+					b.forget(p.key) // declare it again on the next publish
+				}
+				p.resolve(err)
 			}
 		case <-b.done:
 			_ = pc.ch.Close()
@@ -185,22 +203,30 @@ func (pc *pubChannel) fail(err error) {
 		pc.dead = err
 	}
 	for tag, p := range pc.pending {
-		p.done <- err
+		p.resolve(err)
 		delete(pc.pending, tag)
 	}
 }
 
 // send publishes one message and returns the pending confirm.
 func (pc *pubChannel) send(ctx context.Context, exchange, key, id string, p amqp.Publishing) (*pending, error) {
+	pd := &pending{id: id, done: make(chan error, 1)}
+	if err := pc.write(ctx, exchange, key, pd, p); err != nil {
+		return nil, err
+	}
+	return pd, nil
+}
+
+// write registers pd under the next delivery tag and publishes p.
+func (pc *pubChannel) write(ctx context.Context, exchange, key string, pd *pending, p amqp.Publishing) error {
 	pc.pubMu.Lock()
 	defer pc.pubMu.Unlock()
-	pd := &pending{id: id, done: make(chan error, 1)}
 	tag := pc.ch.GetNextPublishSeqNo()
 	pc.mu.Lock()
 	if pc.dead != nil {
 		err := pc.dead
 		pc.mu.Unlock()
-		return nil, err
+		return err
 	}
 	pc.pending[tag] = pd
 	pc.mu.Unlock()
@@ -209,11 +235,11 @@ func (pc *pubChannel) send(ctx context.Context, exchange, key, id string, p amqp
 		delete(pc.pending, tag)
 		pc.mu.Unlock()
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: rabbitmq: publish: %w", sdk.ErrUnavailable, err)
+		return fmt.Errorf("%w: rabbitmq: publish: %w", sdk.ErrUnavailable, err)
 	}
-	return pd, nil
+	return nil
 }
 
 // outgoing is one message ready for the wire.
@@ -337,4 +363,70 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		b.forget(ue.RoutingKey)
 	}
 	return err
+}
+
+// PublishAsync publishes msg with a publisher confirm and returns at once:
+// the result resolves when the server confirms the message (nil), refuses
+// it, returns it unroutable ([*UnroutableError]) or the channel is lost
+// (an error wrapping [sdk.ErrUnavailable]; [sdk.ErrClosed] after Close).
+// At most [Options.MaxInFlight] messages wait for their confirm, a
+// sliding window shared by every caller: beyond it PublishAsync blocks
+// until a confirm frees a slot or ctx ends (ctx.Err(), nothing published).
+// Validation errors are returned at once, nothing published, as with
+// Publish. Messages of one caller reach the queue in call order.
+//
+// It adds no latency of its own: the message is written to the socket
+// before PublishAsync returns, and its result resolves when the confirm
+// arrives (RabbitMQ confirms a persistent message once it is written to
+// disk, or replicated on a quorum queue: typically 1–10 ms here).
+func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
+	if b.closed() {
+		return nil, sdk.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := sdk.Prepare(ctx, queue, msg, b.opts.MaxMessageSize); err != nil {
+		return nil, err
+	}
+	if err := validate(msg); err != nil {
+		return nil, err
+	}
+	if longest := b.opts.DelayBuckets[len(b.opts.DelayBuckets)-1]; msg.Delay > longest {
+		return nil, &DelayError{ID: msg.ID, Delay: msg.Delay, Max: longest}
+	}
+	if err := b.ensure(ctx, queue); err != nil {
+		return nil, err
+	}
+	key := queue
+	if msg.Delay > 0 {
+		bq, err := b.ensureDelay(ctx, queue, msg.Delay)
+		if err != nil {
+			return nil, err
+		}
+		key = bq
+	}
+	select {
+	case b.window <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-b.closing:
+		return nil, sdk.ErrClosed
+	}
+	pc, err := b.publisher(ctx)
+	if err != nil {
+		<-b.window
+		return nil, err
+	}
+	pd := &pending{id: msg.ID, res: sdk.NewPublishResult(msg.ID), win: b.window, key: key}
+	if err := pc.write(ctx, "", key, pd, encode(msg, 1, time.Now())); err != nil {
+		if pd.res.Resolve(err) { // not already failed by a dying channel
+			<-b.window
+		}
+		if b.stopped() && !errors.Is(err, sdk.ErrClosed) {
+			err = fmt.Errorf("%w: rabbitmq: closed during the publish (%v)", sdk.ErrClosed, err)
+		}
+		return nil, err
+	}
+	return pd.res, nil
 }

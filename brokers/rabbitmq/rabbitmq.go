@@ -205,7 +205,15 @@ type Options struct {
 	Reconnect sdk.Backoff
 	// Logger receives reconnection logs. Default slog.Default().
 	Logger *slog.Logger
+	// MaxInFlight bounds the messages published with
+	// [Broker.PublishAsync] whose confirms have not come back: the sliding
+	// window of publisher confirms. PublishAsync blocks beyond it. Default
+	// [DefaultMaxInFlight].
+	MaxInFlight int
 }
+
+// DefaultMaxInFlight is the default [Options.MaxInFlight].
+const DefaultMaxInFlight = 256
 
 func (o Options) withDefaults() (Options, error) {
 	switch o.QueueType {
@@ -263,6 +271,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.MaxInFlight < 0 {
+		return o, errors.New("rabbitmq: negative option")
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
 	return o, nil
 }
 
@@ -291,13 +305,17 @@ type Broker struct {
 
 	randMu sync.Mutex
 	rand   *rand.Rand
+
+	window chan struct{} // one token per unconfirmed PublishAsync message
 }
 
 var (
-	_ sdk.Broker        = (*Broker)(nil)
-	_ sdk.QueueDeclarer = (*Broker)(nil)
-	_ sdk.Inspector     = (*Broker)(nil)
-	_ sdk.DeadLetters   = (*Broker)(nil)
+	_ sdk.Broker             = (*Broker)(nil)
+	_ sdk.ConnectionReporter = (*Broker)(nil)
+	_ sdk.QueueDeclarer      = (*Broker)(nil)
+	_ sdk.Inspector          = (*Broker)(nil)
+	_ sdk.DeadLetters        = (*Broker)(nil)
+	_ sdk.AsyncPublisher     = (*Broker)(nil)
 )
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
@@ -327,6 +345,7 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		consumers: make(map[string]*consumer),
 		declared:  make(map[string]bool),
 		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		window:    make(chan struct{}, opts.MaxInFlight),
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}
@@ -443,9 +462,33 @@ type link struct {
 	b    *Broker
 	name string
 
-	mu   sync.Mutex
-	conn *amqp.Connection // nil while down
-	up   chan struct{}    // closed while conn is usable
+	mu      sync.Mutex
+	conn    *amqp.Connection // nil while down
+	up      chan struct{}    // closed while conn is usable
+	downErr error            // why conn is down: the loss, then the last failed reconnect
+}
+
+// ConnectionError implements [sdk.ConnectionReporter]: nil while the
+// consuming connection is up, else why it is down (the loss, then the
+// last failed reconnect), wrapping [sdk.ErrUnavailable]; [sdk.ErrClosed]
+// once the broker is closed. A Receive waits through a reconnection instead
+// of failing, so this is how [sdk.Worker.Health] learns of an outage.
+func (b *Broker) ConnectionError() error {
+	select {
+	case <-b.closing:
+		return sdk.ErrClosed
+	default:
+	}
+	l := b.con
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil && !l.conn.IsClosed() {
+		return nil
+	}
+	if l.downErr != nil {
+		return fmt.Errorf("%w: rabbitmq: %s connection down: %w", sdk.ErrUnavailable, l.name, l.downErr)
+	}
+	return fmt.Errorf("%w: rabbitmq: %s connection down", sdk.ErrUnavailable, l.name)
 }
 
 // dialRetry dials until it succeeds, the error is not worth waiting for
@@ -541,7 +584,15 @@ func (l *link) set(c *amqp.Connection) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.conn = c
+	l.downErr = nil
 	close(l.up)
+}
+
+// down records why the connection is down (see Broker.ConnectionError).
+func (l *link) down(err error) {
+	l.mu.Lock()
+	l.downErr = err
+	l.mu.Unlock()
 }
 
 func (l *link) unset() {
@@ -606,8 +657,10 @@ func (l *link) supervise(conn *amqp.Connection) {
 			l.unset()
 			if err != nil {
 				log.Warn("rabbitmq connection lost", "code", err.Code, "reason", err.Reason)
+				l.down(fmt.Errorf("connection lost: %w", err))
 			} else {
 				log.Warn("rabbitmq connection lost")
+				l.down(errors.New("connection lost"))
 			}
 		}
 		l.b.forgetDeclared()
@@ -623,6 +676,7 @@ func (l *link) supervise(conn *amqp.Connection) {
 				break
 			}
 			log.Warn("rabbitmq reconnect failed", "attempt", attempt, "err", err)
+			l.down(err)
 		}
 		log.Info("rabbitmq reconnected")
 		l.set(conn)

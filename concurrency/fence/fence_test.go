@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/fence"
-	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/internal/sqlident"
 	"go.uber.org/goleak"
 )
@@ -14,8 +14,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestFencedWrites(t *testing.T) {
-	pool, _ := testenv.Postgres(t, 2)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE accounts (id bigint PRIMARY KEY, balance bigint NOT NULL, fence_token bigint)`,
 		`INSERT INTO accounts (id, balance) VALUES (1, 100)`)
 	ctx := context.Background()

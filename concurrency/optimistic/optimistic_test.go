@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/berthq/berth/concurrency/internal/testenv"
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/optimistic"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,8 +18,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func setup(t *testing.T) (*pgxpool.Pool, *optimistic.Table) {
 	t.Helper()
-	pool, _ := testenv.Postgres(t, 8)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, 8)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, amount bigint NOT NULL, version bigint NOT NULL DEFAULT 1)`,
 		`INSERT INTO orders (id, status, amount) VALUES (1, 'pending', 0)`)
 	tbl, err := optimistic.New(optimistic.Options{Table: "orders"})

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/concurrency/internal/testenv"
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/rowlock"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
@@ -20,8 +20,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func setup(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, _ := testenv.Postgres(t, 4)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, 4)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL)`,
 		`INSERT INTO orders VALUES (1, 10), (2, 20)`)
 	return pool

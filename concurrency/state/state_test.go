@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/berthq/berth/concurrency/internal/testenv"
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/state"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
@@ -32,8 +32,8 @@ var rank = map[string]int{"pending": 0, "processing": 1, "paid": 2, "cancelled":
 
 func setup(t *testing.T, rows int) (*pgxpool.Pool, *state.Machine) {
 	t.Helper()
-	pool, _ := testenv.Postgres(t, 10)
-	testenv.Exec(t, pool,
+	pool, _ := pgtest.Schema(t, 10)
+	pgtest.Exec(t, pool,
 		`CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, charged_at timestamptz)`,
 		fmt.Sprintf(`INSERT INTO orders (id, status) SELECT g, 'pending' FROM generate_series(1, %d) g`, rows),
 		// Every status change, as the database saw it.

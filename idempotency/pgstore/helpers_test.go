@@ -4,11 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
@@ -84,61 +83,9 @@ func (e *env) effectCount(t testing.TB, key string) int {
 	return n
 }
 
-// delivery is a fake sdk.Delivery that records how it was settled; the
-// end-to-end tests that need a broker's redelivery use a child process and
-// the real database instead.
-type delivery struct {
-	msg     *sdk.Message
-	attempt int
-
-	mu      sync.Mutex
-	settled string
-	cause   error
-	onAck   func()
-}
-
-func newDelivery(m *sdk.Message) *delivery { return &delivery{msg: m, attempt: 1} }
-
-func (d *delivery) Message() *sdk.Message { return d.msg }
-func (d *delivery) Attempt() int          { return d.attempt }
-func (d *delivery) Queue() string         { return "billing" }
-func (d *delivery) Ack(context.Context) error {
-	if d.onAck != nil {
-		d.onAck()
-	}
-	return d.settle("ack", nil)
-}
-func (d *delivery) Retry(_ context.Context, _ time.Duration, cause error) error {
-	return d.settle("retry", cause)
-}
-func (d *delivery) DeadLetter(_ context.Context, cause error) error {
-	return d.settle("dead_letter", cause)
-}
-func (d *delivery) ExtendLease(context.Context, time.Duration) error { return nil }
-
-func (d *delivery) settle(how string, cause error) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.settled != "" {
-		return sdk.ErrAlreadySettled
-	}
-	d.settled, d.cause = how, cause
-	return nil
-}
-
-// settle applies the Worker's settlement table to a handler's result.
-func settle(ctx context.Context, d sdk.Delivery, err error) {
-	switch sdk.Classify(err) {
-	case sdk.ClassNone:
-		_ = d.Ack(ctx)
-	case sdk.ClassPermanent:
-		_ = d.DeadLetter(ctx, err)
-	default:
-		var ra *sdk.RetryAfterError
-		delay := time.Second
-		if errors.As(err, &ra) {
-			delay = ra.Delay
-		}
-		_ = d.Retry(ctx, delay, err)
-	}
+// newDelivery returns a recording delivery of m from queue "billing", for
+// tests that call a handler directly; tests of what the Worker does with the
+// result use berthtest.Work.
+func newDelivery(m *sdk.Message) *berthtest.Delivery {
+	return berthtest.NewDelivery(m, berthtest.Queue("billing"))
 }

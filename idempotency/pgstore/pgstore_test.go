@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/berthq/berth/idempotency/storetest"
@@ -114,22 +115,21 @@ func TestConcurrentDeliveriesTransactional(t *testing.T) {
 	}))
 	ctx := context.Background()
 	var wg sync.WaitGroup
-	ds := make([]*delivery, n)
+	res := make([]berthtest.Result, n)
 	for i := range n {
-		ds[i] = newDelivery(chargeMsg(key, `{"order":"o1"}`))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			settle(ctx, ds[i], h.Handle(ctx, ds[i]))
+			res[i] = berthtest.Work(t, h, chargeMsg(key, `{"order":"o1"}`))
 		}()
 	}
 	// Wait until the others are blocked on the uncommitted key row.
 	waitFor(t, func() bool { return entered.Load() == 1 && lockWaiters(t, e) >= n-1 })
 	once.Do(func() { close(release) })
 	wg.Wait()
-	for i, d := range ds {
-		if d.settled != "ack" {
-			t.Errorf("delivery %d settled %q (%v), want ack", i, d.settled, d.cause)
+	for i, r := range res {
+		if !r.Acked() {
+			t.Errorf("delivery %d settled %q (%v), want ack", i, r.Action, r.Cause)
 		}
 	}
 	if got := e.effectCount(t, key); got != 1 {
@@ -188,38 +188,36 @@ func TestConcurrentDeliveriesLease(t *testing.T) {
 		<-othersDone // stay in progress while every other delivery tries
 		running.Add(-1)
 	}))
-	ctx := context.Background()
 	var wg, first sync.WaitGroup
-	ds := make([]*delivery, n)
+	res := make([]berthtest.Result, n)
 	first.Add(n - 1)
 	for i := range n {
-		ds[i] = newDelivery(chargeMsg(key, `{"order":"o1"}`))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := h.Handle(ctx, ds[i])
-			if err != nil {
+			// No Releaser: a RetryAfter is a counted retry, as on SQS.
+			res[i] = berthtest.Work(t, h, chargeMsg(key, `{"order":"o1"}`), berthtest.WithoutRelease())
+			if !res[i].Acked() {
 				first.Done()
 			}
-			settle(ctx, ds[i], err)
 		}()
 	}
 	first.Wait()
 	close(othersDone)
 	wg.Wait()
 	acked, retried := 0, 0
-	for _, d := range ds {
-		switch d.settled {
-		case "ack":
+	for _, r := range res {
+		switch r.Action {
+		case sdk.ActionAck:
 			acked++
-		case "retry":
+		case sdk.ActionRetry:
 			retried++
 			var ra *sdk.RetryAfterError
-			if !errors.As(d.cause, &ra) || !errors.Is(d.cause, idempotency.ErrInProgress) {
-				t.Errorf("retry cause = %v, want RetryAfter wrapping ErrInProgress", d.cause)
+			if !errors.As(r.Cause, &ra) || !errors.Is(r.Cause, idempotency.ErrInProgress) {
+				t.Errorf("retry cause = %v, want RetryAfter wrapping ErrInProgress", r.Cause)
 			}
 		default:
-			t.Errorf("settled %q: %v", d.settled, d.cause)
+			t.Errorf("settled %q: %v", r.Action, r.Cause)
 		}
 	}
 	if acked != 1 || retried != n-1 {
@@ -230,11 +228,9 @@ func TestConcurrentDeliveriesLease(t *testing.T) {
 	}
 	// The retries (redeliveries) now find the key completed and ack.
 	for i := range n - 1 {
-		d := newDelivery(chargeMsg(key, `{"order":"o1"}`))
-		d.attempt = 2
-		settle(ctx, d, h.Handle(ctx, d))
-		if d.settled != "ack" {
-			t.Fatalf("redelivery %d settled %q: %v", i, d.settled, d.cause)
+		r := berthtest.Work(t, h, chargeMsg(key, `{"order":"o1"}`), berthtest.Attempt(2))
+		if !r.Acked() {
+			t.Fatalf("redelivery %d settled %q: %v", i, r.Action, r.Cause)
 		}
 	}
 	if got := e.effectCount(t, key); got != 1 {
@@ -257,26 +253,26 @@ func TestSameKeyDifferentPayloadDeadLettered(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := g.Middleware()(effectHandler(e, "w", nil))
-			ctx := context.Background()
 			key := "charge:order_" + randSuffix() + ":v1"
-			d1 := newDelivery(chargeMsg(key, `{"amount":100}`))
-			settle(ctx, d1, h.Handle(ctx, d1))
-			d2 := newDelivery(chargeMsg(key, `{"amount":999}`))
-			settle(ctx, d2, h.Handle(ctx, d2))
-			if d1.settled != "ack" {
-				t.Fatalf("first: %s %v", d1.settled, d1.cause)
+			r1 := berthtest.Work(t, h, chargeMsg(key, `{"amount":100}`))
+			r2 := berthtest.Work(t, h, chargeMsg(key, `{"amount":999}`))
+			if !r1.Acked() {
+				t.Fatalf("first: %s %v", r1.Action, r1.Cause)
 			}
-			if d2.settled != "dead_letter" || !errors.Is(d2.cause, idempotency.ErrKeyConflict) || !sdk.IsPermanent(d2.cause) {
-				t.Fatalf("second settled %q with %v; want dead_letter with ErrKeyConflict", d2.settled, d2.cause)
+			if !r2.DeadLettered() || !errors.Is(r2.Cause, idempotency.ErrKeyConflict) || r2.Class != sdk.ClassPermanent {
+				t.Fatalf("second settled %q with %v; want dead_letter with ErrKeyConflict", r2.Action, r2.Cause)
 			}
 			var ce *idempotency.ConflictError
-			if !errors.As(d2.cause, &ce) || ce.Key != key {
-				t.Fatalf("cause %v is not a ConflictError for %s", d2.cause, key)
+			if !errors.As(r2.Cause, &ce) || ce.Key != key {
+				t.Fatalf("cause %v is not a ConflictError for %s", r2.Cause, key)
+			}
+			if r2.Reason != r2.Cause.Error() {
+				t.Fatalf("dead-letter reason %q, want the conflict's text", r2.Reason)
 			}
 			// The reason a broker records is the conflict's text.
-			dl := d2.msg.Clone()
-			sdk.AnnotateDeadLetter(dl, "billing", 1, d2.cause, time.Time{}, time.Now())
-			if dl.Header(sdk.HeaderDeadLetterClass) != string(sdk.ClassPermanent) || dl.Header(sdk.HeaderDeadLetterReason) != d2.cause.Error() {
+			dl := r2.Delivery.Message().Clone()
+			sdk.AnnotateDeadLetter(dl, "billing", 1, r2.Cause, time.Time{}, time.Now())
+			if dl.Header(sdk.HeaderDeadLetterClass) != string(sdk.ClassPermanent) || dl.Header(sdk.HeaderDeadLetterReason) != r2.Cause.Error() {
 				t.Fatalf("dead-letter headers = %v", dl.Headers)
 			}
 			if got := e.effectCount(t, key); got != 1 {
@@ -312,14 +308,12 @@ func TestExpiredLeaseTakeoverUnderEightWorkers(t *testing.T) {
 	const n = 8
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	ds := make([]*delivery, n)
-	for i := range n {
-		ds[i] = newDelivery(msg.Clone())
+	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			settle(ctx, ds[i], h.Handle(ctx, ds[i]))
+			berthtest.Work(t, h, msg.Clone())
 		}()
 	}
 	close(start)
@@ -425,13 +419,12 @@ func helperProcess(role string) {
 			select {} // killed here, the transaction open
 		}
 	}
-	d := newDelivery(chargeMsg(os.Getenv(envKey), `{"order":"o1"}`))
-	d.onAck = func() {
+	err = mw(effectHandler(e, "child", gate)).Handle(ctx, newDelivery(chargeMsg(os.Getenv(envKey), `{"order":"o1"}`)))
+	if err == nil {
 		fmt.Println("ACKING")
 		select {} // killed here: committed, not acked
 	}
-	settle(ctx, d, mw(effectHandler(e, "child", gate)).Handle(ctx, d))
-	fmt.Println("ERR settled", d.settled, d.cause)
+	fmt.Println("ERR handler", err)
 	os.Exit(2)
 }
 
@@ -456,15 +449,12 @@ func testCrash(t *testing.T, role, marker string, wantRuns int) {
 	}
 	var runs atomic.Int32
 	h := mw(effectHandler(e, "parent", func() { runs.Add(1) }))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	d := newDelivery(chargeMsg(key, `{"order":"o1"}`))
-	d.attempt = 2
 	// Before commit, the dead session's transaction may still hold the key
 	// for a moment: the redelivery blocks on it, then inserts.
-	settle(ctx, d, h.Handle(ctx, d))
-	if d.settled != "ack" {
-		t.Fatalf("redelivery settled %q: %v", d.settled, d.cause)
+	r := berthtest.Work(t, h, chargeMsg(key, `{"order":"o1"}`), berthtest.Attempt(2),
+		berthtest.WorkerOptions(sdk.WorkerOptions{Timeout: 30 * time.Second}))
+	if !r.Acked() {
+		t.Fatalf("redelivery settled %q: %v", r.Action, r.Cause)
 	}
 	if int(runs.Load()) != wantRuns {
 		t.Fatalf("redelivery ran the handler %d times, want %d", runs.Load(), wantRuns)

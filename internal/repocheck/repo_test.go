@@ -156,3 +156,37 @@ func goParts(v string) [3]int {
 	}
 	return p
 }
+
+// TestNoDockerInUserTestBinaries: a user's test that uses berth's test kit
+// (berthtest, berthtest/pgtest) or asks package integration for an endpoint
+// links no container library; Docker's client comes only with
+// integration/containers, imported on purpose. The shop example's test is
+// the user's test of issue 16's acceptance.
+func TestNoDockerInUserTestBinaries(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	}
+	for _, args := range [][]string{
+		{"./berthtest/...", "./examples/shop"}, // with their tests
+		{"./integration"},                      // the package alone: its own tests ask for containers
+	} {
+		cmdArgs := []string{"list", "-deps", "-f", "{{.ImportPath}}"}
+		if args[0] != "./integration" {
+			cmdArgs = append(cmdArgs, "-test")
+		}
+		cmd := exec.Command(gobin, append(cmdArgs, args...)...)
+		cmd.Dir = root
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list %v: %v\n%s", args, err, stderr.String())
+		}
+		for _, pkg := range strings.Fields(string(out)) {
+			if strings.Contains(pkg, "docker") || strings.Contains(pkg, "moby") || strings.Contains(pkg, "dockertest") {
+				t.Errorf("%v links %s", args, pkg)
+			}
+		}
+	}
+}

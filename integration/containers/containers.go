@@ -1,4 +1,13 @@
-package integration
+// Package containers starts the services of package integration in Docker
+// containers (through dockertest) when neither an environment variable nor
+// the usual loopback address provides them. Import it for its side effect in
+// the tests that want containers:
+//
+//	import _ "github.com/berthq/berth/integration/containers"
+//
+// It is a package of its own so that tests that only need an endpoint do not
+// link Docker's client: package integration imports no container library.
+package containers
 
 import (
 	"errors"
@@ -6,8 +15,30 @@ import (
 	"net"
 	"time"
 
+	"github.com/berthq/berth/integration"
 	"github.com/ory/dockertest/v3"
 )
+
+func init() { integration.UseContainers(Start) }
+
+// Start starts a container for service, one of the integration.Service
+// constants, and returns its endpoint in the form the integration helper for
+// that service returns. It fails when no Docker daemon answers.
+func Start(service string) (string, error) {
+	switch service {
+	case integration.ServiceRabbitMQ:
+		return dockerRabbitMQ()
+	case integration.ServicePostgres:
+		return dockerPostgres()
+	case integration.ServiceRedis:
+		return dockerRedis()
+	case integration.ServiceSQS:
+		return dockerLocalStack()
+	case integration.ServiceNATS:
+		return dockerNATS()
+	}
+	return "", fmt.Errorf("containers: unknown service %q", service)
+}
 
 // containerTTL bounds how long a container started for tests lives: the
 // helpers have no hook at the end of a test binary, so Docker removes the
@@ -92,4 +123,12 @@ func dockerNATS() (string, error) {
 		return "", err
 	}
 	return "nats://" + hp, nil
+}
+
+func probe(hostport string) error {
+	c, err := net.DialTimeout("tcp", hostport, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }

@@ -1,0 +1,154 @@
+// Package berthtest is berth's test kit for applications: test a handler
+// through the Worker's real settlement rules without a broker ([Work]), fake
+// a delivery that records its settlement ([Delivery]), run a Worker on an
+// in-memory broker and wait for its settlements ([Memory], [StartWorker],
+// [Recorder]). Package berthtest/pgtest gives each test its own PostgreSQL
+// schema.
+//
+// It imports only package sdk and the in-memory broker, so a test binary
+// that uses it pulls in no network client and no container library.
+//
+//	func TestCharge(t *testing.T) {
+//		m, _ := sdk.NewJob(ChargeOrder{OrderID: "o1"})
+//		res := berthtest.Work(t, router, m)
+//		if !res.Acked() {
+//			t.Fatalf("charge: %s (%v)", res.Action, res.Cause)
+//		}
+//	}
+package berthtest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// DefaultQueue is the queue of a [Delivery] made without the [Queue] option.
+const DefaultQueue = "berthtest"
+
+// WaitTimeout bounds how long the Wait helpers wait before failing the test.
+// A test may change it before it starts waiting.
+var WaitTimeout = 30 * time.Second
+
+// Option configures [Work] and [NewDelivery].
+type Option func(*config)
+
+type config struct {
+	attempt   int
+	queue     string
+	extend    func(context.Context, time.Duration) error
+	noRelease bool
+	worker    sdk.WorkerOptions
+}
+
+func newConfig(opts []Option) config {
+	c := config{attempt: 1, queue: DefaultQueue}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// Attempt makes the delivery's Attempt() n (1, the first delivery, by
+// default): a handler run at attempt MaxAttempts shows what the Worker does
+// with a last failure.
+func Attempt(n int) Option { return func(c *config) { c.attempt = max(n, 1) } }
+
+// Queue makes the delivery come from queue.
+func Queue(queue string) Option { return func(c *config) { c.queue = queue } }
+
+// OnExtend makes ExtendLease return what fn returns: a refused extension
+// ([sdk.ErrLeaseLost]) or a failing one.
+func OnExtend(fn func(ctx context.Context, by time.Duration) error) Option {
+	return func(c *config) { c.extend = fn }
+}
+
+// WithoutRelease makes [Work] deliver through a delivery that cannot be
+// released (as on SQS), so the Worker retries where it would release.
+func WithoutRelease() Option { return func(c *config) { c.noRelease = true } }
+
+// WorkerOptions makes [Work] settle with these options: the retry policy
+// (Retry, RetryByType), Timeout, Middleware, Observers, Logger. Queue
+// defaults to the delivery's queue, Logger to one that discards, Rand to a
+// fixed seed (so backoff delays are the same on every run).
+func WorkerOptions(o sdk.WorkerOptions) Option { return func(c *config) { c.worker = o } }
+
+// Result is what the Worker did with one delivery in [Work].
+type Result struct {
+	// Settlement is the Worker's account of it: Action (ack, retry,
+	// dead_letter, release), Delay, the handler's error (Cause) and its Class.
+	sdk.Settlement
+	// Reason is the dead-letter reason a broker would store
+	// ([sdk.SanitizeReason] of the cause), "" unless dead-lettered.
+	Reason string
+	// Delivery is the fake delivery the handler ran on.
+	Delivery *Delivery
+}
+
+// Acked reports whether the job was acked (done).
+func (r Result) Acked() bool { return r.Action == sdk.ActionAck }
+
+// Retried reports whether the job was handed back to run again: retried
+// (an attempt consumed) or released (none consumed).
+func (r Result) Retried() bool { return r.Action == sdk.ActionRetry || r.Action == sdk.ActionRelease }
+
+// DeadLettered reports whether the job was moved to the dead-letter queue.
+func (r Result) DeadLettered() bool { return r.Action == sdk.ActionDeadLetter }
+
+// Work runs h on one delivery of m through the Worker's own settlement code
+// ([sdk.Worker.Process]: middleware, panic recovery, retry policy, handler
+// timeout) and returns what the Worker did. m is first prepared as a
+// publish would ([sdk.Prepare]: ID and correlation ID filled, names and
+// headers checked); an invalid message fails the test.
+//
+// It needs no broker: the delivery is a [Delivery]. A Result's Delay for a
+// retry is the backoff the policy gives at the delivery's attempt; set
+// [Attempt] to test the last attempt.
+func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
+	t.Helper()
+	c := newConfig(opts)
+	ctx := context.Background()
+	if err := sdk.Prepare(ctx, c.queue, m, 0); err != nil {
+		t.Fatalf("berthtest: Work: %v", err)
+	}
+	d := NewDelivery(m, opts...)
+	var sd sdk.Delivery = d
+	if c.noRelease {
+		sd = d.WithoutRelease()
+	}
+	o := c.worker
+	if o.Queue == "" {
+		o.Queue = c.queue
+	}
+	if o.Logger == nil {
+		o.Logger = discard
+	}
+	if o.Rand == nil {
+		o.Rand = rand.New(rand.NewPCG(1, 2))
+	}
+	w, err := sdk.NewWorker(noSubscriber{}, h, o)
+	if err != nil {
+		t.Fatalf("berthtest: Work: %v", err)
+	}
+	res := Result{Settlement: w.Process(ctx, sd), Delivery: d}
+	if res.Action == sdk.ActionDeadLetter && res.Cause != nil {
+		res.Reason = sdk.SanitizeReason(res.Cause.Error())
+	}
+	return res
+}
+
+// noSubscriber is the Subscriber of the Worker that [Work] uses only to
+// process: it is never asked to receive.
+type noSubscriber struct{}
+
+func (noSubscriber) Receive(ctx context.Context, _ string, _ int) ([]sdk.Delivery, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))

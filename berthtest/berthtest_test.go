@@ -1,0 +1,244 @@
+package berthtest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/berthtest"
+	"github.com/berthq/berth/sdk"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func handler(err error) sdk.Handler {
+	return sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return err })
+}
+
+// TestWorkSettlementTable: Work reports what the Worker's own settlement
+// rules do with each kind of handler result, and the delivery received
+// exactly that one call.
+func TestWorkSettlementTable(t *testing.T) {
+	flaky := errors.New("connection reset")
+	policy := sdk.WorkerOptions{Retry: sdk.RetryPolicy{MaxAttempts: 3, Backoff: sdk.Backoff{Base: time.Second, Jitter: -1}}}
+	cases := []struct {
+		name      string
+		h         sdk.Handler
+		opts      []berthtest.Option
+		want      sdk.Action
+		wantDelay time.Duration
+		wantClass sdk.ErrorClass
+	}{
+		{"nil acks", handler(nil), nil, sdk.ActionAck, 0, sdk.ClassNone},
+		{"transient retries with backoff", handler(flaky), []berthtest.Option{berthtest.Attempt(2)}, sdk.ActionRetry, 2 * time.Second, sdk.ClassTransient},
+		{"transient at the last attempt dead-letters", handler(flaky), []berthtest.Option{berthtest.Attempt(3)}, sdk.ActionDeadLetter, 0, sdk.ClassTransient},
+		{"permanent dead-letters at once", handler(sdk.Permanent(flaky)), nil, sdk.ActionDeadLetter, 0, sdk.ClassPermanent},
+		{"retry-after releases", handler(sdk.RetryAfter(flaky, 7*time.Second)), nil, sdk.ActionRelease, 7 * time.Second, sdk.ClassRetryAfter},
+		{"retry-after retries without Release", handler(sdk.RetryAfter(flaky, 7*time.Second)), []berthtest.Option{berthtest.WithoutRelease()}, sdk.ActionRetry, 7 * time.Second, sdk.ClassRetryAfter},
+		{"panic is transient", sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { panic("boom") }), nil, sdk.ActionRetry, time.Second, sdk.ClassPanic},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := append([]berthtest.Option{berthtest.WorkerOptions(policy)}, tc.opts...)
+			res := berthtest.Work(t, tc.h, &sdk.Message{Type: "job"}, opts...)
+			if res.Action != tc.want || res.Delay != tc.wantDelay || res.Class != tc.wantClass {
+				t.Fatalf("got %s after %s (class %q), want %s after %s (class %q)", res.Action, res.Delay, res.Class, tc.want, tc.wantDelay, tc.wantClass)
+			}
+			calls := res.Delivery.Calls()
+			if len(calls) != 1 || calls[0].Action != tc.want {
+				t.Fatalf("delivery calls %+v, want exactly one %s", calls, tc.want)
+			}
+			if res.DeadLettered() != (tc.want == sdk.ActionDeadLetter) || res.Acked() != (tc.want == sdk.ActionAck) ||
+				res.Retried() != (tc.want == sdk.ActionRetry || tc.want == sdk.ActionRelease) {
+				t.Errorf("predicates disagree with action %s", res.Action)
+			}
+			if res.DeadLettered() && res.Reason != sdk.SanitizeReason(res.Cause.Error()) {
+				t.Errorf("reason %q, want the cause's text", res.Reason)
+			}
+		})
+	}
+}
+
+// TestWorkPreparesTheMessage: the message gets an ID and a correlation ID as
+// a publish would give it, and an invalid one fails the test.
+func TestWorkPreparesTheMessage(t *testing.T) {
+	var corr string
+	res := berthtest.Work(t, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		corr = sdk.CorrelationID(ctx)
+		return nil
+	}), &sdk.Message{Type: "job"})
+	m := res.Delivery.Message()
+	if m.ID == "" || m.CorrelationID == "" || corr != m.CorrelationID {
+		t.Fatalf("ID %q, correlation %q, handler saw %q", m.ID, m.CorrelationID, corr)
+	}
+
+	ft := &fatalT{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { _ = recover() }() // fatalT.Fatalf
+		berthtest.Work(ft, handler(nil), &sdk.Message{Type: "job", Headers: map[string]string{"berth-attempt": "1"}})
+	}()
+	<-done
+	if !strings.Contains(ft.msg, "berthtest: Work") {
+		t.Fatalf("a reserved header was not refused: %q", ft.msg)
+	}
+}
+
+// fatalT records Fatalf instead of failing the real test.
+type fatalT struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalT) Helper() {}
+func (f *fatalT) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	panic(fatalPanic{}) // stop the caller as Fatalf does; the test's goroutine recovers it
+}
+
+type fatalPanic struct{}
+
+// TestWorkTimeout: the handler timeout of the WorkerOptions applies; a
+// handler past it is settled as a transient failure wrapping ErrJobTimeout.
+func TestWorkTimeout(t *testing.T) {
+	res := berthtest.Work(t, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}), &sdk.Message{Type: "slow"}, berthtest.WorkerOptions(sdk.WorkerOptions{Timeout: 20 * time.Millisecond}))
+	if res.Action != sdk.ActionRetry || !errors.Is(res.Cause, sdk.ErrJobTimeout) {
+		t.Fatalf("got %s (%v), want a retry caused by ErrJobTimeout", res.Action, res.Cause)
+	}
+}
+
+// TestWorkMiddlewareAndObservers: the WorkerOptions' middleware wraps the
+// handler and the observers see the settlement, as under Worker.Run.
+func TestWorkMiddlewareAndObservers(t *testing.T) {
+	var wrapped atomic.Bool
+	mw := func(next sdk.Handler) sdk.Handler {
+		return sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+			wrapped.Store(true)
+			return next.Handle(ctx, d)
+		})
+	}
+	rec := berthtest.NewRecorder()
+	res := berthtest.Work(t, handler(nil), &sdk.Message{Type: "job"},
+		berthtest.WorkerOptions(sdk.WorkerOptions{Middleware: []sdk.Middleware{mw}, Observers: []sdk.Observer{rec}}))
+	if !res.Acked() || !wrapped.Load() {
+		t.Fatalf("acked %v, middleware ran %v", res.Acked(), wrapped.Load())
+	}
+	if rs := rec.Records(); len(rs) != 1 || rs[0].Action != sdk.ActionAck || rs[0].Message.ID != res.Delivery.Message().ID {
+		t.Fatalf("recorder saw %+v", rs)
+	}
+}
+
+// TestDeliverySettlesOnce: a second settlement is refused with
+// ErrAlreadySettled and recorded; lease extensions after it are refused too.
+func TestDeliverySettlesOnce(t *testing.T) {
+	ctx := context.Background()
+	d := berthtest.NewDelivery(&sdk.Message{ID: "m1", Type: "job"}, berthtest.Attempt(3), berthtest.Queue("orders"))
+	if d.Attempt() != 3 || d.Queue() != "orders" {
+		t.Fatalf("attempt %d queue %q", d.Attempt(), d.Queue())
+	}
+	if err := d.ExtendLease(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeadLetter(ctx, errors.New("late")); !errors.Is(err, sdk.ErrAlreadySettled) {
+		t.Fatalf("second settlement: %v, want ErrAlreadySettled", err)
+	}
+	if err := d.ExtendLease(ctx, time.Second); !errors.Is(err, sdk.ErrAlreadySettled) {
+		t.Fatalf("extension after settlement: %v", err)
+	}
+	if c := d.Wait(t); c.Action != sdk.ActionAck {
+		t.Fatalf("first settlement %s", c.Action)
+	}
+	if n := len(d.Calls()); n != 2 || d.Extensions() != 2 {
+		t.Fatalf("%d calls, %d extensions; want 2 and 2", n, d.Extensions())
+	}
+	if _, ok := d.WithoutRelease().(sdk.Releaser); ok {
+		t.Fatal("WithoutRelease still releases")
+	}
+}
+
+// TestOnExtendRefusalLosesTheLease: a refused extension, forced through
+// OnExtend, makes a running Worker give the job up unsettled.
+func TestOnExtendRefusalLosesTheLease(t *testing.T) {
+	d := berthtest.NewDelivery(&sdk.Message{ID: sdk.NewID(), Type: "job"},
+		berthtest.OnExtend(func(context.Context, time.Duration) error { return sdk.ErrLeaseLost }))
+	sub := &oneShot{ch: make(chan sdk.Delivery, 1)}
+	sub.ch <- d
+	rec := berthtest.StartWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
+		<-ctx.Done()
+		return nil
+	}), sdk.WorkerOptions{Queue: "q", Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
+	rs := rec.Wait(t, 1)
+	if rs[0].Action != sdk.ActionLeaseLost || len(d.Calls()) != 0 {
+		t.Fatalf("settlement %s, calls %+v; want lease_lost and no call", rs[0].Action, d.Calls())
+	}
+}
+
+// oneShot hands out what is sent on ch.
+type oneShot struct{ ch chan sdk.Delivery }
+
+func (s *oneShot) Receive(ctx context.Context, _ string, _ int) ([]sdk.Delivery, error) {
+	select {
+	case d := <-s.ch:
+		return []sdk.Delivery{d}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestStartWorkerOnMemory: a Worker on the in-memory broker retries a flaky
+// job and the recorder waits for every message to finish.
+func TestStartWorkerOnMemory(t *testing.T) {
+	b := berthtest.Memory(t)
+	var calls atomic.Int32
+	rec := berthtest.StartWorker(t, b, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if d.Message().Type == "flaky" && d.Attempt() == 1 {
+			calls.Add(1)
+			return errors.New("first try fails")
+		}
+		return nil
+	}), sdk.WorkerOptions{Queue: "jobs", Retry: sdk.RetryPolicy{Backoff: sdk.Backoff{Base: time.Millisecond, Jitter: -1}}})
+	ctx := context.Background()
+	if err := b.Publish(ctx, "jobs", &sdk.Message{Type: "flaky"}, &sdk.Message{Type: "fine"}, &sdk.Message{Type: "fine"}); err != nil {
+		t.Fatal(err)
+	}
+	done := rec.WaitDone(t, 3)
+	for _, r := range done {
+		if r.Action != sdk.ActionAck {
+			t.Errorf("%s finished with %s", r.Message.Type, r.Action)
+		}
+	}
+	if all := rec.Records(); len(all) != 4 || calls.Load() != 1 {
+		t.Fatalf("%d settlements (%d failures), want 4 (one retry)", len(all), calls.Load())
+	}
+}
+
+// TestWaitTimesOut: waiting for settlements that never come fails the test
+// and names what it waited for.
+func TestWaitTimesOut(t *testing.T) {
+	saved := berthtest.WaitTimeout
+	berthtest.WaitTimeout = 20 * time.Millisecond
+	t.Cleanup(func() { berthtest.WaitTimeout = saved })
+	ft := &fatalT{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { _ = recover() }() // fatalT.Fatalf
+		berthtest.NewRecorder().Wait(ft, 2)
+	}()
+	<-done
+	if !strings.Contains(ft.msg, "2 settlements") {
+		t.Fatalf("timeout message %q", ft.msg)
+	}
+}

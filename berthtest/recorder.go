@@ -1,0 +1,159 @@
+package berthtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+)
+
+// Record is one settlement a [Recorder] saw.
+type Record struct {
+	Message *sdk.Message // the delivered message
+	Queue   string
+	Attempt int
+	sdk.Settlement
+}
+
+// Recorder is an [sdk.Observer] that records every settlement of the
+// Workers it is given to, so a test can wait for them instead of sleeping.
+// Its methods may be called concurrently.
+type Recorder struct {
+	mu      sync.Mutex
+	records []Record
+	changed chan struct{} // closed and replaced at every settlement
+}
+
+var _ sdk.Observer = (*Recorder)(nil)
+
+// NewRecorder returns an empty Recorder. Add it to WorkerOptions.Observers.
+func NewRecorder() *Recorder { return &Recorder{changed: make(chan struct{})} }
+
+// Start returns ctx unchanged.
+func (r *Recorder) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+// Settled records s.
+func (r *Recorder) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.records = append(r.records, Record{Message: d.Message(), Queue: d.Queue(), Attempt: d.Attempt(), Settlement: s})
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Records returns the settlements so far, in order.
+func (r *Recorder) Records() []Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Record(nil), r.records...)
+}
+
+// Wait waits up to [WaitTimeout] until n settlements were recorded and
+// returns them all; it fails the test if they do not come.
+func (r *Recorder) Wait(t testing.TB, n int) []Record {
+	t.Helper()
+	return r.WaitFor(t, fmt.Sprintf("%d settlements", n), func(rs []Record) bool { return len(rs) >= n })
+}
+
+// WaitDone waits until n messages were finished (acked or dead-lettered,
+// whatever retries came before) and returns their final settlements.
+func (r *Recorder) WaitDone(t testing.TB, n int) []Record {
+	t.Helper()
+	all := r.WaitFor(t, fmt.Sprintf("%d finished messages", n), func(rs []Record) bool { return len(finished(rs)) >= n })
+	return finished(all)
+}
+
+func finished(rs []Record) []Record {
+	var out []Record
+	for _, r := range rs {
+		if r.Action == sdk.ActionAck || r.Action == sdk.ActionDeadLetter {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// WaitFor waits up to [WaitTimeout] until cond holds on the settlements so
+// far and returns them; it fails the test, naming what, if cond never holds.
+func (r *Recorder) WaitFor(t testing.TB, what string, cond func([]Record) bool) []Record {
+	t.Helper()
+	timer := time.NewTimer(WaitTimeout)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		all := append([]Record(nil), r.records...)
+		changed := r.changed
+		r.mu.Unlock()
+		if cond(all) {
+			return all
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			t.Fatalf("berthtest: timed out after %s waiting for %s; %d settlements: %s", WaitTimeout, what, len(all), summary(all))
+			return nil
+		}
+	}
+}
+
+func summary(rs []Record) string {
+	const show = 10
+	s := ""
+	for i, r := range rs {
+		if i == show {
+			return s + fmt.Sprintf(" … (%d more)", len(rs)-show)
+		}
+		s += fmt.Sprintf(" [%s %q attempt %d: %s", r.Message.ID, r.Message.Type, r.Attempt, r.Action)
+		if r.Cause != nil {
+			s += fmt.Sprintf(" (%s)", sdk.SanitizeReason(r.Cause.Error()))
+		}
+		s += "]"
+	}
+	return s
+}
+
+// Memory returns an in-memory broker closed when the test ends.
+func Memory(t testing.TB, opts ...memory.Options) *memory.Broker {
+	t.Helper()
+	var o memory.Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	b, err := memory.New(o)
+	if err != nil {
+		t.Fatalf("berthtest: memory broker: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// StartWorker runs a Worker for h on opts.Queue of sub until the test ends
+// (it then stops the Worker and waits for it, failing the test if Run
+// returned an error), and returns a Recorder of its settlements, added to
+// opts.Observers. Logger defaults to one that discards.
+func StartWorker(t testing.TB, sub sdk.Subscriber, h sdk.Handler, opts sdk.WorkerOptions) *Recorder {
+	t.Helper()
+	rec := NewRecorder()
+	opts.Observers = append(append([]sdk.Observer(nil), opts.Observers...), rec)
+	if opts.Logger == nil {
+		opts.Logger = discard
+	}
+	w, err := sdk.NewWorker(sub, h, opts)
+	if err != nil {
+		t.Fatalf("berthtest: worker: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("berthtest: worker on %q: %v", opts.Queue, err)
+		}
+	})
+	return rec
+}

@@ -1,0 +1,71 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestWorkerMaxAttemptsOverDefaultCap is issue 14's repro as a new user met
+// it: Worker MaxAttempts 8 on a broker with the default max_attempts (5).
+// Before, the handler ran 5 times and the dead letter said "max deliveries
+// exceeded"; now NewWorker refuses it under StrictConfig, and otherwise the
+// Worker dead-letters the fifth attempt itself with the handler's error.
+func TestWorkerMaxAttemptsOverDefaultCap(t *testing.T) {
+	pool := newPool(t, "berth-maxattempts-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{PollInterval: 50 * time.Millisecond})
+	ctx := testCtx(t)
+	q := "maxattempts_" + suffix()
+	id := publishN(t, b, q, 1)[0]
+
+	var runs atomic.Int32
+	h := sdk.HandlerFunc(func(_ context.Context, d sdk.Delivery) error {
+		runs.Add(1)
+		return fmt.Errorf("payment API said no (attempt %d)", d.Attempt())
+	})
+	opts := sdk.WorkerOptions{Queue: q, StrictConfig: true, Logger: slog.New(slog.DiscardHandler),
+		Retry: sdk.RetryPolicy{MaxAttempts: 8, Backoff: sdk.Backoff{Base: time.Millisecond, Max: time.Millisecond}}}
+	if _, err := sdk.NewWorker(b, h, opts); !errors.Is(err, sdk.ErrConfigConflict) {
+		t.Fatalf("NewWorker with StrictConfig: %v, want ErrConfigConflict", err)
+	}
+	opts.StrictConfig = false
+	w, err := sdk.NewWorker(b, h, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	var status, reason, class string
+	for {
+		if err := pool.QueryRow(ctx, `SELECT status, COALESCE(headers->>$2, ''), COALESCE(headers->>$3, '') FROM `+b.Schema()+`.jobs
+			WHERE message_id = $1`, id, sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass).Scan(&status, &reason, &class); err != nil {
+			t.Fatal(err)
+		}
+		if status == postgres.StatusDeadLetter {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("job still %s", status)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := runs.Load(); n != 5 {
+		t.Errorf("handler ran %d times, want 5", n)
+	}
+	if want := "payment API said no (attempt 5)"; reason != want || class != string(sdk.ClassTransient) {
+		t.Errorf("dead letter reason %q class %q, want %q %q", reason, class, want, sdk.ClassTransient)
+	}
+}

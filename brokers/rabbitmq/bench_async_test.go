@@ -1,0 +1,159 @@
+package rabbitmq
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// slidingWindow is the raw baseline of the asynchronous benchmarks: one
+// goroutine keeping up to 256 confirms outstanding, waiting for the oldest
+// only when the window is full (the best a careful amqp091-go user writes).
+const slidingWindow = 256
+
+// BenchmarkPublishAsync compares, for both queue types and in alternating
+// rounds, one goroutine publishing through berth's PublishAsync
+// (MaxInFlight 256) with raw amqp091-go keeping a sliding window of 256
+// deferred confirms.
+func BenchmarkPublishAsync(b *testing.B) {
+	for _, qt := range []QueueType{Classic, Quorum} {
+		b.Run(string(qt), func(b *testing.B) {
+			br, url, rawQ := benchQueue(b, qt)
+			berthQ := testQueue(b, url)
+			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
+				b.Fatal(err)
+			}
+			ch := rawChannel(b, url)
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			body := make([]byte, benchBody)
+			results := make([]*sdk.PublishResult, 0, benchRound)
+			var rawT, berthT time.Duration
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				n := min(benchRound, b.N-done)
+				start := time.Now()
+				rawSliding(b, ch, rawQ, n)
+				rawT += time.Since(start)
+
+				start = time.Now()
+				results = results[:0]
+				for range n {
+					res, err := br.PublishAsync(ctx, berthQ, &sdk.Message{Type: "bench", Body: body})
+					if err != nil {
+						b.Fatal(err)
+					}
+					results = append(results, res)
+				}
+				for _, res := range results {
+					if err := res.Wait(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				berthT += time.Since(start)
+				done += n
+			}
+			b.StopTimer()
+			report(b, rawT, berthT)
+		})
+	}
+}
+
+// BenchmarkPublishConcurrent compares 256 goroutines each calling
+// Publish with one message (an HTTP service enqueuing per request) with
+// raw amqp091-go's sliding window of 256 confirms from one goroutine, in
+// alternating rounds, for both queue types.
+func BenchmarkPublishConcurrent(b *testing.B) {
+	const callers = 256
+	for _, qt := range []QueueType{Classic, Quorum} {
+		b.Run(string(qt), func(b *testing.B) {
+			br, url, rawQ := benchQueue(b, qt)
+			berthQ := testQueue(b, url)
+			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
+				b.Fatal(err)
+			}
+			ch := rawChannel(b, url)
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			body := make([]byte, benchBody)
+			round := 4 * benchRound
+			var rawT, berthT time.Duration
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				n := min(round, b.N-done)
+				start := time.Now()
+				rawSliding(b, ch, rawQ, n)
+				rawT += time.Since(start)
+
+				start = time.Now()
+				var wg sync.WaitGroup
+				next := make(chan struct{}, n)
+				for range n {
+					next <- struct{}{}
+				}
+				close(next)
+				for range callers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for range next {
+							if err := br.Publish(ctx, berthQ, &sdk.Message{Type: "bench", Body: body}); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				berthT += time.Since(start)
+				done += n
+			}
+			b.StopTimer()
+			report(b, rawT, berthT)
+		})
+	}
+}
+
+// rawSliding publishes n messages with the properties berth sets, keeping
+// up to slidingWindow confirms outstanding.
+func rawSliding(b *testing.B, ch *amqp.Channel, q string, n int) {
+	b.Helper()
+	ctx := context.Background()
+	body := make([]byte, benchBody)
+	ring := make([]*amqp.DeferredConfirmation, 0, slidingWindow)
+	head := 0
+	wait := func(dc *amqp.DeferredConfirmation) {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			b.Fatalf("confirm: %v %v", ok, err)
+		}
+	}
+	for range n {
+		if len(ring) == slidingWindow {
+			wait(ring[head])
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, MessageId: sdk.NewID(), Type: "bench", CorrelationId: sdk.NewID(), Body: body,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(ring) < slidingWindow {
+			ring = append(ring, dc)
+		} else {
+			ring[head] = dc
+			head = (head + 1) % slidingWindow
+		}
+	}
+	for _, dc := range ring {
+		wait(dc)
+	}
+}

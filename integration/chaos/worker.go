@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/idempotency/pgstore"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Environment of a worker child process.
+const (
+	envChild  = "BERTH_CHAOS_CHILD" // "1" in a child
+	envBroker = "BERTH_CHAOS_BROKER"
+	envQueue  = "BERTH_CHAOS_QUEUE"
+	envSchema = "BERTH_CHAOS_SCHEMA"
+	envPG     = "BERTH_CHAOS_PG"    // through the database proxy
+	envURL    = "BERTH_CHAOS_URL"   // the broker, through its proxy
+	envFail   = "BERTH_CHAOS_FAIL"  // probability of a transient failure after the charge
+	envOut    = "BERTH_CHAOS_LEASE" // lease
+	chargeTyp = "billing.charge"
+	leaseDflt = 3 * time.Second
+)
+
+type charge struct {
+	OrderID string `json:"order_id"`
+	Amount  int64  `json:"amount"`
+}
+
+// openBroker connects to kind at url. pool serves the postgres broker.
+func openBroker(ctx context.Context, kind, url string, pool *pgxpool.Pool, schema string, lease time.Duration, client *http.Client) (sdk.Broker, error) {
+	switch kind {
+	case "rabbitmq":
+		return rabbitmq.New(ctx, url, rabbitmq.Options{ConnectionName: "berth-chaos", Heartbeat: 2 * time.Second,
+			UnavailableAfter: 20 * time.Second, MaxDeliveries: 20, Logger: quietLogger()})
+	case "sqs":
+		cfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("berth", "berth", "")}
+		return sqs.NewFromConfig(cfg, sqs.Options{VisibilityTimeout: lease, WaitTime: time.Second, MaxReceiveCount: 20},
+			func(o *awssqs.Options) {
+				o.BaseEndpoint = aws.String(url)
+				o.HTTPClient = client
+			})
+	case "postgres":
+		b, err := postgres.New(pool, postgres.Options{Schema: schema, Lease: lease, MaxAttempts: 20, PollInterval: 200 * time.Millisecond})
+		if err != nil {
+			return nil, err
+		}
+		return b, b.Migrate(ctx)
+	}
+	return nil, fmt.Errorf("unknown broker %q (want rabbitmq, postgres or sqs)", kind)
+}
+
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// billing is the handler: inside the guard's transaction, load the order
+// FOR UPDATE, validate, insert the charge (the side effect), mark the order
+// paid. failRate of the runs fail after the charge, before the commit, and
+// take the charge with them.
+func billing(schema string, failRate float64) sdk.Handler {
+	orders := pgx.Identifier{schema, "orders"}.Sanitize()
+	charges := pgx.Identifier{schema, "charges"}.Sanitize()
+	return sdk.JSON(func(ctx context.Context, d sdk.Delivery, c charge) error {
+		tx, ok := pgstore.TxFrom(ctx)
+		if !ok {
+			return sdk.Permanent(errors.New("billing: no transaction in context"))
+		}
+		var chargedAt *time.Time
+		var amount int64
+		err := tx.QueryRow(ctx, `SELECT charged_at, amount FROM `+orders+` WHERE id = $1 FOR UPDATE`, c.OrderID).Scan(&chargedAt, &amount)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return sdk.Permanent(fmt.Errorf("order %s does not exist", c.OrderID))
+		}
+		if err != nil {
+			return err
+		}
+		if chargedAt != nil {
+			idempotency.SetResult(ctx, idempotency.Result{ResourceType: "order", ResourceID: c.OrderID, JSON: []byte(`{"outcome":"already_charged"}`)})
+			return nil
+		}
+		if c.Amount != amount {
+			return sdk.Permanent(fmt.Errorf("order %s: amount %d, job says %d", c.OrderID, amount, c.Amount))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+charges+` (order_id, amount) VALUES ($1, $2)`, c.OrderID, c.Amount); err != nil {
+			return err
+		}
+		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the payment call
+		if rand.Float64() < failRate {
+			return errors.New("payment gateway timeout")
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+orders+` SET status = 'paid', charged_at = now(), version = version + 1 WHERE id = $1`, c.OrderID); err != nil {
+			return err
+		}
+		idempotency.SetResult(ctx, idempotency.Result{ResourceType: "order", ResourceID: c.OrderID, JSON: []byte(`{"outcome":"charged"}`)})
+		return nil
+	})
+}
+
+// runChild is a worker process: it consumes until SIGTERM, drains and exits 0.
+func runChild() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "chaos worker:", err)
+		return 1
+	}
+	lease := leaseDflt
+	if d, err := time.ParseDuration(os.Getenv(envOut)); err == nil && d > 0 {
+		lease = d
+	}
+	var failRate float64
+	_, _ = fmt.Sscan(os.Getenv(envFail), &failRate)
+	schema := os.Getenv(envSchema)
+	// The database may be unreachable right now (a frozen proxy): connect
+	// lazily and let the Worker's retries ride it out.
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envPG))
+	if err != nil {
+		return fail(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	client := &http.Client{Timeout: 10 * time.Second}
+	var b sdk.Broker
+	for {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		b, err = openBroker(octx, os.Getenv(envBroker), os.Getenv(envURL), pool, schema, lease, client)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return 0 // stopped before it started: nothing held
+		}
+		fmt.Fprintln(os.Stderr, "chaos worker: connect:", err)
+		time.Sleep(500 * time.Millisecond)
+	}
+	defer b.Close()
+	store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+	if err != nil {
+		return fail(err)
+	}
+	guard, err := idempotency.Middleware(idempotency.Options{Store: store, InProgressDelay: 100 * time.Millisecond})
+	if err != nil {
+		return fail(err)
+	}
+	w, err := sdk.NewWorker(b, billing(schema, failRate), sdk.WorkerOptions{
+		Queue:        os.Getenv(envQueue),
+		Concurrency:  4,
+		Lease:        lease,
+		DrainTimeout: 5 * time.Second,
+		Retry:        sdk.RetryPolicy{MaxAttempts: 15, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 500 * time.Millisecond}},
+		Middleware:   []sdk.Middleware{guard},
+		Logger:       quietLogger(),
+	})
+	if err != nil {
+		return fail(err)
+	}
+	fmt.Println("ready")
+	if err := w.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fail(err)
+	}
+	return 0
+}

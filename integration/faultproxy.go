@@ -1,0 +1,261 @@
+package integration
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Proxy is a TCP fault proxy on loopback between clients and one server:
+// it adds latency and a bandwidth cap, resets connections, freezes them
+// (half-open: open but silent, as a dead peer or a dropped route leaves)
+// and refuses new ones. Point a client at Addr instead of the server.
+//
+// It is berth's own rather than toxiproxy's library: toxiproxy's module
+// embeds its HTTP API server and metrics stack, and the four faults the
+// scenarios need fit in this file.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu        sync.Mutex
+	conns     map[*link]struct{}
+	latency   time.Duration
+	bandwidth int // bytes per second per direction; 0: unlimited
+	refuse    bool
+	frozen    bool
+	thaw      chan struct{} // closed and replaced by Thaw
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// link is one proxied connection: the client's side and the server's.
+type link struct {
+	client, server net.Conn
+	once           sync.Once
+	dead           chan struct{} // closed by reset
+}
+
+// NewProxy listens on a free loopback port and forwards to target
+// (host:port). Close stops it.
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[*link]struct{}{}, thaw: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// StartProxy is NewProxy for a test: the proxy is closed when the test ends.
+func StartProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	p, err := NewProxy(target)
+	if err != nil {
+		t.Fatalf("proxy: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetLatency delays every chunk of bytes by d in each direction (0: none).
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	p.latency = d
+	p.mu.Unlock()
+}
+
+// SetBandwidth caps each direction of each connection to bytesPerSecond
+// (0: unlimited).
+func (p *Proxy) SetBandwidth(bytesPerSecond int) {
+	p.mu.Lock()
+	p.bandwidth = bytesPerSecond
+	p.mu.Unlock()
+}
+
+// Reset closes every open connection with a TCP reset, both sides, as a
+// failing router or a restarted load balancer would. New connections pass.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	links := make([]*link, 0, len(p.conns))
+	for l := range p.conns {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		l.reset()
+	}
+}
+
+// Refuse makes the proxy close new connections at once (true) or pass them
+// again (false); open connections are not touched.
+func (p *Proxy) Refuse(refuse bool) {
+	p.mu.Lock()
+	p.refuse = refuse
+	p.mu.Unlock()
+}
+
+// Freeze holds every byte in both directions of every connection, open or
+// new, without closing any: half-open connections. Thaw lets them flow again.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	p.frozen = true
+	p.mu.Unlock()
+}
+
+// Thaw ends a Freeze; held bytes are delivered.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	if p.frozen {
+		p.frozen = false
+		close(p.thaw)
+		p.thaw = make(chan struct{})
+	}
+	p.mu.Unlock()
+}
+
+// Close stops listening, resets every connection and waits for the
+// proxy's goroutines to end. It is idempotent.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.Thaw()
+	p.Reset()
+	p.wg.Wait()
+}
+
+func (l *link) reset() {
+	l.once.Do(func() { close(l.dead) })
+	for _, c := range []net.Conn{l.client, l.server} {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // close sends RST, not FIN
+		}
+		_ = c.Close()
+	}
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		refuse, closed := p.refuse, p.closed
+		p.mu.Unlock()
+		if refuse || closed {
+			_ = c.Close()
+			continue
+		}
+		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l := &link{client: c, server: s, dead: make(chan struct{})}
+		p.mu.Lock()
+		p.conns[l] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			var dirs sync.WaitGroup
+			dirs.Go(func() { p.pipe(l, s, c) })
+			dirs.Go(func() { p.pipe(l, c, s) })
+			dirs.Wait()
+			p.mu.Lock()
+			delete(p.conns, l)
+			p.mu.Unlock()
+		}()
+	}
+}
+
+// chunk is bytes read from one side, due for the other at a time.
+type chunk struct {
+	data []byte
+	due  time.Time
+}
+
+// pipe copies src to dst through a queue, so that latency delays each
+// chunk from the moment it was read, not from the previous write.
+func (p *Proxy) pipe(l *link, dst, src net.Conn) {
+	queue := make(chan chunk, 256)
+	var writer sync.WaitGroup
+	writer.Go(func() {
+		defer l.reset() // a failed write ends both directions
+		for ch := range queue {
+			if wait := time.Until(ch.due); wait > 0 {
+				time.Sleep(wait)
+			}
+			if !p.waitThawed(l) {
+				return
+			}
+			if _, err := dst.Write(ch.data); err != nil {
+				return
+			}
+			p.mu.Lock()
+			bw := p.bandwidth
+			p.mu.Unlock()
+			if bw > 0 {
+				time.Sleep(time.Duration(len(ch.data)) * time.Second / time.Duration(bw))
+			}
+		}
+	})
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			lat := p.latency
+			p.mu.Unlock()
+			queue <- chunk{data: append([]byte(nil), buf[:n]...), due: time.Now().Add(lat)}
+		}
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				// EOF or reset from src: pass the end on once the queue is written.
+				close(queue)
+				writer.Wait()
+				l.reset()
+				return
+			}
+			break
+		}
+	}
+	close(queue)
+	writer.Wait()
+}
+
+// waitThawed blocks while the proxy is frozen; false when the proxy was
+// closed or the link reset.
+func (p *Proxy) waitThawed(l *link) bool {
+	for {
+		p.mu.Lock()
+		frozen, thaw, closed := p.frozen, p.thaw, p.closed
+		p.mu.Unlock()
+		if closed {
+			return false
+		}
+		if !frozen {
+			return true
+		}
+		select {
+		case <-thaw:
+		case <-l.dead:
+			return false
+		}
+	}
+}

@@ -1,0 +1,237 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+)
+
+// A private PostgreSQL keeps its data across a fast and an immediate
+// restart, and refuses connections while it is down.
+func TestPrivatePostgresRestarts(t *testing.T) {
+	pg := StartPostgres(t)
+	ctx := context.Background()
+	exec := func(sql string) error {
+		c, err := pgx.Connect(ctx, pg.DSN)
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		_, err = c.Exec(ctx, sql)
+		return err
+	}
+	if err := exec(`CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{PostgresFast, PostgresImmediate} {
+		pg.Stop(t, mode)
+		if err := exec(`SELECT 1`); err == nil {
+			t.Fatalf("%s: a stopped server answered", mode)
+		}
+		pg.Start(t)
+		if err := exec(`INSERT INTO kept VALUES (2)`); err != nil {
+			t.Fatalf("after %s restart: %v", mode, err)
+		}
+	}
+	c, err := pgx.Connect(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var n int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM kept`).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("rows after two restarts: %d, %v; want 3", n, err)
+	}
+}
+
+// A private Redis is its own: FLUSHALL there leaves the shared one alone,
+// and a restarted one is empty.
+func TestPrivateRedis(t *testing.T) {
+	r := StartRedis(t)
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r.Addr == RedisAddr(t) {
+		t.Fatal("the private Redis is the shared one")
+	}
+	r.Stop(t)
+	if err := rdb.Ping(ctx).Err(); err == nil {
+		t.Fatal("a stopped Redis answered")
+	}
+	r.Start(t)
+	if err := rdb.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("after a restart: %v, want an empty Redis", err)
+	}
+}
+
+// A private RabbitMQ node listens on its own port, not the system
+// config's, and keeps a durable queue's messages across a stop and start.
+func TestPrivateRabbitMQRestarts(t *testing.T) {
+	node := StartRabbitMQ(t)
+	if node.Port == 5672 {
+		t.Fatal("the private node took the system port")
+	}
+	publish := func() {
+		conn, err := amqp.Dial(node.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare("kept", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		dc, err := ch.PublishWithDeferredConfirm("", "kept", false, false, amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+			t.Fatalf("confirm: %v %v", ok, err)
+		}
+	}
+	publish()
+	node.Stop(t)
+	if _, err := amqp.Dial(node.URL); err == nil {
+		t.Fatal("a stopped node accepted a connection")
+	}
+	node.Start(t)
+	conn, err := amqp.Dial(node.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive("kept", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Messages != 1 {
+		t.Fatalf("%d messages after a restart, want the confirmed one", q.Messages)
+	}
+}
+
+// echoServer answers every byte back; it stops when the test ends.
+func echoServer(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+			go func() { _, _ = io.Copy(c, c) }() // ends when the conn is closed above
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func roundTrip(c net.Conn, msg []byte) error {
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, msg) {
+		return errors.New("garbled")
+	}
+	return nil
+}
+
+func TestProxyFaults(t *testing.T) {
+	p := StartProxy(t, echoServer(t))
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Latency: a round trip crosses the proxy twice.
+	p.SetLatency(100 * time.Millisecond)
+	start := time.Now()
+	if err := roundTrip(c, []byte("slow")); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("round trip took %v with 100ms latency each way", d)
+	}
+	p.SetLatency(0)
+
+	// Freeze: the connection stays open and silent; Thaw delivers.
+	p.Freeze()
+	if _, err := c.Write([]byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	buf := make([]byte, 4)
+	var ne net.Error
+	if _, err := io.ReadFull(c, buf); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read through a frozen proxy: %v, want a timeout", err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	p.Thaw()
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "held" {
+		t.Fatalf("after Thaw: %q %v", buf, err)
+	}
+
+	// Reset: the client's connection breaks; a new one works.
+	p.Reset()
+	if err := roundTrip(c, []byte("after reset")); err == nil {
+		t.Fatal("a reset connection still worked")
+	}
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := roundTrip(c2, []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Refuse: new connections are closed at once.
+	p.Refuse(true)
+	c3, err := net.Dial("tcp", p.Addr())
+	if err == nil {
+		defer c3.Close()
+		if err := roundTrip(c3, []byte("x")); err == nil {
+			t.Fatal("a refused connection worked")
+		}
+	}
+}

@@ -1,0 +1,218 @@
+package sdk
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// WorkerState is where a Worker is in its life, as [Worker.Health] reports it.
+type WorkerState string
+
+// The states of a Worker.
+const (
+	// StateIdle: Run has not been called yet.
+	StateIdle WorkerState = "idle"
+	// StateRunning: Run receives and handles deliveries.
+	StateRunning WorkerState = "running"
+	// StateDraining: Run's context ended (or the broker failed for good);
+	// it no longer receives and waits for running handlers.
+	StateDraining WorkerState = "draining"
+	// StateStopped: Run returned. Calling Run again makes it running.
+	StateStopped WorkerState = "stopped"
+)
+
+// HealthyWait is how long a Receive call must have waited without failing
+// for a Worker whose previous Receive failed to be ready again. Brokers
+// long-poll: on an idle queue a healthy Receive may wait for a message for
+// ever (memory, PostgreSQL, RabbitMQ) or for its poll window (SQS,
+// JetStream), while a broker that is down fails a Receive at once (refused
+// connection) or within its poll interval. So a Receive that has waited this
+// long without an error is taken as working, and one that returned without an
+// error is proof.
+const HealthyWait = 5 * time.Second
+
+// ConnectionReporter is implemented by brokers that keep a connection and
+// reconnect by themselves, on which a Receive waits through an outage
+// instead of failing (RabbitMQ): without it, a Worker on such a broker would
+// look ready while its broker is gone. [Worker.Health] calls it on every
+// check, so it must be cheap (no network call).
+type ConnectionReporter interface {
+	// ConnectionError returns nil while the connection the broker receives
+	// on is up, else why it is down.
+	ConnectionError() error
+}
+
+// Health is a snapshot of a Worker's liveness and readiness ([Worker.Health]).
+// Its JSON form is what package health serves.
+//
+// Live: the Worker's run loop is alive — Run has not been called yet or has
+// not returned (State idle, running or draining). A Worker whose Run returned
+// (the broker was closed, the queue is missing, the context ended) is not
+// live: the process should restart it or exit.
+//
+// Ready: the Worker is taking work — State is running, its broker reports
+// no connection error (where it is a [ConnectionReporter]), and its last
+// Receive did not fail, or the Receive under way since that failure has
+// waited [HealthyWait] without failing. A draining Worker is not ready: it takes no
+// more work. A saturated Worker (Held == Capacity, every slot busy) is still
+// ready: it receives again as soon as a handler returns.
+type Health struct {
+	// Queue is the queue the Worker consumes.
+	Queue string `json:"queue"`
+	// State is where the Worker is in its life.
+	State WorkerState `json:"state"`
+	// Live and Ready are described on [Health].
+	Live  bool `json:"live"`
+	Ready bool `json:"ready"`
+	// Reason says why the Worker is not ready (or not live), else "".
+	Reason string `json:"reason,omitempty"`
+	// Receiving is true while the receive loop runs (State running).
+	Receiving bool `json:"receiving"`
+	// LastReceive is when a Receive last returned without an error (a long
+	// poll that ended empty counts); zero before the first.
+	LastReceive time.Time `json:"last_receive,omitzero"`
+	// ReceiveFailures counts the Receive calls that failed since the last
+	// one that returned without an error.
+	ReceiveFailures int `json:"receive_failures"`
+	// LastReceiveError is the error of the last failed Receive (valid UTF-8,
+	// at most [MaxReasonLength] bytes), and LastReceiveErrorAt its time; kept
+	// after recovery, as evidence.
+	LastReceiveError   string    `json:"last_receive_error,omitempty"`
+	LastReceiveErrorAt time.Time `json:"last_receive_error_at,omitzero"`
+	// Held counts deliveries received and not yet settled: running handlers
+	// plus prefetched deliveries waiting for one. Capacity is the most it
+	// can be (Concurrency + Prefetch).
+	Held     int `json:"held"`
+	Capacity int `json:"capacity"`
+	// RunError is the error Run returned last, if any.
+	RunError string `json:"run_error,omitempty"`
+}
+
+// Worker states as stored in workerHealth.state.
+const (
+	hIdle int32 = iota
+	hRunning
+	hDraining
+	hStopped
+)
+
+var stateNames = [...]WorkerState{hIdle: StateIdle, hRunning: StateRunning, hDraining: StateDraining, hStopped: StateStopped}
+
+// workerHealth is what the Worker records for [Worker.Health]: atomics on
+// the receive path (one clock read and a few stores per Receive call, one
+// atomic add per delivery), a mutex only on the error paths.
+type workerHealth struct {
+	state    atomic.Int32
+	held     atomic.Int64
+	recvOK   atomic.Int64 // unix nanos of the last Receive without error
+	recvCall atomic.Int64 // unix nanos when the Receive under way started; 0 when none
+	failures atomic.Int32 // failed Receives since the last one without error
+
+	mu        sync.Mutex
+	recvErr   string
+	recvErrAt time.Time
+	runErr    string
+}
+
+// receiving records that a Receive call starts at now (unix nanos).
+func (h *workerHealth) receiving(now int64) { h.recvCall.Store(now) }
+
+// received records the outcome of the Receive call that ended at now with n
+// deliveries. A Receive cut short by shutdown (stopping) is neither a
+// success nor a failure.
+func (h *workerHealth) received(now int64, n int, err error, stopping bool) {
+	h.recvCall.Store(0)
+	if n > 0 {
+		h.held.Add(int64(n))
+	}
+	if stopping {
+		return
+	}
+	if err == nil {
+		h.recvOK.Store(now)
+		if h.failures.Load() != 0 {
+			h.failures.Store(0)
+		}
+		return
+	}
+	h.mu.Lock()
+	h.recvErr = SanitizeReason(err.Error())
+	h.recvErrAt = time.Unix(0, now)
+	h.mu.Unlock()
+	h.failures.Add(1)
+}
+
+// start records that Run started.
+func (h *workerHealth) start() {
+	h.failures.Store(0)
+	h.recvCall.Store(0)
+	h.mu.Lock()
+	h.runErr = ""
+	h.mu.Unlock()
+	h.state.Store(hRunning)
+}
+
+// stop records that Run returned err.
+func (h *workerHealth) stop(err error) {
+	h.recvCall.Store(0)
+	h.mu.Lock()
+	h.runErr = ""
+	if err != nil {
+		h.runErr = SanitizeReason(err.Error())
+	}
+	h.mu.Unlock()
+	h.state.Store(hStopped)
+}
+
+// Health reports the Worker's liveness and readiness and what they are
+// made of (see [Health]). It is cheap (a few atomic loads and a mutex) and
+// safe to call at any time from any goroutine, e.g. from an HTTP probe.
+func (w *Worker) Health() Health {
+	h := &w.health
+	now := time.Now()
+	st := h.state.Load()
+	r := Health{
+		Queue:           w.opts.Queue,
+		State:           stateNames[st],
+		Receiving:       st == hRunning,
+		ReceiveFailures: int(h.failures.Load()),
+		Held:            int(h.held.Load()),
+		Capacity:        w.opts.Concurrency + w.opts.Prefetch,
+	}
+	if ok := h.recvOK.Load(); ok != 0 {
+		r.LastReceive = time.Unix(0, ok)
+	}
+	call := h.recvCall.Load()
+	h.mu.Lock()
+	r.LastReceiveError, r.LastReceiveErrorAt, r.RunError = h.recvErr, h.recvErrAt, h.runErr
+	h.mu.Unlock()
+
+	r.Live = st != hStopped
+	switch st {
+	case hIdle:
+		r.Reason = "not started: Run has not been called"
+	case hDraining:
+		r.Reason = "draining: no longer receiving"
+	case hStopped:
+		r.Reason = "stopped: Run returned"
+		if r.RunError != "" {
+			r.Reason += ": " + r.RunError
+		}
+	case hRunning:
+		waited := call != 0 && now.Sub(time.Unix(0, call)) >= HealthyWait
+		var connErr error
+		if cr, ok := w.sub.(ConnectionReporter); ok {
+			connErr = cr.ConnectionError()
+		}
+		switch {
+		case connErr != nil:
+			r.Reason = "broker connection down: " + SanitizeReason(connErr.Error())
+		case r.ReceiveFailures == 0 || waited:
+			r.Ready = true
+		default:
+			r.Reason = "receive failing: " + r.LastReceiveError
+		}
+	}
+	return r
+}
