@@ -243,7 +243,7 @@ func rows(res []result, ref int) [][]string {
 		if len(sorted) > 0 {
 			spread = fmt.Sprintf("%s–%s", rateStr(sorted[0]), rateStr(sorted[len(sorted)-1]))
 		}
-		out = append(out, []string{r.name, rateStr(r.rate()), spread, fmt.Sprintf("**%.2f**", r.rate()/res[ref].rate()), r.config})
+		out = append(out, []string{r.name, rateStr(r.rate()), spread, "**" + ratioStr(r.rate()/res[ref].rate()) + "**", r.config})
 	}
 	return out
 }
@@ -266,4 +266,12 @@ func msgs(c config, full int) int {
 		return max(full/10, 50)
 	}
 	return full
+}
+
+// ratioStr keeps two significant digits for small ratios (0.015, not 0.02).
+func ratioStr(x float64) string {
+	if x < 0.1 {
+		return fmt.Sprintf("%.3f", x)
+	}
+	return fmt.Sprintf("%.2f", x)
 }
