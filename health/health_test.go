@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/health"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -52,6 +55,23 @@ func waitProbe(t *testing.T, url string, code int) health.Report {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// viaProxy starts integration's fault proxy in front of the server of
+// rawURL (defaultPort when the URL has none) and returns the URL through it.
+func viaProxy(t *testing.T, rawURL, defaultPort string) (*integration.Proxy, *url.URL) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), defaultPort)
+	}
+	proxy := integration.StartProxy(t, target)
+	u.Host = proxy.Addr()
+	return proxy, u
 }
 
 // server serves Live and Ready of workers on a real HTTP server.

@@ -2,129 +2,27 @@ package health_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
-// cutProxy is a TCP proxy a test can sever: Down closes every connection
-// through it and refuses new ones, as a database that went away does; Up
-// lets connections through again.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	down   bool
-	conns  map[net.Conn]bool
-	wg     sync.WaitGroup
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		ln.Close()
-		p.Down()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *cutProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[s] = true, true
-		p.wg.Add(2)
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			io.Copy(dst, src)
-			dst.Close()
-			src.Close()
-			p.mu.Lock()
-			delete(p.conns, dst)
-			delete(p.conns, src)
-			p.mu.Unlock()
-		}
-		go pipe(s, c)
-		go pipe(c, s)
-	}
-}
-
-// Down severs every connection and refuses new ones until Up.
-func (p *cutProxy) Down() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-// Up lets new connections through.
-func (p *cutProxy) Up() {
-	p.mu.Lock()
-	p.down = false
-	p.mu.Unlock()
-}
-
 // TestReadinessFollowsPostgres runs a Worker on the PostgreSQL broker
-// through a proxy and takes the database away: readiness drops to 503 with
+// through integration's fault proxy and takes the database away: readiness drops to 503 with
 // the receive error while liveness stays 200; once the database is back and
 // a job arrives, readiness returns to 200.
 func TestReadinessFollowsPostgres(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dsn := integration.PostgresDSN(t)
-
-	direct, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	sfx := make([]byte, 6)
-	rand.Read(sfx)
-	schema := "berth_health_" + hex.EncodeToString(sfx)
-	defer func() {
-		if _, err := direct.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	}()
+	direct, schema := pgtest.Schema(t, 4)
 	producer, err := postgres.New(direct, postgres.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -134,28 +32,19 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5432")
-	}
-	proxy := newCutProxy(t, target)
-	u.Host = proxy.ln.Addr().String()
+	proxy, u := viaProxy(t, integration.PostgresDSN(t), "5432")
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	cfg.MaxConns = 4
-	viaProxy, err := pgxpool.NewWithConfig(ctx, cfg)
+	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer viaProxy.Close()
-	consumer, err := postgres.New(viaProxy, postgres.Options{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: quiet})
+	defer proxied.Close()
+	consumer, err := postgres.New(proxied, postgres.Options{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +85,8 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 		t.Errorf("ready without a last receive: %+v", r.Workers[0])
 	}
 
-	proxy.Down()
+	proxy.Refuse(true) // the database goes away: connections cut, new ones refused
+	proxy.Reset()
 	r = waitProbe(t, ready, http.StatusServiceUnavailable)
 	h := r.Workers[0]
 	if h.ReceiveFailures == 0 || h.LastReceiveError == "" || !strings.HasPrefix(h.Reason, "receive failing") {
@@ -206,7 +96,7 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 		t.Errorf("live with the database away = %d %+v, want 200: the run loop is alive", code, r)
 	}
 
-	proxy.Up()
+	proxy.Refuse(false)
 	publish() // a Receive that returns a job is the proof the broker works again
 	r = waitProbe(t, ready, http.StatusOK)
 	if h := r.Workers[0]; h.ReceiveFailures != 0 || h.LastReceive.Before(h.LastReceiveErrorAt) {

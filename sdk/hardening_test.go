@@ -8,59 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/sdk"
 )
-
-// settlements records the Worker's settlements, in order.
-type settlements struct {
-	mu  sync.Mutex
-	all []recorded
-	ch  chan struct{}
-}
-
-type recorded struct {
-	typ     string
-	attempt int
-	s       sdk.Settlement
-}
-
-func newSettlements() *settlements { return &settlements{ch: make(chan struct{}, 100)} }
-
-func (r *settlements) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
-
-func (r *settlements) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
-	r.mu.Lock()
-	r.all = append(r.all, recorded{typ: d.Message().Type, attempt: d.Attempt(), s: s})
-	r.mu.Unlock()
-	select {
-	case r.ch <- struct{}{}:
-	default:
-	}
-}
-
-func (r *settlements) snapshot() []recorded {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]recorded(nil), r.all...)
-}
-
-// waitFor polls until cond holds on the settlements so far.
-func (r *settlements) waitFor(t *testing.T, what string, cond func([]recorded) bool) []recorded {
-	t.Helper()
-	deadline := time.After(20 * time.Second)
-	for {
-		if all := r.snapshot(); cond(all) {
-			return all
-		}
-		select {
-		case <-r.ch:
-		case <-time.After(20 * time.Millisecond):
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s; settlements: %+v", what, r.snapshot())
-		}
-	}
-}
 
 func newMemory(t *testing.T, opts memory.Options) *memory.Broker {
 	t.Helper()
@@ -90,7 +41,7 @@ func fastRetry() sdk.RetryPolicy {
 // existed: the handler blocked for ever while the heartbeat kept its lease.
 func TestHardening12_JobTimeout(t *testing.T) {
 	b := newMemory(t, memory.Options{})
-	rec := newSettlements()
+	rec := berthtest.NewRecorder()
 	causes := make(chan error, 1)
 	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
 		if d.Attempt() > 1 {
@@ -104,8 +55,8 @@ func TestHardening12_JobTimeout(t *testing.T) {
 		Retry: fastRetry(), Observers: []sdk.Observer{rec}})
 	publish(t, b, "jobs", &sdk.Message{Type: "slow"})
 
-	all := rec.waitFor(t, "the retry to be acked", func(all []recorded) bool {
-		return len(all) > 0 && all[len(all)-1].s.Action == sdk.ActionAck
+	all := rec.WaitFor(t, "the retry to be acked", func(all []berthtest.Record) bool {
+		return len(all) > 0 && all[len(all)-1].Action == sdk.ActionAck
 	})
 	cause := <-causes
 	if !errors.Is(cause, sdk.ErrJobTimeout) || !errors.Is(cause, context.DeadlineExceeded) {
@@ -114,12 +65,12 @@ func TestHardening12_JobTimeout(t *testing.T) {
 	if len(all) != 2 {
 		t.Fatalf("settlements %+v, want a retry then an ack", all)
 	}
-	first := all[0].s
+	first := all[0].Settlement
 	if first.Action != sdk.ActionRetry || first.Class != sdk.ClassTransient || !errors.Is(first.Cause, sdk.ErrJobTimeout) {
 		t.Errorf("timed-out attempt settled %s class %q cause %v; want a transient retry caused by ErrJobTimeout", first.Action, first.Class, first.Cause)
 	}
-	if all[1].attempt != 2 {
-		t.Errorf("ack at attempt %d, want 2", all[1].attempt)
+	if all[1].Attempt != 2 {
+		t.Errorf("ack at attempt %d, want 2", all[1].Attempt)
 	}
 }
 
@@ -128,7 +79,7 @@ func TestHardening12_JobTimeout(t *testing.T) {
 // under the long default, runs to completion.
 func TestHardening12_TimeoutByType(t *testing.T) {
 	b := newMemory(t, memory.Options{})
-	rec := newSettlements()
+	rec := berthtest.NewRecorder()
 	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
 		select {
 		case <-time.After(300 * time.Millisecond):
@@ -145,7 +96,7 @@ func TestHardening12_TimeoutByType(t *testing.T) {
 
 	// A short default, lifted for one type (longer) and another (none).
 	b2 := newMemory(t, memory.Options{})
-	rec2 := newSettlements()
+	rec2 := berthtest.NewRecorder()
 	runWorker(t, b2, h, sdk.WorkerOptions{Queue: "jobs", Timeout: 50 * time.Millisecond,
 		TimeoutByType: map[string]time.Duration{"medium": time.Minute, "unbounded": -1},
 		Retry:         sdk.RetryPolicy{MaxAttempts: 1}, Observers: []sdk.Observer{rec2}})
@@ -153,15 +104,15 @@ func TestHardening12_TimeoutByType(t *testing.T) {
 	checkTimeouts(t, rec2, 3, map[string]sdk.Action{"default": sdk.ActionDeadLetter, "medium": sdk.ActionAck, "unbounded": sdk.ActionAck})
 }
 
-func checkTimeouts(t *testing.T, rec *settlements, n int, want map[string]sdk.Action) {
+func checkTimeouts(t *testing.T, rec *berthtest.Recorder, n int, want map[string]sdk.Action) {
 	t.Helper()
-	all := rec.waitFor(t, "all settled", func(all []recorded) bool { return len(all) == n })
+	all := rec.WaitFor(t, "all settled", func(all []berthtest.Record) bool { return len(all) == n })
 	for _, r := range all {
-		switch w := want[r.typ]; {
-		case r.s.Action != w:
-			t.Errorf("%s: %s cause %v; want %s", r.typ, r.s.Action, r.s.Cause, w)
-		case w == sdk.ActionDeadLetter && !errors.Is(r.s.Cause, sdk.ErrJobTimeout):
-			t.Errorf("%s: dead-lettered by %v; want ErrJobTimeout", r.typ, r.s.Cause)
+		switch w := want[r.Message.Type]; {
+		case r.Action != w:
+			t.Errorf("%s: %s cause %v; want %s", r.Message.Type, r.Action, r.Cause, w)
+		case w == sdk.ActionDeadLetter && !errors.Is(r.Cause, sdk.ErrJobTimeout):
+			t.Errorf("%s: dead-lettered by %v; want ErrJobTimeout", r.Message.Type, r.Cause)
 		}
 	}
 }
@@ -174,7 +125,7 @@ func checkTimeouts(t *testing.T, rec *settlements, n int, want map[string]sdk.Ac
 // heartbeat extended the lease for as long as the handler hung.
 func TestHardening12_TimeoutAbandonsHandlerIgnoringContext(t *testing.T) {
 	b := newMemory(t, memory.Options{Lease: 300 * time.Millisecond})
-	rec := newSettlements()
+	rec := berthtest.NewRecorder()
 	release := make(chan struct{})
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
@@ -190,14 +141,14 @@ func TestHardening12_TimeoutAbandonsHandlerIgnoringContext(t *testing.T) {
 		Concurrency: 2, Observers: []sdk.Observer{rec}})
 	publish(t, b, "jobs", &sdk.Message{Type: "hung"})
 
-	rec.waitFor(t, "the redelivery to be acked while the first run hangs", func(all []recorded) bool {
-		return len(all) == 1 && all[0].attempt == 2 && all[0].s.Action == sdk.ActionAck
+	rec.WaitFor(t, "the redelivery to be acked while the first run hangs", func(all []berthtest.Record) bool {
+		return len(all) == 1 && all[0].Attempt == 2 && all[0].Action == sdk.ActionAck
 	})
 	unblock()
-	all := rec.waitFor(t, "the hung run's late settlement", func(all []recorded) bool { return len(all) == 2 })
+	all := rec.WaitFor(t, "the hung run's late settlement", func(all []berthtest.Record) bool { return len(all) == 2 })
 	late := all[1]
-	if late.attempt != 1 || !errors.Is(late.s.Err, sdk.ErrLeaseLost) {
-		t.Errorf("late settlement of attempt %d: %s err %v; want refused with ErrLeaseLost", late.attempt, late.s.Action, late.s.Err)
+	if late.Attempt != 1 || !errors.Is(late.Err, sdk.ErrLeaseLost) {
+		t.Errorf("late settlement of attempt %d: %s err %v; want refused with ErrLeaseLost", late.Attempt, late.Action, late.Err)
 	}
 	if err := stop(); err != nil {
 		t.Errorf("Run: %v", err)
@@ -212,15 +163,15 @@ func TestHardening13_UnknownTypeDeadLetterByDefault(t *testing.T) {
 	b := newMemory(t, memory.Options{})
 	r := sdk.NewRouter()
 	r.RegisterFunc("known", func(context.Context, sdk.Delivery) error { return nil })
-	rec := newSettlements()
+	rec := berthtest.NewRecorder()
 	runWorker(t, b, r, sdk.WorkerOptions{Queue: "jobs", Observers: []sdk.Observer{rec}})
 	evil := "ghost\u202e" + strings.Repeat("x", 10000)
 	publish(t, b, "jobs", &sdk.Message{Type: evil})
 
-	all := rec.waitFor(t, "the dead letter", func(all []recorded) bool { return len(all) == 1 })
-	s := all[0].s
-	if s.Action != sdk.ActionDeadLetter || all[0].attempt != 1 || !errors.Is(s.Cause, sdk.ErrUnknownJobType) || s.Class != sdk.ClassPermanent {
-		t.Fatalf("unknown type settled %s at attempt %d, cause %v; want a permanent dead letter at attempt 1", s.Action, all[0].attempt, s.Cause)
+	all := rec.WaitFor(t, "the dead letter", func(all []berthtest.Record) bool { return len(all) == 1 })
+	s := all[0].Settlement
+	if s.Action != sdk.ActionDeadLetter || all[0].Attempt != 1 || !errors.Is(s.Cause, sdk.ErrUnknownJobType) || s.Class != sdk.ClassPermanent {
+		t.Fatalf("unknown type settled %s at attempt %d, cause %v; want a permanent dead letter at attempt 1", s.Action, all[0].Attempt, s.Cause)
 	}
 	msg := s.Cause.Error()
 	if !strings.Contains(msg, `"ghost\u202exxx`) {
@@ -246,22 +197,22 @@ func TestHardening13_UnknownTypeRetryPolicy(t *testing.T) {
 	b := newMemory(t, memory.Options{})
 	r := sdk.NewRouter()
 	r.HandleUnknown(sdk.RetryUnknown(20 * time.Millisecond))
-	rec := newSettlements()
+	rec := berthtest.NewRecorder()
 	runWorker(t, b, r, sdk.WorkerOptions{Queue: "jobs", Observers: []sdk.Observer{rec}})
 	publish(t, b, "jobs", &sdk.Message{Type: "v2.job"})
 
-	rec.waitFor(t, "two releases", func(all []recorded) bool { return len(all) >= 2 })
+	rec.WaitFor(t, "two releases", func(all []berthtest.Record) bool { return len(all) >= 2 })
 	handled := make(chan int, 1)
 	r.RegisterFunc("v2.job", func(_ context.Context, d sdk.Delivery) error {
 		handled <- d.Attempt()
 		return nil
 	})
-	all := rec.waitFor(t, "the ack", func(all []recorded) bool {
-		return len(all) > 0 && all[len(all)-1].s.Action == sdk.ActionAck
+	all := rec.WaitFor(t, "the ack", func(all []berthtest.Record) bool {
+		return len(all) > 0 && all[len(all)-1].Action == sdk.ActionAck
 	})
 	for _, x := range all[:len(all)-1] {
-		if x.s.Action != sdk.ActionRelease || x.s.Class != sdk.ClassRetryAfter || !errors.Is(x.s.Cause, sdk.ErrUnknownJobType) || x.s.Delay != 20*time.Millisecond {
-			t.Errorf("while unknown: %s class %q delay %s cause %v; want a release after 20ms caused by ErrUnknownJobType", x.s.Action, x.s.Class, x.s.Delay, x.s.Cause)
+		if x.Action != sdk.ActionRelease || x.Class != sdk.ClassRetryAfter || !errors.Is(x.Cause, sdk.ErrUnknownJobType) || x.Delay != 20*time.Millisecond {
+			t.Errorf("while unknown: %s class %q delay %s cause %v; want a release after 20ms caused by ErrUnknownJobType", x.Action, x.Class, x.Delay, x.Cause)
 		}
 	}
 	if got := <-handled; got != 1 {

@@ -32,6 +32,17 @@ const (
 // error is proof.
 const HealthyWait = 5 * time.Second
 
+// ConnectionReporter is implemented by brokers that keep a connection and
+// reconnect by themselves, on which a Receive waits through an outage
+// instead of failing (RabbitMQ): without it, a Worker on such a broker would
+// look ready while its broker is gone. [Worker.Health] calls it on every
+// check, so it must be cheap (no network call).
+type ConnectionReporter interface {
+	// ConnectionError returns nil while the connection the broker receives
+	// on is up, else why it is down.
+	ConnectionError() error
+}
+
 // Health is a snapshot of a Worker's liveness and readiness ([Worker.Health]).
 // Its JSON form is what package health serves.
 //
@@ -40,9 +51,10 @@ const HealthyWait = 5 * time.Second
 // (the broker was closed, the queue is missing, the context ended) is not
 // live: the process should restart it or exit.
 //
-// Ready: the Worker is taking work — State is running and its last Receive
-// did not fail, or the Receive under way since that failure has waited
-// [HealthyWait] without failing. A draining Worker is not ready: it takes no
+// Ready: the Worker is taking work — State is running, its broker reports
+// no connection error (where it is a [ConnectionReporter]), and its last
+// Receive did not fail, or the Receive under way since that failure has
+// waited [HealthyWait] without failing. A draining Worker is not ready: it takes no
 // more work. A saturated Worker (Held == Capacity, every slot busy) is still
 // ready: it receives again as soon as a handler returns.
 type Health struct {
@@ -189,9 +201,16 @@ func (w *Worker) Health() Health {
 		}
 	case hRunning:
 		waited := call != 0 && now.Sub(time.Unix(0, call)) >= HealthyWait
-		if r.ReceiveFailures == 0 || waited {
+		var connErr error
+		if cr, ok := w.sub.(ConnectionReporter); ok {
+			connErr = cr.ConnectionError()
+		}
+		switch {
+		case connErr != nil:
+			r.Reason = "broker connection down: " + SanitizeReason(connErr.Error())
+		case r.ReceiveFailures == 0 || waited:
 			r.Ready = true
-		} else {
+		default:
 			r.Reason = "receive failing: " + r.LastReceiveError
 		}
 	}

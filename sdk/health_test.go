@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -151,5 +152,73 @@ func TestHealthReceiveFailures(t *testing.T) {
 	got = waitHealth(t, w, "ready again", func(h sdk.Health) bool { return h.Ready })
 	if got.ReceiveFailures != 0 || got.LastReceive.Before(got.LastReceiveErrorAt) || got.LastReceiveError == "" {
 		t.Errorf("recovered: %+v, want no failures, a receive after the error, the error kept", got)
+	}
+}
+
+// A Worker's Health says whether it is live (Run has not returned) and
+// ready (running, and receiving without errors), with the evidence.
+func ExampleWorker_Health() {
+	broker, _ := memory.New(memory.Options{})
+	defer broker.Close()
+	w, _ := sdk.NewWorker(broker, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "billing", Concurrency: 4})
+	h := w.Health()
+	fmt.Println(h.Queue, h.State, "live:", h.Live, "ready:", h.Ready, "capacity:", h.Capacity) // Concurrency + Prefetch (default: Concurrency)
+
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error)
+	go func() { ran <- w.Run(ctx) }()
+	for !w.Health().Ready {
+		time.Sleep(time.Millisecond)
+	}
+	fmt.Println(w.Health().State, "ready:", w.Health().Ready)
+	stop()
+	<-ran
+	h = w.Health()
+	fmt.Println(h.State, "live:", h.Live, "ready:", h.Ready)
+	// Output:
+	// billing idle live: true ready: false capacity: 8
+	// running ready: true
+	// stopped live: false ready: false
+}
+
+// connSub is a subscriber whose broker reports its connection, as
+// RabbitMQ's does: Receive waits through the outage instead of failing.
+type connSub struct {
+	*fakeSub
+	err atomic.Pointer[error]
+}
+
+func (s *connSub) ConnectionError() error {
+	if p := s.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// TestHealthConnectionReporter: a broker that reports its connection down
+// makes the Worker not ready, with the reason, though no Receive failed.
+func TestHealthConnectionReporter(t *testing.T) {
+	sub := &connSub{fakeSub: newFakeSub()}
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "q", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitHealth(t, w, "ready", func(h sdk.Health) bool { return h.Ready })
+
+	down := fmt.Errorf("%w: connection reset", sdk.ErrUnavailable)
+	sub.err.Store(&down)
+	got := w.Health()
+	if got.Ready || !got.Live || got.ReceiveFailures != 0 || !strings.Contains(got.Reason, "connection reset") {
+		t.Errorf("connection down: %+v, want live, not ready, the connection error as reason", got)
+	}
+	sub.err.Store(nil)
+	if got := w.Health(); !got.Ready {
+		t.Errorf("connection back: %+v, want ready", got)
 	}
 }

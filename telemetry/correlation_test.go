@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -352,15 +353,6 @@ func TestPublishContinuesATraceCarriedByTheMessage(t *testing.T) {
 	}
 }
 
-// foreignDelivery is a real delivery whose message looks as if a producer
-// outside berth had published it: no CorrelationID, only a header.
-type foreignDelivery struct {
-	sdk.Delivery
-	m *sdk.Message
-}
-
-func (f foreignDelivery) Message() *sdk.Message { return f.m }
-
 // TestCorrelationHeader: with Options.CorrelationHeader the Publisher also
 // writes the correlation ID under that header, and the Observer takes it
 // from there for a message that arrives without a CorrelationID.
@@ -384,11 +376,13 @@ func TestCorrelationHeader(t *testing.T) {
 	foreign := ds[0].Message().Clone()
 	foreign.CorrelationID = ""
 	foreign.Headers = map[string]string{"x-correlation-id": "ext-9"}
-	ctx := obs.Start(context.Background(), foreignDelivery{Delivery: ds[0], m: foreign})
+	// The same message as a producer outside berth would have sent it.
+	fd := berthtest.NewDelivery(foreign, berthtest.Queue(queue))
+	ctx := obs.Start(context.Background(), fd)
 	if got := sdk.CorrelationID(ctx); got != "ext-9" {
 		t.Errorf("handler correlation ID %q, want ext-9 from the header", got)
 	}
-	obs.Settled(ctx, ds[0], sdk.Settlement{Action: sdk.ActionAck})
+	obs.Settled(ctx, fd, sdk.Settlement{Action: sdk.ActionAck})
 	if err := ds[0].Ack(context.Background()); err != nil {
 		t.Fatal(err)
 	}

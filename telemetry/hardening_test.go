@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -60,17 +61,16 @@ func jobTypeValues(t *testing.T, ms metrics, name string) map[string]int64 {
 // Observer caches a bounded number of label sets.
 func TestHardening10_TypeCardinalityBounded(t *testing.T) {
 	const types = 100_000
-	d := oneDelivery(t)
 	obs, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{
 		JobTypes:    []string{"declared"},
 		MaxJobTypes: 50,
 	})
 	ctx := context.Background()
 	for i := range types {
-		fd := foreignDelivery{Delivery: d, m: &sdk.Message{ID: "m", Type: fmt.Sprintf("type-%d", i)}}
+		fd := berthtest.NewDelivery(&sdk.Message{ID: "m", Type: fmt.Sprintf("type-%d", i)})
 		obs.Settled(obs.Start(ctx, fd), fd, sdk.Settlement{Action: sdk.ActionAck})
 		if i == types/2 { // a declared type counts on its own even after the bound is reached
-			fd := foreignDelivery{Delivery: d, m: &sdk.Message{ID: "m", Type: "declared"}}
+			fd := berthtest.NewDelivery(&sdk.Message{ID: "m", Type: "declared"})
 			obs.Settled(obs.Start(ctx, fd), fd, sdk.Settlement{Action: sdk.ActionAck})
 		}
 	}

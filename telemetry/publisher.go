@@ -252,7 +252,9 @@ type TxPublisher[Tx any] struct {
 // WrapTx returns p decorated by o with tracing, header propagation,
 // correlation IDs and the sent-messages counter, as [Observer.Publisher]
 // decorates a Publisher. (A function, not a method: Go methods take no type
-// parameters.)
+// parameters.) Go infers Tx from an sdk.TxPublisher value but not from a
+// concrete type: write telemetry.WrapTx[pgx.Tx](o, box) for an
+// *outbox.Outbox or a *postgres.Broker.
 func WrapTx[Tx any](o *Observer, p sdk.TxPublisher[Tx]) *TxPublisher[Tx] {
 	return &TxPublisher[Tx]{obs: o, next: p}
 }

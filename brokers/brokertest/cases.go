@@ -25,6 +25,7 @@ var cases = []testCase{
 	{name: "RetryCountsAttempt", run: testRetryCountsAttempt},
 	{name: "RetryDelayNotBefore", needs: []Capability{CapRetryDelay}, run: testRetryDelay},
 	{name: "DelayedPublishNotBefore", needs: []Capability{CapDelayedPublish}, run: testDelayedPublish},
+	{name: "LongDelayHops", needs: []Capability{CapDelayedPublish}, run: testLongDelayHops},
 	{name: "DeadLetterHeaders", needs: []Capability{CapDeadLetters}, run: testDeadLetterHeaders},
 	{name: "DeadLetterKeepsFirstFailure", needs: []Capability{CapDeadLetters}, run: testDeadLetterFirstFailure},
 	{name: "DeadLetterRedrive", needs: []Capability{CapDeadLetters}, run: testDeadLetterRedrive},

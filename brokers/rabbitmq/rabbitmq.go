@@ -85,16 +85,43 @@
 //
 // Without the management plugin AMQP reports a queue's ready messages and
 // consumers ([Broker.Info]); [Broker.Stats] fills Ready, Delayed and
-// DeadLettered and leaves InFlight and OldestAge at 0. Dead letters are read
-// with basic.get on a channel of their own (while a listing runs, the
-// messages it holds are invisible to other listings) and given back by
-// republishing each, as it is and in order, to the dead-letter queue and
-// acking the original once confirmed. Returning them by closing the channel
-// would raise a quorum queue's delivery count on every listing, and a
-// delivery limit (RabbitMQ 4's default is 20) would then drop them; the
-// dead-letter queue itself is declared with no delivery limit of berth's.
-// A crash in the middle leaves a dead letter twice, never none; dead letters
-// arriving during a listing may end up before the ones it gives back.
+// DeadLettered and leaves InFlight and OldestAge at 0.
+//
+// # Dead letters
+//
+// AMQP cannot read a queue without taking its messages, so listing, showing,
+// redriving and deleting dead letters walk the dead-letter queue once round,
+// a page at a time (100 letters, or fewer once their bodies reach 32 MiB),
+// with basic.get on a channel of their own: each letter of a page is kept
+// (republished as it is, headers and x-death included, to the tail of the
+// dead-letter queue), redriven or deleted, and the original is acked once
+// its copy is confirmed. After the letters the queue held when the walk
+// began have all gone round, the queue is in its old order again; memory
+// holds one page, whatever the queue holds, and the time grows with the
+// queue. A redrive or delete of chosen IDs walks twice: once to check them
+// (unknown IDs change nothing), once to move them.
+//
+// Keeping a letter by republishing it, not by closing the channel, is what
+// keeps listings from wearing dead letters out: a message returned by
+// closing the channel (or nack) has x-delivery-count raised on a quorum
+// queue, and a delivery limit on the dead-letter queue would drop it after
+// that many listings; a copy starts with no delivery count. So berth
+// declares the dead-letter queue with no x-delivery-limit of its own:
+// whatever limit the server applies (RabbitMQ 4's default of 20, or one an
+// operator sets by policy) is never reached by walks. (Setting one, or -1
+// for none, would make the declaration differ from existing dead-letter
+// queues, which RabbitMQ refuses with PRECONDITION_FAILED, and -1 is
+// refused before RabbitMQ 4.) Only a walk whose connection dies counts a
+// delivery, once, for the page it held.
+//
+// A crash in the middle leaves a dead letter twice (copy confirmed, original
+// not yet acked), never none; dead letters arriving during a walk may end
+// up before the ones it keeps; a walk interrupted by its ctx finishes its
+// page and leaves the queue turned part of the way round. Two walks at once
+// take letters from under each other: a walk that meets its own copies
+// before it has seen every letter stops with a [*ScanError] (wrapping
+// [ErrScanIncomplete]) saying how many it did not look at, rather than
+// seeing letters twice.
 package rabbitmq
 
 import (
@@ -307,14 +334,17 @@ type Broker struct {
 	rand   *rand.Rand
 
 	window chan struct{} // one token per unconfirmed PublishAsync message
+
+	walkTune walkTuning // bounds of dead-letter walks (dlqwalk.go)
 }
 
 var (
-	_ sdk.Broker         = (*Broker)(nil)
-	_ sdk.QueueDeclarer  = (*Broker)(nil)
-	_ sdk.Inspector      = (*Broker)(nil)
-	_ sdk.DeadLetters    = (*Broker)(nil)
-	_ sdk.AsyncPublisher = (*Broker)(nil)
+	_ sdk.Broker             = (*Broker)(nil)
+	_ sdk.ConnectionReporter = (*Broker)(nil)
+	_ sdk.QueueDeclarer      = (*Broker)(nil)
+	_ sdk.Inspector          = (*Broker)(nil)
+	_ sdk.DeadLetters        = (*Broker)(nil)
+	_ sdk.AsyncPublisher     = (*Broker)(nil)
 )
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
@@ -461,9 +491,33 @@ type link struct {
 	b    *Broker
 	name string
 
-	mu   sync.Mutex
-	conn *amqp.Connection // nil while down
-	up   chan struct{}    // closed while conn is usable
+	mu      sync.Mutex
+	conn    *amqp.Connection // nil while down
+	up      chan struct{}    // closed while conn is usable
+	downErr error            // why conn is down: the loss, then the last failed reconnect
+}
+
+// ConnectionError implements [sdk.ConnectionReporter]: nil while the
+// consuming connection is up, else why it is down (the loss, then the
+// last failed reconnect), wrapping [sdk.ErrUnavailable]; [sdk.ErrClosed]
+// once the broker is closed. A Receive waits through a reconnection instead
+// of failing, so this is how [sdk.Worker.Health] learns of an outage.
+func (b *Broker) ConnectionError() error {
+	select {
+	case <-b.closing:
+		return sdk.ErrClosed
+	default:
+	}
+	l := b.con
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil && !l.conn.IsClosed() {
+		return nil
+	}
+	if l.downErr != nil {
+		return fmt.Errorf("%w: rabbitmq: %s connection down: %w", sdk.ErrUnavailable, l.name, l.downErr)
+	}
+	return fmt.Errorf("%w: rabbitmq: %s connection down", sdk.ErrUnavailable, l.name)
 }
 
 // dialRetry dials until it succeeds, the error is not worth waiting for
@@ -559,7 +613,15 @@ func (l *link) set(c *amqp.Connection) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.conn = c
+	l.downErr = nil
 	close(l.up)
+}
+
+// down records why the connection is down (see Broker.ConnectionError).
+func (l *link) down(err error) {
+	l.mu.Lock()
+	l.downErr = err
+	l.mu.Unlock()
 }
 
 func (l *link) unset() {
@@ -624,8 +686,10 @@ func (l *link) supervise(conn *amqp.Connection) {
 			l.unset()
 			if err != nil {
 				log.Warn("rabbitmq connection lost", "code", err.Code, "reason", err.Reason)
+				l.down(fmt.Errorf("connection lost: %w", err))
 			} else {
 				log.Warn("rabbitmq connection lost")
+				l.down(errors.New("connection lost"))
 			}
 		}
 		l.b.forgetDeclared()
@@ -641,6 +705,7 @@ func (l *link) supervise(conn *amqp.Connection) {
 				break
 			}
 			log.Warn("rabbitmq reconnect failed", "attempt", attempt, "err", err)
+			l.down(err)
 		}
 		log.Info("rabbitmq reconnected")
 		l.set(conn)

@@ -31,7 +31,8 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 
 // EnsureQueue creates queue (FIFO when its name ends in ".fifo") and its
 // dead-letter queue (FIFO too, then), and sets queue's redrive policy
-// (maxReceiveCount) and visibility timeout ([Options.VisibilityTimeout]),
+// (maxReceiveCount), visibility timeout ([Options.VisibilityTimeout]) and
+// long-poll wait ([Options.WaitTime], for consumers other than berth too),
 // and MaximumMessageSize ([Options.MaxWireSize]) on both. It is idempotent:
 // on existing queues it sets those attributes again, and leaves the others
 // alone. The URLs are cached.
@@ -90,6 +91,10 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 	attrs := clone(common)
 	attrs[string(sqstypes.QueueAttributeNameRedrivePolicy)] = string(policy)
 	attrs[string(sqstypes.QueueAttributeNameVisibilityTimeout)] = strconv.Itoa(int(ceilSeconds(b.opts.VisibilityTimeout)))
+	// Long polling for every consumer of the queue, not only berth's
+	// receives (which ask for WaitTime themselves): berth doctor's
+	// sqs.long-polling.
+	attrs[string(sqstypes.QueueAttributeNameReceiveMessageWaitTimeSeconds)] = strconv.Itoa(int(ceilSeconds(b.opts.WaitTime)))
 	q, err := b.create(ctx, queue, attrs)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@
 //	berth outbox list -db postgres://localhost/app       parked outbox rows
 //	berth job show 0192f1d4-... -db $LEDGER_DSN           one job's state and attempts
 //	berth jobs -queue billing -status retrying -since 1h  jobs by queue, status, time
+//	berth doctor billing -url amqp://... -max-attempts 8  misconfigurations, with the fix
 //	berth ui -url mem:// -demo                           the web dashboard
 //
 // Flags go before or after the command and its arguments; "berth help
@@ -70,6 +71,7 @@ type env struct {
 	stderr      io.Writer
 	interactive bool // stdin and stderr are terminals: confirmations may be asked
 	progress    bool // stderr is a terminal: draw progress bars
+	colour      bool // stdout is a terminal (and NO_COLOR is unset): colour doctor's severities
 	getenv      func(string) string
 	open        func(ctx context.Context, rawURL string) (sdk.Broker, error)
 	listening   func(addr string) // ui: called with the address once it listens (tests)
@@ -98,6 +100,7 @@ func main() {
 	code := run(ctx, os.Args[1:], env{
 		stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr,
 		interactive: stdinTTY && stderrTTY, progress: stderrTTY,
+		colour: term.IsTerminal(int(os.Stdout.Fd())) && os.Getenv("NO_COLOR") == "",
 		getenv: os.Getenv, open: openURL,
 	})
 	stop()
@@ -145,6 +148,13 @@ func commands() []*command {
 		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest update first, with the total",
 			long:  "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.",
 			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs},
+		{name: "doctor", args: "[QUEUE...]", short: "check the broker, its queues and the Workers' settings for misconfigurations (exit 1 on an error finding)",
+			long: "Each finding has a stable ID (README.md, \"berth doctor\"), a severity (ok, info, warn, error), the evidence and the fix.\n" +
+				"Name the queues on RabbitMQ and SQS; PostgreSQL and JetStream check every queue they list.\n" +
+				"-max-attempts, -longest-job and -concurrency describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.\n" +
+				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
+				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.",
+			flags: []string{"max-attempts", "longest-job", "concurrency", "db", "schema", "results-table", "redis"}, run: runDoctor},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
@@ -177,6 +187,10 @@ type cli struct {
 	schema, queue, status string
 	after                 string
 	since                 time.Duration
+	maxAttempts           int
+	concurrency           int
+	longestJob            time.Duration
+	resultsTable, redis   string
 }
 
 func newCLI(e env) *cli {
@@ -210,6 +224,11 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.status, "status", "", "jobs: only jobs in these statuses (comma-separated: enqueued, running, retrying, released, succeeded, dead, redriven)")
 	fs.DurationVar(&c.since, "since", 0, "jobs: only jobs updated in this last while (e.g. 1h)")
 	fs.StringVar(&c.after, "after", "", "jobs: the next page, as printed after the previous one")
+	fs.IntVar(&c.maxAttempts, "max-attempts", 0, "doctor: the Workers' RetryPolicy.MaxAttempts (default 5)")
+	fs.IntVar(&c.concurrency, "concurrency", 0, "doctor: the Workers' Concurrency (default 8)")
+	fs.DurationVar(&c.longestJob, "longest-job", 0, "doctor: the longest a handler may run, its WorkerOptions.Timeout (default 30m)")
+	fs.StringVar(&c.resultsTable, "results-table", "", "doctor: the idempotency result table in -db, schema.table (default public.job_results)")
+	fs.StringVar(&c.redis, "redis", "", "doctor: the Redis (host:port) of the idempotency dedupe cache")
 	c.fs = fs
 	return c
 }
@@ -312,6 +331,8 @@ func (c *cli) exit(cmd *command, err error) int {
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errDoctorFindings):
+		return exitError
 	case errors.As(err, &ue):
 		fmt.Fprintf(c.stderr, "berth %s: %s\nrun \"berth %s -h\" for usage\n", cmd.name, esc(err.Error()), cmd.name)
 		return exitUsage

@@ -6,29 +6,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/berthq/berth/internal/markdown"
 )
 
 // runbookCommands returns the berth command lines of a Markdown text: code
 // spans and fenced code lines that start with "berth ".
 func runbookCommands(md string) []string {
-	var spans []string
-	inFence := false
-	for _, line := range strings.Split(md, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), "```") {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			spans = append(spans, line)
-			continue
-		}
-		parts := strings.Split(line, "`")
-		for i := 1; i < len(parts); i += 2 {
-			spans = append(spans, parts[i])
-		}
-	}
 	var cmds []string
-	for _, s := range spans {
+	for _, s := range markdown.CodeSpans(md) {
 		s = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(s), "$ "))
 		if strings.HasPrefix(s, "berth ") {
 			cmds = append(cmds, s)
@@ -93,7 +79,7 @@ func TestRunbookCommandsExist(t *testing.T) {
 			}
 		}
 	}
-	for _, v := range []string{"stats", "dlq list", "dlq show", "dlq redrive", "dlq purge", "job show", "jobs"} {
+	for _, v := range []string{"stats", "dlq list", "dlq show", "dlq redrive", "dlq purge", "job show", "jobs", "doctor"} {
 		if !verbs[v] {
 			t.Errorf("RUNBOOK.md never uses berth %s", v)
 		}

@@ -3,14 +3,12 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/concurrency/internal/testenv"
 	"github.com/berthq/berth/concurrency/redislock"
 	"github.com/berthq/berth/sdk"
@@ -231,26 +229,6 @@ func (h failHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return next
 }
 
-// recorder is an sdk.Observer that keeps every settlement.
-type recorder struct {
-	mu  sync.Mutex
-	out []settled
-	ch  chan struct{}
-}
-
-type settled struct {
-	attempt int
-	s       sdk.Settlement
-}
-
-func (r *recorder) Start(ctx context.Context, d sdk.Delivery) context.Context { return ctx }
-func (r *recorder) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
-	r.mu.Lock()
-	r.out = append(r.out, settled{d.Attempt(), s})
-	r.mu.Unlock()
-	r.ch <- struct{}{}
-}
-
 // The middleware hands a busy resource back as RetryAfter without running the
 // handler and without consuming an attempt; once the lock is free the handler
 // runs under it and sees the lock's fencing token.
@@ -258,11 +236,7 @@ func TestMiddlewareBusyIsReleasedNotFailed(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 	c := newClient(t, rdb, prefix, redislock.Options{TTL: 5 * time.Second, BusyDelay: 20 * time.Millisecond})
-	broker, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer broker.Close()
+	broker := berthtest.Memory(t)
 	queue := "conc-" + testenv.Suffix()
 
 	held, err := c.Obtain(ctx, "order:42")
@@ -287,53 +261,31 @@ func TestMiddlewareBusyIsReleasedNotFailed(t *testing.T) {
 		}
 		return "order:" + id, nil
 	}
-	rec := &recorder{ch: make(chan struct{}, 16)}
-	w, err := sdk.NewWorker(broker, h, sdk.WorkerOptions{
+	rec := berthtest.StartWorker(t, broker, h, sdk.WorkerOptions{
 		Queue: queue, Concurrency: 2,
 		Middleware: []sdk.Middleware{c.Middleware(key)},
-		Observers:  []sdk.Observer{rec},
-		Logger:     slog.New(slog.DiscardHandler),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-runErr; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
 	if err := broker.Publish(ctx, queue, &sdk.Message{Type: "charge", Headers: map[string]string{"order": "42"}}); err != nil {
 		t.Fatal(err)
 	}
 	// Busy twice, then free the resource.
-	<-rec.ch
-	<-rec.ch
+	rec.Wait(t, 2)
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		<-rec.ch
-		rec.mu.Lock()
-		last := rec.out[len(rec.out)-1]
-		rec.mu.Unlock()
-		if last.s.Action == sdk.ActionAck {
-			break
+	rec.WaitDone(t, 1)
+	all := rec.Records()
+	for i, s := range all {
+		if s.Attempt != 1 {
+			t.Errorf("settlement %d at attempt %d: a busy resource consumed an attempt", i, s.Attempt)
+		}
+		if i < len(all)-1 && (s.Action != sdk.ActionRelease || s.Class != sdk.ClassRetryAfter ||
+			!errors.Is(s.Cause, redislock.ErrBusy) || s.Delay > 20*time.Millisecond) {
+			t.Errorf("settlement %d = %+v, want a release for a busy resource", i, s.Settlement)
 		}
 	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	for i, s := range rec.out {
-		if s.attempt != 1 {
-			t.Errorf("settlement %d at attempt %d: a busy resource consumed an attempt", i, s.attempt)
-		}
-		if i < len(rec.out)-1 && (s.s.Action != sdk.ActionRelease || s.s.Class != sdk.ClassRetryAfter ||
-			!errors.Is(s.s.Cause, redislock.ErrBusy) || s.s.Delay > 20*time.Millisecond) {
-			t.Errorf("settlement %d = %+v, want a release for a busy resource", i, s.s)
-		}
+	if last := all[len(all)-1]; last.Action != sdk.ActionAck {
+		t.Errorf("last settlement %s, want the ack", last.Action)
 	}
 	if ran.Load() != 1 {
 		t.Errorf("handler ran %d times, want once (never while busy)", ran.Load())

@@ -1,33 +1,18 @@
 package monitoring
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/berthq/berth/internal/markdown"
 )
 
-// codeSpans returns the inline code spans and fenced code lines of a
-// Markdown text.
-func codeSpans(md string) []string {
-	var spans []string
-	inFence := false
-	for _, line := range strings.Split(md, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), "```") {
-			inFence = !inFence
-			continue
-		}
-		if inFence {
-			spans = append(spans, line)
-			continue
-		}
-		parts := strings.Split(line, "`")
-		for i := 1; i < len(parts); i += 2 {
-			spans = append(spans, parts[i])
-		}
-	}
-	return spans
-}
+// codeSpans is markdown.CodeSpans, short.
+var codeSpans = markdown.CodeSpans
 
 var (
 	grafanaRef = regexp.MustCompile(`\[Grafana: ([^/\]]+?) / ([^\]]+?)\]`)
@@ -151,5 +136,105 @@ func TestRunbookReferencesExist(t *testing.T) {
 		if !anchors[want] {
 			t.Errorf("RUNBOOK.md lacks the checklist #%s", want)
 		}
+	}
+}
+
+// checkID is what a configuration or doctor check's stable ID looks like:
+// an area and a name (worker.max-attempts-over-broker-cap, clock.skew).
+var checkID = regexp.MustCompile(`^(worker|broker|rabbitmq|sqs|postgres|jetstream|idempotency|clock)\.[a-z0-9]+(-[a-z0-9]+)*$`)
+
+// TestRunbookCheckIDsExist checks that every check ID RUNBOOK.md names is a
+// string literal of berth's code (sdk's Conflict* constants, package
+// doctor's checks), so that a renamed check cannot leave the runbook
+// pointing at nothing.
+func TestRunbookCheckIDsExist(t *testing.T) {
+	b, err := os.ReadFile(runbookFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, span := range codeSpans(string(b)) {
+		if checkID.MatchString(span) {
+			ids[span] = false
+		}
+	}
+	if len(ids) < 15 {
+		t.Fatalf("RUNBOOK.md names only %d check IDs", len(ids))
+	}
+	err = filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != "../.." && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for id := range ids {
+			if strings.Contains(string(src), `"`+id+`"`) {
+				ids[id] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, found := range ids {
+		if !found {
+			t.Errorf("RUNBOOK.md names check %s, which no Go file of the repository defines", id)
+		}
+	}
+}
+
+// findingID finds the IDs package doctor gives its findings.
+var findingID = regexp.MustCompile(`ID: +"([a-z]+\.[a-z0-9-]+)"`)
+
+// TestRunbookCoversDoctor checks that every finding package doctor can
+// report (other than its notes about itself) is named in RUNBOOK.md, so an
+// operator who reads a finding's ID finds what it means for the symptoms.
+func TestRunbookCoversDoctor(t *testing.T) {
+	b, err := os.ReadFile(runbookFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, span := range codeSpans(string(b)) {
+		named[span] = true
+	}
+	files, err := filepath.Glob("../../doctor/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range findingID.FindAllStringSubmatch(string(src), -1) {
+			ids++
+			switch m[1] {
+			case "broker.checks", "worker.options": // "no checks for this broker", "bad flags"
+				continue
+			}
+			if !named[m[1]] {
+				t.Errorf("doctor finding %s (%s) is not named in RUNBOOK.md", m[1], filepath.Base(f))
+			}
+		}
+	}
+	if ids < 20 {
+		t.Fatalf("found only %d doctor finding IDs in ../../doctor", ids)
 	}
 }

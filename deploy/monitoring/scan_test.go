@@ -68,7 +68,12 @@ func TestCheckCatchesMistakes(t *testing.T) {
 			t.Errorf("%s: errors %q, want one containing %q", expr, errs, want)
 		}
 	}
-	if errs := c.check(`sum by (messaging_destination_name) (rate(berth_job_retries_total[5m]))`); len(errs) != 0 {
-		t.Errorf("a good query refused: %v", errs)
+	for _, good := range []string{
+		`sum by (messaging_destination_name) (rate(berth_job_retries_total[5m]))`,
+		`sum(berth_job_dead_letters_total unless berth_job_dead_letters_total offset 15m)`, // a new series: its first event
+	} {
+		if errs := c.check(good); len(errs) != 0 {
+			t.Errorf("%s refused: %v", good, errs)
+		}
 	}
 }

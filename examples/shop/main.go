@@ -18,8 +18,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,7 +30,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -40,6 +37,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/examples/internal/demodb"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
@@ -59,28 +57,11 @@ func main() {
 
 // demo runs the scenario in a fresh schema of the database at dsn.
 func demo(ctx context.Context, dsn string, cfg Config, out io.Writer) error {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := "shop_demo_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, dsn)
+	pool, schema, done, err := demodb.Open(ctx, dsn, "shop_demo")
 	if err != nil {
 		return err
 	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return err
-	}
-	defer admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // best effort
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer done()
 	r, err := Run(ctx, pool, schema, cfg)
 	if err != nil {
 		return err

@@ -169,7 +169,7 @@ func TestNoDockerInUserTestBinaries(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"./berthtest/...", "./examples/shop"}, // with their tests
-		{"./integration"},                         // the package alone: its own tests ask for containers
+		{"./integration"},                      // the package alone: its own tests ask for containers
 	} {
 		cmdArgs := []string{"list", "-deps", "-f", "{{.ImportPath}}"}
 		if args[0] != "./integration" {

@@ -1,0 +1,99 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// inequivalent parses RabbitMQ's PRECONDITION_FAILED text for a queue
+// declared with other arguments than it has: the argument's name and its
+// current value ("none", "'v'", or "the value 'v' of type 't'").
+var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for queue .* but current is (none|the value '([^']*)' of type '([^']+)'|'([^']*)')`)
+
+// maxProbes bounds QueueArguments: one declare per argument the queue has.
+const maxProbes = 32
+
+// QueueArguments returns the arguments queue was declared with (x-queue-type,
+// x-dead-letter-exchange, x-delivery-limit, x-message-ttl, …) as far as the
+// server checks them on a redeclare, without the management plugin: it
+// declares the queue with the arguments found so far and reads the one the
+// server says differs from its PRECONDITION_FAILED answer, until the
+// declare succeeds. A declare that succeeds with the queue's own arguments
+// changes nothing. A queue that does not exist is never created: it is
+// checked with a passive declare first (an error wrapping [sdk.ErrNotFound]).
+// Arguments the server does not compare on a redeclare (x-delivery-limit of
+// a classic queue, which RabbitMQ ignores anyway) are not reported. berth
+// doctor uses it.
+func (b *Broker) QueueArguments(ctx context.Context, queue string) (map[string]any, error) {
+	if b.closed() {
+		return nil, sdk.ErrClosed
+	}
+	if _, err := b.inspect(ctx, queue); err != nil {
+		return nil, fmt.Errorf("rabbitmq: inspect %q: %w", queue, err)
+	}
+	args := amqp.Table{}
+	for range maxProbes {
+		err := b.withChannel(ctx, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(queue, true, false, false, false, args)
+			return err
+		})
+		if err == nil {
+			out := make(map[string]any, len(args))
+			for k, v := range args {
+				out[k] = v
+			}
+			return out, nil
+		}
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+			return nil, fmt.Errorf("rabbitmq: probe arguments of %q: %w", queue, err)
+		}
+		m := inequivalent.FindStringSubmatch(ae.Reason)
+		if m == nil {
+			return nil, fmt.Errorf("rabbitmq: probe arguments of %q: unexpected answer: %w", queue, err)
+		}
+		name := m[1]
+		switch {
+		case m[2] == "none":
+			delete(args, name)
+		case m[4] != "":
+			args[name] = typedArg(m[3], m[4])
+		default:
+			args[name] = sameType(args[name], m[5])
+		}
+	}
+	return nil, fmt.Errorf("rabbitmq: probe arguments of %q: no answer after %d declares", queue, maxProbes)
+}
+
+// typedArg converts an argument's text to the AMQP type the server named.
+func typedArg(v, typ string) any {
+	switch typ {
+	case "long", "signedint", "short", "byte", "unsignedint", "unsignedshort", "unsignedbyte":
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
+	case "bool":
+		return v == "true"
+	}
+	return v
+}
+
+// sameType converts v to the type of the value sent before.
+func sameType(sent any, v string) any {
+	switch sent.(type) {
+	case int64:
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
+	case bool:
+		return v == "true"
+	}
+	return v
+}

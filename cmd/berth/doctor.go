@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/ledger/pgledger"
+)
+
+// openDB opens and pings the PostgreSQL of dsn.
+func (c *cli) openDB(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, usagef("-db: the connection string does not parse") // pgx may quote it
+	}
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(octx, cfg)
+	if err == nil {
+		err = pool.Ping(octx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, fmt.Errorf("database: %w", err) // pgx names host, user and database, never the password
+	}
+	return pool, nil
+}
+
+// errDoctorFindings is returned by "berth doctor" when a finding is an
+// error; the findings are printed already, so it exits 1 without a message.
+var errDoctorFindings = errors.New("doctor: a finding is an error")
+
+type jsonDoctor struct {
+	Findings []doctor.Finding `json:"findings"`
+	Worst    doctor.Severity  `json:"worst"`
+	Errors   int              `json:"errors"`
+	Warnings int              `json:"warnings"`
+}
+
+func runDoctor(ctx context.Context, c *cli, args []string) error {
+	if c.maxAttempts < 0 || c.concurrency < 0 {
+		return usagef("-max-attempts and -concurrency must not be negative")
+	}
+	b, err := c.broker(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency}
+	if u, err := url.Parse(c.url); err == nil { // the workers' RabbitMQ prefetch, from the URL they use
+		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
+			opts.Prefetch = p
+		}
+	}
+	dsn := c.db
+	if dsn == "" {
+		dsn = c.getenv("BERTH_DB")
+	}
+	if dsn != "" { // the application's database: the ledger's tables and the idempotency results
+		pool, err := c.openDB(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		opts.Results, opts.ResultsTable = pool, c.resultsTable
+		schema := c.schema
+		if schema == "" {
+			schema = pgledger.DefaultSchema
+		}
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+			pgx.Identifier{schema, pgledger.DefaultPrefix + "jobs"}.Sanitize()).Scan(&exists); err != nil {
+			return fmt.Errorf("ledger database: %w", err)
+		}
+		if exists {
+			s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+			if err != nil {
+				return &usageError{err.Error()}
+			}
+			opts.Ledger = s
+		}
+	}
+	if c.redis != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+		defer rdb.Close()
+		opts.Redis = rdb
+	}
+	fs, err := doctor.Run(ctx, b, opts)
+	if errors.Is(err, doctor.ErrNoQueues) {
+		return usagef("this broker cannot list its queues: name them (berth doctor QUEUE...)")
+	}
+	if err != nil {
+		return err
+	}
+	var errs, warns int
+	for _, f := range fs {
+		switch f.Severity {
+		case doctor.Error:
+			errs++
+		case doctor.Warn:
+			warns++
+		}
+	}
+	if c.json {
+		if err := writeJSON(c.stdout, jsonDoctor{Findings: fs, Worst: doctor.Worst(fs), Errors: errs, Warnings: warns}); err != nil {
+			return err
+		}
+	} else {
+		c.printFindings(fs, errs, warns)
+	}
+	if errs > 0 {
+		return errDoctorFindings
+	}
+	return nil
+}
+
+// ANSI colours of the severities, used only when stdout is a terminal.
+var severityColour = map[doctor.Severity]string{
+	doctor.Error: "\x1b[1;31m", doctor.Warn: "\x1b[33m", doctor.Info: "\x1b[36m", doctor.OK: "\x1b[32m",
+}
+
+func (c *cli) printFindings(fs []doctor.Finding, errs, warns int) {
+	w := c.stdout
+	for _, f := range fs {
+		label := fmt.Sprintf("%-5s", f.Severity)
+		if c.colour {
+			label = severityColour[f.Severity] + label + "\x1b[0m"
+		}
+		where := ""
+		if f.Queue != "" {
+			where = "  " + esc(f.Queue)
+		}
+		fmt.Fprintf(w, "%s  %s%s: %s\n", label, esc(f.ID), where, esc(f.Summary))
+		if f.Severity == doctor.OK {
+			continue
+		}
+		if f.Evidence != "" {
+			fmt.Fprintf(w, "       evidence: %s\n", esc(f.Evidence))
+		}
+		if f.Fix != "" {
+			fmt.Fprintf(w, "       fix: %s\n", esc(f.Fix))
+		}
+	}
+	fmt.Fprintf(w, "%d checks: %d errors, %d warnings\n", len(fs), errs, warns)
+}

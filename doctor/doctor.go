@@ -1,0 +1,329 @@
+// Package doctor checks a berth deployment for the misconfigurations that
+// look fine until a bad day: a broker cap below the Worker's MaxAttempts, a
+// classic RabbitMQ queue without a delivery limit, an SQS queue without a
+// redrive policy, a PostgreSQL job table without its indexes or with
+// autovacuum off, jobs stuck past their lease, a dedupe TTL shorter than the
+// redelivery window, a skewed clock. Each check has a stable ID (README.md,
+// "berth doctor", lists them; RUNBOOK.md links to them) and returns
+// [Finding]s with a severity, the evidence read from the real broker or
+// database, and the fix.
+//
+// Checks read; they never change a queue, a table or a message. The one
+// exception is how RabbitMQ arguments are read without the management
+// plugin (rabbitmq.Broker.QueueArguments): queue.declare with the queue's own
+// arguments, a no-op, on queues that exist.
+//
+// The command "berth doctor" (cmd/berth) runs [Run] on the broker a URL
+// opens.
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// Severity grades a [Finding].
+type Severity string
+
+// The severities, from fine to broken. OK findings record a check that ran
+// and passed, with its evidence.
+const (
+	OK    Severity = "ok"
+	Info  Severity = "info"  // not a problem, or not checkable here; read it once
+	Warn  Severity = "warn"  // works today, fails on a bad day
+	Error Severity = "error" // wrong now: jobs are lost, duplicated or stuck
+)
+
+// rank orders severities.
+func (s Severity) rank() int {
+	switch s {
+	case Info:
+		return 1
+	case Warn:
+		return 2
+	case Error:
+		return 3
+	}
+	return 0
+}
+
+// Finding is the result of one check on one queue (or table, or host).
+type Finding struct {
+	// ID names the check, stable across versions (e.g.
+	// "rabbitmq.delivery-limit").
+	ID string `json:"id"`
+	// Severity is ok, info, warn or error.
+	Severity Severity `json:"severity"`
+	// Queue is the queue (or "schema.table") checked; "" for host checks.
+	Queue string `json:"queue,omitempty"`
+	// Summary says what was found, in one line.
+	Summary string `json:"summary"`
+	// Evidence is what was read, with the numbers.
+	Evidence string `json:"evidence,omitempty"`
+	// Fix says what to change; empty for OK findings.
+	Fix string `json:"fix,omitempty"`
+}
+
+// Options describe the deployment the broker serves: what the Workers are
+// configured with and what the jobs need. The zero value is berth's defaults.
+type Options struct {
+	// Queues to check. Default: every queue the broker lists (PostgreSQL,
+	// JetStream); required for RabbitMQ and SQS.
+	Queues []string
+	// MaxAttempts is the Workers' RetryPolicy.MaxAttempts. Default
+	// [sdk.DefaultMaxAttempts].
+	MaxAttempts int
+	// LongestJob is the longest a handler is expected to run (its
+	// WorkerOptions.Timeout). Default [sdk.DefaultTimeout].
+	LongestJob time.Duration
+	// Concurrency is the Workers' WorkerOptions.Concurrency. Default 8.
+	Concurrency int
+	// Prefetch is the RabbitMQ consumer prefetch the Workers use (the
+	// broker URL's prefetch); 0 is berth's automatic prefetch.
+	Prefetch int
+	// OldestReady is the age of the oldest ready job above which it is
+	// reported as waiting too long. Default 5 min.
+	OldestReady time.Duration
+	// DeadTuples is the number of dead tuples of the PostgreSQL jobs table
+	// above which bloat is reported, when they are also more than a fifth
+	// of its rows. Default 100000.
+	DeadTuples int64
+	// ClockSkew is the clock difference to the database above which it is
+	// reported (an error above five times it). Default 1s.
+	ClockSkew time.Duration
+	// RedeliveryWindow is how long a job may wait in its queue, dead letters
+	// waiting for a redrive included, before it runs once more (SQS: the
+	// retention period). The checks add the Worker's retry delays. Default 4
+	// days (SQS's default retention).
+	RedeliveryWindow time.Duration
+	// StuckClaims is how long past its lease an idempotency claim in
+	// progress is reported as stuck. Default 15 min.
+	StuckClaims time.Duration
+	// LedgerWindow is the span of job history the ledger checks read (and,
+	// for dead-letter growth, the span before it). Default 1h.
+	LedgerWindow time.Duration
+	// SameError is how many jobs dead-lettered with one transient error make
+	// it "retried to exhaustion". Default 3.
+	SameError int
+	// RetryStorm is how many retrying jobs in the window, more than those
+	// that succeeded, make a retry storm. Default 100.
+	RetryStorm int
+	// DLQGrowth is how many dead letters in the window, more than twice the
+	// window before, make the dead-letter queue "growing". Default 10.
+	DLQGrowth int
+	// Ledger, when set, is read by the ledger checks ([Ledger]). On the
+	// PostgreSQL broker Run reads its jobs table when Ledger is nil.
+	Ledger ledger.Reader
+	// Results, when set, is the database of the idempotency result store,
+	// checked by [Idempotency] on ResultsTable (default
+	// "public.job_results").
+	Results      *pgxpool.Pool
+	ResultsTable string
+	// Redis, when set, holds the idempotency dedupe cache under RedisPrefix
+	// (default "berth:idem:"), checked by [Dedupe].
+	Redis       redis.UniversalClient
+	RedisPrefix string
+	// Now is the worker's clock. Default time.Now.
+	Now func() time.Time
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = sdk.DefaultMaxAttempts
+	}
+	if o.LongestJob == 0 {
+		o.LongestJob = sdk.DefaultTimeout
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.OldestReady <= 0 {
+		o.OldestReady = 5 * time.Minute
+	}
+	if o.DeadTuples <= 0 {
+		o.DeadTuples = 100000
+	}
+	if o.ClockSkew <= 0 {
+		o.ClockSkew = time.Second
+	}
+	if o.StuckClaims <= 0 {
+		o.StuckClaims = 15 * time.Minute
+	}
+	if o.LedgerWindow <= 0 {
+		o.LedgerWindow = time.Hour
+	}
+	if o.SameError <= 0 {
+		o.SameError = 3
+	}
+	if o.RetryStorm <= 0 {
+		o.RetryStorm = 100
+	}
+	if o.DLQGrowth <= 0 {
+		o.DLQGrowth = 10
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// ErrNoQueues is returned by [Run] when no queue was named and the broker
+// cannot list its queues.
+var ErrNoQueues = errors.New("doctor: name the queues to check (this broker cannot list them)")
+
+// Run runs every check that applies to b (RabbitMQ, SQS, PostgreSQL, JetStream, as
+// brokerurl opens them, or the broker types themselves; on others only the
+// Worker's options) and
+// returns the findings, worst first. An error means the checks could not run
+// (the broker cannot be reached); a check that cannot tell is an Info finding.
+func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
+	o := opts.withDefaults()
+	var (
+		fs  []Finding
+		err error
+	)
+	switch {
+	case asRabbit(b) != nil:
+		fs, err = rabbitMQ(ctx, asRabbit(b), o)
+	case asSQS(b) != nil:
+		fs, err = sqsChecks(ctx, asSQS(b), o)
+	case asPostgres(b) != nil:
+		pg := asPostgres(b)
+		fs, err = postgresChecks(ctx, pg.pool, pg.schema, pg.broker, o)
+	case asJetStream(b) != nil:
+		fs, err = jetStream(ctx, asJetStream(b), o)
+	default:
+		fs = []Finding{{ID: "broker.checks", Severity: Info, Summary: "no broker-specific checks for this broker",
+			Evidence: fmt.Sprintf("%T: only the Worker's options are checked against what it reports", b)}}
+	}
+	if err != nil {
+		return fs, err
+	}
+	lease := time.Duration(0)
+	if lr, ok := b.(sdk.LeaseReporter); ok {
+		lease = lr.Lease()
+	}
+	if r := o.Ledger; r != nil || asPostgres(b) != nil {
+		if r == nil {
+			pg := asPostgres(b)
+			if r, err = pgledger.NewJobs(pg.pool, pg.schema); err != nil {
+				return fs, err
+			}
+		}
+		lf, err := Ledger(ctx, r, lease, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, lf...)
+	}
+	if o.Results != nil {
+		rf, err := Idempotency(ctx, o.Results, o.ResultsTable, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, rf...)
+	}
+	if o.Redis != nil {
+		rf, err := Dedupe(ctx, o.Redis, o.RedisPrefix, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, rf...)
+	}
+	fs = append(fs, workerConfig(b, o)...)
+	Sort(fs)
+	return fs, nil
+}
+
+// workerConfig runs sdk.CheckConfig for the Worker the options describe.
+func workerConfig(b sdk.Broker, o Options) []Finding {
+	wo := sdk.WorkerOptions{Queue: "doctor", Concurrency: o.Concurrency, Timeout: o.LongestJob,
+		Retry: sdk.RetryPolicy{MaxAttempts: o.MaxAttempts}}
+	conflicts, err := sdk.CheckConfig(b, wo)
+	if err != nil {
+		return []Finding{{ID: "worker.options", Severity: Error, Summary: "the Worker options do not validate", Evidence: err.Error(), Fix: "fix the flags"}}
+	}
+	var out []Finding
+	for _, c := range conflicts {
+		out = append(out, Finding{ID: c.ID, Severity: Warn, Summary: "the Worker's options contradict the broker", Evidence: c.Message, Fix: c.Fix})
+	}
+	if len(conflicts) == 0 {
+		out = append(out, Finding{ID: sdk.ConflictMaxAttemptsOverCap, Severity: OK,
+			Summary:  "the Worker's retry policy fits the broker's poison cap",
+			Evidence: fmt.Sprintf("MaxAttempts %d%s", o.MaxAttempts, capText(b))})
+	}
+	return out
+}
+
+func capText(b sdk.Broker) string {
+	if cr, ok := b.(sdk.DeliveryCapReporter); ok && cr.MaxDeliveries() > 0 {
+		return fmt.Sprintf(", broker cap %d", cr.MaxDeliveries())
+	}
+	return ", no broker cap on retries"
+}
+
+// Sort orders findings worst first, then by ID and queue.
+func Sort(fs []Finding) {
+	slices.SortStableFunc(fs, func(a, b Finding) int {
+		if d := b.Severity.rank() - a.Severity.rank(); d != 0 {
+			return d
+		}
+		if a.ID != b.ID {
+			if a.ID < b.ID {
+				return -1
+			}
+			return 1
+		}
+		if a.Queue < b.Queue {
+			return -1
+		}
+		if a.Queue > b.Queue {
+			return 1
+		}
+		return 0
+	})
+}
+
+// Worst returns the highest severity among fs (OK when empty).
+func Worst(fs []Finding) Severity {
+	w := OK
+	for _, f := range fs {
+		if f.Severity.rank() > w.rank() {
+			w = f.Severity
+		}
+	}
+	return w
+}
+
+// lister is a broker that lists its queues.
+type lister interface {
+	Queues(ctx context.Context) ([]string, error)
+}
+
+// queues returns opts.Queues, else the broker's own list.
+func queues(ctx context.Context, b any, o Options) ([]string, error) {
+	if len(o.Queues) > 0 {
+		return o.Queues, nil
+	}
+	if l, ok := b.(lister); ok {
+		return l.Queues(ctx)
+	}
+	return nil, ErrNoQueues
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

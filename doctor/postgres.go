@@ -1,0 +1,276 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/sdk"
+)
+
+// pgTarget is a PostgreSQL broker's pool and schema.
+type pgTarget struct {
+	pool   *pgxpool.Pool
+	schema string
+	broker *postgres.Broker
+}
+
+func asPostgres(b sdk.Broker) *pgTarget {
+	var pb *postgres.Broker
+	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) {
+		return &pgTarget{pool: pb.Pool(), schema: pb.Schema(), broker: pb}
+	}
+	if pb, ok := b.(*postgres.Broker); ok {
+		return &pgTarget{pool: pb.Pool(), schema: pb.Schema(), broker: pb}
+	}
+	return nil
+}
+
+// Postgres runs the PostgreSQL job-table checks on schema's jobs table
+// (postgres.table-missing, postgres.indexes, postgres.autovacuum-server,
+// postgres.autovacuum,
+// postgres.dead-tuples, postgres.stuck-processing, postgres.oldest-ready,
+// postgres.max-attempts) and the clock check (clock.skew). Lease is the
+// broker's lease (0: 30s).
+func Postgres(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, opts Options) ([]Finding, error) {
+	o := opts.withDefaults()
+	fs, err := pgChecks(ctx, pool, schema, lease, o)
+	Sort(fs)
+	return fs, err
+}
+
+func postgresChecks(ctx context.Context, pool *pgxpool.Pool, schema string, b *postgres.Broker, o Options) ([]Finding, error) {
+	return pgChecks(ctx, pool, schema, b.Lease(), o)
+}
+
+// expectedIndexes are the jobs table's indexes (brokers/postgres/schema.sql)
+// and what their absence costs.
+var expectedIndexes = []struct {
+	name     string
+	severity Severity
+	cost     string
+}{
+	{"jobs_claim_idx", Error, "every claim scans the whole table"},
+	{"jobs_dead_letter_idx", Warn, "listing and redriving dead letters scans the whole table"},
+	{"jobs_completed_idx", Warn, "retention of completed rows scans the whole table"},
+	{"jobs_dedupe_idx", Error, "enqueue dedupe (DedupeEnqueue) fails: ON CONFLICT has no unique index"},
+}
+
+func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {
+	if lease <= 0 {
+		lease = 30 * time.Second
+	}
+	table := schema + ".jobs"
+	qt := pgx.Identifier{schema, "jobs"}.Sanitize()
+	var fs []Finding
+	add := func(f Finding) { fs = append(fs, f) }
+
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, qt).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("doctor: postgres: %w", err)
+	}
+	if !exists {
+		add(Finding{ID: "postgres.table-missing", Severity: Error, Queue: table, Summary: "the jobs table does not exist",
+			Evidence: fmt.Sprintf("no table %s", table), Fix: "run the broker's Migrate (brokerurl: ?migrate=true) or apply brokers/postgres/schema.sql"})
+		return append(fs, clockSkew(ctx, pool, o)...), nil
+	}
+
+	// Indexes.
+	have := map[string]bool{}
+	rows, err := pool.Query(ctx, `SELECT i.relname, x.indisvalid FROM pg_index x
+		JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, qt)
+	if err != nil {
+		return nil, fmt.Errorf("doctor: postgres: indexes: %w", err)
+	}
+	var invalid []string
+	for rows.Next() {
+		var name string
+		var valid bool
+		if err := rows.Scan(&name, &valid); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		have[name] = valid
+		if !valid {
+			invalid = append(invalid, name)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var missing []string
+	worst := OK
+	var costs []string
+	for _, ix := range expectedIndexes {
+		if valid, ok := have[ix.name]; ok && valid {
+			continue
+		}
+		missing = append(missing, ix.name)
+		costs = append(costs, ix.name+": "+ix.cost)
+		if ix.severity.rank() > worst.rank() {
+			worst = ix.severity
+		}
+	}
+	if len(missing) > 0 {
+		add(Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing or invalid",
+			Evidence: fmt.Sprintf("missing or invalid: %s (invalid: %s); %s", strings.Join(missing, ", "), strings.Join(invalid, ", "), strings.Join(costs, "; ")),
+			Fix:      "run the broker's Migrate, or the CREATE INDEX statements of brokers/postgres/schema.sql (CONCURRENTLY on a busy table; drop an invalid index first)"})
+	} else {
+		add(Finding{ID: "postgres.indexes", Severity: OK, Queue: table, Summary: "every index of the jobs table is present",
+			Evidence: fmt.Sprintf("%d indexes", len(have))})
+	}
+
+	// Autovacuum, globally and on the table.
+	var global string
+	var relopts []string
+	if err := pool.QueryRow(ctx, `SELECT current_setting('autovacuum'), COALESCE(c.reloptions, '{}')
+		FROM pg_class c WHERE c.oid = $1::regclass`, qt).Scan(&global, &relopts); err != nil {
+		return nil, fmt.Errorf("doctor: postgres: autovacuum: %w", err)
+	}
+	tableOff := false
+	for _, r := range relopts {
+		if strings.EqualFold(r, "autovacuum_enabled=false") || strings.EqualFold(r, "autovacuum_enabled=off") {
+			tableOff = true
+		}
+	}
+	if global != "on" {
+		add(Finding{ID: "postgres.autovacuum-server", Severity: Error, Queue: table, Summary: "autovacuum is off on the server",
+			Evidence: "autovacuum = " + global, Fix: "set autovacuum = on (postgresql.conf, ALTER SYSTEM): every settled job leaves a dead tuple the claim query must skip; until then VACUUM the jobs table from cron"})
+	} else {
+		add(Finding{ID: "postgres.autovacuum-server", Severity: OK, Queue: table, Summary: "autovacuum is on on the server", Evidence: "autovacuum = on"})
+	}
+	if tableOff {
+		add(Finding{ID: "postgres.autovacuum", Severity: Error, Queue: table, Summary: "autovacuum is off for the jobs table",
+			Evidence: "reloptions " + strings.Join(relopts, ","), Fix: fmt.Sprintf("ALTER TABLE %s RESET (autovacuum_enabled)", qt)})
+	} else {
+		add(Finding{ID: "postgres.autovacuum", Severity: OK, Queue: table, Summary: "autovacuum is not disabled for the jobs table",
+			Evidence: "reloptions " + strings.Join(relopts, ",") + "; server autovacuum = " + global})
+	}
+
+	// Dead tuples.
+	var live, dead int64
+	var lastAuto, lastManual *time.Time
+	if err := pool.QueryRow(ctx, `SELECT n_live_tup, n_dead_tup, last_autovacuum, last_vacuum
+		FROM pg_stat_user_tables WHERE relid = $1::regclass`, qt).Scan(&live, &dead, &lastAuto, &lastManual); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("doctor: postgres: dead tuples: %w", err)
+	}
+	ev := fmt.Sprintf("%d live, %d dead tuples; last autovacuum %s, last vacuum %s", live, dead, when(lastAuto), when(lastManual))
+	if dead > o.DeadTuples && dead*5 > live+dead {
+		add(Finding{ID: "postgres.dead-tuples", Severity: Warn, Queue: table, Summary: "the jobs table is bloated with dead tuples",
+			Evidence: ev, Fix: fmt.Sprintf("VACUUM (ANALYZE) %s; make autovacuum keep up: lower autovacuum_vacuum_scale_factor for the table (e.g. 0.01) and delete completed rows (Options.Retention)", qt)})
+	} else {
+		add(Finding{ID: "postgres.dead-tuples", Severity: OK, Queue: table, Summary: "dead tuples are under control", Evidence: ev})
+	}
+
+	// Per queue: stuck processing rows, oldest ready job, max_attempts.
+	want := map[string]bool{}
+	for _, q := range o.Queues {
+		want[q] = true
+	}
+	rows, err = pool.Query(ctx, `SELECT queue,
+			count(*) FILTER (WHERE status = 'processing' AND visibility_until < now() - $1 * interval '1 microsecond'),
+			min(visibility_until) FILTER (WHERE status = 'processing' AND visibility_until < now() - $1 * interval '1 microsecond'),
+			(extract(epoch FROM now() - min(available_at) FILTER (WHERE status IN ('queued', 'retry') AND available_at <= now())) * 1e6)::bigint,
+			min(max_attempts) FILTER (WHERE status IN ('queued', 'retry', 'processing')),
+			count(*) FILTER (WHERE status IN ('queued', 'retry', 'processing') AND max_attempts < $2)
+		FROM `+qt+` WHERE status IN ('queued', 'retry', 'processing') GROUP BY queue ORDER BY queue`,
+		lease.Microseconds(), o.MaxAttempts)
+	if err != nil {
+		return nil, fmt.Errorf("doctor: postgres: queues: %w", err)
+	}
+	seen := map[string]bool{}
+	for rows.Next() {
+		var (
+			q             string
+			stuck         int64
+			stuckSince    *time.Time
+			oldestUS      *int64
+			minAttempts   *int32
+			belowAttempts int64
+		)
+		if err := rows.Scan(&q, &stuck, &stuckSince, &oldestUS, &minAttempts, &belowAttempts); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if len(want) > 0 && !want[q] {
+			continue
+		}
+		seen[q] = true
+		if stuck > 0 {
+			add(Finding{ID: "postgres.stuck-processing", Severity: Warn, Queue: q, Summary: "jobs are processing past their lease and nobody reclaims them",
+				Evidence: fmt.Sprintf("%s with status processing and visibility_until more than a lease (%s) ago, the oldest since %s", plural(stuck, "row", "rows"), lease, when(stuckSince)),
+				Fix:      "start a Worker on this queue (a claim reclaims expired leases); if Workers run, check they consume this queue and schema"})
+		} else {
+			add(Finding{ID: "postgres.stuck-processing", Severity: OK, Queue: q, Summary: "no job is processing past its lease", Evidence: "lease " + lease.String()})
+		}
+		if oldestUS != nil && time.Duration(*oldestUS)*time.Microsecond > o.OldestReady {
+			age := (time.Duration(*oldestUS) * time.Microsecond).Round(time.Second)
+			add(Finding{ID: "postgres.oldest-ready", Severity: Warn, Queue: q, Summary: "a ready job has waited too long",
+				Evidence: fmt.Sprintf("the oldest ready job has been due for %s (threshold %s)", age, o.OldestReady),
+				Fix:      "add Workers or Concurrency, or find what holds them (berth stats, handler durations)"})
+		} else {
+			age := "no ready job"
+			if oldestUS != nil {
+				age = fmt.Sprintf("oldest ready job due for %s", (time.Duration(*oldestUS) * time.Microsecond).Round(time.Millisecond))
+			}
+			add(Finding{ID: "postgres.oldest-ready", Severity: OK, Queue: q, Summary: "ready jobs are taken in time", Evidence: age})
+		}
+		if belowAttempts > 0 && minAttempts != nil {
+			add(Finding{ID: "postgres.max-attempts", Severity: Error, Queue: q, Summary: "jobs' max_attempts is below the Worker's MaxAttempts",
+				Evidence: fmt.Sprintf("%s with max_attempts < %d (lowest %d): the broker dead-letters them before the Worker's last attempt", plural(belowAttempts, "job", "jobs"), o.MaxAttempts, *minAttempts),
+				Fix:      fmt.Sprintf("publish with the broker's MaxAttempts (URL max_attempts) at least %d, or lower the Workers' MaxAttempts; UPDATE the waiting rows' max_attempts", o.MaxAttempts)})
+		} else if minAttempts != nil {
+			add(Finding{ID: "postgres.max-attempts", Severity: OK, Queue: q, Summary: "jobs' max_attempts fits the Worker's MaxAttempts",
+				Evidence: fmt.Sprintf("lowest max_attempts %d, MaxAttempts %d", *minAttempts, o.MaxAttempts)})
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, q := range o.Queues {
+		if !seen[q] {
+			add(Finding{ID: "postgres.oldest-ready", Severity: OK, Queue: q, Summary: "no waiting or running job", Evidence: "no queued, retry or processing row"})
+		}
+	}
+	return append(fs, clockSkew(ctx, pool, o)...), nil
+}
+
+// clockSkew compares the worker's clock with the database's, corrected by
+// half the round trip.
+func clockSkew(ctx context.Context, pool *pgxpool.Pool, o Options) []Finding {
+	start := time.Now()
+	var db time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&db); err != nil {
+		return []Finding{{ID: "clock.skew", Severity: Info, Summary: "the database clock could not be read", Evidence: err.Error()}}
+	}
+	rtt := time.Since(start)
+	local := o.Now().Add(-rtt / 2)
+	skew := db.Sub(local)
+	ev := fmt.Sprintf("database %s, worker %s (round trip %s): skew %s", db.UTC().Format(time.RFC3339Nano),
+		local.UTC().Format(time.RFC3339Nano), rtt.Round(time.Microsecond), skew.Round(time.Millisecond))
+	abs := max(skew, -skew)
+	switch {
+	case abs > 5*o.ClockSkew:
+		return []Finding{{ID: "clock.skew", Severity: Error, Summary: "the worker's clock and the database's disagree", Evidence: ev,
+			Fix: "run NTP (chrony, systemd-timesyncd) on both hosts: leases, delays and retention compare times across them"}}
+	case abs > o.ClockSkew:
+		return []Finding{{ID: "clock.skew", Severity: Warn, Summary: "the worker's clock drifts from the database's", Evidence: ev,
+			Fix: "run NTP (chrony, systemd-timesyncd) on both hosts"}}
+	}
+	return []Finding{{ID: "clock.skew", Severity: OK, Summary: "the worker's clock agrees with the database's", Evidence: ev}}
+}
+
+func when(t *time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

@@ -1,0 +1,167 @@
+package doctor_test
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// pgURL returns a broker URL on a fresh schema, migrated, with params, and
+// a pool to misconfigure it with. The schema is dropped when the test ends.
+func pgURL(t *testing.T, params url.Values) (string, *pgxpool.Pool, string) {
+	t.Helper()
+	dsn := integration.PostgresDSN(t)
+	ctx := testCtx(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := "doctor_" + suffix()
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("schema", schema)
+	q.Set("migrate", "true")
+	q.Set("listen", "false")
+	for k, v := range params {
+		q[k] = v
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), pool, schema
+}
+
+func publish(t *testing.T, b sdk.Broker, queue string, n int) {
+	t.Helper()
+	for range n {
+		if err := b.Publish(testCtx(t), queue, &sdk.Message{Type: "doctor.test", Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPostgresDefaultsPass(t *testing.T) {
+	u, pool, schema := pgURL(t, nil)
+	b := open(t, u)
+	publish(t, b, "billing", 3)
+	fs, err := doctor.Run(testCtx(t), b, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := schema + ".jobs"
+	// autovacuum is a server setting, not berth's: the shared test server
+	// may run without it (then the check must say so).
+	var av string
+	if err := pool.QueryRow(testCtx(t), `SHOW autovacuum`).Scan(&av); err != nil {
+		t.Fatal(err)
+	}
+	serverOff := av != "on"
+	var rest []doctor.Finding
+	for _, f := range fs {
+		if f.ID != "postgres.autovacuum-server" {
+			rest = append(rest, f)
+		}
+	}
+	clean(t, rest)
+	if serverOff {
+		expect(t, fs, "postgres.autovacuum-server", table, doctor.Error)
+	} else {
+		expect(t, fs, "postgres.autovacuum-server", table, doctor.OK)
+	}
+	for _, id := range []string{"postgres.indexes", "postgres.autovacuum", "postgres.dead-tuples"} {
+		expect(t, fs, id, table, doctor.OK)
+	}
+	for _, id := range []string{"postgres.stuck-processing", "postgres.oldest-ready", "postgres.max-attempts"} {
+		expect(t, fs, id, "billing", doctor.OK)
+	}
+	expect(t, fs, "clock.skew", "", doctor.OK)
+	expect(t, fs, sdk.ConflictMaxAttemptsOverCap, "", doctor.OK)
+}
+
+func TestPostgresMisconfigured(t *testing.T) {
+	u, pool, schema := pgURL(t, url.Values{"lease": {"100ms"}, "max_attempts": {"3"}})
+	b := open(t, u)
+	ctx := testCtx(t)
+	table := schema + ".jobs"
+	qt := pgx.Identifier{schema, "jobs"}.Sanitize()
+	for _, stmt := range []string{
+		`DROP INDEX ` + pgx.Identifier{schema, "jobs_claim_idx"}.Sanitize(),
+		`ALTER TABLE ` + qt + ` SET (autovacuum_enabled = false)`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// stuck: claimed and never settled, its 100ms lease long gone.
+	publish(t, b, "stuck", 1)
+	if ds, err := b.Receive(ctx, "stuck", 1); err != nil || len(ds) != 1 {
+		t.Fatalf("Receive: %d, %v", len(ds), err)
+	}
+	// waiting: a ready job due an hour ago; published with max_attempts 3.
+	publish(t, b, "waiting", 1)
+	if _, err := pool.Exec(ctx, `UPDATE `+qt+` SET available_at = now() - interval '1 hour' WHERE queue = 'waiting'`); err != nil {
+		t.Fatal(err)
+	}
+	// bloat: rows deleted with autovacuum off.
+	publish(t, b, "bloat", 50)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{`DELETE FROM ` + qt + ` WHERE queue = 'bloat'`, `SELECT pg_stat_force_next_flush()`, `SELECT 1`} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Release()
+	time.Sleep(300 * time.Millisecond) // past the lease of "stuck", and one more lease
+
+	opts := doctor.Options{DeadTuples: 10, Now: func() time.Time { return time.Now().Add(-time.Minute) }}
+	var fs []doctor.Finding
+	for {
+		fs, err = doctor.Run(ctx, b, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := find(fs, "postgres.dead-tuples", table); len(f) == 1 && f[0].Severity == doctor.Warn {
+			break
+		}
+		select { // the statistics reach pg_stat_user_tables within about a second
+		case <-ctx.Done():
+			t.Fatalf("dead tuples never reported: %v", find(fs, "postgres.dead-tuples", table))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	expect(t, fs, "postgres.indexes", table, doctor.Error)
+	expect(t, fs, "postgres.autovacuum", table, doctor.Error)
+	expect(t, fs, "postgres.stuck-processing", "stuck", doctor.Warn)
+	expect(t, fs, "postgres.oldest-ready", "waiting", doctor.Warn)
+	expect(t, fs, "postgres.max-attempts", "waiting", doctor.Error)
+	expect(t, fs, "clock.skew", "", doctor.Error)
+	expect(t, fs, sdk.ConflictMaxAttemptsOverCap, "", doctor.Warn) // Worker MaxAttempts 5 > the broker's 3
+	if doctor.Worst(fs) != doctor.Error || fs[0].Severity != doctor.Error {
+		t.Errorf("findings not sorted worst first: %s", ids(fs))
+	}
+
+	if _, err := pool.Exec(ctx, `DROP TABLE `+qt+` CASCADE`); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = doctor.Postgres(ctx, pool, schema, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "postgres.table-missing", table, doctor.Error)
+}

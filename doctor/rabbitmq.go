@@ -1,0 +1,202 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/sdk"
+)
+
+// rabbitBroker is what the RabbitMQ checks use of a broker.
+type rabbitBroker interface {
+	QueueArguments(ctx context.Context, queue string) (map[string]any, error)
+	Info(ctx context.Context, queue string) (rabbitmq.QueueInfo, error)
+}
+
+func asRabbit(b sdk.Broker) rabbitBroker {
+	var rb *rabbitmq.Broker
+	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&rb) {
+		return rb
+	}
+	if rb, ok := b.(*rabbitmq.Broker); ok {
+		return rb
+	}
+	return nil
+}
+
+// RabbitMQ runs the RabbitMQ checks on each of opts.Queues:
+// rabbitmq.queue-missing, rabbitmq.queue-type, rabbitmq.dead-letter-exchange,
+// rabbitmq.dead-letter-queue, rabbitmq.delivery-limit,
+// rabbitmq.consumer-timeout, rabbitmq.prefetch, rabbitmq.delay-queues.
+// Queue arguments are read without the management plugin
+// ([rabbitmq.Broker.QueueArguments]).
+func RabbitMQ(ctx context.Context, b *rabbitmq.Broker, opts Options) ([]Finding, error) {
+	fs, err := rabbitMQ(ctx, b, opts.withDefaults())
+	Sort(fs)
+	return fs, err
+}
+
+func rabbitMQ(ctx context.Context, b rabbitBroker, o Options) ([]Finding, error) {
+	if len(o.Queues) == 0 {
+		return nil, ErrNoQueues
+	}
+	var fs []Finding
+	fs = append(fs, prefetch(o)...)
+	for _, q := range o.Queues {
+		qf, err := rabbitQueue(ctx, b, q, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, qf...)
+	}
+	return fs, nil
+}
+
+func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Finding, error) {
+	var fs []Finding
+	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
+	args, err := b.QueueArguments(ctx, q)
+	if errors.Is(err, sdk.ErrNotFound) {
+		add(Finding{ID: "rabbitmq.queue-missing", Severity: Error, Summary: "the queue does not exist",
+			Evidence: fmt.Sprintf("queue.declare (passive) of %q: not found", q),
+			Fix:      "declare it with berth (DeclareQueue, or a Worker/publisher without no_declare) so it gets its dead-letter queue and arguments"})
+		return fs, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("doctor: rabbitmq: %w", err)
+	}
+	ev := "arguments " + argsText(args)
+
+	qtype, _ := args["x-queue-type"].(string)
+	if qtype == "" {
+		qtype = "classic"
+	}
+	switch qtype {
+	case "quorum":
+		add(Finding{ID: "rabbitmq.queue-type", Severity: OK, Summary: "quorum queue (replicated, with a delivery limit)", Evidence: ev})
+	case "classic":
+		add(Finding{ID: "rabbitmq.queue-type", Severity: Warn, Summary: "classic queue: no delivery limit and no replication",
+			Evidence: ev, Fix: "move to a quorum queue (berth's default, queue_type=quorum): declare a new queue and shovel the messages, a queue's type cannot change"})
+	default:
+		add(Finding{ID: "rabbitmq.queue-type", Severity: Warn, Summary: qtype + " queue: berth declares quorum or classic queues",
+			Evidence: ev, Fix: "use a quorum queue"})
+	}
+
+	dlx, _ := args["x-dead-letter-exchange"].(string)
+	if dlx == "" {
+		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: Error, Summary: "no dead-letter exchange: messages the server drops (delivery limit, rejection) are lost",
+			Evidence: ev, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-exchange %q and x-dead-letter-routing-key %q (berth DeclareQueue), or set a policy", rabbitmq.DefaultDeadLetterExchange, q)})
+	} else {
+		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: OK, Summary: "dead letters go to exchange " + dlx, Evidence: ev})
+	}
+
+	dlq := rabbitmq.DeadLetterQueue(q)
+	if _, err := b.QueueArguments(ctx, dlq); errors.Is(err, sdk.ErrNotFound) {
+		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: Error, Summary: "the dead-letter queue does not exist: dead letters are dropped",
+			Evidence: fmt.Sprintf("queue %q not found", dlq), Fix: fmt.Sprintf("declare %q bound to the dead-letter exchange with routing key %q (berth DeclareQueue does)", dlq, q)})
+	} else if err != nil {
+		return nil, fmt.Errorf("doctor: rabbitmq: %w", err)
+	} else {
+		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: OK, Summary: "the dead-letter queue exists", Evidence: "queue " + dlq})
+	}
+
+	limit, hasLimit := args["x-delivery-limit"].(int64)
+	switch {
+	case qtype == "quorum" && !hasLimit:
+		add(Finding{ID: "rabbitmq.delivery-limit", Severity: Error, Summary: "quorum queue without a delivery limit: a message that crashes its consumer is redelivered forever",
+			Evidence: ev, Fix: "set x-delivery-limit (berth: max_deliveries, default 10) by redeclaring or with a policy (delivery-limit)"})
+	case qtype == "quorum":
+		add(Finding{ID: "rabbitmq.delivery-limit", Severity: OK, Summary: fmt.Sprintf("poison messages are dead-lettered after %d deliveries", limit+1), Evidence: ev})
+	default:
+		add(Finding{ID: "rabbitmq.delivery-limit", Severity: Warn, Summary: "classic queues have no delivery limit: a message that crashes its consumer is redelivered forever (berth counts its attempts, but only the Worker can stop it)",
+			Evidence: ev, Fix: "use a quorum queue with x-delivery-limit"})
+	}
+
+	if ct, ok := args["x-consumer-timeout"].(int64); ok {
+		d := time.Duration(ct) * time.Millisecond
+		if d < o.LongestJob {
+			add(Finding{ID: "rabbitmq.consumer-timeout", Severity: Error, Summary: "the queue's consumer timeout is shorter than the longest job",
+				Evidence: fmt.Sprintf("x-consumer-timeout %s < longest job %s", d, o.LongestJob), Fix: "raise x-consumer-timeout above the longest job, or lower WorkerOptions.Timeout"})
+		} else {
+			add(Finding{ID: "rabbitmq.consumer-timeout", Severity: OK, Summary: "the queue's consumer timeout covers the longest job",
+				Evidence: fmt.Sprintf("x-consumer-timeout %s ≥ longest job %s", d, o.LongestJob)})
+		}
+	} else {
+		sev := Info
+		if o.LongestJob > sdk.DefaultTimeout || o.LongestJob < 0 {
+			sev = Warn
+		}
+		add(Finding{ID: "rabbitmq.consumer-timeout", Severity: sev, Summary: "consumer_timeout is a server setting AMQP does not show: not checkable here",
+			Evidence: fmt.Sprintf("no x-consumer-timeout argument; the server default is 30 min; longest job %s", o.LongestJob),
+			Fix:      "check consumer_timeout in rabbitmq.conf (rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).') is above the longest job; a hung consumer's channel is closed after it"})
+	}
+
+	var present, wrong []string
+	for _, ttl := range rabbitmq.DefaultDelayBuckets {
+		name := rabbitmq.DelayQueue(q, ttl)
+		dargs, err := b.QueueArguments(ctx, name)
+		if errors.Is(err, sdk.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("doctor: rabbitmq: %w", err)
+		}
+		present = append(present, name)
+		rk, _ := dargs["x-dead-letter-routing-key"].(string)
+		ttlArg, _ := dargs["x-message-ttl"].(int64)
+		if _, ok := dargs["x-dead-letter-exchange"]; !ok || rk != q || ttlArg != ttl.Milliseconds() {
+			wrong = append(wrong, fmt.Sprintf("%s (%s)", name, argsText(dargs)))
+		}
+	}
+	switch {
+	case len(wrong) > 0:
+		add(Finding{ID: "rabbitmq.delay-queues", Severity: Error, Summary: "delay queues do not route retries back to the queue",
+			Evidence: strings.Join(wrong, "; "), Fix: fmt.Sprintf("delete them (empty) and let berth redeclare them: x-message-ttl the bucket, x-dead-letter-exchange \"\", x-dead-letter-routing-key %q", q)})
+	case len(present) == 0:
+		add(Finding{ID: "rabbitmq.delay-queues", Severity: Info, Summary: "no delay queue yet: berth declares each on its first Retry or delayed publish",
+			Evidence: fmt.Sprintf("none of the %d delay queues exists", len(rabbitmq.DefaultDelayBuckets)), Fix: "nothing to do unless the application's user cannot declare queues (then declare them ahead)"})
+	default:
+		add(Finding{ID: "rabbitmq.delay-queues", Severity: OK, Summary: "the delay queues present route back to the queue",
+			Evidence: fmt.Sprintf("%d of %d delay queues exist", len(present), len(rabbitmq.DefaultDelayBuckets))})
+	}
+	return fs, nil
+}
+
+// prefetch compares the consumer prefetch with the Workers' capacity.
+func prefetch(o Options) []Finding {
+	capacity := 2 * o.Concurrency // Concurrency + the default Prefetch (= Concurrency)
+	switch {
+	case o.Prefetch == 0:
+		return []Finding{{ID: "rabbitmq.prefetch", Severity: OK, Summary: "automatic prefetch: the Worker's capacity",
+			Evidence: fmt.Sprintf("prefetch follows the first Receive (Concurrency %d + Prefetch %d), at most %d", o.Concurrency, o.Concurrency, rabbitmq.DefaultPrefetch)}}
+	case o.Prefetch < o.Concurrency:
+		return []Finding{{ID: "rabbitmq.prefetch", Severity: Warn, Summary: "prefetch below the Worker's concurrency: handlers sit idle",
+			Evidence: fmt.Sprintf("prefetch %d < Concurrency %d", o.Prefetch, o.Concurrency), Fix: "drop the prefetch parameter (automatic) or raise it to Concurrency + Prefetch"}}
+	case o.Prefetch > capacity:
+		return []Finding{{ID: "rabbitmq.prefetch", Severity: Warn, Summary: "prefetch above the Worker's capacity: messages wait in one process while others idle, and count against consumer_timeout",
+			Evidence: fmt.Sprintf("prefetch %d > Concurrency + Prefetch %d", o.Prefetch, capacity), Fix: "drop the prefetch parameter (automatic) or lower it to Concurrency + Prefetch"}}
+	}
+	return []Finding{{ID: "rabbitmq.prefetch", Severity: OK, Summary: "prefetch fits the Worker's capacity",
+		Evidence: fmt.Sprintf("Concurrency %d ≤ prefetch %d ≤ %d", o.Concurrency, o.Prefetch, capacity)}}
+}
+
+func argsText(args map[string]any) string {
+	if len(args) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(args))
+	for k := range args {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%v", k, args[k])
+	}
+	return strings.Join(parts, " ")
+}

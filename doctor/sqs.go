@@ -1,0 +1,167 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// sqsMaxVisibility is the longest SQS keeps a message invisible after a
+// receive, extensions included.
+const sqsMaxVisibility = 12 * time.Hour
+
+func asSQS(b sdk.Broker) *sqs.Broker {
+	var sb *sqs.Broker
+	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&sb) {
+		return sb
+	}
+	sb, _ = b.(*sqs.Broker)
+	return sb
+}
+
+// SQS runs the SQS checks on each of opts.Queues: sqs.queue-missing,
+// sqs.redrive-policy, sqs.max-receive-count, sqs.visibility-timeout,
+// sqs.dlq-retention, sqs.long-polling.
+func SQS(ctx context.Context, b *sqs.Broker, opts Options) ([]Finding, error) {
+	fs, err := sqsChecks(ctx, b, opts.withDefaults())
+	Sort(fs)
+	return fs, err
+}
+
+func sqsChecks(ctx context.Context, b *sqs.Broker, o Options) ([]Finding, error) {
+	if len(o.Queues) == 0 {
+		return nil, ErrNoQueues
+	}
+	var fs []Finding
+	for _, q := range o.Queues {
+		qf, err := sqsQueue(ctx, b, q, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, qf...)
+	}
+	return fs, nil
+}
+
+// sqsAttributes returns a queue's attributes, nil when it does not exist.
+func sqsAttributes(ctx context.Context, c *awssqs.Client, name string) (map[string]string, error) {
+	u, err := c.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
+	if err != nil {
+		var nf *sqstypes.QueueDoesNotExist
+		if errors.As(err, &nf) || strings.Contains(err.Error(), "NonExistentQueue") || strings.Contains(err.Error(), "QueueDoesNotExist") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("doctor: sqs: resolve %q: %w", name, err)
+	}
+	out, err := c.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: u.QueueUrl,
+		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
+	if err != nil {
+		return nil, fmt.Errorf("doctor: sqs: attributes of %q: %w", name, err)
+	}
+	return out.Attributes, nil
+}
+
+func seconds(attrs map[string]string, name sqstypes.QueueAttributeName) (time.Duration, bool) {
+	n, err := strconv.Atoi(attrs[string(name)])
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(n) * time.Second, true
+}
+
+func sqsQueue(ctx context.Context, b *sqs.Broker, q string, o Options) ([]Finding, error) {
+	var fs []Finding
+	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
+	c := b.Client()
+	attrs, err := sqsAttributes(ctx, c, q)
+	if err != nil {
+		return nil, err
+	}
+	if attrs == nil {
+		add(Finding{ID: "sqs.queue-missing", Severity: Error, Summary: "the queue does not exist",
+			Evidence: fmt.Sprintf("GetQueueUrl %q: not found", q), Fix: "create it with berth's DeclareQueue (queue, dead-letter queue and redrive policy together)"})
+		return fs, nil
+	}
+
+	// Redrive policy and maxReceiveCount.
+	var dlqName string
+	policy := attrs[string(sqstypes.QueueAttributeNameRedrivePolicy)]
+	var rp struct {
+		Target string `json:"deadLetterTargetArn"`
+		Max    any    `json:"maxReceiveCount"`
+	}
+	if policy == "" || json.Unmarshal([]byte(policy), &rp) != nil || rp.Target == "" {
+		add(Finding{ID: "sqs.redrive-policy", Severity: Error, Summary: "no redrive policy: a message that crashes its consumer is received forever, and nothing caps it",
+			Evidence: fmt.Sprintf("RedrivePolicy %q", policy), Fix: "set a RedrivePolicy to a dead-letter queue (berth DeclareQueue: <queue>-dlq, maxReceiveCount 10)"})
+	} else {
+		dlqName = rp.Target[strings.LastIndexByte(rp.Target, ':')+1:]
+		add(Finding{ID: "sqs.redrive-policy", Severity: OK, Summary: "dead letters go to " + dlqName, Evidence: "RedrivePolicy " + policy})
+		n, _ := strconv.Atoi(fmt.Sprint(rp.Max))
+		switch {
+		case n < o.MaxAttempts:
+			add(Finding{ID: "sqs.max-receive-count", Severity: Error, Summary: "maxReceiveCount is below the Worker's MaxAttempts: SQS moves the job to the dead-letter queue first, without its error",
+				Evidence: fmt.Sprintf("maxReceiveCount %d < MaxAttempts %d", n, o.MaxAttempts),
+				Fix:      fmt.Sprintf("raise maxReceiveCount to at least %d (a few more leave room for crash redeliveries and RetryAfter), or lower MaxAttempts", o.MaxAttempts)})
+		default:
+			add(Finding{ID: "sqs.max-receive-count", Severity: OK, Summary: "maxReceiveCount leaves the Worker its attempts",
+				Evidence: fmt.Sprintf("maxReceiveCount %d ≥ MaxAttempts %d", n, o.MaxAttempts)})
+		}
+	}
+
+	// Visibility timeout vs the handler's duration.
+	vis, _ := seconds(attrs, sqstypes.QueueAttributeNameVisibilityTimeout)
+	lease := b.Lease()
+	ev := fmt.Sprintf("queue VisibilityTimeout %s; berth receives with %s and extends it every third of that while a handler runs; longest job %s", vis, lease, o.LongestJob)
+	switch {
+	case o.LongestJob < 0 || o.LongestJob > sqsMaxVisibility:
+		add(Finding{ID: "sqs.visibility-timeout", Severity: Error, Summary: "the longest job outlasts SQS's 12 h visibility limit: it is delivered again while it runs",
+			Evidence: ev, Fix: "split the job, or bound it below 12 h (WorkerOptions.Timeout)"})
+	case vis < lease:
+		add(Finding{ID: "sqs.visibility-timeout", Severity: Warn, Summary: "the queue's visibility timeout is shorter than berth's lease: consumers that do not set their own (the console, other tools) lease for less",
+			Evidence: ev, Fix: fmt.Sprintf("set VisibilityTimeout to %d seconds (berth DeclareQueue does)", int(lease.Seconds()))})
+	default:
+		add(Finding{ID: "sqs.visibility-timeout", Severity: OK, Summary: "visibility timeout and heartbeat cover the longest job", Evidence: ev})
+	}
+
+	// Long polling.
+	wait, _ := seconds(attrs, sqstypes.QueueAttributeNameReceiveMessageWaitTimeSeconds)
+	if wait == 0 {
+		add(Finding{ID: "sqs.long-polling", Severity: Warn, Summary: "long polling is off on the queue: consumers that do not ask for a wait short-poll (empty receives, cost, latency)",
+			Evidence: "ReceiveMessageWaitTimeSeconds 0 (berth itself asks for its WaitTime on every receive)", Fix: "set ReceiveMessageWaitTimeSeconds to 20"})
+	} else {
+		add(Finding{ID: "sqs.long-polling", Severity: OK, Summary: "long polling is on", Evidence: fmt.Sprintf("ReceiveMessageWaitTimeSeconds %d", int(wait.Seconds()))})
+	}
+
+	// Dead-letter queue retention.
+	if dlqName != "" {
+		dattrs, err := sqsAttributes(ctx, c, dlqName)
+		if err != nil {
+			return nil, err
+		}
+		src, _ := seconds(attrs, sqstypes.QueueAttributeNameMessageRetentionPeriod)
+		switch dst, _ := seconds(dattrs, sqstypes.QueueAttributeNameMessageRetentionPeriod); {
+		case dattrs == nil:
+			add(Finding{ID: "sqs.dlq-retention", Severity: Error, Summary: "the redrive policy's dead-letter queue does not exist",
+				Evidence: "queue " + dlqName + " not found", Fix: "create " + dlqName + " (berth DeclareQueue)"})
+		case dst < src:
+			add(Finding{ID: "sqs.dlq-retention", Severity: Error, Summary: "the dead-letter queue keeps messages for less time than the queue: SQS keeps a message's original enqueue time, so dead letters expire early",
+				Evidence: fmt.Sprintf("%s MessageRetentionPeriod %s < %s's %s", dlqName, dst, q, src),
+				Fix:      fmt.Sprintf("set %s's MessageRetentionPeriod to at least %d seconds (14 days, 1209600, is the maximum)", dlqName, int(src.Seconds()))})
+		default:
+			add(Finding{ID: "sqs.dlq-retention", Severity: OK, Summary: "dead letters are kept at least as long as the queue's messages",
+				Evidence: fmt.Sprintf("%s %s ≥ %s %s", dlqName, dst, q, src)})
+		}
+	}
+	return fs, nil
+}

@@ -1,0 +1,48 @@
+// Package periodic publishes periodic jobs: one message per slot of a
+// schedule — a cron expression ([Cron], parsed by github.com/robfig/cron/v3)
+// or a fixed interval ([Every]) — to any [sdk.Publisher].
+//
+// # Once in effect with several schedulers
+//
+// Run a [Scheduler] in several processes for availability: there is no
+// leader. Every scheduler publishes every slot, and the slot's message is
+// the same everywhere: its IdempotencyKey is [SlotKey] (job name + slot
+// time) and its ID [SlotID] (a UUID derived from the key). What stops the
+// duplicates depends on the broker:
+//
+//   - PostgreSQL with Options.DedupeEnqueue: the second insert of a key is
+//     dropped; one job per slot is stored (as long as retention keeps the
+//     first).
+//   - NATS JetStream: the ID is the Nats-Msg-Id; the stream drops copies
+//     published within its Duplicates window (2 min by default), which
+//     covers schedulers whose clocks agree within it.
+//   - SQS FIFO: the key is the MessageDeduplicationId; copies within SQS's
+//     5-minute window are dropped.
+//   - memory, RabbitMQ, SQS standard: no publish dedupe; each scheduler's
+//     copy is delivered, and the consumer's idempotency guard
+//     (package idempotency, keyed by Message.IdempotencyKey, the default)
+//     runs the job once and acks the copies.
+//
+// The guard is what makes it once in effect on every broker: keep it on the
+// handler even where the broker dedupes, since its windows are bounded.
+//
+// # Missed slots
+//
+// A slot is due when the clock passes it. Slots that pass while a scheduler
+// cannot publish — it was paused, or Publish kept failing — are handled by
+// Options.Missed: [Skip] publishes only the latest due slot, [CatchUp] the
+// due slots oldest first, at most Options.MaxCatchUp. A scheduler that
+// starts publishes nothing older than its start, except with CatchUp and
+// Options.Lookback, when the slots of the last Lookback are due at once
+// (republishing a slot that other schedulers published is harmless: same
+// key). Dropped slots are logged at Warn.
+//
+// # Time
+//
+// Slots are computed from the schedule alone, so schedulers agree: [Every]
+// aligns to the Unix epoch, and cron expressions are read in UTC unless
+// they start with CRON_TZ=. Tests inject a [FakeClock] (Options.Clock) and
+// run hours of schedule without sleeping.
+//
+// See ARCHITECTURE.md, "Periodic jobs".
+package periodic

@@ -1,0 +1,87 @@
+package periodic_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/periodic"
+)
+
+// On the PostgreSQL broker with DedupeEnqueue, three schedulers of one job
+// store each slot once: "once in effect" is already "once" at publish.
+func TestThreeSchedulersPostgresDedupeEnqueue(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	schema := "berth_periodic_" + hex.EncodeToString(sfx[:])
+	defer func() {
+		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	}()
+	b, err := postgres.New(pool, postgres.Options{Schema: schema, DedupeEnqueue: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Date(2026, 12, 1, 0, 0, 7, 0, time.UTC)
+	f := &fleet{clock: periodic.NewFakeClock(start), publishes: map[time.Time]int{}}
+	sched := periodic.MustCron("*/15 * * * * *")
+	job := periodic.Job{Name: "pg.sweep", Schedule: sched, Queue: "sweep"}
+	var scheds []*periodic.Scheduler
+	for range 3 {
+		s, err := periodic.New(b, periodic.Options{Clock: f.clock, Missed: periodic.CatchUp, OnPublish: f.onPublish}, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scheds = append(scheds, s)
+	}
+	const total = 5 * time.Minute
+	f.runSchedulers(t, scheds, total, 20*time.Second, 11)
+	want := slotsBetween(sched, start, start.Add(total))
+
+	rows, err := pool.Query(ctx, `SELECT idempotency_key, count(*) FROM `+schema+`.jobs WHERE queue = 'sweep' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]int{}
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			t.Fatal(err)
+		}
+		stored[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, slot := range want {
+		if f.publishes[slot] != 3 {
+			t.Errorf("slot %s: %d publishes, want 3", slot, f.publishes[slot])
+		}
+		if n := stored[periodic.SlotKey(job.Name, slot)]; n != 1 {
+			t.Errorf("slot %s: %d jobs stored, want 1", slot, n)
+		}
+	}
+	if len(stored) != len(want) {
+		t.Errorf("%d keys stored, want %d", len(stored), len(want))
+	}
+}

@@ -1,0 +1,371 @@
+package periodic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Header names the scheduler sets on every message it publishes. They are
+// application headers (not berth-reserved), so a message built by hand with
+// them passes [sdk.Prepare].
+const (
+	// HeaderSchedule carries the Job's Name.
+	HeaderSchedule = "periodic-schedule"
+	// HeaderSlot carries the slot time, RFC 3339 in UTC.
+	HeaderSlot = "periodic-slot"
+)
+
+// Job is one periodic job: a message published to Queue for every slot of
+// Schedule.
+type Job struct {
+	// Name identifies the schedule; with the slot time it makes each slot's
+	// idempotency key ([SlotKey]). Every scheduler of the same job must use
+	// the same Name; renaming a job makes its slots new operations.
+	Name string
+	// Schedule gives the slots ([Cron], [Every]).
+	Schedule Schedule
+	// Queue receives the messages.
+	Queue string
+	// Message builds the message of a slot. nil, or a message with an empty
+	// field, is completed by the scheduler: Type defaults to Name,
+	// IdempotencyKey to [SlotKey](Name, slot) and ID to a UUID derived from
+	// that key, so every scheduler publishes the same message for a slot.
+	// Message must depend on the slot only (not on the time it is called or
+	// the process): it runs in every scheduler, and for a slot caught up
+	// after downtime, late.
+	Message func(slot time.Time) (*sdk.Message, error)
+}
+
+// MissedPolicy says what a scheduler does with slots that passed while it
+// could not publish them: the process was down (see Options.Lookback), or
+// paused, or publishing failed for longer than a slot.
+type MissedPolicy int
+
+const (
+	// Skip publishes only the latest due slot and drops the older ones
+	// (for jobs where only the current state matters: a refresh, a sweep).
+	Skip MissedPolicy = iota
+	// CatchUp publishes the due slots oldest first, at most
+	// Options.MaxCatchUp of them (the most recent); older ones are dropped
+	// and logged (for jobs whose every slot matters: a daily report).
+	CatchUp
+)
+
+// Options configures a [Scheduler]. The zero value is usable.
+type Options struct {
+	// Clock is the scheduler's time. Default [RealClock].
+	Clock Clock
+	// Missed is the policy for missed slots. Default [Skip].
+	Missed MissedPolicy
+	// MaxCatchUp bounds the slots CatchUp publishes at once. Default 10.
+	MaxCatchUp int
+	// Lookback, with CatchUp, is how far back a scheduler that starts looks
+	// for missed slots: those in (start−Lookback, start] are due at once.
+	// Slots that other schedulers already published are published again
+	// with the same key and ID, which the broker's publish dedupe or the
+	// consumer's idempotency guard absorbs. Default 0: a scheduler starts
+	// with the first slot after its start.
+	Lookback time.Duration
+	// PublishTimeout bounds each Publish. Default 30s.
+	PublishTimeout time.Duration
+	// Retry spaces the attempts of a failing Publish. Default 1s doubling
+	// up to 1m, with 50% jitter. The slots stay due meanwhile (subject to
+	// the Missed policy once newer slots come).
+	Retry sdk.Backoff
+	// Logger receives warnings of failed publishes and dropped slots.
+	// Default slog.Default().
+	Logger *slog.Logger
+	// OnPublish, optional, is called after each successful publish with the
+	// job's name and the slot (metrics, tests).
+	OnPublish func(name string, slot time.Time)
+}
+
+// Scheduler publishes the messages of periodic jobs, one per slot.
+//
+// Several schedulers (one per process, for availability) may run the same
+// jobs: each publishes every slot, with the same idempotency key and ID, so
+// the slot's job runs once in effect — deduplicated at publish where the
+// broker can (JetStream within its Duplicates window, PostgreSQL with
+// DedupeEnqueue, SQS FIFO within 5 minutes) and else by the consumer's
+// idempotency guard (memory, RabbitMQ, SQS standard), which must wrap the
+// handler. See ARCHITECTURE.md, "Periodic jobs".
+type Scheduler struct {
+	pub     sdk.Publisher
+	jobs    []Job
+	o       Options
+	rnd     *rand.Rand // used by the one Run
+	running atomic.Bool
+}
+
+// ErrRunning is returned by Run when the Scheduler already runs. Run more
+// schedulers (one per process) for availability, not more Runs of one.
+var ErrRunning = errors.New("berth/periodic: scheduler already running")
+
+// ErrInvalidJob reports a Job that cannot be scheduled.
+var ErrInvalidJob = errors.New("berth/periodic: invalid job")
+
+// New returns a Scheduler that publishes jobs through pub. It returns an
+// error wrapping [ErrInvalidJob] for a job without name, schedule or valid
+// queue, or for two jobs with the same name.
+func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
+	if pub == nil {
+		return nil, fmt.Errorf("%w: nil publisher", ErrInvalidJob)
+	}
+	names := make(map[string]bool, len(jobs))
+	for _, j := range jobs {
+		if j.Name == "" || j.Schedule == nil {
+			return nil, fmt.Errorf("%w: %q: a job needs a Name and a Schedule", ErrInvalidJob, j.Name)
+		}
+		if err := sdk.ValidateQueueName(j.Queue); err != nil {
+			return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, j.Name, err)
+		}
+		if names[j.Name] {
+			return nil, fmt.Errorf("%w: %q scheduled twice", ErrInvalidJob, j.Name)
+		}
+		names[j.Name] = true
+	}
+	if opts.Clock == nil {
+		opts.Clock = RealClock{}
+	}
+	if opts.MaxCatchUp <= 0 {
+		opts.MaxCatchUp = 10
+	}
+	if opts.Lookback < 0 {
+		return nil, fmt.Errorf("%w: negative Lookback", ErrInvalidJob)
+	}
+	if opts.PublishTimeout <= 0 {
+		opts.PublishTimeout = 30 * time.Second
+	}
+	if opts.Retry == (sdk.Backoff{}) {
+		opts.Retry = sdk.Backoff{Base: time.Second, Max: time.Minute, Jitter: 0.5}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Scheduler{pub: pub, jobs: append([]Job(nil), jobs...), o: opts,
+		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}, nil
+}
+
+// SlotKey is the idempotency key of a job's slot: "periodic:" + name + "@"
+// + the slot in RFC 3339, UTC.
+func SlotKey(name string, slot time.Time) string {
+	return "periodic:" + name + "@" + slot.UTC().Format(time.RFC3339Nano)
+}
+
+// slotNamespace derives message IDs from slot keys (UUIDv5).
+var slotNamespace = uuid.MustParse("6f1b8e2a-4c1d-5e3f-9a7b-0c2d4e6f8a10")
+
+// SlotID is the message ID the scheduler gives a slot whose message has no
+// ID: a UUIDv5 of [SlotKey], the same in every scheduler.
+func SlotID(name string, slot time.Time) string {
+	return uuid.NewSHA1(slotNamespace, []byte(SlotKey(name, slot))).String()
+}
+
+// state is one job's progress in a Run.
+type state struct {
+	job     Job
+	cursor  time.Time   // slots after cursor are not yet published
+	pending []time.Time // due slots not yet published (failed publishes)
+	done    bool        // the schedule has no more slots
+}
+
+// Run publishes slots until ctx is done, then returns nil. It returns only
+// on ctx (or [ErrRunning]): a failing Publish is retried (Options.Retry) and logged.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer s.running.Store(false)
+	now := s.o.Clock.Now()
+	start := now
+	if s.o.Missed == CatchUp {
+		start = now.Add(-s.o.Lookback)
+	}
+	states := make([]*state, len(s.jobs))
+	for i, j := range s.jobs {
+		states[i] = &state{job: j, cursor: start}
+	}
+	failures := 0
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		now = s.o.Clock.Now()
+		failed := false
+		for _, st := range states {
+			s.collect(st, now)
+			if len(st.pending) > 0 && !s.publish(ctx, st) {
+				failed = true
+			}
+		}
+		var wait time.Duration
+		if failed {
+			failures++
+			wait = s.o.Retry.Delay(failures, s.rnd.Float64())
+		} else {
+			failures = 0
+			next, ok := nextSlot(states)
+			if !ok {
+				<-ctx.Done() // nothing left to schedule
+				return nil
+			}
+			wait = next.Sub(now)
+		}
+		if err := s.o.Clock.Sleep(ctx, wait); err != nil {
+			return nil
+		}
+	}
+}
+
+// nextSlot returns the earliest next slot of the jobs.
+func nextSlot(states []*state) (time.Time, bool) {
+	var next time.Time
+	for _, st := range states {
+		if st.done {
+			continue
+		}
+		n := st.job.Schedule.Next(st.cursor)
+		if n.IsZero() {
+			st.done = true
+			continue
+		}
+		if next.IsZero() || n.Before(next) {
+			next = n
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// maxScan bounds the slots collect walks in one call: a one-second schedule
+// after a week of downtime would otherwise walk 600 000 slots.
+const maxScan = 100_000
+
+// collect adds st's slots due at now to its pending list and applies the
+// missed-slot policy.
+func (s *Scheduler) collect(st *state, now time.Time) {
+	if st.done {
+		return
+	}
+	scanned, dropped := 0, 0
+	var droppedFrom, droppedTo time.Time
+	drop := func(k int) { // drops all but the k newest pending slots
+		if n := len(st.pending) - k; n > 0 {
+			if dropped == 0 {
+				droppedFrom = st.pending[0]
+			}
+			droppedTo = st.pending[n-1]
+			dropped += n
+			st.pending = append(st.pending[:0], st.pending[n:]...)
+		}
+	}
+	keep := s.keep()
+	for {
+		n := st.job.Schedule.Next(st.cursor)
+		if n.IsZero() {
+			st.done = true
+			break
+		}
+		if n.After(now) {
+			break
+		}
+		st.pending = append(st.pending, n)
+		st.cursor = n
+		if scanned++; scanned == maxScan {
+			// Jump ahead: the slots in between are dropped.
+			st.cursor = now.Add(-time.Nanosecond)
+			dropped++ // at least; the count is a lower bound from here
+		}
+		if len(st.pending) > 2*keep {
+			drop(keep)
+		}
+	}
+	drop(keep)
+	if dropped > 0 {
+		s.o.Logger.Warn("berth/periodic: dropping missed slots", "schedule", st.job.Name,
+			"policy", s.o.Missed.String(), "dropped", dropped, "from", droppedFrom.UTC(), "to", droppedTo.UTC())
+	}
+}
+
+// keep is how many due slots the policy publishes at once.
+func (s *Scheduler) keep() int {
+	if s.o.Missed == CatchUp {
+		return s.o.MaxCatchUp
+	}
+	return 1
+}
+
+// String names the policy.
+func (p MissedPolicy) String() string {
+	switch p {
+	case Skip:
+		return "skip"
+	case CatchUp:
+		return "catch_up"
+	}
+	return fmt.Sprintf("MissedPolicy(%d)", int(p))
+}
+
+// publish publishes st's pending slots oldest first, one Publish each so
+// a slot is never delayed by another's failure; it reports whether all
+// were published.
+func (s *Scheduler) publish(ctx context.Context, st *state) bool {
+	for len(st.pending) > 0 {
+		slot := st.pending[0]
+		m, err := s.message(st.job, slot)
+		if err != nil {
+			// A message that cannot be built will not build later: drop it.
+			s.o.Logger.Error("berth/periodic: building the slot's message failed; slot dropped", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
+			st.pending = st.pending[1:]
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, s.o.PublishTimeout)
+		err = s.pub.Publish(pctx, st.job.Queue, m)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				s.o.Logger.Warn("berth/periodic: publish failed; will retry", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
+			}
+			return false
+		}
+		st.pending = st.pending[1:]
+		if s.o.OnPublish != nil {
+			s.o.OnPublish(st.job.Name, slot)
+		}
+	}
+	return true
+}
+
+// message builds the message of one slot (see Job.Message).
+func (s *Scheduler) message(j Job, slot time.Time) (*sdk.Message, error) {
+	var m *sdk.Message
+	if j.Message != nil {
+		var err error
+		if m, err = j.Message(slot); err != nil {
+			return nil, err
+		}
+	}
+	if m == nil {
+		m = &sdk.Message{}
+	}
+	if m.Type == "" {
+		m.Type = j.Name
+	}
+	if m.IdempotencyKey == "" {
+		m.IdempotencyKey = SlotKey(j.Name, slot)
+	}
+	if m.ID == "" {
+		m.ID = SlotID(j.Name, slot)
+	}
+	m.SetHeader(HeaderSchedule, j.Name)
+	m.SetHeader(HeaderSlot, slot.UTC().Format(time.RFC3339Nano))
+	return m, nil
+}

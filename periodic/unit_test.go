@@ -1,0 +1,289 @@
+package periodic_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/periodic"
+	"github.com/berthq/berth/sdk"
+)
+
+// recorder is a Publisher that records what it is given and fails while
+// failing is set (a broker outage a real server cannot be made to have on
+// cue).
+type recorder struct {
+	mu      sync.Mutex
+	msgs    []*sdk.Message
+	failing bool
+	calls   int
+}
+
+var errDown = errors.New("broker down")
+
+func (r *recorder) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.failing {
+		return errDown
+	}
+	if err := sdk.PrepareAll(ctx, queue, msgs, 0); err != nil {
+		return err
+	}
+	r.msgs = append(r.msgs, msgs...)
+	return nil
+}
+
+func (r *recorder) slots(t *testing.T) []string {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.msgs {
+		out = append(out, m.Header(periodic.HeaderSlot)[11:19])
+	}
+	return out
+}
+
+// drive runs s on c, advancing it by the given steps and waiting for s to
+// sleep again after each.
+func drive(t *testing.T, s *periodic.Scheduler, c *periodic.FakeClock, steps ...time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	for _, d := range steps {
+		if err := c.WaitSleepers(wctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		c.Advance(d)
+	}
+	if err := c.WaitSleepers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+var t0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+func every(t *testing.T, d time.Duration) periodic.Schedule {
+	t.Helper()
+	s, err := periodic.Every(d, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func equal(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: got %v, want %v", what, got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("%s: got %v, want %v", what, got, want)
+		}
+	}
+}
+
+// Skip publishes only the latest due slot after a long pause.
+func TestSkipPublishesOnlyLatestMissedSlot(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	r := &recorder{}
+	s, err := periodic.New(r, periodic.Options{Clock: c}, periodic.Job{Name: "j", Schedule: every(t, 10*time.Second), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, c, 10*time.Second, 45*time.Second, 5*time.Second)
+	equal(t, "slots", r.slots(t), []string{"00:00:10", "00:00:50", "00:01:00"})
+}
+
+// CatchUp publishes missed slots oldest first, at most MaxCatchUp.
+func TestCatchUpIsBounded(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	r := &recorder{}
+	s, err := periodic.New(r, periodic.Options{Clock: c, Missed: periodic.CatchUp, MaxCatchUp: 3},
+		periodic.Job{Name: "j", Schedule: every(t, 10*time.Second), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, c, 10*time.Second, 55*time.Second, 20*time.Second)
+	equal(t, "slots", r.slots(t), []string{"00:00:10", "00:00:40", "00:00:50", "00:01:00", "00:01:10", "00:01:20"})
+}
+
+// A failing publish keeps the slot due and retries it with backoff; when the
+// broker is back, the slot is published (CatchUp keeps the older one too).
+func TestFailedPublishIsRetried(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	r := &recorder{failing: true}
+	s, err := periodic.New(r, periodic.Options{Clock: c, Missed: periodic.CatchUp,
+		Retry: sdk.Backoff{Base: 4 * time.Second, Max: 4 * time.Second, Jitter: -1}},
+		periodic.Job{Name: "j", Schedule: every(t, 10*time.Second), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	for range 4 { // 0:00:10 fails, retried at :14 and :18 (fail), then :22 with :20 due too
+		if err := c.WaitSleepers(wctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if c.Now().Equal(t0.Add(18 * time.Second)) {
+			r.mu.Lock()
+			r.failing = false
+			r.mu.Unlock()
+		}
+		if c.Now().Before(t0.Add(10 * time.Second)) {
+			c.Advance(10 * time.Second)
+		} else {
+			c.Advance(4 * time.Second)
+		}
+	}
+	if err := c.WaitSleepers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+	equal(t, "slots", r.slots(t), []string{"00:00:10", "00:00:20"})
+	if r.calls != 5 { // 0:00:10 failed at :10, :14 and :18; :10 and :20 published at :22
+		t.Errorf("publish calls: %d, want 5", r.calls)
+	}
+}
+
+// The message of a slot is the same in every scheduler: key, ID, type and
+// headers are derived from the job's name and the slot; a Message func's
+// fields are kept.
+func TestSlotMessage(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	r := &recorder{}
+	s, err := periodic.New(r, periodic.Options{Clock: c},
+		periodic.Job{Name: "plain", Schedule: every(t, time.Minute), Queue: "q"},
+		periodic.Job{Name: "custom", Schedule: every(t, time.Minute), Queue: "q", Message: func(slot time.Time) (*sdk.Message, error) {
+			return &sdk.Message{Type: "report.daily", Body: []byte(slot.Format(time.DateOnly))}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, c, time.Minute)
+	slot := t0.Add(time.Minute)
+	if len(r.msgs) != 2 {
+		t.Fatalf("%d messages, want 2", len(r.msgs))
+	}
+	byType := map[string]*sdk.Message{}
+	for _, m := range r.msgs {
+		byType[m.Type] = m
+	}
+	p, cu := byType["plain"], byType["report.daily"]
+	if p == nil || cu == nil {
+		t.Fatalf("types %v", byType)
+	}
+	if p.IdempotencyKey != "periodic:plain@2026-12-01T00:01:00Z" || p.ID != periodic.SlotID("plain", slot) {
+		t.Errorf("plain: key %q id %q", p.IdempotencyKey, p.ID)
+	}
+	if cu.IdempotencyKey != periodic.SlotKey("custom", slot) || string(cu.Body) != "2026-12-01" {
+		t.Errorf("custom: key %q body %q", cu.IdempotencyKey, cu.Body)
+	}
+	if cu.Header(periodic.HeaderSchedule) != "custom" || cu.Header(periodic.HeaderSlot) != "2026-12-01T00:01:00Z" {
+		t.Errorf("headers %v", cu.Headers)
+	}
+	if periodic.SlotID("plain", slot) != periodic.SlotID("plain", slot.In(time.FixedZone("X", 3600))) {
+		t.Error("SlotID depends on the slot's zone")
+	}
+}
+
+func TestCronAndEvery(t *testing.T) {
+	for _, tc := range []struct {
+		expr string
+		from time.Time
+		want time.Time
+	}{
+		{"*/5 * * * *", t0.Add(time.Minute), t0.Add(5 * time.Minute)},
+		{"*/10 * * * * *", t0.Add(time.Second), t0.Add(10 * time.Second)},
+		{"@hourly", t0, t0.Add(time.Hour)},
+		{"0 9 * * *", t0, t0.Add(9 * time.Hour)}, // UTC by default
+		{"CRON_TZ=Europe/Paris 0 9 * * *", t0, t0.Add(8 * time.Hour)},
+	} {
+		s, err := periodic.Cron(tc.expr)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.expr, err)
+		}
+		if got := s.Next(tc.from); !got.Equal(tc.want) {
+			t.Errorf("%q.Next(%s) = %s, want %s", tc.expr, tc.from, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "* * *", "61 * * * *", "@every 1m", "@yearly-ish"} {
+		if _, err := periodic.Cron(bad); !errors.Is(err, periodic.ErrInvalidSchedule) {
+			t.Errorf("Cron(%q) = %v, want ErrInvalidSchedule", bad, err)
+		}
+	}
+	e, err := periodic.Every(time.Hour, 15*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Next(t0.Add(20 * time.Minute)); !got.Equal(t0.Add(75 * time.Minute)) {
+		t.Errorf("Every(1h, 15m).Next(0:20) = %s", got)
+	}
+	if got := e.Next(t0.Add(15 * time.Minute)); !got.Equal(t0.Add(75 * time.Minute)) {
+		t.Errorf("Next is not strictly after: %s", got)
+	}
+	before := time.Date(1969, 12, 31, 23, 59, 59, 0, time.UTC)
+	if got := every(t, 10*time.Second).Next(before); !got.Equal(time.Unix(0, 0).UTC()) {
+		t.Errorf("Every before the epoch: %s", got)
+	}
+	for _, d := range [][2]time.Duration{{time.Millisecond, 0}, {time.Minute, -1}, {time.Minute, time.Minute}} {
+		if _, err := periodic.Every(d[0], d[1]); !errors.Is(err, periodic.ErrInvalidSchedule) {
+			t.Errorf("Every(%s, %s) = %v", d[0], d[1], err)
+		}
+	}
+}
+
+func TestNewRefusesBadJobs(t *testing.T) {
+	r := &recorder{}
+	s := every(t, time.Minute)
+	for name, jobs := range map[string][]periodic.Job{
+		"no name":     {{Schedule: s, Queue: "q"}},
+		"no schedule": {{Name: "j", Queue: "q"}},
+		"bad queue":   {{Name: "j", Schedule: s, Queue: "no spaces"}},
+		"twice":       {{Name: "j", Schedule: s, Queue: "q"}, {Name: "j", Schedule: s, Queue: "q2"}},
+	} {
+		if _, err := periodic.New(r, periodic.Options{}, jobs...); !errors.Is(err, periodic.ErrInvalidJob) {
+			t.Errorf("%s: %v, want ErrInvalidJob", name, err)
+		}
+	}
+	if _, err := periodic.New(nil, periodic.Options{}); !errors.Is(err, periodic.ErrInvalidJob) {
+		t.Errorf("nil publisher: %v", err)
+	}
+}
+
+func TestRunTwiceIsRefused(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	s, err := periodic.New(&recorder{}, periodic.Options{Clock: c}, periodic.Job{Name: "j", Schedule: every(t, time.Minute), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	if err := c.WaitSleepers(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Run(ctx); !errors.Is(err, periodic.ErrRunning) {
+		t.Errorf("second Run: %v, want ErrRunning", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
