@@ -88,7 +88,7 @@ func TestLongDelayBeyondLargestBucket(t *testing.T) {
 		t.Error("ran twice")
 	case <-time.After(time.Second):
 	}
-	shutdown() // deliveries is read after Run returned
+	shutdown()          // deliveries is read after Run returned
 	if deliveries < 2 { // the broker never saw more than 0.5s of the 1.8s
 		t.Errorf("%d deliveries, want at least one hop and the run", deliveries)
 	}
