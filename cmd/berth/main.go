@@ -28,7 +28,8 @@
 // Exit codes: 0 done; 1 error (broker unreachable, refused); 2 usage (bad
 // command line, or a change without -yes and no terminal to confirm on);
 // 3 nothing matched or not found; 4 partial (some chosen dead letters were
-// not moved, or the command was interrupted; the output says which and why).
+// not moved, the command was interrupted, or the broker's scan stopped
+// before the end of the dead-letter queue; the output says which and why).
 //
 // Text output escapes control characters, terminal escape sequences and
 // invalid UTF-8 from messages. -json prints one JSON document per line
