@@ -24,6 +24,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -96,6 +101,38 @@ type Options struct {
 	// ClockSkew is the clock difference to the database above which it is
 	// reported (an error above five times it). Default 1s.
 	ClockSkew time.Duration
+	// RedeliveryWindow is how long a job may wait in its queue, dead letters
+	// waiting for a redrive included, before it runs once more (SQS: the
+	// retention period). The checks add the Worker's retry delays. Default 4
+	// days (SQS's default retention).
+	RedeliveryWindow time.Duration
+	// StuckClaims is how long past its lease an idempotency claim in
+	// progress is reported as stuck. Default 15 min.
+	StuckClaims time.Duration
+	// LedgerWindow is the span of job history the ledger checks read (and,
+	// for dead-letter growth, the span before it). Default 1h.
+	LedgerWindow time.Duration
+	// SameError is how many jobs dead-lettered with one transient error make
+	// it "retried to exhaustion". Default 3.
+	SameError int
+	// RetryStorm is how many retrying jobs in the window, more than those
+	// that succeeded, make a retry storm. Default 100.
+	RetryStorm int
+	// DLQGrowth is how many dead letters in the window, more than twice the
+	// window before, make the dead-letter queue "growing". Default 10.
+	DLQGrowth int
+	// Ledger, when set, is read by the ledger checks ([Ledger]). On the
+	// PostgreSQL broker Run reads its jobs table when Ledger is nil.
+	Ledger ledger.Reader
+	// Results, when set, is the database of the idempotency result store,
+	// checked by [Idempotency] on ResultsTable (default
+	// "public.job_results").
+	Results      *pgxpool.Pool
+	ResultsTable string
+	// Redis, when set, holds the idempotency dedupe cache under RedisPrefix
+	// (default "berth:idem:"), checked by [Dedupe].
+	Redis       redis.UniversalClient
+	RedisPrefix string
 	// Now is the worker's clock. Default time.Now.
 	Now func() time.Time
 }
@@ -118,6 +155,21 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ClockSkew <= 0 {
 		o.ClockSkew = time.Second
+	}
+	if o.StuckClaims <= 0 {
+		o.StuckClaims = 15 * time.Minute
+	}
+	if o.LedgerWindow <= 0 {
+		o.LedgerWindow = time.Hour
+	}
+	if o.SameError <= 0 {
+		o.SameError = 3
+	}
+	if o.RetryStorm <= 0 {
+		o.RetryStorm = 100
+	}
+	if o.DLQGrowth <= 0 {
+		o.DLQGrowth = 10
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -154,6 +206,37 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	}
 	if err != nil {
 		return fs, err
+	}
+	lease := time.Duration(0)
+	if lr, ok := b.(sdk.LeaseReporter); ok {
+		lease = lr.Lease()
+	}
+	if r := o.Ledger; r != nil || asPostgres(b) != nil {
+		if r == nil {
+			pg := asPostgres(b)
+			if r, err = pgledger.NewJobs(pg.pool, pg.schema); err != nil {
+				return fs, err
+			}
+		}
+		lf, err := Ledger(ctx, r, lease, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, lf...)
+	}
+	if o.Results != nil {
+		rf, err := Idempotency(ctx, o.Results, o.ResultsTable, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, rf...)
+	}
+	if o.Redis != nil {
+		rf, err := Dedupe(ctx, o.Redis, o.RedisPrefix, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, rf...)
 	}
 	fs = append(fs, workerConfig(b, o)...)
 	Sort(fs)

@@ -30,6 +30,9 @@ type Worker struct {
 	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
 	shared   atomic.Pointer[settleCtx]
 	health   workerHealth // what Health reports (sdk/health.go)
+
+	queues []*queueState // the consumed queues (sdk/queues.go)
+	wake   chan struct{} // wakes the multi-queue allocator; nil with one queue
 }
 
 // settleCtx is a settlement context shared by the settlements of a short
@@ -66,6 +69,10 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit}
+	w.queues = newQueueStates(o)
+	if len(w.queues) > 1 {
+		w.wake = make(chan struct{}, 1)
+	}
 	for _, ob := range o.Observers {
 		if lo, ok := ob.(LeaseObserver); ok {
 			w.leaseOb = append(w.leaseOb, lo)
@@ -207,7 +214,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}()
 	}
 
-	err = w.receive(ctx, free, jobs, hungry, held)
+	err = w.receiveAll(ctx, free, jobs, hungry, held)
 	w.health.state.Store(hDraining)
 	close(jobs)
 
@@ -249,15 +256,19 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	return err
 }
 
-// receive fills free slots with deliveries until ctx is done.
-func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
+// receive fills slots taken from src with deliveries of q until ctx is
+// done, and gives back to free those it did not fill. With one queue src is
+// free; with several it is the slots the allocator handed q, and hungry is
+// nil.
+func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
 	o := w.opts
+	multi := hungry == nil
 	slots := make([]int, 0, cap(free))
 	failures := 0
 	for {
 		slots = slots[:0]
 		select {
-		case i := <-free:
+		case i := <-src:
 			slots = append(slots, i)
 		case <-ctx.Done():
 			return nil
@@ -266,9 +277,9 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 		// still waits there is no hurry: gather slots until half are free or
 		// the handlers run out of work, so one Receive fetches a batch
 		// instead of one message per call (a claim statement, an API call).
-		for len(slots) < cap(slots)/2 && len(jobs) > 0 {
+		for !multi && len(slots) < cap(slots)/2 && len(jobs) > 0 {
 			select {
-			case i := <-free:
+			case i := <-src:
 				slots = append(slots, i)
 			case <-hungry:
 			case <-ctx.Done():
@@ -278,14 +289,33 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 	fill:
 		for len(slots) < cap(slots) {
 			select {
-			case i := <-free:
+			case i := <-src:
 				slots = append(slots, i)
 			default:
 				break fill
 			}
 		}
+		rctx, resumed := q.receiveContext()
+		if rctx == nil { // paused: hold no slots, make no Receive
+			for _, i := range slots {
+				free <- i
+			}
+			w.poke()
+			select {
+			case <-resumed:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		w.health.receiving(time.Now().UnixNano())
-		ds, err := w.sub.Receive(ctx, o.Queue, len(slots))
+		var ds []Delivery
+		var err error
+		if multi && len(slots) > 1 {
+			ds, err = w.receiveBounded(rctx, q, len(slots))
+		} else {
+			ds, err = w.sub.Receive(rctx, q.name, len(slots))
+		}
 		if len(ds) > len(slots) { // a broker bug: never hold more than the slots
 			for _, d := range ds[len(slots):] {
 				w.release(ctx, d, "received beyond the requested max")
@@ -293,7 +323,7 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 			ds = ds[:len(slots)]
 		}
 		now := time.Now().UnixNano()
-		w.health.received(now, len(ds), err, ctx.Err() != nil)
+		w.health.received(now, len(ds), err, rctx.Err() != nil)
 		for i, d := range ds {
 			t := &task{d: d, slot: slots[i], received: now}
 			t.extended.Store(now)
@@ -303,18 +333,30 @@ func (w *Worker) receive(ctx context.Context, free chan int, jobs chan *task, hu
 		for _, i := range slots[len(ds):] {
 			free <- i
 		}
+		if multi {
+			// A queue that could not fill its slots is idle: it holds one
+			// slot waiting, the others go to the queues with work.
+			if len(ds) < len(slots) {
+				q.want.Store(1)
+			} else {
+				q.want.Store(int64(cap(free)))
+			}
+			w.poke()
+		}
 		switch {
 		case err == nil:
 			failures = 0
 		case ctx.Err() != nil:
 			return nil
+		case rctx.Err() != nil: // paused during the Receive
+			continue
 		case errors.Is(err, ErrClosed), errors.Is(err, ErrInvalidQueue), errors.Is(err, ErrNotFound):
 			// Waiting will not make a closed broker or a missing queue work.
 			return err
 		default:
 			failures++
 			delay := Backoff{Base: 50 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.5}.Delay(failures, w.rand())
-			o.Logger.Warn("berth: receive failed; backing off", "queue", o.Queue, "err", err, "delay", delay)
+			o.Logger.Warn("berth: receive failed; backing off", "queue", q.name, "err", err, "delay", delay)
 			select {
 			case <-time.After(delay):
 			case <-ctx.Done():

@@ -47,8 +47,28 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 // WorkerOptions configures a [Worker]. The zero value, with Queue set, is a
 // sensible worker.
 type WorkerOptions struct {
-	// Queue to consume. Required.
+	// Queue to consume. Required, unless Queues is set.
 	Queue string
+	// Queues, instead of Queue, makes the Worker consume several queues
+	// with one pool of handlers: while several have work, each gets a share
+	// of the slots (Concurrency + Prefetch) in proportion to its Weight
+	// (smooth weighted round robin), or, with Priority, the first queue in
+	// the list with work gets them all. Each queue has its own Receive loop,
+	// so an empty queue never delays the others; it holds at most two slots
+	// while it waits. [Worker.Pause] and [Worker.Resume] stop and restart
+	// receiving from one queue. See ARCHITECTURE.md, "Several queues per
+	// Worker".
+	Queues []WorkerQueue
+	// QueueIdleWait bounds, with several Queues, how long a Receive for
+	// more than one delivery may wait on a queue; when it runs out the
+	// queue counts as idle and asks for one delivery at a time (so a queue
+	// that ran dry holds one slot, not the ones the others could use) until
+	// a Receive fills again. Default 500ms.
+	QueueIdleWait time.Duration
+	// Priority makes Queues a strict priority list: a queue gets slots only
+	// while every queue before it is idle or paused. Lower queues can
+	// starve.
+	Priority bool
 	// Concurrency is how many handlers run at once. Default 8. Deliveries of
 	// one Receive run concurrently, so order within an ordering key (an SQS
 	// FIFO message group) holds only with Concurrency 1 and Prefetch 1.
@@ -117,8 +137,11 @@ type WorkerOptions struct {
 }
 
 func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
-	if err := ValidateQueueName(o.Queue); err != nil {
+	if err := o.validateQueues(); err != nil {
 		return o, fmt.Errorf("berth: worker: %w", err)
+	}
+	if o.QueueIdleWait <= 0 {
+		o.QueueIdleWait = 500 * time.Millisecond
 	}
 	if o.Concurrency < 0 || o.Prefetch < 0 {
 		return o, fmt.Errorf("berth: worker: negative Concurrency or Prefetch")

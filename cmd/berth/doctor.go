@@ -6,9 +6,36 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/ledger/pgledger"
 )
+
+// openDB opens and pings the PostgreSQL of dsn.
+func (c *cli) openDB(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, usagef("-db: the connection string does not parse") // pgx may quote it
+	}
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(octx, cfg)
+	if err == nil {
+		err = pool.Ping(octx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, fmt.Errorf("database: %w", err) // pgx names host, user and database, never the password
+	}
+	return pool, nil
+}
 
 // errDoctorFindings is returned by "berth doctor" when a finding is an
 // error; the findings are printed already, so it exits 1 without a message.
@@ -35,6 +62,39 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
 			opts.Prefetch = p
 		}
+	}
+	dsn := c.db
+	if dsn == "" {
+		dsn = c.getenv("BERTH_DB")
+	}
+	if dsn != "" { // the application's database: the ledger's tables and the idempotency results
+		pool, err := c.openDB(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		opts.Results, opts.ResultsTable = pool, c.resultsTable
+		schema := c.schema
+		if schema == "" {
+			schema = pgledger.DefaultSchema
+		}
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+			pgx.Identifier{schema, pgledger.DefaultPrefix + "jobs"}.Sanitize()).Scan(&exists); err != nil {
+			return fmt.Errorf("ledger database: %w", err)
+		}
+		if exists {
+			s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+			if err != nil {
+				return &usageError{err.Error()}
+			}
+			opts.Ledger = s
+		}
+	}
+	if c.redis != "" {
+		rdb := redis.NewClient(&redis.Options{Addr: c.redis})
+		defer rdb.Close()
+		opts.Redis = rdb
 	}
 	fs, err := doctor.Run(ctx, b, opts)
 	if errors.Is(err, doctor.ErrNoQueues) {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/idempotency/pgstore"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -51,6 +53,24 @@ func TestDoctorOnPostgres(t *testing.T) {
 	}
 	if strings.Contains(r.out, "\x1b") {
 		t.Errorf("colour escapes off a terminal:\n%q", r.out)
+	}
+
+	// -db: the idempotency results in the same database, a claim stuck in it.
+	store, err := pgstore.New(pool, pgstore.Options{Schema: b.Schema()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.Schema(), "job_results"}.Sanitize()+` (idempotency_key, status, owner_token, locked_until, expires_at)
+		VALUES ('charge:order_lost:v1', 'in_progress', 'w1', now() - interval '1 hour', now() + interval '7 days')`); err != nil {
+		t.Fatal(err)
+	}
+	r = cliOn(t, u, "doctor", "-db", integration.PostgresDSN(t), "-schema", b.Schema(), "-results-table", b.Schema()+".job_results",
+		"-redis", integration.RedisAddr(t))
+	if !strings.Contains(r.out, "warn   idempotency.claims-stuck  "+b.Schema()+".job_results: ") || !strings.Contains(r.out, "idempotency.dedupe-ttl") {
+		t.Fatalf("doctor -db -redis (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 }
 

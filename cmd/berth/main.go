@@ -151,8 +151,10 @@ func commands() []*command {
 		{name: "doctor", args: "[QUEUE...]", short: "check the broker, its queues and the Workers' settings for misconfigurations (exit 1 on an error finding)",
 			long: "Each finding has a stable ID (README.md, \"berth doctor\"), a severity (ok, info, warn, error), the evidence and the fix.\n" +
 				"Name the queues on RabbitMQ and SQS; PostgreSQL and JetStream check every queue they list.\n" +
-				"-max-attempts, -longest-job and -concurrency describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.",
-			flags: []string{"max-attempts", "longest-job", "concurrency"}, run: runDoctor},
+				"-max-attempts, -longest-job and -concurrency describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.\n" +
+				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
+				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.",
+			flags: []string{"max-attempts", "longest-job", "concurrency", "db", "schema", "results-table", "redis"}, run: runDoctor},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
@@ -188,6 +190,7 @@ type cli struct {
 	maxAttempts           int
 	concurrency           int
 	longestJob            time.Duration
+	resultsTable, redis   string
 }
 
 func newCLI(e env) *cli {
@@ -224,6 +227,8 @@ func newCLI(e env) *cli {
 	fs.IntVar(&c.maxAttempts, "max-attempts", 0, "doctor: the Workers' RetryPolicy.MaxAttempts (default 5)")
 	fs.IntVar(&c.concurrency, "concurrency", 0, "doctor: the Workers' Concurrency (default 8)")
 	fs.DurationVar(&c.longestJob, "longest-job", 0, "doctor: the longest a handler may run, its WorkerOptions.Timeout (default 30m)")
+	fs.StringVar(&c.resultsTable, "results-table", "", "doctor: the idempotency result table in -db, schema.table (default public.job_results)")
+	fs.StringVar(&c.redis, "redis", "", "doctor: the Redis (host:port) of the idempotency dedupe cache")
 	c.fs = fs
 	return c
 }

@@ -1,0 +1,160 @@
+package doctor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/berthq/berth/idempotency/redisstore"
+	"github.com/berthq/berth/sdk"
+)
+
+// redeliveryWindow is the longest a job may come back after its first
+// attempt: Options.RedeliveryWindow, else the queue retention given, plus
+// the Worker's retry delays.
+func (o Options) redeliveryWindow() time.Duration {
+	w := o.RedeliveryWindow
+	if w <= 0 {
+		w = defaultQueueRetention
+	}
+	b := sdk.DefaultBackoff // the Worker's default backoff, its jitter at the most
+	for a := 1; a < o.MaxAttempts; a++ {
+		w += b.Delay(a, 0.999)
+	}
+	return w
+}
+
+// defaultQueueRetention is SQS's default MessageRetentionPeriod (4 days),
+// the redelivery window assumed when none is given.
+const defaultQueueRetention = 4 * 24 * time.Hour
+
+// Idempotency runs the checks of an idempotency result store in PostgreSQL
+// (package idempotency/pgstore; table is "schema.table", default
+// "public.job_results"): idempotency.results-missing,
+// idempotency.retention (results kept at least the redelivery window:
+// Options.RedeliveryWindow plus the Worker's retry delays) and
+// idempotency.claims-stuck (lease-mode claims in progress long past their
+// lease).
+func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Options) ([]Finding, error) {
+	o := opts.withDefaults()
+	if table == "" {
+		table = "public.job_results"
+	}
+	schema, name, ok := strings.Cut(table, ".")
+	if !ok {
+		schema, name = "public", table
+	}
+	qt := pgx.Identifier{schema, name}.Sanitize()
+	var fs []Finding
+	add := func(f Finding) { f.Queue = table; fs = append(fs, f) }
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, qt).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("doctor: idempotency: %w", err)
+	}
+	if !exists {
+		add(Finding{ID: "idempotency.results-missing", Severity: Info, Summary: "no idempotency result table here: not checked",
+			Evidence: "no table " + table, Fix: "point -results-table at the table idempotency/pgstore uses (Options.Schema, Table)"})
+		return fs, nil
+	}
+	window := o.redeliveryWindow()
+	var n int64
+	var minKeep, maxKeep *time.Duration
+	if err := pool.QueryRow(ctx, `SELECT count(*),
+			(extract(epoch FROM min(expires_at - completed_at)) * 1e6)::bigint * interval '1 microsecond',
+			(extract(epoch FROM max(expires_at - completed_at)) * 1e6)::bigint * interval '1 microsecond'
+		FROM (SELECT expires_at, completed_at FROM `+qt+` WHERE status = 'completed' AND completed_at IS NOT NULL
+			ORDER BY completed_at DESC LIMIT 1000) r`).Scan(&n, &minKeep, &maxKeep); err != nil {
+		return nil, fmt.Errorf("doctor: idempotency: retention: %w", err)
+	}
+	switch {
+	case n == 0 || minKeep == nil:
+		add(Finding{ID: "idempotency.retention", Severity: Info, Summary: "no completed result yet: retention not measurable",
+			Evidence: "0 completed rows", Fix: "run again once jobs completed"})
+	case *minKeep < window:
+		add(Finding{ID: "idempotency.retention", Severity: Error, Summary: "results expire before a job can come back: a late redelivery or a redrive runs its effect again",
+			Evidence: fmt.Sprintf("recent results kept %s to %s (of %d); redelivery window %s (queue retention %s + the retry delays of %d attempts)",
+				minKeep.Round(time.Second), maxKeep.Round(time.Second), n, window.Round(time.Second), retentionOr(o.RedeliveryWindow), o.MaxAttempts),
+			Fix: fmt.Sprintf("set idempotency.Options.Retention to at least %s (and redrive dead letters only within it)", window.Round(time.Hour)+time.Hour)})
+	default:
+		add(Finding{ID: "idempotency.retention", Severity: OK, Summary: "results outlive the redelivery window",
+			Evidence: fmt.Sprintf("recent results kept at least %s ≥ window %s", minKeep.Round(time.Second), window.Round(time.Second))})
+	}
+
+	var stuck int64
+	var oldest *time.Time
+	if err := pool.QueryRow(ctx, `SELECT count(*), min(locked_until) FROM `+qt+`
+		WHERE status = 'in_progress' AND locked_until < now() - $1 * interval '1 microsecond'`, o.StuckClaims.Microseconds()).Scan(&stuck, &oldest); err != nil {
+		return nil, fmt.Errorf("doctor: idempotency: claims: %w", err)
+	}
+	if stuck > 0 {
+		add(Finding{ID: "idempotency.claims-stuck", Severity: Warn, Summary: "claims in progress long past their lease: their jobs never came back to take them over",
+			Evidence: fmt.Sprintf("%s in_progress with locked_until more than %s ago, the oldest %s", plural(stuck, "claim", "claims"), o.StuckClaims, when(oldest)),
+			Fix:      "find their jobs (berth job show KEY): dead-lettered or lost with the effect perhaps half done; check the effect, then delete the claim row or redrive the job"})
+	} else {
+		add(Finding{ID: "idempotency.claims-stuck", Severity: OK, Summary: "no claim is stuck in progress", Evidence: "threshold " + o.StuckClaims.String()})
+	}
+	return fs, nil
+}
+
+func retentionOr(d time.Duration) string {
+	if d <= 0 {
+		return defaultQueueRetention.String() + " assumed"
+	}
+	return d.String()
+}
+
+// Dedupe runs the Redis dedupe cache check (idempotency/redisstore, keys
+// under prefix, default "berth:idem:"), idempotency.dedupe-ttl: a sample of
+// keys must carry a TTL (the cache must not grow forever); a TTL shorter
+// than the redelivery window is reported as info (the cache is a fast path:
+// the result store decides, so a miss costs a query, never a duplicate).
+func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts Options) ([]Finding, error) {
+	o := opts.withDefaults()
+	if prefix == "" {
+		prefix = redisstore.DefaultPrefix
+	}
+	window := o.redeliveryWindow()
+	var keys []string
+	iter := rdb.Scan(ctx, 0, prefix+"*", 100).Iterator()
+	for len(keys) < 200 && iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("doctor: redis: %w", err)
+	}
+	f := Finding{ID: "idempotency.dedupe-ttl", Queue: prefix + "*"}
+	if len(keys) == 0 {
+		f.Severity, f.Summary, f.Evidence, f.Fix = Info, "no dedupe key in Redis: nothing to check", "SCAN "+prefix+"*: none", "run again once jobs completed"
+		return []Finding{f}, nil
+	}
+	var forever int
+	var longest time.Duration
+	for _, k := range keys {
+		d, err := rdb.PTTL(ctx, k).Result()
+		if err != nil {
+			return nil, fmt.Errorf("doctor: redis: %w", err)
+		}
+		switch {
+		case d == -1 || d < -2: // no expiry
+			forever++
+		case d > longest:
+			longest = d
+		}
+	}
+	ev := fmt.Sprintf("%d keys sampled: %d without a TTL, the longest remaining TTL %s; redelivery window %s", len(keys), forever, longest.Round(time.Second), window.Round(time.Second))
+	switch {
+	case forever > 0:
+		f.Severity, f.Summary, f.Fix = Warn, "dedupe keys without a TTL: the cache grows forever", "set idempotency.Options.CacheTTL (default: Retention), or EXPIRE the keys"
+	case longest < window:
+		f.Severity, f.Summary, f.Fix = Info, "the dedupe TTL is shorter than the redelivery window: later duplicates are caught by the result store (a query), not the cache", "raise CacheTTL to the window if those queries matter; correctness does not depend on it"
+	default:
+		f.Severity, f.Summary = OK, "dedupe keys expire, and outlive the redelivery window"
+	}
+	f.Evidence = ev
+	return []Finding{f}, nil
+}

@@ -1,0 +1,121 @@
+package doctor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// Ledger runs the checks that read job history (package ledger: the
+// ledger's tables, or the PostgreSQL broker's jobs table), over the last
+// Options.LedgerWindow:
+//
+//   - ledger.duration: the p99 handler run time against the longest job
+//     allowed (Options.LongestJob, the Workers' Timeout) and the lease;
+//   - ledger.same-error-exhausted: several jobs dead-lettered as transient
+//     with the same error after retries: a permanent error classified as
+//     transient, retried to exhaustion;
+//   - ledger.retry-storm: more jobs retrying than succeeding;
+//   - ledger.dlq-growth: more dead letters in the last window than twice the
+//     one before.
+//
+// lease is the broker's lease (0: none).
+func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Options) ([]Finding, error) {
+	o := opts.withDefaults()
+	now := o.Now()
+	since := now.Add(-o.LedgerWindow)
+	var fs []Finding
+
+	// Durations.
+	page, err := r.List(ctx, ledger.Filter{Statuses: []ledger.Status{ledger.StatusSucceeded, ledger.StatusDead, ledger.StatusRetrying},
+		Since: since, Limit: ledger.MaxLimit})
+	if err != nil {
+		return nil, fmt.Errorf("doctor: ledger: %w", err)
+	}
+	var ds []time.Duration
+	for _, j := range page.Jobs {
+		if j.Duration > 0 {
+			ds = append(ds, j.Duration)
+		}
+	}
+	if len(ds) == 0 {
+		fs = append(fs, Finding{ID: "ledger.duration", Severity: Info, Summary: "no handler run time recorded in the window: not checkable",
+			Evidence: fmt.Sprintf("%d jobs finished since %s, none with a duration (the PostgreSQL broker's table keeps none: use the ledger)", len(page.Jobs), since.UTC().Format(time.RFC3339)),
+			Fix:      "record job state with package ledger (a Worker Observer) to check durations"})
+	} else {
+		slices.Sort(ds)
+		p99 := ds[(len(ds)*99+99)/100-1]
+		ev := fmt.Sprintf("p99 %s of %d runs (max %s); longest job allowed %s; lease %s, extended by the heartbeat", p99.Round(time.Millisecond), len(ds),
+			ds[len(ds)-1].Round(time.Millisecond), o.LongestJob, lease)
+		if o.LongestJob > 0 && p99*10 >= o.LongestJob*8 {
+			fs = append(fs, Finding{ID: "ledger.duration", Severity: Warn, Summary: "jobs run close to their timeout (or RabbitMQ's consumer_timeout): the slow ones are cut and retried",
+				Evidence: ev, Fix: "raise WorkerOptions.Timeout (TimeoutByType for the slow type) and, on RabbitMQ, consumer_timeout; or make the job faster or smaller"})
+		} else {
+			fs = append(fs, Finding{ID: "ledger.duration", Severity: OK, Summary: "handlers finish well within their timeout", Evidence: ev})
+		}
+	}
+
+	// The same transient error retried to exhaustion.
+	dead, err := r.List(ctx, ledger.Filter{Statuses: []ledger.Status{ledger.StatusDead}, Since: since, Limit: ledger.MaxLimit})
+	if err != nil {
+		return nil, fmt.Errorf("doctor: ledger: %w", err)
+	}
+	groups := map[string]int{}
+	for _, j := range dead.Jobs {
+		if j.Attempts < 2 || j.LastError == "" {
+			continue
+		}
+		switch j.ErrorClass {
+		case sdk.ClassPermanent, sdk.ClassPoison, sdk.ClassRetryAfter:
+			continue
+		}
+		groups[j.LastError]++
+	}
+	worst, count := "", 0
+	for e, n := range groups {
+		if n > count || (n == count && e < worst) {
+			worst, count = e, n
+		}
+	}
+	if count >= o.SameError {
+		fs = append(fs, Finding{ID: "ledger.same-error-exhausted", Severity: Warn, Summary: "the same error was retried to exhaustion on several jobs: probably a permanent error classified as transient",
+			Evidence: fmt.Sprintf("%d jobs dead-lettered since %s after retries with the error %q", count, since.UTC().Format(time.RFC3339), dlq.EscapeText(sdk.SanitizeReason(worst), false)),
+			Fix:      "return sdk.Permanent(err) for it in the handler (dead-lettered at once, no retries), or fix its cause; then redrive"})
+	} else {
+		fs = append(fs, Finding{ID: "ledger.same-error-exhausted", Severity: OK, Summary: "no error was retried to exhaustion on several jobs",
+			Evidence: fmt.Sprintf("%d dead letters since %s; the most common retried error on %d", len(dead.Jobs), since.UTC().Format(time.RFC3339), count)})
+	}
+
+	// Retry storms and dead-letter growth.
+	cur, err := r.Counts(ctx, ledger.Window{Since: since, Until: now})
+	if err != nil {
+		return nil, fmt.Errorf("doctor: ledger: %w", err)
+	}
+	prev, err := r.Counts(ctx, ledger.Window{Since: since.Add(-o.LedgerWindow), Until: since})
+	if err != nil {
+		return nil, fmt.Errorf("doctor: ledger: %w", err)
+	}
+	retrying, succeeded := cur.ByStatus[ledger.StatusRetrying], cur.ByStatus[ledger.StatusSucceeded]
+	ev := fmt.Sprintf("in the last %s: %d retrying, %d succeeded", o.LedgerWindow, retrying, succeeded)
+	if retrying >= int64(o.RetryStorm) && retrying > succeeded {
+		fs = append(fs, Finding{ID: "ledger.retry-storm", Severity: Warn, Summary: "more jobs are retrying than succeeding: a dependency is down, or retries feed on themselves",
+			Evidence: ev, Fix: "find the error (berth jobs -status retrying), fix the dependency; lengthen the backoff (WorkerOptions.Retry.Backoff) so retries do not pile on a struggling service"})
+	} else {
+		fs = append(fs, Finding{ID: "ledger.retry-storm", Severity: OK, Summary: "no retry storm", Evidence: ev})
+	}
+	nowDead, before := cur.ByStatus[ledger.StatusDead], prev.ByStatus[ledger.StatusDead]
+	ev = fmt.Sprintf("%d dead letters in the last %s, %d in the %s before", nowDead, o.LedgerWindow, before, o.LedgerWindow)
+	if nowDead >= int64(o.DLQGrowth) && nowDead > 2*before {
+		fs = append(fs, Finding{ID: "ledger.dlq-growth", Severity: Warn, Summary: "the dead-letter queue is growing faster than before",
+			Evidence: ev, Fix: "read the reasons (berth dlq list QUEUE), fix the cause, then redrive (berth dlq redrive QUEUE -class …)"})
+	} else {
+		fs = append(fs, Finding{ID: "ledger.dlq-growth", Severity: OK, Summary: "dead letters are not growing", Evidence: ev})
+	}
+	Sort(fs)
+	return fs, nil
+}

@@ -1,0 +1,332 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// WorkerQueue is one of the queues a [Worker] consumes (WorkerOptions.Queues).
+type WorkerQueue struct {
+	// Name is the queue.
+	Name string
+	// Weight is the queue's share of the Worker's slots while several
+	// queues have work: with weights 3 and 1, three deliveries of the first
+	// for one of the second. Default 1. Ignored with WorkerOptions.Priority.
+	Weight int
+}
+
+// ErrUnknownQueue is returned by [Worker.Pause] and [Worker.Resume] for a
+// queue the Worker does not consume. It wraps [ErrNotFound].
+var ErrUnknownQueue = fmt.Errorf("berth: worker does not consume this queue: %w", ErrNotFound)
+
+// queueState is one consumed queue: its weight, its pause switch and, in a
+// multi-queue Run, the slots the allocator handed it.
+type queueState struct {
+	name   string
+	weight int
+	cur    int // smooth weighted round robin: the allocator's running score
+
+	slots chan int     // multi-queue: slots handed to this queue's receiver
+	want  atomic.Int64 // multi-queue: slots the receiver may hold waiting (1 while the queue is idle)
+
+	paused atomic.Bool
+	mu     sync.Mutex
+	run    context.Context // the Run's receive context while it runs
+	epoch  atomic.Pointer[epoch]
+	resume chan struct{} // closed by Resume; replaced by Pause
+}
+
+// epoch is a receive context that Pause cancels: a Receive waiting on a
+// queue being paused returns at once.
+type epoch struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newQueueStates(o WorkerOptions) []*queueState {
+	if len(o.Queues) == 0 {
+		return []*queueState{{name: o.Queue, weight: 1, resume: make(chan struct{})}}
+	}
+	qs := make([]*queueState, len(o.Queues))
+	for i, q := range o.Queues {
+		qs[i] = &queueState{name: q.Name, weight: q.Weight, resume: make(chan struct{})}
+	}
+	return qs
+}
+
+// validateQueues checks WorkerOptions.Queues and sets Queue to their names
+// joined by commas (for logs and Health).
+func (o *WorkerOptions) validateQueues() error {
+	if len(o.Queues) == 0 {
+		return ValidateQueueName(o.Queue)
+	}
+	if o.Queue != "" {
+		return fmt.Errorf("%w: set Queue or Queues, not both", ErrInvalidQueue)
+	}
+	seen := make(map[string]bool, len(o.Queues))
+	qs := make([]WorkerQueue, len(o.Queues))
+	names := make([]string, len(o.Queues))
+	for i, q := range o.Queues {
+		if err := ValidateQueueName(q.Name); err != nil {
+			return err
+		}
+		if seen[q.Name] {
+			return fmt.Errorf("%w: %q listed twice in Queues", ErrInvalidQueue, q.Name)
+		}
+		seen[q.Name] = true
+		if q.Weight < 0 {
+			return fmt.Errorf("%w: %q has a negative weight", ErrInvalidQueue, q.Name)
+		}
+		if q.Weight == 0 {
+			q.Weight = 1
+		}
+		qs[i], names[i] = q, q.Name
+	}
+	o.Queues = qs
+	o.Queue = strings.Join(names, ",")
+	return nil
+}
+
+// queue returns the state of the named queue, nil when not consumed.
+func (w *Worker) queue(name string) *queueState {
+	for _, q := range w.queues {
+		if q.name == name {
+			return q
+		}
+	}
+	return nil
+}
+
+// Pause stops receiving from queue: no new Receive is made on it (one
+// waiting is interrupted) until Resume. Deliveries already received — running
+// or prefetched — are not touched: they run and settle as usual, and their
+// leases are kept. Pause works before and during Run, and lasts across
+// Runs; it is idempotent. It applies to this Worker only: pausing a queue
+// for every consumer (other processes) is the broker's or the operator's
+// business (see ARCHITECTURE.md, "Several queues per Worker"). It returns
+// [ErrUnknownQueue] for a queue the Worker does not consume.
+func (w *Worker) Pause(queue string) error {
+	q := w.queue(queue)
+	if q == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.paused.Load() {
+		return nil
+	}
+	q.paused.Store(true)
+	q.resume = make(chan struct{})
+	if ep := q.epoch.Swap(nil); ep != nil {
+		ep.cancel()
+	}
+	return nil
+}
+
+// Resume lets the Worker receive from a paused queue again. It is
+// idempotent and returns [ErrUnknownQueue] for a queue the Worker does not
+// consume.
+func (w *Worker) Resume(queue string) error {
+	q := w.queue(queue)
+	if q == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
+	}
+	q.mu.Lock()
+	if !q.paused.Load() {
+		q.mu.Unlock()
+		return nil
+	}
+	q.paused.Store(false)
+	if q.run != nil {
+		q.newEpochLocked()
+	}
+	close(q.resume)
+	q.mu.Unlock()
+	w.poke()
+	return nil
+}
+
+// Paused reports whether queue is paused in this Worker.
+func (w *Worker) Paused(queue string) bool {
+	q := w.queue(queue)
+	return q != nil && q.paused.Load()
+}
+
+func (q *queueState) newEpochLocked() {
+	ctx, cancel := context.WithCancel(q.run)
+	q.epoch.Store(&epoch{ctx: ctx, cancel: cancel})
+}
+
+// begin readies q for a Run receiving under ctx.
+func (q *queueState) begin(ctx context.Context) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.run = ctx
+	if !q.paused.Load() {
+		q.newEpochLocked()
+	}
+}
+
+// end forgets the Run.
+func (q *queueState) end() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.run = nil
+	if ep := q.epoch.Swap(nil); ep != nil {
+		ep.cancel()
+	}
+}
+
+// receiveContext returns the context for a Receive on q, or nil and a
+// channel closed at Resume while q is paused.
+func (q *queueState) receiveContext() (context.Context, <-chan struct{}) {
+	if ep := q.epoch.Load(); ep != nil && !q.paused.Load() {
+		return ep.ctx, nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ep := q.epoch.Load(); ep != nil && !q.paused.Load() {
+		return ep.ctx, nil
+	}
+	return nil, q.resume
+}
+
+// poke wakes the multi-queue allocator (a queue resumed, took slots or
+// changed what it wants).
+func (w *Worker) poke() {
+	if ch := w.wake; ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// receiveAll runs the receive side of Run: the one queue's receive loop, or
+// for several queues one loop per queue fed slots by the allocator.
+func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
+	if len(w.queues) == 1 {
+		q := w.queues[0]
+		q.begin(ctx)
+		defer q.end()
+		return w.receive(ctx, q, free, free, jobs, hungry, held)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	capacity := cap(free)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(w.queues))
+	for _, q := range w.queues {
+		q.slots = make(chan int, capacity)
+		// Every queue starts active: a Receive shows soon enough (at most
+		// QueueIdleWait) whether it has work, and a queue whose receiver is
+		// slow to start still gets its share of the slots meanwhile.
+		q.want.Store(int64(capacity))
+		q.begin(rctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.receive(rctx, q, q.slots, free, jobs, nil, held); err != nil {
+				errs <- err
+				cancel() // a closed broker or a missing queue stops the Worker
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.allocate(rctx, free)
+	}()
+	wg.Wait()
+	for _, q := range w.queues {
+		q.end()
+		for len(q.slots) > 0 { // slots handed out but never used
+			free <- <-q.slots
+		}
+	}
+	close(errs)
+	var err error
+	for e := range errs {
+		err = errors.Join(err, e)
+	}
+	return err
+}
+
+// allocate hands free slots to the queues' receivers: by smooth weighted
+// round robin among the queues that can take one (not paused, holding fewer
+// waiting slots than they want), or to the first of them with Priority.
+// A queue whose last Receive came back short is idle and wants one slot:
+// an empty queue does not tie up the slots the others could use.
+func (w *Worker) allocate(ctx context.Context, free chan int) {
+	for {
+		var slot int
+		select {
+		case slot = <-free:
+		case <-ctx.Done():
+			return
+		}
+		for {
+			if q := w.pick(); q != nil {
+				q.slots <- slot // buffered to the capacity: never blocks
+				break
+			}
+			select {
+			case <-w.wake:
+			case <-ctx.Done():
+				free <- slot
+				return
+			}
+		}
+	}
+}
+
+// pick chooses the queue for the next slot, nil when none can take one.
+func (w *Worker) pick() *queueState {
+	var best *queueState
+	total := 0
+	for _, q := range w.queues {
+		if q.paused.Load() {
+			continue
+		}
+		if w.opts.Priority {
+			if want := q.want.Load(); int64(len(q.slots)) < want {
+				return q
+			} else if want > 1 {
+				return nil // a queue with work comes first: keep the slot for it
+			}
+			continue // idle, holding its one slot: ask the next
+		}
+		if int64(len(q.slots)) >= q.want.Load() {
+			continue
+		}
+		q.cur += q.weight
+		total += q.weight
+		if best == nil || q.cur > best.cur {
+			best = q
+		}
+	}
+	if best != nil {
+		best.cur -= total
+	}
+	return best
+}
+
+// receiveBounded is a multi-queue Receive of n > 1 deliveries: it waits at
+// most QueueIdleWait, so that a queue that ran dry does not hold n slots the
+// other queues could use while its Receive waits for work; an empty result
+// makes the queue idle (one slot). A broker that leases at the server (SQS,
+// PostgreSQL, JetStream) may have leased a message to the call it abandons:
+// that message comes back when its lease runs out.
+func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) ([]Delivery, error) {
+	tctx, cancel := context.WithTimeout(ctx, w.opts.QueueIdleWait)
+	defer cancel()
+	ds, err := w.sub.Receive(tctx, q.name, n)
+	if err != nil && ctx.Err() == nil && tctx.Err() != nil {
+		err = nil // the wait ran out: the queue is idle
+	}
+	return ds, err
+}

@@ -1,0 +1,388 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+)
+
+// countingSub wraps a Subscriber and records, per queue, the Receive calls
+// and the order in which deliveries came back.
+type countingSub struct {
+	sdk.Subscriber
+	mu    sync.Mutex
+	calls map[string]int
+	order []string // the queue of each delivery received, in order
+	seen  chan struct{}
+}
+
+func newCountingSub(s sdk.Subscriber) *countingSub {
+	return &countingSub{Subscriber: s, calls: map[string]int{}, seen: make(chan struct{}, 1)}
+}
+
+func (c *countingSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	c.mu.Lock()
+	c.calls[queue]++
+	c.mu.Unlock()
+	ds, err := c.Subscriber.Receive(ctx, queue, max)
+	c.mu.Lock()
+	for range ds {
+		c.order = append(c.order, queue)
+	}
+	c.mu.Unlock()
+	if len(ds) > 0 {
+		select {
+		case c.seen <- struct{}{}:
+		default:
+		}
+	}
+	return ds, err
+}
+
+// received returns how many deliveries of each queue came back.
+func (c *countingSub) received() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := map[string]int{}
+	for _, q := range c.order {
+		n[q]++
+	}
+	return n
+}
+
+// waitReceived waits until at least n deliveries in all were received.
+func (c *countingSub) waitReceived(t *testing.T, n int) []string {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		c.mu.Lock()
+		if len(c.order) >= n {
+			out := append([]string(nil), c.order...)
+			c.mu.Unlock()
+			return out
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.seen:
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("fewer than %d deliveries after 30s: %v", n, c.received())
+		}
+	}
+}
+
+func fill(t *testing.T, b sdk.Publisher, queue string, n int) {
+	t.Helper()
+	for i := 0; i < n; i += 100 {
+		batch := make([]*sdk.Message, 0, 100)
+		for j := i; j < min(n, i+100); j++ {
+			batch = append(batch, &sdk.Message{Type: "t", Body: fmt.Appendf(nil, "%s-%d", queue, j)})
+		}
+		if err := b.Publish(context.Background(), queue, batch...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// runMQ runs w until the returned stop is called.
+func runMQ(t *testing.T, w *sdk.Worker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func mqQuiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newMem(t *testing.T) *memory.Broker {
+	t.Helper()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// Acceptance: weights 3:1, both queues full → receives split within 10% of
+// 3:1.
+func TestWorkerQueuesWeighted(t *testing.T) {
+	for _, conc := range []int{1, 4, 16} {
+		t.Run(fmt.Sprintf("concurrency=%d", conc), func(t *testing.T) {
+			b := newMem(t)
+			fill(t, b, "hi", 3000)
+			fill(t, b, "lo", 3000)
+			sub := newCountingSub(b)
+			ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+			// QueueIdleWait long: a machine stalled for the default 500ms would
+			// make a full queue look idle, which is not what this test is about.
+			w, err := sdk.NewWorker(sub, ok, sdk.WorkerOptions{Concurrency: conc, Logger: mqQuiet(), QueueIdleWait: 10 * time.Second,
+				Queues: []sdk.WorkerQueue{{Name: "hi", Weight: 3}, {Name: "lo", Weight: 1}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runMQ(t, w)
+			order := sub.waitReceived(t, 2000) // both queues still full: hi at most 1500+capacity of 3000
+			stop()
+			hi, lo := 0, 0
+			for _, q := range order[:2000] {
+				if q == "hi" {
+					hi++
+				} else {
+					lo++
+				}
+			}
+			ratio := float64(hi) / float64(lo)
+			t.Logf("first 2000 receives: hi %d, lo %d, ratio %.3f", hi, lo, ratio)
+			if ratio < 2.7 || ratio > 3.3 {
+				for k := 0; k < 2000; k += 100 {
+					h := 0
+					for _, q := range order[k : k+100] {
+						if q == "hi" {
+							h++
+						}
+					}
+					t.Logf("window %d: hi %d", k, h)
+				}
+				t.Errorf("hi:lo = %d:%d = %.3f, want within 10%% of 3", hi, lo, ratio)
+			}
+		})
+	}
+}
+
+// With Priority, a lower queue gets nothing while the first has work.
+func TestWorkerQueuesPriority(t *testing.T) {
+	b := newMem(t)
+	fill(t, b, "urgent", 500)
+	fill(t, b, "bulk", 200)
+	sub := newCountingSub(b)
+	ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	w, err := sdk.NewWorker(sub, ok, sdk.WorkerOptions{Concurrency: 4, Logger: mqQuiet(), Priority: true,
+		Queues: []sdk.WorkerQueue{{Name: "urgent"}, {Name: "bulk"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runMQ(t, w)
+	order := sub.waitReceived(t, 700)
+	for i, q := range order[:500] {
+		if q != "urgent" {
+			t.Fatalf("delivery %d came from %s while urgent still had work", i, q)
+		}
+	}
+}
+
+// An empty queue does not hold the Worker back: its Receive waits on its
+// own while the other queue's work flows.
+func TestWorkerQueuesEmptyQueueDoesNotBlock(t *testing.T) {
+	b := newMem(t)
+	fill(t, b, "busy", 300)
+	sub := newCountingSub(b)
+	ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	w, err := sdk.NewWorker(sub, ok, sdk.WorkerOptions{Concurrency: 2, Logger: mqQuiet(),
+		Queues: []sdk.WorkerQueue{{Name: "empty", Weight: 9}, {Name: "busy", Weight: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runMQ(t, w)
+	sub.waitReceived(t, 300)
+	fill(t, b, "empty", 5)
+	if got := sub.waitReceived(t, 305); got[len(got)-1] != "empty" {
+		t.Errorf("last delivery from %s", got[len(got)-1])
+	}
+}
+
+// Acceptance: a paused queue gets no new Receive — a Receive waiting on it
+// is interrupted — while held work is untouched; it resumes cleanly.
+func TestWorkerPauseResume(t *testing.T) {
+	for _, queues := range [][]sdk.WorkerQueue{
+		{{Name: "a"}}, // the single-queue path
+		{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}, // the multi-queue path
+	} {
+		t.Run(fmt.Sprintf("queues=%d", len(queues)), func(t *testing.T) {
+			b := newMem(t)
+			sub := newCountingSub(b)
+			release := make(chan struct{})
+			started := make(chan string, 100)
+			var mu sync.Mutex
+			done := map[string]int{}
+			h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+				body := string(d.Message().Body)
+				started <- body
+				if body == "a-held" {
+					<-release
+				}
+				mu.Lock()
+				done[d.Queue()]++
+				mu.Unlock()
+				return nil
+			})
+			w, err := sdk.NewWorker(sub, h, sdk.WorkerOptions{Concurrency: 4, Logger: mqQuiet(), Queues: queues})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runMQ(t, w)
+			// a holds one job that is running when the queue is paused.
+			if err := b.Publish(context.Background(), "a", &sdk.Message{Type: "t", Body: []byte("a-held")}); err != nil {
+				t.Fatal(err)
+			}
+			if got := <-started; got != "a-held" {
+				t.Fatalf("started %s", got)
+			}
+			// Let a's receiver wait in a Receive on the empty queue, then pause.
+			waitCalls(t, sub, "a", 2)
+			if err := w.Pause("a"); err != nil {
+				t.Fatal(err)
+			}
+			if !w.Paused("a") {
+				t.Fatal("Paused(a) = false")
+			}
+			time.Sleep(20 * time.Millisecond) // the interrupted Receive returns
+			sub.mu.Lock()
+			callsAtPause := sub.calls["a"]
+			sub.mu.Unlock()
+			fill(t, b, "a", 10)
+			if len(queues) > 1 {
+				fill(t, b, "b", 10) // the other queue keeps flowing
+				for range 10 {
+					<-started
+				}
+			}
+			close(release) // the held job finishes and is acked while paused
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				mu.Lock()
+				n := done["a"]
+				mu.Unlock()
+				if n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("held job did not finish while paused")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond) // room for a wrong Receive to happen
+			sub.mu.Lock()
+			callsPaused := sub.calls["a"]
+			sub.mu.Unlock()
+			if callsPaused != callsAtPause {
+				t.Errorf("%d Receive calls on paused a (%d at pause)", callsPaused-callsAtPause, callsAtPause)
+			}
+			if got := sub.received()["a"]; got != 1 {
+				t.Errorf("%d deliveries of a received, want only the held one", got)
+			}
+			st, err := b.Stats(context.Background(), "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Ready != 10 || st.InFlight != 0 {
+				t.Errorf("paused a: %+v, want 10 ready, none in flight", st)
+			}
+
+			if err := w.Resume("a"); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Resume("a"); err != nil { // idempotent
+				t.Fatal(err)
+			}
+			for range 10 {
+				select {
+				case <-started:
+				case <-time.After(10 * time.Second):
+					t.Fatal("a did not resume")
+				}
+			}
+		})
+	}
+}
+
+// Pause before Run starts the Worker with the queue paused.
+func TestWorkerPauseBeforeRun(t *testing.T) {
+	b := newMem(t)
+	fill(t, b, "x", 3)
+	fill(t, b, "y", 3)
+	sub := newCountingSub(b)
+	ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	w, err := sdk.NewWorker(sub, ok, sdk.WorkerOptions{Logger: mqQuiet(), Queues: []sdk.WorkerQueue{{Name: "x"}, {Name: "y"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Pause("x"); err != nil {
+		t.Fatal(err)
+	}
+	runMQ(t, w)
+	sub.waitReceived(t, 3)
+	time.Sleep(20 * time.Millisecond)
+	if got := sub.received(); got["x"] != 0 || got["y"] != 3 {
+		t.Errorf("received %v, want y only", got)
+	}
+	if err := w.Resume("x"); err != nil {
+		t.Fatal(err)
+	}
+	sub.waitReceived(t, 6)
+}
+
+func TestWorkerQueuesValidation(t *testing.T) {
+	b := newMem(t)
+	ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	for name, o := range map[string]sdk.WorkerOptions{
+		"both":     {Queue: "a", Queues: []sdk.WorkerQueue{{Name: "b"}}},
+		"twice":    {Queues: []sdk.WorkerQueue{{Name: "a"}, {Name: "a"}}},
+		"negative": {Queues: []sdk.WorkerQueue{{Name: "a", Weight: -1}}},
+		"bad name": {Queues: []sdk.WorkerQueue{{Name: "a b"}}},
+		"none":     {},
+	} {
+		if _, err := sdk.NewWorker(b, ok, o); !errors.Is(err, sdk.ErrInvalidQueue) {
+			t.Errorf("%s: %v, want ErrInvalidQueue", name, err)
+		}
+	}
+	w, err := sdk.NewWorker(b, ok, sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "a"}, {Name: "b", Weight: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Pause("c"); !errors.Is(err, sdk.ErrUnknownQueue) || !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("Pause(c) = %v", err)
+	}
+	if err := w.Resume("c"); !errors.Is(err, sdk.ErrUnknownQueue) {
+		t.Errorf("Resume(c) = %v", err)
+	}
+	if w.Health().Queue != "a,b" {
+		t.Errorf("Health().Queue = %q", w.Health().Queue)
+	}
+}
+
+func waitCalls(t *testing.T, sub *countingSub, queue string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sub.mu.Lock()
+		got := sub.calls[queue]
+		sub.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Receive calls on %s, want %d", got, queue, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
