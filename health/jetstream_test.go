@@ -90,8 +90,8 @@ func TestReadinessFollowsJetStream(t *testing.T) {
 		if id != m.ID {
 			t.Errorf("handled %s, want %s", id, m.ID)
 		}
-	case <-ctx.Done():
-		t.Fatal("job published after the reconnection not handled")
+	case <-time.After(20 * time.Second):
+		t.Fatalf("job published after the reconnection not handled; health %+v", w.Health())
 	}
 	waitProbe(t, ready, http.StatusOK)
 	stop()
