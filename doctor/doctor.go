@@ -181,7 +181,7 @@ func (o Options) withDefaults() Options {
 // cannot list its queues.
 var ErrNoQueues = errors.New("doctor: name the queues to check (this broker cannot list them)")
 
-// Run runs every check that applies to b (RabbitMQ, SQS, PostgreSQL, as
+// Run runs every check that applies to b (RabbitMQ, SQS, PostgreSQL, JetStream, as
 // brokerurl opens them, or the broker types themselves; on others only the
 // Worker's options) and
 // returns the findings, worst first. An error means the checks could not run
@@ -200,6 +200,8 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	case asPostgres(b) != nil:
 		pg := asPostgres(b)
 		fs, err = postgresChecks(ctx, pg.pool, pg.schema, pg.broker, o)
+	case asJetStream(b) != nil:
+		fs, err = jetStream(ctx, asJetStream(b), o)
 	default:
 		fs = []Finding{{ID: "broker.checks", Severity: Info, Summary: "no broker-specific checks for this broker",
 			Evidence: fmt.Sprintf("%T: only the Worker's options are checked against what it reports", b)}}

@@ -26,6 +26,7 @@ type Proxy struct {
 	bandwidth int // bytes per second per direction; 0: unlimited
 	refuse    bool
 	frozen    bool
+	replies   bool          // frozen: only the server-to-client direction
 	thaw      chan struct{} // closed and replaced by Thaw
 	closed    bool
 	wg        sync.WaitGroup
@@ -110,11 +111,21 @@ func (p *Proxy) Freeze() {
 	p.mu.Unlock()
 }
 
+// FreezeReplies holds every byte from the server to its clients while
+// requests still reach the server: a server's answer (a publisher confirm,
+// a commit's reply, an HTTP response) lost after the server acted. Thaw
+// ends it.
+func (p *Proxy) FreezeReplies() {
+	p.mu.Lock()
+	p.frozen, p.replies = true, true
+	p.mu.Unlock()
+}
+
 // Thaw ends a Freeze; held bytes are delivered.
 func (p *Proxy) Thaw() {
 	p.mu.Lock()
 	if p.frozen {
-		p.frozen = false
+		p.frozen, p.replies = false, false
 		close(p.thaw)
 		p.thaw = make(chan struct{})
 	}
@@ -201,7 +212,7 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 			if wait := time.Until(ch.due); wait > 0 {
 				time.Sleep(wait)
 			}
-			if !p.waitThawed(l) {
+			if !p.waitThawed(l, src == l.server) {
 				return
 			}
 			if _, err := dst.Write(ch.data); err != nil {
@@ -241,10 +252,10 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 
 // waitThawed blocks while the proxy is frozen; false when the proxy was
 // closed or the link reset.
-func (p *Proxy) waitThawed(l *link) bool {
+func (p *Proxy) waitThawed(l *link, reply bool) bool {
 	for {
 		p.mu.Lock()
-		frozen, thaw, closed := p.frozen, p.thaw, p.closed
+		frozen, thaw, closed := p.frozen && (reply || !p.replies), p.thaw, p.closed
 		p.mu.Unlock()
 		if closed {
 			return false

@@ -211,6 +211,21 @@ func TestProxyFaults(t *testing.T) {
 		t.Fatalf("after Thaw: %q %v", buf, err)
 	}
 
+	// FreezeReplies: the request reaches the server, its answer is held.
+	p.FreezeReplies()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := io.ReadFull(c, buf); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read with replies frozen: %v, want a timeout", err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	p.Thaw()
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("after Thaw: %q %v", buf, err)
+	}
+
 	// Reset: the client's connection breaks; a new one works.
 	p.Reset()
 	if err := roundTrip(c, []byte("after reset")); err == nil {

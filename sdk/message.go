@@ -186,7 +186,8 @@ func (l *lockedReader) Read(p []byte) (int, error) {
 // any message of a batch fails it.
 //
 // It refuses, with an error wrapping [ErrInvalidMessage]: a reserved header
-// name ([IsReservedHeader]; the error also wraps a [HeaderError]), and an ID,
+// name ([IsReservedHeader]; the error also wraps a [HeaderError]) other than
+// [HeaderDueAt] holding an RFC 3339 time (what [LongDelay] writes), and an ID,
 // Type, Key, IdempotencyKey or CorrelationID that is not valid UTF-8 (the
 // error names the field). The Body may be any bytes.
 func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
@@ -206,8 +207,8 @@ func prepare(ctx context.Context, m *Message, limit int) error {
 	if err := ValidateHeaders(m.Headers); err != nil {
 		return err
 	}
-	for k := range m.Headers {
-		if IsReservedHeader(k) {
+	for k, v := range m.Headers {
+		if IsReservedHeader(k) && (k != HeaderDueAt || !validDueAt(v)) {
 			// Both sentinels hold: the message is refused because of a header.
 			return fmt.Errorf("%w: %w", ErrInvalidMessage,
 				&HeaderError{Name: k, Reason: "names starting with " + ReservedHeaderPrefix + " are reserved for brokers"})

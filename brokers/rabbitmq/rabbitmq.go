@@ -85,16 +85,43 @@
 //
 // Without the management plugin AMQP reports a queue's ready messages and
 // consumers ([Broker.Info]); [Broker.Stats] fills Ready, Delayed and
-// DeadLettered and leaves InFlight and OldestAge at 0. Dead letters are read
-// with basic.get on a channel of their own (while a listing runs, the
-// messages it holds are invisible to other listings) and given back by
-// republishing each, as it is and in order, to the dead-letter queue and
-// acking the original once confirmed. Returning them by closing the channel
-// would raise a quorum queue's delivery count on every listing, and a
-// delivery limit (RabbitMQ 4's default is 20) would then drop them; the
-// dead-letter queue itself is declared with no delivery limit of berth's.
-// A crash in the middle leaves a dead letter twice, never none; dead letters
-// arriving during a listing may end up before the ones it gives back.
+// DeadLettered and leaves InFlight and OldestAge at 0.
+//
+// # Dead letters
+//
+// AMQP cannot read a queue without taking its messages, so listing, showing,
+// redriving and deleting dead letters walk the dead-letter queue once round,
+// a page at a time (100 letters, or fewer once their bodies reach 32 MiB),
+// with basic.get on a channel of their own: each letter of a page is kept
+// (republished as it is, headers and x-death included, to the tail of the
+// dead-letter queue), redriven or deleted, and the original is acked once
+// its copy is confirmed. After the letters the queue held when the walk
+// began have all gone round, the queue is in its old order again; memory
+// holds one page, whatever the queue holds, and the time grows with the
+// queue. A redrive or delete of chosen IDs walks twice: once to check them
+// (unknown IDs change nothing), once to move them.
+//
+// Keeping a letter by republishing it, not by closing the channel, is what
+// keeps listings from wearing dead letters out: a message returned by
+// closing the channel (or nack) has x-delivery-count raised on a quorum
+// queue, and a delivery limit on the dead-letter queue would drop it after
+// that many listings; a copy starts with no delivery count. So berth
+// declares the dead-letter queue with no x-delivery-limit of its own:
+// whatever limit the server applies (RabbitMQ 4's default of 20, or one an
+// operator sets by policy) is never reached by walks. (Setting one, or -1
+// for none, would make the declaration differ from existing dead-letter
+// queues, which RabbitMQ refuses with PRECONDITION_FAILED, and -1 is
+// refused before RabbitMQ 4.) Only a walk whose connection dies counts a
+// delivery, once, for the page it held.
+//
+// A crash in the middle leaves a dead letter twice (copy confirmed, original
+// not yet acked), never none; dead letters arriving during a walk may end
+// up before the ones it keeps; a walk interrupted by its ctx finishes its
+// page and leaves the queue turned part of the way round. Two walks at once
+// take letters from under each other: a walk that meets its own copies
+// before it has seen every letter stops with a [*ScanError] (wrapping
+// [ErrScanIncomplete]) saying how many it did not look at, rather than
+// seeing letters twice.
 package rabbitmq
 
 import (
@@ -307,6 +334,8 @@ type Broker struct {
 	rand   *rand.Rand
 
 	window chan struct{} // one token per unconfirmed PublishAsync message
+
+	walkTune walkTuning // bounds of dead-letter walks (dlqwalk.go)
 }
 
 var (

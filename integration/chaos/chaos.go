@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -41,6 +42,15 @@ type config struct {
 	FailRate    float64 // transient handler failures after the charge
 	Lease       time.Duration
 	LogDir      string // where the workers' log goes; default the temporary directory
+	// Faults is the fault mix: "mixed" (default: kills, terminated
+	// backends, resets, freezes), "rolling" (every worker SIGTERMed and
+	// replaced in turn, no injected failures) or "slow" (100 ms added each
+	// way on the database and broker paths — 200 ms per round trip — and a
+	// reset every 2–4 s).
+	Faults string
+	// Work is the longest simulated payment call (default 20 ms; 100 ms
+	// with the rolling mix, so that a drain finds jobs running).
+	Work time.Duration
 }
 
 // report is what a run measured; Violations lists broken invariants.
@@ -53,6 +63,10 @@ type report struct {
 	Faults                                  map[string]int
 	Drains                                  []time.Duration // SIGTERM to exit, per worker stopped
 	Finish                                  time.Duration   // from the last fault to an empty queue
+	LateCharges                             int             // charges committed at an attempt above 1
+	MaxAttempt                              int             // the highest attempt a charge was committed at
+	LeaseLost, Released                     int64           // reported by the workers that exited cleanly
+	DrainConsumed                           string          // the rolling mix\'s attempt violation, also in Violations
 	Violations                              []string
 }
 
@@ -70,9 +84,22 @@ func run(ctx context.Context, c config, out io.Writer) (*report, error) {
 	if c.Lease <= 0 {
 		c.Lease = leaseDflt
 	}
+	switch c.Faults {
+	case "", "mixed":
+		c.Faults = "mixed"
+	case "rolling":
+		c.FailRate = -1 // an attempt consumed must come from the drain alone
+		if c.Work <= 0 {
+			c.Work = 100 * time.Millisecond
+		}
+	case "slow":
+	default:
+		return nil, fmt.Errorf("unknown fault mix %q (want mixed, rolling or slow)", c.Faults)
+	}
 	if c.FailRate == 0 {
 		c.FailRate = 0.03
 	}
+	c.FailRate = max(c.FailRate, 0)
 	if c.Seed == 0 {
 		c.Seed = uint64(time.Now().UnixNano())
 	}
@@ -92,7 +119,7 @@ func run(ctx context.Context, c config, out io.Writer) (*report, error) {
 	ddl := `CREATE SCHEMA ` + s + `;
 CREATE TABLE ` + s + `.orders (id text PRIMARY KEY, status text NOT NULL DEFAULT 'pending', version integer NOT NULL DEFAULT 0,
   amount bigint NOT NULL, charged_at timestamptz);
-CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount bigint NOT NULL);`
+CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL, amount bigint NOT NULL, attempt int NOT NULL);`
 	if _, err := pool.Exec(ctx, ddl); err != nil {
 		return nil, err
 	}
@@ -178,7 +205,7 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 		return nil, err
 	}
 	env := append(os.Environ(), envChild+"=1", envBroker+"="+c.Broker, envQueue+"="+queue, envSchema+"="+schema,
-		envPG+"="+childPG.String(), envURL+"="+childURL, envFail+"="+fmt.Sprint(c.FailRate), envOut+"="+c.Lease.String())
+		envPG+"="+childPG.String(), envURL+"="+childURL, envFail+"="+fmt.Sprint(c.FailRate), envOut+"="+c.Lease.String(), envWork+"="+c.Work.String())
 	ws := &workers{exe: exe, env: env, log: logFile}
 	defer ws.killAll()
 	for range c.Workers {
@@ -188,8 +215,12 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 	}
 
 	rep := &report{Faults: map[string]int{}}
-	fmt.Fprintf(out, "chaos: broker=%s duration=%v workers=%d rate=%d/s seed=%d schema=%s queue=%s\nworker log: %s\n",
-		c.Broker, c.Duration, c.Workers, c.Rate, c.Seed, schema, queue, logFile.Name())
+	fmt.Fprintf(out, "chaos: broker=%s faults=%s duration=%v workers=%d rate=%d/s seed=%d schema=%s queue=%s\nworker log: %s\n",
+		c.Broker, c.Faults, c.Duration, c.Workers, c.Rate, c.Seed, schema, queue, logFile.Name())
+	if c.Faults == "slow" {
+		pgProxy.SetLatency(100 * time.Millisecond)
+		brokerProxy.SetLatency(100 * time.Millisecond)
+	}
 
 	// Publisher and fault injector, both until the duration ends.
 	faultCtx, stopFaults := context.WithTimeout(ctx, c.Duration)
@@ -200,7 +231,15 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 		pubErr = publish(faultCtx, pool, b, schema, queue, c.Rate, rand.New(rand.NewPCG(c.Seed+1, 7)), rep)
 	})
 	wg.Go(func() {
-		inject(faultCtx, rand.New(rand.NewPCG(c.Seed+2, 9)), ws, pool, app, pgProxy, brokerProxy, c.Broker, rep)
+		frng := rand.New(rand.NewPCG(c.Seed+2, 9))
+		switch c.Faults {
+		case "rolling":
+			rolling(faultCtx, frng, ws, rep)
+		case "slow":
+			slow(faultCtx, frng, pgProxy, brokerProxy, c.Broker, rep)
+		default:
+			inject(faultCtx, frng, ws, pool, app, pgProxy, brokerProxy, c.Broker, rep)
+		}
 	})
 	wg.Wait()
 	if pubErr != nil && ctx.Err() == nil {
@@ -211,6 +250,8 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 	}
 	pgProxy.Thaw()
 	brokerProxy.Thaw()
+	pgProxy.SetLatency(0)
+	brokerProxy.SetLatency(0)
 	for ws.count() < c.Workers {
 		if err := ws.start(); err != nil {
 			return nil, err
@@ -234,7 +275,8 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 		time.Sleep(2 * time.Second)
 	}
 	rep.Drains = append(rep.Drains, ws.stopAll()...)
-	if err := measure(ctx, pool, b, schema, queue, rep); err != nil {
+	rep.LeaseLost, rep.Released = ws.leaseLost.Load(), ws.released.Load()
+	if err := measure(ctx, pool, b, schema, queue, c, rep); err != nil {
 		return nil, err
 	}
 	rep.print(out)
@@ -335,6 +377,42 @@ func publish(ctx context.Context, pool *pgxpool.Pool, b sdk.Broker, schema, queu
 	}
 }
 
+// rolling SIGTERMs the oldest worker and starts its replacement every
+// 0.4–1 s, so that every worker is replaced again and again under load.
+func rolling(ctx context.Context, rng *rand.Rand, ws *workers, rep *report) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(400*time.Millisecond + time.Duration(rng.IntN(600))*time.Millisecond):
+		}
+		if d, ok := ws.termOldest(); ok {
+			rep.Faults["worker SIGTERM (rolling)"]++
+			rep.Drains = append(rep.Drains, d)
+		}
+		_ = ws.start()
+	}
+}
+
+// slow resets every connection through one of the proxies every 2–4 s;
+// the latency is set by run.
+func slow(ctx context.Context, rng *rand.Rand, pgProxy, brokerProxy *integration.Proxy, kind string, rep *report) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2*time.Second + time.Duration(rng.IntN(2000))*time.Millisecond):
+		}
+		if kind == "postgres" || rng.IntN(2) == 0 {
+			pgProxy.Reset()
+			rep.Faults["db proxy reset"]++
+		} else {
+			brokerProxy.Reset()
+			rep.Faults["broker proxy reset"]++
+		}
+	}
+}
+
 // inject breaks something every 0.3–1.5 s until ctx ends.
 func inject(ctx context.Context, rng *rand.Rand, ws *workers, pool *pgxpool.Pool, app string, pgProxy, brokerProxy *integration.Proxy, kind string, rep *report) {
 	for {
@@ -393,7 +471,7 @@ func countPaid(ctx context.Context, pool *pgxpool.Pool, schema string) (int, err
 }
 
 // measure reads the invariants from the database and the broker.
-func measure(ctx context.Context, pool *pgxpool.Pool, b sdk.Broker, schema, queue string, rep *report) error {
+func measure(ctx context.Context, pool *pgxpool.Pool, b sdk.Broker, schema, queue string, c config, rep *report) error {
 	s := pgx.Identifier{schema}.Sanitize()
 	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE n = 1), count(*) FILTER (WHERE n > 1), count(*) FILTER (WHERE n = 0)
 FROM (SELECT o.id, count(c.id) AS n FROM `+s+`.orders o LEFT JOIN `+s+`.charges c ON c.order_id = o.id GROUP BY o.id) x`).
@@ -404,6 +482,10 @@ FROM (SELECT o.id, count(c.id) AS n FROM `+s+`.orders o LEFT JOIN `+s+`.charges 
 	var wrongAmount, notPaid int
 	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s+`.charges c JOIN `+s+`.orders o ON o.id = c.order_id WHERE c.amount <> o.amount),
   (SELECT count(*) FROM `+s+`.orders WHERE status <> 'paid' OR version <> 1)`).Scan(&wrongAmount, &notPaid)
+	if err != nil {
+		return err
+	}
+	err = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE attempt > 1), coalesce(max(attempt), 0) FROM `+s+`.charges`).Scan(&rep.LateCharges, &rep.MaxAttempt)
 	if err != nil {
 		return err
 	}
@@ -445,6 +527,19 @@ FROM (SELECT o.id, count(c.id) AS n FROM `+s+`.orders o LEFT JOIN `+s+`.charges 
 	if rep.Leftovers > 0 {
 		*v = append(*v, fmt.Sprintf("%d jobs left in the queue", rep.Leftovers))
 	}
+	// Rolling restarts inject no failure: a charge committed at attempt 2
+	// means a drain consumed an attempt. SQS cannot hand a message back
+	// without counting a receive (no Releaser), a declared limit.
+	if c.Faults == "rolling" && c.Broker != "sqs" && rep.LateCharges > 0 {
+		rep.DrainConsumed = fmt.Sprintf("%d charges committed at an attempt above 1 (max %d): the drain consumed attempts", rep.LateCharges, rep.MaxAttempt)
+		*v = append(*v, rep.DrainConsumed)
+	}
+	// With heartbeats every Lease/3, 200 ms round trips and a reset now and
+	// then must not cost a lease. RabbitMQ has no leases: a reset closes
+	// the channel and its deliveries go back, reported as lost by design.
+	if c.Faults == "slow" && c.Broker != "rabbitmq" && rep.LeaseLost > 0 {
+		*v = append(*v, fmt.Sprintf("%d leases lost with heartbeats on", rep.LeaseLost))
+	}
 	return nil
 }
 
@@ -470,6 +565,8 @@ func (r *report) print(out io.Writer) {
 	fmt.Fprintf(tw, "dead-lettered valid\t%d\t0\n", r.DeadValid)
 	fmt.Fprintf(tw, "dead-lettered poison\t%d\t%d\n", r.DeadPoison, r.Poison)
 	fmt.Fprintf(tw, "leftovers in the queue\t%d\t0\n", r.Leftovers)
+	fmt.Fprintf(tw, "charges committed at attempt > 1 (max)\t%d (%d)\t\n", r.LateCharges, r.MaxAttempt)
+	fmt.Fprintf(tw, "leases lost, released (clean exits)\t%d, %d\t\n", r.LeaseLost, r.Released)
 	fmt.Fprintf(tw, "finish after the faults\t%v\t\n", r.Finish.Round(100*time.Millisecond))
 	if len(r.Drains) > 0 {
 		d := append([]time.Duration(nil), r.Drains...)
@@ -494,7 +591,9 @@ type workers struct {
 	log *os.File
 
 	mu    sync.Mutex
-	procs []*child
+	procs []*child // oldest first
+
+	leaseLost, released atomic.Int64 // from the "stats" lines of clean exits
 }
 
 type child struct {
@@ -521,8 +620,14 @@ func (w *workers) start() error {
 		sc := bufio.NewScanner(out)
 		once := sync.Once{}
 		for sc.Scan() {
-			if sc.Text() == "ready" {
+			line := sc.Text()
+			if line == "ready" {
 				once.Do(func() { close(ready) })
+			}
+			var lost, released int64
+			if _, err := fmt.Sscanf(line, "stats lease_lost=%d released=%d", &lost, &released); err == nil {
+				w.leaseLost.Add(lost)
+				w.released.Add(released)
 			}
 		}
 		_ = cmd.Wait()
@@ -582,6 +687,27 @@ func (w *workers) kill(rng *rand.Rand, sig syscall.Signal) bool {
 	_ = c.cmd.Process.Signal(sig)
 	<-c.done
 	return true
+}
+
+// termOldest SIGTERMs the oldest live worker and times its drain.
+func (w *workers) termOldest() (time.Duration, bool) {
+	w.mu.Lock()
+	var c *child
+	for i, p := range w.procs {
+		select {
+		case <-p.done:
+			continue
+		default:
+		}
+		c = p
+		w.procs = append(w.procs[:i], w.procs[i+1:]...)
+		break
+	}
+	w.mu.Unlock()
+	if c == nil {
+		return 0, false
+	}
+	return c.term(), true
 }
 
 // term SIGTERMs a worker and times its drain.

@@ -32,15 +32,7 @@ func TestChaosShort(t *testing.T) {
 			case "sqs":
 				c.SQSEndpoint = integration.SQSEndpoint(t)
 			}
-			var out strings.Builder
-			rep, err := run(context.Background(), c, &out)
-			t.Log("\n" + out.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, v := range rep.Violations {
-				t.Error(v)
-			}
+			rep := runChaos(t, c, nil)
 			faults := 0
 			for _, n := range rep.Faults {
 				faults += n
@@ -48,9 +40,83 @@ func TestChaosShort(t *testing.T) {
 			if rep.Valid == 0 || rep.Poison == 0 || faults < 5 {
 				t.Errorf("the run exercised too little: %d orders, %d poison, %d faults", rep.Valid, rep.Poison, faults)
 			}
-			if rep.ChargedOnce != rep.Valid {
-				t.Errorf("charged once %d, want %d", rep.ChargedOnce, rep.Valid)
+		})
+	}
+}
+
+// Rolling SIGTERM of every worker process under load, again and again: 0
+// lost, 0 charged twice, and no attempt consumed by a drain (no failure is
+// injected, so every charge must commit at attempt 1). SQS cannot hand a
+// message back without counting a receive (it has no Releaser): there the
+// effect invariants are asserted and the attempts are reported.
+func TestRollingSIGTERM(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	for _, kind := range []string{"postgres", "rabbitmq"} {
+		t.Run(kind, func(t *testing.T) {
+			c := config{Broker: kind, Faults: "rolling", Duration: 15 * time.Second, Workers: 3, Rate: 80, PostgresDSN: dsn,
+				Settle: 90 * time.Second, LogDir: t.TempDir()}
+			if kind == "rabbitmq" {
+				c.RabbitMQURL = integration.RabbitMQURL(t)
+			}
+			rep := runChaos(t, c, func(string) bool {
+				// RabbitMQ 3.10 applies a quorum queue's acks asynchronously:
+				// a channel closed right after its acks may requeue a message
+				// it acked, counting a delivery (brokers/rabbitmq, handBack).
+				// The effect stays once; the consumed attempt is a limit of
+				// the broker, listed in RELIABILITY.md.
+				return kind == "rabbitmq"
+			})
+			if rep.Faults["worker SIGTERM (rolling)"] <= c.Workers {
+				t.Errorf("%d rolling SIGTERMs, want every worker replaced, then more", rep.Faults["worker SIGTERM (rolling)"])
 			}
 		})
 	}
+}
+
+// 200 ms per round trip (100 ms each way) on the broker and database paths,
+// and a reset of one of them every 2–4 s: nothing valid dead-lettered,
+// nothing charged twice or lost, and — where there are leases — no lease
+// lost with heartbeats on.
+func TestSlowLossyNetwork(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	for _, kind := range []string{"postgres", "rabbitmq", "sqs"} {
+		t.Run(kind, func(t *testing.T) {
+			c := config{Broker: kind, Faults: "slow", Duration: 10 * time.Second, Workers: 3, Rate: 10, PostgresDSN: dsn,
+				Settle: 90 * time.Second, LogDir: t.TempDir()}
+			switch kind {
+			case "rabbitmq":
+				c.RabbitMQURL = integration.RabbitMQURL(t)
+			case "sqs":
+				c.SQSEndpoint = integration.SQSEndpoint(t)
+			}
+			rep := runChaos(t, c, nil)
+			if rep.Faults["db proxy reset"]+rep.Faults["broker proxy reset"] == 0 {
+				t.Error("no reset injected")
+			}
+		})
+	}
+}
+
+// runChaos runs c and fails the test on any violation and on a run that
+// did not exercise its workload.
+// A violation for which limit returns true is logged as a known limit.
+func runChaos(t *testing.T, c config, limit func(drainConsumed string) bool) *report {
+	t.Helper()
+	var out strings.Builder
+	rep, err := run(context.Background(), c, &out)
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range rep.Violations {
+		if v == rep.DrainConsumed && limit != nil && limit(v) {
+			t.Logf("known limit (RELIABILITY.md): %s", v)
+			continue
+		}
+		t.Error(v)
+	}
+	if rep.Valid == 0 || rep.Poison == 0 || rep.ChargedOnce != rep.Valid {
+		t.Errorf("%d orders, %d poison, %d charged once", rep.Valid, rep.Poison, rep.ChargedOnce)
+	}
+	return rep
 }

@@ -53,6 +53,7 @@ func main() {
 	flag.Uint64Var(&c.Seed, "seed", 0, "random seed (0: from the clock)")
 	flag.DurationVar(&c.Settle, "settle", 2*time.Minute, "how long the workers may take to finish after the faults stop")
 	flag.BoolVar(&c.Keep, "keep", false, "keep the schema and the queue")
+	flag.StringVar(&c.Faults, "faults", "mixed", "fault mix: mixed, rolling (SIGTERM every worker in turn) or slow (200 ms per round trip and resets)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

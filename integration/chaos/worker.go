@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,7 @@ const (
 	envURL    = "BERTH_CHAOS_URL"   // the broker, through its proxy
 	envFail   = "BERTH_CHAOS_FAIL"  // probability of a transient failure after the charge
 	envOut    = "BERTH_CHAOS_LEASE" // lease
+	envWork   = "BERTH_CHAOS_WORK"  // the longest payment call
 	chargeTyp = "billing.charge"
 	leaseDflt = 3 * time.Second
 )
@@ -75,7 +77,7 @@ func quietLogger() *slog.Logger {
 // FOR UPDATE, validate, insert the charge (the side effect), mark the order
 // paid. failRate of the runs fail after the charge, before the commit, and
 // take the charge with them.
-func billing(schema string, failRate float64) sdk.Handler {
+func billing(schema string, failRate float64, work time.Duration) sdk.Handler {
 	orders := pgx.Identifier{schema, "orders"}.Sanitize()
 	charges := pgx.Identifier{schema, "charges"}.Sanitize()
 	return sdk.JSON(func(ctx context.Context, d sdk.Delivery, c charge) error {
@@ -99,10 +101,10 @@ func billing(schema string, failRate float64) sdk.Handler {
 		if c.Amount != amount {
 			return sdk.Permanent(fmt.Errorf("order %s: amount %d, job says %d", c.OrderID, amount, c.Amount))
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+charges+` (order_id, amount) VALUES ($1, $2)`, c.OrderID, c.Amount); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+charges+` (order_id, amount, attempt) VALUES ($1, $2, $3)`, c.OrderID, c.Amount, d.Attempt()); err != nil {
 			return err
 		}
-		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // the payment call
+		time.Sleep(rand.N(work) + 1) // the payment call
 		if rand.Float64() < failRate {
 			return errors.New("payment gateway timeout")
 		}
@@ -125,6 +127,10 @@ func runChild() int {
 	lease := leaseDflt
 	if d, err := time.ParseDuration(os.Getenv(envOut)); err == nil && d > 0 {
 		lease = d
+	}
+	work, err := time.ParseDuration(os.Getenv(envWork))
+	if err != nil || work <= 0 {
+		work = 20 * time.Millisecond
 	}
 	var failRate float64
 	_, _ = fmt.Sscan(os.Getenv(envFail), &failRate)
@@ -165,21 +171,42 @@ func runChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	w, err := sdk.NewWorker(b, billing(schema, failRate), sdk.WorkerOptions{
+	obs := &counter{}
+	w, err := sdk.NewWorker(b, billing(schema, failRate, work), sdk.WorkerOptions{
 		Queue:        os.Getenv(envQueue),
 		Concurrency:  4,
 		Lease:        lease,
 		DrainTimeout: 5 * time.Second,
 		Retry:        sdk.RetryPolicy{MaxAttempts: 15, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 500 * time.Millisecond}},
 		Middleware:   []sdk.Middleware{guard},
+		Observers:    []sdk.Observer{obs},
 		Logger:       quietLogger(),
 	})
 	if err != nil {
 		return fail(err)
 	}
 	fmt.Println("ready")
-	if err := w.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	err = w.Run(ctx)
+	// The parent adds these up over the workers that exit cleanly.
+	fmt.Printf("stats lease_lost=%d released=%d\n", obs.leaseLost.Load(), obs.released.Load())
+	if err != nil && !errors.Is(err, context.Canceled) {
 		return fail(err)
 	}
 	return 0
+}
+
+// counter counts the settlements the invariants do not show: leases lost
+// (the handler's context cancelled, the delivery left to another worker)
+// and deliveries released (handed back without consuming an attempt).
+type counter struct{ leaseLost, released atomic.Int64 }
+
+func (c *counter) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+func (c *counter) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+	switch s.Action {
+	case sdk.ActionLeaseLost:
+		c.leaseLost.Add(1)
+	case sdk.ActionRelease:
+		c.released.Add(1)
+	}
 }

@@ -1,0 +1,437 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Dead-letter walks.
+//
+// AMQP 0-9-1 has no way to read a queue without taking its messages, so
+// listing, showing, redriving and deleting dead letters all walk the
+// dead-letter queue once round, a page at a time: each page is taken with
+// basic.get (unacknowledged), looked at, and then every letter of it is
+// either kept — republished as it is, headers and x-death included, to the
+// tail of the dead-letter queue — redriven to its queue, or deleted; the
+// original is acked only once its copy is confirmed. After the n letters the
+// queue held when the walk began, each has gone round once and the queue is
+// in its old order again. Only one page is held at once, so memory stays
+// bounded whatever the queue holds; the walk takes time in proportion to
+// the queue.
+//
+// Keeping by republishing, not by closing the channel, is what keeps a
+// listing from wearing dead letters out: a message returned by closing the
+// channel (or nack) has its x-delivery-count raised on a quorum queue, and
+// a delivery limit on the dead-letter queue would then drop it. A copy
+// starts with no delivery count.
+
+// Bounds of a walk.
+const (
+	// defaultWalkPage is how many dead letters a walk holds at once.
+	defaultWalkPage = 100
+	// defaultWalkBytes ends a page early once its bodies reach it (a page
+	// always takes at least one letter, which the server limits in size).
+	defaultWalkBytes = 32 << 20
+	// walkStampHeader marks the copies a walk keeps with the walk's ID, so
+	// that a walk that meets one of its own copies knows it has come round
+	// early (another walk took letters from under it) and stops, instead of
+	// seeing letters twice. It is removed from the messages berth returns.
+	walkStampHeader = "x-berth-walk"
+)
+
+// walkTuning bounds the dead-letter walks of a Broker. Its zero value uses
+// the defaults; tests set smaller pages.
+type walkTuning struct {
+	page  int          // letters held at once
+	bytes int          // body bytes after which a page ends early
+	peak  atomic.Int64 // the most letters one page has held (for tests)
+	// afterCount, when set, runs once the walk has counted the queue (for
+	// tests).
+	afterCount func()
+}
+
+func (w *walkTuning) limits() (page, bytes int) {
+	page, bytes = w.page, w.bytes
+	if page <= 0 {
+		page = defaultWalkPage
+	}
+	if bytes <= 0 {
+		bytes = defaultWalkBytes
+	}
+	return page, bytes
+}
+
+// ErrScanIncomplete is wrapped by a [*ScanError].
+var ErrScanIncomplete = errors.New("berth/rabbitmq: dead-letter walk incomplete")
+
+// ScanError reports a dead-letter call that ended before it had looked at
+// every dead letter it was asked to reach, for a reason other than a
+// failed call (which is returned as it is). It wraps [ErrScanIncomplete].
+type ScanError struct {
+	Queue string // the queue whose dead letters were walked
+	// Remaining is how many of the dead letters the queue held when the
+	// walk began it did not look at (they are still there); more may be.
+	Remaining int
+	Reason    string
+}
+
+// Error says what remains and why.
+func (e *ScanError) Error() string {
+	return fmt.Sprintf("berth/rabbitmq: dead letters of %s: %d or more not looked at: %s", e.Queue, e.Remaining, e.Reason)
+}
+
+// Unwrap returns [ErrScanIncomplete].
+func (e *ScanError) Unwrap() error { return ErrScanIncomplete }
+
+// verdict is what a walk does with a dead letter it looked at.
+type verdict uint8
+
+const (
+	keepIt    verdict = iota // republish it to the dead-letter queue
+	redriveIt                // publish it to its queue, redrive counted
+	dropIt                   // delete it
+)
+
+// walkLetter is a dead letter a walk holds, unacknowledged.
+type walkLetter struct {
+	tag uint64
+	msg *sdk.Message
+	raw amqp.Publishing // the dead letter as the server holds it, to keep it
+	v   verdict
+}
+
+// walkResult counts a walk.
+type walkResult struct {
+	total    int // dead letters the queue held when the walk began
+	seen     int // of them, looked at
+	redriven int
+	dropped  int
+	// failed names the letters to redrive whose publish failed; they are
+	// still dead letters.
+	failed map[string]error
+}
+
+// walk goes once round queue's dead-letter queue a page at a time, calling
+// fn with each page; fn sets each letter's verdict (keepIt by default) and
+// must not keep the page. A page is finished (its letters kept, redriven or
+// deleted) even when ctx is done during it; ctx is checked between pages,
+// and an interrupted walk leaves the queue turned part of the way round:
+// nothing lost, the order changed. It returns what it did, with an error
+// when a call failed, ctx ended the walk, or (a *ScanError) another walk
+// took letters from under it.
+func (b *Broker) walk(ctx context.Context, queue string, fn func(page []*walkLetter)) (walkResult, error) {
+	var r walkResult
+	if b.closed() {
+		return r, sdk.ErrClosed
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return r, err
+	}
+	dlq := DeadLetterQueue(queue)
+	conn, err := b.pub.get(ctx)
+	if err != nil {
+		return r, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return r, fmt.Errorf("%w: rabbitmq: open channel: %w", sdk.ErrUnavailable, err)
+	}
+	readErr := func(err error) error {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return fmt.Errorf("%w: rabbitmq: dead-letter queue %q: %w", sdk.ErrNotFound, dlq, err)
+		}
+		return fmt.Errorf("%w: rabbitmq: read dead-letter queue %q: %w", sdk.ErrUnavailable, dlq, err)
+	}
+	q, err := ch.QueueDeclarePassive(dlq, true, false, false, false, nil)
+	if err != nil {
+		_ = ch.Close()
+		return r, readErr(err)
+	}
+	defer b.endWalk(ch)
+	r.total = q.Messages
+	if b.walkTune.afterCount != nil {
+		b.walkTune.afterCount()
+	}
+	stamp := sdk.NewID()
+	pageMax, bytesMax := b.walkTune.limits()
+	for r.seen < r.total {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		var page []*walkLetter
+		var own []amqp.Delivery // this walk's own copies, met early
+		size := 0
+		drained := false
+		for len(page) < pageMax && r.seen+len(page) < r.total && (len(page) == 0 || size < bytesMax) {
+			d, ok, err := ch.Get(dlq, false)
+			if err != nil {
+				// The channel is gone: the server returns the page.
+				return r, readErr(err)
+			}
+			if !ok {
+				drained = true // others took the rest
+				break
+			}
+			if s, _ := d.Headers[walkStampHeader].(string); s == stamp {
+				own = append(own, d)
+				break
+			}
+			page = append(page, b.walkLetter(d, queue))
+			size += len(d.Body)
+			if n := int64(len(page)); n > b.walkTune.peak.Load() {
+				b.walkTune.peak.Store(n)
+			}
+		}
+		if len(page) > 0 {
+			fn(page)
+		}
+		if err := b.finishPage(ctx, ch, queue, stamp, page, own, &r); err != nil {
+			return r, err
+		}
+		r.seen += len(page)
+		if len(own) > 0 {
+			return r, &ScanError{Queue: queue, Remaining: r.total - r.seen,
+				Reason: "another walk of the dead-letter queue (a listing, a redrive) moved letters from under this one; run it again"}
+		}
+		if drained {
+			break
+		}
+	}
+	return r, nil
+}
+
+// walkLetter decodes d, a dead letter of queue.
+func (b *Broker) walkLetter(d amqp.Delivery, queue string) *walkLetter {
+	m := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body).msg
+	delete(m.Headers, walkStampHeader)
+	annotateBrokerDeath(m, d.Headers, queue)
+	raw := amqp.Publishing{
+		Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
+		ReplyTo: d.ReplyTo, Expiration: d.Expiration, MessageId: d.MessageId, Timestamp: d.Timestamp,
+		Type: d.Type, AppId: d.AppId, Body: d.Body, // not UserId: the server checks it against the login
+	}
+	raw.Headers = maps.Clone(raw.Headers)
+	if raw.Headers == nil {
+		raw.Headers = amqp.Table{}
+	}
+	delete(raw.Headers, "x-delivery-count")
+	return &walkLetter{tag: d.DeliveryTag, msg: m, raw: raw}
+}
+
+// finishPage publishes the page's kept letters (stamped) to the tail of
+// the dead-letter queue and its redriven ones to queue, in one pipelined
+// batch, then acks every original whose copy was confirmed and every
+// deleted one. A letter whose copy failed stays unacknowledged and goes
+// back when the walk's channel closes (with a delivery counted). own are
+// this walk's copies met again: kept once more, unstamped changes nothing.
+// The caller's ctx does not cut a page: a walk that is cancelled still
+// finishes the page it holds, within CloseTimeout.
+func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp string, page []*walkLetter, own []amqp.Delivery, r *walkResult) error {
+	now := time.Now()
+	dlq := DeadLetterQueue(queue)
+	out := make([]outgoing, 0, len(page)+len(own))
+	for _, l := range page {
+		switch l.v {
+		case keepIt:
+			l.raw.Headers[walkStampHeader] = stamp
+			out = append(out, outgoing{id: l.msg.ID, key: dlq, pub: l.raw})
+		case redriveIt:
+			// The target is the queue whose dead-letter queue this is,
+			// never the berth-dlq-queue header: a message can carry a
+			// forged one.
+			sdk.PrepareRedrive(l.msg, queue)
+			out = append(out, outgoing{id: l.msg.ID, key: queue, pub: encode(l.msg, 1, now)})
+		}
+	}
+	for _, d := range own {
+		out = append(out, outgoing{id: d.MessageId, key: dlq, pub: b.walkLetter(d, queue).raw})
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.opts.CloseTimeout, 5*time.Second))
+	defer cancel()
+	var failed map[string]error
+	if len(out) > 0 {
+		err := b.sendAll(pctx, out)
+		var pe *sdk.PublishError
+		if err != nil && !errors.As(err, &pe) {
+			return err
+		}
+		if pe != nil {
+			failed = pe.Failed
+		}
+	}
+	ack := func(tag uint64, id string) error {
+		if err := ch.Ack(tag, false); err != nil {
+			// The copy is out; the original goes back too: twice, never none.
+			return fmt.Errorf("%w: rabbitmq: remove dead letter %s after copying it: %w", sdk.ErrUnavailable, id, err)
+		}
+		return nil
+	}
+	for _, l := range page {
+		if l.v != dropIt && failed[l.msg.ID] != nil {
+			if l.v == redriveIt {
+				if r.failed == nil {
+					r.failed = map[string]error{}
+				}
+				r.failed[l.msg.ID] = failed[l.msg.ID]
+			}
+			continue
+		}
+		if err := ack(l.tag, l.msg.ID); err != nil {
+			return err
+		}
+		switch l.v {
+		case redriveIt:
+			r.redriven++
+		case dropIt:
+			r.dropped++
+		}
+	}
+	for _, d := range own {
+		if failed[d.MessageId] == nil {
+			if err := ack(d.DeliveryTag, d.MessageId); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// endWalk closes a walk's channel once the server has had time to apply
+// its acks (see consumer.handBack); letters still unacknowledged go back.
+func (b *Broker) endWalk(ch *amqp.Channel) {
+	defer ch.Close()
+	if ch.IsClosed() {
+		return
+	}
+	t := time.NewTimer(settleGrace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-b.closing:
+	}
+}
+
+// ListDeadLetters returns up to limit messages of queue's dead-letter queue,
+// oldest first, with their reason headers (messages the server
+// dead-lettered through the delivery limit get them from x-death). It walks
+// the whole dead-letter queue once round, a page at a time, and leaves it as
+// it was, with no delivery counted (see the package doc): memory holds one
+// page and the limit messages returned. When another walk took letters from
+// under it before it had limit of them, it returns those it has with a
+// [*ScanError].
+func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
+	if limit <= 0 {
+		limit = sdk.DefaultListLimit
+	}
+	var out []*sdk.Message
+	_, err := b.walk(ctx, queue, func(page []*walkLetter) {
+		for _, l := range page {
+			if len(out) < limit {
+				out = append(out, l.msg)
+			}
+		}
+	})
+	if err != nil && (len(out) < limit || !errors.Is(err, ErrScanIncomplete)) {
+		return out, err
+	}
+	return out, nil
+}
+
+// GetDeadLetter returns the dead letter with message ID id, or an error
+// wrapping [sdk.ErrNotFound] (or a [*ScanError] when another walk took
+// letters from under it and it did not find id). It walks the whole
+// dead-letter queue once round, holding one page at a time.
+func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
+	var found *sdk.Message
+	_, err := b.walk(ctx, queue, func(page []*walkLetter) {
+		for _, l := range page {
+			if found == nil && l.msg.ID == id {
+				found = l.msg
+			}
+		}
+	})
+	switch {
+	case found != nil && (err == nil || errors.Is(err, ErrScanIncomplete)):
+		return found, nil
+	case err != nil:
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: dead letter %s in %q", sdk.ErrNotFound, id, DeadLetterQueue(queue))
+}
+
+// RedriveDeadLetters publishes the dead letters with the given IDs (all
+// when none) back to queue, the queue whose dead-letter queue holds them
+// (whatever their berth-dlq-queue header says) with attempts reset and the
+// redrive counted ([sdk.PrepareRedrive]), and removes each from the
+// dead-letter queue once its copy is confirmed. It walks the dead-letter
+// queue a page at a time (see the package doc), so memory stays bounded
+// however many it redrives; with IDs it first walks once to check them:
+// unknown IDs give an error wrapping [sdk.ErrNotFound] and redrive nothing.
+// It returns how many were redriven, with a *[sdk.PublishError] naming
+// those whose publish failed (they stay dead letters) or a [*ScanError]
+// when another walk took letters from under it.
+func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	return b.moveDeadLetters(ctx, queue, redriveIt, ids)
+}
+
+// DeleteDeadLetters deletes the dead letters with the given IDs (all when
+// none; [Broker.PurgeDeadLetters] does that in one call) from queue's
+// dead-letter queue and returns how many. Like [Broker.RedriveDeadLetters]
+// it checks the IDs first: unknown IDs give an error wrapping
+// [sdk.ErrNotFound] and delete nothing.
+func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	return b.moveDeadLetters(ctx, queue, dropIt, ids)
+}
+
+func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, ids []string) (int, error) {
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = false
+	}
+	if len(ids) > 0 {
+		_, err := b.walk(ctx, queue, func(page []*walkLetter) {
+			for _, l := range page {
+				if _, ok := want[l.msg.ID]; ok {
+					want[l.msg.ID] = true
+				}
+			}
+		})
+		if err != nil {
+			return 0, err
+		}
+		for _, id := range ids {
+			if !want[id] {
+				return 0, fmt.Errorf("%w: dead letter %s in %q", sdk.ErrNotFound, id, DeadLetterQueue(queue))
+			}
+		}
+	}
+	if v == redriveIt {
+		if err := b.ensure(ctx, queue); err != nil {
+			return 0, err
+		}
+	}
+	r, err := b.walk(ctx, queue, func(page []*walkLetter) {
+		for _, l := range page {
+			if _, ok := want[l.msg.ID]; ok || len(ids) == 0 {
+				l.v = v
+			}
+		}
+	})
+	n := r.redriven + r.dropped
+	if err == nil && len(r.failed) > 0 {
+		err = &sdk.PublishError{Failed: r.failed}
+	}
+	// IDs checked but gone by the second walk (another operator) are
+	// counted by n < len(ids), without an error.
+	return n, err
+}

@@ -1,0 +1,137 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	bjs "github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/sdk"
+)
+
+// jsConsumer is the durable consumer berth reads a queue's ready messages
+// with (brokers/jetstream).
+const jsConsumer = "berth"
+
+func asJetStream(b sdk.Broker) *bjs.Broker {
+	var jb *bjs.Broker
+	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&jb) {
+		return jb
+	}
+	jb, _ = b.(*bjs.Broker)
+	return jb
+}
+
+// JetStream runs the JetStream checks on each queue (opts.Queues, else every
+// queue the broker lists): jetstream.stream-missing, jetstream.retention
+// (a work-queue stream), jetstream.stream-limits (no limit that drops
+// jobs), jetstream.dead-letter-stream (present, keeping dead letters as long
+// as the queue keeps jobs) and jetstream.consumer (berth's durable consumer:
+// explicit acks, its AckWait the broker's, no server MaxDeliver below
+// MaxAttempts).
+func JetStream(ctx context.Context, b *bjs.Broker, opts Options) ([]Finding, error) {
+	fs, err := jetStream(ctx, b, opts.withDefaults())
+	Sort(fs)
+	return fs, err
+}
+
+func jetStream(ctx context.Context, b *bjs.Broker, o Options) ([]Finding, error) {
+	qs, err := queues(ctx, b, o)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(b.Conn())
+	if err != nil {
+		return nil, fmt.Errorf("doctor: jetstream: %w", err)
+	}
+	var fs []Finding
+	for _, q := range qs {
+		qf, err := jsQueue(ctx, js, b, q, o)
+		if err != nil {
+			return fs, err
+		}
+		fs = append(fs, qf...)
+	}
+	return fs, nil
+}
+
+func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q string, o Options) ([]Finding, error) {
+	var fs []Finding
+	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
+	name, dlqName := b.StreamNames(q)
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		add(Finding{ID: "jetstream.stream-missing", Severity: Error, Summary: "the queue's stream does not exist",
+			Evidence: "stream " + name + " not found", Fix: "declare the queue with berth (DeclareQueue, or a Worker without no_declare)"})
+		return fs, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("doctor: jetstream: stream %s: %w", name, err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Retention != jetstream.WorkQueuePolicy {
+		add(Finding{ID: "jetstream.retention", Severity: Error, Summary: "the stream is not a work queue: acked jobs stay, and another consumer would see them again",
+			Evidence: fmt.Sprintf("stream %s retention %s", name, cfg.Retention), Fix: "recreate it as a work-queue stream (berth DeclareQueue); retention cannot change on an existing stream"})
+	} else {
+		add(Finding{ID: "jetstream.retention", Severity: OK, Summary: "work-queue stream: an acked job is removed", Evidence: "stream " + name})
+	}
+	limits := fmt.Sprintf("MaxAge %s, MaxMsgs %d, MaxBytes %d, discard %s", cfg.MaxAge, cfg.MaxMsgs, cfg.MaxBytes, cfg.Discard)
+	if cfg.MaxAge > 0 || cfg.MaxMsgs > 0 || cfg.MaxBytes > 0 {
+		sev := Warn
+		if cfg.Discard == jetstream.DiscardOld {
+			sev = Error
+		}
+		add(Finding{ID: "jetstream.stream-limits", Severity: sev, Summary: "the stream has limits: jobs past them are dropped (discard old) or publishes refused (discard new)",
+			Evidence: limits, Fix: "remove the limits (berth declares none) or size them far above the backlog, with discard new so producers see the refusal"})
+	} else {
+		add(Finding{ID: "jetstream.stream-limits", Severity: OK, Summary: "no limit drops jobs", Evidence: limits})
+	}
+
+	dst, err := js.Stream(ctx, dlqName)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		add(Finding{ID: "jetstream.dead-letter-stream", Severity: Error, Summary: "the dead-letter stream does not exist: dead letters cannot be stored",
+			Evidence: "stream " + dlqName + " not found", Fix: "declare the queue with berth (DeclareQueue)"})
+	case err != nil:
+		return nil, fmt.Errorf("doctor: jetstream: stream %s: %w", dlqName, err)
+	default:
+		dcfg := dst.CachedInfo().Config
+		ev := fmt.Sprintf("stream %s MaxAge %s, MaxMsgs %d, MaxBytes %d; queue stream MaxAge %s", dlqName, dcfg.MaxAge, dcfg.MaxMsgs, dcfg.MaxBytes, cfg.MaxAge)
+		if (dcfg.MaxAge > 0 && (cfg.MaxAge == 0 || dcfg.MaxAge < cfg.MaxAge)) || dcfg.MaxMsgs > 0 || dcfg.MaxBytes > 0 {
+			add(Finding{ID: "jetstream.dead-letter-stream", Severity: Warn, Summary: "dead letters expire or are dropped before anyone looks at them",
+				Evidence: ev, Fix: "remove the dead-letter stream's limits (berth declares none), or keep them longer than the queue keeps jobs"})
+		} else {
+			add(Finding{ID: "jetstream.dead-letter-stream", Severity: OK, Summary: "dead letters are kept until handled", Evidence: ev})
+		}
+	}
+
+	c, err := st.Consumer(ctx, jsConsumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "berth's durable consumer does not exist: no Worker can receive",
+			Evidence: fmt.Sprintf("consumer %q of stream %s not found", jsConsumer, name), Fix: "declare the queue with berth (DeclareQueue)"})
+		return fs, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("doctor: jetstream: consumer of %s: %w", name, err)
+	}
+	cc := c.CachedInfo().Config
+	want := b.Options().AckWait
+	ev := fmt.Sprintf("consumer %q: ack policy %s, AckWait %s (the broker's %s), MaxDeliver %d; Workers' MaxAttempts %d", jsConsumer, cc.AckPolicy, cc.AckWait, want, cc.MaxDeliver, o.MaxAttempts)
+	switch {
+	case cc.AckPolicy != jetstream.AckExplicitPolicy:
+		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer does not use explicit acks: jobs are removed before they ran", Evidence: ev,
+			Fix: "delete the consumer and let berth recreate it (DeclareQueue)"})
+	case cc.MaxDeliver > 0 && cc.MaxDeliver < o.MaxAttempts:
+		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the server stops delivering a job before the Worker's last attempt: it is neither retried nor dead-lettered, only stuck", Evidence: ev,
+			Fix: "set the consumer's MaxDeliver to -1 (berth counts deliveries itself: broker MaxDeliveries) by redeclaring it"})
+	case cc.AckWait < want:
+		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer's AckWait is shorter than the broker's: the server redelivers jobs berth still holds", Evidence: ev,
+			Fix: fmt.Sprintf("redeclare the consumer (DeclareQueue) with AckWait %s, or give the broker the consumer's (ack_wait=%s)", want, cc.AckWait.Round(time.Millisecond))})
+	default:
+		add(Finding{ID: "jetstream.consumer", Severity: OK, Summary: "the consumer matches the broker", Evidence: ev})
+	}
+	return fs, nil
+}
