@@ -231,7 +231,7 @@ func TestRunbookCoversDoctor(t *testing.T) {
 			}
 			if !named[m[1]] {
 				named[m[1]] = true // reported once
-				t.Errorf("doctor finding %s (%s) is not named in RUNBOOK.md", m[1], filepath.Base(f))
+				t.Errorf("doctor finding %s (%s) is not named in RUNBOOK.md: add it to the section of the symptom it explains", m[1], filepath.Base(f))
 			}
 		}
 	}
