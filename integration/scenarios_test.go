@@ -13,6 +13,7 @@ import (
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/berthq/berth/idempotency/redisstore"
+	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -252,6 +253,109 @@ func TestScenarioRedisFlushAll(t *testing.T) {
 	}
 	if hits == 0 && stats.Snapshot().CacheHits == 0 {
 		t.Error("the cache was never hit")
+	}
+	r.check(stats)
+}
+
+// The transactional outbox's PostgreSQL restarts (immediate) while a
+// producer writes orders with their charge jobs in one transaction and the
+// relay publishes them: every committed job reaches the broker (a commit
+// whose answer was lost is retried and may be published twice) and is
+// charged once; the outbox ends empty with nothing parked.
+func TestScenarioPostgresRestartOutbox(t *testing.T) {
+	pg := StartPostgres(t)
+	r := setupBilling(t, "memory", endpoints{pg: pg.DSN})
+	ob, err := outbox.New(r.pool, outbox.Options{Schema: r.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(0) // the two poison jobs
+	stats := &idempotency.Stats{}
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = ob.Relay(runCtx, r.broker, outbox.RelayOptions{PollInterval: 50 * time.Millisecond,
+			Backoff: sdk.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
+			Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
+	})
+	for range 2 {
+		w, err := r.worker(stats, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			if err := w.Run(runCtx); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	ordersTable := pgx.Identifier{r.schema, "orders"}.Sanitize()
+	produce := func(i int) error {
+		c := charge{OrderID: fmt.Sprintf("order_ob_%d", i), Amount: int64(700 + i)}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		tx, err := r.pool.Begin(cctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(cctx)
+		if _, err := tx.Exec(cctx, `INSERT INTO `+ordersTable+` (id, amount) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, c.OrderID, c.Amount); err != nil {
+			return err
+		}
+		m, err := sdk.NewJSON(chargeType, c)
+		if err != nil {
+			return err
+		}
+		m.IdempotencyKey = "charge:" + c.OrderID + ":v1"
+		msgs := []*sdk.Message{m}
+		if i%4 == 0 { // a producer that writes a job twice
+			m2 := *m
+			m2.ID = ""
+			msgs = append(msgs, &m2)
+		}
+		if err := ob.Add(cctx, tx, r.queue, msgs...); err != nil {
+			return err
+		}
+		if err := tx.Commit(cctx); err != nil {
+			return err
+		}
+		r.orders = append(r.orders, c)
+		return nil
+	}
+	var produced, retried atomic.Int64
+	prodDone := make(chan struct{})
+	go func() {
+		defer close(prodDone)
+		for i := range 200 {
+			for produce(i) != nil { // the producer retries its transaction
+				retried.Add(1)
+				time.Sleep(50 * time.Millisecond)
+			}
+			produced.Add(1)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	for produced.Load() < 60 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	pg.Stop(t, PostgresImmediate)
+	time.Sleep(300 * time.Millisecond)
+	pg.Start(t)
+	<-prodDone
+	failed := retried.Load()
+	t.Logf("200 orders written with their jobs; %d transactions retried across the restart", failed)
+	r.finish(0, stats)
+	stop()
+	wg.Wait()
+	if n, err := ob.Pending(ctx); err != nil || n != 0 {
+		t.Errorf("outbox pending %d, %v; want 0", n, err)
+	}
+	if parked, err := ob.Parked(ctx, 10); err != nil || len(parked) != 0 {
+		t.Errorf("outbox parked %v, %v; want none", parked, err)
 	}
 	r.check(stats)
 }

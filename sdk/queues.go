@@ -330,3 +330,13 @@ func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) ([]De
 	}
 	return ds, err
 }
+
+// Queues returns the names of the queues the Worker consumes, in the order
+// of WorkerOptions.Queues (or the one Queue).
+func (w *Worker) Queues() []string {
+	names := make([]string, len(w.queues))
+	for i, q := range w.queues {
+		names[i] = q.name
+	}
+	return names
+}

@@ -237,6 +237,9 @@ type Broker struct {
 	mu        sync.Mutex     // guards subs
 	subs      map[*nats.Subscription]struct{}
 	movers    map[string]bool // guarded by mu: streams this Broker moves delayed messages of
+
+	acks      chan asyncAck // PublishAsync's acks, in publish order; guarded by mu until the resolver runs
+	resolving bool          // guarded by mu: the ack resolver goroutine is running
 }
 
 // New returns a Broker on the application's connection nc, which must have
@@ -271,7 +274,16 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 // Options returns the broker's options with defaults filled in.
 func (b *Broker) Options() Options { return b.opts }
 
-var _ sdk.DeliveryCapReporter = (*Broker)(nil)
+var (
+	_ sdk.DeliveryCapReporter = (*Broker)(nil)
+	_ sdk.LeaseReporter       = (*Broker)(nil)
+)
+
+// Lease returns [Options.AckWait], the lease of every delivery, as
+// [sdk.LeaseReporter]: a Worker on this broker takes it as its default
+// Lease, so its heartbeat (a third of it) comes before the server redelivers,
+// whatever AckWait is.
+func (b *Broker) Lease() time.Duration { return b.opts.AckWait }
 
 // MaxDeliveries returns [Options.MaxDeliveries], the poison cap, as
 // [sdk.DeliveryCapReporter]: a Worker whose MaxAttempts is above it is warned

@@ -1,0 +1,79 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/idempotency"
+)
+
+// A three-node RabbitMQ cluster with quorum queues: the node holding the
+// billing queue's leader is SIGKILLed mid-run and comes back. The two
+// others keep a majority, elect a new leader, and the publishers and
+// consumers — connected to a surviving node — follow it: nothing confirmed
+// is lost, nothing is charged twice.
+func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
+	nodes := StartRabbitMQCluster(t, 3)
+	r := setupBilling(t, "rabbitmq", endpoints{pg: PostgresDSN(t), amqp: nodes[0].URL})
+	leader := queueLeader(t, nodes[0], r.queue)
+	var client *RabbitMQNode
+	var victim *RabbitMQNode
+	for _, n := range nodes {
+		if n.Name == leader {
+			victim = n
+		} else if client == nil {
+			client = n
+		}
+	}
+	if victim == nil {
+		t.Fatalf("leader %q of %s is none of the nodes", leader, r.queue)
+	}
+	// Publishers and consumers on a node that survives.
+	r.broker.Close()
+	b, err := rabbitmq.New(context.Background(), client.URL, rabbitmq.Options{ConnectionName: "berth-cluster", Prefetch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.broker = b
+	stats := &idempotency.Stats{}
+	r.underFault(stats, nil, 100, func() {
+		victim.Kill(t)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if l := queueLeader(t, client, r.queue); l != leader && l != "" {
+				t.Logf("leader moved from %s to %s", leader, l)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no new leader of %s within 30s", r.queue)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		time.Sleep(time.Second) // run on the new leader for a while
+		victim.Start(t)
+		if err := client.waitClusterSize(3, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%+v", stats.Snapshot())
+}
+
+// queueLeader returns the node name of the leader of queue, asked of node.
+func queueLeader(t *testing.T, node *RabbitMQNode, queue string) string {
+	t.Helper()
+	out, err := node.ctlOutput("list_queues", "-q", "--no-table-headers", "name", "leader")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == queue {
+			return f[1]
+		}
+	}
+	return ""
+}
