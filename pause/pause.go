@@ -188,3 +188,17 @@ func apply(ctx context.Context, w *sdk.Worker, l Lister, log *slog.Logger) {
 		}
 	}
 }
+
+// PausedSince returns the paused queues and the time of their pause: the
+// form the dashboard (dashboard.Pauses) reads.
+func (s *PG) PausedSince(ctx context.Context) (map[string]time.Time, error) {
+	ps, err := s.Paused(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]time.Time, len(ps))
+	for _, p := range ps {
+		m[p.Queue] = p.Since
+	}
+	return m, nil
+}

@@ -167,7 +167,8 @@ func commands() []*command {
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
-				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.",
+				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
+				"With -db, queue pages also show and change pauses (the table of berth queue pause).",
 			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
 	}
 }
