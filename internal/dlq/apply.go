@@ -91,7 +91,7 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		return applyIDs(ctx, dl, queue, f, o, do, progress)
 	}
 	if purgeAll {
-		if _, ok := dl.(Deleter); !ok || sweeps {
+		if _, deletes := dl.(Deleter); !paged || !deletes { // the broker's own purge of all beats a capped scan or a sweep
 			n, err := dl.PurgeDeadLetters(ctx, queue)
 			r.Done, r.Matched, r.Complete = n, n, err == nil
 			if progress != nil && err == nil {
