@@ -2,15 +2,11 @@ package periodic_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/postgres"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/periodic"
 )
 
@@ -19,19 +15,7 @@ import (
 func TestThreeSchedulersPostgresDedupeEnqueue(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	var sfx [6]byte
-	_, _ = rand.Read(sfx[:])
-	schema := "berth_periodic_" + hex.EncodeToString(sfx[:])
-	defer func() {
-		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	}()
+	pool, schema := pgtest.Schema(t, 0)
 	b, err := postgres.New(pool, postgres.Options{Schema: schema, DedupeEnqueue: true})
 	if err != nil {
 		t.Fatal(err)
