@@ -8,6 +8,7 @@ import (
 
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/idempotency"
+	"github.com/jackc/pgx/v5"
 )
 
 // A three-node RabbitMQ cluster with quorum queues: the node holding the
@@ -39,6 +40,19 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Close() })
 	r.broker = b
+	r.capped = true
+	t.Cleanup(func() { // registered after setupBilling's: runs before the schema is dropped
+		if !t.Failed() {
+			return
+		}
+		out, _ := client.ctlOutput("list_queues", "name", "type", "messages_ready", "messages_unacknowledged", "leader", "online")
+		t.Logf("queues on %s:\n%s", client.Name, out)
+		rows, err := r.pool.Query(context.Background(), `SELECT id FROM `+pgx.Identifier{r.schema, "orders"}.Sanitize()+` WHERE status <> 'paid' ORDER BY id`)
+		if err == nil {
+			ids, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+			t.Logf("unpaid: %v", ids)
+		}
+	})
 	stats := &idempotency.Stats{}
 	r.underFault(stats, nil, 100, func() {
 		victim.Kill(t)
