@@ -53,6 +53,9 @@ type Options struct {
 	Title string
 	// Jobs, when set, adds the job-state pages (/jobs) read from it.
 	Jobs ledger.Reader
+	// Pauses, when set, shows paused queues and lets operators pause and
+	// resume them (package pause's table, which Workers apply).
+	Pauses Pauses
 	// PageSize is the number of dead letters per page. Default 50.
 	PageSize int
 	// Logger receives errors of requests. Default slog.Default().
@@ -98,6 +101,10 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	mux.HandleFunc("GET /queues/{queue}", d.queue)
 	mux.HandleFunc("GET /queues/{queue}/confirm", d.confirm)
 	mux.HandleFunc("POST /queues/{queue}/{action}", d.change)
+	mux.HandleFunc("POST /queues/{queue}/pause", d.setPause(true, false))
+	mux.HandleFunc("POST /queues/{queue}/resume", d.setPause(false, false))
+	mux.HandleFunc("POST /api/queues/{queue}/pause", d.setPause(true, true))
+	mux.HandleFunc("POST /api/queues/{queue}/resume", d.setPause(false, true))
 	mux.HandleFunc("GET /queues/{queue}/messages/{id}", d.message)
 	mux.HandleFunc("GET /jobs", d.jobs)
 	mux.HandleFunc("GET /jobs/{id}", d.job)

@@ -125,6 +125,8 @@ type queueRow struct {
 	DeadLettered int64   `json:"dead_lettered"`
 	OldestAgeSec float64 `json:"oldest_age_seconds"`
 	OldestAge    string  `json:"oldest_age"`
+	// PausedSince is when the queue was paused (Options.Pauses), else nil.
+	PausedSince *time.Time `json:"paused_since,omitempty"`
 }
 
 func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
@@ -138,6 +140,16 @@ func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
+	paused, err := d.pausedSince(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("paused queues: %w", err)
+	}
+	for q := range paused { // a paused queue is shown even if the broker does not list it
+		if !slices.Contains(names, q) {
+			names = append(names, q)
+		}
+	}
+	slices.Sort(names)
 	rows := make([]queueRow, 0, len(names))
 	in, _ := d.b.(sdk.Inspector)
 	for _, q := range names {
@@ -147,7 +159,11 @@ func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 			if err != nil {
 				return nil, fmt.Errorf("stats of %s: %w", q, err)
 			}
-			row = queueRow{q, st.Ready, st.Delayed, st.InFlight, st.DeadLettered, st.OldestAge.Seconds(), funcs["age"].(func(time.Duration) string)(st.OldestAge)}
+			row = queueRow{Queue: q, Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, DeadLettered: st.DeadLettered,
+				OldestAgeSec: st.OldestAge.Seconds(), OldestAge: funcs["age"].(func(time.Duration) string)(st.OldestAge)}
+		}
+		if since, ok := paused[q]; ok {
+			row.PausedSince = &since
 		}
 		rows = append(rows, row)
 	}
@@ -160,7 +176,7 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	d.render(w, "overview", http.StatusOK, map[string]any{"Queues": rows, "Listed": d.canList()})
+	d.render(w, "overview", http.StatusOK, map[string]any{"Queues": rows, "Listed": d.canList(), "Pauses": d.o.Pauses != nil})
 }
 
 func (d *Dashboard) canList() bool { _, ok := d.b.(dlq.QueueLister); return ok }
@@ -231,6 +247,10 @@ type queuePage struct {
 	First   int // 1-based number of the first row
 	Prev    int // offset of the previous page, -1 on the first
 	Flash   string
+	// Pauses: the dashboard has a pause table; PausedSince is set when the
+	// queue is paused.
+	Pauses      bool
+	PausedSince *time.Time
 }
 
 func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
@@ -255,12 +275,27 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 	if offset > 0 {
 		prev = max(0, offset-d.o.PageSize)
 	}
-	d.render(w, "queue", http.StatusOK, queuePage{Queue: queue, Filter: ff, Listing: l, First: offset + 1, Prev: prev, Flash: flash(q)})
+	page := queuePage{Queue: queue, Filter: ff, Listing: l, First: offset + 1, Prev: prev, Flash: flash(q), Pauses: d.o.Pauses != nil}
+	paused, err := d.pausedSince(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if since, ok := paused[queue]; ok {
+		page.PausedSince = &since
+	}
+	d.render(w, "queue", http.StatusOK, page)
 }
 
 // flash is the result message of a change, carried in the redirect's query
 // (numbers and a fixed verb only, so nothing is reflected).
 func flash(q url.Values) string {
+	switch q.Get("done") {
+	case "paused":
+		return "Queue paused: Workers that sync the pause table stop receiving from it within their interval."
+	case "resumed":
+		return "Queue resumed."
+	}
 	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[q.Get("done")]
 	if verb == "" {
 		return ""

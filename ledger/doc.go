@@ -39,9 +39,18 @@
 // the PostgreSQL broker the jobs table already is the ledger: pgledger.Jobs
 // reads it through the same [Reader] API, and nothing is written twice.
 //
-// What the ledger cannot see: a broker's own dead-lettering of a message
-// that crashes every consumer (RabbitMQ's delivery limit, SQS's redrive
-// policy) happens without a Worker, so such a job stays `running` with its
-// crashed attempts listed; and a redrive made without [Ledger.DeadLetters]
-// shows only when the message is delivered again.
+// Attempts that end without a settlement are recorded too: a lost lease
+// and a settlement whose call failed (an ack on a dropped connection) show
+// as `retrying` with no next attempt time and the class
+// [ClassLeaseLost] or [ClassSettleFailed]: the broker delivers the message
+// again, and that attempt replaces them.
+//
+// A broker's own dead-lettering of a message that crashes every consumer
+// or keeps losing its lease (the memory broker's and RabbitMQ's delivery
+// limit, SQS's redrive policy, JetStream's max deliveries) happens without
+// a Worker: [Ledger.SyncDeadLetters] reads the dead-letter queue and
+// records those jobs `dead` with the broker's reason (class
+// max_deliveries). [RunJanitor] runs it periodically, and purges finished
+// jobs past their retention in bounded batches. A redrive made without
+// [Ledger.DeadLetters] shows only when the message is delivered again.
 package ledger

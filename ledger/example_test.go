@@ -143,3 +143,44 @@ func ExampleLedger_Start() {
 	// running attempt 2
 	// succeeded attempt 2
 }
+
+// ExampleRunJanitor keeps a ledger bounded (finished jobs kept 3 days,
+// purged 1000 rows per statement) and its broker-side dead letters
+// recorded, on a goroutine the program owns and stops.
+func ExampleRunJanitor() {
+	ctx, stop := context.WithCancel(context.Background())
+	pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:5432/shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgledger.New(pool, pgledger.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := ledger.New(ledger.Options{Store: store})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	b, err := rabbitmq.New(ctx, "amqp://guest:guest@127.0.0.1:5672/", rabbitmq.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+	done := make(chan error, 1)
+	go func() {
+		done <- ledger.RunJanitor(ctx, ledger.JanitorOptions{
+			Purger: store, Retention: 72 * time.Hour, Batch: 1000, Interval: 5 * time.Minute,
+			Ledger: l, DeadLetters: b, DeadLetterQueues: []string{"billing"},
+			Report: func(r ledger.JanitorRun) {
+				if r.Err != nil {
+					log.Printf("ledger janitor: %v", r.Err)
+				}
+			},
+		})
+	}()
+	// ... run the workers ...
+	stop()
+	<-done // context.Canceled
+}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -22,14 +23,23 @@ func (l *Ledger) Start(ctx context.Context, d sdk.Delivery) context.Context {
 }
 
 // Settled records how d's attempt ended: succeeded (ack), retrying with its
-// next attempt time (retry), dead (dead letter), released (handed back). A
-// settlement whose call failed is not recorded (the delivery comes back and
-// its next attempt is), and neither is a lost lease: the row stays running
-// until another consumer's attempt replaces it.
+// next attempt time (retry), dead (dead letter), released (handed back).
+//
+// Two endings leave the message with the broker, which delivers it again;
+// both are recorded as retrying with no next attempt time (the broker
+// decides when) and an error that says what happened:
+//   - a lost lease ([sdk.ActionLeaseLost]): the error is [sdk.ErrLeaseLost]'s
+//     text, with the handler's error if it returned one, class
+//     [ClassLeaseLost];
+//   - a settlement whose call failed (Settlement.Err): the error names the
+//     settlement that failed and why, then the handler's error if any,
+//     class [ClassSettleFailed]. An ack that failed on the wire may still
+//     have reached the broker; then no attempt follows and the row keeps
+//     this state, which says exactly that.
+//
+// The next attempt's events replace either (a later attempt is newer), and
+// this attempt stays in the job's history.
 func (l *Ledger) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
-	if s.Err != nil {
-		return
-	}
 	m := d.Message()
 	now := time.Now()
 	e := base(m, d.Queue())
@@ -39,6 +49,18 @@ func (l *Ledger) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
 	}
 	if s.Cause != nil {
 		e.Error, e.Class = reason(s.Cause), s.Class
+	}
+	switch {
+	case s.Action == sdk.ActionLeaseLost:
+		e.Status, e.Class = StatusRetrying, ClassLeaseLost
+		e.Error = reason(withCause(sdk.ErrLeaseLost.Error(), s.Cause))
+		l.Record(e)
+		return
+	case s.Err != nil:
+		e.Status, e.Class = StatusRetrying, ClassSettleFailed
+		e.Error = reason(withCause(string(s.Action)+" failed: "+s.Err.Error(), s.Cause))
+		l.Record(e)
+		return
 	}
 	switch s.Action {
 	case sdk.ActionAck:
@@ -53,6 +75,25 @@ func (l *Ledger) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
 		return
 	}
 	l.Record(e)
+}
+
+// Error classes the ledger records for attempts that ended without a
+// settlement; the handler's own class is in the error text then.
+const (
+	// ClassLeaseLost marks an attempt whose lease was lost: the Worker did
+	// not settle it and the broker delivers the message again.
+	ClassLeaseLost sdk.ErrorClass = "lease_lost"
+	// ClassSettleFailed marks an attempt whose settlement call (ack, retry,
+	// dead letter, release) returned an error.
+	ClassSettleFailed sdk.ErrorClass = "settle_failed"
+)
+
+// withCause is what, then the handler's error when there was one.
+func withCause(what string, cause error) error {
+	if cause == nil {
+		return errors.New(what)
+	}
+	return fmt.Errorf("%s (handler error: %w)", what, cause)
 }
 
 // base is the part of an event every feed knows from the message.
@@ -141,4 +182,46 @@ func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids 
 		d.l.Record(Event{MessageID: id, Queue: queue, Status: StatusRedriven, At: now})
 	}
 	return n, err
+}
+
+// SyncDeadLetters records as dead the dead letters of queue that dl lists
+// (at most limit, [sdk.DefaultListLimit] when limit <= 0; brokers list the
+// oldest first), with the reason, class and attempt the broker wrote on
+// them. It catches what no Worker sees: a message the broker itself
+// dead-lettered (the poison cap, [sdk.ErrMaxDeliveries]: a job that kept
+// crashing or losing its lease; a broker's own policy such as a TTL), whose
+// row would otherwise stay running or retrying. A job the Worker
+// dead-lettered is already dead at that attempt and does not change (the
+// guard keeps the first final state of an attempt). Listing is read-only on
+// every broker; it returns how many events it recorded.
+//
+// Run it periodically (the [Janitor] does, for its DeadLetterQueues) or
+// after an incident.
+func (l *Ledger) SyncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue string, limit int) (int, error) {
+	msgs, err := dl.ListDeadLetters(ctx, queue, limit)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: sync dead letters of %s: %w", queue, err)
+	}
+	n := 0
+	for _, m := range msgs {
+		if m == nil || m.ID == "" {
+			continue
+		}
+		q := m.Header(sdk.HeaderDeadLetterQueue)
+		if q == "" {
+			q = queue
+		}
+		e := base(m, q)
+		e.Status, e.Error = StatusDead, m.Header(sdk.HeaderDeadLetterReason)
+		e.Class = sdk.ErrorClass(m.Header(sdk.HeaderDeadLetterClass))
+		e.Attempt, _ = strconv.Atoi(m.Header(sdk.HeaderDeadLetterAttempts))
+		e.Attempt = max(e.Attempt, 0)
+		e.At = time.Now()
+		if t, err := time.Parse(time.RFC3339Nano, m.Header(sdk.HeaderLastFailure)); err == nil {
+			e.At = t
+		}
+		l.Record(e)
+		n++
+	}
+	return n, nil
 }

@@ -93,7 +93,7 @@ type Event struct {
 }
 
 // Store writes events. Write is called by one goroutine at a time (the
-// ledger's writer) with a batch it must not retain; it applies every event
+// ledger's writer; several at once with Options.Writers > 1) with a batch it must not retain; it applies every event
 // whose (Generation, Attempt, rank, At) is newer than the row's, in any
 // order, and leaves older ones out (see the package doc). An error means
 // the batch may be partly written; the ledger counts it and moves on, so
@@ -122,6 +122,16 @@ type Options struct {
 	// so a little lingering saves the database work under load. Default
 	// 5ms; negative writes whatever is buffered at once.
 	Linger time.Duration
+	// Writers is how many batches may be written at once. Default 1. With
+	// more, a batch is gathered while others are written, which shortens
+	// the write lag when each Write waits on a busy database; the order in
+	// which batches land does not matter (the store's guard orders events),
+	// and pgledger.Store locks a batch's rows in one order, so concurrent
+	// batches of job events cannot deadlock each other (a whole-queue
+	// redrive racing them may; PostgreSQL then refuses one batch, which is
+	// counted as failed like any other). Store.Write is then called from several
+	// goroutines at once and must be safe for that.
+	Writers int
 	// WriteTimeout bounds each Write. Default 10s.
 	WriteTimeout time.Duration
 	// WorkerID names this process in the rows it writes. Default
@@ -188,6 +198,11 @@ type Ledger struct {
 	done   chan struct{}
 	closed atomic.Bool
 	once   sync.Once
+	// With Writers > 1: run hands batches to the writer goroutines on work
+	// and counts them in inflight until written.
+	work     chan written
+	inflight sync.WaitGroup
+	writers  sync.WaitGroup
 
 	recorded, written, dropped, failed, batches atomic.Int64
 	maxLag, lagSum                              atomic.Int64
@@ -195,6 +210,12 @@ type Ledger struct {
 
 	lag  metric.Float64Histogram
 	regs metric.Registration
+}
+
+// written is a batch handed to a writer goroutine.
+type written struct {
+	batch  []Event
+	oldest int64
 }
 
 type pending struct {
@@ -210,8 +231,11 @@ func New(opts Options) (*Ledger, error) {
 	if opts.Store == nil {
 		return nil, fmt.Errorf("%w: nil Store", ErrInvalidOptions)
 	}
-	if opts.Buffer < 0 || opts.BatchSize < 0 || opts.WriteTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative Buffer, BatchSize or WriteTimeout", ErrInvalidOptions)
+	if opts.Buffer < 0 || opts.BatchSize < 0 || opts.WriteTimeout < 0 || opts.Writers < 0 {
+		return nil, fmt.Errorf("%w: negative Buffer, BatchSize, Writers or WriteTimeout", ErrInvalidOptions)
+	}
+	if opts.Writers == 0 {
+		opts.Writers = 1
 	}
 	if opts.Buffer == 0 {
 		opts.Buffer = DefaultBuffer
@@ -247,6 +271,13 @@ func New(opts Options) (*Ledger, error) {
 	}
 	if err := l.instruments(); err != nil {
 		return nil, err
+	}
+	if opts.Writers > 1 {
+		l.work = make(chan written)
+		l.writers.Add(opts.Writers)
+		for range opts.Writers {
+			go l.writer()
+		}
 	}
 	go l.run()
 	return l, nil
@@ -384,6 +415,10 @@ func (l *Ledger) Close() error {
 // a batch is written the next one gathers, so batches grow with the rate.
 func (l *Ledger) run() {
 	defer close(l.done)
+	if l.work != nil {
+		defer l.writers.Wait()
+		defer close(l.work)
+	}
 	batch := make([]Event, 0, l.opts.BatchSize)
 	oldest := int64(0)
 	add := func(p pending) {
@@ -408,8 +443,7 @@ func (l *Ledger) run() {
 			if len(batch) == 0 {
 				return
 			}
-			l.write(batch, oldest)
-			batch = batch[:0]
+			batch = l.dispatch(batch, oldest)
 		}
 	}
 	for {
@@ -417,10 +451,10 @@ func (l *Ledger) run() {
 		case p := <-l.buf:
 			add(p)
 			ack, stop := l.linger(&batch, add)
-			l.write(batch, oldest)
-			batch = batch[:0]
+			batch = l.dispatch(batch, oldest)
 			if ack != nil {
 				drain()
+				l.inflight.Wait()
 				close(ack)
 			}
 			if stop {
@@ -429,6 +463,7 @@ func (l *Ledger) run() {
 			}
 		case ack := <-l.flush:
 			drain()
+			l.inflight.Wait()
 			close(ack)
 		case <-l.stop:
 			drain()
@@ -471,6 +506,28 @@ func (l *Ledger) linger(batch *[]Event, add func(pending)) (ack chan struct{}, s
 	return nil, false
 }
 
+// dispatch writes batch, or with several writers hands it to one (waiting
+// for one to be free), and returns the slice to gather the next batch in.
+func (l *Ledger) dispatch(batch []Event, oldest int64) []Event {
+	if l.work == nil {
+		l.write(batch, oldest)
+		return batch[:0]
+	}
+	l.inflight.Add(1)
+	l.work <- written{batch: batch, oldest: oldest}
+	return make([]Event, 0, l.opts.BatchSize)
+}
+
+// writer is one of Options.Writers goroutines, owned by run: it stops when
+// run closes work, and run returns after it.
+func (l *Ledger) writer() {
+	defer l.writers.Done()
+	for w := range l.work {
+		l.write(w.batch, w.oldest)
+		l.inflight.Done()
+	}
+}
+
 func (l *Ledger) write(batch []Event, oldest int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.opts.WriteTimeout)
 	err := l.opts.Store.Write(ctx, batch)
@@ -486,8 +543,7 @@ func (l *Ledger) write(batch []Event, oldest int64) {
 	l.written.Add(n)
 	l.lagSum.Add(lag)
 	l.batches.Add(1)
-	if lag > l.maxLag.Load() {
-		l.maxLag.Store(lag)
+	for m := l.maxLag.Load(); lag > m && !l.maxLag.CompareAndSwap(m, lag); m = l.maxLag.Load() {
 	}
 	l.lag.Record(context.Background(), float64(lag)/1e9)
 	if len(l.buf) < cap(l.buf)/2 {

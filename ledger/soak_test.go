@@ -126,14 +126,15 @@ func listAll(t *testing.T, r ledger.Reader, q string) map[string]ledger.Job {
 
 // TestTenThousandJobsMatchTheWorker: with a buffer the writer keeps up
 // with, the ledger's final statuses and attempts equal the Worker's
-// settlements one for one.
+// settlements one for one. Three writers write its batches concurrently,
+// in whatever order they land.
 func TestTenThousandJobsMatchTheWorker(t *testing.T) {
 	n := 10000
 	if testing.Short() {
 		n = 2000
 	}
 	store := newStore(t, newPool(t))
-	l := newLedger(t, store, ledger.Options{BlockTimeout: 30 * time.Second})
+	l := newLedger(t, store, ledger.Options{BlockTimeout: 30 * time.Second, Writers: 3})
 	q := "soak_" + suffix()
 	f := soak(t, l, q, n)
 	if err := l.Flush(testCtx(t, 60*time.Second)); err != nil {

@@ -48,7 +48,7 @@ func (c *capture) all() []ledger.Event {
 }
 
 func TestNewValidates(t *testing.T) {
-	for _, o := range []ledger.Options{{}, {Store: &capture{}, Buffer: -1}, {Store: &capture{}, BatchSize: -1}} {
+	for _, o := range []ledger.Options{{}, {Store: &capture{}, Buffer: -1}, {Store: &capture{}, BatchSize: -1}, {Store: &capture{}, Writers: -1}} {
 		if _, err := ledger.New(o); !errors.Is(err, ledger.ErrInvalidOptions) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidOptions", o, err)
 		}
@@ -229,5 +229,65 @@ func TestMetrics(t *testing.T) {
 	}
 	if s.Dropped == 0 || s.Written+s.Dropped != 20 || lagCount != uint64(s.Batches) {
 		t.Errorf("stats %+v, %d lag points: want drops, 20 events in all, a lag per batch", s, lagCount)
+	}
+}
+
+// counting is a Store whose Write blocks until released, and which counts
+// the Writes in progress at once.
+type counting struct {
+	mu              sync.Mutex
+	now, most, rows int
+	release         chan struct{}
+}
+
+func (c *counting) Write(ctx context.Context, batch []ledger.Event) error {
+	c.mu.Lock()
+	c.now++
+	c.most = max(c.most, c.now)
+	c.mu.Unlock()
+	<-c.release
+	c.mu.Lock()
+	c.now--
+	c.rows += len(batch)
+	c.mu.Unlock()
+	return nil
+}
+
+// TestWritersWriteConcurrently: with Writers 3, three batches are written
+// at once while the fourth waits, and Flush returns only when all of them
+// are written.
+func TestWritersWriteConcurrently(t *testing.T) {
+	c := &counting{release: make(chan struct{})}
+	l := newLedger(t, c, ledger.Options{Writers: 3, BatchSize: 1, Linger: -1})
+	for i := range 10 {
+		l.Record(ledger.Event{MessageID: string(rune('a' + i)), Status: ledger.StatusEnqueued, At: time.Now()})
+	}
+	flushed := make(chan error, 1)
+	go func() { flushed <- l.Flush(testCtx(t, 10*time.Second)) }()
+	for {
+		c.mu.Lock()
+		now := c.now
+		c.mu.Unlock()
+		if now == 3 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-flushed:
+		t.Fatalf("Flush returned (%v) while batches were being written", err)
+	default:
+	}
+	close(c.release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.most != 3 || c.rows != 10 || c.now != 0 {
+		t.Errorf("at most %d writes at once, %d rows written, %d in progress; want 3, 10, 0", c.most, c.rows, c.now)
+	}
+	if s := l.Stats(); s.Written != 10 || s.Batches != 10 {
+		t.Errorf("stats %+v", s)
 	}
 }

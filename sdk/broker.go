@@ -2,6 +2,8 @@ package sdk
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -85,6 +87,33 @@ type Broker interface {
 // delivery lacks it, the Worker falls back to Retry.
 type Releaser interface {
 	Release(ctx context.Context, delay time.Duration) error
+}
+
+// BatchAcker is implemented by brokers that ack many deliveries in one
+// operation (RabbitMQ: one basic.ack with the multiple flag). Use
+// [AckAll], which falls back to one Ack per delivery.
+type BatchAcker interface {
+	// AckBatch acks ds, deliveries of this broker (others are acked one by
+	// one). It returns nil or an error joining one error per delivery not
+	// acked, each naming its message and wrapping the cause.
+	AckBatch(ctx context.Context, ds []Delivery) error
+}
+
+// AckAll acks every delivery of ds, for callers of Receive that settle a
+// batch at once: through sub's [BatchAcker] when it has one, else one Ack
+// per delivery. It returns nil or an error joining one error per delivery
+// not acked (errors.Is finds [ErrAlreadySettled], [ErrLeaseLost], ...).
+func AckAll(ctx context.Context, sub Subscriber, ds []Delivery) error {
+	if ba, ok := sub.(BatchAcker); ok {
+		return ba.AckBatch(ctx, ds)
+	}
+	var errs []error
+	for _, d := range ds {
+		if err := d.Ack(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("berth: ack of message %s: %w", d.Message().ID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Flusher is implemented by brokers that buffer settlements (for example SQS

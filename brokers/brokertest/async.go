@@ -3,6 +3,8 @@ package brokertest
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,5 +162,59 @@ func testAsyncPublishBrokerClose(t *testing.T, e *env) {
 	}
 	if err := ap.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+}
+
+// testAckAll checks [sdk.AckAll] (the broker's BatchAcker when it has one):
+// it acks exactly the deliveries given — never one held by someone else,
+// received before them — and reports a delivery already settled on its own.
+func testAckAll(t *testing.T, e *env) {
+	ctx := e.ctx(t)
+	const n = 30
+	for i := range n {
+		e.publish(t, textMessage("ackall-"+strconv.Itoa(i)))
+	}
+	ds := e.receiveN(t, n)
+	held, batch := ds[:5], ds[5:] // the first received stay with "another goroutine"
+	done := batch[0]
+	settleAck(t, ctx, done) // settled already: AckAll must say so, for it alone
+	err := sdk.AckAll(ctx, e.b, batch)
+	if !errors.Is(err, sdk.ErrAlreadySettled) {
+		t.Fatalf("AckAll with one delivery already acked: %v, want ErrAlreadySettled", err)
+	}
+	if !strings.Contains(err.Error(), done.Message().ID) {
+		t.Errorf("AckAll error %q does not name message %s", err, done.Message().ID)
+	}
+	for _, d := range batch[1:] {
+		if err := d.Ack(ctx); !errors.Is(err, sdk.ErrAlreadySettled) {
+			t.Errorf("Ack after AckAll: %v, want ErrAlreadySettled", err)
+		}
+	}
+	// The held deliveries were not acked behind their holder's back: given
+	// up (their consumer dies), they come back, and only they.
+	time.Sleep(200 * time.Millisecond) // let the server apply the acks before a consumer dies (RabbitMQ quorum queues apply them asynchronously)
+	want := map[string]bool{}
+	for _, d := range held {
+		want[d.Message().ID] = true
+		e.abandon(t, d)
+	}
+	for len(want) > 0 {
+		for _, d := range e.receive(t, len(want)) {
+			if !want[d.Message().ID] {
+				t.Errorf("message %s came back after AckAll acked it", d.Message().ID)
+			}
+			delete(want, d.Message().ID)
+			settleAck(t, ctx, d)
+		}
+	}
+	e.expectNone(t, e.h.Lease/2)
+	// The broker still works after it (RabbitMQ: the channel was not
+	// closed by an ack of an unknown tag).
+	e.publish(t, textMessage("after-ackall"))
+	if err := sdk.AckAll(ctx, e.b, []sdk.Delivery{e.receiveOne(t)}); err != nil {
+		t.Errorf("AckAll of one: %v", err)
+	}
+	if err := sdk.AckAll(ctx, e.b, nil); err != nil {
+		t.Errorf("AckAll of none: %v", err)
 	}
 }

@@ -60,6 +60,7 @@ var cases = []testCase{
 	{name: "PublishRacingClose", run: testPublishRacingClose},
 	{name: "AsyncPublish", run: testAsyncPublish},
 	{name: "AsyncPublishBrokerClose", run: testAsyncPublishBrokerClose},
+	{name: "AckAll", run: testAckAll},
 	{name: "SettleAfterClose", run: testSettleAfterClose},
 	{name: "ConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testConnectionLoss},
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},

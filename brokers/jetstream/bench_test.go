@@ -158,7 +158,7 @@ func rawJS(b *testing.B) natsjs.JetStream {
 		b.Fatal(err)
 	}
 	b.Cleanup(nc.Close)
-	js, err := natsjs.New(nc, natsjs.WithPublishAsyncMaxPending(4*benchWindow))
+	js, err := natsjs.New(nc, natsjs.WithPublishAsyncMaxPending(4*slidingWindow))
 	if err != nil {
 		b.Fatal(err)
 	}

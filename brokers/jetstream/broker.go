@@ -237,6 +237,9 @@ type Broker struct {
 	mu        sync.Mutex     // guards subs
 	subs      map[*nats.Subscription]struct{}
 	movers    map[string]bool // guarded by mu: streams this Broker moves delayed messages of
+
+	acks      chan asyncAck // PublishAsync's acks, in publish order; guarded by mu until the resolver runs
+	resolving bool          // guarded by mu: the ack resolver goroutine is running
 }
 
 // New returns a Broker on the application's connection nc, which must have

@@ -167,3 +167,118 @@ func (b *Broker) publishOne(ctx context.Context, stream string, w *nats.Msg, id 
 	}
 	return err
 }
+
+var _ sdk.AsyncPublisher = (*Broker)(nil)
+
+// asyncAck is one PublishAsync message awaiting its ack.
+type asyncAck struct {
+	fut jetstream.PubAckFuture
+	res *sdk.PublishResult
+}
+
+// PublishAsync publishes msg with nats.go's asynchronous publish and returns
+// at once; the result resolves when JetStream acks the message (nil), refuses
+// it, or the ack times out (5s, an error wrapping [sdk.ErrUnavailable]; the
+// message may be stored, and publishing it again is deduplicated by its
+// Nats-Msg-Id within [Options.Duplicates]). It shares the Broker's
+// [Options.MaxInFlight] acks with Publish: beyond them it blocks until an
+// ack frees a slot or ctx ends (ctx.Err(), nothing published). Results
+// still unresolved when the Broker closes resolve with [sdk.ErrClosed].
+// Validation errors return at once, as with Publish. It adds no latency of
+// its own: the message is in the connection's write buffer when
+// PublishAsync returns (nats.go flushes it from its own goroutine) and the
+// result resolves with the ack, one round trip to the server later.
+func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
+	if b.closed.Load() {
+		return nil, sdk.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := sdk.Prepare(ctx, queue, msg, b.opts.MaxMessageSize); err != nil {
+		return nil, err
+	}
+	if err := validate(msg); err != nil {
+		return nil, err
+	}
+	q := b.names(queue)
+	subject, notBefore := q.ready, time.Time{}
+	if msg.Delay > 0 {
+		subject, notBefore = q.delayed, time.Now().Add(msg.Delay)
+	}
+	w, err := encode(msg, subject, 1, notBefore)
+	if err != nil {
+		return nil, err
+	}
+	if n, limit := wireSize(w), int(b.nc.MaxPayload()); n > limit {
+		return nil, &sdk.MessageTooLargeError{ID: msg.ID, Size: n, Limit: limit}
+	}
+	if err := b.connected("publish"); err != nil {
+		return nil, err
+	}
+	if _, err := b.queue(ctx, queue); err != nil {
+		return nil, err
+	}
+	select {
+	case b.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-b.closing:
+		return nil, sdk.ErrClosed
+	}
+	// Publish and enqueue under mu, so that Close (which sets closed under
+	// mu) finds every accepted message in the queue it drains, in order.
+	b.mu.Lock()
+	if b.closed.Load() {
+		b.mu.Unlock()
+		<-b.slots
+		return nil, sdk.ErrClosed
+	}
+	if !b.resolving {
+		b.resolving = true
+		b.acks = make(chan asyncAck, b.opts.MaxInFlight)
+		b.wg.Add(1)
+		go b.resolveAcks(b.acks)
+	}
+	fut, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(msgID(msg.ID)))
+	if err != nil {
+		b.mu.Unlock()
+		<-b.slots
+		return nil, b.wrapErr(ctx, "publish", err)
+	}
+	res := sdk.NewPublishResult(msg.ID)
+	b.acks <- asyncAck{fut: fut, res: res} // room: every entry holds a slot
+	b.mu.Unlock()
+	return res, nil
+}
+
+// resolveAcks resolves PublishAsync results as their acks arrive (in
+// publish order, as JetStream sends them) and frees their slots; after
+// Close it resolves the rest with sdk.ErrClosed.
+func (b *Broker) resolveAcks(acks chan asyncAck) {
+	defer b.wg.Done()
+	for {
+		select {
+		case a := <-acks:
+			select {
+			case <-a.fut.Ok():
+				a.res.Resolve(nil)
+			case err := <-a.fut.Err():
+				a.res.Resolve(b.wrapErr(context.Background(), "publish", err))
+			case <-b.closing:
+				a.res.Resolve(sdk.ErrClosed)
+			}
+			<-b.slots
+		case <-b.closing:
+			for {
+				select {
+				case a := <-acks:
+					a.res.Resolve(sdk.ErrClosed)
+					<-b.slots
+				default:
+					return
+				}
+			}
+		}
+	}
+}

@@ -95,10 +95,13 @@ func (d *delivery) Ack(context.Context) error {
 // Retry makes the message deliverable again after delay (clamped to [0,
 // sdk.MaxDelay]), counting an attempt. cause is not stored, but its time is:
 // the first failure time is carried to the dead-letter headers.
-func (d *delivery) Retry(_ context.Context, delay time.Duration, _ error) error {
+func (d *delivery) Retry(_ context.Context, delay time.Duration, cause error) error {
 	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		if e.firstFailure.IsZero() {
 			e.firstFailure = now
+		}
+		if cause != nil {
+			e.lastError = sdk.SanitizeReason(cause.Error())
 		}
 		d.requeue(q, e, now, delay)
 	})

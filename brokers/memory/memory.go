@@ -280,7 +280,7 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 	for q.ready.len() > 0 && len(out) < n {
 		e := q.ready.pop()
 		if b.maxDeliveries > 0 && e.attempts >= b.maxDeliveries {
-			q.deadLetter(e, sdk.ErrMaxDeliveries, now)
+			q.deadLetter(e, e.poison(), now)
 			continue
 		}
 		e.attempts++

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"container/heap"
+	"fmt"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ type entry struct {
 	due          time.Time // stateDelayed: when it becomes ready; stateInFlight: lease end
 	readySince   time.Time // stateReady: when it became ready
 	firstFailure time.Time // first Retry or DeadLetter, for the dead-letter headers
+	lastError    string    // the cause of the last Retry, kept in a poison dead letter's reason
 	index        int       // position in the delayed or in-flight heap
 }
 
@@ -100,7 +102,7 @@ func (q *queue) promote(now time.Time, maxDeliveries int) {
 			e := heap.Pop(&q.inFlight).(*entry)
 			e.gen++ // the holder's lease is lost
 			if maxDeliveries > 0 && e.attempts >= maxDeliveries {
-				q.deadLetter(e, sdk.ErrMaxDeliveries, now)
+				q.deadLetter(e, e.poison(), now)
 				continue
 			}
 			q.makeReady(e, e.due)
@@ -121,6 +123,15 @@ func (q *queue) nextDeadline() (time.Time, bool) {
 		t, ok = q.inFlight[0].due, true
 	}
 	return t, ok
+}
+
+// poison is the cause of e's dead-lettering by the delivery cap: the last
+// Retry's cause stays in the reason, so the real error is not lost.
+func (e *entry) poison() error {
+	if e.lastError == "" {
+		return sdk.ErrMaxDeliveries
+	}
+	return fmt.Errorf("%w; last error: %s", sdk.ErrMaxDeliveries, e.lastError)
 }
 
 // deadLetter moves e (already out of every list) to the dead-letter queue.

@@ -69,3 +69,33 @@ func TestWorkerMaxAttemptsOverDefaultCap(t *testing.T) {
 		t.Errorf("dead letter reason %q class %q, want %q %q", reason, class, want, sdk.ClassTransient)
 	}
 }
+
+// TestPoisonKeepsLastError: a job the claim finds past max_attempts (the
+// Worker could not dead-letter it: it crashed, or ran with another cap) is
+// dead-lettered with "max deliveries exceeded" and the last Retry's cause.
+func TestPoisonKeepsLastError(t *testing.T) {
+	pool := newPool(t, "berth-poisonlast-"+suffix(), 2)
+	const lease = 100 * time.Millisecond
+	b := newBroker(t, pool, postgres.Options{MaxAttempts: 2, Lease: lease, PollInterval: 20 * time.Millisecond})
+	ctx := testCtx(t)
+	q := "poisonlast_" + suffix()
+	id := publishN(t, b, q, 1)[0]
+	if err := receiveN(t, b, q, 1)[0].Retry(ctx, 0, errors.New("ledger API: 503 (attempt 1)")); err != nil {
+		t.Fatal(err)
+	}
+	_ = receiveN(t, b, q, 1)[0] // attempt 2 crashes: never settled
+	short, cancel := context.WithTimeout(ctx, 4*lease)
+	defer cancel()
+	if ds, err := b.Receive(short, q, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Receive after max attempts: %d deliveries, %v; want none", len(ds), err)
+	}
+	var lastErr, reason, class string
+	if err := pool.QueryRow(ctx, `SELECT last_error, headers->>$2, headers->>$3 FROM `+b.Schema()+`.jobs WHERE message_id = $1`,
+		id, sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass).Scan(&lastErr, &reason, &class); err != nil {
+		t.Fatal(err)
+	}
+	want := sdk.ErrMaxDeliveries.Error() + "; last error: ledger API: 503 (attempt 1)"
+	if lastErr != want || reason != want || class != string(sdk.ClassPoison) {
+		t.Errorf("last_error %q, reason %q, class %q; want %q, %q", lastErr, reason, class, want, sdk.ClassPoison)
+	}
+}

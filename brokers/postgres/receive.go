@@ -118,6 +118,12 @@ func (b *Broker) nextDue(ctx context.Context, queue string) (time.Duration, erro
 	return max(wait, minWait), nil
 }
 
+// poisonReason is the dead-letter reason of a job the claim finds past
+// max_attempts: "max deliveries exceeded", then the last Retry's cause, so
+// the real error is not lost; at most 256 characters (1024 bytes, as
+// sdk.SanitizeReason bounds a reason).
+const poisonReason = `left($5::text || COALESCE('; last error: ' || j.last_error, ''), 256)`
+
 // claim runs the claim statement once.
 func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Delivery, poisoned int, err error) {
 	now := fmt.Sprintf(rfc3339SQL, "now()")
@@ -137,10 +143,10 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		visibility_until = CASE WHEN c.poison THEN NULL ELSE now() + $3 * interval '1 microsecond' END,
 		lease_token      = CASE WHEN c.poison THEN NULL ELSE gen_random_uuid() END,
 		worker_id        = $4,
-		last_error       = CASE WHEN c.poison THEN $5 ELSE j.last_error END,
+		last_error       = CASE WHEN c.poison THEN ` + poisonReason + ` ELSE j.last_error END,
 		first_failure_at = CASE WHEN c.poison THEN COALESCE(j.first_failure_at, now()) ELSE j.first_failure_at END,
 		headers          = CASE WHEN c.poison THEN COALESCE(j.headers, '{}'::jsonb) || jsonb_build_object(
-			'` + sdk.HeaderDeadLetterReason + `', $5::text,
+			'` + sdk.HeaderDeadLetterReason + `', ` + poisonReason + `,
 			'` + sdk.HeaderDeadLetterClass + `', $6::text,
 			'` + sdk.HeaderDeadLetterAttempts + `', j.attempt_count::text,
 			'` + sdk.HeaderDeadLetterQueue + `', j.queue,

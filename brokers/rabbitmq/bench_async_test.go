@@ -157,3 +157,67 @@ func rawSliding(b *testing.B, ch *amqp.Channel, q string, n int) {
 		wait(dc)
 	}
 }
+
+// BenchmarkConsumeAckAll compares, for both queue types and in alternating
+// rounds, berth's Receive of up to 100 + sdk.AckAll (one basic.ack with
+// multiple per batch) with raw amqp091-go Consume acking with multiple
+// every 100 deliveries, prefetch 100 on both sides.
+func BenchmarkConsumeAckAll(b *testing.B) {
+	for _, qt := range []QueueType{Classic, Quorum} {
+		b.Run(string(qt), func(b *testing.B) {
+			br, url, rawQ := benchQueue(b, qt)
+			berthQ := testQueue(b, url)
+			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
+				b.Fatal(err)
+			}
+			pub := rawChannel(b, url)
+			if err := pub.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			for done := 0; done < b.N; done += benchRound {
+				rawPublish(b, pub, rawQ, min(benchRound, b.N-done))
+				rawPublish(b, pub, berthQ, min(benchRound, b.N-done))
+			}
+			ch := rawChannel(b, url)
+			if err := ch.Qos(benchPrefetch, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			dels, err := ch.Consume(rawQ, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			var rawT, berthT time.Duration
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				n := min(benchRound, b.N-done)
+				start := time.Now()
+				for i := 1; i <= n; i++ {
+					d := <-dels
+					if i%benchPrefetch == 0 || i == n {
+						if err := d.Ack(true); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				rawT += time.Since(start)
+
+				start = time.Now()
+				for got := 0; got < n; {
+					ds, err := br.Receive(ctx, berthQ, min(benchPrefetch, n-got))
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := sdk.AckAll(ctx, br, ds); err != nil {
+						b.Fatal(err)
+					}
+					got += len(ds)
+				}
+				berthT += time.Since(start)
+				done += n
+			}
+			b.StopTimer()
+			report(b, rawT, berthT)
+		})
+	}
+}

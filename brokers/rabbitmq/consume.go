@@ -34,6 +34,28 @@ type chanState struct {
 	ch   *amqp.Channel
 	dead chan struct{}
 	once sync.Once
+
+	mu      sync.Mutex
+	unacked map[uint64]struct{} // tags handed out and not settled: AckBatch may ack with multiple below the lowest
+}
+
+// track records a delivery tag as handed out and unsettled.
+func (s *chanState) track(tag uint64) {
+	s.mu.Lock()
+	if s.unacked == nil {
+		s.unacked = make(map[uint64]struct{})
+	}
+	s.unacked[tag] = struct{}{}
+	s.mu.Unlock()
+}
+
+// untrack records tags as settled.
+func (s *chanState) untrack(tags ...uint64) {
+	s.mu.Lock()
+	for _, t := range tags {
+		delete(s.unacked, t)
+	}
+	s.mu.Unlock()
 }
 
 func (s *chanState) kill() { s.once.Do(func() { close(s.dead) }) }
@@ -223,6 +245,7 @@ drain:
 			continue
 		}
 		_ = st.ch.Ack(d.tag, false)
+		st.untrack(d.tag)
 	}
 	// RabbitMQ 3.10 applies a quorum queue's acks asynchronously, and
 	// closing the channel right after a run of single acks requeued some of
@@ -262,6 +285,7 @@ func (c *consumer) wrap(d amqp.Delivery, st *chanState) *delivery {
 	case d.Redelivered:
 		attempt++
 	}
+	st.track(d.DeliveryTag)
 	return &delivery{c: c, st: st, tag: d.DeliveryTag, msg: dec.msg, attempt: attempt}
 }
 
@@ -373,6 +397,7 @@ func (d *delivery) begin() error {
 }
 
 func (d *delivery) ack() error {
+	defer d.st.untrack(d.tag)
 	if err := d.st.ch.Ack(d.tag, false); err != nil {
 		if d.st.isDead() || errors.Is(err, amqp.ErrClosed) {
 			return d.lost()
@@ -483,6 +508,7 @@ func (d *delivery) requeue(cause error) error {
 	if d.st.isDead() {
 		return errors.Join(cause, d.lost())
 	}
+	defer d.st.untrack(d.tag)
 	if err := d.st.ch.Nack(d.tag, false, true); err != nil {
 		return errors.Join(cause, d.lost())
 	}
@@ -494,4 +520,78 @@ func (d *delivery) requeue(cause error) error {
 func (d *delivery) abandon() {
 	_ = d.st.ch.Close()
 	d.st.kill()
+}
+
+var _ sdk.BatchAcker = (*Broker)(nil)
+
+// AckBatch acks ds, deliveries this Broker's Receive returned, at once:
+// where the deliveries of one channel are, with those already settled,
+// every delivery that channel handed out up to the highest of them, one
+// basic.ack with the multiple flag covers them all; otherwise each is acked
+// on its own. It returns nil or an error joining, per delivery that was not
+// acked, an error naming its message and wrapping the cause (the errors of
+// Ack: ErrAlreadySettled, ErrLeaseLost, ErrClosed).
+func (b *Broker) AckBatch(ctx context.Context, ds []sdk.Delivery) error {
+	var errs []error
+	fail := func(d sdk.Delivery, err error) {
+		errs = append(errs, fmt.Errorf("rabbitmq: ack of message %s: %w", d.Message().ID, err))
+	}
+	groups := map[*chanState][]*delivery{}
+	var order []*chanState
+	for _, sd := range ds {
+		d, ok := sd.(*delivery)
+		if !ok || d.c.b != b {
+			if err := sd.Ack(ctx); err != nil {
+				fail(sd, err)
+			}
+			continue
+		}
+		if err := d.begin(); err != nil {
+			fail(d, err)
+			continue
+		}
+		if _, seen := groups[d.st]; !seen {
+			order = append(order, d.st)
+		}
+		groups[d.st] = append(groups[d.st], d)
+	}
+	for _, st := range order {
+		group := groups[st]
+		var hi uint64
+		st.mu.Lock()
+		for _, d := range group {
+			delete(st.unacked, d.tag)
+			hi = max(hi, d.tag)
+		}
+		covered := true // nothing unsettled below hi: multiple is exact
+		for t := range st.unacked {
+			if t < hi {
+				covered = false
+				break
+			}
+		}
+		st.mu.Unlock()
+		if covered && len(group) > 1 {
+			if err := st.ch.Ack(hi, true); err != nil {
+				for _, d := range group {
+					fail(d, ackErr(d, err))
+				}
+			}
+			continue
+		}
+		for _, d := range group {
+			if err := st.ch.Ack(d.tag, false); err != nil {
+				fail(d, ackErr(d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ackErr classifies a failed basic.ack of d like delivery.ack does.
+func ackErr(d *delivery, err error) error {
+	if d.st.isDead() || errors.Is(err, amqp.ErrClosed) {
+		return d.lost()
+	}
+	return fmt.Errorf("rabbitmq: ack: %w", err)
 }

@@ -258,12 +258,22 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 	if err != nil {
 		return failAll(out, err)
 	}
-	failed := map[string]error{}
-	waits := make([]*pending, len(out))
+	var failed map[string]error // allocated on the first failure
+	fail := func(id string, err error) {
+		if failed == nil {
+			failed = make(map[string]error)
+		}
+		failed[id] = err
+	}
+	var one [1]*pending // a single message, the common case, allocates no slice
+	waits := one[:]
+	if len(out) > 1 {
+		waits = make([]*pending, len(out))
+	}
 	for i, o := range out {
 		pd, err := pc.send(ctx, o.exchange, o.key, o.id, o.pub)
 		if err != nil {
-			failed[o.id] = err
+			fail(o.id, err)
 			continue
 		}
 		waits[i] = pd
@@ -275,10 +285,10 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 		select {
 		case err := <-pd.done:
 			if err != nil {
-				failed[out[i].id] = err
+				fail(out[i].id, err)
 			}
 		case <-ctx.Done():
-			failed[out[i].id] = fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err())
+			fail(out[i].id, fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err()))
 		}
 	}
 	if len(failed) > 0 && b.stopped() {

@@ -17,6 +17,7 @@
 //	berth job show 0192f1d4-... -db $LEDGER_DSN           one job's state and attempts
 //	berth jobs -queue billing -status retrying -since 1h  jobs by queue, status, time
 //	berth doctor billing -url amqp://... -max-attempts 8  misconfigurations, with the fix
+//	berth queue pause emails -db $BERTH_DB                 pause a queue for every synced Worker
 //	berth ui -url mem:// -demo                           the web dashboard
 //
 // Flags go before or after the command and its arguments; "berth help
@@ -155,11 +156,19 @@ func commands() []*command {
 				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
 				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.",
 			flags: []string{"max-attempts", "longest-job", "concurrency", "db", "schema", "results-table", "redis"}, run: runDoctor},
+		{name: "queue pause", args: "QUEUE...", short: "pause queues for every Worker that runs pause.Sync on -db (held jobs finish; the broker is untouched)",
+			long:  "The pause is a row in -schema.paused_queues (default berth) of -db (default $BERTH_DB); Workers apply it within their sync interval.",
+			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, true) }},
+		{name: "queue resume", args: "QUEUE...", short: "resume paused queues",
+			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, false) }},
+		{name: "queue paused", args: "", short: "the queues paused in -db, with the time of their pause",
+			flags: []string{"db", "schema"}, run: runQueuePaused},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
-				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.",
+				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
+				"With -db, queue pages also show and change pauses (the table of berth queue pause).",
 			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
 	}
 }
@@ -219,7 +228,7 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
 	fs.StringVar(&c.db, "db", "", "outbox, job, jobs: the application's PostgreSQL, where the outbox and the ledger live (default $BERTH_DB)")
 	fs.StringVar(&c.table, "table", "", "outbox: the outbox table, [schema.]table (default public.berth_outbox)")
-	fs.StringVar(&c.schema, "schema", "", "job, jobs: the schema of the ledger's tables in -db (default berth)")
+	fs.StringVar(&c.schema, "schema", "", "job, jobs: the schema of the ledger's tables in -db; queue: of the pause table (default berth)")
 	fs.StringVar(&c.queue, "queue", "", "jobs: only jobs of this queue")
 	fs.StringVar(&c.status, "status", "", "jobs: only jobs in these statuses (comma-separated: enqueued, running, retrying, released, succeeded, dead, redriven)")
 	fs.DurationVar(&c.since, "since", 0, "jobs: only jobs updated in this last while (e.g. 1h)")

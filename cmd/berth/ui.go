@@ -63,6 +63,13 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		}
 		defer closeJobs()
 		o.Jobs = jobs
+		// Queue pauses: the pause table in the same database (pause.Sync).
+		pauses, closePauses, err := c.openPause(ctx)
+		if err != nil {
+			return err
+		}
+		defer closePauses()
+		o.Pauses = pauses
 	} else {
 		var pb *postgres.Broker
 		var pool *pgxpool.Pool

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+)
+
+const memConcurrency = 16
+
+// counter counts the Worker's acks and wakes whoever waits for a target.
+type counter struct {
+	mu     sync.Mutex
+	n      int64
+	target int64
+	done   chan struct{}
+}
+
+func (c *counter) expect(more int64) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.target += more
+	c.done = make(chan struct{})
+	if c.n >= c.target {
+		close(c.done)
+	}
+	return c.done
+}
+
+func (c *counter) add() {
+	c.mu.Lock()
+	c.n++
+	if c.n == c.target && c.done != nil {
+		close(c.done)
+	}
+	c.mu.Unlock()
+}
+
+// ackObserver feeds a counter from the Worker's settlements.
+type ackObserver struct{ c *counter }
+
+func (a ackObserver) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+func (a ackObserver) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+	if s.Action == sdk.ActionAck && s.Err == nil {
+		a.c.add()
+	}
+}
+
+func runMemory(ctx context.Context, c config) ([]table, error) {
+	body := make([]byte, 256)
+
+	// A buffered channel feeding 16 goroutines that do nothing.
+	channel := variant{name: "Go channel", config: "capacity 32, 16 consumer goroutines, no-op", round: func(ctx context.Context, n int) (time.Duration, error) {
+		ch := make(chan []byte, 32)
+		var wg sync.WaitGroup
+		var sink atomic.Int64
+		start := time.Now()
+		for range memConcurrency {
+			wg.Go(func() {
+				for b := range ch {
+					sink.Add(int64(len(b)))
+				}
+			})
+		}
+		for range n {
+			ch <- body
+		}
+		close(ch)
+		wg.Wait()
+		return time.Since(start), nil
+	}}
+
+	// berth: memory broker + Worker, producer publishing in batches of 100.
+	br, err := memory.New(memory.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer br.Close()
+	cnt := &counter{}
+	w, err := sdk.NewWorker(br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{
+		Queue: "bench", Concurrency: memConcurrency, Observers: []sdk.Observer{ackObserver{cnt}}, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	werr := make(chan error, 1)
+	go func() { werr <- w.Run(wctx) }()
+	defer func() { stop(); <-werr }()
+	berth := variant{name: "berth Worker, memory broker", config: "Concurrency 16, default Prefetch, no-op handler; publisher: Publish of 100 at a time, concurrently", round: func(ctx context.Context, n int) (time.Duration, error) {
+		start := time.Now()
+		done := cnt.expect(int64(n))
+		for sent := 0; sent < n; {
+			batch := make([]*sdk.Message, min(100, n-sent))
+			for i := range batch {
+				batch[i] = &sdk.Message{Type: "bench", Body: body}
+			}
+			if err := br.Publish(ctx, "bench", batch...); err != nil {
+				return 0, err
+			}
+			sent += len(batch)
+		}
+		<-done
+		return time.Since(start), nil
+	}}
+
+	// Watermill: GoChannel pub/sub and a Router with a no-op handler.
+	logger := watermill.NopLogger{}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 32}, logger)
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return nil, err
+	}
+	wcnt := &counter{}
+	router.AddConsumerHandler("bench", "bench", pubsub, func(*message.Message) error { wcnt.add(); return nil })
+	rctx, rstop := context.WithCancel(ctx)
+	rerr := make(chan error, 1)
+	go func() { rerr <- router.Run(rctx) }()
+	<-router.Running()
+	defer func() { rstop(); <-rerr; _ = pubsub.Close() }()
+	wm := variant{name: "Watermill Router, GoChannel", config: "GoChannel OutputChannelBuffer 32, Router with one no-op handler (Watermill handles a subscription's messages one at a time), publisher: Publish of 100 at a time", round: func(ctx context.Context, n int) (time.Duration, error) {
+		start := time.Now()
+		done := wcnt.expect(int64(n))
+		for sent := 0; sent < n; {
+			batch := make([]*message.Message, min(100, n-sent))
+			for i := range batch {
+				batch[i] = message.NewMessage(watermill.NewUUID(), body)
+			}
+			if err := pubsub.Publish("bench", batch...); err != nil {
+				return 0, err
+			}
+			sent += len(batch)
+		}
+		<-done
+		return time.Since(start), nil
+	}}
+	res, err := alternate(ctx, []variant{channel, berth, wm}, c.rounds, msgs(c, 200000))
+	if err != nil {
+		return nil, err
+	}
+	return []table{{
+		title: "memory — Worker vs a Go channel vs Watermill GoChannel (publish + consume, 256 B)",
+		intro: fmt.Sprintf("End to end: a producer and the consumers run together; %d messages a round. × is against the channel.", msgs(c, 200000)),
+		head:  resultHead,
+		rows:  rows(res, 0),
+	}}, nil
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/sdk"
+)
+
+func postgresDSN() string {
+	if u := os.Getenv("BERTH_POSTGRES_DSN"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// benchArgs is River's job: the same 256-byte body berth carries.
+type benchArgs struct {
+	Body []byte `json:"body"`
+}
+
+func (benchArgs) Kind() string { return "bench" }
+
+type riverWorker struct {
+	river.WorkerDefaults[benchArgs]
+	cnt *counter
+}
+
+func (w *riverWorker) Work(context.Context, *river.Job[benchArgs]) error {
+	w.cnt.add()
+	return nil
+}
+
+const pgConcurrency = 8
+
+func runPostgres(ctx context.Context, c config) ([]table, error) {
+	pool, err := pgxpool.New(ctx, postgresDSN())
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	suffix := fmt.Sprint(time.Now().UnixNano() % 1e9)
+	berthSchema, riverSchema, rawSchema := "berthbench_b"+suffix, "berthbench_r"+suffix, "berthbench_x"+suffix
+	defer func() {
+		for _, s := range []string{berthSchema, berthSchema + "f", riverSchema, rawSchema} {
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		}
+	}()
+	body := make([]byte, bodySize)
+
+	wctx, stop := context.WithCancel(ctx)
+	var owned sync.WaitGroup
+	var closers []func()
+	defer func() {
+		stop()
+		owned.Wait()
+		for _, c := range closers {
+			c()
+		}
+	}()
+	// berth: the PostgreSQL broker and a Worker, running throughout; once
+	// with the defaults, once tuned like River's fast fetch.
+	berthVariant := func(name, schema, cfg string, o postgres.Options, prefetch int) (variant, error) {
+		o.Schema = schema
+		o.Logger = slog.New(slog.DiscardHandler)
+		br, err := postgres.New(pool, o)
+		if err != nil {
+			return variant{}, err
+		}
+		closers = append(closers, func() { _ = br.Close() })
+		if err := br.Migrate(ctx); err != nil {
+			return variant{}, err
+		}
+		if err := br.DeclareQueue(ctx, "bench"); err != nil {
+			return variant{}, err
+		}
+		cnt := &counter{}
+		w, err := sdk.NewWorker(br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{
+			Queue: "bench", Concurrency: pgConcurrency, Prefetch: prefetch, Observers: []sdk.Observer{ackObserver{cnt}}, Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			return variant{}, err
+		}
+		owned.Go(func() { _ = w.Run(wctx) })
+		return variant{name: name, config: cfg, round: func(ctx context.Context, n int) (time.Duration, error) {
+			return timed(func() error {
+				done := cnt.expect(int64(n))
+				for sent := 0; sent < n; {
+					batch := make([]*sdk.Message, min(100, n-sent))
+					for i := range batch {
+						batch[i] = &sdk.Message{Type: "bench", Body: body}
+					}
+					if err := br.Publish(ctx, "bench", batch...); err != nil {
+						return err
+					}
+					sent += len(batch)
+				}
+				<-done
+				return nil
+			})
+		}}, nil
+	}
+	berth, err := berthVariant("berth Worker, PostgreSQL broker, defaults", berthSchema, "Concurrency 8, default Prefetch and PollInterval, LISTEN/NOTIFY; producer: Publish of 100", postgres.Options{}, 0)
+	if err != nil {
+		return nil, err
+	}
+	berthFast, err := berthVariant("berth Worker, PostgreSQL broker, tuned", berthSchema+"f", "Concurrency 8, Prefetch 92 (claims up to 100, like the raw loop), PollInterval 20 ms, LISTEN/NOTIFY; producer: Publish of 100", postgres.Options{PollInterval: 20 * time.Millisecond}, 92)
+	if err != nil {
+		return nil, err
+	}
+
+	// River, with fast fetch: its client running throughout.
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{riverSchema}.Sanitize()); err != nil {
+		return nil, err
+	}
+	driver := riverpgxv5.New(pool)
+	mig, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: riverSchema, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := mig.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return nil, err
+	}
+	rcnt := &counter{}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &riverWorker{cnt: rcnt})
+	rc, err := river.NewClient(driver, &river.Config{
+		Schema:            riverSchema,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: pgConcurrency}},
+		Workers:           workers,
+		FetchCooldown:     time.Millisecond,
+		FetchPollInterval: 20 * time.Millisecond,
+		Logger:            slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := rc.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = rc.Stop(sctx)
+	}()
+	rv := variant{name: "River", config: "MaxWorkers 8, FetchCooldown 1 ms, FetchPollInterval 20 ms (fast fetch); producer: InsertMany of 100", round: func(ctx context.Context, n int) (time.Duration, error) {
+		return timed(func() error {
+			done := rcnt.expect(int64(n))
+			for sent := 0; sent < n; {
+				batch := make([]river.InsertManyParams, min(100, n-sent))
+				for i := range batch {
+					batch[i] = river.InsertManyParams{Args: benchArgs{Body: body}}
+				}
+				if _, err := rc.InsertMany(ctx, batch); err != nil {
+					return err
+				}
+				sent += len(batch)
+			}
+			<-done
+			return nil
+		})
+	}}
+
+	// raw: a careful SKIP LOCKED loop, batched claims and deletes.
+	raw, err := rawPostgres(ctx, pool, rawSchema, body)
+	if err != nil {
+		return nil, err
+	}
+	n := msgs(c, 5000)
+	res, err := alternate(ctx, []variant{raw, berth, berthFast, rv}, c.rounds, n)
+	if err != nil {
+		return nil, err
+	}
+	rs := rows(res, 0)
+	rs = append(rs, []string{"berth ÷ River (defaults · tuned)", "", "", fmt.Sprintf("**%.2f · %.2f**", res[1].rate()/res[3].rate(), res[2].rate()/res[3].rate()), ""})
+	return []table{{
+		title: "PostgreSQL — berth Worker vs River vs a raw SKIP LOCKED loop (publish + consume, 256 B)",
+		intro: fmt.Sprintf("End to end: each round inserts %d jobs in batches of 100 while the consumers, running throughout, work them; the round ends when the last is done. × is against the raw loop.", n),
+		head:  resultHead,
+		rows:  rs,
+	}}, nil
+}
+
+// rawPostgres is the raw baseline: a jobs table with a lease column, 8
+// goroutines each claiming up to 100 due rows (UPDATE … FOR UPDATE SKIP
+// LOCKED … RETURNING), handling them (no-op) and deleting them in one
+// statement; producers insert 100 rows per INSERT … SELECT unnest.
+func rawPostgres(ctx context.Context, pool *pgxpool.Pool, schema string, body []byte) (variant, error) {
+	t := pgx.Identifier{schema, "jobs"}.Sanitize()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+"; CREATE TABLE "+t+
+		" (id bigserial PRIMARY KEY, body bytea NOT NULL, visible_at timestamptz NOT NULL DEFAULT now()); CREATE INDEX ON "+t+" (visible_at)"); err != nil {
+		return variant{}, err
+	}
+	claim := "UPDATE " + t + " SET visible_at = now() + interval '30 seconds' WHERE id IN (SELECT id FROM " + t +
+		" WHERE visible_at <= now() ORDER BY visible_at LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING id, body"
+	return variant{name: "raw pgx SKIP LOCKED loop", config: "8 goroutines: claim up to 100 with a 30 s lease, no-op, DELETE … WHERE id = ANY(batch); producer: INSERT of 100 (unnest)", round: func(ctx context.Context, n int) (time.Duration, error) {
+		return timed(func() error {
+			var mu sync.Mutex
+			left := n
+			errc := make(chan error, pgConcurrency+1)
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				for sent := 0; sent < n; {
+					k := min(100, n-sent)
+					bodies := make([][]byte, k)
+					for i := range bodies {
+						bodies[i] = body
+					}
+					if _, err := pool.Exec(ctx, "INSERT INTO "+t+" (body) SELECT unnest($1::bytea[])", bodies); err != nil {
+						errc <- err
+						return
+					}
+					sent += k
+				}
+			})
+			for range pgConcurrency {
+				wg.Go(func() {
+					for {
+						mu.Lock()
+						rest := left
+						mu.Unlock()
+						if rest <= 0 {
+							return
+						}
+						rows, err := pool.Query(ctx, claim)
+						if err != nil {
+							errc <- err
+							return
+						}
+						var ids []int64
+						for rows.Next() {
+							var id int64
+							var b []byte
+							if err := rows.Scan(&id, &b); err != nil {
+								rows.Close()
+								errc <- err
+								return
+							}
+							ids = append(ids, id)
+						}
+						rows.Close()
+						if err := rows.Err(); err != nil {
+							errc <- err
+							return
+						}
+						if len(ids) == 0 {
+							time.Sleep(time.Millisecond) // nothing due yet: the producer is behind
+							continue
+						}
+						if _, err := pool.Exec(ctx, "DELETE FROM "+t+" WHERE id = ANY($1)", ids); err != nil {
+							errc <- err
+							return
+						}
+						mu.Lock()
+						left -= len(ids)
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			select {
+			case err := <-errc:
+				return err
+			default:
+				return nil
+			}
+		})
+	}}, nil
+}

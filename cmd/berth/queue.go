@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berthq/berth/pause"
+)
+
+// The queue verbs record pauses in the pause table of -db (package pause):
+// every Worker that runs pause.Sync stops receiving from a paused queue
+// within its sync interval. The broker is not touched.
+
+// openPause opens the pause table of -db (default $BERTH_DB) in -schema,
+// creating it when missing.
+func (c *cli) openPause(ctx context.Context) (*pause.PG, func(), error) {
+	dsn := c.db
+	if dsn == "" {
+		dsn = c.getenv("BERTH_DB")
+	}
+	if dsn == "" {
+		return nil, nil, usagef("no database: give -db postgres://… or set BERTH_DB (where the Workers' pause.Sync reads)")
+	}
+	pool, err := c.openDB(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := pause.NewPG(pool, pause.PGOptions{Schema: c.schema})
+	if err == nil {
+		err = s.Migrate(ctx)
+	}
+	if err != nil {
+		pool.Close()
+		if errors.Is(err, pause.ErrInvalidSchema) {
+			return nil, nil, &usageError{err.Error()}
+		}
+		return nil, nil, err
+	}
+	return s, pool.Close, nil
+}
+
+type jsonPauseChange struct {
+	Queue   string `json:"queue"`
+	Paused  bool   `json:"paused"`
+	Changed bool   `json:"changed"`
+}
+
+func runQueueChange(ctx context.Context, c *cli, args []string, paused bool) error {
+	if len(args) == 0 {
+		return usagef("name the queues")
+	}
+	s, closeDB, err := c.openPause(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	for _, q := range args {
+		var changed bool
+		if paused {
+			changed, err = s.Pause(ctx, q)
+		} else {
+			changed, err = s.Resume(ctx, q)
+		}
+		if err != nil {
+			return err
+		}
+		if c.json {
+			if err := writeJSON(c.stdout, jsonPauseChange{Queue: q, Paused: paused, Changed: changed}); err != nil {
+				return err
+			}
+			continue
+		}
+		switch {
+		case paused && changed:
+			fmt.Fprintf(c.stdout, "%s paused: synced Workers stop receiving from it within their sync interval\n", esc(q))
+		case paused:
+			fmt.Fprintf(c.stdout, "%s was paused already\n", esc(q))
+		case changed:
+			fmt.Fprintf(c.stdout, "%s resumed\n", esc(q))
+		default:
+			fmt.Fprintf(c.stdout, "%s was not paused\n", esc(q))
+		}
+	}
+	return nil
+}
+
+type jsonPausedList struct {
+	Queues []pause.Paused `json:"queues"`
+}
+
+func runQueuePaused(ctx context.Context, c *cli, _ []string) error {
+	s, closeDB, err := c.openPause(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	ps, err := s.Paused(ctx)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		if ps == nil {
+			ps = []pause.Paused{}
+		}
+		return writeJSON(c.stdout, jsonPausedList{Queues: ps})
+	}
+	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tPAUSED SINCE")
+	for _, p := range ps {
+		fmt.Fprintf(tw, "%s\t%s\n", esc(p.Queue), p.Since.UTC().Format(time.RFC3339))
+	}
+	if len(ps) == 0 {
+		fmt.Fprintln(tw, "(no paused queues)")
+	}
+	return tw.Flush()
+}

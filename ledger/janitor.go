@@ -1,0 +1,120 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// Purger deletes finished jobs (succeeded or dead) last updated before
+// before, batch rows per statement, and returns how many it deleted.
+// pgledger.Store implements it.
+type Purger interface {
+	Purge(ctx context.Context, before time.Time, batch int) (int, error)
+}
+
+// Defaults of [JanitorOptions].
+const (
+	DefaultRetention       = 7 * 24 * time.Hour
+	DefaultJanitorInterval = time.Minute
+)
+
+// JanitorOptions configures [RunJanitor]. Purger or DeadLetterQueues (or
+// both) must be set.
+type JanitorOptions struct {
+	// Purger, when set, is purged of the jobs that finished more than
+	// Retention ago at every tick.
+	Purger Purger
+	// Retention is how long finished jobs are kept. Default 7 days.
+	Retention time.Duration
+	// Batch bounds the rows one purge statement deletes (0: the
+	// purger's default).
+	Batch int
+	// Interval between runs. Default 1 minute.
+	Interval time.Duration
+	// Ledger, DeadLetters and DeadLetterQueues, when set, make each run
+	// call Ledger.SyncDeadLetters for every queue, listing at most
+	// DeadLetterLimit letters each (0: [sdk.DefaultListLimit]).
+	Ledger           *Ledger
+	DeadLetters      sdk.DeadLetters
+	DeadLetterQueues []string
+	DeadLetterLimit  int
+	// Report, optional, sees each run's outcome (not a run cut short by
+	// the context ending).
+	Report func(JanitorRun)
+}
+
+// JanitorRun is the outcome of one janitor run.
+type JanitorRun struct {
+	Purged int   // jobs deleted
+	Synced int   // dead letters recorded
+	Err    error // the run's failures, joined; the next run tries again
+}
+
+// ErrInvalidJanitor reports bad [JanitorOptions].
+var ErrInvalidJanitor = errors.New("ledger: invalid janitor options")
+
+// RunJanitor keeps the ledger bounded and its dead jobs true until ctx is
+// done, then returns ctx's error: every Interval it purges the jobs that
+// finished more than Retention ago, in batches (each its own short
+// statement, so a backlog never holds long locks nor much memory), and syncs
+// the dead-letter queues it is given. It runs on the caller's goroutine,
+// which owns it: cancel ctx to stop it. A failed run is reported and tried
+// again at the next tick.
+func RunJanitor(ctx context.Context, o JanitorOptions) error {
+	if o.Purger == nil && len(o.DeadLetterQueues) == 0 {
+		return fmt.Errorf("%w: nothing to do (no Purger, no DeadLetterQueues)", ErrInvalidJanitor)
+	}
+	if len(o.DeadLetterQueues) > 0 && (o.Ledger == nil || o.DeadLetters == nil) {
+		return fmt.Errorf("%w: DeadLetterQueues need Ledger and DeadLetters", ErrInvalidJanitor)
+	}
+	if o.Retention < 0 || o.Interval < 0 || o.Batch < 0 {
+		return fmt.Errorf("%w: negative Retention, Interval or Batch", ErrInvalidJanitor)
+	}
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.Interval == 0 {
+		o.Interval = DefaultJanitorInterval
+	}
+	t := time.NewTicker(o.Interval)
+	defer t.Stop()
+	for {
+		r := janitorRun(ctx, o)
+		if o.Report != nil && ctx.Err() == nil {
+			o.Report(r)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func janitorRun(ctx context.Context, o JanitorOptions) JanitorRun {
+	var r JanitorRun
+	var errs []error
+	if o.Purger != nil {
+		n, err := o.Purger.Purge(ctx, time.Now().Add(-o.Retention), o.Batch)
+		r.Purged = n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, q := range o.DeadLetterQueues {
+		if ctx.Err() != nil {
+			break
+		}
+		n, err := o.Ledger.SyncDeadLetters(ctx, o.DeadLetters, q, o.DeadLetterLimit)
+		r.Synced += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.Err = errors.Join(errs...)
+	return r
+}

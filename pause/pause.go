@@ -1,0 +1,204 @@
+// Package pause pauses queues for every Worker of every process: operators
+// record a pause in a shared PostgreSQL table ([PG], `berth queue pause`),
+// and each Worker runs [Sync], which applies the table to the Worker's own
+// [sdk.Worker.Pause] and [sdk.Worker.Resume].
+//
+// A paused queue gets no new receives from a synced Worker once its next
+// sync ran (within the sync interval); deliveries already held run and settle
+// as usual. The broker itself is untouched: producers keep publishing, and a
+// consumer that does not sync keeps consuming. While the table cannot be
+// read, Sync keeps the pause state it last applied (it never resumes a queue
+// because the database is down) and logs a warning.
+//
+// See ARCHITECTURE.md, "Several queues per Worker".
+package pause
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/internal/sqlident"
+	"github.com/berthq/berth/sdk"
+)
+
+// Paused is one paused queue.
+type Paused struct {
+	Queue string    `json:"queue"`
+	Since time.Time `json:"since"`
+}
+
+// Lister lists the paused queues: what [Sync] reads.
+type Lister interface {
+	Paused(ctx context.Context) ([]Paused, error)
+}
+
+// DefaultSchema holds the pause table unless PGOptions.Schema says otherwise.
+const DefaultSchema = "berth"
+
+// PGOptions configures [NewPG].
+type PGOptions struct {
+	// Schema holds the table paused_queues. Default [DefaultSchema].
+	Schema string
+}
+
+// PG keeps the paused queues in a PostgreSQL table, <schema>.paused_queues.
+type PG struct {
+	pool   *pgxpool.Pool
+	schema string
+	table  string
+}
+
+// ErrInvalidSchema reports a schema name that is not a plain identifier.
+var ErrInvalidSchema = errors.New("berth/pause: invalid schema name")
+
+// NewPG returns the pause table of pool. Call Migrate once to create it.
+func NewPG(pool *pgxpool.Pool, opts PGOptions) (*PG, error) {
+	if pool == nil {
+		return nil, errors.New("berth/pause: nil pool")
+	}
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	schema, err := sqlident.Column(opts.Schema) // a single identifier
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidSchema, err)
+	}
+	return &PG{pool: pool, schema: schema, table: schema + ".paused_queues"}, nil
+}
+
+// Migrate creates the schema and the table if they do not exist.
+func (s *PG) Migrate(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s.schema+`;
+CREATE TABLE IF NOT EXISTS `+s.table+` (
+	queue     text        PRIMARY KEY,
+	paused_at timestamptz NOT NULL DEFAULT now()
+)`)
+	if err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	return nil
+}
+
+// Pause records queue as paused. It reports whether it was not paused
+// already (pausing twice keeps the first time).
+func (s *PG) Pause(ctx context.Context, queue string) (bool, error) {
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return false, err
+	}
+	tag, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` (queue) VALUES ($1) ON CONFLICT DO NOTHING`, queue)
+	if err != nil {
+		return false, fmt.Errorf("berth/pause: pause %q: %w", queue, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Resume removes queue's pause. It reports whether the queue was paused.
+func (s *PG) Resume(ctx context.Context, queue string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+` WHERE queue = $1`, queue)
+	if err != nil {
+		return false, fmt.Errorf("berth/pause: resume %q: %w", queue, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Paused lists the paused queues, by name.
+func (s *PG) Paused(ctx context.Context) ([]Paused, error) {
+	rows, err := s.pool.Query(ctx, `SELECT queue, paused_at FROM `+s.table+` ORDER BY queue`)
+	if err != nil {
+		return nil, fmt.Errorf("berth/pause: list: %w", err)
+	}
+	defer rows.Close()
+	var out []Paused
+	for rows.Next() {
+		var p Paused
+		if err := rows.Scan(&p.Queue, &p.Since); err != nil {
+			return nil, fmt.Errorf("berth/pause: list: %w", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("berth/pause: list: %w", err)
+	}
+	return out, nil
+}
+
+// SyncOptions configures [Sync].
+type SyncOptions struct {
+	// Interval between reads of the table. Default 5s.
+	Interval time.Duration
+	// Logger receives the pauses and resumes applied (Info) and failed reads
+	// (Warn). Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Sync applies the paused queues of l to w now and then every Interval,
+// until ctx is done; it returns nil then. It owns the pause state of w's
+// queues: a queue paused with w.Pause but not in l is resumed at the next
+// sync. A failed read keeps the state last applied.
+func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error {
+	if w == nil || l == nil {
+		return errors.New("berth/pause: Sync needs a Worker and a Lister")
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	tick := time.NewTicker(opts.Interval)
+	defer tick.Stop()
+	for {
+		apply(ctx, w, l, opts.Logger)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// apply reads l once and pauses or resumes w's queues to match.
+func apply(ctx context.Context, w *sdk.Worker, l Lister, log *slog.Logger) {
+	ps, err := l.Paused(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("berth/pause: reading the paused queues failed; keeping the current state", "err", err)
+		}
+		return
+	}
+	paused := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		paused[p.Queue] = true
+	}
+	for _, q := range w.Queues() {
+		switch want, is := paused[q], w.Paused(q); {
+		case want && !is:
+			if w.Pause(q) == nil {
+				log.Info("berth/pause: queue paused", "queue", q)
+			}
+		case !want && is:
+			if w.Resume(q) == nil {
+				log.Info("berth/pause: queue resumed", "queue", q)
+			}
+		}
+	}
+}
+
+// PausedSince returns the paused queues and the time of their pause: the
+// form the dashboard (dashboard.Pauses) reads.
+func (s *PG) PausedSince(ctx context.Context) (map[string]time.Time, error) {
+	ps, err := s.Paused(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]time.Time, len(ps))
+	for _, p := range ps {
+		m[p.Queue] = p.Since
+	}
+	return m, nil
+}

@@ -1,0 +1,240 @@
+package pause_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/pause"
+	"github.com/berthq/berth/sdk"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func newStore(t *testing.T) (*pause.PG, *pgxpool.Pool, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var p [6]byte
+	_, _ = rand.Read(p[:])
+	schema := "berth_pause_" + hex.EncodeToString(p[:])
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	return s, pool, schema
+}
+
+func TestPGStore(t *testing.T) {
+	s, _, _ := newStore(t)
+	ctx := context.Background()
+	if changed, err := s.Pause(ctx, "emails"); err != nil || !changed {
+		t.Fatalf("Pause: %v %v", changed, err)
+	}
+	if changed, err := s.Pause(ctx, "emails"); err != nil || changed {
+		t.Fatalf("Pause again: %v %v", changed, err)
+	}
+	if _, err := s.Pause(ctx, "bad queue"); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("Pause(bad queue) = %v", err)
+	}
+	ps, err := s.Paused(ctx)
+	if err != nil || len(ps) != 1 || ps[0].Queue != "emails" || ps[0].Since.IsZero() {
+		t.Fatalf("Paused = %+v, %v", ps, err)
+	}
+	if changed, err := s.Resume(ctx, "emails"); err != nil || !changed {
+		t.Fatalf("Resume: %v %v", changed, err)
+	}
+	if changed, err := s.Resume(ctx, "emails"); err != nil || changed {
+		t.Fatalf("Resume again: %v %v", changed, err)
+	}
+	if ps, err := s.Paused(ctx); err != nil || len(ps) != 0 {
+		t.Fatalf("Paused after resume = %+v, %v", ps, err)
+	}
+	if _, err := pause.NewPG(nil, pause.PGOptions{}); err == nil {
+		t.Error("NewPG(nil) succeeded")
+	}
+}
+
+func TestInvalidSchema(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pause.NewPG(pool, pause.PGOptions{Schema: `x"; DROP TABLE y; --`}); !errors.Is(err, pause.ErrInvalidSchema) {
+		t.Errorf("NewPG = %v, want ErrInvalidSchema", err)
+	}
+}
+
+// A pause recorded in the table stops a synced Worker receiving from that
+// queue (the other keeps flowing); removing it resumes the queue.
+func TestSyncPausesAndResumesWorkers(t *testing.T) {
+	s, _, _ := newStore(t)
+	ctx := context.Background()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var mu sync.Mutex
+	handled := map[string]int{}
+	h := sdk.HandlerFunc(func(_ context.Context, d sdk.Delivery) error {
+		mu.Lock()
+		handled[d.Queue()]++
+		mu.Unlock()
+		return nil
+	})
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	w, err := sdk.NewWorker(b, h, sdk.WorkerOptions{Logger: quiet, Queues: []sdk.WorkerQueue{{Name: "reports"}, {Name: "emails"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, "emails"); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := pause.Sync(rctx, w, s, pause.SyncOptions{Interval: 20 * time.Millisecond, Logger: quiet}); err != nil {
+			t.Errorf("Sync: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !w.Paused("emails") { // the first sync runs at once
+		if time.Now().After(deadline) {
+			t.Fatal("emails not paused by Sync")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	go func() {
+		defer wg.Done()
+		if err := w.Run(rctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	defer func() { cancel(); wg.Wait() }()
+
+	for _, q := range []string{"reports", "emails"} {
+		for range 5 {
+			if err := b.Publish(ctx, q, &sdk.Message{Type: "t"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitHandled := func(q string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			got := handled[q]
+			mu.Unlock()
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d %s jobs handled", got, n, q)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitHandled("reports", 5)
+	time.Sleep(100 * time.Millisecond) // several syncs: emails must stay paused
+	mu.Lock()
+	if handled["emails"] != 0 {
+		t.Errorf("%d emails handled while paused", handled["emails"])
+	}
+	mu.Unlock()
+	if st, err := b.Stats(ctx, "emails"); err != nil || st.Ready != 5 {
+		t.Errorf("emails stats %+v, %v; want 5 ready", st, err)
+	}
+	if _, err := s.Resume(ctx, "emails"); err != nil {
+		t.Fatal(err)
+	}
+	waitHandled("emails", 5)
+
+	// A queue paused in-process only is resumed by the next sync: Sync owns
+	// the state.
+	if err := w.Pause("reports"); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for w.Paused("reports") {
+		if time.Now().After(deadline) {
+			t.Fatal("Sync did not resume reports")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A Lister that fails keeps the state last applied.
+func TestSyncKeepsStateWhenTheStoreFails(t *testing.T) {
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Pause("q"); err != nil {
+		t.Fatal(err)
+	}
+	l := &failing{calls: make(chan struct{}, 10)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- pause.Sync(ctx, w, l, pause.SyncOptions{Interval: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
+	for range 3 {
+		<-l.calls
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !w.Paused("q") {
+		t.Error("a failed read resumed the queue")
+	}
+}
+
+type failing struct{ calls chan struct{} }
+
+func (f *failing) Paused(context.Context) ([]pause.Paused, error) {
+	select {
+	case f.calls <- struct{}{}:
+	default:
+	}
+	return nil, errors.New("database down")
+}
