@@ -227,6 +227,8 @@ type billingRun struct {
 	// RabbitMQ failover the Worker's dead-letter copy can fail until the
 	// cap takes the job (RELIABILITY.md). Either way only poison is there.
 	capped bool
+	// noFailures turns off the injected handler failures of run.worker.
+	noFailures bool
 }
 
 func setupBilling(t *testing.T, kind string, ep endpoints) *billingRun {
