@@ -44,7 +44,7 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	r.broker = b
 	r.capped = true
 	r.noFailures = true // see RELIABILITY.md: retries through the delay queues during the failover
-	t.Cleanup(func() { // registered after setupBilling's: runs before the schema is dropped
+	t.Cleanup(func() {  // registered after setupBilling's: runs before the schema is dropped
 		if !t.Failed() {
 			return
 		}
