@@ -58,8 +58,11 @@ type ConnectionReporter interface {
 // more work. A saturated Worker (Held == Capacity, every slot busy) is still
 // ready: it receives again as soon as a handler returns.
 type Health struct {
-	// Queue is the queue the Worker consumes.
+	// Queue is the queue the Worker consumes (its Queues joined by commas).
 	Queue string `json:"queue"`
+	// Paused lists the queues paused in this Worker ([Worker.Pause]); a
+	// paused queue does not make the Worker unready.
+	Paused []string `json:"paused,omitempty"`
 	// State is where the Worker is in its life.
 	State WorkerState `json:"state"`
 	// Live and Ready are described on [Health].
@@ -179,6 +182,11 @@ func (w *Worker) Health() Health {
 		ReceiveFailures: int(h.failures.Load()),
 		Held:            int(h.held.Load()),
 		Capacity:        w.opts.Concurrency + w.opts.Prefetch,
+	}
+	for _, q := range w.queues {
+		if q.paused.Load() {
+			r.Paused = append(r.Paused, q.name)
+		}
 	}
 	if ok := h.recvOK.Load(); ok != 0 {
 		r.LastReceive = time.Unix(0, ok)

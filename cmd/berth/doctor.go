@@ -63,7 +63,8 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer b.Close()
-	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency}
+	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency,
+		DrainTimeout: c.drainTimeout, GracePeriod: c.grace}
 	if u, err := url.Parse(c.url); err == nil { // the workers' RabbitMQ prefetch, from the URL they use
 		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
 			opts.Prefetch = p

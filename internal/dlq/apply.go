@@ -82,7 +82,9 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		return applyIDs(ctx, dl, queue, f, o, do, progress)
 	}
 	if act == Delete && f.IsZero() && o.Limit <= 0 {
-		if _, ok := dl.(Deleter); !ok {
+		_, paged := dl.(Pager)
+		_, deletes := dl.(Deleter)
+		if !paged || !deletes { // the broker's own purge of all beats a capped scan
 			n, err := dl.PurgeDeadLetters(ctx, queue)
 			r.Done, r.Matched, r.Complete = n, n, err == nil
 			if progress != nil && err == nil {
