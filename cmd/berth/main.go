@@ -221,7 +221,7 @@ func newCLI(e env) *cli {
 	fs.IntVar(&c.limit, "limit", 0, "list: page size (default 50); redrive, purge: at most this many")
 	fs.IntVar(&c.offset, "offset", 0, "skip this many matching dead letters (the next page's offset is printed)")
 	fs.IntVar(&c.pageSize, "page-size", 500, "dead letters read and moved per broker call")
-	fs.IntVar(&c.scanLimit, "scan-limit", 10000, "on a broker that cannot page its dead letters (SQS, RabbitMQ): read at most this many in one scan (more: say the scan is incomplete)")
+	fs.IntVar(&c.scanLimit, "scan-limit", 10000, "on a broker that can neither page nor sweep its dead letters (SQS): read at most this many in one scan (more: say the scan is incomplete)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would be done, change nothing")
 	fs.BoolVar(&c.yes, "yes", false, "do it without asking")
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "ui: listen address (not loopback: needs a token)")
