@@ -34,6 +34,14 @@ func ExampleSync() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	go func() { _ = pause.Sync(ctx, w, store, pause.SyncOptions{}) }()
-	log.Fatal(w.Run(ctx))
+	ctx, cancel := context.WithCancel(ctx) // ends Sync when the Worker returns
+	defer cancel()
+	synced := make(chan error, 1)
+	go func() { synced <- pause.Sync(ctx, w, store, pause.SyncOptions{}) }()
+	err = w.Run(ctx)
+	cancel()
+	<-synced
+	if err != nil {
+		log.Fatal(err)
+	}
 }
