@@ -33,9 +33,10 @@ const (
 const HealthyWait = 5 * time.Second
 
 // ConnectionReporter is implemented by brokers that keep a connection and
-// reconnect by themselves, on which a Receive waits through an outage
-// instead of failing (RabbitMQ): without it, a Worker on such a broker would
-// look ready while its broker is gone. [Worker.Health] calls it on every
+// reconnect by themselves (RabbitMQ, JetStream). On such a broker a Receive
+// may wait through an outage instead of failing (RabbitMQ's does), and a
+// Worker would look ready while its broker is gone; with it, [Worker.Health]
+// is not ready while the connection is down. Health calls it on every
 // check, so it must be cheap (no network call).
 type ConnectionReporter interface {
 	// ConnectionError returns nil while the connection the broker receives
