@@ -2,42 +2,26 @@ package dashboard_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/dashboard"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/pause"
 )
 
 func pauseTable(t *testing.T) *pause.PG {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var p [6]byte
-	_, _ = rand.Read(p[:])
-	schema := "berth_dash_pause_" + hex.EncodeToString(p[:])
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	pool, schema := pgtest.Schema(t, 0)
 	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}

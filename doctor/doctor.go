@@ -133,6 +133,11 @@ type Options struct {
 	// (default "berth:idem:"), checked by [Dedupe].
 	Redis       redis.UniversalClient
 	RedisPrefix string
+	// DrainTimeout and SettleTimeout are the Workers' (defaults
+	// sdk.DefaultDrainTimeout and sdk.DefaultSettleTimeout); GracePeriod is
+	// the time the platform gives a process between SIGTERM and SIGKILL
+	// (default 30s, Kubernetes').
+	DrainTimeout, SettleTimeout, GracePeriod time.Duration
 	// Now is the worker's clock. Default time.Now.
 	Now func() time.Time
 }
@@ -170,6 +175,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.DLQGrowth <= 0 {
 		o.DLQGrowth = 10
+	}
+	if o.GracePeriod <= 0 {
+		o.GracePeriod = 30 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -262,7 +270,27 @@ func workerConfig(b sdk.Broker, o Options) []Finding {
 			Summary:  "the Worker's retry policy fits the broker's poison cap",
 			Evidence: fmt.Sprintf("MaxAttempts %d%s", o.MaxAttempts, capText(b))})
 	}
-	return out
+	return append(out, shutdown(o))
+}
+
+// shutdown compares the longest a Worker's shutdown takes with the
+// platform's grace period (ARCHITECTURE.md, "Shutdown").
+func shutdown(o Options) Finding {
+	drain, settle := o.DrainTimeout, o.SettleTimeout
+	if drain <= 0 {
+		drain = sdk.DefaultDrainTimeout
+	}
+	if settle <= 0 {
+		settle = sdk.DefaultSettleTimeout
+	}
+	longest := drain + 2*settle + time.Second
+	ev := fmt.Sprintf("DrainTimeout %s + 2 × SettleTimeout %s + 1s = %s; grace period %s", drain, settle, longest, o.GracePeriod)
+	if longest >= o.GracePeriod {
+		return Finding{ID: "worker.drain-over-grace-period", Severity: Warn,
+			Summary:  "a Worker's shutdown can outlast the platform's grace period: it is killed mid-drain and its jobs come back with an attempt counted",
+			Evidence: ev, Fix: "lower DrainTimeout (or SettleTimeout), or raise the grace period (Kubernetes terminationGracePeriodSeconds)"}
+	}
+	return Finding{ID: "worker.drain-over-grace-period", Severity: OK, Summary: "a Worker drains within the grace period", Evidence: ev}
 }
 
 func capText(b sdk.Broker) string {

@@ -26,5 +26,6 @@ func ExampleRun() {
 	// Output:
 	// warn worker.max-attempts-over-broker-cap
 	// info broker.checks
+	// ok worker.drain-over-grace-period
 	// worst: warn
 }

@@ -165,3 +165,25 @@ func TestPostgresMisconfigured(t *testing.T) {
 	}
 	expect(t, fs, "postgres.table-missing", table, doctor.Error)
 }
+
+// TestDrainOverGracePeriod: berth's defaults drain within Kubernetes' 30 s;
+// a 40 s DrainTimeout does not.
+func TestDrainOverGracePeriod(t *testing.T) {
+	u, _, _ := pgURL(t, nil)
+	b := open(t, u)
+	fs, err := doctor.Run(testCtx(t), b, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "worker.drain-over-grace-period", "", doctor.OK)
+	fs, err = doctor.Run(testCtx(t), b, doctor.Options{DrainTimeout: 40 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "worker.drain-over-grace-period", "", doctor.Warn)
+	fs, err = doctor.Run(testCtx(t), b, doctor.Options{DrainTimeout: 40 * time.Second, GracePeriod: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "worker.drain-over-grace-period", "", doctor.OK)
+}

@@ -90,7 +90,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Fi
 	dlx, _ := args["x-dead-letter-exchange"].(string)
 	if dlx == "" {
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: Error, Summary: "no dead-letter exchange: messages the server drops (delivery limit, rejection) are lost",
-			Evidence: ev, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-exchange %q and x-dead-letter-routing-key %q (berth DeclareQueue), or set a policy", rabbitmq.DefaultDeadLetterExchange, q)})
+			Evidence: ev + policyNote, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-exchange %q and x-dead-letter-routing-key %q (berth DeclareQueue), or set a policy", rabbitmq.DefaultDeadLetterExchange, q)})
 	} else {
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: OK, Summary: "dead letters go to exchange " + dlx, Evidence: ev})
 	}
@@ -109,7 +109,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Fi
 	switch {
 	case qtype == "quorum" && !hasLimit:
 		add(Finding{ID: "rabbitmq.delivery-limit", Severity: Error, Summary: "quorum queue without a delivery limit: a message that crashes its consumer is redelivered forever",
-			Evidence: ev, Fix: "set x-delivery-limit (berth: max_deliveries, default 10) by redeclaring or with a policy (delivery-limit)"})
+			Evidence: ev + policyNote, Fix: "set x-delivery-limit (berth: max_deliveries, default 10) by redeclaring or with a policy (delivery-limit)"})
 	case qtype == "quorum":
 		add(Finding{ID: "rabbitmq.delivery-limit", Severity: OK, Summary: fmt.Sprintf("poison messages are dead-lettered after %d deliveries", limit+1), Evidence: ev})
 	default:
@@ -166,6 +166,10 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Fi
 	}
 	return fs, nil
 }
+
+// policyNote qualifies a missing argument: AMQP shows a queue's arguments,
+// not the policies that may set the same thing.
+const policyNote = " (queue arguments only: a policy may set it, which AMQP cannot see; rabbitmqctl list_policies tells)"
 
 // prefetch compares the consumer prefetch with the Workers' capacity.
 func prefetch(o Options) []Finding {

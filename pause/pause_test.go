@@ -2,8 +2,6 @@ package pause_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -14,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/memory"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/pause"
 	"github.com/berthq/berth/sdk"
 )
@@ -24,25 +22,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func newStore(t *testing.T) (*pause.PG, *pgxpool.Pool, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var p [6]byte
-	_, _ = rand.Read(p[:])
-	schema := "berth_pause_" + hex.EncodeToString(p[:])
-	t.Cleanup(func() {
-		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	pool, schema := pgtest.Schema(t, 0)
 	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +69,7 @@ func TestPGStore(t *testing.T) {
 }
 
 func TestInvalidSchema(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	_, pool, _ := newStore(t)
 	if _, err := pause.NewPG(pool, pause.PGOptions{Schema: `x"; DROP TABLE y; --`}); !errors.Is(err, pause.ErrInvalidSchema) {
 		t.Errorf("NewPG = %v, want ErrInvalidSchema", err)
 	}

@@ -119,7 +119,8 @@ type AsyncOptions struct {
 // the pool owns: a PostgreSQL broker then inserts a batch in one transaction
 // and SQS sends it with SendMessageBatch.
 //
-// Close waits for every accepted message to resolve.
+// Close waits for every accepted message to resolve; call it when done, as
+// the fallback's sender goroutines run until then.
 type AsyncPool struct {
 	pub    Publisher
 	native AsyncPublisher

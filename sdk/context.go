@@ -10,8 +10,20 @@ func WithCorrelationID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, correlationKey{}, id)
 }
 
+// withCorrelationRef is WithCorrelationID for the Worker: a pointer to the
+// message's field fits an interface without an allocation per message,
+// where a string is boxed.
+func withCorrelationRef(ctx context.Context, id *string) context.Context {
+	return context.WithValue(ctx, correlationKey{}, id)
+}
+
 // CorrelationID returns the correlation ID in ctx, or "".
 func CorrelationID(ctx context.Context) string {
-	id, _ := ctx.Value(correlationKey{}).(string)
-	return id
+	switch id := ctx.Value(correlationKey{}).(type) {
+	case string:
+		return id
+	case *string:
+		return *id
+	}
+	return ""
 }

@@ -33,9 +33,10 @@ const (
 const HealthyWait = 5 * time.Second
 
 // ConnectionReporter is implemented by brokers that keep a connection and
-// reconnect by themselves, on which a Receive waits through an outage
-// instead of failing (RabbitMQ): without it, a Worker on such a broker would
-// look ready while its broker is gone. [Worker.Health] calls it on every
+// reconnect by themselves (RabbitMQ, JetStream). On such a broker a Receive
+// may wait through an outage instead of failing (RabbitMQ's does), and a
+// Worker would look ready while its broker is gone; with it, [Worker.Health]
+// is not ready while the connection is down. Health calls it on every
 // check, so it must be cheap (no network call).
 type ConnectionReporter interface {
 	// ConnectionError returns nil while the connection the broker receives
@@ -58,8 +59,11 @@ type ConnectionReporter interface {
 // more work. A saturated Worker (Held == Capacity, every slot busy) is still
 // ready: it receives again as soon as a handler returns.
 type Health struct {
-	// Queue is the queue the Worker consumes.
+	// Queue is the queue the Worker consumes (its Queues joined by commas).
 	Queue string `json:"queue"`
+	// Paused lists the queues paused in this Worker ([Worker.Pause]); a
+	// paused queue does not make the Worker unready.
+	Paused []string `json:"paused,omitempty"`
 	// State is where the Worker is in its life.
 	State WorkerState `json:"state"`
 	// Live and Ready are described on [Health].
@@ -179,6 +183,11 @@ func (w *Worker) Health() Health {
 		ReceiveFailures: int(h.failures.Load()),
 		Held:            int(h.held.Load()),
 		Capacity:        w.opts.Concurrency + w.opts.Prefetch,
+	}
+	for _, q := range w.queues {
+		if q.paused.Load() {
+			r.Paused = append(r.Paused, q.name)
+		}
 	}
 	if ok := h.recvOK.Load(); ok != 0 {
 		r.LastReceive = time.Unix(0, ok)

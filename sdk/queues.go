@@ -213,7 +213,24 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		q := w.queues[0]
 		q.begin(ctx)
 		defer q.end()
-		return w.receive(ctx, q, free, free, jobs, hungry, held)
+		if w.opts.ReceiveLoops <= 1 {
+			return w.receive(ctx, q, free, free, jobs, hungry, held)
+		}
+		// Several loops on the one queue, sharing the free slots; a loop
+		// that stops for good (closed broker, missing queue) stops them all.
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make([]error, w.opts.ReceiveLoops)
+		for i := range w.opts.ReceiveLoops {
+			wg.Go(func() {
+				if errs[i] = w.receive(rctx, q, free, free, jobs, hungry, held); errs[i] != nil {
+					cancel()
+				}
+			})
+		}
+		wg.Wait()
+		return errors.Join(errs...)
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

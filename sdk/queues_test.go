@@ -329,6 +329,9 @@ func TestWorkerPauseBeforeRun(t *testing.T) {
 	if err := w.Pause("x"); err != nil {
 		t.Fatal(err)
 	}
+	if h := w.Health(); len(h.Paused) != 1 || h.Paused[0] != "x" {
+		t.Errorf("Health().Paused = %v, want [x]", h.Paused)
+	}
 	runMQ(t, w)
 	sub.waitReceived(t, 3)
 	time.Sleep(20 * time.Millisecond)

@@ -544,7 +544,7 @@ func (w *Worker) process(base context.Context, t *task) Settlement {
 		cancel(ErrShutdown)
 	}
 	if m.CorrelationID != "" {
-		ctx = WithCorrelationID(ctx, m.CorrelationID)
+		ctx = withCorrelationRef(ctx, &m.CorrelationID)
 	}
 	for _, ob := range w.opts.Observers {
 		ctx = ob.Start(ctx, d)
@@ -609,7 +609,6 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 		return s
 	}
 	m := d.Message()
-	var ra *RetryAfterError
 	switch {
 	case err == nil:
 		s.Action, s.Err = ActionAck, d.Ack(ctx)
@@ -624,7 +623,8 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 		s.Action, s.Delay, s.Err = w.retryOrDeadLetter(ctx, d, err)
 	case s.Class == ClassPermanent:
 		s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
-	case errors.As(err, &ra):
+	case retryAfter(err) != nil:
+		ra := retryAfter(err)
 		s.Action, s.Delay = ActionRelease, ra.Delay
 		if _, ok := d.(Releaser); !ok {
 			if w.atBrokerCap(d) {
@@ -641,6 +641,17 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 	}
 	w.log(hctx, d, s)
 	return s
+}
+
+// retryAfter returns the *RetryAfterError in err's chain, or nil. A
+// function of its own so that the variable errors.As needs escapes only on
+// this failure path, not for every acked message.
+func retryAfter(err error) *RetryAfterError {
+	var ra *RetryAfterError
+	if errors.As(err, &ra) {
+		return ra
+	}
+	return nil
 }
 
 // atBrokerCap reports whether d's attempt is the last the broker's poison

@@ -69,6 +69,13 @@ type WorkerOptions struct {
 	// while every queue before it is idle or paused. Lower queues can
 	// starve.
 	Priority bool
+	// ReceiveLoops is how many Receive calls a Worker of one queue keeps
+	// in flight at once, each filling the slots free when it starts.
+	// Default 1. More help where one Receive is a long round trip that
+	// returns few messages (SQS long polls return at most 10): several
+	// polls in parallel fill Concurrency + Prefetch sooner. With several
+	// Queues each queue has its own loop and ReceiveLoops is unused.
+	ReceiveLoops int
 	// Concurrency is how many handlers run at once. Default 8. Deliveries of
 	// one Receive run concurrently, so order within an ordering key (an SQS
 	// FIFO message group) holds only with Concurrency 1 and Prefetch 1.
@@ -143,8 +150,11 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 	if o.QueueIdleWait <= 0 {
 		o.QueueIdleWait = 500 * time.Millisecond
 	}
-	if o.Concurrency < 0 || o.Prefetch < 0 {
-		return o, fmt.Errorf("berth: worker: negative Concurrency or Prefetch")
+	if o.Concurrency < 0 || o.Prefetch < 0 || o.ReceiveLoops < 0 {
+		return o, fmt.Errorf("berth: worker: negative Concurrency, Prefetch or ReceiveLoops")
+	}
+	if o.ReceiveLoops == 0 {
+		o.ReceiveLoops = 1
 	}
 	if o.Concurrency == 0 {
 		o.Concurrency = 8

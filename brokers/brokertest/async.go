@@ -218,3 +218,78 @@ func testAckAll(t *testing.T, e *env) {
 		t.Errorf("AckAll of none: %v", err)
 	}
 }
+
+// testAsyncPublishConnectionLoss cuts the connection while asynchronous
+// publishes are in flight: every result resolves (nil, or an error wrapping
+// ErrUnavailable that says to publish again), and every message whose
+// result was nil, or that was published again after an error, is delivered.
+func testAsyncPublishConnectionLoss(t *testing.T, e *env) {
+	b, cut := e.h.Faulty(t)
+	t.Cleanup(func() { _ = b.Close() })
+	q := e.queue(t, b)
+	ctx := e.ctx(t)
+	ap := sdk.NewAsyncPublisher(b, sdk.AsyncOptions{MaxInFlight: 32})
+	defer func() { _ = ap.Close() }()
+	const n = 200
+	want := map[string]bool{}
+	var results []*sdk.PublishResult
+	var retry []*sdk.Message
+	msgs := map[string]*sdk.Message{}
+	for i := range n {
+		if i == n/2 {
+			cut()
+		}
+		m := textMessage("async-cut-" + strconv.Itoa(i))
+		m.ID = sdk.NewID()
+		msgs[m.ID] = m
+		want[m.ID] = true
+		res, err := ap.PublishAsync(ctx, q, m)
+		if err != nil {
+			if !errors.Is(err, sdk.ErrUnavailable) || ctx.Err() != nil {
+				t.Fatalf("PublishAsync around a connection loss: %v, want nil or ErrUnavailable", err)
+			}
+			retry = append(retry, m)
+			continue
+		}
+		results = append(results, res)
+	}
+	for _, res := range results {
+		err := res.Wait(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("result %s unresolved within the harness timeout", res.ID())
+		}
+		if err != nil {
+			if !errors.Is(err, sdk.ErrUnavailable) {
+				t.Errorf("result %s: %v, want nil or ErrUnavailable", res.ID(), err)
+			}
+			retry = append(retry, msgs[res.ID()])
+		}
+	}
+	for _, m := range retry { // publishing again is safe: duplicates are allowed below
+		for {
+			err := b.Publish(ctx, q, m)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, sdk.ErrUnavailable) || ctx.Err() != nil {
+				t.Fatalf("Publish again after the cut: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Logf("%d of %d published again after the cut", len(retry), n)
+	for len(want) > 0 {
+		ds, err := b.Receive(ctx, q, 50)
+		if err != nil {
+			if errors.Is(err, sdk.ErrUnavailable) && ctx.Err() == nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			t.Fatalf("Receive with %d of %d still missing: %v", len(want), n, err)
+		}
+		for _, d := range ds {
+			delete(want, d.Message().ID) // a message stored twice (lost confirm) is allowed
+			_ = d.Ack(ctx)
+		}
+	}
+}

@@ -61,6 +61,7 @@ var cases = []testCase{
 	{name: "AsyncPublish", run: testAsyncPublish},
 	{name: "AsyncPublishBrokerClose", run: testAsyncPublishBrokerClose},
 	{name: "AckAll", run: testAckAll},
+	{name: "AsyncPublishConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testAsyncPublishConnectionLoss},
 	{name: "SettleAfterClose", run: testSettleAfterClose},
 	{name: "ConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testConnectionLoss},
 	{name: "WorkerRandomFailures", run: testWorkerRandomFailures},

@@ -277,6 +277,7 @@ func (b *Broker) Options() Options { return b.opts }
 var (
 	_ sdk.DeliveryCapReporter = (*Broker)(nil)
 	_ sdk.LeaseReporter       = (*Broker)(nil)
+	_ sdk.ConnectionReporter  = (*Broker)(nil)
 )
 
 // Lease returns [Options.AckWait], the lease of every delivery, as
@@ -372,6 +373,17 @@ func (b *Broker) goOwned(fn func()) bool {
 // reconnecting): it is refused rather than buffered, so that the caller
 // knows it did not reach the server.
 var errNotConnected = errors.New("not connected to the NATS server")
+
+// ConnectionError implements [sdk.ConnectionReporter]: nil while the NATS
+// connection is up, else an error wrapping [sdk.ErrUnavailable] with its
+// status (nats.go reconnects by itself); [sdk.ErrClosed] once the Broker is
+// closed. It makes no call to the server.
+func (b *Broker) ConnectionError() error {
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	return b.connected("connection")
+}
 
 // connected returns an error wrapping sdk.ErrUnavailable unless the
 // connection is up.

@@ -33,7 +33,8 @@
 //   - Every Message field and header travels in one NATS header,
 //     Berth-Message, as JSON (an envelope like the SQS broker's attribute):
 //     JSON escapes CR, LF and control characters, so any header berth
-//     accepts fits; the body is the NATS payload as it is. Messages from
+//     accepts fits (a correlation ID equal to the message ID is left out
+//     and restored on receive); the body is the NATS payload as it is. Messages from
 //     other producers (no Berth-Message) are delivered with their
 //     Nats-Msg-Id (else stream:sequence) as ID and their headers as headers.
 //   - Receive pulls (a no_wait pull of max, else a long poll for one for up

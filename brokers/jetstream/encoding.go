@@ -23,13 +23,14 @@ const headerEnvelope = "Berth-Message"
 
 // envelope is the JSON in the Berth-Message header.
 type envelope struct {
-	V  int               `json:"v"`
-	ID string            `json:"id"`
-	T  string            `json:"t,omitempty"`
-	IK string            `json:"ik,omitempty"`
-	K  string            `json:"k,omitempty"`
-	C  string            `json:"c,omitempty"`
-	H  map[string]string `json:"h,omitempty"`
+	V  int    `json:"v"`
+	ID string `json:"id"`
+	T  string `json:"t,omitempty"`
+	IK string `json:"ik,omitempty"`
+	K  string `json:"k,omitempty"`
+	C  string `json:"c,omitempty"` // absent: the ID
+
+	H map[string]string `json:"h,omitempty"`
 	// A is the attempt of the first delivery of this stored copy, when
 	// above 1: a released message is published again as a new copy whose
 	// deliveries start counting at the released delivery's attempt.
@@ -56,6 +57,12 @@ func validate(m *sdk.Message) error {
 // is when a delayed copy becomes ready.
 func encode(m *sdk.Message, subject string, base int, notBefore time.Time) (*nats.Msg, error) {
 	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, H: m.Headers}
+	if env.C == env.ID {
+		// A message outside any flow carries its own ID as correlation
+		// ID (sdk.Prepare): left out, decode restores it, and the header
+		// the server stores for every message is a third shorter.
+		env.C = ""
+	}
 	if base > 1 {
 		env.A = base
 	}
@@ -151,6 +158,9 @@ func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, err
 		return decoded{}, fmt.Errorf("berth/jetstream: %s:%d: undecodable %s header: %w", stream, seq, headerEnvelope, err)
 	}
 	m := &sdk.Message{ID: env.ID, Type: env.T, IdempotencyKey: env.IK, Key: env.K, CorrelationID: env.C, Headers: env.H}
+	if m.CorrelationID == "" {
+		m.CorrelationID = m.ID // left out by encode when it was the ID
+	}
 	if len(data) > 0 {
 		m.Body = data
 	}

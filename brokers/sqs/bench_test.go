@@ -2,6 +2,7 @@ package sqs_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -152,8 +153,15 @@ func BenchmarkReceiveDelete(b *testing.B) {
 }
 
 // BenchmarkWorker consumes b.N messages with an sdk.Worker (16 handlers,
-// heartbeats on) and a no-op handler: the realistic path, not alternated.
+// heartbeats on) and a no-op handler: the realistic path, not alternated;
+// with one Receive loop (one long poll in flight) and with four.
 func BenchmarkWorker(b *testing.B) {
+	for _, loops := range []int{1, 4} {
+		b.Run(fmt.Sprintf("loops=%d", loops), func(b *testing.B) { benchWorker(b, loops) })
+	}
+}
+
+func benchWorker(b *testing.B, loops int) {
 	br, c, q, _ := benchQueue(b)
 	fill(b, br, q, b.N)
 	var done atomic.Int64
@@ -164,7 +172,7 @@ func BenchmarkWorker(b *testing.B) {
 		}
 		return nil
 	})
-	w, err := sdk.NewWorker(br, h, sdk.WorkerOptions{Queue: q, Concurrency: 16, Lease: time.Minute})
+	w, err := sdk.NewWorker(br, h, sdk.WorkerOptions{Queue: q, Concurrency: 16, ReceiveLoops: loops, Lease: time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,8 +17,13 @@ import (
 	"github.com/berthq/berth/ledger/pgledger"
 )
 
-// openDB opens and pings the PostgreSQL of dsn.
+// openDB opens and pings the PostgreSQL of dsn (-db).
 func (c *cli) openDB(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	return c.openDBFor(ctx, dsn, "")
+}
+
+// openDBFor is openDB naming the database in errors ("ledger", "outbox").
+func (c *cli) openDBFor(ctx context.Context, dsn, what string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, usagef("-db: the connection string does not parse") // pgx may quote it
@@ -32,7 +38,7 @@ func (c *cli) openDB(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 		if pool != nil {
 			pool.Close()
 		}
-		return nil, fmt.Errorf("database: %w", err) // pgx names host, user and database, never the password
+		return nil, fmt.Errorf("%s: %w", strings.TrimSpace(what+" database"), err) // pgx names host, user and database, never the password
 	}
 	return pool, nil
 }
@@ -57,7 +63,8 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer b.Close()
-	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency}
+	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency,
+		DrainTimeout: c.drainTimeout, GracePeriod: c.grace}
 	if u, err := url.Parse(c.url); err == nil { // the workers' RabbitMQ prefetch, from the URL they use
 		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
 			opts.Prefetch = p

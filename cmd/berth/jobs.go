@@ -28,21 +28,9 @@ func (c *cli) openLedger(ctx context.Context) (ledger.Reader, func(), error) {
 		dsn = c.getenv("BERTH_DB")
 	}
 	if dsn != "" {
-		cfg, err := pgxpool.ParseConfig(dsn)
+		pool, err := c.openDBFor(ctx, dsn, "ledger")
 		if err != nil {
-			return nil, nil, usagef("-db: the connection string does not parse") // pgx may quote it
-		}
-		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		pool, err := pgxpool.NewWithConfig(octx, cfg)
-		if err == nil {
-			err = pool.Ping(octx)
-		}
-		if err != nil {
-			if pool != nil {
-				pool.Close()
-			}
-			return nil, nil, fmt.Errorf("ledger database: %w", err) // pgx names host, user and database, never the password
+			return nil, nil, err
 		}
 		s, err := pgledger.New(pool, pgledger.Options{Schema: c.schema})
 		if err != nil {

@@ -155,7 +155,7 @@ func commands() []*command {
 				"-max-attempts, -longest-job and -concurrency describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.\n" +
 				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
 				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.",
-			flags: []string{"max-attempts", "longest-job", "concurrency", "db", "schema", "results-table", "redis"}, run: runDoctor},
+			flags: []string{"max-attempts", "longest-job", "concurrency", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis"}, run: runDoctor},
 		{name: "queue pause", args: "QUEUE...", short: "pause queues for every Worker that runs pause.Sync on -db (held jobs finish; the broker is untouched)",
 			long:  "The pause is a row in -schema.paused_queues (default berth) of -db (default $BERTH_DB); Workers apply it within their sync interval.",
 			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, true) }},
@@ -200,6 +200,7 @@ type cli struct {
 	concurrency           int
 	longestJob            time.Duration
 	resultsTable, redis   string
+	drainTimeout, grace   time.Duration
 }
 
 func newCLI(e env) *cli {
@@ -236,6 +237,8 @@ func newCLI(e env) *cli {
 	fs.IntVar(&c.maxAttempts, "max-attempts", 0, "doctor: the Workers' RetryPolicy.MaxAttempts (default 5)")
 	fs.IntVar(&c.concurrency, "concurrency", 0, "doctor: the Workers' Concurrency (default 8)")
 	fs.DurationVar(&c.longestJob, "longest-job", 0, "doctor: the longest a handler may run, its WorkerOptions.Timeout (default 30m)")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", 0, "doctor: the Workers' DrainTimeout (default 15s)")
+	fs.DurationVar(&c.grace, "grace-period", 0, "doctor: the platform's grace period between SIGTERM and SIGKILL (default 30s)")
 	fs.StringVar(&c.resultsTable, "results-table", "", "doctor: the idempotency result table in -db, schema.table (default public.job_results)")
 	fs.StringVar(&c.redis, "redis", "", "doctor: the Redis (host:port) of the idempotency dedupe cache")
 	c.fs = fs

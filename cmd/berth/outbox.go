@@ -9,8 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
@@ -36,21 +34,9 @@ func (c *cli) openOutbox(ctx context.Context) (*outbox.Outbox, func(), error) {
 		}
 		o.Schema, o.Table = schema, table
 	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, err := c.openDBFor(ctx, dsn, "outbox")
 	if err != nil {
-		return nil, nil, usagef("-db: the connection string does not parse") // pgx may quote it
-	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(octx, cfg)
-	if err == nil {
-		err = pool.Ping(octx)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
-		return nil, nil, fmt.Errorf("outbox database: %w", err) // pgx names host, user and database, never the password
+		return nil, nil, err
 	}
 	box, err := outbox.New(pool, o)
 	if err != nil {

@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/pause"
 )
@@ -19,19 +16,7 @@ import (
 func TestQueuePauseResume(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	var p [6]byte
-	_, _ = rand.Read(p[:])
-	schema := "berth_cli_pause_" + hex.EncodeToString(p[:])
-	defer func() {
-		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	}()
+	pool, schema := pgtest.Schema(t, 0)
 
 	r := cliDB(t, "", false, "queue", "pause", "-db", dsn, "-schema", schema, "emails", "reports")
 	if r.code != 0 || !strings.Contains(r.out, "emails paused") || !strings.Contains(r.out, "reports paused") {

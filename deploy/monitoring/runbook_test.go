@@ -230,7 +230,8 @@ func TestRunbookCoversDoctor(t *testing.T) {
 				continue
 			}
 			if !named[m[1]] {
-				t.Errorf("doctor finding %s (%s) is not named in RUNBOOK.md", m[1], filepath.Base(f))
+				named[m[1]] = true // reported once
+				t.Errorf("doctor finding %s (%s) is not named in RUNBOOK.md: add it to the section of the symptom it explains", m[1], filepath.Base(f))
 			}
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -15,8 +17,9 @@ type Action int
 const (
 	// Redrive puts them back on their queue (sdk.DeadLetters.RedriveDeadLetters).
 	Redrive Action = iota
-	// Delete removes them for good ([Deleter], or PurgeDeadLetters when the
-	// filter chooses every dead letter and the broker cannot delete by id).
+	// Delete removes them for good ([Deleter] or [Sweeper], or
+	// PurgeDeadLetters when the filter chooses every dead letter and the
+	// broker cannot delete by id or sweeps).
 	Delete
 )
 
@@ -78,11 +81,17 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		}
 		return d.DeleteDeadLetters(ctx, queue, ids...)
 	}
+	_, paged := dl.(Pager)
+	sw, sweeps := dl.(Sweeper)
+	purgeAll := act == Delete && f.IsZero() && o.Limit <= 0
+	if sweeps && !paged && !purgeAll {
+		return sweepApply(ctx, sw, queue, f, act, o, progress)
+	}
 	if len(f.IDs) > 0 {
 		return applyIDs(ctx, dl, queue, f, o, do, progress)
 	}
-	if act == Delete && f.IsZero() && o.Limit <= 0 {
-		if _, ok := dl.(Deleter); !ok {
+	if purgeAll {
+		if _, deletes := dl.(Deleter); !paged || !deletes { // the broker's own purge of all beats a capped scan or a sweep
 			n, err := dl.PurgeDeadLetters(ctx, queue)
 			r.Done, r.Matched, r.Complete = n, n, err == nil
 			if progress != nil && err == nil {
@@ -222,4 +231,61 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		}
 	}
 	return r, flush()
+}
+
+// sweepApply is Apply on a broker that sweeps ([Sweeper]): one pass round
+// the dead-letter queue chooses and moves, page by page. Past Limit it only
+// looks, to say whether more would match.
+func sweepApply(ctx context.Context, sw Sweeper, queue string, f Filter, act Action, o Options, progress func(int)) (Result, error) {
+	o = o.withDefaults()
+	var r Result
+	seen := map[string]bool{} // of f.IDs
+	more := false
+	n, err := sw.SweepDeadLetters(ctx, queue, o.PageSize, act == Redrive, func(done int, page []*sdk.Message) []bool {
+		if progress != nil && done > 0 {
+			progress(done)
+		}
+		r.Scanned += len(page)
+		now := o.Now()
+		chosen := make([]bool, len(page))
+		for i, m := range page {
+			if len(f.IDs) > 0 && slices.Contains(f.IDs, m.ID) {
+				seen[m.ID] = true
+			}
+			switch {
+			case !f.Match(m, now):
+			case o.Limit > 0 && r.Matched == o.Limit:
+				more = true
+			default:
+				r.Matched++
+				chosen[i] = true
+			}
+		}
+		return chosen
+	})
+	r.Done = n
+	miss := func(id string, err error) {
+		r.Missed++
+		if len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		}
+	}
+	var pe *sdk.PublishError
+	if errors.As(err, &pe) {
+		ids := slices.Sorted(maps.Keys(pe.Failed))
+		for _, id := range ids {
+			miss(id, pe.Failed[id])
+		}
+		err = nil
+	}
+	if err == nil {
+		for _, id := range unseen(f.IDs, seen) {
+			miss(id, sdk.ErrNotFound)
+		}
+		if progress != nil {
+			progress(r.Done)
+		}
+	}
+	r.Complete = err == nil && !more
+	return r, err
 }

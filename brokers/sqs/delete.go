@@ -1,0 +1,87 @@
+package sqs
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// DeleteDeadLetters deletes the dead letters with the given IDs (berth IDs
+// or SQS MessageIds) from queue's dead-letter queue and returns how many it
+// deleted; with no IDs it deletes nothing ([Broker.PurgeDeadLetters] deletes
+// them all). It scans the dead-letter queue, holding what it sees, until it
+// has found every ID, and only then deletes: when an ID is not found it
+// deletes nothing and returns an error wrapping [sdk.ErrNotFound] that names
+// the missing IDs; a scan that has to hold more than 10,000 other dead
+// letters stops with a [*ScanError] and deletes nothing either. A chosen
+// letter whose hold lapsed (another receiver took it) is not deleted and not
+// counted. The berth CLI and dashboard use it for a filtered purge.
+func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	if b.closed.Load() {
+		return 0, sdk.ErrClosed
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	found := make(map[string]bool, len(ids))
+	deleted := 0
+	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		var chosen []*letter
+		for len(found) < len(want) {
+			if s.full() {
+				return s.incomplete()
+			}
+			ls, err := s.next(ctx)
+			if err != nil {
+				return err
+			}
+			if len(ls) == 0 {
+				return nil // the end of the queue: some IDs are missing
+			}
+			for _, l := range ls {
+				hit := false
+				for _, k := range []string{l.msg.ID, l.sqsID} {
+					if want[k] && !found[k] {
+						found[k], hit = true, true
+					}
+				}
+				if hit {
+					chosen = append(chosen, l)
+				}
+				l.msg = nil
+			}
+		}
+		if err := s.renew(ctx); err != nil {
+			return err
+		}
+		live := chosen[:0]
+		for _, l := range chosen {
+			if l.handle != "" {
+				live = append(live, l)
+			}
+		}
+		gone, err := b.remove(ctx, s.dlq, live)
+		s.forget(gone)
+		deleted = len(gone)
+		return err
+	})
+	if err != nil || deleted > 0 {
+		return deleted, err
+	}
+	var missing []string
+	for _, id := range ids {
+		if !found[id] {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return 0, fmt.Errorf("berth/sqs: dead letters %s of %s: %w", strings.Join(missing, ", "), queue, sdk.ErrNotFound)
+	}
+	return 0, nil
+}

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/brokerurl"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/sdk"
+)
+
+// hostile is text a producer or a failing handler may put in a message:
+// an OSC title change, a screen clear, a right-to-left override and a C1 CSI.
+const hostile = "\x1b]0;pwned\x07\x1b[2J\u202eevil\u009b31m"
+
+// hostileShown is hostile as the CLI prints it.
+const hostileShown = `\x1b]0;pwned\a\x1b[2J\u202eevil\u009b31m`
+
+// sqsDeadLettered declares a fresh queue on the SQS emulator through the
+// CLI's own URL opener and dead-letters n messages through the broker: the
+// i-th has type billing.charge (even i) or billing.refund (odd i); i%3 == 0
+// failed transiently ("timeout i"), the others permanently ("order i
+// missing"). The last one's ID, a header and its reason carry hostile text.
+// It returns the URL, the queue and the IDs.
+func sqsDeadLettered(t *testing.T, n int) (string, string, *sqs.Broker, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	u := integration.SQSEndpoint(t) + "?region=us-east-1&wait_time=1s"
+	ob, err := brokerurl.Open(ctx, u, brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := ob.(*sqs.Broker)
+	queue := fmt.Sprintf("berth_cli_%d", rand.Uint64()%1e12)
+	t.Cleanup(func() {
+		_ = b.DeleteQueue(context.Background(), queue, true)
+		_ = b.Close()
+	})
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	msgs := make([]*sdk.Message, n)
+	for i := range n {
+		typ := "billing.charge"
+		if i%2 == 1 {
+			typ = "billing.refund"
+		}
+		msgs[i] = &sdk.Message{Type: typ, Body: fmt.Appendf(nil, `{"n":%d}`, i)}
+		if i == n-1 {
+			msgs[i].ID = "id-" + hostile
+			msgs[i].Headers = map[string]string{"note": hostile}
+		}
+	}
+	if err := b.Publish(ctx, queue, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < n; {
+		ds, err := b.Receive(ctx, queue, n-got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			var i int
+			fmt.Sscanf(string(d.Message().Body), `{"n":%d}`, &i)
+			cause := sdk.Permanent(fmt.Errorf("order %d missing", i))
+			switch {
+			case i == n-1:
+				cause = sdk.Permanent(errors.New("bad input: " + hostile))
+			case i%3 == 0:
+				cause = fmt.Errorf("timeout %d", i)
+			}
+			if err := d.DeadLetter(ctx, cause); err != nil {
+				t.Fatal(err)
+			}
+			ids[i] = d.Message().ID
+			got++
+		}
+	}
+	return u, queue, b, ids
+}
+
+// sqsStats is queue's stats through the CLI.
+func sqsStats(t *testing.T, u, queue string) jsonQueue {
+	t.Helper()
+	r := cliOn(t, u, "-json", "stats", queue)
+	var st jsonStats
+	if r.code != 0 || json.Unmarshal([]byte(r.out), &st) != nil || len(st.Queues) != 1 {
+		t.Fatalf("stats (exit %d): %s %s", r.code, r.out, r.err)
+	}
+	return st.Queues[0]
+}
+
+// TestOnSQS drives the whole CLI through an http:// endpoint URL on dead
+// letters the SQS broker made on the emulator: stats, every filter, show,
+// dry runs, the confirmation, a partial redrive, exit codes and escaping.
+// SQS can neither page its dead-letter queue nor delete chosen dead letters
+// nor list its queues: the CLI says so rather than guessing.
+func TestOnSQS(t *testing.T) {
+	const n = 7 // 0..6: transient 0,3; refunds 1,3,5; hostile 6 (permanent, charge)
+	u, queue, _, ids := sqsDeadLettered(t, n)
+	if st := sqsStats(t, u, queue); st.Ready != 0 || st.DeadLettered != n {
+		t.Fatalf("stats %+v, want %d dead", st, n)
+	}
+	if r := cliOn(t, u, "stats"); r.code != exitUsage || !strings.Contains(r.err, "name them") {
+		t.Fatalf("stats of every queue on SQS: %d %s", r.code, r.err)
+	}
+	if r := cliOn(t, u, "stats", queue+"_missing"); r.code != exitNotFound {
+		t.Fatalf("stats of a missing queue: exit %d %s", r.code, r.err)
+	}
+
+	t.Run("list", func(t *testing.T) {
+		r := cliOn(t, u, "dlq", "list", queue)
+		if r.code != 0 || !strings.Contains(r.out, fmt.Sprintf("dead letters 1-%d of %d\n", n, n)) || !strings.Contains(r.out, ids[0]) {
+			t.Fatalf("list (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		for _, c := range []struct {
+			args []string
+			want int
+		}{
+			{[]string{"-class", "transient"}, 2},
+			{[]string{"-class", "permanent"}, 5},
+			{[]string{"-type", "billing.refund"}, 3},
+			{[]string{"-type", "billing.refund,billing.charge"}, n},
+			{[]string{"-reason", "missing"}, 4},
+			{[]string{"-reason", "/^timeout [03]$/"}, 2},
+			{[]string{"-newer-than", "1h"}, n},
+		} {
+			r := cliOn(t, u, append([]string{"-json", "dlq", "list", queue}, c.args...)...)
+			var l jsonList
+			if r.code != 0 || json.Unmarshal([]byte(r.out), &l) != nil || l.Matched != c.want || !l.Complete || *l.TotalDeadLetters != n {
+				t.Errorf("list %v (exit %d): %s %s; want %d matched of %d", c.args, r.code, r.out, r.err, c.want, n)
+			}
+		}
+		if r := cliOn(t, u, "dlq", "list", queue, "-older-than", "1h"); r.code != exitNotFound || !strings.Contains(r.out, "no dead letters shown of 0 matching") {
+			t.Errorf("list of nothing: exit %d %s %s", r.code, r.out, r.err)
+		}
+		r = cliOn(t, u, "dlq", "list", queue, "-class", "permanent", "-limit", "2", "-offset", "1")
+		if r.code != 0 || !strings.Contains(r.out, fmt.Sprintf("dead letters 2-3 of 5 matching (%d in the dead-letter queue of %s)", n, queue)) ||
+			!strings.Contains(r.out, "next page: -offset 3") {
+			t.Errorf("a filtered page (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+	})
+
+	t.Run("show", func(t *testing.T) {
+		r := cliOn(t, u, "dlq", "show", queue, ids[1])
+		if r.code != 0 || !strings.Contains(r.out, `{"n":1}`) || !strings.Contains(r.out, "order 1 missing") || !strings.Contains(r.out, "class:         permanent") {
+			t.Fatalf("show (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		if r := cliOn(t, u, "dlq", "show", queue, "no-such-id"); r.code != exitNotFound || !strings.Contains(r.err, "no-such-id") {
+			t.Fatalf("show of a missing ID: exit %d %s", r.code, r.err)
+		}
+		r = cliOn(t, u, "-json", "dlq", "show", queue, ids[n-1])
+		var j dlq.Message
+		if r.code != 0 || json.Unmarshal([]byte(r.out), &j) != nil || j.ID != ids[n-1] || j.Headers["note"] != hostile || strings.Contains(r.out, "\x1b") {
+			t.Fatalf("show -json of the hostile one (exit %d): %s %s", r.code, r.out, r.err)
+		}
+	})
+
+	t.Run("escaping", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"dlq", "list", queue},
+			{"dlq", "show", queue, ids[n-1]},
+			{"dlq", "redrive", queue, "-reason", "bad input", "-dry-run"},
+			{"dlq", "purge", queue, ids[n-1], "-dry-run"},
+		} {
+			r := cliOn(t, u, args...)
+			if r.code != 0 {
+				t.Fatalf("%v: exit %d %s", args, r.code, r.err)
+			}
+			for _, raw := range []string{"\x1b", "\x07", "\u202e", "\u009b"} {
+				if strings.Contains(r.out, raw) || strings.Contains(r.err, raw) {
+					t.Errorf("%v printed %q raw:\n%s", args, raw, r.out)
+				}
+			}
+			if !strings.Contains(r.out, hostileShown) {
+				t.Errorf("%v: the escaped ID or reason is not shown:\n%s", args, r.out)
+			}
+		}
+	})
+
+	t.Run("change", func(t *testing.T) {
+		// A dry run and a refusal without -yes change nothing.
+		r := cliOn(t, u, "dlq", "redrive", queue, "-reason", "timeout", "-dry-run")
+		if r.code != 0 || !strings.Contains(r.out, "dry run: would redrive 2 dead letter(s) of "+queue+"; nothing changed") || !strings.Contains(r.out, "timeout 3") {
+			t.Fatalf("dry run (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		if r := cliOn(t, u, "dlq", "purge", queue, "-class", "nope", "-dry-run"); r.code != exitNotFound {
+			t.Fatalf("dry run of nothing: exit %d %s", r.code, r.err)
+		}
+		if r := cliOn(t, u, "dlq", "purge", queue); r.code != exitUsage || !strings.Contains(r.err, "without -yes") {
+			t.Fatalf("purge without -yes: exit %d %s", r.code, r.err)
+		}
+		if st := sqsStats(t, u, queue); st.DeadLettered != n || st.Ready != 0 {
+			t.Fatalf("a dry run or a refusal changed something: %+v", st)
+		}
+		// 4: partial — one chosen ID is not a dead letter; the other moves.
+		r = cliOn(t, u, "dlq", "redrive", queue, ids[1], "no-such-id", "-yes")
+		if r.code != exitPartial || !strings.Contains(r.out, "redriven 1 ") || !strings.Contains(r.out, "not redriven: no-such-id") {
+			t.Fatalf("partial redrive (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		// A filtered redrive, then one that matches nothing (3).
+		r = cliOn(t, u, "-json", "dlq", "redrive", queue, "-class", "transient", "-yes")
+		var rep jsonChange
+		if r.code != 0 || json.Unmarshal([]byte(r.out), &rep) != nil || rep.Done != 2 || rep.Matched != 2 || !rep.Complete || rep.Missed != 0 {
+			t.Fatalf("filtered redrive (exit %d): %s %s", r.code, r.out, r.err)
+		}
+		if r := cliOn(t, u, "dlq", "redrive", queue, "-class", "transient", "-yes"); r.code != exitNotFound {
+			t.Fatalf("redrive of nothing: exit %d %s %s", r.code, r.out, r.err)
+		}
+		if st := sqsStats(t, u, queue); st.DeadLettered != n-3 || st.Ready != 3 {
+			t.Fatalf("after the redrives: %+v, want 3 ready and %d dead", st, n-3)
+		}
+		// A filtered purge and a purge by ID delete exactly the chosen ones.
+		if r := cliOn(t, u, "dlq", "purge", queue, "-reason", "bad input", "-yes"); r.code != 0 || !strings.Contains(r.out, "purged 1 ") {
+			t.Fatalf("filtered purge (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		if r := cliOn(t, u, "dlq", "purge", queue, ids[2], "-yes"); r.code != 0 || !strings.Contains(r.out, "purged 1 ") {
+			t.Fatalf("purge by ID (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		if st := sqsStats(t, u, queue); st.DeadLettered != n-5 || st.Ready != 3 {
+			t.Fatalf("after the purges: %+v, want %d dead", st, n-5)
+		}
+		// Purge all; then nothing is left to purge (3).
+		if r := cliOn(t, u, "dlq", "purge", queue, "-yes"); r.code != 0 || !strings.Contains(r.out, fmt.Sprintf("purged %d ", n-5)) {
+			t.Fatalf("purge all (exit %d):\n%s%s", r.code, r.out, r.err)
+		}
+		if r := cliOn(t, u, "dlq", "purge", queue, "-yes"); r.code != exitNotFound {
+			t.Fatalf("purge of an empty dead-letter queue: exit %d %s %s", r.code, r.out, r.err)
+		}
+		if st := sqsStats(t, u, queue); st.DeadLettered != 0 || st.Ready != 3 {
+			t.Fatalf("at the end: %+v", st)
+		}
+	})
+}

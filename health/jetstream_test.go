@@ -1,0 +1,109 @@
+package health_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/berthtest/pgtest"
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestReadinessFollowsJetStream: with the NATS server taken away through
+// integration's fault proxy, /readyz answers 503 naming the connection (the
+// broker's ConnectionError) while /livez stays 200; once nats.go has
+// reconnected, /readyz answers 200 and a job published then is handled.
+func TestReadinessFollowsJetStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	proxy, u := viaProxy(t, integration.NATSURL(t), "4222")
+	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-health-test", ReconnectWait: 50 * time.Millisecond},
+		jetstream.Options{WaitTime: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	queue := "health_" + pgtest.Suffix()
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	deleted := false
+	deleteQueue := func() {
+		if !deleted {
+			deleted = true
+			if err := b.DeleteQueue(context.Background(), queue); err != nil && !errors.Is(err, sdk.ErrNotFound) {
+				t.Errorf("delete queue: %v", err)
+			}
+		}
+	}
+	defer deleteQueue()
+
+	handled := make(chan string, 4)
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(_ context.Context, d sdk.Delivery) error {
+		handled <- d.Message().ID
+		return nil
+	}), sdk.WorkerOptions{Queue: queue, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, ready := server(t, w)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	defer func() { stop(); <-done }()
+	waitProbe(t, ready, http.StatusOK)
+
+	proxy.Refuse(true)
+	proxy.Reset()
+	r := waitProbe(t, ready, http.StatusServiceUnavailable)
+	if h := r.Workers[0]; h.State != sdk.StateRunning ||
+		!(strings.HasPrefix(h.Reason, "broker connection down") || strings.HasPrefix(h.Reason, "receive failing")) {
+		t.Errorf("server away: %+v, want the connection or the failing receive as reason", h)
+	}
+	if err := b.ConnectionError(); !errors.Is(err, sdk.ErrUnavailable) {
+		t.Errorf("ConnectionError = %v, want ErrUnavailable", err)
+	}
+	if code, _ := probe(t, live); code != http.StatusOK {
+		t.Errorf("live with the server away = %d, want 200", code)
+	}
+
+	proxy.Refuse(false)
+	m := &sdk.Message{Type: "ping"}
+	deadline := time.Now().Add(30 * time.Second)
+	for { // publishes are refused while the connection is down
+		err := b.Publish(ctx, queue, m)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sdk.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("publish after the reconnection: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case id := <-handled:
+		if id != m.ID {
+			t.Errorf("handled %s, want %s", id, m.ID)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("job published after the reconnection not handled; health %+v", w.Health())
+	}
+	waitProbe(t, ready, http.StatusOK)
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	done <- nil // for the deferred stop
+	deleteQueue()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ConnectionError(); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("ConnectionError after Close = %v, want ErrClosed", err)
+	}
+}
