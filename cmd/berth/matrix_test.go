@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/brokerurl"
 	"github.com/berthq/berth/integration"
@@ -24,30 +28,15 @@ const hostile = "\x1b]0;pwned\x07\x1b[2J\u202eevil\u009b31m"
 // hostileShown is hostile as the CLI prints it.
 const hostileShown = `\x1b]0;pwned\a\x1b[2J\u202eevil\u009b31m`
 
-// sqsDeadLettered declares a fresh queue on the SQS emulator through the
-// CLI's own URL opener and dead-letters n messages through the broker: the
-// i-th has type billing.charge (even i) or billing.refund (odd i); i%3 == 0
-// failed transiently ("timeout i"), the others permanently ("order i
-// missing"). The last one's ID, a header and its reason carry hostile text.
-// It returns the URL, the queue and the IDs.
-func sqsDeadLettered(t *testing.T, n int) (string, string, *sqs.Broker, []string) {
+// deadLetterN publishes n messages to queue on b and dead-letters them
+// through b: the i-th has type billing.charge (even i) or billing.refund
+// (odd i); i%3 == 0 failed transiently ("timeout i"), the others
+// permanently ("order i missing"). The last one's ID, a header and its
+// reason carry hostile text. It returns the IDs.
+func deadLetterN(t *testing.T, b sdk.Broker, queue string, n int) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	u := integration.SQSEndpoint(t) + "?region=us-east-1&wait_time=1s"
-	ob, err := brokerurl.Open(ctx, u, brokerurl.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := ob.(*sqs.Broker)
-	queue := fmt.Sprintf("berth_cli_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() {
-		_ = b.DeleteQueue(context.Background(), queue, true)
-		_ = b.Close()
-	})
-	if err := b.DeclareQueue(ctx, queue); err != nil {
-		t.Fatal(err)
-	}
 	ids := make([]string, n)
 	msgs := make([]*sdk.Message, n)
 	for i := range n {
@@ -86,36 +75,119 @@ func sqsDeadLettered(t *testing.T, n int) (string, string, *sqs.Broker, []string
 			got++
 		}
 	}
-	return u, queue, b, ids
+	return ids
 }
 
-// sqsStats is queue's stats through the CLI.
-func sqsStats(t *testing.T, u, queue string) jsonQueue {
+// sqsDeadLettered declares a fresh queue on the SQS emulator through the
+// CLI's own URL opener and dead-letters n messages on it (deadLetterN). It
+// returns the URL, the queue, the broker and the IDs.
+func sqsDeadLettered(t *testing.T, n int) (string, string, *sqs.Broker, []string) {
 	t.Helper()
-	r := cliOn(t, u, "-json", "stats", queue)
-	var st jsonStats
-	if r.code != 0 || json.Unmarshal([]byte(r.out), &st) != nil || len(st.Queues) != 1 {
-		t.Fatalf("stats (exit %d): %s %s", r.code, r.out, r.err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	u := integration.SQSEndpoint(t) + "?region=us-east-1&wait_time=1s"
+	ob, err := brokerurl.Open(ctx, u, brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return st.Queues[0]
+	b := ob.(*sqs.Broker)
+	queue := fmt.Sprintf("berth_cli_%d", rand.Uint64()%1e12)
+	t.Cleanup(func() {
+		_ = b.DeleteQueue(context.Background(), queue, true)
+		_ = b.Close()
+	})
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	return u, queue, b, deadLetterN(t, b, queue, n)
 }
 
-// TestOnSQS drives the whole CLI through an http:// endpoint URL on dead
-// letters the SQS broker made on the emulator: stats, every filter, show,
-// dry runs, the confirmation, a partial redrive, exit codes and escaping.
-// SQS can neither page its dead-letter queue nor delete chosen dead letters
-// nor list its queues: the CLI says so rather than guessing.
-func TestOnSQS(t *testing.T) {
-	const n = 7 // 0..6: transient 0,3; refunds 1,3,5; hostile 6 (permanent, charge)
-	u, queue, _, ids := sqsDeadLettered(t, n)
-	if st := sqsStats(t, u, queue); st.Ready != 0 || st.DeadLettered != n {
-		t.Fatalf("stats %+v, want %d dead", st, n)
+// statsAre waits (RabbitMQ's counters follow a redrive's confirms a moment
+// later) until the CLI's stats of queue show ready and dead.
+func statsAre(t *testing.T, u, queue string, ready, dead int64) {
+	t.Helper()
+	var st jsonStats
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r := cliOn(t, u, "-json", "stats", queue)
+		if r.code != 0 || json.Unmarshal([]byte(r.out), &st) != nil || len(st.Queues) != 1 {
+			t.Fatalf("stats (exit %d): %s %s", r.code, r.out, r.err)
+		}
+		if st.Queues[0].Ready == ready && st.Queues[0].DeadLettered == dead {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v, want %d ready and %d dead", st.Queues[0], ready, dead)
+		}
 	}
-	if r := cliOn(t, u, "stats"); r.code != exitUsage || !strings.Contains(r.err, "name them") {
-		t.Fatalf("stats of every queue on SQS: %d %s", r.code, r.err)
+}
+
+// TestCLIMatrix drives the whole CLI through each broker's URL on dead
+// letters that broker made: stats, every filter, show, dry runs, the
+// confirmation, a partial redrive, a filtered purge, exit codes and
+// escaping — the same commands and answers on SQS (an http:// endpoint),
+// RabbitMQ and JetStream. (Memory and PostgreSQL: the tests of main_test.go
+// and postgres_test.go.)
+func TestCLIMatrix(t *testing.T) {
+	const n = 7 // 0..6: transient 0,3; refunds 1,3,5; hostile 6 (permanent, charge)
+	t.Run("sqs", func(t *testing.T) {
+		u, queue, _, ids := sqsDeadLettered(t, n)
+		cliMatrix(t, u, queue, ids, false)
+	})
+	t.Run("rabbitmq", func(t *testing.T) {
+		ctx := context.Background()
+		u := integration.RabbitMQURL(t)
+		queue := fmt.Sprintf("berth-cli-matrix-%d", rand.Uint64()%1e12)
+		b, err := rabbitmq.New(ctx, u, rabbitmq.Options{ConnectionName: "berth-cli-test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if conn, err := amqp.Dial(u); err == nil {
+				if ch, err := conn.Channel(); err == nil {
+					_, _ = ch.QueueDelete(queue, false, false, false)
+					_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(queue), false, false, false)
+				}
+				conn.Close()
+			}
+		})
+		if err := b.DeclareQueue(ctx, queue); err != nil {
+			t.Fatal(err)
+		}
+		ids := deadLetterN(t, b, queue, n)
+		b.Close() // its consumer would take the redriven messages
+		cliMatrix(t, u, queue, ids, false)
+	})
+	t.Run("jetstream", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		u := integration.NATSURL(t)
+		queue := fmt.Sprintf("berth-cli-matrix-%d", rand.Uint64()%1e12)
+		b, err := jetstream.Connect(ctx, u, jetstream.ConnectOptions{Name: "berth-cli-test"}, jetstream.Options{WaitTime: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = b.DeleteQueue(context.Background(), queue)
+			_ = b.Close()
+		})
+		if err := b.DeclareQueue(ctx, queue); err != nil {
+			t.Fatal(err)
+		}
+		cliMatrix(t, u, queue, deadLetterN(t, b, queue, n), true)
+	})
+}
+
+// cliMatrix runs the CLI's commands on queue at u, whose 7 dead letters
+// deadLetterN made; listsQueues: the broker can list its queues.
+func cliMatrix(t *testing.T, u, queue string, ids []string, listsQueues bool) {
+	n := len(ids)
+	statsAre(t, u, queue, 0, int64(n))
+	if r := cliOn(t, u, "stats"); listsQueues && (r.code != 0 || !strings.Contains(r.out, queue)) ||
+		!listsQueues && (r.code != exitUsage || !strings.Contains(r.err, "name them")) {
+		t.Fatalf("stats of every queue: %d %s %s", r.code, r.out, r.err)
 	}
 	if r := cliOn(t, u, "stats", queue+"_missing"); r.code != exitNotFound {
-		t.Fatalf("stats of a missing queue: exit %d %s", r.code, r.err)
+		t.Errorf("stats of a missing queue: exit %d %s", r.code, r.err)
 	}
 
 	t.Run("list", func(t *testing.T) {
@@ -137,7 +209,7 @@ func TestOnSQS(t *testing.T) {
 		} {
 			r := cliOn(t, u, append([]string{"-json", "dlq", "list", queue}, c.args...)...)
 			var l jsonList
-			if r.code != 0 || json.Unmarshal([]byte(r.out), &l) != nil || l.Matched != c.want || !l.Complete || *l.TotalDeadLetters != n {
+			if r.code != 0 || json.Unmarshal([]byte(r.out), &l) != nil || l.Matched != c.want || !l.Complete || *l.TotalDeadLetters != int64(n) {
 				t.Errorf("list %v (exit %d): %s %s; want %d matched of %d", c.args, r.code, r.out, r.err, c.want, n)
 			}
 		}
@@ -200,12 +272,10 @@ func TestOnSQS(t *testing.T) {
 		if r := cliOn(t, u, "dlq", "purge", queue); r.code != exitUsage || !strings.Contains(r.err, "without -yes") {
 			t.Fatalf("purge without -yes: exit %d %s", r.code, r.err)
 		}
-		if st := sqsStats(t, u, queue); st.DeadLettered != n || st.Ready != 0 {
-			t.Fatalf("a dry run or a refusal changed something: %+v", st)
-		}
+		statsAre(t, u, queue, 0, int64(n))
 		// 4: partial — one chosen ID is not a dead letter; the other moves.
 		r = cliOn(t, u, "dlq", "redrive", queue, ids[1], "no-such-id", "-yes")
-		if r.code != exitPartial || !strings.Contains(r.out, "redriven 1 ") || !strings.Contains(r.out, "not redriven: no-such-id") {
+		if r.code != exitPartial || !strings.Contains(r.out, "redriven 1 ") || !strings.Contains(r.out, "no-such-id") {
 			t.Fatalf("partial redrive (exit %d):\n%s%s", r.code, r.out, r.err)
 		}
 		// A filtered redrive, then one that matches nothing (3).
@@ -217,9 +287,7 @@ func TestOnSQS(t *testing.T) {
 		if r := cliOn(t, u, "dlq", "redrive", queue, "-class", "transient", "-yes"); r.code != exitNotFound {
 			t.Fatalf("redrive of nothing: exit %d %s %s", r.code, r.out, r.err)
 		}
-		if st := sqsStats(t, u, queue); st.DeadLettered != n-3 || st.Ready != 3 {
-			t.Fatalf("after the redrives: %+v, want 3 ready and %d dead", st, n-3)
-		}
+		statsAre(t, u, queue, 3, int64(n-3))
 		// A filtered purge and a purge by ID delete exactly the chosen ones.
 		if r := cliOn(t, u, "dlq", "purge", queue, "-reason", "bad input", "-yes"); r.code != 0 || !strings.Contains(r.out, "purged 1 ") {
 			t.Fatalf("filtered purge (exit %d):\n%s%s", r.code, r.out, r.err)
@@ -227,9 +295,7 @@ func TestOnSQS(t *testing.T) {
 		if r := cliOn(t, u, "dlq", "purge", queue, ids[2], "-yes"); r.code != 0 || !strings.Contains(r.out, "purged 1 ") {
 			t.Fatalf("purge by ID (exit %d):\n%s%s", r.code, r.out, r.err)
 		}
-		if st := sqsStats(t, u, queue); st.DeadLettered != n-5 || st.Ready != 3 {
-			t.Fatalf("after the purges: %+v, want %d dead", st, n-5)
-		}
+		statsAre(t, u, queue, 3, int64(n-5))
 		// Purge all; then nothing is left to purge (3).
 		if r := cliOn(t, u, "dlq", "purge", queue, "-yes"); r.code != 0 || !strings.Contains(r.out, fmt.Sprintf("purged %d ", n-5)) {
 			t.Fatalf("purge all (exit %d):\n%s%s", r.code, r.out, r.err)
@@ -237,9 +303,7 @@ func TestOnSQS(t *testing.T) {
 		if r := cliOn(t, u, "dlq", "purge", queue, "-yes"); r.code != exitNotFound {
 			t.Fatalf("purge of an empty dead-letter queue: exit %d %s %s", r.code, r.out, r.err)
 		}
-		if st := sqsStats(t, u, queue); st.DeadLettered != 0 || st.Ready != 3 {
-			t.Fatalf("at the end: %+v", st)
-		}
+		statsAre(t, u, queue, 3, 0)
 	})
 }
 
@@ -271,9 +335,7 @@ func TestOnSQSScanIncomplete(t *testing.T) {
 	if r.code != exitPartial || json.Unmarshal([]byte(r.out), &rep) != nil || rep.Done != 3 || rep.Complete || rep.Incomplete == "" {
 		t.Fatalf("capped redrive (exit %d): %s %s", r.code, r.out, r.err)
 	}
-	if st := sqsStats(t, u, queue); st.Ready != 3 || st.DeadLettered != n-3 {
-		t.Fatalf("after the capped redrive: %+v", st)
-	}
+	statsAre(t, u, queue, 3, n-3)
 	// The broker's own redrive of all stops at a second copy of a message
 	// it already moved: the CLI reports it as partial, with what is left.
 	ctx := context.Background()
@@ -290,7 +352,5 @@ func TestOnSQSScanIncomplete(t *testing.T) {
 		t.Fatalf("redrive all with a duplicate (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 	t.Logf("redrive all with a duplicate: exit %d\n%s%s", r.code, r.out, r.err)
-	if st := sqsStats(t, u, queue); st.Ready != n+1 || st.DeadLettered != 1 {
-		t.Fatalf("after redrive all: %+v", st)
-	}
+	statsAre(t, u, queue, n+1, 1)
 }
