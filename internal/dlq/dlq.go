@@ -6,8 +6,10 @@
 // Brokers are used through [sdk.DeadLetters] and the optional capabilities
 // below, found by type assertion. The memory and PostgreSQL brokers have
 // them all; RabbitMQ, which cannot page with a cursor, has [Sweeper]; on a
-// broker with neither a walk sees only the first [Options.ScanLimit] dead
-// letters and says so ([Summary.Complete] false).
+// broker with neither (SQS) a walk sees only the first [Options.ScanLimit]
+// dead letters and says so ([Summary.Complete] false, [Summary.Incomplete]
+// why), as does a change whose broker call reports that its own scan
+// stopped before the end ([ScanIncomplete]).
 package dlq
 
 import (
@@ -19,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -160,7 +164,20 @@ func (o Options) withDefaults() Options {
 type Summary struct {
 	Scanned  int  // dead letters read
 	Matched  int  // of them, chosen by the filter (up to Options.Limit)
-	Complete bool // every dead letter of the queue was looked at (false: the broker cannot page past ScanLimit, or Limit stopped the walk with more to match)
+	Complete bool // every dead letter of the queue was looked at (false: the broker cannot page past ScanLimit, its scan stopped, or Limit stopped the walk with more to match)
+	// Incomplete says why the walk, or a broker call of a change, stopped
+	// before the end of the dead-letter queue when Limit did not stop it:
+	// more dead letters than Matched may match. "" otherwise.
+	Incomplete string
+}
+
+// ScanIncomplete reports whether err is a broker's report that its own
+// dead-letter scan stopped before the end of the queue (an SQS scan that
+// would hold too many letters, a RabbitMQ walk another walk cut short):
+// not a failure of the broker, but a reason the operator must run the
+// command again.
+func ScanIncomplete(err error) bool {
+	return errors.Is(err, sqs.ErrScanIncomplete) || errors.Is(err, rabbitmq.ErrScanIncomplete)
 }
 
 // Walk calls fn with the chosen dead letters of queue, page by page, oldest
@@ -218,19 +235,27 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 			}
 			return nil
 		})
+		if ScanIncomplete(err) { // another walk cut this one short
+			s.Incomplete, err = err.Error(), nil
+		}
 		if err == nil {
 			err = ferr
 		}
-		s.Complete = err == nil && !more
+		s.Complete = err == nil && !more && s.Incomplete == ""
 		return s, err
 	}
 	if !ok {
 		page, err := dl.ListDeadLetters(ctx, queue, o.ScanLimit)
-		if err != nil {
+		switch {
+		case ScanIncomplete(err):
+			s.Incomplete = err.Error()
+		case err != nil:
 			return s, err
+		case len(page) >= o.ScanLimit:
+			s.Incomplete = fmt.Sprintf("the broker cannot page its dead letters: only the first %d were read", o.ScanLimit)
 		}
 		s.Scanned = len(page)
-		s.Complete = len(page) < o.ScanLimit
+		s.Complete = s.Incomplete == ""
 		for len(page) > 0 {
 			n := min(len(page), o.PageSize)
 			stop, err := emit(page[:n])
@@ -238,7 +263,7 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 				return s, err
 			}
 			if stop {
-				s.Complete = false
+				s.Complete, s.Incomplete = false, "" // Limit stopped it
 				return s, nil
 			}
 			page = page[n:]
@@ -337,6 +362,9 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		switch {
 		case errors.Is(err, sdk.ErrNotFound):
 			missing = append(missing, id)
+			continue
+		case ScanIncomplete(err): // neither found nor known to be missing
+			s.Complete, s.Incomplete = false, err.Error()
 			continue
 		case err != nil:
 			return s, first, missing, err
