@@ -126,7 +126,11 @@ func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (
 	if err != nil {
 		return nil, err
 	}
-	return sdk.NewWorker(r.broker, billingHandler(r.schema, 0.05), sdk.WorkerOptions{
+	failRate := 0.05
+	if r.noFailures {
+		failRate = 0
+	}
+	return sdk.NewWorker(r.broker, billingHandler(r.schema, failRate), sdk.WorkerOptions{
 		Queue:       r.queue,
 		Concurrency: 8,
 		Lease:       e2eLease,

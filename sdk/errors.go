@@ -148,7 +148,9 @@ func (e *RetryAfterError) Unwrap() error { return e.Err }
 // without consuming an attempt where the broker can ([Releaser]: memory,
 // RabbitMQ, PostgreSQL). Where it cannot (SQS), the delivery is retried and
 // the receive counts toward the broker's own redrive cap (maxReceiveCount),
-// which does dead-letter a job that is busy forever. err may be nil.
+// which does dead-letter a job that is busy forever: at the cap's last
+// receive ([DeliveryCapReporter]) the Worker dead-letters it itself, so the
+// dead letter carries err. err may be nil.
 //
 // A handler that returns RetryAfter for ever on a releasing broker runs for
 // ever: bound such loops in the handler (a deadline in the payload, a

@@ -47,12 +47,28 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	b.startListening()
 	for {
 		woken := b.wake.wait(queue)
-		ds, poisoned, err := b.claim(ctx, queue, max)
+		// The claim commits rows to this caller, so ctx must not cut it: a
+		// claim cancelled after the server ran it would leave its rows
+		// leased to nobody, back only after the lease with an attempt
+		// consumed (seen under rolling SIGTERMs, RELIABILITY.md). It is one
+		// short statement, bounded by its own timeout; rows claimed for a
+		// caller that has gone meanwhile are handed back.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+		ds, poisoned, err := b.claim(cctx, queue, max)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, err
+		}
+		if len(ds) > 0 && ctx.Err() != nil {
+			for _, d := range ds {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+				_ = d.(sdk.Releaser).Release(rctx, 0) // not released: back after the lease
+				cancel()
+			}
+			return nil, ctx.Err()
 		}
 		if len(ds) > 0 {
 			return ds, nil
@@ -81,6 +97,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		}
 	}
 }
+
+// claimTimeout bounds a claim, which Receive's ctx does not cut.
+const claimTimeout = 30 * time.Second
 
 // nextDue returns how long to sleep before the next look at queue: until its
 // earliest due time (delayed job, retry, lease expiry), within
