@@ -41,6 +41,7 @@ type apiList struct {
 	TotalDeadLetters *int64        `json:"total_dead_letters"`
 	Matched          int           `json:"matched"`
 	Complete         bool          `json:"complete"`
+	Incomplete       string        `json:"incomplete,omitempty"` // why complete is false
 	Offset           int           `json:"offset"`
 	Limit            int           `json:"limit"`
 	NextOffset       *int          `json:"next_offset"`
@@ -70,7 +71,7 @@ func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, err)
 		return
 	}
-	v := apiList{Queue: queue, Matched: l.Matched, Complete: l.Complete, Offset: offset, Limit: limit, Messages: make([]dlq.Message, 0, len(l.Messages))}
+	v := apiList{Queue: queue, Matched: l.Matched, Complete: l.Complete, Incomplete: l.Incomplete, Offset: offset, Limit: limit, Messages: make([]dlq.Message, 0, len(l.Messages))}
 	if l.Total >= 0 {
 		v.TotalDeadLetters = &l.Total
 	}
@@ -111,14 +112,17 @@ type apiFailure struct {
 }
 
 type apiChangeResult struct {
-	Action   string       `json:"action"`
-	Queue    string       `json:"queue"`
-	DryRun   bool         `json:"dry_run"`
-	Matched  int          `json:"matched"`
-	Done     int          `json:"done"`
-	Missed   int          `json:"missed"`
-	Complete bool         `json:"complete"`
-	Failed   []apiFailure `json:"failed"`
+	Action   string `json:"action"`
+	Queue    string `json:"queue"`
+	DryRun   bool   `json:"dry_run"`
+	Matched  int    `json:"matched"`
+	Done     int    `json:"done"`
+	Missed   int    `json:"missed"`
+	Complete bool   `json:"complete"`
+	// Incomplete says why the scan stopped before the end of the
+	// dead-letter queue: more may match (absent when it did not).
+	Incomplete string       `json:"incomplete,omitempty"`
+	Failed     []apiFailure `json:"failed"`
 }
 
 func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
@@ -165,7 +169,7 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 			d.apiFail(w, r, err)
 			return
 		}
-		out.Matched, out.Complete, out.Missed = s.Matched, s.Complete, len(missing)
+		out.Matched, out.Complete, out.Incomplete, out.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)
 		for _, id := range missing {
 			out.Failed = append(out.Failed, apiFailure{id, "not found"})
 		}
@@ -177,7 +181,7 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, err)
 		return
 	}
-	out.Matched, out.Done, out.Missed, out.Complete = res.Matched, res.Done, res.Missed, res.Complete
+	out.Matched, out.Done, out.Missed, out.Complete, out.Incomplete = res.Matched, res.Done, res.Missed, res.Complete, res.Incomplete
 	for _, fl := range res.Failed {
 		out.Failed = append(out.Failed, apiFailure{fl.ID, fl.Err.Error()})
 	}

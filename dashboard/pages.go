@@ -306,6 +306,9 @@ func flash(q url.Values) string {
 	if missed > 0 {
 		s += fmt.Sprintf("; %d of the chosen were not %s (gone already)", missed, verb)
 	}
+	if q.Get("incomplete") != "" {
+		s += "; the broker's scan stopped before the end of the dead-letter queue, so more may match: do it again"
+	}
 	return s
 }
 
@@ -354,6 +357,9 @@ type confirmPage struct {
 	Missing []string
 	Sample  []*sdk.Message
 	Verb    string
+	// Incomplete: the preview's scan stopped before the end of the
+	// dead-letter queue (why); Count is a lower bound.
+	Incomplete string
 }
 
 func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
@@ -374,7 +380,7 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
 	}
 	sel.Limit = s.Matched
 	verb := map[string]string{"redrive": "Redrive", "purge": "Delete for good"}[sel.Action]
-	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb})
+	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb, Incomplete: s.Incomplete})
 }
 
 func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
@@ -405,6 +411,9 @@ func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
 	v.Set("done", sel.Action)
 	v.Set("n", strconv.Itoa(res.Done))
 	v.Set("missed", strconv.Itoa(res.Missed))
+	if res.Incomplete != "" {
+		v.Set("incomplete", "1")
+	}
 	http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?"+v.Encode(), http.StatusSeeOther)
 }
 

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,14 +38,16 @@ func (c *counter) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
 //
 // store=postgres writes to pgledger.Store on the same machine;
 // store=discard writes nowhere, which isolates the ledger's in-process cost
-// from PostgreSQL's CPU; writers=2 writes two batches at once.
+// from PostgreSQL's CPU; writers=N writes N batches at once.
 func BenchmarkConsumeRabbitMQ(b *testing.B) {
 	b.Run("store=postgres", func(b *testing.B) { benchConsume(b, rabbitEnv(b)) })
-	b.Run("store=postgres,writers=2", func(b *testing.B) {
-		e := rabbitEnv(b)
-		e.led = newLedger(b, e.reader.(ledger.Store), ledger.Options{Writers: 2})
-		benchConsume(b, e)
-	})
+	for _, w := range []int{2, 4} {
+		b.Run(fmt.Sprintf("store=postgres,writers=%d", w), func(b *testing.B) {
+			e := rabbitEnv(b)
+			e.led = newLedger(b, e.reader.(ledger.Store), ledger.Options{Writers: w})
+			benchConsume(b, e)
+		})
+	}
 	b.Run("store=discard", func(b *testing.B) {
 		e := rabbitEnv(b)
 		e.led = newLedger(b, discard{}, ledger.Options{})

@@ -58,9 +58,16 @@ type walkTuning struct {
 	afterCount func()
 }
 
-func (w *walkTuning) limits() (page, bytes int) {
+// limits returns the page bounds of a walk whose caller asked for pages of
+// size (0: the default).
+func (w *walkTuning) limits(size int) (page, bytes int) {
 	page, bytes = w.page, w.bytes
-	if page <= 0 {
+	switch {
+	case page > 0 && size > 0:
+		page = min(page, size)
+	case size > 0:
+		page = size
+	case page <= 0:
 		page = defaultWalkPage
 	}
 	if bytes <= 0 {
@@ -119,7 +126,8 @@ type walkResult struct {
 	failed map[string]error
 }
 
-// walk goes once round queue's dead-letter queue a page at a time, calling
+// walk goes once round queue's dead-letter queue a page at a time (size
+// letters, 0 for the default, and at most the byte bound), calling
 // fn with each page; fn sets each letter's verdict (keepIt by default) and
 // must not keep the page. A page is finished (its letters kept, redriven or
 // deleted) even when ctx is done during it; ctx is checked between pages,
@@ -127,7 +135,7 @@ type walkResult struct {
 // nothing lost, the order changed. It returns what it did, with an error
 // when a call failed, ctx ended the walk, or (a *ScanError) another walk
 // took letters from under it.
-func (b *Broker) walk(ctx context.Context, queue string, fn func(page []*walkLetter)) (walkResult, error) {
+func (b *Broker) walk(ctx context.Context, queue string, size int, fn func(page []*walkLetter)) (walkResult, error) {
 	var r walkResult
 	if b.closed() {
 		return r, sdk.ErrClosed
@@ -162,7 +170,7 @@ func (b *Broker) walk(ctx context.Context, queue string, fn func(page []*walkLet
 		b.walkTune.afterCount()
 	}
 	stamp := sdk.NewID()
-	pageMax, bytesMax := b.walkTune.limits()
+	pageMax, bytesMax := b.walkTune.limits(size)
 	for r.seen < r.total {
 		if err := ctx.Err(); err != nil {
 			return r, err
@@ -334,7 +342,7 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 		limit = sdk.DefaultListLimit
 	}
 	var out []*sdk.Message
-	_, err := b.walk(ctx, queue, func(page []*walkLetter) {
+	_, err := b.walk(ctx, queue, 0, func(page []*walkLetter) {
 		for _, l := range page {
 			if len(out) < limit {
 				out = append(out, l.msg)
@@ -353,7 +361,7 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 // dead-letter queue once round, holding one page at a time.
 func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
 	var found *sdk.Message
-	_, err := b.walk(ctx, queue, func(page []*walkLetter) {
+	_, err := b.walk(ctx, queue, 0, func(page []*walkLetter) {
 		for _, l := range page {
 			if found == nil && l.msg.ID == id {
 				found = l.msg
@@ -399,7 +407,7 @@ func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, i
 		want[id] = false
 	}
 	if len(ids) > 0 {
-		_, err := b.walk(ctx, queue, func(page []*walkLetter) {
+		_, err := b.walk(ctx, queue, 0, func(page []*walkLetter) {
 			for _, l := range page {
 				if _, ok := want[l.msg.ID]; ok {
 					want[l.msg.ID] = true
@@ -420,7 +428,7 @@ func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, i
 			return 0, err
 		}
 	}
-	r, err := b.walk(ctx, queue, func(page []*walkLetter) {
+	r, err := b.walk(ctx, queue, 0, func(page []*walkLetter) {
 		for _, l := range page {
 			if _, ok := want[l.msg.ID]; ok || len(ids) == 0 {
 				l.v = v
@@ -433,5 +441,49 @@ func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, i
 	}
 	// IDs checked but gone by the second walk (another operator) are
 	// counted by n < len(ids), without an error.
+	return n, err
+}
+
+// SweepDeadLetters goes once round queue's dead-letter queue, size letters
+// at a time (0: 100; a page also ends once its bodies reach 32 MiB), and
+// acts on the letters fn chooses as it goes: fn is called with each page
+// (it must not keep it) and done, how many fn chose in earlier pages, and
+// returns for each letter of the page whether to act on it (nil: none).
+// Acting is redriving when redrive is true (as [Broker.RedriveDeadLetters]
+// does), deleting otherwise; the letters not chosen are kept in order (see
+// the package doc). Memory holds one page, however many letters there are.
+// It returns how many were acted on, with a *[sdk.PublishError] naming the
+// chosen letters whose redrive failed (they stay dead letters), ctx.Err()
+// when ctx ended the sweep between pages (the page in hand is finished),
+// or a [*ScanError] when another walk took letters from under it. The
+// berth command uses it to redrive and purge in one pass.
+func (b *Broker) SweepDeadLetters(ctx context.Context, queue string, size int, redrive bool, fn func(done int, page []*sdk.Message) []bool) (int, error) {
+	v := dropIt
+	if redrive {
+		v = redriveIt
+		if err := b.ensure(ctx, queue); err != nil {
+			return 0, err
+		}
+	}
+	done := 0
+	var msgs []*sdk.Message
+	r, err := b.walk(ctx, queue, size, func(page []*walkLetter) {
+		msgs = msgs[:0]
+		for _, l := range page {
+			msgs = append(msgs, l.msg)
+		}
+		chosen := fn(done, msgs)
+		clear(msgs)
+		for i, c := range chosen {
+			if c && i < len(page) {
+				page[i].v = v
+				done++
+			}
+		}
+	})
+	n := r.redriven + r.dropped
+	if err == nil && len(r.failed) > 0 {
+		err = &sdk.PublishError{Failed: r.failed}
+	}
 	return n, err
 }

@@ -98,8 +98,8 @@ func (c *cli) filter(ids []string) (dlq.Filter, error) {
 	if err := f.ParseReason(c.reason); err != nil {
 		return f, &usageError{err.Error()}
 	}
-	if c.olderThan < 0 || c.newerThan < 0 || c.limit < 0 || c.offset < 0 || c.pageSize <= 0 {
-		return f, usagef("-older-than, -newer-than, -limit and -offset must not be negative, -page-size must be positive")
+	if c.olderThan < 0 || c.newerThan < 0 || c.limit < 0 || c.offset < 0 || c.pageSize <= 0 || c.scanLimit <= 0 {
+		return f, usagef("-older-than, -newer-than, -limit and -offset must not be negative, -page-size and -scan-limit must be positive")
 	}
 	return f, nil
 }
@@ -135,7 +135,7 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer b.Close()
-	l, err := dlq.List(ctx, dl, queue, f, c.offset, limit, dlq.Options{PageSize: c.pageSize})
+	l, err := dlq.List(ctx, dl, queue, f, c.offset, limit, dlq.Options{PageSize: c.pageSize, ScanLimit: c.scanLimit})
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ func runList(ctx context.Context, c *cli, args []string) error {
 	}
 	shown, matched, complete := l.Messages, l.Matched, l.Complete
 	if c.json {
-		v := jsonList{Queue: queue, TotalDeadLetters: total, Matched: matched, Complete: complete, Offset: c.offset, Limit: limit,
+		v := jsonList{Queue: queue, TotalDeadLetters: total, Matched: matched, Complete: complete, Incomplete: l.Incomplete, Offset: c.offset, Limit: limit,
 			NextOffset: next, Messages: make([]dlq.Message, 0, len(shown))}
 		for _, m := range shown {
 			v.Messages = append(v.Messages, dlq.View(m))
@@ -163,7 +163,11 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		}
 		what := fmt.Sprintf("%d matching", matched)
 		if !complete {
-			what = fmt.Sprintf("at least %d matching (the broker lists only the first of its dead letters)", matched)
+			why := "the broker lists only the first of its dead letters"
+			if l.Incomplete != "" {
+				why = esc(l.Incomplete)
+			}
+			what = fmt.Sprintf("at least %d matching (%s)", matched, why)
 		}
 		if f.IsZero() && complete {
 			what = fmt.Sprintf("%d", matched)
@@ -267,7 +271,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		return err
 	}
 	defer b.Close()
-	o := dlq.Options{PageSize: c.pageSize, Limit: c.limit}
+	o := dlq.Options{PageSize: c.pageSize, Limit: c.limit, ScanLimit: c.scanLimit}
 	report := jsonChange{Action: verb, Queue: queue, DryRun: c.dryRun, Failed: []jsonFailure{}}
 
 	if c.dryRun || !c.yes {
@@ -275,7 +279,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		if err != nil {
 			return err
 		}
-		report.Matched, report.Complete, report.Missed = s.Matched, s.Complete, len(missing)
+		report.Matched, report.Complete, report.Incomplete, report.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)
 		for _, id := range missing {
 			report.Failed = append(report.Failed, jsonFailure{ID: id, Error: sdk.ErrNotFound.Error()})
 		}
@@ -337,6 +341,15 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		return err
 	}
 	report.Matched, report.Done, report.Missed, report.Complete, report.Interrupted = r.Matched, r.Done, r.Missed, r.Complete, interrupted
+	report.Incomplete = r.Incomplete
+	left := int64(-1) // what the broker still counts, when it stopped early
+	if r.Incomplete != "" && !interrupted {
+		if in, ok := b.(sdk.Inspector); ok {
+			if st, err := in.Stats(ctx, queue); err == nil {
+				left = st.DeadLettered
+			}
+		}
+	}
 	report.Failed = failures(r.Failed)
 	if c.json {
 		if err := writeJSON(c.stdout, report); err != nil {
@@ -350,10 +363,18 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		if r.Missed > len(r.Failed) {
 			fmt.Fprintf(c.stdout, "… and %d more not %s\n", r.Missed-len(r.Failed), done)
 		}
+		if r.Incomplete != "" && !interrupted {
+			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))
+			if left >= 0 {
+				fmt.Fprintf(c.stdout, "the broker still counts %d dead letter(s) in the dead-letter queue of %s\n", left, esc(queue))
+			}
+		}
 	}
 	switch {
 	case interrupted:
 		return &partialError{fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
+	case r.Incomplete != "":
+		return &partialError{fmt.Sprintf("%s %d dead letter(s), but the scan stopped before the end of the dead-letter queue; more may match: run it again to continue", done, r.Done)}
 	case r.Missed > 0:
 		return &partialError{fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
 	case r.Matched == 0 && r.Done == 0:
@@ -382,6 +403,9 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 			n = "at least " + n
 		}
 		fmt.Fprintf(c.stdout, "dry run: would %s %s dead letter(s) of %s; nothing changed\n", verb, n, esc(r.Queue))
+		if r.Incomplete != "" {
+			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))
+		}
 		for _, id := range missing {
 			fmt.Fprintf(c.stdout, "not a dead letter of %s: %s\n", esc(r.Queue), esc(id))
 		}

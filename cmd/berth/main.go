@@ -28,7 +28,8 @@
 // Exit codes: 0 done; 1 error (broker unreachable, refused); 2 usage (bad
 // command line, or a change without -yes and no terminal to confirm on);
 // 3 nothing matched or not found; 4 partial (some chosen dead letters were
-// not moved, or the command was interrupted; the output says which and why).
+// not moved, the command was interrupted, or the broker's scan stopped
+// before the end of the dead-letter queue; the output says which and why).
 //
 // Text output escapes control characters, terminal escape sequences and
 // invalid UTF-8 from messages. -json prints one JSON document per line
@@ -122,13 +123,13 @@ var globalFlags = []string{"url", "json", "timeout"}
 
 func commands() []*command {
 	filters := []string{"type", "class", "reason", "older-than", "newer-than"}
-	change := append(append([]string{}, filters...), "limit", "dry-run", "yes", "page-size")
+	change := append(append([]string{}, filters...), "limit", "dry-run", "yes", "page-size", "scan-limit")
 	return []*command{
 		{name: "stats", args: "[QUEUE...]", short: "ready, delayed, in flight, dead-lettered, oldest age of queues (all when none is named)",
 			flags: []string{"watch", "interval"}, run: runStats},
 		{name: "dlq list", args: "QUEUE", short: "the dead letters of QUEUE matching the filters, a page at a time",
 			long:  "The last line counts every matching dead letter, not just the page shown.",
-			flags: append(append([]string{}, filters...), "limit", "offset"), run: runList},
+			flags: append(append([]string{}, filters...), "limit", "offset", "scan-limit"), run: runList},
 		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow},
 		{name: "dlq redrive", args: "QUEUE [ID...]", short: "put the chosen dead letters (IDs and/or filters; all when none) back on QUEUE, attempts reset",
 			long:  "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be redriven.",
@@ -187,7 +188,7 @@ type cli struct {
 	types, class, reason  string
 	olderThan, newerThan  time.Duration
 	limit, offset         int
-	pageSize              int
+	pageSize, scanLimit   int
 	dryRun, yes           bool
 	addr, token, queues   string
 	db, table             string
@@ -220,6 +221,7 @@ func newCLI(e env) *cli {
 	fs.IntVar(&c.limit, "limit", 0, "list: page size (default 50); redrive, purge: at most this many")
 	fs.IntVar(&c.offset, "offset", 0, "skip this many matching dead letters (the next page's offset is printed)")
 	fs.IntVar(&c.pageSize, "page-size", 500, "dead letters read and moved per broker call")
+	fs.IntVar(&c.scanLimit, "scan-limit", 10000, "on a broker that can neither page nor sweep its dead letters (SQS): read at most this many in one scan (more: say the scan is incomplete)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would be done, change nothing")
 	fs.BoolVar(&c.yes, "yes", false, "do it without asking")
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "ui: listen address (not loopback: needs a token)")

@@ -52,9 +52,10 @@ type jsonStats struct {
 
 type jsonList struct {
 	Queue            string        `json:"queue"`
-	TotalDeadLetters *int64        `json:"total_dead_letters"` // null when the broker cannot count them
-	Matched          int           `json:"matched"`            // every matching dead letter, not just this page
-	Complete         bool          `json:"complete"`           // false: the broker could not be scanned to the end; matched is a lower bound
+	TotalDeadLetters *int64        `json:"total_dead_letters"`   // null when the broker cannot count them
+	Matched          int           `json:"matched"`              // every matching dead letter, not just this page
+	Complete         bool          `json:"complete"`             // false: the broker could not be scanned to the end; matched is a lower bound
+	Incomplete       string        `json:"incomplete,omitempty"` // why complete is false (absent when it is true)
 	Offset           int           `json:"offset"`
 	Limit            int           `json:"limit"`
 	NextOffset       *int          `json:"next_offset"` // null on the last page
@@ -74,6 +75,7 @@ type jsonChange struct {
 	Done        int           `json:"done"`
 	Missed      int           `json:"missed"`
 	Complete    bool          `json:"complete"`
+	Incomplete  string        `json:"incomplete,omitempty"` // why the scan stopped before the end of the dead-letter queue: more may match (exit 4 unless -dry-run)
 	Interrupted bool          `json:"interrupted"`
 	Failed      []jsonFailure `json:"failed"`
 	Messages    []dlq.Message `json:"messages,omitempty"` // -dry-run: the first of them

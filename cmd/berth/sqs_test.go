@@ -242,3 +242,55 @@ func TestOnSQS(t *testing.T) {
 		}
 	})
 }
+
+// TestOnSQSScanIncomplete: SQS cannot page its dead letters, so the CLI
+// reads at most -scan-limit of them in one scan, and a broker call's own
+// scan can stop early (here: a second copy of a message the redrive already
+// moved). Either way the CLI says the scan is incomplete, counts what it did
+// and what the broker still holds, and a change exits 4.
+func TestOnSQSScanIncomplete(t *testing.T) {
+	const n = 7
+	u, queue, b, _ := sqsDeadLettered(t, n)
+	r := cliOn(t, u, "-json", "dlq", "list", queue, "-class", "permanent", "-scan-limit", "3")
+	var l jsonList
+	if r.code != 0 || json.Unmarshal([]byte(r.out), &l) != nil || l.Complete || !strings.Contains(l.Incomplete, "only the first 3") ||
+		l.Matched > 3 || *l.TotalDeadLetters != n {
+		t.Fatalf("capped list (exit %d): %s %s", r.code, r.out, r.err)
+	}
+	r = cliOn(t, u, "dlq", "list", queue, "-reason", "/./", "-scan-limit", "3")
+	if r.code != 0 || !strings.Contains(r.out, "of at least 3 matching (the broker cannot page its dead letters: only the first 3 were read) (7 in the dead-letter queue") {
+		t.Fatalf("capped list, text (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	r = cliOn(t, u, "dlq", "redrive", queue, "-reason", "/./", "-scan-limit", "3", "-dry-run")
+	if r.code != 0 || !strings.Contains(r.out, "would redrive at least 3 dead letter(s)") || !strings.Contains(r.out, "the scan stopped before the end of the dead-letter queue") {
+		t.Fatalf("capped dry run (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	// A capped change moves what it saw and exits 4.
+	r = cliOn(t, u, "-json", "dlq", "redrive", queue, "-reason", "/./", "-scan-limit", "3", "-yes")
+	var rep jsonChange
+	if r.code != exitPartial || json.Unmarshal([]byte(r.out), &rep) != nil || rep.Done != 3 || rep.Complete || rep.Incomplete == "" {
+		t.Fatalf("capped redrive (exit %d): %s %s", r.code, r.out, r.err)
+	}
+	if st := sqsStats(t, u, queue); st.Ready != 3 || st.DeadLettered != n-3 {
+		t.Fatalf("after the capped redrive: %+v", st)
+	}
+	// The broker's own redrive of all stops at a second copy of a message
+	// it already moved: the CLI reports it as partial, with what is left.
+	ctx := context.Background()
+	dup := &sdk.Message{ID: sdk.NewID(), Type: "dl", Body: []byte("twice")}
+	for range 2 {
+		if err := b.Publish(ctx, queue+"-dlq", dup.Clone()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = cliOn(t, u, "dlq", "redrive", queue, "-yes")
+	if r.code != exitPartial || !strings.Contains(r.out, fmt.Sprintf("redriven %d dead letter(s)", n-3+1)) ||
+		!strings.Contains(r.out, "the scan stopped before the end of the dead-letter queue: ") ||
+		!strings.Contains(r.out, "the broker still counts 1 dead letter(s)") || !strings.Contains(r.err, "run it again") {
+		t.Fatalf("redrive all with a duplicate (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	t.Logf("redrive all with a duplicate: exit %d\n%s%s", r.code, r.out, r.err)
+	if st := sqsStats(t, u, queue); st.Ready != n+1 || st.DeadLettered != 1 {
+		t.Fatalf("after redrive all: %+v", st)
+	}
+}

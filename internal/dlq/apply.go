@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -15,8 +17,9 @@ type Action int
 const (
 	// Redrive puts them back on their queue (sdk.DeadLetters.RedriveDeadLetters).
 	Redrive Action = iota
-	// Delete removes them for good ([Deleter], or PurgeDeadLetters when the
-	// filter chooses every dead letter and the broker cannot delete by id).
+	// Delete removes them for good ([Deleter] or [Sweeper], or
+	// PurgeDeadLetters when the filter chooses every dead letter and the
+	// broker cannot delete by id or sweeps).
 	Delete
 )
 
@@ -78,32 +81,29 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		}
 		return d.DeleteDeadLetters(ctx, queue, ids...)
 	}
+	_, paged := dl.(Pager)
+	sw, sweeps := dl.(Sweeper)
+	purgeAll := act == Delete && f.IsZero() && o.Limit <= 0
+	if sweeps && !paged && !purgeAll {
+		return sweepApply(ctx, sw, queue, f, act, o, progress)
+	}
 	if len(f.IDs) > 0 {
 		return applyIDs(ctx, dl, queue, f, o, do, progress)
 	}
-	if act == Delete && f.IsZero() && o.Limit <= 0 {
-		_, paged := dl.(Pager)
-		_, deletes := dl.(Deleter)
-		if !paged || !deletes { // the broker's own purge of all beats a capped scan
+	if purgeAll {
+		if _, deletes := dl.(Deleter); !paged || !deletes { // the broker's own purge of all beats a capped scan or a sweep
 			n, err := dl.PurgeDeadLetters(ctx, queue)
-			r.Done, r.Matched, r.Complete = n, n, err == nil
-			if progress != nil && err == nil {
-				progress(n)
-			}
-			return r, err
+			return r.all(n, err, progress)
 		}
 	}
 	if act == Redrive && f.IsZero() && o.Limit <= 0 {
 		if _, ok := dl.(Pager); !ok { // the broker's own redrive of all beats a capped scan
 			n, err := dl.RedriveDeadLetters(ctx, queue)
-			r.Done, r.Matched, r.Complete = n, n, err == nil
-			if progress != nil && err == nil {
-				progress(n)
-			}
-			return r, err
+			return r.all(n, err, progress)
 		}
 	}
 	var err error
+	stopped := "" // why a broker call's own scan stopped
 	r.Summary, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
 		ids := make([]string, len(page))
 		for i, m := range page {
@@ -116,6 +116,12 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 			if n < len(ids) { // the broker moved fewer than asked without an error
 				r.Missed += len(ids) - n
 			}
+		case ScanIncomplete(err):
+			// The broker's scan for this page's letters stopped before it
+			// found them all: those not done stay, and the walk goes on.
+			stopped = err.Error()
+			r.Done += n
+			r.missPage(ids, n, err)
 		case errors.Is(err, sdk.ErrNotFound):
 			for _, id := range ids {
 				n, err := do(ctx, []string{id})
@@ -142,7 +148,38 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		}
 		return nil
 	})
+	if stopped != "" && r.Incomplete == "" {
+		r.Complete, r.Incomplete = false, stopped
+	}
 	return r, err
+}
+
+// all accounts for a broker's own redrive or purge of every dead letter,
+// which did n: a report that its scan stopped before the end is a result
+// (Incomplete), not an error.
+func (r Result) all(n int, err error, progress func(int)) (Result, error) {
+	r.Done, r.Matched, r.Complete = n, n, err == nil
+	if ScanIncomplete(err) {
+		r.Incomplete, err = err.Error(), nil
+	}
+	if progress != nil && err == nil {
+		progress(n)
+	}
+	return r, err
+}
+
+// missPage counts the len(ids)-n of a page that a broker call did not do,
+// naming them when it did none (a partial call does not say which).
+func (r *Result) missPage(ids []string, n int, err error) {
+	r.Missed += len(ids) - n
+	if n > 0 {
+		return
+	}
+	for _, id := range ids {
+		if len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		}
+	}
 }
 
 // applyIDs is Apply for a filter that names its dead letters: each is
@@ -167,6 +204,10 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		switch {
 		case err == nil:
 			r.Done += n
+		case ScanIncomplete(err):
+			r.Done += n
+			r.Complete, r.Incomplete = false, err.Error()
+			r.missPage(batch, n, err)
 		case errors.Is(err, sdk.ErrNotFound):
 			for _, id := range batch {
 				n, err := do(ctx, []string{id})
@@ -209,6 +250,10 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		case errors.Is(err, sdk.ErrNotFound):
 			miss(id, err)
 			continue
+		case ScanIncomplete(err):
+			r.Complete, r.Incomplete = false, err.Error()
+			miss(id, err)
+			continue
 		case err != nil:
 			return r, err
 		}
@@ -224,4 +269,65 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		}
 	}
 	return r, flush()
+}
+
+// sweepApply is Apply on a broker that sweeps ([Sweeper]): one pass round
+// the dead-letter queue chooses and moves, page by page. Past Limit it only
+// looks, to say whether more would match.
+func sweepApply(ctx context.Context, sw Sweeper, queue string, f Filter, act Action, o Options, progress func(int)) (Result, error) {
+	o = o.withDefaults()
+	var r Result
+	seen := map[string]bool{} // of f.IDs
+	more := false
+	n, err := sw.SweepDeadLetters(ctx, queue, o.PageSize, act == Redrive, func(done int, page []*sdk.Message) []bool {
+		if progress != nil && done > 0 {
+			progress(done)
+		}
+		r.Scanned += len(page)
+		now := o.Now()
+		chosen := make([]bool, len(page))
+		for i, m := range page {
+			if len(f.IDs) > 0 && slices.Contains(f.IDs, m.ID) {
+				seen[m.ID] = true
+			}
+			switch {
+			case !f.Match(m, now):
+			case o.Limit > 0 && r.Matched == o.Limit:
+				more = true
+			default:
+				r.Matched++
+				chosen[i] = true
+			}
+		}
+		return chosen
+	})
+	r.Done = n
+	miss := func(id string, err error) {
+		r.Missed++
+		if len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		}
+	}
+	var pe *sdk.PublishError
+	if errors.As(err, &pe) {
+		ids := slices.Sorted(maps.Keys(pe.Failed))
+		for _, id := range ids {
+			miss(id, pe.Failed[id])
+		}
+		err = nil
+	}
+	notFound := sdk.ErrNotFound
+	if ScanIncomplete(err) { // another walk cut this one short: a result, not a failure
+		r.Incomplete, notFound, err = err.Error(), err, nil
+	}
+	if err == nil {
+		for _, id := range unseen(f.IDs, seen) {
+			miss(id, notFound)
+		}
+		if progress != nil {
+			progress(r.Done)
+		}
+	}
+	r.Complete = err == nil && !more && r.Incomplete == ""
+	return r, err
 }

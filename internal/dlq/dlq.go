@@ -5,8 +5,11 @@
 //
 // Brokers are used through [sdk.DeadLetters] and the optional capabilities
 // below, found by type assertion. The memory and PostgreSQL brokers have
-// them all; on a broker without [Pager] a walk sees only the first
-// [Options.ScanLimit] dead letters and says so ([Summary.Complete] false).
+// them all; RabbitMQ, which cannot page with a cursor, has [Sweeper]; on a
+// broker with neither (SQS) a walk sees only the first [Options.ScanLimit]
+// dead letters and says so ([Summary.Complete] false, [Summary.Incomplete]
+// why), as does a change whose broker call reports that its own scan
+// stopped before the end ([ScanIncomplete]).
 package dlq
 
 import (
@@ -18,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -27,6 +32,19 @@ import (
 // letters it passed are redriven or deleted.
 type Pager interface {
 	DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error)
+}
+
+// Sweeper goes once round all of a queue's dead letters, pageSize at a time
+// in bounded memory, acting on the chosen ones as it goes: what a broker
+// that cannot page with a cursor offers instead of [Pager] (RabbitMQ, whose
+// dead letters can be read only by taking them). fn is called with each
+// page (it must not keep it) and how many it chose in earlier pages, and
+// returns for each letter whether to act on it (nil: none); acting is
+// redriving when redrive is true, deleting otherwise. It returns how many
+// were acted on; chosen letters whose redrive failed are named by a
+// *[sdk.PublishError]. A sweep ended by ctx finishes the page in hand.
+type Sweeper interface {
+	SweepDeadLetters(ctx context.Context, queue string, pageSize int, redrive bool, fn func(done int, page []*sdk.Message) []bool) (int, error)
 }
 
 // Deleter deletes chosen dead letters. An unknown id gives an error
@@ -119,8 +137,9 @@ func LastFailure(m *sdk.Message) (time.Time, bool) {
 type Options struct {
 	// PageSize is how many dead letters are read at a time. Default 500.
 	PageSize int
-	// ScanLimit bounds how many dead letters are read from a broker without
-	// [Pager] (in one ListDeadLetters call). Default 10000.
+	// ScanLimit bounds how many dead letters are read from a broker with
+	// neither [Pager] nor [Sweeper] (in one ListDeadLetters call). Default
+	// 10000.
 	ScanLimit int
 	// Limit, when positive, stops after this many matches.
 	Limit int
@@ -145,7 +164,20 @@ func (o Options) withDefaults() Options {
 type Summary struct {
 	Scanned  int  // dead letters read
 	Matched  int  // of them, chosen by the filter (up to Options.Limit)
-	Complete bool // every dead letter of the queue was looked at (false: the broker cannot page past ScanLimit, or Limit stopped the walk)
+	Complete bool // every dead letter of the queue was looked at (false: the broker cannot page past ScanLimit, its scan stopped, or Limit stopped the walk with more to match)
+	// Incomplete says why the walk, or a broker call of a change, stopped
+	// before the end of the dead-letter queue when Limit did not stop it:
+	// more dead letters than Matched may match. "" otherwise.
+	Incomplete string
+}
+
+// ScanIncomplete reports whether err is a broker's report that its own
+// dead-letter scan stopped before the end of the queue (an SQS scan that
+// would hold too many letters, a RabbitMQ walk another walk cut short):
+// not a failure of the broker, but a reason the operator must run the
+// command again.
+func ScanIncomplete(err error) bool {
+	return errors.Is(err, sqs.ErrScanIncomplete) || errors.Is(err, rabbitmq.ErrScanIncomplete)
 }
 
 // Walk calls fn with the chosen dead letters of queue, page by page, oldest
@@ -175,13 +207,55 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		return o.Limit > 0 && s.Matched == o.Limit, nil
 	}
 	p, ok := dl.(Pager)
+	if sw, isSweeper := dl.(Sweeper); !ok && isSweeper {
+		// The sweep goes round to the end whatever the filter and Limit
+		// (stopping half way would leave the queue turned): past Limit it
+		// only looks, to say whether more would match.
+		var ferr error
+		more := false
+		_, err := sw.SweepDeadLetters(ctx, queue, o.PageSize, false, func(_ int, page []*sdk.Message) []bool {
+			s.Scanned += len(page)
+			if ferr != nil {
+				return nil
+			}
+			if o.Limit > 0 && s.Matched == o.Limit {
+				more = more || slices.ContainsFunc(page, func(m *sdk.Message) bool { return f.Match(m, o.Now()) })
+				return nil
+			}
+			before := s.Matched
+			_, ferr = emit(page)
+			if o.Limit > 0 && s.Matched == o.Limit {
+				now, n := o.Now(), 0
+				for _, m := range page {
+					if f.Match(m, now) {
+						n++
+					}
+				}
+				more = n > s.Matched-before
+			}
+			return nil
+		})
+		if ScanIncomplete(err) { // another walk cut this one short
+			s.Incomplete, err = err.Error(), nil
+		}
+		if err == nil {
+			err = ferr
+		}
+		s.Complete = err == nil && !more && s.Incomplete == ""
+		return s, err
+	}
 	if !ok {
 		page, err := dl.ListDeadLetters(ctx, queue, o.ScanLimit)
-		if err != nil {
+		switch {
+		case ScanIncomplete(err):
+			s.Incomplete = err.Error()
+		case err != nil:
 			return s, err
+		case len(page) >= o.ScanLimit:
+			s.Incomplete = fmt.Sprintf("the broker cannot page its dead letters: only the first %d were read", o.ScanLimit)
 		}
 		s.Scanned = len(page)
-		s.Complete = len(page) < o.ScanLimit
+		s.Complete = s.Incomplete == ""
 		for len(page) > 0 {
 			n := min(len(page), o.PageSize)
 			stop, err := emit(page[:n])
@@ -189,7 +263,7 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 				return s, err
 			}
 			if stop {
-				s.Complete = false
+				s.Complete, s.Incomplete = false, "" // Limit stopped it
 				return s, nil
 			}
 			page = page[n:]
@@ -229,6 +303,36 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 // IDs that are not dead letters of queue are returned as missing.
 func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int) (s Summary, first []*sdk.Message, missing []string, err error) {
 	o = o.withDefaults()
+	_, paged := dl.(Pager)
+	if _, ok := dl.(Sweeper); ok && !paged && len(f.IDs) > 0 {
+		// One sweep finds every ID, instead of one per ID.
+		seen := map[string]bool{}
+		rest, all := f, o
+		rest.IDs, all.Limit = nil, 0
+		matched, more := 0, false
+		s, err = Walk(ctx, dl, queue, Filter{IDs: f.IDs}, all, func(page []*sdk.Message) error {
+			now := o.Now()
+			for _, m := range page {
+				seen[m.ID] = true
+				switch {
+				case !rest.Match(m, now):
+				case o.Limit > 0 && matched == o.Limit:
+					more = true
+				default:
+					matched++
+					if len(first) < keep {
+						first = append(first, m)
+					}
+				}
+			}
+			return nil
+		})
+		s.Matched, s.Complete = matched, s.Complete && !more
+		if err == nil {
+			missing = unseen(f.IDs, seen)
+		}
+		return s, first, missing, err
+	}
 	if len(f.IDs) == 0 {
 		s, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
 			for _, m := range page {
@@ -259,6 +363,9 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		case errors.Is(err, sdk.ErrNotFound):
 			missing = append(missing, id)
 			continue
+		case ScanIncomplete(err): // neither found nor known to be missing
+			s.Complete, s.Incomplete = false, err.Error()
+			continue
 		case err != nil:
 			return s, first, missing, err
 		}
@@ -270,4 +377,16 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		}
 	}
 	return s, first, missing, nil
+}
+
+// unseen returns the IDs of ids (each once, in order) that seen lacks.
+func unseen(ids []string, seen map[string]bool) []string {
+	var out []string
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }

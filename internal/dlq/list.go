@@ -16,7 +16,10 @@ type Listing struct {
 	// page; a lower bound when Complete is false.
 	Matched  int
 	Complete bool
-	Offset   int
+	// Incomplete says why the walk stopped before the end of the
+	// dead-letter queue ("" when it did not): see [Summary.Incomplete].
+	Incomplete string
+	Offset     int
 	// Next is the offset of the next page, -1 on the last.
 	Next int
 }
@@ -37,7 +40,13 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 	}
 	counted := f.IsZero() && l.Total >= 0
 	if counted {
+		// The page is all it needs: a broker without Pager reads no more
+		// than that either.
 		o.Limit = offset + limit
+		o.ScanLimit = max(o.ScanLimit, 0)
+		if o.ScanLimit == 0 || o.ScanLimit > offset+limit {
+			o.ScanLimit = offset + limit
+		}
 	}
 	i := 0
 	s, err := Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
@@ -52,9 +61,9 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 	if err != nil {
 		return l, err
 	}
-	l.Matched, l.Complete = s.Matched, s.Complete
+	l.Matched, l.Complete, l.Incomplete = s.Matched, s.Complete, s.Incomplete
 	if counted {
-		l.Matched, l.Complete = int(l.Total), true
+		l.Matched, l.Complete, l.Incomplete = int(l.Total), true, ""
 	}
 	if offset+len(l.Messages) < l.Matched {
 		l.Next = offset + len(l.Messages)
