@@ -192,7 +192,9 @@ func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids 
 // crashing or losing its lease; a broker's own policy such as a TTL), whose
 // row would otherwise stay running or retrying. A job the Worker
 // dead-lettered is already dead at that attempt and does not change (the
-// guard keeps the first final state of an attempt). Listing is read-only on
+// guard keeps the first final state of an attempt). A dead letter that
+// does not carry its attempt (RabbitMQ's, when the queue kept no delivery
+// count) ends whatever attempt the row is at. Listing is read-only on
 // every broker; it returns how many events it recorded.
 //
 // Run it periodically (the [Janitor] does, for its DeadLetterQueues) or

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -199,5 +201,93 @@ func TestFailedSettlementIsRecorded(t *testing.T) {
 	if first == nil || first.Status != ledger.StatusRetrying || first.Class != ledger.ClassSettleFailed ||
 		!strings.Contains(first.Error, "ack failed: "+errConnReset.Error()) {
 		t.Fatalf("history %+v: want attempt 1 retrying, class settle_failed, the ack's error", j.History)
+	}
+}
+
+// TestBrokerDeadLetterRabbitMQ: a job whose consumers die twice is
+// dead-lettered by RabbitMQ itself (the quorum queue's delivery limit), out
+// of any Worker's sight; SyncDeadLetters records it dead with the broker's
+// reason over the second crashed attempt's running row. RabbitMQ does not
+// say at which attempt it dead-lettered (no x-delivery-count on the dead
+// letter), so the sync ends whatever attempt the row is at.
+func TestBrokerDeadLetterRabbitMQ(t *testing.T) {
+	url := integration.RabbitMQURL(t)
+	ctx := testCtx(t, 60*time.Second)
+	opts := rabbitmq.Options{Logger: quiet, MaxDeliveries: 2}
+	open := func() *rabbitmq.Broker {
+		b, err := rabbitmq.New(ctx, url, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	b := open()
+	q := "berth_ledgertest_" + suffix()
+	if err := b.DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = b.DeleteQueue(ctx, q)
+		_ = b.Close()
+	})
+	store := newStore(t, newPool(t))
+	led := newLedger(t, store, ledger.Options{Linger: -1})
+	m := &sdk.Message{Type: "ledger.poison", Body: []byte(`{}`)}
+	if err := led.Publisher(b).Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	// Each consumer starts the job (as its Worker's Observer would) and
+	// dies: its connection closes with the delivery unsettled.
+	for attempt := 1; attempt <= 2; attempt++ {
+		c := open()
+		var ds []sdk.Delivery
+		for len(ds) == 0 {
+			var err error
+			if ds, err = c.Receive(ctx, q, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ds[0].Message().ID != m.ID || ds[0].Attempt() != attempt {
+			t.Fatalf("received %s attempt %d, want %s attempt %d", ds[0].Message().ID, ds[0].Attempt(), m.ID, attempt)
+		}
+		led.Start(ctx, ds[0])
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := led.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := store.Job(ctx, m.ID); err != nil || j.Status != ledger.StatusRunning || j.Attempts != 2 {
+		t.Fatalf("before the sync: %+v, %v; want running at attempt 2", j, err)
+	}
+	for {
+		dead, err := b.ListDeadLetters(ctx, q, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dead) == 1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d dead letters, want the poison message", len(dead))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if n, err := led.SyncDeadLetters(ctx, b, q, 0); err != nil || n != 1 {
+		t.Fatalf("SyncDeadLetters = %d, %v", n, err)
+	}
+	if err := led.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	j, err := store.Job(ctx, m.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Status != ledger.StatusDead || j.ErrorClass != sdk.ClassPoison || j.LastError != sdk.ErrMaxDeliveries.Error() || j.Attempts < 2 {
+		t.Fatalf("after the sync: %+v; want dead, max_deliveries, at attempt 2 or later", j)
 	}
 }

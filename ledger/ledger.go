@@ -77,7 +77,11 @@ type Event struct {
 	// Generation counts redrives (the message's berth-redrive-count): a
 	// redriven job starts again at attempt 1 in a new generation.
 	Generation int
-	// Attempt is the delivery's attempt, 0 for enqueued and redriven.
+	// Attempt is the delivery's attempt, 0 for enqueued and redriven. A
+	// dead event at attempt 0 is a broker's dead letter that did not say
+	// its attempt ([Ledger.SyncDeadLetters]): it ends the row's current
+	// attempt of its generation, whatever its number, unless that attempt
+	// already ended succeeded or dead.
 	Attempt int
 	// At is when it happened; it orders events of equal rank.
 	At            time.Time

@@ -83,6 +83,7 @@ type Store struct {
 	jobs             string // quoted schema.table
 	upsert           string
 	redrive, redrAll string
+	deadAny          string
 }
 
 var (
@@ -166,6 +167,12 @@ ON CONFLICT (message_id) DO UPDATE SET
 	redrive := `history = j.history || CASE WHEN j.attempts > 0 THEN ` + attemptJSON("j") + ` ELSE '[]'::jsonb END, ` + redriven
 	s.redrive = `UPDATE ` + s.jobs + ` j SET ` + redrive + `
 WHERE j.message_id = $1 AND j.status = 'dead' AND j.updated_at <= $2`
+	// A dead letter whose attempt the broker did not say (RabbitMQ's
+	// delivery limit without x-delivery-count) ends the generation's
+	// current attempt, whatever its number, unless it already ended final.
+	s.deadAny = `UPDATE ` + s.jobs + ` j SET status = 'dead', rank = 3, last_error = $2, error_class = $3,
+	next_attempt_at = NULL, duration_us = NULL, finished_at = $4, updated_at = GREATEST(j.updated_at, $4)
+WHERE j.message_id = $1 AND j.generation = $5 AND j.rank < 3`
 	s.redrAll = `UPDATE ` + s.jobs + ` j SET ` + redrive + `
 WHERE j.queue = $1 AND j.status = 'dead' AND j.updated_at <= $2`
 	return s, nil
@@ -336,9 +343,14 @@ type historyEntry struct {
 // trip and one transaction. It does not retain batch.
 func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 	jobs := map[string]*row{}
-	var redrives []ledger.Event
+	var redrives, deadAny []ledger.Event
 	for _, e := range batch {
 		if !e.Status.Valid() {
+			continue
+		}
+		if e.Status == ledger.StatusDead && e.Attempt == 0 && e.MessageID != "" {
+			// A broker's dead letter of unknown attempt: see deadAny.
+			deadAny = append(deadAny, e)
 			continue
 		}
 		if e.Status == ledger.StatusRedriven {
@@ -435,6 +447,9 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 		}
 		b.Queue(s.upsert, ids, queues, types, keys, corrs, statuses, ranks, gens, atts, errs, classes,
 			next, first, started, finished, durs, workers, updated, hist)
+	}
+	for _, e := range deadAny {
+		b.Queue(s.deadAny, e.MessageID, nonEmpty(e.Error), nonEmpty(string(e.Class)), e.At, int32(e.Generation))
 	}
 	// Redrives go after the rows: a dead event and its redrive may share
 	// a batch.
