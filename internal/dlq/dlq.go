@@ -21,8 +21,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berthq/berth/brokers/rabbitmq"
-	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -175,9 +173,31 @@ type Summary struct {
 // dead-letter scan stopped before the end of the queue (an SQS scan that
 // would hold too many letters, a RabbitMQ walk another walk cut short):
 // not a failure of the broker, but a reason the operator must run the
-// command again.
+// command again. It looks for the sentinel those errors wrap,
+// sqs.ErrScanIncomplete or rabbitmq.ErrScanIncomplete, by its text: this
+// package, which the dashboard imports, imports no broker (see
+// ARCHITECTURE.md), and a test pins the texts to the brokers' sentinels.
 func ScanIncomplete(err error) bool {
-	return errors.Is(err, sqs.ErrScanIncomplete) || errors.Is(err, rabbitmq.ErrScanIncomplete)
+	if err == nil {
+		return false
+	}
+	if slices.Contains(scanIncompleteTexts, err.Error()) {
+		return true
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return ScanIncomplete(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		return slices.ContainsFunc(u.Unwrap(), ScanIncomplete)
+	}
+	return false
+}
+
+// scanIncompleteTexts are the texts of sqs.ErrScanIncomplete and
+// rabbitmq.ErrScanIncomplete.
+var scanIncompleteTexts = []string{
+	"berth/sqs: dead-letter scan incomplete",
+	"berth/rabbitmq: dead-letter walk incomplete",
 }
 
 // Walk calls fn with the chosen dead letters of queue, page by page, oldest

@@ -11,6 +11,8 @@ import (
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokers/rabbitmq"
+	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/sdk"
@@ -294,4 +296,26 @@ func TestApplyInterrupted(t *testing.T) {
 			t.Fatalf("stats %+v", st)
 		}
 	})
+}
+
+// ScanIncomplete knows the brokers' incomplete-scan errors (by their
+// sentinels' texts, since the package imports no broker), however wrapped,
+// and nothing else.
+func TestScanIncomplete(t *testing.T) {
+	for _, err := range []error{
+		sqs.ErrScanIncomplete,
+		&sqs.ScanError{Queue: "q", Remaining: 1, Reason: "r"},
+		rabbitmq.ErrScanIncomplete,
+		fmt.Errorf("redrive: %w", &rabbitmq.ScanError{Queue: "q"}),
+		errors.Join(errors.New("one page failed"), &sqs.ScanError{Queue: "q"}),
+	} {
+		if !dlq.ScanIncomplete(err) {
+			t.Errorf("ScanIncomplete(%v) = false", err)
+		}
+	}
+	for _, err := range []error{nil, sdk.ErrNotFound, errors.New("berth/sqs: dead-letter scan"), fmt.Errorf("x: %w", sdk.ErrClosed)} {
+		if dlq.ScanIncomplete(err) {
+			t.Errorf("ScanIncomplete(%v) = true", err)
+		}
+	}
 }
