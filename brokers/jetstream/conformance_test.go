@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/url"
 	"testing"
 	"time"
 
@@ -65,10 +66,17 @@ func TestConformance(t *testing.T) {
 			return errors.As(err, &je)
 		},
 		Peer: func(t *testing.T, _ sdk.Broker) sdk.Broker { return newBroker(t, opts) },
-		// The broker's connection runs through a TCP proxy that the test cuts;
+		// The broker's connection runs through integration's fault proxy, which
+		// the test resets;
 		// nats.go reconnects through it.
 		Faulty: func(t *testing.T) (sdk.Broker, func()) {
-			p, purl := newProxy(t, integration.NATSURL(t))
+			u, err := url.Parse(integration.NATSURL(t))
+			if err != nil {
+				t.Fatalf("parse the NATS URL: %v", err)
+			}
+			p := integration.StartProxy(t, u.Host)
+			u.Host = p.Addr()
+			purl := u.String()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			b, err := jetstream.Connect(ctx, purl, jetstream.ConnectOptions{Name: "berth-test-faulty", ReconnectWait: 50 * time.Millisecond}, opts)
@@ -76,7 +84,7 @@ func TestConformance(t *testing.T) {
 				t.Fatalf("Connect through the proxy: %v", err)
 			}
 			t.Cleanup(func() { _ = b.Close() })
-			return b, p.Cut
+			return b, p.Reset
 		},
 	})
 }
