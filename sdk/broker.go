@@ -89,6 +89,24 @@ type Releaser interface {
 	Release(ctx context.Context, delay time.Duration) error
 }
 
+// AsyncAcker is implemented by deliveries whose Ack can finish in the
+// background, written together with the acks of other finished jobs
+// (PostgreSQL: one UPDATE, one commit, for many). AckAsync does what Ack
+// does, without waiting: done is called exactly once, from any goroutine, by
+// the time ctx is done at the latest, with what Ack would have returned (nil,
+// an error wrapping [ErrLeaseLost] when the lease was lost, ...). done must
+// not block.
+//
+// The Worker uses it for successful jobs so that a handler goroutine moves on
+// to the next job while the ack is committed: the delivery keeps its slot
+// (and its lease is not extended, as for any settlement) until done, and
+// observers see the settlement, with its error, then. An ack is only ever
+// delayed, never made for unfinished work; a crash before it is written
+// means a redelivery, as a crash before a synchronous Ack does.
+type AsyncAcker interface {
+	AckAsync(ctx context.Context, done func(error))
+}
+
 // BatchAcker is implemented by brokers that ack many deliveries in one
 // operation (RabbitMQ: one basic.ack with the multiple flag). Use
 // [AckAll], which falls back to one Ack per delivery.

@@ -170,6 +170,25 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	jobs := make(chan *task, capacity)
 	hungry := make(chan struct{}, 1) // a handler took the last waiting job
 
+	done := func(t *task) {
+		held[t.slot].Store(nil)
+		w.health.held.Add(-1)
+		free <- t.slot
+	}
+	// Acks finishing in the background (AsyncAcker) come back on acked
+	// (never full: each holds a slot) to one goroutine that reports them
+	// and frees their slots; asyncs counts those not yet back.
+	var asyncs sync.WaitGroup
+	acked := make(chan *asyncAck, capacity)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for a := range acked {
+			w.finishAsync(a)
+			done(a.t)
+			asyncs.Done()
+		}
+	}()
 	var pool sync.WaitGroup
 	for range o.Concurrency {
 		pool.Add(1)
@@ -188,11 +207,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				case ctx.Err() != nil:
 					w.release(base, t.d, "not started before shutdown")
 				default:
-					w.process(base, t)
+					if _, async := w.process(base, t, acked, &asyncs); async {
+						continue // the slot is freed when the ack is back
+					}
 				}
-				held[t.slot].Store(nil)
-				w.health.held.Add(-1)
-				free <- t.slot
+				done(t)
 			}
 		}()
 	}
@@ -219,7 +238,13 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	close(jobs)
 
 	drained := make(chan struct{})
-	go func() { pool.Wait(); close(drained) }()
+	go func() {
+		pool.Wait()
+		asyncs.Wait() // bounded by SettleTimeout: AckAsync reports by its ctx's end
+		close(acked)
+		<-finished
+		close(drained)
+	}()
 	deadline := time.NewTimer(o.DrainTimeout)
 	defer deadline.Stop()
 	select {
@@ -520,15 +545,42 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 		})
 		defer timer.Stop()
 	}
-	return w.process(context.WithoutCancel(ctx), t)
+	s, _ := w.process(context.WithoutCancel(ctx), t, nil, nil)
+	return s
 }
 
-// process runs the handler on t and settles its delivery.
-func (w *Worker) process(base context.Context, t *task) Settlement {
+// asyncAck is a successful job whose ack finishes in the background
+// ([AsyncAcker]): what its settlement needs once the ack is back.
+type asyncAck struct {
+	t      *task
+	ctx    context.Context // the handler's, cancelled once reported
+	cancel context.CancelCauseFunc
+	s      Settlement
+}
+
+// finishAsync reports a background ack as process reports a settlement.
+func (w *Worker) finishAsync(a *asyncAck) {
+	w.log(a.ctx, a.t.d, a.s)
+	for _, ob := range w.opts.Observers {
+		ob.Settled(a.ctx, a.t.d, a.s)
+	}
+	a.cancel(nil)
+}
+
+// process runs the handler on t and settles its delivery. With acked
+// non-nil, a successful job whose delivery is an [AsyncAcker] is acked in
+// the background: process returns at once with async true, and the ack's
+// outcome is sent to acked (asyncs counting it until then), where
+// finishAsync reports it; the returned Settlement then lacks its Err.
+func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, asyncs *sync.WaitGroup) (s Settlement, async bool) {
 	d := t.d
 	m := d.Message()
 	ctx, cancel := context.WithCancelCause(base)
-	defer cancel(nil)
+	defer func() {
+		if !async {
+			cancel(nil)
+		}
+	}()
 	t.mu.Lock()
 	t.cancel = cancel
 	if t.pending != nil {
@@ -562,7 +614,22 @@ func (w *Worker) process(base context.Context, t *task) Settlement {
 	err := w.call(ctx, d)
 	t.settling.Store(true) // an extension racing the settlement would only report a false loss
 	end := time.Now()
-	s := w.settle(w.settleContext(base, end), ctx, d, err, t.lost.Load())
+	lost := t.lost.Load()
+	if aa, ok := d.(AsyncAcker); ok && acked != nil && err == nil && !lost {
+		a := &asyncAck{t: t, ctx: ctx, cancel: cancel, s: Settlement{Action: ActionAck, Class: Classify(nil)}}
+		if !start.IsZero() {
+			a.s.Duration = end.Sub(start)
+			a.s.Received = time.Unix(0, t.received)
+		}
+		s = a.s // before AckAsync: its done may run at once, writing a.s.Err
+		asyncs.Add(1)
+		aa.AckAsync(w.settleContext(base, end), func(err error) {
+			a.s.Err = err
+			acked <- a
+		})
+		return s, true
+	}
+	s = w.settle(w.settleContext(base, end), ctx, d, err, lost)
 	if !start.IsZero() {
 		s.Duration = end.Sub(start)
 		s.Received = time.Unix(0, t.received)
@@ -570,7 +637,7 @@ func (w *Worker) process(base context.Context, t *task) Settlement {
 	for _, ob := range w.opts.Observers {
 		ob.Settled(ctx, d, s)
 	}
-	return s
+	return s, false
 }
 
 func (w *Worker) call(ctx context.Context, d Delivery) (err error) {

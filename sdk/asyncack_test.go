@@ -1,0 +1,107 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/berthtest"
+	"github.com/berthq/berth/sdk"
+)
+
+// asyncDelivery is a delivery whose acks finish when the test says so.
+type asyncDelivery struct {
+	*berthtest.Delivery
+	acks chan func(error) // the done of each AckAsync, in call order
+}
+
+func (d *asyncDelivery) AckAsync(_ context.Context, done func(error)) { d.acks <- done }
+
+// TestWorkerAsyncAck: a successful job of an AsyncAcker delivery is acked in
+// the background; the handler goroutine moves on, the delivery keeps its slot
+// until the ack is back, observers see the ack's own outcome (a lost lease
+// included), and Run does not return before pending acks are back.
+func TestWorkerAsyncAck(t *testing.T) {
+	sub := newFakeSub()
+	acks := make(chan func(error), 16)
+	var handled atomic.Int32
+	rec := berthtest.NewRecorder()
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { handled.Add(1); return nil })
+	// Concurrency 1, Prefetch 1: two slots.
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Prefetch: 1, Observers: []sdk.Observer{rec}})
+	ds := make([]*asyncDelivery, 4)
+	for i := range ds {
+		ds[i] = &asyncDelivery{Delivery: newFake(1, "t"), acks: acks}
+		sub.ch <- ds[i]
+	}
+	timeout := time.After(berthtest.WaitTimeout)
+	next := func() func(error) {
+		t.Helper()
+		select {
+		case done := <-acks:
+			return done
+		case <-timeout:
+			t.Fatal("no AckAsync")
+			return nil
+		}
+	}
+	// One handler goroutine: the second job ran while the first ack was
+	// pending, so the handler did not wait for it.
+	ack1, ack2 := next(), next()
+	if got := handled.Load(); got != 2 {
+		t.Fatalf("handled %d, want 2", got)
+	}
+	// Both slots are held by pending acks: nothing else is received or run.
+	time.Sleep(50 * time.Millisecond)
+	if got := handled.Load(); got != 2 {
+		t.Fatalf("handled %d with both slots held by pending acks, want 2", got)
+	}
+	if n := len(rec.Records()); n != 0 {
+		t.Fatalf("%d settlements reported before any ack was back", n)
+	}
+	ack1(sdk.ErrLeaseLost) // the lease was lost before the batch was written
+	rs := rec.Wait(t, 1)
+	if rs[0].Action != sdk.ActionAck || !errors.Is(rs[0].Err, sdk.ErrLeaseLost) || rs[0].Message != ds[0].Message() {
+		t.Fatalf("first settlement = %+v, want the first job's ack with ErrLeaseLost", rs[0])
+	}
+	ack3 := next() // its slot freed, the third job ran
+	ack2(nil)
+	ack3(nil)
+	ack4 := next()
+	rec.Wait(t, 3)
+
+	// Run waits for the pending ack before returning.
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-stopped:
+		t.Fatalf("Run returned (%v) with an ack pending", err)
+	default:
+	}
+	ack4(nil)
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("Run did not return after the last ack")
+	}
+	rs = rec.Records()
+	if len(rs) != 4 {
+		t.Fatalf("%d settlements, want 4", len(rs))
+	}
+	for _, r := range rs[1:] {
+		if r.Action != sdk.ActionAck || r.Err != nil {
+			t.Errorf("settlement %+v, want a clean ack", r)
+		}
+	}
+	for _, d := range ds {
+		if calls := d.Calls(); len(calls) != 0 {
+			t.Errorf("synchronous settlement calls %v on an AsyncAcker delivery", calls)
+		}
+	}
+}
