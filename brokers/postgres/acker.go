@@ -16,43 +16,80 @@ import (
 // maxAckBatch bounds the rows of one completion statement.
 const maxAckBatch = 500
 
-// acker completes acked jobs in batches (group commit): Ack appends its row
-// to the pending list, kicks the acker's goroutine and waits; the goroutine
-// takes everything pending at that moment and completes it in one UPDATE. A
-// lone ack is written at once; under load, acks that arrive while a statement
-// runs share the next one. Ack still returns only once its row is durably
-// completed (or not).
+// acker completes acked jobs in batches (group commit): an ack appends its
+// row to the pending list and kicks the acker's goroutine; the goroutine
+// takes everything pending at that moment and completes it in one UPDATE
+// (one commit). A lone ack is written at once; under load, acks that arrive
+// while a statement runs share the next one, so the batch grows with the
+// load and no linger is needed. Ack waits for its row's outcome; AckAsync
+// (what the Worker uses) is told it by a callback, so the handler that
+// finished the job goes on with the next one meanwhile. Either way the
+// outcome is per row: completed, or the lease was lost.
 type acker struct {
 	b    *Broker
 	kick chan struct{} // buffered (1): "something is pending"
 
 	mu      sync.Mutex
-	pending []ackReq
-	stopped bool // run has returned: Ack reports ErrClosed
+	pending []*ackReq
+	stopped bool // run has returned: acks report ErrClosed
+
+	hold sync.Mutex // held by tests (HoldAcks) to keep a batch from being written
 
 	flushes, rows atomic.Int64 // statements and rows written, for the benchmark
 	unbatched     atomic.Bool  // write each ack alone (the benchmark's baseline)
 }
 
+// ackReq is one pending ack; finish reports its outcome once.
 type ackReq struct {
 	id    int64
 	token string
-	done  chan error // buffered (1): a flush never blocks on a caller that gave up
+	done  func(error)
+	once  atomic.Bool
+	stop  func() bool // unregisters the caller's context watch, if any
+}
+
+// finish calls done with err, the first time only.
+func (r *ackReq) finish(err error) {
+	if !r.once.CompareAndSwap(false, true) {
+		return
+	}
+	if r.stop != nil {
+		r.stop()
+	}
+	r.done(err)
 }
 
 func newAcker(b *Broker) *acker { return &acker{b: b, kick: make(chan struct{}, 1)} }
 
-// ack completes the row if its lease token still matches.
+// ack completes the row if its lease token still matches, and waits.
 func (a *acker) ack(ctx context.Context, id int64, token string) error {
-	r := ackReq{id: id, token: token, done: make(chan error, 1)}
+	ch := make(chan error, 1) // a flush never blocks on a caller that gave up
+	a.ackAsync(context.Background(), id, token, func(err error) { ch <- err })
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ackAsync queues the row for the next batch; done receives its outcome,
+// or ctx's error if ctx ends first (the row may still be completed then, as
+// when a synchronous Ack gives up).
+func (a *acker) ackAsync(ctx context.Context, id int64, token string, done func(error)) {
+	r := &ackReq{id: id, token: token, done: done}
 	if a.unbatched.Load() {
-		a.flush([]ackReq{r})
-		return <-r.done
+		a.flush([]*ackReq{r})
+		return
 	}
 	a.mu.Lock()
 	if a.stopped {
 		a.mu.Unlock()
-		return errClosed("ack")
+		r.finish(errClosed("ack"))
+		return
+	}
+	if ctx.Done() != nil {
+		r.stop = context.AfterFunc(ctx, func() { r.finish(ctx.Err()) })
 	}
 	a.pending = append(a.pending, r)
 	a.mu.Unlock()
@@ -60,16 +97,10 @@ func (a *acker) ack(ctx context.Context, id int64, token string) error {
 	case a.kick <- struct{}{}:
 	default: // already kicked
 	}
-	select {
-	case err := <-r.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // take removes up to maxAckBatch pending acks.
-func (a *acker) take() []ackReq {
+func (a *acker) take() []*ackReq {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := min(len(a.pending), maxAckBatch)
@@ -81,6 +112,13 @@ func (a *acker) take() []ackReq {
 	return batch
 }
 
+// pendingCount is how many acks wait for a statement (for tests).
+func (a *acker) pendingCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.pending)
+}
+
 // run is the acker's goroutine; it returns when ctx is cancelled (Close),
 // after writing every ack already pending.
 func (a *acker) run(ctx context.Context) {
@@ -90,22 +128,27 @@ func (a *acker) run(ctx context.Context) {
 			a.mu.Lock()
 			a.stopped = true
 			a.mu.Unlock()
-			for batch := a.take(); len(batch) > 0; batch = a.take() {
-				a.flush(batch)
-			}
+			a.flushAll()
 			return
 		case <-a.kick:
 		}
-		for batch := a.take(); len(batch) > 0; batch = a.take() {
-			a.flush(batch)
-		}
+		a.flushAll()
+	}
+}
+
+// flushAll writes what is pending, batch after batch.
+func (a *acker) flushAll() {
+	a.hold.Lock()
+	defer a.hold.Unlock()
+	for batch := a.take(); len(batch) > 0; batch = a.take() {
+		a.flush(batch)
 	}
 }
 
 // flush completes batch in one statement. It does not use the callers'
 // contexts (one caller giving up must not fail the others); it is bounded by
 // its own timeout instead.
-func (a *acker) flush(batch []ackReq) {
+func (a *acker) flush(batch []*ackReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a.flushes.Add(1)
@@ -114,7 +157,7 @@ func (a *acker) flush(batch []ackReq) {
 	// worker's ack and the new holder's) lock them in the same order and do
 	// not deadlock in the usual plan; if they ever do, the error wraps
 	// sdk.ErrUnavailable and the job comes back after its lease.
-	slices.SortFunc(batch, func(x, y ackReq) int { return cmp.Compare(x.id, y.id) })
+	slices.SortFunc(batch, func(x, y *ackReq) int { return cmp.Compare(x.id, y.id) })
 	ids := make([]int64, len(batch))
 	tokens := make([]string, len(batch))
 	for i, r := range batch {
@@ -126,23 +169,30 @@ func (a *acker) flush(batch []ackReq) {
 	// holds it). So when it fails on a lost connection, whose outcome is
 	// unknown, it is run again (pgretry), instead of failing the whole
 	// batch and leaving its jobs to wait out their lease.
-	done := make(map[int64]bool, len(batch))
+	// Completed rows are known by id and token: a batch may hold a stale
+	// delivery's ack and the new holder's for the same row, and only the
+	// holder's is done.
+	type key struct {
+		id    int64
+		token string
+	}
+	done := make(map[key]bool, len(batch))
 	err := pgretry.Do(ctx, func(ctx context.Context) error {
 		clear(done)
 		rows, err := a.b.pool.Query(ctx, `UPDATE `+a.b.table+` AS j
 		SET status = 'completed', visibility_until = NULL, updated_at = now()
 		FROM unnest($1::bigint[], $2::text[]::uuid[]) AS a(id, token)
 		WHERE j.id = a.id AND j.lease_token = a.token AND j.status IN ('processing', 'completed')
-		RETURNING j.id`, ids, tokens)
+		RETURNING j.id, j.lease_token::text`, ids, tokens)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
-			var id int64
-			if err = rows.Scan(&id); err != nil {
+			var k key
+			if err = rows.Scan(&k.id, &k.token); err != nil {
 				break
 			}
-			done[id] = true
+			done[k] = true
 		}
 		rows.Close()
 		if err == nil {
@@ -153,15 +203,15 @@ func (a *acker) flush(batch []ackReq) {
 	if err != nil {
 		err = a.b.wrap("ack", err)
 		for _, r := range batch {
-			r.done <- err
+			r.finish(err)
 		}
 		return
 	}
 	for _, r := range batch {
-		if done[r.id] {
-			r.done <- nil
+		if done[key{r.id, r.token}] {
+			r.finish(nil)
 		} else {
-			r.done <- fmt.Errorf("berth/postgres: ack job %d: %w", r.id, sdk.ErrLeaseLost)
+			r.finish(fmt.Errorf("berth/postgres: ack job %d: %w", r.id, sdk.ErrLeaseLost))
 		}
 	}
 }

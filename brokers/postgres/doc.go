@@ -20,7 +20,7 @@
 //	            and processing rows whose lease expired become processing, attempt_count+1,
 //	            visibility_until = now()+Lease, worker_id, a fresh lease_token
 //	poison      a row claimed max_attempts times is dead-lettered at the next claim (sdk.ErrMaxDeliveries)
-//	Ack         status = 'completed' (acks of concurrent deliveries share one statement, repeated on a lost connection)
+//	Ack         status = 'completed', group-committed (see below)
 //	Retry(d)    status = 'retry', available_at = now()+d, last_error
 //	Release(d)  back to queued/retry with attempt_count-1: no attempt consumed
 //	DeadLetter  status = 'dead_letter', last_error, the sdk.AnnotateDeadLetter headers
@@ -31,6 +31,22 @@
 // changes nothing and gets an error wrapping [sdk.ErrLeaseLost]. While a row
 // is processing, available_at equals visibility_until, so one partial index on
 // (queue, available_at) serves both new work and expired leases.
+//
+// Acks are group-committed: the broker's acker goroutine writes every ack
+// made while its previous statement ran in one UPDATE (one commit), each row
+// still matched by its own lease token, and tells each ack its own outcome —
+// done, or [sdk.ErrLeaseLost] when another claim took that job meanwhile
+// (its row is left to the new holder, even when both acks share the
+// statement). A lone ack is written at once: the batch grows with the load,
+// without a linger. The statement is repeated on a lost connection (it is
+// idempotent). Deliveries implement [sdk.AsyncAcker]: the Worker acks
+// successful jobs with AckAsync, so a handler goroutine takes the next job
+// while the ack waits for its batch, the delivery keeping its slot until the
+// outcome is back (Concurrency + Prefetch bound the jobs in flight, and so
+// each batch). An ack is only delayed, never written for unfinished work; a
+// process that dies before the batch commits leaves its jobs processing, and
+// they are claimed again after their lease (the idempotency guard absorbs
+// the second run). Ack itself waits for the outcome.
 //
 // Receive waits on LISTEN/NOTIFY (one dedicated connection per broker, owned
 // by it and closed by Close), wakes at the due time of the earliest delayed

@@ -1,5 +1,7 @@
 package postgres
 
+import "sync"
+
 // AckStats reports how many completion statements the broker's acker ran and
 // how many acks they carried (read by the benchmark).
 func (b *Broker) AckStats() (flushes, acks int64) { return b.acks.flushes.Load(), b.acks.rows.Load() }
@@ -7,3 +9,15 @@ func (b *Broker) AckStats() (flushes, acks int64) { return b.acks.flushes.Load()
 // SetUnbatchedAcks makes every Ack its own statement, bypassing the acker's
 // batching (the benchmark's baseline).
 func (b *Broker) SetUnbatchedAcks(on bool) { b.acks.unbatched.Store(on) }
+
+// HoldAcks keeps the acker from writing any batch until release is called:
+// acks made meanwhile stay pending (PendingAcks counts them), so a test can
+// put several in one batch, or kill the process before it is written.
+func (b *Broker) HoldAcks() (release func()) {
+	b.acks.hold.Lock()
+	var once sync.Once
+	return func() { once.Do(b.acks.hold.Unlock) }
+}
+
+// PendingAcks is how many acks wait for the acker's next statement.
+func (b *Broker) PendingAcks() int { return b.acks.pendingCount() }

@@ -27,7 +27,7 @@ const helperEnv = "BERTH_PG_HELPER"
 // helperProcess is the worker process the fault tests start and SIGKILL,
 // run by TestMain instead of the tests when helperEnv is set. Role "hold"
 // claims BERTH_PG_COUNT jobs, prints CLAIMED and holds them, never settling,
-// until it is killed.
+// until it is killed. Role "ackheld" is ackHeldProcess.
 func helperProcess() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("BERTH_POSTGRES_DSN"))
@@ -43,6 +43,9 @@ func helperProcess() {
 		os.Exit(2)
 	}
 	n, _ := strconv.Atoi(os.Getenv("BERTH_PG_COUNT"))
+	if os.Getenv(helperEnv) == "ackheld" {
+		ackHeldProcess(ctx, b, n)
+	}
 	var held []string
 	for len(held) < n {
 		ds, err := b.Receive(ctx, os.Getenv("BERTH_PG_QUEUE"), n-len(held))
@@ -264,5 +267,126 @@ func TestTerminatedConnectionsRecover(t *testing.T) {
 			t.Fatal("the LISTEN connection never came back")
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// ackHeldProcess runs a Worker (Concurrency 4, Prefetch 4: 8 slots) whose
+// handler succeeds, on a broker whose acker is held: the acks are made and
+// wait for their group commit, which never comes. Once n acks are pending it
+// prints ACKPENDING and the handled IDs, and waits to be killed.
+func ackHeldProcess(ctx context.Context, b *postgres.Broker, n int) {
+	_ = b.HoldAcks() // never released: the process dies first
+	var mu sync.Mutex
+	var handled []string
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(_ context.Context, d sdk.Delivery) error {
+		mu.Lock()
+		handled = append(handled, d.Message().ID)
+		mu.Unlock()
+		return nil
+	}), sdk.WorkerOptions{Queue: os.Getenv("BERTH_PG_QUEUE"), Concurrency: 4, Prefetch: 4,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(2)
+	}
+	go func() { _ = w.Run(ctx) }() // killed, never stopped
+	for b.PendingAcks() < n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	fmt.Println("ACKPENDING " + strings.Join(handled, " "))
+	mu.Unlock()
+	time.Sleep(time.Hour)
+	os.Exit(3)
+}
+
+// TestKilledBeforeAckBatchCommits: a Worker process whose jobs succeeded and
+// whose acks wait for their batch is SIGKILLed before the batch is written.
+// Nothing was completed, and every one of those jobs is delivered again after
+// its lease (Attempt 2): an ack that never committed means a redelivery,
+// never a lost job. The other jobs are untouched.
+func TestKilledBeforeAckBatchCommits(t *testing.T) {
+	pool := newPool(t, "berth-ackkill-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{WorkerID: "parent", Lease: time.Minute})
+	ctx := testCtx(t)
+	q := "ackkill_" + suffix()
+	const total, slots = 20, 8
+	ids := publishN(t, b, q, total)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=ackheld", "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
+		"BERTH_PG_SCHEMA="+b.Schema(), "BERTH_PG_QUEUE="+q, "BERTH_PG_COUNT="+strconv.Itoa(slots), "BERTH_PG_LEASE=1s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pending := make(chan []string, 1)
+	go func() {
+		defer close(pending)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "ACKPENDING "); ok {
+				pending <- strings.Fields(rest)
+				break
+			}
+			t.Logf("child: %s", sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	var acked []string
+	select {
+	case acked = <-pending:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatal("child never had its acks pending")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if len(acked) != slots {
+		t.Fatalf("child handled %d jobs, want %d (its slots, all held by pending acks)", len(acked), slots)
+	}
+	counts, err := b.CountByStatus(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts[postgres.StatusCompleted] != 0 || counts[postgres.StatusProcessing] != slots {
+		t.Fatalf("after the kill: %v, want %d processing and none completed (no batch was written)", counts, slots)
+	}
+
+	attempts := map[string]int{}
+	for len(attempts) < total {
+		for _, d := range receiveN(t, b, q, 1) {
+			if _, dup := attempts[d.Message().ID]; dup {
+				t.Errorf("job %s delivered again after its ack", d.Message().ID)
+			}
+			attempts[d.Message().ID] = d.Attempt()
+			if err := d.Ack(ctx); err != nil {
+				t.Fatalf("Ack: %v", err)
+			}
+		}
+	}
+	wasAcked := map[string]bool{}
+	for _, id := range acked {
+		wasAcked[id] = true
+	}
+	for _, id := range ids {
+		want := 1
+		if wasAcked[id] {
+			want = 2 // handled and acked by the child, but its ack never committed
+		}
+		if attempts[id] != want {
+			t.Errorf("job %s: Attempt() = %d, want %d", id, attempts[id], want)
+		}
+	}
+	counts, err = b.CountByStatus(ctx, q)
+	if err != nil || len(counts) != 1 || counts[postgres.StatusCompleted] != total {
+		t.Errorf("CountByStatus = %v, %v; want %d completed", counts, err, total)
 	}
 }

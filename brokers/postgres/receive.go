@@ -214,11 +214,13 @@ type delivery struct {
 
 	mu      sync.Mutex
 	settled bool
+	acking  bool // an AckAsync is in flight: other settlements are refused
 }
 
 var (
-	_ sdk.Delivery = (*delivery)(nil)
-	_ sdk.Releaser = (*delivery)(nil)
+	_ sdk.Delivery   = (*delivery)(nil)
+	_ sdk.Releaser   = (*delivery)(nil)
+	_ sdk.AsyncAcker = (*delivery)(nil)
 )
 
 func (d *delivery) Message() *sdk.Message { return d.msg }
@@ -234,7 +236,7 @@ func (d *delivery) JobID() int64 { return d.id }
 func (d *delivery) settle(ctx context.Context, op string, f func(ctx context.Context) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.settled {
+	if d.settled || d.acking {
 		return fmt.Errorf("berth/postgres: %s job %d: %w", op, d.id, sdk.ErrAlreadySettled)
 	}
 	if d.b.isClosed() {
@@ -251,6 +253,37 @@ func (d *delivery) settle(ctx context.Context, op string, f func(ctx context.Con
 // together (see acker).
 func (d *delivery) Ack(ctx context.Context) error {
 	return d.settle(ctx, "ack", func(ctx context.Context) error { return d.b.acks.ack(ctx, d.id, d.token) })
+}
+
+// AckAsync is Ack without waiting ([sdk.AsyncAcker], what the Worker
+// uses): the ack joins the next group-committed UPDATE and done receives
+// what Ack would have returned — nil once the row is completed, an error
+// wrapping [sdk.ErrLeaseLost] when another claim took the job meanwhile
+// (the row is then left alone), or ctx's error if ctx ends first. While it
+// is in flight, other settlements of d return [sdk.ErrAlreadySettled].
+func (d *delivery) AckAsync(ctx context.Context, done func(error)) {
+	d.mu.Lock()
+	switch {
+	case d.settled || d.acking:
+		d.mu.Unlock()
+		done(fmt.Errorf("berth/postgres: ack job %d: %w", d.id, sdk.ErrAlreadySettled))
+		return
+	case d.b.isClosed():
+		d.mu.Unlock()
+		done(errClosed("ack"))
+		return
+	}
+	d.acking = true
+	d.mu.Unlock()
+	d.b.acks.ackAsync(ctx, d.id, d.token, func(err error) {
+		d.mu.Lock()
+		d.acking = false
+		if err == nil {
+			d.settled = true
+		}
+		d.mu.Unlock()
+		done(err)
+	})
 }
 
 // Retry makes the job available again after delay, status 'retry', recording
@@ -309,7 +342,7 @@ func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 		return fmt.Errorf("berth/postgres: extend lease by %s: %w", by, sdk.ErrInvalidMessage)
 	}
 	d.mu.Lock()
-	settled := d.settled
+	settled := d.settled || d.acking
 	d.mu.Unlock()
 	if settled {
 		return fmt.Errorf("berth/postgres: extend lease of job %d: %w", d.id, sdk.ErrAlreadySettled)
@@ -325,7 +358,7 @@ func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 		// UPDATE ran (it holds d.mu until it is written): then the lease was
 		// not lost, the job is settled.
 		d.mu.Lock()
-		settled := d.settled
+		settled := d.settled || d.acking
 		d.mu.Unlock()
 		if settled {
 			return fmt.Errorf("berth/postgres: extend lease of job %d: %w", d.id, sdk.ErrAlreadySettled)
