@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,8 +45,57 @@ func (w *riverWorker) Work(context.Context, *river.Job[benchArgs]) error {
 
 const pgConcurrency = 8
 
+// stmtCounter counts the statements and round trips this process sends
+// (pgx tracer): an autocommitted statement or a pipelined batch is one round
+// trip and, outside an explicit transaction, one commit.
+type stmtCounter struct {
+	queries, trips atomic.Int64
+}
+
+func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	s.queries.Add(1)
+	s.trips.Add(1)
+	return ctx
+}
+func (s *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *stmtCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	s.trips.Add(1)
+	return ctx
+}
+func (s *stmtCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	s.queries.Add(1)
+}
+func (s *stmtCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// counted wraps v's rounds to report, on stderr, the statements and round
+// trips per message its rounds sent (other variants are idle meanwhile,
+// apart from their pollers).
+func counted(v variant, sc *stmtCounter) variant {
+	round := v.round
+	var msgs, queries, trips int64
+	v.round = func(ctx context.Context, n int) (time.Duration, error) {
+		q0, t0 := sc.queries.Load(), sc.trips.Load()
+		d, err := round(ctx, n)
+		msgs += int64(n)
+		queries += sc.queries.Load() - q0
+		trips += sc.trips.Load() - t0
+		fmt.Fprintf(os.Stderr, "berthbench: postgres: %s: %.3f statements, %.3f round trips a message (%d messages so far)\n",
+			v.name, float64(queries)/float64(msgs), float64(trips)/float64(msgs), msgs)
+		return d, err
+	}
+	return v
+}
+
 func runPostgres(ctx context.Context, c config) ([]table, error) {
-	pool, err := pgxpool.New(ctx, postgresDSN())
+	pcfg, err := pgxpool.ParseConfig(postgresDSN())
+	if err != nil {
+		return nil, err
+	}
+	sc := &stmtCounter{}
+	if os.Getenv("BERTH_BENCH_PGSTATS") != "" {
+		pcfg.ConnConfig.Tracer = sc
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +228,13 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 		return nil, err
 	}
 	n := msgs(c, 5000)
-	res, err := alternate(ctx, []variant{raw, berth, berthFast, rv}, c.rounds, n)
+	vs := []variant{raw, berth, berthFast, rv}
+	if pcfg.ConnConfig.Tracer != nil {
+		for i := range vs {
+			vs[i] = counted(vs[i], sc)
+		}
+	}
+	res, err := alternate(ctx, vs, c.rounds, n)
 	if err != nil {
 		return nil, err
 	}
