@@ -1,0 +1,52 @@
+package sdk_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// TestNewID checks that message IDs are UUIDv7 with the RFC variant, carry
+// the current time, and increase strictly within the process, also when
+// many are made in the same millisecond by several goroutines.
+func TestNewID(t *testing.T) {
+	before := time.Now().Add(-time.Millisecond)
+	const goroutines, each = 4, 5000
+	got := make([][]string, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for range each {
+				got[g] = append(got[g], sdk.NewID())
+			}
+		})
+	}
+	wg.Wait()
+	after := time.Now().Add(time.Millisecond)
+	seen := make(map[string]bool, goroutines*each)
+	for _, ids := range got {
+		for i, id := range ids {
+			u, err := uuid.Parse(id)
+			if err != nil {
+				t.Fatalf("%q: %v", id, err)
+			}
+			if u.Version() != 7 || u.Variant() != uuid.RFC4122 {
+				t.Fatalf("%q: version %d variant %v, want 7 RFC4122", id, u.Version(), u.Variant())
+			}
+			if at := time.Unix(u.Time().UnixTime()); at.Before(before.Truncate(time.Millisecond)) || at.After(after) {
+				t.Fatalf("%q: time %v outside [%v, %v]", id, at, before, after)
+			}
+			if i > 0 && id <= ids[i-1] {
+				t.Fatalf("IDs not increasing: %q after %q", id, ids[i-1])
+			}
+			if seen[id] {
+				t.Fatalf("duplicate ID %q", id)
+			}
+			seen[id] = true
+		}
+	}
+}
