@@ -1,6 +1,9 @@
 package sdk
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 type correlationKey struct{}
 
@@ -10,11 +13,20 @@ func WithCorrelationID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, correlationKey{}, id)
 }
 
-// withCorrelationRef is WithCorrelationID for the Worker: a pointer to the
-// message's field fits an interface without an allocation per message,
-// where a string is boxed.
-func withCorrelationRef(ctx context.Context, id *string) context.Context {
-	return context.WithValue(ctx, correlationKey{}, id)
+// correlationCtx carries a delivery's correlation ID for the Worker. It
+// lives inside the task record, and holds a pointer to the message's field:
+// putting the ID in the handler's context costs no allocation of its own.
+type correlationCtx struct {
+	context.Context
+	id *string
+}
+
+// Value returns the correlation ID for correlationKey, else the parent's value.
+func (c *correlationCtx) Value(key any) any {
+	if _, ok := key.(correlationKey); ok {
+		return c.id
+	}
+	return c.Context.Value(key)
 }
 
 // CorrelationID returns the correlation ID in ctx, or "".
@@ -27,3 +39,52 @@ func CorrelationID(ctx context.Context) string {
 	}
 	return ""
 }
+
+// detachedCtx is [context.WithoutCancel] for the bases of the Worker's
+// handler contexts. The standard library's version is a struct value that
+// is boxed again, an allocation, by every Value lookup passing through it
+// (a tracer looking for the current span, a logger for a trace ID), which
+// on a handler context is every lookup that finds nothing. Like it, it
+// hides the parent's cancellation, its deadline and its cause.
+type detachedCtx struct{ parent context.Context }
+
+func detach(ctx context.Context) context.Context { return &detachedCtx{parent: ctx} }
+
+func (*detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detachedCtx) Done() <-chan struct{}       { return nil }
+func (*detachedCtx) Err() error                  { return nil }
+
+// Value returns the parent's value for key, except the key by which
+// [context.Cause] finds the cancellation (see cancelCauseKey).
+func (c *detachedCtx) Value(key any) any {
+	if key == cancelCauseKey {
+		return nil
+	}
+	return c.parent.Value(key)
+}
+
+func (c *detachedCtx) String() string { return "berth.detached" }
+
+// cancelCauseKey is the (unexported) key by which [context.Cause] looks for
+// a cancelled parent through Value; a detached context must not find the
+// parent's, as context.WithoutCancel does not. It is learnt once by asking
+// context.Cause about a context that records the key it is asked.
+var cancelCauseKey = func() any {
+	p := &keyProbe{}
+	_ = context.Cause(p)
+	return p.key
+}()
+
+type keyProbe struct {
+	context.Context // nil: only Value and Err are called
+	key             any
+}
+
+func (p *keyProbe) Value(key any) any {
+	if p.key == nil {
+		p.key = key
+	}
+	return nil
+}
+
+func (p *keyProbe) Err() error { return context.Canceled }

@@ -208,13 +208,13 @@ func (w *Worker) poke() {
 
 // receiveAll runs the receive side of Run: the one queue's receive loop, or
 // for several queues one loop per queue fed slots by the allocator.
-func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
+func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, wake <-chan struct{}, held []atomic.Pointer[task]) error {
 	if len(w.queues) == 1 {
 		q := w.queues[0]
 		q.begin(ctx)
 		defer q.end()
 		if w.opts.ReceiveLoops <= 1 {
-			return w.receive(ctx, q, free, free, jobs, hungry, held)
+			return w.receive(ctx, q, free, free, jobs, wake, held)
 		}
 		// Several loops on the one queue, sharing the free slots; a loop
 		// that stops for good (closed broker, missing queue) stops them all.
@@ -224,7 +224,7 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		errs := make([]error, w.opts.ReceiveLoops)
 		for i := range w.opts.ReceiveLoops {
 			wg.Go(func() {
-				if errs[i] = w.receive(rctx, q, free, free, jobs, hungry, held); errs[i] != nil {
+				if errs[i] = w.receive(rctx, q, free, free, jobs, wake, held); errs[i] != nil {
 					cancel()
 				}
 			})

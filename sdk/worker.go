@@ -95,6 +95,7 @@ type task struct {
 	cancel   context.CancelCauseFunc // set while the handler runs
 	ctx      context.Context         // the handler's context, set with cancel
 	pending  error                   // a stop asked before the handler started; under mu
+	corr     correlationCtx          // the handler context's correlation ID, under its cancellation
 }
 
 // context returns the handler's context once it runs, else fallback.
@@ -156,7 +157,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// cancelled, so a handler's context does not register with a shared
 	// parent (a mutex all handlers would contend on); shutdown cancels each
 	// held task instead.
-	base := context.WithoutCancel(ctx)
+	base := detach(ctx)
 	w.stopping.Store(false)
 
 	// Each held delivery occupies a slot: capacity bounds running plus
@@ -168,12 +169,31 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 	held := make([]atomic.Pointer[task], capacity)
 	jobs := make(chan *task, capacity)
-	hungry := make(chan struct{}, 1) // a handler took the last waiting job
+	// With one queue the receive loops wait for a batch's worth of free
+	// slots on wake, which handlers signal only when the receiver has
+	// something to do (half the slots free, or the prefetched work ran
+	// out): waking the receiver for every returned slot cost a goroutine
+	// switch per message. With several queues the allocator takes every
+	// free slot itself, and wake is nil.
+	var wake chan struct{}
+	if len(w.queues) == 1 {
+		wake = make(chan struct{}, 1)
+	}
+	half := max(capacity/2, 1)
+	signal := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
 
 	done := func(t *task) {
 		held[t.slot].Store(nil)
 		w.health.held.Add(-1)
 		free <- t.slot
+		if wake != nil && (len(free) >= half || len(jobs) == 0) {
+			signal()
+		}
 	}
 	// Acks finishing in the background (AsyncAcker) come back on acked
 	// (never full: each holds a slot) to one goroutine that reports them
@@ -195,11 +215,8 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		go func() {
 			defer pool.Done()
 			for t := range jobs {
-				if len(jobs) == 0 {
-					select {
-					case hungry <- struct{}{}:
-					default:
-					}
+				if wake != nil && len(jobs) == 0 {
+					signal() // the prefetched work ran out: receive again
 				}
 				switch {
 				case t.lost.Load():
@@ -233,7 +250,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}()
 	}
 
-	err = w.receiveAll(ctx, free, jobs, hungry, held)
+	err = w.receiveAll(ctx, free, jobs, wake, held)
 	w.health.state.Store(hDraining)
 	close(jobs)
 
@@ -283,32 +300,34 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 
 // receive fills slots taken from src with deliveries of q until ctx is
 // done, and gives back to free those it did not fill. With one queue src is
-// free; with several it is the slots the allocator handed q, and hungry is
-// nil.
-func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, hungry <-chan struct{}, held []atomic.Pointer[task]) error {
+// free, and the loop waits on wake (see Run) until half the slots are free
+// or the prefetched work ran out, so that one Receive fetches a batch
+// instead of one message per call (a claim statement, an API call). With
+// several queues src is the slots the allocator handed q, and wake is nil.
+func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, wake <-chan struct{}, held []atomic.Pointer[task]) error {
 	o := w.opts
-	multi := hungry == nil
+	multi := wake == nil
+	half := max(cap(free)/2, 1)
 	slots := make([]int, 0, cap(free))
 	failures := 0
 	for {
 		slots = slots[:0]
-		select {
-		case i := <-src:
-			slots = append(slots, i)
-		case <-ctx.Done():
-			return nil
-		}
-		// Under load slots come back one at a time. While prefetched work
-		// still waits there is no hurry: gather slots until half are free or
-		// the handlers run out of work, so one Receive fetches a batch
-		// instead of one message per call (a claim statement, an API call).
-		for !multi && len(slots) < cap(slots)/2 && len(jobs) > 0 {
+		if multi {
 			select {
 			case i := <-src:
 				slots = append(slots, i)
-			case <-hungry:
 			case <-ctx.Done():
 				return nil
+			}
+		} else {
+			// Handlers signal wake after every change that can make this
+			// condition true, and wake keeps one signal: none is lost.
+			for n := len(src); n == 0 || (n < half && len(jobs) > 0); n = len(src) {
+				select {
+				case <-wake:
+				case <-ctx.Done():
+					return nil
+				}
 			}
 		}
 	fill:
@@ -319,6 +338,9 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 			default:
 				break fill
 			}
+		}
+		if len(slots) == 0 { // another receive loop took them
+			continue
 		}
 		rctx, resumed := q.receiveContext()
 		if rctx == nil { // paused: hold no slots, make no Receive
@@ -545,7 +567,7 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 		})
 		defer timer.Stop()
 	}
-	s, _ := w.process(context.WithoutCancel(ctx), t, nil, nil)
+	s, _ := w.process(detach(ctx), t, nil, nil)
 	return s
 }
 
@@ -575,7 +597,12 @@ func (w *Worker) finishAsync(a *asyncAck) {
 func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, asyncs *sync.WaitGroup) (s Settlement, async bool) {
 	d := t.d
 	m := d.Message()
-	ctx, cancel := context.WithCancelCause(base)
+	parent := base
+	if m.CorrelationID != "" {
+		t.corr = correlationCtx{Context: base, id: &m.CorrelationID}
+		parent = &t.corr
+	}
+	ctx, cancel := context.WithCancelCause(parent)
 	defer func() {
 		if !async {
 			cancel(nil)
@@ -594,9 +621,6 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	}
 	if w.stopping.Load() {
 		cancel(ErrShutdown)
-	}
-	if m.CorrelationID != "" {
-		ctx = withCorrelationRef(ctx, &m.CorrelationID)
 	}
 	for _, ob := range w.opts.Observers {
 		ctx = ob.Start(ctx, d)
