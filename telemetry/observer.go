@@ -26,13 +26,6 @@ type deliveryCtx struct {
 	l      *labels
 	start  time.Time
 	active bool // in-flight counted
-
-	// Buffers for the span's start options and attributes, so that starting
-	// and settling a delivery allocates once for all of them. The SDK copies
-	// what it keeps, so attrBuf serves again for the settlement attributes.
-	attrBuf [8]attribute.KeyValue
-	optBuf  [4]trace.SpanStartOption
-	linkBuf [1]trace.Link
 }
 
 func (c *deliveryCtx) Value(key any) any {
@@ -73,22 +66,27 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	l := o.labelsFor(base)
 
 	parent := Extract(ctx, o.prop, m)
-	creation := trace.SpanContextFromContext(parent)
-	if creation.Equal(trace.SpanContextFromContext(ctx)) {
-		creation = trace.SpanContext{} // the message carried no trace context
+	var creation trace.SpanContext // invalid when the message carried no trace context
+	if parent != ctx {
+		creation = trace.SpanContextFromContext(parent)
+		if creation.Equal(trace.SpanContextFromContext(ctx)) {
+			creation = trace.SpanContext{}
+		}
 	}
 	st := &deliveryCtx{obs: o, d: d, l: l, active: true}
-	attrs := append(st.attrBuf[:0], l.spanAttrs...)
+	buf := getStartBuf()
+	defer startBufs.Put(buf) // the tracer copies what it keeps
+	attrs := append(buf.attrs[:0], l.spanAttrs...)
 	attrs = append(attrs, semconv.MessagingMessageID(m.ID), AttrAttempt.Int(d.Attempt()))
 	if id := m.CorrelationID; id != "" {
 		attrs = append(attrs, semconv.MessagingMessageConversationID(id))
 	} else if id := m.Header(o.corrHeader); o.corrHeader != "" && id != "" {
 		attrs = append(attrs, semconv.MessagingMessageConversationID(id))
 	}
-	opts := append(st.optBuf[:0], consumerKind, trace.WithAttributes(attrs...))
+	opts := append(buf.opts[:0], consumerKind, buf.withAttributes(len(attrs)))
 	if creation.IsValid() {
-		st.linkBuf[0] = trace.Link{SpanContext: creation}
-		opts = append(opts, trace.WithLinks(st.linkBuf[:]...))
+		buf.link[0] = trace.Link{SpanContext: creation}
+		opts = append(opts, buf.withLinks())
 	}
 	if o.linkOnly || !creation.IsValid() {
 		// A new trace; the message's baggage stays in ctx. A message without
@@ -126,7 +124,7 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 		if st.active { // Settled once per Start
 			st.active = false
 			lb.inFlight.Add(-1)
-			o.recordSpan(st.span, st.attrBuf[:0], s)
+			o.recordSpan(st.span, s)
 			st.span.End()
 		}
 	} else {
@@ -175,11 +173,13 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 	}
 }
 
-func (o *Observer) recordSpan(span trace.Span, attrs []attribute.KeyValue, s sdk.Settlement) {
+func (o *Observer) recordSpan(span trace.Span, s sdk.Settlement) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs = append(attrs, AttrAction.String(string(s.Action)))
+	buf := getStartBuf()
+	defer startBufs.Put(buf) // SetAttributes copies
+	attrs := append(buf.attrs[:0], AttrAction.String(string(s.Action)))
 	if s.Class != sdk.ClassNone {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(string(s.Class)))
 	}

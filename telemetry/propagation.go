@@ -21,12 +21,10 @@ func Inject(ctx context.Context, prop propagation.TextMapPropagator, m *sdk.Mess
 	if prop == nil {
 		prop = DefaultPropagator
 	}
-	h := make(map[string]string, len(m.Headers)+2)
-	for k, v := range m.Headers {
-		h[k] = v
-	}
-	m.Headers = h
-	prop.Inject(ctx, propagation.MapCarrier(h))
+	buf := getStartBuf()
+	prop.Inject(ctx, &buf.carrier)
+	m.Headers = buf.carrier.merge(m.Headers, true)
+	startBufs.Put(buf)
 }
 
 // Extract returns ctx with the remote span context and the baggage found in

@@ -20,9 +20,10 @@ import (
 //
 // For each message it fills an empty ID (a UUIDv7, as [sdk.Prepare] would)
 // and an empty CorrelationID (from the context, see [sdk.WithCorrelationID],
-// else a new one), starts the producer span, replaces Headers by a copy with
-// "traceparent" (and "tracestate", "baggage" when set) added, then calls the
-// wrapped Publisher. A single message gets a PRODUCER span "send <queue>"; a
+// else the message's own ID, as sdk.Prepare does), starts the producer span,
+// replaces Headers by a copy with "traceparent" (and "tracestate", "baggage"
+// when set) added — when the propagator writes nothing (a no-op tracer, no
+// baggage) Headers are left as they are — then calls the wrapped Publisher. A single message gets a PRODUCER span "send <queue>"; a
 // batch gets a PRODUCER span "create <queue>" per message (each message's
 // creation context) and a CLIENT span "send <queue>" linked to all of them.
 //
@@ -200,16 +201,18 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 	if m.CorrelationID == "" {
 		m.CorrelationID = corr
 		if m.CorrelationID == "" {
-			m.CorrelationID = sdk.NewID()
+			// A message published outside any flow starts one: its own ID
+			// names the conversation, as sdk.Prepare does.
+			m.CorrelationID = m.ID
 		}
 	}
 	name, base := pl.sendName, pl.sendAttrs
 	if create {
 		name, base = pl.createName, pl.createAttrs
 	}
-	buf := attrPool.Get().(*[8]attribute.KeyValue)
-	defer attrPool.Put(buf) // the SDK copies the attributes it keeps
-	attrs := append(buf[:0], base...)
+	buf := getStartBuf()
+	defer startBufs.Put(buf) // the SDK copies the attributes it keeps
+	attrs := append(buf.attrs[:0], base...)
 	attrs = append(attrs,
 		semconv.MessagingMessageID(m.ID),
 		semconv.MessagingMessageConversationID(m.CorrelationID),
@@ -224,12 +227,101 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 		// continues that trace.
 		parent = Extract(ctx, o.prop, m)
 	}
-	sctx, span := o.tracer.Start(parent, name, producerKind, trace.WithAttributes(attrs...))
-	Inject(sctx, o.prop, m)
+	opts := append(buf.opts[:0], producerKind, buf.withAttributes(len(attrs)))
+	sctx, span := o.tracer.Start(parent, name, opts...)
+	c := &buf.carrier
+	o.prop.Inject(sctx, c)
 	if h := o.corrHeader; h != "" {
-		m.Headers[h] = m.CorrelationID // Inject made Headers a fresh map
+		c.Set(h, m.CorrelationID)
 	}
+	// Headers are copied only when there is something to write (not with
+	// a no-op tracer and no baggage), so that the broker need not copy an
+	// empty map.
+	m.Headers = c.merge(m.Headers, false)
 	return span
+}
+
+// startBuf holds, for the duration of one span start, the attributes and
+// options a span is started with, so that starting a span allocates nothing
+// of berth's own: the options that box a slice (WithAttributes, WithLinks)
+// are made once per buffer and length and reused, which is safe because a
+// tracer copies what it keeps before Start returns. It also holds a header
+// carrier for the propagator.
+type startBuf struct {
+	attrs     [8]attribute.KeyValue
+	withAttrs [9]trace.SpanStartOption // withAttrs[n] selects attrs[:n]
+	opts      [4]trace.SpanStartOption
+	link      [1]trace.Link
+	withLink  trace.SpanStartOption // selects link[:]
+	carrier   pairCarrier
+}
+
+var startBufs = sync.Pool{New: func() any { return new(startBuf) }}
+
+func getStartBuf() *startBuf {
+	b := startBufs.Get().(*startBuf)
+	b.carrier.kv = b.carrier.kv[:0]
+	return b
+}
+
+// withAttributes returns trace.WithAttributes(b.attrs[:n]...).
+func (b *startBuf) withAttributes(n int) trace.SpanStartOption {
+	if b.withAttrs[n] == nil {
+		b.withAttrs[n] = trace.WithAttributes(b.attrs[:n]...)
+	}
+	return b.withAttrs[n]
+}
+
+// withLinks returns trace.WithLinks(b.link[:]...).
+func (b *startBuf) withLinks() trace.SpanStartOption {
+	if b.withLink == nil {
+		b.withLink = trace.WithLinks(b.link[:]...)
+	}
+	return b.withLink
+}
+
+// pairCarrier is a [propagation.TextMapCarrier] that collects what a
+// propagator injects as key and value pairs, so that nothing is allocated
+// when it injects nothing.
+type pairCarrier struct{ kv []string }
+
+// Get returns the value set for key, or "".
+func (c *pairCarrier) Get(key string) string {
+	for i := len(c.kv) - 2; i >= 0; i -= 2 {
+		if c.kv[i] == key {
+			return c.kv[i+1]
+		}
+	}
+	return ""
+}
+
+// Set records key and value.
+func (c *pairCarrier) Set(key, value string) { c.kv = append(c.kv, key, value) }
+
+// Keys lists the keys set.
+func (c *pairCarrier) Keys() []string {
+	keys := make([]string, 0, len(c.kv)/2)
+	for i := 0; i < len(c.kv); i += 2 {
+		keys = append(keys, c.kv[i])
+	}
+	return keys
+}
+
+// merge returns a copy of h with the pairs set, or h itself when none were
+// set and always is false. A header map shared by several messages is never
+// written to.
+func (c *pairCarrier) merge(h map[string]string, always bool) map[string]string {
+	if len(c.kv) == 0 && !always {
+		return h
+	}
+	out := make(map[string]string, len(h)+len(c.kv)/2)
+	for k, v := range h {
+		out[k] = v
+	}
+	for i := 0; i < len(c.kv); i += 2 {
+		out[c.kv[i]] = c.kv[i+1]
+	}
+	return out
 }
 
 // TxPublisher is an [sdk.TxPublisher] that traces and counts what it
@@ -269,9 +361,6 @@ func (p *TxPublisher[Tx]) PublishTx(ctx context.Context, tx Tx, queue string, ms
 
 // invalidQueue stands for every invalid queue name in spans and metrics.
 const invalidQueue = "_invalid"
-
-// attrPool recycles the attribute buffers of producer spans.
-var attrPool = sync.Pool{New: func() any { return new([8]attribute.KeyValue) }}
 
 // errorType is the error.type of a publish failure: the berth sentinel it
 // wraps, else "_OTHER" as the conventions ask.
