@@ -73,6 +73,9 @@ var scenarios = []scenario{
 	{"rabbitmq-publish", runRabbitPublish},
 	{"rabbitmq-consume", runRabbitConsume},
 	{"postgres", runPostgres},
+	{"sqs", runSQS},
+	{"jetstream", runJetStream},
+	{"telemetry", runTelemetry},
 	{"scaling", runScaling},
 }
 

@@ -238,8 +238,8 @@ type Broker struct {
 	subs      map[*nats.Subscription]struct{}
 	movers    map[string]bool // guarded by mu: streams this Broker moves delayed messages of
 
-	acks      chan asyncAck // PublishAsync's acks, in publish order; guarded by mu until the resolver runs
-	resolving bool          // guarded by mu: the ack resolver goroutine is running
+	pendMu  sync.Mutex
+	pending map[*nats.Msg]*sdk.PublishResult // guarded by pendMu: PublishAsync messages awaiting their outcome
 }
 
 // New returns a Broker on the application's connection nc, which must have
@@ -252,23 +252,29 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(o.MaxInFlight*4),
-		// A publish whose ack was lost with the connection fails after
-		// this long (wrapping sdk.ErrUnavailable); retrying it is safe.
-		jetstream.WithPublishAsyncTimeout(5*time.Second),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("berth/jetstream: %w", err)
-	}
-	return &Broker{
+	b := &Broker{
 		nc:      nc,
-		js:      js,
 		opts:    o,
 		slots:   make(chan struct{}, o.MaxInFlight),
 		closing: make(chan struct{}),
 		subs:    map[*nats.Subscription]struct{}{},
-	}, nil
+		pending: map[*nats.Msg]*sdk.PublishResult{},
+	}
+	b.js, err = jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(o.MaxInFlight*4),
+		// A publish whose ack was lost with the connection fails after
+		// this long (wrapping sdk.ErrUnavailable); retrying it is safe.
+		jetstream.WithPublishAsyncTimeout(5*time.Second),
+		// PublishAsync's results resolve in these callbacks, on nats.go's
+		// reply goroutine: no goroutine of berth's and no channels per
+		// message between the ack and the result.
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, w *nats.Msg, _ *jetstream.PubAck) { b.asyncDone(w, nil) }),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, w *nats.Msg, err error) { b.asyncDone(w, err) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("berth/jetstream: %w", err)
+	}
+	return b, nil
 }
 
 // Options returns the broker's options with defaults filled in.
@@ -314,6 +320,7 @@ func (b *Broker) Close() error {
 		if !b.nc.IsClosed() {
 			_ = b.nc.FlushTimeout(2 * time.Second)
 		}
+		b.failPending()
 		if b.ownsConn {
 			b.nc.Close()
 		}
@@ -321,12 +328,21 @@ func (b *Broker) Close() error {
 	return nil
 }
 
+// flushTimeout bounds a Flush whose ctx has no deadline.
+const flushTimeout = 30 * time.Second
+
 // Flush waits until the server has received everything sent so far on the
 // connection (settlements already wait for their answer; the lease renewals
-// of ExtendLease's timer do not). The Worker calls it when it drains.
+// of ExtendLease's timer do not). The Worker calls it when it drains. A ctx
+// without a deadline is given one of 30 s.
 func (b *Broker) Flush(ctx context.Context) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
+	}
+	if _, ok := ctx.Deadline(); !ok { // nats.go refuses a context without one
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, flushTimeout)
+		defer cancel()
 	}
 	if err := b.nc.FlushWithContext(ctx); err != nil {
 		return b.wrapErr(ctx, "flush", err)

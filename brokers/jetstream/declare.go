@@ -93,6 +93,15 @@ func (b *Broker) names(queue string) *queueState {
 	}
 }
 
+// subjects returns the names of queue's stream and subjects: the declared
+// queue's when it is declared (no allocation), else computed.
+func (b *Broker) subjects(queue string) *queueState {
+	if q, ok := b.declared.Load(queue); ok {
+		return q.(*queueState)
+	}
+	return b.names(queue)
+}
+
 // StreamNames returns the names of the stream holding queue's messages and
 // of the stream holding its dead letters.
 func (b *Broker) StreamNames(queue string) (stream, deadLetters string) {

@@ -69,13 +69,66 @@ func encode(m *sdk.Message, subject string, base int, notBefore time.Time) (*nat
 	if !notBefore.IsZero() {
 		env.NB = notBefore.UnixNano()
 	}
-	raw, err := json.Marshal(env)
-	if err != nil { // strings and a map of strings always marshal
-		return nil, fmt.Errorf("berth/jetstream: encode message %s: %w", m.ID, err)
+	value, ok := appendPlain(make([]byte, 0, 96), &env)
+	if !ok {
+		raw, err := json.Marshal(env)
+		if err != nil { // strings and a map of strings always marshal
+			return nil, fmt.Errorf("berth/jetstream: encode message %s: %w", m.ID, err)
+		}
+		value = raw
 	}
-	msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: m.Body}
-	msg.Header[headerEnvelope] = []string{string(raw)}
+	msg := &nats.Msg{Subject: subject, Header: make(nats.Header, 2), Data: m.Body} // and Nats-Msg-Id
+	msg.Header[headerEnvelope] = []string{string(value)}
 	return msg, nil
+}
+
+// appendPlain appends the JSON of env to dst exactly as json.Marshal writes
+// it, without reflection, when that is simple: no headers, and every string
+// printable ASCII that JSON writes as it is (no quote or backslash, and none of the
+// '<', '>', '&' that json.Marshal escapes). Otherwise it reports false and
+// the caller uses json.Marshal. A message ID (a UUID) and a type name
+// almost always are plain: this is the path of nearly every publish.
+func appendPlain(dst []byte, env *envelope) ([]byte, bool) {
+	if len(env.H) > 0 {
+		return dst, false
+	}
+	for _, v := range [...]string{env.ID, env.T, env.IK, env.K, env.C} {
+		if !plainJSON(v) {
+			return dst, false
+		}
+	}
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(env.V), 10)
+	dst = append(dst, `,"id":"`...)
+	dst = append(dst, env.ID...)
+	dst = append(dst, '"')
+	for _, f := range [...]struct{ key, v string }{{`,"t":"`, env.T}, {`,"ik":"`, env.IK}, {`,"k":"`, env.K}, {`,"c":"`, env.C}} {
+		if f.v != "" {
+			dst = append(dst, f.key...)
+			dst = append(dst, f.v...)
+			dst = append(dst, '"')
+		}
+	}
+	if env.A != 0 {
+		dst = append(dst, `,"a":`...)
+		dst = strconv.AppendInt(dst, int64(env.A), 10)
+	}
+	if env.NB != 0 {
+		dst = append(dst, `,"nb":`...)
+		dst = strconv.AppendInt(dst, env.NB, 10)
+	}
+	return append(dst, '}'), true
+}
+
+// plainJSON reports whether json.Marshal writes s between its quotes as it is.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 // wireSize is what the server counts against max_payload: headers and body.

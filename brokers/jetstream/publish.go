@@ -36,7 +36,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	}
 	wire := make([]*nats.Msg, len(msgs))
 	now := time.Now()
-	q := b.names(queue) // subjects only: declared below, after validation
+	q := b.subjects(queue) // subjects only: declared below, after validation
 	for i, m := range msgs {
 		if err := validate(m); err != nil {
 			return err
@@ -170,12 +170,6 @@ func (b *Broker) publishOne(ctx context.Context, stream string, w *nats.Msg, id 
 
 var _ sdk.AsyncPublisher = (*Broker)(nil)
 
-// asyncAck is one PublishAsync message awaiting its ack.
-type asyncAck struct {
-	fut jetstream.PubAckFuture
-	res *sdk.PublishResult
-}
-
 // PublishAsync publishes msg with nats.go's asynchronous publish and returns
 // at once; the result resolves when JetStream acks the message (nil), refuses
 // it, or the ack times out (5s, an error wrapping [sdk.ErrUnavailable]; the
@@ -201,7 +195,7 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if err := validate(msg); err != nil {
 		return nil, err
 	}
-	q := b.names(queue)
+	q := b.subjects(queue)
 	subject, notBefore := q.ready, time.Time{}
 	if msg.Delay > 0 {
 		subject, notBefore = q.delayed, time.Now().Add(msg.Delay)
@@ -226,59 +220,66 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	case <-b.closing:
 		return nil, sdk.ErrClosed
 	}
-	// Publish and enqueue under mu, so that Close (which sets closed under
-	// mu) finds every accepted message in the queue it drains, in order.
-	b.mu.Lock()
+	// Registered before the publish, so that an ack arriving at once finds
+	// it; under pendMu with the closed check, so that Close (which sets
+	// closed before it takes the map) resolves every accepted message.
+	res := sdk.NewPublishResult(msg.ID)
+	b.pendMu.Lock()
 	if b.closed.Load() {
-		b.mu.Unlock()
+		b.pendMu.Unlock()
 		<-b.slots
 		return nil, sdk.ErrClosed
 	}
-	if !b.resolving {
-		b.resolving = true
-		b.acks = make(chan asyncAck, b.opts.MaxInFlight)
-		b.wg.Add(1)
-		go b.resolveAcks(b.acks)
-	}
-	fut, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(msgID(msg.ID)))
-	if err != nil {
-		b.mu.Unlock()
+	b.pending[w] = res
+	b.pendMu.Unlock()
+	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(msgID(msg.ID))); err != nil {
+		if b.takePending(w) == nil {
+			return nil, sdk.ErrClosed // Close resolved it meanwhile; nobody holds it
+		}
 		<-b.slots
 		return nil, b.wrapErr(ctx, "publish", err)
 	}
-	res := sdk.NewPublishResult(msg.ID)
-	b.acks <- asyncAck{fut: fut, res: res} // room: every entry holds a slot
-	b.mu.Unlock()
 	return res, nil
 }
 
-// resolveAcks resolves PublishAsync results as their acks arrive (in
-// publish order, as JetStream sends them) and frees their slots; after
-// Close it resolves the rest with sdk.ErrClosed.
-func (b *Broker) resolveAcks(acks chan asyncAck) {
-	defer b.wg.Done()
-	for {
-		select {
-		case a := <-acks:
-			select {
-			case <-a.fut.Ok():
-				a.res.Resolve(nil)
-			case err := <-a.fut.Err():
-				a.res.Resolve(b.wrapErr(context.Background(), "publish", err))
-			case <-b.closing:
-				a.res.Resolve(sdk.ErrClosed)
-			}
-			<-b.slots
-		case <-b.closing:
-			for {
-				select {
-				case a := <-acks:
-					a.res.Resolve(sdk.ErrClosed)
-					<-b.slots
-				default:
-					return
-				}
-			}
-		}
+// takePending removes and returns the PublishAsync result of w, nil when
+// there is none (a Publish's message, or already resolved).
+func (b *Broker) takePending(w *nats.Msg) *sdk.PublishResult {
+	b.pendMu.Lock()
+	res := b.pending[w]
+	if res != nil {
+		delete(b.pending, w)
+	}
+	b.pendMu.Unlock()
+	return res
+}
+
+// asyncDone is nats.go's callback for the outcome of every asynchronous
+// publish of the connection's JetStream context (ack, error, ack timeout,
+// ack lost to a reconnect): it resolves a PublishAsync result and frees its
+// slot. Publish's messages have no entry; their futures carry the outcome.
+// It runs on nats.go's reply goroutine, and does not block.
+func (b *Broker) asyncDone(w *nats.Msg, err error) {
+	res := b.takePending(w)
+	if res == nil {
+		return
+	}
+	if err != nil {
+		err = b.wrapErr(context.Background(), "publish", err)
+	}
+	res.Resolve(err)
+	<-b.slots
+}
+
+// failPending resolves every PublishAsync result still waiting with
+// sdk.ErrClosed. Close calls it once closed is set.
+func (b *Broker) failPending() {
+	b.pendMu.Lock()
+	pend := b.pending
+	b.pending = map[*nats.Msg]*sdk.PublishResult{}
+	b.pendMu.Unlock()
+	for _, res := range pend {
+		res.Resolve(sdk.ErrClosed)
+		<-b.slots
 	}
 }

@@ -1,0 +1,456 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// The SQS scenario runs against the fauxqs emulator (.ci/start-sqs) on
+// loopback, or BERTH_SQS_ENDPOINT. Every variant has a client of its own
+// (its own connection pool), configured alike.
+
+const (
+	sqsSenders = 8  // raw concurrent SendMessageBatch loops; berth's senders
+	sqsLoops   = 4  // raw concurrent receive loops; the Worker's ReceiveLoops
+	sqsWorkers = 32 // the Worker's Concurrency (Prefetch defaults to it)
+	sqsWait    = 20 // long-poll seconds, both sides
+)
+
+func sqsEndpoint() string {
+	if u := os.Getenv("BERTH_SQS_ENDPOINT"); u != "" {
+		return u
+	}
+	return "http://127.0.0.1:4566"
+}
+
+// sqsClient returns a client for the emulator with a connection pool of its
+// own, large enough for every concurrent call of a variant.
+func sqsClient() *awssqs.Client {
+	return awssqs.New(awssqs.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(sqsEndpoint()),
+		Credentials:  credentials.NewStaticCredentialsProvider("berth", "berth", ""),
+		HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, IdleConnTimeout: 30 * time.Second}},
+	})
+}
+
+// sqsEnv holds the brokers and queues of one table, deleted by close.
+type sqsEnv struct {
+	brokers []*sqs.Broker
+	queues  []string
+	admin   *sqs.Broker
+}
+
+func newSQSEnv() (*sqsEnv, error) {
+	admin, err := sqs.New(sqsClient(), sqs.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	return &sqsEnv{admin: admin}, nil
+}
+
+// broker returns a berth broker on a client of its own.
+func (e *sqsEnv) broker(opts sqs.Options) (*sqs.Broker, error) {
+	opts.Logger = slog.New(slog.DiscardHandler)
+	if opts.VisibilityTimeout == 0 {
+		opts.VisibilityTimeout = time.Minute
+	}
+	if opts.WaitTime == 0 {
+		opts.WaitTime = sqsWait * time.Second
+	}
+	b, err := sqs.New(sqsClient(), opts)
+	if err != nil {
+		return nil, err
+	}
+	e.brokers = append(e.brokers, b)
+	return b, nil
+}
+
+// queue declares a queue (berth's: with its dead-letter queue) and returns
+// its name and URL.
+func (e *sqsEnv) queue(ctx context.Context, name string) (string, string, error) {
+	q := fmt.Sprintf("berthbench_%s_%d", name, time.Now().UnixNano()%1e9)
+	if err := e.admin.DeclareQueue(ctx, q); err != nil {
+		return "", "", err
+	}
+	e.queues = append(e.queues, q)
+	out, err := e.admin.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(q)})
+	if err != nil {
+		return "", "", err
+	}
+	return q, aws.ToString(out.QueueUrl), nil
+}
+
+func (e *sqsEnv) close() {
+	for _, b := range e.brokers {
+		_ = b.Close()
+	}
+	ctx := context.Background()
+	for _, q := range e.queues {
+		_ = e.admin.DeleteQueue(ctx, q, true)
+	}
+	_ = e.admin.Close()
+}
+
+func runSQS(ctx context.Context, c config) ([]table, error) {
+	pub, err := sqsPublish(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	con, err := sqsConsume(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("consume: %w", err)
+	}
+	return []table{pub, con}, nil
+}
+
+// rawSQSSend sends n messages from sqsSenders goroutines, each looping
+// SendMessageBatch of 10 entries carrying body and the information berth
+// sends (message ID, type, correlation ID) as three native String
+// attributes: what an application without berth sends.
+func rawSQSSend(ctx context.Context, client *awssqs.Client, url string, n int, body string) error {
+	str := func(v string) sqstypes.MessageAttributeValue {
+		return sqstypes.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+	}
+	batches := (n + 9) / 10
+	return spread(sqsSenders, batches, func(i int) error {
+		k := min(10, n-i*10)
+		entries := make([]sqstypes.SendMessageBatchRequestEntry, k)
+		for j := range entries {
+			id := sdk.NewID()
+			entries[j] = sqstypes.SendMessageBatchRequestEntry{
+				Id: aws.String(strconv.Itoa(j)), MessageBody: aws.String(body),
+				MessageAttributes: map[string]sqstypes.MessageAttributeValue{"id": str(id), "type": str("bench"), "correlation-id": str(id)},
+			}
+		}
+		out, err := client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+		if err != nil {
+			return err
+		}
+		if len(out.Failed) > 0 {
+			return fmt.Errorf("SendMessageBatch: %d entries failed: %s", len(out.Failed), aws.ToString(out.Failed[0].Message))
+		}
+		return nil
+	})
+}
+
+func sqsPublish(ctx context.Context, c config) (table, error) {
+	e, err := newSQSEnv()
+	if err != nil {
+		return table{}, err
+	}
+	defer e.close()
+	bodyBytes := make([]byte, bodySize)
+	for i := range bodyBytes {
+		bodyBytes[i] = 'a' + byte(i%26) // SQS bodies are text: 256 B of it, sent as is by both
+	}
+	body := string(bodyBytes)
+
+	rawClient := sqsClient()
+	_, rawURL, err := e.queue(ctx, "sqsrawpub")
+	if err != nil {
+		return table{}, err
+	}
+	raw := variant{name: "raw aws-sdk-go-v2, SendMessageBatch", config: fmt.Sprintf("%d goroutines each looping SendMessageBatch of 10; ID, type and correlation ID as 3 String attributes", sqsSenders),
+		round: func(ctx context.Context, n int) (time.Duration, error) {
+			return timed(func() error { return rawSQSSend(ctx, rawClient, rawURL, n, body) })
+		}}
+
+	vs := []variant{raw}
+	add := func(name, cfg string, round func(br *sqs.Broker, q string) func(ctx context.Context, n int) (time.Duration, error)) error {
+		br, err := e.broker(sqs.Options{})
+		if err != nil {
+			return err
+		}
+		q, _, err := e.queue(ctx, "sqs"+strconv.Itoa(len(vs)))
+		if err != nil {
+			return err
+		}
+		vs = append(vs, variant{name: name, config: cfg, round: round(br, q)})
+		return nil
+	}
+	msg := func() *sdk.Message { return &sdk.Message{Type: "bench", Body: bodyBytes} }
+
+	// berth Publish of 10, from as many goroutines as raw: the same calls,
+	// berth's per-message work on top.
+	if err := add("berth Publish of 10", fmt.Sprintf("%d goroutines each calling Publish with 10 messages (one SendMessageBatch each)", sqsSenders),
+		func(br *sqs.Broker, q string) func(context.Context, int) (time.Duration, error) {
+			return func(ctx context.Context, n int) (time.Duration, error) {
+				return timed(func() error {
+					return spread(sqsSenders, (n+9)/10, func(i int) error {
+						batch := make([]*sdk.Message, min(10, n-i*10))
+						for j := range batch {
+							batch[j] = msg()
+						}
+						return br.Publish(ctx, q, batch...)
+					})
+				})
+			}
+		}); err != nil {
+		return table{}, err
+	}
+	// berth's asynchronous publish from one goroutine.
+	asyncOpts := sdk.AsyncOptions{MaxInFlight: 256, MaxBatch: 10, Senders: sqsSenders}
+	if err := add("berth PublishAsync, one goroutine", fmt.Sprintf("sdk.NewAsyncPublisher, AsyncOptions{MaxInFlight: %d, MaxBatch: %d, Senders: %d}; every result awaited at the end of the round", asyncOpts.MaxInFlight, asyncOpts.MaxBatch, asyncOpts.Senders),
+		func(br *sqs.Broker, q string) func(context.Context, int) (time.Duration, error) {
+			return func(ctx context.Context, n int) (time.Duration, error) {
+				return timed(func() error {
+					ap := sdk.NewAsyncPublisher(br, asyncOpts)
+					defer ap.Close()
+					return asyncRound(ctx, ap, q, n, msg)
+				})
+			}
+		}); err != nil {
+		return table{}, err
+	}
+	// Many goroutines, one message each: an HTTP service enqueuing per request.
+	for _, k := range []int{64} {
+		if err := add(fmt.Sprintf("berth Publish, %d goroutines × 1 message", k), "each call waits for its own send",
+			func(br *sqs.Broker, q string) func(context.Context, int) (time.Duration, error) {
+				return func(ctx context.Context, n int) (time.Duration, error) {
+					return timed(func() error {
+						return callers(k, n, func() error { return br.Publish(ctx, q, msg()) })
+					})
+				}
+			}); err != nil {
+			return table{}, err
+		}
+	}
+	n := msgs(c, 2000)
+	res, err := alternate(ctx, vs, c.rounds, n)
+	if err != nil {
+		return table{}, err
+	}
+	return table{
+		title: "SQS publish (fauxqs emulator on loopback, 256 B text bodies)",
+		intro: fmt.Sprintf("%d messages a round per variant, each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute, raw in three native ones. × is against raw.", n),
+		head:  resultHead,
+		rows:  rows(res, 0),
+	}, nil
+}
+
+// asyncRound publishes n messages through ap from one goroutine and waits
+// for every result.
+func asyncRound(ctx context.Context, ap sdk.AsyncPublisher, q string, n int, msg func() *sdk.Message) error {
+	results := make([]*sdk.PublishResult, 0, n)
+	for range n {
+		r, err := ap.PublishAsync(ctx, q, msg())
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+	}
+	for _, r := range results {
+		if err := r.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillSQS publishes n berth messages to q (untimed): both sides consume
+// the same messages.
+func fillSQS(ctx context.Context, br *sqs.Broker, q string, n int, body []byte) error {
+	return spread(sqsSenders, (n+9)/10, func(i int) error {
+		batch := make([]*sdk.Message, min(10, n-i*10))
+		for j := range batch {
+			batch[j] = &sdk.Message{Type: "bench", Body: body}
+		}
+		return br.Publish(ctx, q, batch...)
+	})
+}
+
+func sqsConsume(ctx context.Context, c config) (table, error) {
+	e, err := newSQSEnv()
+	if err != nil {
+		return table{}, err
+	}
+	defer e.close()
+	body := make([]byte, bodySize)
+	for i := range body {
+		body[i] = 'a' + byte(i%26)
+	}
+	filler, err := e.broker(sqs.Options{})
+	if err != nil {
+		return table{}, err
+	}
+
+	rawClient := sqsClient()
+	rawQ, rawURL, err := e.queue(ctx, "sqsrawcons")
+	if err != nil {
+		return table{}, err
+	}
+	raw := variant{name: "raw aws-sdk-go-v2, parallel receive loops", config: fmt.Sprintf("%d goroutines each looping ReceiveMessage (10, long poll %d s, visibility 60 s, all attributes) then DeleteMessageBatch of what it received", sqsLoops, sqsWait),
+		round: func(ctx context.Context, n int) (time.Duration, error) {
+			if err := fillSQS(ctx, filler, rawQ, n, body); err != nil {
+				return 0, err
+			}
+			return timed(func() error { return rawSQSDrain(ctx, rawClient, rawURL, n) })
+		}}
+
+	worker := func(loops int) (variant, error) {
+		br, err := e.broker(sqs.Options{})
+		if err != nil {
+			return variant{}, err
+		}
+		q, _, err := e.queue(ctx, "sqsworker"+strconv.Itoa(loops))
+		if err != nil {
+			return variant{}, err
+		}
+		return variant{name: fmt.Sprintf("berth Worker, ReceiveLoops %d", loops),
+			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), flushed before the clock stops", sqsWorkers, loops),
+			round: func(ctx context.Context, n int) (time.Duration, error) {
+				if err := fillSQS(ctx, filler, q, n, body); err != nil {
+					return 0, err
+				}
+				return timed(func() error {
+					return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: sqsWorkers, ReceiveLoops: loops})
+				})
+			}}, nil
+	}
+	par, err := worker(sqsLoops)
+	if err != nil {
+		return table{}, err
+	}
+	one, err := worker(1)
+	if err != nil {
+		return table{}, err
+	}
+	n := msgs(c, 2000)
+	res, err := alternate(ctx, []variant{raw, par, one}, c.rounds, n)
+	if err != nil {
+		return table{}, err
+	}
+	return table{
+		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
+		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. × is against raw.", n),
+		head:  resultHead,
+		rows:  rows(res, 0),
+	}, nil
+}
+
+// rawSQSDrain consumes and deletes n messages with sqsLoops concurrent
+// receive loops.
+func rawSQSDrain(ctx context.Context, client *awssqs.Client, url string, n int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, sqsLoops)
+	for range sqsLoops {
+		wg.Go(func() {
+			for got.Load() < int64(n) {
+				out, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+					QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: 60, WaitTimeSeconds: sqsWait,
+					MessageAttributeNames:       []string{"All"},
+					MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+				})
+				if err != nil {
+					if ctx.Err() == nil {
+						errc <- err
+						cancel()
+					}
+					return
+				}
+				if len(out.Messages) == 0 {
+					continue
+				}
+				entries := make([]sqstypes.DeleteMessageBatchRequestEntry, len(out.Messages))
+				for i, m := range out.Messages {
+					entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
+				}
+				del, err := client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+				if err == nil && len(del.Failed) > 0 {
+					err = fmt.Errorf("DeleteMessageBatch: %d entries failed", len(del.Failed))
+				}
+				if err != nil {
+					errc <- err
+					cancel()
+					return
+				}
+				if got.Add(int64(len(out.Messages))) >= int64(n) {
+					cancel() // the others' long polls end
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// drainWorker runs a Worker with a no-op handler on q until n deliveries
+// were acked, flushes the broker's buffered acks and stops the Worker.
+func drainWorker(ctx context.Context, br sdk.Broker, q string, n int, opts sdk.WorkerOptions) error {
+	cnt := &counter{}
+	done := cnt.expect(int64(n))
+	opts.Queue = q
+	opts.Observers = []sdk.Observer{ackObserver{cnt}}
+	opts.Logger = slog.New(slog.DiscardHandler)
+	w, err := sdk.NewWorker(br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), opts)
+	if err != nil {
+		return err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(wctx) }()
+	select {
+	case <-done:
+	case err := <-errc:
+		return fmt.Errorf("worker stopped early: %v", err)
+	}
+	if f, ok := br.(sdk.Flusher); ok {
+		if err := f.Flush(ctx); err != nil {
+			stop()
+			<-errc
+			return err
+		}
+	}
+	stop()
+	return <-errc
+}
+
+// spread runs job(0) … job(n-1) on k goroutines and returns the first error.
+func spread(k, n int, job func(i int) error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	for range k {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := job(i); err != nil {
+					once.Do(func() { first = err })
+					next.Store(int64(n)) // the others stop
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
