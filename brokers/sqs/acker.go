@@ -36,9 +36,14 @@ type ackBatch struct {
 	entries []ackEntry
 }
 
+// ackSenders is how many DeleteMessageBatch calls an acker keeps in flight
+// at most: one would bound a Worker with several receive loops to one
+// delete round trip per 10 messages.
+const ackSenders = 4
+
 // acker buffers deletes per queue and sends them with DeleteMessageBatch when
-// 10 are pending or interval after the first. It owns two goroutines (a
-// timer and a sender), stopped by close.
+// 10 are pending or interval after the first. It owns a timer goroutine and
+// ackSenders sender goroutines, stopped by close.
 type acker struct {
 	client   *awssqs.Client
 	interval time.Duration
@@ -75,14 +80,16 @@ func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger) *
 		idle:     make(chan struct{}),
 	}
 	close(a.idle)
-	a.wg.Add(2)
+	a.wg.Add(1 + ackSenders)
 	go a.timer()
-	go a.sender()
+	for range ackSenders {
+		go a.sender()
+	}
 	return a
 }
 
 // add buffers a delete. When it completes a batch of 10, add hands the batch
-// to the sender, waiting while the sender is busy (backpressure) until ctx
+// to a sender, waiting while every sender is busy (backpressure) until ctx
 // ends; then the batch stays buffered and the timer sends it.
 func (a *acker) add(ctx context.Context, url string, e ackEntry) error {
 	a.mu.Lock()

@@ -72,6 +72,15 @@ type Options struct {
 	// counts them), which must also fit the queue's MaximumMessageSize.
 	// Default and maximum [MaxWireSize] (1 MiB).
 	MaxWireSize int
+	// PublishSenders bounds the SendMessageBatch calls in flight for the
+	// Publish calls of at most 10 messages to standard queues. A Publish that
+	// finds one free sends at once; one that finds them all busy queues its
+	// messages, and the next Publish to get a sender sends up to 10 queued
+	// messages of that queue, its own or others', in one call (group
+	// commit). Many goroutines publishing one message each so share calls
+	// instead of making one each. Larger Publish calls and FIFO queues do not
+	// take part. Default [DefaultPublishSenders] (16).
+	PublishSenders int
 	// DefaultGroup is the FIFO MessageGroupId of messages without a Key.
 	// Default "berth".
 	DefaultGroup string
@@ -125,6 +134,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.DefaultGroup == "" {
 		o.DefaultGroup = "berth"
 	}
+	if o.PublishSenders == 0 {
+		o.PublishSenders = DefaultPublishSenders
+	}
+	if o.PublishSenders < 0 {
+		return o, fmt.Errorf("berth/sqs: negative PublishSenders %d", o.PublishSenders)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -138,6 +153,7 @@ type Broker struct {
 	client *awssqs.Client
 	opts   Options
 	acks   *acker
+	co     *coalescer // shares SendMessageBatch calls between small Publish calls
 
 	// closing is cancelled by Close; every blocking call stops with it.
 	closing context.Context
@@ -190,6 +206,7 @@ func New(client *awssqs.Client, opts Options) (*Broker, error) {
 		scanMax:  defaultMaxHeld,
 	}
 	b.acks = newAcker(client, o.AckInterval, o.Logger)
+	b.co = newCoalescer(o.PublishSenders)
 	return b, nil
 }
 

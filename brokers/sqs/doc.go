@@ -19,7 +19,7 @@
 //     ApproximateReceiveCount.
 //   - Ack deletes through DeleteMessageBatch: deletes are buffered and sent
 //     when 10 are pending for a queue or [Options.AckInterval] after the first
-//     one, by a goroutine the Broker owns. [Broker.Flush] (which the Worker
+//     one, by goroutines the Broker owns (up to 4 calls in flight). [Broker.Flush] (which the Worker
 //     calls when it drains) and Close send what is pending; a delete that SQS
 //     refuses is logged and returned by the next Flush ([AckError]).
 //   - Retry(d) is ChangeMessageVisibility(d, rounded up to whole seconds, so

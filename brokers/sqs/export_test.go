@@ -8,3 +8,15 @@ import "time"
 func SetScanLimits(b *Broker, hold time.Duration, maxHeld int) {
 	b.scanHold, b.scanMax = hold, maxHeld
 }
+
+// QueuedShared is the number of entries waiting in b's coalescer for a
+// sender, over every queue.
+func QueuedShared(b *Broker) int {
+	b.co.mu.Lock()
+	defer b.co.mu.Unlock()
+	n := 0
+	for _, p := range b.co.pending {
+		n += len(p)
+	}
+	return n
+}

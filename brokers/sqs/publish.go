@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -15,7 +17,10 @@ import (
 )
 
 // Publish sends msgs to queue with SendMessageBatch, in chunks of at most 10
-// messages and 1 MiB. It implements [sdk.Publisher]: every message is
+// messages and 1 MiB: up to 10 chunks at once on a standard queue, one after
+// another (in order) on a FIFO queue. Concurrent Publish calls of at most 10
+// messages to a standard queue share calls when [Options.PublishSenders]
+// are busy. It implements [sdk.Publisher]: every message is
 // checked first ([sdk.Prepare], the sizes, the delay: [*DelayError]) and
 // nothing is sent when one fails. Entries SQS refuses, and the messages of
 // chunks not sent after a failed call, are named in an [*sdk.PublishError];
@@ -48,7 +53,19 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if err != nil {
 		return err
 	}
+	if !q.fifo && len(entries) <= batchSize && wireSize(entries) <= b.opts.MaxWireSize {
+		return b.publishShared(ctx, q, entries)
+	}
 	return b.send(ctx, q, entries)
+}
+
+// wireSize is the encoded size of entries together.
+func wireSize(entries []sendEntry) int {
+	n := 0
+	for _, e := range entries {
+		n += e.enc.size
+	}
+	return n
 }
 
 // sendEntry is one message ready for SendMessageBatch.
@@ -105,29 +122,74 @@ func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string) (sendEntry, 
 	return sendEntry{id: m.ID, enc: enc, in: in}, nil
 }
 
+// publishParallel bounds the SendMessageBatch calls one Publish to a
+// standard queue makes at once: a Publish of up to 100 messages takes one
+// round trip, not ten.
+const publishParallel = 10
+
 // send publishes entries to q in batches of at most 10 entries and
-// MaxWireSize bytes.
+// MaxWireSize bytes: one after another on a FIFO queue (they keep their
+// order), up to publishParallel at once on a standard queue. When every call
+// failed, nothing was published and send returns the first call's error;
+// otherwise the entries of failed calls and those SQS refused are named in
+// an [*sdk.PublishError].
 func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) error {
-	failed := map[string]error{}
+	var chunks [][]sendEntry
 	for start := 0; start < len(entries); {
 		end, size := start, 0
 		for end < len(entries) && end-start < batchSize && size+entries[end].enc.size <= b.opts.MaxWireSize {
 			size += entries[end].enc.size
 			end++
 		}
-		chunk := entries[start:end]
-		if err := b.sendBatch(ctx, q, chunk, failed); err != nil {
-			if len(failed) == 0 && start == 0 {
-				return err // nothing was published
-			}
-			for _, e := range entries[start:] {
-				if _, ok := failed[e.id]; !ok {
-					failed[e.id] = err
-				}
-			}
-			break
-		}
+		chunks = append(chunks, entries[start:end])
 		start = end
+	}
+	failed := map[string]error{}
+	if len(chunks) == 1 || q.fifo {
+		for i, chunk := range chunks {
+			if err := b.sendBatch(ctx, q, chunk, failed); err != nil {
+				if len(failed) == 0 && i == 0 {
+					return err // nothing was published
+				}
+				for _, rest := range chunks[i:] {
+					for _, e := range rest {
+						if _, ok := failed[e.id]; !ok {
+							failed[e.id] = err
+						}
+					}
+				}
+				break
+			}
+		}
+	} else {
+		errs := make([]error, len(chunks))
+		fails := make([]map[string]error, len(chunks))
+		sem := make(chan struct{}, publishParallel)
+		var wg sync.WaitGroup
+		for i, chunk := range chunks {
+			fails[i] = map[string]error{}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				if err := b.sendBatch(ctx, q, chunk, fails[i]); err != nil {
+					errs[i] = err
+					for _, e := range chunk {
+						fails[i][e.id] = err
+					}
+				}
+			})
+		}
+		wg.Wait()
+		allFailed := true
+		for _, err := range errs {
+			allFailed = allFailed && err != nil
+		}
+		if allFailed {
+			return errs[0] // nothing was published
+		}
+		for _, f := range fails {
+			maps.Copy(failed, f)
+		}
 	}
 	if len(failed) > 0 {
 		return &sdk.PublishError{Failed: failed}

@@ -1,0 +1,223 @@
+package sqs
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/berthq/berth/sdk"
+)
+
+// DefaultPublishSenders is the default [Options.PublishSenders].
+const DefaultPublishSenders = 16
+
+// coalescer lets concurrent Publish calls of a few messages each to a
+// standard queue share SendMessageBatch calls (group commit): at most
+// Options.PublishSenders such calls are in flight; a Publish that finds them
+// all busy queues its entries, and the next Publish to get a sender sends up
+// to 10 queued entries of that queue, its own or others', in one call. A
+// Publish that finds a sender free sends at once: no added latency.
+type coalescer struct {
+	sem chan struct{} // a token per call in flight
+
+	mu      sync.Mutex
+	pending map[string][]*shared // by queue URL, oldest first
+}
+
+// shared is one entry waiting in the coalescer, and the Publish it belongs to.
+type shared struct {
+	e sendEntry
+	w *waiter
+}
+
+// waiter is one Publish call's share: its entries' outcomes.
+type waiter struct {
+	ctx  context.Context
+	done chan struct{} // closed when every entry has an outcome
+
+	mu      sync.Mutex
+	left    int
+	failed  map[string]error // entries not published, by message ID
+	callErr error            // the first error of a call that carried its entries
+	sent    bool             // some entry was published
+}
+
+func newCoalescer(senders int) *coalescer {
+	return &coalescer{sem: make(chan struct{}, senders), pending: map[string][]*shared{}}
+}
+
+// settle records the outcome of entry id: err nil (published), the error of
+// the call that carried it (call true) or SQS's refusal of the entry.
+func (w *waiter) settle(id string, err error, call bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err == nil {
+		w.sent = true
+	} else {
+		if w.failed == nil {
+			w.failed = map[string]error{}
+		}
+		w.failed[id] = err
+		if call && w.callErr == nil {
+			w.callErr = err
+		}
+	}
+	w.left--
+	if w.left == 0 {
+		close(w.done)
+	}
+}
+
+// result is what the Publish returns: the call's error itself when every
+// entry failed with calls' errors (nothing was published), else a
+// PublishError naming the entries not published, else nil.
+func (w *waiter) result() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.failed) == 0 {
+		return nil
+	}
+	if !w.sent && w.callErr != nil {
+		allCalls := true
+		for _, err := range w.failed {
+			if _, refused := err.(*EntryError); refused {
+				allCalls = false
+				break
+			}
+		}
+		if allCalls {
+			return w.callErr
+		}
+	}
+	return &sdk.PublishError{Failed: w.failed}
+}
+
+// publishShared publishes entries (one chunk's worth, to a standard queue)
+// through the coalescer and waits for their outcomes.
+func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendEntry) error {
+	c := b.co
+	w := &waiter{ctx: ctx, done: make(chan struct{}), left: len(entries)}
+	c.mu.Lock()
+	for _, e := range entries {
+		c.pending[q.url] = append(c.pending[q.url], &shared{e: e, w: w})
+	}
+	c.mu.Unlock()
+	for {
+		select {
+		case <-w.done:
+			return w.result()
+		default:
+		}
+		select {
+		case c.sem <- struct{}{}:
+			batch := c.take(q.url, b.opts.MaxWireSize)
+			if len(batch) > 0 {
+				b.sendShared(q, batch)
+			}
+			<-c.sem
+			if len(batch) == 0 { // others took ours: they are being sent
+				select {
+				case <-w.done:
+					return w.result()
+				case <-ctx.Done():
+					return ctx.Err() // they may be published, as with a Publish cut short
+				}
+			}
+		case <-w.done:
+			return w.result()
+		case <-ctx.Done():
+			// Entries still queued are withdrawn (not sent); those already
+			// in a call may be published, as with a Publish cut short.
+			c.withdraw(q.url, w)
+			return ctx.Err()
+		}
+	}
+}
+
+// take removes up to batchSize entries of queue url, at most maxWire bytes,
+// oldest first. Entries whose Publish gave up are dropped.
+func (c *coalescer) take(url string, maxWire int) []*shared {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pending[url]
+	var batch []*shared
+	size, i := 0, 0
+	for ; i < len(p) && len(batch) < batchSize; i++ {
+		s := p[i]
+		if s.w.ctx.Err() != nil {
+			s.w.settle(s.e.id, s.w.ctx.Err(), true)
+			continue
+		}
+		if size+s.e.enc.size > maxWire {
+			break
+		}
+		size += s.e.enc.size
+		batch = append(batch, s)
+	}
+	if rest := p[i:]; len(rest) > 0 {
+		c.pending[url] = rest
+	} else {
+		delete(c.pending, url)
+	}
+	return batch
+}
+
+// withdraw removes w's entries still queued for url, settling them with
+// w's ctx error.
+func (c *coalescer) withdraw(url string, w *waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pending[url]
+	kept := p[:0]
+	for _, s := range p {
+		if s.w == w {
+			s.w.settle(s.e.id, w.ctx.Err(), true)
+			continue
+		}
+		kept = append(kept, s)
+	}
+	clear(p[len(kept):])
+	if len(kept) > 0 {
+		c.pending[url] = kept
+	} else {
+		delete(c.pending, url)
+	}
+}
+
+// sendShared sends batch in one SendMessageBatch call and settles every
+// entry. The call ends when the broker closes or when every Publish of the
+// batch has given up; it keeps the values (tracing) of the first one's ctx.
+func (b *Broker) sendShared(q *queueRef, batch []*shared) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].w.ctx))
+	defer cancel()
+	defer context.AfterFunc(b.closing, cancel)()
+	var waiters []*waiter
+	for _, s := range batch {
+		if !slices.Contains(waiters, s.w) {
+			waiters = append(waiters, s.w)
+		}
+	}
+	var left atomic.Int64
+	left.Store(int64(len(waiters)))
+	for _, w := range waiters {
+		defer context.AfterFunc(w.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})()
+	}
+	chunk := make([]sendEntry, len(batch))
+	for i, s := range batch {
+		chunk[i] = s.e
+	}
+	failed := map[string]error{}
+	err := b.sendBatch(ctx, q, chunk, failed)
+	for _, s := range batch {
+		if err != nil {
+			s.w.settle(s.e.id, err, true)
+		} else {
+			s.w.settle(s.e.id, failed[s.e.id], false)
+		}
+	}
+}

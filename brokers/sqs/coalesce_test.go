@@ -1,0 +1,142 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// gate holds every SendMessageBatch call until it is opened.
+type gate struct {
+	open    chan struct{}
+	arrived chan struct{} // one token per call that reached the gate
+}
+
+func newGate() *gate { return &gate{open: make(chan struct{}), arrived: make(chan struct{}, 100)} }
+
+func (g *gate) option(st *middleware.Stack) error {
+	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthGate",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
+				g.arrived <- struct{}{}
+				select {
+				case <-g.open:
+				case <-ctx.Done():
+					return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
+				}
+			}
+			return next.HandleInitialize(ctx, in)
+		}), middleware.Before)
+}
+
+// waitQueued waits until n entries wait in b's coalescer.
+func waitQueued(t *testing.T, b *sqs.Broker, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	for sqs.QueuedShared(b) != n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d entries queued, want %d", sqs.QueuedShared(b), n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestPublishSharesCalls: with its one sender busy, 25 concurrent Publish
+// calls of one message each wait, and are then sent 10 to a call: 1 + 3
+// SendMessageBatch calls for 26 messages, every one delivered once.
+func TestPublishSharesCalls(t *testing.T) {
+	c, g := newCalls(), newGate()
+	b := newBroker(t, sqs.Options{VisibilityTimeout: time.Minute, WaitTime: time.Second, PublishSenders: 1}, c.option, g.option)
+	q := declare(t, b, "shared", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	c.reset()
+
+	var wg sync.WaitGroup
+	ids := make(chan string, 26)
+	publish := func() {
+		m := &sdk.Message{Type: "shared", Body: []byte("x")}
+		if err := b.Publish(ctx, q, m); err != nil {
+			t.Errorf("Publish: %v", err)
+			return
+		}
+		ids <- m.ID
+	}
+	wg.Go(publish)
+	<-g.arrived // the first call holds the sender
+	for range 25 {
+		wg.Go(publish)
+	}
+	waitQueued(t, b, 25)
+	close(g.open)
+	wg.Wait()
+	close(ids)
+	if n := c.get("SendMessageBatch"); n != 4 {
+		t.Errorf("%d SendMessageBatch calls for 26 messages with one sender, want 1 + 3", n)
+	}
+	want := map[string]bool{}
+	for id := range ids {
+		want[id] = true
+	}
+	for _, d := range receiveN(t, b, q, 26) {
+		id := d.Message().ID
+		if !want[id] {
+			t.Errorf("message %s delivered twice or never published", id)
+		}
+		delete(want, id)
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPublishSharedCancelled: a Publish whose ctx ends while its message
+// waits for a sender returns ctx's error and its message is never sent; the
+// others are.
+func TestPublishSharedCancelled(t *testing.T) {
+	g := newGate()
+	b := newBroker(t, sqs.Options{VisibilityTimeout: time.Minute, WaitTime: time.Second, PublishSenders: 1}, g.option)
+	q := declare(t, b, "sharedcancel", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+
+	first := &sdk.Message{Type: "first", Body: []byte("1")}
+	errc := make(chan error, 2)
+	go func() { errc <- b.Publish(ctx, q, first) }()
+	<-g.arrived
+	cctx, cancel := context.WithCancel(ctx)
+	gone := &sdk.Message{Type: "gone", Body: []byte("2")}
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- b.Publish(cctx, q, gone) }()
+	waitQueued(t, b, 1)
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Publish: %v, want context.Canceled", err)
+	}
+	if n := sqs.QueuedShared(b); n != 0 {
+		t.Errorf("%d entries still queued after the cancelled Publish returned", n)
+	}
+	close(g.open)
+	if err := <-errc; err != nil {
+		t.Fatalf("first Publish: %v", err)
+	}
+	ds := receiveN(t, b, q, 1)
+	if id := ds[0].Message().ID; id != first.ID {
+		t.Errorf("delivered %s, want the first message %s", id, first.ID)
+	}
+	// Nothing else arrives: the cancelled message was not sent.
+	more, err := b.Receive(ctx, q, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range more {
+		t.Errorf("delivered %s (%s): the cancelled Publish's message was sent", d.Message().ID, d.Message().Type)
+	}
+}
