@@ -347,7 +347,7 @@ func rawJSConsume(ctx context.Context, nc *nats.Conn, cons natsjs.Consumer, n in
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return nc.FlushWithContext(ctx)
+	return nc.FlushTimeout(10 * time.Second)
 }
 
 // rawJSDoubleAck drains n messages with Messages, handing them to

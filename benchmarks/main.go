@@ -1,7 +1,8 @@
-// Command berthbench measures berth against the raw clients and against its
-// peers (Watermill's GoChannel and AMQP, River) side by side in one process,
-// in alternating rounds, and regenerates the generated part of BENCHMARKS.md
-// and the scaling plots under docs/bench/.
+// Command berthbench measures berth against the raw clients (amqp091-go,
+// pgx, aws-sdk-go-v2, nats.go) and against its peers (Watermill's GoChannel
+// and AMQP, River) side by side in one process, in alternating rounds, as
+// well as what telemetry costs per message, and regenerates the generated
+// part of BENCHMARKS.md and the scaling plots under docs/bench/.
 //
 // It is a module of its own so that the library's go.mod does not carry the
 // peers' dependencies. From the repository root:
@@ -9,9 +10,9 @@
 //	scripts/bench            # everything, rewrites BENCHMARKS.md and docs/bench/*.png
 //	cd benchmarks && go run . -quick -only memory   # one scenario, small, to stdout
 //
-// It needs the services of scripts/services (RabbitMQ, PostgreSQL, NATS) on
-// loopback, at the same addresses as the tests (BERTH_RABBITMQ_URL and the
-// others override them).
+// It needs the services of scripts/services (RabbitMQ, PostgreSQL, NATS, the
+// fauxqs SQS emulator) on loopback, at the same addresses as the tests
+// (BERTH_RABBITMQ_URL, BERTH_SQS_ENDPOINT and the others override them).
 package main
 
 import (
@@ -25,6 +26,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"time"
@@ -88,7 +90,18 @@ func main() {
 	quick := flag.Bool("quick", false, "small rounds (a smoke run: figures are noisy)")
 	only := flag.String("only", "", "run only the scenarios matching this regexp")
 	write := flag.String("write", "", "the BENCHMARKS.md to rewrite between the berthbench markers (plots go to docs/bench beside it)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	c := config{quick: *quick, rounds: 6, scale: 1}
 	if c.quick {
