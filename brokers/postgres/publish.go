@@ -113,6 +113,17 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 			now = true
 		}
 	}
+	// Without DedupeEnqueue every row has dedupe = false, outside the
+	// partial unique index, so no row can conflict: the plain INSERT spares
+	// each row the speculative insertion of ON CONFLICT (and its extra WAL
+	// record), and there is nothing to return.
+	dedupe := b.opts.DedupeEnqueue
+	conflict := ""
+	if dedupe {
+		conflict = `
+		ON CONFLICT (queue, idempotency_key) WHERE dedupe DO NOTHING
+		RETURNING message_id`
+	}
 	batch := &pgx.Batch{}
 	batch.Queue(`INSERT INTO `+b.table+` (queue, message_id, job_type, payload, payload_json, headers,
 			correlation_id, ordering_key, idempotency_key, dedupe, max_attempts, available_at)
@@ -120,29 +131,34 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 			u.correlation_id, u.ordering_key, NULLIF(u.idem, ''), $2 AND u.idem <> '', $3,
 			now() + u.delay_us * interval '1 microsecond'
 		FROM unnest($4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[])
-			AS u(message_id, job_type, payload, payload_json, headers, correlation_id, ordering_key, idem, delay_us)
-		ON CONFLICT (queue, idempotency_key) WHERE dedupe DO NOTHING
-		RETURNING message_id`,
-		queue, b.opts.DedupeEnqueue, b.opts.MaxAttempts,
+			AS u(message_id, job_type, payload, payload_json, headers, correlation_id, ordering_key, idem, delay_us)`+conflict,
+		queue, dedupe, b.opts.MaxAttempts,
 		ids, types, bodies, payloadJSON, headers, corrs, keys, idems, delays)
 	if now {
 		batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
 	}
 	br := q.SendBatch(ctx, batch)
-	inserted := make(map[string]bool, n)
-	rows, err := br.Query()
-	if err == nil {
-		for rows.Next() {
-			var id string
-			if err = rows.Scan(&id); err != nil {
-				break
-			}
-			inserted[id] = true
-		}
-		rows.Close()
+	var inserted map[string]bool
+	var err error
+	if dedupe {
+		inserted = make(map[string]bool, n)
+		var rows pgx.Rows
+		rows, err = br.Query()
 		if err == nil {
-			err = rows.Err()
+			for rows.Next() {
+				var id string
+				if err = rows.Scan(&id); err != nil {
+					break
+				}
+				inserted[id] = true
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
 		}
+	} else {
+		_, err = br.Exec()
 	}
 	if err == nil && now {
 		_, err = br.Exec()
