@@ -43,7 +43,10 @@ func (w *riverWorker) Work(context.Context, *river.Job[benchArgs]) error {
 	return nil
 }
 
-const pgConcurrency = 8
+const (
+	pgConcurrency = 8
+	pgPoolSize    = pgConcurrency + 2
+)
 
 // stmtCounter counts the statements and round trips this process sends
 // (pgx tracer): an autocommitted statement or a pipelined batch is one round
@@ -95,7 +98,12 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 	if os.Getenv("BERTH_BENCH_PGSTATS") != "" {
 		pcfg.ConnConfig.Tracer = sc
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	// Each variant has a pool of its own, of pgPoolSize connections (enough
+	// for the raw loop's 8 claimers and its producer at once), so that none
+	// waits for a connection another variant's idle poller holds.
+	pcfg.MaxConns = pgPoolSize
+	newPool := func() (*pgxpool.Pool, error) { return pgxpool.NewWithConfig(ctx, pcfg.Copy()) }
+	pool, err := newPool()
 	if err != nil {
 		return nil, err
 	}
@@ -124,11 +132,16 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 	berthVariant := func(name, schema, cfg string, o postgres.Options, prefetch int) (variant, error) {
 		o.Schema = schema
 		o.Logger = slog.New(slog.DiscardHandler)
-		br, err := postgres.New(pool, o)
+		bpool, err := newPool()
 		if err != nil {
 			return variant{}, err
 		}
-		closers = append(closers, func() { _ = br.Close() })
+		br, err := postgres.New(bpool, o)
+		if err != nil {
+			bpool.Close()
+			return variant{}, err
+		}
+		closers = append(closers, func() { _ = br.Close() }, bpool.Close) // in this order
 		if err := br.Migrate(ctx); err != nil {
 			return variant{}, err
 		}
@@ -165,7 +178,7 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 	if err != nil {
 		return nil, err
 	}
-	berthFast, err := berthVariant("berth Worker, PostgreSQL broker, tuned", berthSchema+"f", "Concurrency 8, Prefetch 92 (claims up to 100, like the raw loop), PollInterval 20 ms, LISTEN/NOTIFY; producer: Publish of 100", postgres.Options{PollInterval: 20 * time.Millisecond}, 92)
+	berthFast, err := berthVariant("berth Worker, PostgreSQL broker, tuned", berthSchema+"f", "Concurrency 8, Prefetch 192 (holds up to 200: a claim of 100, like the raw loop's, while the previous 100 are acked; the raw loop's 8 claimers hold up to 800), PollInterval 20 ms, LISTEN/NOTIFY; producer: Publish of 100", postgres.Options{PollInterval: 20 * time.Millisecond}, 192)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +187,12 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{riverSchema}.Sanitize()); err != nil {
 		return nil, err
 	}
-	driver := riverpgxv5.New(pool)
+	rpool, err := newPool()
+	if err != nil {
+		return nil, err
+	}
+	defer rpool.Close()
+	driver := riverpgxv5.New(rpool)
 	mig, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: riverSchema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err
@@ -223,7 +241,12 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 	}}
 
 	// raw: a careful SKIP LOCKED loop, batched claims and deletes.
-	raw, err := rawPostgres(ctx, pool, rawSchema, body)
+	xpool, err := newPool()
+	if err != nil {
+		return nil, err
+	}
+	defer xpool.Close()
+	raw, err := rawPostgres(ctx, xpool, rawSchema, body)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +265,7 @@ func runPostgres(ctx context.Context, c config) ([]table, error) {
 	rs = append(rs, []string{"berth ÷ River (defaults · tuned)", "", "", fmt.Sprintf("**%.2f · %.2f**", res[1].rate()/res[3].rate(), res[2].rate()/res[3].rate()), ""})
 	return []table{{
 		title: "PostgreSQL — berth Worker vs River vs a raw SKIP LOCKED loop (publish + consume, 256 B)",
-		intro: fmt.Sprintf("End to end: each round inserts %d jobs in batches of 100 while the consumers, running throughout, work them; the round ends when the last is done. × is against the raw loop.", n),
+		intro: fmt.Sprintf("End to end: each round inserts %d jobs in batches of 100 while the consumers, running throughout, work them; the round ends when the last is done. Each variant has its own pool of %d connections. × is against the raw loop.", n, pgPoolSize),
 		head:  resultHead,
 		rows:  rs,
 	}}, nil
