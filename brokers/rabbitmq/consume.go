@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +22,8 @@ type consumer struct {
 	queue string
 	out   chan *delivery // buffered to Prefetch
 
-	prefetch int // basic.qos of its channels
+	prefetch int                       // basic.qos of its channels
+	cur      atomic.Pointer[chanState] // the channel consuming now, for Flush
 
 	gone   chan struct{} // closed when the consumer stopped for good (err says why)
 	err    error         // set before gone is closed
@@ -29,36 +31,219 @@ type consumer struct {
 }
 
 // chanState is one consumer channel's life: deliveries hold it, and a
-// settlement on a dead one reports [sdk.ErrLeaseLost].
+// settlement on a dead one reports [sdk.ErrLeaseLost]. It also coalesces
+// the channel's acks (see the package doc, "Acknowledgements"): an Ack
+// records its delivery tag as acked, and a flush sends one basic.ack with
+// the multiple flag for every acked tag below the lowest tag still
+// unsettled, and single acks for acked tags that waited above an
+// unsettled one for a whole flush. A multiple ack therefore never covers a
+// delivery whose holder has not acked it, and never leaves its channel.
 type chanState struct {
 	ch   *amqp.Channel
 	dead chan struct{}
 	once sync.Once
 
+	interval time.Duration // Options.AckInterval; 0 with SyncAck: every ack is flushed at once
+	flushAt  int           // acked tags that trigger a flush without waiting for the interval
+
 	mu      sync.Mutex
-	unacked map[uint64]struct{} // tags handed out and not settled: AckBatch may ack with multiple below the lowest
+	unacked map[uint64]struct{} // tags handed out and not settled (nor being settled) on the wire
+	low     uint64              // no tag below low is in unacked
+	last    uint64              // highest tag handed out
+	acked   []uint64            // acked by their holders since the last flush, not sent
+	held    []uint64            // acked, left by a flush above an unsettled tag, not sent; oldest first
+	oldHeld int                 // the first oldHeld of held were held at the last tick already
+	timer   *time.Timer         // flushes interval after the first unsent ack
+	armed   bool                // timer set and not yet fired
+	lost    int                 // acks dropped unsent because the channel died
+
+	flushMu sync.Mutex // one flush at a time: what a flush sends and the order it reaches the wire
+
+	hook func(tag uint64, multiple bool) // tests: sees every ack frame before it is sent
+}
+
+func newChanState(ch *amqp.Channel, o Options, prefetch int, hook func(uint64, bool)) *chanState {
+	st := &chanState{ch: ch, dead: make(chan struct{}), unacked: make(map[uint64]struct{}, prefetch), low: 1, flushAt: 1, hook: hook}
+	if !o.SyncAck {
+		st.interval = o.AckInterval
+		st.flushAt = max(1, prefetch/4)
+	}
+	return st
 }
 
 // track records a delivery tag as handed out and unsettled.
 func (s *chanState) track(tag uint64) {
 	s.mu.Lock()
-	if s.unacked == nil {
-		s.unacked = make(map[uint64]struct{})
-	}
 	s.unacked[tag] = struct{}{}
+	s.last = max(s.last, tag)
 	s.mu.Unlock()
 }
 
-// untrack records tags as settled.
+// untrack records tags as settled on the wire (their frames were sent).
 func (s *chanState) untrack(tags ...uint64) {
 	s.mu.Lock()
 	for _, t := range tags {
 		delete(s.unacked, t)
 	}
+	s.advance()
 	s.mu.Unlock()
 }
 
-func (s *chanState) kill() { s.once.Do(func() { close(s.dead) }) }
+// advance moves low past the tags no longer unsettled; under mu. Each tag
+// is passed once, so it costs one map lookup per delivery overall.
+func (s *chanState) advance() {
+	for s.low <= s.last {
+		if _, ok := s.unacked[s.low]; ok {
+			return
+		}
+		s.low++
+	}
+}
+
+// ack records tag as acked by its holder; the ack is sent by the next
+// flush: at once with SyncAck, else when flushAt acks wait or interval
+// after the first. It returns the error of a flush it ran itself.
+func (s *chanState) ack(tag uint64) error {
+	s.mu.Lock()
+	if s.isDead() {
+		s.mu.Unlock()
+		return errChannelGone
+	}
+	delete(s.unacked, tag)
+	s.advance()
+	s.acked = append(s.acked, tag)
+	now := len(s.acked) >= s.flushAt
+	if !now && !s.armed {
+		s.arm()
+	}
+	s.mu.Unlock()
+	if now {
+		return s.flush(s.interval == 0, false)
+	}
+	return nil
+}
+
+// arm sets the timer to flush after interval; under mu.
+func (s *chanState) arm() {
+	s.armed = true
+	if s.timer == nil {
+		s.timer = time.AfterFunc(s.interval, s.tick)
+	} else {
+		s.timer.Reset(s.interval)
+	}
+}
+
+func (s *chanState) tick() {
+	s.mu.Lock()
+	s.armed = false
+	s.mu.Unlock()
+	_ = s.flush(false, true) // a dead channel: its deliveries are requeued, Ack said so if it could
+}
+
+// errChannelGone is what flush returns when the channel died: the caller
+// turns it into [sdk.ErrLeaseLost] naming its delivery.
+var errChannelGone = errors.New("rabbitmq: consumer channel closed")
+
+// flush sends the acks that wait: one basic.ack with multiple for every
+// acked tag below the lowest unsettled one, and a single basic.ack for
+// each acked tag above it that has waited so through a whole interval
+// (aged: flush is the timer's), for all of them when three quarters of the prefetch
+// waits so, and for all of them when force. The others wait for the next flush, when
+// the tag below them has likely been settled. It returns errChannelGone, or the send's error,
+// when acks could not be sent.
+func (s *chanState) flush(force, aged bool) error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	s.mu.Lock()
+	if s.isDead() {
+		n := len(s.acked) + len(s.held)
+		s.lost += n
+		s.acked, s.held = s.acked[:0], s.held[:0]
+		s.mu.Unlock()
+		if n > 0 {
+			return errChannelGone
+		}
+		return nil
+	}
+	low := uint64(math.MaxUint64) // the lowest unsettled tag
+	if s.low <= s.last {
+		low = s.low
+	}
+	var hi uint64
+	var singles []uint64
+	// Acks held above an unsettled tag go out alone once they have waited
+	// through a whole interval (held at the previous tick: the first
+	// oldHeld of held), or when so many wait that they hold back the
+	// prefetch; otherwise they wait on for the gap below them to close.
+	crowd := force || len(s.held) >= 3*s.flushAt
+	kept, keptOld := s.held[:0], 0
+	for i, t := range s.held {
+		old := i < s.oldHeld
+		switch {
+		case t < low:
+			hi = max(hi, t)
+		case crowd || aged && old:
+			singles = append(singles, t)
+		default:
+			kept = append(kept, t)
+			if old {
+				keptOld++
+			}
+		}
+	}
+	s.held, s.oldHeld = kept, keptOld
+	for _, t := range s.acked {
+		switch {
+		case t < low:
+			hi = max(hi, t)
+		case force:
+			singles = append(singles, t)
+		default:
+			s.held = append(s.held, t)
+		}
+	}
+	s.acked = s.acked[:0]
+	if aged {
+		s.oldHeld = len(s.held)
+	}
+	if len(s.held) > 0 && !s.armed {
+		s.arm()
+	}
+	s.mu.Unlock()
+	// Outside mu, so that Acks do not wait for the socket; flushMu keeps
+	// the next flush from computing before these frames are written.
+	var err error
+	if hi > 0 {
+		if s.hook != nil {
+			s.hook(hi, true)
+		}
+		err = s.ch.Ack(hi, true)
+	}
+	for _, t := range singles {
+		if err != nil {
+			break
+		}
+		if s.hook != nil {
+			s.hook(t, false)
+		}
+		err = s.ch.Ack(t, false)
+	}
+	if err != nil && (s.isDead() || errors.Is(err, amqp.ErrClosed)) {
+		return errChannelGone
+	}
+	return err
+}
+
+func (s *chanState) kill() {
+	s.once.Do(func() {
+		close(s.dead)
+		s.mu.Lock()
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+		s.mu.Unlock()
+	})
+}
 
 func (s *chanState) isDead() bool {
 	select {
@@ -141,8 +326,9 @@ func (c *consumer) session() error {
 	if err != nil {
 		return err
 	}
-	st := &chanState{ch: ch, dead: make(chan struct{})}
-	defer st.kill()
+	st := newChanState(ch, c.b.opts, c.prefetch, c.b.ackHook)
+	c.cur.Store(st)
+	defer c.retire(st)
 	if err := ch.Qos(c.prefetch, 0, false); err != nil {
 		_ = ch.Close()
 		return err
@@ -168,6 +354,7 @@ func (c *consumer) session() error {
 				if !ch.IsClosed() {
 					c.b.forget(c.queue)
 				}
+				_ = st.flush(true, false)
 				_ = ch.Close()
 				return nil
 			}
@@ -203,6 +390,9 @@ func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery
 	b := c.b
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.CloseTimeout)
 	defer cancel()
+	// The acks made before Close began go out first, while the channel is
+	// certainly ours.
+	_ = st.flush(true, false)
 	var unseen []*delivery
 	take := func(d *delivery) {
 		if d != nil && d.st == st && d.settled.CompareAndSwap(false, true) {
@@ -244,9 +434,9 @@ drain:
 		if pe != nil && pe.Failed[d.msg.ID] != nil {
 			continue
 		}
-		_ = st.ch.Ack(d.tag, false)
-		st.untrack(d.tag)
+		_ = st.ack(d.tag)
 	}
+	_ = st.flush(true, false)
 	// RabbitMQ 3.10 applies a quorum queue's acks asynchronously, and
 	// closing the channel right after a run of single acks requeued some of
 	// them (7 of 40, measured; a copy and a redelivered original then both
@@ -263,6 +453,20 @@ drain:
 // settleGrace is how long handBack waits between its acks and the channel
 // close (see there).
 const settleGrace = 100 * time.Millisecond
+
+// retire marks st dead when its session ends and logs the acks that its
+// death dropped unsent (their messages come back: at least once).
+func (c *consumer) retire(st *chanState) {
+	st.kill()
+	st.mu.Lock()
+	lost := st.lost + len(st.acked) + len(st.held)
+	st.acked, st.held = nil, nil
+	st.mu.Unlock()
+	if lost > 0 {
+		c.b.opts.Logger.Warn("rabbitmq: consumer channel closed with acks not yet sent; the server redelivers those messages",
+			"broker", "rabbitmq", "queue", c.queue, "acks", lost)
+	}
+}
 
 // stop ends the consumer for good with err: Receive returns err, and the
 // next Receive of the queue starts a new consumer.
@@ -397,17 +601,17 @@ func (d *delivery) begin() error {
 }
 
 func (d *delivery) ack() error {
-	defer d.st.untrack(d.tag)
-	if err := d.st.ch.Ack(d.tag, false); err != nil {
-		if d.st.isDead() || errors.Is(err, amqp.ErrClosed) {
-			return d.lost()
-		}
-		return fmt.Errorf("rabbitmq: ack: %w", err)
+	if err := d.st.ack(d.tag); err != nil {
+		return ackErr(d, err)
 	}
 	return nil
 }
 
-// Ack removes the message (basic.ack).
+// Ack removes the message (basic.ack). The ack is coalesced with the
+// channel's others (see the package doc, "Acknowledgements"): unless
+// [Options.SyncAck], Ack returns once it is recorded, and the frame follows
+// within [Options.AckInterval]. It returns an error wrapping
+// [sdk.ErrLeaseLost] when the channel is already gone.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -515,20 +719,23 @@ func (d *delivery) requeue(cause error) error {
 	return cause
 }
 
-// abandon closes the channel the delivery came on, as a crashed consumer
-// would: the server requeues every unsettled delivery of that channel.
+// abandon closes the channel the delivery came on, as a consumer that dies
+// would: the server requeues every unsettled delivery of that channel. The
+// acks recorded before go out first, as they would from a consumer that
+// lived AckInterval longer; TestAckIntervalCrash covers a death within it.
 func (d *delivery) abandon() {
+	_ = d.st.flush(true, false)
 	_ = d.st.ch.Close()
 	d.st.kill()
 }
 
 var _ sdk.BatchAcker = (*Broker)(nil)
 
-// AckBatch acks ds, deliveries this Broker's Receive returned, at once:
-// where the deliveries of one channel are, with those already settled,
-// every delivery that channel handed out up to the highest of them, one
-// basic.ack with the multiple flag covers them all; otherwise each is acked
-// on its own. It returns nil or an error joining, per delivery that was not
+// AckBatch acks ds, deliveries this Broker's Receive returned, at once: it
+// records them as acked like Ack, then flushes their channels: where every
+// delivery a channel handed out up to the highest of them is settled, one
+// basic.ack with the multiple flag covers them all; the rest are acked one
+// by one. It returns nil or an error joining, per delivery that was not
 // acked, an error naming its message and wrapping the cause (the errors of
 // Ack: ErrAlreadySettled, ErrLeaseLost, ErrClosed).
 func (b *Broker) AckBatch(ctx context.Context, ds []sdk.Delivery) error {
@@ -557,30 +764,22 @@ func (b *Broker) AckBatch(ctx context.Context, ds []sdk.Delivery) error {
 	}
 	for _, st := range order {
 		group := groups[st]
-		var hi uint64
 		st.mu.Lock()
-		for _, d := range group {
-			delete(st.unacked, d.tag)
-			hi = max(hi, d.tag)
-		}
-		covered := true // nothing unsettled below hi: multiple is exact
-		for t := range st.unacked {
-			if t < hi {
-				covered = false
-				break
+		dead := st.isDead()
+		if !dead {
+			for _, d := range group {
+				delete(st.unacked, d.tag)
+				st.acked = append(st.acked, d.tag)
 			}
+			st.advance()
 		}
 		st.mu.Unlock()
-		if covered && len(group) > 1 {
-			if err := st.ch.Ack(hi, true); err != nil {
-				for _, d := range group {
-					fail(d, ackErr(d, err))
-				}
-			}
-			continue
+		err := errChannelGone
+		if !dead {
+			err = st.flush(true, false)
 		}
-		for _, d := range group {
-			if err := st.ch.Ack(d.tag, false); err != nil {
+		if err != nil {
+			for _, d := range group {
 				fail(d, ackErr(d, err))
 			}
 		}
@@ -590,7 +789,7 @@ func (b *Broker) AckBatch(ctx context.Context, ds []sdk.Delivery) error {
 
 // ackErr classifies a failed basic.ack of d like delivery.ack does.
 func ackErr(d *delivery, err error) error {
-	if d.st.isDead() || errors.Is(err, amqp.ErrClosed) {
+	if errors.Is(err, errChannelGone) || d.st.isDead() || errors.Is(err, amqp.ErrClosed) {
 		return d.lost()
 	}
 	return fmt.Errorf("rabbitmq: ack: %w", err)

@@ -73,6 +73,30 @@
 // hangs is detected by the server's consumer_timeout (30 minutes by default),
 // which closes the channel and requeues its deliveries.
 //
+// # Acknowledgements
+//
+// Acks are coalesced per consumer channel, as a careful amqp091-go user
+// does by hand: Ack records the delivery as acked and returns; the acks go
+// out together, as one basic.ack with the multiple flag, when a quarter of
+// the prefetch has been acked or [Options.AckInterval] (2ms by default)
+// after the first, and when the Worker drains ([Broker.Flush]) or the
+// broker closes. A multiple ack covers every unsettled delivery of its
+// channel up to its tag, so it is sent only up to the lowest delivery
+// whose holder has not settled it: an ack is never sent for work that has
+// not finished, and never on another channel than the delivery's (after a
+// reconnection, settling a delivery of the old channel still returns
+// [sdk.ErrLeaseLost]). An ack above an unsettled delivery waits one more
+// flush for the gap to close, then goes out alone. Retry, Release and
+// DeadLetter ack their original the same way once the copy is confirmed;
+// their requeue on failure (basic.nack) is sent at once.
+//
+// The price is the interval: a process that dies within it of an Ack loses
+// that ack, and the server redelivers the message, as it would had the
+// process died just before acking (delivery is at least once; the
+// idempotency and ledger layers make the effect once). The same happens when
+// the channel dies with acks waiting (logged, with their count). With
+// [Options.SyncAck] every ack is on the socket before Ack returns.
+//
 // # Credentials
 //
 // The URL's password never appears in an error or a log record: errors and
@@ -237,7 +261,19 @@ type Options struct {
 	// window of publisher confirms. PublishAsync blocks beyond it. Default
 	// [DefaultMaxInFlight].
 	MaxInFlight int
+	// AckInterval is how long an Ack may wait for the acks of its channel
+	// to go out together, in one basic.ack with the multiple flag (see the
+	// package doc, "Acknowledgements"). A quarter of the prefetch waiting
+	// sends them sooner. Default [DefaultAckInterval].
+	AckInterval time.Duration
+	// SyncAck sends every ack before Ack returns, coalesced only with acks
+	// already waiting: a process that dies right after an Ack cannot lose
+	// it. Default false.
+	SyncAck bool
 }
+
+// DefaultAckInterval is the default [Options.AckInterval].
+const DefaultAckInterval = 2 * time.Millisecond
 
 // DefaultMaxInFlight is the default [Options.MaxInFlight].
 const DefaultMaxInFlight = 256
@@ -304,6 +340,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlight
 	}
+	if o.AckInterval < 0 {
+		return o, errors.New("rabbitmq: negative option")
+	}
+	if o.AckInterval == 0 {
+		o.AckInterval = DefaultAckInterval
+	}
 	return o, nil
 }
 
@@ -336,6 +378,8 @@ type Broker struct {
 	window chan struct{} // one token per unconfirmed PublishAsync message
 
 	walkTune walkTuning // bounds of dead-letter walks (dlqwalk.go)
+
+	ackHook func(tag uint64, multiple bool) // tests: sees every ack frame of the consumer channels
 }
 
 var (
@@ -345,7 +389,36 @@ var (
 	_ sdk.Inspector          = (*Broker)(nil)
 	_ sdk.DeadLetters        = (*Broker)(nil)
 	_ sdk.AsyncPublisher     = (*Broker)(nil)
+	_ sdk.Flusher            = (*Broker)(nil)
 )
+
+// Flush sends the acks that wait for their interval now (see the package
+// doc, "Acknowledgements"); the Worker calls it when it drains. It returns
+// an error wrapping [sdk.ErrLeaseLost] when a consumer channel closed before
+// its acks went out (the server redelivers those messages), [sdk.ErrClosed]
+// after Close.
+func (b *Broker) Flush(ctx context.Context) error {
+	if b.closed() {
+		return sdk.ErrClosed
+	}
+	b.mu.Lock()
+	cs := make([]*consumer, 0, len(b.consumers))
+	for _, c := range b.consumers {
+		cs = append(cs, c)
+	}
+	b.mu.Unlock()
+	var errs []error
+	for _, c := range cs {
+		st := c.cur.Load()
+		if st == nil {
+			continue
+		}
+		if err := st.flush(true, false); err != nil {
+			errs = append(errs, fmt.Errorf("%w: rabbitmq: acks of queue %q not sent: %w", sdk.ErrLeaseLost, c.queue, err))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
 // connections, one to publish and one to consume, and returns the broker.
