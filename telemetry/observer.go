@@ -74,6 +74,36 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 		}
 	}
 	st := &deliveryCtx{obs: o, d: d, l: l, active: true}
+	if o.noopTracer {
+		// What the no-op tracer's Start returns, without building the
+		// span's attributes: the context as it is (a message's span
+		// context stays the current one, non-recording) and a span that
+		// does nothing.
+		ctx, st.span = parent, noSpan
+	} else {
+		ctx, st.span = o.startProcess(parent, m, d, l, creation)
+	}
+
+	id := m.CorrelationID
+	if id == "" && o.corrHeader != "" {
+		id = m.Header(o.corrHeader)
+	}
+	if id != "" && sdk.CorrelationID(ctx) != id {
+		ctx = sdk.WithCorrelationID(ctx, id)
+	}
+
+	l.consumed.Add(1)
+	l.inFlight.Add(1)
+	if d.Attempt() > 1 {
+		l.redeliveries.Add(1)
+	}
+	st.Context, st.start = ctx, time.Now()
+	return st
+}
+
+// startProcess starts the CONSUMER span of delivery d under parent, linked
+// to the message's creation span when it carried one.
+func (o *Observer) startProcess(parent context.Context, m *sdk.Message, d sdk.Delivery, l *labels, creation trace.SpanContext) (context.Context, trace.Span) {
 	buf := getStartBuf()
 	defer startBufs.Put(buf) // the tracer copies what it keeps
 	attrs := append(buf.attrs[:0], l.spanAttrs...)
@@ -93,23 +123,7 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 		// trace headers does not join whatever span the Worker's context has.
 		opts = append(opts, newRoot)
 	}
-	ctx, st.span = o.tracer.Start(parent, l.spanName, opts...)
-
-	id := m.CorrelationID
-	if id == "" && o.corrHeader != "" {
-		id = m.Header(o.corrHeader)
-	}
-	if id != "" && sdk.CorrelationID(ctx) != id {
-		ctx = sdk.WithCorrelationID(ctx, id)
-	}
-
-	l.consumed.Add(1)
-	l.inFlight.Add(1)
-	if d.Attempt() > 1 {
-		l.redeliveries.Add(1)
-	}
-	st.Context, st.start = ctx, time.Now()
-	return st
+	return o.tracer.Start(parent, l.spanName, opts...)
 }
 
 // Settled implements [sdk.Observer]: it records the outcome on the process

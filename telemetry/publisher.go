@@ -206,20 +206,8 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 			m.CorrelationID = m.ID
 		}
 	}
-	name, base := pl.sendName, pl.sendAttrs
-	if create {
-		name, base = pl.createName, pl.createAttrs
-	}
 	buf := getStartBuf()
 	defer startBufs.Put(buf) // the SDK copies the attributes it keeps
-	attrs := append(buf.attrs[:0], base...)
-	attrs = append(attrs,
-		semconv.MessagingMessageID(m.ID),
-		semconv.MessagingMessageConversationID(m.CorrelationID),
-	)
-	if m.Type != "" {
-		attrs = append(attrs, AttrJobType.String(m.Type))
-	}
 	parent := ctx
 	if len(m.Headers) > 0 && !trace.SpanContextFromContext(ctx).IsValid() {
 		// A message that already carries a trace context (written with
@@ -227,8 +215,10 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 		// continues that trace.
 		parent = Extract(ctx, o.prop, m)
 	}
-	opts := append(buf.opts[:0], producerKind, buf.withAttributes(len(attrs)))
-	sctx, span := o.tracer.Start(parent, name, opts...)
+	sctx, span := parent, noSpan // what the no-op tracer's Start would return
+	if !o.noopTracer {
+		sctx, span = o.startSend(parent, m, pl, create, buf)
+	}
 	c := &buf.carrier
 	o.prop.Inject(sctx, c)
 	if h := o.corrHeader; h != "" {
@@ -239,6 +229,24 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 	// empty map.
 	m.Headers = c.merge(m.Headers, false)
 	return span
+}
+
+// startSend starts the PRODUCER span of m under parent.
+func (o *Observer) startSend(parent context.Context, m *sdk.Message, pl *pubLabels, create bool, buf *startBuf) (context.Context, trace.Span) {
+	name, base := pl.sendName, pl.sendAttrs
+	if create {
+		name, base = pl.createName, pl.createAttrs
+	}
+	attrs := append(buf.attrs[:0], base...)
+	attrs = append(attrs,
+		semconv.MessagingMessageID(m.ID),
+		semconv.MessagingMessageConversationID(m.CorrelationID),
+	)
+	if m.Type != "" {
+		attrs = append(attrs, AttrJobType.String(m.Type))
+	}
+	opts := append(buf.opts[:0], producerKind, buf.withAttributes(len(attrs)))
+	return o.tracer.Start(parent, name, opts...)
 }
 
 // startBuf holds, for the duration of one span start, the attributes and

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -124,6 +125,7 @@ const defaultMaxJobTypes = 100
 // and berth.job.type.
 type Observer struct {
 	tracer     trace.Tracer
+	noopTracer bool // tracer is the no-op one: no span work at all (see Start)
 	prop       propagation.TextMapPropagator
 	system     string
 	linkOnly   bool
@@ -143,7 +145,9 @@ type Observer struct {
 	depth                                                             metric.Int64ObservableGauge
 	oldest                                                            metric.Float64ObservableGauge
 
-	systems sync.Map // reflect.Type -> string
+	systems    sync.Map // reflect.Type -> string
+	lastSystem atomic.Pointer[systemName]
+	lastLabels atomic.Pointer[labelsEntry] // the last labelsFor answer
 
 	mu        sync.RWMutex // guards labels, pubLabels, regs, jobTypes
 	labels    map[labelKey]*labels
@@ -206,6 +210,7 @@ func New(opts Options) (*Observer, error) {
 		labels:     make(map[labelKey]*labels),
 		pubLabels:  make(map[labelKey]*pubLabels),
 	}
+	_, o.noopTracer = o.tracer.(noop.Tracer)
 	for _, t := range opts.JobTypes {
 		o.jobTypes[t] = true
 	}
@@ -324,7 +329,11 @@ func (o *Observer) systemOf(v any) string {
 		return o.system
 	}
 	t := reflect.TypeOf(v)
+	if last := o.lastSystem.Load(); last != nil && last.t == t { // one broker type, usually
+		return last.name
+	}
 	if s, ok := o.systems.Load(t); ok {
+		o.lastSystem.Store(&systemName{t, s.(string)})
 		return s.(string)
 	}
 	rt := t
@@ -378,6 +387,7 @@ type labels struct {
 
 	mu       sync.RWMutex
 	outcomes map[outcomeKey]*labels
+	acked    atomic.Pointer[labels] // outcomes' entry for an ack without error
 }
 
 // jobLabel returns the berth.job.type value of job type t: t itself when it
@@ -412,6 +422,30 @@ func (o *Observer) jobLabel(t string) string {
 // (system, queue, job type label) combinations, bounded by
 // [Options.MaxJobTypes] whatever the messages say.
 func (o *Observer) labelsFor(k labelKey) *labels {
+	// Consecutive deliveries mostly share their labels: one comparison
+	// instead of a read lock shared by every handler goroutine and a hash
+	// of three strings.
+	if last := o.lastLabels.Load(); last != nil && last.key == k {
+		return last.l
+	}
+	l := o.lookupLabels(k)
+	o.lastLabels.Store(&labelsEntry{k, l})
+	return l
+}
+
+// systemName and labelsEntry are the one-entry caches of systemOf and
+// labelsFor.
+type systemName struct {
+	t    reflect.Type
+	name string
+}
+
+type labelsEntry struct {
+	key labelKey // as asked, before jobLabel
+	l   *labels
+}
+
+func (o *Observer) lookupLabels(k labelKey) *labels {
 	o.mu.RLock()
 	l, ok := o.labels[k]
 	o.mu.RUnlock()
@@ -448,6 +482,18 @@ func (o *Observer) labelsFor(k labelKey) *labels {
 
 // outcome returns l refined with action and class (either may be empty).
 func (l *labels) outcome(action sdk.Action, class sdk.ErrorClass) *labels {
+	if action == sdk.ActionAck && class == sdk.ClassNone { // most settlements: no lock, no map
+		if r := l.acked.Load(); r != nil {
+			return r
+		}
+		r := l.lookupOutcome(action, class)
+		l.acked.Store(r)
+		return r
+	}
+	return l.lookupOutcome(action, class)
+}
+
+func (l *labels) lookupOutcome(action sdk.Action, class sdk.ErrorClass) *labels {
 	ok := outcomeKey{action, class}
 	l.mu.RLock()
 	r, found := l.outcomes[ok]
@@ -511,6 +557,9 @@ func (o *Observer) observeCounts(_ context.Context, obs metric.Observer) error {
 	}
 	return nil
 }
+
+// noSpan is the span of a delivery or a publish with a no-op tracer.
+var noSpan trace.Span = noop.Span{}
 
 // ctxKey finds a delivery's state in its context: that of Observer o, or
 // with o nil the innermost of any Observer.
