@@ -48,3 +48,61 @@ func TestDetachedContext(t *testing.T) {
 		t.Fatalf("reference: Cause(WithoutCancel) = %v", got)
 	}
 }
+
+// TestHandlerContext checks that the handler's context behaves as one made
+// by context.WithCancelCause: Err, Done and Cause; contexts derived before
+// and after cancellation are cancelled with the cause; context.AfterFunc
+// runs or is stopped; values pass through.
+func TestHandlerContext(t *testing.T) {
+	type key struct{}
+	c := &handlerCtx{parent: detach(context.WithValue(context.Background(), key{}, "v"))}
+	if c.Err() != nil || context.Cause(c) != nil {
+		t.Fatal("cancelled at birth")
+	}
+	if c.Value(key{}) != "v" {
+		t.Fatal("value lost")
+	}
+	before, stopBefore := context.WithTimeout(c, time.Hour)
+	defer stopBefore()
+	detached := context.WithoutCancel(c)
+	ran := make(chan struct{})
+	context.AfterFunc(c, func() { close(ran) })
+	stopped := context.AfterFunc(c, func() { t.Error("stopped AfterFunc ran") })
+	if !stopped() {
+		t.Fatal("AfterFunc not stopped")
+	}
+	select {
+	case <-c.Done():
+		t.Fatal("done before cancel")
+	default:
+	}
+
+	cause := errors.New("lease lost")
+	c.cancel(cause)
+	c.cancel(errors.New("second")) // ignored
+	<-c.Done()
+	if !errors.Is(c.Err(), context.Canceled) || context.Cause(c) != cause {
+		t.Fatalf("Err %v Cause %v", c.Err(), context.Cause(c))
+	}
+	<-before.Done() // synchronously, in fact
+	if context.Cause(before) != cause {
+		t.Fatalf("child made before: Cause %v", context.Cause(before))
+	}
+	<-ran
+	after, stopAfter := context.WithCancel(c)
+	defer stopAfter()
+	<-after.Done()
+	if context.Cause(after) != cause {
+		t.Fatalf("child made after: Cause %v", context.Cause(after))
+	}
+	if detached.Err() != nil {
+		t.Fatal("WithoutCancel child cancelled")
+	}
+
+	plain := &handlerCtx{parent: detach(context.Background())}
+	plain.Done()
+	plain.cancel(nil)
+	if context.Cause(plain) != context.Canceled {
+		t.Fatalf("cancel(nil): Cause %v, want context.Canceled", context.Cause(plain))
+	}
+}

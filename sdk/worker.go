@@ -92,10 +92,11 @@ type task struct {
 	started  int64        // unix nanos when the watchdog first saw the handler run; under mu
 	timedOut atomic.Bool  // the handler ran past its timeout: its lease is no longer extended
 	mu       sync.Mutex
-	cancel   context.CancelCauseFunc // set while the handler runs
-	ctx      context.Context         // the handler's context, set with cancel
-	pending  error                   // a stop asked before the handler started; under mu
-	corr     correlationCtx          // the handler context's correlation ID, under its cancellation
+	begun    bool            // the handler's context is in use: stop cancels hc; under mu
+	ctx      context.Context // the handler's context with the observers', for lease observers; under mu
+	pending  error           // a stop asked before the handler started; under mu
+	corr     correlationCtx  // the handler context's correlation ID, under its cancellation
+	hc       handlerCtx      // the handler's cancellable context
 }
 
 // context returns the handler's context once it runs, else fallback.
@@ -117,8 +118,8 @@ func (t *task) loseLease() {
 // handler's context starts cancelled with cause.
 func (t *task) stop(cause error) {
 	t.mu.Lock()
-	if t.cancel != nil {
-		t.cancel(cause)
+	if t.begun {
+		t.hc.cancel(cause)
 	} else if t.pending == nil {
 		t.pending = cause
 	}
@@ -478,7 +479,7 @@ func (w *Worker) watchdog(held []atomic.Pointer[task], stop <-chan struct{}) {
 				continue
 			}
 			t.mu.Lock()
-			if t.cancel == nil { // not started
+			if !t.begun { // not started
 				t.mu.Unlock()
 				continue
 			}
@@ -487,7 +488,7 @@ func (w *Worker) watchdog(held []atomic.Pointer[task], stop <-chan struct{}) {
 			}
 			if now-t.started >= int64(timeout) {
 				t.timedOut.Store(true)
-				t.cancel(ErrJobTimeout)
+				t.hc.cancel(ErrJobTimeout)
 			}
 			t.mu.Unlock()
 		}
@@ -574,10 +575,9 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 // asyncAck is a successful job whose ack finishes in the background
 // ([AsyncAcker]): what its settlement needs once the ack is back.
 type asyncAck struct {
-	t      *task
-	ctx    context.Context // the handler's, cancelled once reported
-	cancel context.CancelCauseFunc
-	s      Settlement
+	t   *task
+	ctx context.Context // the handler's, cancelled once reported
+	s   Settlement
 }
 
 // finishAsync reports a background ack as process reports a settlement.
@@ -586,7 +586,7 @@ func (w *Worker) finishAsync(a *asyncAck) {
 	for _, ob := range w.opts.Observers {
 		ob.Settled(a.ctx, a.t.d, a.s)
 	}
-	a.cancel(nil)
+	a.t.hc.cancel(nil)
 }
 
 // process runs the handler on t and settles its delivery. With acked
@@ -602,25 +602,26 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 		t.corr = correlationCtx{Context: base, id: &m.CorrelationID}
 		parent = &t.corr
 	}
-	ctx, cancel := context.WithCancelCause(parent)
+	t.hc.parent = parent
+	var ctx context.Context = &t.hc
 	defer func() {
 		if !async {
-			cancel(nil)
+			t.hc.cancel(nil)
 		}
 	}()
 	t.mu.Lock()
-	t.cancel = cancel
+	t.begun = true
 	if t.pending != nil {
-		cancel(t.pending)
+		t.hc.cancel(t.pending)
 	}
 	t.mu.Unlock()
-	// Checked after publishing cancel: either the heartbeat or the drain sees
-	// t.cancel, or this sees their flag.
+	// Checked after publishing begun: either the heartbeat or the drain sees
+	// it, or this sees their flag.
 	if t.lost.Load() {
-		cancel(ErrLeaseLost)
+		t.hc.cancel(ErrLeaseLost)
 	}
 	if w.stopping.Load() {
-		cancel(ErrShutdown)
+		t.hc.cancel(ErrShutdown)
 	}
 	for _, ob := range w.opts.Observers {
 		ctx = ob.Start(ctx, d)
@@ -640,7 +641,7 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	end := time.Now()
 	lost := t.lost.Load()
 	if aa, ok := d.(AsyncAcker); ok && acked != nil && err == nil && !lost {
-		a := &asyncAck{t: t, ctx: ctx, cancel: cancel, s: Settlement{Action: ActionAck, Class: Classify(nil)}}
+		a := &asyncAck{t: t, ctx: ctx, s: Settlement{Action: ActionAck, Class: Classify(nil)}}
 		if !start.IsZero() {
 			a.s.Duration = end.Sub(start)
 			a.s.Received = time.Unix(0, t.received)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,8 +34,9 @@ var channelRate float64
 //   - worker-prepublished: the same Worker, with the b.N messages published
 //     before the timer starts (the consume side alone).
 //
-// Each reports msgs/s; the berth ones also report x-channel, their rate
-// divided by the channel's. allocs/op is allocations per message.
+// Each reports msgs/s and cpu-ns/msg (process CPU time per message); the
+// berth ones also report x-channel, their rate divided by the channel's.
+// allocs/op is allocations per message.
 func BenchmarkWorkerVsChannel(b *testing.B) {
 	b.Run("channel", benchChannel)
 	b.Run("worker", func(b *testing.B) { benchWorker(b, false) })
@@ -55,7 +57,7 @@ func benchBroker(b *testing.B) {
 	left.Store(int64(b.N))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime(b)
 	var wg sync.WaitGroup
 	for range benchConcurrency {
 		wg.Go(func() {
@@ -78,6 +80,7 @@ func benchBroker(b *testing.B) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/msg")
 	rate := float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
 	if channelRate > 0 {
@@ -115,7 +118,7 @@ func benchChannel(b *testing.B) {
 	jobs := make(chan *benchJob, 2*benchConcurrency)
 	var done sync.WaitGroup
 	ctx := context.Background()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime(b)
 	b.ResetTimer()
 	for range benchConcurrency {
 		done.Go(func() {
@@ -131,6 +134,7 @@ func benchChannel(b *testing.B) {
 	close(jobs)
 	done.Wait()
 	b.StopTimer()
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/msg")
 	channelRate = float64(b.N) / time.Since(start).Seconds()
 	b.ReportMetric(channelRate, "msgs/s")
 }
@@ -172,7 +176,7 @@ func benchWorker(b *testing.B, prepublish bool) {
 	errc := make(chan error, 1)
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime(b)
 	go func() { errc <- w.Run(ctx) }()
 	var producer sync.WaitGroup
 	if !prepublish {
@@ -181,6 +185,7 @@ func benchWorker(b *testing.B, prepublish bool) {
 	<-obs.done
 	elapsed := time.Since(start)
 	b.StopTimer()
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/msg")
 	producer.Wait()
 	cancel()
 	if err := <-errc; err != nil {
@@ -191,4 +196,16 @@ func benchWorker(b *testing.B, prepublish bool) {
 	if channelRate > 0 {
 		b.ReportMetric(rate/channelRate, "x-channel")
 	}
+}
+
+// cpuTime is the CPU time (user + system) the process has used. Per
+// message it is steadier than wall time on a machine shared with other
+// work, which takes the CPUs away from the goroutines of one side or the
+// other.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
