@@ -159,6 +159,21 @@ func (pl *pubLabels) failedFor(errType string) *sentLabels {
 }
 
 func (o *Observer) publishLabels(k labelKey) *pubLabels {
+	if last := o.lastPub.Load(); last != nil && last.key == k { // a publisher mostly sends to one queue
+		return last.l
+	}
+	l := o.lookupPublishLabels(k)
+	o.lastPub.Store(&pubLabelsEntry{k, l})
+	return l
+}
+
+// pubLabelsEntry is publishLabels' one-entry cache.
+type pubLabelsEntry struct {
+	key labelKey // as asked
+	l   *pubLabels
+}
+
+func (o *Observer) lookupPublishLabels(k labelKey) *pubLabels {
 	o.mu.RLock()
 	l, ok := o.pubLabels[k]
 	o.mu.RUnlock()

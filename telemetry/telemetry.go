@@ -147,7 +147,8 @@ type Observer struct {
 
 	systems    sync.Map // reflect.Type -> string
 	lastSystem atomic.Pointer[systemName]
-	lastLabels atomic.Pointer[labelsEntry] // the last labelsFor answer
+	lastLabels atomic.Pointer[labelsEntry]    // the last labelsFor answer
+	lastPub    atomic.Pointer[pubLabelsEntry] // the last publishLabels answer
 
 	mu        sync.RWMutex // guards labels, pubLabels, regs, jobTypes
 	labels    map[labelKey]*labels
