@@ -54,7 +54,10 @@ func validate(m *sdk.Message) error {
 // encode returns the AMQP publishing for m, with attempt in the attempt
 // header when above 1.
 func encode(m *sdk.Message, attempt int, now time.Time) amqp.Publishing {
-	h := make(amqp.Table, len(m.Headers)+3)
+	var h amqp.Table // nil when there is nothing to carry: no map to build, none to encode
+	if n := len(m.Headers); n > 0 || m.IdempotencyKey != "" || m.Key != "" || attempt > 1 {
+		h = make(amqp.Table, n+3)
+	}
 	for k, v := range m.Headers {
 		h[k] = v
 	}

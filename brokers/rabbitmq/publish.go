@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -64,6 +65,7 @@ type pubChannel struct {
 	pending  map[uint64]*pending
 	returned map[string]amqp.Return // by message ID, until its confirm
 	dead     error                  // set when the channel closed
+	gone     atomic.Bool            // dead != nil, readable without mu
 }
 
 type pending struct {
@@ -88,10 +90,9 @@ func (p *pending) resolve(err error) {
 
 // publisher returns the live confirm channel, opening one when needed.
 func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
-	b.mu.Lock()
-	pc := b.pc
-	b.mu.Unlock()
-	if pc != nil && pc.alive() {
+	// The fast path takes no lock: hundreds of concurrent Publish calls
+	// queue on pubMu already, and did on b.mu and pc.mu as well.
+	if pc := b.pcCur.Load(); pc != nil && pc.alive() {
 		return pc, nil
 	}
 	conn, err := b.pub.get(ctx)
@@ -114,7 +115,7 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
 	}
-	pc = &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[string]amqp.Return)}
+	pc := &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[string]amqp.Return)}
 	// Returns unbuffered, confirms buffered: the reader goroutine blocks
 	// until confirmLoop has taken a return, and confirmLoop records it before
 	// it reads anything else, so the confirm of a returned message, which
@@ -125,13 +126,12 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 	b.wg.Add(1)
 	go pc.confirmLoop(b, confirms, returns, closed)
 	b.pc = pc
+	b.pcCur.Store(pc)
 	return pc, nil
 }
 
 func (pc *pubChannel) alive() bool {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	return pc.dead == nil && !pc.ch.IsClosed()
+	return !pc.gone.Load() && !pc.ch.IsClosed()
 }
 
 func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closed <-chan *amqp.Error) {
@@ -201,6 +201,7 @@ func (pc *pubChannel) fail(err error) {
 	defer pc.mu.Unlock()
 	if pc.dead == nil {
 		pc.dead = err
+		pc.gone.Store(true)
 	}
 	for tag, p := range pc.pending {
 		p.resolve(err)

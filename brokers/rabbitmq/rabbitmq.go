@@ -160,6 +160,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -369,6 +370,7 @@ type Broker struct {
 
 	mu        sync.Mutex
 	pc        *pubChannel
+	pcCur     atomic.Pointer[pubChannel] // pc, for publisher's lock-free fast path
 	consumers map[string]*consumer
 	declared  map[string]bool // queue names (main queues and delay queues) declared on the current connection
 
