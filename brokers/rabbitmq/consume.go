@@ -45,6 +45,7 @@ type chanState struct {
 
 	interval time.Duration // Options.AckInterval; 0 with SyncAck: every ack is flushed at once
 	flushAt  int           // acked tags that trigger a flush without waiting for the interval
+	crowdAt  int           // held acks that go out alone without waiting for the interval
 
 	mu      sync.Mutex
 	unacked map[uint64]struct{} // tags handed out and not settled (nor being settled) on the wire
@@ -63,10 +64,11 @@ type chanState struct {
 }
 
 func newChanState(ch *amqp.Channel, o Options, prefetch int, hook func(uint64, bool)) *chanState {
-	st := &chanState{ch: ch, dead: make(chan struct{}), unacked: make(map[uint64]struct{}, prefetch), low: 1, flushAt: 1, hook: hook}
+	st := &chanState{ch: ch, dead: make(chan struct{}), unacked: make(map[uint64]struct{}, prefetch), low: 1, flushAt: 1, crowdAt: 1, hook: hook}
 	if !o.SyncAck {
 		st.interval = o.AckInterval
 		st.flushAt = max(1, prefetch/4)
+		st.crowdAt = max(st.flushAt, prefetch*3/4)
 	}
 	return st
 }
@@ -175,7 +177,7 @@ func (s *chanState) flush(force, aged bool) error {
 	// through a whole interval (held at the previous tick: the first
 	// oldHeld of held), or when so many wait that they hold back the
 	// prefetch; otherwise they wait on for the gap below them to close.
-	crowd := force || len(s.held) >= 3*s.flushAt
+	crowd := force || len(s.held) >= s.crowdAt
 	kept, keptOld := s.held[:0], 0
 	for i, t := range s.held {
 		old := i < s.oldHeld
