@@ -85,8 +85,9 @@
 // whose holder has not settled it: an ack is never sent for work that has
 // not finished, and never on another channel than the delivery's (after a
 // reconnection, settling a delivery of the old channel still returns
-// [sdk.ErrLeaseLost]). An ack above an unsettled delivery waits one more
-// flush for the gap to close, then goes out alone. Retry, Release and
+// [sdk.ErrLeaseLost]). An ack above an unsettled delivery waits up to two
+// intervals for the gap to close, then goes out alone (at once when three
+// quarters of the prefetch wait so). Retry, Release and
 // DeadLetter ack their original the same way once the copy is confirmed;
 // their requeue on failure (basic.nack) is sent at once.
 //
