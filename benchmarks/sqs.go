@@ -29,14 +29,8 @@ const (
 	sqsSenders = 8  // raw concurrent SendMessageBatch loops; berth's senders
 	sqsLoops   = 4  // raw concurrent receive loops; the Worker's ReceiveLoops
 	sqsWorkers = 32 // the Worker's Concurrency (Prefetch defaults to it)
-	sqsWait    = 1  // long-poll seconds, both sides (see settle)
+	sqsWait    = 1  // long-poll seconds, both sides
 )
-
-// settle waits, untimed, until the long polls a consumer cut short when it
-// stopped have expired on the server: SQS (and fauxqs) may still hand
-// messages to a poll whose client went away, hiding them for the
-// visibility timeout, which would stall the next round.
-func settle() { time.Sleep(sqsWait*time.Second + 300*time.Millisecond) }
 
 func sqsEndpoint() string {
 	if u := os.Getenv("BERTH_SQS_ENDPOINT"); u != "" {
@@ -203,8 +197,9 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 		return table{}, err
 	}
 	vs := []variant{raw, raw3}
+	senders := 0 // the next variant's PublishSenders; 0: the default
 	add := func(name, cfg string, round func(br *sqs.Broker, q string) func(ctx context.Context, n int) (time.Duration, error)) error {
-		br, err := e.broker(sqs.Options{})
+		br, err := e.broker(sqs.Options{PublishSenders: senders})
 		if err != nil {
 			return err
 		}
@@ -250,8 +245,13 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 		return table{}, err
 	}
 	// Many goroutines, one message each: an HTTP service enqueuing per request.
-	for _, k := range []int{64} {
-		if err := add(fmt.Sprintf("berth Publish, %d goroutines × 1 message", k), "each call waits for its own send",
+	for _, senders = range []int{0, 4} {
+		k := 64
+		name, cfg := fmt.Sprintf("berth Publish, %d goroutines × 1 message", k), fmt.Sprintf("each call waits for its own send; default PublishSenders (%d): calls beyond share SendMessageBatch calls", sqs.DefaultPublishSenders)
+		if senders != 0 {
+			name, cfg = fmt.Sprintf("berth Publish, %d goroutines × 1 message, PublishSenders %d", k, senders), fmt.Sprintf("as above, at most %d calls in flight: larger shared batches", senders)
+		}
+		if err := add(name, cfg,
 			func(br *sqs.Broker, q string) func(context.Context, int) (time.Duration, error) {
 				return func(ctx context.Context, n int) (time.Duration, error) {
 					return timed(func() error {
@@ -262,6 +262,7 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 			return table{}, err
 		}
 	}
+	senders = 0
 	n := msgs(c, 10000)
 	res, err := alternate(ctx, vs, c.rounds, n)
 	if err != nil {
@@ -323,13 +324,12 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 
 	rawVariant := func(loops int, why string) (variant, error) {
 		client := sqsClient()
-		q, url, err := e.queue(ctx, "sqsrawcons")
-		if err != nil {
-			return variant{}, err
-		}
 		return variant{name: fmt.Sprintf("raw aws-sdk-go-v2, %d receive loops", loops), config: fmt.Sprintf("%d goroutines each looping ReceiveMessage (10, long poll %d s, visibility 60 s, all attributes) then DeleteMessageBatch of what it received%s", loops, sqsWait, why),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
-				settle()
+				q, url, err := e.queue(ctx, "sqsrawcons")
+				if err != nil {
+					return 0, err
+				}
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
@@ -349,14 +349,13 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 		if err != nil {
 			return variant{}, err
 		}
-		q, _, err := e.queue(ctx, "sqsworker"+strconv.Itoa(loops))
-		if err != nil {
-			return variant{}, err
-		}
 		return variant{name: fmt.Sprintf("berth Worker, ReceiveLoops %d", loops),
 			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), flushed before the clock stops", sqsWorkers, loops),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
-				settle()
+				q, _, err := e.queue(ctx, "sqsworker"+strconv.Itoa(loops))
+				if err != nil {
+					return 0, err
+				}
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
@@ -380,7 +379,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 	}
 	return table{
 		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
-		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered; between rounds it waits, untimed, for the long polls cut short to expire on the server. × is against raw with %d loops.", n, 2*sqsLoops),
+		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. × is against raw with %d loops.", n, 2*sqsLoops),
 		head:  resultHead,
 		rows:  rows(res, 0),
 	}, nil

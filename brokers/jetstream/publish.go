@@ -61,11 +61,37 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if err != nil {
 		return err
 	}
+	if len(wire) == 1 { // the common call: one message, through PublishAsync's cheaper path
+		return b.publishSingle(ctx, wire[0], msgs[0].ID)
+	}
 	ids := make([]string, len(msgs))
 	for i, m := range msgs {
 		ids[i] = msgID(m.ID)
 	}
 	return b.publishWire(ctx, qs.stream, wire, ids, func(i int) string { return msgs[i].ID })
+}
+
+// publishSingle publishes one message as Publish does, with its result
+// resolved in nats.go's callback rather than by a future of its own.
+func (b *Broker) publishSingle(ctx context.Context, w *nats.Msg, id string) error {
+	res, refused, err := b.publishTracked(ctx, w, id)
+	if refused {
+		return &sdk.PublishError{Failed: map[string]error{id: err}}
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-res.Done():
+		if err := res.Err(); err != nil {
+			return &sdk.PublishError{Failed: map[string]error{id: err}}
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err() // the ack may still come: the message may be stored
+	case <-b.closing:
+		return sdk.ErrClosed
+	}
 }
 
 // publishWire publishes wire[i] with Nats-Msg-Id ids[i], pipelined and
@@ -213,33 +239,45 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if _, err := b.queue(ctx, queue); err != nil {
 		return nil, err
 	}
+	res, _, err := b.publishTracked(ctx, w, msg.ID)
+	return res, err
+}
+
+// publishTracked takes a slot, publishes w with nats.go's asynchronous
+// publish and returns the result that asyncDone resolves with its outcome.
+// refused reports that nats.go refused the publish (err is its error,
+// wrapped); the other errors are ctx's and ErrClosed.
+func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id string) (res *sdk.PublishResult, refused bool, err error) {
 	select {
 	case b.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	case <-b.closing:
-		return nil, sdk.ErrClosed
+		return nil, false, sdk.ErrClosed
 	}
 	// Registered before the publish, so that an ack arriving at once finds
 	// it; under pendMu with the closed check, so that Close (which sets
 	// closed before it takes the map) resolves every accepted message.
-	res := sdk.NewPublishResult(msg.ID)
+	res = sdk.NewPublishResult(id)
 	b.pendMu.Lock()
 	if b.closed.Load() {
 		b.pendMu.Unlock()
 		<-b.slots
-		return nil, sdk.ErrClosed
+		return nil, false, sdk.ErrClosed
 	}
 	b.pending[w] = res
 	b.pendMu.Unlock()
-	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(msgID(msg.ID))); err != nil {
+	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(msgID(id))); err != nil {
 		if b.takePending(w) == nil {
-			return nil, sdk.ErrClosed // Close resolved it meanwhile; nobody holds it
+			return nil, false, sdk.ErrClosed // Close resolved it meanwhile; nobody holds it
 		}
 		<-b.slots
-		return nil, b.wrapErr(ctx, "publish", err)
+		if errors.Is(err, nats.ErrConnectionClosed) && b.closed.Load() {
+			return nil, false, sdk.ErrClosed
+		}
+		return nil, true, b.wrapErr(ctx, "publish", err)
 	}
-	return res, nil
+	return res, false, nil
 }
 
 // takePending removes and returns the PublishAsync result of w, nil when
