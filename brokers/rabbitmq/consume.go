@@ -387,7 +387,35 @@ func (c *consumer) session() error {
 // no more come, publishes a copy of each carrying its attempt, like
 // Release, and acks the originals whose copies were confirmed. Requeueing
 // them instead would count a delivery (see the package doc). Whatever it
-// cannot hand back goes back when the channel closes.
+// cannot hand back goes back when the channel closes, its attempt counted.
+//
+// Two behaviours of RabbitMQ 3.10's quorum queues shape it; both make the
+// server requeue a message with x-delivery-count + 1 that this process
+// never saw or had acked, so that it arrives again one attempt up (twice,
+// with its copy, in the second case):
+//
+//   - A delivery that reaches the channel after basic.cancel is returned to
+//     the queue by the channel itself (rabbit_fifo_client, a delivery for a
+//     consumer tag it no longer knows). Deliveries are on their way while
+//     the consumer has credit (prefetch minus what it holds unsettled) and
+//     the queue has messages, so before cancelling handBack waits, without
+//     acking anything, until the channel holds prefetch unsettled
+//     deliveries — then the queue can have sent nothing more — or until no
+//     delivery came for cancelQuiet (an idle queue; a message published
+//     just then can still be caught), at most a quarter of CloseTimeout.
+//   - The channel turns each basic.ack into one settle command to the
+//     queue's Raft leader, holds settle commands back while 32 of its
+//     commands await application (rabbit_fifo_client's soft limit), and
+//     drops those still held when it closes (single acks of 40 then a
+//     close: 7 requeued, 40 − 33). A command sent is safe: the leader
+//     receives it before the channel's DOWN, both signals of one process.
+//     The originals' acks go out through flush, as one basic.ack
+//     (multiple) when nothing of the channel below them is unsettled (the
+//     usual case: the caller settled what it received before Close), after
+//     basic.cancel, which the server answers once the leader applied the
+//     cancel, hence every command the channel sent before it. Single acks
+//     (a caller closed the broker holding deliveries) can still be held
+//     back; the pause (settleGrace) before the channel closes is for them.
 func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery, pending *delivery) {
 	b := c.b
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.CloseTimeout)
@@ -411,6 +439,9 @@ drain:
 		}
 	}
 	take(pending)
+	if !c.awaitNoCredit(st, dels, take) {
+		return // the channel is gone: the server has requeued them already
+	}
 	if err := st.ch.Cancel(tag, false); err != nil {
 		return // the channel is gone: the server has requeued them already
 	}
@@ -439,11 +470,8 @@ drain:
 		_ = st.ack(d.tag)
 	}
 	_ = st.flush(true, false)
-	// RabbitMQ 3.10 applies a quorum queue's acks asynchronously, and
-	// closing the channel right after a run of single acks requeued some of
-	// them (7 of 40, measured; a copy and a redelivered original then both
-	// arrive). A short pause lets the server apply them (0 of 40 lost in
-	// every measured run with 50ms).
+	// Single acks among them may be held back by the channel (see above):
+	// a short pause lets them go out before the channel closes.
 	t := time.NewTimer(settleGrace)
 	defer t.Stop()
 	select {
@@ -452,8 +480,47 @@ drain:
 	}
 }
 
+// awaitNoCredit takes the deliveries arriving on dels until st holds
+// c.prefetch unsettled ones (the consumer has no credit left: nothing more
+// is on its way), no delivery came for cancelQuiet, or a quarter of
+// CloseTimeout passed, leaving the rest for the copies (see handBack). It
+// reports false when the channel died meanwhile.
+func (c *consumer) awaitNoCredit(st *chanState, dels <-chan amqp.Delivery, take func(*delivery)) bool {
+	quiet := time.NewTimer(cancelQuiet)
+	defer quiet.Stop()
+	limit := time.NewTimer(c.b.opts.CloseTimeout / 4)
+	defer limit.Stop()
+	for st.unsettled() < c.prefetch {
+		select {
+		case d, ok := <-dels:
+			if !ok {
+				return false
+			}
+			take(c.wrap(d, st))
+			quiet.Reset(cancelQuiet)
+		case <-quiet.C:
+			return true
+		case <-limit.C:
+			return true
+		}
+	}
+	return true
+}
+
+// cancelQuiet is how long handBack waits for one more delivery before it
+// takes the queue for idle and cancels the consumer with credit left.
+const cancelQuiet = 250 * time.Millisecond
+
+// unsettled is how many deliveries the channel handed out and their
+// holders have not settled (acked ones leave it when acked, sent or not).
+func (s *chanState) unsettled() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.unacked)
+}
+
 // settleGrace is how long handBack waits between its acks and the channel
-// close (see there).
+// close (see there), and a dead-letter walk before closing its channel.
 const settleGrace = 100 * time.Millisecond
 
 // retire marks st dead when its session ends and logs the acks that its
@@ -668,7 +735,8 @@ func (d *delivery) republish(ctx context.Context, m *sdk.Message, attempt int, d
 		b.forgetUnroutable(err, key)
 		return d.requeue(err)
 	}
-	return d.ack()
+	aerr := d.ack()
+	return aerr
 }
 
 // DeadLetter publishes a copy annotated with the reason headers

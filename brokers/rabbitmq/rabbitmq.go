@@ -56,11 +56,14 @@
 // broker is closed, whether or not Receive is called again. By default the
 // prefetch is the first Receive's max, which for an [sdk.Worker] is its
 // capacity (Concurrency + Prefetch). Close hands back the deliveries that
-// no Receive returned without consuming an attempt: it cancels the consumer
+// no Receive returned without consuming an attempt: it waits until the
+// consumer holds its whole prefetch (so that no delivery is on its way,
+// which RabbitMQ 3.10 would return with x-delivery-count raised once the
+// consumer is cancelled) or the queue looks idle, cancels the consumer
 // (basic.cancel), publishes a copy of each with its attempt in the attempt
-// header, waits for the confirms and acks the originals, within
-// [Options.CloseTimeout]. (Requeueing them would cost an attempt: on a
-// quorum queue every return, by nack, reject or channel close, raises
+// header, waits for the confirms and acks the originals (one basic.ack
+// when nothing below them is unsettled), within [Options.CloseTimeout].
+// (Requeueing them would cost an attempt: on a quorum queue every return, by nack, reject or channel close, raises
 // x-delivery-count on RabbitMQ 3.x and 4.0–4.2, and on a classic queue sets
 // the redelivered flag.) If the process dies, the server redelivers
 // everything it held with x-delivery-count raised, so a prefetched message
