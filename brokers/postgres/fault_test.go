@@ -3,9 +3,11 @@ package postgres_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -388,5 +390,122 @@ func TestKilledBeforeAckBatchCommits(t *testing.T) {
 	counts, err = b.CountByStatus(ctx, q)
 	if err != nil || len(counts) != 1 || counts[postgres.StatusCompleted] != total {
 		t.Errorf("CountByStatus = %v, %v; want %d completed", counts, err, total)
+	}
+}
+
+// TestClaimCutKeepsJobs (issue 15): a Receive whose caller goes away while
+// its claim is on the wire — the server has run the claim, its reply is
+// still held by the fault proxy — neither loses the claimed jobs nor
+// strands them leased to nobody. Receive returns ctx's error with nothing,
+// and from the database: no row is left 'processing', no attempt counted;
+// the next Receive gets every job at Attempt() 1. Before the fix (commit
+// 73c2697) pgx cut the claim's connection when ctx ended and the rows stayed
+// leased for the whole lease, their attempt counted: what rolling SIGTERMs
+// showed as charges committed at attempt 2 (RELIABILITY.md).
+func TestClaimCutKeepsJobs(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := integration.StartProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, err := net.SplitHostPort(proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	// One connection, on which the claim statement gets prepared before the
+	// replies are held, and no liveness ping on acquire: either would wait
+	// for a held reply, and the claim would never be sent.
+	cfg.MaxConns = 1
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	ctx := testCtx(t)
+	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	admin := newPool(t, "berth-cut-admin-"+suffix(), 2) // straight to the server
+	// A lease far longer than the test: a stranded row cannot come back
+	// by expiring while the test looks.
+	b := newBroker(t, proxied, postgres.Options{Lease: 10 * time.Minute, PollInterval: 100 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	q := "cut_" + suffix()
+	wctx, wc := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := b.Receive(wctx, q+"_warm", 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("warm-up Receive on an empty queue: %v", err)
+	}
+	wc()
+	const n = 5
+	ids := publishN(t, b, q, n)
+
+	proxy.FreezeReplies()
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		ds  []sdk.Delivery
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ds, err := b.Receive(rctx, q, n)
+		done <- result{ds, err}
+	}()
+	// The claim has run on the server once its rows are leased.
+	for {
+		var leased int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM `+b.Schema()+`.jobs WHERE queue = $1 AND status = 'processing'`, q).Scan(&leased); err != nil {
+			t.Fatal(err)
+		}
+		if leased == n {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			proxy.Thaw()
+			t.Fatalf("the claim never ran (%d of %d rows leased)", leased, n)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel() // the caller goes away with the reply still held
+	var r result
+	got := false
+	select {
+	case r = <-done: // cut at once
+		got = true
+	case <-time.After(time.Second): // waits for the claim's reply
+	}
+	proxy.Thaw()
+	if !got {
+		r = <-done
+	}
+	if !errors.Is(r.err, context.Canceled) || len(r.ds) != 0 {
+		t.Fatalf("Receive after its caller went away: %d deliveries, %v; want none and context.Canceled", len(r.ds), r.err)
+	}
+
+	var leased, counted, total int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'), count(*) FILTER (WHERE attempt_count > 0), count(*)
+		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
+		t.Fatal(err)
+	}
+	if total != n || leased != 0 || counted != 0 {
+		t.Fatalf("after the cut claim: %d jobs, %d still leased to the gone caller, %d with an attempt counted; want %d, 0, 0",
+			total, leased, counted, n)
+	}
+	seen := map[string]bool{}
+	for _, d := range receiveN(t, b, q, n) {
+		seen[d.Message().ID] = true
+		if d.Attempt() != 1 {
+			t.Errorf("job %s: Attempt() = %d after the cut claim, want 1", d.Message().ID, d.Attempt())
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			t.Errorf("job %s lost", id)
+		}
 	}
 }
