@@ -127,8 +127,10 @@ func (t *task) stop(cause error) {
 }
 
 // Run processes deliveries until ctx is done, then drains: it stops
-// receiving, releases deliveries not yet started, gives running handlers up
-// to DrainTimeout to finish, then cancels their context (cause [ErrShutdown])
+// receiving, releases deliveries not yet started (or, where a delivery
+// cannot be handed back without consuming an attempt — it is no
+// [Releaser], as on SQS — runs them too), gives running handlers up to
+// DrainTimeout to finish, then cancels their context (cause [ErrShutdown])
 // and releases what they hand back, flushes buffered settlements and returns.
 //
 // It returns nil after a drain that followed ctx; the broker's error when
@@ -222,7 +224,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				switch {
 				case t.lost.Load():
 					w.logLeaseLost(base, t.d)
-				case ctx.Err() != nil:
+				case ctx.Err() != nil && !w.finishAtDrain(t.d):
 					w.release(base, t.d, "not started before shutdown")
 				default:
 					if _, async := w.process(base, t, acked, &asyncs); async {
@@ -297,6 +299,19 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		cancel()
 	}
 	return err
+}
+
+// finishAtDrain reports whether d, received but not started when the drain
+// began, is run rather than handed back: when handing it back would consume
+// an attempt (d is no [Releaser]: Retry is all it has, and SQS counts every
+// receive) and the drain deadline has not passed. Run's drain then takes a
+// little longer (the prefetched deliveries' handler time, within
+// DrainTimeout) instead of charging every prefetched job an attempt.
+func (w *Worker) finishAtDrain(d Delivery) bool {
+	if _, ok := d.(Releaser); ok {
+		return false
+	}
+	return !w.stopping.Load()
 }
 
 // receive fills slots taken from src with deliveries of q until ctx is

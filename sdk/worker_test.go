@@ -218,6 +218,52 @@ func TestShutdownReleasesInterruptedAndUnstartedWork(t *testing.T) {
 	}
 }
 
+// TestShutdownRunsUnstartedWorkWithoutRelease (issue 15): a delivery that
+// cannot be handed back without consuming an attempt (no Releaser, as on
+// SQS) and was received but not started when the drain began is run within
+// the drain deadline and acked, not retried; a Releaser's is still
+// released (TestShutdownReleasesInterruptedAndUnstartedWork).
+func TestShutdownRunsUnstartedWorkWithoutRelease(t *testing.T) {
+	sub := newFakeSub()
+	gate := make(chan struct{})
+	started := make(chan struct{}, 2)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		started <- struct{}{}
+		if d.Attempt() == 2 { // the running one: holds its slot until the drain began
+			<-gate
+		}
+		return nil
+	})
+	w, err := sdk.NewWorker(sub, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, Prefetch: 1, DrainTimeout: time.Minute, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	running, waiting := newFake(2, "job"), newFake(1, "job")
+	sub.ch <- running.WithoutRelease()
+	<-started
+	sub.ch <- waiting.WithoutRelease()
+	for len(sub.ch) > 0 { // the receiver takes it into the Worker's buffer
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	for w.Health().State != sdk.StateDraining {
+		time.Sleep(time.Millisecond)
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if a := actions(running); len(a) != 1 || a[0] != "ack" {
+		t.Errorf("running delivery: %v, want [ack]", a)
+	}
+	if a := actions(waiting); len(a) != 1 || a[0] != "ack" {
+		t.Errorf("delivery not started when the drain began: %v, want [ack] (run, not retried: a Retry would cost it an attempt)", a)
+	}
+}
+
 func TestShutdownLetsHandlersFinish(t *testing.T) {
 	sub := newFakeSub()
 	started := make(chan struct{})

@@ -58,7 +58,9 @@
 // the abandoned poll, and those messages stay invisible for one visibility
 // timeout, with one more receive counted. Nothing is lost, but a Worker that
 // stops often adds attempts; keep MaxReceiveCount above the Worker's
-// MaxAttempts.
+// MaxAttempts. (The Worker's drain itself does not add any: deliveries it
+// received but had not started are run within the drain deadline rather
+// than retried, since a Retry here counts a receive.)
 //
 // Inspection ([Broker.Stats]) reads the approximate counters of
 // GetQueueAttributes; SQS has no oldest-message age there (only CloudWatch

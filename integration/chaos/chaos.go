@@ -66,7 +66,6 @@ type report struct {
 	LateCharges                             int             // charges committed at an attempt above 1
 	MaxAttempt                              int             // the highest attempt a charge was committed at
 	LeaseLost, Released                     int64           // reported by the workers that exited cleanly
-	DrainConsumed                           string          // the rolling mix\'s attempt violation, also in Violations
 	Violations                              []string
 }
 
@@ -531,8 +530,7 @@ FROM (SELECT o.id, count(c.id) AS n FROM `+s+`.orders o LEFT JOIN `+s+`.charges 
 	// means a drain consumed an attempt. SQS cannot hand a message back
 	// without counting a receive (no Releaser), a declared limit.
 	if c.Faults == "rolling" && c.Broker != "sqs" && rep.LateCharges > 0 {
-		rep.DrainConsumed = fmt.Sprintf("%d charges committed at an attempt above 1 (max %d): the drain consumed attempts", rep.LateCharges, rep.MaxAttempt)
-		*v = append(*v, rep.DrainConsumed)
+		*v = append(*v, fmt.Sprintf("%d charges committed at an attempt above 1 (max %d): the drain consumed attempts", rep.LateCharges, rep.MaxAttempt))
 	}
 	// With heartbeats every Lease/3, 200 ms round trips and a reset now and
 	// then must not cost a lease. RabbitMQ has no leases: a reset closes
