@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,5 +104,73 @@ func TestWorkerAsyncAck(t *testing.T) {
 		if calls := d.Calls(); len(calls) != 0 {
 			t.Errorf("synchronous settlement calls %v on an AsyncAcker delivery", calls)
 		}
+	}
+}
+
+// maxSub records the max of every Receive.
+type maxSub struct {
+	*fakeSub
+	mu   sync.Mutex
+	maxs []int
+}
+
+func (s *maxSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	s.mu.Lock()
+	s.maxs = append(s.maxs, max)
+	s.mu.Unlock()
+	return s.fakeSub.Receive(ctx, queue, max)
+}
+
+func (s *maxSub) calls() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int(nil), s.maxs...)
+}
+
+// TestWorkerWaitsForAckBatch: while acks are under way, the slots they hold
+// come back together when their batch is written, so the Worker does not
+// claim one job per slot as each ack returns: it waits until half its slots
+// are free, as it does while prefetched work waits.
+func TestWorkerWaitsForAckBatch(t *testing.T) {
+	sub := &maxSub{fakeSub: newFakeSub()}
+	acks := make(chan func(error), 16)
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	// Concurrency 4, Prefetch 4: eight slots, half is four.
+	runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 4, Prefetch: 4})
+	for range 8 {
+		sub.ch <- &asyncDelivery{Delivery: newFake(1, "t"), acks: acks}
+	}
+	dones := make([]func(error), 0, 8)
+	timeout := time.After(berthtest.WaitTimeout)
+	for len(dones) < 8 {
+		select {
+		case d := <-acks:
+			dones = append(dones, d)
+		case <-timeout:
+			t.Fatalf("%d acks started, want 8", len(dones))
+		}
+	}
+	before := len(sub.calls())
+	for _, d := range dones[:3] { // three slots back, five acks still under way
+		d(nil)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := sub.calls()[before:]; len(got) > 0 {
+		t.Fatalf("Receive(max %v) with acks under way and fewer than half the slots free", got)
+	}
+	dones[3](nil) // half free
+	deadline := time.After(berthtest.WaitTimeout)
+	for len(sub.calls()) == before {
+		select {
+		case <-deadline:
+			t.Fatal("no Receive once half the slots were free")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if got := sub.calls()[before]; got < 4 {
+		t.Errorf("Receive(max %d) once half the slots were free, want at least 4", got)
+	}
+	for _, d := range dones[4:] {
+		d(nil)
 	}
 }

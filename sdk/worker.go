@@ -29,6 +29,7 @@ type Worker struct {
 	running  atomic.Bool
 	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
 	shared   atomic.Pointer[settleCtx]
+	acking   atomic.Int64 // background acks (AsyncAcker) under way, holding their slots
 	health   workerHealth // what Health reports (sdk/health.go)
 
 	queues []*queueState // the consumed queues (sdk/queues.go)
@@ -208,6 +209,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		defer close(finished)
 		for a := range acked {
 			w.finishAsync(a)
+			w.acking.Add(-1) // before its slot is back: receive sees both at once
 			done(a.t)
 			asyncs.Done()
 		}
@@ -338,7 +340,10 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		} else {
 			// Handlers signal wake after every change that can make this
 			// condition true, and wake keeps one signal: none is lost.
-			for n := len(src); n == 0 || (n < half && len(jobs) > 0); n = len(src) {
+			// Acks under way (AsyncAcker) hold slots that come back
+			// together when their batch is written: wait for them too
+			// rather than claim one job per freed slot.
+			for n := len(src); n == 0 || (n < half && (len(jobs) > 0 || w.acking.Load() > 0)); n = len(src) {
 				select {
 				case <-wake:
 				case <-ctx.Done():
@@ -663,6 +668,7 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 		}
 		s = a.s // before AckAsync: its done may run at once, writing a.s.Err
 		asyncs.Add(1)
+		w.acking.Add(1)
 		aa.AckAsync(w.settleContext(base, end), func(err error) {
 			a.s.Err = err
 			acked <- a
