@@ -43,11 +43,11 @@
 // allows. With custom buckets, a Publish delay beyond the largest is refused
 // ([*DelayError]); a Retry delay beyond it is cut to it (that retry comes
 // early), so keep the largest bucket at or above the Worker's backoff
-// maximum. Expiry is per queue and in order, so a short delay is never held up behind a long one. A delay
-// queue is declared the first time it is needed (unless NoDeclare; then
-// declare the buckets with the topology you manage: [DelayQueue] names them;
-// each has x-message-ttl and dead-letters to the default exchange with the
-// main queue as routing key).
+// maximum. Expiry is per queue and in order, so a short delay is never held
+// up behind a long one. A delay queue is declared the first time it is
+// needed (unless NoDeclare; then declare the buckets with the topology you
+// manage: [DelayQueue] names them; each has x-message-ttl and dead-letters
+// to the default exchange with the main queue as routing key).
 //
 // # Prefetch and attempts
 //
@@ -376,7 +376,8 @@ type Broker struct {
 	pc        *pubChannel
 	pcCur     atomic.Pointer[pubChannel] // pc, for publisher's lock-free fast path
 	consumers map[string]*consumer
-	declared  map[string]bool // queue names (main queues and delay queues) declared on the current connection
+	declared  map[string]bool         // queue names (main queues and delay queues) declared on the current connection
+	declaring map[string]*declareCall // declarations in flight, by queue name
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -452,6 +453,7 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		done:      make(chan struct{}),
 		consumers: make(map[string]*consumer),
 		declared:  make(map[string]bool),
+		declaring: make(map[string]*declareCall),
 		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 		window:    make(chan struct{}, opts.MaxInFlight),
 	}

@@ -87,6 +87,11 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	if err := sdk.ValidateQueueName(queue); err != nil {
 		return err
 	}
+	return b.declareShared(ctx, queue, true, b.declareTopology)
+}
+
+// declareTopology declares queue, its dead-letter exchange and queue.
+func (b *Broker) declareTopology(ctx context.Context, queue string) error {
 	err := b.withChannel(ctx, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(b.opts.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 			return err
@@ -104,10 +109,65 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	if err != nil {
 		return fmt.Errorf("rabbitmq: declare queue %q: %w", queue, err)
 	}
-	b.mu.Lock()
-	b.declared[queue] = true
-	b.mu.Unlock()
 	return nil
+}
+
+// declareCall is a declaration in flight, which concurrent callers for the
+// same name wait for instead of declaring too.
+type declareCall struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// declareShared runs declare(ctx, name) unless the current connection has
+// declared name already (always, when force), and records success.
+// Concurrent callers for the same name wait for the declaration in flight
+// and share its outcome rather than declaring again.
+//
+// Waiting is what keeps messages from being lost: RabbitMQ creates a
+// quorum queue in two steps, its record (from then on a declaration of the
+// same name answers declare-ok and publishes are routed to it) and then its
+// Raft cluster, and when the second step fails (cluster_not_formed, or a
+// timeout, while a node is down or starting) it deletes the queue again,
+// with whatever was published to it in between, confirms and all
+// (RELIABILITY.md). A second declarer that went ahead would publish a
+// retry's copy into that doomed queue and ack the original.
+func (b *Broker) declareShared(ctx context.Context, name string, force bool, declare func(context.Context, string) error) error {
+	for {
+		b.mu.Lock()
+		if !force && b.declared[name] {
+			b.mu.Unlock()
+			return nil
+		}
+		if c := b.declaring[name]; c != nil {
+			b.mu.Unlock()
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				return fmt.Errorf("%w: rabbitmq: declare %q: %w", sdk.ErrUnavailable, name, ctx.Err())
+			}
+			if c.err != nil {
+				return c.err
+			}
+			if force {
+				return nil
+			}
+			continue
+		}
+		c := &declareCall{done: make(chan struct{})}
+		b.declaring[name] = c
+		b.mu.Unlock()
+		err := declare(ctx, name)
+		b.mu.Lock()
+		delete(b.declaring, name)
+		if err == nil {
+			b.declared[name] = true
+		}
+		c.err = err
+		b.mu.Unlock()
+		close(c.done)
+		return err
+	}
 }
 
 // withChannel runs fn on a fresh channel of the publishing connection and
@@ -138,13 +198,7 @@ func (b *Broker) ensure(ctx context.Context, queue string) error {
 	if b.opts.NoDeclare {
 		return nil
 	}
-	b.mu.Lock()
-	ok := b.declared[queue]
-	b.mu.Unlock()
-	if ok {
-		return nil
-	}
-	return b.DeclareQueue(ctx, queue)
+	return b.declareShared(ctx, queue, false, b.declareTopology)
 }
 
 // ensureDelay declares the delay queue for queue and d, once per
@@ -155,22 +209,19 @@ func (b *Broker) ensureDelay(ctx context.Context, queue string, d time.Duration)
 	if b.opts.NoDeclare {
 		return name, nil
 	}
-	b.mu.Lock()
-	ok := b.declared[name]
-	b.mu.Unlock()
-	if ok {
-		return name, nil
-	}
-	err := b.withChannel(ctx, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclare(name, true, false, false, false, b.delayArgs(queue, ttl))
-		return err
+	err := b.declareShared(ctx, name, false, func(ctx context.Context, name string) error {
+		err := b.withChannel(ctx, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(name, true, false, false, false, b.delayArgs(queue, ttl))
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("rabbitmq: declare delay queue %q: %w", name, err)
+		}
+		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("rabbitmq: declare delay queue %q: %w", name, err)
+		return "", err
 	}
-	b.mu.Lock()
-	b.declared[name] = true
-	b.mu.Unlock()
 	return name, nil
 }
 
