@@ -275,6 +275,7 @@ func (b *Broker) consumerFor(queue string, max int) (*consumer, error) {
 		b.consumers[queue] = c
 		b.wg.Add(1)
 		go c.run()
+		b.startMovers(queue)
 	}
 	return c, nil
 }

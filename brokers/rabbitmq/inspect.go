@@ -51,6 +51,7 @@ func (b *Broker) Info(ctx context.Context, queue string) (QueueInfo, error) {
 		}
 		info.Delayed += int64(q.Messages)
 	}
+	info.Delayed += b.heldDelayed(queue)
 	return info, nil
 }
 

@@ -49,6 +49,29 @@
 // manage: [DelayQueue] names them; each has x-message-ttl and dead-letters
 // to the default exchange with the main queue as routing key).
 //
+// A process that consumes a queue also moves the messages of its delay
+// queues up to [Options.MoveDelaysUpTo] (10m by default) back itself: a
+// mover per bucket consumes the delay queue, holds each delivery for the
+// bucket's TTL from its arrival, publishes a copy to the main queue with a
+// publisher confirm and acks the delivery once the copy is confirmed (a
+// crash in between leaves the message twice, never none). A held delivery
+// is not ready, so the server does not expire it; what no mover holds (no
+// process consumes the queue, a mover's prefetch is full, or the bucket is
+// longer) still expires and is dead-lettered by the server. The reason is
+// RabbitMQ's at-least-once dead-lettering on a cluster: on 3.10, when the
+// main queue's leader node dies, the delay queue's dead-letter worker's
+// first forward to the main queue can fail; it then marks the message
+// rejected and tries again only after dead_letter_worker_publisher_confirm_timeout
+// (3 minutes by default), and with 32 such messages pending it takes no more,
+// so every retry through that bucket was held for 3 to 6 minutes
+// (RELIABILITY.md). A mover publishes through an ordinary channel, which
+// follows the new leader. A moved message is late by the time it waited in
+// the delay queue before a mover took it (milliseconds while a mover runs;
+// up to one more TTL when it was handed back by a process that stopped);
+// it is never early. [Broker.Info] counts the deliveries this process's
+// movers hold as Delayed; those held by other processes are not visible
+// through AMQP.
+//
 // # Prefetch and attempts
 //
 // The first Receive of a queue starts a consumer that keeps up to
@@ -261,6 +284,14 @@ type Options struct {
 	Reconnect sdk.Backoff
 	// Logger receives reconnection logs. Default slog.Default().
 	Logger *slog.Logger
+	// MoveDelaysUpTo is the longest delay bucket whose messages a process
+	// that consumes the main queue moves back to it itself, holding each
+	// for the bucket's TTL, instead of leaving them to the server's
+	// dead-lettering (see "Delays" in the package doc). Keep it well under
+	// the server's consumer_timeout (30 minutes by default), which bounds
+	// how long a delivery may be held. Default [DefaultMoveDelaysUpTo];
+	// negative: no bucket, every delay is the server's.
+	MoveDelaysUpTo time.Duration
 	// MaxInFlight bounds the messages published with
 	// [Broker.PublishAsync] whose confirms have not come back: the sliding
 	// window of publisher confirms. PublishAsync blocks beyond it. Default
@@ -351,6 +382,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.AckInterval == 0 {
 		o.AckInterval = DefaultAckInterval
 	}
+	if o.MoveDelaysUpTo == 0 {
+		o.MoveDelaysUpTo = DefaultMoveDelaysUpTo
+	}
 	return o, nil
 }
 
@@ -376,6 +410,7 @@ type Broker struct {
 	pc        *pubChannel
 	pcCur     atomic.Pointer[pubChannel] // pc, for publisher's lock-free fast path
 	consumers map[string]*consumer
+	movers    map[string]*mover       // by delay queue name
 	declared  map[string]bool         // queue names (main queues and delay queues) declared on the current connection
 	declaring map[string]*declareCall // declarations in flight, by queue name
 
@@ -452,6 +487,7 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		closing:   make(chan struct{}),
 		done:      make(chan struct{}),
 		consumers: make(map[string]*consumer),
+		movers:    make(map[string]*mover),
 		declared:  make(map[string]bool),
 		declaring: make(map[string]*declareCall),
 		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),

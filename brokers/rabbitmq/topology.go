@@ -222,6 +222,7 @@ func (b *Broker) ensureDelay(ctx context.Context, queue string, d time.Duration)
 	if err != nil {
 		return "", err
 	}
+	b.kickMover(name)
 	return name, nil
 }
 
