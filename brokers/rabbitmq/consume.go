@@ -773,6 +773,7 @@ func (b *Broker) forgetUnroutable(err error, name string) {
 	var ue *UnroutableError
 	if errors.As(err, &ue) {
 		b.forget(name)
+		b.resetMover(name)
 	}
 }
 

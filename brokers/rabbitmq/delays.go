@@ -33,6 +33,7 @@ type mover struct {
 	bucket string // the delay queue
 	ttl    time.Duration
 	kick   chan struct{} // the delay queue was just declared: try at once
+	reset  chan struct{} // a copy sent to the delay queue came back unroutable: consume afresh
 	held   atomic.Int64  // deliveries held, for Info
 }
 
@@ -45,6 +46,28 @@ type heldMsg struct {
 // startMovers starts, once per main queue, the movers of its delay queues
 // up to Options.MoveDelaysUpTo. Called with b.mu held.
 func (b *Broker) startMovers(queue string) {
+	if b.opts.MoveDelaysUpTo < b.opts.DelayBuckets[0] {
+		return
+	}
+	if b.mov == nil {
+		// The movers' own connection: RabbitMQ 3.10 answers a
+		// basic.consume on a quorum queue whose Raft server is not running
+		// (being created or deleted) by crashing the channel, which closes
+		// the whole connection (541 INTERNAL_ERROR); the consumers'
+		// connection must not go with it.
+		l := &link{b: b, name: b.opts.ConnectionName + "-move", up: make(chan struct{})}
+		b.mov = l
+		b.wg.Add(1)
+		go func() {
+			c, err := l.dialRetry(b.ctx)
+			if err != nil {
+				b.wg.Done()
+				return
+			}
+			l.set(c)
+			l.supervise(c) // calls wg.Done
+		}()
+	}
 	for _, ttl := range b.opts.DelayBuckets {
 		if ttl > b.opts.MoveDelaysUpTo {
 			break
@@ -53,7 +76,7 @@ func (b *Broker) startMovers(queue string) {
 		if b.movers[name] != nil {
 			continue
 		}
-		m := &mover{b: b, queue: queue, bucket: name, ttl: ttl, kick: make(chan struct{}, 1)}
+		m := &mover{b: b, queue: queue, bucket: name, ttl: ttl, kick: make(chan struct{}, 1), reset: make(chan struct{}, 1)}
 		b.movers[name] = m
 		b.wg.Add(1)
 		go m.run()
@@ -69,6 +92,22 @@ func (b *Broker) kickMover(name string) {
 	if m != nil {
 		select {
 		case m.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// resetMover tells the mover of delay queue name, if any, that the queue
+// was found missing: RabbitMQ does not always cancel the consumers of a
+// deleted quorum queue, and a consumer left on the deleted queue would
+// not see the one declared again under its name.
+func (b *Broker) resetMover(name string) {
+	b.mu.Lock()
+	m := b.movers[name]
+	b.mu.Unlock()
+	if m != nil {
+		select {
+		case m.reset <- struct{}{}:
 		default:
 		}
 	}
@@ -116,6 +155,8 @@ func (m *mover) run() {
 		case <-t.C:
 		case <-m.kick:
 			t.Stop()
+		case <-m.reset:
+			t.Stop()
 		case <-m.b.closing:
 			t.Stop()
 			return
@@ -128,7 +169,7 @@ func (m *mover) run() {
 // holds to the delay queue.
 func (m *mover) session() error {
 	b := m.b
-	conn, err := b.con.get(b.ctx)
+	conn, err := b.mov.get(b.ctx)
 	if err != nil {
 		return err
 	}
@@ -181,6 +222,8 @@ func (m *mover) session() error {
 			}
 			held = held[n:]
 			m.held.Store(int64(len(held)))
+		case <-m.reset: // what it holds goes back to the queue, if it is still there
+			return nil
 		case <-b.closing:
 			return nil
 		}

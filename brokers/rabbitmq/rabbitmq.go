@@ -52,8 +52,8 @@
 // A process that consumes a queue also moves the messages of its delay
 // queues up to [Options.MoveDelaysUpTo] (10m by default) back itself: a
 // mover per bucket consumes the delay queue, holds each delivery for the
-// bucket's TTL from its arrival, publishes a copy to the main queue with a
-// publisher confirm and acks the delivery once the copy is confirmed (a
+// bucket's TTL from its arrival (on a connection of its own), publishes a
+// copy to the main queue with a publisher confirm and acks the delivery once the copy is confirmed (a
 // crash in between leaves the message twice, never none). A held delivery
 // is not ready, so the server does not expire it; what no mover holds (no
 // process consumes the queue, a mover's prefetch is full, or the bucket is
@@ -398,6 +398,7 @@ type Broker struct {
 
 	pub *link // publishing, settlement copies, topology, dead letters
 	con *link // consuming
+	mov *link // the delay movers', dialed when the first starts (delays.go)
 
 	closing   chan struct{}   // closed when Close begins
 	done      chan struct{}   // closed once Close has handed deliveries back
@@ -463,7 +464,8 @@ func (b *Broker) Flush(ctx context.Context) error {
 }
 
 // New connects to the RabbitMQ at rawURL (amqp:// or amqps://) with two
-// connections, one to publish and one to consume, and returns the broker.
+// connections, one to publish and one to consume, and returns the broker
+// (the first Receive adds a third, "-move", for the delay movers).
 // While the server cannot be reached it retries with the
 // [Options.Reconnect] backoff until ctx ends, then fails with an error
 // wrapping [sdk.ErrUnavailable]; a refused login or an untrusted certificate
