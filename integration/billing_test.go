@@ -227,8 +227,9 @@ type billingRun struct {
 	// RabbitMQ failover the Worker's dead-letter copy can fail until the
 	// cap takes the job (RELIABILITY.md). Either way only poison is there.
 	capped bool
-	// noFailures turns off the injected handler failures of run.worker.
-	noFailures bool
+	// failRate, when above 0, replaces run.worker's 5 % of failing
+	// handler runs.
+	failRate float64
 }
 
 func setupBilling(t *testing.T, kind string, ep endpoints) *billingRun {

@@ -15,9 +15,10 @@ import (
 // billing queue's leader is SIGKILLed mid-run and comes back. The two
 // others keep a majority, elect a new leader, and the publishers and
 // consumers — connected to a surviving node — follow it: nothing confirmed
-// is lost, nothing is charged twice. Handlers do not fail here: with
-// retries through the delay queues during the failover orders were lost
-// (an open problem, RELIABILITY.md "Limits that remain").
+// is lost, nothing is charged twice. A fifth of the handler runs fail, so
+// that many jobs are retried through the delay queues while the leader
+// moves: what RabbitMQ 3.10's own dead-lettering held for minutes there,
+// the consuming process's movers bring back (RELIABILITY.md).
 func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	nodes := StartRabbitMQCluster(t, 3)
 	r := setupBilling(t, "rabbitmq", endpoints{pg: PostgresDSN(t), amqp: nodes[0].URL})
@@ -43,12 +44,14 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	r.broker = b
 	r.capped = true
-	r.noFailures = true // see RELIABILITY.md: retries through the delay queues during the failover
-	t.Cleanup(func() {  // registered after setupBilling's: runs before the schema is dropped
+	r.failRate = 0.2
+	t.Cleanup(func() { // registered after setupBilling's: runs before the schema is dropped
 		if !t.Failed() {
 			return
 		}
-		out, _ := client.ctlOutput("list_queues", "name", "type", "messages_ready", "messages_unacknowledged", "leader", "online")
+		// messages - messages_ready - messages_unacknowledged is what a
+		// quorum queue holds as dead letters not yet forwarded.
+		out, _ := client.ctlOutput("list_queues", "name", "type", "messages", "messages_ready", "messages_unacknowledged", "leader", "online")
 		t.Logf("queues on %s:\n%s", client.Name, out)
 		rows, err := r.pool.Query(context.Background(), `SELECT id FROM `+pgx.Identifier{r.schema, "orders"}.Sanitize()+` WHERE status <> 'paid' ORDER BY id`)
 		if err == nil {
