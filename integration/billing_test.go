@@ -230,6 +230,8 @@ type billingRun struct {
 	// failRate, when above 0, replaces run.worker's 5 % of failing
 	// handler runs.
 	failRate float64
+	// finishWithin bounds finish; default 90s.
+	finishWithin time.Duration
 }
 
 func setupBilling(t *testing.T, kind string, ep endpoints) *billingRun {
@@ -397,7 +399,11 @@ func (r *billingRun) finish(workers int, stats *idempotency.Stats) {
 		}()
 	}
 	defer func() { cancel(); wg.Wait() }()
-	deadline := time.Now().Add(90 * time.Second)
+	within := r.finishWithin
+	if within == 0 {
+		within = 90 * time.Second
+	}
+	deadline := time.Now().Add(within)
 	idle := 0
 	for idle < 3 {
 		if time.Now().After(deadline) {

@@ -45,6 +45,12 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	r.broker = b
 	r.capped = true
 	r.failRate = 0.2
+	// A poison job that the Worker cannot dead-letter while the leader
+	// moves reaches the server's delivery limit, and RabbitMQ 3.10's
+	// dead-letter worker may hold it up to twice its 3-minute
+	// dead_letter_worker_publisher_confirm_timeout before it forwards it
+	// to the dead-letter queue (RELIABILITY.md): the run waits for it.
+	r.finishWithin = 7 * time.Minute
 	t.Cleanup(func() { // registered after setupBilling's: runs before the schema is dropped
 		if !t.Failed() {
 			return
