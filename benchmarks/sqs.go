@@ -30,6 +30,11 @@ const (
 	sqsLoops   = 4  // raw concurrent receive loops; the Worker's ReceiveLoops
 	sqsWorkers = 32 // the Worker's Concurrency (Prefetch defaults to it)
 	sqsWait    = 1  // long-poll seconds, both sides
+	// sqsVisibility is the visibility timeout (seconds) of both sides: short,
+	// because fauxqs now and then takes a message off a queue without
+	// returning it (raw loops and the Worker alike), and a round then waits
+	// for it to come back.
+	sqsVisibility = 10
 )
 
 func sqsEndpoint() string {
@@ -69,7 +74,7 @@ func newSQSEnv() (*sqsEnv, error) {
 func (e *sqsEnv) broker(opts sqs.Options) (*sqs.Broker, error) {
 	opts.Logger = slog.New(slog.DiscardHandler)
 	if opts.VisibilityTimeout == 0 {
-		opts.VisibilityTimeout = time.Minute
+		opts.VisibilityTimeout = sqsVisibility * time.Second
 	}
 	if opts.WaitTime == 0 {
 		opts.WaitTime = sqsWait * time.Second
@@ -324,7 +329,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 
 	rawVariant := func(loops int, why string) (variant, error) {
 		client := sqsClient()
-		return variant{name: fmt.Sprintf("raw aws-sdk-go-v2, %d receive loops", loops), config: fmt.Sprintf("%d goroutines each looping ReceiveMessage (10, long poll %d s, visibility 60 s, all attributes) then DeleteMessageBatch of what it received%s", loops, sqsWait, why),
+		return variant{name: fmt.Sprintf("raw aws-sdk-go-v2, %d receive loops", loops), config: fmt.Sprintf("%d goroutines each looping ReceiveMessage (10, long poll %d s, visibility %d s, all attributes) then DeleteMessageBatch of what it received%s", loops, sqsWait, sqsVisibility, why),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
 				q, url, err := e.queue(ctx, "sqsrawcons")
 				if err != nil {
@@ -350,7 +355,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 			return variant{}, err
 		}
 		return variant{name: fmt.Sprintf("berth Worker, ReceiveLoops %d", loops),
-			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), flushed before the clock stops", sqsWorkers, loops),
+			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), the clock stops once they are flushed (stopping the Worker is not timed)", sqsWorkers, loops),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
 				q, _, err := e.queue(ctx, "sqsworker"+strconv.Itoa(loops))
 				if err != nil {
@@ -359,12 +364,14 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
-				return timed(func() error {
-					return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: sqsWorkers, ReceiveLoops: loops})
-				})
+				return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: sqsWorkers, ReceiveLoops: loops})
 			}}, nil
 	}
 	par, err := worker(sqsLoops)
+	if err != nil {
+		return table{}, err
+	}
+	par8, err := worker(2 * sqsLoops)
 	if err != nil {
 		return table{}, err
 	}
@@ -373,13 +380,13 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 		return table{}, err
 	}
 	n := msgs(c, 5000)
-	res, err := alternate(ctx, []variant{raw, raw4, par, one}, c.rounds, n)
+	res, err := alternate(ctx, []variant{raw, raw4, par, par8, one}, c.rounds, n)
 	if err != nil {
 		return table{}, err
 	}
 	return table{
 		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
-		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. × is against raw with %d loops.", n, 2*sqsLoops),
+		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. fauxqs also now and then hides a message within a round (raw and berth alike): a round with a stall of the 10 s visibility shows as a minimum far below the others. × is against raw with %d loops.", n, 2*sqsLoops),
 		head:  resultHead,
 		rows:  rows(res, 0),
 	}, nil
@@ -397,7 +404,7 @@ func rawSQSDrain(ctx context.Context, client *awssqs.Client, url string, n, loop
 		wg.Go(func() {
 			for got.Load() < int64(n) {
 				out, err := client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
-					QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: 60, WaitTimeSeconds: sqsWait,
+					QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: sqsVisibility, WaitTimeSeconds: sqsWait,
 					MessageAttributeNames:       []string{"All"},
 					MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
 				})
@@ -440,8 +447,10 @@ func rawSQSDrain(ctx context.Context, client *awssqs.Client, url string, n, loop
 }
 
 // drainWorker runs a Worker with a no-op handler on q until n deliveries
-// were acked, flushes the broker's buffered acks and stops the Worker.
-func drainWorker(ctx context.Context, br sdk.Broker, q string, n int, opts sdk.WorkerOptions) error {
+// were acked and the broker's buffered acks are flushed, and returns how long
+// that took from the start of Run; stopping the Worker afterwards is not
+// timed (the raw loops' clocks stop at their last delete too).
+func drainWorker(ctx context.Context, br sdk.Broker, q string, n int, opts sdk.WorkerOptions) (time.Duration, error) {
 	cnt := &counter{}
 	done := cnt.expect(int64(n))
 	opts.Queue = q
@@ -449,16 +458,17 @@ func drainWorker(ctx context.Context, br sdk.Broker, q string, n int, opts sdk.W
 	opts.Logger = slog.New(slog.DiscardHandler)
 	w, err := sdk.NewWorker(br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), opts)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	errc := make(chan error, 1)
+	start := time.Now()
 	go func() { errc <- w.Run(wctx) }()
 	select {
 	case <-done:
 	case err := <-errc:
-		return fmt.Errorf("worker stopped early: %v", err)
+		return 0, fmt.Errorf("worker stopped early: %v", err)
 	}
 	if f, ok := br.(sdk.Flusher); ok {
 		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -467,11 +477,12 @@ func drainWorker(ctx context.Context, br sdk.Broker, q string, n int, opts sdk.W
 		if err != nil {
 			stop()
 			<-errc
-			return err
+			return 0, err
 		}
 	}
+	elapsed := time.Since(start)
 	stop()
-	return <-errc
+	return elapsed, <-errc
 }
 
 // spread runs job(0) … job(n-1) on k goroutines and returns the first error.
