@@ -227,8 +227,8 @@ type billingRun struct {
 	// RabbitMQ failover the Worker's dead-letter copy can fail until the
 	// cap takes the job (RELIABILITY.md). Either way only poison is there.
 	capped bool
-	// failRate, when above 0, replaces run.worker's 5 % of failing
-	// handler runs.
+	// failRate, when not 0, replaces run.worker's 5 % of failing
+	// handler runs; below 0 it means none.
 	failRate float64
 	// finishWithin bounds finish; default 90s.
 	finishWithin time.Duration

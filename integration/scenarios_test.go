@@ -127,8 +127,8 @@ func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (
 		return nil, err
 	}
 	failRate := 0.05
-	if r.failRate > 0 {
-		failRate = r.failRate
+	if r.failRate != 0 {
+		failRate = max(0, r.failRate)
 	}
 	return sdk.NewWorker(r.broker, billingHandler(r.schema, failRate), sdk.WorkerOptions{
 		Queue:       r.queue,
