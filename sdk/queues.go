@@ -32,6 +32,9 @@ type queueState struct {
 
 	slots chan int     // multi-queue: slots handed to this queue's receiver
 	want  atomic.Int64 // multi-queue: slots the receiver may hold waiting (1 while the queue is idle)
+	// dry: multi-queue, its last Receive found the queue empty; with
+	// Priority the next slot goes to a later queue first (see pick).
+	dry atomic.Bool
 
 	paused atomic.Bool
 	mu     sync.Mutex
@@ -303,7 +306,7 @@ func (w *Worker) allocate(ctx context.Context, free chan int) {
 
 // pick chooses the queue for the next slot, nil when none can take one.
 func (w *Worker) pick() *queueState {
-	var best *queueState
+	var best, skipped *queueState
 	total := 0
 	for _, q := range w.queues {
 		if q.paused.Load() {
@@ -311,6 +314,15 @@ func (w *Worker) pick() *queueState {
 		}
 		if w.opts.Priority {
 			if want := q.want.Load(); int64(len(q.slots)) < want {
+				// A queue whose last Receive found it empty lets a later
+				// queue have this slot first: with one slot to share it
+				// would otherwise poll for ever and the others starve.
+				if want == 1 && q.dry.Swap(false) {
+					if skipped == nil {
+						skipped = q
+					}
+					continue
+				}
 				return q
 			} else if want > 1 {
 				return nil // a queue with work comes first: keep the slot for it
@@ -329,13 +341,19 @@ func (w *Worker) pick() *queueState {
 	if best != nil {
 		best.cur -= total
 	}
+	if best == nil {
+		return skipped // no later queue could take it
+	}
 	return best
 }
 
-// receiveBounded is a multi-queue Receive of n > 1 deliveries: it waits at
-// most QueueIdleWait, so that a queue that ran dry does not hold n slots the
-// other queues could use while its Receive waits for work; an empty result
-// makes the queue idle (one slot). A broker that leases at the server (SQS,
+// receiveBounded is a multi-queue Receive: it waits at most QueueIdleWait,
+// so that a queue that ran dry does not hold slots the other queues could
+// use while its Receive waits for work; a short result makes the queue idle
+// (one slot). Even a Receive of one is bounded: with one slot in all, or
+// with Priority and a queue that ran dry while its handlers held all but
+// one of its slots, an unbounded wait kept the slot from the other queues
+// for as long as the queue stayed empty. A broker that leases at the server (SQS,
 // PostgreSQL, JetStream) may have leased a message to the call it abandons:
 // that message comes back when its lease runs out.
 func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) ([]Delivery, error) {

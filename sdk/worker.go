@@ -379,7 +379,7 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		w.health.receiving(time.Now().UnixNano())
 		var ds []Delivery
 		var err error
-		if multi && len(slots) > 1 {
+		if multi {
 			ds, err = w.receiveBounded(rctx, q, len(slots))
 		} else {
 			ds, err = w.sub.Receive(rctx, q.name, len(slots))
@@ -406,6 +406,7 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 			// slot waiting, the others go to the queues with work.
 			if len(ds) < len(slots) {
 				q.want.Store(1)
+				q.dry.Store(len(ds) == 0 && err == nil)
 			} else {
 				q.want.Store(int64(cap(free)))
 			}

@@ -59,11 +59,12 @@ type WorkerOptions struct {
 	// receiving from one queue. See ARCHITECTURE.md, "Several queues per
 	// Worker".
 	Queues []WorkerQueue
-	// QueueIdleWait bounds, with several Queues, how long a Receive for
-	// more than one delivery may wait on a queue; when it runs out the
-	// queue counts as idle and asks for one delivery at a time (so a queue
-	// that ran dry holds one slot, not the ones the others could use) until
-	// a Receive fills again. Default 500ms.
+	// QueueIdleWait bounds, with several Queues, how long a Receive may
+	// wait on a queue; when it runs out the queue counts as idle and asks
+	// for one delivery at a time (so a queue that ran dry holds one slot,
+	// not the ones the others could use) until a Receive fills again. An
+	// idle queue polls every QueueIdleWait while it holds a slot. Default
+	// 500ms.
 	QueueIdleWait time.Duration
 	// Priority makes Queues a strict priority list: a queue gets slots only
 	// while every queue before it is idle or paused. Lower queues can
