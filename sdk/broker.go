@@ -89,6 +89,21 @@ type Releaser interface {
 	Release(ctx context.Context, delay time.Duration) error
 }
 
+// LongPoller is implemented by subscribers whose Receive long-polls a
+// server that counts an attempt for every message it hands out, even to a
+// call whose caller has gone by the time the answer arrives (SQS counts
+// each in ApproximateReceiveCount). ReceiveWait is the longest a Receive
+// waits on an empty queue.
+//
+// A [Worker] shutting down does not cancel such a Receive in flight: it
+// lets it finish, for at most ReceiveWait plus a second and never beyond
+// DrainTimeout, and runs what it returns. Cancelled, a long poll the server
+// had just answered would hand those messages back one attempt later: the
+// drain would consume their attempt.
+type LongPoller interface {
+	ReceiveWait() time.Duration
+}
+
 // AsyncAcker is implemented by deliveries whose Ack can finish in the
 // background, written together with the acks of other finished jobs
 // (PostgreSQL: one UPDATE, one commit, for many). AckAsync does what Ack

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // WorkerQueue is one of the queues a [Worker] consumes (WorkerOptions.Queues).
@@ -212,9 +213,13 @@ func (w *Worker) poke() {
 // receiveAll runs the receive side of Run: the one queue's receive loop, or
 // for several queues one loop per queue fed slots by the allocator.
 func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, wake <-chan struct{}, held []atomic.Pointer[task]) error {
+	// Receives run under base, which outlives ctx for a LongPoller (see
+	// receiveBase); the loops stop taking slots when ctx is done.
+	base, release := w.receiveBase(ctx)
+	defer release()
 	if len(w.queues) == 1 {
 		q := w.queues[0]
-		q.begin(ctx)
+		q.begin(base)
 		defer q.end()
 		if w.opts.ReceiveLoops <= 1 {
 			return w.receive(ctx, q, free, free, jobs, wake, held)
@@ -237,6 +242,8 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	bctx, bcancel := context.WithCancel(base)
+	defer bcancel()
 	capacity := cap(free)
 	var wg sync.WaitGroup
 	errs := make(chan error, len(w.queues))
@@ -246,13 +253,14 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		// QueueIdleWait) whether it has work, and a queue whose receiver is
 		// slow to start still gets its share of the slots meanwhile.
 		q.want.Store(int64(capacity))
-		q.begin(rctx)
+		q.begin(bctx)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := w.receive(rctx, q, q.slots, free, jobs, nil, held); err != nil {
 				errs <- err
 				cancel() // a closed broker or a missing queue stops the Worker
+				bcancel()
 			}
 		}()
 	}
@@ -274,6 +282,37 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		err = errors.Join(err, e)
 	}
 	return err
+}
+
+// receiveBase returns the context the Receive calls run under, and a
+// function that ends it. It is ctx, except for a [LongPoller]: then it ends
+// only ReceiveWait plus a second (at most DrainTimeout) after ctx, so that a
+// long poll in flight at shutdown returns what the server handed it, for
+// the drain to run, instead of being cut off after the server counted the
+// receive.
+func (w *Worker) receiveBase(ctx context.Context) (context.Context, func()) {
+	lp, ok := w.sub.(LongPoller)
+	if !ok {
+		return ctx, func() {}
+	}
+	wait := min(lp.ReceiveWait()+time.Second, w.opts.DrainTimeout)
+	base, cancel := context.WithCancel(detach(ctx))
+	var mu sync.Mutex
+	var timer *time.Timer
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(wait, cancel)
+	})
+	return base, func() {
+		stop()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
 
 // allocate hands free slots to the queues' receivers: by smooth weighted

@@ -255,6 +255,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}()
 	}
 
+	// The drain deadline counts from ctx's end: a LongPoller's last Receive
+	// may have taken part of it (receiveBase).
+	var stoppedAt atomic.Int64
+	unwatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
+	defer unwatch()
 	err = w.receiveAll(ctx, free, jobs, wake, held)
 	w.health.state.Store(hDraining)
 	close(jobs)
@@ -267,7 +272,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		<-finished
 		close(drained)
 	}()
-	deadline := time.NewTimer(o.DrainTimeout)
+	drainFor := o.DrainTimeout
+	if at := stoppedAt.Load(); at != 0 {
+		drainFor = max(drainFor-time.Since(time.Unix(0, at)), 0)
+	}
+	deadline := time.NewTimer(drainFor)
 	defer deadline.Stop()
 	select {
 	case <-drained:

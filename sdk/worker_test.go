@@ -264,6 +264,69 @@ func TestShutdownRunsUnstartedWorkWithoutRelease(t *testing.T) {
 	}
 }
 
+// longPollSub is a fakeSub whose Receive is a long poll of a server that
+// counts every receive ([sdk.LongPoller]), like SQS.
+type longPollSub struct {
+	*fakeSub
+	wait time.Duration
+}
+
+func (s longPollSub) ReceiveWait() time.Duration { return s.wait }
+
+// TestShutdownFinishesLongPoll (issue 15): when Run's context ends while a
+// LongPoller's Receive is in flight, the Receive is not cancelled: what the
+// server hands it afterwards is run and acked. Cancelled, the answer would
+// be lost after SQS counted the receive, and the message would come back
+// one attempt later (the SQS rolling-restart scenario's attempt-2 charges).
+// A poll that gets no answer ends after ReceiveWait plus a second.
+func TestShutdownFinishesLongPoll(t *testing.T) {
+	sub := longPollSub{fakeSub: newFakeSub(), wait: 100 * time.Millisecond}
+	ran := make(chan struct{}, 1)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		ran <- struct{}{}
+		return nil
+	})
+	w, err := sdk.NewWorker(sub, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-sub.receiving // the long poll is in flight
+	cancel()
+	time.Sleep(20 * time.Millisecond)
+	late := newFake(1, "job")
+	sub.ch <- late.WithoutRelease() // the server's answer, after the shutdown began
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if a := actions(late); len(a) != 1 || a[0] != "ack" {
+		t.Fatalf("delivery answered to the poll in flight at shutdown: %v, want [ack] (run, not lost to a cancelled poll)", a)
+	}
+	if len(sub.ch) != 0 {
+		t.Fatal("the answer was left unreceived")
+	}
+
+	// A poll nobody answers ends on its own.
+	w, err = sdk.NewWorker(sub, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { done <- w.Run(ctx) }()
+	<-sub.receiving
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return: the unanswered long poll was never cut off")
+	}
+}
+
 func TestShutdownLetsHandlersFinish(t *testing.T) {
 	sub := newFakeSub()
 	started := make(chan struct{})

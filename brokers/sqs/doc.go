@@ -56,11 +56,14 @@
 // A Receive cancelled in the middle of its long poll (ctx done, or Close)
 // may still have taken messages on the server side: SQS, and fauxqs, answer
 // the abandoned poll, and those messages stay invisible for one visibility
-// timeout, with one more receive counted. Nothing is lost, but a Worker that
-// stops often adds attempts; keep MaxReceiveCount above the Worker's
-// MaxAttempts. (The Worker's drain itself does not add any: deliveries it
-// received but had not started are run within the drain deadline rather
-// than retried, since a Retry here counts a receive.)
+// timeout, with one more receive counted. Nothing is lost, but each such
+// poll adds an attempt; keep MaxReceiveCount above the Worker's
+// MaxAttempts. The Worker's drain adds none: the Broker is an
+// [sdk.LongPoller], so a draining Worker lets its polls in flight finish
+// (at most WaitTime plus a second, within DrainTimeout) instead of
+// cancelling them, and deliveries it received but had not started are run
+// within the drain deadline rather than retried, since a Retry here counts
+// a receive. A short WaitTime shortens the drain of an idle Worker.
 //
 // Inspection ([Broker.Stats]) reads the approximate counters of
 // GetQueueAttributes; SQS has no oldest-message age there (only CloudWatch

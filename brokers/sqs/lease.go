@@ -8,6 +8,12 @@ import (
 
 var _ sdk.LeaseReporter = (*Broker)(nil)
 
+var _ sdk.LongPoller = (*Broker)(nil)
+
+// ReceiveWait is how long a Receive long-polls an empty queue
+// ([Options.WaitTime]); it makes the Broker an [sdk.LongPoller].
+func (b *Broker) ReceiveWait() time.Duration { return b.opts.WaitTime }
+
 // Lease returns the visibility timeout of received messages, as
 // [sdk.LeaseReporter]: a Worker on this broker takes it as its default.
 func (b *Broker) Lease() time.Duration { return b.opts.VisibilityTimeout }
