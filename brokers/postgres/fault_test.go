@@ -64,6 +64,51 @@ func helperProcess() {
 	os.Exit(3)
 }
 
+// killChildAt starts this test binary as the helper process mode (the
+// fault-test children above) on queue, with count jobs to take and a 1s
+// lease, waits for its line "<marker> id id ...", SIGKILLs it there and
+// returns the IDs it printed.
+func killChildAt(t *testing.T, mode, schema, queue string, count int, marker string) []string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
+		"BERTH_PG_SCHEMA="+schema, "BERTH_PG_QUEUE="+queue, "BERTH_PG_COUNT="+strconv.Itoa(count), "BERTH_PG_LEASE=1s")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan []string, 1)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), marker+" "); ok {
+				lines <- strings.Fields(rest)
+				break
+			}
+			t.Logf("child: %s", sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	var ids []string
+	select {
+	case ids = <-lines:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("child %s never printed %s", mode, marker)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	return ids
+}
+
 // TestKilledWorkerJobsReclaimed: a worker process SIGKILLed while it holds
 // leased rows; after the lease the rows are claimed again with the attempt
 // counted, and every job is completed once.
@@ -75,42 +120,7 @@ func TestKilledWorkerJobsReclaimed(t *testing.T) {
 	const total, held = 20, 8
 	ids := publishN(t, b, q, total)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=hold", "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
-		"BERTH_PG_SCHEMA="+b.Schema(), "BERTH_PG_QUEUE="+q, "BERTH_PG_COUNT="+strconv.Itoa(held), "BERTH_PG_LEASE=1s")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	claimed := make(chan []string, 1)
-	go func() {
-		defer close(claimed)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "CLAIMED "); ok {
-				claimed <- strings.Fields(rest)
-				break
-			}
-			t.Logf("child: %s", sc.Text())
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	var childIDs []string
-	select {
-	case childIDs = <-claimed:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal("child never claimed its jobs")
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	childIDs := killChildAt(t, "hold", b.Schema(), q, held, "CLAIMED")
 	if len(childIDs) != held {
 		t.Fatalf("child claimed %d jobs, want %d", len(childIDs), held)
 	}
@@ -315,42 +325,7 @@ func TestKilledBeforeAckBatchCommits(t *testing.T) {
 	const total, slots = 20, 8
 	ids := publishN(t, b, q, total)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=ackheld", "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
-		"BERTH_PG_SCHEMA="+b.Schema(), "BERTH_PG_QUEUE="+q, "BERTH_PG_COUNT="+strconv.Itoa(slots), "BERTH_PG_LEASE=1s")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pending := make(chan []string, 1)
-	go func() {
-		defer close(pending)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "ACKPENDING "); ok {
-				pending <- strings.Fields(rest)
-				break
-			}
-			t.Logf("child: %s", sc.Text())
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	var acked []string
-	select {
-	case acked = <-pending:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal("child never had its acks pending")
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
+	acked := killChildAt(t, "ackheld", b.Schema(), q, slots, "ACKPENDING")
 	if len(acked) != slots {
 		t.Fatalf("child handled %d jobs, want %d (its slots, all held by pending acks)", len(acked), slots)
 	}
