@@ -9,14 +9,13 @@ import (
 	"syscall"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/internal/otelfloor"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -78,7 +77,7 @@ func telModes() []telMode {
 		}},
 		{"floor: the same spans by hand", "no berth telemetry: the OTel SDK (AlwaysSample, no-op exporter) making the same two spans by hand, W3C context injected and extracted, no metrics (telemetry/bench_test.go's floor)", func(br sdk.Publisher) (sdk.Publisher, []sdk.Observer, func(), error) {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
-			hand := handTraced{tr: tp.Tracer("floor"), next: br, send: "send bench", process: "process bench"}
+			hand := otelfloor.New(tp.Tracer("floor"), br, "bench")
 			return hand, []sdk.Observer{hand}, func() { _ = tp.Shutdown(context.Background()) }, nil
 		}},
 	}
@@ -160,69 +159,6 @@ func telRound(ctx context.Context, m telMode, n int) (cost, error) {
 		cancel()
 		return <-ran
 	})
-}
-
-// handTraced is the floor under "on": what an application that wants the
-// same two spans per message writes by hand with the OpenTelemetry SDK and
-// nothing of berth's telemetry (telemetry/bench_test.go's BenchmarkWorker/
-// floor, in the same process shape as "on"): a PRODUCER span with the same
-// attributes, the W3C trace context injected into the headers, and on the
-// consumer side the context extracted, a CONSUMER span child of the
-// producer's and linked to it, and the settlement action set before it
-// ends. No metrics.
-type handTraced struct {
-	tr            trace.Tracer
-	next          sdk.Publisher
-	send, process string // span names, made once
-}
-
-var (
-	handProp     = propagation.TraceContext{}
-	handProducer = trace.WithSpanKind(trace.SpanKindProducer)
-	handConsumer = trace.WithSpanKind(trace.SpanKindConsumer)
-)
-
-func (h handTraced) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
-	for _, m := range msgs {
-		if m.ID == "" {
-			m.ID = sdk.NewID()
-		}
-		if m.CorrelationID == "" {
-			m.CorrelationID = m.ID
-		}
-		sctx, span := h.tr.Start(ctx, h.send, handProducer, trace.WithAttributes(
-			attribute.String("messaging.system", "memory"), attribute.String("messaging.destination.name", queue),
-			attribute.String("messaging.operation.name", "send"), attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.message.id", m.ID), attribute.String("messaging.message.conversation_id", m.CorrelationID),
-			attribute.String("berth.job.type", m.Type)))
-		hdr := make(map[string]string, len(m.Headers)+1)
-		for k, v := range m.Headers {
-			hdr[k] = v
-		}
-		handProp.Inject(sctx, propagation.MapCarrier(hdr))
-		m.Headers = hdr
-		span.End()
-	}
-	return h.next.Publish(ctx, queue, msgs...)
-}
-
-func (h handTraced) Start(ctx context.Context, d sdk.Delivery) context.Context {
-	m := d.Message()
-	pctx := handProp.Extract(ctx, propagation.MapCarrier(m.Headers))
-	ctx, _ = h.tr.Start(pctx, h.process, handConsumer,
-		trace.WithLinks(trace.Link{SpanContext: trace.SpanContextFromContext(pctx)}),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "memory"), attribute.String("messaging.destination.name", d.Queue()),
-			attribute.String("messaging.operation.name", "process"), attribute.String("messaging.operation.type", "process"),
-			attribute.String("berth.job.type", m.Type), attribute.String("messaging.message.id", m.ID),
-			attribute.Int("berth.delivery.attempt", d.Attempt()), attribute.String("messaging.message.conversation_id", m.CorrelationID)))
-	return ctx
-}
-
-func (h handTraced) Settled(ctx context.Context, _ sdk.Delivery, s sdk.Settlement) {
-	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(attribute.String("berth.settlement.action", string(s.Action)))
-	span.End()
 }
 
 func runTelemetry(ctx context.Context, c config) ([]table, error) {

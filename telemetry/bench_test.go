@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/internal/otelfloor"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -51,7 +51,7 @@ func BenchmarkWorker(b *testing.B) {
 			if mode == "floor" {
 				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))
 				defer tp.Shutdown(context.Background())
-				hand := handTraced{tr: tp.Tracer("floor"), next: br, send: "send " + queue, process: "process " + queue}
+				hand := otelfloor.New(tp.Tracer("floor"), br, queue)
 				pub, observers = hand, []sdk.Observer{hand}
 			}
 			if mode != "off" && mode != "floor" {
@@ -111,68 +111,6 @@ func BenchmarkWorker(b *testing.B) {
 			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/msg")
 		})
 	}
-}
-
-// handTraced is the floor under BenchmarkWorker/on: what an application
-// that wants the same two spans per message writes by hand with the
-// OpenTelemetry SDK and nothing of berth's telemetry — a PRODUCER span with
-// the same 7 attributes, the W3C trace context injected into the headers,
-// and on the consumer side the context extracted, a CONSUMER span child of
-// the producer's and linked to it with the same 8 attributes, and the
-// settlement action set before it ends. No metrics.
-type handTraced struct {
-	tr            trace.Tracer
-	next          sdk.Publisher
-	send, process string // span names, made once
-}
-
-var (
-	handProp     = propagation.TraceContext{}
-	handProducer = trace.WithSpanKind(trace.SpanKindProducer)
-	handConsumer = trace.WithSpanKind(trace.SpanKindConsumer)
-)
-
-func (h handTraced) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
-	for _, m := range msgs {
-		if m.ID == "" {
-			m.ID = sdk.NewID()
-		}
-		if m.CorrelationID == "" {
-			m.CorrelationID = m.ID
-		}
-		sctx, span := h.tr.Start(ctx, h.send, handProducer, trace.WithAttributes(
-			attribute.String("messaging.system", "memory"), attribute.String("messaging.destination.name", queue),
-			attribute.String("messaging.operation.name", "send"), attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.message.id", m.ID), attribute.String("messaging.message.conversation_id", m.CorrelationID),
-			attribute.String("berth.job.type", m.Type)))
-		hdr := make(map[string]string, len(m.Headers)+1)
-		for k, v := range m.Headers {
-			hdr[k] = v
-		}
-		handProp.Inject(sctx, propagation.MapCarrier(hdr))
-		m.Headers = hdr
-		span.End()
-	}
-	return h.next.Publish(ctx, queue, msgs...)
-}
-
-func (h handTraced) Start(ctx context.Context, d sdk.Delivery) context.Context {
-	m := d.Message()
-	pctx := handProp.Extract(ctx, propagation.MapCarrier(m.Headers))
-	ctx, _ = h.tr.Start(pctx, h.process, handConsumer,
-		trace.WithLinks(trace.Link{SpanContext: trace.SpanContextFromContext(pctx)}),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "memory"), attribute.String("messaging.destination.name", d.Queue()),
-			attribute.String("messaging.operation.name", "process"), attribute.String("messaging.operation.type", "process"),
-			attribute.String("berth.job.type", m.Type), attribute.String("messaging.message.id", m.ID),
-			attribute.Int("berth.delivery.attempt", d.Attempt()), attribute.String("messaging.message.conversation_id", m.CorrelationID)))
-	return ctx
-}
-
-func (h handTraced) Settled(ctx context.Context, _ sdk.Delivery, s sdk.Settlement) {
-	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(attribute.String("berth.settlement.action", string(s.Action)))
-	span.End()
 }
 
 // cpuTime is the CPU time (user + system) the process has used. Per message,
