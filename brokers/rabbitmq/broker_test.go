@@ -73,9 +73,7 @@ func TestBucketRoundsUp(t *testing.T) {
 // TestUnroutable: without topology declaration, a publish to a missing
 // queue comes back as an *UnroutableError wrapping sdk.ErrNotFound.
 func TestUnroutable(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{NoDeclare: true, Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{NoDeclare: true, Logger: quiet})
 	m := &sdk.Message{Type: "nowhere"}
 	err := b.Publish(t.Context(), q, m, &sdk.Message{Type: "nowhere-2"})
 	var ue *UnroutableError
@@ -97,9 +95,7 @@ func TestUnroutable(t *testing.T) {
 
 // TestReservedHeaders: headers RabbitMQ owns are refused before publishing.
 func TestReservedHeaders(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	for _, h := range []string{"x-death", "x-delivery-count", "CC", "BCC", strings.Repeat("h", 256)} {
 		err := b.Publish(t.Context(), q, &sdk.Message{Type: "t", Headers: map[string]string{h: "v"}})
 		if !errors.Is(err, sdk.ErrInvalidHeader) {
@@ -114,9 +110,7 @@ func TestReservedHeaders(t *testing.T) {
 
 // TestInfo: depth, consumers, delayed and dead-lettered counts.
 func TestInfo(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Prefetch: 1, Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{Prefetch: 1, Logger: quiet})
 	ctx := t.Context()
 	if _, err := b.Info(ctx, q); !errors.Is(err, sdk.ErrNotFound) {
 		t.Errorf("Info of a missing queue: %v, want ErrNotFound", err)
@@ -152,9 +146,7 @@ func TestInfo(t *testing.T) {
 // TestExtendLeaseNoop: ExtendLease succeeds while the delivery is held (the
 // server has no lease to extend) and reports a settled delivery.
 func TestExtendLeaseNoop(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	ctx := t.Context()
 	if err := b.Publish(ctx, q, &sdk.Message{Type: "long"}); err != nil {
 		t.Fatal(err)

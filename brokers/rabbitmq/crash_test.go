@@ -16,9 +16,7 @@ import (
 // the whole queue at the time: an ack frees a prefetch slot, and a message
 // prefetched into the dying process would be counted as delivered too.)
 func TestWorkerKilledMidBatch(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	const total, batch = 30, 10

@@ -104,9 +104,7 @@ func checkIntact(t *testing.T, url, q string, ids []string) {
 // the queue as it was. Before, every call read the whole dead-letter queue
 // (messages of up to 16 MiB) into memory: showing the last of 35 held 35.
 func TestHardening4_DeadLetterWalkBoundsMemory(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	b.walkTune.page = 8
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -151,9 +149,7 @@ func TestHardening4_DeadLetterWalkBoundsMemory(t *testing.T) {
 // holds puts every one back on its queue once, none doubled, none left, and
 // redriving chosen IDs spread over pages takes exactly those.
 func TestHardening4_RedriveManyPages(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	b.walkTune.page = 7
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -213,9 +209,7 @@ func TestHardening4_RedriveManyPages(t *testing.T) {
 // TestHardening4_DeleteDeadLetters: chosen dead letters are deleted across
 // pages, the others stay in order; an unknown ID deletes nothing.
 func TestHardening4_DeleteDeadLetters(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	b.walkTune.page = 4
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -246,9 +240,7 @@ func TestHardening4_DeleteDeadLetters(t *testing.T) {
 // some from under it) stops and says so with a *ScanError rather than
 // listing letters twice; nothing is lost.
 func TestHardening4_WalkMeetsItsOwnCopies(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	b.walkTune.page = 2
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()

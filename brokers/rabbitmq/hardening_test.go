@@ -17,9 +17,7 @@ import (
 // wait. Before, select picked between the delivery and ctx.Done() at random:
 // 5 of 30 calls returned a delivery the caller believed it never got.
 func TestContract18_2_ReceiveCancelledCtx(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	_, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	var ids []string
@@ -96,9 +94,7 @@ func TestHardening9_TLSConfigNotMutated(t *testing.T) {
 // blocking until ctx ends while the consumer retries the 404. Once the
 // queue exists, Receive works.
 func TestHardening7_NoDeclareMissingQueue(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{NoDeclare: true, Logger: quiet})
+	url, q, b := brokerOnQueue(t, Options{NoDeclare: true, Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	_, err := b.Receive(ctx, q, 1)
@@ -407,9 +403,7 @@ func TestHardening7_NewWaitsForServer(t *testing.T) {
 // kept. Before, every listing returned it by closing the channel and raised
 // x-delivery-count by one (50 after 50 listings).
 func TestContract18_5_ListingDoesNotWearDeadLetters(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	var ids []string

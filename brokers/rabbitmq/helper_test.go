@@ -160,3 +160,11 @@ func (c *child) kill(t *testing.T) {
 		t.Fatalf("SIGKILL: %v", err)
 	}
 }
+
+// brokerOnQueue returns the server's URL, a fresh queue name and a Broker
+// with opts, closed when the test ends: the set-up most tests here share.
+func brokerOnQueue(t *testing.T, opts Options) (url, queue string, b *Broker) {
+	t.Helper()
+	url = serverURL(t)
+	return url, testQueue(t, url), newBroker(t, url, opts)
+}

@@ -37,9 +37,7 @@ func deleteOne(t *testing.T, url, name string) {
 // Retry through that bucket failed on this broker until it reconnected,
 // sending the message round without its delay until the delivery limit.
 func TestSettlementRedeclaresDeletedCompanions(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet})
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	m := &sdk.Message{Type: "companions"}
@@ -97,9 +95,7 @@ func TestSettlementRedeclaresDeletedCompanions(t *testing.T) {
 // delay bucket would be delivered early (after that bucket): it is refused
 // with a typed error, and nothing of the batch is published.
 func TestPublishDelayBeyondBuckets(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet, DelayBuckets: []time.Duration{100 * time.Millisecond, time.Second}})
+	_, q, b := brokerOnQueue(t, Options{Logger: quiet, DelayBuckets: []time.Duration{100 * time.Millisecond, time.Second}})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := b.DeclareQueue(ctx, q); err != nil {

@@ -73,9 +73,7 @@ func TestFailedCopyKeepsOriginal(t *testing.T) {
 // the broker declares it again and resumes: the consumer comes back and
 // Publish works again (its first try may report the queue missing).
 func TestQueueDeletedUnderConsumer(t *testing.T) {
-	url := serverURL(t)
-	q := testQueue(t, url)
-	b := newBroker(t, url, Options{Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := b.Publish(ctx, q, &sdk.Message{Type: "before"}); err != nil {
