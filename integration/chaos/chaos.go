@@ -542,9 +542,11 @@ FROM (SELECT o.id, count(c.id) AS n FROM `+s+`.orders o LEFT JOIN `+s+`.charges 
 		*v = append(*v, fmt.Sprintf("%d jobs left in the queue", rep.Leftovers))
 	}
 	// Rolling restarts inject no failure: a charge committed at attempt 2
-	// means a drain consumed an attempt. SQS cannot hand a message back
-	// without counting a receive (no Releaser), a declared limit.
-	if c.Faults == "rolling" && c.Broker != "sqs" && rep.LateCharges > 0 {
+	// means a drain consumed an attempt. That holds on SQS too, which
+	// cannot hand a message back without counting a receive: its Worker
+	// runs what it received rather than hand it back, and lets a long poll
+	// in flight finish (sdk.LongPoller) rather than cut it off.
+	if c.Faults == "rolling" && rep.LateCharges > 0 {
 		*v = append(*v, fmt.Sprintf("%d charges committed at an attempt above 1 (max %d): the drain consumed attempts", rep.LateCharges, rep.MaxAttempt))
 	}
 	// With heartbeats every Lease/3, 200 ms round trips and a reset now and

@@ -46,11 +46,10 @@ func TestChaosShort(t *testing.T) {
 
 // Rolling SIGTERM of every worker process under load, again and again: 0
 // lost, 0 charged twice, and no attempt consumed by a drain: no failure is
-// injected, so on the brokers that hand a message back without counting it
-// (PostgreSQL, RabbitMQ: sdk.Releaser) every charge must commit at attempt
-// 1, read from the charges table. SQS cannot (every receive counts); there
-// the effect invariants are asserted and the attempts reported (see
-// measure).
+// injected, so every charge must commit at attempt 1, read from the charges
+// table (see measure). PostgreSQL and RabbitMQ hand unstarted work back
+// without counting it (sdk.Releaser); SQS counts every receive, so its
+// Worker runs what it received and lets its long polls finish.
 func TestRollingSIGTERM(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	for _, kind := range []string{"postgres", "rabbitmq", "sqs"} {
