@@ -88,7 +88,10 @@ func openMemory(_ context.Context, _ *url.URL, p *Params) (sdk.Broker, error) {
 //
 // Parameters (the fields of [rabbitmq.Options]): prefetch, queue_type
 // (quorum or classic), max_deliveries, no_declare (true: never declare
-// topology), connection_name, heartbeat (duration).
+// topology), connection_name, heartbeat (duration), ack_interval
+// (duration), sync_ack, move_delays_up_to (duration; the longest delay
+// bucket the consuming process moves back itself) and move_delays (false:
+// every delay is left to the server's dead-lettering).
 func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := rabbitmq.Options{
 		Prefetch:       p.Int("prefetch", 0),
@@ -97,6 +100,12 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 		NoDeclare:      p.Bool("no_declare", false),
 		ConnectionName: p.String("connection_name", ""),
 		Heartbeat:      p.Duration("heartbeat", 0),
+		AckInterval:    p.Duration("ack_interval", 0),
+		SyncAck:        p.Bool("sync_ack", false),
+		MoveDelaysUpTo: p.Duration("move_delays_up_to", 0),
+	}
+	if !p.Bool("move_delays", true) {
+		o.MoveDelaysUpTo = -1
 	}
 	if err := p.Done(); err != nil {
 		return nil, err
