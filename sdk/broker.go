@@ -95,14 +95,21 @@ type Releaser interface {
 // each in ApproximateReceiveCount). ReceiveWait is the longest a Receive
 // waits on an empty queue.
 //
-// A [Worker] shutting down does not cancel such a Receive in flight: it
-// lets it finish, for at most ReceiveWait plus a second and never beyond
-// DrainTimeout, and runs what it returns. Cancelled, a long poll the server
-// had just answered would hand those messages back one attempt later: the
-// drain would consume their attempt.
+// A [Worker] shutting down does not cancel such a Receive in flight at
+// once: it gives it [LongPollGrace] (or ReceiveWait plus a second, if that
+// is shorter; never beyond DrainTimeout) to return, and runs what it
+// returns. Cancelled at once, a long poll the server had just answered
+// would hand those messages back one attempt later: the drain would
+// consume their attempt. A poll of an idle queue has nothing to lose and
+// is cut off after the grace, so an idle Worker still stops within it.
 type LongPoller interface {
 	ReceiveWait() time.Duration
 }
+
+// LongPollGrace is how long a draining [Worker] lets a [LongPoller]'s
+// Receive in flight go on: an answer the server has already sent arrives
+// well within it.
+const LongPollGrace = 2 * time.Second
 
 // AsyncAcker is implemented by deliveries whose Ack can finish in the
 // background, written together with the acks of other finished jobs

@@ -286,16 +286,16 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 
 // receiveBase returns the context the Receive calls run under, and a
 // function that ends it. It is ctx, except for a [LongPoller]: then it ends
-// only ReceiveWait plus a second (at most DrainTimeout) after ctx, so that a
-// long poll in flight at shutdown returns what the server handed it, for
-// the drain to run, instead of being cut off after the server counted the
-// receive.
+// only LongPollGrace (or ReceiveWait plus a second, at most DrainTimeout)
+// after ctx, so that a long poll in flight at shutdown returns what the
+// server handed it, for the drain to run, instead of being cut off after
+// the server counted the receive.
 func (w *Worker) receiveBase(ctx context.Context) (context.Context, func()) {
 	lp, ok := w.sub.(LongPoller)
 	if !ok {
 		return ctx, func() {}
 	}
-	wait := min(lp.ReceiveWait()+time.Second, w.opts.DrainTimeout)
+	wait := min(lp.ReceiveWait()+time.Second, LongPollGrace, w.opts.DrainTimeout)
 	base, cancel := context.WithCancel(detach(ctx))
 	var mu sync.Mutex
 	var timer *time.Timer

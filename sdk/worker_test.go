@@ -278,7 +278,8 @@ func (s longPollSub) ReceiveWait() time.Duration { return s.wait }
 // server hands it afterwards is run and acked. Cancelled, the answer would
 // be lost after SQS counted the receive, and the message would come back
 // one attempt later (the SQS rolling-restart scenario's attempt-2 charges).
-// A poll that gets no answer ends after ReceiveWait plus a second.
+// A poll that gets no answer ends after ReceiveWait plus a second (at most
+// LongPollGrace).
 func TestShutdownFinishesLongPoll(t *testing.T) {
 	sub := longPollSub{fakeSub: newFakeSub(), wait: 100 * time.Millisecond}
 	ran := make(chan struct{}, 1)

@@ -59,11 +59,12 @@
 // timeout, with one more receive counted. Nothing is lost, but each such
 // poll adds an attempt; keep MaxReceiveCount above the Worker's
 // MaxAttempts. The Worker's drain adds none: the Broker is an
-// [sdk.LongPoller], so a draining Worker lets its polls in flight finish
-// (at most WaitTime plus a second, within DrainTimeout) instead of
-// cancelling them, and deliveries it received but had not started are run
-// within the drain deadline rather than retried, since a Retry here counts
-// a receive. A short WaitTime shortens the drain of an idle Worker.
+// [sdk.LongPoller], so a draining Worker gives its polls in flight
+// [sdk.LongPollGrace] (2 s) to return what the server already handed them
+// instead of cancelling them at once, and deliveries it received but had
+// not started are run within the drain deadline rather than retried, since
+// a Retry here counts a receive. An idle Worker's poll is cut off after the
+// grace: its drain lasts at most that much longer.
 //
 // Inspection ([Broker.Stats]) reads the approximate counters of
 // GetQueueAttributes; SQS has no oldest-message age there (only CloudWatch
