@@ -372,6 +372,15 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		if len(slots) == 0 { // another receive loop took them
 			continue
 		}
+		if ctx.Err() != nil {
+			// Shutdown: no new Receive. (A LongPoller's Receive context
+			// outlives ctx for a grace, see receiveBase: it must not be
+			// used to start polls.)
+			for _, i := range slots {
+				free <- i
+			}
+			return nil
+		}
 		rctx, resumed := q.receiveContext()
 		if rctx == nil { // paused: hold no slots, make no Receive
 			for _, i := range slots {
@@ -422,10 +431,10 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 			w.poke()
 		}
 		switch {
+		case ctx.Err() != nil: // shutdown: what this Receive returned is queued
+			return nil
 		case err == nil:
 			failures = 0
-		case ctx.Err() != nil:
-			return nil
 		case rctx.Err() != nil: // paused during the Receive
 			continue
 		case errors.Is(err, ErrClosed), errors.Is(err, ErrInvalidQueue), errors.Is(err, ErrNotFound):

@@ -273,6 +273,25 @@ type longPollSub struct {
 
 func (s longPollSub) ReceiveWait() time.Duration { return s.wait }
 
+// idlePollSub is a LongPoller on an empty queue: each Receive waits wait
+// and returns nothing; polls gets a signal per Receive.
+type idlePollSub struct {
+	wait  time.Duration
+	polls chan struct{}
+}
+
+func (s *idlePollSub) ReceiveWait() time.Duration { return s.wait }
+
+func (s *idlePollSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	s.polls <- struct{}{}
+	select {
+	case <-time.After(s.wait):
+		return nil, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // TestShutdownFinishesLongPoll (issue 15): when Run's context ends while a
 // LongPoller's Receive is in flight, the Receive is not cancelled: what the
 // server hands it afterwards is run and acked. Cancelled, the answer would
@@ -307,6 +326,26 @@ func TestShutdownFinishesLongPoll(t *testing.T) {
 	}
 	if len(sub.ch) != 0 {
 		t.Fatal("the answer was left unreceived")
+	}
+
+	// A poll that comes back empty (its wait ran out) is the last: no new
+	// poll starts under the grace the shutdown gave the one in flight.
+	// Before, the loop started poll after poll until the grace ran out, so
+	// every idle SQS Worker's drain took the whole grace.
+	idle := &idlePollSub{wait: 50 * time.Millisecond, polls: make(chan struct{}, 100)}
+	w, err = sdk.NewWorker(idle, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { done <- w.Run(ctx) }()
+	<-idle.polls
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := len(idle.polls); n > 1 {
+		t.Errorf("%d polls started after the shutdown began, want at most the one in flight", n)
 	}
 
 	// A poll nobody answers ends on its own.
