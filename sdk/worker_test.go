@@ -300,21 +300,28 @@ func (s *idlePollSub) Receive(ctx context.Context, queue string, max int) ([]sdk
 // A poll that gets no answer ends after ReceiveWait plus a second (at most
 // LongPollGrace).
 func TestShutdownFinishesLongPoll(t *testing.T) {
-	sub := longPollSub{fakeSub: newFakeSub(), wait: 100 * time.Millisecond}
 	ran := make(chan struct{}, 1)
 	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
 		ran <- struct{}{}
 		return nil
 	})
-	w, err := sdk.NewWorker(sub, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
+	// start runs a Worker of one slot on sub until the returned stop, which
+	// cancels Run's context and returns what Run returned.
+	start := func(sub sdk.Subscriber) (stop func() <-chan error) {
+		w, err := sdk.NewWorker(sub, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		return func() <-chan error { cancel(); return done }
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+
+	sub := longPollSub{fakeSub: newFakeSub(), wait: 100 * time.Millisecond}
+	stop := start(sub)
 	<-sub.receiving // the long poll is in flight
-	cancel()
+	done := stop()
 	time.Sleep(20 * time.Millisecond)
 	late := newFake(1, "job")
 	sub.ch <- late.WithoutRelease() // the server's answer, after the shutdown began
@@ -333,15 +340,9 @@ func TestShutdownFinishesLongPoll(t *testing.T) {
 	// Before, the loop started poll after poll until the grace ran out, so
 	// every idle SQS Worker's drain took the whole grace.
 	idle := &idlePollSub{wait: 50 * time.Millisecond, polls: make(chan struct{}, 100)}
-	w, err = sdk.NewWorker(idle, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel = context.WithCancel(context.Background())
-	go func() { done <- w.Run(ctx) }()
+	stop = start(idle)
 	<-idle.polls
-	cancel()
-	if err := <-done; err != nil {
+	if err := <-stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	if n := len(idle.polls); n > 1 {
@@ -349,16 +350,10 @@ func TestShutdownFinishesLongPoll(t *testing.T) {
 	}
 
 	// A poll nobody answers ends on its own.
-	w, err = sdk.NewWorker(sub, h, sdk.WorkerOptions{Queue: "q", Concurrency: 1, DrainTimeout: time.Minute, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel = context.WithCancel(context.Background())
-	go func() { done <- w.Run(ctx) }()
+	stop = start(sub)
 	<-sub.receiving
-	cancel()
 	select {
-	case err := <-done:
+	case err := <-stop():
 		if err != nil {
 			t.Fatalf("Run: %v", err)
 		}

@@ -64,6 +64,17 @@ func helperProcess() {
 	os.Exit(3)
 }
 
+// faultQueue is the parent side of the SIGKILL tests: a pool and broker
+// of their own (worker "parent", a one-minute lease) and a fresh queue
+// named prefix_… holding total published jobs, whose IDs it returns.
+func faultQueue(t *testing.T, prefix string, total int) (*pgxpool.Pool, *postgres.Broker, context.Context, string, []string) {
+	t.Helper()
+	pool := newPool(t, "berth-"+prefix+"-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{WorkerID: "parent", Lease: time.Minute})
+	q := prefix + "_" + suffix()
+	return pool, b, testCtx(t), q, publishN(t, b, q, total)
+}
+
 // killChildAt starts this test binary as the helper process mode (the
 // fault-test children above) on queue, with count jobs to take and a 1s
 // lease, waits for its line "<marker> id id ...", SIGKILLs it there and
@@ -113,13 +124,8 @@ func killChildAt(t *testing.T, mode, schema, queue string, count int, marker str
 // leased rows; after the lease the rows are claimed again with the attempt
 // counted, and every job is completed once.
 func TestKilledWorkerJobsReclaimed(t *testing.T) {
-	pool := newPool(t, "berth-kill-"+suffix(), 4)
-	b := newBroker(t, pool, postgres.Options{WorkerID: "parent", Lease: time.Minute})
-	ctx := testCtx(t)
-	q := "kill_" + suffix()
 	const total, held = 20, 8
-	ids := publishN(t, b, q, total)
-
+	pool, b, ctx, q, ids := faultQueue(t, "kill", total)
 	childIDs := killChildAt(t, "hold", b.Schema(), q, held, "CLAIMED")
 	if len(childIDs) != held {
 		t.Fatalf("child claimed %d jobs, want %d", len(childIDs), held)
@@ -318,13 +324,8 @@ func ackHeldProcess(ctx context.Context, b *postgres.Broker, n int) {
 // its lease (Attempt 2): an ack that never committed means a redelivery,
 // never a lost job. The other jobs are untouched.
 func TestKilledBeforeAckBatchCommits(t *testing.T) {
-	pool := newPool(t, "berth-ackkill-"+suffix(), 4)
-	b := newBroker(t, pool, postgres.Options{WorkerID: "parent", Lease: time.Minute})
-	ctx := testCtx(t)
-	q := "ackkill_" + suffix()
 	const total, slots = 20, 8
-	ids := publishN(t, b, q, total)
-
+	_, b, ctx, q, ids := faultQueue(t, "ackkill", total)
 	acked := killChildAt(t, "ackheld", b.Schema(), q, slots, "ACKPENDING")
 	if len(acked) != slots {
 		t.Fatalf("child handled %d jobs, want %d (its slots, all held by pending acks)", len(acked), slots)
