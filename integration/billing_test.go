@@ -232,6 +232,36 @@ type billingRun struct {
 	failRate float64
 	// finishWithin bounds finish; default 90s.
 	finishWithin time.Duration
+	// trace, when set, records every settlement of the two poison jobs
+	// by the workers of run.worker; it is logged when the test fails.
+	trace *poisonTrace
+}
+
+// poisonTrace records what the Worker did with each delivery of the poison
+// jobs (see publish): where a dead letter went missing, it tells whether
+// the Worker's DeadLetter was confirmed, failed, or never happened.
+type poisonTrace struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (p *poisonTrace) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+func (p *poisonTrace) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
+	m := d.Message()
+	if m.IdempotencyKey != "charge:garbled:v1" && m.IdempotencyKey != "charge:order_missing:v1" {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lines = append(p.lines, fmt.Sprintf("%s %s %s attempt %d: %s (settlement error: %v)",
+		time.Now().Format("15:04:05.000"), m.IdempotencyKey, m.ID, d.Attempt(), s.Action, s.Err))
+}
+
+func (p *poisonTrace) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
 }
 
 func setupBilling(t *testing.T, kind string, ep endpoints) *billingRun {

@@ -130,7 +130,12 @@ func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (
 	if r.failRate != 0 {
 		failRate = max(0, r.failRate)
 	}
+	var observers []sdk.Observer
+	if r.trace != nil {
+		observers = append(observers, r.trace)
+	}
 	return sdk.NewWorker(r.broker, billingHandler(r.schema, failRate), sdk.WorkerOptions{
+		Observers:   observers,
 		Queue:       r.queue,
 		Concurrency: 8,
 		Lease:       e2eLease,
