@@ -254,8 +254,8 @@ func (p *poisonTrace) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlemen
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.lines = append(p.lines, fmt.Sprintf("%s %s %s attempt %d: %s (settlement error: %v)",
-		time.Now().Format("15:04:05.000"), m.IdempotencyKey, m.ID, d.Attempt(), s.Action, s.Err))
+	p.lines = append(p.lines, fmt.Sprintf("%s %s %s attempt %d, received %s: %s (settlement error: %v)",
+		time.Now().Format("15:04:05.000"), m.IdempotencyKey, m.ID, d.Attempt(), s.Received.Format("15:04:05.000"), s.Action, s.Err))
 }
 
 func (p *poisonTrace) String() string {

@@ -102,6 +102,7 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 		}
 	})
 	t.Logf("%+v", stats.Snapshot())
+	t.Logf("poison jobs' settlements by the Worker:\n%s", r.trace)
 }
 
 // queueLeader returns the node name of the leader of queue, asked of node.

@@ -732,12 +732,43 @@ func (d *delivery) republish(ctx context.Context, m *sdk.Message, attempt int, d
 		key = q
 	}
 	out := []outgoing{{id: m.ID, key: key, pub: encode(m, attempt, time.Now())}}
-	if err := b.sendAll(ctx, out); err != nil {
+	if err := b.sendSettlement(ctx, out); err != nil {
 		b.forgetUnroutable(err, key)
 		return d.requeue(err)
 	}
 	aerr := d.ack()
 	return aerr
+}
+
+// sendSettlement sends the copy a settlement needs (Retry's and Release's
+// copy, a dead letter), and while the server refuses it (basic.nack) or the
+// publishing connection is being replaced, sends it again after the
+// Reconnect backoff, until ctx ends. Giving the delivery back at the first
+// refusal redelivered it at once, to be refused again: in a cluster test a
+// dead-letter queue whose quorum was not yet serving refused copies for a
+// few hundred milliseconds, each poison job went round ten times in 140 ms,
+// reached the delivery limit and was left to the server's dead-lettering,
+// which RabbitMQ 3.10 held for minutes (RELIABILITY.md). A copy returned
+// unroutable (its queue is missing) is not sent again here: the settlement
+// fails and the next one declares the queue.
+func (b *Broker) sendSettlement(ctx context.Context, out []outgoing) error {
+	for attempt := 1; ; attempt++ {
+		err := b.sendAll(ctx, out)
+		var ue *UnroutableError
+		if err == nil || !errors.Is(err, sdk.ErrUnavailable) || errors.As(err, &ue) || errors.Is(err, sdk.ErrClosed) {
+			return err
+		}
+		t := time.NewTimer(b.backoff(attempt))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-b.closing:
+			t.Stop()
+			return err
+		}
+	}
 }
 
 // DeadLetter publishes a copy annotated with the reason headers
@@ -757,7 +788,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	now := time.Now()
 	sdk.AnnotateDeadLetter(m, d.c.queue, d.attempt, cause, time.Time{}, now)
 	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: encode(m, 1, now)}}
-	if err := b.sendAll(ctx, out); err != nil {
+	if err := b.sendSettlement(ctx, out); err != nil {
 		b.forgetUnroutable(err, d.c.queue)
 		return d.requeue(err)
 	}

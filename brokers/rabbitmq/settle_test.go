@@ -3,8 +3,12 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"os/exec"
+	"regexp"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -73,7 +77,8 @@ func TestFailedCopyKeepsOriginal(t *testing.T) {
 // the broker declares it again and resumes: the consumer comes back and
 // Publish works again (its first try may report the queue missing).
 func TestQueueDeletedUnderConsumer(t *testing.T) {
-	url, q, b := brokerOnQueue(t, Options{Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
+	// Classic: a quorum queue with max-length 0 confirms a publish and drops it.
+	url, q, b := brokerOnQueue(t, Options{QueueType: Classic, Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := b.Publish(ctx, q, &sdk.Message{Type: "before"}); err != nil {
@@ -111,5 +116,103 @@ func TestQueueDeletedUnderConsumer(t *testing.T) {
 	}
 	if _, err := b.Info(ctx, DeadLetterQueue(q)); err != nil {
 		t.Errorf("dead-letter queue not declared again: %v", err)
+	}
+}
+
+// TestSettlementCopyRefusedIsSentAgain: while the server refuses the copy a
+// settlement needs (basic.nack: here a policy makes the dead-letter queue
+// reject every publish, as a quorum queue without a serving leader does),
+// DeadLetter sends it again after a backoff instead of handing the
+// delivery back at once. Before, each refusal redelivered the message at
+// once, to be refused again: in the three-node cluster test the poison
+// jobs went round ten times in 140 ms, reached the delivery limit and were
+// left to the server's dead-lettering, which held them for minutes.
+func TestSettlementCopyRefusedIsSentAgain(t *testing.T) {
+	ctl, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Skip("rabbitmqctl not on PATH: the server is not local, no policy can be set")
+	}
+	// Classic: a quorum queue with max-length 0 confirms a publish and drops it.
+	url, q, b := brokerOnQueue(t, Options{QueueType: Classic, Logger: quiet, Reconnect: sdk.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	m := &sdk.Message{Type: "poison"}
+	if err := b.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	policy := "berth-refuse-" + q
+	ctlRun := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(ctl, args...).CombinedOutput(); err != nil {
+			t.Fatalf("rabbitmqctl %v: %v: %s", args, err, out)
+		}
+	}
+	ctlRun("set_policy", "--apply-to", "queues", "--priority", "999", policy,
+		"^"+regexp.QuoteMeta(DeadLetterQueue(q))+"$", `{"max-length":0,"overflow":"reject-publish"}`)
+	cleared := false
+	clear := func() {
+		if !cleared {
+			cleared = true
+			ctlRun("clear_policy", policy)
+		}
+	}
+	t.Cleanup(clear)
+	// Wait until the policy applies: a probe published to the dead-letter
+	// queue is refused.
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", DeadLetterQueue(q), true, false, amqp.Publishing{Body: []byte("probe")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); err != nil {
+			t.Fatal(err)
+		} else if !ok {
+			break // refused: the policy is in force
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the policy never made the dead-letter queue refuse a publish")
+		}
+		if _, err := ch.QueuePurge(DeadLetterQueue(q), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The queue takes copies again 500 ms into the DeadLetter.
+	lifted := time.AfterFunc(500*time.Millisecond, clear)
+	defer lifted.Stop()
+	start := time.Now()
+	if err := ds[0].DeadLetter(ctx, errors.New("poison")); err != nil {
+		t.Fatalf("DeadLetter while the dead-letter queue refused copies for 500ms: %v, want the copy sent again until taken", err)
+	}
+	if waited := time.Since(start); waited < 400*time.Millisecond {
+		t.Fatalf("DeadLetter returned after %v, before the policy was lifted: the refusal was not exercised", waited)
+	}
+	got, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(got) != 1 || got[0].ID != m.ID {
+		t.Fatalf("ListDeadLetters = %d messages, %v; want %s once", len(got), err, m.ID)
+	}
+	info, err := b.Info(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Ready != 0 {
+		t.Fatalf("%d ready in the main queue after the dead-lettering, want 0: the original came back", info.Ready)
 	}
 }
