@@ -12,9 +12,12 @@
 //     [sdk.HeaderAttempt] header to a delay queue whose per-queue TTL
 //     dead-letters it back to the main queue, waits for the confirm, and only
 //     then acks the original. DeadLetter publishes an annotated copy to
-//     "<queue>.dlq" the same way. If the publish fails, the original is
-//     returned to the queue (basic.nack with requeue): nothing is lost between
-//     the two steps, at worst a message is delivered twice.
+//     "<queue>.dlq" the same way. A copy the server refuses (basic.nack, as
+//     a quorum queue without a serving leader does) is sent again after the
+//     Reconnect backoff until the settlement's context ends. If the publish
+//     still fails, the original is returned to the queue (basic.nack with
+//     requeue): nothing is lost between the two steps, at worst a message is
+//     delivered twice.
 //   - A message that kills every worker is dead-lettered by the broker itself:
 //     quorum queues are declared with x-delivery-limit, and dead-letter at
 //     least once (x-dead-letter-strategy at-least-once, x-overflow
