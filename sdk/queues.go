@@ -392,7 +392,10 @@ func (w *Worker) pick() *queueState {
 // (one slot). Even a Receive of one is bounded: with one slot in all, or
 // with Priority and a queue that ran dry while its handlers held all but
 // one of its slots, an unbounded wait kept the slot from the other queues
-// for as long as the queue stayed empty. A broker that leases at the server (SQS,
+// for as long as the queue stayed empty. Except on a [LongPoller]: there a
+// Receive of one is left to end its long poll by itself (within
+// ReceiveWait), since a poll cut short may have taken messages on the
+// server that come back a visibility timeout later with a receive counted. A broker that leases at the server (SQS,
 // PostgreSQL, JetStream) may have leased a message to the call it abandons:
 // that message comes back when its lease runs out.
 func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) ([]Delivery, error) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -416,4 +417,59 @@ func waitCalls(t *testing.T, sub *countingSub, queue string, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// longPollQueues is a LongPoller over the memory broker whose Receive on an
+// empty queue waits its long poll (wait) and returns nothing, like SQS; it
+// counts the polls whose context ended first.
+type longPollQueues struct {
+	*memory.Broker
+	wait time.Duration
+	cut  atomic.Int64
+}
+
+func (s *longPollQueues) ReceiveWait() time.Duration { return s.wait }
+
+func (s *longPollQueues) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	// The poll runs to its own end whatever the caller does, as an HTTP
+	// long poll does on the server.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.wait)
+	defer cancel()
+	ds, err := s.Broker.Receive(pctx, queue, max)
+	if ctx.Err() != nil {
+		s.cut.Add(1) // the caller gave up during the poll
+		return nil, ctx.Err()
+	}
+	if err != nil && pctx.Err() != nil {
+		return nil, nil // the long poll ran out: empty
+	}
+	return ds, err
+}
+
+// On a LongPoller, a multi-queue Worker leaves an idle queue's poll of one
+// to end by itself instead of cutting it at QueueIdleWait: a poll cut short
+// may have taken messages on the server (SQS), which then come back a
+// visibility timeout later with a receive counted. The other queue still
+// gets its slot between polls.
+func TestWorkerQueuesLongPollNotCut(t *testing.T) {
+	sub := &longPollQueues{Broker: newMem(t), wait: 200 * time.Millisecond}
+	fill(t, sub.Broker, "busy", 5)
+	var handled atomic.Int64
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { handled.Add(1); return nil })
+	w, err := sdk.NewWorker(sub, h, sdk.WorkerOptions{Concurrency: 1, Logger: mqQuiet(), QueueIdleWait: 20 * time.Millisecond,
+		Queues: []sdk.WorkerQueue{{Name: "idle"}, {Name: "busy"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runMQ(t, w)
+	for deadline := time.Now().Add(20 * time.Second); handled.Load() < 5; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 5 handled in 20s", handled.Load())
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a few idle polls of both queues
+	if n := sub.cut.Load(); n > 0 {
+		t.Errorf("%d long polls of one cut before they ended, want none", n)
+	}
+	stop()
 }

@@ -24,6 +24,7 @@ type Worker struct {
 
 	timeoutTick time.Duration // the watchdog's period, 0 without timeouts
 	maxAttempts int           // the broker's poison cap (DeliveryCapReporter), 0 for none
+	longPoll    bool          // sub is a LongPoller: its Receive ends by itself within ReceiveWait
 
 	randMu   sync.Mutex
 	running  atomic.Bool
@@ -69,7 +70,8 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit}
+	_, longPoll := sub.(LongPoller)
+	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit, longPoll: longPoll}
 	w.queues = newQueueStates(o)
 	if len(w.queues) > 1 {
 		w.wake = make(chan struct{}, 1)
@@ -397,7 +399,7 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		w.health.receiving(time.Now().UnixNano())
 		var ds []Delivery
 		var err error
-		if multi {
+		if multi && (len(slots) > 1 || !w.longPoll) {
 			ds, err = w.receiveBounded(rctx, q, len(slots))
 		} else {
 			ds, err = w.sub.Receive(rctx, q.name, len(slots))
