@@ -15,16 +15,7 @@ import (
 // can bring a message from it back to q.
 func declareBucketWithoutDLX(t *testing.T, url, q string, ttl time.Duration) {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := ownChannel(t, url, false)
 	if _, err := ch.QueueDeclare(DelayQueue(q, ttl), true, false, false, false,
 		amqp.Table{"x-queue-type": "quorum", "x-message-ttl": ttl.Milliseconds()}); err != nil {
 		t.Fatal(err)

@@ -55,7 +55,7 @@ func rawDeadLetters(t *testing.T, url, q string) []amqp.Delivery {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer conn.Close() // returns the deliveries read
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -304,16 +304,7 @@ func TestContract18_5_QuorumDeadLetterQueueDeliveryLimit(t *testing.T) {
 	url := serverURL(t)
 	q := testQueue(t, url)
 	decl := newBroker(t, url, Options{Logger: quiet})
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := ownChannel(t, url, false)
 	if err := ch.ExchangeDeclare(DefaultDeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}

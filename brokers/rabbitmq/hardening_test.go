@@ -215,18 +215,7 @@ func TestHardening2_ForgedDeadLetterHeaders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	ch := ownChannel(t, url, true)
 	forged := func(id, target string) amqp.Publishing {
 		return amqp.Publishing{MessageId: id, Type: "forged", DeliveryMode: amqp.Persistent, Headers: amqp.Table{
 			sdk.HeaderDeadLetterQueue:  target,
@@ -430,16 +419,7 @@ func TestContract18_5_ListingDoesNotWearDeadLetters(t *testing.T) {
 			t.Fatalf("show %d: %v", i, err)
 		}
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := ownChannel(t, url, false)
 	for _, id := range ids {
 		d, ok, err := ch.Get(DeadLetterQueue(q), false)
 		if err != nil || !ok {

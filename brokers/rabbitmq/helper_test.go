@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/berthq/berth/sdk"
 )
 
@@ -167,4 +169,25 @@ func brokerOnQueue(t *testing.T, opts Options) (url, queue string, b *Broker) {
 	t.Helper()
 	url = serverURL(t)
 	return url, testQueue(t, url), newBroker(t, url, opts)
+}
+
+// ownChannel opens a channel on a connection of its own to url, behind the
+// broker's back (in confirm mode when confirm), closed when the test ends.
+func ownChannel(t *testing.T, url string, confirm bool) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if confirm {
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ch
 }

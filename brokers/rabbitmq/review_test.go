@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/berthq/berth/sdk"
 )
 
@@ -15,16 +13,7 @@ import (
 // broker's back.
 func deleteOne(t *testing.T, url, name string) {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
+	ch := ownChannel(t, url, false)
 	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
 		t.Fatal(err)
 	}

@@ -164,18 +164,7 @@ func TestSettlementCopyRefusedIsSentAgain(t *testing.T) {
 	t.Cleanup(clear)
 	// Wait until the policy applies: a probe published to the dead-letter
 	// queue is refused.
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	ch := ownChannel(t, url, true)
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", DeadLetterQueue(q), true, false, amqp.Publishing{Body: []byte("probe")})
 		if err != nil {
