@@ -297,21 +297,13 @@ func (w *Worker) receiveBase(ctx context.Context) (context.Context, func()) {
 	}
 	wait := min(lp.ReceiveWait()+time.Second, LongPollGrace, w.opts.DrainTimeout)
 	base, cancel := context.WithCancel(detach(ctx))
-	var mu sync.Mutex
-	var timer *time.Timer
-	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		timer = time.AfterFunc(wait, cancel)
-	})
+	timer := time.AfterFunc(wait, cancel)
+	timer.Stop() // started when ctx ends
+	stop := context.AfterFunc(ctx, func() { timer.Reset(wait) })
 	return base, func() {
 		stop()
-		mu.Lock()
-		if timer != nil {
-			timer.Stop()
-		}
-		mu.Unlock()
-		cancel()
+		timer.Stop()
+		cancel() // also when a late Reset restarted the timer: cancel is idempotent
 	}
 }
 
@@ -395,7 +387,8 @@ func (w *Worker) pick() *queueState {
 // for as long as the queue stayed empty. Except on a [LongPoller]: there a
 // Receive of one is left to end its long poll by itself (within
 // ReceiveWait), since a poll cut short may have taken messages on the
-// server that come back a visibility timeout later with a receive counted. A broker that leases at the server (SQS,
+// server that come back a visibility timeout later with a receive counted.
+// A broker that leases at the server (SQS,
 // PostgreSQL, JetStream) may have leased a message to the call it abandons:
 // that message comes back when its lease runs out.
 func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) ([]Delivery, error) {
