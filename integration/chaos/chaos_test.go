@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,26 @@ func runChaos(t *testing.T, c config) *report {
 	if rep.Valid == 0 || rep.Poison == 0 || rep.ChargedOnce != rep.Valid {
 		t.Errorf("%d orders, %d poison, %d charged once", rep.Valid, rep.Poison, rep.ChargedOnce)
 	}
+	if t.Failed() {
+		logTail(t, c.LogDir)
+	}
 	return rep
+}
+
+// logTail puts the end of a failed run's worker logs into the test output:
+// the log directory is removed with the test, and CI keeps only the output.
+func logTail(t *testing.T, dir string) {
+	t.Helper()
+	const keep = 120
+	logs, _ := filepath.Glob(filepath.Join(dir, "berth-chaos-*.log"))
+	for _, name := range logs {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Log(err)
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		t.Logf("last %d of %d lines of %s:\n%s", min(keep, len(lines)), len(lines), name,
+			strings.Join(lines[max(0, len(lines)-keep):], "\n"))
+	}
 }

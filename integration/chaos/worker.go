@@ -202,10 +202,23 @@ type counter struct{ leaseLost, released atomic.Int64 }
 
 func (c *counter) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
 
-func (c *counter) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
+// LeaseExtended writes every failed extension to the worker's log: a
+// lease lost with heartbeats on is a violation of the slow mix, and this
+// line says why it was lost.
+func (c *counter) LeaseExtended(_ context.Context, d sdk.Delivery, _ time.Duration, err error) {
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s lease extension failed: pid %d id %q attempt %d: %v\n",
+			time.Now().Format("15:04:05.000"), os.Getpid(), d.Message().ID, d.Attempt(), err)
+	}
+}
+
+func (c *counter) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
 	switch s.Action {
 	case sdk.ActionLeaseLost:
 		c.leaseLost.Add(1)
+		fmt.Fprintf(os.Stderr, "%s lease lost: pid %d id %q attempt %d received %s ran %v cause %v\n",
+			time.Now().Format("15:04:05.000"), os.Getpid(), d.Message().ID, d.Attempt(),
+			s.Received.Format("15:04:05.000"), s.Duration, s.Cause)
 	case sdk.ActionRelease:
 		c.released.Add(1)
 	}
