@@ -86,20 +86,21 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 
 // task is one received delivery while the Worker holds it.
 type task struct {
-	d        Delivery
-	slot     int          // index in the held table, returned to the free list when done
-	received int64        // unix nanos of the Receive that returned it
-	lost     atomic.Bool  // the lease was lost: do not run, do not settle
-	settling atomic.Bool  // the handler returned: the heartbeat leaves it alone
-	extended atomic.Int64 // unix nanos of the last lease start or extension
-	started  int64        // unix nanos when the watchdog first saw the handler run; under mu
-	timedOut atomic.Bool  // the handler ran past its timeout: its lease is no longer extended
-	mu       sync.Mutex
-	begun    bool            // the handler's context is in use: stop cancels hc; under mu
-	ctx      context.Context // the handler's context with the observers', for lease observers; under mu
-	pending  error           // a stop asked before the handler started; under mu
-	corr     correlationCtx  // the handler context's correlation ID, under its cancellation
-	hc       handlerCtx      // the handler's cancellable context
+	d         Delivery
+	slot      int          // index in the held table, returned to the free list when done
+	received  int64        // unix nanos of the Receive that returned it
+	lost      atomic.Bool  // the lease was lost: do not run, do not settle
+	settling  atomic.Bool  // the handler returned: the heartbeat leaves it alone
+	extended  atomic.Int64 // unix nanos of the last lease start or extension
+	started   int64        // unix nanos when the watchdog first saw the handler run; under mu
+	timedOut  atomic.Bool  // the handler ran past its timeout: its lease is no longer extended
+	extending atomic.Bool  // the heartbeat's extension of it is under way
+	mu        sync.Mutex
+	begun     bool            // the handler's context is in use: stop cancels hc; under mu
+	ctx       context.Context // the handler's context with the observers', for lease observers; under mu
+	pending   error           // a stop asked before the handler started; under mu
+	corr      correlationCtx  // the handler context's correlation ID, under its cancellation
+	hc        handlerCtx      // the handler's cancellable context
 }
 
 // context returns the handler's context once it runs, else fallback.
@@ -457,11 +458,15 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 
 // heartbeat extends the leases of held deliveries every HeartbeatInterval,
 // and marks a delivery lost when its extension is refused or its lease
-// expires while extensions fail.
+// expires while extensions fail. Each extension runs in a goroutine of its
+// own, at most one per delivery, so that one slow or retrying extension
+// does not hold back the others'.
 func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], stop <-chan struct{}) {
 	o := w.opts
 	tick := time.NewTicker(w.tick())
 	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		select {
 		case <-stop:
@@ -469,7 +474,6 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 		case <-tick.C:
 		}
 		now := time.Now()
-		var wg sync.WaitGroup
 		for i := range held {
 			t := held[i].Load()
 			if t == nil {
@@ -484,13 +488,14 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 				// job for ever: let the lease run out.
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				w.extend(ctx, t, last)
-			}()
+			if !t.extending.CompareAndSwap(false, true) {
+				continue // the last extension is still trying
+			}
+			wg.Go(func() {
+				defer t.extending.Store(false)
+				w.extend(ctx, t, last, stop)
+			})
 		}
-		wg.Wait()
 	}
 }
 
@@ -555,32 +560,57 @@ func timeoutTick(o WorkerOptions) time.Duration {
 // is tried within HeartbeatInterval·1.5 of the last one.
 func (w *Worker) tick() time.Duration { return max(w.opts.HeartbeatInterval/2, time.Millisecond) }
 
-func (w *Worker) extend(ctx context.Context, t *task, last time.Time) {
+func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-chan struct{}) {
 	o := w.opts
-	ectx, cancel := context.WithTimeout(ctx, o.SettleTimeout)
-	err := t.d.ExtendLease(ectx, o.Lease)
-	cancel()
-	if errors.Is(err, ErrAlreadySettled) {
-		return // settled while the heartbeat looked: nothing to extend, nothing lost
-	}
-	if len(w.leaseOb) > 0 {
-		hctx := t.context(ctx)
-		for _, lo := range w.leaseOb {
-			lo.LeaseExtended(hctx, t.d, o.Lease, err)
+	// A failed attempt (a reset connection, a failover) is tried again
+	// after a short pause rather than at the next tick: a lease survives a
+	// blip that costs one reconnection. The last attempt starts while the
+	// lease still has a tick to run, when it could still arrive in time.
+	giveUp := last.Add(o.Lease - w.tick())
+	pause := min(w.tick()/8, 50*time.Millisecond)
+	for attempt := 0; ; attempt++ {
+		ectx, cancel := context.WithTimeout(ctx, min(o.SettleTimeout, max(time.Until(last.Add(o.Lease)), time.Millisecond)))
+		err := t.d.ExtendLease(ectx, o.Lease)
+		cancel()
+		if errors.Is(err, ErrAlreadySettled) {
+			return // settled while the heartbeat looked: nothing to extend, nothing lost
 		}
-	}
-	switch {
-	case err == nil:
-		t.extended.Store(time.Now().UnixNano())
-	case errors.Is(err, ErrLeaseLost):
-		t.loseLease()
-	case time.Since(last)+w.tick() >= o.Lease:
-		// The next attempt would come after the lease ends, when another
-		// consumer may already hold the message: give up now.
-		o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
-		t.loseLease()
-	default:
-		o.Logger.WarnContext(t.context(ctx), "berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+		if len(w.leaseOb) > 0 {
+			hctx := t.context(ctx)
+			for _, lo := range w.leaseOb {
+				lo.LeaseExtended(hctx, t.d, o.Lease, err)
+			}
+		}
+		switch {
+		case err == nil:
+			t.extended.Store(time.Now().UnixNano())
+			return
+		case errors.Is(err, ErrLeaseLost):
+			t.loseLease()
+			return
+		}
+		wait := min(pause, time.Until(giveUp))
+		if wait <= 0 {
+			// The next attempt would come when the lease may have ended and
+			// another consumer may hold the message: give up now.
+			o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, "id", t.d.Message().ID, "attempts", attempt+1, "err", err)
+			t.loseLease()
+			return
+		}
+		if attempt == 0 {
+			o.Logger.WarnContext(t.context(ctx), "berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-stop:
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		if t.settling.Load() || t.lost.Load() {
+			return
+		}
+		pause = min(2*pause, w.tick()/2)
 	}
 }
 

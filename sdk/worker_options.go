@@ -115,7 +115,9 @@ type WorkerOptions struct {
 	Lease time.Duration
 	// HeartbeatInterval is how often held deliveries' leases are extended.
 	// Default Lease/3; at most Lease/2, so that one failed extension can be
-	// retried before the lease ends. Negative disables heartbeats.
+	// retried before the lease ends. A failed extension is retried after a
+	// pause of at most 50 ms, doubling, until a tick (HeartbeatInterval/2)
+	// of the lease is left. Negative disables heartbeats.
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds shutdown: handlers still running this long after Run's
 	// context is done have their context cancelled (cause [ErrShutdown]) and

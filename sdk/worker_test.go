@@ -448,6 +448,103 @@ func TestExtensionFailuresPastLeaseLoseIt(t *testing.T) {
 	}
 }
 
+// One delivery whose extension hangs (a connection that stopped answering)
+// must not hold back the others' extensions: each would otherwise run past
+// its lease unextended while the heartbeat waited, and another consumer
+// could take it and run it twice.
+func TestHungExtensionDoesNotStallOthers(t *testing.T) {
+	sub := newFakeSub()
+	settled := make(chan sdk.Settlement, 2)
+	release := make(chan struct{})
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if d.Message().ID == "healthy" {
+			<-release
+			return nil
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	ob := observer{settled: func(_ context.Context, d sdk.Delivery, s sdk.Settlement) { settled <- s }}
+	runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 2, Lease: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
+		SettleTimeout: 10 * time.Second, Observers: []sdk.Observer{ob}})
+	hung := newFake(1, "job", berthtest.OnExtend(func(ctx context.Context, _ time.Duration) error {
+		<-ctx.Done() // answers only when given up on
+		return ctx.Err()
+	}))
+	healthy := newFake(2, "job")
+	healthy.Message().ID = "healthy"
+	sub.ch <- hung.WithoutRelease()
+	sub.ch <- healthy.WithoutRelease()
+	select {
+	case s := <-settled:
+		if s.Action != sdk.ActionLeaseLost {
+			t.Fatalf("first settlement %v, want the hung delivery's lease_lost", s.Action)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lease whose extension hangs was never given up")
+	}
+	// By now the hung extension has been in flight for a lease or more.
+	before := healthy.Extensions()
+	deadline := time.Now().Add(10 * time.Second)
+	for healthy.Extensions() < before+3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	waitSettled(t, healthy)
+	if n := healthy.Extensions(); n < before+3 {
+		t.Fatalf("the healthy delivery was extended %d times, %d of them after the other's extension hung", n, n-before)
+	}
+	if a := actions(healthy); len(a) != 1 || a[0] != "ack" {
+		t.Fatalf("healthy delivery: actions %v, want [ack]", a)
+	}
+}
+
+// A failed extension is tried again at once, not a tick later: a lease
+// survives a reset connection with most of its time left.
+func TestFailedExtensionRetriedSoon(t *testing.T) {
+	sub := newFakeSub()
+	var mu sync.Mutex
+	var calls []time.Time
+	f := newFake(1, "job", berthtest.OnExtend(func(context.Context, time.Duration) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, time.Now())
+		if len(calls) == 1 {
+			return fmt.Errorf("extend: connection reset by peer: %w", sdk.ErrUnavailable)
+		}
+		return nil
+	}))
+	release := make(chan struct{})
+	runWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}), sdk.WorkerOptions{Lease: 6 * time.Second, HeartbeatInterval: 2 * time.Second})
+	sub.ch <- f.WithoutRelease()
+	deadline := time.Now().Add(15 * time.Second)
+	for f.Extensions() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	waitSettled(t, f)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) < 2 {
+		t.Fatalf("%d extension calls", len(calls))
+	}
+	// The next tick is a second (HeartbeatInterval/2) after the failure;
+	// the retry comes after the first pause, 50 ms.
+	if gap := calls[1].Sub(calls[0]); gap >= 900*time.Millisecond {
+		t.Errorf("a failed extension was tried again after %v, as late as the next tick", gap)
+	}
+	if a := actions(f); len(a) != 1 || a[0] != "ack" {
+		t.Fatalf("actions %v, want [ack]", a)
+	}
+}
+
 func TestRunReturnsWhenBrokerCloses(t *testing.T) {
 	sub := newFakeSub()
 	sub.errs <- fmt.Errorf("receive: %w", sdk.ErrClosed)
