@@ -414,19 +414,26 @@ func TestLeaseLostCancelsHandlerAndDoesNotSettle(t *testing.T) {
 	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{ob}})
 	f := newFake(1, "job", failExtend(fmt.Errorf("token mismatch: %w", sdk.ErrLeaseLost)))
 	sub.ch <- f.WithoutRelease()
-	select {
-	case s := <-done:
-		if s.Action != sdk.ActionLeaseLost {
-			t.Fatalf("settlement %v, want lease_lost", s.Action)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("handler never cancelled")
-	}
+	waitLeaseLost(t, done, "handler never cancelled")
 	if got := cause.Load(); got != sdk.ErrLeaseLost {
 		t.Errorf("cause %v, want ErrLeaseLost", got)
 	}
 	if a := actions(f); len(a) != 0 {
 		t.Fatalf("a delivery whose lease was lost was settled: %v", a)
+	}
+}
+
+// waitLeaseLost waits for the next settlement and fails unless it is a lost
+// lease; stuck says what it means when none comes.
+func waitLeaseLost(t *testing.T, settled <-chan sdk.Settlement, stuck string) {
+	t.Helper()
+	select {
+	case s := <-settled:
+		if s.Action != sdk.ActionLeaseLost {
+			t.Fatalf("settlement %v, want lease_lost", s.Action)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal(stuck)
 	}
 }
 
@@ -438,14 +445,7 @@ func TestExtensionFailuresPastLeaseLoseIt(t *testing.T) {
 	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 40 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{ob}})
 	f := newFake(1, "job", failExtend(errors.New("network unreachable")))
 	sub.ch <- f.WithoutRelease()
-	select {
-	case s := <-done:
-		if s.Action != sdk.ActionLeaseLost {
-			t.Fatalf("settlement %v, want lease_lost", s.Action)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a lease whose extensions kept failing was never given up")
-	}
+	waitLeaseLost(t, done, "a lease whose extensions kept failing was never given up")
 }
 
 // One delivery whose extension hangs (a connection that stopped answering)
@@ -475,14 +475,7 @@ func TestHungExtensionDoesNotStallOthers(t *testing.T) {
 	healthy.Message().ID = "healthy"
 	sub.ch <- hung.WithoutRelease()
 	sub.ch <- healthy.WithoutRelease()
-	select {
-	case s := <-settled:
-		if s.Action != sdk.ActionLeaseLost {
-			t.Fatalf("first settlement %v, want the hung delivery's lease_lost", s.Action)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a lease whose extension hangs was never given up")
-	}
+	waitLeaseLost(t, settled, "a lease whose extension hangs was never given up")
 	// By now the hung extension has been in flight for a lease or more.
 	before := healthy.Extensions()
 	deadline := time.Now().Add(10 * time.Second)
