@@ -251,8 +251,17 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		q.slots = make(chan int, capacity)
 		// Every queue starts active: a Receive shows soon enough (at most
 		// QueueIdleWait) whether it has work, and a queue whose receiver is
-		// slow to start still gets its share of the slots meanwhile.
-		q.want.Store(int64(capacity))
+		// slow to start still gets its share of the slots meanwhile. Except
+		// on a LongPoller, whose Receive of several on an empty queue would
+		// be cut at QueueIdleWait, and a long poll cut short may take the
+		// next messages on the server and hide them for a visibility
+		// timeout: there each queue starts with a poll of one, which is
+		// never cut, and asks for more once a Receive comes back full.
+		if w.longPoll {
+			q.want.Store(1)
+		} else {
+			q.want.Store(int64(capacity))
+		}
 		q.begin(bctx)
 		wg.Add(1)
 		go func() {
