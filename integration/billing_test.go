@@ -435,14 +435,23 @@ func (r *billingRun) finish(workers int, stats *idempotency.Stats) {
 	}
 	deadline := time.Now().Add(within)
 	idle := 0
+	// The dead-letter queue's depth each time it changed: a letter missing
+	// at the end was either never there or went later.
+	var dlqDepth []string
+	last := int64(-1)
 	for idle < 3 {
 		if time.Now().After(deadline) {
-			t.Fatalf("not finished in time: paid %d/%d, %s", r.paid(), len(r.orders), r.queueState())
+			t.Fatalf("not finished in time: paid %d/%d, %s\ndead-letter queue depth when it changed: %s",
+				r.paid(), len(r.orders), r.queueState(), strings.Join(dlqDepth, ", "))
 		}
 		time.Sleep(500 * time.Millisecond)
 		st, err := r.broker.(sdk.Inspector).Stats(ctx, r.queue)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if st.DeadLettered != last {
+			last = st.DeadLettered
+			dlqDepth = append(dlqDepth, fmt.Sprintf("%s %d", time.Now().Format("15:04:05.000"), last))
 		}
 		if r.paid() == len(r.orders) && len(r.deadLetters()) == 2 && st.Ready+st.InFlight+st.Delayed == 0 {
 			idle++

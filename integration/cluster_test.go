@@ -24,6 +24,18 @@ import (
 func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	nodes := StartRabbitMQCluster(t, 3)
 	r := setupBilling(t, "rabbitmq", endpoints{pg: PostgresDSN(t), amqp: nodes[0].URL})
+	// The fault is a node lost by an established cluster: every node sees
+	// the others, and the billing queue and its dead-letter queue have a
+	// leader and all three members online.
+	for _, n := range nodes {
+		if err := n.waitClusterSize(3, 60*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitQueueMembers(t, nodes[0], 3, 60*time.Second, r.queue, rabbitmq.DeadLetterQueue(r.queue))
+	if d, err := time.ParseDuration(os.Getenv("BERTH_CLUSTER_SETTLE")); err == nil {
+		time.Sleep(d)
+	}
 	leader := queueLeader(t, nodes[0], r.queue)
 	var client *RabbitMQNode
 	var victim *RabbitMQNode
@@ -47,10 +59,13 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	r.broker = b
 	r.capped = true
 	// Handler failures stay off in the suite: with 20 % failing, orders are all
-	// charged once now, but 3 runs in 20 lost a poison job's dead letter
-	// during the failover (RELIABILITY.md, open item). To reproduce, run with
-	// BERTH_CLUSTER_FAIL_RATE=0.2; the poison jobs' settlements are logged
-	// when the test fails.
+	// charged once, but about 1 run in 12 loses a poison job's dead letter
+	// whose copy was in flight when the dead-letter queue's leader was
+	// killed: RabbitMQ 3.10.8 confirmed it and does not hold it
+	// (RELIABILITY.md, limits). To reproduce, run with
+	// BERTH_CLUSTER_FAIL_RATE=0.2 (and BERTH_CLUSTER_SETTLE=10s for calm
+	// before the fault); the poison jobs' settlements and the dead-letter
+	// queue's depth over time are logged when the test fails.
 	r.failRate = -1 // none
 	if v := os.Getenv("BERTH_CLUSTER_FAIL_RATE"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
@@ -119,4 +134,47 @@ func queueLeader(t *testing.T, node *RabbitMQNode, queue string) string {
 		}
 	}
 	return ""
+}
+
+// waitQueueMembers waits until each quorum queue reports a leader and n
+// members online, asked of node.
+func waitQueueMembers(t *testing.T, node *RabbitMQNode, n int, timeout time.Duration, queues ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var out string
+	for time.Now().Before(deadline) {
+		var err error
+		out, err = node.ctlOutput("list_queues", "-q", "--no-table-headers", "name", "leader", "online")
+		if err == nil && allOnline(out, n, queues) {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("queues %v: want a leader and %d members online, last listing:\n%s", queues, n, out)
+}
+
+// allOnline reports whether the list_queues lines (name, leader, online
+// as "[a, b, c]") show each of queues with a leader and n members online.
+func allOnline(listing string, n int, queues []string) bool {
+	online := map[string]int{}
+	for _, line := range strings.Split(listing, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), "\t")
+		if !ok {
+			continue
+		}
+		leader, members, ok := strings.Cut(rest, "\t")
+		if !ok || leader == "" {
+			continue
+		}
+		members = strings.Trim(strings.TrimSpace(members), "[]")
+		if members != "" {
+			online[name] = len(strings.Split(members, ","))
+		}
+	}
+	for _, q := range queues {
+		if online[q] < n {
+			return false
+		}
+	}
+	return true
 }
