@@ -421,7 +421,9 @@ func waitCalls(t *testing.T, sub *countingSub, queue string, n int) {
 
 // longPollQueues is a LongPoller over the memory broker whose Receive on an
 // empty queue waits its long poll (wait) and returns nothing, like SQS; it
-// counts the polls whose context ended first.
+// counts the polls of the queue named idle whose context ended first. (The
+// busy queue's Receives of several are bounded by QueueIdleWait by design,
+// and under load one can run past the test's 20 ms.)
 type longPollQueues struct {
 	*memory.Broker
 	wait time.Duration
@@ -437,7 +439,9 @@ func (s *longPollQueues) Receive(ctx context.Context, queue string, max int) ([]
 	defer cancel()
 	ds, err := s.Broker.Receive(pctx, queue, max)
 	if ctx.Err() != nil {
-		s.cut.Add(1) // the caller gave up during the poll
+		if queue == "idle" {
+			s.cut.Add(1) // the caller gave up during the poll
+		}
 		return nil, ctx.Err()
 	}
 	if err != nil && pctx.Err() != nil {
@@ -471,7 +475,7 @@ func TestWorkerQueuesLongPollNotCut(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // a few idle polls of both queues
 	if n := sub.cut.Load(); n > 0 {
-		t.Errorf("%d long polls of one cut before they ended, want none", n)
+		t.Errorf("%d long polls of the idle queue cut before they ended, want none", n)
 	}
 	stop()
 }

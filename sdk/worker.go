@@ -375,6 +375,17 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		if len(slots) == 0 { // another receive loop took them
 			continue
 		}
+		if multi && w.longPoll && len(slots) > 1 && q.want.Load() == 1 {
+			// An idle queue on a LongPoller polls for one: a poll of
+			// several would be cut at QueueIdleWait (receiveBounded), and a
+			// long poll cut short can hide messages on the server. The
+			// slots it was handed meanwhile go back to the others.
+			for _, i := range slots[1:] {
+				free <- i
+			}
+			slots = slots[:1]
+			w.poke()
+		}
 		if ctx.Err() != nil {
 			// Shutdown: no new Receive. (A LongPoller's Receive context
 			// outlives ctx for a grace, see receiveBase: it must not be
