@@ -28,7 +28,7 @@ func BenchmarkPublishAsync(b *testing.B) {
 			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
 				b.Fatal(err)
 			}
-			ch := rawChannel(b, url)
+			ch := ownChannel(b, url, false)
 			if err := ch.Confirm(false); err != nil {
 				b.Fatal(err)
 			}
@@ -79,7 +79,7 @@ func BenchmarkPublishConcurrent(b *testing.B) {
 			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
 				b.Fatal(err)
 			}
-			ch := rawChannel(b, url)
+			ch := ownChannel(b, url, false)
 			if err := ch.Confirm(false); err != nil {
 				b.Fatal(err)
 			}
@@ -170,15 +170,12 @@ func BenchmarkConsumeAckAll(b *testing.B) {
 			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
 				b.Fatal(err)
 			}
-			pub := rawChannel(b, url)
-			if err := pub.Confirm(false); err != nil {
-				b.Fatal(err)
-			}
+			pub := ownChannel(b, url, true)
 			for done := 0; done < b.N; done += benchRound {
 				rawPublish(b, pub, rawQ, min(benchRound, b.N-done))
 				rawPublish(b, pub, berthQ, min(benchRound, b.N-done))
 			}
-			ch := rawChannel(b, url)
+			ch := ownChannel(b, url, false)
 			if err := ch.Qos(benchPrefetch, 0, false); err != nil {
 				b.Fatal(err)
 			}

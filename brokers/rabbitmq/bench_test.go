@@ -31,7 +31,7 @@ func BenchmarkPublish(b *testing.B) {
 			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
 				b.Fatal(err)
 			}
-			ch := rawChannel(b, url)
+			ch := ownChannel(b, url, false)
 			if err := ch.Confirm(false); err != nil {
 				b.Fatal(err)
 			}
@@ -78,17 +78,14 @@ func BenchmarkConsume(b *testing.B) {
 			if err := br.DeclareQueue(context.Background(), berthQ); err != nil {
 				b.Fatal(err)
 			}
-			pub := rawChannel(b, url)
-			if err := pub.Confirm(false); err != nil {
-				b.Fatal(err)
-			}
+			pub := ownChannel(b, url, true)
 			// Fill both queues in alternating rounds: on classic queues the
 			// queue filled first is measurably slower to drain.
 			for done := 0; done < b.N; done += benchRound {
 				rawPublish(b, pub, rawQ, min(benchRound, b.N-done))
 				rawPublish(b, pub, berthQ, min(benchRound, b.N-done))
 			}
-			ch := rawChannel(b, url)
+			ch := ownChannel(b, url, false)
 			if err := ch.Qos(benchPrefetch, 0, false); err != nil {
 				b.Fatal(err)
 			}
@@ -153,20 +150,6 @@ func benchQueue(b *testing.B, qt QueueType) (*Broker, string, string) {
 		b.Fatal(err)
 	}
 	return br, url, q
-}
-
-func rawChannel(b *testing.B, url string) *amqp.Channel {
-	b.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	return ch
 }
 
 // rawPublish publishes n messages with confirms, benchWindow at a time,

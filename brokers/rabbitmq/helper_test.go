@@ -173,7 +173,7 @@ func brokerOnQueue(t *testing.T, opts Options) (url, queue string, b *Broker) {
 
 // ownChannel opens a channel on a connection of its own to url, behind the
 // broker's back (in confirm mode when confirm), closed when the test ends.
-func ownChannel(t *testing.T, url string, confirm bool) *amqp.Channel {
+func ownChannel(t testing.TB, url string, confirm bool) *amqp.Channel {
 	t.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
