@@ -73,13 +73,15 @@ type Options struct {
 	// Default and maximum [MaxWireSize] (1 MiB).
 	MaxWireSize int
 	// PublishSenders bounds the SendMessageBatch calls in flight for the
-	// Publish calls of at most 10 messages to standard queues. A Publish that
-	// finds one free sends at once; one that finds them all busy queues its
-	// messages, and the next Publish to get a sender sends up to 10 queued
-	// messages of that queue, its own or others', in one call (group
-	// commit). Many goroutines publishing one message each so share calls
-	// instead of making one each. Larger Publish calls and FIFO queues do not
-	// take part. Default [DefaultPublishSenders] (16).
+	// Publish calls of at most 10 messages to standard queues; of those, at
+	// most one per queue carries fewer than 10 messages. A Publish that
+	// finds no such partial call of its queue in flight and a sender free
+	// sends at once; otherwise it queues its messages: as soon as 10 are
+	// queued a sender takes them, and the rest go in one call when the
+	// partial call returns (group commit; a message waits at most one call
+	// longer). Many goroutines publishing one message each so share full
+	// calls instead of making one each. Larger Publish calls and FIFO queues
+	// do not take part. Default [DefaultPublishSenders] (16).
 	PublishSenders int
 	// DefaultGroup is the FIFO MessageGroupId of messages without a Key.
 	// Default "berth".
@@ -206,7 +208,7 @@ func New(client *awssqs.Client, opts Options) (*Broker, error) {
 		scanMax:  defaultMaxHeld,
 	}
 	b.acks = newAcker(client, o.AckInterval, o.Logger)
-	b.co = newCoalescer(o.PublishSenders)
+	b.co = newCoalescer(o.PublishSenders, b.closing)
 	return b, nil
 }
 

@@ -14,15 +14,23 @@ const DefaultPublishSenders = 16
 
 // coalescer lets concurrent Publish calls of a few messages each to a
 // standard queue share SendMessageBatch calls (group commit): at most
-// Options.PublishSenders such calls are in flight; a Publish that finds them
-// all busy queues its entries, and the next Publish to get a sender sends up
-// to 10 queued entries of that queue, its own or others', in one call. A
-// Publish that finds a sender free sends at once: no added latency.
+// Options.PublishSenders such calls are in flight, and at most one of them
+// per queue carries fewer than 10 messages (Nagle's rule). A Publish that
+// finds no partial call of its queue in flight and a sender free sends at
+// once: a lone caller waits for nothing. Entries that arrive while a partial
+// call is in flight queue up; as soon as 10 are queued (or their bytes fill
+// a call) a sender takes them at once, and the rest go in one call when the
+// partial call returns. A message so waits at most one call's round trip
+// longer than it would alone, and busy producers fill their calls: fewer
+// requests (SQS bills each) and, where the server is the bottleneck, more
+// messages a second.
 type coalescer struct {
-	sem chan struct{} // a token per call in flight
+	closing context.Context // done when the broker closes
+	sem     chan struct{}   // a token per call in flight
 
 	mu      sync.Mutex
-	pending map[string][]*shared // by queue URL, oldest first
+	pending map[string][]*shared     // by queue URL, oldest first
+	partial map[string]chan struct{} // by queue URL: a token held by the queue's partial call
 }
 
 // shared is one entry waiting in the coalescer, and the Publish it belongs to.
@@ -43,8 +51,8 @@ type waiter struct {
 	sent    bool             // some entry was published
 }
 
-func newCoalescer(senders int) *coalescer {
-	return &coalescer{sem: make(chan struct{}, senders), pending: map[string][]*shared{}}
+func newCoalescer(senders int, closing context.Context) *coalescer {
+	return &coalescer{closing: closing, sem: make(chan struct{}, senders), pending: map[string][]*shared{}, partial: map[string]chan struct{}{}}
 }
 
 // settle records the outcome of entry id: err nil (published), the error of
@@ -109,44 +117,115 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			return w.result()
 		default:
 		}
+		// A call of fewer than 10 entries needs the queue's partial token.
+		var tok chan struct{}
+		if full, t := c.fill(q.url, b.opts.MaxWireSize); !full {
+			select {
+			case t <- struct{}{}:
+				tok = t
+			case <-w.done:
+				return w.result()
+			case <-ctx.Done():
+				c.withdraw(q.url, w)
+				return b.cut(ctx)
+			}
+		}
 		select {
 		case c.sem <- struct{}{}:
-			batch := c.take(q.url, b.opts.MaxWireSize)
+			batch, ok := c.take(q.url, b.opts.MaxWireSize, tok == nil)
+			if !ok { // no longer a full call's worth: wait for the token
+				<-c.sem
+				continue
+			}
 			if len(batch) > 0 {
 				b.sendShared(q, batch)
 			}
 			<-c.sem
+			if tok != nil {
+				<-tok
+			}
 			if len(batch) == 0 { // others took ours: they are being sent
 				select {
 				case <-w.done:
 					return w.result()
 				case <-ctx.Done():
-					return ctx.Err() // they may be published, as with a Publish cut short
+					return b.cut(ctx) // they may be published, as with a Publish cut short
 				}
 			}
 		case <-w.done:
+			if tok != nil {
+				<-tok
+			}
 			return w.result()
 		case <-ctx.Done():
+			if tok != nil {
+				<-tok
+			}
 			// Entries still queued are withdrawn (not sent); those already
 			// in a call may be published, as with a Publish cut short.
 			c.withdraw(q.url, w)
-			return ctx.Err()
+			return b.cut(ctx)
 		}
 	}
 }
 
-// take removes up to batchSize entries of queue url, at most maxWire bytes,
-// oldest first. Entries whose Publish gave up are dropped.
-func (c *coalescer) take(url string, maxWire int) []*shared {
+// cut is what a Publish whose ctx ended while it waited returns:
+// sdk.ErrClosed when that was the broker closing (ctx is watched, see
+// Broker.watch), else ctx's error.
+func (b *Broker) cut(ctx context.Context) error { return b.co.cut(ctx) }
+
+// cut is the error of an entry dropped because its Publish's ctx ended:
+// sdk.ErrClosed when the broker is closing, else ctx's error.
+func (c *coalescer) cut(ctx context.Context) error {
+	if c.closing.Err() != nil {
+		return sdk.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// fill reports whether the entries queued for url fill a call, and returns
+// url's partial-call token.
+func (c *coalescer) fill(url string, maxWire int) (bool, chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	t := c.partial[url]
+	if t == nil {
+		t = make(chan struct{}, 1)
+		c.partial[url] = t
+	}
+	return c.fullLocked(url, maxWire), t
+}
+
+// fullLocked reports whether the entries queued for url fill a call: 10 of
+// them, or more than maxWire bytes. c.mu is held.
+func (c *coalescer) fullLocked(url string, maxWire int) bool {
+	p := c.pending[url]
+	if len(p) >= batchSize {
+		return true
+	}
+	size := 0
+	for _, s := range p {
+		size += s.e.enc.size
+	}
+	return size > maxWire
+}
+
+// take removes up to batchSize entries of queue url, at most maxWire bytes,
+// oldest first. Entries whose Publish gave up are dropped. With full set it
+// takes nothing, and reports false, unless the entries fill a call.
+func (c *coalescer) take(url string, maxWire int, full bool) ([]*shared, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if full && !c.fullLocked(url, maxWire) {
+		return nil, false
+	}
 	p := c.pending[url]
 	var batch []*shared
 	size, i := 0, 0
 	for ; i < len(p) && len(batch) < batchSize; i++ {
 		s := p[i]
 		if s.w.ctx.Err() != nil {
-			s.w.settle(s.e.id, s.w.ctx.Err(), true)
+			s.w.settle(s.e.id, c.cut(s.w.ctx), true)
 			continue
 		}
 		if size+s.e.enc.size > maxWire {
@@ -160,7 +239,7 @@ func (c *coalescer) take(url string, maxWire int) []*shared {
 	} else {
 		delete(c.pending, url)
 	}
-	return batch
+	return batch, true
 }
 
 // withdraw removes w's entries still queued for url, settling them with
@@ -172,7 +251,7 @@ func (c *coalescer) withdraw(url string, w *waiter) {
 	kept := p[:0]
 	for _, s := range p {
 		if s.w == w {
-			s.w.settle(s.e.id, w.ctx.Err(), true)
+			s.w.settle(s.e.id, c.cut(w.ctx), true)
 			continue
 		}
 		kept = append(kept, s)

@@ -140,3 +140,81 @@ func TestPublishSharedCancelled(t *testing.T) {
 		t.Errorf("delivered %s (%s): the cancelled Publish's message was sent", d.Message().ID, d.Message().Type)
 	}
 }
+
+// TestPublishOnePartialCall: while a call of fewer than 10 messages is in
+// flight to a queue, more single-message Publish calls wait for it instead
+// of each starting a call of their own, though 15 senders are free; once 10
+// wait they go at once in one full call; the rest go together when the
+// partial call returns. 16 messages, 3 SendMessageBatch calls, each message
+// delivered once.
+func TestPublishOnePartialCall(t *testing.T) {
+	c, g := newCalls(), newGate()
+	b := newBroker(t, sqs.Options{VisibilityTimeout: time.Minute, WaitTime: time.Second, PublishSenders: 16}, c.option, g.option)
+	q := declare(t, b, "partial", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	c.reset()
+
+	var wg sync.WaitGroup
+	ids := make(chan string, 16)
+	publish := func() {
+		m := &sdk.Message{Type: "partial", Body: []byte("x")}
+		if err := b.Publish(ctx, q, m); err != nil {
+			t.Errorf("Publish: %v", err)
+			return
+		}
+		ids <- m.ID
+	}
+	wg.Go(publish)
+	<-g.arrived // the first call (one message) is in flight
+	for range 5 {
+		wg.Go(publish)
+	}
+	waitQueued(t, b, 5)
+	select {
+	case <-g.arrived:
+		t.Fatal("a second partial call started while the first was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	for range 10 {
+		wg.Go(publish)
+	}
+	select {
+	case <-g.arrived: // a full call of the 10 oldest, with the partial call still in flight
+	case <-ctx.Done():
+		t.Fatal("no full call started while 15 messages waited")
+	}
+	waitQueued(t, b, 5)
+	close(g.open)
+	wg.Wait()
+	close(ids)
+	if n := c.get("SendMessageBatch"); n != 3 {
+		t.Errorf("%d SendMessageBatch calls for 16 messages, want 3 (1 + a full 10 + the 5 left)", n)
+	}
+	want := map[string]bool{}
+	for id := range ids {
+		want[id] = true
+	}
+	if len(want) != 16 {
+		t.Fatalf("%d Publish calls succeeded, want 16", len(want))
+	}
+	// Every message is on the queue, once. Read through a broker with a
+	// short visibility timeout: now and then the emulator's answer to a
+	// ReceiveMessage is lost on the wire after it handed messages out (the
+	// SDK retries the call), and those come back only when it expires.
+	rb := newBroker(t, sqs.Options{VisibilityTimeout: 3 * time.Second, WaitTime: time.Second})
+	for len(want) > 0 {
+		ds, err := rb.Receive(ctx, q, 10)
+		if err != nil {
+			t.Fatalf("Receive: %v (%d of 16 messages not seen)", err, len(want))
+		}
+		for _, d := range ds {
+			if !want[d.Message().ID] {
+				t.Errorf("message %s delivered twice or never published", d.Message().ID)
+			}
+			delete(want, d.Message().ID)
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
