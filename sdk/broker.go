@@ -106,6 +106,18 @@ type LongPoller interface {
 	ReceiveWait() time.Duration
 }
 
+// ReceiveBatcher is implemented by subscribers whose Receive returns at
+// most ReceiveBatch deliveries a call, whatever max it is given (SQS: 10 per
+// ReceiveMessage). A [Worker] with several [WorkerOptions.ReceiveLoops]
+// then gives each Receive at most that many slots, so that its loops' calls
+// are in flight together instead of one loop holding every free slot
+// through its call; and a loop starts a Receive of fewer only when no other
+// loop's Receive is in flight and no received work waits for a handler, so
+// that calls carry full batches (each is a billed request on SQS).
+type ReceiveBatcher interface {
+	ReceiveBatch() int
+}
+
 // LongPollGrace is how long a draining [Worker] lets a [LongPoller]'s
 // Receive in flight go on: an answer the server has already sent arrives
 // well within it.

@@ -37,6 +37,8 @@ type queueState struct {
 	// Priority the next slot goes to a later queue first (see pick).
 	dry atomic.Bool
 
+	receiving atomic.Int32 // Receive calls in flight on this queue
+
 	paused atomic.Bool
 	mu     sync.Mutex
 	run    context.Context // the Run's receive context while it runs
@@ -212,7 +214,7 @@ func (w *Worker) poke() {
 
 // receiveAll runs the receive side of Run: the one queue's receive loop, or
 // for several queues one loop per queue fed slots by the allocator.
-func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, wake <-chan struct{}, held []atomic.Pointer[task]) error {
+func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, wake chan struct{}, held []atomic.Pointer[task]) error {
 	// Receives run under base, which outlives ctx for a LongPoller (see
 	// receiveBase); the loops stop taking slots when ctx is done.
 	base, release := w.receiveBase(ctx)

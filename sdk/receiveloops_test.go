@@ -96,3 +96,98 @@ func TestWorkerReceiveLoops(t *testing.T) {
 		t.Error("NewWorker accepted ReceiveLoops -1")
 	}
 }
+
+// batchReceiver is a ReceiveBatcher whose Receive returns at most 10, after
+// a round trip; it records what each call asked for and how many ran at once.
+type batchReceiver struct {
+	slowReceiver
+	mu          sync.Mutex
+	asks        []int // max of every Receive
+	overAsks    int   // Receives that asked for more than 10
+	calls, msgs atomic.Int64
+}
+
+func (b *batchReceiver) ReceiveBatch() int { return 10 }
+
+func (b *batchReceiver) Receive(ctx context.Context, q string, max int) ([]sdk.Delivery, error) {
+	n := b.now.Add(1)
+	defer b.now.Add(-1)
+	for p := b.peak.Load(); n > p && !b.peak.CompareAndSwap(p, n); p = b.peak.Load() {
+	}
+	b.mu.Lock()
+	b.asks = append(b.asks, max)
+	if max > 10 {
+		b.overAsks++
+	}
+	b.mu.Unlock()
+	select {
+	case <-time.After(5 * time.Millisecond):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	ds, err := b.Broker.Receive(ctx, q, min(max, 10))
+	if len(ds) > 0 {
+		b.calls.Add(1)
+		b.msgs.Add(int64(len(ds)))
+	}
+	return ds, err
+}
+
+// TestWorkerReceiveLoopsBatcher: on a ReceiveBatcher (SQS: 10 a call) the
+// loops of a Worker share the free slots, a batch each, so that their calls
+// are in flight together and full: before, one loop took every free slot
+// for a Receive that could return only 10, and the others waited.
+func TestWorkerReceiveLoopsBatcher(t *testing.T) {
+	br, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	const n = 2000
+	for range n / 100 {
+		batch := make([]*sdk.Message, 100)
+		for i := range batch {
+			batch[i] = &sdk.Message{Type: "t"}
+		}
+		if err := br.Publish(context.Background(), "q", batch...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
+	var handled atomic.Int64
+	done := make(chan struct{})
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
+		if handled.Add(1) == n {
+			close(done)
+		}
+		return nil
+	}), sdk.WorkerOptions{Queue: "q", Concurrency: 32, Prefetch: 32, ReceiveLoops: 4, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(ctx) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d of %d handled", handled.Load(), n)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if sub.overAsks > 0 {
+		t.Errorf("%d of %d Receive calls asked for more than the broker's batch of 10", sub.overAsks, len(sub.asks))
+	}
+	if p := sub.peak.Load(); p != 4 {
+		t.Errorf("at most %d Receive calls at once, want the 4 loops'", p)
+	}
+	mean := float64(sub.msgs.Load()) / float64(sub.calls.Load())
+	t.Logf("%d Receive calls returned %d messages: %.2f a call; peak %d at once", sub.calls.Load(), sub.msgs.Load(), mean, sub.peak.Load())
+	if mean < 9 {
+		t.Errorf("%.2f messages per Receive that returned any, want at least 9 of 10: calls not full", mean)
+	}
+}

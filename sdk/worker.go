@@ -25,6 +25,7 @@ type Worker struct {
 	timeoutTick time.Duration // the watchdog's period, 0 without timeouts
 	maxAttempts int           // the broker's poison cap (DeliveryCapReporter), 0 for none
 	longPoll    bool          // sub is a LongPoller: its Receive ends by itself within ReceiveWait
+	recvBatch   int           // sub is a ReceiveBatcher: the most one Receive returns; 0 if not
 
 	randMu   sync.Mutex
 	running  atomic.Bool
@@ -72,6 +73,9 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	}
 	_, longPoll := sub.(LongPoller)
 	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit, longPoll: longPoll}
+	if rb, ok := sub.(ReceiveBatcher); ok {
+		w.recvBatch = max(rb.ReceiveBatch(), 0)
+	}
 	w.queues = newQueueStates(o)
 	if len(w.queues) > 1 {
 		w.wake = make(chan struct{}, 1)
@@ -187,12 +191,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		wake = make(chan struct{}, 1)
 	}
 	half := max(capacity/2, 1)
-	signal := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	}
+	signal := func() { signalWake(wake) }
 
 	done := func(t *task) {
 		held[t.slot].Store(nil)
@@ -328,17 +327,39 @@ func (w *Worker) finishAtDrain(d Delivery) bool {
 	return !w.stopping.Load()
 }
 
+// signalWake leaves a wake-up on wake (which keeps one) for a receive loop.
+func signalWake(wake chan struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}
+
 // receive fills slots taken from src with deliveries of q until ctx is
 // done, and gives back to free those it did not fill. With one queue src is
 // free, and the loop waits on wake (see Run) until half the slots are free
 // or the prefetched work ran out, so that one Receive fetches a batch
 // instead of one message per call (a claim statement, an API call). With
 // several queues src is the slots the allocator handed q, and wake is nil.
-func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, wake <-chan struct{}, held []atomic.Pointer[task]) error {
+func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, wake chan struct{}, held []atomic.Pointer[task]) error {
 	o := w.opts
 	multi := wake == nil
 	half := max(cap(free)/2, 1)
-	slots := make([]int, 0, cap(free))
+	// take: the most slots one Receive gets; need: how many free slots a
+	// loop waits for while work is under way. On a ReceiveBatcher a
+	// Receive returns at most recvBatch, so a loop takes no more (the rest
+	// stay free for the other loops' calls), and waits for a full batch
+	// while received work waits for a handler or another loop's Receive is
+	// in flight.
+	take, need := cap(free), half
+	if w.recvBatch > 0 && !multi {
+		take = min(take, w.recvBatch)
+		need = min(need, take)
+	}
+	busy := func() bool {
+		return len(jobs) > 0 || w.acking.Load() > 0 || (w.recvBatch > 0 && q.receiving.Load() > 0)
+	}
+	slots := make([]int, 0, take)
 	failures := 0
 	for {
 		slots = slots[:0]
@@ -355,7 +376,7 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 			// Acks under way (AsyncAcker) hold slots that come back
 			// together when their batch is written: wait for them too
 			// rather than claim one job per freed slot.
-			for n := len(src); n == 0 || (n < half && (len(jobs) > 0 || w.acking.Load() > 0)); n = len(src) {
+			for n := len(src); n == 0 || (n < need && busy()); n = len(src) {
 				select {
 				case <-wake:
 				case <-ctx.Done():
@@ -374,6 +395,11 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		}
 		if len(slots) == 0 { // another receive loop took them
 			continue
+		}
+		if !multi && len(src) > 0 && w.opts.ReceiveLoops > 1 {
+			// Slots are left (take bounded this loop's share): pass the
+			// wake on to another loop.
+			signalWake(wake)
 		}
 		if multi && w.longPoll && len(slots) > 1 && q.want.Load() == 1 {
 			// An idle queue on a LongPoller polls for one: a poll of
@@ -411,10 +437,14 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		w.health.receiving(time.Now().UnixNano())
 		var ds []Delivery
 		var err error
+		q.receiving.Add(1)
 		if multi && (len(slots) > 1 || !w.longPoll) {
 			ds, err = w.receiveBounded(rctx, q, len(slots))
 		} else {
 			ds, err = w.sub.Receive(rctx, q.name, len(slots))
+		}
+		if q.receiving.Add(-1) == 0 && !multi && w.recvBatch > 0 && w.opts.ReceiveLoops > 1 {
+			signalWake(wake) // a loop waiting for this call to end may go
 		}
 		if len(ds) > len(slots) { // a broker bug: never hold more than the slots
 			for _, d := range ds[len(slots):] {

@@ -74,8 +74,11 @@ type WorkerOptions struct {
 	// in flight at once, each filling the slots free when it starts.
 	// Default 1. More help where one Receive is a long round trip that
 	// returns few messages (SQS long polls return at most 10): several
-	// polls in parallel fill Concurrency + Prefetch sooner. With several
-	// Queues each queue has its own loop and ReceiveLoops is unused.
+	// polls in parallel fill Concurrency + Prefetch sooner. On a
+	// [ReceiveBatcher] each Receive takes at most its batch of the free
+	// slots, so that the loops' calls are in flight together and full.
+	// With several Queues each queue has its own loop and ReceiveLoops is
+	// unused.
 	ReceiveLoops int
 	// Concurrency is how many handlers run at once. Default 8. Deliveries of
 	// one Receive run concurrently, so order within an ordering key (an SQS

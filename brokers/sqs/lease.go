@@ -8,7 +8,14 @@ import (
 
 var _ sdk.LeaseReporter = (*Broker)(nil)
 
-var _ sdk.LongPoller = (*Broker)(nil)
+var (
+	_ sdk.LongPoller     = (*Broker)(nil)
+	_ sdk.ReceiveBatcher = (*Broker)(nil)
+)
+
+// ReceiveBatch is the most messages a Receive returns (10, SQS's limit per
+// ReceiveMessage); it makes the Broker an [sdk.ReceiveBatcher].
+func (b *Broker) ReceiveBatch() int { return batchSize }
 
 // ReceiveWait is how long a Receive long-polls an empty queue
 // ([Options.WaitTime]); it makes the Broker an [sdk.LongPoller].
