@@ -247,6 +247,10 @@ func fillJS(ctx context.Context, br *jetstream.Broker, q string, n int, body []b
 
 const jsConcurrency = 8 // the Worker's Concurrency; raw's confirming goroutines
 
+// jsRawBuffer is how many messages raw Consume and Messages buffer (nats.go's
+// default PullMaxMessages).
+const jsRawBuffer = 500
+
 func jsConsume(ctx context.Context, c config, confirmed bool) (table, error) {
 	e, err := newJSEnv(ctx)
 	if err != nil {
@@ -292,19 +296,25 @@ func jsConsume(ctx context.Context, c config, confirmed bool) (table, error) {
 	if confirmed {
 		ack = "default acks (each waits for the server)"
 	}
-	berth := variant{name: "berth Worker", config: fmt.Sprintf("Concurrency %d, default Prefetch, no-op handler, %s; the clock stops after Flush (stopping the Worker is not timed)", jsConcurrency, ack),
-		round: func(ctx context.Context, n int) (time.Duration, error) {
-			q, err := e.queue(ctx, "jsworker")
-			if err != nil {
-				return 0, err
-			}
-			if err := fillJS(ctx, filler, q, n, body); err != nil {
-				return 0, err
-			}
-			return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: jsConcurrency})
-		}}
+	worker := func(prefetch int, name, how string) variant {
+		return variant{name: name, config: fmt.Sprintf("Concurrency %d, %s, no-op handler, %s; the clock stops after Flush (stopping the Worker is not timed)", jsConcurrency, how, ack),
+			round: func(ctx context.Context, n int) (time.Duration, error) {
+				q, err := e.queue(ctx, "jsworker")
+				if err != nil {
+					return 0, err
+				}
+				if err := fillJS(ctx, filler, q, n, body); err != nil {
+					return 0, err
+				}
+				return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: jsConcurrency, Prefetch: prefetch})
+			}}
+	}
+	// The default Prefetch holds 2 × Concurrency; raw Consume buffers up to
+	// 500, so the Worker is also measured holding as many.
+	berth := worker(0, "berth Worker", "default Prefetch")
+	berth500 := worker(jsRawBuffer-jsConcurrency, "berth Worker, Prefetch 492", fmt.Sprintf("Prefetch %d (holds up to %d, raw Consume's PullMaxMessages)", jsRawBuffer-jsConcurrency, jsRawBuffer))
 	n := msgs(c, 5000)
-	res, err := alternate(ctx, []variant{raw, berth}, c.rounds, n)
+	res, err := alternate(ctx, []variant{raw, berth, berth500}, c.rounds, n)
 	if err != nil {
 		return table{}, err
 	}
