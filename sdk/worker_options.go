@@ -85,8 +85,11 @@ type WorkerOptions struct {
 	// FIFO message group) holds only with Concurrency 1 and Prefetch 1.
 	Concurrency int
 	// Prefetch is how many deliveries may wait, received but not yet started,
-	// beyond the running ones. Their leases run while they wait. Default
-	// Concurrency.
+	// beyond the running ones. Their leases run while they wait, and no
+	// other Worker can run them. Default Concurrency. Raise it for many
+	// short jobs where a Receive is a costly round trip (a PostgreSQL claim
+	// of 8 costs about what a claim of 100 does: see BENCHMARKS.md); keep it
+	// low for long jobs, which other Workers should take instead.
 	Prefetch int
 	// Retry is the retry policy for job types without their own.
 	Retry RetryPolicy
