@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -33,22 +34,50 @@ func (s *slowReceiver) Receive(ctx context.Context, q string, max int) ([]sdk.De
 	return s.Broker.Receive(ctx, q, min(max, 2))
 }
 
-func TestWorkerReceiveLoops(t *testing.T) {
-	for _, loops := range []int{1, 4} {
-		br, err := memory.New(memory.Options{})
-		if err != nil {
+// filledMemory returns a memory broker with n messages (a multiple of 100)
+// of type "t" on queue "q".
+func filledMemory(t *testing.T, n int) *memory.Broker {
+	t.Helper()
+	br, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range n / 100 {
+		batch := make([]*sdk.Message, 100)
+		for i := range batch {
+			batch[i] = &sdk.Message{Type: "t"}
+		}
+		if err := br.Publish(context.Background(), "q", batch...); err != nil {
 			t.Fatal(err)
 		}
+	}
+	return br
+}
+
+// runUntil runs w until done is closed, then stops it; after 30 s it
+// fails with what.
+func runUntil(t *testing.T, w *sdk.Worker, done <-chan struct{}, what func() string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(ctx) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-errc
+		t.Fatal(what())
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWorkerReceiveLoops(t *testing.T) {
+	for _, loops := range []int{1, 4} {
 		const n = 200
-		for range n / 100 {
-			batch := make([]*sdk.Message, 100)
-			for i := range batch {
-				batch[i] = &sdk.Message{Type: "t"}
-			}
-			if err := br.Publish(context.Background(), "q", batch...); err != nil {
-				t.Fatal(err)
-			}
-		}
+		br := filledMemory(t, n)
 		sub := &slowReceiver{Broker: br}
 		var mu sync.Mutex
 		seen := map[string]int{}
@@ -69,18 +98,11 @@ func TestWorkerReceiveLoops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		errc := make(chan error, 1)
-		go func() { errc <- w.Run(ctx) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			t.Fatalf("loops %d: %d of %d handled", loops, len(seen), n)
-		}
-		cancel()
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
+		runUntil(t, w, done, func() string {
+			mu.Lock()
+			defer mu.Unlock()
+			return fmt.Sprintf("loops %d: %d of %d handled", loops, len(seen), n)
+		})
 		for id, c := range seen {
 			if c != 1 {
 				t.Errorf("loops %d: message %s handled %d times", loops, id, c)
@@ -138,21 +160,9 @@ func (b *batchReceiver) Receive(ctx context.Context, q string, max int) ([]sdk.D
 // are in flight together and full: before, one loop took every free slot
 // for a Receive that could return only 10, and the others waited.
 func TestWorkerReceiveLoopsBatcher(t *testing.T) {
-	br, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
 	const n = 2000
-	for range n / 100 {
-		batch := make([]*sdk.Message, 100)
-		for i := range batch {
-			batch[i] = &sdk.Message{Type: "t"}
-		}
-		if err := br.Publish(context.Background(), "q", batch...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	br := filledMemory(t, n)
+	defer br.Close()
 	sub := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
 	var handled atomic.Int64
 	done := make(chan struct{})
@@ -165,18 +175,7 @@ func TestWorkerReceiveLoopsBatcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- w.Run(ctx) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%d of %d handled", handled.Load(), n)
-	}
-	cancel()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	runUntil(t, w, done, func() string { return fmt.Sprintf("%d of %d handled", handled.Load(), n) })
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.overAsks > 0 {

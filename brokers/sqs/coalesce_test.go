@@ -50,6 +50,20 @@ func waitQueued(t *testing.T, b *sqs.Broker, n int) {
 	}
 }
 
+// publisher returns a func that publishes one message of type typ to q and
+// sends its ID on ids (room for n), failing t if Publish fails.
+func publisher(ctx context.Context, t *testing.T, b *sqs.Broker, q, typ string, n int) (func(), chan string) {
+	ids := make(chan string, n)
+	return func() {
+		m := &sdk.Message{Type: typ, Body: []byte("x")}
+		if err := b.Publish(ctx, q, m); err != nil {
+			t.Errorf("Publish: %v", err)
+			return
+		}
+		ids <- m.ID
+	}, ids
+}
+
 // TestPublishSharesCalls: with its one sender busy, 25 concurrent Publish
 // calls of one message each wait, and are then sent 10 to a call: 1 + 3
 // SendMessageBatch calls for 26 messages, every one delivered once.
@@ -61,15 +75,7 @@ func TestPublishSharesCalls(t *testing.T) {
 	c.reset()
 
 	var wg sync.WaitGroup
-	ids := make(chan string, 26)
-	publish := func() {
-		m := &sdk.Message{Type: "shared", Body: []byte("x")}
-		if err := b.Publish(ctx, q, m); err != nil {
-			t.Errorf("Publish: %v", err)
-			return
-		}
-		ids <- m.ID
-	}
+	publish, ids := publisher(ctx, t, b, q, "shared", 26)
 	wg.Go(publish)
 	<-g.arrived // the first call holds the sender
 	for range 25 {
@@ -155,15 +161,7 @@ func TestPublishOnePartialCall(t *testing.T) {
 	c.reset()
 
 	var wg sync.WaitGroup
-	ids := make(chan string, 16)
-	publish := func() {
-		m := &sdk.Message{Type: "partial", Body: []byte("x")}
-		if err := b.Publish(ctx, q, m); err != nil {
-			t.Errorf("Publish: %v", err)
-			return
-		}
-		ids <- m.ID
-	}
+	publish, ids := publisher(ctx, t, b, q, "partial", 16)
 	wg.Go(publish)
 	<-g.arrived // the first call (one message) is in flight
 	for range 5 {
