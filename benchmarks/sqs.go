@@ -252,7 +252,7 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 	// Many goroutines, one message each: an HTTP service enqueuing per request.
 	for _, senders = range []int{0, 4} {
 		k := 64
-		name, cfg := fmt.Sprintf("berth Publish, %d goroutines × 1 message", k), fmt.Sprintf("each call waits for its own send; default PublishSenders (%d); at most one call of fewer than 10 messages in flight, the others queue and share calls", sqs.DefaultPublishSenders)
+		name, cfg := fmt.Sprintf("berth Publish, %d goroutines × 1 message", k), fmt.Sprintf("each call waits for its own send; default PublishSenders (%d); while a call of 10 is in flight at most one of fewer is too, the others queue and share calls", sqs.DefaultPublishSenders)
 		if senders != 0 {
 			name, cfg = fmt.Sprintf("berth Publish, %d goroutines × 1 message, PublishSenders %d", k, senders), fmt.Sprintf("as above, at most %d calls in flight: larger shared batches", senders)
 		}

@@ -73,15 +73,15 @@ type Options struct {
 	// Default and maximum [MaxWireSize] (1 MiB).
 	MaxWireSize int
 	// PublishSenders bounds the SendMessageBatch calls in flight for the
-	// Publish calls of at most 10 messages to standard queues; of those, at
-	// most one per queue carries fewer than 10 messages. A Publish that
-	// finds no such partial call of its queue in flight and a sender free
-	// sends at once; otherwise it queues its messages: as soon as 10 are
-	// queued a sender takes them, and the rest go in one call when the
-	// partial call returns (group commit; a message waits at most one call
-	// longer). Many goroutines publishing one message each so share full
-	// calls instead of making one each. Larger Publish calls and FIFO queues
-	// do not take part. Default [DefaultPublishSenders] (16).
+	// Publish calls of at most 10 messages to standard queues. A Publish that
+	// finds one free sends at once, with what else of its queue waits (up to
+	// 10); one that finds them all busy queues its messages for the next free
+	// sender (group commit). Under load — while a call of 10 to the queue is
+	// in flight — at most one call of fewer is in flight too (Nagle's rule):
+	// messages then wait, at most one call's round trip, to fill calls of 10.
+	// Many goroutines publishing one message each so share full calls
+	// instead of making one each. Larger Publish calls and FIFO queues do not
+	// take part. Default [DefaultPublishSenders] (16).
 	PublishSenders int
 	// DefaultGroup is the FIFO MessageGroupId of messages without a Key.
 	// Default "berth".

@@ -14,23 +14,29 @@ const DefaultPublishSenders = 16
 
 // coalescer lets concurrent Publish calls of a few messages each to a
 // standard queue share SendMessageBatch calls (group commit): at most
-// Options.PublishSenders such calls are in flight, and at most one of them
-// per queue carries fewer than 10 messages (Nagle's rule). A Publish that
-// finds no partial call of its queue in flight and a sender free sends at
-// once: a lone caller waits for nothing. Entries that arrive while a partial
-// call is in flight queue up; as soon as 10 are queued (or their bytes fill
-// a call) a sender takes them at once, and the rest go in one call when the
-// partial call returns. A message so waits at most one call's round trip
-// longer than it would alone, and busy producers fill their calls: fewer
-// requests (SQS bills each) and, where the server is the bottleneck, more
-// messages a second.
+// Options.PublishSenders such calls are in flight. A Publish that finds a
+// sender free sends at once, with whatever of its queue is waiting (up to
+// 10); one that finds them all busy queues its entries, and the next sender
+// free takes up to 10 of them.
+//
+// Under load, Nagle's rule: while a full call (10 entries) of a queue is in
+// flight, at most one call of fewer than 10 entries may be too. Entries that
+// arrive then queue up; as soon as 10 are queued a sender takes them, and
+// the rest go in one call when the partial call returns. Busy producers so
+// fill their calls — fewer requests (SQS bills each) and, where the server
+// is the bottleneck, more messages a second — and a message waits at most
+// one call's round trip longer. Without a full call in flight (a few
+// concurrent callers) partial calls go in parallel as before: serialising
+// them would halve the throughput of, say, 4 callers on a network where a
+// round trip, not the server, is the cost.
 type coalescer struct {
 	closing context.Context // done when the broker closes
 	sem     chan struct{}   // a token per call in flight
 
 	mu      sync.Mutex
 	pending map[string][]*shared     // by queue URL, oldest first
-	partial map[string]chan struct{} // by queue URL: a token held by the queue's partial call
+	partial map[string]chan struct{} // by queue URL: a token held by the queue's partial call under load
+	fulls   map[string]int           // by queue URL: full calls in flight
 }
 
 // shared is one entry waiting in the coalescer, and the Publish it belongs to.
@@ -52,7 +58,7 @@ type waiter struct {
 }
 
 func newCoalescer(senders int, closing context.Context) *coalescer {
-	return &coalescer{closing: closing, sem: make(chan struct{}, senders), pending: map[string][]*shared{}, partial: map[string]chan struct{}{}}
+	return &coalescer{closing: closing, sem: make(chan struct{}, senders), pending: map[string][]*shared{}, partial: map[string]chan struct{}{}, fulls: map[string]int{}}
 }
 
 // settle records the outcome of entry id: err nil (published), the error of
@@ -117,9 +123,14 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			return w.result()
 		default:
 		}
-		// A call of fewer than 10 entries needs the queue's partial token.
+		// Under load (a full call in flight) a call of fewer than 10
+		// entries needs the queue's partial token.
 		var tok chan struct{}
-		if full, t := c.fill(q.url, b.opts.MaxWireSize); !full {
+		need := anyBatch
+		switch full, loaded, t := c.fill(q.url, b.opts.MaxWireSize); {
+		case full:
+			need = fullBatch
+		case loaded:
 			select {
 			case t <- struct{}{}:
 				tok = t
@@ -132,13 +143,18 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 		}
 		select {
 		case c.sem <- struct{}{}:
-			batch, ok := c.take(q.url, b.opts.MaxWireSize, tok == nil)
-			if !ok { // no longer a full call's worth: wait for the token
+			batch, isFull, ok := c.take(q.url, b.opts.MaxWireSize, need)
+			if !ok { // no longer a full call's worth: look again
 				<-c.sem
 				continue
 			}
 			if len(batch) > 0 {
 				b.sendShared(q, batch)
+			}
+			if isFull {
+				c.mu.Lock()
+				c.fulls[q.url]--
+				c.mu.Unlock()
 			}
 			<-c.sem
 			if tok != nil {
@@ -169,6 +185,12 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 	}
 }
 
+// What a sender may take: anything queued, or only a full call's worth.
+const (
+	anyBatch  = false
+	fullBatch = true
+)
+
 // cut is what a Publish whose ctx ended while it waited returns:
 // sdk.ErrClosed when that was the broker closing (ctx is watched, see
 // Broker.watch), else ctx's error.
@@ -183,9 +205,9 @@ func (c *coalescer) cut(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// fill reports whether the entries queued for url fill a call, and returns
-// url's partial-call token.
-func (c *coalescer) fill(url string, maxWire int) (bool, chan struct{}) {
+// fill reports whether the entries queued for url fill a call and whether
+// a full call of url is in flight, and returns url's partial-call token.
+func (c *coalescer) fill(url string, maxWire int) (full, loaded bool, tok chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.partial[url]
@@ -193,7 +215,7 @@ func (c *coalescer) fill(url string, maxWire int) (bool, chan struct{}) {
 		t = make(chan struct{}, 1)
 		c.partial[url] = t
 	}
-	return c.fullLocked(url, maxWire), t
+	return c.fullLocked(url, maxWire), c.fulls[url] > 0, t
 }
 
 // fullLocked reports whether the entries queued for url fill a call: 10 of
@@ -211,16 +233,17 @@ func (c *coalescer) fullLocked(url string, maxWire int) bool {
 }
 
 // take removes up to batchSize entries of queue url, at most maxWire bytes,
-// oldest first. Entries whose Publish gave up are dropped. With full set it
-// takes nothing, and reports false, unless the entries fill a call.
-func (c *coalescer) take(url string, maxWire int, full bool) ([]*shared, bool) {
+// oldest first, and reports whether they fill a call (then counted in flight
+// until the caller's send returns). Entries whose Publish gave up are
+// dropped. With onlyFull set it takes nothing, and reports ok false, unless
+// the entries fill a call.
+func (c *coalescer) take(url string, maxWire int, onlyFull bool) (batch []*shared, full, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if full && !c.fullLocked(url, maxWire) {
-		return nil, false
+	if onlyFull && !c.fullLocked(url, maxWire) {
+		return nil, false, false
 	}
 	p := c.pending[url]
-	var batch []*shared
 	size, i := 0, 0
 	for ; i < len(p) && len(batch) < batchSize; i++ {
 		s := p[i]
@@ -229,6 +252,7 @@ func (c *coalescer) take(url string, maxWire int, full bool) ([]*shared, bool) {
 			continue
 		}
 		if size+s.e.enc.size > maxWire {
+			full = true // the next one does not fit: as full as a call gets
 			break
 		}
 		size += s.e.enc.size
@@ -239,7 +263,11 @@ func (c *coalescer) take(url string, maxWire int, full bool) ([]*shared, bool) {
 	} else {
 		delete(c.pending, url)
 	}
-	return batch, true
+	full = full || len(batch) == batchSize
+	if full {
+		c.fulls[url]++
+	}
+	return batch, full, true
 }
 
 // withdraw removes w's entries still queued for url, settling them with

@@ -147,13 +147,13 @@ func TestPublishSharedCancelled(t *testing.T) {
 	}
 }
 
-// TestPublishOnePartialCall: while a call of fewer than 10 messages is in
-// flight to a queue, more single-message Publish calls wait for it instead
-// of each starting a call of their own, though 15 senders are free; once 10
-// wait they go at once in one full call; the rest go together when the
-// partial call returns. 16 messages, 3 SendMessageBatch calls, each message
-// delivered once.
-func TestPublishOnePartialCall(t *testing.T) {
+// TestPublishOnePartialCallUnderLoad: while a full call (10 messages) is in
+// flight to a queue, at most one call of fewer is too: single-message
+// Publish calls wait for it instead of each starting a call, though 14
+// senders are free; once 10 wait they go at once in one full call; the rest
+// go together when the partial call returns. 26 messages, 4 SendMessageBatch
+// calls (10, 1, 10, 5), each message delivered once.
+func TestPublishOnePartialCallUnderLoad(t *testing.T) {
 	c, g := newCalls(), newGate()
 	b := newBroker(t, sqs.Options{VisibilityTimeout: time.Minute, WaitTime: time.Second, PublishSenders: 16}, c.option, g.option)
 	q := declare(t, b, "partial", false, sqs.QueueConfig{})
@@ -161,23 +161,37 @@ func TestPublishOnePartialCall(t *testing.T) {
 	c.reset()
 
 	var wg sync.WaitGroup
-	publish, ids := publisher(ctx, t, b, q, "partial", 16)
+	publish, ids := publisher(ctx, t, b, q, "partial", 26)
+	wg.Go(func() {
+		batch := make([]*sdk.Message, 10)
+		for i := range batch {
+			batch[i] = &sdk.Message{Type: "full", Body: []byte("x")}
+		}
+		if err := b.Publish(ctx, q, batch...); err != nil {
+			t.Errorf("Publish of 10: %v", err)
+			return
+		}
+		for _, m := range batch {
+			ids <- m.ID
+		}
+	})
+	<-g.arrived // the full call is in flight
 	wg.Go(publish)
-	<-g.arrived // the first call (one message) is in flight
+	<-g.arrived // a partial call (one message) too
 	for range 5 {
 		wg.Go(publish)
 	}
 	waitQueued(t, b, 5)
 	select {
 	case <-g.arrived:
-		t.Fatal("a second partial call started while the first was in flight")
+		t.Fatal("a second partial call started while a full and a partial call were in flight")
 	case <-time.After(50 * time.Millisecond):
 	}
 	for range 10 {
 		wg.Go(publish)
 	}
 	select {
-	case <-g.arrived: // a full call of the 10 oldest, with the partial call still in flight
+	case <-g.arrived: // a full call of the 10 oldest
 	case <-ctx.Done():
 		t.Fatal("no full call started while 15 messages waited")
 	}
@@ -185,25 +199,63 @@ func TestPublishOnePartialCall(t *testing.T) {
 	close(g.open)
 	wg.Wait()
 	close(ids)
-	if n := c.get("SendMessageBatch"); n != 3 {
-		t.Errorf("%d SendMessageBatch calls for 16 messages, want 3 (1 + a full 10 + the 5 left)", n)
+	if n := c.get("SendMessageBatch"); n != 4 {
+		t.Errorf("%d SendMessageBatch calls for 26 messages, want 4 (10, 1, a full 10, the 5 left)", n)
 	}
 	want := map[string]bool{}
 	for id := range ids {
 		want[id] = true
 	}
-	if len(want) != 16 {
-		t.Fatalf("%d Publish calls succeeded, want 16", len(want))
+	if len(want) != 26 {
+		t.Fatalf("%d messages published, want 26", len(want))
 	}
-	// Every message is on the queue, once. Read through a broker with a
-	// short visibility timeout: now and then the emulator's answer to a
-	// ReceiveMessage is lost on the wire after it handed messages out (the
-	// SDK retries the call), and those come back only when it expires.
+	receiveAll(ctx, t, q, want)
+}
+
+// TestPublishPartialCallsInParallel: without a full call in flight (a few
+// concurrent callers), single-message Publish calls do not wait for a
+// partial call in flight: they are sent at once, in calls of their own or
+// sharing one, while the first is still held.
+func TestPublishPartialCallsInParallel(t *testing.T) {
+	g := newGate()
+	b := newBroker(t, sqs.Options{VisibilityTimeout: time.Minute, WaitTime: time.Second, PublishSenders: 16}, g.option)
+	q := declare(t, b, "parallel", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+
+	var wg sync.WaitGroup
+	publish, ids := publisher(ctx, t, b, q, "parallel", 5)
+	wg.Go(publish)
+	<-g.arrived // the first call (one message) is held
+	for range 4 {
+		wg.Go(publish)
+	}
+	select {
+	case <-g.arrived: // another call is on the wire beside the first
+	case <-ctx.Done():
+		t.Fatalf("Publish calls waited for a partial call in flight (%d queued)", sqs.QueuedShared(b))
+	}
+	close(g.open)
+	wg.Wait()
+	close(ids)
+	want := map[string]bool{}
+	for id := range ids {
+		want[id] = true
+	}
+	receiveAll(ctx, t, q, want)
+}
+
+// receiveAll receives and acks q's messages until it has seen every ID in
+// want, once each (it empties want). It reads through a broker with a short
+// visibility timeout: now and then the emulator's answer to a
+// ReceiveMessage is lost on the wire after it handed messages out (the SDK
+// retries the call), and those come back only when the visibility expires.
+func receiveAll(ctx context.Context, t *testing.T, q string, want map[string]bool) {
+	t.Helper()
 	rb := newBroker(t, sqs.Options{VisibilityTimeout: 3 * time.Second, WaitTime: time.Second})
-	for len(want) > 0 {
+	for n := len(want); len(want) > 0; {
 		ds, err := rb.Receive(ctx, q, 10)
 		if err != nil {
-			t.Fatalf("Receive: %v (%d of 16 messages not seen)", err, len(want))
+			t.Fatalf("Receive: %v (%d of %d messages not seen)", err, len(want), n)
 		}
 		for _, d := range ds {
 			if !want[d.Message().ID] {
