@@ -88,20 +88,7 @@ func TestPublishSharesCalls(t *testing.T) {
 	if n := c.get("SendMessageBatch"); n != 4 {
 		t.Errorf("%d SendMessageBatch calls for 26 messages with one sender, want 1 + 3", n)
 	}
-	want := map[string]bool{}
-	for id := range ids {
-		want[id] = true
-	}
-	for _, d := range receiveN(t, b, q, 26) {
-		id := d.Message().ID
-		if !want[id] {
-			t.Errorf("message %s delivered twice or never published", id)
-		}
-		delete(want, id)
-		if err := d.Ack(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	receiveAll(ctx, t, q, ids, 26)
 }
 
 // TestPublishSharedCancelled: a Publish whose ctx ends while its message
@@ -202,14 +189,7 @@ func TestPublishOnePartialCallUnderLoad(t *testing.T) {
 	if n := c.get("SendMessageBatch"); n != 4 {
 		t.Errorf("%d SendMessageBatch calls for 26 messages, want 4 (10, 1, a full 10, the 5 left)", n)
 	}
-	want := map[string]bool{}
-	for id := range ids {
-		want[id] = true
-	}
-	if len(want) != 26 {
-		t.Fatalf("%d messages published, want 26", len(want))
-	}
-	receiveAll(ctx, t, q, want)
+	receiveAll(ctx, t, q, ids, 26)
 }
 
 // TestPublishPartialCallsInParallel: without a full call in flight (a few
@@ -237,22 +217,26 @@ func TestPublishPartialCallsInParallel(t *testing.T) {
 	close(g.open)
 	wg.Wait()
 	close(ids)
+	receiveAll(ctx, t, q, ids, 5)
+}
+
+// receiveAll checks that the IDs on ids (closed) are n messages, then
+// receives and acks q's messages until it has seen each of them, once. It
+// reads through a broker with a short visibility timeout: now and then the
+// emulator's answer to a ReceiveMessage is lost on the wire after it handed
+// messages out (the SDK retries the call), and those come back only when
+// the visibility expires.
+func receiveAll(ctx context.Context, t *testing.T, q string, ids <-chan string, n int) {
+	t.Helper()
 	want := map[string]bool{}
 	for id := range ids {
 		want[id] = true
 	}
-	receiveAll(ctx, t, q, want)
-}
-
-// receiveAll receives and acks q's messages until it has seen every ID in
-// want, once each (it empties want). It reads through a broker with a short
-// visibility timeout: now and then the emulator's answer to a
-// ReceiveMessage is lost on the wire after it handed messages out (the SDK
-// retries the call), and those come back only when the visibility expires.
-func receiveAll(ctx context.Context, t *testing.T, q string, want map[string]bool) {
-	t.Helper()
+	if len(want) != n {
+		t.Fatalf("%d messages published, want %d", len(want), n)
+	}
 	rb := newBroker(t, sqs.Options{VisibilityTimeout: 3 * time.Second, WaitTime: time.Second})
-	for n := len(want); len(want) > 0; {
+	for len(want) > 0 {
 		ds, err := rb.Receive(ctx, q, 10)
 		if err != nil {
 			t.Fatalf("Receive: %v (%d of %d messages not seen)", err, len(want), n)
