@@ -355,7 +355,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 			return variant{}, err
 		}
 		return variant{name: fmt.Sprintf("berth Worker, ReceiveLoops %d", loops),
-			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), the clock stops once they are flushed (stopping the Worker is not timed)", sqsWorkers, loops),
+			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d%s, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), the clock stops once they are flushed (stopping the Worker is not timed)", sqsWorkers, loops, defaultLoops(loops)),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
 				q, _, err := e.queue(ctx, "sqsworker"+strconv.Itoa(loops))
 				if err != nil {
@@ -508,4 +508,13 @@ func spread(k, n int, job func(i int) error) error {
 	}
 	wg.Wait()
 	return first
+}
+
+// defaultLoops notes when loops is what a Worker of sqsWorkers handlers
+// (Prefetch as many) picks for itself on SQS.
+func defaultLoops(loops int) string {
+	if loops == min((2*sqsWorkers+9)/10, sdk.MaxDefaultReceiveLoops) {
+		return " (the default for these slots)"
+	}
+	return ""
 }

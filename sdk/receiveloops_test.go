@@ -190,3 +190,49 @@ func TestWorkerReceiveLoopsBatcher(t *testing.T) {
 		t.Errorf("%.2f messages per Receive that returned any, want at least 9 of 10: calls not full", mean)
 	}
 }
+
+// TestWorkerReceiveLoopsDefaultOnBatcher: with ReceiveLoops unset, a Worker
+// on a ReceiveBatcher runs as many loops as fill its slots in one round of
+// calls (at most MaxDefaultReceiveLoops); elsewhere one.
+func TestWorkerReceiveLoopsDefaultOnBatcher(t *testing.T) {
+	for _, c := range []struct {
+		concurrency int
+		batcher     bool
+		want        int64
+	}{
+		{concurrency: 32, batcher: true, want: sdk.MaxDefaultReceiveLoops}, // 64 slots
+		{concurrency: 8, batcher: true, want: 2},                           // 16 slots
+		{concurrency: 4, batcher: true, want: 1},                           // 8 slots
+		{concurrency: 32, batcher: false, want: 1},
+	} {
+		const n = 1000
+		br := filledMemory(t, n)
+		slow := &slowReceiver{Broker: br}
+		var sub sdk.Subscriber = slow
+		var b *batchReceiver
+		if c.batcher {
+			b = &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
+			sub = b
+		}
+		var handled atomic.Int64
+		done := make(chan struct{})
+		w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
+			if handled.Add(1) == n {
+				close(done)
+			}
+			return nil
+		}), sdk.WorkerOptions{Queue: "q", Concurrency: c.concurrency, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runUntil(t, w, done, func() string { return fmt.Sprintf("%d of %d handled", handled.Load(), n) })
+		peak := slow.peak.Load()
+		if b != nil {
+			peak = b.peak.Load()
+		}
+		if peak != c.want {
+			t.Errorf("Concurrency %d, ReceiveBatcher %v: at most %d Receive calls at once, want %d", c.concurrency, c.batcher, peak, c.want)
+		}
+		_ = br.Close()
+	}
+}

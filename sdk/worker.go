@@ -67,15 +67,21 @@ func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	recvBatch := 0
+	if rb, ok := sub.(ReceiveBatcher); ok {
+		recvBatch = max(rb.ReceiveBatch(), 0)
+	}
+	if opts.ReceiveLoops == 0 && recvBatch > 0 {
+		// Enough loops for the slots to fill in one round of calls.
+		slots := o.Concurrency + o.Prefetch
+		o.ReceiveLoops = min(max((slots+recvBatch-1)/recvBatch, 1), MaxDefaultReceiveLoops)
+	}
 	limit, err := applyConfig(sub, o)
 	if err != nil {
 		return nil, err
 	}
 	_, longPoll := sub.(LongPoller)
-	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit, longPoll: longPoll}
-	if rb, ok := sub.(ReceiveBatcher); ok {
-		w.recvBatch = max(rb.ReceiveBatch(), 0)
-	}
+	w := &Worker{sub: sub, handler: Chain(h, o.Middleware...), opts: o, timeoutTick: timeoutTick(o), maxAttempts: limit, longPoll: longPoll, recvBatch: recvBatch}
 	w.queues = newQueueStates(o)
 	if len(w.queues) > 1 {
 		w.wake = make(chan struct{}, 1)

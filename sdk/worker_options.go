@@ -72,13 +72,14 @@ type WorkerOptions struct {
 	Priority bool
 	// ReceiveLoops is how many Receive calls a Worker of one queue keeps
 	// in flight at once, each filling the slots free when it starts.
-	// Default 1. More help where one Receive is a long round trip that
-	// returns few messages (SQS long polls return at most 10): several
-	// polls in parallel fill Concurrency + Prefetch sooner. On a
-	// [ReceiveBatcher] each Receive takes at most its batch of the free
-	// slots, so that the loops' calls are in flight together and full.
-	// With several Queues each queue has its own loop and ReceiveLoops is
-	// unused.
+	// Default 1, or on a [ReceiveBatcher] (SQS) as many as fill
+	// Concurrency + Prefetch in one round of calls, at most
+	// [MaxDefaultReceiveLoops]: one SQS long poll returns at most 10, so a
+	// single loop caps a Worker at 10 messages a round trip whatever its
+	// Concurrency. On a ReceiveBatcher each Receive takes at most its batch
+	// of the free slots, so that the loops' calls are in flight together
+	// and full. With several Queues each queue has its own loop and
+	// ReceiveLoops is unused.
 	ReceiveLoops int
 	// Concurrency is how many handlers run at once. Default 8. Deliveries of
 	// one Receive run concurrently, so order within an ordering key (an SQS
@@ -151,6 +152,10 @@ type WorkerOptions struct {
 	// tests. Default: a random source. Used under a lock.
 	Rand *rand.Rand
 }
+
+// MaxDefaultReceiveLoops bounds the ReceiveLoops a Worker picks for itself on
+// a [ReceiveBatcher] when [WorkerOptions.ReceiveLoops] is unset.
+const MaxDefaultReceiveLoops = 4
 
 func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 	if err := o.validateQueues(); err != nil {
