@@ -80,7 +80,8 @@ func run(ctx context.Context, c config, out io.Writer) (*report, error) {
 	if c.Settle <= 0 {
 		c.Settle = 2 * time.Minute
 	}
-	if c.Lease <= 0 {
+	leaseUnset := c.Lease <= 0
+	if leaseUnset {
 		c.Lease = leaseDflt
 	}
 	switch c.Faults {
@@ -92,6 +93,9 @@ func run(ctx context.Context, c config, out io.Writer) (*report, error) {
 			c.Work = 100 * time.Millisecond
 		}
 	case "slow":
+		if leaseUnset {
+			c.Lease = slowLeaseDflt
+		}
 	default:
 		return nil, fmt.Errorf("unknown fault mix %q (want mixed, rolling or slow)", c.Faults)
 	}
