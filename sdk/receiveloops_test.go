@@ -54,6 +54,25 @@ func filledMemory(t *testing.T, n int) *memory.Broker {
 	return br
 }
 
+// handleAll runs a Worker with opts (queue "q", a no-op handler) on sub
+// until it has handled n messages.
+func handleAll(t *testing.T, sub sdk.Subscriber, n int64, opts sdk.WorkerOptions) {
+	t.Helper()
+	var handled atomic.Int64
+	done := make(chan struct{})
+	opts.Queue, opts.Logger = "q", slog.New(slog.NewTextHandler(io.Discard, nil))
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
+		if handled.Add(1) == n {
+			close(done)
+		}
+		return nil
+	}), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, w, done, func() string { return fmt.Sprintf("%d of %d handled", handled.Load(), n) })
+}
+
 // runUntil runs w until done is closed, then stops it; after 30 s it
 // fails with what.
 func runUntil(t *testing.T, w *sdk.Worker, done <-chan struct{}, what func() string) {
@@ -164,18 +183,7 @@ func TestWorkerReceiveLoopsBatcher(t *testing.T) {
 	br := filledMemory(t, n)
 	defer br.Close()
 	sub := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
-	var handled atomic.Int64
-	done := make(chan struct{})
-	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
-		if handled.Add(1) == n {
-			close(done)
-		}
-		return nil
-	}), sdk.WorkerOptions{Queue: "q", Concurrency: 32, Prefetch: 32, ReceiveLoops: 4, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntil(t, w, done, func() string { return fmt.Sprintf("%d of %d handled", handled.Load(), n) })
+	handleAll(t, sub, n, sdk.WorkerOptions{Concurrency: 32, Prefetch: 32, ReceiveLoops: 4})
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.overAsks > 0 {
@@ -207,31 +215,18 @@ func TestWorkerReceiveLoopsDefaultOnBatcher(t *testing.T) {
 	} {
 		const n = 1000
 		br := filledMemory(t, n)
-		slow := &slowReceiver{Broker: br}
-		var sub sdk.Subscriber = slow
-		var b *batchReceiver
+		var sub sdk.Subscriber
+		var peak *atomic.Int64
 		if c.batcher {
-			b = &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
-			sub = b
+			b := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
+			sub, peak = b, &b.peak
+		} else {
+			slow := &slowReceiver{Broker: br}
+			sub, peak = slow, &slow.peak
 		}
-		var handled atomic.Int64
-		done := make(chan struct{})
-		w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
-			if handled.Add(1) == n {
-				close(done)
-			}
-			return nil
-		}), sdk.WorkerOptions{Queue: "q", Concurrency: c.concurrency, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runUntil(t, w, done, func() string { return fmt.Sprintf("%d of %d handled", handled.Load(), n) })
-		peak := slow.peak.Load()
-		if b != nil {
-			peak = b.peak.Load()
-		}
-		if peak != c.want {
-			t.Errorf("Concurrency %d, ReceiveBatcher %v: at most %d Receive calls at once, want %d", c.concurrency, c.batcher, peak, c.want)
+		handleAll(t, sub, n, sdk.WorkerOptions{Concurrency: c.concurrency})
+		if p := peak.Load(); p != c.want {
+			t.Errorf("Concurrency %d, ReceiveBatcher %v: at most %d Receive calls at once, want %d", c.concurrency, c.batcher, p, c.want)
 		}
 		_ = br.Close()
 	}
