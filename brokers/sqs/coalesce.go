@@ -138,7 +138,7 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 				return w.result()
 			case <-ctx.Done():
 				c.withdraw(q.url, w)
-				return b.cut(ctx)
+				return c.cut(ctx)
 			}
 		}
 		select {
@@ -165,7 +165,7 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 				case <-w.done:
 					return w.result()
 				case <-ctx.Done():
-					return b.cut(ctx) // they may be published, as with a Publish cut short
+					return c.cut(ctx) // they may be published, as with a Publish cut short
 				}
 			}
 		case <-w.done:
@@ -180,7 +180,7 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			// Entries still queued are withdrawn (not sent); those already
 			// in a call may be published, as with a Publish cut short.
 			c.withdraw(q.url, w)
-			return b.cut(ctx)
+			return c.cut(ctx)
 		}
 	}
 }
@@ -191,13 +191,9 @@ const (
 	fullBatch = true
 )
 
-// cut is what a Publish whose ctx ended while it waited returns:
-// sdk.ErrClosed when that was the broker closing (ctx is watched, see
-// Broker.watch), else ctx's error.
-func (b *Broker) cut(ctx context.Context) error { return b.co.cut(ctx) }
-
-// cut is the error of an entry dropped because its Publish's ctx ended:
-// sdk.ErrClosed when the broker is closing, else ctx's error.
+// cut is the error of a Publish, or of an entry dropped, whose ctx ended
+// while it waited: sdk.ErrClosed when that was the broker closing (ctx is
+// watched, see Broker.watch), else ctx's error.
 func (c *coalescer) cut(ctx context.Context) error {
 	if c.closing.Err() != nil {
 		return sdk.ErrClosed
