@@ -77,7 +77,10 @@
 // on every SQS-compatible server. These scans page through the dead-letter
 // queue until a long-poll receive finds nothing (the approximate counters
 // lag, so they never end a scan), extend the visibility of what they hold
-// while they run, and redrive and purge page by page. Get and redrive by IDs
+// while they run, and redrive and purge page by page. A scan's receive hides
+// what it takes for 5 s before the scan extends that hold, so letters taken
+// by a receive whose answer was lost (the SDK retried it) are hidden only
+// that long, and a scan that retried a receive does not end before then. Get and redrive by IDs
 // hold what they pass over, at most 10,000 dead letters; a scan that reaches
 // that bound, or a redrive of all that sees dead letters come back while it
 // runs, returns a [*ScanError] saying how many remain. A dead letter that

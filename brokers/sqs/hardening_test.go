@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,5 +308,49 @@ func TestHardening4_SQSRedriveAllReportsWhatRemains(t *testing.T) {
 	left, err := b.ListDeadLetters(ctx, q, 10)
 	if err != nil || len(left) != 1 || left[0].ID != m.ID {
 		t.Fatalf("after redrive all: %d dead letters, %v; want the second copy of %s", len(left), err, m.ID)
+	}
+}
+
+// TestScanSurvivesALostReceiveAnswer: a receive whose answer is lost — SQS
+// took the messages, then reading the HTTP body failed ("use of closed
+// network connection", seen against the emulator in CI and reported against
+// AWS in aws-sdk-go-v2#2737) — hid those dead letters for the scan's whole
+// 30 s hold. The SDK's retry then found the queue empty, so the list came
+// back short and a Get said "not found". Here the first scan receive that
+// returns letters has its answer dropped on purpose: the scan waits out the
+// short first hold (5 s) and still sees every letter.
+func TestScanSurvivesALostReceiveAnswer(t *testing.T) {
+	t.Parallel() // waits out the first hold
+	var arm, lost atomic.Int32
+	drop := func(st *middleware.Stack) error {
+		return st.Deserialize.Add(middleware.DeserializeMiddlewareFunc("berthLoseAnswer",
+			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleDeserialize(ctx, in)
+				if r, ok := out.Result.(*awssqs.ReceiveMessageOutput); ok && err == nil && len(r.Messages) > 0 && arm.CompareAndSwap(1, 0) {
+					lost.Add(int32(len(r.Messages)))
+					return middleware.DeserializeOutput{}, md, &net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}
+				}
+				return out, md, err
+			}), middleware.Before)
+	}
+	b := newBroker(t, fastOptions(), drop)
+	q := declare(t, b, "lostanswer", false, sqs.QueueConfig{})
+	msgs := fillDeadLetters(t, b, q, 12)
+	ctx := testCtx(t)
+
+	arm.Store(1)
+	got, err := b.ListDeadLetters(ctx, q, 100)
+	if lost.Load() == 0 {
+		t.Fatal("no receive answer was dropped")
+	}
+	if err != nil || len(got) != len(msgs) {
+		t.Fatalf("ListDeadLetters after a lost answer (%d letters in it) = %d letters, %v; want %d, nil", lost.Load(), len(got), err, len(msgs))
+	}
+	arm.Store(1)
+	if m, err := b.GetDeadLetter(ctx, q, msgs[len(msgs)-1].ID); err != nil || m.ID != msgs[len(msgs)-1].ID {
+		t.Fatalf("GetDeadLetter after a lost answer = %v, %v", m, err)
+	}
+	if arm.Load() != 0 {
+		t.Fatal("the Get's receive answer was not dropped")
 	}
 }

@@ -19,9 +19,16 @@ import (
 // look at, which hides them from other receivers until the scan makes them
 // visible again or deletes them.
 const (
-	// defaultHold is how long a scan's receive hides a dead letter; the scan
+	// defaultHold is how long a scan hides a dead letter it holds; the scan
 	// extends it every third of that while it holds the letter.
 	defaultHold = 30 * time.Second
+	// lostHold is how long a scan's receive hides the dead letters it takes,
+	// before the scan extends their hold to the full one. A receive whose
+	// answer was lost (the SDK retried it after the attempt reached SQS)
+	// hides letters nobody holds for that long, so a scan that retried a
+	// receive does not end before lostHold has passed: it sees them again
+	// instead of missing them.
+	lostHold = 5 * time.Second
 	// defaultMaxHeld bounds how many dead letters one scan holds at once:
 	// those it looked at and must keep hidden to see further (not the one
 	// Get or Redrive looks for, or one a redrive could not send). A scan
@@ -130,6 +137,9 @@ type scan struct {
 	held    map[string]*letter // by SQS MessageId
 	renewed time.Time
 	empties int
+	// lostUntil is when letters that a lost receive answer took are
+	// visible again: an empty receive before then does not end the scan.
+	lostUntil time.Time
 }
 
 // next returns dead letters the scan has not returned before, holding them,
@@ -139,28 +149,42 @@ func (s *scan) next(ctx context.Context) ([]*letter, error) {
 		if err := s.renew(ctx); err != nil {
 			return nil, err
 		}
-		msgs, _, err := s.b.receive(ctx, s.dlq, batchSize, s.b.scanHold, scanWait)
+		first := min(lostHold, s.b.scanHold)
+		msgs, _, retried, err := s.b.receive(ctx, s.dlq, batchSize, first, scanWait)
 		if err != nil {
 			return nil, err
 		}
+		if retried {
+			s.lostUntil = time.Now().Add(first)
+		}
 		if len(msgs) == 0 {
+			if time.Now().Before(s.lostUntil) {
+				continue // the long poll paces this
+			}
 			s.empties++
 			continue
 		}
 		s.empties = 0
-		var out []*letter
+		var out, taken []*letter
 		for _, m := range msgs {
 			id := aws.ToString(m.MessageId)
 			if l := s.held[id]; l != nil {
 				// Its hold lapsed and this receive took it again: the new
 				// receipt is the one that holds it now.
 				l.handle = aws.ToString(m.ReceiptHandle)
+				taken = append(taken, l)
 				continue
 			}
 			l := &letter{sqsID: id, handle: aws.ToString(m.ReceiptHandle), msg: s.b.message(s.dlq, m)}
 			s.b.annotate(ctx, s.q, s.dlq, l.msg, m)
 			s.held[id] = l
 			out = append(out, l)
+			taken = append(taken, l)
+		}
+		if first < s.b.scanHold {
+			if err := s.b.changeVisibilityBatch(ctx, s.dlq, taken, s.b.scanHold); err != nil {
+				return nil, err
+			}
 		}
 		if len(out) > 0 {
 			return out, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -30,7 +31,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 	if err != nil {
 		return nil, err
 	}
-	msgs, at, err := b.receive(ctx, q, n, b.opts.VisibilityTimeout, b.opts.WaitTime)
+	// A retried call's lost messages come back after their visibility
+	// timeout, as any unsettled delivery does.
+	msgs, at, _, err := b.receive(ctx, q, n, b.opts.VisibilityTimeout, b.opts.WaitTime)
 	if err != nil {
 		return nil, err
 	}
@@ -42,9 +45,11 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 }
 
 // receive calls ReceiveMessage once, asking for every attribute. at is when
-// the call started: the leases run from no later than that.
-func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) ([]sqstypes.Message, time.Time, error) {
-	at := time.Now()
+// the call started: the leases run from no later than that. retried reports
+// that the SDK retried the call: an earlier attempt may have reached SQS and
+// lost its answer, leaving the messages it took hidden for visibility.
+func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) (msgs []sqstypes.Message, at time.Time, retried bool, err error) {
+	at = time.Now()
 	out, err := b.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(q.url),
 		MaxNumberOfMessages:         int32(n),
@@ -54,9 +59,10 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
 	})
 	if err != nil {
-		return nil, at, b.wrap(ctx, "receive from "+q.name, err)
+		return nil, at, false, b.wrap(ctx, "receive from "+q.name, err)
 	}
-	return out.Messages, at, nil
+	attempts, _ := retry.GetAttemptResults(out.ResultMetadata)
+	return out.Messages, at, len(attempts.Results) > 1, nil
 }
 
 // message decodes m; a message whose berth attribute does not decode is
