@@ -386,7 +386,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 	}
 	return table{
 		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
-		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. fauxqs also now and then hides a message within a round (raw and berth alike): a round with a stall of the 10 s visibility shows as a minimum far below the others. × is against raw with %d loops.", n, 2*sqsLoops),
+		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Now and then a ReceiveMessage answer is lost within a round (raw and berth alike): the emulator took the messages, then reading the 200 answer failed with \"use of closed network connection\" and the SDK retried, so those messages stay hidden for the 10 s visibility. Such a round shows as a minimum far below the others. × is against raw with %d loops.", n, 2*sqsLoops),
 		head:  resultHead,
 		rows:  rows(res, 0),
 	}, nil
