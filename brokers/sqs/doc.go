@@ -80,7 +80,10 @@
 // while they run, and redrive and purge page by page. A scan's receive hides
 // what it takes for 5 s before the scan extends that hold, so letters taken
 // by a receive whose answer was lost (the SDK retried it) are hidden only
-// that long, and a scan that retried a receive does not end before then. Get and redrive by IDs
+// that long, and a scan that retried such a receive does not end before
+// then. A Worker's receive cannot do that without an extra call per batch:
+// what a lost answer took comes back after the visibility timeout, one
+// attempt further on, and Receive logs a warning naming the queue. Get and redrive by IDs
 // hold what they pass over, at most 10,000 dead letters; a scan that reaches
 // that bound, or a redrive of all that sees dead letters come back while it
 // runs, returns a [*ScanError] saying how many remain. A dead letter that

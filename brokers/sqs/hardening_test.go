@@ -1,11 +1,14 @@
 package sqs_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,9 +16,11 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
@@ -322,18 +327,7 @@ func TestHardening4_SQSRedriveAllReportsWhatRemains(t *testing.T) {
 func TestScanSurvivesALostReceiveAnswer(t *testing.T) {
 	t.Parallel() // waits out the first hold
 	var arm, lost atomic.Int32
-	drop := func(st *middleware.Stack) error {
-		return st.Deserialize.Add(middleware.DeserializeMiddlewareFunc("berthLoseAnswer",
-			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
-				out, md, err := next.HandleDeserialize(ctx, in)
-				if r, ok := out.Result.(*awssqs.ReceiveMessageOutput); ok && err == nil && len(r.Messages) > 0 && arm.CompareAndSwap(1, 0) {
-					lost.Add(int32(len(r.Messages)))
-					return middleware.DeserializeOutput{}, md, &net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}
-				}
-				return out, md, err
-			}), middleware.Before)
-	}
-	b := newBroker(t, fastOptions(), drop)
+	b := newBroker(t, fastOptions(), loseAnswer(&arm, &lost, 200))
 	q := declare(t, b, "lostanswer", false, sqs.QueueConfig{})
 	msgs := fillDeadLetters(t, b, q, 12)
 	ctx := testCtx(t)
@@ -353,4 +347,103 @@ func TestScanSurvivesALostReceiveAnswer(t *testing.T) {
 	if arm.Load() != 0 {
 		t.Fatal("the Get's receive answer was not dropped")
 	}
+}
+
+// loseAnswer returns an API option that, while arm is 1, turns the answer
+// of a ReceiveMessage carrying messages into a failed attempt (once per
+// arming), adding their number to lost. With status 200 the attempt fails
+// as a body read does when the connection closes under it ("use of closed
+// network connection"): SQS took the messages. With another status it is
+// an error answer, which from SQS means it took nothing; here the real call
+// under it did take them, so they come back after the visibility timeout
+// all the same. The SDK retries both.
+func loseAnswer(arm, lost *atomic.Int32, status int) func(*middleware.Stack) error {
+	return func(st *middleware.Stack) error {
+		return st.Deserialize.Add(middleware.DeserializeMiddlewareFunc("berthLoseAnswer",
+			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleDeserialize(ctx, in)
+				r, ok := out.Result.(*awssqs.ReceiveMessageOutput)
+				raw, _ := out.RawResponse.(*smithyhttp.Response)
+				if !ok || err != nil || raw == nil || len(r.Messages) == 0 || !arm.CompareAndSwap(1, 0) {
+					return out, md, err
+				}
+				lost.Add(int32(len(r.Messages)))
+				resp := *raw.Response
+				resp.StatusCode = status
+				cause := error(&net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed})
+				if status != 200 {
+					cause = errors.New("internal failure")
+				}
+				return middleware.DeserializeOutput{}, md, &awshttp.ResponseError{
+					ResponseError: &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &resp}, Err: cause}}
+			}), middleware.Before)
+	}
+}
+
+// TestReceiveWarnsOfALostAnswer: a Worker's receive whose answer was lost
+// cannot get its messages back; they return after the visibility timeout,
+// one attempt further on. Receive now says so in the log, naming the queue,
+// so that an operator can tell these late messages from a failing handler.
+// An error answer (here a 500, which SQS gives without taking anything)
+// is retried without the warning.
+func TestReceiveWarnsOfALostAnswer(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{200, 500} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			var arm, lost atomic.Int32
+			var logs syncBuffer
+			opts := fastOptions()
+			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			b := newBroker(t, opts, loseAnswer(&arm, &lost, status))
+			q := declare(t, b, "lostreceive", false, sqs.QueueConfig{})
+			ctx := testCtx(t)
+			if err := b.Publish(ctx, q, &sdk.Message{Type: "x", Body: []byte("1")}, &sdk.Message{Type: "x", Body: []byte("2")}); err != nil {
+				t.Fatal(err)
+			}
+			arm.Store(1)
+			attempts := map[string]int{}
+			for len(attempts) < 2 {
+				ds, err := b.Receive(ctx, q, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, d := range ds {
+					attempts[d.Message().ID] = d.Attempt()
+					if err := d.Ack(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if lost.Load() == 0 {
+				t.Fatal("no answer was dropped")
+			}
+			warned := strings.Contains(logs.String(), "answer was lost") && strings.Contains(logs.String(), q)
+			if warned != (status == 200) {
+				t.Errorf("status %d: warned %v; log:\n%s", status, warned, logs.String())
+			}
+			for id, a := range attempts {
+				if a != 2 && lost.Load() == 2 {
+					t.Errorf("message %s came back at attempt %d, want 2 (its first receive was lost)", id, a)
+				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -150,12 +150,12 @@ func (s *scan) next(ctx context.Context) ([]*letter, error) {
 			return nil, err
 		}
 		first := min(lostHold, s.b.scanHold)
-		msgs, _, retried, err := s.b.receive(ctx, s.dlq, batchSize, first, scanWait)
+		msgs, _, lost, err := s.b.receive(ctx, s.dlq, batchSize, first, scanWait)
+		if lost != nil {
+			s.lostUntil = time.Now().Add(first)
+		}
 		if err != nil {
 			return nil, err
-		}
-		if retried {
-			s.lostUntil = time.Now().Add(first)
 		}
 		if len(msgs) == 0 {
 			if time.Now().Before(s.lostUntil) {

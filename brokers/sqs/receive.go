@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -31,9 +33,13 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 	if err != nil {
 		return nil, err
 	}
-	// A retried call's lost messages come back after their visibility
-	// timeout, as any unsettled delivery does.
-	msgs, at, _, err := b.receive(ctx, q, n, b.opts.VisibilityTimeout, b.opts.WaitTime)
+	msgs, at, lost, err := b.receive(ctx, q, n, b.opts.VisibilityTimeout, b.opts.WaitTime)
+	if lost != nil {
+		// What the lost attempt took comes back after its visibility
+		// timeout, one receive further on, as any unsettled delivery does.
+		b.opts.Logger.Warn("berth/sqs: a receive was retried after an attempt whose answer was lost; messages it took return after the visibility timeout",
+			"queue", q.name, "visibility", b.opts.VisibilityTimeout, "err", lost)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -45,10 +51,11 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 }
 
 // receive calls ReceiveMessage once, asking for every attribute. at is when
-// the call started: the leases run from no later than that. retried reports
-// that the SDK retried the call: an earlier attempt may have reached SQS and
-// lost its answer, leaving the messages it took hidden for visibility.
-func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) (msgs []sqstypes.Message, at time.Time, retried bool, err error) {
+// the call started: the leases run from no later than that. lost is the
+// error of an attempt the SDK retried that may have reached SQS and taken
+// messages whose answer never arrived (see [lostAttempt]): they stay hidden
+// for visibility.
+func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) (msgs []sqstypes.Message, at time.Time, lost, err error) {
 	at = time.Now()
 	out, err := b.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(q.url),
@@ -59,10 +66,33 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
 	})
 	if err != nil {
-		return nil, at, false, b.wrap(ctx, "receive from "+q.name, err)
+		return nil, at, nil, b.wrap(ctx, "receive from "+q.name, err)
 	}
+	return out.Messages, at, lostIn(out), nil
+}
+
+// lostIn returns the first lost attempt's error of a ReceiveMessage call,
+// or nil.
+func lostIn(out *awssqs.ReceiveMessageOutput) error {
 	attempts, _ := retry.GetAttemptResults(out.ResultMetadata)
-	return out.Messages, at, len(attempts.Results) > 1, nil
+	for _, a := range attempts.Results {
+		if a.Err != nil && lostAttempt(a.Err) {
+			return a.Err
+		}
+	}
+	return nil
+}
+
+// lostAttempt reports whether a failed attempt may have reached SQS and
+// taken messages: it ended without a status (a cut connection, a timeout,
+// a cancelled long poll), or its 2xx answer could not be read. An error
+// status means SQS answered the call and took nothing.
+func lostAttempt(err error) bool {
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &re) && re.Response != nil && re.Response.Response != nil {
+		return re.Response.StatusCode < 300
+	}
+	return true
 }
 
 // message decodes m; a message whose berth attribute does not decode is
