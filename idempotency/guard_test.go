@@ -16,6 +16,7 @@ import (
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/memstore"
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/sdk"
 	"go.uber.org/goleak"
 )
@@ -585,7 +586,7 @@ func (t failingTx) Rollback(ctx context.Context) error {
 // failed rollback must not be reported as "the key frees itself when its
 // claim expires".
 func TestHardening6_TransactionalRollbackWarningNamesNoClaim(t *testing.T) {
-	var logs safeBuffer
+	var logs syncbuf.Buffer
 	g, err := idempotency.New(idempotency.Options{Store: failingRollback{memstore.New(memstore.Options{})},
 		Mode: idempotency.Transactional, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -601,24 +602,6 @@ func TestHardening6_TransactionalRollbackWarningNamesNoClaim(t *testing.T) {
 	}
 }
 
-// safeBuffer is a bytes.Buffer for a logger.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestHardening11_IdempotencyKeysHashedInLogs: issue 11 item 11. The guard
 // logged idempotency keys (which often name a customer or a payment) as they
 // are, at WARN when a store call failed. By default a record names the key
@@ -626,7 +609,7 @@ func (s *safeBuffer) String() string {
 func TestHardening11_IdempotencyKeysHashedInLogs(t *testing.T) {
 	const key = "payment:customer-4711:invoice-2026-12"
 	for _, logKeys := range []bool{false, true} {
-		var logs safeBuffer
+		var logs syncbuf.Buffer
 		store := &flakyComplete{Store: memstore.New(memstore.Options{})}
 		store.failures.Store(1)
 		g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, LogKeys: logKeys,

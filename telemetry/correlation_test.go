@@ -1,7 +1,6 @@
 package telemetry_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,29 +16,19 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/berthq/berth/berthtest"
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
 
-// syncBuffer is a bytes.Buffer safe for the Worker's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+// syncBuffer is a log buffer the Worker's goroutines share, read as JSON
+// lines.
+type syncBuffer struct{ syncbuf.Buffer }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the JSON log records written so far.
 func (b *syncBuffer) lines(t *testing.T) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(b.String()), "\n") {
 		if l == "" {
 			continue
 		}

@@ -1,7 +1,6 @@
 package sqs_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +22,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -391,7 +391,7 @@ func TestReceiveWarnsOfALostAnswer(t *testing.T) {
 	for _, status := range []int{200, 500} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			var arm, lost atomic.Int32
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			opts := fastOptions()
 			opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			b := newBroker(t, opts, loseAnswer(&arm, &lost, status))
@@ -428,22 +428,4 @@ func TestReceiveWarnsOfALostAnswer(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,11 +8,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
@@ -21,32 +20,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// syncBuffer is a bytes.Buffer safe for the server's and the test's
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// startUI runs "berth ui" with args until the test ends and returns its
-// address and its standard error.
-func startUI(t *testing.T, e env, args ...string) (string, *syncBuffer) {
+func startUI(t *testing.T, e env, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
-	stderr := &syncBuffer{}
+	stderr := &syncbuf.Buffer{}
 	e.stdin, e.stdout, e.stderr = strings.NewReader(""), io.Discard, stderr
 	if e.getenv == nil {
 		e.getenv = func(string) string { return "" }
