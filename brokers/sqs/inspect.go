@@ -24,10 +24,10 @@ const (
 	defaultHold = 30 * time.Second
 	// lostHold is how long a scan's receive hides the dead letters it takes,
 	// before the scan extends their hold to the full one. A receive whose
-	// answer was lost (the SDK retried it after the attempt reached SQS)
-	// hides letters nobody holds for that long, so a scan that retried a
-	// receive does not end before lostHold has passed: it sees them again
-	// instead of missing them.
+	// answer was lost (the SDK retried an attempt that may have reached
+	// SQS, see lostAttempt) hides letters nobody holds for that long, so a
+	// scan that lost an answer does not end before lostHold has passed: it
+	// sees them again instead of missing them.
 	lostHold = 5 * time.Second
 	// defaultMaxHeld bounds how many dead letters one scan holds at once:
 	// those it looked at and must keep hidden to see further (not the one
