@@ -135,11 +135,15 @@ func TestWorkerWaitsForAckBatch(t *testing.T) {
 	sub := &maxSub{fakeSub: newFakeSub()}
 	acks := make(chan func(error), 16)
 	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
-	// Concurrency 4, Prefetch 4: eight slots, half is four.
-	runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 4, Prefetch: 4})
+	// All eight are queued before the Worker starts, so its first Receive
+	// takes them together. Sent after it starts, a Receive could take five,
+	// and the Worker would rightly wait with three slots free for acks the
+	// test completes only once all eight have started.
 	for range 8 {
 		sub.ch <- &asyncDelivery{Delivery: newFake(1, "t"), acks: acks}
 	}
+	// Concurrency 4, Prefetch 4: eight slots, half is four.
+	runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 4, Prefetch: 4})
 	dones := make([]func(error), 0, 8)
 	timeout := time.After(berthtest.WaitTimeout)
 	for len(dones) < 8 {
