@@ -177,8 +177,12 @@ func TestWorkerQueuesPriority(t *testing.T) {
 	fill(t, b, "bulk", 200)
 	sub := newCountingSub(b)
 	ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	// QueueIdleWait 2s, not the default 500ms: a receive of urgent stalled
+	// that long on a loaded machine would come back empty, mark urgent dry
+	// and give bulk a slot while urgent still had work. It costs the test
+	// one wait once urgent is really dry.
 	w, err := sdk.NewWorker(sub, ok, sdk.WorkerOptions{Concurrency: 4, Logger: mqQuiet(), Priority: true,
-		Queues: []sdk.WorkerQueue{{Name: "urgent"}, {Name: "bulk"}}})
+		QueueIdleWait: 2 * time.Second, Queues: []sdk.WorkerQueue{{Name: "urgent"}, {Name: "bulk"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,6 +310,21 @@ func TestWorkerPauseResume(t *testing.T) {
 				}
 				if time.Now().After(deadline) {
 					t.Fatal("held job did not finish while paused")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			// The handler counted the job before the Worker acked it: wait
+			// for the ack, so that the Stats below see it settled.
+			for {
+				st, err := b.Stats(context.Background(), "a")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.InFlight == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("held job not acked while paused: %+v", st)
 				}
 				time.Sleep(time.Millisecond)
 			}

@@ -276,13 +276,18 @@ func (s longPollSub) ReceiveWait() time.Duration { return s.wait }
 // idlePollSub is a LongPoller on an empty queue: each Receive waits wait
 // and returns nothing; polls gets a signal per Receive.
 type idlePollSub struct {
-	wait  time.Duration
-	polls chan struct{}
+	wait     time.Duration
+	polls    chan struct{}
+	stopping atomic.Bool  // set by the test just before it stops the Worker
+	late     atomic.Int32 // polls started once stopping was set
 }
 
 func (s *idlePollSub) ReceiveWait() time.Duration { return s.wait }
 
 func (s *idlePollSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if s.stopping.Load() {
+		s.late.Add(1)
+	}
 	s.polls <- struct{}{}
 	select {
 	case <-time.After(s.wait):
@@ -342,10 +347,13 @@ func TestShutdownFinishesLongPoll(t *testing.T) {
 	idle := &idlePollSub{wait: 50 * time.Millisecond, polls: make(chan struct{}, 100)}
 	stop = start(idle)
 	<-idle.polls
+	// Counted from here, not from the first poll: a slow test goroutine
+	// would otherwise see the polls the running Worker rightly started.
+	idle.stopping.Store(true)
 	if err := <-stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if n := len(idle.polls); n > 1 {
+	if n := idle.late.Load(); n > 1 {
 		t.Errorf("%d polls started after the shutdown began, want at most the one in flight", n)
 	}
 
@@ -382,19 +390,32 @@ func TestShutdownLetsHandlersFinish(t *testing.T) {
 	}
 }
 
-func TestHeartbeatExtendsLongJobs(t *testing.T) {
-	sub := newFakeSub()
-	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
-		time.Sleep(100 * time.Millisecond)
+// runUntilExtended is a handler that runs until f's lease has been extended
+// n times, or fails the job once berthtest.WaitTimeout has passed. Waiting
+// for the extensions, not sleeping a fixed time, keeps a stalled heartbeat
+// goroutine on a loaded machine from failing the test.
+func runUntilExtended(f *berthtest.Delivery, n int) sdk.Handler {
+	return sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		deadline := time.Now().Add(berthtest.WaitTimeout)
+		for f.Extensions() < n {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%d extensions after %v, want %d", f.Extensions(), berthtest.WaitTimeout, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
 		return nil
 	})
-	runWorker(t, sub, h, sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
+}
+
+func TestHeartbeatExtendsLongJobs(t *testing.T) {
+	sub := newFakeSub()
 	f := newFake(1, "job")
+	runWorker(t, sub, runUntilExtended(f, 2), sdk.WorkerOptions{Lease: 30 * time.Millisecond, HeartbeatInterval: 10 * time.Millisecond})
 	sub.ch <- f.WithoutRelease()
 	waitSettled(t, f)
 	n := f.Extensions()
 	if n < 2 {
-		t.Fatalf("lease extended %d times during a job of 10 heartbeat intervals", n)
+		t.Fatalf("lease extended %d times during a long job", n)
 	}
 	if a := actions(f); a[0] != "ack" {
 		t.Fatalf("actions %v", a)
@@ -580,11 +601,8 @@ func TestLeaseAndHeartbeatMustAgree(t *testing.T) {
 	// The broker's lease is the default, so the heartbeat keeps up with it.
 	sub := newFakeSub()
 	sub.lease = 40 * time.Millisecond
-	runWorker(t, reporting{sub}, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error {
-		time.Sleep(120 * time.Millisecond)
-		return nil
-	}), sdk.WorkerOptions{})
 	f := newFake(1, "job")
+	runWorker(t, reporting{sub}, runUntilExtended(f, 3), sdk.WorkerOptions{})
 	sub.ch <- f.WithoutRelease()
 	waitSettled(t, f)
 	if n := f.Extensions(); n < 3 {
