@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestWorkerMaxAttemptsOverDefaultCap is issue 14's repro as a new user met
@@ -84,11 +85,7 @@ func TestPoisonKeepsLastError(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = receiveN(t, b, q, 1)[0] // attempt 2 crashes: never settled
-	short, cancel := context.WithTimeout(ctx, 4*lease)
-	defer cancel()
-	if ds, err := b.Receive(short, q, 1); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Receive after max attempts: %d deliveries, %v; want none", len(ds), err)
-	}
+	receiveUntilDeadLettered(t, b, pool, q, id, lease)
 	var lastErr, reason, class string
 	if err := pool.QueryRow(ctx, `SELECT last_error, headers->>$2, headers->>$3 FROM `+b.Schema()+`.jobs WHERE message_id = $1`,
 		id, sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass).Scan(&lastErr, &reason, &class); err != nil {
@@ -97,5 +94,33 @@ func TestPoisonKeepsLastError(t *testing.T) {
 	want := sdk.ErrMaxDeliveries.Error() + "; last error: ledger API: 503 (attempt 1)"
 	if lastErr != want || reason != want || class != string(sdk.ClassPoison) {
 		t.Errorf("last_error %q, reason %q, class %q; want %q, %q", lastErr, reason, class, want, sdk.ClassPoison)
+	}
+}
+
+// receiveUntilDeadLettered receives from q, where job id has used up its
+// attempts and its lease will end, until a claim has dead-lettered it: every
+// Receive must come back empty. One Receive of a few leases was not enough
+// on a loaded machine: a stall across its whole deadline left no claim after
+// the lease ended, and the row was still processing.
+func receiveUntilDeadLettered(t *testing.T, b *postgres.Broker, pool *pgxpool.Pool, q, id string, lease time.Duration) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		short, cancel := context.WithTimeout(ctx, 2*lease)
+		ds, err := b.Receive(short, q, 1)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Receive after max attempts: %d deliveries, %v; want none", len(ds), err)
+		}
+		var status string
+		if err := pool.QueryRow(ctx, `SELECT status FROM `+b.Schema()+`.jobs WHERE message_id = $1`, id).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == postgres.StatusDeadLetter {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("job still %s", status)
+		}
 	}
 }

@@ -557,11 +557,7 @@ func TestPoisonDeadLetteredAtClaim(t *testing.T) {
 			t.Fatalf("Attempt() = %d, want %d", d.Attempt(), attempt)
 		} // never settled: the worker "dies"
 	}
-	short, cancel := context.WithTimeout(ctx, 3*lease)
-	defer cancel()
-	if ds, err := b.Receive(short, q, 1); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Receive after max attempts: %d deliveries, %v; want none", len(ds), err)
-	}
+	receiveUntilDeadLettered(t, b, pool, q, id, lease)
 	var (
 		status, lastErr, class string
 		attempts               int

@@ -15,18 +15,29 @@ import (
 // creation fails is deleted with what was published to it meanwhile.
 func TestDeclareSharedOneAtATime(t *testing.T) {
 	b := &Broker{declared: map[string]bool{}, declaring: map[string]*declareCall{}}
-	var calls atomic.Int32
+	var calls, entered, callers atomic.Int32
 	var result atomic.Pointer[error]
 	declare := func(ctx context.Context, name string) error {
 		calls.Add(1)
-		time.Sleep(300 * time.Millisecond) // the other callers arrive meanwhile
+		// The other callers arrive meanwhile: wait until every one has
+		// started (a goroutine not yet scheduled when the declaration ended
+		// would rightly start its own), then give them time to queue.
+		for deadline := time.Now().Add(10 * time.Second); entered.Load() < callers.Load() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond)
 		return *result.Load()
 	}
 	run := func(n int) []error {
 		errs := make([]error, n)
+		entered.Store(0)
+		callers.Store(int32(n))
 		var wg sync.WaitGroup
 		for i := range errs {
-			wg.Go(func() { errs[i] = b.declareShared(t.Context(), "q", false, declare) })
+			wg.Go(func() {
+				entered.Add(1)
+				errs[i] = b.declareShared(t.Context(), "q", false, declare)
+			})
 		}
 		wg.Wait()
 		return errs
