@@ -263,17 +263,20 @@ func TestHeartbeatAndClaimLost(t *testing.T) {
 		name      string
 		heartbeat time.Duration
 		wantLost  bool
-	}{{"heartbeat", 30 * time.Millisecond, false}, {"no heartbeat", -1, true}} {
+	}{{"heartbeat", 50 * time.Millisecond, false}, {"no heartbeat", -1, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := memstore.New(memstore.Options{})
 			var stats idempotency.Stats
-			g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, ClaimLease: 300 * time.Millisecond, Heartbeat: tc.heartbeat, Stats: &stats, Logger: quiet})
+			g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease, ClaimLease: time.Second, Heartbeat: tc.heartbeat, Stats: &stats, Logger: quiet})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var secondRan atomic.Bool
 			_, err = g.Do(ctx, op, func(context.Context) error {
-				time.Sleep(900 * time.Millisecond) // well past ClaimLease
+				// Well past ClaimLease. A lease of a second, not 300 ms:
+				// a heartbeat stalled for most of it on a loaded machine
+				// would let the claim be taken over.
+				time.Sleep(2500 * time.Millisecond)
 				ran, err := g.Do(ctx, op, func(context.Context) error { secondRan.Store(true); return nil })
 				if tc.wantLost && (!ran || err != nil) {
 					t.Errorf("takeover: ran=%v err=%v", ran, err)

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/idempotency/memstore"
@@ -313,44 +314,61 @@ func telemetryErrorType(v string) attribute.KeyValue { return attribute.String("
 // heartbeats on gets its lease extended; with heartbeats off its lease
 // expires, the ack fails with ErrLeaseLost and an expiration is counted.
 func TestLeaseExtensionsAndExpirations(t *testing.T) {
-	b, err := memory.New(memory.Options{Lease: 300 * time.Millisecond, MaxDeliveries: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
 	tp, rec := newTracing(t)
 	obs, reader := newObserver(t, tp, telemetry.Options{})
-	pub := obs.Publisher(b)
 	ctx := context.Background()
 
-	run := func(queue string, heartbeat, lease time.Duration) {
-		if err := pub.Publish(ctx, queue, &sdk.Message{Type: "report.build"}); err != nil {
+	// Each case has a broker of its own lease. The first delivery's handler
+	// holds it for hold (0: until the Worker cancels it); a later delivery
+	// is acked at once. run returns once the first handler has returned and
+	// a delivery was acked. Leases of a second leave a loaded machine most
+	// of a second of slack wherever a stall would change the outcome.
+	run := func(queue string, brokerLease, heartbeat, lease, hold time.Duration) {
+		b, err := memory.New(memory.Options{Lease: brokerLease, MaxDeliveries: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		if err := obs.Publisher(b).Publish(ctx, queue, &sdk.Message{Type: "report.build"}); err != nil {
 			t.Fatal(err)
 		}
 		var calls atomic.Int64
-		acked := make(chan struct{})
+		acked, first := make(chan struct{}), make(chan struct{})
 		stop := runWorker(t, b, sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
-			if calls.Add(1) == 1 {
-				select { // three leases, unless the Worker gives up on the lease first
-				case <-time.After(900 * time.Millisecond):
-				case <-ctx.Done():
-					return context.Cause(ctx)
+			if calls.Add(1) != 1 {
+				return nil
+			}
+			defer close(first)
+			timeout := hold
+			if timeout == 0 {
+				timeout = berthtest.WaitTimeout
+			}
+			select {
+			case <-time.After(timeout):
+				if hold == 0 {
+					return errors.New("the Worker never cancelled the handler")
 				}
+			case <-ctx.Done():
+				return context.Cause(ctx)
 			}
 			return nil
 		}), sdk.WorkerOptions{Queue: queue, Concurrency: 2, Lease: lease, HeartbeatInterval: heartbeat,
 			Observers: []sdk.Observer{obs, sdk.Observer(ackSignal(acked))}})
 		<-acked
+		<-first
 		stop()
 	}
 	extended, expired, lost := uniqueQueue(t, "tx"), uniqueQueue(t, "te"), uniqueQueue(t, "tl")
-	run(extended, 100*time.Millisecond, 300*time.Millisecond)
-	run(expired, -1, 300*time.Millisecond)
-	// A Worker that believes the lease is 1.3 s (the broker's is 300 ms)
-	// heartbeats every 600 ms: the first extension comes after the message
+	// Two leases long, extended every 100 ms.
+	run(extended, time.Second, 100*time.Millisecond, time.Second, 2*time.Second)
+	// No heartbeat: the lease ends at 1 s, the other slot acks the message,
+	// and the first handler's ack at 1.5 s is refused.
+	run(expired, time.Second, -1, time.Second, 1500*time.Millisecond)
+	// A Worker that believes the lease is 4.5 s (the broker's is 1 s)
+	// heartbeats every 1.5 s: the first extension comes after the message
 	// went to the other slot, is refused, and the Worker cancels the handler
 	// without settling.
-	run(lost, 600*time.Millisecond, 1300*time.Millisecond)
+	run(lost, time.Second, 1500*time.Millisecond, 4500*time.Millisecond, 0)
 
 	ms := collect(t, reader)
 	if got := ms.sum("berth.lease.extensions", semconvDest(extended), telemetry.AttrLeaseResult.String("ok")); got < 1 {

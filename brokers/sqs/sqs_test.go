@@ -458,7 +458,7 @@ func TestOptions(t *testing.T) {
 // again, to another handler, while it still runs.
 func TestSlowHandlerWithoutHeartbeatIsRedelivered(t *testing.T) {
 	t.Parallel() // sleep-bound: waits out leases and delays
-	starts := runSlowHandler(t, -1)
+	starts := runSlowHandler(t, -1, time.Second)
 	if len(starts) < 2 || starts[0] != 1 || starts[1] != 2 {
 		t.Errorf("attempts seen by the handler: %v, want 1 then 2 (redelivered while the first ran)", starts)
 	}
@@ -468,17 +468,19 @@ func TestSlowHandlerWithoutHeartbeatIsRedelivered(t *testing.T) {
 // handler runs once and its message is acked.
 func TestHeartbeatKeepsSlowHandler(t *testing.T) {
 	t.Parallel() // sleep-bound: waits out leases and delays
-	starts := runSlowHandler(t, 0)
+	// A visibility timeout of 2s: the default heartbeat (a third of it) then
+	// leaves a second of slack for a stall of the test process or of the
+	// emulator; at 1s, a 0.5s stall cost the lease.
+	starts := runSlowHandler(t, 0, 2*time.Second)
 	if len(starts) != 1 {
 		t.Errorf("attempts seen by the handler: %v, want one run (the heartbeat kept the lease)", starts)
 	}
 }
 
 // runSlowHandler runs a Worker (heartbeat interval hb: 0 default, negative
-// off) whose handler takes 3 visibility timeouts on the first attempt, and
-// returns the attempts the handler saw.
-func runSlowHandler(t *testing.T, hb time.Duration) []int {
-	const lease = time.Second
+// off) on a queue of visibility timeout lease, whose handler takes 3 of them
+// on the first attempt, and returns the attempts the handler saw.
+func runSlowHandler(t *testing.T, hb, lease time.Duration) []int {
 	b := newBroker(t, sqs.Options{VisibilityTimeout: lease, WaitTime: time.Second})
 	q := declare(t, b, "slow", false, sqs.QueueConfig{})
 	ctx := testCtx(t)
