@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/berthq/berth/dashboard"
+	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -175,6 +177,39 @@ func TestAPI(t *testing.T) {
 	}
 	if st := stats(t, b); st.DeadLettered != 6 || st.Ready != 3 {
 		t.Fatalf("after: %+v", st)
+	}
+}
+
+// vanishing lists a queue that is deleted before its Stats are read.
+type vanishing struct{ broker }
+
+func (v vanishing) Queues(ctx context.Context) ([]string, error) {
+	qs, err := v.broker.(dlq.QueueLister).Queues(ctx)
+	return append(qs, "gone"), err
+}
+
+func (v vanishing) Stats(ctx context.Context, q string) (sdk.QueueStats, error) {
+	if q == "gone" {
+		return sdk.QueueStats{}, fmt.Errorf("%w: queue gone", sdk.ErrNotFound)
+	}
+	return v.broker.Stats(ctx, q)
+}
+
+// TestQueueDeletedMeanwhile: the overview leaves out a queue the broker
+// listed and deleted before its Stats were read, instead of failing the
+// whole page; a queue the operator configured is still reported.
+func TestQueueDeletedMeanwhile(t *testing.T) {
+	b := memoryBroker(t)
+	seed(t, b, 1, 0)
+	srv := serve(t, vanishing{b}, dashboard.Options{})
+	for _, path := range []string{"/", "/api/queues"} {
+		if code, body := get(t, http.DefaultClient, srv.URL+path); code != 200 || !strings.Contains(body, "billing") || strings.Contains(body, "gone") {
+			t.Errorf("%s: %d %s", path, code, body)
+		}
+	}
+	srv = serve(t, vanishing{b}, dashboard.Options{Queues: []string{"gone"}})
+	if code, body := get(t, http.DefaultClient, srv.URL+"/api/queues"); code == 200 {
+		t.Errorf("a configured queue that is missing: %d %s", code, body)
 	}
 }
 

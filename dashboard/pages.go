@@ -131,11 +131,13 @@ type queueRow struct {
 
 func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 	names := slices.Clone(d.o.Queues)
+	var listed []string // the broker's own list, whose queues may go meanwhile
 	if ql, ok := d.b.(dlq.QueueLister); ok {
 		more, err := ql.Queues(ctx)
 		if err != nil {
 			return nil, err
 		}
+		listed = more
 		names = append(names, more...)
 	}
 	slices.Sort(names)
@@ -156,6 +158,10 @@ func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 		row := queueRow{Queue: q, OldestAge: "–"}
 		if in != nil {
 			st, err := in.Stats(ctx, q)
+			if _, isPaused := paused[q]; errors.Is(err, sdk.ErrNotFound) && !isPaused &&
+				slices.Contains(listed, q) && !slices.Contains(d.o.Queues, q) {
+				continue // deleted since the broker listed it
+			}
 			if err != nil {
 				return nil, fmt.Errorf("stats of %s: %w", q, err)
 			}

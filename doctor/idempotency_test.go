@@ -108,8 +108,14 @@ func TestDedupeTTL(t *testing.T) {
 			rdb.Del(context.Background(), keys...)
 		}
 	})
-	// berth's defaults: the guard remembers keys for its Retention (7 days)
-	cache, err := redisstore.New(rdb, redisstore.Options{Prefix: prefix})
+	// berth's defaults: the guard remembers keys for its Retention (7 days).
+	// A Timeout of seconds, not the default 100 ms: the guard's write is the
+	// client's first command, so it includes the dial, and a timed-out write
+	// is only logged (the job still acks), leaving no key to find.
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := redisstore.New(rdb, redisstore.Options{Prefix: prefix, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -44,6 +45,9 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 			if err != nil {
 				if c.watch && ctx.Err() != nil {
 					return nil
+				}
+				if len(args) == 0 && errors.Is(err, sdk.ErrNotFound) {
+					continue // deleted since the broker listed it
 				}
 				return fmt.Errorf("stats %s: %w", q, err)
 			}

@@ -142,6 +142,37 @@ func TestStats(t *testing.T) {
 	}
 }
 
+// vanishing lists a queue that is deleted before its Stats are read.
+type vanishing struct{ nopClose }
+
+func (v vanishing) Queues(ctx context.Context) ([]string, error) {
+	qs, err := v.Broker.Queues(ctx)
+	return append(qs, "gone"), err
+}
+
+func (v vanishing) Stats(ctx context.Context, q string) (sdk.QueueStats, error) {
+	if q == "gone" {
+		return sdk.QueueStats{}, fmt.Errorf("%w: queue gone", sdk.ErrNotFound)
+	}
+	return v.Broker.Stats(ctx, q)
+}
+
+// TestStatsSkipsAQueueDeletedMeanwhile: "berth stats" of every queue leaves
+// out one deleted between the listing and its Stats, as other queues are
+// deleted while an operator looks; a queue named on the command line and
+// missing is still an error (exit 3).
+func TestStatsSkipsAQueueDeletedMeanwhile(t *testing.T) {
+	b, _ := deadLettered(t, 1)
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return vanishing{nopClose{b}}, nil }}
+	r := berthEnv(t, context.Background(), b, e, "stats")
+	if r.code != exitOK || !strings.Contains(r.out, "billing") || strings.Contains(r.out, "gone") {
+		t.Fatalf("stats of every queue: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+	if r := berthEnv(t, context.Background(), b, e, "stats", "gone"); r.code != exitNotFound {
+		t.Errorf("stats of a named missing queue: exit %d %s", r.code, r.err)
+	}
+}
+
 // watchWriter cancels the run after some lines.
 type watchWriter struct {
 	lines, cancelAfter int
