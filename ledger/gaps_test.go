@@ -164,7 +164,9 @@ func (d *failAckDelivery) Ack(ctx context.Context) error {
 // the history and attempt 2 succeeded.
 func TestFailedSettlementIsRecorded(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
-	b, err := memory.New(memory.Options{Lease: 100 * time.Millisecond})
+	// A lease of a second: attempt 2 must be acked within it, and at 100 ms a
+	// stall between its receive and its ack cost the lease, and attempt 3 ran.
+	b, err := memory.New(memory.Options{Lease: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

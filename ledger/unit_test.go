@@ -180,7 +180,10 @@ func TestMetrics(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 	c := &capture{}
-	l := newLedger(t, c, ledger.Options{MeterProvider: mp, Buffer: 2, BlockTimeout: -1})
+	// Linger -1: the writer writes its first event at once and blocks on
+	// c.mu, so the buffer fills and the rest drop. With a linger it could
+	// keep draining the buffer while the 20 Records run, and drop none.
+	l := newLedger(t, c, ledger.Options{MeterProvider: mp, Buffer: 2, BlockTimeout: -1, Linger: -1})
 	c.mu.Lock() // the writer blocks on its first batch: the buffer fills, the rest drop
 	for range 20 {
 		l.Record(ledger.Event{MessageID: "m", Status: ledger.StatusEnqueued, At: time.Now()})

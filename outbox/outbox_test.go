@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/outbox"
@@ -66,7 +67,7 @@ func setupSchema(t *testing.T, opts outbox.Options) (*pgxpool.Pool, *outbox.Outb
 func drain(t *testing.T, b *memory.Broker, queue string, want int) map[string]*sdk.Message {
 	t.Helper()
 	got := map[string]*sdk.Message{}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), berthtest.WaitTimeout)
 	defer cancel()
 	for len(got) < want {
 		ds, err := b.Receive(ctx, queue, 100)

@@ -418,10 +418,17 @@ func TestAckHonoursCtxWhenSenderBusy(t *testing.T) {
 	if err := ds[0].Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_ = b.Flush(fctx) // hands the first delete to the sender, which the fake holds
-	cancel()
+	// Flush hands the first delete to the sender, which the fake holds; the
+	// Flush is cancelled only once the sender has it. A Flush with a 50 ms
+	// deadline could find it passed before it handed the delete over, and
+	// put the delete back behind the hour-long AckInterval: no sender ever
+	// entered, and the test hung.
+	fctx, cancel := context.WithCancel(ctx)
+	flushed := make(chan struct{})
+	go func() { defer close(flushed); _ = b.Flush(fctx) }()
 	<-entered
+	cancel()
+	<-flushed
 	acked := make(chan error, 1)
 	go func() {
 		actx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
