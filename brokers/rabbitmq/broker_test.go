@@ -3,7 +3,9 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,6 +142,72 @@ func TestInfo(t *testing.T) {
 			t.Fatalf("Info = %+v, want 0 ready, 1 consumer, 1 delayed, 1 dead-lettered", info)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// TestInfoLooksUpMissingDelayQueuesOnce: Info looks each delay queue up by
+// name, and a missing one costs a channel and an error in the server's log;
+// one found missing is not looked up again until absentRecheck has passed,
+// unless this Broker declares it (a delayed publish), and one another
+// process declares is counted once absentRecheck has passed.
+func TestInfoLooksUpMissingDelayQueuesOnce(t *testing.T) {
+	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
+	ctx := t.Context()
+	var mu sync.Mutex
+	looked := map[string]int{}
+	b.inspectHook = func(name string) { mu.Lock(); looked[name]++; mu.Unlock() }
+	lookups := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		m := maps.Clone(looked)
+		clear(looked)
+		return m
+	}
+	if err := b.DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	info := func() QueueInfo {
+		t.Helper()
+		i, err := b.Info(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	info()
+	if got, want := len(lookups()), 2+len(b.opts.DelayBuckets); got != want {
+		t.Fatalf("first Info looked up %d queues, want %d (main, dead letters, every delay queue)", got, want)
+	}
+	info()
+	if got := lookups(); len(got) != 2 || got[q] != 1 || got[DeadLetterQueue(q)] != 1 {
+		t.Fatalf("second Info looked up %v, want the main and dead-letter queues only", got)
+	}
+
+	// A delayed publish of this Broker declares a delay queue: counted at once.
+	if err := b.Publish(ctx, q, &sdk.Message{Type: "later", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if i := info(); i.Delayed != 1 {
+		t.Fatalf("Info after a delayed publish: %+v, want 1 delayed", i)
+	}
+	if got := lookups(); got[DelayQueue(q, b.bucket(time.Hour))] != 1 {
+		t.Fatalf("Info after a delayed publish looked up %v, without the declared delay queue", got)
+	}
+
+	// Another process declares a second delay queue: counted once the
+	// missing one is looked up again.
+	other := newBroker(t, url, Options{Logger: quiet})
+	if err := other.Publish(ctx, q, &sdk.Message{Type: "soon", Delay: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if i := info(); i.Delayed != 1 {
+		t.Fatalf("Info within absentRecheck of the lookup: %+v, want the other process's delay queue not yet counted", i)
+	}
+	b.mu.Lock()
+	b.absentRecheck = 0
+	b.mu.Unlock()
+	if i := info(); i.Delayed != 2 {
+		t.Fatalf("Info after absentRecheck: %+v, want 2 delayed", i)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -23,6 +24,13 @@ type QueueInfo struct {
 // Info reports queue's depth, its consumers, its delayed and dead-lettered
 // messages. It fails with an error wrapping [sdk.ErrNotFound] when the
 // queue does not exist.
+//
+// Delayed counts the queue's delay queues, one per delay bucket, which are
+// declared on first use. AMQP 0-9-1 can only look a queue up by name, and a
+// lookup of a missing one costs a channel and an error in the server's log,
+// so a delay queue Info found missing is not looked up again for 30 s,
+// unless this Broker declares it meanwhile: a delay queue another process
+// declares is counted within 30 s.
 func (b *Broker) Info(ctx context.Context, queue string) (QueueInfo, error) {
 	if b.closed() {
 		return QueueInfo{}, sdk.ErrClosed
@@ -42,20 +50,53 @@ func (b *Broker) Info(ctx context.Context, queue string) (QueueInfo, error) {
 		return info, fmt.Errorf("rabbitmq: inspect %q: %w", DeadLetterQueue(queue), err)
 	}
 	for _, ttl := range b.opts.DelayBuckets {
-		q, err := b.inspect(ctx, DelayQueue(queue, ttl))
+		name := DelayQueue(queue, ttl)
+		if b.knownAbsent(name) {
+			continue
+		}
+		q, err := b.inspect(ctx, name)
 		if errors.Is(err, sdk.ErrNotFound) {
+			b.setAbsent(name, true)
 			continue
 		}
 		if err != nil {
-			return info, fmt.Errorf("rabbitmq: inspect %q: %w", DelayQueue(queue, ttl), err)
+			return info, fmt.Errorf("rabbitmq: inspect %q: %w", name, err)
 		}
+		b.setAbsent(name, false)
 		info.Delayed += int64(q.Messages)
 	}
 	info.Delayed += b.heldDelayed(queue)
 	return info, nil
 }
 
+// absentRecheck is how long Info trusts that a delay queue it found missing
+// is still missing.
+const absentRecheck = 30 * time.Second
+
+// knownAbsent reports whether Info found delay queue name missing less than
+// absentRecheck ago and this Broker has not declared it since.
+func (b *Broker) knownAbsent(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	at, ok := b.absent[name]
+	return ok && !b.declared[name] && time.Since(at) < b.absentRecheck
+}
+
+// setAbsent records whether Info found delay queue name missing.
+func (b *Broker) setAbsent(name string, missing bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if missing {
+		b.absent[name] = time.Now()
+	} else {
+		delete(b.absent, name)
+	}
+}
+
 func (b *Broker) inspect(ctx context.Context, name string) (amqp.Queue, error) {
+	if b.inspectHook != nil {
+		b.inspectHook(name)
+	}
 	var q amqp.Queue
 	err := b.withChannel(ctx, func(ch *amqp.Channel) error {
 		var err error

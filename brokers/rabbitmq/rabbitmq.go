@@ -417,6 +417,9 @@ type Broker struct {
 	movers    map[string]*mover       // by delay queue name
 	declared  map[string]bool         // queue names (main queues and delay queues) declared on the current connection
 	declaring map[string]*declareCall // declarations in flight, by queue name
+	absent    map[string]time.Time    // delay queues Info found missing, and when (inspect.go)
+
+	absentRecheck time.Duration // how long Info trusts an entry of absent; tests shorten it
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -425,7 +428,8 @@ type Broker struct {
 
 	walkTune walkTuning // bounds of dead-letter walks (dlqwalk.go)
 
-	ackHook func(tag uint64, multiple bool) // tests: sees every ack frame of the consumer channels
+	ackHook     func(tag uint64, multiple bool) // tests: sees every ack frame of the consumer channels
+	inspectHook func(name string)               // tests: sees every queue Info looks up
 }
 
 var (
@@ -495,8 +499,11 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		movers:    make(map[string]*mover),
 		declared:  make(map[string]bool),
 		declaring: make(map[string]*declareCall),
-		rand:      rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
-		window:    make(chan struct{}, opts.MaxInFlight),
+		absent:    make(map[string]time.Time),
+
+		absentRecheck: absentRecheck,
+		rand:          rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		window:        make(chan struct{}, opts.MaxInFlight),
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}
