@@ -211,6 +211,14 @@ func TestQueueDeletedMeanwhile(t *testing.T) {
 	if code, body := get(t, http.DefaultClient, srv.URL+"/api/queues"); code == 200 {
 		t.Errorf("a configured queue that is missing: %d %s", code, body)
 	}
+	pauses := pauseTable(t)
+	if _, err := pauses.Pause(t.Context(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	srv = serve(t, vanishing{b}, dashboard.Options{Pauses: pauses})
+	if code, body := get(t, http.DefaultClient, srv.URL+"/api/queues"); code == 200 {
+		t.Errorf("a paused queue that is missing: %d %s", code, body)
+	}
 }
 
 // Message text reaches the page escaped: HTML by html/template, control

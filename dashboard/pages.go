@@ -131,14 +131,21 @@ type queueRow struct {
 
 func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 	names := slices.Clone(d.o.Queues)
-	var listed []string // the broker's own list, whose queues may go meanwhile
+	// Queues only the broker listed may be deleted before their Stats are
+	// read; those configured or paused are reported even when missing.
+	onlyListed := map[string]bool{}
 	if ql, ok := d.b.(dlq.QueueLister); ok {
 		more, err := ql.Queues(ctx)
 		if err != nil {
 			return nil, err
 		}
-		listed = more
+		for _, q := range more {
+			onlyListed[q] = true
+		}
 		names = append(names, more...)
+	}
+	for _, q := range d.o.Queues {
+		delete(onlyListed, q)
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
@@ -147,6 +154,7 @@ func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 		return nil, fmt.Errorf("paused queues: %w", err)
 	}
 	for q := range paused { // a paused queue is shown even if the broker does not list it
+		delete(onlyListed, q)
 		if !slices.Contains(names, q) {
 			names = append(names, q)
 		}
@@ -158,8 +166,7 @@ func (d *Dashboard) queueRows(ctx context.Context) ([]queueRow, error) {
 		row := queueRow{Queue: q, OldestAge: "–"}
 		if in != nil {
 			st, err := in.Stats(ctx, q)
-			if _, isPaused := paused[q]; errors.Is(err, sdk.ErrNotFound) && !isPaused &&
-				slices.Contains(listed, q) && !slices.Contains(d.o.Queues, q) {
+			if errors.Is(err, sdk.ErrNotFound) && onlyListed[q] {
 				continue // deleted since the broker listed it
 			}
 			if err != nil {

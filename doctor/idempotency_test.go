@@ -108,10 +108,10 @@ func TestDedupeTTL(t *testing.T) {
 			rdb.Del(context.Background(), keys...)
 		}
 	})
-	// berth's defaults: the guard remembers keys for its Retention (7 days).
-	// A Timeout of seconds, not the default 100 ms: the guard's write is the
-	// client's first command, so it includes the dial, and a timed-out write
-	// is only logged (the job still acks), leaving no key to find.
+	// The guard remembers keys for its default Retention (7 days). The store's
+	// Timeout is seconds, not its default 100 ms, and the client has dialled
+	// first: a write that times out is only logged (the job still acks),
+	// leaving no key to find on a loaded machine.
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -391,15 +391,17 @@ func TestShutdownLetsHandlersFinish(t *testing.T) {
 }
 
 // runUntilExtended is a handler that runs until f's lease has been extended
-// n times, or fails the job once berthtest.WaitTimeout has passed. Waiting
-// for the extensions, not sleeping a fixed time, keeps a stalled heartbeat
-// goroutine on a loaded machine from failing the test.
+// n times, or fails the job after 5 s, far longer than the leases of the
+// tests that use it and well within berthtest.WaitTimeout. Waiting for the
+// extensions, not sleeping a fixed time, keeps a stalled heartbeat goroutine
+// on a loaded machine from failing the test.
 func runUntilExtended(f *berthtest.Delivery, n int) sdk.Handler {
+	const limit = 5 * time.Second
 	return sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
-		deadline := time.Now().Add(berthtest.WaitTimeout)
+		deadline := time.Now().Add(limit)
 		for f.Extensions() < n {
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%d extensions after %v, want %d", f.Extensions(), berthtest.WaitTimeout, n)
+				return fmt.Errorf("%d extensions after %v, want %d", f.Extensions(), limit, n)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -607,6 +609,9 @@ func TestLeaseAndHeartbeatMustAgree(t *testing.T) {
 	waitSettled(t, f)
 	if n := f.Extensions(); n < 3 {
 		t.Fatalf("%d extensions in 3 broker leases: the Worker did not take the broker's lease as its own", n)
+	}
+	if a := actions(f); len(a) != 1 || a[0] != "ack" {
+		t.Fatalf("actions %v, want [ack]", a)
 	}
 }
 

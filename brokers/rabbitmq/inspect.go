@@ -41,6 +41,9 @@ func (b *Broker) Info(ctx context.Context, queue string) (QueueInfo, error) {
 	info := QueueInfo{Queue: queue}
 	q, err := b.inspect(ctx, queue)
 	if err != nil {
+		if errors.Is(err, sdk.ErrNotFound) {
+			b.forgetAbsent(queue) // a deleted queue's entries would stay forever
+		}
 		return info, fmt.Errorf("rabbitmq: inspect %q: %w", queue, err)
 	}
 	info.Ready, info.Consumers = int64(q.Messages), q.Consumers
@@ -80,6 +83,15 @@ func (b *Broker) knownAbsent(name string) bool {
 	defer b.mu.Unlock()
 	at, ok := b.absent[name]
 	return ok && !b.declared[name] && time.Since(at) < b.absentRecheck
+}
+
+// forgetAbsent drops what Info recorded of queue's delay queues.
+func (b *Broker) forgetAbsent(queue string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, ttl := range b.opts.DelayBuckets {
+		delete(b.absent, DelayQueue(queue, ttl))
+	}
 }
 
 // setAbsent records whether Info found delay queue name missing.

@@ -429,7 +429,7 @@ type Broker struct {
 	walkTune walkTuning // bounds of dead-letter walks (dlqwalk.go)
 
 	ackHook     func(tag uint64, multiple bool) // tests: sees every ack frame of the consumer channels
-	inspectHook func(name string)               // tests: sees every queue Info looks up
+	inspectHook func(name string)               // tests: sees every passive lookup of a queue
 }
 
 var (

@@ -162,6 +162,7 @@ func (b *Broker) declareShared(ctx context.Context, name string, force bool, dec
 		delete(b.declaring, name)
 		if err == nil {
 			b.declared[name] = true
+			delete(b.absent, name) // Info looks it up again, even once declared is forgotten
 		}
 		c.err = err
 		b.mu.Unlock()
