@@ -99,14 +99,16 @@ func TestScenarioRabbitMQClusterLeaderKilled(t *testing.T) {
 	stats := &idempotency.Stats{}
 	r.underFault(stats, nil, 100, func() {
 		victim.Kill(t)
-		deadline := time.Now().Add(30 * time.Second)
+		// 90 s: each poll starts an Erlang VM for rabbitmqctl, seconds on a
+		// loaded machine, against a cluster that just lost a member.
+		deadline := time.Now().Add(90 * time.Second)
 		for {
 			if l := queueLeader(t, client, r.queue); l != leader && l != "" {
 				t.Logf("leader moved from %s to %s", leader, l)
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("no new leader of %s within 30s", r.queue)
+				t.Fatalf("no new leader of %s within 90s", r.queue)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}

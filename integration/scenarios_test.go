@@ -139,9 +139,12 @@ func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (
 		Queue:       r.queue,
 		Concurrency: 8,
 		Lease:       e2eLease,
-		Retry:       sdk.RetryPolicy{MaxAttempts: 15, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: time.Second}},
-		Middleware:  []sdk.Middleware{guard},
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		// Backoff up to 3 s: a store outage (a PostgreSQL restart) fails
+		// handlers as transient errors, and 15 attempts must outlast the
+		// restart on a loaded machine (about 30 s of retries; 1 s apart, 15 s).
+		Retry:      sdk.RetryPolicy{MaxAttempts: 15, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 3 * time.Second}},
+		Middleware: []sdk.Middleware{guard},
+		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 }
 

@@ -55,8 +55,11 @@ func TestRollingSIGTERM(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	for _, kind := range []string{"postgres", "rabbitmq", "sqs"} {
 		t.Run(kind, func(t *testing.T) {
+			// A 15 s lease, not the default 3 s: this test asserts that a drain
+			// spends no attempt, and a lease lost to a 2 s stall of a loaded
+			// machine would spend one. Nothing here waits for a lease to end.
 			c := config{Broker: kind, Faults: "rolling", Duration: 15 * time.Second, Workers: 3, Rate: 80, PostgresDSN: dsn,
-				Settle: 90 * time.Second, LogDir: t.TempDir()}
+				Settle: 90 * time.Second, LogDir: t.TempDir(), Lease: 15 * time.Second}
 			switch kind {
 			case "rabbitmq":
 				c.RabbitMQURL = integration.RabbitMQURL(t)
