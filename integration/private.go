@@ -3,10 +3,12 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,14 +34,44 @@ func missing(t testing.TB, what string, err error) {
 	t.Skipf("integration: private %s: %v", what, err)
 }
 
-// freePort returns a loopback TCP port nobody listens on now.
+// freePort returns a loopback TCP port nobody listens on now, below the
+// kernel's ephemeral range. The server binds it seconds later; a port from
+// the ephemeral range (what listening on port 0 gives) could meanwhile
+// become the local end of any outgoing connection on the machine, and the
+// CI runs thousands of them, so the server would fail to start.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	low := ephemeralLow()
+	var lastErr error
+	for range 100 {
+		port := 10000 + rand.IntN(low-10000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		_ = ln.Close()
+		return port, nil
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port below %d: %w", low, lastErr)
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// ip_local_port_range), 32768 where it cannot be read.
+func ephemeralLow() int {
+	const dflt = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return dflt
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return dflt
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low <= 11000 {
+		return dflt
+	}
+	return low
 }
 
 // findBinary returns the first of the candidate paths that is executable,
