@@ -6,6 +6,9 @@
 //   - Publish uses publisher confirms, pipelined (a batch is written, then its
 //     confirms are awaited together), persistent messages and the mandatory
 //     flag: a message no queue takes comes back as an [*UnroutableError].
+//     Concurrent publishes share one confirm channel, and the frames written
+//     while the socket is busy go out together in its next write, so many
+//     goroutines publishing one message each cost the server few reads.
 //   - Receive consumes with a prefetch (basic.qos) and manual acks, on a
 //     connection of its own, separate from the publishing connection.
 //   - Retry(d) publishes a copy carrying the next attempt in the
@@ -697,7 +700,7 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 				return nil, err
 			}
 			stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-			return c, nil
+			return newBatchConn(c), nil
 		},
 	}
 	conn, err := amqp.DialConfig(l.b.uri, cfg)

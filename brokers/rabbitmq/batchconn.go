@@ -1,0 +1,129 @@
+package rabbitmq
+
+import (
+	"net"
+	"sync"
+	"time"
+)
+
+// batchConn coalesces the writes of one AMQP connection into as few system
+// calls as the load allows. amqp091 flushes its buffered writer once per
+// published message, holding the connection's send lock through the write
+// system call: 256 concurrent publishers made 256 write calls, queued one
+// behind the other, and the server as many reads. Here Write only appends to
+// a buffer and wakes the connection's writer goroutine, which writes
+// everything appended since its last write in one call: idle, a frame goes
+// out at once (one goroutine hand-off later); under load, frames that
+// arrive during a write share the next one.
+//
+// Nothing is acknowledged by a write: a publish counts only when its confirm
+// comes back, an ack only when the server applies it. A write error is
+// sticky: the writer closes the socket, so amqp091's reader sees the
+// connection fail and fails every pending confirm, and later writes return
+// the error. Buffered bytes are bounded (maxBatchPending): beyond that Write
+// waits, as it would on a full socket buffer.
+type batchConn struct {
+	net.Conn
+
+	mu      sync.Mutex
+	data    sync.Cond // signalled when buf gains bytes or the conn closes
+	space   sync.Cond // broadcast when a write completes or fails
+	buf     []byte    // appended by Write, not yet handed to the socket
+	spare   []byte    // the writer's previous buffer, reused
+	err     error     // the first write error: every later Write returns it
+	closing bool      // Close was called: the writer drains buf and stops
+	done    chan struct{}
+	closed  sync.Once
+}
+
+// maxBatchPending bounds the bytes Write buffers ahead of the socket.
+const maxBatchPending = 1 << 20
+
+// closeDrain bounds how long Close waits for the writer to hand pending
+// frames (connection.close, most often) to the socket.
+const closeDrain = 250 * time.Millisecond
+
+func newBatchConn(c net.Conn) *batchConn {
+	b := &batchConn{Conn: c, done: make(chan struct{})}
+	b.data.L = &b.mu
+	b.space.L = &b.mu
+	go b.run()
+	return b
+}
+
+// Write buffers p for the writer goroutine and returns; it blocks only while
+// maxBatchPending bytes wait.
+func (b *batchConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.err == nil && !b.closing && len(b.buf) >= maxBatchPending {
+		b.space.Wait()
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.closing {
+		return 0, net.ErrClosed
+	}
+	if len(b.buf) == 0 {
+		b.data.Signal()
+	}
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+// run writes what Write buffered until the conn closes or a write fails.
+func (b *batchConn) run() {
+	defer close(b.done)
+	b.mu.Lock()
+	for {
+		for len(b.buf) == 0 && !b.closing {
+			b.data.Wait()
+		}
+		if len(b.buf) == 0 { // closing, everything written
+			b.mu.Unlock()
+			return
+		}
+		out := b.buf
+		b.buf = b.spare[:0]
+		b.mu.Unlock()
+		_, err := b.Conn.Write(out)
+		b.mu.Lock()
+		if cap(out) <= maxBatchPending { // keep a buffer of the usual size, drop a burst's
+			b.spare = out[:0]
+		}
+		if err != nil {
+			b.err = err
+			b.buf = nil
+			b.space.Broadcast()
+			b.mu.Unlock()
+			b.closeSocket() // amqp091's reader fails with it: the connection is lost
+			return
+		}
+		b.space.Broadcast()
+	}
+}
+
+// Close lets the writer hand what is buffered to the socket (for at most
+// closeDrain), then closes the socket.
+func (b *batchConn) Close() error {
+	b.mu.Lock()
+	b.closing = true
+	b.data.Signal()
+	b.space.Broadcast()
+	b.mu.Unlock()
+	t := time.NewTimer(closeDrain)
+	select {
+	case <-b.done:
+	case <-t.C:
+	}
+	t.Stop()
+	return b.closeSocket()
+}
+
+// closeSocket closes the socket once; a second call returns nil.
+func (b *batchConn) closeSocket() error {
+	var err error
+	b.closed.Do(func() { err = b.Conn.Close() })
+	return err
+}
