@@ -24,7 +24,6 @@ type deliveryCtx struct {
 	span   trace.Span
 	d      sdk.Delivery
 	l      *labels
-	start  time.Time
 	active bool // in-flight counted
 }
 
@@ -97,7 +96,7 @@ func (o *Observer) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	if d.Attempt() > 1 {
 		l.redeliveries.Add(1)
 	}
-	st.Context, st.start = ctx, time.Now()
+	st.Context = ctx
 	return st
 }
 
@@ -129,12 +128,9 @@ func (o *Observer) startProcess(parent context.Context, m *sdk.Message, d sdk.De
 // Settled implements [sdk.Observer]: it records the outcome on the process
 // span and ends it, and records the delivery metrics.
 func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
-	var (
-		lb    *labels
-		start time.Time
-	)
+	var lb *labels
 	if st := o.stateOf(ctx); st != nil {
-		lb, start = st.l, st.start
+		lb = st.l
 		if st.active { // Settled once per Start
 			st.active = false
 			lb.inFlight.Add(-1)
@@ -164,13 +160,15 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 	}
 	switch s.Action {
 	case sdk.ActionAck:
-		// From the Receive that claimed the delivery (prefetch wait included),
-		// falling back to the start of handling.
-		if claimed := s.Received; s.Err == nil && (!claimed.IsZero() || !start.IsZero()) {
-			if claimed.IsZero() {
-				claimed = start
+		// From the Receive that claimed the delivery (prefetch wait included).
+		// A settlement without Received (not from a Worker) falls back to the
+		// start of handling, Duration before now: Start reads no clock for it.
+		if s.Err == nil && (!s.Received.IsZero() || s.Duration > 0) {
+			since := s.Duration
+			if !s.Received.IsZero() {
+				since = time.Since(s.Received)
 			}
-			o.claimToAck.Record(ctx, time.Since(claimed).Seconds(), lb.record...)
+			o.claimToAck.Record(ctx, since.Seconds(), lb.record...)
 		}
 	case sdk.ActionRetry:
 		lc.retries.Add(1)

@@ -105,3 +105,37 @@ func TestSettledWithoutStartIsHarmless(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestClaimToAckWithoutReceived: an Observer driven by something other than
+// a Worker, whose settlements carry no Received time, measures claim-to-ack
+// from the start of handling (Duration before the settlement); one with
+// neither records no claim-to-ack at all.
+func TestClaimToAckWithoutReceived(t *testing.T) {
+	b := newMemory(t)
+	queue := uniqueQueue(t, "cta")
+	obs, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{})
+	ctx := context.Background()
+	if err := b.Publish(ctx, queue, &sdk.Message{Type: "a"}, &sdk.Message{Type: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, queue, 2)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("Receive: %d deliveries, %v", len(ds), err)
+	}
+	const took = 250 * time.Millisecond
+	hctx := obs.Start(ctx, ds[0])
+	obs.Settled(hctx, ds[0], sdk.Settlement{Action: sdk.ActionAck, Duration: took})
+	hctx = obs.Start(ctx, ds[1])
+	obs.Settled(hctx, ds[1], sdk.Settlement{Action: sdk.ActionAck})
+	ms := collect(t, reader)
+	const name = "berth.delivery.claim_to_ack.duration"
+	if n := ms.sum(name); n != 1 {
+		t.Fatalf("%s has %v points, want 1 (the settlement with a Duration)", name, n)
+	}
+	if s := ms.histSum(name); s != took.Seconds() {
+		t.Errorf("%s sums to %vs, want %vs (the handling time)", name, s, took.Seconds())
+	}
+	for _, d := range ds {
+		_ = d.Ack(ctx)
+	}
+}
