@@ -84,12 +84,16 @@ func (b *batchConn) run() {
 			b.mu.Unlock()
 			return
 		}
+		// Swap buffers: Write appends to the spare while out is written.
+		// The spare's array now belongs to buf alone, so spare lets go of
+		// it; out becomes the next spare once written (unless a burst grew
+		// it past the bound: then the next swap allocates afresh).
 		out := b.buf
-		b.buf = b.spare[:0]
+		b.buf, b.spare = b.spare[:0], nil
 		b.mu.Unlock()
 		_, err := b.Conn.Write(out)
 		b.mu.Lock()
-		if cap(out) <= maxBatchPending { // keep a buffer of the usual size, drop a burst's
+		if cap(out) <= maxBatchPending {
 			b.spare = out[:0]
 		}
 		if err != nil {

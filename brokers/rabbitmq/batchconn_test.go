@@ -1,10 +1,13 @@
 package rabbitmq
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,31 +16,37 @@ import (
 )
 
 // gateConn is a net.Conn whose writes wait for the test to open a gate, and
-// which records each write it was given.
+// which records what it was given, and its Close, in order.
 type gateConn struct {
 	net.Conn // nil: only Write and Close are used
 
 	mu      sync.Mutex
-	writes  [][]byte
-	gate    chan struct{} // one receive lets one write through
+	events  []string      // each write's bytes, and "<close>"
+	gate    chan struct{} // one receive lets one write through; closed: all
 	entered chan struct{} // a write has started
+	shut    chan struct{} // closed by Close: a waiting write fails, as on a socket
+	once    sync.Once
 	fail    error
 	closes  int
 }
 
 func newGateConn() *gateConn {
-	return &gateConn{gate: make(chan struct{}), entered: make(chan struct{}, 100)}
+	return &gateConn{gate: make(chan struct{}), entered: make(chan struct{}, 1000), shut: make(chan struct{})}
 }
 
 func (g *gateConn) Write(p []byte) (int, error) {
 	g.entered <- struct{}{}
-	<-g.gate
+	select {
+	case <-g.gate:
+	case <-g.shut:
+		return 0, net.ErrClosed
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.fail != nil {
 		return 0, g.fail
 	}
-	g.writes = append(g.writes, bytes.Clone(p))
+	g.events = append(g.events, string(p))
 	return len(p), nil
 }
 
@@ -45,13 +54,15 @@ func (g *gateConn) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.closes++
+	g.events = append(g.events, "<close>")
+	g.once.Do(func() { close(g.shut) })
 	return nil
 }
 
-func (g *gateConn) got() ([][]byte, int) {
+func (g *gateConn) got() ([]string, int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([][]byte(nil), g.writes...), g.closes
+	return append([]string(nil), g.events...), g.closes
 }
 
 func waitEntered(t *testing.T, g *gateConn) {
@@ -80,39 +91,63 @@ func TestBatchConnCoalesces(t *testing.T) {
 	g.gate <- struct{}{} // "a" done
 	waitEntered(t, g)    // the next write: everything buffered meanwhile
 	g.gate <- struct{}{}
-	close(g.gate) // Close's drain finds nothing to write
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	writes, closes := g.got()
-	if len(writes) != 2 || string(writes[0]) != "a" || string(writes[1]) != "bcd" {
-		t.Errorf("socket writes %q, want [a bcd]", writes)
-	}
-	if closes != 1 {
-		t.Errorf("socket closed %d times, want 1", closes)
+	events, closes := g.got()
+	if want := []string{"a", "bcd", "<close>"}; fmt.Sprint(events) != fmt.Sprint(want) || closes != 1 {
+		t.Errorf("socket saw %q, closed %d times; want %q, once", events, closes, want)
 	}
 	if _, err := b.Write([]byte("e")); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Write after Close: %v, want net.ErrClosed", err)
 	}
 }
 
-// TestBatchConnCloseDrains: Close hands what is buffered to the socket
-// before it closes it (amqp091's connection.close frame is written last).
+// TestBatchConnCloseDrains: Close waits for what is buffered to reach the
+// socket before it closes it (amqp091's last frames, connection.close-ok).
 func TestBatchConnCloseDrains(t *testing.T) {
 	g := newGateConn()
-	close(g.gate)
 	b := newBatchConn(g)
-	for _, s := range []string{"x", "y"} {
-		if _, err := b.Write([]byte(s)); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := b.Write([]byte("x")); err != nil {
+		t.Fatal(err)
 	}
+	waitEntered(t, g) // "x" held in the socket write
+	if _, err := b.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(50 * time.Millisecond) // Close is waiting by now, well within closeDrain
+		close(g.gate)
+	}()
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	writes, closes := g.got()
-	if got := string(bytes.Join(writes, nil)); got != "xy" || closes != 1 {
-		t.Errorf("wrote %q and closed %d times, want \"xy\" and once", got, closes)
+	if events, _ := g.got(); fmt.Sprint(events) != fmt.Sprint([]string{"x", "y", "<close>"}) {
+		t.Errorf("socket saw %q, want [x y <close>]", events)
+	}
+}
+
+// TestBatchConnCloseWithStuckWrite: a socket write that never completes
+// holds Close for closeDrain at most; closing the socket then ends the
+// write and the writer goroutine (goleak checks it is gone).
+func TestBatchConnCloseWithStuckWrite(t *testing.T) {
+	g := newGateConn() // the gate never opens
+	b := newBatchConn(g)
+	if _, err := b.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitEntered(t, g)
+	start := time.Now()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < closeDrain {
+		t.Errorf("Close returned after %v, before the drain bound %v with a write under way", took, closeDrain)
+	}
+	select {
+	case <-b.done:
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("the writer goroutine did not exit after Close")
 	}
 }
 
@@ -122,12 +157,11 @@ func TestBatchConnCloseDrains(t *testing.T) {
 func TestBatchConnWriteErrorIsSticky(t *testing.T) {
 	g := newGateConn()
 	g.fail = io.ErrClosedPipe
+	close(g.gate)
 	b := newBatchConn(g)
 	if _, err := b.Write([]byte("a")); err != nil {
 		t.Fatal(err)
 	}
-	waitEntered(t, g)
-	g.gate <- struct{}{}
 	deadline := time.Now().Add(berthtest.WaitTimeout)
 	var err error
 	for err == nil && time.Now().Before(deadline) {
@@ -137,10 +171,14 @@ func TestBatchConnWriteErrorIsSticky(t *testing.T) {
 	if !errors.Is(err, io.ErrClosedPipe) {
 		t.Fatalf("Write after a failed socket write: %v, want %v", err, io.ErrClosedPipe)
 	}
+	select {
+	case <-b.done: // the writer closes the socket, then exits
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("the writer goroutine did not exit after the failed write")
+	}
 	if _, closes := g.got(); closes != 1 {
 		t.Errorf("socket closed %d times after the failure, want 1", closes)
 	}
-	close(g.gate)
 	if err := b.Close(); err != nil {
 		t.Errorf("Close after the failure: %v", err)
 	}
@@ -159,8 +197,8 @@ func TestBatchConnBoundsBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEntered(t, g) // the socket holds "a"
-	big := make([]byte, maxBatchPending)
-	if _, err := b.Write(big); err != nil { // fills the buffer
+	// Fill the buffer.
+	if _, err := b.Write(make([]byte, maxBatchPending)); err != nil {
 		t.Fatal(err)
 	}
 	wrote := make(chan error, 1)
@@ -173,7 +211,7 @@ func TestBatchConnBoundsBuffer(t *testing.T) {
 		t.Fatalf("Write returned (%v) with %d bytes already buffered", err, maxBatchPending)
 	case <-time.After(100 * time.Millisecond):
 	}
-	g.gate <- struct{}{} // "a" done: the buffer goes to the socket, space frees
+	close(g.gate) // "a" done: the buffer goes to the socket, space frees
 	select {
 	case err := <-wrote:
 		if err != nil {
@@ -182,16 +220,134 @@ func TestBatchConnBoundsBuffer(t *testing.T) {
 	case <-time.After(berthtest.WaitTimeout):
 		t.Fatal("Write still waiting after the socket took the buffer")
 	}
-	close(g.gate)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	writes, _ := g.got()
-	var n int
-	for _, w := range writes {
-		n += len(w)
+	events, _ := g.got()
+	if got, want := len(strings.Join(events, ""))-len("<close>"), 1+maxBatchPending+1; got != want {
+		t.Errorf("socket got %d bytes, want %d", got, want)
 	}
-	if want := 1 + maxBatchPending + 1; n != want {
-		t.Errorf("socket got %d bytes, want %d", n, want)
+}
+
+// TestBatchConnBurstKeepsBytes: after a burst that grew the buffer past the
+// bound (many small frames behind a slow socket), later frames still reach
+// the socket exactly once and in order: the buffers swapped between Write
+// and the writer are never shared. (They were: the frame after a burst was
+// overwritten by the next one while the socket wrote it, and sent twice.)
+func TestBatchConnBurstKeepsBytes(t *testing.T) {
+	g := newGateConn()
+	b := newBatchConn(g)
+	var want bytes.Buffer
+	write := func(p []byte) {
+		want.Write(p)
+		if _, err := b.Write(p); err != nil {
+			t.Error(err)
+		}
+	}
+	write([]byte("x"))
+	waitEntered(t, g) // the socket holds "x"
+	for i := range 256 {
+		write(bytes.Repeat([]byte{byte('A' + i%26)}, 4096)) // 1 MiB in 4 KiB frames: capacity past the bound
+	}
+	done := make(chan struct{})
+	go func() { // waits for space until the writer takes the burst
+		defer close(done)
+		write([]byte("abc"))
+	}()
+	g.gate <- struct{}{} // "x" written
+	waitEntered(t, g)    // the socket holds the burst
+	<-done               // "abc" buffered meanwhile
+	g.gate <- struct{}{} // the burst written
+	waitEntered(t, g)    // the socket holds "abc"
+	write([]byte("XYZ")) // buffered while "abc" is being written
+	close(g.gate)
+	for i := range 50 {
+		write(fmt.Appendf(nil, "<%d>", i))
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	events, _ := g.got()
+	got := strings.TrimSuffix(strings.Join(events, ""), "<close>")
+	if w := want.String(); got != w {
+		i := 0
+		for i < min(len(got), len(w)) && got[i] == w[i] {
+			i++
+		}
+		t.Errorf("socket got %d bytes, %d written; they differ from byte %d: %q, want %q",
+			len(got), len(w), i, got[i:min(len(got), i+12)], w[i:min(len(w), i+12)])
+	}
+}
+
+// TestBatchConnConcurrentWritersOverTCP: many goroutines writing frames
+// through a real loopback connection, as amqp091's channels do; each frame
+// arrives whole, exactly once, and each writer's frames in its order.
+func TestBatchConnConcurrentWritersOverTCP(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const writers, frames = 16, 2000
+	type result struct {
+		seen map[int]int // writer -> frames read
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer c.Close()
+		seen := map[int]int{}
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			var w, seq int
+			if _, err := fmt.Sscanf(sc.Text(), "%d:%d", &w, &seq); err != nil {
+				res <- result{err: fmt.Errorf("frame %q: %w", sc.Text(), err)}
+				return
+			}
+			if seq != seen[w] {
+				res <- result{err: fmt.Errorf("writer %d: frame %d after %d frames", w, seq, seen[w])}
+				return
+			}
+			seen[w]++
+		}
+		res <- result{seen: seen, err: sc.Err()}
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBatchConn(raw)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for seq := range frames {
+				if _, err := b.Write(fmt.Appendf(nil, "%d:%d\n", w, seq)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-res:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		for w := range writers {
+			if r.seen[w] != frames {
+				t.Errorf("writer %d: %d frames arrived, want %d", w, r.seen[w], frames)
+			}
+		}
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("the reader did not finish")
 	}
 }
