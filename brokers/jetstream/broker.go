@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -413,6 +415,15 @@ func (b *Broker) connected(op string) error {
 	return nil
 }
 
+// isNetErr reports a failure of the connection itself: nats.go returns
+// the socket's error as it is when a write fails before it notices the
+// connection is gone (a publish as the connection resets, say).
+func isNetErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
 // wrapErr turns a nats.go error into berth's: context errors unwrapped,
 // a closed broker ErrClosed, connection trouble ErrUnavailable.
 func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
@@ -429,7 +440,8 @@ func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrConnectionReconnecting) ||
 		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
-		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, errNotConnected) {
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, errNotConnected) ||
+		isNetErr(err) {
 		return fmt.Errorf("berth/jetstream: %s: %w: %w", op, sdk.ErrUnavailable, err)
 	}
 	return fmt.Errorf("berth/jetstream: %s: %w", op, err)
