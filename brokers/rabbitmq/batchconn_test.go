@@ -65,13 +65,20 @@ func (g *gateConn) got() ([]string, int) {
 	return append([]string(nil), g.events...), g.closes
 }
 
-func waitEntered(t *testing.T, g *gateConn) {
+// waitFor waits for a receive from ch, failing the test with what after
+// berthtest.WaitTimeout.
+func waitFor[T any](t *testing.T, ch <-chan T, what string) {
 	t.Helper()
 	select {
-	case <-g.entered:
+	case <-ch:
 	case <-time.After(berthtest.WaitTimeout):
-		t.Fatal("the writer did not start a write")
+		t.Fatal(what)
 	}
+}
+
+func waitEntered(t *testing.T, g *gateConn) {
+	t.Helper()
+	waitFor(t, g.entered, "the writer did not start a write")
 }
 
 // TestBatchConnCoalesces: frames written while the socket write is under
@@ -144,11 +151,7 @@ func TestBatchConnCloseWithStuckWrite(t *testing.T) {
 	if took := time.Since(start); took < closeDrain {
 		t.Errorf("Close returned after %v, before the drain bound %v with a write under way", took, closeDrain)
 	}
-	select {
-	case <-b.done:
-	case <-time.After(berthtest.WaitTimeout):
-		t.Fatal("the writer goroutine did not exit after Close")
-	}
+	waitFor(t, b.done, "the writer goroutine did not exit after Close")
 }
 
 // TestBatchConnWriteErrorIsSticky: a failed socket write closes the socket
@@ -171,11 +174,7 @@ func TestBatchConnWriteErrorIsSticky(t *testing.T) {
 	if !errors.Is(err, io.ErrClosedPipe) {
 		t.Fatalf("Write after a failed socket write: %v, want %v", err, io.ErrClosedPipe)
 	}
-	select {
-	case <-b.done: // the writer closes the socket, then exits
-	case <-time.After(berthtest.WaitTimeout):
-		t.Fatal("the writer goroutine did not exit after the failed write")
-	}
+	waitFor(t, b.done, "the writer goroutine did not exit after the failed write") // the writer closes the socket, then exits
 	if _, closes := g.got(); closes != 1 {
 		t.Errorf("socket closed %d times after the failure, want 1", closes)
 	}
