@@ -34,9 +34,11 @@ func (nopExporter) Shutdown(context.Context) error                             {
 // two spans made by hand with the OpenTelemetry SDK, no berth telemetry
 // ("floor", see handTraced): on − floor is berth's own cost of tracing
 // and metrics, measured in the same process shape (heap, goroutines) as
-// "on". ns/op and allocs/op are per message, publish and consume together.
+// "on". "metrics-floor" records the two histograms berth records per
+// delivery by hand with the SDK (otelfloor.HandMetered): metrics −
+// metrics-floor is berth's own cost of metrics. ns/op and allocs/op are per message, publish and consume together.
 func BenchmarkWorker(b *testing.B) {
-	for _, mode := range []string{"off", "metrics", "ratio", "on", "floor"} {
+	for _, mode := range []string{"off", "metrics", "metrics-floor", "ratio", "on", "floor"} {
 		b.Run(mode, func(b *testing.B) {
 			br, err := memory.New(memory.Options{})
 			if err != nil {
@@ -54,7 +56,16 @@ func BenchmarkWorker(b *testing.B) {
 				hand := otelfloor.New(tp.Tracer("floor"), br, queue)
 				pub, observers = hand, []sdk.Observer{hand}
 			}
-			if mode != "off" && mode != "floor" {
+			if mode == "metrics-floor" {
+				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+				defer mp.Shutdown(context.Background())
+				hand, err := otelfloor.NewMetered(mp, queue, "billing.charge")
+				if err != nil {
+					b.Fatal(err)
+				}
+				observers = []sdk.Observer{hand}
+			}
+			if mode != "off" && mode != "floor" && mode != "metrics-floor" {
 				var tp trace.TracerProvider = noop.NewTracerProvider()
 				if mode == "on" {
 					sdktp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSyncer(nopExporter{}))

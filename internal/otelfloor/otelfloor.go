@@ -1,15 +1,18 @@
 // Package otelfloor is the floor under berth's telemetry benchmarks: what an
 // application that wants the same two spans per message as berth's
 // telemetry writes by hand with the OpenTelemetry SDK and nothing of
-// berth's. telemetry's BenchmarkWorker/floor and the benchmarks module's
-// telemetry scenario both measure it, so that "on − floor" is berth's own
-// cost of tracing in both.
+// berth's ([HandTraced]), and the same for the two histograms berth records
+// per delivery ([HandMetered]). telemetry's BenchmarkWorker and the
+// benchmarks module's telemetry scenario both measure them, so that
+// "on − floor" and "metrics − metrics floor" are berth's own cost in both.
 package otelfloor
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -84,4 +87,51 @@ func (h HandTraced) Settled(ctx context.Context, _ sdk.Delivery, s sdk.Settlemen
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(attribute.String("berth.settlement.action", string(s.Action)))
 	span.End()
+}
+
+// DurationBuckets are the histogram boundaries, in seconds, of berth's
+// duration histograms (telemetry checks that they stay the same).
+var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60, 300}
+
+// HandMetered is the floor under berth's metrics: an [sdk.Observer] that
+// records, with the OpenTelemetry SDK and nothing of berth's, the two
+// histograms berth's telemetry records per acked delivery
+// (messaging.process.duration and berth.delivery.claim_to_ack.duration,
+// with the same boundaries) under one attribute set made once (the same
+// three attributes: messaging.system, messaging.destination.name,
+// berth.job.type). It counts nothing and propagates nothing: what is left
+// of berth's metrics above it (its counters, labels, header propagation,
+// the delivery state) is berth's own cost.
+type HandMetered struct {
+	process, claimToAck metric.Float64Histogram
+	attrs               []metric.RecordOption // a slice made once: a variadic argument list would allocate per call
+}
+
+// NewMetered returns the metrics floor for deliveries of jobType from queue
+// on the memory broker, its instruments made with mp.
+func NewMetered(mp metric.MeterProvider, queue, jobType string) (HandMetered, error) {
+	m := mp.Meter("floor")
+	p, err := m.Float64Histogram("messaging.process.duration", metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	if err != nil {
+		return HandMetered{}, err
+	}
+	c, err := m.Float64Histogram("berth.delivery.claim_to_ack.duration", metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(DurationBuckets...))
+	if err != nil {
+		return HandMetered{}, err
+	}
+	set := attribute.NewSet(attribute.String("messaging.system", "memory"), attribute.String("messaging.destination.name", queue), attribute.String("berth.job.type", jobType))
+	return HandMetered{process: p, claimToAck: c, attrs: []metric.RecordOption{metric.WithAttributeSet(set)}}, nil
+}
+
+// Start returns ctx: the floor keeps no state per delivery.
+func (h HandMetered) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+// Settled records an acked delivery's handler time and its time from the
+// receive that claimed it.
+func (h HandMetered) Settled(ctx context.Context, _ sdk.Delivery, s sdk.Settlement) {
+	if s.Action != sdk.ActionAck || s.Err != nil {
+		return
+	}
+	h.process.Record(ctx, s.Duration.Seconds(), h.attrs...)
+	h.claimToAck.Record(ctx, time.Since(s.Received).Seconds(), h.attrs...)
 }
