@@ -7,9 +7,14 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -46,13 +51,50 @@ func sqsEndpoint() string {
 
 // sqsClient returns a client for the emulator with a connection pool of its
 // own, large enough for every concurrent call of a variant.
-func sqsClient() *awssqs.Client {
+func sqsClient() *awssqs.Client { return sqsClientNamed("") }
+
+// sqsClientNamed is sqsClient whose calls, with BERTH_BENCH_SQSSTATS set,
+// are counted by action under name (printed to stderr at the end).
+func sqsClientNamed(name string) *awssqs.Client {
+	var rt http.RoundTripper = &http.Transport{MaxIdleConnsPerHost: 128, IdleConnTimeout: 30 * time.Second}
+	if name != "" && os.Getenv("BERTH_BENCH_SQSSTATS") != "" {
+		rt = &sqsCounting{name: name, next: rt}
+	}
 	return awssqs.New(awssqs.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(sqsEndpoint()),
 		Credentials:  credentials.NewStaticCredentialsProvider("berth", "berth", ""),
-		HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, IdleConnTimeout: 30 * time.Second}},
+		HTTPClient:   &http.Client{Transport: rt},
 	})
+}
+
+// sqsCalls counts requests by client name and action (X-Amz-Target).
+var sqsCalls sync.Map // string -> *atomic.Int64
+
+// sqsCounting is a RoundTripper that counts what goes through it.
+type sqsCounting struct {
+	name string
+	next http.RoundTripper
+}
+
+func (c *sqsCounting) RoundTrip(r *http.Request) (*http.Response, error) {
+	k := c.name + " " + r.Header.Get("X-Amz-Target")
+	v, _ := sqsCalls.LoadOrStore(k, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// printSQSCalls writes the counted calls to stderr, sorted.
+func printSQSCalls() {
+	var lines []string
+	sqsCalls.Range(func(k, v any) bool {
+		lines = append(lines, fmt.Sprintf("sqs calls: %s %d", k, v.(*atomic.Int64).Load()))
+		return true
+	})
+	slices.Sort(lines)
+	for _, l := range lines {
+		fmt.Fprintln(os.Stderr, l)
+	}
 }
 
 // sqsEnv holds the brokers and queues of one table, deleted by close.
@@ -71,7 +113,10 @@ func newSQSEnv() (*sqsEnv, error) {
 }
 
 // broker returns a berth broker on a client of its own.
-func (e *sqsEnv) broker(opts sqs.Options) (*sqs.Broker, error) {
+func (e *sqsEnv) broker(opts sqs.Options) (*sqs.Broker, error) { return e.brokerNamed("", opts) }
+
+// brokerNamed is broker with its calls counted under name (see sqsClientNamed).
+func (e *sqsEnv) brokerNamed(name string, opts sqs.Options) (*sqs.Broker, error) {
 	opts.Logger = slog.New(slog.DiscardHandler)
 	if opts.VisibilityTimeout == 0 {
 		opts.VisibilityTimeout = sqsVisibility * time.Second
@@ -79,7 +124,7 @@ func (e *sqsEnv) broker(opts sqs.Options) (*sqs.Broker, error) {
 	if opts.WaitTime == 0 {
 		opts.WaitTime = sqsWait * time.Second
 	}
-	b, err := sqs.New(sqsClient(), opts)
+	b, err := sqs.New(sqsClientNamed(name), opts)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +167,7 @@ func runSQS(ctx context.Context, c config) ([]table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consume: %w", err)
 	}
+	printSQSCalls()
 	return []table{pub, con}, nil
 }
 
@@ -327,9 +373,13 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 		return table{}, err
 	}
 
+	costs := map[string]*drainCost{}
 	rawVariant := func(loops int, why string) (variant, error) {
-		client := sqsClient()
-		return variant{name: fmt.Sprintf("raw aws-sdk-go-v2, %d receive loops", loops), config: fmt.Sprintf("%d goroutines each looping ReceiveMessage (10, long poll %d s, visibility %d s, all attributes) then DeleteMessageBatch of what it received%s", loops, sqsWait, sqsVisibility, why),
+		client := sqsClientNamed(fmt.Sprintf("raw-consume-%d", loops))
+		name := fmt.Sprintf("raw aws-sdk-go-v2, %d receive loops", loops)
+		c := &drainCost{}
+		costs[name] = c
+		return variant{name: name, config: fmt.Sprintf("%d goroutines each looping ReceiveMessage (10, long poll %d s, visibility %d s, all attributes) then DeleteMessageBatch of what it received%s", loops, sqsWait, sqsVisibility, why),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
 				q, url, err := e.queue(ctx, "sqsrawcons")
 				if err != nil {
@@ -338,7 +388,9 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
-				return timed(func() error { return rawSQSDrain(ctx, client, url, n, loops) })
+				return costed(c, fmt.Sprintf("raw%d", loops), n, func() (time.Duration, error) {
+					return timed(func() error { return rawSQSDrain(ctx, client, url, n, loops) })
+				})
 			}}, nil
 	}
 	raw, err := rawVariant(2*sqsLoops, fmt.Sprintf(": as many calls in flight as berth's %d receive loops and its 4 delete senders", sqsLoops))
@@ -350,11 +402,14 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 		return table{}, err
 	}
 	worker := func(loops int) (variant, error) {
-		br, err := e.broker(sqs.Options{})
+		br, err := e.brokerNamed(fmt.Sprintf("worker-%d", loops), sqs.Options{})
 		if err != nil {
 			return variant{}, err
 		}
-		return variant{name: fmt.Sprintf("berth Worker, ReceiveLoops %d", loops),
+		name := fmt.Sprintf("berth Worker, ReceiveLoops %d", loops)
+		c := &drainCost{}
+		costs[name] = c
+		return variant{name: name,
 			config: fmt.Sprintf("Concurrency %d (Prefetch as many), ReceiveLoops %d%s, no-op handler; acks buffered into DeleteMessageBatch (AckInterval 20 ms), the clock stops once they are flushed (stopping the Worker is not timed)", sqsWorkers, loops, defaultLoops(loops)),
 			round: func(ctx context.Context, n int) (time.Duration, error) {
 				q, _, err := e.queue(ctx, "sqsworker"+strconv.Itoa(loops))
@@ -364,7 +419,9 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
-				return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: sqsWorkers, ReceiveLoops: loops})
+				return costed(c, fmt.Sprint("worker", loops), n, func() (time.Duration, error) {
+					return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: sqsWorkers, ReceiveLoops: loops})
+				})
 			}}, nil
 	}
 	par, err := worker(sqsLoops)
@@ -379,16 +436,16 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 	if err != nil {
 		return table{}, err
 	}
-	n := msgs(c, 5000)
+	n := msgs(c, envInt("BERTH_BENCH_SQSN", 5000))
 	res, err := alternate(ctx, []variant{raw, raw4, par, par8, one}, c.rounds, n)
 	if err != nil {
 		return table{}, err
 	}
 	return table{
 		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
-		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Now and then a ReceiveMessage answer is lost within a round (raw and berth alike): the emulator took the messages, then reading the 200 answer failed with \"use of closed network connection\" and the SDK retried, so those messages stay hidden for the 10 s visibility. Such a round shows as a minimum far below the others. × is against raw with %d loops.", n, 2*sqsLoops),
-		head:  resultHead,
-		rows:  rows(res, 0),
+		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Now and then a ReceiveMessage answer is lost within a round (raw and berth alike): the emulator took the messages, then reading the 200 answer failed with \"use of closed network connection\" and the SDK retried, so those messages stay hidden for the 10 s visibility. Such a round shows as a minimum far below the others. × is against raw with %d loops. The drains are CPU-bound on this machine: the columns give, per message drained, this process's CPU time (the consumer, GC included), the emulator's, and this process's heap allocations; a variant that spends more client CPU per message leaves the emulator less.", n, 2*sqsLoops),
+		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "emulator CPU/msg", "allocs/msg", "configuration"},
+		rows:  costRows(rows(res, 0), costs),
 	}, nil
 }
 
@@ -517,4 +574,83 @@ func defaultLoops(loops int) string {
 		return " (the default for these slots)"
 	}
 	return ""
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// cpuSnap returns this process's CPU time and the emulator's (a node
+// process running fauxqs; zero when none is found on this machine).
+func cpuSnap() (self, emulator time.Duration) {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !strings.HasPrefix(string(cmd), "node") || !(strings.Contains(string(cmd), "fauxqs") || strings.Contains(string(cmd), "server.mjs")) {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.Atoi(f[11]) // utime and stime, in clock ticks of 10 ms
+		k, _ := strconv.Atoi(f[12])
+		emulator += time.Duration(u+k) * 10 * time.Millisecond
+	}
+	return self, emulator
+}
+
+// drainCost is what a variant's drains used, over all its rounds.
+type drainCost struct {
+	self, emulator time.Duration
+	mallocs        uint64
+	msgs           int
+}
+
+// costed runs a timed drain of n messages under a profiler label naming
+// the variant and adds the process's and the emulator's CPU time and the
+// process's heap allocations to c.
+func costed(c *drainCost, name string, n int, f func() (time.Duration, error)) (time.Duration, error) {
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	s0, e0 := cpuSnap()
+	var d time.Duration
+	var err error
+	pprof.Do(context.Background(), pprof.Labels("variant", name), func(context.Context) { d, err = f() })
+	s1, e1 := cpuSnap()
+	runtime.ReadMemStats(&m1)
+	c.self += s1 - s0
+	c.emulator += e1 - e0
+	c.mallocs += m1.Mallocs - m0.Mallocs
+	c.msgs += n
+	return d, err
+}
+
+func (c drainCost) cells() []string {
+	per := func(d time.Duration) string {
+		return fmt.Sprintf("%.1f µs", float64(d.Nanoseconds())/1e3/float64(c.msgs))
+	}
+	return []string{per(c.self), per(c.emulator), fmt.Sprintf("%.0f", float64(c.mallocs)/float64(c.msgs))}
+}
+
+// costRows puts each variant's drain costs before its configuration cell.
+func costRows(rs [][]string, costs map[string]*drainCost) [][]string {
+	for i, r := range rs {
+		cells := []string{"", "", ""}
+		if c, ok := costs[r[0]]; ok && c.msgs > 0 {
+			cells = c.cells()
+		}
+		rs[i] = append(append(r[:len(r)-1:len(r)-1], cells...), r[len(r)-1])
+	}
+	return rs
 }
