@@ -226,7 +226,7 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 	body := string(bodyBytes)
 
 	rawVariant := func(name string, oneAttr bool) (variant, error) {
-		client := sqsClient()
+		client := sqsClientNamed(name)
 		_, url, err := e.queue(ctx, "sqsrawpub")
 		if err != nil {
 			return variant{}, err
@@ -250,7 +250,7 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 	vs := []variant{raw, raw3}
 	senders := 0 // the next variant's PublishSenders; 0: the default
 	add := func(name, cfg string, round func(br *sqs.Broker, q string) func(ctx context.Context, n int) (time.Duration, error)) error {
-		br, err := e.broker(sqs.Options{PublishSenders: senders})
+		br, err := e.brokerNamed(name, sqs.Options{PublishSenders: senders})
 		if err != nil {
 			return err
 		}

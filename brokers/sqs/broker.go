@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -163,8 +164,9 @@ type Broker struct {
 	closed  atomic.Bool
 	once    sync.Once
 
-	mu     sync.Mutex
-	queues map[string]*queueRef // by name
+	mu      sync.Mutex
+	queues  map[string]*queueRef // by name
+	lookups singleflight.Group   // GetQueueUrl calls under way, by queue name
 
 	// Dead-letter scans: how long a receive hides a letter, and how many
 	// letters one scan may hold (defaultHold, defaultMaxHeld; tests shorten
@@ -262,17 +264,42 @@ func (b *Broker) queue(ctx context.Context, name string) (*queueRef, error) {
 	if err := validateQueueName(name); err != nil {
 		return nil, err
 	}
+	for {
+		if q := b.cached(name); q != nil {
+			return q, nil
+		}
+		// Callers that miss the cache at once (a service starting with many
+		// publishers) share one GetQueueUrl call rather than make one each.
+		res := b.lookups.DoChan(name, func() (any, error) {
+			if q := b.cached(name); q != nil {
+				return q, nil
+			}
+			out, err := b.client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
+			if err != nil {
+				return nil, b.wrap(ctx, "resolve queue "+name, err)
+			}
+			return b.remember(name, aws.ToString(out.QueueUrl)), nil
+		})
+		select {
+		case r := <-res:
+			if r.Err == nil {
+				return r.Val.(*queueRef), nil
+			}
+			if ctx.Err() == nil && (errors.Is(r.Err, context.Canceled) || errors.Is(r.Err, context.DeadlineExceeded)) {
+				continue // the context of the caller that made the call ended, not this one's
+			}
+			return nil, r.Err
+		case <-ctx.Done():
+			return nil, b.wrap(ctx, "resolve queue "+name, ctx.Err())
+		}
+	}
+}
+
+// cached returns the cached reference of queue name, or nil.
+func (b *Broker) cached(name string) *queueRef {
 	b.mu.Lock()
-	q := b.queues[name]
-	b.mu.Unlock()
-	if q != nil {
-		return q, nil
-	}
-	out, err := b.client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
-	if err != nil {
-		return nil, b.wrap(ctx, "resolve queue "+name, err)
-	}
-	return b.remember(name, aws.ToString(out.QueueUrl)), nil
+	defer b.mu.Unlock()
+	return b.queues[name]
 }
 
 // remember caches the URL of queue name.

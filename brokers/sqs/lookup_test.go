@@ -1,0 +1,138 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// lookupHold counts GetQueueUrl calls and holds them: with hold set, the
+// first call until its context ends; else every call until want calls
+// arrived or a bounded pause passed (so that callers racing a cache miss
+// overlap, whatever the scheduler does).
+type lookupHold struct {
+	calls atomic.Int64
+	want  int64
+	full  chan struct{}
+	first chan struct{} // closed when the first call arrives
+	hold  bool
+}
+
+func newLookupHold(want int64, hold bool) *lookupHold {
+	return &lookupHold{want: want, full: make(chan struct{}), first: make(chan struct{}), hold: hold}
+}
+
+func (h *lookupHold) option(st *middleware.Stack) error {
+	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthLookupHold",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			if awsmiddleware.GetOperationName(ctx) != "GetQueueUrl" {
+				return next.HandleInitialize(ctx, in)
+			}
+			n := h.calls.Add(1)
+			if n == 1 {
+				close(h.first)
+			}
+			if n == h.want {
+				close(h.full)
+			}
+			switch {
+			case h.hold && n == 1:
+				<-ctx.Done()
+				return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
+			case !h.hold:
+				select {
+				case <-h.full:
+				case <-time.After(300 * time.Millisecond):
+				case <-ctx.Done():
+				}
+			}
+			return next.HandleInitialize(ctx, in)
+		}), middleware.Before)
+}
+
+// TestFirstPublishesShareOneLookup: many goroutines publishing to a queue
+// the broker has not resolved yet (a service just started) make one
+// GetQueueUrl call between them, not one each, and every publish lands.
+func TestFirstPublishesShareOneLookup(t *testing.T) {
+	ctx := testCtx(t)
+	q := declare(t, newBroker(t, sqs.Options{}), "lookup", false, sqs.QueueConfig{})
+	const callers = 32
+	h := newLookupHold(callers, false)
+	b := newBroker(t, sqs.Options{}, h.option) // a broker that never saw q
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			if err := b.Publish(ctx, q, &sdk.Message{Type: "lookup", Body: []byte("x")}); err != nil {
+				t.Errorf("Publish: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := h.calls.Load(); n != 1 {
+		t.Fatalf("%d concurrent publishes made %d GetQueueUrl calls, want 1", callers, n)
+	}
+	got := receiveN(t, b, q, callers)
+	for _, d := range got {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatalf("Ack: %v", err)
+		}
+	}
+}
+
+// TestLookupOutlivesItsCaller: when the caller whose GetQueueUrl the others
+// wait for gives up (its context ends), that caller gets its context's
+// error and the others, whose contexts are alive, resolve the queue
+// themselves rather than fail with an error that is not theirs.
+func TestLookupOutlivesItsCaller(t *testing.T) {
+	ctx := testCtx(t)
+	q := declare(t, newBroker(t, sqs.Options{}), "lookupcancel", false, sqs.QueueConfig{})
+	h := newLookupHold(0, true)
+	b := newBroker(t, sqs.Options{}, h.option)
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leader := make(chan error, 1)
+	go func() { leader <- b.Publish(lctx, q, &sdk.Message{Type: "lookup", Body: []byte("leader")}) }()
+	select {
+	case <-h.first:
+	case <-ctx.Done():
+		t.Fatal("the first publish made no GetQueueUrl call")
+	}
+	const followers = 4
+	errs := make(chan error, followers)
+	for range followers {
+		go func() { errs <- b.Publish(ctx, q, &sdk.Message{Type: "lookup", Body: []byte("follower")}) }()
+	}
+	// Let the followers join the call under way, then end its caller.
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	if err := <-leader; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled publish returned %v, want context.Canceled", err)
+	}
+	for range followers {
+		if err := <-errs; err != nil {
+			t.Fatalf("a publish with a live context failed with another caller's error: %v", err)
+		}
+	}
+	if n := h.calls.Load(); n < 2 {
+		t.Fatalf("%d GetQueueUrl calls, want the held one and at least one more", n)
+	}
+	got := receiveN(t, b, q, followers)
+	for _, d := range got {
+		if string(d.Message().Body) != "follower" {
+			t.Fatalf("received %q, want only the followers' messages", d.Message().Body)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatalf("Ack: %v", err)
+		}
+	}
+}
