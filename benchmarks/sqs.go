@@ -314,6 +314,14 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 		}
 	}
 	senders = 0
+	costs := map[string]*drainCost{}
+	for i := range vs { // every publish round is timed whole
+		dc, name, round := &drainCost{}, vs[i].name, vs[i].round
+		costs[name] = dc
+		vs[i].round = func(ctx context.Context, n int) (time.Duration, error) {
+			return costed(dc, name, n, func() (time.Duration, error) { return round(ctx, n) })
+		}
+	}
 	n := msgs(c, 10000)
 	res, err := alternate(ctx, vs, c.rounds, n)
 	if err != nil {
@@ -321,9 +329,9 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 	}
 	return table{
 		title: "SQS publish (fauxqs emulator on loopback, 256 B text bodies)",
-		intro: fmt.Sprintf("%d messages a round per variant, each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute; the reference raw loop sends the same in the same shape, the second raw loop as three native attributes (which costs more: the client computes and checks an MD5 over every attribute). × is against raw with one JSON attribute.", n),
-		head:  resultHead,
-		rows:  rows(res, 0),
+		intro: fmt.Sprintf("%d messages a round per variant, each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute; the reference raw loop sends the same in the same shape, the second raw loop as three native attributes (which costs more: the client computes and checks an MD5 over every attribute). × is against raw with one JSON attribute. Per message sent: this process's CPU time (GC included), the emulator's, and this process's heap allocations.", n),
+		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "emulator CPU/msg", "allocs/msg", "configuration"},
+		rows:  costRows(rows(res, 0), costs),
 	}, nil
 }
 
@@ -610,7 +618,8 @@ func cpuSnap() (self, emulator time.Duration) {
 	return self, emulator
 }
 
-// drainCost is what a variant's drains used, over all its rounds.
+// drainCost is what a variant's timed work (a drain, a publish round) used,
+// over all its rounds.
 type drainCost struct {
 	self, emulator time.Duration
 	mallocs        uint64
