@@ -87,7 +87,7 @@ func decode(msg sqstypes.Message) (*sdk.Message, error) {
 		return foreign(msg), nil
 	}
 	var env envelope
-	if err := json.Unmarshal([]byte(aws.ToString(a.StringValue)), &env); err != nil {
+	if err := parseEnvelope(aws.ToString(a.StringValue), &env); err != nil {
 		return nil, fmt.Errorf("berth/sqs: message %s: undecodable %q attribute: %w", aws.ToString(msg.MessageId), attrName, err)
 	}
 	m := &sdk.Message{ID: env.ID, Type: env.T, IdempotencyKey: env.IK, Key: env.K, CorrelationID: env.C, Headers: env.H}
