@@ -270,23 +270,39 @@ func (b *Broker) queue(ctx context.Context, name string) (*queueRef, error) {
 		}
 		// Callers that miss the cache at once (a service starting with many
 		// publishers) share one GetQueueUrl call rather than make one each.
-		res := b.lookups.DoChan(name, func() (any, error) {
+		// The call runs in singleflight's goroutine under the context of
+		// the caller that started it; see lookupOutcome.
+		res := b.lookups.DoChan(name, func() (v any, err error) {
+			defer func() {
+				if p := recover(); p != nil { // re-raised in every waiting caller's goroutine
+					v, err = lookupOutcome{panicked: true, panic: p}, errLookupPanicked
+				}
+			}()
 			if q := b.cached(name); q != nil {
-				return q, nil
+				return lookupOutcome{q: q}, nil
 			}
 			out, err := b.client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
 			if err != nil {
-				return nil, b.wrap(ctx, "resolve queue "+name, err)
+				return lookupOutcome{starterGone: ctx.Err() != nil}, b.wrap(ctx, "resolve queue "+name, err)
 			}
-			return b.remember(name, aws.ToString(out.QueueUrl)), nil
+			return lookupOutcome{q: b.remember(name, aws.ToString(out.QueueUrl))}, nil
 		})
 		select {
 		case r := <-res:
-			if r.Err == nil {
-				return r.Val.(*queueRef), nil
-			}
-			if ctx.Err() == nil && (errors.Is(r.Err, context.Canceled) || errors.Is(r.Err, context.DeadlineExceeded)) {
-				continue // the context of the caller that made the call ended, not this one's
+			o, _ := r.Val.(lookupOutcome)
+			switch {
+			case o.panicked:
+				panic(o.panic)
+			case r.Err == nil:
+				return o.q, nil
+			case ctx.Err() != nil:
+				return nil, b.wrap(ctx, "resolve queue "+name, ctx.Err()) // this caller's own error, not the call's
+			case o.starterGone:
+				// The call ended because the caller that started it gave up;
+				// this caller has not: it looks the queue up again. A call
+				// that failed otherwise (a timeout of the transport included,
+				// which also matches context.DeadlineExceeded) is its error.
+				continue
 			}
 			return nil, r.Err
 		case <-ctx.Done():
@@ -294,6 +310,21 @@ func (b *Broker) queue(ctx context.Context, name string) (*queueRef, error) {
 		}
 	}
 }
+
+// lookupOutcome is what a shared GetQueueUrl call gives the callers that
+// wait for it: the queue, or whether the call failed because the context of
+// the caller that started it ended (the others then call again), or the
+// value of a panic in the call (raised again in each caller).
+type lookupOutcome struct {
+	q           *queueRef
+	starterGone bool
+	panicked    bool
+	panic       any
+}
+
+// errLookupPanicked marks a shared lookup that panicked; callers re-panic
+// with the value instead of returning it.
+var errLookupPanicked = errors.New("berth/sqs: queue lookup panicked")
 
 // cached returns the cached reference of queue name, or nil.
 func (b *Broker) cached(name string) *queueRef {

@@ -3,12 +3,17 @@ package sqs_test
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/berthq/berth/brokers/sqs"
@@ -134,5 +139,80 @@ func TestLookupOutlivesItsCaller(t *testing.T) {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatalf("Ack: %v", err)
 		}
+	}
+}
+
+// TestLookupTimeoutIsItsError: a lookup that fails because the transport
+// timed out (an error that also matches context.DeadlineExceeded) while
+// its caller's context is alive is that caller's error, ErrUnavailable;
+// the caller does not call again and again until its own context ends.
+func TestLookupTimeoutIsItsError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	var conns sync.WaitGroup
+	held := make(chan struct{})
+	conns.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			conns.Go(func() { <-held; _ = c.Close() }) // never answers
+		}
+	})
+	tr := &http.Transport{}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		close(held)
+		conns.Wait()
+		tr.CloseIdleConnections()
+	})
+	client := awssqs.New(awssqs.Options{
+		Region:           "us-east-1",
+		BaseEndpoint:     aws.String("http://" + ln.Addr().String()),
+		Credentials:      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
+		HTTPClient:       &http.Client{Transport: tr, Timeout: 200 * time.Millisecond},
+		RetryMaxAttempts: 1,
+	})
+	b, err := sqs.New(client, sqs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	err = b.Publish(testCtx(t), "lookup_timeout", &sdk.Message{Type: "lookup", Body: []byte("x")})
+	if !errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("Publish after a transport timeout returned %v, want ErrUnavailable", err)
+	}
+	if n := accepted.Load(); n != 1 {
+		t.Fatalf("%d connections for one lookup of one attempt, want 1", n)
+	}
+}
+
+// TestLookupPanicReachesCaller: a panic in the shared lookup (a client
+// middleware, say) is raised in the caller's goroutine, where it can be
+// recovered, not in a goroutine of the broker's, where it would end the
+// process.
+func TestLookupPanicReachesCaller(t *testing.T) {
+	boom := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthBoom",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if awsmiddleware.GetOperationName(ctx) == "GetQueueUrl" {
+					panic("boom")
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.Before)
+	}
+	b := newBroker(t, sqs.Options{}, boom)
+	got := func() (p any) {
+		defer func() { p = recover() }()
+		_ = b.Publish(testCtx(t), "lookup_panic", &sdk.Message{Type: "lookup", Body: []byte("x")})
+		return nil
+	}()
+	if got != "boom" {
+		t.Fatalf("recovered %v from Publish, want the lookup's panic \"boom\"", got)
 	}
 }
