@@ -108,9 +108,14 @@ func (w *waiter) result() error {
 }
 
 // publishShared publishes entries (one chunk's worth, to a standard queue)
-// through the coalescer and waits for their outcomes.
+// through the coalescer and waits for their outcomes. It stops waiting when
+// ctx ends or the broker closes; ctx is the caller's, not one derived with
+// Broker.watch: every Publish registering with the broker's one closing
+// context would serialise concurrent publishers on its lock, and costs
+// allocations a message.
 func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendEntry) error {
 	c := b.co
+	closing := c.closing.Done()
 	w := &waiter{ctx: ctx, done: make(chan struct{}), left: len(entries)}
 	c.mu.Lock()
 	for _, e := range entries {
@@ -137,6 +142,9 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			case <-w.done:
 				return w.result()
 			case <-ctx.Done():
+				c.withdraw(q.url, w)
+				return c.cut(ctx)
+			case <-closing:
 				c.withdraw(q.url, w)
 				return c.cut(ctx)
 			}
@@ -166,6 +174,8 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 					return w.result()
 				case <-ctx.Done():
 					return c.cut(ctx) // they may be published, as with a Publish cut short
+				case <-closing:
+					return c.cut(ctx)
 				}
 			}
 		case <-w.done:
@@ -181,6 +191,12 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			// in a call may be published, as with a Publish cut short.
 			c.withdraw(q.url, w)
 			return c.cut(ctx)
+		case <-closing:
+			if tok != nil {
+				<-tok
+			}
+			c.withdraw(q.url, w)
+			return c.cut(ctx)
 		}
 	}
 }
@@ -191,9 +207,8 @@ const (
 	fullBatch = true
 )
 
-// cut is the error of a Publish, or of an entry dropped, whose ctx ended
-// while it waited: sdk.ErrClosed when that was the broker closing (ctx is
-// watched, see Broker.watch), else ctx's error.
+// cut is the error of a Publish, or of an entry dropped, that stopped
+// waiting: sdk.ErrClosed when the broker closed, else ctx's error.
 func (c *coalescer) cut(ctx context.Context) error {
 	if c.closing.Err() != nil {
 		return sdk.ErrClosed

@@ -47,15 +47,21 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if len(entries) == 0 {
 		return nil
 	}
-	ctx, done := b.watch(ctx)
-	defer done()
-	q, err := b.queue(ctx, queue)
-	if err != nil {
-		return err
+	q := b.cached(queue)
+	if q == nil {
+		wctx, done := b.watch(ctx)
+		var err error
+		q, err = b.queue(wctx, queue)
+		done()
+		if err != nil {
+			return err
+		}
 	}
 	if !q.fifo && len(entries) <= batchSize && wireSize(entries) <= b.opts.MaxWireSize {
-		return b.publishShared(ctx, q, entries)
+		return b.publishShared(ctx, q, entries) // watches the broker's closing itself
 	}
+	ctx, done := b.watch(ctx)
+	defer done()
 	return b.send(ctx, q, entries)
 }
 
