@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -134,4 +135,75 @@ func BenchmarkEnvelope(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestFastEnvelopeGenerated builds attributes in and around the shape the
+// fast decoder takes — keys in any order, repeated, in other cases; values
+// of every form; strings of ASCII, quotes, escapes, control bytes, UTF-8
+// and broken UTF-8 — and checks each as FuzzEnvelope does. Random mutation
+// alone mostly explores json's own path; these reach the fast one.
+func TestFastEnvelopeGenerated(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	pieces := []string{"a", "Z", "0", "-", " ", `\"`, `\\`, `\u0041`, "\x00", "\x1f", "\x7f", "é", "日", "\u2028", "\ufffd",
+		"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "<", "&", "\U0001F600", `"`, "}", ",", ":"}
+	str := func() string {
+		var sb strings.Builder
+		sb.WriteByte('"')
+		for range rng.IntN(6) {
+			sb.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		sb.WriteByte('"')
+		return sb.String()
+	}
+	keys := []string{"v", "id", "t", "ik", "k", "c", "e", "h", "ID", "T", "x", "", "ſ", "K"}
+	nums := []string{"0", "1", "7", "01", "-1", "1.0", "1e2", "123456789", "1234567890", "99999999999999999999", "", "null", `"1"`}
+	value := func(key string) string {
+		switch {
+		case key == "v" && rng.IntN(8) > 0:
+			return nums[rng.IntN(len(nums))]
+		case key == "h" && rng.IntN(8) > 0:
+			var sb strings.Builder
+			sb.WriteByte('{')
+			for i := range rng.IntN(4) {
+				if i > 0 {
+					sb.WriteByte(',')
+				}
+				sb.WriteString(str() + ":" + str())
+			}
+			if rng.IntN(10) == 0 {
+				sb.WriteString(`,"dup":"1","dup":"2"`)
+			}
+			sb.WriteByte('}')
+			return sb.String()
+		case rng.IntN(20) == 0:
+			return "null"
+		}
+		return str()
+	}
+	fast := 0
+	for range 20000 {
+		var sb strings.Builder
+		sb.WriteByte('{')
+		for i := range rng.IntN(6) {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			k := keys[rng.IntN(len(keys))]
+			sb.WriteString(`"` + k + `":` + value(k))
+		}
+		sb.WriteByte('}')
+		s := sb.String()
+		if rng.IntN(20) == 0 { // junk around it
+			s = []string{" ", "x", "}", ","}[rng.IntN(4)] + s
+		}
+		checkEnvelope(t, s)
+		var env envelope
+		if fastEnvelope(s, &env) {
+			fast++
+		}
+	}
+	if fast < 1000 {
+		t.Fatalf("only %d of 20000 generated attributes took the fast path: the generator no longer reaches it", fast)
+	}
+	t.Logf("%d of 20000 generated attributes took the fast path", fast)
 }
