@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -313,6 +314,7 @@ func rabbitConsume(ctx context.Context, c config, qt rabbitmq.QueueType) (table,
 	// multiple acks every 50 deliveries. Each round fills the queue first
 	// (untimed), then opens the consumer and times the drain: no variant
 	// consumes while its queue fills.
+	costs := map[string]*drainCost{}
 	rawVariant := func(name string, every int) (variant, error) {
 		q, err := e.queue(ctx, "rawcons")
 		if err != nil {
@@ -322,32 +324,36 @@ func rabbitConsume(ctx context.Context, c config, qt rabbitmq.QueueType) (table,
 		if every > 1 {
 			cfg = fmt.Sprintf("a channel with prefetch 100, Consume, basic.ack with multiple every %d deliveries (and at the end)", every)
 		}
+		dc := &drainCost{}
+		costs[name] = dc
 		return variant{name: name, config: cfg, round: func(ctx context.Context, n int) (time.Duration, error) {
 			if err := rawSliding(ctx, pub, q, n, body); err != nil {
 				return 0, err
 			}
-			return timed(func() error {
-				ch, err := e.conn.Channel()
-				if err != nil {
-					return err
-				}
-				defer ch.Close()
-				if err := ch.Qos(100, 0, false); err != nil {
-					return err
-				}
-				dels, err := ch.Consume(q, "", false, false, false, false, nil)
-				if err != nil {
-					return err
-				}
-				for i := 1; i <= n; i++ {
-					d := <-dels
-					if i%every == 0 || i == n {
-						if err := d.Ack(every > 1); err != nil {
-							return err
+			return costed(dc, rabbitProc, name, n, func() (time.Duration, error) {
+				return timed(func() error {
+					ch, err := e.conn.Channel()
+					if err != nil {
+						return err
+					}
+					defer ch.Close()
+					if err := ch.Qos(100, 0, false); err != nil {
+						return err
+					}
+					dels, err := ch.Consume(q, "", false, false, false, false, nil)
+					if err != nil {
+						return err
+					}
+					for i := 1; i <= n; i++ {
+						d := <-dels
+						if i%every == 0 || i == n {
+							if err := d.Ack(every > 1); err != nil {
+								return err
+							}
 						}
 					}
-				}
-				return nil
+					return nil
+				})
 			})
 		}}, nil
 	}
@@ -365,25 +371,29 @@ func rabbitConsume(ctx context.Context, c config, qt rabbitmq.QueueType) (table,
 	if err != nil {
 		return table{}, err
 	}
+	bcost := &drainCost{}
+	costs["berth Worker"] = bcost
 	berth := variant{name: "berth Worker", config: "Concurrency 8, Options.Prefetch 100, no-op handler; acks coalesced into multiple acks (default AckInterval 2 ms, flushed at 25 waiting)", round: func(ctx context.Context, n int) (time.Duration, error) {
 		if err := rawSliding(ctx, pub, bq, n, body); err != nil {
 			return 0, err
 		}
-		return timed(func() error {
-			cnt := &counter{}
-			done := cnt.expect(int64(n))
-			w, err := sdk.NewWorker(e.br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{
-				Queue: bq, Concurrency: 8, Observers: []sdk.Observer{ackObserver{cnt}}, Logger: slog.New(slog.DiscardHandler),
+		return costed(bcost, rabbitProc, "berth Worker", n, func() (time.Duration, error) {
+			return timed(func() error {
+				cnt := &counter{}
+				done := cnt.expect(int64(n))
+				w, err := sdk.NewWorker(e.br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{
+					Queue: bq, Concurrency: 8, Observers: []sdk.Observer{ackObserver{cnt}}, Logger: slog.New(slog.DiscardHandler),
+				})
+				if err != nil {
+					return err
+				}
+				wctx, stop := context.WithCancel(ctx)
+				errc := make(chan error, 1)
+				go func() { errc <- w.Run(wctx) }()
+				<-done
+				stop()
+				return <-errc
 			})
-			if err != nil {
-				return err
-			}
-			wctx, stop := context.WithCancel(ctx)
-			errc := make(chan error, 1)
-			go func() { errc <- w.Run(wctx) }()
-			<-done
-			stop()
-			return <-errc
 		})
 	}}
 
@@ -404,6 +414,8 @@ func rabbitConsume(ctx context.Context, c config, qt rabbitmq.QueueType) (table,
 	if err := watermillDeclare(wcfg, wq); err != nil {
 		return table{}, err
 	}
+	wcost := &drainCost{}
+	costs["Watermill AMQP subscriber, 8 subscriptions"] = wcost
 	wm := variant{name: "Watermill AMQP subscriber, 8 subscriptions", config: "watermill-amqp v3 durable queue config, PrefetchCount 100, 8 Subscribe calls (8 channels) each acking per message", round: func(ctx context.Context, n int) (time.Duration, error) {
 		if err := callers(8, n, func() error { return wpub.Publish(wq, message.NewMessage(watermill.NewUUID(), body)) }); err != nil {
 			return 0, err
@@ -412,29 +424,31 @@ func rabbitConsume(ctx context.Context, c config, qt rabbitmq.QueueType) (table,
 		if err != nil {
 			return 0, err
 		}
-		return timed(func() error {
-			sctx, stop := context.WithCancel(ctx)
-			cnt := &counter{}
-			done := cnt.expect(int64(n))
-			var wg sync.WaitGroup
-			for range 8 {
-				msgsCh, err := wsub.Subscribe(sctx, wq)
-				if err != nil {
-					stop()
-					return err
-				}
-				wg.Go(func() {
-					for m := range msgsCh {
-						m.Ack()
-						cnt.add()
+		return costed(wcost, rabbitProc, "Watermill", n, func() (time.Duration, error) {
+			return timed(func() error {
+				sctx, stop := context.WithCancel(ctx)
+				cnt := &counter{}
+				done := cnt.expect(int64(n))
+				var wg sync.WaitGroup
+				for range 8 {
+					msgsCh, err := wsub.Subscribe(sctx, wq)
+					if err != nil {
+						stop()
+						return err
 					}
-				})
-			}
-			<-done
-			stop()
-			err = wsub.Close()
-			wg.Wait()
-			return err
+					wg.Go(func() {
+						for m := range msgsCh {
+							m.Ack()
+							cnt.add()
+						}
+					})
+				}
+				<-done
+				stop()
+				err = wsub.Close()
+				wg.Wait()
+				return err
+			})
 		})
 	}}
 	n := msgs(c, 5000)
@@ -444,9 +458,9 @@ func rabbitConsume(ctx context.Context, c config, qt rabbitmq.QueueType) (table,
 	}
 	return table{
 		title: fmt.Sprintf("RabbitMQ consume + ack, %s queues (256 B)", qt),
-		intro: fmt.Sprintf("Each round first fills the variant's queue with %d messages (untimed), then times draining them. × is against raw, ack each.", n),
-		head:  resultHead,
-		rows:  rows(res, 0),
+		intro: fmt.Sprintf("Each round first fills the variant's queue with %d messages (untimed), then times draining them. × is against raw, ack each. Per message drained: this process's CPU time (GC included), the RabbitMQ server's (beam.smp), and this process's heap allocations.", n),
+		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "server CPU/msg", "allocs/msg", "configuration"},
+		rows:  costRows(rows(res, 0), costs),
 	}, nil
 }
 
@@ -459,4 +473,10 @@ func watermillDeclare(cfg wamqp.Config, topic string) error {
 	}
 	defer sub.Close()
 	return sub.SubscribeInitialize(topic)
+}
+
+// rabbitProc matches the RabbitMQ server's process (the Erlang VM running
+// the rabbit application).
+func rabbitProc(cmdline string) bool {
+	return strings.Contains(cmdline, "beam.smp") && strings.Contains(cmdline, "rabbit")
 }

@@ -7,14 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -319,7 +316,7 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 		dc, name, round := &drainCost{}, vs[i].name, vs[i].round
 		costs[name] = dc
 		vs[i].round = func(ctx context.Context, n int) (time.Duration, error) {
-			return costed(dc, name, n, func() (time.Duration, error) { return round(ctx, n) })
+			return costed(dc, fauxqsProc, name, n, func() (time.Duration, error) { return round(ctx, n) })
 		}
 	}
 	n := msgs(c, 10000)
@@ -396,7 +393,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
-				return costed(c, fmt.Sprintf("raw%d", loops), n, func() (time.Duration, error) {
+				return costed(c, fauxqsProc, fmt.Sprintf("raw%d", loops), n, func() (time.Duration, error) {
 					return timed(func() error { return rawSQSDrain(ctx, client, url, n, loops) })
 				})
 			}}, nil
@@ -427,7 +424,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 				if err := fillSQS(ctx, filler, q, n, body); err != nil {
 					return 0, err
 				}
-				return costed(c, fmt.Sprint("worker", loops), n, func() (time.Duration, error) {
+				return costed(c, fauxqsProc, fmt.Sprint("worker", loops), n, func() (time.Duration, error) {
 					return drainWorker(ctx, br, q, n, sdk.WorkerOptions{Concurrency: sqsWorkers, ReceiveLoops: loops})
 				})
 			}}, nil
@@ -591,75 +588,7 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// cpuSnap returns this process's CPU time and the emulator's (a node
-// process running fauxqs; zero when none is found on this machine).
-func cpuSnap() (self, emulator time.Duration) {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !strings.HasPrefix(string(cmd), "node") || !(strings.Contains(string(cmd), "fauxqs") || strings.Contains(string(cmd), "server.mjs")) {
-			continue
-		}
-		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.Atoi(f[11]) // utime and stime, in clock ticks of 10 ms
-		k, _ := strconv.Atoi(f[12])
-		emulator += time.Duration(u+k) * 10 * time.Millisecond
-	}
-	return self, emulator
-}
-
-// drainCost is what a variant's timed work (a drain, a publish round) used,
-// over all its rounds.
-type drainCost struct {
-	self, emulator time.Duration
-	mallocs        uint64
-	msgs           int
-}
-
-// costed runs a timed drain of n messages under a profiler label naming
-// the variant and adds the process's and the emulator's CPU time and the
-// process's heap allocations to c.
-func costed(c *drainCost, name string, n int, f func() (time.Duration, error)) (time.Duration, error) {
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	s0, e0 := cpuSnap()
-	var d time.Duration
-	var err error
-	pprof.Do(context.Background(), pprof.Labels("variant", name), func(context.Context) { d, err = f() })
-	s1, e1 := cpuSnap()
-	runtime.ReadMemStats(&m1)
-	c.self += s1 - s0
-	c.emulator += e1 - e0
-	c.mallocs += m1.Mallocs - m0.Mallocs
-	c.msgs += n
-	return d, err
-}
-
-func (c drainCost) cells() []string {
-	per := func(d time.Duration) string {
-		return fmt.Sprintf("%.1f µs", float64(d.Nanoseconds())/1e3/float64(c.msgs))
-	}
-	return []string{per(c.self), per(c.emulator), fmt.Sprintf("%.0f", float64(c.mallocs)/float64(c.msgs))}
-}
-
-// costRows puts each variant's drain costs before its configuration cell.
-func costRows(rs [][]string, costs map[string]*drainCost) [][]string {
-	for i, r := range rs {
-		cells := []string{"", "", ""}
-		if c, ok := costs[r[0]]; ok && c.msgs > 0 {
-			cells = c.cells()
-		}
-		rs[i] = append(append(r[:len(r)-1:len(r)-1], cells...), r[len(r)-1])
-	}
-	return rs
+// fauxqsProc matches the SQS emulator's process: node running fauxqs.
+func fauxqsProc(cmdline string) bool {
+	return strings.HasPrefix(cmdline, "node") && (strings.Contains(cmdline, "fauxqs") || strings.Contains(cmdline, "server.mjs"))
 }
