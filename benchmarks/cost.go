@@ -12,19 +12,25 @@ import (
 	"time"
 )
 
-// cpuSnap returns this process's CPU time and that of the server processes
-// whose command line server matches (zero when none runs on this machine).
-func cpuSnap(server func(cmdline string) bool) (self, srv time.Duration) {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+// serverPIDs returns the /proc entries of the processes whose command line
+// server matches (none when no such server runs on this machine).
+func serverPIDs(server func(cmdline string) bool) []string {
+	var pids []string
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !server(strings.ReplaceAll(string(cmd), "\x00", " ")) {
-			continue
+		if err == nil && server(strings.ReplaceAll(string(cmd), "\x00", " ")) {
+			pids = append(pids, e.Name())
 		}
-		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	}
+	return pids
+}
+
+// serverCPU returns the CPU time the processes pids have used.
+func serverCPU(pids []string) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		st, err := os.ReadFile("/proc/" + pid + "/stat")
 		if err != nil {
 			continue
 		}
@@ -34,9 +40,16 @@ func cpuSnap(server func(cmdline string) bool) (self, srv time.Duration) {
 		}
 		u, _ := strconv.Atoi(f[11]) // utime and stime, in clock ticks of 10 ms
 		k, _ := strconv.Atoi(f[12])
-		srv += time.Duration(u+k) * 10 * time.Millisecond
+		total += time.Duration(u+k) * 10 * time.Millisecond
 	}
-	return self, srv
+	return total
+}
+
+// selfCPU returns the CPU time this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // drainCost is what a variant's timed work (a drain, a publish round) used,
@@ -51,13 +64,16 @@ type drainCost struct {
 // naming it, and adds the process's and the server's CPU time and the
 // process's heap allocations to c.
 func costed(c *drainCost, server func(string) bool, name string, n int, f func() (time.Duration, error)) (time.Duration, error) {
+	pids := serverPIDs(server) // looked up before the measurement: the scan of /proc is not the variant's
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	s0, e0 := cpuSnap(server)
+	e0 := serverCPU(pids)
+	s0 := selfCPU()
 	var d time.Duration
 	var err error
 	pprof.Do(context.Background(), pprof.Labels("variant", name), func(context.Context) { d, err = f() })
-	s1, e1 := cpuSnap(server)
+	s1 := selfCPU()
+	e1 := serverCPU(pids)
 	runtime.ReadMemStats(&m1)
 	c.self += s1 - s0
 	c.server += e1 - e0
