@@ -1,7 +1,9 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"sync"
 )
 
@@ -26,11 +28,20 @@ func KeyFrom(ctx context.Context) (string, bool) {
 
 // SetResult records the result the guard stores with the key when the handler
 // returns nil. It reports false, and records nothing, when ctx does not come
-// from the idempotency middleware or an [Inbox].
+// from the idempotency middleware or an [Inbox], or when res.JSON is set but
+// is not valid JSON: a store that refuses it at completion (PostgreSQL's
+// jsonb) would leave a lease-mode claim in progress, and the redelivery that
+// takes it over would apply the effect again. res.JSON is copied.
 func SetResult(ctx context.Context, res Result) bool {
 	r, ok := ctx.Value(guardKey{}).(*running)
 	if !ok {
 		return false
+	}
+	if res.JSON != nil {
+		if !json.Valid(res.JSON) {
+			return false
+		}
+		res.JSON = bytes.Clone(res.JSON)
 	}
 	r.mu.Lock()
 	r.res = res

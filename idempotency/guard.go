@@ -178,6 +178,10 @@ func New(opts Options) (*Guard, error) {
 	}
 	if opts.Heartbeat == 0 {
 		opts.Heartbeat = opts.ClaimLease / 3
+		if opts.Heartbeat == 0 {
+			// A ticker needs a positive period.
+			return nil, fmt.Errorf("%w: ClaimLease %s is too short to be extended", ErrInvalidConfig, opts.ClaimLease)
+		}
 	}
 	if opts.Heartbeat > opts.ClaimLease/2 {
 		// One failed extension would let the claim expire, and another
@@ -302,7 +306,7 @@ func (g *Guard) do(ctx context.Context, op Operation, retryCosts bool, fn func(c
 func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, retryCosts bool) error {
 	if rec != nil && rec.Fingerprint != c.Fingerprint {
 		g.event(ctx, EventConflict, c.JobType)
-		return sdk.Permanent(&ConflictError{Key: c.Key, JobType: c.JobType, Stored: rec.JobType})
+		return sdk.Permanent(&ConflictError{Key: c.Key, JobType: c.JobType, Stored: rec.JobType, hashed: !g.o.LogKeys})
 	}
 	switch out {
 	case Completed:
@@ -318,9 +322,9 @@ func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, re
 			// expires, when this delivery may take it over.
 			delay = max(delay, time.Until(rec.LockedUntil))
 		}
-		return sdk.RetryAfter(fmt.Errorf("%w: key %q", ErrInProgress, c.Key), delay)
+		return sdk.RetryAfter(fmt.Errorf("%w: %s", ErrInProgress, g.keyText(c.Key)), delay)
 	}
-	return fmt.Errorf("idempotency: store returned unexpected outcome %v for key %q", out, c.Key)
+	return fmt.Errorf("idempotency: store returned unexpected outcome %v for %s", out, g.keyText(c.Key))
 }
 
 func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx context.Context) error) (ran bool, err error) {
@@ -355,7 +359,7 @@ func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx 
 	cancel()
 	if err != nil {
 		g.cleanup(ctx, tx.Rollback, rollbackFailed)
-		return true, fmt.Errorf("idempotency: commit key %q: %w", c.Key, err)
+		return true, fmt.Errorf("idempotency: commit %s: %w", g.keyText(c.Key), err)
 	}
 	g.event(ctx, EventExecuted, c.JobType)
 	g.remember(ctx, c)
@@ -405,7 +409,7 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 		if errors.Is(err, ErrClaimLost) {
 			g.event(ctx, EventClaimLost, c.JobType)
 		}
-		return true, fmt.Errorf("idempotency: complete key %q: %w", c.Key, err)
+		return true, fmt.Errorf("idempotency: complete %s: %w", g.keyText(c.Key), err)
 	}
 	g.event(ctx, EventExecuted, c.JobType)
 	g.remember(ctx, c)
@@ -442,12 +446,15 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 // heartbeat extends c every Heartbeat while fn runs; when the claim is lost,
 // or extensions keep failing until the claim (extended last at held) would
 // expire before the next try, it cancels fn's context with ErrClaimLost.
-// stop waits for the goroutine.
+// Each Extend is bounded by the time the claim has left: one that hangs (a
+// starved connection pool, a silently dropped link) must not outlast the
+// claim, which another worker would then take over while fn still runs.
+// stop cancels an Extend under way and waits for the goroutine.
 func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel context.CancelCauseFunc) (stop func()) {
 	if g.o.Heartbeat < 0 {
 		return func() {}
 	}
-	done := make(chan struct{})
+	hbctx, done := context.WithCancel(ctx)
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
@@ -455,13 +462,16 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 		defer t.Stop()
 		for {
 			select {
-			case <-done:
-				return
-			case <-ctx.Done():
+			case <-hbctx.Done():
 				return
 			case <-t.C:
 				sent := time.Now()
-				err := g.o.Store.Extend(ctx, c, g.o.ClaimLease)
+				ectx, ecancel := context.WithDeadline(hbctx, held.Add(g.o.ClaimLease))
+				err := g.o.Store.Extend(ectx, c, g.o.ClaimLease)
+				ecancel()
+				if hbctx.Err() != nil {
+					return // stopped, or fn's context ended: nothing to report to it
+				}
 				if errors.Is(err, ErrClaimLost) {
 					cancel(fmt.Errorf("%w: %s", ErrClaimLost, g.keyText(c.Key)))
 					return
@@ -478,13 +488,9 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 			}
 		}
 	}()
-	stopped := false
 	return func() {
-		if !stopped {
-			stopped = true
-			close(done)
-			<-exited
-		}
+		done()
+		<-exited
 	}
 }
 

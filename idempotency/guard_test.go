@@ -157,7 +157,9 @@ func TestWorkerEndToEnd(t *testing.T) {
 					t.Errorf("dead letter %s class %q, want permanent", m.ID, c)
 				}
 			}
-			wantConflict := sdk.Permanent(&idempotency.ConflictError{Key: conflict.IdempotencyKey, JobType: "billing.charge", Stored: "billing.charge"}).Error()
+			// The reason names the key by its digest (Options.LogKeys unset).
+			wantConflict := `permanent: idempotency: key_sha256 ` + idempotency.KeyDigest(conflict.IdempotencyKey) +
+				` reused with a different payload (job type "billing.charge", stored for "billing.charge")`
 			wantMissing := sdk.Permanent(&idempotency.MissingKeyError{MessageID: missing.ID, Type: "billing.charge"}).Error()
 			if len(dead) != 2 || reasons[conflict.ID] != wantConflict || reasons[missing.ID] != wantMissing {
 				t.Fatalf("dead letters = %v, want the conflict and the missing key", reasons)

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -18,14 +19,23 @@ type InboxEvent struct {
 
 // Inbox records consumed external events in the guard's store so that each
 // is applied once, however often it is delivered. Keys are
-// "inbox:<source>:<id>".
+// "inbox:<source>:<id>", with every "%" in the source written "%25" and
+// every ":" "%3A", so that two events never share a key: without the
+// escape, source "shop" with ID "eu:1" and source "shop:eu" with ID "1"
+// would, and the second would be dropped as a duplicate. A source without
+// either character is written as it is.
 type Inbox struct{ g *Guard }
 
 // Inbox returns an inbox on g's store, in g's mode.
 func (g *Guard) Inbox() *Inbox { return &Inbox{g: g} }
 
 // Key returns the idempotency key under which e is recorded.
-func (in *Inbox) Key(e InboxEvent) string { return "inbox:" + e.Source + ":" + e.ID }
+func (in *Inbox) Key(e InboxEvent) string {
+	return "inbox:" + inboxSource.Replace(e.Source) + ":" + e.ID
+}
+
+// inboxSource escapes an event's source in its key (see [Inbox]).
+var inboxSource = strings.NewReplacer("%", "%25", ":", "%3A")
 
 // Process applies fn to e unless e was already processed. It returns
 // processed=true when fn ran and its effect was recorded, false for a

@@ -53,11 +53,19 @@ type ConflictError struct {
 	Key     string
 	JobType string // job type of the message that conflicted
 	Stored  string // job type stored with the key
+
+	hashed bool // Error names Key by its digest ([Options.LogKeys] unset)
 }
 
-// Error names the key and both job types.
+// Error names the key and both job types. A Guard's ConflictError names the
+// key by its [KeyDigest] unless [Options.LogKeys] is set: the text becomes a
+// dead-letter reason, which travels further than the store.
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("idempotency: key %q reused with a different payload (job type %q, stored for %q)", e.Key, e.JobType, e.Stored)
+	key := fmt.Sprintf("key %q", e.Key)
+	if e.hashed {
+		key = "key_sha256 " + KeyDigest(e.Key)
+	}
+	return fmt.Sprintf("idempotency: %s reused with a different payload (job type %q, stored for %q)", key, e.JobType, e.Stored)
 }
 
 // Unwrap returns [ErrKeyConflict].

@@ -106,7 +106,9 @@ func TestWorkerOnPostgresBrokerConflict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := sdk.Permanent(&idempotency.ConflictError{Key: key, JobType: "billing.charge", Stored: "billing.charge"}).Error()
+	// The reason names the key by its digest (Options.LogKeys unset).
+	want := `permanent: idempotency: key_sha256 ` + idempotency.KeyDigest(key) +
+		` reused with a different payload (job type "billing.charge", stored for "billing.charge")`
 	if len(dead) != 1 || dead[0].ID != conflict.ID || dead[0].Header(sdk.HeaderDeadLetterReason) != want ||
 		dead[0].Header(sdk.HeaderDeadLetterClass) != string(sdk.ClassPermanent) {
 		t.Fatalf("dead letters = %+v, want the conflicting job with reason %q", dead, want)
