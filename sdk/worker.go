@@ -27,12 +27,11 @@ type Worker struct {
 	longPoll    bool          // sub is a LongPoller: its Receive ends by itself within ReceiveWait
 	recvBatch   int           // sub is a ReceiveBatcher: the most one Receive returns; 0 if not
 
-	randMu   sync.Mutex
-	running  atomic.Bool
-	stopping atomic.Bool // the drain deadline passed: running handlers are cancelled
-	shared   atomic.Pointer[settleCtx]
-	acking   atomic.Int64 // background acks (AsyncAcker) under way, holding their slots
-	health   workerHealth // what Health reports (sdk/health.go)
+	randMu  sync.Mutex
+	running atomic.Bool
+	shared  atomic.Pointer[settleCtx]
+	acking  atomic.Int64 // background acks (AsyncAcker) under way, holding their slots
+	health  workerHealth // what Health reports (sdk/health.go)
 
 	queues []*queueState // the consumed queues (sdk/queues.go)
 	wake   chan struct{} // wakes the multi-queue allocator; nil with one queue
@@ -175,7 +174,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// parent (a mutex all handlers would contend on); shutdown cancels each
 	// held task instead.
 	base := detach(ctx)
-	w.stopping.Store(false)
+	// stopping is set when this Run's drain deadline passes: running
+	// handlers are cancelled, and deliveries not started are released.
+	// It belongs to this Run, not the Worker: goroutines a Run abandoned
+	// at its deadline must keep seeing it set after a later Run starts.
+	stopping := new(atomic.Bool)
 
 	// Each held delivery occupies a slot: capacity bounds running plus
 	// prefetched work, and the slot table is what the heartbeat walks.
@@ -234,10 +237,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				switch {
 				case t.lost.Load():
 					w.logLeaseLost(base, t.d)
-				case ctx.Err() != nil && !w.finishAtDrain(t.d):
+				case ctx.Err() != nil && !w.finishAtDrain(t.d, stopping):
 					w.release(base, t.d, "not started before shutdown")
 				default:
-					if _, async := w.process(base, t, acked, &asyncs); async {
+					if _, async := w.process(base, t, acked, &asyncs, stopping); async {
 						continue // the slot is freed when the ack is back
 					}
 				}
@@ -290,7 +293,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	case <-drained:
 	case <-deadline.C:
 		o.Logger.Warn("berth: drain deadline passed; cancelling running handlers", "queue", o.Queue)
-		w.stopping.Store(true)
+		stopping.Store(true)
 		for i := range held {
 			if t := held[i].Load(); t != nil {
 				t.stop(ErrShutdown)
@@ -326,11 +329,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 // receive) and the drain deadline has not passed. Run's drain then takes a
 // little longer (the prefetched deliveries' handler time, within
 // DrainTimeout) instead of charging every prefetched job an attempt.
-func (w *Worker) finishAtDrain(d Delivery) bool {
+func (w *Worker) finishAtDrain(d Delivery, stopping *atomic.Bool) bool {
 	if _, ok := d.(Releaser); ok {
 		return false
 	}
-	return !w.stopping.Load()
+	return !stopping.Load()
 }
 
 // signalWake leaves a wake-up on wake (which keeps one) for a receive loop.
@@ -514,6 +517,11 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 	defer tick.Stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// Extensions under way end with the heartbeat (cancel runs before
+	// wg.Wait): Run waits for them before it flushes, and a broker that
+	// hangs must not stretch shutdown past its documented bound.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	for {
 		select {
 		case <-stop:
@@ -619,6 +627,9 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 		ectx, cancel := context.WithTimeout(ctx, min(o.SettleTimeout, max(time.Until(last.Add(o.Lease)), time.Millisecond)))
 		err := t.d.ExtendLease(ectx, o.Lease)
 		cancel()
+		if ctx.Err() != nil {
+			return // the heartbeat stopped (Run is returning): nothing to report
+		}
 		if errors.Is(err, ErrAlreadySettled) {
 			return // settled while the heartbeat looked: nothing to extend, nothing lost
 		}
@@ -676,6 +687,12 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 	t.extended.Store(t.received)
 	stop := context.AfterFunc(ctx, func() { t.stop(ErrShutdown) })
 	defer stop()
+	if ctx.Err() != nil {
+		// AfterFunc runs its function in a goroutine of its own, which a
+		// quick handler would outrun: a ctx already ended stops the task
+		// before the handler starts.
+		t.stop(ErrShutdown)
+	}
 	if timeout := w.timeout(d.Message().Type); timeout > 0 {
 		timer := time.AfterFunc(timeout, func() {
 			if t.settling.Load() {
@@ -686,7 +703,7 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 		})
 		defer timer.Stop()
 	}
-	s, _ := w.process(detach(ctx), t, nil, nil)
+	s, _ := w.process(detach(ctx), t, nil, nil, nil)
 	return s
 }
 
@@ -712,7 +729,9 @@ func (w *Worker) finishAsync(a *asyncAck) {
 // the background: process returns at once with async true, and the ack's
 // outcome is sent to acked (asyncs counting it until then), where
 // finishAsync reports it; the returned Settlement then lacks its Err.
-func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, asyncs *sync.WaitGroup) (s Settlement, async bool) {
+// stopping is the Run's drain-deadline flag (see Run), nil for Process: a
+// handler started once it is set starts cancelled.
+func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, asyncs *sync.WaitGroup, stopping *atomic.Bool) (s Settlement, async bool) {
 	d := t.d
 	m := d.Message()
 	parent := base
@@ -738,7 +757,7 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	if t.lost.Load() {
 		t.hc.cancel(ErrLeaseLost)
 	}
-	if w.stopping.Load() {
+	if stopping != nil && stopping.Load() {
 		t.hc.cancel(ErrShutdown)
 	}
 	for _, ob := range w.opts.Observers {
