@@ -28,7 +28,8 @@ func validDueAt(v string) bool {
 // Each hop is a new broker message with a new ID (a broker that drops a
 // repeated ID, as JetStream does within its Duplicates window, would
 // otherwise drop the hop); it keeps the idempotency key — Publish fills an
-// empty one with the message's ID, so the hops stay one operation — the
+// empty one with the message's ID, as a hop does for a message whose due
+// header was set without Publish, so the hops stay one operation — the
 // correlation ID and the application headers (not the brokers' berth-*
 // bookkeeping). Attempts start again at 1 at each hop, and a hop never
 // counts against the broker's delivery cap. A crash between a hop's publish
@@ -118,6 +119,12 @@ func (l LongDelay) Middleware() Middleware {
 				if IsReservedHeader(k) && k != HeaderDueAt {
 					delete(hop.Headers, k)
 				}
+			}
+			if hop.IdempotencyKey == "" {
+				// A due header set without LongDelay.Publish, which keys
+				// the message: the hops must still be one operation, or
+				// the copies a crash leaves could not be told apart.
+				hop.IdempotencyKey = m.ID
 			}
 			hop.ID = NewID()
 			hop.Delay = min(remaining, l.Limit)

@@ -175,3 +175,37 @@ type publisherFunc func(ctx context.Context, queue string, msgs ...*sdk.Message)
 func (f publisherFunc) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	return f(ctx, queue, msgs...)
 }
+
+// A message whose due header was set without LongDelay.Publish (Prepare
+// accepts it) has no idempotency key; its hops carry the first message's ID
+// as their key, so that the copies a crash between a hop's publish and its
+// ack leaves are one operation.
+func TestLongDelayHopKeysUnkeyedMessage(t *testing.T) {
+	b := newMem(t)
+	const limit = 30 * time.Millisecond
+	ld := sdk.LongDelay{Publisher: b, Limit: limit}
+	keys := make(chan string, 10)
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		keys <- d.Message().IdempotencyKey
+		return nil
+	})
+	w, err := sdk.NewWorker(b, h, sdk.WorkerOptions{Queue: "later", Logger: mqQuiet(),
+		Middleware: []sdk.Middleware{ld.Middleware()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runMQ(t, w)
+	m := &sdk.Message{Type: "remind", Delay: limit,
+		Headers: map[string]string{sdk.HeaderDueAt: time.Now().Add(100 * time.Millisecond).UTC().Format(time.RFC3339Nano)}}
+	if err := b.Publish(context.Background(), "later", m); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case k := <-keys:
+		if k != m.ID {
+			t.Errorf("the job ran with idempotency key %q, want the first message's ID %q", k, m.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job never ran")
+	}
+}
