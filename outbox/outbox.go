@@ -16,7 +16,10 @@
 // ([Outbox.Parked], [Outbox.Requeue], [Outbox.Discard]); the other rows go on.
 // Rows sharing a queue and ordering key are published in the order they were
 // added, and a row that waits for its retry or is parked holds back the later
-// rows of its key only.
+// rows of its key only. To keep that order across concurrent producers, Add
+// serialises the transactions that add rows of one queue and key (see
+// [Outbox.Add] for the cost and the deadlock to handle); rows without a key
+// are not serialised.
 //
 //	tx, _ := pool.Begin(ctx)
 //	_, _ = tx.Exec(ctx, `UPDATE orders SET status='paid' WHERE id=$1`, id)
@@ -33,6 +36,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -161,6 +165,22 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // They are published after tx commits, and never if it rolls back. Add fills
 // message IDs and correlation IDs now (see [sdk.Prepare]), so the IDs the
 // consumer sees are the ones the producer's transaction recorded.
+//
+// Ordering keys: rows of one queue and key are published in the order they
+// were added, which the relay reads from the rows' ids. Ids are taken at
+// insert but become visible at commit, so two transactions adding rows of one
+// key could otherwise commit in the opposite order and the relay would
+// publish the later row first. Before inserting a row with a key, Add
+// therefore takes a transaction-scoped advisory lock on its queue and key
+// (pg_advisory_xact_lock, held until tx commits or rolls back). The cost:
+// producers of one key wait for each other's commit, so keep transactions
+// that add keyed rows short; producers of different keys, and rows without a
+// key, do not wait. The locks of one Add call are taken in a fixed order, but
+// two transactions that add several keys over several Add calls (or that also
+// lock business rows) in opposite orders can deadlock: PostgreSQL detects it
+// and aborts one of them with SQLSTATE 40P01 (deadlock_detected), which the
+// caller handles by retrying that transaction, as it would a serialization
+// failure.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.Message) error {
 	if err := sdk.PrepareAll(ctx, queue, msgs, o.limit); err != nil {
 		return err
@@ -181,6 +201,9 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.
 		}
 	}
 	batch := &pgx.Batch{}
+	for _, k := range o.keyLocks(queue, msgs) {
+		batch.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, k)
+	}
 	q := `INSERT INTO ` + o.table + ` (queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 	for _, m := range msgs {
@@ -195,6 +218,25 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 		batch.Queue(q, queue, m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID, h, body, m.Delay.Milliseconds())
 	}
 	return tx.SendBatch(ctx, batch).Close()
+}
+
+// keyLocks returns the names of the advisory locks Add takes for the ordering
+// keys of msgs, distinct and sorted (one Add call always locks in the same
+// order). A name holds the outbox table, the queue and the key, each
+// prefixed with its length, so no two (table, queue, key) share a name.
+func (o *Outbox) keyLocks(queue string, msgs []*sdk.Message) []string {
+	var names []string
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if m.Key == "" || seen[m.Key] {
+			continue
+		}
+		seen[m.Key] = true
+		names = append(names, fmt.Sprintf("berth.outbox:%d:%s%d:%s%d:%s%d:%s",
+			len(o.ident[0]), o.ident[0], len(o.ident[1]), o.ident[1], len(queue), queue, len(m.Key), m.Key))
+	}
+	slices.Sort(names)
+	return names
 }
 
 // PublishTx is [Outbox.Add]: it makes the outbox an
@@ -235,8 +277,10 @@ type RelayOptions struct {
 	// before it parks the row: a parked row is kept with its last error and
 	// no longer published until [Outbox.Requeue] (list them with
 	// [Outbox.Parked]). Failures that wrap [sdk.ErrUnavailable] (the broker
-	// is down, not refusing the row) never park a row, they only postpone
-	// it. Default 20 (about an hour with the default backoff).
+	// is down, not refusing the row) or [sdk.ErrClosed] (the publisher was
+	// closed, e.g. at shutdown, with the row's publish outstanding) never
+	// park a row, they only postpone it. Default 20 (about an hour with the
+	// default backoff).
 	MaxAttempts int
 	Logger      *slog.Logger // default slog.Default()
 }
@@ -398,7 +442,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		case r.err == errNotTried:
 		default:
 			attempts := r.attempts + 1
-			park := attempts >= maxAttempts && !errors.Is(r.err, sdk.ErrUnavailable)
+			park := attempts >= maxAttempts && !brokerGone(r.err)
 			if park {
 				parked++
 			}
@@ -437,6 +481,12 @@ WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark); err != nil
 		opts.Logger.Error("outbox: rows parked after failing every attempt; see Outbox.Parked", "table", o.table, "parked", parked, "max_attempts", maxAttempts)
 	}
 	return len(done), pubErr
+}
+
+// brokerGone reports a failure that says nothing about the row: the broker
+// is down or the publisher was closed. Such a failure never parks a row.
+func brokerGone(err error) bool {
+	return errors.Is(err, sdk.ErrUnavailable) || errors.Is(err, sdk.ErrClosed)
 }
 
 // errNotTried marks a row left for a later pass: an earlier row of its

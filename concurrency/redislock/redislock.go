@@ -243,17 +243,23 @@ func (l *Lock) Release(ctx context.Context) error {
 }
 
 // Run takes the lock on resource, runs fn while a watchdog extends the lock
-// every ExtendEvery, and releases the lock when fn returns.
+// every ExtendEvery, and releases the lock when fn returns or panics (the
+// panic then goes on up the stack).
 //
-// fn's context is cancelled with cause [ErrLockLost] (see context.Cause) when
-// an extension finds the lock gone, or when extensions keep failing until the
-// lock's expiry passes; fn should then stop. When the lock was lost before fn
-// returned, or found expired at release, Run returns an error wrapping
-// ErrLockLost (joined with fn's own error, when fn failed for another
-// reason): the work ran partly unprotected, so the job should be retried and
-// its idempotency key decide. A busy resource gives the sdk.RetryAfter error
-// of [Client.Obtain] without calling fn.
-func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.Context, l *Lock) error) error {
+// The watchdog keeps extending until fn returns, even after ctx is done: the
+// caller's cancellation (a job timeout, a shutdown) reaches fn through its
+// context, and fn, while it finishes (say, a commit under
+// context.WithoutCancel), still holds the lock. fn's context is cancelled
+// with cause [ErrLockLost] (see context.Cause) when an extension finds the
+// lock gone, or when extensions keep failing, or hang, until the lock's
+// expiry passes; fn should then stop. (If ctx was done first, fn's context
+// keeps ctx's cause.) When the lock was lost before fn returned, or found
+// expired at release, Run returns an error wrapping ErrLockLost (joined with
+// fn's own error, when fn failed for another reason): the work ran partly
+// unprotected, so the job should be retried and its idempotency key decide.
+// A busy resource gives the sdk.RetryAfter error of [Client.Obtain] without
+// calling fn.
+func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.Context, l *Lock) error) (err error) {
 	start := time.Now()
 	l, err := c.Obtain(ctx, resource)
 	if err != nil {
@@ -263,66 +269,101 @@ func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.C
 	defer cancel(nil)
 	stop := make(chan struct{})
 	done := make(chan struct{})
+	var lost error // set by the watchdog before done is closed
 	go func() {
 		defer close(done)
-		l.watch(workCtx, start, stop, cancel)
+		lost = l.watch(ctx, start, stop, cancel)
 	}()
-	fnErr := fn(workCtx, l)
-	close(stop)
-	<-done
-	lost := context.Cause(workCtx)
-	if !errors.Is(lost, ErrLockLost) {
-		lost = nil
-	}
-	// Release even when ctx is done: a lock left behind blocks the next
-	// holder for a whole TTL.
-	relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
-	defer relCancel()
-	if err := l.Release(relCtx); err != nil && lost == nil {
-		lost = err
-	}
-	switch {
-	case lost == nil:
-		return fnErr
-	case fnErr == nil || errors.Is(fnErr, context.Canceled):
-		return lost
-	default:
-		return errors.Join(fnErr, lost)
-	}
+	var fnErr error
+	returned := false
+	// Deferred, so that a panicking fn releases the lock too: a lock left
+	// behind blocks the next holder for a whole TTL. Nothing is recovered:
+	// the panic goes on once the lock is released.
+	defer func() {
+		close(stop)
+		<-done
+		// Release even when ctx is done.
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+		defer relCancel()
+		if relErr := l.Release(relCtx); relErr != nil && lost == nil {
+			lost = relErr
+		}
+		if !returned {
+			return // fn panicked (or called runtime.Goexit)
+		}
+		switch {
+		case lost == nil:
+			err = fnErr
+		case fnErr == nil || errors.Is(fnErr, context.Canceled):
+			err = lost
+		default:
+			err = errors.Join(fnErr, lost)
+		}
+	}()
+	fnErr = fn(workCtx, l)
+	returned = true
+	return nil
 }
 
-// watch extends l until stop is closed; it cancels the work with ErrLockLost
-// when the lock is gone or can no longer be confirmed before it expires.
-// obtained is a time at or before the acquisition: the lock is certainly ours
-// until obtained+TTL, and after each extension until (time sent)+TTL.
-func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct{}, cancel context.CancelCauseFunc) {
+// watch extends l until stop is closed, whether or not ctx is done (ctx only
+// carries values to the Redis calls). It cancels the work with ErrLockLost,
+// and returns that error, when the lock is gone or can no longer be confirmed
+// before it expires; it returns nil when stopped first. obtained is a time at
+// or before the acquisition: the lock is certainly ours until obtained+TTL,
+// and after each extension until (time sent)+TTL.
+//
+// Each extension runs with a deadline at the lock's expiry, and the watchdog
+// does not wait for its answer past that point either (a client may not
+// honour the deadline in mid-call): the work learns of the loss on time. An
+// extension still in flight is waited for before watch returns.
+func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct{}, cancel context.CancelCauseFunc) error {
+	base := context.WithoutCancel(ctx)
 	validUntil := obtained.Add(l.ttl)
 	every := l.c.extendEvery
 	timer := time.NewTimer(every)
 	defer timer.Stop()
+	expired := func() error {
+		err := fmt.Errorf("%w: %s (token %d): not extended before expiry", ErrLockLost, l.resource, l.token)
+		cancel(err)
+		return err
+	}
 	for {
 		select {
 		case <-stop:
-			return
-		case <-ctx.Done():
-			return
+			return nil
 		case <-timer.C:
 		}
 		sent := time.Now()
 		if !sent.Before(validUntil) {
-			cancel(fmt.Errorf("%w: %s (token %d): not extended before expiry", ErrLockLost, l.resource, l.token))
-			return
+			return expired()
 		}
-		extCtx, extCancel := context.WithDeadline(ctx, validUntil)
-		err := l.Extend(extCtx)
-		extCancel()
+		extCtx, extCancel := context.WithDeadline(base, validUntil)
+		result := make(chan error, 1)
+		go func() { result <- l.Extend(extCtx) }()
+		expiry := time.NewTimer(time.Until(validUntil))
+		var err error
+		select {
+		case err = <-result:
+			expiry.Stop()
+			extCancel()
+		case <-expiry.C: // no answer before the lock expired
+			lost := expired()
+			extCancel()
+			<-result
+			return lost
+		case <-stop:
+			expiry.Stop()
+			extCancel()
+			<-result
+			return nil
+		}
 		switch {
 		case err == nil:
 			validUntil = sent.Add(l.ttl)
 			timer.Reset(every)
 		case errors.Is(err, ErrLockLost):
 			cancel(err)
-			return
+			return err
 		default:
 			// Network trouble: try again soon, give up at expiry.
 			wait := min(every/4, time.Until(validUntil))
