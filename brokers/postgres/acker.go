@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/berthq/berth/internal/pgretry"
 	"github.com/berthq/berth/sdk"
@@ -149,7 +148,7 @@ func (a *acker) flushAll() {
 // contexts (one caller giving up must not fail the others); it is bounded by
 // its own timeout instead.
 func (a *acker) flush(batch []*ackReq) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), a.b.ackTimeout)
 	defer cancel()
 	a.flushes.Add(1)
 	a.rows.Add(int64(len(batch)))
@@ -201,7 +200,7 @@ func (a *acker) flush(batch []*ackReq) {
 		return err
 	})
 	if err != nil {
-		err = a.b.wrap("ack", err)
+		err = a.b.wrap(context.Background(), "ack", err) // no caller: a context error is the flush's own limit
 		for _, r := range batch {
 			r.finish(err)
 		}

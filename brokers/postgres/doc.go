@@ -52,8 +52,13 @@
 //
 // Receive waits on LISTEN/NOTIFY (one dedicated connection per broker, owned
 // by it and closed by Close), wakes at the due time of the earliest delayed
-// job or lease, and polls every Options.PollInterval as a fallback; it never
-// busy-loops.
+// job or lease (Publish, Retry and Release notify for delayed jobs too, one
+// NOTIFY per statement, so a Receive already asleep recomputes its sleep),
+// and polls every Options.PollInterval as a fallback; it never busy-loops.
+// Due times are on the database server's clock: now() (the statement's
+// start) plus the delay, and for [Broker.PublishTx] statement_timestamp()
+// plus the delay, so a delay counts from the publish, not from the start of
+// the caller's transaction.
 //
 // Deliveries also have a JobID() int64 method (the row's id), reachable with
 // a type assertion to interface{ JobID() int64 }, to join the jobs table with

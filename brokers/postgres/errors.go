@@ -11,21 +11,32 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// wrap turns a database error into the broker's: context errors are returned
-// unwrapped; a closed broker's into [sdk.ErrClosed]; a missing job table
-// (Migrate never ran) into [sdk.ErrNotFound]; connection failures,
-// server shutdowns, serialization failures and deadlocks into errors wrapping
-// [sdk.ErrUnavailable] (the call may be retried); anything else is wrapped as
-// is. The text never carries the connection string.
-func (b *Broker) wrap(op string, err error) error {
+// wrap turns a database error into the broker's. ctx is the caller's
+// context (context.Background() where no caller waits on the statement, as
+// for the acker's flush). A context error is returned unwrapped when ctx is
+// done: the caller cancelled or ran out of time. When ctx is still live, the
+// limit that ran out was the broker's own (a claim's or a flush's time
+// bound, see Broker.claimTimeout and Broker.ackTimeout): the database did
+// not answer in time, which is an error wrapping [sdk.ErrUnavailable] (the
+// context error stays in the chain). Otherwise a closed broker's error
+// becomes [sdk.ErrClosed]; a missing job table (Migrate never ran) one
+// wrapping [sdk.ErrNotFound]; connection failures, server shutdowns,
+// serialization failures and deadlocks errors wrapping [sdk.ErrUnavailable]
+// (the call may be retried); anything else is wrapped as is. The text never carries the connection
+// string.
+func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	ctxErr := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	if ctxErr && ctx.Err() != nil {
 		return err
 	}
 	if b.isClosed() {
 		return errClosed(op)
+	}
+	if ctxErr {
+		return fmt.Errorf("berth/postgres: %s: %w: no answer within the broker's time limit: %w", op, sdk.ErrUnavailable, err)
 	}
 	if missingTable(err) {
 		return fmt.Errorf("berth/postgres: %s: %w: no job table %s (run Migrate): %w", op, sdk.ErrNotFound, b.table, err)

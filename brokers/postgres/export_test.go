@@ -1,6 +1,9 @@
 package postgres
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // AckStats reports how many completion statements the broker's acker ran and
 // how many acks they carried (read by the benchmark).
@@ -21,3 +24,10 @@ func (b *Broker) HoldAcks() (release func()) {
 
 // PendingAcks is how many acks wait for the acker's next statement.
 func (b *Broker) PendingAcks() int { return b.acks.pendingCount() }
+
+// SetInternalTimeouts shortens the broker's own time limits: claim bounds a
+// claim (and the hand-back of rows claimed for a caller that left), ack one
+// flush of the acker. Call it before the broker is used.
+func (b *Broker) SetInternalTimeouts(claim, ack time.Duration) {
+	b.claimTimeout, b.ackTimeout = claim, ack
+}

@@ -43,7 +43,7 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	}
 	// Recorded so that Stats knows the queue while it is still empty.
 	if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.queues()+` (name) VALUES ($1) ON CONFLICT DO NOTHING`, queue); err != nil {
-		return b.wrap("declare queue", err)
+		return b.wrap(ctx, "declare queue", err)
 	}
 	return nil
 }
@@ -98,13 +98,13 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 		FROM `+b.table+` WHERE queue = $1 AND status <> 'completed'`, queue).
 		Scan(&s.Ready, &s.Delayed, &s.InFlight, &s.DeadLettered, &oldestUS)
 	if err != nil {
-		return sdk.QueueStats{}, b.wrap("stats", err)
+		return sdk.QueueStats{}, b.wrap(ctx, "stats", err)
 	}
 	s.OldestAge = time.Duration(oldestUS) * time.Microsecond
 	if s.Ready+s.Delayed+s.InFlight+s.DeadLettered == 0 {
 		known, err := b.queueKnown(ctx, queue)
 		if err != nil {
-			return sdk.QueueStats{}, b.wrap("stats", err)
+			return sdk.QueueStats{}, b.wrap(ctx, "stats", err)
 		}
 		if !known {
 			return sdk.QueueStats{}, fmt.Errorf("berth/postgres: stats of queue %q, never declared and holding no job: %w", queue, sdk.ErrNotFound)
@@ -121,7 +121,7 @@ func (b *Broker) CountByStatus(ctx context.Context, queue string) (map[string]in
 	}
 	rows, err := b.pool.Query(ctx, `SELECT status, count(*) FROM `+b.table+` WHERE queue = $1 GROUP BY status`, queue)
 	if err != nil {
-		return nil, b.wrap("count by status", err)
+		return nil, b.wrap(ctx, "count by status", err)
 	}
 	counts := make(map[string]int64)
 	var (
@@ -130,7 +130,7 @@ func (b *Broker) CountByStatus(ctx context.Context, queue string) (map[string]in
 	)
 	_, err = pgx.ForEachRow(rows, []any{&status, &n}, func() error { counts[status] = n; return nil })
 	if err != nil {
-		return nil, b.wrap("count by status", err)
+		return nil, b.wrap(ctx, "count by status", err)
 	}
 	return counts, nil
 }
@@ -166,11 +166,11 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 	rows, err := b.pool.Query(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' ORDER BY updated_at, id LIMIT $2`, queue, limit)
 	if err != nil {
-		return nil, b.wrap("list dead letters", err)
+		return nil, b.wrap(ctx, "list dead letters", err)
 	}
 	msgs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*sdk.Message, error) { return scanMessage(r) })
 	if err != nil {
-		return nil, b.wrap("list dead letters", err)
+		return nil, b.wrap(ctx, "list dead letters", err)
 	}
 	return msgs, nil
 }
@@ -187,7 +187,7 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 		return nil, fmt.Errorf("berth/postgres: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
 	}
 	if err != nil {
-		return nil, b.wrap("get dead letter", err)
+		return nil, b.wrap(ctx, "get dead letter", err)
 	}
 	return m, nil
 }
@@ -204,7 +204,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
-		return 0, b.wrap("redrive dead letters", err)
+		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// Two statements, not one with "$2 IS NULL OR message_id = ANY($2)": the
@@ -230,11 +230,11 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
 		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt})
 	if err != nil {
-		return 0, b.wrap("redrive dead letters", err)
+		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
 	redriven, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return 0, b.wrap("redrive dead letters", err)
+		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
 	if len(ids) > 0 {
 		found := make(map[string]bool, len(redriven))
@@ -249,11 +249,11 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	if len(redriven) > 0 {
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, b.channel, queue); err != nil {
-			return 0, b.wrap("redrive dead letters", err)
+			return 0, b.wrap(ctx, "redrive dead letters", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, b.wrap("redrive dead letters", err)
+		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
 	return len(redriven), nil
 }
@@ -265,7 +265,7 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 	}
 	tag, err := b.pool.Exec(ctx, `DELETE FROM `+b.table+` WHERE queue = $1 AND status = 'dead_letter'`, queue)
 	if err != nil {
-		return 0, b.wrap("purge dead letters", err)
+		return 0, b.wrap(ctx, "purge dead letters", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -288,7 +288,7 @@ func (b *Broker) DeleteCompleted(ctx context.Context, olderThan time.Duration, b
 				WHERE status = 'completed' AND updated_at < now() - $1 * interval '1 microsecond'
 				LIMIT $2 FOR UPDATE SKIP LOCKED)`, max(olderThan, 0).Microseconds(), batch)
 		if err != nil {
-			return total, b.wrap("delete completed", err)
+			return total, b.wrap(ctx, "delete completed", err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {

@@ -22,11 +22,11 @@ func (b *Broker) Queues(ctx context.Context) ([]string, error) {
 	}
 	rows, err := b.pool.Query(ctx, `SELECT DISTINCT queue FROM `+b.table+` ORDER BY queue`)
 	if err != nil {
-		return nil, b.wrap("queues", err)
+		return nil, b.wrap(ctx, "queues", err)
 	}
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, b.wrap("queues", err)
+		return nil, b.wrap(ctx, "queues", err)
 	}
 	return names, nil
 }
@@ -36,8 +36,14 @@ func (b *Broker) Queues(ctx context.Context) ([]string, error) {
 // [Broker.ListDeadLetters] orders them), and the cursor of the next page (""
 // when this page is the last). An empty cursor starts at the first. The
 // cursor is a position, not a row: it stays valid while the dead letters it
-// passed are redriven or deleted, and a job dead-lettered after the walk
-// started comes at its end. Each page is one statement.
+// passed are redriven or deleted. The position is the dead-lettering time
+// (updated_at, the start of the statement that dead-lettered the job, not
+// its commit) and the row id, so a job dead-lettered after the walk started
+// comes after the pages already read only if its dead-lettering statement
+// started after the last of them was read. One that started earlier and
+// committed later (it waited for a row lock, or its transaction was slow)
+// may sort before the cursor: that walk misses it, and a new walk from the
+// empty cursor finds it. Each page is one statement.
 func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
 	if b.isClosed() {
 		return nil, "", errClosed("dead letter page")
@@ -59,7 +65,7 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 		WHERE queue = $1 AND status = 'dead_letter' AND ($2::timestamptz IS NULL OR (updated_at, id) > ($2, $3))
 		ORDER BY updated_at, id LIMIT $4`, queue, nullTime(after), afterID, limit+1)
 	if err != nil {
-		return nil, "", b.wrap("dead letter page", err)
+		return nil, "", b.wrap(ctx, "dead letter page", err)
 	}
 	var (
 		msgs []*sdk.Message
@@ -88,7 +94,7 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 		return struct{}{}, nil
 	})
 	if err != nil {
-		return nil, "", b.wrap("dead letter page", err)
+		return nil, "", b.wrap(ctx, "dead letter page", err)
 	}
 	return msgs, next, nil
 }
@@ -113,18 +119,18 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
-		return 0, b.wrap("delete dead letters", err)
+		return 0, b.wrap(ctx, "delete dead letters", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// Joined with the IDs rather than "= ANY($2)", as RedriveDeadLetters is.
 	rows, err := tx.Query(ctx, `DELETE FROM `+b.table+` USING unnest($2::text[]) AS chosen(id)
 		WHERE queue = $1 AND status = 'dead_letter' AND message_id = chosen.id RETURNING message_id`, queue, ids)
 	if err != nil {
-		return 0, b.wrap("delete dead letters", err)
+		return 0, b.wrap(ctx, "delete dead letters", err)
 	}
 	deleted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return 0, b.wrap("delete dead letters", err)
+		return 0, b.wrap(ctx, "delete dead letters", err)
 	}
 	found := make(map[string]bool, len(deleted))
 	for _, id := range deleted {
@@ -136,7 +142,7 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, b.wrap("delete dead letters", err)
+		return 0, b.wrap(ctx, "delete dead letters", err)
 	}
 	return len(deleted), nil
 }

@@ -55,8 +55,10 @@ type Options struct {
 	WorkerID string
 	// PollInterval bounds how long Receive waits before querying the table
 	// again when no notification arrives (LISTEN/NOTIFY is the fast path;
-	// delayed jobs and expired leases wake Receive at their due time without
-	// a notification). Default 1s.
+	// delayed jobs and expired leases wake Receive at their due time: a
+	// Receive sleeps until the earliest due time it saw, and a delayed
+	// Publish, Retry or Release notifies, so a Receive already asleep
+	// looks again and sleeps until the new earliest one). Default 1s.
 	PollInterval time.Duration
 	// DisableListen turns LISTEN/NOTIFY off: Receive polls only (for poolers
 	// in transaction mode, which cannot LISTEN). Publish still notifies.
@@ -150,7 +152,18 @@ type Broker struct {
 	listenGo   chan struct{} // closed by the first Receive: the listener may connect
 	wake       *waker
 	acks       *acker
+
+	// claimTimeout bounds a claim (and the hand-back of rows claimed for
+	// a caller that left), which Receive's ctx does not cut; ackTimeout
+	// bounds one flush of the acker, which no caller's ctx cuts. Both
+	// are defaultInternalTimeout; tests shorten them (export_test.go).
+	claimTimeout, ackTimeout time.Duration
 }
+
+// defaultInternalTimeout bounds the statements that run without a caller's
+// context: a database that does not answer within it is reported as
+// [sdk.ErrUnavailable].
+const defaultInternalTimeout = 30 * time.Second
 
 // New returns a broker on pool. It does not touch the database: call
 // [Broker.Migrate] (or apply [SchemaSQL]) before the first Publish.
@@ -173,6 +186,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 		stop:     stop,
 		listenGo: make(chan struct{}),
 		wake:     newWaker(),
+
+		claimTimeout: defaultInternalTimeout,
+		ackTimeout:   defaultInternalTimeout,
 	}
 	b.acks = newAcker(b)
 	b.goOwned(func() { b.acks.run(ctx) })

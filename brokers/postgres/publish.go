@@ -14,7 +14,10 @@ import (
 )
 
 // Publish inserts one job per message into queue, in one statement, and
-// notifies the queue's receivers. It returns once the rows are committed.
+// notifies the queue's receivers (delayed messages too, so that a waiting
+// Receive recomputes its sleep). It returns once the rows are committed. A
+// message is due Delay after the statement starts, on the database
+// server's clock.
 // Messages are validated by [sdk.PrepareAll] first (nothing is inserted when
 // one fails); values PostgreSQL text cannot hold (NUL bytes) are refused with
 // [sdk.ErrInvalidHeader] or [sdk.ErrInvalidMessage]. With
@@ -37,7 +40,11 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 // and only if tx commits, and receivers are notified at commit (NOTIFY is
 // transactional). Use it to enqueue work in the same transaction as the
 // business change that calls for it. tx is not committed or rolled back
-// here. Otherwise it behaves as [Broker.Publish].
+// here. A message's Delay counts from this call's statement, not from the
+// start of tx (statement_timestamp(), the server's clock): a job published
+// with Delay d late in a long transaction is due d after the PublishTx
+// statement (and, being invisible until then, never claimed before tx
+// commits). Otherwise it behaves as [Broker.Publish].
 func (b *Broker) PublishTx(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.Message) error {
 	if b.isClosed() {
 		return errClosed("publish")
@@ -88,7 +95,6 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 		bodies                         = make([][]byte, n)
 		payloadJSON, headers           = make([]*string, n), make([]*string, n)
 		delays                         = make([]int64, n)
-		now                            = false
 	)
 	for i, m := range msgs {
 		ids[i], types[i], corrs[i], keys[i], idems[i] = m.ID, m.Type, m.CorrelationID, m.Key, m.IdempotencyKey
@@ -109,9 +115,6 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 			headers[i] = &s
 		}
 		delays[i] = m.Delay.Microseconds()
-		if m.Delay == 0 {
-			now = true
-		}
 	}
 	// Without DedupeEnqueue every row has dedupe = false, outside the
 	// partial unique index, so no row can conflict: the plain INSERT spares
@@ -129,14 +132,15 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 			correlation_id, ordering_key, idempotency_key, dedupe, max_attempts, available_at)
 		SELECT $1, u.message_id, u.job_type, u.payload, u.payload_json::json, u.headers::jsonb,
 			u.correlation_id, u.ordering_key, NULLIF(u.idem, ''), $2 AND u.idem <> '', $3,
-			now() + u.delay_us * interval '1 microsecond'
+			statement_timestamp() + u.delay_us * interval '1 microsecond'
 		FROM unnest($4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[])
 			AS u(message_id, job_type, payload, payload_json, headers, correlation_id, ordering_key, idem, delay_us)`+conflict,
 		queue, dedupe, b.opts.MaxAttempts,
 		ids, types, bodies, payloadJSON, headers, corrs, keys, idems, delays)
-	if now {
-		batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
-	}
+	// One notification per statement, delayed messages included: a
+	// Receive already asleep wakes and recomputes its sleep from the
+	// earliest due time, instead of sleeping until its old deadline.
+	batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
 	br := q.SendBatch(ctx, batch)
 	var inserted map[string]bool
 	var err error
@@ -160,14 +164,14 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 	} else {
 		_, err = br.Exec()
 	}
-	if err == nil && now {
+	if err == nil {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return b.wrap("publish", err)
+		return b.wrap(ctx, "publish", err)
 	}
 	if !b.opts.DedupeEnqueue || len(inserted) == n {
 		return nil
@@ -214,7 +218,7 @@ func (b *Broker) resolveDuplicates(ctx context.Context, q querier, queue string,
 	rows, err := q.Query(ctx, `SELECT idempotency_key, message_id FROM `+b.table+`
 		WHERE queue = $1 AND dedupe AND idempotency_key = ANY($2)`, queue, keys)
 	if err != nil {
-		return b.wrap("publish", err)
+		return b.wrap(ctx, "publish", err)
 	}
 	existing, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
 		var kv [2]string
@@ -222,7 +226,7 @@ func (b *Broker) resolveDuplicates(ctx context.Context, q querier, queue string,
 		return kv, err
 	})
 	if err != nil {
-		return b.wrap("publish", err)
+		return b.wrap(ctx, "publish", err)
 	}
 	byKey := make(map[string]string, len(existing))
 	for _, kv := range existing {

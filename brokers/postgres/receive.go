@@ -22,9 +22,10 @@ const minWait = 10 * time.Millisecond
 const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`
 
 // Receive claims between 1 and max jobs of queue, waiting while none is
-// available: it wakes on a NOTIFY from Publish (or a settlement that makes a
-// job available), at the due time of the earliest delayed job or expiring
-// lease, and at least every Options.PollInterval. Claimed rows become
+// available: it wakes on a NOTIFY from Publish, Retry or Release (delayed
+// ones too: a Receive woken looks at the table and sleeps again until the
+// new earliest due time), at the due time of the earliest delayed job or
+// expiring lease, and at least every Options.PollInterval. Claimed rows become
 // 'processing' with attempt_count+1, a lease of Options.Lease, this broker's
 // worker_id and a fresh lease_token. A job already claimed max_attempts times
 // is dead-lettered instead, with cause [sdk.ErrMaxDeliveries], and not
@@ -47,15 +48,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	b.startListening()
 	for {
 		woken := b.wake.wait(queue)
-		// The claim commits rows to this caller, so ctx must not cut it: a
-		// claim cancelled after the server ran it would leave its rows
-		// leased to nobody, back only after the lease with an attempt
-		// consumed (seen under rolling SIGTERMs, RELIABILITY.md). It is one
-		// short statement, bounded by its own timeout; rows claimed for a
-		// caller that has gone meanwhile are handed back.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-		ds, poisoned, err := b.claim(cctx, queue, max)
-		cancel()
+		ds, poisoned, err := b.claim(ctx, queue, max)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -64,7 +57,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		}
 		if len(ds) > 0 && ctx.Err() != nil {
 			for _, d := range ds {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
 				_ = d.(sdk.Releaser).Release(rctx, 0) // not released: back after the lease
 				cancel()
 			}
@@ -98,9 +91,6 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	}
 }
 
-// claimTimeout bounds a claim, which Receive's ctx does not cut.
-const claimTimeout = 30 * time.Second
-
 // nextDue returns how long to sleep before the next look at queue: until its
 // earliest due time (delayed job, retry, lease expiry), within
 // [minWait, PollInterval].
@@ -109,7 +99,7 @@ func (b *Broker) nextDue(ctx context.Context, queue string) (time.Duration, erro
 	err := b.pool.QueryRow(ctx, `SELECT (extract(epoch FROM min(available_at) - now()) * 1e6)::bigint
 		FROM `+b.table+` WHERE queue = $1 AND status IN ('queued', 'retry', 'processing')`, queue).Scan(&us)
 	if err != nil {
-		return 0, b.wrap("receive", err)
+		return 0, b.wrap(ctx, "receive", err)
 	}
 	wait := b.opts.PollInterval
 	if us != nil {
@@ -124,8 +114,18 @@ func (b *Broker) nextDue(ctx context.Context, queue string) (time.Duration, erro
 // sdk.SanitizeReason bounds a reason).
 const poisonReason = `left($5::text || COALESCE('; last error: ' || j.last_error, ''), 256)`
 
-// claim runs the claim statement once.
+// claim runs the claim statement once, for a caller whose context is ctx.
+//
+// The claim commits rows to this caller, so ctx must not cut it: a claim
+// cancelled after the server ran it would leave its rows leased to nobody,
+// back only after the lease with an attempt consumed (seen under rolling
+// SIGTERMs, RELIABILITY.md). It is one short statement, bounded by its own
+// b.claimTimeout instead; when that runs out while ctx is live, the error
+// wraps [sdk.ErrUnavailable]. Receive hands back rows claimed for a caller
+// that has gone meanwhile.
 func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Delivery, poisoned int, err error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
+	defer cancel()
 	now := fmt.Sprintf(rfc3339SQL, "now()")
 	first := fmt.Sprintf(rfc3339SQL, "COALESCE(j.first_failure_at, now())")
 	q := `WITH c AS (
@@ -159,10 +159,10 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	RETURNING c.poison, j.id, j.message_id, j.job_type, j.payload, j.headers, j.correlation_id,
 		j.ordering_key, COALESCE(j.idempotency_key, ''), j.attempt_count, COALESCE(j.lease_token::text, ''),
 		j.first_failure_at`
-	rows, err := b.pool.Query(ctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
+	rows, err := b.pool.Query(cctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
 		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)))
 	if err != nil {
-		return nil, 0, b.wrap("receive", err)
+		return nil, 0, b.wrap(ctx, "receive", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -174,7 +174,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		)
 		if err := rows.Scan(&poison, &d.id, &d.msg.ID, &d.msg.Type, &d.msg.Body, &headers, &d.msg.CorrelationID,
 			&d.msg.Key, &d.msg.IdempotencyKey, &d.attempt, &d.token, &first); err != nil {
-			return nil, 0, b.wrap("receive", err)
+			return nil, 0, b.wrap(ctx, "receive", err)
 		}
 		if poison {
 			poisoned++
@@ -197,7 +197,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	}
 	if err := rows.Err(); err != nil {
 		// The statement failed as a whole: nothing was claimed.
-		return nil, 0, b.wrap("receive", err)
+		return nil, 0, b.wrap(ctx, "receive", err)
 	}
 	return ds, poisoned, nil
 }
@@ -287,7 +287,10 @@ func (d *delivery) AckAsync(ctx context.Context, done func(error)) {
 }
 
 // Retry makes the job available again after delay, status 'retry', recording
-// cause in last_error (as [sdk.SanitizeReason] makes it, without NUL bytes). The next claim counts a new attempt.
+// cause in last_error (as [sdk.SanitizeReason] makes it, without NUL bytes).
+// The next claim counts a new attempt. The queue's receivers are notified
+// whatever the delay, so that a Receive already waiting wakes at the new
+// due time.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
 	return d.settle(ctx, "retry", func(ctx context.Context) error {
 		delay = clampDelay(delay)
@@ -298,7 +301,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 			s := stripNUL(sdk.SanitizeReason(cause.Error()))
 			lastErr = &s
 		}
-		return d.exec(ctx, "retry", delay == 0, `SET status = 'retry',
+		return d.exec(ctx, "retry", true, `SET status = 'retry',
 			available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL,
 			last_error = COALESCE($4, last_error), first_failure_at = COALESCE(first_failure_at, now()),
 			updated_at = now()`, delay.Microseconds(), lastErr)
@@ -306,11 +309,12 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 }
 
 // Release hands the job back without consuming an attempt: attempt_count is
-// restored, so the next delivery has the same Attempt().
+// restored, so the next delivery has the same Attempt(). The queue's
+// receivers are notified, as for Retry.
 func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
 	return d.settle(ctx, "release", func(ctx context.Context) error {
 		delay = clampDelay(delay)
-		return d.exec(ctx, "release", delay == 0, `SET
+		return d.exec(ctx, "release", true, `SET
 			status = CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END,
 			attempt_count = greatest(attempt_count - 1, 0),
 			available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL, updated_at = now()`,
@@ -388,13 +392,13 @@ func (d *delivery) exec(ctx context.Context, op string, notify bool, set string,
 			err = cerr
 		}
 		if err != nil {
-			return d.b.wrap(op, err)
+			return d.b.wrap(ctx, op, err)
 		}
 		n = tag.RowsAffected()
 	} else {
 		tag, err := d.b.pool.Exec(ctx, q, args...)
 		if err != nil {
-			return d.b.wrap(op, err)
+			return d.b.wrap(ctx, op, err)
 		}
 		n = tag.RowsAffected()
 	}

@@ -64,18 +64,18 @@ func (b *Broker) Migrate(ctx context.Context) error {
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
-		return b.wrap("migrate", err)
+		return b.wrap(ctx, "migrate", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.migrate."+b.schema); err != nil {
-		return b.wrap("migrate", err)
+		return b.wrap(ctx, "migrate", err)
 	}
 	// Simple protocol: the DDL is several statements.
 	if _, err := tx.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return b.wrap("migrate", err)
+		return b.wrap(ctx, "migrate", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return b.wrap("migrate", err)
+		return b.wrap(ctx, "migrate", err)
 	}
 	return nil
 }
