@@ -123,6 +123,9 @@ type apiChangeResult struct {
 	// dead-letter queue: more may match (absent when it did not).
 	Incomplete string       `json:"incomplete,omitempty"`
 	Failed     []apiFailure `json:"failed"`
+	// Error is the error that stopped the change part-way, with the
+	// status it means; done and missed count what happened before it.
+	Error string `json:"error,omitempty"`
 }
 
 func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
@@ -177,15 +180,20 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := d.apply(r.Context(), queue, action, f, req.Limit)
-	if err != nil {
-		d.apiFail(w, r, err)
+	if err != nil && res.Done == 0 && res.Missed == 0 {
+		d.apiFail(w, r, err) // nothing was changed
 		return
 	}
 	out.Matched, out.Done, out.Missed, out.Complete, out.Incomplete = res.Matched, res.Done, res.Missed, res.Complete, res.Incomplete
 	for _, fl := range res.Failed {
 		out.Failed = append(out.Failed, apiFailure{fl.ID, fl.Err.Error()})
 	}
-	writeJSON(w, http.StatusOK, out)
+	status := http.StatusOK
+	if err != nil { // stopped part-way: the counts say what was done before the error
+		status = statusOf(err)
+		out.Error = err.Error()
+	}
+	writeJSON(w, status, out)
 }
 
-var errNoLedger = errors.New("job state needs a ledger (berth ui -ledger, or the PostgreSQL broker)")
+var errNoLedger = errors.New("job state needs a ledger (berth ui -db with the ledger's tables, or the PostgreSQL broker)")

@@ -58,9 +58,14 @@ var funcs = template.FuncMap{
 	"plus":  func(a, b int) int { return a + b },
 	"minus": func(a, b int) int { return a - b },
 	"list":  func(s ...string) []string { return s },
+	// header is a header of m, raw: show it through text, short or ago.
 	"header": func(m *sdk.Message, name string) string {
 		return m.Header(name)
 	},
+	// path is s as one segment of a URL path: html/template leaves "?",
+	// "#" and "/" of a link as they are, so an ID must be escaped here
+	// (the handlers' PathValue decodes it).
+	"path": url.PathEscape,
 }
 
 // page is what every template gets.
@@ -417,6 +422,9 @@ func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := d.apply(r.Context(), queue, sel.Action, f, sel.Limit)
 	if err != nil {
+		if res.Done > 0 || res.Missed > 0 {
+			err = &stoppedChange{action: sel.Action, res: res, err: err}
+		}
 		d.fail(w, r, err)
 		return
 	}
@@ -436,11 +444,35 @@ func (d *Dashboard) apply(ctx context.Context, queue, action string, f dlq.Filte
 		act = dlq.Delete
 	}
 	res, err := dlq.Apply(ctx, d.deadLetters(), queue, f, act, dlq.Options{Limit: limit}, nil)
-	if err == nil {
-		d.o.Logger.Info("dashboard: dead letters changed", "action", action, "queue", queue, "done", res.Done, "missed", res.Missed)
+	if err != nil {
+		// What was done before the error is done: say so.
+		d.o.Logger.Error("dashboard: dead letters changed in part, then an error", "action", action, "queue", queue,
+			"done", res.Done, "missed", res.Missed, "err", err)
+		return res, err
 	}
-	return res, err
+	d.o.Logger.Info("dashboard: dead letters changed", "action", action, "queue", queue, "done", res.Done, "missed", res.Missed)
+	return res, nil
 }
+
+// stoppedChange is the error of a redrive or purge that stopped part-way:
+// it says how many dead letters were changed before the error. It unwraps
+// to that error, so the page has its status.
+type stoppedChange struct {
+	action string
+	res    dlq.Result
+	err    error
+}
+
+func (e *stoppedChange) Error() string {
+	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[e.action]
+	s := fmt.Sprintf("%s %d dead letter(s) before the error", verb, e.res.Done)
+	if e.res.Missed > 0 {
+		s += fmt.Sprintf(" (%d of the chosen were not %s: gone already)", e.res.Missed, verb)
+	}
+	return s + "; nothing else was changed: " + e.err.Error()
+}
+
+func (e *stoppedChange) Unwrap() error { return e.err }
 
 // messagePage is the data of one dead letter's page.
 type messagePage struct {

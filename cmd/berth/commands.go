@@ -338,16 +338,18 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		fmt.Fprintln(c.stderr)
 	}
 	interrupted := err != nil && ctx.Err() != nil
+	var stopped error // the error that stopped Apply part-way (not an interrupt)
 	if err != nil && !interrupted {
-		if r.Done > 0 {
-			fmt.Fprintf(c.stdout, "%s %d dead letter(s) of %s before the error\n", done, r.Done, esc(queue))
+		if r.Done == 0 && r.Missed == 0 {
+			return err // nothing was changed
 		}
-		return err
+		stopped = err
+		report.Error = err.Error()
 	}
 	report.Matched, report.Done, report.Missed, report.Complete, report.Interrupted = r.Matched, r.Done, r.Missed, r.Complete, interrupted
 	report.Incomplete = r.Incomplete
 	left := int64(-1) // what the broker still counts, when it stopped early
-	if r.Incomplete != "" && !interrupted {
+	if r.Incomplete != "" && !interrupted && stopped == nil {
 		if in, ok := b.(sdk.Inspector); ok {
 			if st, err := in.Stats(ctx, queue); err == nil {
 				left = st.DeadLettered
@@ -360,7 +362,11 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			return err
 		}
 	} else {
-		fmt.Fprintf(c.stdout, "%s %d dead letter(s) of %s\n", done, r.Done, esc(queue))
+		before := ""
+		if stopped != nil {
+			before = " before the error"
+		}
+		fmt.Fprintf(c.stdout, "%s %d dead letter(s) of %s%s\n", done, r.Done, esc(queue), before)
 		for _, fl := range r.Failed {
 			fmt.Fprintf(c.stdout, "not %s: %s: %s\n", done, esc(fl.ID), esc(fl.Err.Error()))
 		}
@@ -375,12 +381,16 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		}
 	}
 	switch {
+	case stopped != nil && r.Done > 0:
+		return &partialError{msg: fmt.Sprintf("%s %d dead letter(s), then: %v; run it again for the rest", done, r.Done, stopped), err: stopped}
+	case stopped != nil:
+		return stopped
 	case interrupted:
-		return &partialError{fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
+		return &partialError{msg: fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
 	case r.Incomplete != "":
-		return &partialError{fmt.Sprintf("%s %d dead letter(s), but the scan stopped before the end of the dead-letter queue; more may match: run it again to continue", done, r.Done)}
+		return &partialError{msg: fmt.Sprintf("%s %d dead letter(s), but the scan stopped before the end of the dead-letter queue; more may match: run it again to continue", done, r.Done)}
 	case r.Missed > 0:
-		return &partialError{fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
+		return &partialError{msg: fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
 	case r.Matched == 0 && r.Done == 0:
 		return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
 	}

@@ -74,6 +74,7 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if dsn == "" {
 		dsn = c.getenv("BERTH_DB")
 	}
+	var ledgerMissing *doctor.Finding
 	if dsn != "" { // the application's database: the ledger's tables and the idempotency results
 		pool, err := c.openDB(ctx, dsn)
 		if err != nil {
@@ -96,6 +97,8 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 				return &usageError{err.Error()}
 			}
 			opts.Ledger = s
+		} else {
+			ledgerMissing = ledgerMissingFinding(schema, c.schema != "")
 		}
 	}
 	if c.redis != "" {
@@ -109,6 +112,9 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if ledgerMissing != nil {
+		fs = append(fs, *ledgerMissing)
 	}
 	var errs, warns int
 	for _, f := range fs {
@@ -160,4 +166,22 @@ func (c *cli) printFindings(fs []doctor.Finding, errs, warns int) {
 		}
 	}
 	fmt.Fprintf(w, "%d checks: %d errors, %d warnings\n", len(fs), errs, warns)
+}
+
+// ledgerMissingFinding is the finding of -db without the ledger's tables in
+// schema: the ledger checks did not run, which must not look clean. Like
+// idempotency.results-missing it is info, as -db may name the application's
+// database for the idempotency checks alone; a -schema given explicitly asked
+// for the ledger checks, so there it is a warning.
+func ledgerMissingFinding(schema string, explicit bool) *doctor.Finding {
+	table := schema + "." + pgledger.DefaultPrefix + "jobs"
+	f := &doctor.Finding{ID: "ledger.tables-missing", Severity: doctor.Info, Queue: table,
+		Summary:  "no ledger tables here: the ledger checks were not run",
+		Evidence: fmt.Sprintf("no table %s in the database of -db (schema %s)", table, schema),
+		Fix:      "point -db at the ledger's database and -schema at its schema (pgledger.Options.Schema, default " + pgledger.DefaultSchema + ")"}
+	if explicit {
+		f.Severity = doctor.Warn
+		f.Summary = "no ledger tables in -schema " + schema + ": the ledger checks were not run"
+	}
+	return f
 }

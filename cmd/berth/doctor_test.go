@@ -111,3 +111,15 @@ func TestDoctorOnMemory(t *testing.T) {
 		t.Fatalf("doctor on memory (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 }
+
+// TestLedgerMissingSeverity: with the default schema (-db may name the
+// application's database for the idempotency checks alone) the missing
+// ledger is info; with -schema given it is a warning.
+func TestLedgerMissingSeverity(t *testing.T) {
+	if f := ledgerMissingFinding("berth", false); f.Severity != doctor.Info || f.Queue != "berth.ledger_jobs" {
+		t.Errorf("default schema: %+v", f)
+	}
+	if f := ledgerMissingFinding("app", true); f.Severity != doctor.Warn || !strings.Contains(f.Summary, "-schema app") {
+		t.Errorf("-schema app: %+v", f)
+	}
+}

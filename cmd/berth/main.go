@@ -366,10 +366,17 @@ func (c *cli) exit(cmd *command, err error) int {
 // nothing; it exits 3.
 var errNothing = errors.New("nothing matched")
 
-// partialError is a change that was done only in part; it exits 4.
-type partialError struct{ msg string }
+// partialError is a change that was done only in part; it exits 4. err,
+// when set, is the error that stopped it.
+type partialError struct {
+	msg string
+	err error
+}
 
 func (e *partialError) Error() string { return e.msg }
+
+// Unwrap returns the error that stopped the change, if any.
+func (e *partialError) Unwrap() error { return e.err }
 
 // broker opens the broker of -url.
 func (c *cli) broker(ctx context.Context) (sdk.Broker, error) {

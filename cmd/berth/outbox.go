@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/schollz/progressbar/v3"
 
 	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/outbox"
@@ -64,6 +68,56 @@ type jsonParkedList struct {
 	Rows  []jsonParked `json:"rows"`
 }
 
+// outboxBatch is how many parked rows the outbox verbs read or change at a
+// time, so that memory stays bounded however many rows are parked.
+const outboxBatch = 1000
+
+// countParked counts the parked rows, page by page of their ids, and
+// returns the highest id seen (0 when none).
+func countParked(ctx context.Context, box *outbox.Outbox) (n int, last int64, err error) {
+	for {
+		ids, err := box.ParkedIDs(ctx, last, outboxBatch)
+		if err != nil {
+			return n, last, err
+		}
+		if len(ids) == 0 {
+			return n, last, nil
+		}
+		n += len(ids)
+		last = ids[len(ids)-1]
+	}
+}
+
+// missingParked returns those of ids that are not parked rows, in their
+// order, reading the parked ids page by page.
+func missingParked(ctx context.Context, box *outbox.Outbox, ids []int64) ([]int64, error) {
+	left := map[int64]bool{}
+	for _, id := range ids {
+		left[id] = true
+	}
+	after := int64(0)
+	for len(left) > 0 {
+		page, err := box.ParkedIDs(ctx, after, outboxBatch)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, id := range page {
+			delete(left, id)
+		}
+		after = page[len(page)-1]
+	}
+	var missing []int64
+	for _, id := range ids {
+		if left[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
+}
+
 func runOutboxList(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 0 {
 		return usagef("outbox list takes no arguments")
@@ -73,17 +127,21 @@ func runOutboxList(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer closeBox()
-	rows, err := box.Parked(ctx, 0) // parked rows are few: the relay parks a row only after every attempt failed
-	if err != nil {
-		return err
-	}
 	limit := c.limit
 	if limit == 0 {
 		limit = 50
 	}
-	shown := rows[:min(len(rows), limit)]
+	total, _, err := countParked(ctx, box) // ids only: bounded memory however many are parked
+	if err != nil {
+		return err
+	}
+	shown, err := box.Parked(ctx, limit) // the rows shown, with their messages
+	if err != nil {
+		return err
+	}
+	total = max(total, len(shown)) // rows parked between the two reads
 	if c.json {
-		v := jsonParkedList{Total: len(rows), Rows: make([]jsonParked, 0, len(shown))}
+		v := jsonParkedList{Total: total, Rows: make([]jsonParked, 0, len(shown))}
 		for _, p := range shown {
 			v.Rows = append(v.Rows, jsonParked{p.ID, p.Queue, p.Attempts, p.LastError, p.CreatedAt, p.ParkedAt, dlq.View(p.Message)})
 		}
@@ -100,27 +158,46 @@ func runOutboxList(ctx context.Context, c *cli, args []string) error {
 			}
 			_ = tw.Flush()
 		}
-		fmt.Fprintf(c.stdout, "%d parked row(s)", len(rows))
-		if len(shown) < len(rows) {
+		fmt.Fprintf(c.stdout, "%d parked row(s)", total)
+		if len(shown) < total {
 			fmt.Fprintf(c.stdout, ", %d shown (-limit)", len(shown))
 		}
 		fmt.Fprintln(c.stdout)
 	}
-	if len(rows) == 0 {
+	if total == 0 {
 		return fmt.Errorf("no parked rows: %w", errNothing)
 	}
 	return nil
 }
 
+// jsonOutboxChange is the -json document of outbox requeue|discard.
+type jsonOutboxChange struct {
+	Action string `json:"action"` // "requeue" or "discard"
+	DryRun bool   `json:"dry_run"`
+	// Matched is how many parked rows were chosen (and confirmed); when all
+	// were chosen with -yes, uncounted, it is how many were found.
+	Matched     int    `json:"matched"`
+	Done        int    `json:"done"`
+	Interrupted bool   `json:"interrupted"`
+	Error       string `json:"error,omitempty"` // why it stopped part-way
+}
+
 // runOutboxChange requeues or discards parked rows: the ids given, or all.
+// After a confirmation it changes only the rows it counted: at most that
+// many, none parked after the count; it works in batches of outboxBatch
+// rows, and reports what it did when it stops part-way.
 func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) error {
 	var ids []int64
+	seen := map[int64]bool{}
 	for _, a := range args {
 		id, err := strconv.ParseInt(a, 10, 64)
 		if err != nil {
 			return usagef("row ids are integers (from berth outbox list), not %q", esc(a))
 		}
-		ids = append(ids, id)
+		if !seen[id] { // a row is changed once, however often it is named
+			seen[id] = true
+			ids = append(ids, id)
+		}
 	}
 	verb, done := "requeue", "requeued"
 	if discard {
@@ -131,35 +208,42 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 		return err
 	}
 	defer closeBox()
+	report := jsonOutboxChange{Action: verb, DryRun: c.dryRun, Matched: -1}
+	if len(ids) > 0 {
+		report.Matched = len(ids)
+	}
+	ceiling := int64(math.MaxInt64) // all: the highest id counted
 	if c.dryRun || !c.yes {
-		rows, err := box.Parked(ctx, 0)
-		if err != nil {
-			return err
-		}
-		n, missing := len(rows), []int64(nil)
 		if len(ids) > 0 {
-			parked := map[int64]bool{}
-			for _, p := range rows {
-				parked[p.ID] = true
+			missing, err := missingParked(ctx, box, ids)
+			if err != nil {
+				return err
 			}
-			n = 0
-			for _, id := range ids {
-				if parked[id] {
-					n++
-				} else {
-					missing = append(missing, id)
-				}
+			if len(missing) > 0 {
+				return fmt.Errorf("not parked rows: %v (nothing changed): %w", missing, sdk.ErrNotFound)
+			}
+		} else {
+			report.Matched, ceiling, err = countParked(ctx, box)
+			if err != nil {
+				return err
 			}
 		}
-		if len(missing) > 0 {
-			return fmt.Errorf("not parked rows: %v (nothing changed): %w", missing, sdk.ErrNotFound)
+		n := report.Matched
+		if c.dryRun {
+			if c.json {
+				if err := writeJSON(c.stdout, report); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(c.stdout, "dry run: would %s %d parked row(s); nothing changed\n", verb, n)
+			}
+			if n == 0 {
+				return fmt.Errorf("no parked rows: %w", errNothing)
+			}
+			return nil
 		}
 		if n == 0 {
 			return fmt.Errorf("no parked rows: %w", errNothing)
-		}
-		if c.dryRun {
-			fmt.Fprintf(c.stdout, "dry run: would %s %d parked row(s); nothing changed\n", verb, n)
-			return nil
 		}
 		q := fmt.Sprintf("%s %d parked row(s) (the relay publishes them again)?", verb, n)
 		if discard {
@@ -169,21 +253,121 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 			return err
 		}
 	}
-	var n int
-	if discard {
-		n, err = box.Discard(ctx, ids...)
-	} else {
-		n, err = box.Requeue(ctx, ids...)
+
+	var bar *progressbar.ProgressBar
+	if c.progress {
+		bar = progressbar.NewOptions64(int64(report.Matched),
+			progressbar.OptionSetWriter(c.stderr),
+			progressbar.OptionSetDescription(verb+" parked rows"),
+			progressbar.OptionShowCount(),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionFullWidth(),
+		)
+	}
+	n, err := changeParked(ctx, box, ids, report.Matched, ceiling, discard, func(n int) {
+		if bar != nil {
+			_ = bar.Set(n)
+		}
+	})
+	if bar != nil {
+		_ = bar.Exit()
+		fmt.Fprintln(c.stderr)
+	}
+	report.Done = n
+	if report.Matched < 0 {
+		report.Matched = n // all, with -yes: as many as were found
+	}
+	report.Interrupted = err != nil && ctx.Err() != nil
+	if err != nil && n == 0 && !report.Interrupted {
+		return err // nothing changed
 	}
 	if err != nil {
-		return err
+		report.Error = err.Error()
 	}
 	if c.json {
-		return writeJSON(c.stdout, map[string]any{"action": verb, "done": n})
+		if err := writeJSON(c.stdout, report); err != nil {
+			return err
+		}
+	} else {
+		before := ""
+		if err != nil && !report.Interrupted {
+			before = " before the error"
+		}
+		fmt.Fprintf(c.stdout, "%s %d parked row(s)%s\n", done, n, before)
 	}
-	fmt.Fprintf(c.stdout, "%s %d parked row(s)\n", done, n)
-	if n == 0 {
+	switch {
+	case report.Interrupted:
+		return &partialError{msg: fmt.Sprintf("interrupted (%v) after %d of the chosen parked rows were %s; run it again to continue", ctx.Err(), n, done)}
+	case err != nil:
+		return &partialError{msg: fmt.Sprintf("%d parked row(s) were %s, then: %v; run it again for the rest", n, done, err), err: err}
+	case report.Matched > n:
+		return &partialError{msg: fmt.Sprintf("%d of the %d chosen parked rows were no longer parked (requeued, discarded or relayed meanwhile)", report.Matched-n, report.Matched)}
+	case n == 0:
 		return fmt.Errorf("no parked rows: %w", errNothing)
 	}
 	return nil
+}
+
+// changeParked requeues or discards parked rows in batches and returns how
+// many it changed: the ids given, or else at most limit (all when limit < 0)
+// of the rows parked with an id up to ceiling, oldest first. Each batch is
+// one transaction, not cut by ctx; ctx is checked between batches. On an
+// error it returns the count done before it.
+func changeParked(ctx context.Context, box *outbox.Outbox, ids []int64, limit int, ceiling int64, discard bool, progress func(done int)) (int, error) {
+	do := func(batch []int64) (int, error) {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dlq.PageTimeout)
+		defer cancel()
+		if discard {
+			return box.Discard(bctx, batch...)
+		}
+		return box.Requeue(bctx, batch...)
+	}
+	done := 0
+	if len(ids) > 0 {
+		for batch := range slices.Chunk(ids, outboxBatch) {
+			if err := ctx.Err(); err != nil {
+				return done, err
+			}
+			n, err := do(batch)
+			if err != nil {
+				return done, err
+			}
+			done += n
+			progress(done)
+		}
+		return done, nil
+	}
+	after, retries := int64(0), 0
+	for limit < 0 || done < limit {
+		if err := ctx.Err(); err != nil {
+			return done, err
+		}
+		want := outboxBatch
+		if limit >= 0 {
+			want = min(want, limit-done)
+		}
+		page, err := box.ParkedIDs(ctx, after, want)
+		if err != nil {
+			return done, err
+		}
+		if i := slices.IndexFunc(page, func(id int64) bool { return id > ceiling }); i >= 0 {
+			page = page[:i] // parked after the count: not confirmed
+		}
+		if len(page) == 0 {
+			break
+		}
+		n, err := do(page)
+		if errors.Is(err, sdk.ErrNotFound) && retries < 3 {
+			retries++ // a row of the page left the parked state meanwhile; the batch changed nothing: read it again
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		retries = 0
+		done += n
+		after = page[len(page)-1]
+		progress(done)
+	}
+	return done, nil
 }

@@ -77,6 +77,7 @@ type jsonChange struct {
 	Complete    bool          `json:"complete"`
 	Incomplete  string        `json:"incomplete,omitempty"` // why the scan stopped before the end of the dead-letter queue: more may match (exit 4 unless -dry-run)
 	Interrupted bool          `json:"interrupted"`
+	Error       string        `json:"error,omitempty"` // the error that stopped it part-way (exit 4 when some were done)
 	Failed      []jsonFailure `json:"failed"`
 	Messages    []dlq.Message `json:"messages,omitempty"` // -dry-run: the first of them
 }

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/outbox"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// outboxOf opens a second handle on the outbox table of parkedOutbox.
+func outboxOf(t *testing.T, dsn, table string) (*outbox.Outbox, *pgxpool.Pool) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	schema, name, _ := strings.Cut(table, ".")
+	box, err := outbox.New(pool, outbox.Options{Schema: schema, Table: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return box, pool
+}
+
+// park adds n rows with bodies of size bytes and lets the relay park them.
+func park(t *testing.T, box *outbox.Outbox, pool *pgxpool.Pool, n, size int) {
+	t.Helper()
+	ctx := context.Background()
+	body := []byte(`{"pad":"` + strings.Repeat("x", size) + `"}`)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for range n {
+		if err := box.Add(ctx, tx, "emails", &sdk.Message{Type: "email.receipt", Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = box.RelayOnce(ctx, refusing{}, outbox.RelayOptions{MaxAttempts: 1, BatchSize: n + 10})
+}
+
+// A dry run with -json prints the JSON document, not text.
+func TestOutboxDryRunJSON(t *testing.T) {
+	_, dsn, table := parkedOutbox(t, 2)
+	r := cliDB(t, "", false, "outbox", "requeue", "-dry-run", "-json", "-db", dsn, "-table", table)
+	var v map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.out), &v) != nil {
+		t.Fatalf("exit %d, stdout %q: not JSON", r.code, r.out)
+	}
+	if v["action"] != "requeue" || v["dry_run"] != true || v["matched"] != 2.0 || v["done"] != 0.0 {
+		t.Fatalf("dry run document %v", v)
+	}
+}
+
+// An id named twice is one row: the dry run, the question and the change
+// all count it once.
+func TestOutboxDuplicateIDs(t *testing.T) {
+	box, dsn, table := parkedOutbox(t, 2)
+	rows, _ := box.Parked(context.Background(), 0)
+	id := fmt.Sprint(rows[0].ID)
+	dry := cliDB(t, "", false, "outbox", "discard", id, id, "-dry-run", "-db", dsn, "-table", table)
+	if dry.code != 0 || !strings.Contains(dry.out, "would discard 1 ") {
+		t.Fatalf("dry run: %d %q", dry.code, dry.out)
+	}
+	asked := cliDB(t, "y\n", true, "outbox", "discard", id, id, "-db", dsn, "-table", table)
+	if asked.code != 0 || !strings.Contains(asked.err, "discard 1 parked row(s)") || !strings.Contains(asked.out, "discarded 1 ") {
+		t.Fatalf("confirmed: %d %q %q", asked.code, asked.out, asked.err)
+	}
+	if left, _ := box.Parked(context.Background(), 0); len(left) != 1 || left[0].ID != rows[1].ID {
+		t.Fatalf("left parked: %v", left)
+	}
+}
+
+// parkWhileAsked parks one more outbox row when the operator's answer is read,
+// as the relay does during an outage while the question is on screen.
+type parkWhileAsked struct {
+	box    *outbox.Outbox
+	pool   *pgxpool.Pool
+	t      *testing.T
+	answer io.Reader
+	done   bool
+}
+
+func (p *parkWhileAsked) Read(b []byte) (int, error) {
+	if !p.done {
+		p.done = true
+		park(p.t, p.box, p.pool, 1, 10)
+	}
+	return p.answer.Read(b)
+}
+
+// "outbox discard|requeue" of all changes only the rows the operator
+// confirmed, not those parked while the question was on screen.
+func TestOutboxChangesOnlyTheConfirmed(t *testing.T) {
+	for _, verb := range []string{"discard", "requeue"} {
+		t.Run(verb, func(t *testing.T) {
+			_, dsn, table := parkedOutbox(t, 1)
+			box, pool := outboxOf(t, dsn, table)
+			var out, errOut strings.Builder
+			code := run(context.Background(), []string{"outbox", verb, "-db", dsn, "-table", table}, env{
+				stdin: &parkWhileAsked{box: box, pool: pool, t: t, answer: strings.NewReader("y\n")}, stdout: &out, stderr: &errOut,
+				interactive: true, getenv: func(string) string { return "" }, open: openURL,
+			})
+			if code != 0 || !strings.Contains(errOut.String(), verb+" 1 parked row(s)") || !strings.Contains(out.String(), "d 1 parked row(s)") {
+				t.Fatalf("exit %d\nstdout %q\nstderr %q", code, out.String(), errOut.String())
+			}
+			if left, err := box.Parked(context.Background(), 0); err != nil || len(left) != 1 || string(left[0].Message.Body) != `{"pad":"xxxxxxxxxx"}` {
+				t.Fatalf("the row parked during the question: %v %v", left, err)
+			}
+		})
+	}
+}
+
+// "outbox requeue -yes" of all works in batches and changes every row.
+func TestOutboxChangeAllInBatches(t *testing.T) {
+	_, dsn, table := parkedOutbox(t, 1)
+	box, pool := outboxOf(t, dsn, table)
+	const total = 2345             // more than two batches
+	park(t, box, pool, total-1, 1) // and parkedOutbox's
+	r := cliDB(t, "", false, "outbox", "requeue", "-dry-run", "-db", dsn, "-table", table)
+	if !strings.Contains(r.out, fmt.Sprintf("would requeue %d ", total)) {
+		t.Fatalf("dry run: %d %s", r.code, r.out)
+	}
+	r = cliDB(t, "y\n", true, "outbox", "requeue", "-json", "-db", dsn, "-table", table)
+	var v map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.out), &v) != nil || v["done"] != float64(total) {
+		t.Fatalf("requeue: %d %s %s", r.code, r.out, r.err)
+	}
+	if rows, _ := box.Parked(context.Background(), 10); len(rows) != 0 {
+		t.Fatalf("still parked: %d", len(rows))
+	}
+	if n, _ := box.Pending(context.Background()); n != total {
+		t.Fatalf("pending %d", n)
+	}
+}
+
+// "outbox list" and the dry run read the rows they show, not every parked
+// row and body: memory stays bounded.
+func TestOutboxBoundedMemory(t *testing.T) {
+	_, dsn, table := parkedOutbox(t, 1)
+	box, pool := outboxOf(t, dsn, table)
+	park(t, box, pool, 250, 200<<10) // 250 × 200 KiB = 50 MiB parked
+	for _, args := range [][]string{
+		{"outbox", "list", "-limit", "1"},
+		{"outbox", "discard", "-dry-run"},
+		{"outbox", "requeue", "-dry-run", "-json"},
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		r := cliDB(t, "", false, append(args, "-db", dsn, "-table", table)...)
+		runtime.ReadMemStats(&after)
+		alloc := after.TotalAlloc - before.TotalAlloc
+		if r.code != 0 || !strings.Contains(r.out, "251") {
+			t.Fatalf("%v: exit %d %q %q", args, r.code, r.out, r.err)
+		}
+		if alloc > 20<<20 {
+			t.Errorf("%v allocated %d MiB: it reads every parked row and body", args, alloc>>20)
+		}
+	}
+}
+
+// An outbox discard of all that stops part-way (an error, or an interrupt
+// between batches) reports the rows it discarded before, and exits 4.
+func TestOutboxChangeStoppedPartWay(t *testing.T) {
+	for _, stop := range []string{"error", "interrupt"} {
+		t.Run(stop, func(t *testing.T) {
+			_, dsn, table := parkedOutbox(t, 1)
+			box, pool := outboxOf(t, dsn, table)
+			park(t, box, pool, 1099, 1)
+			rows, err := box.Parked(context.Background(), 0)
+			if err != nil || len(rows) != 1100 {
+				t.Fatalf("parked %d %v", len(rows), err)
+			}
+			// A trigger fails the delete of the last row (the second batch),
+			// or slows the first batch down while the operator interrupts.
+			schema, _, _ := strings.Cut(table, ".")
+			body := fmt.Sprintf(`IF OLD.id = %d THEN RAISE EXCEPTION 'disk full'; END IF;`, rows[1099].ID)
+			if stop == "interrupt" {
+				body = fmt.Sprintf(`IF OLD.id = %d THEN PERFORM pg_sleep(1); END IF;`, rows[0].ID)
+			}
+			for _, q := range []string{
+				`CREATE FUNCTION ` + schema + `.stop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN ` + body + ` RETURN OLD; END $$`,
+				`CREATE TRIGGER stop BEFORE DELETE ON ` + table + ` FOR EACH ROW EXECUTE FUNCTION ` + schema + `.stop()`,
+			} {
+				if _, err := pool.Exec(context.Background(), q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if stop == "interrupt" { // the operator's ^C while the first batch runs
+				go func() {
+					for range 3000 {
+						var n int
+						_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1`,
+							"DELETE FROM "+pgx.Identifier{schema, "outbox"}.Sanitize()+"%").Scan(&n)
+						if n > 0 {
+							break
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
+					cancel()
+				}()
+			}
+			var out, errOut strings.Builder
+			code := run(ctx, []string{"outbox", "discard", "-yes", "-json", "-db", dsn, "-table", table}, env{
+				stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }, open: openURL,
+			})
+			left, _ := box.Parked(context.Background(), 0)
+			var v struct {
+				Done        int    `json:"done"`
+				Interrupted bool   `json:"interrupted"`
+				Error       string `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(out.String()), &v); err != nil {
+				t.Fatalf("exit %d, stdout %q (not the JSON document), stderr %q; %d rows left", code, out.String(), errOut.String(), len(left))
+			}
+			if code != exitPartial || v.Done != 1000 || len(left) != 100 {
+				t.Fatalf("exit %d, %+v, %d rows left; stderr %q", code, v, len(left), errOut.String())
+			}
+			if stop == "error" && (!strings.Contains(v.Error, "disk full") || !strings.Contains(errOut.String(), "1000 parked row(s) were discarded, then: ")) {
+				t.Fatalf("error: %+v, stderr %q", v, errOut.String())
+			}
+			if stop == "interrupt" && (!v.Interrupted || !strings.Contains(errOut.String(), "interrupted")) {
+				t.Fatalf("interrupt: %+v, stderr %q", v, errOut.String())
+			}
+		})
+	}
+}
