@@ -21,7 +21,9 @@ import (
 // sticky: the writer closes the socket, so amqp091's reader sees the
 // connection fail and fails every pending confirm, and later writes return
 // the error. Buffered bytes are bounded (maxBatchPending): beyond that Write
-// waits, as it would on a full socket buffer.
+// waits, as it would on a full socket buffer. Write returning therefore does
+// not mean the bytes reached the socket; [batchConn.sync] waits until they
+// did (Options.SyncAck).
 type batchConn struct {
 	net.Conn
 
@@ -32,6 +34,8 @@ type batchConn struct {
 	spare   []byte    // the writer's previous buffer, reused
 	err     error     // the first write error: every later Write returns it
 	closing bool      // Close was called: the writer drains buf and stops
+	queued  uint64    // bytes Write has accepted, in all
+	written uint64    // bytes the writer has written to the socket, in all
 	done    chan struct{}
 	closed  sync.Once
 }
@@ -69,7 +73,27 @@ func (b *batchConn) Write(p []byte) (int, error) {
 		b.data.Signal()
 	}
 	b.buf = append(b.buf, p...)
+	b.queued += uint64(len(p))
 	return len(p), nil
+}
+
+// sync returns once every byte Write accepted before the call has been
+// written to the socket (the socket's Write returned: the bytes are the
+// kernel's to send, and a process that dies now does not take them with it),
+// or with the write error that lost them. It waits for the writer as long as
+// the writer waits for the socket: on a frozen connection, until the
+// heartbeat closes it.
+func (b *batchConn) sync() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	target := b.queued
+	for b.written < target && b.err == nil {
+		b.space.Wait()
+	}
+	if b.written >= target {
+		return nil
+	}
+	return b.err
 }
 
 // run writes what Write buffered until the conn closes or a write fails.
@@ -91,8 +115,9 @@ func (b *batchConn) run() {
 		out := b.buf
 		b.buf, b.spare = b.spare[:0], nil
 		b.mu.Unlock()
-		_, err := b.Conn.Write(out)
+		n, err := b.Conn.Write(out)
 		b.mu.Lock()
+		b.written += uint64(n)
 		if cap(out) <= maxBatchPending {
 			b.spare = out[:0]
 		}

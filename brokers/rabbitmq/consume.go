@@ -46,6 +46,10 @@ type chanState struct {
 	interval time.Duration // Options.AckInterval; 0 with SyncAck: every ack is flushed at once
 	flushAt  int           // acked tags that trigger a flush without waiting for the interval
 	crowdAt  int           // held acks that go out alone without waiting for the interval
+	// written, with SyncAck, waits until the frames amqp091 has handed to
+	// the connection are written to the socket (batchConn.sync): a flush
+	// returns only then. Nil otherwise.
+	written func() error
 
 	mu      sync.Mutex
 	unacked map[uint64]struct{} // tags handed out and not settled (nor being settled) on the wire
@@ -63,8 +67,14 @@ type chanState struct {
 	hook func(tag uint64, multiple bool) // tests: sees every ack frame before it is sent
 }
 
-func newChanState(ch *amqp.Channel, o Options, prefetch int, hook func(uint64, bool)) *chanState {
+// newChanState returns the state of consumer channel ch of the connection
+// whose socket writer is w (nil in unit tests: SyncAck then waits for
+// amqp091's write only).
+func newChanState(ch *amqp.Channel, w *batchConn, o Options, prefetch int, hook func(uint64, bool)) *chanState {
 	st := &chanState{ch: ch, dead: make(chan struct{}), unacked: make(map[uint64]struct{}, prefetch), low: 1, flushAt: 1, crowdAt: 1, hook: hook}
+	if o.SyncAck && w != nil {
+		st.written = w.sync
+	}
 	if !o.SyncAck {
 		st.interval = o.AckInterval
 		st.flushAt = max(1, prefetch/4)
@@ -230,6 +240,15 @@ func (s *chanState) flush(force, aged bool) error {
 		}
 		err = s.ch.Ack(t, false)
 	}
+	if err == nil && s.written != nil {
+		// SyncAck: Ack returns once its frame is on the socket, not in
+		// batchConn's buffer. Also when this flush sent nothing: a flush
+		// before it (which held flushMu) may have sent this caller's ack,
+		// and a write that failed since lost it.
+		if werr := s.written(); werr != nil {
+			return errChannelGone
+		}
+	}
 	if err != nil && (s.isDead() || errors.Is(err, amqp.ErrClosed)) {
 		return errChannelGone
 	}
@@ -321,7 +340,7 @@ func (c *consumer) session() error {
 	if err := c.b.ensure(ctx, c.queue); err != nil {
 		return err
 	}
-	conn, err := c.b.con.get(ctx)
+	conn, w, err := c.b.con.getWriter(ctx)
 	if err != nil {
 		return err
 	}
@@ -329,7 +348,7 @@ func (c *consumer) session() error {
 	if err != nil {
 		return err
 	}
-	st := newChanState(ch, c.b.opts, c.prefetch, c.b.ackHook)
+	st := newChanState(ch, w, c.b.opts, c.prefetch, c.b.ackHook)
 	c.cur.Store(st)
 	defer c.retire(st)
 	if err := ch.Qos(c.prefetch, 0, false); err != nil {
@@ -552,15 +571,35 @@ func (c *consumer) stop(err error) {
 
 func (c *consumer) wrap(d amqp.Delivery, st *chanState) *delivery {
 	dec := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body)
-	attempt := dec.base
-	switch {
-	case dec.deliveryCnt >= 0:
-		attempt += dec.deliveryCnt
-	case d.Redelivered:
-		attempt++
-	}
+	attempt := dec.base + redeliveries(c.b.opts.QueueType, d.Redelivered, dec.deliveryCnt)
 	st.track(d.DeliveryTag)
 	return &delivery{c: c, st: st, tag: d.DeliveryTag, msg: dec.msg, attempt: attempt}
+}
+
+// redeliveries is how many times the server delivered this copy of a
+// message before, as far as it can be trusted: what Attempt() adds to the
+// attempt header.
+//
+// The x-delivery-count header is a header like any other, which a producer
+// outside berth can set (berth refuses it in a Message's headers), so it is
+// trusted only where the server itself writes it: on a quorum queue's
+// redelivery, where RabbitMQ sets it to its own count, overwriting any value
+// the producer gave (checked on 3.10: a producer's 100 reads 1 on the first
+// redelivery). On a first delivery (Redelivered false) the server leaves
+// the header as it was published, so it is ignored: the copy has not been
+// delivered before. A classic queue never sets it, so there it is ignored
+// altogether and a redelivery counts once, as the redelivered flag says (as
+// it does on a quorum redelivery without the header).
+// Berth's own accounting, the attempt header that Retry and Close's
+// hand-back carry, is unaffected.
+func redeliveries(qt QueueType, redelivered bool, deliveryCnt int) int {
+	if !redelivered {
+		return 0
+	}
+	if qt == Quorum && deliveryCnt >= 0 {
+		return deliveryCnt
+	}
+	return 1
 }
 
 // Receive returns between 1 and max deliveries of queue, waiting without
@@ -680,7 +719,8 @@ func (d *delivery) ack() error {
 // Ack removes the message (basic.ack). The ack is coalesced with the
 // channel's others (see the package doc, "Acknowledgements"): unless
 // [Options.SyncAck], Ack returns once it is recorded, and the frame follows
-// within [Options.AckInterval]. It returns an error wrapping
+// within [Options.AckInterval]; with SyncAck it returns once the frame is
+// written to the socket. It returns an error wrapping
 // [sdk.ErrLeaseLost] when the channel is already gone.
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.begin(); err != nil {
@@ -773,7 +813,10 @@ func (b *Broker) sendSettlement(ctx context.Context, out []outgoing) error {
 
 // DeadLetter publishes a copy annotated with the reason headers
 // ([sdk.AnnotateDeadLetter]) to the dead-letter exchange, which routes it
-// to "<queue>.dlq", waits for the confirm, then acks this delivery.
+// to "<queue>.dlq", waits for the confirm, then acks this delivery. If the
+// dead-letter exchange or queue was deleted behind the broker's back, the
+// copy fails (an error wrapping [sdk.ErrNotFound]), this delivery is
+// requeued, and the next settlement or publish declares them again.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -790,6 +833,13 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: encode(m, 1, now)}}
 	if err := b.sendSettlement(ctx, out); err != nil {
 		b.forgetUnroutable(err, d.c.queue)
+		if errors.Is(err, sdk.ErrNotFound) && !errors.As(err, new(*UnroutableError)) {
+			// The server closed the channel with 404: the dead-letter
+			// exchange was deleted, and with it the bindings of every
+			// dead-letter queue. The next use of each queue declares its
+			// topology again (exchange and binding included).
+			b.forgetDeclared()
+		}
 		return d.requeue(err)
 	}
 	return d.ack()

@@ -59,12 +59,12 @@ func (b *Broker) startMovers(queue string) {
 		b.mov = l
 		b.wg.Add(1)
 		go func() {
-			c, err := l.dialRetry(b.ctx)
+			c, w, err := l.dialRetry(b.ctx)
 			if err != nil {
 				b.wg.Done()
 				return
 			}
-			l.set(c)
+			l.set(c, w)
 			l.supervise(c) // calls wg.Done
 		}()
 	}

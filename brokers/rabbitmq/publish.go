@@ -56,6 +56,14 @@ var errNacked = fmt.Errorf("%w: rabbitmq: message refused by the server (nack)",
 // goroutine, RabbitMQ sends a basic.return before the basic.ack of the same
 // message, and the returns channel is unbuffered, so a return is always
 // recorded before the confirm it belongs to is resolved.
+//
+// A basic.return carries no delivery tag, so a return is recorded under the
+// message ID, exchange and routing key it came back with, and a confirm
+// takes only a return recorded under its own publish's three. The message ID
+// alone is not enough: the same message published to two queues (as the
+// outbox relay may) has one ID, and the confirm of the copy that was routed
+// would take the return of the one that was not, failing the first and
+// reporting the dropped one confirmed.
 type pubChannel struct {
 	ch *amqp.Channel
 
@@ -63,17 +71,23 @@ type pubChannel struct {
 
 	mu       sync.Mutex
 	pending  map[uint64]*pending
-	returned map[string]amqp.Return // by message ID, until its confirm
-	dead     error                  // set when the channel closed
-	gone     atomic.Bool            // dead != nil, readable without mu
+	returned map[returnKey][]amqp.Return // until their confirms, oldest first
+	dead     error                       // set when the channel closed
+	gone     atomic.Bool                 // dead != nil, readable without mu
+}
+
+// returnKey identifies the publish a basic.return belongs to.
+type returnKey struct {
+	id, exchange, key string
 }
 
 type pending struct {
-	id   string
-	done chan error // buffered 1; nil for an asynchronous publish
-	res  *sdk.PublishResult
-	win  chan struct{} // the window token an asynchronous publish holds
-	key  string        // routing key, to forget an unroutable queue
+	id       string
+	exchange string     // the exchange published to, to match a return
+	done     chan error // buffered 1; nil for an asynchronous publish
+	res      *sdk.PublishResult
+	win      chan struct{} // the window token an asynchronous publish holds
+	key      string        // routing key, to match a return and to forget an unroutable queue
 }
 
 // resolve hands the confirm's outcome to the waiting Publish or resolves
@@ -88,11 +102,29 @@ func (p *pending) resolve(err error) {
 	}
 }
 
-// publisher returns the live confirm channel, opening one when needed.
-func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
+// The confirm channels, by what they publish to (see publisher).
+const (
+	pubDefault  = iota // the default exchange: queues and delay queues
+	pubExchange        // a named exchange: dead letters, to the dead-letter exchange
+	pubKinds
+)
+
+// publisher returns the live confirm channel for publishes to exchange,
+// opening one when needed. Publishes to the default exchange, which always
+// exists, share one channel; those to a named exchange (dead letters, to
+// Options.DeadLetterExchange) have another: the server answers a publish to
+// a missing exchange by closing its channel (404), which fails every
+// publish awaiting its confirm there, and a dead-letter exchange deleted
+// behind the broker's back must not fail the unrelated publishes of the
+// shared channel (told ErrNotFound, as if their queue did not exist).
+func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, error) {
+	kind := pubDefault
+	if exchange != "" {
+		kind = pubExchange
+	}
 	// The fast path takes no lock: hundreds of concurrent Publish calls
 	// queue on pubMu already, and did on b.mu and pc.mu as well.
-	if pc := b.pcCur.Load(); pc != nil && pc.alive() {
+	if pc := b.pcCur[kind].Load(); pc != nil && pc.alive() {
 		return pc, nil
 	}
 	conn, err := b.pub.get(ctx)
@@ -101,8 +133,8 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.pc != nil && b.pc.alive() {
-		return b.pc, nil
+	if pc := b.pc[kind]; pc != nil && pc.alive() {
+		return pc, nil
 	}
 	if b.stopped() { // not closed(): Close publishes the copies of handed-back deliveries
 		return nil, sdk.ErrClosed
@@ -115,7 +147,7 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
 	}
-	pc := &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[string]amqp.Return)}
+	pc := &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[returnKey][]amqp.Return)}
 	// Returns unbuffered, confirms buffered: the reader goroutine blocks
 	// until confirmLoop has taken a return, and confirmLoop records it before
 	// it reads anything else, so the confirm of a returned message, which
@@ -125,8 +157,8 @@ func (b *Broker) publisher(ctx context.Context) (*pubChannel, error) {
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1)) // amqp091 sends it before closing confirms
 	b.wg.Add(1)
 	go pc.confirmLoop(b, confirms, returns, closed)
-	b.pc = pc
-	b.pcCur.Store(pc)
+	b.pc[kind] = pc
+	b.pcCur[kind].Store(pc)
 	return pc, nil
 }
 
@@ -143,8 +175,9 @@ func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, 
 				returns = nil
 				continue
 			}
+			k := returnKey{id: r.MessageId, exchange: r.Exchange, key: r.RoutingKey}
 			pc.mu.Lock()
-			pc.returned[r.MessageId] = r
+			pc.returned[k] = append(pc.returned[k], r)
 			pc.mu.Unlock()
 		case c, ok := <-confirms:
 			if !ok {
@@ -156,8 +189,14 @@ func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, 
 			delete(pc.pending, c.DeliveryTag)
 			var err error
 			if p != nil {
-				if r, ok := pc.returned[p.id]; ok {
-					delete(pc.returned, p.id)
+				k := returnKey{id: p.id, exchange: p.exchange, key: p.key}
+				if rs := pc.returned[k]; len(rs) > 0 {
+					r := rs[0]
+					if len(rs) == 1 {
+						delete(pc.returned, k)
+					} else {
+						pc.returned[k] = rs[1:]
+					}
 					err = &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, Code: r.ReplyCode, Reason: r.ReplyText}
 				} else if !c.Ack {
 					err = errNacked
@@ -211,7 +250,7 @@ func (pc *pubChannel) fail(err error) {
 
 // send publishes one message and returns the pending confirm.
 func (pc *pubChannel) send(ctx context.Context, exchange, key, id string, p amqp.Publishing) (*pending, error) {
-	pd := &pending{id: id, done: make(chan error, 1)}
+	pd := &pending{id: id, exchange: exchange, key: key, done: make(chan error, 1)}
 	if err := pc.write(ctx, exchange, key, pd, p); err != nil {
 		return nil, err
 	}
@@ -255,7 +294,13 @@ type outgoing struct {
 // confirm awaited. It returns nil or a *sdk.PublishError naming the failed
 // messages.
 func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
-	pc, err := b.publisher(ctx)
+	exchange := ""
+	for _, o := range out {
+		if o.exchange != "" {
+			exchange = o.exchange
+		}
+	}
+	pc, err := b.publisher(ctx, exchange)
 	if err != nil {
 		return failAll(out, err)
 	}
@@ -424,7 +469,7 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	case <-b.closing:
 		return nil, sdk.ErrClosed
 	}
-	pc, err := b.publisher(ctx)
+	pc, err := b.publisher(ctx, "")
 	if err != nil {
 		<-b.window
 		return nil, err

@@ -28,7 +28,9 @@
 //   - Attempt() is the attempt header (1 when absent) plus the quorum queue's
 //     x-delivery-count, so it counts SDK retries and crash redeliveries alike.
 //     Classic queues carry only a redelivered flag: a crash redelivery counts
-//     as one more attempt however many times it happened.
+//     as one more attempt however many times it happened. An
+//     x-delivery-count set by a producer is ignored: it is read only on a
+//     quorum queue's redelivery, where the server writes its own.
 //   - When a connection or channel dies the broker reconnects with backoff,
 //     declares its queues again and resumes consuming. Deliveries from the
 //     dead channel are not acked on the new one: settling them returns an
@@ -128,7 +130,9 @@
 // process died just before acking (delivery is at least once; the
 // idempotency and ledger layers make the effect once). The same happens when
 // the channel dies with acks waiting (logged, with their count). With
-// [Options.SyncAck] every ack is on the socket before Ack returns.
+// [Options.SyncAck] every ack is written to the socket before Ack returns
+// (not only queued for the connection's writer), so the death of the
+// process no longer loses it.
 //
 // # Credentials
 //
@@ -309,8 +313,14 @@ type Options struct {
 	// sends them sooner. Default [DefaultAckInterval].
 	AckInterval time.Duration
 	// SyncAck sends every ack before Ack returns, coalesced only with acks
-	// already waiting: a process that dies right after an Ack cannot lose
-	// it. Default false.
+	// already waiting: Ack (and AckBatch, and the ack of a settlement's
+	// original) returns only once the basic.ack frame has been written to
+	// the connection's socket, so a process that dies right after an Ack,
+	// even by SIGKILL, cannot lose it: the operating system still delivers
+	// what was written. A connection that fails before the server reads
+	// the frame (network, host) still loses it, and AMQP 0-9-1 does not
+	// confirm acks: the server redelivers such a message (at least once).
+	// Each Ack then waits for a socket write. Default false.
 	SyncAck bool
 }
 
@@ -414,8 +424,8 @@ type Broker struct {
 	wg        sync.WaitGroup
 
 	mu        sync.Mutex
-	pc        *pubChannel
-	pcCur     atomic.Pointer[pubChannel] // pc, for publisher's lock-free fast path
+	pc        [pubKinds]*pubChannel                // the confirm channels (see publisher)
+	pcCur     [pubKinds]atomic.Pointer[pubChannel] // pc, for publisher's lock-free fast path
 	consumers map[string]*consumer
 	movers    map[string]*mover       // by delay queue name
 	declared  map[string]bool         // queue names (main queues and delay queues) declared on the current connection
@@ -511,20 +521,20 @@ func New(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.pub = &link{b: b, name: opts.ConnectionName + "-publish", up: make(chan struct{})}
 	b.con = &link{b: b, name: opts.ConnectionName + "-consume", up: make(chan struct{})}
-	pubConn, err := b.pub.dialRetry(ctx)
+	pubConn, pubW, err := b.pub.dialRetry(ctx)
 	if err != nil {
 		b.cancel()
 		return nil, err
 	}
-	conConn, err := b.con.dialRetry(ctx)
+	conConn, conW, err := b.con.dialRetry(ctx)
 	if err != nil {
 		b.cancel()
 		_ = pubConn.CloseDeadline(time.Now().Add(opts.CloseTimeout))
 		return nil, err
 	}
 	b.wg.Add(2)
-	b.pub.set(pubConn)
-	b.con.set(conConn)
+	b.pub.set(pubConn, pubW)
+	b.con.set(conConn, conW)
 	go b.pub.supervise(pubConn)
 	go b.con.supervise(conConn)
 	return b, nil
@@ -556,12 +566,15 @@ func (b *Broker) Close() error {
 			cs = append(cs, c)
 		}
 		b.mu.Unlock()
-		limit := time.NewTimer(b.opts.CloseTimeout)
-		defer limit.Stop()
+		// One deadline for all the consumers, which hand back concurrently:
+		// once it has passed, it stays passed for the ones not yet waited
+		// for (a timer's channel fires once, for one of them only).
+		limit, stop := context.WithTimeout(context.Background(), b.opts.CloseTimeout)
+		defer stop()
 		for _, c := range cs {
 			select {
 			case <-c.exited:
-			case <-limit.C:
+			case <-limit.Done():
 				// The connection is stuck: what is left goes back when it
 				// closes, with a delivery counted.
 			}
@@ -625,6 +638,7 @@ type link struct {
 
 	mu      sync.Mutex
 	conn    *amqp.Connection // nil while down
+	w       *batchConn       // conn's socket writer (see Options.SyncAck)
 	up      chan struct{}    // closed while conn is usable
 	downErr error            // why conn is down: the loss, then the last failed reconnect
 }
@@ -656,28 +670,31 @@ func (b *Broker) ConnectionError() error {
 // (credentials, certificate), or ctx ends: a process started while the
 // server restarts waits for it, as long as its ctx allows, with the
 // Options.Reconnect backoff. The error is the last dial's.
-func (l *link) dialRetry(ctx context.Context) (*amqp.Connection, error) {
+func (l *link) dialRetry(ctx context.Context) (*amqp.Connection, *batchConn, error) {
 	for attempt := 1; ; attempt++ {
-		c, err := l.dial(ctx)
+		c, w, err := l.dial(ctx)
 		if err == nil || !errors.Is(err, sdk.ErrUnavailable) || ctx.Err() != nil {
-			return c, err
+			return c, w, err
 		}
 		t := time.NewTimer(l.b.backoff(attempt))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, err
+			return nil, nil, err
 		}
 	}
 }
 
-func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
+// dial opens a connection and returns it with the batchConn that writes
+// its frames to the socket.
+func (l *link) dial(ctx context.Context) (*amqp.Connection, *batchConn, error) {
 	const handshake = 30 * time.Second
 	// amqp091 dials without a context: the Dial hook bounds the TCP connect
 	// by ctx and the TLS and AMQP handshakes by a deadline that ctx can
 	// bring forward.
 	var stop func() bool
+	var w *batchConn
 	cfg := amqp.Config{
 		// A copy per dial: amqp091 writes ServerName into the config it
 		// is given, and the caller's may be shared.
@@ -700,7 +717,8 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 				return nil, err
 			}
 			stop = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-			return newBatchConn(c), nil
+			w = newBatchConn(c)
+			return w, nil
 		},
 	}
 	conn, err := amqp.DialConfig(l.b.uri, cfg)
@@ -712,7 +730,7 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, ctx.Err())
+			return nil, nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, ctx.Err())
 		}
 		cause := safeErr(err, l.b.uri)
 		var ae *amqp.Error
@@ -720,11 +738,11 @@ func (l *link) dial(ctx context.Context) (*amqp.Connection, error) {
 		if errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) ||
 			errors.As(err, &ce) {
 			// Wrong credentials, vhost or certificate: waiting will not help.
-			return nil, fmt.Errorf("rabbitmq: connect to %s: %w", l.b.redacted, cause)
+			return nil, nil, fmt.Errorf("rabbitmq: connect to %s: %w", l.b.redacted, cause)
 		}
-		return nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, cause)
+		return nil, nil, fmt.Errorf("%w: rabbitmq: connect to %s: %w", sdk.ErrUnavailable, l.b.redacted, cause)
 	}
-	return conn, nil
+	return conn, w, nil
 }
 
 // safeErr returns err, or, if its text holds the URL's password (no library
@@ -741,10 +759,11 @@ func safeErr(err error, rawURL string) error {
 	return err
 }
 
-func (l *link) set(c *amqp.Connection) {
+func (l *link) set(c *amqp.Connection, w *batchConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.conn = c
+	l.w = w
 	l.downErr = nil
 	close(l.up)
 }
@@ -760,7 +779,7 @@ func (l *link) unset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.conn != nil {
-		l.conn = nil
+		l.conn, l.w = nil, nil
 		l.up = make(chan struct{})
 	}
 }
@@ -768,13 +787,19 @@ func (l *link) unset() {
 // get returns the live connection, waiting for a reconnection bounded by
 // ctx and Options.UnavailableAfter.
 func (l *link) get(ctx context.Context) (*amqp.Connection, error) {
+	c, _, err := l.getWriter(ctx)
+	return c, err
+}
+
+// getWriter is get, also returning the connection's socket writer.
+func (l *link) getWriter(ctx context.Context) (*amqp.Connection, *batchConn, error) {
 	var timeout <-chan time.Time
 	for {
 		l.mu.Lock()
-		c, up := l.conn, l.up
+		c, w, up := l.conn, l.w, l.up
 		l.mu.Unlock()
 		if c != nil && !c.IsClosed() {
-			return c, nil
+			return c, w, nil
 		}
 		if c != nil { // closed, the supervisor has not noticed yet
 			up = nil
@@ -792,11 +817,11 @@ func (l *link) get(ctx context.Context) (*amqp.Connection, error) {
 		case <-up:
 		case <-poll:
 		case <-l.b.done:
-			return nil, sdk.ErrClosed
+			return nil, nil, sdk.ErrClosed
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: rabbitmq: %s connection down: %w", sdk.ErrUnavailable, l.name, ctx.Err())
+			return nil, nil, fmt.Errorf("%w: rabbitmq: %s connection down: %w", sdk.ErrUnavailable, l.name, ctx.Err())
 		case <-timeout:
-			return nil, fmt.Errorf("%w: rabbitmq: %s connection down for %s", sdk.ErrUnavailable, l.name, l.b.opts.UnavailableAfter)
+			return nil, nil, fmt.Errorf("%w: rabbitmq: %s connection down for %s", sdk.ErrUnavailable, l.name, l.b.opts.UnavailableAfter)
 		}
 	}
 }
@@ -805,6 +830,7 @@ func (l *link) get(ctx context.Context) (*amqp.Connection, error) {
 func (l *link) supervise(conn *amqp.Connection) {
 	defer l.b.wg.Done()
 	log := l.b.opts.Logger.With("broker", "rabbitmq", "connection", l.name, "url", l.b.redacted)
+	var writer *batchConn
 	for {
 		lost := conn.NotifyClose(make(chan *amqp.Error, 1))
 		select {
@@ -830,16 +856,16 @@ func (l *link) supervise(conn *amqp.Connection) {
 				return
 			}
 			ctx, cancel := context.WithTimeout(l.b.ctx, 30*time.Second)
-			c, err := l.dial(ctx)
+			c, w, err := l.dial(ctx)
 			cancel()
 			if err == nil {
-				conn = c
+				conn, writer = c, w
 				break
 			}
 			log.Warn("rabbitmq reconnect failed", "attempt", attempt, "err", err)
 			l.down(err)
 		}
 		log.Info("rabbitmq reconnected")
-		l.set(conn)
+		l.set(conn, writer)
 	}
 }

@@ -172,7 +172,12 @@ func (b *Broker) declareShared(ctx context.Context, name string, force bool, dec
 }
 
 // withChannel runs fn on a fresh channel of the publishing connection and
-// closes it. A channel error (404, 406) closes only that channel.
+// closes it. A channel error (404, 406) closes only that channel; a 404
+// wraps [sdk.ErrNotFound]. A failure of the connection itself (lost
+// mid-call: amqp091's 501 "EOF"; closed by the server: 320
+// CONNECTION_FORCED; any other hard AMQP error, which closes the
+// connection) wraps [sdk.ErrUnavailable], the original error kept in the
+// chain: the supervisor reconnects, and the caller may try again.
 func (b *Broker) withChannel(ctx context.Context, fn func(ch *amqp.Channel) error) error {
 	conn, err := b.pub.get(ctx)
 	if err != nil {
@@ -184,14 +189,34 @@ func (b *Broker) withChannel(ctx context.Context, fn func(ch *amqp.Channel) erro
 	}
 	defer ch.Close()
 	err = fn(ch)
+	if err == nil {
+		return nil
+	}
 	var ae *amqp.Error
 	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 		return fmt.Errorf("%w: %w", sdk.ErrNotFound, err)
 	}
-	if errors.Is(err, amqp.ErrClosed) {
-		return fmt.Errorf("%w: %w", sdk.ErrUnavailable, err)
+	if connectionLost(conn, err) {
+		return fmt.Errorf("%w: rabbitmq: connection lost: %w", sdk.ErrUnavailable, err)
 	}
 	return err
+}
+
+// connectionLost reports whether err, returned by a call on a channel of
+// conn, is the failure of the connection rather than of the call: the
+// channel or connection was already closed (amqp.ErrClosed), the error is a
+// hard (connection-level) AMQP error, which the server or amqp091 raises
+// only when closing the connection, or conn is closed by now. A soft
+// error (404, 406, 403...) closes only the channel and is the call's own.
+func connectionLost(conn *amqp.Connection, err error) bool {
+	if errors.Is(err, amqp.ErrClosed) {
+		return true
+	}
+	var ae *amqp.Error
+	if errors.As(err, &ae) && !ae.Recover {
+		return true
+	}
+	return conn.IsClosed()
 }
 
 // ensure declares queue's topology once per connection, unless NoDeclare.
