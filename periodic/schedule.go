@@ -3,6 +3,7 @@ package periodic
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -30,13 +31,24 @@ var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron
 // ("CRON_TZ=Europe/Paris 0 9 * * *"; the default zone is UTC, not the
 // machine's, so schedulers on machines with different zones agree).
 //
-// "@every d" is refused: robfig counts it from the time it is asked, so two
-// schedulers would disagree on the slots; use [Every], which aligns slots to
-// the Unix epoch.
+// "@every d" is refused, with or without a time zone prefix: robfig counts
+// it from the time it is asked, so two schedulers would disagree on the
+// slots; use [Every], which aligns slots to the Unix epoch.
+//
+// In a zone with daylight saving time, robfig's slots follow the wall clock:
+// a time in the hour repeated in autumn ("CRON_TZ=America/New_York 30 1 * *
+// *") gives two slots that day, with different [SlotKey]s, so the job runs
+// twice; a time in the hour skipped in spring (2:30 there) gives none. Keep
+// such schedules in UTC, or outside the changeover hours, when once a day
+// must mean once.
 func Cron(expr string) (Schedule, error) {
-	if len(expr) >= len("@every") && expr[:len("@every")] == "@every" {
+	if strings.HasPrefix(cronSpec(expr), "@every") {
+		// Checked as robfig reads the expression (trimmed, after a time
+		// zone prefix): "CRON_TZ=UTC @every 1m" or " @every 1m" must not
+		// get through.
 		return nil, fmt.Errorf("%w: %q: use periodic.Every for fixed intervals (slots aligned to the epoch)", ErrInvalidSchedule, expr)
 	}
+	expr = strings.TrimSpace(expr)
 	if !hasTZ(expr) {
 		expr = "CRON_TZ=UTC " + expr
 	}
@@ -45,6 +57,20 @@ func Cron(expr string) (Schedule, error) {
 		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidSchedule, expr, err)
 	}
 	return s, nil
+}
+
+// cronSpec is expr as robfig's parser reads it: trimmed, without its time
+// zone prefix.
+func cronSpec(expr string) string {
+	s := strings.TrimSpace(expr)
+	if hasTZ(s) {
+		i := strings.IndexAny(s, " \t")
+		if i < 0 {
+			return ""
+		}
+		s = strings.TrimSpace(s[i:])
+	}
+	return s
 }
 
 func hasTZ(expr string) bool {

@@ -287,3 +287,19 @@ func TestRunTwiceIsRefused(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 }
+
+// "@every" is refused however it is written: after a time zone prefix or
+// leading spaces robfig still reads it, with slots counted from the time it
+// is asked, which two schedulers would not agree on.
+func TestCronRefusesEveryBehindAPrefix(t *testing.T) {
+	for _, expr := range []string{"@every 1m", "CRON_TZ=UTC @every 1m", " @every 1m", "TZ=UTC @every 1m", "CRON_TZ=Europe/Paris   @every 5m"} {
+		if _, err := periodic.Cron(expr); !errors.Is(err, periodic.ErrInvalidSchedule) {
+			t.Errorf("Cron(%q) = %v, want ErrInvalidSchedule", expr, err)
+		}
+	}
+	for _, expr := range []string{"CRON_TZ=Europe/Paris 0 9 * * *", " 0 9 * * *", "@daily", "TZ=UTC @hourly"} {
+		if _, err := periodic.Cron(expr); err != nil {
+			t.Errorf("Cron(%q) = %v", expr, err)
+		}
+	}
+}

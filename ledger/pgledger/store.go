@@ -15,7 +15,9 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -342,6 +344,10 @@ type historyEntry struct {
 // history the package doc describes), then the redrives, in one round
 // trip and one transaction. It does not retain batch.
 func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
+	// Text from messages is untrusted: PostgreSQL refuses NUL and invalid
+	// UTF-8 in text, and one such event would fail the whole batch's
+	// statement, losing the other jobs' events with it.
+	batch = storable(batch)
 	jobs := map[string]*row{}
 	var redrives, deadAny []ledger.Event
 	for _, e := range batch {
@@ -468,6 +474,44 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 		return fmt.Errorf("pgledger: write %d events: %w", len(batch), err)
 	}
 	return nil
+}
+
+// maxGeneration bounds a stored generation: it comes from a message's
+// redrive-count header, which any producer can set, and a redrive adds one
+// to it in SQL, where it is an integer.
+const maxGeneration = 1 << 30
+
+// storable returns batch with every text field PostgreSQL can store (NUL and
+// invalid UTF-8 replaced by U+FFFD) and generations within maxGeneration;
+// batch itself when nothing needs it (the common case: no copy).
+func storable(batch []ledger.Event) []ledger.Event {
+	var out []ledger.Event
+	for i, e := range batch {
+		c := e
+		for _, f := range []*string{&c.MessageID, &c.Queue, &c.Type, &c.IdempotencyKey, &c.CorrelationID, &c.Error, &c.Worker} {
+			*f = storableText(*f)
+		}
+		c.Generation = min(max(c.Generation, 0), maxGeneration)
+		if out == nil && c == e {
+			continue
+		}
+		if out == nil {
+			out = append(make([]ledger.Event, 0, len(batch)), batch[:i]...)
+		}
+		out = append(out, c)
+	}
+	if out == nil {
+		return batch
+	}
+	return out
+}
+
+// storableText is s with NUL and invalid UTF-8 replaced by U+FFFD.
+func storableText(s string) string {
+	if utf8.ValidString(s) && !strings.Contains(s, "\x00") {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 func nonEmpty(s string) *string {

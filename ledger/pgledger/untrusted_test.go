@@ -1,0 +1,71 @@
+package pgledger_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// Text from a message is untrusted: a NUL (valid UTF-8, so sdk.Prepare lets
+// it through) or invalid UTF-8 (a foreign producer) in one event must not
+// fail the batch's statement and lose the other jobs' events. The event is
+// stored with U+FFFD in place of what PostgreSQL cannot hold.
+func TestUntrustedTextDoesNotPoisonBatch(t *testing.T) {
+	_, s, ctx := setup(t)
+	now := time.Now()
+	for _, evil := range []ledger.Event{
+		{MessageID: "evil-type", Queue: "q", Type: "a\x00b", Status: ledger.StatusRunning, Attempt: 1, At: now},
+		{MessageID: "evil-error", Queue: "q", Type: "charge", Status: ledger.StatusRetrying, Attempt: 1, At: now,
+			Error: sdk.SanitizeReason("bad body: \x00"), Class: sdk.ClassTransient},
+		{MessageID: "evil-utf8", Queue: "q", Type: "charge", IdempotencyKey: "k\xff", CorrelationID: "c\x00", Worker: "w\xfe",
+			Status: ledger.StatusRunning, Attempt: 1, At: now},
+	} {
+		good := ledger.Event{MessageID: "good-" + evil.MessageID, Queue: "q", Type: "charge", Status: ledger.StatusSucceeded, Attempt: 1, At: now}
+		if err := s.Write(ctx, []ledger.Event{good, evil}); err != nil {
+			t.Fatalf("%s: Write = %v", evil.MessageID, err)
+		}
+		if _, err := s.Job(ctx, good.MessageID); err != nil {
+			t.Errorf("%s: the other job's event: %v", evil.MessageID, err)
+		}
+		j, err := s.Job(ctx, evil.MessageID)
+		if err != nil {
+			t.Errorf("%s: %v", evil.MessageID, err)
+			continue
+		}
+		if j.Type == evil.Type && evil.Type != "charge" {
+			t.Errorf("%s: type stored as %q", evil.MessageID, j.Type)
+		}
+	}
+	// A NUL in the message ID itself: stored under the replaced ID.
+	if err := s.Write(ctx, []ledger.Event{{MessageID: "id\x00", Queue: "q", Status: ledger.StatusRunning, Attempt: 1, At: now}}); err != nil {
+		t.Fatalf("Write with a NUL in the ID = %v", err)
+	}
+	if _, err := s.Job(ctx, "id\uFFFD"); err != nil {
+		t.Errorf("job with a NUL in its ID: %v", err)
+	}
+}
+
+// A generation comes from a message's redrive-count header, which any
+// producer can set: one near the integer limit must not make a redrive's
+// generation+1 overflow and fail the batch with another job's events.
+func TestForgedGenerationDoesNotPoisonBatch(t *testing.T) {
+	_, s, ctx := setup(t)
+	now := time.Now()
+	if err := s.Write(ctx, []ledger.Event{{MessageID: "x", Queue: "q", Status: ledger.StatusDead, Generation: 2147483647, Attempt: 1, At: now}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(ctx, []ledger.Event{
+		{MessageID: "other", Queue: "q", Status: ledger.StatusSucceeded, Attempt: 1, At: now},
+		{MessageID: "x", Queue: "q", Status: ledger.StatusRedriven, At: now.Add(time.Second)},
+	}); err != nil {
+		t.Fatalf("Write = %v", err)
+	}
+	if _, err := s.Job(ctx, "other"); err != nil {
+		t.Errorf("the other job's event: %v", err)
+	}
+	if j, err := s.Job(ctx, "x"); err != nil || j.Status != ledger.StatusRedriven {
+		t.Errorf("x after its redrive: %+v, %v", j, err)
+	}
+}
