@@ -48,6 +48,9 @@ type acker struct {
 	client   *awssqs.Client
 	interval time.Duration
 	log      *slog.Logger
+	// wrap maps the error of a DeleteMessageBatch call to berth's sentinels
+	// (what Broker.wrapDelete does).
+	wrap func(ctx context.Context, what string, err error) error
 
 	batches chan ackBatch
 	arm     chan struct{} // cap 1: a partial batch is waiting for the timer
@@ -66,11 +69,12 @@ type acker struct {
 	closed   bool
 }
 
-func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger) *acker {
+func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger, wrap func(ctx context.Context, what string, err error) error) *acker {
 	a := &acker{
 		client:   client,
 		interval: interval,
 		log:      log,
+		wrap:     wrap,
 		batches:  make(chan ackBatch),
 		arm:      make(chan struct{}, 1),
 		stop:     make(chan struct{}),
@@ -224,6 +228,7 @@ func (a *acker) deleteBatch(ctx context.Context, b ackBatch) {
 		}
 		out, err := a.client.DeleteMessageBatch(ctx, in)
 		if err != nil { // the SDK already retried what it could
+			err = a.wrap(ctx, "delete from "+entries[0].queue, err)
 			for _, e := range entries {
 				a.finish(e, err)
 			}
@@ -244,7 +249,13 @@ func (a *acker) deleteBatch(ctx context.Context, b ackBatch) {
 			}
 			answered[i] = true
 			e := entries[i]
-			ferr := &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+			var ferr error = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+			if staleCode(aws.ToString(f.Code)) {
+				// The receipt handle no longer holds the message (its
+				// visibility ran out): sending it again cannot help.
+				a.finish(e, leaseLost(e.id, ferr))
+				continue
+			}
 			if !f.SenderFault && e.tries < entryRetries {
 				e.tries++
 				again = append(again, e)

@@ -209,7 +209,7 @@ func New(client *awssqs.Client, opts Options) (*Broker, error) {
 		scanHold: defaultHold,
 		scanMax:  defaultMaxHeld,
 	}
-	b.acks = newAcker(client, o.AckInterval, o.Logger)
+	b.acks = newAcker(client, o.AckInterval, o.Logger, b.wrapDelete)
 	b.co = newCoalescer(o.PublishSenders, b.closing)
 	return b, nil
 }
@@ -412,4 +412,19 @@ func (b *Broker) wrap(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrUnavailable, err)
 	}
 	return fmt.Errorf("berth/sqs: %s: %w", what, err)
+}
+
+// wrapDelete maps the error of a DeleteMessageBatch call as wrap does a
+// Publish's: [sdk.ErrClosed] once the broker is closing, [sdk.ErrNotFound]
+// for a missing queue, [sdk.ErrUnavailable] when SQS cannot be reached. ctx
+// is the acker's own (a timeout per call), not a caller's: its end means
+// SQS did not answer in time, hence ErrUnavailable. The cause is kept.
+func (b *Broker) wrapDelete(ctx context.Context, what string, err error) error {
+	if b.closing.Err() != nil {
+		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrClosed, err)
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrUnavailable, err)
+	}
+	return b.wrap(context.Background(), what, err)
 }

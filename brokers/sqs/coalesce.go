@@ -329,13 +329,14 @@ func (b *Broker) sendShared(q *queueRef, batch []*shared) {
 	for i, s := range batch {
 		chunk[i] = s.e
 	}
-	failed := map[string]error{}
-	err := b.sendBatch(ctx, q, chunk, failed)
-	for _, s := range batch {
+	// Outcomes go by entry: two Publish calls of the batch may carry the
+	// same message ID, and one's refusal is not the other's.
+	refused, err := b.sendBatch(ctx, q, chunk)
+	for i, s := range batch {
 		if err != nil {
 			s.w.settle(s.e.id, err, true)
 		} else {
-			s.w.settle(s.e.id, failed[s.e.id], false)
+			s.w.settle(s.e.id, refused[i], false)
 		}
 	}
 }

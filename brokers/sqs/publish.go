@@ -153,7 +153,8 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 	failed := map[string]error{}
 	if len(chunks) == 1 || q.fifo {
 		for i, chunk := range chunks {
-			if err := b.sendBatch(ctx, q, chunk, failed); err != nil {
+			refused, err := b.sendBatch(ctx, q, chunk)
+			if err != nil {
 				if len(failed) == 0 && i == 0 {
 					return err // nothing was published
 				}
@@ -166,6 +167,7 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 				}
 				break
 			}
+			addRefused(failed, chunk, refused)
 		}
 	} else {
 		errs := make([]error, len(chunks))
@@ -177,12 +179,15 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				if err := b.sendBatch(ctx, q, chunk, fails[i]); err != nil {
+				refused, err := b.sendBatch(ctx, q, chunk)
+				if err != nil {
 					errs[i] = err
 					for _, e := range chunk {
 						fails[i][e.id] = err
 					}
+					return
 				}
+				addRefused(fails[i], chunk, refused)
 			})
 		}
 		wg.Wait()
@@ -203,9 +208,22 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 	return nil
 }
 
-// sendBatch sends one SendMessageBatch call. Entries SQS refused are added to
-// failed; the error is that of the call itself.
-func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry, failed map[string]error) error {
+// addRefused adds to failed, by message ID, the entries of chunk that
+// refused (as sendBatch returned it) says were not published.
+func addRefused(failed map[string]error, chunk []sendEntry, refused []error) {
+	for i, err := range refused {
+		if err != nil {
+			failed[chunk[i].id] = err
+		}
+	}
+}
+
+// sendBatch sends one SendMessageBatch call. refused holds, by position in
+// chunk, why each entry was not published (nil: published): outcomes are
+// kept by entry, not by message ID, since entries of different Publish calls
+// sharing a call may carry the same ID. err is that of the call itself
+// (refused is then nil).
+func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) (refused []error, err error) {
 	in := &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: make([]sqstypes.SendMessageBatchRequestEntry, len(chunk))}
 	for i, e := range chunk {
 		in.Entries[i] = e.in
@@ -213,8 +231,9 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry, 
 	}
 	out, err := b.client.SendMessageBatch(ctx, in)
 	if err != nil {
-		return b.wrap(ctx, "publish to "+q.name, err)
+		return nil, b.wrap(ctx, "publish to "+q.name, err)
 	}
+	refused = make([]error, len(chunk))
 	ok := make([]bool, len(chunk))
 	for _, r := range out.Successful {
 		if i, err := strconv.Atoi(aws.ToString(r.Id)); err == nil && i >= 0 && i < len(chunk) {
@@ -227,14 +246,14 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry, 
 			continue
 		}
 		ok[i] = true // accounted for below
-		failed[chunk[i].id] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+		refused[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
 	}
 	for i, done := range ok {
 		if !done { // in neither list: never silently assume success
-			failed[chunk[i].id] = errors.New("berth/sqs: SQS reported neither success nor failure for this entry")
+			refused[i] = errors.New("berth/sqs: SQS reported neither success nor failure for this entry")
 		}
 	}
-	return nil
+	return refused, nil
 }
 
 // EntryError is the failure of one entry of an SQS batch call, as SQS

@@ -174,7 +174,11 @@ func (d *delivery) usable() error {
 // Ack deletes the message. The delete is buffered (see [Options.AckInterval]
 // and [Options.SyncAck]). Once the lease may have run out, Ack first checks
 // with ChangeMessageVisibility that the receipt still holds the message, and
-// returns an error wrapping [sdk.ErrLeaseLost] when it does not.
+// returns an error wrapping [sdk.ErrLeaseLost] when it does not; with
+// SyncAck, so does a delete SQS refuses because the receipt handle expired.
+// A delete call that fails returns, like Publish, an error wrapping
+// [sdk.ErrUnavailable] (SQS unreachable), [sdk.ErrNotFound] (no such queue)
+// or [sdk.ErrClosed] (the broker closed).
 func (d *delivery) Ack(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -197,6 +201,9 @@ func (d *delivery) Ack(ctx context.Context) error {
 	}
 	select {
 	case err := <-done:
+		if errors.Is(err, sdk.ErrLeaseLost) {
+			d.state = stateLost // nothing was deleted: another receipt holds it
+		}
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -224,20 +231,28 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 }
 
 // ExtendLease keeps the message invisible for dur from now (rounded up to
-// whole seconds). Past SQS's 12-hour ceiling it returns a
-// [*LeaseCeilingError] and changes nothing.
+// whole seconds); a dur of zero or less means [Options.VisibilityTimeout],
+// as on the memory broker: extending a lease never hands the message back
+// (SQS deliveries are no [sdk.Releaser]). Past SQS's 12-hour ceiling it
+// returns a [*LeaseCeilingError] and changes nothing.
 func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.usable(); err != nil {
 		return err
 	}
-	return d.changeVisibility(ctx, max(dur, 0))
+	if dur <= 0 {
+		dur = d.b.opts.VisibilityTimeout
+	}
+	return d.changeVisibility(ctx, dur)
 }
 
 // DeadLetter sends a copy of the message, with the reason headers
 // ([sdk.AnnotateDeadLetter]), to the dead-letter queue, then deletes the
-// original. On a FIFO queue the copy keeps its group.
+// original. On a FIFO queue the copy keeps its group. A delete SQS refuses
+// because the receipt handle expired returns an error wrapping
+// [sdk.ErrLeaseLost] (the original comes back, and the copy stays); a delete
+// call that fails is mapped as Ack's is.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
