@@ -3,7 +3,6 @@ package jetstream
 import (
 	"context"
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,8 +45,8 @@ func (b *Broker) move(q *queueState) {
 	}()
 	for !b.closed.Load() {
 		msgs, err := b.fetch(ctx, q, delayConsumerName, 64)
-		for _, m := range msgs {
-			b.moveOne(ctx, q, m)
+		for _, p := range msgs {
+			b.moveOne(ctx, q, p.msg)
 		}
 		if errors.Is(err, sdk.ErrNotFound) { // queue deleted: the next Receive starts a new mover
 			b.mu.Lock()
@@ -86,7 +85,14 @@ func (b *Broker) moveOne(ctx context.Context, q *queueState, m *nats.Msg) {
 			w.Header[k] = v
 		}
 	}
-	id := "mv:" + q.stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10)
+	if err == nil && dec.ignoredA {
+		// An attempt berth did not store: not carried over to the ready
+		// copy either, whose move ID would make it look like berth's.
+		if c, cerr := encode(dec.msg, q.ready, 1, time.Time{}); cerr == nil {
+			w.Header[headerEnvelope] = c.Header[headerEnvelope]
+		}
+	}
+	id := internalID(idMove, q.stream, meta.Sequence.Stream)
 	if err := b.publishOne(ctx, q.stream, w, id); err != nil {
 		if ctx.Err() == nil {
 			b.opts.Logger.Warn("berth/jetstream: moving a delayed message; it is tried again", "queue", q.name, "err", err)

@@ -3,7 +3,6 @@ package jetstream
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -206,7 +205,7 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 	if err != nil {
 		return d.end(err)
 	}
-	id := "dlq:" + d.q.stream + ":" + strconv.FormatUint(d.seq, 10)
+	id := internalID(idDeadLetter, d.q.stream, d.seq)
 	if err := d.b.publishOne(ctx, d.q.dlq, w, id); err != nil {
 		return d.end(err)
 	}
@@ -232,7 +231,7 @@ func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
 	if err != nil {
 		return d.end(err)
 	}
-	id := "rel:" + d.q.stream + ":" + strconv.FormatUint(d.seq, 10) + ":" + strconv.FormatUint(d.delivered, 10)
+	id := internalID(idRelease, d.q.stream, d.seq, d.delivered)
 	if err := d.b.publishOne(ctx, d.q.stream, w, id); err != nil {
 		return d.end(err)
 	}

@@ -143,7 +143,8 @@ func wireSize(msg *nats.Msg) int {
 }
 
 // msgID returns a Nats-Msg-Id for s: s itself when it is printable ASCII
-// without spaces (a UUID always is), else "sha256:" and its hex digest.
+// without spaces (a UUID always is), else "sha256:" and its hex digest. It
+// never contains a space, so it never equals an [internalID].
 func msgID(s string) string {
 	if headerSafe(s) && len(s) <= 128 {
 		return s
@@ -151,6 +152,60 @@ func msgID(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
+
+// internalPrefix begins the Nats-Msg-Id of every copy berth stores itself
+// (a move, a release, a give-back, a dead letter, a redrive). Its space is
+// what keeps the two ID spaces apart: msgID never writes one, so no user
+// message ID, whatever it is, makes JetStream drop berth's copy as a
+// duplicate of it within the Duplicates window, or the other way round.
+const internalPrefix = "berth "
+
+// Kinds of internal IDs. A copy stored as a release (rel), a give-back
+// (back) or a move (mv) carries its attempt over (envelope.A); the others
+// start at attempt 1.
+const (
+	idMove       = "mv"
+	idRelease    = "rel"
+	idGiveBack   = "back"
+	idDeadLetter = "dlq"
+	idRedrive    = "rd"
+)
+
+// internalID returns the Nats-Msg-Id of a copy of kind derived from stream
+// and nums (sequences, delivery counts): "berth <kind>:<stream>:<n>...".
+func internalID(kind, stream string, nums ...uint64) string {
+	b := make([]byte, 0, len(internalPrefix)+len(kind)+len(stream)+2+21*len(nums))
+	b = append(b, internalPrefix...)
+	b = append(b, kind...)
+	b = append(b, ':')
+	b = append(b, stream...)
+	for _, n := range nums {
+		b = append(b, ':')
+		b = strconv.AppendUint(b, n, 10)
+	}
+	return string(b)
+}
+
+// carriesAttempt reports whether a stored copy with Nats-Msg-Id id was
+// stored by berth to carry a delivery's attempt over (Release, a give-back,
+// and the move of either from the delayed subject): only then is the
+// envelope's A honoured. IDs of berth versions before internalPrefix
+// ("rel:...", "back:...", "mv:...") are still recognised, so that copies
+// stored before an upgrade keep their count; a berth Publish never writes A,
+// so a user's message ID of that form carries nothing over.
+func carriesAttempt(id string) bool {
+	id = strings.TrimPrefix(id, internalPrefix)
+	for _, k := range [...]string{idRelease, idGiveBack, idMove} {
+		if len(id) > len(k) && id[len(k)] == ':' && id[:len(k)] == k {
+			return true
+		}
+	}
+	return false
+}
+
+// maxCarried bounds the attempt a stored copy may carry over (envelope.A),
+// whatever its header says; the Broker bounds it again by its poison cap.
+const maxCarried = 1 << 20
 
 func headerSafe(s string) bool {
 	if s == "" {
@@ -182,14 +237,22 @@ func idToken(id string) string {
 // decoded is a stored message read back.
 type decoded struct {
 	msg       *sdk.Message
-	base      int       // attempt of the copy's first delivery
+	base      int       // attempt of the copy's first delivery, in [1, maxCarried]
 	notBefore time.Time // zero when ready at once
+	// ignoredA is set when the envelope had an attempt (A) that decode did
+	// not honour: the copy was not stored by berth to carry one over.
+	ignoredA bool
 }
 
 // decode restores the message encode wrote. A message without the
 // Berth-Message header (from another producer) gets its Nats-Msg-Id (else
 // "<stream>:<seq>") as ID, its data as body, and its headers (first
 // values; JetStream's own Nats-* headers left out) as headers.
+//
+// The envelope's attempt (A) is honoured only for a copy whose Nats-Msg-Id
+// says berth stored it to carry an attempt over ([carriesAttempt]), and is
+// bounded to [1, maxCarried]: any producer can write a Berth-Message
+// header, and must not set the attempt a delivery reports.
 func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, error) {
 	raw := h.Get(headerEnvelope)
 	if raw == "" {
@@ -217,7 +280,14 @@ func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, err
 	if len(data) > 0 {
 		m.Body = data
 	}
-	d := decoded{msg: m, base: max(env.A, 1)}
+	d := decoded{msg: m, base: 1}
+	if env.A > 1 {
+		if carriesAttempt(h.Get(nats.MsgIdHdr)) {
+			d.base = min(env.A, maxCarried)
+		} else {
+			d.ignoredA = true
+		}
+	}
 	if env.NB > 0 {
 		d.notBefore = time.Unix(0, env.NB)
 	}

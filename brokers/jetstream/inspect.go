@@ -245,7 +245,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		if err != nil {
 			return n, err
 		}
-		if err := b.publishOne(ctx, target.stream, w, "rd:"+q.dlq+":"+strconv.FormatUint(dl.seq, 10)); err != nil {
+		if err := b.publishOne(ctx, target.stream, w, internalID(idRedrive, q.dlq, dl.seq)); err != nil {
 			return n, err
 		}
 		if err := s.DeleteMsg(ctx, dl.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {

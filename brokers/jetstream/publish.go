@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +21,11 @@ import (
 // second Publish of a message with the same explicit ID within it).
 // Messages with a Delay go to the queue's delayed subject and are moved to
 // the ready one when due (see the package doc).
+//
+// When no stream answers (another process deleted the queue), Publish
+// declares the queue again and publishes the failed messages once more; with
+// [Options.NoDeclare] it returns an error wrapping [sdk.ErrNotFound].
+// PublishAsync's result fails then, and its next call declares the queue.
 //
 // Messages JetStream refuses are reported in an [*sdk.PublishError]; the
 // others were stored. When ctx ends first, Publish returns ctx.Err() and
@@ -61,6 +67,54 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if err != nil {
 		return err
 	}
+	err = b.publishTo(ctx, qs, wire, msgs)
+	var pe *sdk.PublishError
+	if !errors.As(err, &pe) || !streamGone(err) {
+		return err
+	}
+	// No stream answered: the queue's stream is gone (another process
+	// deleted the queue) and this Broker's declared entry is stale. Drop
+	// it, declare the queue again (with NoDeclare: ErrNotFound) and publish
+	// once more the messages that failed so.
+	b.declared.CompareAndDelete(queue, qs)
+	if qs, err = b.queue(ctx, queue); err != nil {
+		return err
+	}
+	var (
+		again     []*nats.Msg
+		againMsgs []*sdk.Message
+		failed    = map[string]error{}
+	)
+	for i, m := range msgs {
+		if ferr, ok := pe.Failed[m.ID]; ok {
+			if streamGone(ferr) {
+				again, againMsgs = append(again, wire[i]), append(againMsgs, m)
+			} else {
+				failed[m.ID] = ferr
+			}
+		}
+	}
+	if len(again) > 0 {
+		err = b.publishTo(ctx, qs, again, againMsgs)
+		if !errors.As(err, &pe) {
+			if err != nil || len(failed) == 0 {
+				return err
+			}
+		} else {
+			for id, ferr := range pe.Failed {
+				failed[id] = ferr
+			}
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &sdk.PublishError{Failed: failed}
+}
+
+// publishTo publishes the encoded wire[i] of msgs[i] to the declared queue
+// qs and waits for their acks.
+func (b *Broker) publishTo(ctx context.Context, qs *queueState, wire []*nats.Msg, msgs []*sdk.Message) error {
 	if len(wire) == 1 { // the common call: one message, through PublishAsync's cheaper path
 		return b.publishSingle(ctx, wire[0], msgs[0].ID)
 	}
@@ -69,6 +123,30 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		ids[i] = msgID(m.ID)
 	}
 	return b.publishWire(ctx, qs.stream, wire, ids, func(i int) string { return msgs[i].ID })
+}
+
+// streamGone reports a publish that no stream answered: JetStream stores
+// nothing on the subject, the queue's stream is not there (or, briefly,
+// JetStream is not answering).
+func streamGone(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// forgetGone drops the declared entry of the queue whose subject a publish
+// went to when no stream answered it, so that the next call on the queue
+// declares it again (PublishAsync cannot retry: its result is already out).
+func (b *Broker) forgetGone(subject string, err error) {
+	if !streamGone(err) {
+		return
+	}
+	for _, kind := range [...]string{".q.", ".d."} {
+		if esc, ok := strings.CutPrefix(subject, b.opts.Prefix+kind); ok {
+			if queue, ok := unescape(esc); ok {
+				b.declared.Delete(queue)
+			}
+			return
+		}
+	}
 }
 
 // publishSingle publishes one message as Publish does, with its result
@@ -303,6 +381,7 @@ func (b *Broker) asyncDone(w *nats.Msg, err error) {
 		return
 	}
 	if err != nil {
+		b.forgetGone(w.Subject, err)
 		err = b.wrapErr(context.Background(), "publish", err)
 	}
 	res.Resolve(err)

@@ -68,10 +68,19 @@ func maxInt(a, b int) int {
 	return b
 }
 
+// pulled is a message as pull read it, with when it arrived: a delivery's
+// lease is counted from then, not from when Receive got round to it (after
+// a follow-up pull, or after dead-lettering the poison messages before it),
+// so that berth's lease never outlasts the server's AckWait.
+type pulled struct {
+	msg     *nats.Msg
+	arrived time.Time
+}
+
 // fetch pulls up to max messages of consumer: what is ready now, else the
 // first to come within WaitTime and what is ready after it. Messages come
 // with a nil error or an error with the messages taken before it.
-func (b *Broker) fetch(ctx context.Context, q *queueState, consumer string, max int) ([]*nats.Msg, error) {
+func (b *Broker) fetch(ctx context.Context, q *queueState, consumer string, max int) ([]pulled, error) {
 	msgs, err := b.pull(ctx, q, consumer, max, 0)
 	if len(msgs) > 0 || err != nil {
 		return msgs, err
@@ -96,7 +105,7 @@ type pullRequest struct {
 // until the batch is full or the server ends the request. When ctx ends
 // first, the subscription is handed to a drain that gives back what the
 // server still delivers.
-func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]*nats.Msg, error) {
+func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]pulled, error) {
 	if err := b.connected("pull"); err != nil {
 		return nil, err
 	}
@@ -134,7 +143,7 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 	}
 	timer := time.NewTimer(time.Until(limit))
 	defer timer.Stop()
-	var msgs []*nats.Msg
+	var msgs []pulled
 	for len(msgs) < batch {
 		var m *nats.Msg
 		select {
@@ -170,7 +179,7 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 				return msgs, fmt.Errorf("berth/jetstream: pull from %s: %w: status %s %s", q.stream, sdk.ErrUnavailable, status, desc)
 			}
 		}
-		msgs = append(msgs, m)
+		msgs = append(msgs, pulled{msg: m, arrived: time.Now()})
 	}
 	b.untrack(sub)
 	return msgs, nil
@@ -238,10 +247,10 @@ func (b *Broker) giveBack(q *queueState, consumer string, m *nats.Msg) {
 		_ = b.nc.Publish(m.Reply, ackNak)
 		return
 	}
-	attempt := dec.base + int(meta.NumDelivered) - 1
+	attempt := b.attemptOf(dec.base, meta.NumDelivered)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	id := "back:" + q.stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10) + ":" + strconv.FormatUint(meta.NumDelivered, 10)
+	id := internalID(idGiveBack, q.stream, meta.Sequence.Stream, meta.NumDelivered)
 	w, err := encode(dec.msg, q.ready, attempt, time.Time{})
 	if err == nil {
 		err = b.publishOne(ctx, q.stream, w, id)
@@ -270,10 +279,10 @@ func nakDelay(d time.Duration) []byte {
 
 // deliveries turns pulled messages into Deliveries, moving poison and
 // undecodable ones to the dead-letter stream instead.
-func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []*nats.Msg) []sdk.Delivery {
+func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []pulled) []sdk.Delivery {
 	out := make([]sdk.Delivery, 0, len(msgs))
-	for _, m := range msgs {
-		arrived := time.Now()
+	for _, p := range msgs {
+		m, arrived := p.msg, p.arrived
 		meta, err := m.Metadata()
 		if err != nil {
 			b.opts.Logger.Error("berth/jetstream: message without JetStream metadata", "queue", q.name, "err", err)
@@ -286,14 +295,14 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []*nats.Msg
 		dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
 		if err != nil {
 			d.msg = &sdk.Message{ID: q.stream + ":" + strconv.FormatUint(d.seq, 10), Body: m.Data}
-			d.attempt = int(meta.NumDelivered)
+			d.attempt = b.attemptOf(1, meta.NumDelivered)
 			if derr := d.DeadLetter(ctx, sdk.Permanent(err)); derr != nil {
 				b.opts.Logger.Error("berth/jetstream: dead-lettering an undecodable message", "queue", q.name, "err", derr)
 			}
 			continue
 		}
 		d.msg = dec.msg
-		d.attempt = dec.base + int(meta.NumDelivered) - 1
+		d.attempt = b.attemptOf(dec.base, meta.NumDelivered)
 		if d.attempt > b.opts.MaxDeliveries {
 			if derr := d.deadLetter(ctx, sdk.ErrMaxDeliveries, d.attempt-1); derr != nil {
 				b.opts.Logger.Error("berth/jetstream: dead-lettering a poison message", "queue", q.name, "id", d.msg.ID, "err", derr)
@@ -303,6 +312,16 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []*nats.Msg
 		out = append(out, d)
 	}
 	return out
+}
+
+// attemptOf returns the attempt of a delivery: the copy's carried-over
+// attempt (base, bounded by the poison cap: a carried attempt is one berth
+// handed out, hence at most the cap) plus the deliveries of this copy
+// before it. It never overflows.
+func (b *Broker) attemptOf(base int, numDelivered uint64) int {
+	base = min(max(base, 1), b.opts.MaxDeliveries)
+	n := int(min(max(numDelivered, 1), maxCarried))
+	return base + n - 1
 }
 
 // leaseFor is how long berth counts a lease from a message's arrival: the
