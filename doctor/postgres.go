@@ -136,7 +136,7 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 	}
 	tableOff := false
 	for _, r := range relopts {
-		if strings.EqualFold(r, "autovacuum_enabled=false") || strings.EqualFold(r, "autovacuum_enabled=off") {
+		if k, v, ok := strings.Cut(r, "="); ok && strings.EqualFold(k, "autovacuum_enabled") && pgFalse(v) {
 			tableOff = true
 		}
 	}
@@ -273,4 +273,20 @@ func when(t *time.Time) string {
 		return "never"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// pgFalse reports whether v is a false boolean as PostgreSQL reads one
+// (parse_bool): a reloption keeps the text it was given, and "0", "no",
+// "f" or "OFF" switch autovacuum off as "false" does.
+func pgFalse(v string) bool {
+	v = strings.ToLower(strings.TrimSpace(v))
+	switch {
+	case v == "":
+		return false
+	case v == "0", v == "of", v == "off":
+		return true
+	case strings.HasPrefix("false", v), strings.HasPrefix("no", v):
+		return true
+	}
+	return false
 }

@@ -119,9 +119,13 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Fi
 
 	if ct, ok := args["x-consumer-timeout"].(int64); ok {
 		d := time.Duration(ct) * time.Millisecond
-		if d < o.LongestJob {
+		if o.LongestJob < 0 || d < o.LongestJob { // negative: jobs without a time limit
+			longest := o.LongestJob.String()
+			if o.LongestJob < 0 {
+				longest = "unbounded (no job timeout)"
+			}
 			add(Finding{ID: "rabbitmq.consumer-timeout", Severity: Error, Summary: "the queue's consumer timeout is shorter than the longest job",
-				Evidence: fmt.Sprintf("x-consumer-timeout %s < longest job %s", d, o.LongestJob), Fix: "raise x-consumer-timeout above the longest job, or lower WorkerOptions.Timeout"})
+				Evidence: fmt.Sprintf("x-consumer-timeout %s < longest job %s", d, longest), Fix: "raise x-consumer-timeout above the longest job, or lower WorkerOptions.Timeout"})
 		} else {
 			add(Finding{ID: "rabbitmq.consumer-timeout", Severity: OK, Summary: "the queue's consumer timeout covers the longest job",
 				Evidence: fmt.Sprintf("x-consumer-timeout %s ≥ longest job %s", d, o.LongestJob)})
