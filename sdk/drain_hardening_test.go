@@ -142,3 +142,22 @@ func TestStoppedHeartbeatCancelsHungExtension(t *testing.T) {
 		t.Error("Run returned while an extension was still under way")
 	}
 }
+
+// Decode accepts one JSON value and nothing after it but white space: a
+// stray '}' or ']' (which json.Decoder.More does not report) is refused as
+// trailing data, permanently, like any other.
+func TestDecodeRefusesTrailingData(t *testing.T) {
+	type args struct{ A int }
+	for body, ok := range map[string]bool{
+		`{"A":1}`: true, "{\"A\":1}\n\t ": true,
+		`{"A":1}x`: false, `{"A":1}}`: false, `{"A":1} ]]]`: false, `{"A":1}{"A":2}`: false, `{"A":1} 2`: false,
+	} {
+		_, err := sdk.Decode[args](&sdk.Message{ID: "m", Type: "t", Body: []byte(body)})
+		if ok != (err == nil) {
+			t.Errorf("Decode(%q) = %v", body, err)
+		}
+		if err != nil && sdk.Classify(err) != sdk.ClassPermanent {
+			t.Errorf("Decode(%q): class %s, want permanent", body, sdk.Classify(err))
+		}
+	}
+}

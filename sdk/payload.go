@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 )
 
 // DecodeError reports a body that does not decode into the handler's type. It
@@ -44,7 +45,9 @@ func decode[T any](m *Message, strict bool) (T, error) {
 	if err := dec.Decode(&v); err != nil {
 		return v, Permanent(&DecodeError{MessageID: m.ID, Type: m.Type, Err: err})
 	}
-	if dec.More() {
+	// Only the end of the body may follow (More reports false before a
+	// stray '}' or ']', which must be refused too).
+	if _, err := dec.Token(); err != io.EOF {
 		return v, Permanent(&DecodeError{MessageID: m.ID, Type: m.Type, Err: fmt.Errorf("trailing data after JSON value")})
 	}
 	return v, nil

@@ -104,10 +104,25 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	}
 	var err error
 	stopped := "" // why a broker call's own scan stopped
+	// The letters this Apply redrove: one a consumer dead-letters again
+	// comes back at the walk's end, and must not be redriven again (with
+	// a consumer that keeps failing it the walk would never end). One ID
+	// per letter redriven.
+	redriven := map[string]bool{}
 	r.Summary, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
-		ids := make([]string, len(page))
-		for i, m := range page {
-			ids[i] = m.ID
+		ids := make([]string, 0, len(page))
+		for _, m := range page {
+			if !redriven[m.ID] {
+				ids = append(ids, m.ID)
+			}
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		if act == Redrive {
+			for _, id := range ids {
+				redriven[id] = true
+			}
 		}
 		n, err := do(ctx, ids)
 		switch {
@@ -120,6 +135,12 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 			// The broker's scan for this page's letters stopped before it
 			// found them all: those not done stay, and the walk goes on.
 			stopped = err.Error()
+			r.Done += n
+			r.missPage(ids, n, err)
+		case errors.Is(err, sdk.ErrNotFound) && n > 0:
+			// The broker moved the letters it found (SQS does) and names
+			// the others in err: trying each again would count those it
+			// moved as missing.
 			r.Done += n
 			r.missPage(ids, n, err)
 		case errors.Is(err, sdk.ErrNotFound):
@@ -207,6 +228,9 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		case ScanIncomplete(err):
 			r.Done += n
 			r.Complete, r.Incomplete = false, err.Error()
+			r.missPage(batch, n, err)
+		case errors.Is(err, sdk.ErrNotFound) && n > 0: // as in Apply's walk
+			r.Done += n
 			r.missPage(batch, n, err)
 		case errors.Is(err, sdk.ErrNotFound):
 			for _, id := range batch {
