@@ -88,7 +88,8 @@ func openMemory(_ context.Context, _ *url.URL, p *Params) (sdk.Broker, error) {
 //
 // Parameters (the fields of [rabbitmq.Options]): prefetch, queue_type
 // (quorum or classic), max_deliveries, no_declare (true: never declare
-// topology), connection_name, heartbeat (duration), ack_interval
+// topology), connection_name, heartbeat (duration, at least 1s:
+// AMQP counts whole seconds), ack_interval
 // (duration), sync_ack, move_delays_up_to (duration; the longest delay
 // bucket the consuming process moves back itself) and move_delays (false:
 // every delay is left to the server's dead-lettering).

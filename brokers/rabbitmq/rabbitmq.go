@@ -285,7 +285,8 @@ type Options struct {
 	// rabbitmqctl; "-publish" and "-consume" are appended. Default "berth".
 	ConnectionName string
 	// Heartbeat is the AMQP heartbeat interval, in whole seconds (the
-	// server may ask for less). A frozen (half-open) connection is noticed
+	// server may ask for less); below one second is refused, as AMQP
+	// would turn it into the server's interval. A frozen (half-open) connection is noticed
 	// when nothing was read for 1.5 intervals, then reconnected. Default
 	// 10s.
 	Heartbeat time.Duration
@@ -373,6 +374,11 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ConnectionName == "" {
 		o.ConnectionName = "berth"
+	}
+	if o.Heartbeat > 0 && o.Heartbeat < time.Second {
+		// AMQP negotiates whole seconds: amqp091 would send 0, "use the
+		// server's" (60 s by default), not the half second asked for.
+		return o, fmt.Errorf("rabbitmq: Heartbeat %s is below AMQP's resolution of one second", o.Heartbeat)
 	}
 	if o.Heartbeat == 0 {
 		o.Heartbeat = 10 * time.Second
