@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/sdk"
 )
 
-// Defect 3 of the review: when the broker's own time limit ran out (a
+// When the broker's own time limit ran out (a
 // claim's, an ack flush's) while the caller's ctx was live, the caller got a
 // bare context.DeadlineExceeded instead of an error wrapping
 // sdk.ErrUnavailable. The limits (30s) are shortened here; the rule itself
@@ -27,15 +29,8 @@ func TestHungClaimIsUnavailable(t *testing.T) {
 	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `LOCK TABLE `+b.Schema()+`.jobs IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.Receive(ctx, "q", 1)
+	lockJobs(t, ctx, pool, b)
+	_, err := b.Receive(ctx, "q", 1)
 	if ctx.Err() != nil {
 		t.Fatalf("test ctx ended: %v", ctx.Err())
 	}
@@ -66,19 +61,26 @@ func TestHungAckIsUnavailable(t *testing.T) {
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("Receive: %v, %d deliveries", err, len(ds))
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `LOCK TABLE `+b.Schema()+`.jobs IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	lockJobs(t, ctx, pool, b)
 	err = ds[0].Ack(ctx)
 	if ctx.Err() != nil {
 		t.Fatalf("test ctx ended: %v", ctx.Err())
 	}
 	if !errors.Is(err, sdk.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Ack with a live ctx whose flush hung returned %v; want an error wrapping ErrUnavailable and the deadline", err)
+	}
+}
+
+// lockJobs holds an exclusive lock on b's jobs table until the test ends:
+// every statement on it hangs, as on a server that stopped answering.
+func lockJobs(t *testing.T, ctx context.Context, pool *pgxpool.Pool, b *postgres.Broker) {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+b.Schema()+`.jobs IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
 	}
 }

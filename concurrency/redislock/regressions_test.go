@@ -15,7 +15,7 @@ import (
 
 // A panicking fn releases the lock at once (not after a whole TTL), and the
 // panic goes on up to the caller unchanged.
-func TestReviewRunReleasesOnPanic(t *testing.T) {
+func TestRunReleasesOnPanic(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 	c := newClient(t, rdb, prefix, redislock.Options{TTL: 30 * time.Second})
@@ -37,7 +37,7 @@ func TestReviewRunReleasesOnPanic(t *testing.T) {
 // Once Run's ctx is done, fn sees the cancellation, but the watchdog keeps
 // extending the lock while fn finishes: no second holder gets it meanwhile,
 // and Run releases it afterwards.
-func TestReviewRunKeepsLockWhileFnRunsAfterCancel(t *testing.T) {
+func TestRunKeepsLockWhileFnRunsAfterCancel(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	c := newClient(t, rdb, prefix, redislock.Options{TTL: 300 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -76,7 +76,7 @@ func TestReviewRunKeepsLockWhileFnRunsAfterCancel(t *testing.T) {
 
 // A lock taken by someone else after Run's ctx is done is still noticed by
 // the watchdog, and Run reports ErrLockLost.
-func TestReviewRunReportsLossAfterCancel(t *testing.T) {
+func TestRunReportsLossAfterCancel(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	c := newClient(t, rdb, prefix, redislock.Options{TTL: 5 * time.Second, ExtendEvery: 20 * time.Millisecond})
 	key := prefix + "{acct:8}"
@@ -101,7 +101,7 @@ func TestReviewRunReportsLossAfterCancel(t *testing.T) {
 // An extension that hangs (a client that does not honour the deadline in
 // mid-call) does not hold the watchdog past the lock's expiry: fn's context
 // is cancelled with ErrLockLost about when the lock expires.
-func TestReviewRunExtensionHangBounded(t *testing.T) {
+func TestRunExtensionHangBounded(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	var hang atomic.Bool
 	rdb.AddHook(hangHook{&hang})

@@ -69,7 +69,7 @@ func waitLockedOrDone(t *testing.T, pool *pgxpool.Pool, pid uint32, done <-chan 
 // Two producer transactions add rows of one ordering key; the one that added
 // first commits last. The second producer waits for the first one's commit,
 // so the rows are published in the order they were added.
-func TestReviewKeyOrderAcrossConcurrentProducers(t *testing.T) {
+func TestKeyOrderAcrossConcurrentProducers(t *testing.T) {
 	ctx := context.Background()
 	pool, box, b := setup(t)
 	t1, err := pool.Begin(ctx)
@@ -124,7 +124,7 @@ func TestReviewKeyOrderAcrossConcurrentProducers(t *testing.T) {
 // Only producers of the same queue and key wait for each other: rows without
 // a key, rows of another key and rows of the same key in another queue are
 // added and committed while a transaction holding key K is open.
-func TestReviewKeyLockOnlySerialisesOneKey(t *testing.T) {
+func TestKeyLockOnlySerialisesOneKey(t *testing.T) {
 	ctx := context.Background()
 	pool, box, _ := setup(t)
 	t1, err := pool.Begin(ctx)
@@ -166,7 +166,7 @@ func TestReviewKeyLockOnlySerialisesOneKey(t *testing.T) {
 
 // A publisher closed under the relay (sdk.ErrClosed, e.g. at shutdown) did
 // not refuse the rows: they are postponed, never parked.
-func TestReviewClosedPublisherNeverParks(t *testing.T) {
+func TestClosedPublisherNeverParks(t *testing.T) {
 	ctx := context.Background()
 	pool, box, _ := setup(t)
 	add(t, pool, box, "q", &sdk.Message{}, &sdk.Message{Key: "K"})
