@@ -214,7 +214,7 @@ func (w *Worker) poke() {
 
 // receiveAll runs the receive side of Run: the one queue's receive loop, or
 // for several queues one loop per queue fed slots by the allocator.
-func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task, wake chan struct{}, held []atomic.Pointer[task]) error {
+func (w *Worker) receiveAll(ctx context.Context, free chan int, rq *runQueue, wake chan struct{}, held []atomic.Pointer[task]) error {
 	// Receives run under base, which outlives ctx for a LongPoller (see
 	// receiveBase); the loops stop taking slots when ctx is done.
 	base, release := w.receiveBase(ctx)
@@ -224,7 +224,7 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		q.begin(base)
 		defer q.end()
 		if w.opts.ReceiveLoops <= 1 {
-			return w.receive(ctx, q, free, free, jobs, wake, held)
+			return w.receive(ctx, q, free, free, rq, wake, held)
 		}
 		// Several loops on the one queue, sharing the free slots; a loop
 		// that stops for good (closed broker, missing queue) stops them all.
@@ -234,7 +234,7 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		errs := make([]error, w.opts.ReceiveLoops)
 		for i := range w.opts.ReceiveLoops {
 			wg.Go(func() {
-				if errs[i] = w.receive(rctx, q, free, free, jobs, wake, held); errs[i] != nil {
+				if errs[i] = w.receive(rctx, q, free, free, rq, wake, held); errs[i] != nil {
 					cancel()
 				}
 			})
@@ -268,7 +268,7 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, jobs chan *task,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := w.receive(rctx, q, q.slots, free, jobs, nil, held); err != nil {
+			if err := w.receive(rctx, q, q.slots, free, rq, nil, held); err != nil {
 				errs <- err
 				cancel() // a closed broker or a missing queue stops the Worker
 				bcancel()

@@ -188,7 +188,8 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		free <- i
 	}
 	held := make([]atomic.Pointer[task], capacity)
-	jobs := make(chan *task, capacity)
+	rq := newRunQueue(capacity)
+	jobs := rq.jobs
 	// With one queue the receive loops wait for a batch's worth of free
 	// slots on wake, which handlers signal only when the receiver has
 	// something to do (half the slots free, or the prefetched work ran
@@ -230,7 +231,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		pool.Add(1)
 		go func() {
 			defer pool.Done()
-			for t := range jobs {
+			k := taker{r: rq}
+			for {
+				t, ok := k.next()
+				if !ok {
+					return
+				}
 				if wake != nil && len(jobs) == 0 {
 					signal() // the prefetched work ran out: receive again
 				}
@@ -271,9 +277,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	var stoppedAt atomic.Int64
 	unwatch := context.AfterFunc(ctx, func() { stoppedAt.Store(time.Now().UnixNano()) })
 	defer unwatch()
-	err = w.receiveAll(ctx, free, jobs, wake, held)
+	err = w.receiveAll(ctx, free, rq, wake, held)
 	w.health.state.Store(hDraining)
-	close(jobs)
+	rq.close()
 
 	drained := make(chan struct{})
 	go func() {
@@ -350,7 +356,7 @@ func signalWake(wake chan struct{}) {
 // or the prefetched work ran out, so that one Receive fetches a batch
 // instead of one message per call (a claim statement, an API call). With
 // several queues src is the slots the allocator handed q, and wake is nil.
-func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, jobs chan *task, wake chan struct{}, held []atomic.Pointer[task]) error {
+func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int, rq *runQueue, wake chan struct{}, held []atomic.Pointer[task]) error {
 	o := w.opts
 	multi := wake == nil
 	half := max(cap(free)/2, 1)
@@ -365,6 +371,7 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 		take = min(take, w.recvBatch)
 		need = min(need, take)
 	}
+	jobs := rq.jobs
 	busy := func() bool {
 		return len(jobs) > 0 || w.acking.Load() > 0 || (w.recvBatch > 0 && q.receiving.Load() > 0)
 	}
@@ -467,7 +474,10 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 			t := &task{d: d, slot: slots[i], received: now}
 			t.extended.Store(now)
 			held[t.slot].Store(t)
-			jobs <- t
+			rq.push(t)
+		}
+		if len(ds) > 0 {
+			rq.wakeOne()
 		}
 		for _, i := range slots[len(ds):] {
 			free <- i
