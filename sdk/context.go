@@ -13,22 +13,6 @@ func WithCorrelationID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, correlationKey{}, id)
 }
 
-// correlationCtx carries a delivery's correlation ID for the Worker. It
-// lives inside the task record, and holds a pointer to the message's field:
-// putting the ID in the handler's context costs no allocation of its own.
-type correlationCtx struct {
-	context.Context
-	id *string
-}
-
-// Value returns the correlation ID for correlationKey, else the parent's value.
-func (c *correlationCtx) Value(key any) any {
-	if _, ok := key.(correlationKey); ok {
-		return c.id
-	}
-	return c.Context.Value(key)
-}
-
 // CorrelationID returns the correlation ID in ctx, or "".
 func CorrelationID(ctx context.Context) string {
 	switch id := ctx.Value(correlationKey{}).(type) {

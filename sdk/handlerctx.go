@@ -21,14 +21,13 @@ import (
 // through the AfterFunc method the context package looks for (no goroutine
 // per child), synchronously, as children of a standard context are.
 type handlerCtx struct {
-	parent    context.Context // never cancelled (the Worker's detached base)
-	cancelled atomic.Bool     // set just before done is closed
-	done      atomic.Value    // chan struct{}, made by the first Done or by cancel
+	parent context.Context // never cancelled (the Worker's detached base)
+	corr   *string         // the delivery's correlation ID, answered for correlationKey; nil for none
+	done   atomic.Value    // chan struct{}, made by the first Done or by cancel (closed then)
 
-	mu       sync.Mutex
-	cause    error           // non-nil once cancelled
-	causeCtx context.Context // cancelled with cause, for context.Cause; made when asked
-	after    []*func()       // callbacks registered by AfterFunc, not yet run or stopped
+	mu    sync.Mutex
+	cause error     // non-nil once cancelled
+	after []*func() // callbacks registered by AfterFunc, not yet run or stopped
 }
 
 // closedChan is the done channel of a context cancelled before anyone asked
@@ -56,31 +55,41 @@ func (c *handlerCtx) Done() <-chan struct{} {
 }
 
 func (c *handlerCtx) Err() error {
-	if c.cancelled.Load() {
-		<-c.Done() // as the context package: Err is not nil before Done is closed
-		return context.Canceled
+	// cancel stores or closes done before it returns: a closed done is the
+	// cancellation, as in the context package (Err is not nil before Done
+	// is closed).
+	d, _ := c.done.Load().(chan struct{})
+	if d == nil {
+		return nil
 	}
-	return nil
+	select {
+	case <-d:
+		return context.Canceled
+	default:
+		return nil
+	}
 }
 
 // Value answers context.Cause's key with a cancelled standard context
-// carrying the cause (nil before cancellation: the parent has none), and
-// every other key from the parent.
+// carrying the cause (nil before cancellation: the parent has none; made at
+// each call, as Cause is asked only on failure paths), correlationKey with
+// the delivery's correlation ID, and every other key from the parent.
 func (c *handlerCtx) Value(key any) any {
-	if key != cancelCauseKey || cancelCauseKey == nil {
-		return c.parent.Value(key)
-	}
-	if !c.cancelled.Load() {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.causeCtx == nil {
+	if key == cancelCauseKey && cancelCauseKey != nil {
+		c.mu.Lock()
+		cause := c.cause
+		c.mu.Unlock()
+		if cause == nil {
+			return nil
+		}
 		ctx, cancel := context.WithCancelCause(context.Background())
-		cancel(c.cause)
-		c.causeCtx = ctx
+		cancel(cause)
+		return ctx.Value(key)
 	}
-	return c.causeCtx.Value(key)
+	if _, ok := key.(correlationKey); ok && c.corr != nil {
+		return c.corr
+	}
+	return c.parent.Value(key)
 }
 
 func (c *handlerCtx) String() string { return "berth.handlerCtx" }
@@ -123,7 +132,6 @@ func (c *handlerCtx) cancel(cause error) {
 		return
 	}
 	c.cause = cause
-	c.cancelled.Store(true)
 	if d, _ := c.done.Load().(chan struct{}); d != nil {
 		close(d)
 	} else {

@@ -1,6 +1,7 @@
 package sdk_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -51,5 +52,45 @@ func TestNewID(t *testing.T) {
 			}
 			seen[id] = true
 		}
+	}
+}
+
+// TestPrepareAllIDs checks the IDs PrepareAll gives a batch (one clock read
+// for the whole batch): distinct, increasing in the batch's order and after
+// an ID made just before, UUIDv7 carrying the current time; an ID the
+// caller set is kept.
+func TestPrepareAllIDs(t *testing.T) {
+	before := time.Now().Add(-time.Millisecond)
+	prev := sdk.NewID()
+	msgs := make([]*sdk.Message, 10000)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Type: "t"}
+	}
+	msgs[5].ID = "mine"
+	if err := sdk.PrepareAll(context.Background(), "q", msgs, 0); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().Add(time.Millisecond + time.Duration(len(msgs)/4096)*time.Millisecond)
+	if msgs[5].ID != "mine" {
+		t.Fatalf("caller's ID replaced by %q", msgs[5].ID)
+	}
+	for i, m := range msgs {
+		if i == 5 {
+			continue
+		}
+		u, err := uuid.Parse(m.ID)
+		if err != nil {
+			t.Fatalf("message %d: %q: %v", i, m.ID, err)
+		}
+		if u.Version() != 7 {
+			t.Fatalf("message %d: %q is version %d", i, m.ID, u.Version())
+		}
+		if at := time.Unix(u.Time().UnixTime()); at.Before(before.Truncate(time.Millisecond)) || at.After(after) {
+			t.Fatalf("message %d: time %v outside [%v, %v]", i, at, before, after)
+		}
+		if m.ID <= prev {
+			t.Fatalf("message %d: ID %q not after %q", i, m.ID, prev)
+		}
+		prev = m.ID
 	}
 }

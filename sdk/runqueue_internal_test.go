@@ -49,7 +49,7 @@ func testRunQueue(t *testing.T, capacity, takers, pushers, perPusher int) {
 				case 1, 2, 3:
 					runtime.Gosched()
 				}
-				free <- tk.slot
+				free <- int(tk.slot)
 			}
 		})
 	}
@@ -66,7 +66,7 @@ func testRunQueue(t *testing.T, capacity, takers, pushers, perPusher int) {
 					t.Errorf("pusher %d: no slot came back in 10s after %d tasks: a wake-up was lost (%d in the queue)", p, n, len(rq.jobs))
 					return
 				}
-				rq.push(&task{slot: slot, received: int64(p*perPusher + n)})
+				rq.push(&task{slot: int32(slot), received: int64(p*perPusher + n)})
 				n++
 				for ; batch > 1 && n < perPusher; batch-- {
 					select {
@@ -75,7 +75,7 @@ func testRunQueue(t *testing.T, capacity, takers, pushers, perPusher int) {
 						batch = 0
 						continue
 					}
-					rq.push(&task{slot: slot, received: int64(p*perPusher + n)})
+					rq.push(&task{slot: int32(slot), received: int64(p*perPusher + n)})
 					n++
 				}
 				rq.wakeOne()
