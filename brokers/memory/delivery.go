@@ -52,7 +52,7 @@ func (d *delivery) settle(needNow bool, f func(q *queue, e *entry, now time.Time
 		now = time.Now()
 	}
 	d.settled = true
-	heap.Remove(&q.inFlight, d.e.index)
+	heap.Remove(&q.inFlight, int(d.e.index))
 	f(q, d.e, now)
 	return nil
 }
@@ -97,11 +97,11 @@ func (d *delivery) Ack(context.Context) error {
 // the first failure time is carried to the dead-letter headers.
 func (d *delivery) Retry(_ context.Context, delay time.Duration, cause error) error {
 	return d.settle(true, func(q *queue, e *entry, now time.Time) {
-		if e.firstFailure.IsZero() {
-			e.firstFailure = now
+		if e.failed == nil {
+			e.failed = &failure{first: now}
 		}
 		if cause != nil {
-			e.lastError = sdk.SanitizeReason(cause.Error())
+			e.failed.lastError = sdk.SanitizeReason(cause.Error())
 		}
 		d.requeue(q, e, now, delay)
 	})
@@ -154,7 +154,7 @@ func (d *delivery) ExtendLease(_ context.Context, by time.Duration) error {
 		return err
 	}
 	d.e.due = now.Add(by)
-	heap.Fix(&q.inFlight, d.e.index)
+	heap.Fix(&q.inFlight, int(d.e.index))
 	q.deadlineMoved(d.e.due) // a shortened lease: waiting receivers must wake for it
 	return nil
 }

@@ -279,7 +279,7 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 	until := now.Add(b.lease)
 	for q.ready.len() > 0 && len(out) < n {
 		e := q.ready.pop()
-		if b.maxDeliveries > 0 && e.attempts >= b.maxDeliveries {
+		if b.maxDeliveries > 0 && int(e.attempts) >= b.maxDeliveries {
 			q.deadLetter(e, e.poison(), now)
 			continue
 		}
@@ -289,7 +289,7 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 		e.due = until
 		heap.Push(&q.inFlight, e)
 		d := &ds[len(out)]
-		*d = delivery{b: b, q: q, e: e, gen: e.gen, attempt: e.attempts}
+		*d = delivery{b: b, q: q, e: e, gen: e.gen, attempt: int(e.attempts)}
 		out = append(out, d)
 	}
 	if len(out) > 0 {
@@ -323,7 +323,7 @@ func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) 
 	s.InFlight = int64(len(q.inFlight))
 	s.DeadLettered = int64(len(q.dead))
 	if q.ready.len() > 0 {
-		s.OldestAge = max(now.Sub(q.ready.peek().readySince), 0)
+		s.OldestAge = max(time.Duration(sinceEpoch(now)-q.ready.peek().readySince), 0)
 	}
 	return s, nil
 }

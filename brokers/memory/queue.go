@@ -21,16 +21,29 @@ const (
 // msg never changes after publish: deliveries hand out &e.msg without copying,
 // and dead letters and redrives work on clones.
 type entry struct {
-	msg          sdk.Message
-	attempts     int       // deliveries so far (Release gives one back)
-	state        int       // stateReady, ...
-	gen          uint64    // bumped at every delivery and settlement: fences stale deliveries
-	due          time.Time // stateDelayed: when it becomes ready; stateInFlight: lease end
-	readySince   time.Time // stateReady: when it became ready
-	firstFailure time.Time // first Retry or DeadLetter, for the dead-letter headers
-	lastError    string    // the cause of the last Retry, kept in a poison dead letter's reason
-	index        int       // position in the delayed or in-flight heap
+	msg        sdk.Message
+	gen        uint64    // bumped at every delivery and settlement: fences stale deliveries
+	due        time.Time // stateDelayed: when it becomes ready; stateInFlight: lease end
+	readySince int64     // stateReady: when it became ready, on the monotonic clock (sinceEpoch)
+	failed     *failure  // set by the first Retry or DeadLetter
+	attempts   int32     // deliveries so far (Release gives one back)
+	state      int32     // stateReady, ...
+	index      int32     // position in the delayed or in-flight heap
 }
+
+// failure is what an entry keeps of its failures, for the dead-letter
+// headers: apart from the entry, which every message pays for, as few fail.
+type failure struct {
+	first     time.Time // first Retry or DeadLetter
+	lastError string    // the cause of the last Retry, kept in a poison dead letter's reason
+}
+
+// epoch anchors sinceEpoch.
+var epoch = time.Now()
+
+// sinceEpoch is t on the monotonic clock, as nanoseconds since epoch: an
+// entry's ready time in 8 bytes instead of a time.Time's 24.
+func sinceEpoch(t time.Time) int64 { return int64(t.Sub(epoch)) }
 
 // queue is one named queue. Every field is guarded by mu.
 type queue struct {
@@ -68,7 +81,7 @@ func (q *queue) deadlineMoved(t time.Time) {
 // makeReady appends e to the ready FIFO.
 func (q *queue) makeReady(e *entry, now time.Time) {
 	e.state = stateReady
-	e.readySince = now
+	e.readySince = sinceEpoch(now)
 	q.ready.push(e)
 	q.signal()
 }
@@ -101,7 +114,7 @@ func (q *queue) promote(now time.Time, maxDeliveries int) {
 		case leaseDue:
 			e := heap.Pop(&q.inFlight).(*entry)
 			e.gen++ // the holder's lease is lost
-			if maxDeliveries > 0 && e.attempts >= maxDeliveries {
+			if maxDeliveries > 0 && int(e.attempts) >= maxDeliveries {
 				q.deadLetter(e, e.poison(), now)
 				continue
 			}
@@ -128,10 +141,10 @@ func (q *queue) nextDeadline() (time.Time, bool) {
 // poison is the cause of e's dead-lettering by the delivery cap: the last
 // Retry's cause stays in the reason, so the real error is not lost.
 func (e *entry) poison() error {
-	if e.lastError == "" {
+	if e.failed == nil || e.failed.lastError == "" {
 		return sdk.ErrMaxDeliveries
 	}
-	return fmt.Errorf("%w; last error: %s", sdk.ErrMaxDeliveries, e.lastError)
+	return fmt.Errorf("%w; last error: %s", sdk.ErrMaxDeliveries, e.failed.lastError)
 }
 
 // deadLetter moves e (already out of every list) to the dead-letter queue.
@@ -140,7 +153,11 @@ func (q *queue) deadLetter(e *entry, cause error, now time.Time) {
 	e.gen++
 	m := e.msg.Clone()
 	m.Delay = 0
-	sdk.AnnotateDeadLetter(m, q.name, e.attempts, cause, e.firstFailure, now)
+	var first time.Time
+	if e.failed != nil {
+		first = e.failed.first
+	}
+	sdk.AnnotateDeadLetter(m, q.name, int(e.attempts), cause, first, now)
 	q.dead = append(q.dead, m)
 	q.numberDead(m)
 }
@@ -188,12 +205,12 @@ func (h timeHeap) Len() int           { return len(h) }
 func (h timeHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
 func (h timeHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].index = int32(i)
+	h[j].index = int32(j)
 }
 func (h *timeHeap) Push(x any) {
 	e := x.(*entry)
-	e.index = len(*h)
+	e.index = int32(len(*h))
 	*h = append(*h, e)
 }
 func (h *timeHeap) Pop() any {
