@@ -231,3 +231,46 @@ func TestWorkerReceiveLoopsDefaultOnBatcher(t *testing.T) {
 		_ = br.Close()
 	}
 }
+
+// TestWorkerReceiveLoopsShareSlots: the loops of a Worker on a
+// ReceiveBatcher split the slots between them, so that their calls are in
+// flight together even when no slot comes back. With 16 slots (Concurrency
+// 8) and batches of 10, a loop used to take 10 and leave the other loop 6,
+// short of the batch it waits for: with handlers that do not return, the
+// second call never started.
+func TestWorkerReceiveLoopsShareSlots(t *testing.T) {
+	br := filledMemory(t, 100)
+	defer br.Close()
+	sub := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
+	release := make(chan struct{})
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}), sdk.WorkerOptions{Queue: "q", Concurrency: 8, HeartbeatInterval: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		close(release)
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for sub.peak.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if p := sub.peak.Load(); p != 2 {
+		sub.mu.Lock()
+		asks := append([]int(nil), sub.asks...)
+		sub.mu.Unlock()
+		t.Fatalf("at most %d Receive calls at once in 5s (asks %v), want the 2 loops' together", p, asks)
+	}
+}

@@ -363,13 +363,15 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 	half := max(cap(free)/2, 1)
 	// take: the most slots one Receive gets; need: how many free slots a
 	// loop waits for while work is under way. On a ReceiveBatcher a
-	// Receive returns at most recvBatch, so a loop takes no more (the rest
-	// stay free for the other loops' calls), and waits for a full batch
-	// while received work waits for a handler or another loop's Receive is
-	// in flight.
+	// Receive returns at most recvBatch, so a loop takes no more, nor more
+	// than its share of the slots: the rest stay free for the other loops'
+	// calls, which are then in flight together (with 16 slots and batches
+	// of 10, a loop that took 10 left the other 6, short of a batch, until
+	// its own call ended). It waits for a full batch while received work
+	// waits for a handler or another loop's Receive is in flight.
 	take, need := cap(free), half
 	if w.recvBatch > 0 && !multi {
-		take = min(take, w.recvBatch)
+		take = min(take, w.recvBatch, max(cap(free)/max(o.ReceiveLoops, 1), 1))
 		need = min(need, take)
 	}
 	jobs := rq.jobs
