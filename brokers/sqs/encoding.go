@@ -133,6 +133,13 @@ func sqsRune(r rune) bool {
 // isSQSText reports whether b can be sent as an SQS body as it is.
 func isSQSText(b []byte) bool {
 	for len(b) > 0 {
+		if c := b[0]; c < utf8.RuneSelf { // ASCII, most of a JSON body: no rune decoding
+			if c < 0x20 && c != 0x9 && c != 0xA && c != 0xD {
+				return false
+			}
+			b = b[1:]
+			continue
+		}
 		r, n := utf8.DecodeRune(b)
 		if r == utf8.RuneError && n <= 1 {
 			return false

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -206,4 +207,38 @@ func TestFastEnvelopeGenerated(t *testing.T) {
 		t.Fatalf("only %d of 20000 generated attributes took the fast path: the generator no longer reaches it", fast)
 	}
 	t.Logf("%d of 20000 generated attributes took the fast path", fast)
+}
+
+// TestIsSQSTextMatchesRunes checks isSQSText's ASCII fast path against the
+// rule it stands for, sqsRune on every rune (invalid UTF-8 refused), on
+// every single byte and on random short byte strings.
+func TestIsSQSTextMatchesRunes(t *testing.T) {
+	want := func(b []byte) bool {
+		if !utf8.Valid(b) {
+			return false
+		}
+		for _, r := range string(b) {
+			if !sqsRune(r) {
+				return false
+			}
+		}
+		return true
+	}
+	for c := range 256 {
+		b := []byte{'a', byte(c), 'z'}
+		if got := isSQSText(b); got != want(b) {
+			t.Fatalf("isSQSText(%q) = %v, want %v", b, got, want(b))
+		}
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	alphabet := []byte("\x00\x01\t\n\r\x1f az{}\"\\\x7f\xc3\xa9\xed\xa0\x80\xef\xbf\xbe\xef\xbf\xbf\xf0\x9f\x98\x80")
+	for range 200000 {
+		b := make([]byte, rnd.IntN(12))
+		for i := range b {
+			b[i] = alphabet[rnd.IntN(len(alphabet))]
+		}
+		if got := isSQSText(b); got != want(b) {
+			t.Fatalf("isSQSText(%q) = %v, want %v", b, got, want(b))
+		}
+	}
 }
