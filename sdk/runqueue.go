@@ -21,6 +21,14 @@ type runQueue struct {
 	// waking is set while a wake-up is sent and its goroutine has not yet
 	// looked at jobs: no second one is sent meanwhile.
 	waking atomic.Bool
+	// queued counts the tasks pushed and not yet taken (raised before the
+	// send). A taker asks it, not len(jobs), whether work is left: len is
+	// a plain read, which on a weakly ordered CPU (arm64) may be done
+	// before the taker's store to waking is visible, while a push that
+	// saw waking still set sent no wake-up. Atomics are sequentially
+	// consistent: either the push sees waking cleared and wakes, or the
+	// taker sees the pushed task counted.
+	queued atomic.Int64
 }
 
 func newRunQueue(capacity int) *runQueue {
@@ -28,7 +36,10 @@ func newRunQueue(capacity int) *runQueue {
 }
 
 // push queues t; the caller calls wakeOne after its batch.
-func (r *runQueue) push(t *task) { r.jobs <- t }
+func (r *runQueue) push(t *task) {
+	r.queued.Add(1)
+	r.jobs <- t
+}
 
 // wakeOne wakes an idle handler goroutine unless a wake-up is under way.
 func (r *runQueue) wakeOne() {
@@ -62,11 +73,12 @@ func (k *taker) next() (*task, bool) {
 			if !ok {
 				return nil, false
 			}
+			r.queued.Add(-1)
 			if k.woken {
 				k.woken = false
 				r.waking.Store(false)
 			}
-			if len(r.jobs) > 0 {
+			if r.queued.Load() > 0 {
 				r.wakeOne() // more to run: another goroutine helps
 			}
 			return t, true
