@@ -46,8 +46,14 @@ const (
 	// lost one now and then (once in CI, once more on 2026-12-01) when a
 	// reset cut the first extension on its new connection and the retry
 	// needed as long again: both must fit between the last extension and
-	// the lease's end (lease - interval).
-	slowLeaseDflt = 6 * time.Second
+	// the lease's end (lease - interval). 6 s was not enough either
+	// (2026-12-02): a job waiting its turn behind busy handlers had its
+	// first extension stall about 2.5 s on a connection the proxy then
+	// reset (the resets come every 2-4 s), and the two attempts after it
+	// met a reset and a fresh connection. 10 s, extended every 3.3 s,
+	// leaves 6.7 s: one stall up to the reset interval (4 s) and two
+	// reconnections (2.4 s).
+	slowLeaseDflt = 10 * time.Second
 )
 
 type charge struct {
