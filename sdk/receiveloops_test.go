@@ -243,26 +243,14 @@ func TestWorkerReceiveLoopsShareSlots(t *testing.T) {
 	defer br.Close()
 	sub := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
 	release := make(chan struct{})
-	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
+	defer close(release) // before runWorker's cleanup stops the Worker
+	runWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
 		return nil
-	}), sdk.WorkerOptions{Queue: "q", Concurrency: 8, HeartbeatInterval: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() {
-		close(release)
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	}), sdk.WorkerOptions{Concurrency: 8, HeartbeatInterval: -1})
 	deadline := time.Now().Add(5 * time.Second)
 	for sub.peak.Load() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)

@@ -54,6 +54,20 @@ func TestHungAckIsUnavailable(t *testing.T) {
 	b := newBroker(t, pool, postgres.Options{})
 	b.SetInternalTimeouts(500*time.Millisecond, 500*time.Millisecond)
 	ctx := testCtx(t)
+	d := leaseOne(t, ctx, b)
+	lockJobs(t, ctx, pool, b)
+	err := d.Ack(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("test ctx ended: %v", ctx.Err())
+	}
+	if !errors.Is(err, sdk.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Ack with a live ctx whose flush hung returned %v; want an error wrapping ErrUnavailable and the deadline", err)
+	}
+}
+
+// leaseOne publishes one job on queue "q" and receives it.
+func leaseOne(t *testing.T, ctx context.Context, b *postgres.Broker) sdk.Delivery {
+	t.Helper()
 	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
@@ -61,14 +75,7 @@ func TestHungAckIsUnavailable(t *testing.T) {
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("Receive: %v, %d deliveries", err, len(ds))
 	}
-	lockJobs(t, ctx, pool, b)
-	err = ds[0].Ack(ctx)
-	if ctx.Err() != nil {
-		t.Fatalf("test ctx ended: %v", ctx.Err())
-	}
-	if !errors.Is(err, sdk.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Ack with a live ctx whose flush hung returned %v; want an error wrapping ErrUnavailable and the deadline", err)
-	}
+	return ds[0]
 }
 
 // lockJobs holds an exclusive lock on b's jobs table until the test ends:

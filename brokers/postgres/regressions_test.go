@@ -165,18 +165,12 @@ func TestDelayedRetryAndReleaseWakeWaitingReceive(t *testing.T) {
 			pool := newPool(t, "fix-settle-"+suffix(), 8)
 			b := newBroker(t, pool, postgres.Options{PollInterval: 10 * time.Second})
 			ctx := testCtx(t)
-			if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
-				t.Fatal(err)
-			}
-			ds, err := b.Receive(ctx, "q", 1)
-			if err != nil || len(ds) != 1 {
-				t.Fatalf("Receive: %v, %d deliveries", err, len(ds))
-			}
+			d := leaseOne(t, ctx, b)
 			// The only job is leased for 30s: the waiting Receive sleeps
 			// PollInterval.
 			got := receiveAsync(t, ctx, b, "q")
 			start := time.Now()
-			if err := tc.settle(ctx, ds[0]); err != nil {
+			if err := tc.settle(ctx, d); err != nil {
 				t.Fatal(err)
 			}
 			wantWoken(t, got, start, "job handed back with "+tc.name)
