@@ -243,14 +243,19 @@ func TestWorkerReceiveLoopsShareSlots(t *testing.T) {
 	defer br.Close()
 	sub := &batchReceiver{slowReceiver: slowReceiver{Broker: br}}
 	release := make(chan struct{})
-	defer close(release) // before runWorker's cleanup stops the Worker
-	runWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
+	stop := runWorker(t, sub, sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
 		return nil
 	}), sdk.WorkerOptions{Concurrency: 8, HeartbeatInterval: -1})
+	defer func() { // before br.Close
+		close(release)
+		if err := stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for sub.peak.Load() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
