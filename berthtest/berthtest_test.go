@@ -219,8 +219,20 @@ func TestStartWorkerOnMemory(t *testing.T) {
 			t.Errorf("%s finished with %s", r.Message.Type, r.Action)
 		}
 	}
-	if all := rec.Records(); len(all) != 4 || calls.Load() != 1 {
-		t.Fatalf("%d settlements (%d failures), want 4 (one retry)", len(all), calls.Load())
+	// The retry's own settlement may be recorded after the second attempt's
+	// ack (see WaitDone), so wait for it rather than read Records at once.
+	all := rec.Wait(t, 4)
+	var retries int
+	for _, r := range all {
+		if r.Action == sdk.ActionRetry {
+			retries++
+			if r.Message.Type != "flaky" || r.Attempt != 1 {
+				t.Errorf("retry of %s attempt %d, want flaky attempt 1", r.Message.Type, r.Attempt)
+			}
+		}
+	}
+	if all = rec.Records(); len(all) != 4 || retries != 1 || calls.Load() != 1 {
+		t.Fatalf("%d settlements, %d retries (%d failures), want 4 (one retry)", len(all), retries, calls.Load())
 	}
 }
 

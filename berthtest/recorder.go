@@ -61,6 +61,12 @@ func (r *Recorder) Wait(t testing.TB, n int) []Record {
 
 // WaitDone waits until n messages were finished (acked or dead-lettered,
 // whatever retries came before) and returns their final settlements.
+//
+// The settlement of an earlier attempt may be recorded after the final one:
+// the Worker tells observers once the broker has taken a retry, and by then
+// the broker may have delivered the next attempt to another handler. A test
+// that counts every settlement waits for that count with [Recorder.Wait] or
+// [Recorder.WaitFor].
 func (r *Recorder) WaitDone(t testing.TB, n int) []Record {
 	t.Helper()
 	all := r.WaitFor(t, fmt.Sprintf("%d finished messages", n), func(rs []Record) bool { return len(finished(rs)) >= n })

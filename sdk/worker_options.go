@@ -258,7 +258,9 @@ type Settlement struct {
 // middleware chain with the delivery's context and returns the context the
 // handler runs in (to carry a span, a correlation ID); Settled is called after
 // the settlement with that context. Both are called from many goroutines at
-// once and must be quick.
+// once and must be quick. Settlements of one message can reach Settled out of
+// order: a retry is reported once the broker has taken it, and the broker may
+// already have handed the next attempt to another goroutine.
 type Observer interface {
 	Start(ctx context.Context, d Delivery) context.Context
 	Settled(ctx context.Context, d Delivery, s Settlement)
