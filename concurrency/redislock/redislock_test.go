@@ -274,18 +274,25 @@ func TestMiddlewareBusyIsReleasedNotFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.WaitDone(t, 1)
+	// A release can be recorded after the ack that followed it (observers
+	// hear of a release once the broker took it), so the order is not checked.
 	all := rec.Records()
+	acks := 0
 	for i, s := range all {
 		if s.Attempt != 1 {
 			t.Errorf("settlement %d at attempt %d: a busy resource consumed an attempt", i, s.Attempt)
 		}
-		if i < len(all)-1 && (s.Action != sdk.ActionRelease || s.Class != sdk.ClassRetryAfter ||
-			!errors.Is(s.Cause, redislock.ErrBusy) || s.Delay > 20*time.Millisecond) {
+		if s.Action == sdk.ActionAck {
+			acks++
+			continue
+		}
+		if s.Action != sdk.ActionRelease || s.Class != sdk.ClassRetryAfter ||
+			!errors.Is(s.Cause, redislock.ErrBusy) || s.Delay > 20*time.Millisecond {
 			t.Errorf("settlement %d = %+v, want a release for a busy resource", i, s.Settlement)
 		}
 	}
-	if last := all[len(all)-1]; last.Action != sdk.ActionAck {
-		t.Errorf("last settlement %s, want the ack", last.Action)
+	if acks != 1 || len(all) < 3 {
+		t.Errorf("%d acks in %d settlements, want one ack after at least two releases", acks, len(all))
 	}
 	if ran.Load() != 1 {
 		t.Errorf("handler ran %d times, want once (never while busy)", ran.Load())
