@@ -82,8 +82,11 @@ func TestPrepareAllIDs(t *testing.T) {
 		if err != nil {
 			t.Fatalf("message %d: %q: %v", i, m.ID, err)
 		}
-		if u.Version() != 7 {
-			t.Fatalf("message %d: %q is version %d", i, m.ID, u.Version())
+		if u.Version() != 7 || u.Variant() != uuid.RFC4122 || u.String() != m.ID {
+			t.Fatalf("message %d: %q is version %d variant %v, canonical %q", i, m.ID, u.Version(), u.Variant(), u.String())
+		}
+		if m.CorrelationID != m.ID {
+			t.Fatalf("message %d: correlation ID %q, want its own ID %q", i, m.CorrelationID, m.ID)
 		}
 		if at := time.Unix(u.Time().UnixTime()); at.Before(before.Truncate(time.Millisecond)) || at.After(after) {
 			t.Fatalf("message %d: time %v outside [%v, %v]", i, at, before, after)
@@ -92,5 +95,45 @@ func TestPrepareAllIDs(t *testing.T) {
 			t.Fatalf("message %d: ID %q not after %q", i, m.ID, prev)
 		}
 		prev = m.ID
+	}
+}
+
+// TestPrepareAllIDAllocations: the IDs of a batch are made 16 to an
+// allocation, not one each, whatever mix of set and unset IDs it holds.
+func TestPrepareAllIDAllocations(t *testing.T) {
+	msgs := make([]*sdk.Message, 100)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Type: "t"}
+	}
+	reset := func() {
+		for i, m := range msgs {
+			m.ID, m.CorrelationID = "", ""
+			if i%10 == 3 {
+				m.ID = "set by the caller"
+			}
+		}
+	}
+	allocs := testing.AllocsPerRun(50, func() {
+		reset()
+		if err := sdk.PrepareAll(context.Background(), "q", msgs, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// 90 IDs to make: ceil(90/16) = 6 allocations.
+	if allocs > 6 {
+		t.Errorf("%.1f allocations for a batch of 90 new IDs, want at most 6", allocs)
+	}
+	seen := map[string]bool{}
+	for i, m := range msgs {
+		if i%10 == 3 {
+			if m.ID != "set by the caller" {
+				t.Fatalf("message %d: caller's ID replaced by %q", i, m.ID)
+			}
+			continue
+		}
+		if seen[m.ID] {
+			t.Fatalf("message %d: duplicate ID %q", i, m.ID)
+		}
+		seen[m.ID] = true
 	}
 }

@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -170,33 +171,97 @@ type idGen struct {
 	off  int // next unused byte of rnd; len(rnd) when used up
 }
 
-func (g *idGen) next() [16]byte { return g.nextAt(time.Now().UnixNano()) }
+func (g *idGen) next() [16]byte {
+	var us [1][16]byte
+	g.fill(us[:], time.Now().UnixNano())
+	return us[0]
+}
 
-// nextAt returns an ID for the Unix time nano, or just after the last one
-// handed out when that is later (a batch's IDs share one clock read).
-func (g *idGen) nextAt(nano int64) (u [16]byte) {
+// fill writes into us IDs for the Unix time nano, under one lock: each one
+// is for nano, or just after the one before it when that is later, so the
+// IDs of a batch share one clock read and increase in order.
+func (g *idGen) fill(us [][16]byte, nano int64) {
 	milli := nano / int64(time.Millisecond)
 	t := milli<<12 | (nano-milli*int64(time.Millisecond))>>8 // the sub-millisecond part fits 12 bits
 	g.mu.Lock()
-	if t <= g.last {
-		t = g.last + 1
+	defer g.mu.Unlock()
+	for i := range us {
+		if t <= g.last {
+			t = g.last + 1
+		}
+		g.last = t
+		if g.off == 0 || g.off == len(g.rnd) {
+			_, _ = rand.Read(g.rnd[:]) // crypto/rand.Read never fails (it crashes the program instead)
+			g.off = 0
+		}
+		u := &us[i]
+		copy(u[8:], g.rnd[g.off:g.off+8])
+		g.off += 8
+		milli, seq := t>>12, t&0xfff
+		for j := range 6 {
+			u[j] = byte(milli >> (40 - 8*j))
+		}
+		u[6] = 0x70 | byte(seq>>8) // version 7
+		u[7] = byte(seq)
+		u[8] = u[8]&0x3f | 0x80 // variant RFC 9562
 	}
-	g.last = t
-	if g.off == 0 || g.off == len(g.rnd) {
-		_, _ = rand.Read(g.rnd[:]) // crypto/rand.Read never fails (it crashes the program instead)
-		g.off = 0
+}
+
+// idChunk is the most IDs [PrepareAll] makes at once, into one string. An
+// ID keeps its chunk's string alive: at most idChunk*36 bytes.
+const idChunk = 16
+
+// idBatch hands out the IDs of one PrepareAll call. They are made when the
+// first is needed, for as many of the messages left as lack one (up to
+// idChunk): one lock, one clock read and one allocation for all of them,
+// instead of one allocation an ID.
+type idBatch struct {
+	rest []*Message // the messages after the one being prepared
+	ids  string     // IDs made and not yet handed out, 36 bytes each
+	nano int64      // the batch's clock read
+}
+
+func (b *idBatch) next() string {
+	if b.ids == "" {
+		n := 1
+		for _, m := range b.rest {
+			if n == idChunk {
+				break
+			}
+			if m != nil && m.ID == "" {
+				n++
+			}
+		}
+		if b.nano == 0 {
+			b.nano = time.Now().UnixNano()
+		}
+		var raw [idChunk][16]byte
+		ids.fill(raw[:n], b.nano)
+		var sb strings.Builder
+		sb.Grow(36 * n)
+		var text [36]byte
+		for i := range n {
+			uuidText(&text, &raw[i])
+			sb.Write(text[:])
+		}
+		b.ids = sb.String()
 	}
-	copy(u[8:], g.rnd[g.off:g.off+8])
-	g.off += 8
-	g.mu.Unlock()
-	milli, seq := t>>12, t&0xfff
-	for i := range 6 {
-		u[i] = byte(milli >> (40 - 8*i))
-	}
-	u[6] = 0x70 | byte(seq>>8) // version 7
-	u[7] = byte(seq)
-	u[8] = u[8]&0x3f | 0x80 // variant RFC 9562
-	return u
+	id := b.ids[:36]
+	b.ids = b.ids[36:]
+	return id
+}
+
+// uuidText writes u in the canonical 8-4-4-4-12 form (uuid.UUID.String's).
+func uuidText(dst *[36]byte, u *[16]byte) {
+	hex.Encode(dst[0:8], u[0:4])
+	dst[8] = '-'
+	hex.Encode(dst[9:13], u[4:6])
+	dst[13] = '-'
+	hex.Encode(dst[14:18], u[6:8])
+	dst[18] = '-'
+	hex.Encode(dst[19:23], u[8:10])
+	dst[23] = '-'
+	hex.Encode(dst[24:], u[10:])
 }
 
 // Prepare is what every broker's Publish calls before anything is sent: it
@@ -215,14 +280,15 @@ func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
-	return prepare(ctx, m, limit, new(int64))
+	var b idBatch
+	return prepare(ctx, m, limit, &b)
 }
 
-// prepare is Prepare without the queue check. clock is the Unix time the
-// message IDs of one batch are made at, read when the first is needed
-// (*clock == 0): a clock read per ID cost a tenth of the memory broker's
-// whole publish on VMs with a slow clock source.
-func prepare(ctx context.Context, m *Message, limit int, clock *int64) error {
+// prepare is Prepare without the queue check. b makes the IDs of the batch
+// m is in, with one clock read for the whole batch (a read per ID cost a
+// tenth of the memory broker's whole publish on VMs with a slow clock
+// source) and one allocation for up to idChunk IDs.
+func prepare(ctx context.Context, m *Message, limit int, b *idBatch) error {
 	if m == nil {
 		return fmt.Errorf("%w: nil message", ErrInvalidMessage)
 	}
@@ -249,10 +315,7 @@ func prepare(ctx context.Context, m *Message, limit int, clock *int64) error {
 		}
 	}
 	if m.ID == "" {
-		if *clock == 0 {
-			*clock = time.Now().UnixNano()
-		}
-		m.ID = uuid.UUID(ids.nextAt(*clock)).String()
+		m.ID = b.next()
 	}
 	if m.CorrelationID == "" {
 		m.CorrelationID = CorrelationID(ctx)
@@ -273,9 +336,10 @@ func PrepareAll(ctx context.Context, queue string, msgs []*Message, limit int) e
 	if err := ValidateQueueName(queue); err != nil {
 		return err
 	}
-	var clock int64
-	for _, m := range msgs {
-		if err := prepare(ctx, m, limit, &clock); err != nil {
+	var b idBatch
+	for i, m := range msgs {
+		b.rest = msgs[i+1:]
+		if err := prepare(ctx, m, limit, &b); err != nil {
 			return err
 		}
 	}
