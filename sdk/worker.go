@@ -446,6 +446,14 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 				free <- i
 			}
 			w.poke()
+			if multi {
+				// Wait for a slot, not for Resume: the allocator hands a
+				// paused queue none, except one it picked just before
+				// Pause, which this branch then hands back at once
+				// (waiting for Resume kept it from the other queues). Resume
+				// pokes the allocator, which then hands this queue slots.
+				continue
+			}
 			select {
 			case <-resumed:
 				continue
