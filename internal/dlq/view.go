@@ -22,9 +22,13 @@ type History struct {
 
 // Message is the JSON form of a dead letter that the berth command and the
 // dashboard print: a body that is not UTF-8 is base64 with BodyEncoding
-// "base64". Fields are only ever added.
+// "base64". An ID that is not UTF-8 (a raw message from another producer:
+// an AMQP message-id is bytes) cannot be a JSON string: ID holds it with
+// each invalid byte replaced by U+FFFD, for reading, and IDBase64 its exact
+// bytes, the ID that redrive and purge need. Fields are only ever added.
 type Message struct {
 	ID             string            `json:"id"`
+	IDBase64       string            `json:"id_base64,omitempty"` // only when ID is not UTF-8
 	Type           string            `json:"type"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
 	Key            string            `json:"key,omitempty"`
@@ -39,6 +43,9 @@ type Message struct {
 func View(m *sdk.Message) Message {
 	j := Message{ID: m.ID, Type: m.Type, IdempotencyKey: m.IdempotencyKey, Key: m.Key, CorrelationID: m.CorrelationID,
 		Headers: m.Headers, Body: string(m.Body), BodyEncoding: "text", DeadLetter: HistoryOf(m)}
+	if !utf8.ValidString(m.ID) {
+		j.IDBase64 = base64.StdEncoding.EncodeToString([]byte(m.ID))
+	}
 	if !utf8.Valid(m.Body) {
 		j.Body, j.BodyEncoding = base64.StdEncoding.EncodeToString(m.Body), "base64"
 	}
