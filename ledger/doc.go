@@ -14,7 +14,8 @@
 //     WorkerOptions.Observers (beside telemetry's) and it records each
 //     attempt's start and settlement;
 //   - [Ledger.DeadLetters] wraps a broker's dead-letter API and records
-//     `redriven`.
+//     `redriven` for the jobs it redrives by ID (a whole-queue redrive
+//     shows when each job starts again).
 //
 // Recording never blocks a job for long and never fails it: events go into a
 // bounded buffer that one goroutine writes to the [Store] in batches (one

@@ -151,11 +151,13 @@ func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 	return err
 }
 
-// DeadLetters returns dl with redrives recorded: the jobs it redrives show
-// as redriven (a new generation at attempt 0) until they start again. A
-// redrive of a whole queue (no ids) marks every job of the queue that was
-// dead in the ledger when the redrive began. A redrive that returns an
-// error records nothing.
+// DeadLetters returns dl with redrives by id recorded: the jobs it redrives
+// show as redriven (a new generation at attempt 0) until they start again.
+// A redrive of a whole queue (no ids) records nothing, nor does one that
+// returns an error: which jobs it moved is not known (a job dead in the
+// ledger may have had its dead letter purged, and must not show redriven,
+// a state it would never leave); their next start shows the new
+// generation.
 func (l *Ledger) DeadLetters(dl sdk.DeadLetters) sdk.DeadLetters {
 	return &deadLetters{l: l, DeadLetters: dl}
 }
@@ -166,15 +168,12 @@ type deadLetters struct {
 }
 
 func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
-	began := time.Now()
 	n, err := d.DeadLetters.RedriveDeadLetters(ctx, queue, ids...)
-	if err != nil {
+	if err != nil || len(ids) == 0 {
 		// Which messages moved is not known (brokers may redrive part of a
-		// batch): record nothing; their next start shows the new generation.
-		return n, err
-	}
-	if len(ids) == 0 {
-		d.l.Record(Event{Queue: queue, Status: StatusRedriven, At: began, RedriveAll: true})
+		// batch; a whole-queue redrive names none, and a job dead in the
+		// ledger may have been purged since): record nothing; their next
+		// start shows the new generation.
 		return n, err
 	}
 	now := time.Now()

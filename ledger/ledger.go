@@ -93,6 +93,8 @@ type Event struct {
 	Worker        string
 	// RedriveAll, with Status redriven and no MessageID, marks every job of
 	// Queue that was dead at At as redriven (a redrive of the whole queue).
+	// [Ledger.DeadLetters] does not record it: a job dead in the ledger
+	// whose dead letter was purged would be marked too.
 	RedriveAll bool
 }
 
