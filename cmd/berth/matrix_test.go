@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/berthq/berth/brokers/jetstream"
-	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/brokerurl"
 	"github.com/berthq/berth/integration"
@@ -134,25 +131,7 @@ func TestCLIMatrix(t *testing.T) {
 		cliMatrix(t, u, queue, ids, false)
 	})
 	t.Run("rabbitmq", func(t *testing.T) {
-		ctx := context.Background()
-		u := integration.RabbitMQURL(t)
-		queue := fmt.Sprintf("berth-cli-matrix-%d", rand.Uint64()%1e12)
-		b, err := rabbitmq.New(ctx, u, rabbitmq.Options{ConnectionName: "berth-cli-test"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if conn, err := amqp.Dial(u); err == nil {
-				if ch, err := conn.Channel(); err == nil {
-					_, _ = ch.QueueDelete(queue, false, false, false)
-					_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(queue), false, false, false)
-				}
-				conn.Close()
-			}
-		})
-		if err := b.DeclareQueue(ctx, queue); err != nil {
-			t.Fatal(err)
-		}
+		b, u, queue := rabbitQueue(t, context.Background(), "berth-cli-matrix")
 		ids := deadLetterN(t, b, queue, n)
 		b.Close() // its consumer would take the redriven messages
 		cliMatrix(t, u, queue, ids, false)

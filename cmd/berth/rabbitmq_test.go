@@ -22,25 +22,7 @@ import (
 // or purge names their IDs, and stats needs its queues named.
 func TestOnRabbitMQ(t *testing.T) {
 	ctx := context.Background()
-	u := integration.RabbitMQURL(t)
-	queue := fmt.Sprintf("berth-cli-test-%d", rand.Uint64()%1e12)
-	b, err := rabbitmq.New(ctx, u, rabbitmq.Options{ConnectionName: "berth-cli-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		b.Close()
-		if conn, err := amqp.Dial(u); err == nil {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(queue, false, false, false)
-				_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(queue), false, false, false)
-			}
-			conn.Close()
-		}
-	})
-	if err := b.DeclareQueue(ctx, queue); err != nil {
-		t.Fatal(err)
-	}
+	b, u, queue := rabbitQueue(t, ctx, "berth-cli-test")
 	var ids []string
 	for i := range 5 {
 		m := &sdk.Message{Type: "billing.charge", Body: fmt.Appendf(nil, `{"n":%d}`, i)}
@@ -177,4 +159,31 @@ func TestOnRabbitMQBeyondTenThousand(t *testing.T) {
 			t.Fatalf("stats after redrive (exit %d):\n%s%s", r.code, r.out, r.err)
 		}
 	}
+}
+
+// rabbitQueue connects to the test RabbitMQ and declares a new queue named
+// prefix-<random>. When the test ends the broker is closed and the queue
+// and its dead-letter queue are deleted.
+func rabbitQueue(t *testing.T, ctx context.Context, prefix string) (b *rabbitmq.Broker, u, queue string) {
+	t.Helper()
+	u = integration.RabbitMQURL(t)
+	queue = fmt.Sprintf("%s-%d", prefix, rand.Uint64()%1e12)
+	b, err := rabbitmq.New(ctx, u, rabbitmq.Options{ConnectionName: "berth-cli-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		if conn, err := amqp.Dial(u); err == nil {
+			if ch, err := conn.Channel(); err == nil {
+				_, _ = ch.QueueDelete(queue, false, false, false)
+				_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(queue), false, false, false)
+			}
+			conn.Close()
+		}
+	})
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	return b, u, queue
 }

@@ -5,15 +5,12 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/berthq/berth/brokers/rabbitmq"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -26,25 +23,7 @@ import (
 func TestListJSONNonUTF8ID(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	u := integration.RabbitMQURL(t)
-	queue := fmt.Sprintf("berth-cli-test-%d", rand.Uint64()%1e12)
-	b, err := rabbitmq.New(ctx, u, rabbitmq.Options{ConnectionName: "berth-cli-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		b.Close()
-		if conn, err := amqp.Dial(u); err == nil {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(queue, false, false, false)
-				_, _ = ch.QueueDelete(rabbitmq.DeadLetterQueue(queue), false, false, false)
-			}
-			conn.Close()
-		}
-	})
-	if err := b.DeclareQueue(ctx, queue); err != nil {
-		t.Fatal(err)
-	}
+	b, u, queue := rabbitQueue(t, ctx, "berth-cli-test")
 	// Another producer, straight to the queue.
 	const rawID = "job-\xff\xfe-1"
 	conn, err := amqp.Dial(u)
