@@ -332,9 +332,16 @@ func (c *consumer) run() {
 	}
 }
 
+// errCancelled is what session returns when the server cancelled the
+// consumer (queue deleted, leader moved) before it delivered anything and
+// before Options.Reconnect's Max went by: run then backs off further
+// instead of re-subscribing at the shortest delay for ever.
+var errCancelled = errors.New("rabbitmq: consumer cancelled by the server")
+
 // session opens a channel, consumes until it dies, and returns nil when it
-// delivered at least once before dying.
+// delivered at least once before dying (or ran for Options.Reconnect's Max).
 func (c *consumer) session() error {
+	start, delivered := time.Now(), false
 	ctx, cancel := context.WithCancel(c.b.ctx)
 	defer cancel()
 	if err := c.b.ensure(ctx, c.queue); err != nil {
@@ -373,13 +380,18 @@ func (c *consumer) session() error {
 				// (queue deleted, leader moved): close the channel so that
 				// its unacked deliveries go back to the queue either way,
 				// and declare the queue again before consuming again.
-				if !ch.IsClosed() {
+				cancelled := !ch.IsClosed()
+				if cancelled {
 					c.b.forget(c.queue)
 				}
 				_ = st.flush(true, false)
 				_ = ch.Close()
+				if cancelled && !delivered && time.Since(start) < c.b.opts.Reconnect.Max {
+					return fmt.Errorf("%w: queue %q", errCancelled, c.queue)
+				}
 				return nil
 			}
+			delivered = true
 			dv := c.wrap(d, st)
 			select {
 			case c.out <- dv:
