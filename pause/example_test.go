@@ -34,6 +34,9 @@ func ExampleSync() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	for _, q := range w.Queues() { // held until Sync's first read of the table
+		_ = w.Pause(q)
+	}
 	ctx, cancel := context.WithCancel(ctx) // ends Sync when the Worker returns
 	defer cancel()
 	synced := make(chan error, 1)

@@ -8,7 +8,10 @@
 // as usual. The broker itself is untouched: producers keep publishing, and a
 // consumer that does not sync keeps consuming. While the table cannot be
 // read, Sync keeps the pause state it last applied (it never resumes a queue
-// because the database is down) and logs a warning.
+// because the database is down) and logs a warning. Until it has read the
+// table once, it holds every queue of the Worker paused: a Worker started
+// while the database is down runs nothing, rather than the queues the
+// table pauses.
 //
 // See ARCHITECTURE.md, "Several queues per Worker".
 package pause
@@ -134,12 +137,23 @@ type SyncOptions struct {
 	// Logger receives the pauses and resumes applied (Info) and failed reads
 	// (Warn). Default slog.Default().
 	Logger *slog.Logger
+	// FailOpen runs the Worker's queues before the table was first read,
+	// instead of holding them all paused: a Worker started while the
+	// database is down then runs the queues the table pauses, until the
+	// first read pauses them. For Workers that must keep running through an
+	// outage of a database they do not otherwise need.
+	FailOpen bool
 }
 
 // Sync applies the paused queues of l to w now and then every Interval,
 // until ctx is done; it returns nil then. It owns the pause state of w's
 // queues: a queue paused with w.Pause but not in l is resumed at the next
-// sync. A failed read keeps the state last applied.
+// sync. A failed read keeps the state last applied. Before its first
+// successful read Sync pauses every queue of w (failing closed, unless
+// opts.FailOpen), warning at each failed read; the first read resumes the
+// queues l does not pause. The
+// hold starts when Sync does: to have it before w.Run's first receive, pause
+// w's queues before starting both (Sync's first read resumes them).
 func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error {
 	if w == nil || l == nil {
 		return errors.New("berth/pause: Sync needs a Worker and a Lister")
@@ -150,10 +164,29 @@ func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error 
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	// Until the table was read, hold every queue: what it pauses is unknown.
+	var held map[string]bool
+	if !opts.FailOpen {
+		held = map[string]bool{}
+		for _, q := range w.Queues() {
+			if w.Pause(q) == nil {
+				held[q] = true
+			}
+		}
+	}
 	tick := time.NewTicker(opts.Interval)
 	defer tick.Stop()
 	for {
-		apply(ctx, w, l, opts.Logger)
+		if err := apply(ctx, w, l, opts.Logger, held); err != nil {
+			if ctx.Err() == nil && held != nil {
+				opts.Logger.Warn("berth/pause: the paused queues were never read; every queue stays paused until they are",
+					"queues", w.Queues(), "err", err)
+			} else if ctx.Err() == nil {
+				opts.Logger.Warn("berth/pause: reading the paused queues failed; keeping the current state", "err", err)
+			}
+		} else {
+			held = nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -162,14 +195,13 @@ func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error 
 	}
 }
 
-// apply reads l once and pauses or resumes w's queues to match.
-func apply(ctx context.Context, w *sdk.Worker, l Lister, log *slog.Logger) {
+// apply reads l once and pauses or resumes w's queues to match. The
+// resume of a queue in held (paused by Sync until the first read) is not
+// logged.
+func apply(ctx context.Context, w *sdk.Worker, l Lister, log *slog.Logger, held map[string]bool) error {
 	ps, err := l.Paused(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			log.Warn("berth/pause: reading the paused queues failed; keeping the current state", "err", err)
-		}
-		return
+		return err
 	}
 	paused := make(map[string]bool, len(ps))
 	for _, p := range ps {
@@ -181,12 +213,15 @@ func apply(ctx context.Context, w *sdk.Worker, l Lister, log *slog.Logger) {
 			if w.Pause(q) == nil {
 				log.Info("berth/pause: queue paused", "queue", q)
 			}
+		case want && held[q]:
+			log.Info("berth/pause: queue paused", "queue", q)
 		case !want && is:
-			if w.Resume(q) == nil {
+			if w.Resume(q) == nil && !held[q] {
 				log.Info("berth/pause: queue resumed", "queue", q)
 			}
 		}
 	}
+	return nil
 }
 
 // PausedSince returns the paused queues and the time of their pause: the
