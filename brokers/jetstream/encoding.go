@@ -169,6 +169,9 @@ const (
 	idGiveBack   = "back"
 	idDeadLetter = "dlq"
 	idRedrive    = "rd"
+	// idRedriveHold is the held copy a redrive stores before it takes
+	// the dead letter (see RedriveDeadLetters).
+	idRedriveHold = "rdh"
 )
 
 // internalID returns the Nats-Msg-Id of a copy of kind derived from stream

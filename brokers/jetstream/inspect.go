@@ -2,6 +2,7 @@ package jetstream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -195,6 +196,17 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // a [*NotFoundError], and then nothing is redriven. Each copy's Nats-Msg-Id
 // is derived from its dead-letter sequence, so a redrive repeated after a
 // failure stores nothing twice within the dedupe window.
+//
+// A dead letter is either redriven or deleted by a purge (or a delete, or
+// another redrive) that runs meanwhile, never both, and only the call that
+// took it counts it. Deleting the letter decides, so the redrive first
+// stores a held copy (on the delayed subject, due in [redriveHold]), then
+// deletes the letter, then stores the ready copy and deletes the held one.
+// A letter another call took meanwhile has its held copy deleted; a
+// redrive that stops half way (a failure, a crash) leaves the held copy,
+// which a mover makes ready when due: a letter is never lost, but a
+// redrive whose delete of the letter failed may leave it in the dead-letter
+// stream as well.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	q, s, err := b.deadStream(ctx, queue)
 	if err != nil {
@@ -233,30 +245,107 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 			}
 		}
 	}
+	if len(picked) == 0 {
+		return 0, nil
+	}
 	target, err := b.queue(ctx, queue)
 	if err != nil {
 		return 0, err
 	}
+	ts, err := b.js.Stream(ctx, target.stream)
+	if err != nil {
+		return 0, b.wrapErr(ctx, "redrive dead letters", err)
+	}
 	n := 0
 	for _, dl := range picked {
-		m := dl.msg
-		sdk.PrepareRedrive(m, queue) // the target is queue, whatever the header says
-		w, err := encode(m, target.ready, 1, time.Time{})
+		sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
+		took, err := b.redriveOne(ctx, q, s, target, ts, dl)
+		if took {
+			n++
+		}
 		if err != nil {
 			return n, err
 		}
-		if err := b.publishOne(ctx, target.stream, w, internalID(idRedrive, q.dlq, dl.seq)); err != nil {
-			return n, err
-		}
-		if err := s.DeleteMsg(ctx, dl.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return n, b.wrapErr(ctx, "delete redriven dead letter", err)
-		}
-		n++
 	}
 	return n, nil
 }
 
-// PurgeDeadLetters deletes queue's dead letters and returns how many. Dead
+// redriveHold is how long the held copy of a dead letter being redriven
+// waits on the delayed subject: far longer than a redrive takes from
+// storing it to deleting it, so that no mover makes it ready meanwhile.
+const redriveHold = time.Minute
+
+// redriveOne redrives one dead letter (see RedriveDeadLetters); took
+// reports whether this call took it from the dead-letter stream.
+func (b *Broker) redriveOne(ctx context.Context, q *queueState, s jetstream.Stream, target *queueState, ts jetstream.Stream, dl deadLetter) (took bool, err error) {
+	held, err := encode(dl.msg, target.delayed, 1, time.Now().Add(redriveHold))
+	if err != nil {
+		return false, err
+	}
+	pa, err := b.js.PublishMsg(ctx, held, jetstream.WithMsgID(internalID(idRedriveHold, q.dlq, dl.seq)))
+	if err != nil {
+		return false, b.wrapErr(ctx, "redrive dead letter", err)
+	}
+	if redriveHook != nil {
+		redriveHook(dl.seq)
+	}
+	took, err = b.take(ctx, s, dl.seq)
+	if err != nil {
+		// Whether the letter was deleted is not known: the held copy
+		// stays, so that it is not lost.
+		return false, b.wrapErr(ctx, "delete redriven dead letter", err)
+	}
+	if !took {
+		// Purged, deleted or redriven by another call since it was read:
+		// not this redrive's.
+		if _, err := b.take(ctx, ts, pa.Sequence); err != nil {
+			return false, b.wrapErr(ctx, "delete the held copy of a dead letter taken meanwhile", err)
+		}
+		return false, nil
+	}
+	w, err := encode(dl.msg, target.ready, 1, time.Time{})
+	if err != nil {
+		return true, err // the held copy becomes ready when due
+	}
+	if err := b.publishOne(ctx, target.stream, w, internalID(idRedrive, q.dlq, dl.seq)); err != nil {
+		return true, err // likewise
+	}
+	if _, err := b.take(ctx, ts, pa.Sequence); err != nil {
+		return true, b.wrapErr(ctx, "delete the held copy of a redriven dead letter", err)
+	}
+	return true, nil
+}
+
+// take deletes message seq from s and reports whether this call deleted
+// it: false, with no error, when it is not there (deleted or purged by
+// another call). The server answers the delete of a missing message with a
+// failed delete ("no message found"), which a read of the message confirms.
+func (b *Broker) take(ctx context.Context, s jetstream.Stream, seq uint64) (bool, error) {
+	err := s.DeleteMsg(ctx, seq)
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		if _, gerr := s.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+	}
+	return false, err
+}
+
+// Hooks the tests set: redriveHook runs once a redrive has stored a dead
+// letter's held copy and before it takes the letter; purgeHook runs once a
+// purge has read the dead-letter stream's state and before it purges.
+var (
+	redriveHook func(seq uint64)
+	purgeHook   func()
+)
+
+// PurgeDeadLetters deletes queue's dead letters and returns how many (as
+// the server counts them: not those another call took meanwhile). Dead
 // letters stored while it runs are kept.
 func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
 	_, s, err := b.deadStream(ctx, queue)
@@ -267,10 +356,35 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 	if st.Msgs == 0 {
 		return 0, nil
 	}
-	if err := s.Purge(ctx, jetstream.WithPurgeSequence(st.LastSeq+1)); err != nil {
+	if purgeHook != nil {
+		purgeHook()
+	}
+	// nats.go's Stream.Purge drops the server's count: the request is
+	// made here.
+	req, err := json.Marshal(jetstream.StreamPurgeRequest{Sequence: st.LastSeq + 1})
+	if err != nil {
+		return 0, err
+	}
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		rctx, cancel = context.WithTimeout(ctx, settleTimeout)
+	}
+	defer cancel()
+	msg, err := b.nc.RequestWithContext(rctx, jetstream.DefaultAPIPrefix+"STREAM.PURGE."+s.CachedInfo().Config.Name, req)
+	if err != nil {
 		return 0, b.wrapErr(ctx, "purge dead letters", err)
 	}
-	return int(st.Msgs), nil
+	var resp struct {
+		Error  *jetstream.APIError `json:"error"`
+		Purged uint64              `json:"purged"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("berth/jetstream: purge dead letters: %w", err)
+	}
+	if resp.Error != nil {
+		return 0, b.wrapErr(ctx, "purge dead letters", resp.Error)
+	}
+	return int(resp.Purged), nil
 }
 
 // DeadLetterPage returns up to limit (default [sdk.DefaultListLimit]) of
@@ -310,8 +424,9 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 }
 
 // DeleteDeadLetters deletes queue's dead letters with the given ids and
-// returns how many. An unknown id is a [*NotFoundError], and then nothing is
-// deleted. With no ids it deletes nothing.
+// returns how many (not those another call took meanwhile). An unknown id
+// is a [*NotFoundError], and then nothing is deleted. With no ids it deletes
+// nothing.
 func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	q, s, err := b.deadStream(ctx, queue)
 	if err != nil || len(ids) == 0 {
@@ -343,10 +458,13 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 	}
 	n := 0
 	for _, dl := range picked {
-		if err := s.DeleteMsg(ctx, dl.seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		took, err := b.take(ctx, s, dl.seq)
+		if err != nil {
 			return n, b.wrapErr(ctx, "delete dead letter", err)
 		}
-		n++
+		if took { // else purged, deleted or redriven by another call meanwhile
+			n++
+		}
 	}
 	return n, nil
 }

@@ -1,0 +1,17 @@
+package jetstream
+
+// SetRedriveHook sets the hook RedriveDeadLetters runs between storing a
+// dead letter's copy and taking the letter; the returned func restores it.
+func SetRedriveHook(f func(seq uint64)) (restore func()) {
+	old := redriveHook
+	redriveHook = f
+	return func() { redriveHook = old }
+}
+
+// SetPurgeHook sets the hook PurgeDeadLetters runs between reading the
+// dead-letter stream's state and purging it; the returned func restores it.
+func SetPurgeHook(f func()) (restore func()) {
+	old := purgeHook
+	purgeHook = f
+	return func() { purgeHook = old }
+}
