@@ -199,6 +199,15 @@ func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids 
 // Run it periodically (the [Janitor] does, for its DeadLetterQueues) or
 // after an incident.
 func (l *Ledger) SyncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue string, limit int) (int, error) {
+	return l.syncDeadLetters(ctx, dl, queue, limit, time.Time{})
+}
+
+// syncDeadLetters is SyncDeadLetters recording the letters that died before
+// purged (the janitor's retention cutoff) as of unknown attempt, an event
+// that ends a row's attempt but never makes a row: their job, finished
+// before the retention, is or will be purged, and must not come back at
+// every sync for as long as the letter stays in its queue.
+func (l *Ledger) syncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue string, limit int, purged time.Time) (int, error) {
 	msgs, err := dl.ListDeadLetters(ctx, queue, limit)
 	if err != nil {
 		return 0, fmt.Errorf("ledger: sync dead letters of %s: %w", queue, err)
@@ -220,6 +229,9 @@ func (l *Ledger) SyncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue 
 		e.At = time.Now()
 		if t, err := time.Parse(time.RFC3339Nano, m.Header(sdk.HeaderLastFailure)); err == nil {
 			e.At = t
+		}
+		if e.At.Before(purged) {
+			e.Attempt = 0
 		}
 		l.Record(e)
 		n++

@@ -37,7 +37,10 @@ type JanitorOptions struct {
 	Interval time.Duration
 	// Ledger, DeadLetters and DeadLetterQueues, when set, make each run
 	// call Ledger.SyncDeadLetters for every queue, listing at most
-	// DeadLetterLimit letters each (0: [sdk.DefaultListLimit]).
+	// DeadLetterLimit letters each (0: [sdk.DefaultListLimit]). With a
+	// Purger, a letter that died before the retention cutoff only ends
+	// an attempt its row still shows open: a job the purge deleted is not
+	// made again from its letter at every run.
 	Ledger           *Ledger
 	DeadLetters      sdk.DeadLetters
 	DeadLetterQueues []string
@@ -98,8 +101,10 @@ func RunJanitor(ctx context.Context, o JanitorOptions) error {
 func janitorRun(ctx context.Context, o JanitorOptions) JanitorRun {
 	var r JanitorRun
 	var errs []error
+	var cutoff time.Time
 	if o.Purger != nil {
-		n, err := o.Purger.Purge(ctx, time.Now().Add(-o.Retention), o.Batch)
+		cutoff = time.Now().Add(-o.Retention)
+		n, err := o.Purger.Purge(ctx, cutoff, o.Batch)
 		r.Purged = n
 		if err != nil {
 			errs = append(errs, err)
@@ -109,7 +114,9 @@ func janitorRun(ctx context.Context, o JanitorOptions) JanitorRun {
 		if ctx.Err() != nil {
 			break
 		}
-		n, err := o.Ledger.SyncDeadLetters(ctx, o.DeadLetters, q, o.DeadLetterLimit)
+		// Letters that died before the cutoff only end attempts still
+		// open: their jobs are the purge's, not to be made again.
+		n, err := o.Ledger.syncDeadLetters(ctx, o.DeadLetters, q, o.DeadLetterLimit, cutoff)
 		r.Synced += n
 		if err != nil {
 			errs = append(errs, err)

@@ -81,7 +81,8 @@ type Event struct {
 	// dead event at attempt 0 is a broker's dead letter that did not say
 	// its attempt ([Ledger.SyncDeadLetters]): it ends the row's current
 	// attempt of its generation, whatever its number, unless that attempt
-	// already ended succeeded or dead.
+	// already ended succeeded or dead, and it makes no row where there is
+	// none (the janitor relies on that not to bring back purged jobs).
 	Attempt int
 	// At is when it happened; it orders events of equal rank.
 	At            time.Time
