@@ -53,11 +53,12 @@ type ConnectionReporter interface {
 // live: the process should restart it or exit.
 //
 // Ready: the Worker is taking work — State is running, its broker reports
-// no connection error (where it is a [ConnectionReporter]), and its last
-// Receive did not fail, or the Receive under way since that failure has
-// waited [HealthyWait] without failing. A draining Worker is not ready: it takes no
-// more work. A saturated Worker (Held == Capacity, every slot busy) is still
-// ready: it receives again as soon as a handler returns.
+// no connection error (where it is a [ConnectionReporter]), and on each of
+// its queues not paused the last Receive did not fail, or a Receive under
+// way since that failure has waited [HealthyWait] without failing. A
+// draining Worker is not ready: it takes no more work. A saturated Worker
+// (Held == Capacity, every slot busy) is still ready: it receives again as
+// soon as a handler returns.
 type Health struct {
 	// Queue is the queue the Worker consumes (its Queues joined by commas).
 	Queue string `json:"queue"`
@@ -77,7 +78,7 @@ type Health struct {
 	// poll that ended empty counts); zero before the first.
 	LastReceive time.Time `json:"last_receive,omitzero"`
 	// ReceiveFailures counts the Receive calls that failed since the last
-	// one that returned without an error.
+	// one that returned without an error, on each queue, summed.
 	ReceiveFailures int `json:"receive_failures"`
 	// LastReceiveError is the error of the last failed Receive (valid UTF-8,
 	// at most [MaxReasonLength] bytes), and LastReceiveErrorAt its time; kept
@@ -105,13 +106,13 @@ var stateNames = [...]WorkerState{hIdle: StateIdle, hRunning: StateRunning, hDra
 
 // workerHealth is what the Worker records for [Worker.Health]: atomics on
 // the receive path (one clock read and a few stores per Receive call, one
-// atomic add per delivery), a mutex only on the error paths.
+// atomic add per delivery), a mutex only on the error paths. Whether
+// Receives are failing is kept per queue (queueHealth): on a Worker of
+// several queues, one queue's successes say nothing of another's failures.
 type workerHealth struct {
-	state    atomic.Int32
-	held     atomic.Int64
-	recvOK   atomic.Int64 // unix nanos of the last Receive without error
-	recvCall atomic.Int64 // unix nanos when the Receive under way started; 0 when none
-	failures atomic.Int32 // failed Receives since the last one without error
+	state  atomic.Int32
+	held   atomic.Int64
+	recvOK atomic.Int64 // unix nanos of the last Receive without error
 
 	mu        sync.Mutex
 	recvErr   string
@@ -119,14 +120,22 @@ type workerHealth struct {
 	runErr    string
 }
 
-// receiving records that a Receive call starts at now (unix nanos).
-func (h *workerHealth) receiving(now int64) { h.recvCall.Store(now) }
+// queueHealth is one consumed queue's part of the Worker's health, shared by
+// the receive loops of that queue.
+type queueHealth struct {
+	recvCall atomic.Int64 // unix nanos when a Receive under way started; 0 when none
+	failures atomic.Int32 // failed Receives since the last one without error
+}
 
-// received records the outcome of the Receive call that ended at now with n
-// deliveries. A Receive cut short by shutdown (stopping) is neither a
-// success nor a failure.
-func (h *workerHealth) received(now int64, n int, err error, stopping bool) {
-	h.recvCall.Store(0)
+// receiving records that a Receive call on q starts at now (unix nanos).
+func (h *workerHealth) receiving(q *queueHealth, now int64) { q.recvCall.Store(now) }
+
+// received records the outcome of the Receive call on q that started at
+// start and ended at now with n deliveries. A Receive cut short by shutdown
+// or a pause (stopping) is neither a success nor a failure.
+func (h *workerHealth) received(q *queueHealth, start, now int64, n int, err error, stopping bool) {
+	// Only this call's start: another loop's call on q may be under way.
+	q.recvCall.CompareAndSwap(start, 0)
 	if n > 0 {
 		h.held.Add(int64(n))
 	}
@@ -135,8 +144,8 @@ func (h *workerHealth) received(now int64, n int, err error, stopping bool) {
 	}
 	if err == nil {
 		h.recvOK.Store(now)
-		if h.failures.Load() != 0 {
-			h.failures.Store(0)
+		if q.failures.Load() != 0 {
+			q.failures.Store(0)
 		}
 		return
 	}
@@ -144,13 +153,15 @@ func (h *workerHealth) received(now int64, n int, err error, stopping bool) {
 	h.recvErr = SanitizeReason(err.Error())
 	h.recvErrAt = time.Unix(0, now)
 	h.mu.Unlock()
-	h.failures.Add(1)
+	q.failures.Add(1)
 }
 
-// start records that Run started.
-func (h *workerHealth) start() {
-	h.failures.Store(0)
-	h.recvCall.Store(0)
+// start records that Run started, on queues.
+func (h *workerHealth) start(queues []*queueState) {
+	for _, q := range queues {
+		q.health.failures.Store(0)
+		q.health.recvCall.Store(0)
+	}
 	h.mu.Lock()
 	h.runErr = ""
 	h.mu.Unlock()
@@ -159,7 +170,6 @@ func (h *workerHealth) start() {
 
 // stop records that Run returned err.
 func (h *workerHealth) stop(err error) {
-	h.recvCall.Store(0)
 	h.mu.Lock()
 	h.runErr = ""
 	if err != nil {
@@ -177,22 +187,30 @@ func (w *Worker) Health() Health {
 	now := time.Now()
 	st := h.state.Load()
 	r := Health{
-		Queue:           w.opts.Queue,
-		State:           stateNames[st],
-		Receiving:       st == hRunning,
-		ReceiveFailures: int(h.failures.Load()),
-		Held:            int(h.held.Load()),
-		Capacity:        w.opts.Concurrency + w.opts.Prefetch,
+		Queue:     w.opts.Queue,
+		State:     stateNames[st],
+		Receiving: st == hRunning,
+		Held:      int(h.held.Load()),
+		Capacity:  w.opts.Concurrency + w.opts.Prefetch,
 	}
+	// Receiving is failing when one queue not paused has failed and no
+	// Receive on it under way has waited HealthyWait since.
+	failing := false
 	for _, q := range w.queues {
+		f := int(q.health.failures.Load())
+		r.ReceiveFailures += f
 		if q.paused.Load() {
 			r.Paused = append(r.Paused, q.name)
+			continue
+		}
+		call := q.health.recvCall.Load()
+		if f != 0 && !(call != 0 && now.Sub(time.Unix(0, call)) >= HealthyWait) {
+			failing = true
 		}
 	}
 	if ok := h.recvOK.Load(); ok != 0 {
 		r.LastReceive = time.Unix(0, ok)
 	}
-	call := h.recvCall.Load()
 	h.mu.Lock()
 	r.LastReceiveError, r.LastReceiveErrorAt, r.RunError = h.recvErr, h.recvErrAt, h.runErr
 	h.mu.Unlock()
@@ -209,7 +227,6 @@ func (w *Worker) Health() Health {
 			r.Reason += ": " + r.RunError
 		}
 	case hRunning:
-		waited := call != 0 && now.Sub(time.Unix(0, call)) >= HealthyWait
 		var connErr error
 		if cr, ok := w.sub.(ConnectionReporter); ok {
 			connErr = cr.ConnectionError()
@@ -217,7 +234,7 @@ func (w *Worker) Health() Health {
 		switch {
 		case connErr != nil:
 			r.Reason = "broker connection down: " + SanitizeReason(connErr.Error())
-		case r.ReceiveFailures == 0 || waited:
+		case !failing:
 			r.Ready = true
 		default:
 			r.Reason = "receive failing: " + r.LastReceiveError

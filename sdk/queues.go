@@ -38,6 +38,7 @@ type queueState struct {
 	dry atomic.Bool
 
 	receiving atomic.Int32 // Receive calls in flight on this queue
+	health    queueHealth  // whether its Receives are failing (sdk/health.go)
 
 	paused atomic.Bool
 	mu     sync.Mutex

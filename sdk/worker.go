@@ -165,7 +165,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return ErrWorkerRunning
 	}
 	defer w.running.Store(false)
-	w.health.start()
+	w.health.start(w.queues)
 	defer func() { w.health.stop(err) }()
 	o := w.opts
 
@@ -461,7 +461,8 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 				return nil
 			}
 		}
-		w.health.receiving(time.Now().UnixNano())
+		start := time.Now().UnixNano()
+		w.health.receiving(&q.health, start)
 		var ds []Delivery
 		var err error
 		q.receiving.Add(1)
@@ -480,7 +481,7 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 			ds = ds[:len(slots)]
 		}
 		now := time.Now().UnixNano()
-		w.health.received(now, len(ds), err, rctx.Err() != nil)
+		w.health.received(&q.health, start, now, len(ds), err, rctx.Err() != nil)
 		for i, d := range ds {
 			t := &task{d: d, slot: int32(slots[i]), received: now}
 			t.extended.Store(now)
