@@ -334,8 +334,8 @@ func (b *Broker) Close() error {
 const flushTimeout = 30 * time.Second
 
 // Flush waits until the server has received everything sent so far on the
-// connection (settlements already wait for their answer; the lease renewals
-// of ExtendLease's timer do not). The Worker calls it when it drains. A ctx
+// connection (settlements and the lease renewals of ExtendLease's timer
+// already wait for their answer). The Worker calls it when it drains. A ctx
 // without a deadline is given one of 30 s.
 func (b *Broker) Flush(ctx context.Context) error {
 	if b.closed.Load() {

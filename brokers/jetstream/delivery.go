@@ -165,17 +165,49 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 }
 
 // renewLease is ExtendLease's timer: one more +WPI while the asked-for end
-// is not reached.
+// is not reached. The +WPI is a request, and berth's lease moves only once
+// JetStream has answered it: a +WPI merely buffered by nats.go (while it
+// reconnects) may never reach the server, which would then redeliver the
+// message while berth believed it held the lease. A renewal that fails is
+// tried again shortly, as long as the lease it has runs.
 func (d *delivery) renewLease() {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	now := time.Now()
 	if d.settled || d.renew == nil || d.b.closed.Load() || now.After(d.deadline) || !now.Before(d.until) {
 		d.renew = nil
+		d.mu.Unlock()
 		return
 	}
-	if err := d.b.nc.Publish(d.reply, ackProgress); err != nil {
-		d.renew = nil
+	timer, deadline := d.renew, d.deadline
+	d.mu.Unlock()
+
+	// Without d.mu: a settlement or ExtendLease need not wait for the
+	// answer. Past the lease's end the answer is of no use.
+	err := d.b.connected("in progress")
+	if err == nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		go func() { // Close ends the wait
+			select {
+			case <-d.b.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		_, err = d.b.nc.RequestWithContext(ctx, d.reply, ackProgress)
+		cancel()
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.settled || d.renew != timer {
+		return // settled, or ExtendLease started anew, meanwhile
+	}
+	if err != nil {
+		if d.b.closed.Load() || !time.Now().Before(d.deadline) {
+			d.renew = nil
+			return
+		}
+		d.renew.Reset(min(d.b.opts.AckWait/20, 100*time.Millisecond))
 		return
 	}
 	d.deadline = now.Add(d.b.leaseFor())

@@ -1,0 +1,97 @@
+package jetstream_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestLeaseTimerRenewalNotConfirmed: ExtendLease for longer than AckWait
+// keeps the lease by repeating +WPI from a timer. While the connection is
+// down those renewals cannot reach the server, which redelivers the message
+// once AckWait has passed; berth must then not count the lease as held: the
+// first holder's Ack, made after reconnecting while another consumer holds
+// the message, reports ErrLeaseLost and does not remove the message under
+// the second holder.
+func TestLeaseTimerRenewalNotConfirmed(t *testing.T) {
+	const ackWait = 2 * time.Second
+	opts := jetstream.Options{AckWait: ackWait, WaitTime: 300 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet}
+	direct := newBroker(t, opts)
+	q := declare(t, direct, "leasetimer")
+	u, err := url.Parse(integration.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := integration.StartProxy(t, u.Host)
+	u.Host = p.Addr()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-test-lease-timer", ReconnectWait: 50 * time.Millisecond}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := direct.Publish(ctx, q, &sdk.Message{Type: "long"}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Receive: %d, %v", len(ds), err)
+	}
+	first := ds[0]
+	t0 := time.Now()
+	// A long lease: kept by the timer, every AckWait/2.
+	if err := first.ExtendLease(ctx, 10*ackWait); err != nil {
+		t.Fatal(err)
+	}
+
+	// The connection goes down for longer than AckWait.
+	p.Refuse(true)
+	p.Reset()
+	for b.ConnectionError() == nil && time.Since(t0) < time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if b.ConnectionError() == nil {
+		t.Fatal("the connection did not notice the reset")
+	}
+
+	// The server, which got no +WPI since t0, redelivers after AckWait.
+	var second sdk.Delivery
+	for second == nil && time.Since(t0) < 2*ackWait {
+		got, err := direct.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) > 0 {
+			second = got[0]
+		}
+	}
+	if second == nil {
+		t.Fatal("not redelivered while the first holder was cut off")
+	}
+	t.Logf("redelivered after %v, attempt %d", time.Since(t0), second.Attempt())
+
+	p.Refuse(false)
+	for b.ConnectionError() != nil && time.Since(t0) < 4*ackWait {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := b.ConnectionError(); err != nil {
+		t.Fatalf("not reconnected: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond) // let nats.go flush what it buffered
+
+	err = first.Ack(ctx)
+	t.Logf("first holder's Ack after %v: %v", time.Since(t0), err)
+	if !errors.Is(err, sdk.ErrLeaseLost) {
+		t.Errorf("first holder's Ack while another consumer holds the message = %v; want ErrLeaseLost", err)
+	}
+	if err := second.Ack(ctx); err != nil {
+		t.Errorf("second holder's Ack: %v", err)
+	}
+}
