@@ -125,6 +125,26 @@ type workerHealth struct {
 type queueHealth struct {
 	recvCall atomic.Int64 // unix nanos when a Receive under way started; 0 when none
 	failures atomic.Int32 // failed Receives since the last one without error
+	// slotWait is when the queue's loop, with failures on record, began
+	// waiting for a slot from the allocator (several queues only); 0 when
+	// it is not waiting. A queue whose slots all go to other queues (a
+	// higher Priority with work, every slot held) makes no Receive that
+	// could clear its failures: it is not receiving by the allocator's
+	// choice, and counts as failing no longer than HealthyWait.
+	slotWait atomic.Int64
+}
+
+// waitingForSlot records that q's loop waits for a slot from now on (zero:
+// it got one). It reads the clock only when q has failures on record.
+func (q *queueHealth) waitingForSlot(waiting bool) {
+	switch {
+	case !waiting:
+		if q.slotWait.Load() != 0 {
+			q.slotWait.Store(0)
+		}
+	case q.failures.Load() != 0:
+		q.slotWait.Store(time.Now().UnixNano())
+	}
 }
 
 // receiving records that a Receive call on q starts at now (unix nanos).
@@ -161,6 +181,7 @@ func (h *workerHealth) start(queues []*queueState) {
 	for _, q := range queues {
 		q.health.failures.Store(0)
 		q.health.recvCall.Store(0)
+		q.health.slotWait.Store(0)
 	}
 	h.mu.Lock()
 	h.runErr = ""
@@ -203,8 +224,8 @@ func (w *Worker) Health() Health {
 			r.Paused = append(r.Paused, q.name)
 			continue
 		}
-		call := q.health.recvCall.Load()
-		if f != 0 && !(call != 0 && now.Sub(time.Unix(0, call)) >= HealthyWait) {
+		waited := func(since int64) bool { return since != 0 && now.Sub(time.Unix(0, since)) >= HealthyWait }
+		if f != 0 && !waited(q.health.recvCall.Load()) && !waited(q.health.slotWait.Load()) {
 			failing = true
 		}
 	}

@@ -40,3 +40,34 @@ func TestHealthyWaitMakesALongReceiveCount(t *testing.T) {
 		t.Errorf("Capacity %d, want Concurrency + Prefetch = 3", got.Capacity)
 	}
 }
+
+// TestHealthQueueStarvedOfSlots: on a Worker of several queues, a queue
+// with a failure on record whose loop has waited HealthyWait for a slot
+// (the allocator gives them all to a higher-priority queue with work)
+// does not keep the Worker unready: it is not receiving by the allocator's
+// choice. Before it has waited that long, it still counts as failing.
+func TestHealthQueueStarvedOfSlots(t *testing.T) {
+	w := &Worker{opts: WorkerOptions{Queues: []WorkerQueue{{Name: "high"}, {Name: "low"}}, Concurrency: 2, Prefetch: 2}}
+	w.queues = newQueueStates(w.opts)
+	h, low := &w.health, &w.queues[1].health
+	h.start(w.queues)
+	h.state.Store(hRunning)
+	now := time.Now()
+	h.received(low, now.UnixNano(), now.UnixNano(), 0, errors.New("blip"), false)
+	low.waitingForSlot(true)
+	if got := w.Health(); got.Ready {
+		t.Fatalf("just after low's failure, waiting for a slot: %+v, want not ready", got)
+	}
+	low.slotWait.Store(now.Add(-HealthyWait - time.Second).UnixNano()) // starved that long
+	if got := w.Health(); !got.Ready {
+		t.Fatalf("low starved of slots for over HealthyWait: %+v, want ready", got)
+	}
+	low.waitingForSlot(false) // it got a slot: its next Receive decides
+	if got := w.Health(); got.Ready {
+		t.Fatalf("low holds a slot again, failure on record: %+v, want not ready", got)
+	}
+	h.received(low, now.UnixNano(), now.UnixNano(), 1, nil, false)
+	if got := w.Health(); !got.Ready {
+		t.Fatalf("low received: %+v, want ready", got)
+	}
+}

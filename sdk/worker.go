@@ -383,12 +383,14 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 	for {
 		slots = slots[:0]
 		if multi {
+			q.health.waitingForSlot(true)
 			select {
 			case i := <-src:
 				slots = append(slots, i)
 			case <-ctx.Done():
 				return nil
 			}
+			q.health.waitingForSlot(false)
 		} else {
 			// Handlers signal wake after every change that can make this
 			// condition true, and wake keeps one signal: none is lost.
