@@ -212,7 +212,9 @@ func (d *delivery) renewLease() {
 	}
 	d.deadline = now.Add(d.b.leaseFor())
 	if d.until.Sub(now) > d.b.opts.AckWait {
-		d.renew.Reset(d.b.opts.AckWait / 2)
+		// Half an AckWait from the send, not from the answer: a slow
+		// answer must not push the next renewal past the lease's end.
+		d.renew.Reset(max(d.b.opts.AckWait/2-time.Since(now), 0))
 	} else {
 		d.renew = nil
 	}

@@ -170,7 +170,9 @@ const (
 	idDeadLetter = "dlq"
 	idRedrive    = "rd"
 	// idRedriveHold is the held copy a redrive stores before it takes
-	// the dead letter (see RedriveDeadLetters).
+	// the dead letter (see RedriveDeadLetters), with a number of its own
+	// per call: two redrives of one letter must not share a held copy
+	// (the loser deletes its own, which the winner may depend on).
 	idRedriveHold = "rdh"
 )
 

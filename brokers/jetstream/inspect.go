@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,9 +205,12 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // deletes the letter, then stores the ready copy and deletes the held one.
 // A letter another call took meanwhile has its held copy deleted; a
 // redrive that stops half way (a failure, a crash) leaves the held copy,
-// which a mover makes ready when due: a letter is never lost, but a
-// redrive whose delete of the letter failed may leave it in the dead-letter
-// stream as well.
+// which a mover makes ready when due: a letter is never lost, but on such
+// a failure it may run twice or stay in the dead-letter stream as well (a
+// failed delete of the letter, or of the held copy of a letter another
+// call took), and a redrive slower than the hold (a minute) from storing
+// the held copy to deleting it runs the job twice. While a redrive runs,
+// its held copies count as Delayed in Stats.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	q, s, err := b.deadStream(ctx, queue)
 	if err != nil {
@@ -256,10 +260,10 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	if err != nil {
 		return 0, b.wrapErr(ctx, "redrive dead letters", err)
 	}
-	n := 0
+	n, call := 0, rand.Uint64()
 	for _, dl := range picked {
 		sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
-		took, err := b.redriveOne(ctx, q, s, target, ts, dl)
+		took, err := b.redriveOne(ctx, q, s, target, ts, dl, call)
 		if took {
 			n++
 		}
@@ -277,12 +281,15 @@ const redriveHold = time.Minute
 
 // redriveOne redrives one dead letter (see RedriveDeadLetters); took
 // reports whether this call took it from the dead-letter stream.
-func (b *Broker) redriveOne(ctx context.Context, q *queueState, s jetstream.Stream, target *queueState, ts jetstream.Stream, dl deadLetter) (took bool, err error) {
+//
+// call numbers the redrive call: the held copy is this call's own (see
+// idRedriveHold).
+func (b *Broker) redriveOne(ctx context.Context, q *queueState, s jetstream.Stream, target *queueState, ts jetstream.Stream, dl deadLetter, call uint64) (took bool, err error) {
 	held, err := encode(dl.msg, target.delayed, 1, time.Now().Add(redriveHold))
 	if err != nil {
 		return false, err
 	}
-	pa, err := b.js.PublishMsg(ctx, held, jetstream.WithMsgID(internalID(idRedriveHold, q.dlq, dl.seq)))
+	pa, err := b.js.PublishMsg(ctx, held, jetstream.WithMsgID(internalID(idRedriveHold, q.dlq, dl.seq, call)))
 	if err != nil {
 		return false, b.wrapErr(ctx, "redrive dead letter", err)
 	}
@@ -360,7 +367,8 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 		purgeHook()
 	}
 	// nats.go's Stream.Purge drops the server's count: the request is
-	// made here.
+	// made here, on the default API prefix, as New uses no JetStream
+	// domain or prefix (one set there must be set here too).
 	req, err := json.Marshal(jetstream.StreamPurgeRequest{Sequence: st.LastSeq + 1})
 	if err != nil {
 		return 0, err

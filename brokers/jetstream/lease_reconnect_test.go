@@ -59,7 +59,7 @@ func TestExtendLeaseWhileReconnecting(t *testing.T) {
 	ecancel()
 	took := time.Since(start)
 	t.Logf("ExtendLease while reconnecting: %v after %v", err, took)
-	if err == nil || errors.Is(err, sdk.ErrLeaseLost) || !errors.Is(err, sdk.ErrUnavailable) || took > 600*time.Millisecond {
+	if err == nil || errors.Is(err, sdk.ErrLeaseLost) || !errors.Is(err, sdk.ErrUnavailable) || took > 2*time.Second {
 		t.Errorf("ExtendLease while reconnecting = %v after %v; want ErrUnavailable (not ErrLeaseLost) within its context", err, took)
 	}
 	p.Refuse(false)
@@ -79,7 +79,7 @@ func TestExtendLeaseWhileReconnecting(t *testing.T) {
 	took = time.Since(start)
 	p.Thaw()
 	t.Logf("ExtendLease on a frozen connection: %v after %v", err, took)
-	if errors.Is(err, sdk.ErrLeaseLost) || took > 500*time.Millisecond {
+	if errors.Is(err, sdk.ErrLeaseLost) || took > 2*time.Second {
 		t.Errorf("ExtendLease on a frozen connection = %v after %v; want an error other than ErrLeaseLost within its context", err, took)
 	}
 
@@ -92,7 +92,9 @@ func TestExtendLeaseWhileReconnecting(t *testing.T) {
 	popts := opts
 	popts.WaitTime = 200 * time.Millisecond // every poll over before the renewed lease ends
 	poller := newBroker(t, popts)
-	for time.Since(t0) < ackWait+500*time.Millisecond {
+	// Past the first AckWait, and ending well before the renewed lease does
+	// (t0 + 4 s), so that the Ack below is within it under load too.
+	for time.Since(t0) < ackWait+250*time.Millisecond {
 		got, err := poller.Receive(ctx, q, 1)
 		if err != nil {
 			t.Fatal(err)

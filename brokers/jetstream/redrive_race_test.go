@@ -150,3 +150,50 @@ func TestPurgeRacingRedrive(t *testing.T) {
 		t.Errorf("redriven %d, purged %d, back on the queue %v; want 1, 2, %v", redriven, purged, got, ids[:1])
 	}
 }
+
+// TestRedriveRacingRedrive: two redrives of one dead letter keep a held copy
+// each. The one that loses the letter deletes only its own, so the one that
+// took it keeps the copy that stands in for the letter until its ready copy
+// is stored. (They shared one held copy through its Nats-Msg-Id, and the
+// loser's delete took it from the winner: a failure of the winner's ready
+// publish then lost the job.) The letter runs once, counted once.
+func TestRedriveRacingRedrive(t *testing.T) {
+	b := newBroker(t, testOpts)
+	peer := newBroker(t, testOpts) // the other operator
+	q := declare(t, b, "redriveredrive")
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	deadLetters(ctx, t, b, q, 1)
+	calls, second := 0, 0
+	var delayedAfterPeer int64
+	defer jetstream.SetRedriveHook(func(uint64) {
+		calls++
+		if calls != 1 {
+			return // the peer's own redrive
+		}
+		n, err := peer.RedriveDeadLetters(ctx, q)
+		if err != nil {
+			t.Errorf("the peer's RedriveDeadLetters: %v", err)
+		}
+		second = n
+		st, err := peer.Stats(ctx, q)
+		if err != nil {
+			t.Errorf("Stats: %v", err)
+		}
+		delayedAfterPeer = st.Delayed
+	})()
+	first, err := b.RedriveDeadLetters(ctx, q)
+	if err != nil {
+		t.Errorf("RedriveDeadLetters: %v", err)
+	}
+	if delayedAfterPeer != 1 {
+		t.Errorf("%d held copies once the peer's redrive ended, want 1: the first redrive's own", delayedAfterPeer)
+	}
+	got := drain(ctx, t, b, q)
+	if first+second != 1 || len(got) != 1 {
+		t.Errorf("redriven %d + %d, %d back on the queue; want the letter redriven once and run once", first, second, len(got))
+	}
+	if st, err := b.Stats(ctx, q); err != nil || st.DeadLettered != 0 || st.Delayed != 0 || st.Ready != 0 {
+		t.Errorf("Stats = %+v, %v; want nothing left", st, err)
+	}
+}
