@@ -151,9 +151,10 @@ type SyncOptions struct {
 // sync. A failed read keeps the state last applied. Before its first
 // successful read Sync pauses every queue of w (failing closed, unless
 // opts.FailOpen), warning at each failed read; the first read resumes the
-// queues l does not pause. The
-// hold starts when Sync does: to have it before w.Run's first receive, pause
-// w's queues before starting both (Sync's first read resumes them).
+// queues l does not pause. The hold starts each time Sync does (a Sync
+// restarted on a running Worker during an outage stops it too): to have it
+// before w.Run's first receive, pause w's queues before starting both
+// (Sync's first read resumes them).
 func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error {
 	if w == nil || l == nil {
 		return errors.New("berth/pause: Sync needs a Worker and a Lister")

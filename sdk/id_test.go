@@ -119,8 +119,9 @@ func TestPrepareAllIDAllocations(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	// 90 IDs to make: ceil(90/16) = 6 allocations.
-	if allocs > 6 {
+	// 90 IDs to make: ceil(90/16) = 6 allocations (AllocsPerRun counts the
+	// whole process: 2 of slack for other goroutines; one each was 90).
+	if allocs > 8 {
 		t.Errorf("%.1f allocations for a batch of 90 new IDs, want at most 6", allocs)
 	}
 	seen := map[string]bool{}
