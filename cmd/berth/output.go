@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"time"
@@ -63,8 +64,9 @@ type jsonList struct {
 }
 
 type jsonFailure struct {
-	ID    string `json:"id"`
-	Error string `json:"error"`
+	ID       string `json:"id"`
+	IDBase64 string `json:"id_base64,omitempty"` // only when ID is not UTF-8, as in dlq.Message
+	Error    string `json:"error"`
 }
 
 type jsonChange struct {
@@ -85,7 +87,11 @@ type jsonChange struct {
 func failures(fs []dlq.Failure) []jsonFailure {
 	out := make([]jsonFailure, 0, len(fs))
 	for _, f := range fs {
-		out = append(out, jsonFailure{ID: f.ID, Error: f.Err.Error()})
+		j := jsonFailure{ID: f.ID, Error: f.Err.Error()}
+		if !utf8.ValidString(f.ID) {
+			j.IDBase64 = base64.StdEncoding.EncodeToString([]byte(f.ID))
+		}
+		out = append(out, j)
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -86,5 +88,19 @@ func TestListJSONNonUTF8ID(t *testing.T) {
 	}
 	if r := cliOn(t, u, "dlq", "redrive", queue, id, "-yes"); r.code != 0 || !strings.Contains(r.out, "redriven 1 ") {
 		t.Fatalf("redrive by the ID list -json printed (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+}
+
+// TestFailuresJSONNonUTF8ID: a dead letter that could not be changed is
+// listed in -json with its ID's exact bytes too, when they are not UTF-8,
+// so that the operator can retry it by that ID.
+func TestFailuresJSONNonUTF8ID(t *testing.T) {
+	const rawID = "job-\xff\xfe-1"
+	fs := failures([]dlq.Failure{{ID: rawID, Err: errors.New("gone")}, {ID: "plain", Err: errors.New("gone")}})
+	if got, err := base64.StdEncoding.DecodeString(fs[0].IDBase64); err != nil || string(got) != rawID {
+		t.Errorf("id_base64 %q (%v) of a non-UTF-8 ID, want its bytes %q", fs[0].IDBase64, err, rawID)
+	}
+	if fs[1].IDBase64 != "" {
+		t.Errorf("id_base64 %q of a UTF-8 ID, want none", fs[1].IDBase64)
 	}
 }
