@@ -20,29 +20,8 @@ import (
 func TestExtendLeaseWhileReconnecting(t *testing.T) {
 	const ackWait = 3 * time.Second
 	opts := jetstream.Options{AckWait: ackWait, WaitTime: 700 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet}
-	direct := newBroker(t, opts)
-	q := declare(t, direct, "leasereconnect")
-	u, err := url.Parse(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := integration.StartProxy(t, u.Host)
-	u.Host = p.Addr()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-test-lease", ReconnectWait: 50 * time.Millisecond}, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if err := direct.Publish(ctx, q, &sdk.Message{Type: "long"}); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := b.Receive(ctx, q, 1)
-	if err != nil || len(ds) != 1 {
-		t.Fatalf("Receive: %d, %v", len(ds), err)
-	}
-	t0, d := time.Now(), ds[0]
+	ctx, p, _, b, q, d := proxiedDelivery(t, opts, "leasereconnect")
+	t0 := time.Now()
 
 	// Reconnecting.
 	p.Refuse(true)
@@ -55,7 +34,7 @@ func TestExtendLeaseWhileReconnecting(t *testing.T) {
 	}
 	ectx, ecancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	start := time.Now()
-	err = d.ExtendLease(ectx, ackWait)
+	err := d.ExtendLease(ectx, ackWait)
 	ecancel()
 	took := time.Since(start)
 	t.Logf("ExtendLease while reconnecting: %v after %v", err, took)
@@ -106,4 +85,35 @@ func TestExtendLeaseWhileReconnecting(t *testing.T) {
 	if err := d.Ack(ctx); err != nil {
 		t.Errorf("Ack after the first AckWait, within the renewed lease: %v", err)
 	}
+}
+
+// proxiedDelivery is the set-up of the lease tests: a broker b connected
+// through a fault proxy p, a broker direct that bypasses it, and one
+// message published on a new queue q (named after name) and received
+// through b as d. ctx ends with the test, after 30 s at most.
+func proxiedDelivery(t *testing.T, opts jetstream.Options, name string) (ctx context.Context, p *integration.Proxy, direct, b *jetstream.Broker, q string, d sdk.Delivery) {
+	t.Helper()
+	direct = newBroker(t, opts)
+	q = declare(t, direct, name)
+	u, err := url.Parse(integration.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = integration.StartProxy(t, u.Host)
+	u.Host = p.Addr()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	b, err = jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-test-" + name, ReconnectWait: 50 * time.Millisecond}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if err := direct.Publish(ctx, q, &sdk.Message{Type: "long"}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Receive: %d, %v", len(ds), err)
+	}
+	return ctx, p, direct, b, q, ds[0]
 }

@@ -1,14 +1,11 @@
 package jetstream_test
 
 import (
-	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/berthq/berth/brokers/jetstream"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -22,29 +19,7 @@ import (
 func TestLeaseTimerRenewalNotConfirmed(t *testing.T) {
 	const ackWait = 2 * time.Second
 	opts := jetstream.Options{AckWait: ackWait, WaitTime: 300 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet}
-	direct := newBroker(t, opts)
-	q := declare(t, direct, "leasetimer")
-	u, err := url.Parse(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := integration.StartProxy(t, u.Host)
-	u.Host = p.Addr()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-test-lease-timer", ReconnectWait: 50 * time.Millisecond}, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if err := direct.Publish(ctx, q, &sdk.Message{Type: "long"}); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := b.Receive(ctx, q, 1)
-	if err != nil || len(ds) != 1 {
-		t.Fatalf("Receive: %d, %v", len(ds), err)
-	}
-	first := ds[0]
+	ctx, p, direct, b, q, first := proxiedDelivery(t, opts, "leasetimer")
 	t0 := time.Now()
 	// A long lease: kept by the timer, every AckWait/2.
 	if err := first.ExtendLease(ctx, 10*ackWait); err != nil {
@@ -86,7 +61,7 @@ func TestLeaseTimerRenewalNotConfirmed(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // let nats.go flush what it buffered
 
-	err = first.Ack(ctx)
+	err := first.Ack(ctx)
 	t.Logf("first holder's Ack after %v: %v", time.Since(t0), err)
 	if !errors.Is(err, sdk.ErrLeaseLost) {
 		t.Errorf("first holder's Ack while another consumer holds the message = %v; want ErrLeaseLost", err)
