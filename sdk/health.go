@@ -132,6 +132,7 @@ type queueHealth struct {
 	// could clear its failures: it is not receiving by the allocator's
 	// choice, and counts as failing no longer than HealthyWait.
 	slotWait atomic.Int64
+	lastErr  string // the queue's last Receive error; under workerHealth.mu
 }
 
 // waitingForSlot records that q's loop waits for a slot from now on (zero:
@@ -172,6 +173,7 @@ func (h *workerHealth) received(q *queueHealth, start, now int64, n int, err err
 	h.mu.Lock()
 	h.recvErr = SanitizeReason(err.Error())
 	h.recvErrAt = time.Unix(0, now)
+	q.lastErr = h.recvErr
 	h.mu.Unlock()
 	q.failures.Add(1)
 }
@@ -184,6 +186,9 @@ func (h *workerHealth) start(queues []*queueState) {
 		q.health.slotWait.Store(0)
 	}
 	h.mu.Lock()
+	for _, q := range queues {
+		q.health.lastErr = ""
+	}
 	h.runErr = ""
 	h.mu.Unlock()
 	h.state.Store(hRunning)
@@ -216,7 +221,7 @@ func (w *Worker) Health() Health {
 	}
 	// Receiving is failing when one queue not paused has failed and no
 	// Receive on it under way has waited HealthyWait since.
-	failing := false
+	var failing *queueState
 	for _, q := range w.queues {
 		f := int(q.health.failures.Load())
 		r.ReceiveFailures += f
@@ -226,7 +231,9 @@ func (w *Worker) Health() Health {
 		}
 		waited := func(since int64) bool { return since != 0 && now.Sub(time.Unix(0, since)) >= HealthyWait }
 		if f != 0 && !waited(q.health.recvCall.Load()) && !waited(q.health.slotWait.Load()) {
-			failing = true
+			if failing == nil {
+				failing = q
+			}
 		}
 	}
 	if ok := h.recvOK.Load(); ok != 0 {
@@ -234,6 +241,10 @@ func (w *Worker) Health() Health {
 	}
 	h.mu.Lock()
 	r.LastReceiveError, r.LastReceiveErrorAt, r.RunError = h.recvErr, h.recvErrAt, h.runErr
+	var failingErr string
+	if failing != nil {
+		failingErr = failing.health.lastErr
+	}
 	h.mu.Unlock()
 
 	r.Live = st != hStopped
@@ -255,10 +266,15 @@ func (w *Worker) Health() Health {
 		switch {
 		case connErr != nil:
 			r.Reason = "broker connection down: " + SanitizeReason(connErr.Error())
-		case !failing:
+		case failing == nil:
 			r.Ready = true
 		default:
-			r.Reason = "receive failing: " + r.LastReceiveError
+			// The failing queue's own error: LastReceiveError may be
+			// another queue's.
+			r.Reason = "receive failing: " + failingErr
+			if len(w.queues) > 1 {
+				r.Reason = "receive failing on " + failing.name + ": " + failingErr
+			}
 		}
 	}
 	return r

@@ -54,9 +54,13 @@ func TestHealthQueueStarvedOfSlots(t *testing.T) {
 	h.state.Store(hRunning)
 	now := time.Now()
 	h.received(low, now.UnixNano(), now.UnixNano(), 0, errors.New("blip"), false)
+	// A later failure of high, healed at once: the reason is still low's.
+	high := &w.queues[0].health
+	h.received(high, now.UnixNano(), now.UnixNano(), 0, errors.New("high's hiccup"), false)
+	h.received(high, now.UnixNano(), now.UnixNano(), 0, nil, false)
 	low.waitingForSlot(true)
-	if got := w.Health(); got.Ready {
-		t.Fatalf("just after low's failure, waiting for a slot: %+v, want not ready", got)
+	if got := w.Health(); got.Ready || got.Reason != "receive failing on low: blip" {
+		t.Fatalf("just after low's failure, waiting for a slot: %+v, want not ready, with low's error as the reason", got)
 	}
 	low.slotWait.Store(now.Add(-HealthyWait - time.Second).UnixNano()) // starved that long
 	if got := w.Health(); !got.Ready {
