@@ -280,8 +280,12 @@ func (s *Scheduler) collect(st *state, now time.Time) {
 		st.pending = append(st.pending, n)
 		st.cursor = n
 		if scanned++; scanned == maxScan {
-			// Jump ahead: the slots in between are dropped.
-			st.cursor = now.Add(-time.Nanosecond)
+			// Jump ahead: the slots in between are dropped. Never back
+			// to a slot already taken (n == now), which would be
+			// collected again.
+			if c := now.Add(-time.Nanosecond); c.After(st.cursor) {
+				st.cursor = c
+			}
 			dropped++ // at least; the count is a lower bound from here
 		}
 		if len(st.pending) > 2*keep {
@@ -351,6 +355,12 @@ func (s *Scheduler) message(j Job, slot time.Time) (*sdk.Message, error) {
 		var err error
 		if m, err = j.Message(slot); err != nil {
 			return nil, err
+		}
+		if m != nil {
+			// Complete a copy: a Message func may return the same
+			// template for every slot, which must not keep the first
+			// slot's key, ID and headers.
+			m = m.Clone()
 		}
 	}
 	if m == nil {
