@@ -132,6 +132,9 @@ CREATE TABLE IF NOT EXISTS %[2]s (
 );
 -- parked_at: set when the relay gave up on the row (RelayOptions.MaxAttempts).
 ALTER TABLE %[2]s ADD COLUMN IF NOT EXISTS parked_at timestamptz;
+-- refusals: the failures that count towards parking (attempts also counts
+-- those of a broker that was down or closed, which only postpone the row).
+ALTER TABLE %[2]s ADD COLUMN IF NOT EXISTS refusals integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS %[3]s ON %[2]s (available_at, id);
 -- Rows of one ordering key in order: a failing or parked row holds back the
 -- later rows of its key.
@@ -279,8 +282,9 @@ type RelayOptions struct {
 	// [Outbox.Parked]). Failures that wrap [sdk.ErrUnavailable] (the broker
 	// is down, not refusing the row) or [sdk.ErrClosed] (the publisher was
 	// closed, e.g. at shutdown, with the row's publish outstanding) never
-	// park a row, they only postpone it. Default 20 (about an hour with the
-	// default backoff).
+	// park a row, they only postpone it, and do not count towards
+	// MaxAttempts (they do lengthen the row's backoff). Default 20 (about
+	// an hour with the default backoff).
 	MaxAttempts int
 	Logger      *slog.Logger // default slog.Default()
 }
@@ -337,6 +341,7 @@ type row struct {
 	msg   *sdk.Message
 	// filled by RelayOnce
 	attempts int
+	refusals int
 	err      error
 }
 
@@ -388,7 +393,7 @@ func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOpt
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	// Due rows, except those behind an earlier row of their key that waits
 	// for a retry or is parked.
-	rows, err := tx.Query(ctx, `SELECT `+rowColumns+` FROM `+o.table+` AS o
+	rows, err := tx.Query(ctx, `SELECT `+rowColumns+`, refusals FROM `+o.table+` AS o
 WHERE parked_at IS NULL AND available_at <= now()
   AND NOT (ordering_key <> '' AND EXISTS (SELECT 1 FROM `+o.table+` AS e
       WHERE e.queue = o.queue AND e.ordering_key = o.ordering_key AND e.id < o.id
@@ -399,11 +404,13 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	}
 	var batch []*row
 	for rows.Next() {
-		r, err := scanRow(rows)
+		var refusals int
+		r, err := scanRow(rows, &refusals)
 		if err != nil {
 			rows.Close()
 			return 0, err
 		}
+		r.refusals = refusals
 		batch = append(batch, &r)
 	}
 	rows.Close()
@@ -430,6 +437,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		failedErrs          []string
 		failedDelays        []float64
 		failedPark          []bool
+		failedRefusal       []bool
 		pubErr              error
 		reported            = map[string]bool{}
 		maxAttempts, parked = opts.MaxAttempts, 0
@@ -442,7 +450,11 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		case r.err == errNotTried:
 		default:
 			attempts := r.attempts + 1
-			park := attempts >= maxAttempts && !brokerGone(r.err)
+			// Only refusals count towards parking: an outage postpones
+			// the row (its backoff grows with attempts) but must not use
+			// up its MaxAttempts.
+			refusal := !brokerGone(r.err)
+			park := refusal && r.refusals+1 >= maxAttempts
 			if park {
 				parked++
 			}
@@ -450,6 +462,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 			failedErrs = append(failedErrs, strings.ReplaceAll(sdk.SanitizeReason(r.err.Error()), "\x00", ""))
 			failedDelays = append(failedDelays, opts.Backoff.Delay(attempts, rand.Float64()).Seconds())
 			failedPark = append(failedPark, park)
+			failedRefusal = append(failedRefusal, refusal)
 			failures++
 			if text := r.err.Error(); !reported[text] && len(reported) < 5 {
 				reported[text] = true
@@ -466,11 +479,15 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		}
 	}
 	if len(failedIDs) > 0 {
+		// clock_timestamp, not now(): now() is the start of this
+		// transaction, before the publish, which may have taken longer
+		// than the backoff itself.
 		if _, err := tx.Exec(ctx, `UPDATE `+o.table+` AS o SET attempts = o.attempts + 1, last_error = f.err,
-available_at = now() + f.delay * interval '1 second',
-parked_at = CASE WHEN f.park THEN now() END
-FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[]) AS f(id, err, delay, park)
-WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark); err != nil {
+refusals = o.refusals + CASE WHEN f.refusal THEN 1 ELSE 0 END,
+available_at = clock_timestamp() + f.delay * interval '1 second',
+parked_at = CASE WHEN f.park THEN clock_timestamp() END
+FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[]) AS f(id, err, delay, park, refusal)
+WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefusal); err != nil {
 			return 0, errors.Join(pubErr, err)
 		}
 	}
@@ -714,7 +731,7 @@ func (o *Outbox) Parked(ctx context.Context, limit int) ([]ParkedRow, error) {
 // (all parked rows when no id is given), and returns how many. If an id is
 // not a parked row, nothing is requeued and the error wraps [sdk.ErrNotFound].
 func (o *Outbox) Requeue(ctx context.Context, ids ...int64) (int, error) {
-	return o.parkedOp(ctx, "requeue", `UPDATE `+o.table+` SET parked_at = NULL, attempts = 0, available_at = now()`, ids)
+	return o.parkedOp(ctx, "requeue", `UPDATE `+o.table+` SET parked_at = NULL, attempts = 0, refusals = 0, available_at = now()`, ids)
 }
 
 // Discard deletes parked rows (all parked rows when no id is given): their
