@@ -56,16 +56,24 @@ func drain(ctx context.Context, t *testing.T, b *jetstream.Broker, q string) []s
 	}
 }
 
+// racing is the set-up of the race tests: a broker b and a peer (the other
+// operator), a new queue q (named after name) with n dead letters, whose IDs
+// are returned in dead-letter order. ctx ends with the test, after 60 s at
+// most.
+func racing(t *testing.T, name string, n int) (ctx context.Context, b, peer *jetstream.Broker, q string, ids []string) {
+	t.Helper()
+	b, peer = newBroker(t, testOpts), newBroker(t, testOpts)
+	q = declare(t, b, name)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx, b, peer, q, deadLetters(ctx, t, b, q, n)
+}
+
 // TestRedriveRacingPurge: a dead letter purged while a whole-queue redrive
 // has stored its copy but not yet taken it is either redriven or purged,
 // never both, and the two counts add up to the letters there were.
 func TestRedriveRacingPurge(t *testing.T) {
-	b := newBroker(t, testOpts)
-	peer := newBroker(t, testOpts) // the other operator
-	q := declare(t, b, "redrivepurge")
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	deadLetters(ctx, t, b, q, 3)
+	ctx, b, peer, q, _ := racing(t, "redrivepurge", 3)
 	purged, calls := 0, 0
 	defer jetstream.SetRedriveHook(func(uint64) {
 		calls++
@@ -97,12 +105,7 @@ func TestRedriveRacingPurge(t *testing.T) {
 // TestRedriveRacingDeleteByID: a dead letter deleted by ID while a
 // whole-queue redrive has stored its copy is not redriven.
 func TestRedriveRacingDeleteByID(t *testing.T) {
-	b := newBroker(t, testOpts)
-	peer := newBroker(t, testOpts)
-	q := declare(t, b, "redrivedelete")
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	ids := deadLetters(ctx, t, b, q, 2)
+	ctx, b, peer, q, ids := racing(t, "redrivedelete", 2)
 	deleted, calls := 0, 0
 	defer jetstream.SetRedriveHook(func(uint64) {
 		calls++
@@ -127,12 +130,7 @@ func TestRedriveRacingDeleteByID(t *testing.T) {
 // TestPurgeRacingRedrive: a purge counts what it deleted, not a dead letter
 // that a redrive took between its reading the stream and its purge.
 func TestPurgeRacingRedrive(t *testing.T) {
-	b := newBroker(t, testOpts)
-	peer := newBroker(t, testOpts)
-	q := declare(t, b, "purgeredrive")
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	ids := deadLetters(ctx, t, b, q, 3)
+	ctx, b, peer, q, ids := racing(t, "purgeredrive", 3)
 	redriven := 0
 	defer jetstream.SetPurgeHook(func() {
 		n, err := peer.RedriveDeadLetters(ctx, q, ids[0])
@@ -158,12 +156,7 @@ func TestPurgeRacingRedrive(t *testing.T) {
 // loser's delete took it from the winner: a failure of the winner's ready
 // publish then lost the job.) The letter runs once, counted once.
 func TestRedriveRacingRedrive(t *testing.T) {
-	b := newBroker(t, testOpts)
-	peer := newBroker(t, testOpts) // the other operator
-	q := declare(t, b, "redriveredrive")
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	deadLetters(ctx, t, b, q, 1)
+	ctx, b, peer, q, _ := racing(t, "redriveredrive", 1)
 	calls, second := 0, 0
 	var delayedAfterPeer int64
 	defer jetstream.SetRedriveHook(func(uint64) {
