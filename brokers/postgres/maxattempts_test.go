@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,5 +123,40 @@ func receiveUntilDeadLettered(t *testing.T, b *postgres.Broker, pool *pgxpool.Po
 		if ctx.Err() != nil {
 			t.Fatalf("job still %s", status)
 		}
+	}
+}
+
+// TestMaxAttemptsBeyondIntegerRefused: max_attempts is a PostgreSQL integer.
+// A MaxAttempts above its range (math.MaxInt, say, for "no broker cap") used
+// to be accepted by New and then fail every Publish, as a broker
+// "unavailable" that a caller or the outbox relay retries forever. New now
+// refuses it; the largest integer works end to end.
+func TestMaxAttemptsBeyondIntegerRefused(t *testing.T) {
+	pool := newPool(t, "berth-maxattempts-range-"+suffix(), 4)
+	ctx := testCtx(t)
+	for _, n := range []int{math.MaxInt32 + 1, math.MaxInt} {
+		b, err := postgres.New(pool, postgres.Options{MaxAttempts: n, Schema: freshSchema(t, pool)})
+		if errors.Is(err, postgres.ErrInvalidOptions) {
+			continue
+		}
+		if err == nil {
+			if err = b.Migrate(ctx); err == nil {
+				err = b.Publish(ctx, "maxattempts_range_"+suffix(), &sdk.Message{Body: []byte("x")})
+			}
+			_ = b.Close()
+		}
+		t.Errorf("New(MaxAttempts %d) accepted it; the Publish that follows: %v", n, err)
+	}
+	b := newBroker(t, pool, postgres.Options{MaxAttempts: math.MaxInt32, PollInterval: 50 * time.Millisecond})
+	q := "maxattempts_range_" + suffix()
+	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("x")}); err != nil {
+		t.Fatalf("Publish with MaxAttempts math.MaxInt32: %v", err)
+	}
+	ds, err := b.Receive(ctx, q, 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Receive: %v, %d deliveries", err, len(ds))
+	}
+	if err := ds[0].Ack(ctx); err != nil {
+		t.Fatalf("Ack: %v", err)
 	}
 }

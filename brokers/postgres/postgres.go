@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -20,7 +21,7 @@ import (
 var ErrInvalidSchema = errors.New("berth/postgres: invalid schema name")
 
 // ErrInvalidOptions reports Options that cannot work (a negative duration, a
-// MaxAttempts below zero).
+// MaxAttempts below zero or above PostgreSQL's integer range).
 var ErrInvalidOptions = errors.New("berth/postgres: invalid options")
 
 // Defaults of [Options].
@@ -48,7 +49,8 @@ type Options struct {
 	// its workers). Default [sdk.DefaultMaxAttempts]. Keep it at least the
 	// Worker's RetryPolicy.MaxAttempts: a Worker above it is warned about
 	// (refused with StrictConfig) and dead-letters at this cap itself, with
-	// the handler's error ([Broker.MaxDeliveries]).
+	// the handler's error ([Broker.MaxDeliveries]). At most math.MaxInt32
+	// (the column is a PostgreSQL integer).
 	MaxAttempts int
 	// WorkerID is written into worker_id of the rows this broker claims.
 	// Default "<hostname>-<pid>-<random>".
@@ -97,6 +99,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Lease < 0 || o.PollInterval < 0 || o.Retention < 0 || o.RetentionInterval < 0 ||
 		o.RetentionBatch < 0 || o.MaxAttempts < 0 {
 		return o, fmt.Errorf("%w: negative Lease, PollInterval, Retention, RetentionInterval, RetentionBatch or MaxAttempts", ErrInvalidOptions)
+	}
+	if o.MaxAttempts > math.MaxInt32 {
+		// max_attempts is an integer column: every Publish would fail.
+		return o, fmt.Errorf("%w: MaxAttempts %d above PostgreSQL's integer maximum %d", ErrInvalidOptions, o.MaxAttempts, math.MaxInt32)
 	}
 	if o.Lease == 0 {
 		o.Lease = DefaultLease
