@@ -378,6 +378,11 @@ func (b *Broker) deadLetterQueue(ctx context.Context, q *queueRef) (*queueRef, e
 			q.maxReceive, _ = strconv.Atoi(fmt.Sprint(policy.Max))
 		}
 	}
+	if err := validateQueueName(name); err != nil {
+		// No SQS queue has that name (q's name is too long for the suffix):
+		// q has no dead-letter queue, as when the lookup finds none.
+		return nil, fmt.Errorf("berth/sqs: dead-letter queue of %s: %w: %v", q.name, sdk.ErrNotFound, err)
+	}
 	dlq, err := b.queue(ctx, name)
 	if err != nil {
 		return nil, err

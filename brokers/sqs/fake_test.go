@@ -149,3 +149,46 @@ func TestPublishUnansweredEntry(t *testing.T) {
 		t.Fatalf("Publish: %v, want a PublishError naming %s only", err, m1.ID)
 	}
 }
+
+// TestDeadLetterDeleteUnansweredEntry: a dead-letter delete that SQS reports
+// in neither list (as TestPublishUnansweredEntry's send) is a failure, never
+// silently dropped. PurgeDeadLetters returned nil with the letter still in
+// the dead-letter queue (and a redrive would leave a redriven letter there
+// too, to be redriven again); now the error says so.
+func TestDeadLetterDeleteUnansweredEntry(t *testing.T) {
+	var mu sync.Mutex
+	var deletes []string
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		switch op {
+		case "ReceiveMessage":
+			if n > 1 { // the dead-letter queue is empty after the first page
+				return `{"Messages":[]}`
+			}
+		case "DeleteMessageBatch": // answers entry 0, forgets entry 1
+			mu.Lock()
+			for _, e := range req["Entries"].([]any) {
+				deletes = append(deletes, e.(map[string]any)["ReceiptHandle"].(string))
+			}
+			mu.Unlock()
+			return `{"Successful":[{"Id":"0"}],"Failed":[]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	n, err := b.PurgeDeadLetters(testCtx(t), "q")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(deletes) != 2 {
+		t.Fatalf("DeleteMessageBatch entries %v, want h0 and h1", deletes)
+	}
+	if n != 1 || err == nil {
+		t.Fatalf("PurgeDeadLetters = %d, %v; want 1 and an error for the unanswered delete", n, err)
+	}
+}

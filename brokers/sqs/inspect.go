@@ -313,14 +313,25 @@ func (b *Broker) remove(ctx context.Context, dlq *queueRef, ls []*letter) ([]*le
 			errs = append(errs, b.wrap(ctx, "delete dead letters of "+dlq.name, err))
 			continue
 		}
+		answered := make([]bool, len(chunk))
 		for _, r := range out.Successful {
-			if i, err := strconv.Atoi(aws.ToString(r.Id)); err == nil && i >= 0 && i < len(chunk) {
+			if i, err := strconv.Atoi(aws.ToString(r.Id)); err == nil && i >= 0 && i < len(chunk) && !answered[i] {
+				answered[i] = true
 				gone = append(gone, chunk[i])
 			}
 		}
 		for _, f := range out.Failed {
+			if i, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && i >= 0 && i < len(chunk) {
+				answered[i] = true
+			}
 			errs = append(errs, fmt.Errorf("berth/sqs: delete a dead letter of %s: %w", dlq.name,
 				&EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}))
+		}
+		for i, ok := range answered {
+			if !ok { // in neither list: never silently assume either outcome
+				errs = append(errs, fmt.Errorf("berth/sqs: delete dead letter %s of %s: SQS reported neither success nor failure",
+					chunk[i].sqsID, dlq.name))
+			}
 		}
 	}
 	return gone, errors.Join(errs...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -269,12 +270,18 @@ func (e *EntryError) Error() string {
 }
 
 // ceilSeconds converts d to whole seconds, rounding up so that a delay or a
-// visibility is never shorter than asked.
+// visibility is never shorter than asked. A d beyond SQS's int32 seconds
+// (about 68 years) gives math.MaxInt32, not a wrapped-around value, so that
+// the 12-hour ceiling check refuses it.
 func ceilSeconds(d time.Duration) int32 {
 	if d <= 0 {
 		return 0
 	}
-	return int32((d + time.Second - 1) / time.Second)
+	s := d / time.Second
+	if d%time.Second != 0 {
+		s++
+	}
+	return int32(min(s, math.MaxInt32))
 }
 
 // isFIFOName reports whether queue names a FIFO queue.

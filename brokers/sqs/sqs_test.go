@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -257,6 +258,39 @@ func TestLeaseCeiling(t *testing.T) {
 	}
 }
 
+// TestLeaseCeilingHugeDuration: a lease or retry delay too long for SQS's
+// int32 seconds (a "forever" such as math.MaxInt64, or 100 years) is refused
+// like any other beyond the 12-hour ceiling, with a *LeaseCeilingError and no
+// call to SQS, rather than wrapping around to a negative VisibilityTimeout
+// that SQS refuses with InvalidParameterValue (which real SQS also uses for
+// stale receipts, so the delivery would pass for lost). The delivery stays
+// usable.
+func TestLeaseCeilingHugeDuration(t *testing.T) {
+	c := newCalls()
+	b := newBroker(t, fastOptions(), c.option)
+	q := declare(t, b, "ceilinghuge", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	c.reset()
+	for _, dur := range []time.Duration{100 * 365 * 24 * time.Hour, math.MaxInt64} {
+		if err := d.ExtendLease(ctx, dur); !errors.Is(err, sqs.ErrLeaseCeiling) {
+			t.Errorf("ExtendLease(%s): %v, want ErrLeaseCeiling", dur, err)
+		}
+		if err := d.Retry(ctx, dur, nil); !errors.Is(err, sqs.ErrLeaseCeiling) {
+			t.Errorf("Retry(%s): %v, want ErrLeaseCeiling", dur, err)
+		}
+	}
+	if n := c.get("ChangeMessageVisibility"); n != 0 {
+		t.Errorf("%d ChangeMessageVisibility calls for leases beyond the ceiling, want none", n)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Errorf("Ack after refused extensions: %v", err)
+	}
+}
+
 // TestAckBatchesDeletes: acks share DeleteMessageBatch calls, and Flush
 // sends what is buffered.
 func TestAckBatchesDeletes(t *testing.T) {
@@ -396,6 +430,36 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	want(2, 1, 0, 1)
+}
+
+// TestStatsLongQueueWithoutDeadLetterQueue: a queue made outside berth
+// without a redrive policy has no dead-letter queue, and Stats reports it
+// with DeadLettered 0, whatever the length of its name. For a name of 77 to
+// 80 characters, the conventional dead-letter queue name (with "-dlq") is
+// longer than SQS allows, and Stats failed with ErrInvalidQueue naming that
+// queue, which the caller never mentioned; dead-letter calls now say
+// ErrNotFound, as for a short name.
+func TestStatsLongQueueWithoutDeadLetterQueue(t *testing.T) {
+	ctx := testCtx(t)
+	raw := newClient(t)
+	b := newBroker(t, fastOptions())
+	for _, name := range []string{"nodlq_" + suffix(), "nodlq_" + suffix() + strings.Repeat("x", 80-18)} {
+		out, err := raw.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = raw.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: out.QueueUrl}) })
+		if err := b.Publish(ctx, name, &sdk.Message{Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := b.Stats(ctx, name)
+		if err != nil || st.Ready != 1 || st.DeadLettered != 0 {
+			t.Errorf("Stats(%d-character queue without a dead-letter queue) = %+v, %v; want 1 ready, none dead-lettered", len(name), st, err)
+		}
+		if _, err := b.ListDeadLetters(ctx, name, 10); !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("ListDeadLetters(%d-character queue without a dead-letter queue) = %v, want ErrNotFound", len(name), err)
+		}
+	}
 }
 
 // TestEnsureQueue: declaring twice succeeds, a changed setting converges,
