@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -71,6 +72,18 @@ func retryable(err error) bool {
 func missingTable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") // undefined_table, invalid_schema_name
+}
+
+// unstorableID returns the first of ids that a text column cannot hold (a
+// NUL or invalid UTF-8): no stored message has it, since Publish refuses
+// it, and a query with it fails instead of finding nothing.
+func unstorableID(ids ...string) (string, bool) {
+	for _, id := range ids {
+		if !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0 {
+			return id, true
+		}
+	}
+	return "", false
 }
 
 // stripNUL removes NUL bytes, which PostgreSQL text and jsonb cannot hold.

@@ -181,6 +181,12 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	if b.isClosed() {
 		return nil, errClosed("get dead letter")
 	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	if id, bad := unstorableID(id); bad {
+		return nil, fmt.Errorf("berth/postgres: dead letter %q of %s: %w", id, queue, sdk.ErrNotFound)
+	}
 	m, err := scanMessage(b.pool.QueryRow(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' AND message_id = $2 ORDER BY id LIMIT 1`, queue, id))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -201,6 +207,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	if b.isClosed() {
 		return 0, errClosed("redrive dead letters")
+	}
+	if id, bad := unstorableID(ids...); bad {
+		return 0, fmt.Errorf("berth/postgres: redrive dead letter %q of %s: %w", id, queue, sdk.ErrNotFound)
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {

@@ -117,6 +117,9 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 	if len(ids) == 0 {
 		return 0, nil
 	}
+	if id, bad := unstorableID(ids...); bad {
+		return 0, fmt.Errorf("berth/postgres: delete dead letter %q of %s: %w", id, queue, sdk.ErrNotFound)
+	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		return 0, b.wrap(ctx, "delete dead letters", err)

@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -61,5 +62,35 @@ func TestRedriveByIDReadsOnlyThoseRows(t *testing.T) {
 	}
 	if read := fetched() - before; read > 100 {
 		t.Fatalf("redriving 3 of %d dead letters read %d rows", n, read)
+	}
+}
+
+// An ID no message can have on this broker (a NUL, invalid UTF-8: Publish
+// refuses them), as a URL or a JSON body can carry it, is not found: not a
+// database error that a caller reports as a failure of the broker.
+func TestUnstorableIDNotFound(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBroker(t, newPool(t, "unstorable-id", 2), postgres.Options{DisableListen: true})
+	ids := publishN(t, b, "q", 1)
+	ds := receiveN(t, b, "q", 1)
+	if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("declined"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"\xff", "a\x00b"} {
+		if _, err := b.GetDeadLetter(ctx, "q", bad); !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("GetDeadLetter(%q) = %v, want ErrNotFound", bad, err)
+		}
+		if n, err := b.RedriveDeadLetters(ctx, "q", ids[0], bad); n != 0 || !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("RedriveDeadLetters(%q) = %d, %v, want 0, ErrNotFound", bad, n, err)
+		}
+		if n, err := b.DeleteDeadLetters(ctx, "q", ids[0], bad); n != 0 || !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("DeleteDeadLetters(%q) = %d, %v, want 0, ErrNotFound", bad, n, err)
+		}
+	}
+	if _, err := b.GetDeadLetter(ctx, "q\xff", ids[0]); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("GetDeadLetter of an invalid queue name = %v, want ErrInvalidQueue", err)
+	}
+	if st, err := b.Stats(ctx, "q"); err != nil || st.DeadLettered != 1 {
+		t.Errorf("the dead letter was changed: %+v, %v", st, err)
 	}
 }

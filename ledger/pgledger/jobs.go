@@ -109,7 +109,10 @@ func (s *Jobs) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
 }
 
 func (s *Jobs) one(ctx context.Context, q, what, arg string) (*ledger.Job, error) {
-	j, _, err := scanJobsRow(s.db.QueryRow(ctx, q, arg))
+	// PostgreSQL refuses a query with a NUL or invalid UTF-8 (a URL can
+	// carry them), which no row has (the broker refuses them at Publish):
+	// with U+FFFD in their place the lookup finds nothing, not an error.
+	j, _, err := scanJobsRow(s.db.QueryRow(ctx, q, storableText(arg)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
 	}
@@ -147,7 +150,7 @@ func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	}
 	rows, err := s.db.Query(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE `+strings.Join(where, " AND ")+`
 ORDER BY updated_at DESC, id DESC LIMIT $7`,
-		f.Queue, f.Type, nonZero(f.Since), nonZero(f.Until), afterT, afterID, f.Limit+1)
+		storableText(f.Queue), storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterT, afterID, f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}

@@ -67,7 +67,9 @@ ORDER BY first_seen_at DESC, message_id DESC LIMIT 1`, "job with key "+key, key)
 
 func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Job, error) {
 	var hist []byte
-	j, err := scanJob(s.db.QueryRow(ctx, q, arg), &hist)
+	// Text is stored with NUL and invalid UTF-8 replaced (storable), and
+	// PostgreSQL would refuse the query with them: look it up likewise.
+	j, err := scanJob(s.db.QueryRow(ctx, q, storableText(arg)), &hist)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
 	}
@@ -142,7 +144,7 @@ WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND (
 	AND ($4::timestamptz IS NULL OR updated_at >= $4) AND ($5::timestamptz IS NULL OR updated_at < $5)
 	AND ($6::timestamptz IS NULL OR (updated_at, message_id) < ($6, $7))
 ORDER BY updated_at DESC, message_id DESC LIMIT $8`,
-		f.Queue, statuses, f.Type, nonZero(f.Since), nonZero(f.Until), afterT, afterID, f.Limit+1)
+		storableText(f.Queue), statuses, storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterT, storableText(afterID), f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}

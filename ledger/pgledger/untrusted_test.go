@@ -1,6 +1,7 @@
 package pgledger_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -67,5 +68,31 @@ func TestForgedGenerationDoesNotPoisonBatch(t *testing.T) {
 	}
 	if j, err := s.Job(ctx, "x"); err != nil || j.Status != ledger.StatusRedriven {
 		t.Errorf("x after its redrive: %+v, %v", j, err)
+	}
+}
+
+// A lookup with text PostgreSQL cannot hold (a NUL, invalid UTF-8: from a
+// URL of the dashboard) finds what the ledger stored for that text, with
+// U+FFFD in place of those bytes, rather than failing the query.
+func TestLookupWithUnstorableText(t *testing.T) {
+	_, s, ctx := setup(t)
+	now := time.Now()
+	if err := s.Write(ctx, []ledger.Event{
+		{MessageID: "id\x00", Queue: "q\xff", Type: "a\x00b", IdempotencyKey: "k\xff", Status: ledger.StatusRunning, Attempt: 1, At: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := s.Job(ctx, "id\x00"); err != nil || j.MessageID != "id\uFFFD" {
+		t.Errorf("Job = %+v, %v", j, err)
+	}
+	if j, err := s.JobByKey(ctx, "k\xff"); err != nil || j.MessageID != "id\uFFFD" {
+		t.Errorf("JobByKey = %+v, %v", j, err)
+	}
+	if _, err := s.Job(ctx, "nope\xff"); !errors.Is(err, sdk.ErrNotFound) {
+		t.Errorf("Job of an unknown ID = %v, want ErrNotFound", err)
+	}
+	p, err := s.List(ctx, ledger.Filter{Queue: "q\xff", Type: "a\x00b"})
+	if err != nil || len(p.Jobs) != 1 {
+		t.Errorf("List = %+v, %v", p, err)
 	}
 }
