@@ -1,11 +1,14 @@
 package dashboard
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"mime"
 	"net/http"
 	"net/url"
+	"unicode/utf8"
 
 	"github.com/berthq/berth/internal/dlq"
 )
@@ -36,6 +39,9 @@ func (d *Dashboard) apiQueues(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"queues": rows, "read_only": d.o.ReadOnly})
 }
 
+// maxAPILimit bounds the dead letters of one page of the JSON API.
+const maxAPILimit = 1000
+
 type apiList struct {
 	Queue            string        `json:"queue"`
 	TotalDeadLetters *int64        `json:"total_dead_letters"`
@@ -61,9 +67,10 @@ func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, err)
 		return
 	}
-	limit, err := intParam(q, "limit", d.o.PageSize)
-	if err != nil || limit == 0 || limit > 1000 {
-		d.apiFail(w, r, &badRequest{"limit: want 1 to 1000"})
+	// The default is the page size, within the bound a client may ask for.
+	limit, err := intParam(q, "limit", min(d.o.PageSize, maxAPILimit))
+	if err != nil || limit == 0 || limit > maxAPILimit {
+		d.apiFail(w, r, &badRequest{fmt.Sprintf("limit: want 1 to %d", maxAPILimit)})
 		return
 	}
 	l, err := dlq.List(r.Context(), d.deadLetters(), queue, f, offset, limit, dlq.Options{})
@@ -95,8 +102,11 @@ func (d *Dashboard) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
 
 // apiChangeRequest is the body of POST /api/queues/{queue}/{redrive|purge}.
 type apiChangeRequest struct {
-	IDs       []string `json:"ids"`
-	All       bool     `json:"all"` // every match of the filter; required when ids is empty
+	IDs []string `json:"ids"`
+	// IDsBase64 are more IDs, in base64: an ID that is not UTF-8 cannot be
+	// a JSON string (the listing gives it as id_base64).
+	IDsBase64 []string `json:"ids_base64"`
+	All       bool     `json:"all"` // every match of the filter; required when ids is empty, refused with ids
 	Type      string   `json:"type"`
 	Class     string   `json:"class"`
 	Reason    string   `json:"reason"`
@@ -107,8 +117,17 @@ type apiChangeRequest struct {
 }
 
 type apiFailure struct {
-	ID    string `json:"id"`
-	Error string `json:"error"`
+	ID       string `json:"id"`
+	IDBase64 string `json:"id_base64,omitempty"` // only when ID is not UTF-8, as in a listing
+	Error    string `json:"error"`
+}
+
+func failure(id, err string) apiFailure {
+	f := apiFailure{ID: id, Error: err}
+	if !utf8.ValidString(id) {
+		f.IDBase64 = base64.StdEncoding.EncodeToString([]byte(id))
+	}
+	return f
 }
 
 type apiChangeResult struct {
@@ -149,8 +168,22 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, &badRequest{"the body does not parse: " + err.Error()})
 		return
 	}
-	if len(req.IDs) == 0 && !req.All {
-		d.apiFail(w, r, &badRequest{`choose dead letters: "ids", or "all": true for every match of the filter`})
+	for _, v := range req.IDsBase64 {
+		id, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			d.apiFail(w, r, &badRequest{"ids_base64: want IDs in base64"})
+			return
+		}
+		req.IDs = append(req.IDs, string(id))
+	}
+	switch {
+	case len(req.IDs) == 0 && !req.All:
+		d.apiFail(w, r, &badRequest{`choose dead letters: "ids" (or "ids_base64"), or "all": true for every match of the filter`})
+		return
+	case len(req.IDs) > 0 && req.All:
+		// Which did the client mean? Widening a change of a few dead
+		// letters to every match is not a guess to make.
+		d.apiFail(w, r, &badRequest{`choose dead letters: "ids" or "all": true, not both`})
 		return
 	}
 	if req.Limit < 0 {
@@ -174,7 +207,7 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Matched, out.Complete, out.Incomplete, out.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)
 		for _, id := range missing {
-			out.Failed = append(out.Failed, apiFailure{id, "not found"})
+			out.Failed = append(out.Failed, failure(id, "not found"))
 		}
 		writeJSON(w, http.StatusOK, out)
 		return
@@ -186,7 +219,7 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 	}
 	out.Matched, out.Done, out.Missed, out.Complete, out.Incomplete = res.Matched, res.Done, res.Missed, res.Complete, res.Incomplete
 	for _, fl := range res.Failed {
-		out.Failed = append(out.Failed, apiFailure{fl.ID, fl.Err.Error()})
+		out.Failed = append(out.Failed, failure(fl.ID, fl.Err.Error()))
 	}
 	status := http.StatusOK
 	if err != nil { // stopped part-way: the counts say what was done before the error

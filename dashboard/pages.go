@@ -3,6 +3,7 @@ package dashboard
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/berthq/berth/internal/dlq"
@@ -66,6 +68,46 @@ var funcs = template.FuncMap{
 	// "#" and "/" of a link as they are, so an ID must be escaped here
 	// (the handlers' PathValue decodes it).
 	"path": url.PathEscape,
+	// idName and idValue put a dead letter's ID in a form field: as it
+	// is ("id"), or in base64 ("id64") when a browser would not send it
+	// back as it is (see plainID).
+	"idName": func(id string) string {
+		if plainID(id) {
+			return "id"
+		}
+		return "id64"
+	},
+	"idValue": func(id string) string {
+		if plainID(id) {
+			return id
+		}
+		return base64.StdEncoding.EncodeToString([]byte(id))
+	},
+	// query is a url.Values as a link's query string: {{.}} of a string
+	// after the "?" of a link is escaped as one value, "=" and "&" too.
+	"query": query,
+}
+
+// plainID reports whether a browser sends id back from a form field as it
+// is. One that is not UTF-8 (a raw AMQP message-id is bytes) comes back
+// with U+FFFD for its bad bytes, a NUL as U+FFFD and line breaks as CRLF:
+// the change would name another dead letter, or none, and report it gone.
+func plainID(id string) bool {
+	return utf8.ValidString(id) && !strings.ContainsFunc(id, unicode.IsControl)
+}
+
+// formIDs returns the IDs a form names: its "id" fields, and its "id64"
+// fields decoded (see plainID).
+func formIDs(form url.Values) ([]string, error) {
+	ids := slices.Clone(form["id"])
+	for _, v := range form["id64"] {
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			return nil, &badRequest{"id64: want an ID in base64"}
+		}
+		ids = append(ids, string(b))
+	}
+	return ids, nil
 }
 
 // page is what every template gets.
@@ -214,8 +256,15 @@ func (f filterForm) values() url.Values {
 	return v
 }
 
-// Query is the filter as a query string (without "?").
-func (f filterForm) Query() string { return f.values().Encode() }
+// Query is the filter as a query string (without "?"), for a link:
+// html/template would percent-encode the "=" and "&" of a string there,
+// leaving one meaningless parameter (see the "query" func).
+func (f filterForm) Query() template.URL { return query(f.values()) }
+
+// query is v encoded as a URL's query, for a template's link. v.Encode
+// percent-encodes every key and value, so what it returns is safe in a URL
+// and the template only has to HTML-escape it (the "&"s).
+func query(v url.Values) template.URL { return template.URL(v.Encode()) }
 
 func parseFilter(q url.Values) (filterForm, dlq.Filter, error) {
 	ff := filterForm{Type: q.Get("type"), Class: q.Get("class"), Reason: q.Get("reason"), OlderThan: q.Get("older_than"), NewerThan: q.Get("newer_than")}
@@ -341,7 +390,12 @@ type selection struct {
 }
 
 func parseSelection(r *http.Request, form url.Values) (selection, dlq.Filter, error) {
-	s := selection{Action: r.PathValue("action"), All: form.Get("all") == "1", IDs: form["id"]}
+	s := selection{Action: r.PathValue("action"), All: form.Get("all") == "1"}
+	ids, err := formIDs(form)
+	if err != nil {
+		return s, dlq.Filter{}, err
+	}
+	s.IDs = ids
 	if s.Action == "" {
 		s.Action = form.Get("action")
 	}

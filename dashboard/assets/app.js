@@ -59,13 +59,13 @@ document.addEventListener("DOMContentLoaded", () => {
   const pageAll = document.getElementById("page-all");
   if (pageAll) {
     pageAll.addEventListener("change", () => {
-      for (const box of document.querySelectorAll('#dead-letters input[name="id"]')) box.checked = pageAll.checked;
+      for (const box of document.querySelectorAll('#dead-letters input[name="id"], #dead-letters input[name="id64"]')) box.checked = pageAll.checked;
     });
   }
   const all = document.getElementById("all");
   if (all) {
     all.addEventListener("change", () => {
-      for (const box of document.querySelectorAll('#dead-letters input[name="id"]')) {
+      for (const box of document.querySelectorAll('#dead-letters input[name="id"], #dead-letters input[name="id64"]')) {
         box.checked = all.checked;
         box.disabled = all.checked;
       }
