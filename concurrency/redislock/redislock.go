@@ -138,9 +138,19 @@ func New(rdb redis.Scripter, opts Options) (*Client, error) {
 // obtainScript takes the lock and, only when it did, increments the fencing
 // counter: one atomic step, so no two holders share a token and tokens follow
 // the order of acquisition.
+//
+// A lock that already holds the caller's owner token was taken by this very
+// call: the client retried the script after losing its reply (go-redis
+// retries a command whose connection dropped). That run answers as the first
+// would have, with the token it took, instead of reporting the caller's own
+// lock busy and leaving it held by no Lock for a whole TTL.
 var obtainScript = redis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, redis.call('INCR', KEYS[2])}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2]))}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 `)

@@ -1,0 +1,150 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/berthq/berth/concurrency/internal/testenv"
+	"github.com/berthq/berth/concurrency/redislock"
+	"github.com/berthq/berth/integration"
+)
+
+// When the reply to Obtain is lost after Redis ran the script (the
+// connection drops in between), go-redis retries the script on a new
+// connection. The retry must not find the lock it took itself "busy": that
+// left the resource locked by nobody's Lock for a whole TTL, every worker,
+// this one included, told to come back later. A real server cannot lose a
+// reply on demand, so the client goes through a proxy that drops the
+// connection instead of passing one reply on.
+func TestObtainRetriedAfterLostReplyGetsItsOwnLock(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	proxy := newLossyProxy(t, integration.RedisAddr(t))
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
+	defer proxied.Close()
+	ctx := context.Background()
+	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
+
+	// Warm up: the script is loaded and the connection is in the pool.
+	warm, err := c.Obtain(ctx, "warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy.dropNextReply.Store(true)
+	l, err := c.Obtain(ctx, "order:11")
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if err != nil {
+		var be *redislock.BusyError
+		if errors.As(err, &be) {
+			t.Fatalf("Obtain = %v: the retry found its own lock busy", err)
+		}
+		t.Fatalf("Obtain = %v", err)
+	}
+	fence, err := rdb.Get(ctx, prefix+"{order:11}:fence").Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token() != fence {
+		t.Errorf("token %d, want the counter's %d: the one acquisition took one token", l.Token(), fence)
+	}
+	if _, err := c.Obtain(ctx, "order:11"); !errors.Is(err, redislock.ErrBusy) {
+		t.Errorf("second Obtain = %v, want busy", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release = %v: the lock was not the Lock's", err)
+	}
+	if n, _ := rdb.Exists(ctx, prefix+"{order:11}").Result(); n != 0 {
+		t.Error("lock still held after Release")
+	}
+}
+
+// lossyProxy forwards TCP connections to a Redis server. When dropNextReply
+// is set, the next chunk the server sends back is not passed on: the proxy
+// closes that connection instead, after the server has run the command.
+type lossyProxy struct {
+	addr          string
+	dropNextReply atomic.Bool
+}
+
+func newLossyProxy(t *testing.T, target string) *lossyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lossyProxy{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.DialTimeout("tcp", target, 5*time.Second)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			track(client)
+			track(server)
+			wg.Add(2)
+			go func() { // client → server
+				defer wg.Done()
+				_, _ = io.Copy(server, client)
+				_ = server.Close()
+			}()
+			go func() { // server → client, but for a dropped reply
+				defer wg.Done()
+				defer client.Close()
+				defer server.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := server.Read(buf)
+					if n > 0 {
+						if p.dropNextReply.CompareAndSwap(true, false) {
+							return
+						}
+						if _, werr := client.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
