@@ -24,6 +24,7 @@
 package brokerurl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,8 +66,8 @@ func (e *ParamError) Unwrap() error { return ErrInvalidURL }
 // parameters from p (which records each one it is asked for) and calls
 // [Params.Done] before it connects, so that an unknown or bad parameter fails
 // fast. u is the caller's URL with its query intact; the opener must not
-// return an error that contains u's password ([Open] scrubs it as a second
-// line of defence).
+// return an error that contains u's password ([Open] scrubs it, decoded or
+// percent-encoded, as a second line of defence).
 type Opener func(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error)
 
 // Options adjusts [Open]. The zero value opens the built-in schemes.
@@ -118,25 +119,60 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 		}
 	}
 	if err != nil {
-		pw, _ := u.User.Password()
-		return nil, scrub(err, pw)
+		return nil, scrub(err, passwordForms(rawURL, u))
 	}
 	return b, nil
 }
 
-// scrub returns err, or an error of the same identity whose text has pw
-// replaced, if the text contains pw.
-func scrub(err error, pw string) error {
-	if pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
+// passwordForms returns the forms in which u's password can show in an
+// error: decoded, as written in rawURL, and escaped as url.URL.String,
+// url.QueryEscape and url.PathEscape write it (a password with an '@', a '/'
+// or a '%' is percent-encoded in the URL). Longest first, without repeats.
+func passwordForms(rawURL string, u *url.URL) []string {
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		return nil
 	}
-	return &scrubbed{err: err, pw: pw}
+	forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw)}
+	if _, enc, ok := strings.Cut(url.UserPassword("", pw).String(), ":"); ok {
+		forms = append(forms, enc)
+	}
+	// As written: the userinfo of the authority, cut as url.Parse cuts it.
+	rest, _, _ := strings.Cut(rawURL, "#")
+	rest, _, _ = strings.Cut(rest, "?")
+	if _, rest, ok = strings.Cut(rest, "://"); ok {
+		authority, _, _ := strings.Cut(rest, "/")
+		if i := strings.LastIndex(authority, "@"); i >= 0 {
+			if _, written, ok := strings.Cut(authority[:i], ":"); ok && written != "" {
+				forms = append(forms, written)
+			}
+		}
+	}
+	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
+	return slices.Compact(forms)
+}
+
+// scrub returns err, or an error of the same identity whose text has each of
+// secrets replaced, if the text contains one of them.
+func scrub(err error, secrets []string) error {
+	for _, s := range secrets {
+		if strings.Contains(err.Error(), s) {
+			return &scrubbed{err: err, secrets: secrets}
+		}
+	}
+	return err
 }
 
 type scrubbed struct {
-	err error
-	pw  string
+	err     error
+	secrets []string // longest first
 }
 
-func (s *scrubbed) Error() string { return strings.ReplaceAll(s.err.Error(), s.pw, "xxxxx") }
+func (s *scrubbed) Error() string {
+	msg := s.err.Error()
+	for _, secret := range s.secrets {
+		msg = strings.ReplaceAll(msg, secret, "xxxxx")
+	}
+	return msg
+}
 func (s *scrubbed) Unwrap() error { return s.err }

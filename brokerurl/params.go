@@ -40,6 +40,27 @@ func (p *Params) fail(name, reason string) {
 	}
 }
 
+// check fails the parameter name with reason when ok is false: a value that
+// parses but that the broker cannot use is a [*ParamError] too, found before
+// anything connects.
+func (p *Params) check(name string, ok bool, reason string) {
+	if !ok {
+		p.fail(name, reason)
+	}
+}
+
+// plainName reports whether s has only letters, digits, '-' and '_' (the
+// names the brokers accept for a prefix or suffix).
+func plainName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // String returns the parameter name, or def when the URL does not set it.
 func (p *Params) String(name, def string) string {
 	if v, ok := p.get(name); ok {

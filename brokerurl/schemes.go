@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -40,8 +41,9 @@ var schemes = map[string]Opener{
 // others from the cluster).
 //
 // Parameters (the fields of [jetstream.Options] and [jetstream.ConnectOptions]):
-// ack_wait, wait_time (durations), max_deliveries, max_message_size,
-// prefix, no_declare, async_ack, connection_name, creds (a .creds file),
+// ack_wait (duration, at least 100ms), wait_time (duration),
+// max_deliveries, max_message_size, prefix (letters, digits, '-' and '_'),
+// no_declare, async_ack, connection_name, creds (a .creds file),
 // nkey (an NKey seed file), tls (true: require TLS, verified against the
 // system roots).
 func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
@@ -62,6 +64,8 @@ func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, erro
 	if p.Bool("tls", false) {
 		co.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
+	p.check("ack_wait", o.AckWait == 0 || o.AckWait >= 100*time.Millisecond, "want a duration of at least 100ms")
+	p.check("prefix", plainName(o.Prefix), "want only letters, digits, '-' and '_'")
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
@@ -86,13 +90,13 @@ func openMemory(_ context.Context, _ *url.URL, p *Params) (sdk.Broker, error) {
 
 // openRabbitMQ opens RabbitMQ: amqp://user:pass@host:5672/vhost or amqps://.
 //
-// Parameters (the fields of [rabbitmq.Options]): prefetch, queue_type
-// (quorum or classic), max_deliveries, no_declare (true: never declare
-// topology), connection_name, heartbeat (duration, at least 1s:
-// AMQP counts whole seconds), ack_interval
-// (duration), sync_ack, move_delays_up_to (duration; the longest delay
-// bucket the consuming process moves back itself) and move_delays (false:
-// every delay is left to the server's dead-lettering).
+// Parameters (the fields of [rabbitmq.Options]): prefetch (at most 65535),
+// queue_type (quorum or classic), max_deliveries, no_declare (true: never
+// declare topology), connection_name, heartbeat (duration, at least 1s:
+// AMQP counts whole seconds), ack_interval (duration), sync_ack,
+// move_delays_up_to (duration; the longest delay bucket the consuming
+// process moves back itself) and move_delays (false: every delay is left to
+// the server's dead-lettering).
 func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := rabbitmq.Options{
 		Prefetch:       p.Int("prefetch", 0),
@@ -108,6 +112,8 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	if !p.Bool("move_delays", true) {
 		o.MoveDelaysUpTo = -1
 	}
+	p.check("prefetch", o.Prefetch <= 65535, "want an integer from 0 to 65535")
+	p.check("heartbeat", o.Heartbeat == 0 || o.Heartbeat >= time.Second, "want a duration of at least 1s (AMQP counts whole seconds)")
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
@@ -116,11 +122,11 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 
 // openPostgres opens the PostgreSQL job table: postgres://user:pass@host/db.
 //
-// Parameters: schema, lease (duration), max_attempts, poll_interval
-// (duration), listen (default true; false for poolers in transaction mode),
-// dedupe_enqueue, migrate (true: create or upgrade the table on open). Every
-// other parameter (sslmode, application_name, …) goes to pgx. The broker owns
-// the pool it opens and closes it.
+// Parameters: schema, lease (duration, at least 1ms), max_attempts,
+// poll_interval (duration), listen (default true; false for poolers in
+// transaction mode), dedupe_enqueue, migrate (true: create or upgrade the
+// table on open). Every other parameter (sslmode, application_name, …) goes
+// to pgx. The broker owns the pool it opens and closes it.
 func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := postgres.Options{
 		Schema:        p.String("schema", ""),
@@ -131,6 +137,7 @@ func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 		DedupeEnqueue: p.Bool("dedupe_enqueue", false),
 	}
 	migrate := p.Bool("migrate", false)
+	p.check("lease", o.Lease == 0 || o.Lease >= time.Millisecond, "want a duration of at least 1ms")
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
 		return nil, err
@@ -199,8 +206,9 @@ func (b *pgBroker) As(target any) bool {
 // http(s)://ENDPOINT (an emulator such as fauxqs, or a VPC endpoint).
 //
 // Parameters: region (default: sqs://'s host, else the AWS configuration,
-// else us-east-1), visibility_timeout, wait_time (durations),
-// max_receive_count, dlq_suffix. Credentials come from the AWS default chain;
+// else us-east-1), visibility_timeout (duration, at most 12h), wait_time
+// (duration, at most 20s), max_receive_count (at most 1000), dlq_suffix
+// (letters, digits, '-' and '_'). Credentials come from the AWS default chain;
 // for an endpoint on a loopback address (an emulator) static dummy
 // credentials are used.
 func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
@@ -212,6 +220,10 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 		MaxReceiveCount:   p.Int("max_receive_count", 0),
 		DeadLetterSuffix:  p.String("dlq_suffix", ""),
 	}
+	p.check("visibility_timeout", o.VisibilityTimeout <= sqs.MaxVisibility, "want a duration of at most "+sqs.MaxVisibility.String())
+	p.check("wait_time", o.WaitTime <= sqs.MaxWaitTime, "want a duration of at most "+sqs.MaxWaitTime.String())
+	p.check("max_receive_count", o.MaxReceiveCount <= 1000, "want an integer from 0 (the default) to 1000")
+	p.check("dlq_suffix", plainName(o.DeadLetterSuffix), "want only letters, digits, '-' and '_'")
 	if err := p.Done(); err != nil {
 		return nil, err
 	}

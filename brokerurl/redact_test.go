@@ -1,0 +1,56 @@
+package brokerurl_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/berthq/berth/brokerurl"
+	"github.com/berthq/berth/sdk"
+)
+
+// A password with characters a URL must escape ('@', '/', ':', '%', ' ')
+// is written in the URL percent-encoded. An opener that quotes its URL, or a
+// DSN it built from it, shows the password in an encoded form: Open's
+// scrubbing must hide it in those forms too, not only decoded.
+func TestScrubHidesAPercentEncodedPassword(t *testing.T) {
+	errUnreachable := errors.New("unreachable")
+	quotes := map[string]func(u *url.URL, raw string) string{
+		"the URL":        func(u *url.URL, _ string) string { return u.String() },
+		"a query escape": func(u *url.URL, _ string) string { p, _ := u.User.Password(); return "password=" + url.QueryEscape(p) },
+		"a path escape":  func(u *url.URL, _ string) string { p, _ := u.User.Password(); return "/" + url.PathEscape(p) },
+		"as written":     func(_ *url.URL, raw string) string { return raw },
+	}
+	for _, raw := range []string{
+		"leaky://admin:s3cr%40t%2Fpa%3Ass%2520%20w@127.0.0.1:1/v",
+		// Escaped as url.URL.String would not: 'a' as %61.
+		"leaky://admin:s3cr%40t%2Fp%61%3Ass%2520%20w@127.0.0.1:1/v",
+	} {
+		written := strings.TrimPrefix(raw[:strings.LastIndex(raw, "@")], "leaky://admin:")
+		for name, quote := range quotes {
+			leaky := func(_ context.Context, u *url.URL, p *brokerurl.Params) (sdk.Broker, error) {
+				if err := p.Done(); err != nil {
+					return nil, err
+				}
+				return nil, fmt.Errorf("cannot reach %s: %w", quote(u, raw), errUnreachable)
+			}
+			_, err := brokerurl.Open(context.Background(), raw, brokerurl.Options{Schemes: map[string]brokerurl.Opener{"leaky": leaky}})
+			if !errors.Is(err, errUnreachable) {
+				t.Fatalf("%s: Open = %v, want the opener's error", name, err)
+			}
+			msg := err.Error()
+			const pw = "s3cr@t/pa:ss%20 w"
+			for _, form := range []string{pw, written, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("admin", pw).String()} {
+				if strings.Contains(msg, form) {
+					t.Errorf("%s quoted in the error of %s: the password shows as %q: %s", name, raw, form, msg)
+				}
+			}
+			if !strings.Contains(msg, "cannot reach") {
+				t.Errorf("%s: the error lost its own text: %s", name, msg)
+			}
+		}
+	}
+}
