@@ -31,7 +31,9 @@ func asJetStream(b sdk.Broker) *bjs.Broker {
 // jobs), jetstream.dead-letter-stream (present, keeping dead letters as long
 // as the queue keeps jobs) and jetstream.consumer (berth's durable consumer:
 // explicit acks, its AckWait the broker's, no server MaxDeliver below
-// MaxAttempts).
+// MaxAttempts — an error — nor at or below the broker's poison cap
+// MaxDeliveries, which then never gets the delivery it dead-letters at — a
+// warning).
 func JetStream(ctx context.Context, b *bjs.Broker, opts Options) ([]Finding, error) {
 	fs, err := jetStream(ctx, b, opts.withDefaults())
 	Sort(fs)
@@ -119,7 +121,9 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 	}
 	cc := c.CachedInfo().Config
 	want := b.Options().AckWait
-	ev := fmt.Sprintf("consumer %q: ack policy %s, AckWait %s (the broker's %s), MaxDeliver %d; Workers' MaxAttempts %d", jsConsumer, cc.AckPolicy, cc.AckWait, want, cc.MaxDeliver, o.MaxAttempts)
+	poisonCap := b.MaxDeliveries()
+	ev := fmt.Sprintf("consumer %q: ack policy %s, AckWait %s (the broker's %s), MaxDeliver %d; Workers' MaxAttempts %d, broker MaxDeliveries %d",
+		jsConsumer, cc.AckPolicy, cc.AckWait, want, cc.MaxDeliver, o.MaxAttempts, poisonCap)
 	switch {
 	case cc.AckPolicy != jetstream.AckExplicitPolicy:
 		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer does not use explicit acks: jobs are removed before they ran", Evidence: ev,
@@ -130,6 +134,13 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 	case cc.AckWait < want:
 		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer's AckWait is shorter than the broker's: the server redelivers jobs berth still holds", Evidence: ev,
 			Fix: fmt.Sprintf("redeclare the consumer (DeclareQueue) with AckWait %s, or give the broker the consumer's (ack_wait=%s)", want, cc.AckWait.Round(time.Millisecond))})
+	case cc.MaxDeliver > 0 && cc.MaxDeliver <= poisonCap:
+		// berth dead-letters a poison message at the receive of its
+		// delivery MaxDeliveries+1 (brokers/jetstream): a server that
+		// stops before it leaves a job that kills its worker in the
+		// stream, never dead-lettered.
+		add(Finding{ID: "jetstream.consumer", Severity: Warn, Summary: "the server stops delivering a job before berth's poison cap can dead-letter it: a job that crashes its worker stays stuck in the stream", Evidence: ev,
+			Fix: fmt.Sprintf("set the consumer's MaxDeliver to -1 (or above the broker's MaxDeliveries, %d) by redeclaring it", poisonCap)})
 	default:
 		add(Finding{ID: "jetstream.consumer", Severity: OK, Summary: "the consumer matches the broker", Evidence: ev})
 	}

@@ -125,3 +125,45 @@ func TestJetStreamMisconfigured(t *testing.T) {
 	expect(t, fs, "jetstream.consumer", "limits", doctor.Error) // never declared by berth: no consumer
 	expect(t, fs, "jetstream.stream-missing", "missing", doctor.Error)
 }
+
+// TestJetStreamMaxDeliverBelowPoisonCap: berth dead-letters a poison message
+// (one that kills its worker, so no attempt reaches a verdict) at the receive
+// after its broker MaxDeliveries-th delivery. A server MaxDeliver of at least
+// the Workers' MaxAttempts but not above MaxDeliveries stops delivering it
+// before that receive: the job stays in the work queue, never dead-lettered.
+// Doctor reported it OK.
+func TestJetStreamMaxDeliverBelowPoisonCap(t *testing.T) {
+	b, jb, js := openJS(t, "poison")
+	ctx := testCtx(t)
+	if err := jb.DeclareQueue(ctx, "poison"); err != nil {
+		t.Fatal(err)
+	}
+	name, _ := jb.StreamNames("poison")
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := st.Consumer(ctx, "berth")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.CachedInfo().Config
+	cc.MaxDeliver = jb.MaxDeliveries() // ≥ MaxAttempts (5), but the cap's check needs one more delivery
+	if _, err := js.UpdateConsumer(ctx, name, cc); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"poison"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.consumer", "poison", doctor.Warn)
+
+	cc.MaxDeliver = jb.MaxDeliveries() + 1 // the cap's check is delivered: fine
+	if _, err := js.UpdateConsumer(ctx, name, cc); err != nil {
+		t.Fatal(err)
+	}
+	if fs, err = doctor.Run(ctx, b, doctor.Options{Queues: []string{"poison"}}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.consumer", "poison", doctor.OK)
+}
