@@ -36,6 +36,9 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 				return usagef("this broker cannot list its queues: name them (berth stats QUEUE...)")
 			}
 			if queues, err = ql.Queues(ctx); err != nil {
+				if c.watch && ctx.Err() != nil {
+					return nil // -watch ends when interrupted
+				}
 				return err
 			}
 		}

@@ -122,6 +122,9 @@ func runOutboxList(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 0 {
 		return usagef("outbox list takes no arguments")
 	}
+	if c.limit < 0 {
+		return usagef("-limit must not be negative")
+	}
 	box, closeBox, err := c.openOutbox(ctx)
 	if err != nil {
 		return err

@@ -241,3 +241,14 @@ func TestOutboxChangeStoppedPartWay(t *testing.T) {
 		})
 	}
 }
+
+// TestOutboxListNegativeLimit: -limit is a page size; a negative one is a
+// usage error (exit 2), as on "dlq list" and "jobs". "outbox list" took it
+// for "no limit" and read and printed every parked row, however many.
+func TestOutboxListNegativeLimit(t *testing.T) {
+	_, dsn, table := parkedOutbox(t, 3)
+	r := cliDB(t, "", false, "outbox", "list", "-db", dsn, "-table", table, "-limit", "-1")
+	if r.code != exitUsage || !strings.Contains(r.err, "-limit") || strings.Contains(r.out, "emails") {
+		t.Fatalf("outbox list -limit -1: exit %d\nstdout: %s\nstderr: %s", r.code, r.out, r.err)
+	}
+}

@@ -7,16 +7,22 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/berthq/berth/pause"
+	"github.com/berthq/berth/sdk"
 )
 
 // The queue verbs record pauses in the pause table of -db (package pause):
 // every Worker that runs pause.Sync stops receiving from a paused queue
 // within its sync interval. The broker is not touched.
 
-// openPause opens the pause table of -db (default $BERTH_DB) in -schema,
-// creating it when missing.
-func (c *cli) openPause(ctx context.Context) (*pause.PG, func(), error) {
+// openPause opens the pause table of -db (default $BERTH_DB) in -schema.
+// With create it creates the table when missing. Without, for what only
+// reads the table ("queue paused", the read-only dashboard), it changes
+// nothing, so that it works on a read-only replica or with a role that may
+// not create schemas, and returns a nil *pause.PG when there is no table.
+func (c *cli) openPause(ctx context.Context, create bool) (*pause.PG, func(), error) {
 	dsn := c.db
 	if dsn == "" {
 		dsn = c.getenv("BERTH_DB")
@@ -29,15 +35,27 @@ func (c *cli) openPause(ctx context.Context) (*pause.PG, func(), error) {
 		return nil, nil, err
 	}
 	s, err := pause.NewPG(pool, pause.PGOptions{Schema: c.schema})
-	if err == nil {
+	exists := true
+	switch {
+	case err != nil:
+	case create:
 		err = s.Migrate(ctx)
+	default:
+		schema := c.schema
+		if schema == "" {
+			schema = pause.DefaultSchema
+		}
+		err = pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "paused_queues"}.Sanitize()).Scan(&exists)
 	}
-	if err != nil {
+	if err != nil || !exists {
 		pool.Close()
 		if errors.Is(err, pause.ErrInvalidSchema) {
 			return nil, nil, &usageError{err.Error()}
 		}
-		return nil, nil, err
+		if err != nil {
+			return nil, nil, err
+		}
+		return nil, func() {}, nil
 	}
 	return s, pool.Close, nil
 }
@@ -52,7 +70,14 @@ func runQueueChange(ctx context.Context, c *cli, args []string, paused bool) err
 	if len(args) == 0 {
 		return usagef("name the queues")
 	}
-	s, closeDB, err := c.openPause(ctx)
+	if paused { // every name is checked before any queue is paused
+		for _, q := range args {
+			if err := sdk.ValidateQueueName(q); err != nil {
+				return &usageError{err.Error()}
+			}
+		}
+	}
+	s, closeDB, err := c.openPause(ctx, true)
 	if err != nil {
 		return err
 	}
@@ -92,14 +117,16 @@ type jsonPausedList struct {
 }
 
 func runQueuePaused(ctx context.Context, c *cli, _ []string) error {
-	s, closeDB, err := c.openPause(ctx)
+	s, closeDB, err := c.openPause(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	ps, err := s.Paused(ctx)
-	if err != nil {
-		return err
+	var ps []pause.Paused
+	if s != nil { // no table: nothing was ever paused here
+		if ps, err = s.Paused(ctx); err != nil {
+			return err
+		}
 	}
 	if c.json {
 		if ps == nil {

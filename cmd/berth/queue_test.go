@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/pause"
+	"github.com/berthq/berth/sdk"
 )
 
 // berth queue pause/resume/paused write the pause table that pause.Sync
@@ -56,5 +58,83 @@ func TestQueuePauseResume(t *testing.T) {
 	}
 	if r = cliDB(t, "", false, "queue", "pause", "-db", dsn, "-schema", "x;drop", "emails"); r.code == 0 {
 		t.Errorf("bad schema: %+v", r)
+	}
+}
+
+// TestQueuePauseRefusesABadNameFirst: a queue name that cannot be paused is
+// a usage error (exit 2) that changes nothing. Named after a good one, the
+// good one was paused first and the command failed with exit 1, a change
+// done in part.
+func TestQueuePauseRefusesABadNameFirst(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	pool, schema := pgtest.Schema(t, 0)
+	r := cliDB(t, "", false, "queue", "pause", "-db", dsn, "-schema", schema, "emails", "bad name")
+	if r.code != exitUsage || strings.Contains(r.out, "emails paused") {
+		t.Fatalf("pause with a bad name: %+v", r)
+	}
+	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ps, err := s.Paused(context.Background()); err != nil || len(ps) != 0 {
+		t.Fatalf("paused after a refused command: %+v %v", ps, err)
+	}
+}
+
+// readOnlyDSN is dsn with every transaction read-only, as on a hot-standby
+// replica.
+func readOnlyDSN(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("default_transaction_read_only", "on")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestPausesReadOnADatabaseThatRefusesChanges: "berth queue paused" and
+// "berth ui -read-only" only read the pause table, but created it first
+// (CREATE SCHEMA IF NOT EXISTS, which needs write access even when the
+// schema exists): on a read-only replica, or with a role that may not create
+// schemas, the listing failed and the read-only dashboard did not start.
+func TestPausesReadOnADatabaseThatRefusesChanges(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := pgtest.Schema(t, 0)
+	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, "emails"); err != nil {
+		t.Fatal(err)
+	}
+	ro := readOnlyDSN(t, integration.PostgresDSN(t))
+
+	if r := cliDB(t, "", false, "queue", "paused", "-db", ro, "-schema", schema); r.code != exitOK || !strings.Contains(r.out, "emails") {
+		t.Fatalf("queue paused on a read-only database: %+v", r)
+	}
+	// No table in that schema: nothing is paused there, and nothing is created.
+	none := schema + "_none"
+	if r := cliDB(t, "", false, "queue", "paused", "-db", ro, "-schema", none); r.code != exitOK || !strings.Contains(r.out, "(no paused queues)") {
+		t.Fatalf("queue paused without a table: %+v", r)
+	}
+	var created bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, none).Scan(&created); err != nil || created {
+		t.Fatalf("schema %s created: %v %v", none, created, err)
+	}
+
+	b, _ := deadLettered(t, 1)
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil }}
+	addr, _ := startUI(t, e, "-addr", "127.0.0.1:0", "-url", "mem://", "-read-only", "-db", ro, "-schema", schema)
+	if code, page := httpGet(t, "http://"+addr+"/queues/billing", ""); code != 200 || !strings.Contains(page, "billing") {
+		t.Fatalf("/queues/billing: %d\n%s", code, page)
 	}
 }

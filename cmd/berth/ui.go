@@ -63,13 +63,16 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		}
 		defer closeJobs()
 		o.Jobs = jobs
-		// Queue pauses: the pause table in the same database (pause.Sync).
-		pauses, closePauses, err := c.openPause(ctx)
+		// Queue pauses: the pause table in the same database (pause.Sync);
+		// read-only, it is not created (the database may be a replica).
+		pauses, closePauses, err := c.openPause(ctx, !c.readOnly)
 		if err != nil {
 			return err
 		}
 		defer closePauses()
-		o.Pauses = pauses
+		if pauses != nil {
+			o.Pauses = pauses
+		}
 	} else {
 		var pb *postgres.Broker
 		var pool *pgxpool.Pool
