@@ -376,3 +376,48 @@ func TestCorrelationHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNewTraceparentDropsTheOldTracestate: a message that already carries a
+// trace context (written into an outbox row, say, under a span whose
+// tracestate had a vendor's entry) and is published inside another trace
+// gets that trace's traceparent; the old tracestate, which belongs to the
+// old traceparent (W3C Trace Context), went along with the new one.
+func TestNewTraceparentDropsTheOldTracestate(t *testing.T) {
+	ts, err := trace.ParseTraceState("vendor=old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2},
+		TraceFlags: trace.FlagsSampled, TraceState: ts, Remote: true})
+	oldCtx := trace.ContextWithRemoteSpanContext(context.Background(), old)
+
+	b := newMemory(t)
+	queue := uniqueQueue(t, "ts")
+	tp, _ := newTracing(t)
+	obs, _ := newObserver(t, tp, telemetry.Options{})
+	for _, via := range []string{"Publisher", "Inject"} {
+		m := &sdk.Message{Type: "t", Headers: map[string]string{"app": "kept"}}
+		telemetry.Inject(oldCtx, nil, m)
+		if m.Header("tracestate") != "vendor=old" {
+			t.Fatalf("set-up: headers %v", m.Headers)
+		}
+		ctx, span := tp.Tracer("test").Start(context.Background(), "relay") // a new trace, no tracestate
+		if via == "Publisher" {
+			if err := obs.Publisher(b).Publish(ctx, queue, m); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			telemetry.Inject(ctx, nil, m)
+		}
+		span.End()
+		if got := traceparentOf(m).TraceID(); got != span.SpanContext().TraceID() {
+			t.Fatalf("%s: the message is in trace %s, want %s", via, got, span.SpanContext().TraceID())
+		}
+		if got := m.Header("tracestate"); got != "" {
+			t.Errorf("%s: the traceparent of trace %s goes with the tracestate %q of trace %s", via, span.SpanContext().TraceID(), got, old.TraceID())
+		}
+		if m.Header("app") != "kept" {
+			t.Errorf("%s: application header lost: %v", via, m.Headers)
+		}
+	}
+}

@@ -46,14 +46,17 @@
 // [sdk.ErrorClass]). Error texts (the dead-letter reason, a failed
 // settlement's error, the "exception" event of the cause) pass through
 // [sdk.SanitizeReason], as the dead-letter reason header does: valid UTF-8, at
-// most [sdk.MaxReasonLength] bytes.
+// most [sdk.MaxReasonLength] bytes. The message's own text (its ID,
+// correlation ID and, on send spans, type), which a producer outside berth may
+// write with any bytes, is made valid UTF-8 too: an OTLP exporter refuses a
+// whole batch with one invalid string.
 //
 // # Metrics
 //
 // See [Observer] for the instruments. berth.job.type comes from the message,
 // so its values are bounded: the declared [Options.JobTypes] and the first
-// [Options.MaxJobTypes] (default 100) others seen keep their name, the rest are
-// counted as [OtherJobType]. Close leaves the delivery counters registered so
+// [Options.MaxJobTypes] (default 100) others seen keep their name, the rest
+// (and any type that is not valid UTF-8) are counted as [OtherJobType]. Close leaves the delivery counters registered so
 // that a final export after it still reports them.
 //
 // The counters only other berth packages

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/berthq/berth/berthtest"
+	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
@@ -170,4 +172,72 @@ func TestHardening11_SpanErrorTextSanitised(t *testing.T) {
 	if exceptions != 1 {
 		t.Errorf("%d exception events, want 1", exceptions)
 	}
+}
+
+// TestMessageTextExportedAsValidUTF8: a message's ID, type and correlation
+// ID come from its producer, which may be outside berth and send any bytes
+// (AMQP's message-id, type and correlation-id are raw short strings). They
+// reached span attributes and the berth.job.type label as they came; an
+// OTLP exporter refuses a whole batch with one string that is not valid
+// UTF-8 (protobuf strings must be), and a label set stays for the
+// Observer's life, so one such message failed every metric export after it.
+func TestMessageTextExportedAsValidUTF8(t *testing.T) {
+	tp, rec := newTracing(t)
+	obs, reader := newObserver(t, tp, telemetry.Options{})
+	ctx := context.Background()
+	m := &sdk.Message{ID: "id-\xff", Type: "billing.\xfe", CorrelationID: "corr-\xc3("}
+	fd := berthtest.NewDelivery(m)
+	hctx := obs.Start(ctx, fd)
+	obs.LeaseExtended(hctx, fd, time.Second, nil)
+	obs.Idempotency().Observe(hctx, idempotency.EventDuplicate, m.Type)
+	obs.Settled(hctx, fd, sdk.Settlement{Action: sdk.ActionRetry, Delay: time.Second, Class: sdk.ClassTransient, Cause: errors.New("x"), Duration: time.Millisecond})
+	obs.DuplicateSuppressed(ctx, m.Type) // outside a delivery
+	if err := obs.Publisher(refuseAll{}).Publish(ctx, "billing", m.Clone()); err == nil {
+		t.Fatal("the publisher accepted the message")
+	}
+
+	invalid := func(what string, kvs []attribute.KeyValue) {
+		t.Helper()
+		for _, kv := range kvs {
+			if kv.Value.Type() == attribute.STRING && !utf8.ValidString(kv.Value.AsString()) {
+				t.Errorf("%s: %s = %q is not valid UTF-8", what, kv.Key, kv.Value.AsString())
+			}
+		}
+	}
+	spans := rec.Ended()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want a process and a send span", len(spans))
+	}
+	for _, s := range spans {
+		invalid("span "+s.Name(), s.Attributes())
+	}
+	ms := collect(t, reader)
+	var points int
+	for _, sm := range ms.rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			switch d := mt.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					points++
+					invalid(mt.Name, p.Attributes.ToSlice())
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					points++
+					invalid(mt.Name, p.Attributes.ToSlice())
+				}
+			}
+		}
+	}
+	if points == 0 {
+		t.Fatal("no data point collected")
+	}
+}
+
+// refuseAll refuses every publish, as a broker refuses a message that is not
+// valid UTF-8.
+type refuseAll struct{}
+
+func (refuseAll) Publish(context.Context, string, ...*sdk.Message) error {
+	return sdk.ErrInvalidMessage
 }

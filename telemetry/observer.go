@@ -106,11 +106,11 @@ func (o *Observer) startProcess(parent context.Context, m *sdk.Message, d sdk.De
 	buf := getStartBuf()
 	defer startBufs.Put(buf) // the tracer copies what it keeps
 	attrs := append(buf.attrs[:0], l.spanAttrs...)
-	attrs = append(attrs, semconv.MessagingMessageID(m.ID), AttrAttempt.Int(d.Attempt()))
+	attrs = append(attrs, semconv.MessagingMessageID(validText(m.ID)), AttrAttempt.Int(d.Attempt()))
 	if id := m.CorrelationID; id != "" {
-		attrs = append(attrs, semconv.MessagingMessageConversationID(id))
+		attrs = append(attrs, semconv.MessagingMessageConversationID(validText(id)))
 	} else if id := m.Header(o.corrHeader); o.corrHeader != "" && id != "" {
-		attrs = append(attrs, semconv.MessagingMessageConversationID(id))
+		attrs = append(attrs, semconv.MessagingMessageConversationID(validText(id)))
 	}
 	opts := append(buf.opts[:0], consumerKind, buf.withAttributes(len(attrs)))
 	if creation.IsValid() {

@@ -15,8 +15,9 @@ var DefaultPropagator propagation.TextMapPropagator = propagation.NewCompositeTe
 
 // Inject writes the trace context and baggage of ctx into m's headers with
 // prop (nil means [DefaultPropagator]). It replaces m.Headers by a copy first,
-// so a header map shared by several messages is never written to. It does not
-// touch m.CorrelationID.
+// so a header map shared by several messages is never written to. A
+// "tracestate" m carried goes when a new "traceparent" is written: it belongs
+// to the old one (W3C Trace Context). It does not touch m.CorrelationID.
 func Inject(ctx context.Context, prop propagation.TextMapPropagator, m *sdk.Message) {
 	if prop == nil {
 		prop = DefaultPropagator

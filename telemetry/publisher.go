@@ -22,7 +22,8 @@ import (
 // and an empty CorrelationID (from the context, see [sdk.WithCorrelationID],
 // else the message's own ID, as sdk.Prepare does), starts the producer span,
 // replaces Headers by a copy with "traceparent" (and "tracestate", "baggage"
-// when set) added — when the propagator writes nothing (a no-op tracer, no
+// when set) added, and the "tracestate" of the trace context the message
+// carried before removed — when the propagator writes nothing (a no-op tracer, no
 // baggage) Headers are left as they are — then calls the wrapped Publisher. A single message gets a PRODUCER span "send <queue>"; a
 // batch gets a PRODUCER span "create <queue>" per message (each message's
 // creation context) and a CLIENT span "send <queue>" linked to all of them.
@@ -254,11 +255,11 @@ func (o *Observer) startSend(parent context.Context, m *sdk.Message, pl *pubLabe
 	}
 	attrs := append(buf.attrs[:0], base...)
 	attrs = append(attrs,
-		semconv.MessagingMessageID(m.ID),
-		semconv.MessagingMessageConversationID(m.CorrelationID),
+		semconv.MessagingMessageID(validText(m.ID)),
+		semconv.MessagingMessageConversationID(validText(m.CorrelationID)),
 	)
 	if m.Type != "" {
-		attrs = append(attrs, AttrJobType.String(m.Type))
+		attrs = append(attrs, AttrJobType.String(validText(m.Type)))
 	}
 	opts := append(buf.opts[:0], producerKind, buf.withAttributes(len(attrs)))
 	return o.tracer.Start(parent, name, opts...)
@@ -303,6 +304,12 @@ func (b *startBuf) withLinks() trace.SpanStartOption {
 	return b.withLink
 }
 
+// The W3C Trace Context headers.
+const (
+	traceparentHeader = "traceparent"
+	tracestateHeader  = "tracestate"
+)
+
 // pairCarrier is a [propagation.TextMapCarrier] that collects what a
 // propagator injects as key and value pairs, so that nothing is allocated
 // when it injects nothing.
@@ -332,13 +339,19 @@ func (c *pairCarrier) Keys() []string {
 
 // merge returns a copy of h with the pairs set, or h itself when none were
 // set and always is false. A header map shared by several messages is never
-// written to.
+// written to. When a "traceparent" is set, h's "tracestate" is not kept: it
+// belongs to h's traceparent (W3C Trace Context), and a propagator writes
+// none for a span without one.
 func (c *pairCarrier) merge(h map[string]string, always bool) map[string]string {
 	if len(c.kv) == 0 && !always {
 		return h
 	}
+	newParent := c.Get(traceparentHeader) != ""
 	out := make(map[string]string, len(h)+len(c.kv)/2)
 	for k, v := range h {
+		if newParent && k == tracestateHeader {
+			continue
+		}
 		out[k] = v
 	}
 	for i := 0; i < len(c.kv); i += 2 {

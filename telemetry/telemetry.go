@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -87,7 +88,8 @@ type Options struct {
 
 // OtherJobType is the berth.job.type value (in metrics, process spans and
 // the idempotency counters) of job types beyond [Options.JobTypes] and
-// [Options.MaxJobTypes]. Log records keep the message's own type.
+// [Options.MaxJobTypes], and of those that are not valid UTF-8. Log records
+// keep the message's own type.
 const OtherJobType = "_OTHER"
 
 // defaultMaxJobTypes is the default [Options.MaxJobTypes].
@@ -393,7 +395,8 @@ type labels struct {
 
 // jobLabel returns the berth.job.type value of job type t: t itself when it
 // is declared or among the first [Options.MaxJobTypes] others seen, else
-// [OtherJobType].
+// [OtherJobType]. A type that is not valid UTF-8 is never a label of its own:
+// an OTLP exporter refuses a whole batch with one such string.
 func (o *Observer) jobLabel(t string) string {
 	o.mu.RLock()
 	known := o.jobTypes[t]
@@ -402,7 +405,7 @@ func (o *Observer) jobLabel(t string) string {
 	if known {
 		return t
 	}
-	if full {
+	if full || !utf8.ValidString(t) {
 		return OtherJobType
 	}
 	o.mu.Lock()
@@ -557,6 +560,17 @@ func (o *Observer) observeCounts(_ context.Context, obs metric.Observer) error {
 		p.mu.Unlock()
 	}
 	return nil
+}
+
+// validText returns s, made valid UTF-8 (each invalid byte becomes U+FFFD)
+// when it is not. Message fields come from the producer, which may be outside
+// berth and write any bytes, and an OTLP exporter refuses a whole batch of
+// spans with one attribute that is not valid UTF-8.
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // noSpan is the span of a delivery or a publish with a no-op tracer.
