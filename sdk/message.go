@@ -280,7 +280,10 @@ func uuidText(dst *[36]byte, u *[16]byte) {
 // name ([IsReservedHeader]; the error also wraps a [HeaderError]) other than
 // [HeaderDueAt] holding an RFC 3339 time (what [LongDelay] writes), and an ID,
 // Type, Key, IdempotencyKey or CorrelationID that is not valid UTF-8 (the
-// error names the field). The Body may be any bytes.
+// error names the field). The Body may be any bytes. A CorrelationID taken
+// from ctx (the caller left it empty) is not refused but made valid, each
+// run of invalid bytes replaced by U+FFFD: a handler does not choose the
+// correlation ID of the delivery it runs for.
 func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
@@ -324,6 +327,13 @@ func prepare(ctx context.Context, m *Message, limit int, b *idBatch) error {
 	}
 	if m.CorrelationID == "" {
 		m.CorrelationID = CorrelationID(ctx)
+		if !utf8.ValidString(m.CorrelationID) {
+			// Inherited, not chosen: a delivery's correlation ID from a
+			// foreign producer may be raw bytes (AMQP correlation-id). Made
+			// valid the same way for every follow-up, it still ties the
+			// flow together.
+			m.CorrelationID = strings.ToValidUTF8(m.CorrelationID, "\uFFFD")
+		}
 		if m.CorrelationID == "" {
 			// A message published outside any flow starts one: its own ID
 			// names the conversation.
