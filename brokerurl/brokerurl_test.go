@@ -44,13 +44,8 @@ func TestErrorsNameTheParameterAndHideThePassword(t *testing.T) {
 		{"http://127.0.0.1:1?visibility=30s", "visibility"},
 	}
 	for _, c := range cases {
-		b, err := brokerurl.Open(ctx, c.url, brokerurl.Options{})
-		if b != nil {
-			b.Close()
-		}
-		var pe *brokerurl.ParamError
-		if !errors.As(err, &pe) || pe.Param != c.param || !errors.Is(err, brokerurl.ErrInvalidURL) {
-			t.Errorf("Open(%q) = %v, want a ParamError naming %q", c.url, err, c.param)
+		err, ok := wantParamError(t, ctx, c.url, c.param)
+		if !ok {
 			continue
 		}
 		if strings.Contains(err.Error(), secret) {
@@ -255,4 +250,21 @@ func TestJetStream(t *testing.T) {
 	if err := nd.Publish(ctx, q+"_missing", &sdk.Message{Type: "t"}); !errors.Is(err, sdk.ErrNotFound) {
 		t.Errorf("Publish to a missing queue with no_declare: %v, want ErrNotFound", err)
 	}
+}
+
+// wantParamError opens raw (closing any broker it gets) and reports, as a
+// test error, an outcome other than a *ParamError naming param and wrapping
+// ErrInvalidURL. It returns Open's error and whether it was that.
+func wantParamError(t *testing.T, ctx context.Context, raw, param string) (error, bool) {
+	t.Helper()
+	b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+	if b != nil {
+		b.Close()
+	}
+	var pe *brokerurl.ParamError
+	if !errors.As(err, &pe) || pe.Param != param || !errors.Is(err, brokerurl.ErrInvalidURL) {
+		t.Errorf("Open(%q) = %v, want a ParamError naming %q", raw, err, param)
+		return err, false
+	}
+	return err, true
 }

@@ -30,14 +30,7 @@ func TestUnusableValuesAreParamErrors(t *testing.T) {
 		{"sqs://eu-west-1?dlq_suffix=.dead", "dlq_suffix"},
 	}
 	for _, c := range cases {
-		b, err := brokerurl.Open(ctx, c.url, brokerurl.Options{})
-		if b != nil {
-			b.Close()
-		}
-		var pe *brokerurl.ParamError
-		if !errors.As(err, &pe) || pe.Param != c.param || !errors.Is(err, brokerurl.ErrInvalidURL) {
-			t.Errorf("Open(%q) = %v, want a ParamError naming %q", c.url, err, c.param)
-		}
+		wantParamError(t, ctx, c.url, c.param)
 	}
 	// The bounds themselves are accepted (no ParamError; the host is
 	// unreachable, or nothing connects yet).
