@@ -54,8 +54,9 @@ type ConnectionReporter interface {
 //
 // Ready: the Worker is taking work — State is running, its broker reports
 // no connection error (where it is a [ConnectionReporter]), and on each of
-// its queues not paused the last Receive did not fail, or a Receive under
-// way since that failure has waited [HealthyWait] without failing. A
+// its queues not paused the last Receive did not fail, or a Receive started
+// since that failure has waited [HealthyWait] without failing (with several
+// receive loops, one started before the failure does not count). A
 // draining Worker is not ready: it takes no more work. A saturated Worker
 // (Held == Capacity, every slot busy) is still ready: it receives again as
 // soon as a handler returns.
@@ -123,7 +124,9 @@ type workerHealth struct {
 // queueHealth is one consumed queue's part of the Worker's health, shared by
 // the receive loops of that queue.
 type queueHealth struct {
-	recvCall atomic.Int64 // unix nanos when a Receive under way started; 0 when none
+	// recvCall is when the latest Receive under way started (unix nanos);
+	// 0 when none, or when it started before the queue's last failure.
+	recvCall atomic.Int64
 	failures atomic.Int32 // failed Receives since the last one without error
 	// slotWait is when the queue's loop, with failures on record, began
 	// waiting for a slot from the allocator (several queues only); 0 when
@@ -169,6 +172,12 @@ func (h *workerHealth) received(q *queueHealth, start, now int64, n int, err err
 			q.failures.Store(0)
 		}
 		return
+	}
+	// A Receive of another loop that started before this failure is no
+	// Receive "under way since the failure": its wait, mostly before the
+	// failure, says nothing of the broker since. recvCall holds the latest
+	// start, so when that is no later than the failure, none counts.
+	for cur := q.recvCall.Load(); cur != 0 && cur <= now && !q.recvCall.CompareAndSwap(cur, 0); cur = q.recvCall.Load() {
 	}
 	h.mu.Lock()
 	h.recvErr = SanitizeReason(err.Error())

@@ -75,3 +75,35 @@ func TestHealthQueueStarvedOfSlots(t *testing.T) {
 		t.Fatalf("low received: %+v, want ready", got)
 	}
 }
+
+// TestHealthReceiveStartedBeforeFailureDoesNotCount: with several receive
+// loops on one queue, a Receive that was already under way when another
+// loop's Receive failed proves nothing about the broker since the failure.
+// Loop B starts, loop A starts later (the latest start on record), and B
+// fails: A's long wait, mostly before the failure, must not make the Worker
+// ready at once; only a Receive started since the failure that waits
+// HealthyWait (or a Receive that returns without error) does.
+func TestHealthReceiveStartedBeforeFailureDoesNotCount(t *testing.T) {
+	w := &Worker{opts: WorkerOptions{Queue: "q", Concurrency: 4, ReceiveLoops: 2}}
+	w.queues = newQueueStates(w.opts)
+	h, q := &w.health, &w.queues[0].health
+	h.start(w.queues)
+	now := time.Now()
+	startB := now.Add(-time.Minute).UnixNano()
+	startA := now.Add(-HealthyWait - time.Second).UnixNano()
+	h.receiving(q, startB)
+	h.receiving(q, startA)
+	h.received(q, startB, now.UnixNano(), 0, errors.New("connection refused"), false) // B fails now
+	if got := w.Health(); got.Ready {
+		t.Fatalf("just after B's Receive failed, A's Receive started before the failure: %+v, want not ready", got)
+	}
+	later := now.Add(time.Millisecond).UnixNano()
+	h.receiving(q, later) // B's retry: not yet waited HealthyWait
+	if got := w.Health(); got.Ready {
+		t.Fatalf("B's retry has just started: %+v, want not ready", got)
+	}
+	h.received(q, startA, now.UnixNano(), 0, nil, false) // A returns without error: proof
+	if got := w.Health(); !got.Ready {
+		t.Fatalf("A's Receive returned without error: %+v, want ready", got)
+	}
+}
