@@ -222,21 +222,28 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, rq *runQueue, wa
 	defer release()
 	if len(w.queues) == 1 {
 		q := w.queues[0]
-		q.begin(base)
-		defer q.end()
 		if w.opts.ReceiveLoops <= 1 {
+			q.begin(base)
+			defer q.end()
 			return w.receive(ctx, q, free, free, rq, wake, held)
 		}
 		// Several loops on the one queue, sharing the free slots; a loop
-		// that stops for good (closed broker, missing queue) stops them all.
+		// that stops for good (closed broker, missing queue) stops them all,
+		// their Receives under way included (they run under bctx): one
+		// waiting on an idle queue might never return.
 		rctx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		bctx, bcancel := context.WithCancel(base)
+		defer bcancel()
+		q.begin(bctx)
+		defer q.end()
 		var wg sync.WaitGroup
 		errs := make([]error, w.opts.ReceiveLoops)
 		for i := range w.opts.ReceiveLoops {
 			wg.Go(func() {
 				if errs[i] = w.receive(rctx, q, free, free, rq, wake, held); errs[i] != nil {
 					cancel()
+					bcancel()
 				}
 			})
 		}

@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/sdk"
 )
@@ -265,5 +267,54 @@ func TestWorkerReceiveLoopsShareSlots(t *testing.T) {
 		asks := append([]int(nil), sub.asks...)
 		sub.mu.Unlock()
 		t.Fatalf("at most %d Receive calls at once in 5s (asks %v), want the 2 loops' together", p, asks)
+	}
+}
+
+// stopsForGoodSub is a ReceiveBatcher of 1 on which the first Receive waits
+// (a long poll on an idle queue, which may never return) and the next one,
+// made once the first is in flight, finds the queue gone.
+type stopsForGoodSub struct {
+	calls    atomic.Int32
+	inFlight chan struct{}
+}
+
+func (s *stopsForGoodSub) ReceiveBatch() int { return 1 }
+
+func (s *stopsForGoodSub) Receive(ctx context.Context, q string, max int) ([]sdk.Delivery, error) {
+	if s.calls.Add(1) == 1 {
+		close(s.inFlight)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	<-s.inFlight
+	return nil, fmt.Errorf("queue %q: %w", q, sdk.ErrNotFound)
+}
+
+// TestWorkerReceiveLoopsOneStopsThemAll: with several receive loops on one
+// queue, a loop whose Receive finds the queue missing stops the Worker: Run
+// returns ErrNotFound at once, and the other loop's Receive waiting on the
+// queue is cancelled rather than left to wait until Run's ctx ends (it was:
+// Run stayed running, and live, with its queue gone).
+func TestWorkerReceiveLoopsOneStopsThemAll(t *testing.T) {
+	sub := &stopsForGoodSub{inFlight: make(chan struct{})}
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "q", Concurrency: 2, Prefetch: 2, ReceiveLoops: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(ctx) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, sdk.ErrNotFound) {
+			t.Fatalf("Run returned %v, want ErrNotFound", err)
+		}
+	case <-time.After(berthtest.WaitTimeout):
+		h := w.Health()
+		cancel()
+		<-errc
+		t.Fatalf("Run still running %s after one receive loop found the queue missing (health then: state %s, live %v)", berthtest.WaitTimeout, h.State, h.Live)
 	}
 }
