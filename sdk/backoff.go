@@ -35,7 +35,8 @@ func (b Backoff) withDefaults() Backoff {
 
 // Delay returns the delay before the retry that follows attempt (1-based),
 // with u, a number in [0, 1), choosing the jitter. Given the same u it is
-// deterministic.
+// deterministic. It is never negative: a sum beyond the largest Duration is
+// that Duration.
 func (b Backoff) Delay(attempt int, u float64) time.Duration {
 	b = b.withDefaults()
 	if attempt < 1 {
@@ -53,5 +54,15 @@ func (b Backoff) Delay(attempt int, u float64) time.Duration {
 	if u >= 1 {
 		u = math.Nextafter(1, 0)
 	}
-	return d + time.Duration(max(b.Jitter, 0)*u*float64(d))
+	// The jitter saturates rather than overflow: a huge Max (math.MaxInt64
+	// for "no cap") or Jitter would otherwise wrap to a negative delay,
+	// which brokers take as "retry now". A NaN Jitter is none.
+	j := b.Jitter * u * float64(d)
+	if !(j > 0) {
+		return d
+	}
+	if j >= math.MaxInt64 || time.Duration(j) > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return d + time.Duration(j)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,29 @@ func TestBackoff(t *testing.T) {
 	}
 	if got := (sdk.Backoff{Base: time.Second, Jitter: -1}).Delay(1, 0.99); got != time.Second {
 		t.Errorf("negative jitter means none: got %v", got)
+	}
+}
+
+// TestBackoffHugeNeverNegative: a Max of math.MaxInt64 ("no cap") or a huge
+// Jitter saturates instead of wrapping to a negative delay, which every
+// broker clamps to 0: the retry would come at once instead of after the
+// longest delay.
+func TestBackoffHugeNeverNegative(t *testing.T) {
+	for _, b := range []sdk.Backoff{
+		{Base: time.Second, Max: math.MaxInt64},
+		{Base: time.Hour, Max: math.MaxInt64, Jitter: 1},
+		{Base: time.Second, Max: time.Hour, Jitter: 1e20},
+		{Base: time.Second, Max: time.Hour, Jitter: math.Inf(1)},
+	} {
+		for _, attempt := range []int{1, 34, 40, 100, math.MaxInt} {
+			floor := b.Delay(attempt, 0)
+			if got := b.Delay(attempt, 0.999); got < floor || got <= 0 {
+				t.Errorf("%+v.Delay(%d, 0.999) = %v, want at least the unjittered %v", b, attempt, got, floor)
+			}
+		}
+	}
+	if got := (sdk.Backoff{Base: time.Second, Jitter: math.NaN()}).Delay(1, 0.5); got != time.Second {
+		t.Errorf("NaN jitter: got %v, want none (1s)", got)
 	}
 }
 
