@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"fmt"
+	"reflect"
 )
 
 // JobArgs is the payload of a typed job: a value encoded as the message's
@@ -43,10 +44,17 @@ type Job[T JobArgs] struct {
 
 // NewJob returns a message of args' kind whose body is args encoded as JSON,
 // with the idempotency key args give when they implement [JobKeyer]. Set
-// the other fields (Key, Delay, Headers) on the returned message.
+// the other fields (Key, Delay, Headers) on the returned message. Nil args,
+// a nil pointer included, and args that encode to null are refused with
+// [ErrInvalidMessage].
 func NewJob(args JobArgs) (*Message, error) {
 	if args == nil {
 		return nil, fmt.Errorf("%w: nil job args", ErrInvalidMessage)
+	}
+	if v := reflect.ValueOf(args); v.Kind() == reflect.Pointer && v.IsNil() {
+		// It would encode to null; and Kind, declared on the value type,
+		// would panic on it.
+		return nil, fmt.Errorf("%w: nil job args %T", ErrInvalidMessage, args)
 	}
 	kind := args.Kind()
 	if kind == "" {

@@ -50,6 +50,26 @@ func TestNewJobTakesTypeAndKeyFromArgs(t *testing.T) {
 	}
 }
 
+// TestNewJobRefusesNilPointerArgs: a nil pointer to args whose Kind has a
+// value receiver (the common way to declare it, as chargeOrder does) is
+// refused with ErrInvalidMessage like any args that encode to null; NewJob
+// panicked calling Kind on it ("value method called using nil pointer").
+func TestNewJobRefusesNilPointerArgs(t *testing.T) {
+	var m *sdk.Message
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("NewJob((*chargeOrder)(nil)) panicked: %v", r)
+			}
+		}()
+		m, err = sdk.NewJob((*chargeOrder)(nil))
+	}()
+	if m != nil || !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Fatalf("NewJob((*chargeOrder)(nil)) = %+v, %v; want ErrInvalidMessage", m, err)
+	}
+}
+
 // TestHandleJobRoutesDecodedArgs: a typed handler is registered under its
 // args' kind, receives them decoded with the delivery, and its errors are
 // settled as any handler's.
