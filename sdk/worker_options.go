@@ -36,6 +36,24 @@ const (
 	DefaultSettleTimeout = 5 * time.Second
 )
 
+// inherit fills the fields p leaves zero from parent (the Worker's Retry,
+// with its defaults applied).
+func (p RetryPolicy) inherit(parent RetryPolicy) RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = parent.MaxAttempts
+	}
+	if p.Backoff.Base <= 0 {
+		p.Backoff.Base = parent.Backoff.Base
+	}
+	if p.Backoff.Max <= 0 {
+		p.Backoff.Max = parent.Backoff.Max
+	}
+	if p.Backoff.Jitter == 0 {
+		p.Backoff.Jitter = parent.Backoff.Jitter
+	}
+	return p
+}
+
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = DefaultMaxAttempts
@@ -94,7 +112,10 @@ type WorkerOptions struct {
 	Prefetch int
 	// Retry is the retry policy for job types without their own.
 	Retry RetryPolicy
-	// RetryByType overrides Retry per Message.Type.
+	// RetryByType overrides Retry per Message.Type. A field an entry leaves
+	// zero (MaxAttempts, or one of Backoff's) is Retry's, as a zero
+	// TimeoutByType entry is Timeout: an entry that only slows one type's
+	// backoff keeps the Worker's MaxAttempts.
 	RetryByType map[string]RetryPolicy
 	// Timeout bounds each handler run. When it passes, the handler's context
 	// is cancelled with cause [ErrJobTimeout] (context.Cause(ctx); it matches
@@ -180,7 +201,7 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 	if o.RetryByType != nil {
 		m := make(map[string]RetryPolicy, len(o.RetryByType))
 		for t, p := range o.RetryByType {
-			m[t] = p.withDefaults()
+			m[t] = p.inherit(o.Retry).withDefaults()
 		}
 		o.RetryByType = m
 	}

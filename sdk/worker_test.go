@@ -140,6 +140,26 @@ func TestRetryPolicyByType(t *testing.T) {
 	}
 }
 
+// A RetryByType entry that sets only some fields takes the others from the
+// Worker's Retry, as a zero TimeoutByType entry takes the Worker's Timeout:
+// an entry that slows one type's backoff does not also cut its attempts to
+// the package default.
+func TestRetryByTypeInheritsWorkerRetry(t *testing.T) {
+	sub := newFakeSub()
+	d := newFake(5, "slowish")
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return errors.New("flaky") })
+	runWorker(t, sub, h, sdk.WorkerOptions{
+		Retry:       sdk.RetryPolicy{MaxAttempts: 10, Backoff: sdk.Backoff{Base: time.Second, Max: time.Hour, Jitter: -1}},
+		RetryByType: map[string]sdk.RetryPolicy{"slowish": {Backoff: sdk.Backoff{Base: 3 * time.Second}}},
+	})
+	sub.ch <- d.WithoutRelease()
+	waitSettled(t, d)
+	// Attempt 5 of the Worker's 10: retried after 3s·2^4, without jitter.
+	if a := actions(d); a[0] != "retry" || first(d).Delay != 48*time.Second {
+		t.Errorf("slowish at attempt 5: %v after %v, want retry after 48s (MaxAttempts 10, Max 1h and no jitter from Retry)", a, first(d).Delay)
+	}
+}
+
 type observer struct {
 	start   func(ctx context.Context, d sdk.Delivery) context.Context
 	settled func(ctx context.Context, d sdk.Delivery, s sdk.Settlement)
