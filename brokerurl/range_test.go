@@ -22,6 +22,8 @@ func TestUnusableValuesAreParamErrors(t *testing.T) {
 		{"amqp://admin:pw@127.0.0.1:1/?heartbeat=500ms", "heartbeat"},
 		{"amqp://admin:pw@127.0.0.1:1/?prefetch=70000", "prefetch"},
 		{"postgres://admin:pw@127.0.0.1:1/db?lease=500us&connect_timeout=2", "lease"},
+		{"postgres://admin:pw@127.0.0.1:1/db?max_attempts=2147483648&connect_timeout=2", "max_attempts"},
+		{"postgres://admin:pw@127.0.0.1:1/db?max_attempts=-1&connect_timeout=2", "max_attempts"},
 		{"nats://127.0.0.1:1?ack_wait=50ms", "ack_wait"},
 		{"nats://127.0.0.1:1?prefix=a.b", "prefix"},
 		{"http://127.0.0.1:1?visibility_timeout=13h", "visibility_timeout"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"time"
@@ -122,7 +123,8 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 
 // openPostgres opens the PostgreSQL job table: postgres://user:pass@host/db.
 //
-// Parameters: schema, lease (duration, at least 1ms), max_attempts,
+// Parameters: schema, lease (duration, at least 1ms), max_attempts (0, the
+// default, to 2147483647: the column is a PostgreSQL integer),
 // poll_interval (duration), listen (default true; false for poolers in
 // transaction mode), dedupe_enqueue, migrate (true: create or upgrade the
 // table on open). Every other parameter (sslmode, application_name, …) goes
@@ -138,6 +140,7 @@ func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	}
 	migrate := p.Bool("migrate", false)
 	p.check("lease", o.Lease == 0 || o.Lease >= time.Millisecond, "want a duration of at least 1ms")
+	p.check("max_attempts", o.MaxAttempts >= 0 && o.MaxAttempts <= math.MaxInt32, "want an integer from 0 (the default) to 2147483647")
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
 		return nil, err

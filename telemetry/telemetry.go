@@ -562,7 +562,7 @@ func (o *Observer) observeCounts(_ context.Context, obs metric.Observer) error {
 	return nil
 }
 
-// validText returns s, made valid UTF-8 (each invalid byte becomes U+FFFD)
+// validText returns s, made valid UTF-8 (each run of invalid bytes becomes one U+FFFD)
 // when it is not. Message fields come from the producer, which may be outside
 // berth and write any bytes, and an OTLP exporter refuses a whole batch of
 // spans with one attribute that is not valid UTF-8.
