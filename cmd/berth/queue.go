@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -70,11 +72,16 @@ func runQueueChange(ctx context.Context, c *cli, args []string, paused bool) err
 	if len(args) == 0 {
 		return usagef("name the queues")
 	}
-	if paused { // every name is checked before any queue is paused
-		for _, q := range args {
+	// Every name is checked before any change. Resume refuses only what
+	// PostgreSQL cannot store, so that queues paused under older naming
+	// rules can still be resumed.
+	for _, q := range args {
+		if paused {
 			if err := sdk.ValidateQueueName(q); err != nil {
 				return &usageError{err.Error()}
 			}
+		} else if !utf8.ValidString(q) || strings.IndexByte(q, 0) >= 0 {
+			return &usageError{(&sdk.QueueNameError{Name: q, Reason: "not text PostgreSQL can store"}).Error()}
 		}
 	}
 	s, closeDB, err := c.openPause(ctx, true)

@@ -84,6 +84,33 @@ func TestQueuePauseRefusesABadNameFirst(t *testing.T) {
 	}
 }
 
+// Resume checks its names before any change too: a name PostgreSQL cannot
+// store (not UTF-8, or a NUL) is a usage error, and the good queue named
+// before it stays paused. Names that merely break today's naming rules are
+// not refused, so that queues paused by an older version can be resumed.
+func TestQueueResumeRefusesUnstorableNameFirst(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	pool, schema := pgtest.Schema(t, 0)
+	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, "emails"); err != nil {
+		t.Fatal(err)
+	}
+	r := cliDB(t, "", false, "queue", "resume", "-db", dsn, "-schema", schema, "emails", "bad\xffname")
+	if r.code != exitUsage || strings.Contains(r.out, "emails resumed") {
+		t.Fatalf("resume with an unstorable name: %+v", r)
+	}
+	if ps, err := s.Paused(ctx); err != nil || len(ps) != 1 || ps[0].Queue != "emails" {
+		t.Fatalf("paused after a refused resume: %+v %v, want emails still paused", ps, err)
+	}
+}
+
 // readOnlyDSN is dsn with every transaction read-only, as on a hot-standby
 // replica.
 func readOnlyDSN(t *testing.T, dsn string) string {
