@@ -57,7 +57,7 @@ func (b *Broker) DeadLetterPage(_ context.Context, queue, cursor string, limit i
 	defer q.mu.Unlock()
 	q.promote(time.Now(), b.maxDeliveries)
 	i := sort.Search(len(q.dead), func(i int) bool { return q.deadSeq[q.dead[i]] > after })
-	end := min(len(q.dead), i+limit)
+	end := i + min(len(q.dead)-i, limit) // not i+limit: a limit of MaxInt would overflow
 	out := make([]*sdk.Message, 0, end-i)
 	for _, m := range q.dead[i:end] {
 		out = append(out, m.Clone())
