@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ func TestOptionsValidated(t *testing.T) {
 		"negative":       {Prefetch: -1},
 		"prefetch":       {Prefetch: 70000},
 		"tiny bucket":    {DelayBuckets: []time.Duration{time.Microsecond}},
+		"huge bucket":    {DelayBuckets: []time.Duration{math.MaxInt64}},
 		"negative limit": {MaxDeliveries: -2},
 	} {
 		if _, err := New(t.Context(), "amqp://guest:guest@127.0.0.1:5672/", o); err == nil {

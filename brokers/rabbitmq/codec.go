@@ -82,16 +82,65 @@ func encode(m *sdk.Message, attempt int, now time.Time) amqp.Publishing {
 	}
 }
 
+// carried is what a copy berth publishes of a delivered message (Retry,
+// Release, DeadLetter, redrive, Close's hand-back) keeps of it although
+// Message cannot hold it: non-string header values and the AMQP properties
+// that a producer outside berth may set. The copy is built from the Message
+// (encode); apply puts these back, so that nothing of the message is lost
+// on the way. Not the expiration (a per-message TTL would start again on
+// the copy, and could expire a dead letter) nor the user ID (the server
+// checks it against the login).
+type carried struct {
+	headers         amqp.Table // see decoded.extra
+	contentType     string
+	contentEncoding string
+	appID           string
+	replyTo         string
+	priority        uint8
+}
+
+// carriedOf returns what copies of d keep; extra is decode's.
+func carriedOf(d amqp.Delivery, extra amqp.Table) carried {
+	return carried{headers: extra, contentType: d.ContentType, contentEncoding: d.ContentEncoding,
+		appID: d.AppId, replyTo: d.ReplyTo, priority: d.Priority}
+}
+
+// apply adds to p, a copy encode made, the properties of c and the headers
+// of c that p does not carry.
+func (c carried) apply(p amqp.Publishing) amqp.Publishing {
+	p.ContentType, p.ContentEncoding, p.AppId, p.ReplyTo, p.Priority =
+		c.contentType, c.contentEncoding, c.appID, c.replyTo, c.priority
+	if len(c.headers) == 0 {
+		return p
+	}
+	if p.Headers == nil {
+		p.Headers = make(amqp.Table, len(c.headers))
+	}
+	for k, v := range c.headers {
+		if _, ok := p.Headers[k]; !ok {
+			p.Headers[k] = v
+		}
+	}
+	return p
+}
+
 // decoded is a message read back from AMQP, with what the wire said about
 // its attempts.
 type decoded struct {
 	msg         *sdk.Message
 	base        int // the attempt header, 1 when absent
 	deliveryCnt int // x-delivery-count (quorum queues), -1 when absent
+	// extra holds the header values Message cannot carry: non-string
+	// values (numbers, booleans, byte arrays, tables, arrays) that a
+	// producer outside berth set. Nil when there are none. The copies
+	// berth publishes of the message carry them again (see carried).
+	extra amqp.Table
 }
 
-// decode turns an AMQP message back into a Message. Broker headers and
-// non-string header values (which berth never writes) are left out.
+// decode turns an AMQP message back into a Message. Broker headers are
+// left out; non-string header values (which berth never writes) are kept
+// aside in extra, except under reserved berth- names, which only berth
+// writes, and always as strings.
 func decode(h amqp.Table, id, typ, corr string, body []byte) decoded {
 	m := &sdk.Message{ID: id, Type: typ, CorrelationID: corr, Body: body}
 	d := decoded{msg: m, base: 1, deliveryCnt: -1}
@@ -103,7 +152,7 @@ func decode(h amqp.Table, id, typ, corr string, body []byte) decoded {
 			m.Key, _ = v.(string)
 		case sdk.HeaderAttempt:
 			if n, ok := toInt(v); ok && n > 0 {
-				d.base = n
+				d.base = min(n, maxAttempt)
 			}
 		case "x-delivery-count":
 			if n, ok := toInt(v); ok {
@@ -115,11 +164,23 @@ func decode(h amqp.Table, id, typ, corr string, body []byte) decoded {
 			}
 			if s, ok := v.(string); ok {
 				m.SetHeader(k, s)
+			} else if !strings.HasPrefix(k, "berth-") {
+				if d.extra == nil {
+					d.extra = amqp.Table{}
+				}
+				d.extra[k] = v
 			}
 		}
 	}
 	return d
 }
+
+// maxAttempt bounds Attempt(): the attempt header can be set to any number
+// by a producer outside berth, and Attempt()+1 (a Retry's copy) or the
+// attempt header plus x-delivery-count must not wrap round to a negative
+// attempt, or to one that encode leaves out (the attempts starting again at
+// 1). An attempt this high is dead-lettered by any retry policy.
+const maxAttempt = 1 << 30
 
 func toInt(v any) (int, bool) {
 	switch n := v.(type) {

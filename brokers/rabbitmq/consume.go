@@ -488,7 +488,7 @@ drain:
 	now := time.Now()
 	out := make([]outgoing, len(unseen))
 	for i, d := range unseen {
-		out[i] = outgoing{id: d.msg.ID, key: c.queue, pub: encode(d.msg, d.attempt, now)}
+		out[i] = outgoing{id: d.msg.ID, key: c.queue, pub: d.keep.apply(encode(d.msg, d.attempt, now))}
 	}
 	err := b.sendAll(ctx, out)
 	var pe *sdk.PublishError
@@ -583,9 +583,9 @@ func (c *consumer) stop(err error) {
 
 func (c *consumer) wrap(d amqp.Delivery, st *chanState) *delivery {
 	dec := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body)
-	attempt := dec.base + redeliveries(c.b.opts.QueueType, d.Redelivered, dec.deliveryCnt)
+	attempt := dec.base + min(redeliveries(c.b.opts.QueueType, d.Redelivered, dec.deliveryCnt), maxAttempt-dec.base)
 	st.track(d.DeliveryTag)
-	return &delivery{c: c, st: st, tag: d.DeliveryTag, msg: dec.msg, attempt: attempt}
+	return &delivery{c: c, st: st, tag: d.DeliveryTag, msg: dec.msg, keep: carriedOf(d, dec.extra), attempt: attempt}
 }
 
 // redeliveries is how many times the server delivered this copy of a
@@ -675,6 +675,7 @@ type delivery struct {
 	st      *chanState
 	tag     uint64
 	msg     *sdk.Message
+	keep    carried // what msg cannot hold, for its copies
 	attempt int
 	settled atomic.Bool
 }
@@ -783,7 +784,7 @@ func (d *delivery) republish(ctx context.Context, m *sdk.Message, attempt int, d
 		}
 		key = q
 	}
-	out := []outgoing{{id: m.ID, key: key, pub: encode(m, attempt, time.Now())}}
+	out := []outgoing{{id: m.ID, key: key, pub: d.keep.apply(encode(m, attempt, time.Now()))}}
 	if err := b.sendSettlement(ctx, out); err != nil {
 		b.forgetUnroutable(err, key)
 		return d.requeue(err)
@@ -842,7 +843,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	m := d.msg.Clone()
 	now := time.Now()
 	sdk.AnnotateDeadLetter(m, d.c.queue, d.attempt, cause, time.Time{}, now)
-	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: encode(m, 1, now)}}
+	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: d.keep.apply(encode(m, 1, now))}}
 	if err := b.sendSettlement(ctx, out); err != nil {
 		b.forgetUnroutable(err, d.c.queue)
 		if errors.Is(err, sdk.ErrNotFound) && !errors.As(err, new(*UnroutableError)) {

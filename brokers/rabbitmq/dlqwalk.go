@@ -109,10 +109,11 @@ const (
 
 // walkLetter is a dead letter a walk holds, unacknowledged.
 type walkLetter struct {
-	tag uint64
-	msg *sdk.Message
-	raw amqp.Publishing // the dead letter as the server holds it, to keep it
-	v   verdict
+	tag  uint64
+	msg  *sdk.Message
+	keep carried         // what msg cannot hold, for a redrive's copy
+	raw  amqp.Publishing // the dead letter as the server holds it, to keep it
+	v    verdict
 }
 
 // walkResult counts a walk.
@@ -219,7 +220,8 @@ func (b *Broker) walk(ctx context.Context, queue string, size int, fn func(page 
 
 // walkLetter decodes d, a dead letter of queue.
 func (b *Broker) walkLetter(d amqp.Delivery, queue string) *walkLetter {
-	m := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body).msg
+	dec := decode(d.Headers, d.MessageId, d.Type, d.CorrelationId, d.Body)
+	m := dec.msg
 	delete(m.Headers, walkStampHeader)
 	annotateBrokerDeath(m, d.Headers, queue)
 	raw := amqp.Publishing{
@@ -233,7 +235,7 @@ func (b *Broker) walkLetter(d amqp.Delivery, queue string) *walkLetter {
 		raw.Headers = amqp.Table{}
 	}
 	delete(raw.Headers, "x-delivery-count")
-	return &walkLetter{tag: d.DeliveryTag, msg: m, raw: raw}
+	return &walkLetter{tag: d.DeliveryTag, msg: m, keep: carriedOf(d, dec.extra), raw: raw}
 }
 
 // finishPage publishes the page's kept letters (stamped) to the tail of
@@ -258,7 +260,7 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 			// never the berth-dlq-queue header: a message can carry a
 			// forged one.
 			sdk.PrepareRedrive(l.msg, queue)
-			out = append(out, outgoing{id: l.msg.ID, key: queue, pub: encode(l.msg, 1, now)})
+			out = append(out, outgoing{id: l.msg.ID, key: queue, pub: l.keep.apply(encode(l.msg, 1, now))})
 		}
 	}
 	for _, d := range own {

@@ -21,6 +21,12 @@
 //     still fails, the original is returned to the queue (basic.nack with
 //     requeue): nothing is lost between the two steps, at worst a message is
 //     delivered twice.
+//   - What a Message cannot hold of a message published outside berth
+//     (header values other than strings: numbers, booleans, byte arrays,
+//     tables, arrays; the content type and encoding, app ID, reply-to and
+//     priority properties) is not in the delivered Message, but every copy
+//     berth publishes of it (Retry, Release, DeadLetter, redrive, Close's
+//     hand-back) carries it.
 //   - A message that kills every worker is dead-lettered by the broker itself:
 //     quorum queues are declared with x-delivery-limit, and dead-letter at
 //     least once (x-dead-letter-strategy at-least-once, x-overflow
@@ -191,6 +197,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -268,7 +275,9 @@ type Options struct {
 	// 128 MiB).
 	MaxMessageSize int
 	// DelayBuckets are the TTLs of the delay queues. Default
-	// [DefaultDelayBuckets]. Every bucket must be at least 1ms. The largest
+	// [DefaultDelayBuckets]. Every bucket must be at least 1ms; one that is
+	// not a whole number of milliseconds (the unit of a queue's TTL) is
+	// rounded up to the next. The largest
 	// bounds Publish delays ([*DelayError]) and cuts longer Retry delays.
 	DelayBuckets []time.Duration
 	// DeadLetterExchange is the direct exchange dead letters go through.
@@ -361,11 +370,21 @@ func (o Options) withDefaults() (Options, error) {
 		o.DelayBuckets = DefaultDelayBuckets
 	}
 	o.DelayBuckets = slices.Clone(o.DelayBuckets)
+	for i, d := range o.DelayBuckets {
+		if d < time.Millisecond {
+			return o, fmt.Errorf("rabbitmq: delay bucket %s below 1ms", d)
+		}
+		// A delay queue's TTL (x-message-ttl) and name are in whole
+		// milliseconds: rounded down, a bucket would deliver early.
+		if r := d % time.Millisecond; r > 0 {
+			if d > math.MaxInt64-time.Millisecond {
+				return o, fmt.Errorf("rabbitmq: delay bucket %s too long", d)
+			}
+			o.DelayBuckets[i] = d - r + time.Millisecond
+		}
+	}
 	slices.Sort(o.DelayBuckets)
 	o.DelayBuckets = slices.Compact(o.DelayBuckets)
-	if o.DelayBuckets[0] < time.Millisecond {
-		return o, fmt.Errorf("rabbitmq: delay bucket %s below 1ms", o.DelayBuckets[0])
-	}
 	if o.DeadLetterExchange == "" {
 		o.DeadLetterExchange = DefaultDeadLetterExchange
 	}
