@@ -3,6 +3,7 @@ package jetstream_test
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -264,6 +265,14 @@ func TestDeadLetterPagesAndDelete(t *testing.T) {
 	}
 	if len(walked) != n {
 		t.Fatalf("walked %d dead letters, want %d", len(walked), n)
+	}
+	// "Everything" (math.MaxInt) after a cursor: the rest, not an overflow.
+	_, cursor, err := b.DeadLetterPage(ctx, q, "", 1)
+	if err != nil || cursor == "" {
+		t.Fatalf("first page: cursor %q, %v", cursor, err)
+	}
+	if rest, next, err := b.DeadLetterPage(ctx, q, cursor, math.MaxInt); err != nil || len(rest) != n-3 || next != "" {
+		t.Fatalf("the rest with limit MaxInt: %d letters, cursor %q, %v; want %d, \"\", nil", len(rest), next, err, n-3)
 	}
 	for i := range order {
 		if walked[i] != order[i] {

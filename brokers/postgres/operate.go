@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,9 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 	if limit <= 0 {
 		limit = sdk.DefaultListLimit
 	}
+	// One more than asked tells whether another page follows: a limit of
+	// "everything" (math.MaxInt) must not wrap round to a negative LIMIT.
+	limit = min(limit, math.MaxInt32)
 	after, afterID := time.Time{}, int64(0)
 	if cursor != "" {
 		us, id, ok := strings.Cut(cursor, "-")

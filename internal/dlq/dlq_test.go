@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"regexp"
 	"testing"
@@ -144,6 +145,17 @@ func TestPagesSeeEveryDeadLetterOnce(t *testing.T) {
 			if n != 1 {
 				t.Fatalf("%s seen %d times", id, n)
 			}
+		}
+		// A limit of "everything" (math.MaxInt) after a cursor gives the
+		// rest (the two redriven above are gone), not an overflow of the
+		// one-more-than-asked probe.
+		first, cursor, err := b.DeadLetterPage(ctx, "billing", "", 5)
+		if err != nil || len(first) != 5 || cursor == "" {
+			t.Fatalf("first page: %d letters, cursor %q, %v", len(first), cursor, err)
+		}
+		rest, next, err := b.DeadLetterPage(ctx, "billing", cursor, math.MaxInt)
+		if err != nil || len(rest) != len(ids)-2-5 || next != "" {
+			t.Fatalf("the rest with limit MaxInt: %d letters, cursor %q, %v; want %d, \"\", nil", len(rest), next, err, len(ids)-2-5)
 		}
 		if _, _, err := b.DeadLetterPage(ctx, "billing", "not-a-cursor", 5); err == nil {
 			t.Fatal("a made-up cursor was accepted")
