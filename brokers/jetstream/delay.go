@@ -88,7 +88,7 @@ func (b *Broker) moveOne(ctx context.Context, q *queueState, m *nats.Msg) {
 	if err == nil && dec.ignoredA {
 		// An attempt berth did not store: not carried over to the ready
 		// copy either, whose move ID would make it look like berth's.
-		if c, cerr := encode(dec.msg, q.ready, 1, time.Time{}); cerr == nil {
+		if c, cerr := encode(dec.msg, dec.extra, q.ready, 1, time.Time{}); cerr == nil {
 			w.Header[headerEnvelope] = c.Header[headerEnvelope]
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/berthq/berth/sdk"
 )
 
@@ -14,9 +16,10 @@ type delivery struct {
 	b         *Broker
 	q         *queueState
 	msg       *sdk.Message
-	reply     string // the $JS.ACK subject of this delivery
-	seq       uint64 // stream sequence
-	delivered uint64 // JetStream's NumDelivered
+	extra     nats.Header // the stored message's foreign NATS headers, kept by every copy
+	reply     string      // the $JS.ACK subject of this delivery
+	seq       uint64      // stream sequence
+	delivered uint64      // JetStream's NumDelivered
 	attempt   int
 
 	mu       sync.Mutex
@@ -235,7 +238,7 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 	if attempts <= 0 {
 		delete(m.Headers, sdk.HeaderDeadLetterAttempts)
 	}
-	w, err := encode(m, d.q.dead+"."+idToken(m.ID), 1, time.Time{})
+	w, err := encode(m, d.extra, d.q.dead+"."+idToken(m.ID), 1, time.Time{})
 	if err != nil {
 		return d.end(err)
 	}
@@ -261,7 +264,7 @@ func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
 	if delay > 0 {
 		subject, notBefore = d.q.delayed, time.Now().Add(delay)
 	}
-	w, err := encode(d.msg, subject, d.attempt, notBefore)
+	w, err := encode(d.msg, d.extra, subject, d.attempt, notBefore)
 	if err != nil {
 		return d.end(err)
 	}

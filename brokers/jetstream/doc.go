@@ -36,7 +36,10 @@
 //     accepts fits (a correlation ID equal to the message ID is left out
 //     and restored on receive); the body is the NATS payload as it is. Messages from
 //     other producers (no Berth-Message) are delivered with their
-//     Nats-Msg-Id (else stream:sequence) as ID and their headers as headers.
+//     Nats-Msg-Id (else, or when it is not UTF-8, stream:sequence) as ID and
+//     their headers (first values) as headers; every copy berth stores of
+//     one (Release, dead letter, redrive) keeps its NATS headers as they
+//     were, every value and byte.
 //   - Receive pulls (a no_wait pull of max, else a long poll for one for up
 //     to [Options.WaitTime], then a no_wait pull for the rest). Attempt() is
 //     JetStream's NumDelivered, which counts naks and expired AckWaits alike.
@@ -81,7 +84,8 @@
 //     but dead-lettered with the cause [sdk.ErrMaxDeliveries] (class
 //     "poison"). The check needs one more delivery, which happens on the
 //     next Receive after the last lease ran out.
-//   - A Receive whose context ends during its long poll returns at once.
+//   - A Receive whose context ends during its long poll (or while the
+//     answer to a no_wait pull arrives) returns at once.
 //     The pull request stays open on the server until it expires; a message
 //     it still delivers is handed back like a Release, without consuming an
 //     attempt, by a goroutine the Broker owns (stopped by Close).

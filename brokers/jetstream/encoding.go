@@ -54,9 +54,25 @@ func validate(m *sdk.Message) error {
 
 // encode returns the NATS message for m on subject. base is the attempt its
 // first delivery counts as (1 for a new message); notBefore, when not zero,
-// is when a delayed copy becomes ready.
-func encode(m *sdk.Message, subject string, base int, notBefore time.Time) (*nats.Msg, error) {
+// is when a delayed copy becomes ready. extra, nil for a message berth
+// publishes, is the NATS headers of the stored message m was decoded from
+// that are not berth's or JetStream's (a foreign producer's, see
+// [foreignHeaders]): the copy carries them as they are, every value and
+// byte, and the envelope only the headers of m that differ from them.
+func encode(m *sdk.Message, extra nats.Header, subject string, base int, notBefore time.Time) (*nats.Msg, error) {
 	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, H: m.Headers}
+	if len(extra) > 0 {
+		env.H = nil
+		for k, v := range m.Headers {
+			if vs := extra[k]; len(vs) > 0 && vs[0] == v {
+				continue // restored from the NATS header by decode
+			}
+			if env.H == nil {
+				env.H = make(map[string]string, len(m.Headers))
+			}
+			env.H[k] = v
+		}
+	}
 	if env.C == env.ID {
 		// A message outside any flow carries its own ID as correlation
 		// ID (sdk.Prepare): left out, decode restores it, and the header
@@ -77,7 +93,10 @@ func encode(m *sdk.Message, subject string, base int, notBefore time.Time) (*nat
 		}
 		value = raw
 	}
-	msg := &nats.Msg{Subject: subject, Header: make(nats.Header, 2), Data: m.Body} // and Nats-Msg-Id
+	msg := &nats.Msg{Subject: subject, Header: make(nats.Header, 2+len(extra)), Data: m.Body} // and Nats-Msg-Id
+	for k, vs := range extra {
+		msg.Header[k] = vs
+	}
 	msg.Header[headerEnvelope] = []string{string(value)}
 	return msg, nil
 }
@@ -131,9 +150,10 @@ func plainJSON(s string) bool {
 	return true
 }
 
-// wireSize is what the server counts against max_payload: headers and body.
-func wireSize(msg *nats.Msg) int {
-	n := len("NATS/1.0\r\n\r\n") + len(msg.Data)
+// wireSize is what the server counts against max_payload, headers and body,
+// of msg published with Nats-Msg-Id id (which nats.go adds to its headers).
+func wireSize(msg *nats.Msg, id string) int {
+	n := len("NATS/1.0\r\n\r\n") + len(msg.Data) + len(nats.MsgIdHdr) + len(": \r\n") + len(id)
 	for k, vs := range msg.Header {
 		for _, v := range vs {
 			n += len(k) + len(": \r\n") + len(v)
@@ -247,12 +267,38 @@ type decoded struct {
 	// ignoredA is set when the envelope had an attempt (A) that decode did
 	// not honour: the copy was not stored by berth to carry one over.
 	ignoredA bool
+	// extra is the message's foreign NATS headers ([foreignHeaders]), nil
+	// when there are none; every copy berth stores of it passes them to
+	// encode.
+	extra nats.Header
+}
+
+// foreignHeaders returns the NATS headers of a stored message that are
+// neither berth's envelope nor JetStream's own (Nats-*), nil when there are
+// none: a foreign producer's headers, which may have several values and
+// values that are not UTF-8 (neither fits the envelope's JSON, which would
+// keep the first value and replace invalid bytes).
+func foreignHeaders(h nats.Header) nats.Header {
+	var extra nats.Header
+	for k, vs := range h {
+		if k == headerEnvelope || strings.HasPrefix(k, "Nats-") || len(vs) == 0 {
+			continue
+		}
+		if extra == nil {
+			extra = make(nats.Header, len(h))
+		}
+		extra[k] = vs
+	}
+	return extra
 }
 
 // decode restores the message encode wrote. A message without the
-// Berth-Message header (from another producer) gets its Nats-Msg-Id (else
-// "<stream>:<seq>") as ID, its data as body, and its headers (first
-// values; JetStream's own Nats-* headers left out) as headers.
+// Berth-Message header (from another producer) gets its Nats-Msg-Id (else,
+// or when that is not UTF-8, "<stream>:<seq>") as ID, its data as body, and its headers (first
+// values; JetStream's own Nats-* headers left out) as headers. Those NATS
+// headers are also the decoded's extra, which every copy of the message
+// carries (see [encode]); a copy's envelope headers take precedence over
+// them.
 //
 // The envelope's attempt (A) is honoured only for a copy whose Nats-Msg-Id
 // says berth stored it to carry an attempt over ([carriesAttempt]), and is
@@ -262,30 +308,41 @@ func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, err
 	raw := h.Get(headerEnvelope)
 	if raw == "" {
 		id := h.Get(nats.MsgIdHdr)
-		if id == "" {
+		if id == "" || !utf8.ValidString(id) {
+			// Not UTF-8, an ID would change in the envelope of every copy
+			// (JSON replaces the bytes): its dead letter, stored under
+			// the ID's token, could not be found by the ID it shows.
 			id = stream + ":" + strconv.FormatUint(seq, 10)
 		}
 		m := &sdk.Message{ID: id, Body: data}
-		for k, vs := range h {
-			if strings.HasPrefix(k, "Nats-") || len(vs) == 0 {
-				continue
-			}
+		extra := foreignHeaders(h)
+		for k, vs := range extra {
 			m.SetHeader(k, vs[0])
 		}
-		return decoded{msg: m, base: 1}, nil
+		return decoded{msg: m, base: 1, extra: extra}, nil
 	}
 	var env envelope
 	if err := json.Unmarshal([]byte(raw), &env); err != nil {
 		return decoded{}, fmt.Errorf("berth/jetstream: %s:%d: undecodable %s header: %w", stream, seq, headerEnvelope, err)
 	}
 	m := &sdk.Message{ID: env.ID, Type: env.T, IdempotencyKey: env.IK, Key: env.K, CorrelationID: env.C, Headers: env.H}
+	extra := foreignHeaders(h)
+	if extra != nil {
+		m.Headers = make(map[string]string, len(extra)+len(env.H))
+		for k, vs := range extra {
+			m.Headers[k] = vs[0]
+		}
+		for k, v := range env.H {
+			m.Headers[k] = v
+		}
+	}
 	if m.CorrelationID == "" {
 		m.CorrelationID = m.ID // left out by encode when it was the ID
 	}
 	if len(data) > 0 {
 		m.Body = data
 	}
-	d := decoded{msg: m, base: 1}
+	d := decoded{msg: m, base: 1, extra: extra}
 	if env.A > 1 {
 		if carriesAttempt(h.Get(nats.MsgIdHdr)) {
 			d.base = min(env.A, maxCarried)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/berthq/berth/sdk"
@@ -110,8 +111,9 @@ func (b *Broker) deadStream(ctx context.Context, queue string) (*queueState, jet
 
 // deadLetter is one stored dead letter.
 type deadLetter struct {
-	seq uint64
-	msg *sdk.Message
+	seq   uint64
+	msg   *sdk.Message
+	extra nats.Header // foreign NATS headers, kept by a redriven copy
 }
 
 // scan returns up to limit dead letters on subject, oldest first (limit
@@ -135,7 +137,7 @@ func (b *Broker) scanFrom(ctx context.Context, s jetstream.Stream, subject strin
 		if err != nil {
 			return out, err
 		}
-		out = append(out, deadLetter{seq: raw.Sequence, msg: dec.msg})
+		out = append(out, deadLetter{seq: raw.Sequence, msg: dec.msg, extra: dec.extra})
 		seq = raw.Sequence + 1
 	}
 	return out, nil
@@ -285,7 +287,7 @@ const redriveHold = time.Minute
 // call numbers the redrive call: the held copy is this call's own (see
 // idRedriveHold).
 func (b *Broker) redriveOne(ctx context.Context, q *queueState, s jetstream.Stream, target *queueState, ts jetstream.Stream, dl deadLetter, call uint64) (took bool, err error) {
-	held, err := encode(dl.msg, target.delayed, 1, time.Now().Add(redriveHold))
+	held, err := encode(dl.msg, dl.extra, target.delayed, 1, time.Now().Add(redriveHold))
 	if err != nil {
 		return false, err
 	}
@@ -310,7 +312,7 @@ func (b *Broker) redriveOne(ctx context.Context, q *queueState, s jetstream.Stre
 		}
 		return false, nil
 	}
-	w, err := encode(dl.msg, target.ready, 1, time.Time{})
+	w, err := encode(dl.msg, dl.extra, target.ready, 1, time.Time{})
 	if err != nil {
 		return true, err // the held copy becomes ready when due
 	}

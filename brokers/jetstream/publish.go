@@ -51,11 +51,11 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		if m.Delay > 0 {
 			subject, notBefore = q.delayed, now.Add(m.Delay)
 		}
-		w, err := encode(m, subject, 1, notBefore)
+		w, err := encode(m, nil, subject, 1, notBefore)
 		if err != nil {
 			return err
 		}
-		if n, limit := wireSize(w), int(b.nc.MaxPayload()); n > limit {
+		if n, limit := wireSize(w, msgID(m.ID)), int(b.nc.MaxPayload()); n > limit {
 			return &sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit}
 		}
 		wire[i] = w
@@ -304,11 +304,11 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if msg.Delay > 0 {
 		subject, notBefore = q.delayed, time.Now().Add(msg.Delay)
 	}
-	w, err := encode(msg, subject, 1, notBefore)
+	w, err := encode(msg, nil, subject, 1, notBefore)
 	if err != nil {
 		return nil, err
 	}
-	if n, limit := wireSize(w), int(b.nc.MaxPayload()); n > limit {
+	if n, limit := wireSize(w, msgID(msg.ID)), int(b.nc.MaxPayload()); n > limit {
 		return nil, &sdk.MessageTooLargeError{ID: msg.ID, Size: n, Limit: limit}
 	}
 	if err := b.connected("publish"); err != nil {

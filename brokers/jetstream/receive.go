@@ -31,7 +31,8 @@ const maxBatch = 256
 // When ctx ends (or Close is called) during the long poll, Receive returns at
 // once; the pull request stays open on the server until it expires, and a
 // message it still delivers is handed back without consuming an attempt (see
-// the package doc).
+// the package doc). So is a message of a no_wait answer still arriving when
+// ctx ends; those read before are returned.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
 	if b.closed.Load() {
 		return nil, sdk.ErrClosed
@@ -103,8 +104,8 @@ type pullRequest struct {
 // pull sends one pull request for batch messages: no_wait when wait is 0,
 // else open for wait. It reads the answers on a subscription of its own
 // until the batch is full or the server ends the request. When ctx ends
-// first, the subscription is handed to a drain that gives back what the
-// server still delivers.
+// first (a long poll, or a no_wait answer on its way), the subscription is
+// handed to a drain that gives back what the server still delivers.
 func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]pulled, error) {
 	if err := b.connected("pull"); err != nil {
 		return nil, err
@@ -152,11 +153,9 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 			b.untrack(sub)
 			return msgs, sdk.ErrClosed
 		case <-ctx.Done():
-			if wait > 0 {
-				b.drain(q, consumer, sub, ch, limit)
-			} else {
-				b.untrack(sub)
-			}
+			// A no_wait answer may be arriving too: the server has
+			// counted a delivery of each message it sends.
+			b.drain(q, consumer, sub, ch, limit)
 			return msgs, ctx.Err()
 		case <-timer.C:
 			b.untrack(sub) // request lost (reconnect): the caller asks again
@@ -251,7 +250,7 @@ func (b *Broker) giveBack(q *queueState, consumer string, m *nats.Msg) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	id := internalID(idGiveBack, q.stream, meta.Sequence.Stream, meta.NumDelivered)
-	w, err := encode(dec.msg, q.ready, attempt, time.Time{})
+	w, err := encode(dec.msg, dec.extra, q.ready, attempt, time.Time{})
 	if err == nil {
 		err = b.publishOne(ctx, q.stream, w, id)
 	}
@@ -294,14 +293,19 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []pulled) [
 		}
 		dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
 		if err != nil {
+			// Its other headers are kept in the dead letter.
 			d.msg = &sdk.Message{ID: q.stream + ":" + strconv.FormatUint(d.seq, 10), Body: m.Data}
+			d.extra = foreignHeaders(m.Header)
+			for k, vs := range d.extra {
+				d.msg.SetHeader(k, vs[0])
+			}
 			d.attempt = b.attemptOf(1, meta.NumDelivered)
 			if derr := d.DeadLetter(ctx, sdk.Permanent(err)); derr != nil {
 				b.opts.Logger.Error("berth/jetstream: dead-lettering an undecodable message", "queue", q.name, "err", derr)
 			}
 			continue
 		}
-		d.msg = dec.msg
+		d.msg, d.extra = dec.msg, dec.extra
 		d.attempt = b.attemptOf(dec.base, meta.NumDelivered)
 		if d.attempt > b.opts.MaxDeliveries {
 			if derr := d.deadLetter(ctx, sdk.ErrMaxDeliveries, d.attempt-1); derr != nil {
