@@ -41,6 +41,9 @@ var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron
 // twice; a time in the hour skipped in spring (2:30 there) gives none. Keep
 // such schedules in UTC, or outside the changeover hours, when once a day
 // must mean once.
+//
+// An expression that names no slot at all ("0 0 30 2 *", February 30th)
+// is refused too, rather than giving a job that never runs.
 func Cron(expr string) (Schedule, error) {
 	if strings.HasPrefix(cronSpec(expr), "@every") {
 		// Checked as robfig reads the expression (trimmed, after a time
@@ -51,10 +54,20 @@ func Cron(expr string) (Schedule, error) {
 	expr = strings.TrimSpace(expr)
 	if !hasTZ(expr) {
 		expr = "CRON_TZ=UTC " + expr
+	} else if !strings.Contains(expr, " ") {
+		// robfig slices the zone up to the first space and panics
+		// without one ("CRON_TZ=Europe/Paris" alone).
+		return nil, fmt.Errorf("%w: %q: a time zone without a schedule", ErrInvalidSchedule, expr)
 	}
 	s, err := parser.Parse(expr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidSchedule, expr, err)
+	}
+	// robfig's Next looks five years ahead, which holds every date a
+	// valid expression can name (February 29th included): none from the
+	// epoch means none ever.
+	if s.Next(time.Unix(0, 0)).IsZero() {
+		return nil, fmt.Errorf("%w: %q: the expression names no time (a day the month never has)", ErrInvalidSchedule, expr)
 	}
 	return s, nil
 }

@@ -77,8 +77,9 @@ type Options struct {
 	Lookback time.Duration
 	// PublishTimeout bounds each Publish. Default 30s.
 	PublishTimeout time.Duration
-	// Retry spaces the attempts of a failing Publish. Default 1s doubling
-	// up to 1m, with 50% jitter. The slots stay due meanwhile (subject to
+	// Retry spaces the attempts of a job's failing Publish (the other
+	// jobs' slots are published meanwhile). Default 1s doubling up to 1m,
+	// with 50% jitter. The slots stay due meanwhile (subject to
 	// the Missed policy once newer slots come).
 	Retry sdk.Backoff
 	// Logger receives warnings of failed publishes and dropped slots.
@@ -176,6 +177,10 @@ type state struct {
 	cursor  time.Time   // slots after cursor are not yet published
 	pending []time.Time // due slots not yet published (failed publishes)
 	done    bool        // the schedule has no more slots
+	// failures counts the job's publishes failed in a row; its pending
+	// slots wait until retryAt (Options.Retry), the other jobs do not.
+	failures int
+	retryAt  time.Time
 }
 
 // Run publishes slots until ctx is done, then returns nil. It returns only
@@ -194,33 +199,37 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	for i, j := range s.jobs {
 		states[i] = &state{job: j, cursor: start}
 	}
-	failures := 0
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
 		now = s.o.Clock.Now()
-		failed := false
 		for _, st := range states {
 			s.collect(st, now)
-			if len(st.pending) > 0 && !s.publish(ctx, st) {
-				failed = true
+			if len(st.pending) == 0 || now.Before(st.retryAt) {
+				continue
+			}
+			if s.publish(ctx, st) {
+				st.failures, st.retryAt = 0, time.Time{}
+			} else {
+				// Back off this job only: a job whose publishes fail
+				// (its queue gone, a permission) must not hold back the
+				// slots of the others.
+				st.failures++
+				st.retryAt = s.o.Clock.Now().Add(s.o.Retry.Delay(st.failures, s.rnd.Float64()))
 			}
 		}
-		var wait time.Duration
-		if failed {
-			failures++
-			wait = s.o.Retry.Delay(failures, s.rnd.Float64())
-		} else {
-			failures = 0
-			next, ok := nextSlot(states)
-			if !ok {
-				<-ctx.Done() // nothing left to schedule
-				return nil
+		next, ok := nextSlot(states)
+		for _, st := range states {
+			if len(st.pending) > 0 && (!ok || st.retryAt.Before(next)) {
+				next, ok = st.retryAt, true
 			}
-			wait = next.Sub(now)
 		}
-		if err := s.o.Clock.Sleep(ctx, wait); err != nil {
+		if !ok {
+			<-ctx.Done() // nothing left to schedule
+			return nil
+		}
+		if err := s.o.Clock.Sleep(ctx, next.Sub(s.o.Clock.Now())); err != nil {
 			return nil
 		}
 	}

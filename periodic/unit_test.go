@@ -303,3 +303,60 @@ func TestCronRefusesEveryBehindAPrefix(t *testing.T) {
 		}
 	}
 }
+
+// A time zone prefix with nothing after it is a typed error, not a panic
+// inside robfig (which slices the zone up to a space that is not there),
+// and an expression naming a day no month has is refused rather than
+// giving a job that silently never runs.
+func TestCronRefusesZoneAloneAndImpossibleDates(t *testing.T) {
+	for _, expr := range []string{"CRON_TZ=UTC", "TZ=Europe/Paris", "CRON_TZ=", " CRON_TZ=UTC ", "0 0 30 2 *", "0 0 31 4 *", "CRON_TZ=Europe/Paris 0 9 31 11 *"} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("Cron(%q) panicked: %v", expr, r)
+				}
+			}()
+			if _, err := periodic.Cron(expr); !errors.Is(err, periodic.ErrInvalidSchedule) {
+				t.Errorf("Cron(%q) = %v, want ErrInvalidSchedule", expr, err)
+			}
+		}()
+	}
+	// Rare but real dates stay valid.
+	for _, expr := range []string{"0 0 29 2 *", "0 0 31 * *", "0 0 30 2 1"} {
+		if _, err := periodic.Cron(expr); err != nil {
+			t.Errorf("Cron(%q) = %v", expr, err)
+		}
+	}
+}
+
+// queueDown is a Publisher whose one queue fails (a queue-specific outage:
+// a missing queue, a permission) while the others publish.
+type queueDown struct {
+	recorder
+	down string
+}
+
+func (q *queueDown) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if queue == q.down {
+		return errDown
+	}
+	return q.recorder.Publish(ctx, queue, msgs...)
+}
+
+// One job's failing publishes back off without holding back the slots of
+// the other jobs: a healthy job's slot is published when it comes, not
+// when the failing one's retry is due.
+func TestFailingJobDoesNotDelayOthers(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	p := &queueDown{down: "bad"}
+	s, err := periodic.New(p, periodic.Options{Clock: c, Retry: sdk.Backoff{Base: time.Hour, Max: time.Hour, Jitter: -1}},
+		periodic.Job{Name: "failing", Schedule: every(t, time.Minute), Queue: "bad"},
+		periodic.Job{Name: "healthy", Schedule: every(t, 10*time.Second), Queue: "good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 0:01:00 fails for "failing" (retry in an hour); "healthy" must
+	// still publish 0:01:10 and 0:01:20 on time.
+	drive(t, s, c, time.Minute, 10*time.Second, 10*time.Second)
+	equal(t, "healthy slots", p.slots(t), []string{"00:01:00", "00:01:10", "00:01:20"})
+}
