@@ -31,7 +31,9 @@
 // only when it is newer than the row, in SQL, so two processes writing about
 // one job agree whatever the order their batches land in. Within one attempt
 // `succeeded` and `dead` are final; `released` (handed back without consuming
-// an attempt) and `running` of the same attempt are ordered by time.
+// an attempt) and `running` of the same attempt are ordered by time, a
+// release dated when its handler ended: the redelivery it allows may start,
+// and be recorded, before the release is reported.
 //
 // The PostgreSQL store ([github.com/berthq/berth/ledger/pgledger]) keeps one
 // row per job, whose history holds every earlier attempt's outcome,

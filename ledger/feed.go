@@ -12,15 +12,24 @@ import (
 
 // Start records that d's attempt started (status running). It is the
 // [sdk.Observer] half the Worker calls before the handler; it returns ctx
-// unchanged.
+// with the start time, which Settled reads (see startKey).
 func (l *Ledger) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	m := d.Message()
 	now := time.Now()
 	e := base(m, d.Queue())
 	e.Status, e.Attempt, e.At, e.StartedAt, e.Worker = StatusRunning, d.Attempt(), now, now, l.worker
 	l.Record(e)
-	return ctx
+	return context.WithValue(ctx, startKey{}, now)
 }
+
+// startKey holds, in the handler's context, when Start recorded the
+// attempt running. A release is ordered against running by time (same
+// attempt, same rank), and Settled reports it only once the broker has
+// taken it — by then the broker may have handed the message again, at the
+// same attempt, and that start been recorded. So a release is dated when
+// its handler ended (the start plus the handler's run time), before the
+// release call and so before any redelivery, yet after its own start.
+type startKey struct{}
 
 // Settled records how d's attempt ended: succeeded (ack), retrying with its
 // next attempt time (retry), dead (dead letter), released (handed back).
@@ -39,7 +48,7 @@ func (l *Ledger) Start(ctx context.Context, d sdk.Delivery) context.Context {
 //
 // The next attempt's events replace either (a later attempt is newer), and
 // this attempt stays in the job's history.
-func (l *Ledger) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
+func (l *Ledger) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
 	m := d.Message()
 	now := time.Now()
 	e := base(m, d.Queue())
@@ -71,6 +80,13 @@ func (l *Ledger) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
 		e.Status = StatusDead
 	case sdk.ActionRelease:
 		e.Status, e.NextAttemptAt = StatusReleased, now.Add(s.Delay)
+		if started, ok := ctx.Value(startKey{}).(time.Time); ok {
+			// The store keeps microseconds: at least one after the start,
+			// so an instant release still ends its own running.
+			if at := started.Add(max(s.Duration, time.Microsecond)); at.Before(now) {
+				e.At = at
+			}
+		}
 	default:
 		return
 	}
