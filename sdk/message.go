@@ -3,7 +3,9 @@ package sdk
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
 	"strings"
@@ -281,9 +283,9 @@ func uuidText(dst *[36]byte, u *[16]byte) {
 // [HeaderDueAt] holding an RFC 3339 time (what [LongDelay] writes), and an ID,
 // Type, Key, IdempotencyKey or CorrelationID that is not valid UTF-8 (the
 // error names the field). The Body may be any bytes. A CorrelationID taken
-// from ctx (the caller left it empty) is not refused but made valid, each
-// run of invalid bytes replaced by U+FFFD: a handler does not choose the
-// correlation ID of the delivery it runs for.
+// from ctx (the caller left it empty) that is not valid UTF-8 is not
+// refused but replaced by "sha256:" and 32 hex digits of its hash: a
+// handler does not choose the correlation ID of the delivery it runs for.
 func Prepare(ctx context.Context, queue string, m *Message, limit int) error {
 	if err := ValidateQueueName(queue); err != nil {
 		return err
@@ -328,11 +330,7 @@ func prepare(ctx context.Context, m *Message, limit int, b *idBatch) error {
 	if m.CorrelationID == "" {
 		m.CorrelationID = CorrelationID(ctx)
 		if !utf8.ValidString(m.CorrelationID) {
-			// Inherited, not chosen: a delivery's correlation ID from a
-			// foreign producer may be raw bytes (AMQP correlation-id). Made
-			// valid the same way for every follow-up, it still ties the
-			// flow together.
-			m.CorrelationID = strings.ToValidUTF8(m.CorrelationID, "\uFFFD")
+			m.CorrelationID = textCorrelationID(m.CorrelationID)
 		}
 		if m.CorrelationID == "" {
 			// A message published outside any flow starts one: its own ID
@@ -359,4 +357,16 @@ func PrepareAll(ctx context.Context, queue string, msgs []*Message, limit int) e
 		}
 	}
 	return nil
+}
+
+// textCorrelationID is the correlation ID a follow-up publish carries for
+// an inherited one that is not valid UTF-8 (a foreign producer's raw AMQP
+// correlation-id): "sha256:" and the first 16 bytes of its SHA-256 in hex.
+// Every follow-up of one flow gets the same ID and distinct flows distinct
+// ones, in 39 bytes of ASCII whatever the original's length (replacing the
+// invalid bytes with U+FFFD would merge binary IDs into one and could grow
+// an ID past RabbitMQ's 255 bytes).
+func textCorrelationID(raw string) string {
+	sum := sha256.Sum256([]byte(raw))
+	return "sha256:" + hex.EncodeToString(sum[:16])
 }
