@@ -95,7 +95,12 @@ func encode(m *sdk.Message, extra nats.Header, subject string, base int, notBefo
 	}
 	msg := &nats.Msg{Subject: subject, Header: make(nats.Header, 2+len(extra)), Data: m.Body} // and Nats-Msg-Id
 	for k, vs := range extra {
-		msg.Header[k] = vs
+		// Only what m still has: a header deleted from the Message (by a
+		// handler before Release, by PrepareRedrive, by DeadLetter) stays
+		// deleted on the copy. decode puts every foreign key in m.Headers.
+		if _, ok := m.Headers[k]; ok {
+			msg.Header[k] = vs
+		}
 	}
 	msg.Header[headerEnvelope] = []string{string(value)}
 	return msg, nil

@@ -4,6 +4,11 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/berthq/berth/sdk"
 )
 
 // TestAppendPlainMatchesMarshal pins the envelope's fast encoder to
@@ -64,5 +69,39 @@ func check(t *testing.T, env envelope, plain bool) {
 	}
 	if string(got) != string(want) {
 		t.Errorf("appendPlain(%+v) = %s, json.Marshal = %s", env, got, want)
+	}
+}
+
+// A header deleted from the Message before a copy is made (by a handler
+// before Release, by PrepareRedrive's reserved berth- names, by DeadLetter)
+// stays deleted on the copy: the foreign NATS headers a copy carries as
+// they were are only those the Message still has.
+func TestDeletedForeignHeaderStaysDeleted(t *testing.T) {
+	h := nats.Header{}
+	h.Set("X-App", "1")
+	h.Set(sdk.HeaderDeadLetterReason, "forged")
+	h.Set("X-Drop", "x")
+	dec, err := decode(h, []byte("b"), "S", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := dec.msg.Clone()
+	sdk.PrepareRedrive(m, "q")
+	delete(m.Headers, "X-Drop")
+	w, err := encode(m, dec.extra, "subj", 1, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decode(w.Header, w.Data, "S", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{sdk.HeaderDeadLetterReason, "X-Drop"} {
+		if v, ok := got.msg.Headers[k]; ok {
+			t.Errorf("header %q deleted from the Message came back on the copy: %q", k, v)
+		}
+	}
+	if got.msg.Headers["X-App"] != "1" {
+		t.Errorf("X-App = %q on the copy, want 1 kept", got.msg.Headers["X-App"])
 	}
 }
