@@ -24,9 +24,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func (d *Dashboard) apiFail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
-	if status == http.StatusInternalServerError {
-		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
+	d.logFailure(r, status, err)
 	writeJSON(w, status, map[string]string{"error": err.Error()})
 }
 

@@ -131,12 +131,23 @@ func (d *Dashboard) render(w http.ResponseWriter, name string, status int, data 
 	_, _ = w.Write(buf.Bytes())
 }
 
+// logFailure logs a request that failed with a server error at ERROR, but
+// one whose client went away first (its context ended) at DEBUG: that
+// failure is the client's, not the dashboard's or its broker's.
+func (d *Dashboard) logFailure(r *http.Request, status int, err error) {
+	switch {
+	case status != http.StatusInternalServerError:
+	case r.Context().Err() != nil:
+		d.o.Logger.Debug("dashboard: request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+	default:
+		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+}
+
 // fail shows err as a page with the status it means.
 func (d *Dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
-	if status == http.StatusInternalServerError {
-		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
+	d.logFailure(r, status, err)
 	d.render(w, "error", status, map[string]any{"Status": status, "Error": err.Error()})
 }
 
