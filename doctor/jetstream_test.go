@@ -88,20 +88,7 @@ func TestJetStreamMisconfigured(t *testing.T) {
 		}
 	}
 	// capped: the server gives up after 2 deliveries
-	name, _ = jb.StreamNames("capped")
-	st, err := js.Stream(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := st.Consumer(ctx, "berth")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc := c.CachedInfo().Config
-	cc.MaxDeliver = 2
-	if _, err := js.UpdateConsumer(ctx, name, cc); err != nil {
-		t.Fatal(err)
-	}
+	setMaxDeliver(ctx, t, js, jb, "capped", 2)
 	// nodlq: its dead-letter stream deleted
 	_, dlq = jb.StreamNames("nodlq")
 	if err := js.DeleteStream(ctx, dlq); err != nil {
@@ -138,7 +125,25 @@ func TestJetStreamMaxDeliverBelowPoisonCap(t *testing.T) {
 	if err := jb.DeclareQueue(ctx, "poison"); err != nil {
 		t.Fatal(err)
 	}
-	name, _ := jb.StreamNames("poison")
+	setMaxDeliver(ctx, t, js, jb, "poison", jb.MaxDeliveries()) // ≥ MaxAttempts (5), but the cap's check needs one more delivery
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"poison"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.consumer", "poison", doctor.Warn)
+
+	setMaxDeliver(ctx, t, js, jb, "poison", jb.MaxDeliveries()+1) // the cap's check is delivered: fine
+	if fs, err = doctor.Run(ctx, b, doctor.Options{Queues: []string{"poison"}}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.consumer", "poison", doctor.OK)
+}
+
+// setMaxDeliver sets the MaxDeliver of berth's consumer on queue's stream,
+// as an operator changing it on the server would.
+func setMaxDeliver(ctx context.Context, t *testing.T, js jetstream.JetStream, jb *bjs.Broker, queue string, n int) {
+	t.Helper()
+	name, _ := jb.StreamNames(queue)
 	st, err := js.Stream(ctx, name)
 	if err != nil {
 		t.Fatal(err)
@@ -148,22 +153,8 @@ func TestJetStreamMaxDeliverBelowPoisonCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := c.CachedInfo().Config
-	cc.MaxDeliver = jb.MaxDeliveries() // ≥ MaxAttempts (5), but the cap's check needs one more delivery
+	cc.MaxDeliver = n
 	if _, err := js.UpdateConsumer(ctx, name, cc); err != nil {
 		t.Fatal(err)
 	}
-	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"poison"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	expect(t, fs, "jetstream.consumer", "poison", doctor.Warn)
-
-	cc.MaxDeliver = jb.MaxDeliveries() + 1 // the cap's check is delivered: fine
-	if _, err := js.UpdateConsumer(ctx, name, cc); err != nil {
-		t.Fatal(err)
-	}
-	if fs, err = doctor.Run(ctx, b, doctor.Options{Queues: []string{"poison"}}); err != nil {
-		t.Fatal(err)
-	}
-	expect(t, fs, "jetstream.consumer", "poison", doctor.OK)
 }

@@ -40,6 +40,42 @@ func wantRawHeaders(t *testing.T, what string, h nats.Header) {
 	}
 }
 
+// publishRaw publishes body with h on q's subject as a producer outside
+// berth would, on a connection of its own that the test closes at its end.
+func publishRaw(t *testing.T, b *jetstream.Broker, q string, h nats.Header, body string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(integration.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	m := nats.NewMsg(b.Subject(q))
+	for k, vs := range h {
+		m.Header[k] = vs
+	}
+	m.Data = []byte(body)
+	if err := nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	return nc
+}
+
+// firstDeadLetterHeader returns the NATS headers of the first message
+// stored in q's dead-letter stream, as the server holds them.
+func firstDeadLetterHeader(ctx context.Context, t *testing.T, js njs.JetStream, b *jetstream.Broker, q string) nats.Header {
+	t.Helper()
+	_, dlq := b.StreamNames(q)
+	ds, err := js.Stream(ctx, dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := ds.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw.Header
+}
+
 // A message from another producer keeps its headers, every value and byte,
 // in every copy berth stores of it: a Release, a dead letter, a redrive.
 // They were rebuilt from the decoded message, so a second value was dropped
@@ -49,21 +85,9 @@ func TestForeignHeadersKeptByCopies(t *testing.T) {
 	q := declare(t, b, "foreignhdr")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := publishRaw(t, b, q, nats.Header{nats.MsgIdHdr: {"order-9"}, "X-Multi": {"a", "b"}, "X-Bin": {"\xff\xfe"}}, "raw")
 	js, err := njs.New(nc)
 	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(b.Subject(q))
-	m.Header.Set(nats.MsgIdHdr, "order-9")
-	m.Header["X-Multi"] = []string{"a", "b"}
-	m.Header["X-Bin"] = []string{"\xff\xfe"}
-	m.Data = []byte("raw")
-	if err := nc.PublishMsg(m); err != nil {
 		t.Fatal(err)
 	}
 
@@ -79,16 +103,7 @@ func TestForeignHeadersKeptByCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	stream, dlq := b.StreamNames(q)
-	ds, err := js.Stream(ctx, dlq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := ds.GetMsg(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantRawHeaders(t, "dead letter", raw.Header)
+	wantRawHeaders(t, "dead letter", firstDeadLetterHeader(ctx, t, js, b, q))
 	dl, err := b.GetDeadLetter(ctx, q, "order-9")
 	if err != nil {
 		t.Fatal(err)
@@ -100,11 +115,12 @@ func TestForeignHeadersKeptByCopies(t *testing.T) {
 	if n, err := b.RedriveDeadLetters(ctx, q, "order-9"); n != 1 || err != nil {
 		t.Fatalf("RedriveDeadLetters = %d, %v", n, err)
 	}
+	stream, _ := b.StreamNames(q)
 	qs, err := js.Stream(ctx, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err = qs.GetLastMsgForSubject(ctx, b.Subject(q))
+	raw, err := qs.GetLastMsgForSubject(ctx, b.Subject(q))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,20 +141,9 @@ func TestUndecodableDeadLetterKeepsHeaders(t *testing.T) {
 	q := declare(t, b, "undecodable")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	m := nats.NewMsg(b.Subject(q))
-	m.Header.Set("Berth-Message", "{not json")
-	m.Header["X-Multi"] = []string{"a", "b"}
-	m.Header["X-Bin"] = []string{"\xff\xfe"}
-	m.Data = []byte("raw")
-	if err := nc.PublishMsg(m); err != nil {
-		t.Fatal(err)
-	}
+	nc := publishRaw(t, b, q, nats.Header{"Berth-Message": {"{not json"}, "X-Multi": {"a", "b"}, "X-Bin": {"\xff\xfe"}}, "raw")
 	var dls []*sdk.Message
+	var err error
 	for len(dls) == 0 && ctx.Err() == nil {
 		if ds, err := b.Receive(ctx, q, 1); err != nil || len(ds) != 0 {
 			t.Fatalf("Receive = %v, %v; want the message dead-lettered", ds, err)
@@ -158,16 +163,7 @@ func TestUndecodableDeadLetterKeepsHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, dlq := b.StreamNames(q)
-	ds, err := js.Stream(ctx, dlq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := ds.GetMsg(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantRawHeaders(t, "dead letter", raw.Header)
+	wantRawHeaders(t, "dead letter", firstDeadLetterHeader(ctx, t, js, b, q))
 }
 
 // A message from another producer whose Nats-Msg-Id is not UTF-8 gets the
@@ -180,17 +176,7 @@ func TestForeignInvalidUTF8MsgIDDeadLetterFound(t *testing.T) {
 	q := declare(t, b, "foreignid")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	m := nats.NewMsg(b.Subject(q))
-	m.Header.Set(nats.MsgIdHdr, "order-\xff")
-	m.Data = []byte("raw")
-	if err := nc.PublishMsg(m); err != nil {
-		t.Fatal(err)
-	}
+	publishRaw(t, b, q, nats.Header{nats.MsgIdHdr: {"order-\xff"}}, "raw")
 	d := receiveOne(ctx, t, b, q)
 	id := d.Message().ID
 	if err := d.DeadLetter(ctx, sdk.Permanent(context.Canceled)); err != nil {
