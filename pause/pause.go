@@ -21,9 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -104,7 +102,7 @@ func (s *PG) Pause(ctx context.Context, queue string) (bool, error) {
 
 // Resume removes queue's pause. It reports whether the queue was paused.
 func (s *PG) Resume(ctx context.Context, queue string) (bool, error) {
-	if !utf8.ValidString(queue) || strings.IndexByte(queue, 0) >= 0 {
+	if !sqlident.StorableText(queue) {
 		// No row holds it (Pause refuses it) and PostgreSQL would refuse
 		// the statement: the caller's error, not the database's.
 		return false, &sdk.QueueNameError{Name: queue, Reason: "not text PostgreSQL can store"}

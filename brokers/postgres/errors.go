@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -79,7 +79,7 @@ func missingTable(err error) bool {
 // it, and a query with it fails instead of finding nothing.
 func unstorableID(ids ...string) (string, bool) {
 	for _, id := range ids {
-		if !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0 {
+		if !sqlident.StorableText(id) {
 			return id, true
 		}
 	}

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/pause"
 	"github.com/berthq/berth/sdk"
 )
@@ -80,7 +79,7 @@ func runQueueChange(ctx context.Context, c *cli, args []string, paused bool) err
 			if err := sdk.ValidateQueueName(q); err != nil {
 				return &usageError{err.Error()}
 			}
-		} else if !utf8.ValidString(q) || strings.IndexByte(q, 0) >= 0 {
+		} else if !sqlident.StorableText(q) {
 			return &usageError{(&sdk.QueueNameError{Name: q, Reason: "not text PostgreSQL can store"}).Error()}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -84,4 +85,12 @@ func Keyed(table, key, col, def string) (qTable, qKey, qCol string, err error) {
 		return "", "", "", err
 	}
 	return qTable, qKey, qCol, nil
+}
+
+// StorableText reports whether PostgreSQL's text type can hold s: valid
+// UTF-8 without NUL bytes. A statement with a value that is not fails
+// (SQLSTATE 22021), so no row holds one: a lookup by such a value finds
+// nothing, and a name made of one is the caller's error.
+func StorableText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }

@@ -50,3 +50,11 @@ func TestKeyed(t *testing.T) {
 		}
 	}
 }
+
+func TestStorableText(t *testing.T) {
+	for s, want := range map[string]bool{"": true, "billing": true, "é": true, "a\x00b": false, "a\xffb": false} {
+		if got := sqlident.StorableText(s); got != want {
+			t.Errorf("StorableText(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
