@@ -36,7 +36,7 @@ func asPostgres(b sdk.Broker) *pgTarget {
 // (postgres.table-missing, postgres.indexes, postgres.autovacuum-server,
 // postgres.autovacuum,
 // postgres.dead-tuples, postgres.stuck-processing, postgres.oldest-ready,
-// postgres.max-attempts) and the clock check (clock.skew). Lease is the
+// postgres.max-attempts, postgres.queue-unknown) and the clock check (clock.skew). Lease is the
 // broker's lease (0: 30s).
 func Postgres(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
@@ -235,12 +235,125 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	var idle []string
 	for _, q := range o.Queues {
 		if !seen[q] {
-			add(Finding{ID: "postgres.oldest-ready", Severity: OK, Queue: q, Summary: "no waiting or running job", Evidence: "no queued, retry or processing row"})
+			idle = append(idle, q)
 		}
 	}
+	if len(idle) > 0 {
+		unknown, err := unknownQueues(ctx, pool, qt, idle)
+		if err != nil {
+			return nil, err
+		}
+		fs = append(fs, unknown...)
+	}
 	return append(fs, clockSkew(ctx, pool, o)...), nil
+}
+
+// unknownQueues reports each of idle, queues named in Options.Queues with no
+// waiting or running job. A queue with rows in another status (completed,
+// dead-lettered) is idle: OK. A queue with no row at all is either one
+// nothing has published to yet or a misspelt name, which a Worker would
+// poll forever without an error — the job table has no registry of queues
+// to tell the two apart. postgres.queue-unknown says so: Warn when a queue
+// that has rows is a few edits away (the likely misspelling), Info
+// otherwise. It reads the distinct queue names once, as Broker.Queues does.
+func unknownQueues(ctx context.Context, pool *pgxpool.Pool, qt string, idle []string) ([]Finding, error) {
+	rows, err := pool.Query(ctx, `SELECT DISTINCT queue FROM `+qt+` ORDER BY queue`)
+	if err != nil {
+		return nil, fmt.Errorf("doctor: postgres: queue names: %w", err)
+	}
+	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("doctor: postgres: queue names: %w", err)
+	}
+	has := make(map[string]bool, len(known))
+	for _, k := range known {
+		has[k] = true
+	}
+	var fs []Finding
+	for _, q := range idle {
+		if has[q] {
+			fs = append(fs, Finding{ID: "postgres.oldest-ready", Severity: OK, Queue: q, Summary: "no waiting or running job",
+				Evidence: "no queued, retry or processing row; completed or dead-lettered rows only"})
+			continue
+		}
+		ev := "no row of this queue in any status"
+		if len(known) == 0 {
+			ev += "; the jobs table is empty"
+		} else {
+			ev += "; queues with rows: " + nameList(known, 10)
+		}
+		f := Finding{ID: "postgres.queue-unknown", Severity: Info, Queue: q,
+			Summary:  "no job of this queue was ever stored (or none is kept): a new queue, or a misspelt name",
+			Evidence: ev,
+			Fix:      "if nothing has published to this queue yet, nothing is wrong; else check the queue name the Workers and publishers use"}
+		if near := nearest(q, known); near != "" {
+			f.Severity = Warn
+			f.Summary = fmt.Sprintf("no job of this queue was ever stored, and queue %q has rows: a misspelt name?", near)
+			f.Fix = fmt.Sprintf("if you meant %q, correct the queue name of the Workers and publishers that use %q", near, q)
+		}
+		fs = append(fs, f)
+	}
+	return fs, nil
+}
+
+// nameList quotes up to limit of names, saying how many more there are.
+func nameList(names []string, limit int) string {
+	var b strings.Builder
+	for i, n := range names {
+		if i == limit {
+			fmt.Fprintf(&b, " and %d more", len(names)-limit)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q", n)
+	}
+	return b.String()
+}
+
+// nearest returns the name in names closest to q by edit distance when it
+// is close enough to be a misspelling of it (at most 2 edits, and fewer
+// than half of q's length), else "". Names are compared by rune; a long
+// name is not compared, as a misspelling is never far longer than q.
+func nearest(q string, names []string) string {
+	qr := []rune(q)
+	limit := min(2, (len(qr)-1)/2)
+	best, bestD := "", limit+1
+	for _, n := range names {
+		nr := []rune(n)
+		if d := len(nr) - len(qr); d > limit || -d > limit {
+			continue
+		}
+		if d := editDistance(qr, nr); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b []rune) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // clockSkew compares the worker's clock with the database's, corrected by

@@ -2,7 +2,9 @@ package doctor_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,4 +188,43 @@ func TestDrainOverGracePeriod(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(t, fs, "worker.drain-over-grace-period", "", doctor.OK)
+}
+
+// TestPostgresQueueUnknown: a queue named to doctor with no row in any
+// status is flagged — Warn when a queue with rows is a few edits away (a
+// misspelt name a Worker would poll forever), Info when nothing is near (a
+// queue nothing has published to yet looks the same) — while a queue whose
+// only rows are dead letters is idle, OK.
+func TestPostgresQueueUnknown(t *testing.T) {
+	u, _, _ := pgURL(t, nil)
+	b := open(t, u)
+	ctx := testCtx(t)
+	publish(t, b, "billing", 2)
+	publish(t, b, "emails", 1)
+	ds, err := b.Receive(ctx, "emails", 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Receive: %d, %v", len(ds), err)
+	}
+	if err := ds[0].DeadLetter(ctx, errors.New("test: dead-lettered")); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"biling", "reports", "emails", "billing"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "postgres.queue-unknown", "biling", doctor.Warn)
+	if f := find(fs, "postgres.queue-unknown", "biling"); !strings.Contains(f[0].Summary, `"billing"`) {
+		t.Errorf("the likely misspelling is not named: %+v", f[0])
+	}
+	expect(t, fs, "postgres.queue-unknown", "reports", doctor.Info)
+	if f := find(fs, "postgres.queue-unknown", "reports"); !strings.Contains(f[0].Evidence, `"billing", "emails"`) {
+		t.Errorf("the queues with rows are not listed: %+v", f[0])
+	}
+	expect(t, fs, "postgres.oldest-ready", "emails", doctor.OK)
+	expect(t, fs, "postgres.oldest-ready", "billing", doctor.OK)
+	for _, q := range []string{"emails", "billing"} {
+		if f := find(fs, "postgres.queue-unknown", q); len(f) != 0 {
+			t.Errorf("queue %s has rows, reported unknown: %+v", q, f)
+		}
+	}
 }
