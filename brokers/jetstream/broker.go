@@ -47,7 +47,10 @@ type Options struct {
 	MaxDeliveries int
 	// MaxMessageSize is the largest message, as [sdk.Message.Size] counts
 	// it, that Publish accepts. Default: the server's max_payload less 16 KiB
-	// for the headers berth adds.
+	// for the headers berth adds. Whatever it is, Publish also refuses a
+	// message whose NATS form (headers and body) leaves less than a few
+	// hundred bytes of max_payload for the copies berth stores of it (a
+	// dead letter, a release, a redrive).
 	MaxMessageSize int
 	// MaxInFlight bounds the asynchronous publishes awaiting their ack from
 	// JetStream, across all Publish calls of the Broker. Default 1024.

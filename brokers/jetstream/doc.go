@@ -75,7 +75,15 @@
 //     clocks.
 //   - DeadLetter stores a copy with berth's reason headers
 //     ([sdk.AnnotateDeadLetter]) in the dead-letter stream, waits for its
-//     ack, then acks the original.
+//     ack, then acks the original. A copy over the server's max_payload
+//     has its annotations shortened, never the message: the reason cut,
+//     else every annotation left out, and [HeaderDeadLetterTruncated]
+//     says so. Publish refuses ([sdk.MessageTooLargeError]) a message
+//     without room left for the shortest such copy, and for a release or
+//     a redrive (a few hundred bytes below max_payload), so that every
+//     message it accepts can be dead-lettered; only a foreign message too
+//     close to max_payload cannot, and stays in the queue (DeadLetter
+//     returns the MessageTooLargeError).
 //   - Poison messages: berth does not use the consumer's MaxDeliver and its
 //     advisory. The advisory is a core-NATS event, lost when no process
 //     listens at that moment, and the message would stay in the work queue,
@@ -110,6 +118,12 @@
 // dead-letter stream through JetStream's message-get API, and so do the
 // berth command's page walks ([Broker.DeadLetterPage], whose cursor is a
 // stream sequence) and deletes by id ([Broker.DeleteDeadLetters]).
+// A message on a dead-letter subject that berth cannot read (a
+// Berth-Message header that does not decode, published there by hand or by
+// another producer) is listed as a foreign one, with the ID
+// "<dead-letter stream>:<sequence>", its raw headers and body, and a
+// berth-dlq-reason saying it is not a berth dead letter: the listing shows
+// the others, and the letter can be got, deleted or redriven by that ID.
 // [Broker.Queues] lists the queues from the stream names.
 //
 // # Connection loss

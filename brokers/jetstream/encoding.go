@@ -167,6 +167,34 @@ func wireSize(msg *nats.Msg, id string) int {
 	return n
 }
 
+// copyReserve is what Publish keeps of the server's max_payload, beyond a
+// message's own wire size, so that every copy berth may store of an accepted
+// message fits too: its dead letter (at the least with its annotations
+// dropped, see [Broker.fitDeadLetter]), a release, a give-back, a move and
+// a redrive with its held copy. A copy differs from the published message
+// in its Nats-Msg-Id, at most an internalID of the dead-letter stream's
+// name (the queue's stream's, two bytes longer) with two numbers (the
+// held copy of a redrive), and in its envelope, by at most
+// [envelopeGrowth] bytes.
+//
+// The alternative, refusing nothing at Publish and shortening every copy
+// at the time it is stored, cannot keep a message's own fields and headers
+// exact: the ID alone of a copy may be longer than the message's. With the
+// reserve, DeadLetter has only its own annotations to shorten (see
+// fitDeadLetter), and Release and redrive nothing. It costs a message
+// within a few hundred bytes of max_payload a typed
+// [sdk.MessageTooLargeError] at Publish, instead of a dead letter that can
+// never be stored and a delivery that loops for ever.
+func copyReserve(stream string) int {
+	return len(internalPrefix) + len(idRedriveHold) + 1 + len(stream) + 2 + 2*(1+20) + envelopeGrowth
+}
+
+// envelopeGrowth bounds what a copy's envelope adds to the published one's:
+// a carried attempt (`,"a":` and 7 digits, maxCarried), a due time
+// (`,"nb":` and 19 digits), a berth-redrive-count header with 20 digits and
+// a berth-dlq-truncated one (`,"h":{...}` around them): 116 bytes.
+const envelopeGrowth = 128
+
 // msgID returns a Nats-Msg-Id for s: s itself when it is printable ASCII
 // without spaces (a UUID always is), else "sha256:" and its hex digest. It
 // never contains a space, so it never equals an [internalID].
@@ -317,14 +345,9 @@ func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, err
 			// Not UTF-8, an ID would change in the envelope of every copy
 			// (JSON replaces the bytes): its dead letter, stored under
 			// the ID's token, could not be found by the ID it shows.
-			id = stream + ":" + strconv.FormatUint(seq, 10)
+			id = seqID(stream, seq)
 		}
-		m := &sdk.Message{ID: id, Body: data}
-		extra := foreignHeaders(h)
-		for k, vs := range extra {
-			m.SetHeader(k, vs[0])
-		}
-		return decoded{msg: m, base: 1, extra: extra}, nil
+		return asForeign(h, data, id), nil
 	}
 	var env envelope
 	if err := json.Unmarshal([]byte(raw), &env); err != nil {
@@ -359,4 +382,22 @@ func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, err
 		d.notBefore = time.Unix(0, env.NB)
 	}
 	return d, nil
+}
+
+// asForeign is the message of a stored NATS message taken as a foreign
+// producer's: ID id, its data as body, its foreign headers (first values)
+// as headers and as the decoded's extra.
+func asForeign(h nats.Header, data []byte, id string) decoded {
+	m := &sdk.Message{ID: id, Body: data}
+	extra := foreignHeaders(h)
+	for k, vs := range extra {
+		m.SetHeader(k, vs[0])
+	}
+	return decoded{msg: m, base: 1, extra: extra}
+}
+
+// seqID is the ID of a stored message that has none berth can use:
+// "<stream>:<seq>".
+func seqID(stream string, seq uint64) string {
+	return stream + ":" + strconv.FormatUint(seq, 10)
 }

@@ -15,3 +15,7 @@ func SetPurgeHook(f func()) (restore func()) {
 	purgeHook = f
 	return func() { purgeHook = old }
 }
+
+// DeadSubject returns the prefix of queue's dead-letter subjects: a dead
+// letter of it is stored on DeadSubject(queue) + "." + a token.
+func (b *Broker) DeadSubject(queue string) string { return b.names(queue).dead }

@@ -116,6 +116,65 @@ type deadLetter struct {
 	extra nats.Header // foreign NATS headers, kept by a redriven copy
 }
 
+// letterOf decodes raw, a message of the dead-letter stream named stream.
+// One that berth cannot read as a message (an undecodable Berth-Message
+// header, or one without a message ID, published onto a dead-letter subject
+// by another producer or by hand) is listed as it is rather than breaking
+// the listing of the others: as a foreign message with ID
+// "<stream>:<seq>", its NATS headers as headers and its data as body, and a
+// [sdk.HeaderDeadLetterReason] telling why, so that an operator sees it
+// and can get, delete, redrive or purge it like any other (the SQS broker
+// lists an undecodable dead letter as a foreign message too).
+func letterOf(raw *jetstream.RawStreamMsg, stream string) deadLetter {
+	dec, err := decode(raw.Header, raw.Data, stream, raw.Sequence)
+	if err == nil && dec.msg.ID == "" {
+		err = fmt.Errorf("%s header without a message ID", headerEnvelope)
+	}
+	if err != nil {
+		dec = asForeign(raw.Header, raw.Data, seqID(stream, raw.Sequence))
+		dec.msg.SetHeader(sdk.HeaderDeadLetterReason, sdk.SanitizeReason("not a berth dead letter: "+err.Error()))
+	}
+	return deadLetter{seq: raw.Sequence, msg: dec.msg, extra: dec.extra}
+}
+
+// lookup returns the dead letters of q (in stream s) with id, oldest first:
+// those on id's subject, else the one a "<stream>:<seq>" id names when it
+// carries that id (see letterOf: such a letter is on a subject of no id).
+func (b *Broker) lookup(ctx context.Context, q *queueState, s jetstream.Stream, id string) ([]deadLetter, error) {
+	dls, err := b.scan(ctx, s, q.dead+"."+idToken(id), 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []deadLetter
+	for _, dl := range dls {
+		if dl.msg.ID == id {
+			out = append(out, dl)
+		}
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	rest, ok := strings.CutPrefix(id, q.dlq+":")
+	if !ok {
+		return nil, nil
+	}
+	seq, err := strconv.ParseUint(rest, 10, 64)
+	if err != nil || seq == 0 {
+		return nil, nil
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, b.wrapErr(ctx, "read dead letters", err)
+	}
+	if dl := letterOf(raw, q.dlq); dl.msg.ID == id {
+		return []deadLetter{dl}, nil
+	}
+	return nil, nil
+}
+
 // scan returns up to limit dead letters on subject, oldest first (limit
 // <= 0: all).
 func (b *Broker) scan(ctx context.Context, s jetstream.Stream, subject string, limit int) ([]deadLetter, error) {
@@ -133,11 +192,7 @@ func (b *Broker) scanFrom(ctx context.Context, s jetstream.Stream, subject strin
 		if err != nil {
 			return out, b.wrapErr(ctx, "read dead letters", err)
 		}
-		dec, err := decode(raw.Header, raw.Data, s.CachedInfo().Config.Name, raw.Sequence)
-		if err != nil {
-			return out, err
-		}
-		out = append(out, deadLetter{seq: raw.Sequence, msg: dec.msg, extra: dec.extra})
+		out = append(out, letterOf(raw, s.CachedInfo().Config.Name))
 		seq = raw.Sequence + 1
 	}
 	return out, nil
@@ -175,20 +230,23 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 		return nil, &NotFoundError{Queue: queue, ID: id}
 	}
 	raw, err := s.GetLastMsgForSubject(ctx, q.dead+"."+idToken(id))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, &NotFoundError{Queue: queue, ID: id}
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, b.wrapErr(ctx, "get dead letter", err)
 	}
-	dec, err := decode(raw.Header, raw.Data, q.dlq, raw.Sequence)
+	if err == nil {
+		if dl := letterOf(raw, q.dlq); dl.msg.ID == id {
+			return dl.msg, nil
+		}
+		// Two ids hashed to one token, or not berth's: looked up below.
+	}
+	dls, err := b.lookup(ctx, q, s, id)
 	if err != nil {
 		return nil, err
 	}
-	if dec.msg.ID != id { // two ids hashed to one token
+	if len(dls) == 0 {
 		return nil, &NotFoundError{Queue: queue, ID: id}
 	}
-	return dec.msg, nil
+	return dls[len(dls)-1].msg, nil
 }
 
 // RedriveDeadLetters stores the dead letters with the given ids (all when
@@ -236,19 +294,14 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 				continue
 			}
 			seen[id] = true
-			dls, err := b.scan(ctx, s, q.dead+"."+idToken(id), 0)
+			dls, err := b.lookup(ctx, q, s, id)
 			if err != nil {
 				return 0, err
 			}
-			n := len(picked)
-			for _, dl := range dls {
-				if dl.msg.ID == id {
-					picked = append(picked, dl)
-				}
-			}
-			if len(picked) == n {
+			if len(dls) == 0 {
 				return 0, &NotFoundError{Queue: queue, ID: id}
 			}
+			picked = append(picked, dls...)
 		}
 	}
 	if len(picked) == 0 {
@@ -264,6 +317,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	n, call := 0, rand.Uint64()
 	for _, dl := range picked {
+		delete(dl.msg.Headers, HeaderDeadLetterTruncated)
 		sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
 		took, err := b.redriveOne(ctx, q, s, target, ts, dl, call)
 		if took {
@@ -452,19 +506,14 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 			continue
 		}
 		seen[id] = true
-		dls, err := b.scan(ctx, s, q.dead+"."+idToken(id), 0)
+		dls, err := b.lookup(ctx, q, s, id)
 		if err != nil {
 			return 0, err
 		}
-		n := len(picked)
-		for _, dl := range dls {
-			if dl.msg.ID == id {
-				picked = append(picked, dl)
-			}
-		}
-		if len(picked) == n {
+		if len(dls) == 0 {
 			return 0, &NotFoundError{Queue: queue, ID: id}
 		}
+		picked = append(picked, dls...)
 	}
 	n := 0
 	for _, dl := range picked {

@@ -27,6 +27,10 @@ import (
 // [Options.NoDeclare] it returns an error wrapping [sdk.ErrNotFound].
 // PublishAsync's result fails then, and its next call declares the queue.
 //
+// A message whose NATS form would leave no room within the server's
+// max_payload for the copies berth stores of it (see [Options.MaxMessageSize])
+// is refused with an [*sdk.MessageTooLargeError] before anything is sent.
+//
 // Messages JetStream refuses are reported in an [*sdk.PublishError]; the
 // others were stored. When ctx ends first, Publish returns ctx.Err() and
 // the messages whose ack had not arrived may or may not be stored.
@@ -55,7 +59,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		if err != nil {
 			return err
 		}
-		if n, limit := wireSize(w, msgID(m.ID)), int(b.nc.MaxPayload()); n > limit {
+		if n, limit := wireSize(w, msgID(m.ID)), int(b.nc.MaxPayload())-copyReserve(q.stream); n > limit {
 			return &sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit}
 		}
 		wire[i] = w
@@ -308,7 +312,7 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if err != nil {
 		return nil, err
 	}
-	if n, limit := wireSize(w, msgID(msg.ID)), int(b.nc.MaxPayload()); n > limit {
+	if n, limit := wireSize(w, msgID(msg.ID)), int(b.nc.MaxPayload())-copyReserve(q.stream); n > limit {
 		return nil, &sdk.MessageTooLargeError{ID: msg.ID, Size: n, Limit: limit}
 	}
 	if err := b.connected("publish"); err != nil {

@@ -294,11 +294,8 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []pulled) [
 		dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
 		if err != nil {
 			// Its other headers are kept in the dead letter.
-			d.msg = &sdk.Message{ID: q.stream + ":" + strconv.FormatUint(d.seq, 10), Body: m.Data}
-			d.extra = foreignHeaders(m.Header)
-			for k, vs := range d.extra {
-				d.msg.SetHeader(k, vs[0])
-			}
+			dec = asForeign(m.Header, m.Data, seqID(q.stream, d.seq))
+			d.msg, d.extra = dec.msg, dec.extra
 			d.attempt = b.attemptOf(1, meta.NumDelivered)
 			if derr := d.DeadLetter(ctx, sdk.Permanent(err)); derr != nil {
 				b.opts.Logger.Error("berth/jetstream: dead-lettering an undecodable message", "queue", q.name, "err", derr)
