@@ -11,6 +11,7 @@
 //	Permanent(err)                     DeadLetter now, whatever the attempt
 //	RetryAfter(err, d)                 Release(d) when the delivery supports it, else Retry(d)
 //	other error, recovered panic       Retry(backoff(attempt)) while attempt < MaxAttempts, else DeadLetter
+//	  (a panic whatever its value: panic(Permanent(err)) is not a verdict)
 //	ran past its Timeout               as a transient error wrapping ErrJobTimeout (unless it returned nil)
 //	interrupted by shutdown            Release(0): redelivered without consuming an attempt
 //	lease lost (heartbeat failed)      handler ctx cancelled; not settled (another worker may own it)

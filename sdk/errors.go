@@ -118,6 +118,10 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 // Permanent marks err as permanent: the job is dead-lettered, never retried.
 // Use it for invalid payloads, missing rows, broken business rules and
 // idempotency conflicts. Permanent(nil) returns nil.
+//
+// Return it: a handler that panics with it (panic(Permanent(err))) has
+// panicked, which is a bug, and the Worker treats the panic as any other
+// ([ClassPanic], retried with backoff until MaxAttempts), not as a verdict.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -162,7 +166,9 @@ func RetryAfter(err error, d time.Duration) error {
 	return &RetryAfterError{Err: err, Delay: d}
 }
 
-// PanicError is the error a recovered handler panic becomes. It is transient.
+// PanicError is the error a recovered handler panic becomes. It is
+// transient ([ClassPanic]) whatever the panic value, even a Permanent or
+// RetryAfter error (see [Classify]).
 type PanicError struct {
 	Value any
 	Stack []byte
@@ -197,9 +203,19 @@ const (
 // Classify returns the class of err: nil is ClassNone; Permanent,
 // RetryAfter, panics and ErrMaxDeliveries have their own class; context
 // cancellation is ClassCanceled; everything else is transient.
+//
+// A recovered panic ([*PanicError]) is ClassPanic whatever its value: a
+// panic is a bug, and panic(Permanent(err)) or panic(RetryAfter(err, d))
+// is no verdict of the handler's (the Worker retries it with backoff and
+// dead-letters it at MaxAttempts, as any panic). Only a Permanent or
+// RetryAfter wrapped around the PanicError, outside its value, counts.
 func Classify(err error) ErrorClass {
 	if err == nil {
 		return ClassNone
+	}
+	var pa *PanicError
+	if errors.As(err, &pa) {
+		return classifyPanic(err, pa)
 	}
 	var pe *PermanentError
 	if errors.As(err, &pe) {
@@ -209,10 +225,6 @@ func Classify(err error) ErrorClass {
 	if errors.As(err, &re) {
 		return ClassRetryAfter
 	}
-	var pa *PanicError
-	if errors.As(err, &pa) {
-		return ClassPanic
-	}
 	if errors.Is(err, ErrMaxDeliveries) {
 		return ClassPoison
 	}
@@ -220,6 +232,21 @@ func Classify(err error) ErrorClass {
 		return ClassCanceled
 	}
 	return ClassTransient
+}
+
+// classifyPanic classifies err, whose chain holds the panic pa: ClassPanic,
+// unless a Permanent or RetryAfter marks err outside pa's value (errors.As
+// finds the outermost; the one it finds in pa is then another).
+func classifyPanic(err error, pa *PanicError) ErrorClass {
+	var pe, inPe *PermanentError
+	if errors.As(err, &pe) && (!errors.As(pa.Unwrap(), &inPe) || inPe != pe) {
+		return ClassPermanent
+	}
+	var re, inRe *RetryAfterError
+	if errors.As(err, &re) && (!errors.As(pa.Unwrap(), &inRe) || inRe != re) {
+		return ClassRetryAfter
+	}
+	return ClassPanic
 }
 
 // IsPermanent reports whether err is marked [Permanent].

@@ -5,6 +5,12 @@ import "context"
 // Handler processes one delivery. It returns nil when the job's effect is done
 // and durable, or an error that tells the Worker how to settle (see the package
 // doc). Handlers never settle deliveries themselves.
+//
+// A panic is recovered by the Worker and becomes a [*PanicError]: a transient
+// failure ([ClassPanic]), retried with backoff and dead-lettered at
+// MaxAttempts, whatever the panic value — panic(Permanent(err)) is not
+// dead-lettered at once, nor panic(RetryAfter(err, d)) released: only the
+// returned error is the handler's verdict.
 type Handler interface {
 	Handle(ctx context.Context, d Delivery) error
 }

@@ -56,7 +56,9 @@ type ConnectionReporter interface {
 // no connection error (where it is a [ConnectionReporter]), and on each of
 // its queues not paused the last Receive did not fail, or a Receive started
 // since that failure has waited [HealthyWait] without failing (with several
-// receive loops, one started before the failure does not count). A
+// receive loops, one started before the failure does not count; with
+// several queues, the Receives cut off empty at QueueIdleWait since the
+// failure count as one wait, from the first one's start). A
 // draining Worker is not ready: it takes no more work. A saturated Worker
 // (Held == Capacity, every slot busy) is still ready: it receives again as
 // soon as a handler returns.
@@ -76,7 +78,8 @@ type Health struct {
 	// Receiving is true while the receive loop runs (State running).
 	Receiving bool `json:"receiving"`
 	// LastReceive is when a Receive last returned without an error (a long
-	// poll that ended empty counts); zero before the first.
+	// poll that ended empty counts; a Receive the Worker cut off at
+	// QueueIdleWait does not); zero before the first.
 	LastReceive time.Time `json:"last_receive,omitzero"`
 	// ReceiveFailures counts the Receive calls that failed since the last
 	// one that returned without an error, on each queue, summed.
@@ -135,7 +138,12 @@ type queueHealth struct {
 	// could clear its failures: it is not receiving by the allocator's
 	// choice, and counts as failing no longer than HealthyWait.
 	slotWait atomic.Int64
-	lastErr  string // the queue's last Receive error; under workerHealth.mu
+	// idleSince is when the first of the Receives cut off at QueueIdleWait
+	// (several queues) since the queue's last failure started; 0 when none
+	// or without failures on record. Cut-offs in a row are one long wait
+	// without failing, as a single queue's Receive waiting that long.
+	idleSince atomic.Int64
+	lastErr   string // the queue's last Receive error; under workerHealth.mu
 }
 
 // waitingForSlot records that q's loop waits for a slot from now on (zero:
@@ -154,6 +162,22 @@ func (q *queueHealth) waitingForSlot(waiting bool) {
 // receiving records that a Receive call on q starts at now (unix nanos).
 func (h *workerHealth) receiving(q *queueHealth, now int64) { q.recvCall.Store(now) }
 
+// idle records that the Receive call on q that started at start was cut off
+// empty at QueueIdleWait (a Worker of several queues, receiveBounded). That
+// is neither a success nor a failure: the call did not return by itself
+// (LastReceive is not moved, failures on record stay), but it did not fail
+// for QueueIdleWait, and cut-offs in a row since a failure make the queue
+// ready again once they span HealthyWait, as a single queue's Receive does
+// by waiting that long. Counting each as a success made a queue ready
+// QueueIdleWait after any failure and cleared its failure count, although
+// the broker had proved nothing.
+func (h *workerHealth) idle(q *queueHealth, start int64) {
+	q.recvCall.CompareAndSwap(start, 0)
+	if q.failures.Load() != 0 && q.idleSince.Load() == 0 {
+		q.idleSince.Store(start) // one receive loop per queue with several queues
+	}
+}
+
 // received records the outcome of the Receive call on q that started at
 // start and ended at now with n deliveries. A Receive cut short by shutdown
 // or a pause (stopping) is neither a success nor a failure.
@@ -170,9 +194,11 @@ func (h *workerHealth) received(q *queueHealth, start, now int64, n int, err err
 		h.recvOK.Store(now)
 		if q.failures.Load() != 0 {
 			q.failures.Store(0)
+			q.idleSince.Store(0)
 		}
 		return
 	}
+	q.idleSince.Store(0)
 	// A Receive of another loop that started before this failure is no
 	// Receive "under way since the failure": its wait, mostly before the
 	// failure, says nothing of the broker since. recvCall holds the latest
@@ -193,6 +219,7 @@ func (h *workerHealth) start(queues []*queueState) {
 		q.health.failures.Store(0)
 		q.health.recvCall.Store(0)
 		q.health.slotWait.Store(0)
+		q.health.idleSince.Store(0)
 	}
 	h.mu.Lock()
 	for _, q := range queues {
@@ -239,7 +266,7 @@ func (w *Worker) Health() Health {
 			continue
 		}
 		waited := func(since int64) bool { return since != 0 && now.Sub(time.Unix(0, since)) >= HealthyWait }
-		if f != 0 && !waited(q.health.recvCall.Load()) && !waited(q.health.slotWait.Load()) {
+		if f != 0 && !waited(q.health.recvCall.Load()) && !waited(q.health.slotWait.Load()) && !waited(q.health.idleSince.Load()) {
 			if failing == nil {
 				failing = q
 			}

@@ -107,3 +107,45 @@ func TestHealthReceiveStartedBeforeFailureDoesNotCount(t *testing.T) {
 		t.Fatalf("A's Receive returned without error: %+v, want ready", got)
 	}
 }
+
+// TestHealthCutOffsSpanningHealthyWait: on a Worker of several queues,
+// Receives cut off at QueueIdleWait since a failure make the queue ready
+// again once they span HealthyWait (one long wait without failing, cut in
+// pieces), not before; a new failure starts the span again, and a Receive
+// that returns ends it.
+func TestHealthCutOffsSpanningHealthyWait(t *testing.T) {
+	w := &Worker{opts: WorkerOptions{Queues: []WorkerQueue{{Name: "a"}, {Name: "b"}}, Concurrency: 2}}
+	w.queues = newQueueStates(w.opts)
+	h, q := &w.health, &w.queues[1].health
+	h.start(w.queues)
+	now := time.Now()
+	at := func(d time.Duration) int64 { return now.Add(d).UnixNano() }
+	h.received(q, at(-time.Hour), at(-time.Hour), 0, errors.New("connection refused"), false)
+	h.idle(q, at(-HealthyWait+time.Second)) // the first cut-off since: not long enough yet
+	h.idle(q, at(-time.Millisecond))
+	if got := w.Health(); got.Ready || got.ReceiveFailures != 1 || !got.LastReceive.IsZero() {
+		t.Fatalf("cut-offs spanning less than HealthyWait: %+v, want not ready, 1 failure, no LastReceive", got)
+	}
+	h.received(q, at(-time.Minute), at(-time.Minute), 0, errors.New("connection refused"), false)
+	h.idle(q, at(-HealthyWait-time.Second))
+	h.idle(q, at(-time.Millisecond))
+	if got := w.Health(); !got.Ready || got.ReceiveFailures != 2 {
+		t.Fatalf("cut-offs spanning HealthyWait since the failure: %+v, want ready, failures still on record", got)
+	}
+	h.received(q, now.UnixNano(), now.UnixNano(), 0, errors.New("connection refused"), false)
+	if got := w.Health(); got.Ready {
+		t.Fatalf("a failure after the cut-offs: %+v, want not ready", got)
+	}
+	h.idle(q, now.UnixNano())
+	if got := w.Health(); got.Ready {
+		t.Fatalf("a cut-off just after a new failure: %+v, want not ready", got)
+	}
+	h.received(q, now.UnixNano(), now.UnixNano(), 0, nil, false)
+	if got := w.Health(); !got.Ready || got.ReceiveFailures != 0 {
+		t.Fatalf("a Receive returned without error: %+v, want ready, no failures", got)
+	}
+	h.received(q, now.UnixNano(), now.UnixNano(), 0, errors.New("connection refused"), false)
+	if got := w.Health(); got.Ready {
+		t.Fatalf("a failure after a success: %+v, want not ready (no cut-off span left over)", got)
+	}
+}

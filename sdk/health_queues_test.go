@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,4 +55,92 @@ func TestHealthOneFailingQueueOfSeveral(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHealth(t, w, "not ready with bad resumed", func(h sdk.Health) bool { return !h.Ready && h.ReceiveFailures > 0 })
+}
+
+// stallingSub is a broker whose queue "flaky" fails its first Receive at
+// once (a refused connection) and then answers no more: each later Receive
+// waits for its context (a blackholed host). Other queues are idle.
+type stallingSub struct {
+	*fakeSub
+	calls atomic.Int32
+}
+
+func (s *stallingSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if queue == "flaky" && s.calls.Add(1) == 1 {
+		return nil, errors.New("dial tcp: connection refused")
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestHealthCutOffReceiveIsNoSuccess: on a Worker of several queues, a
+// Receive cut off at QueueIdleWait proved nothing about the broker. After a
+// failure, cut-offs do not make the Worker ready before they have spanned
+// HealthyWait (as a single queue's Receive must wait that long), nor clear
+// the failure count, nor move LastReceive (no Receive returned). Before,
+// each cut-off counted as a Receive returned without error: ready again
+// QueueIdleWait after the failure, with no failure on record.
+func TestHealthCutOffReceiveIsNoSuccess(t *testing.T) {
+	sub := &stallingSub{fakeSub: newFakeSub()}
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "idle"}, {Name: "flaky"}}, QueueIdleWait: 5 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitHealth(t, w, "failing on flaky", func(h sdk.Health) bool { return h.LastReceiveError != "" })
+	// Well past the backoff (50-75 ms) and many cut-offs of both queues,
+	// well before HealthyWait.
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if h := w.Health(); h.Ready || h.ReceiveFailures != 1 || !strings.Contains(h.Reason, "connection refused") {
+			t.Fatalf("flaky failed, then its Receives were only cut off: %+v; want not ready, 1 failure", h)
+		}
+	}
+	if h := w.Health(); !h.LastReceive.IsZero() {
+		t.Errorf("LastReceive %v: no Receive returned, all were cut off", h.LastReceive)
+	}
+	if n := sub.calls.Load(); n < 3 {
+		t.Fatalf("flaky received %d times: the cut-offs this test is about did not happen", n)
+	}
+}
+
+// slowFailSub fails every Receive on queue "slow" with its own error once
+// the call's context has ended, as a call that runs into its own network
+// timeout just then, or past a deadline it did not watch, does.
+type slowFailSub struct{ *fakeSub }
+
+func (s slowFailSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	if queue == "slow" {
+		<-ctx.Done()
+		time.Sleep(time.Millisecond)
+		return nil, errors.New("read tcp: i/o timeout")
+	}
+	return s.fakeSub.Receive(ctx, queue, max)
+}
+
+// TestHealthFailureAfterQueueIdleWaitCounts: on a Worker of several queues,
+// a Receive that fails with its own error after QueueIdleWait has passed
+// failed: only the wait's own error (context.DeadlineExceeded) or none
+// makes it a cut-off. Before, any error returned once the wait had run out
+// was dropped: the queue looked healthy, with no error on record, while
+// every Receive on it failed.
+func TestHealthFailureAfterQueueIdleWaitCounts(t *testing.T) {
+	w, err := sdk.NewWorker(slowFailSub{newFakeSub()}, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "good"}, {Name: "slow"}}, QueueIdleWait: 5 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	h := waitHealth(t, w, "failing on slow", func(h sdk.Health) bool { return !h.Ready && h.ReceiveFailures > 0 })
+	if !strings.Contains(h.LastReceiveError, "i/o timeout") || !strings.Contains(h.Reason, "receive failing on slow") {
+		t.Fatalf("health %+v: want slow's i/o timeout on record as the reason", h)
+	}
 }

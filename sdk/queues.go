@@ -410,14 +410,21 @@ func (w *Worker) pick() *queueState {
 // A broker that leases at the server (SQS,
 // PostgreSQL, JetStream) may have leased a message to the call it abandons:
 // that message comes back when its lease runs out.
-func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) ([]Delivery, error) {
+//
+// cut reports a Receive the wait cut off empty: it returned nothing, and
+// either no error or the wait's own (context.DeadlineExceeded, which it
+// turns into nil). A cut-off is no proof that the broker works, only that
+// it did not fail for QueueIdleWait (see workerHealth.idle); an error of
+// another kind, even one returned after the wait ran out (a call that
+// ignored its context until its own timeout), is the Receive's failure.
+func (w *Worker) receiveBounded(ctx context.Context, q *queueState, n int) (ds []Delivery, cut bool, err error) {
 	tctx, cancel := context.WithTimeout(ctx, w.opts.QueueIdleWait)
 	defer cancel()
-	ds, err := w.sub.Receive(tctx, q.name, n)
-	if err != nil && ctx.Err() == nil && tctx.Err() != nil {
-		err = nil // the wait ran out: the queue is idle
+	ds, err = w.sub.Receive(tctx, q.name, n)
+	if len(ds) == 0 && ctx.Err() == nil && tctx.Err() != nil && (err == nil || errors.Is(err, context.DeadlineExceeded)) {
+		return ds, true, nil // the wait ran out: the queue is idle
 	}
-	return ds, err
+	return ds, false, err
 }
 
 // Queues returns the names of the queues the Worker consumes, in the order

@@ -119,7 +119,12 @@ func TestClassify(t *testing.T) {
 		fmt.Errorf("w: %w", sdk.Permanent(base)): sdk.ClassPermanent,
 		sdk.RetryAfter(base, time.Second):        sdk.ClassRetryAfter,
 		&sdk.PanicError{Value: 1}:                sdk.ClassPanic,
-		fmt.Errorf("w: %w", sdk.ErrMaxDeliveries): sdk.ClassPoison,
+		&sdk.PanicError{Value: sdk.Permanent(base)}:                      sdk.ClassPanic,
+		&sdk.PanicError{Value: sdk.RetryAfter(base, time.Second)}:        sdk.ClassPanic,
+		fmt.Errorf("w: %w", &sdk.PanicError{Value: sdk.Permanent(base)}): sdk.ClassPanic,
+		sdk.Permanent(&sdk.PanicError{Value: sdk.Permanent(base)}):       sdk.ClassPermanent, // marked outside the panic
+		sdk.RetryAfter(&sdk.PanicError{Value: 1}, time.Second):           sdk.ClassRetryAfter,
+		fmt.Errorf("w: %w", sdk.ErrMaxDeliveries):                        sdk.ClassPoison,
 		context.Canceled: sdk.ClassCanceled,
 	} {
 		if got := sdk.Classify(err); got != want {

@@ -82,7 +82,9 @@ type WorkerOptions struct {
 	// for one delivery at a time (so a queue that ran dry holds one slot,
 	// not the ones the others could use) until a Receive fills again. An
 	// idle queue polls every QueueIdleWait while it holds a slot. Default
-	// 500ms.
+	// 500ms. A Receive cut off this way is neither a success nor a failure
+	// for [Worker.Health] (see [Health]); one that fails with an error of
+	// its own, even past QueueIdleWait, failed.
 	QueueIdleWait time.Duration
 	// Priority makes Queues a strict priority list: a queue gets slots only
 	// while every queue before it is idle or paused. Lower queues can
@@ -282,6 +284,12 @@ type Settlement struct {
 // once and must be quick. Settlements of one message can reach Settled out of
 // order: a retry is reported once the broker has taken it, and the broker may
 // already have handed the next attempt to another goroutine.
+//
+// A panic in an observer's method (Start, Settled, LeaseExtended) is
+// recovered and logged at ERROR with the observer's type; the Worker goes on
+// as if the method had returned (Start as if it had returned the context it
+// was given), and the observers after it are still called: an observer's bug
+// changes no settlement and frees every slot.
 type Observer interface {
 	Start(ctx context.Context, d Delivery) context.Context
 	Settled(ctx context.Context, d Delivery, s Settlement)
@@ -289,7 +297,8 @@ type Observer interface {
 
 // LeaseObserver is an optional extension of Observer told of every lease
 // extension attempt by the heartbeat (err nil on success), with the handler's
-// context once the handler runs (before, the Worker's).
+// context once the handler runs (before, the Worker's). A panic in it is
+// recovered as Observer's are: the heartbeat acts on err regardless.
 type LeaseObserver interface {
 	LeaseExtended(ctx context.Context, d Delivery, by time.Duration, err error)
 }

@@ -74,6 +74,9 @@ func TestSettlementTable(t *testing.T) {
 		{name: "transient at max attempts dead-letters", attempt: 3, err: transient, want: "dead_letter", wantClass: sdk.ClassTransient},
 		{name: "panic is transient", attempt: 1, panicWith: "boom", want: "retry", wantDelay: 100 * time.Millisecond, wantClass: sdk.ClassPanic},
 		{name: "panic at max attempts dead-letters", attempt: 3, panicWith: fmt.Errorf("boom"), want: "dead_letter", wantClass: sdk.ClassPanic},
+		// A panic is a bug whatever its value: not a verdict of the handler.
+		{name: "panic with a permanent value is a panic", attempt: 1, panicWith: sdk.Permanent(transient), want: "retry", wantDelay: 100 * time.Millisecond, wantClass: sdk.ClassPanic},
+		{name: "panic with a retry-after value is a panic", attempt: 3, releaser: true, panicWith: sdk.RetryAfter(transient, time.Second), want: "dead_letter", wantClass: sdk.ClassPanic},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
