@@ -151,3 +151,26 @@ func benchConsume(b *testing.B, e env) {
 	b.ReportMetric(float64(s.Written)/float64(max(s.Batches, 1)), "events/batch")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkRecord is Record's own cost with a writer that keeps up (a
+// store that writes nowhere): serial, and from GOMAXPROCS goroutines at
+// once.
+func BenchmarkRecord(b *testing.B) {
+	e := ledger.Event{MessageID: "m", Queue: "q", Status: ledger.StatusEnqueued, At: time.Now()}
+	b.Run("serial", func(b *testing.B) {
+		l := newLedger(b, discard{}, ledger.Options{})
+		b.ReportAllocs()
+		for b.Loop() {
+			l.Record(e)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		l := newLedger(b, discard{}, ledger.Options{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.Record(e)
+			}
+		})
+	})
+}

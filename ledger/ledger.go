@@ -171,7 +171,7 @@ var ErrClosed = sdk.ErrClosed
 type Stats struct {
 	Recorded int64 // events handed to the ledger
 	Written  int64 // events in batches the store accepted
-	Dropped  int64 // events dropped because the buffer stayed full
+	Dropped  int64 // events dropped because the buffer stayed full, or recorded after Close
 	Failed   int64 // events in batches the store refused
 	Batches  int64 // Write calls that succeeded
 	Buffered int   // events waiting now
@@ -346,8 +346,9 @@ func (l *Ledger) Stats() Stats {
 
 // Record hands e to the writer. It never fails: when the buffer stays full
 // for Options.BlockTimeout the event is dropped and counted; after Close it
-// is dropped too. The feeds call it; applications may record events of
-// their own (a custom publisher).
+// is dropped too, at once. A Record racing Close is written or dropped,
+// and counted either way. The feeds call it; applications may record
+// events of their own (a custom publisher).
 func (l *Ledger) Record(e Event) {
 	l.recorded.Add(1)
 	if l.closed.Load() {
@@ -357,6 +358,7 @@ func (l *Ledger) Record(e Event) {
 	p := pending{e: e, at: time.Now().UnixNano()}
 	select {
 	case l.buf <- p:
+		l.sent()
 		return
 	default:
 	}
@@ -365,12 +367,43 @@ func (l *Ledger) Record(e Event) {
 		defer t.Stop()
 		select {
 		case l.buf <- p:
+			l.sent()
 			return
 		case <-t.C:
 		case <-l.stop:
 		}
 	}
 	l.drop(e)
+}
+
+// sent follows every event put in the buffer. A Record that passed the
+// closed check before Close may put its event in after the writer's last
+// drain; the writer has then stopped (done is closed), so that event
+// would stay buffered, neither written nor dropped. Close drains the
+// buffer after the writer stops, and so does a Record that finds the
+// writer stopped after its send: an event sent before done closed is
+// there for Close's drain, one sent after is there for its sender's. Each
+// event is received once, so it is counted once. Before Close this costs
+// a non-blocking receive on an open channel: two loads, no lock.
+func (l *Ledger) sent() {
+	select {
+	case <-l.done:
+		l.reclaim()
+	default:
+	}
+}
+
+// reclaim counts as dropped the events left in the buffer once the writer
+// has stopped. Close and late Records may run it at once.
+func (l *Ledger) reclaim() {
+	for {
+		select {
+		case <-l.buf:
+			l.dropped.Add(1)
+		default:
+			return
+		}
+	}
 }
 
 func (l *Ledger) drop(e Event) {
@@ -405,13 +438,16 @@ func (l *Ledger) Flush(ctx context.Context) error {
 
 // Close writes what is buffered (each batch bounded by WriteTimeout), stops
 // the writer and unregisters the metrics callback. Events recorded after
-// Close are dropped and counted. Calling it again returns nil.
+// Close are dropped and counted; so are those of Records racing it that
+// reach the buffer after the writer's last drain. Calling it again returns
+// nil.
 func (l *Ledger) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.closed.Store(true)
 		close(l.stop)
 		<-l.done
+		l.reclaim()
 		err = l.regs.Unregister()
 	})
 	return err
