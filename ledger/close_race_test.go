@@ -1,8 +1,11 @@
 package ledger_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -80,8 +83,9 @@ func TestRecordRacingCloseIsAccountedFor(t *testing.T) {
 // and counted.
 func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 	c := &capture{gate: make(chan struct{})}
+	var logs syncBuffer
 	l, err := ledger.New(ledger.Options{Store: c, Buffer: 2, BatchSize: 1, Linger: -1, BlockTimeout: time.Hour,
-		WriteTimeout: 10 * time.Millisecond, Logger: quiet})
+		WriteTimeout: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,4 +106,31 @@ func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 	if s.Recorded != 8 || s.Dropped != 5 || s.Failed != 3 || s.Written != 0 || s.Buffered != 0 {
 		t.Errorf("stats %+v: want 8 recorded, 3 failed, 5 dropped", s)
 	}
+	// Said once, and as what it is: not "buffer full", which would send an
+	// operator after a writer that is not behind but stopped.
+	out := logs.String()
+	if n := strings.Count(out, "recorded after Close"); n != 1 {
+		t.Errorf("%d log lines about Records after Close, want 1:\n%s", n, out)
+	}
+	if strings.Contains(out, "buffer full") {
+		t.Errorf("a Record after Close logged as a full buffer:\n%s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the writer goroutines' logs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -214,6 +214,7 @@ type Ledger struct {
 	recorded, written, dropped, failed, batches atomic.Int64
 	maxLag, lagSum                              atomic.Int64
 	dropping                                    atomic.Bool // logged the current run of drops
+	droppingClosed                              atomic.Bool // logged a Record after Close
 
 	lag  metric.Float64Histogram
 	regs metric.Registration
@@ -352,7 +353,7 @@ func (l *Ledger) Stats() Stats {
 func (l *Ledger) Record(e Event) {
 	l.recorded.Add(1)
 	if l.closed.Load() {
-		l.drop(e)
+		l.dropClosed(e)
 		return
 	}
 	p := pending{e: e, at: time.Now().UnixNano()}
@@ -403,6 +404,17 @@ func (l *Ledger) reclaim() {
 		default:
 			return
 		}
+	}
+}
+
+// dropClosed counts an event recorded after Close as dropped, and says so
+// once: not "buffer full", which would send an operator after a writer that
+// is not behind but stopped.
+func (l *Ledger) dropClosed(e Event) {
+	l.dropped.Add(1)
+	if l.droppingClosed.CompareAndSwap(false, true) {
+		l.opts.Logger.Warn("berth/ledger: event recorded after Close; dropped (a feed still runs after the ledger was closed: close the Worker or publisher first)",
+			"id", e.MessageID, "status", string(e.Status))
 	}
 }
 
