@@ -25,6 +25,16 @@ type consumer struct {
 	prefetch int                       // basic.qos of its channels
 	cur      atomic.Pointer[chanState] // the channel consuming now, for Flush
 
+	// recv is read-held by each Receive from before it takes deliveries
+	// from out until it has decided to return them, and write-held by
+	// handBack while it collects what no Receive returned: a Receive that
+	// finds Close begun puts what it took in back (under backMu) rather
+	// than return deliveries its caller could no longer settle, and
+	// handBack hands them back with the others.
+	recv   sync.RWMutex
+	backMu sync.Mutex
+	back   []*delivery
+
 	gone   chan struct{} // closed when the consumer stopped for good (err says why)
 	err    error         // set before gone is closed
 	exited chan struct{} // closed when run returns
@@ -461,6 +471,9 @@ func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery
 			unseen = append(unseen, d)
 		}
 	}
+	// Once no Receive is taking from out (they all see closing), what
+	// they took but did not return is in back, and out holds the rest.
+	c.recv.Lock()
 drain:
 	for {
 		select {
@@ -470,6 +483,13 @@ drain:
 			break drain
 		}
 	}
+	c.backMu.Lock()
+	for _, d := range c.back {
+		take(d)
+	}
+	c.back = nil
+	c.backMu.Unlock()
+	c.recv.Unlock()
 	take(pending)
 	if !c.awaitNoCredit(st, dels, take) {
 		return // the channel is gone: the server has requeued them already
@@ -623,7 +643,9 @@ func redeliveries(qt QueueType, redelivered bool, deliveryCnt int) int {
 // The first Receive of a queue starts a consumer with [Options.Prefetch]
 // (default: this call's max, at most [DefaultPrefetch]); it keeps running
 // until Close, holding up to Prefetch messages for this process, and Close
-// hands back those no Receive returned without consuming an attempt.
+// hands back those no Receive returned without consuming an attempt. A
+// Receive that Close overtakes returns [sdk.ErrClosed], never deliveries:
+// their settlements would fail, and Close hands them back with the others.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
 	if err := sdk.ValidateQueueName(queue); err != nil {
 		return nil, err
@@ -641,6 +663,11 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	if err != nil {
 		return nil, err
 	}
+	if b.receiveHook != nil {
+		b.receiveHook()
+	}
+	c.recv.RLock() // see consumer.recv
+	defer c.recv.RUnlock()
 	var out []sdk.Delivery
 	for len(out) == 0 {
 		select {
@@ -656,6 +683,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 			return nil, c.err
 		}
 	}
+more:
 	for len(out) < max {
 		select {
 		case d := <-c.out:
@@ -663,8 +691,21 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 				out = append(out, d)
 			}
 		default:
-			return out, nil
+			break more
 		}
+	}
+	if b.closed() {
+		// Close began while this Receive took them (the select above
+		// picks at random between a delivery and closing): its caller
+		// could not settle them (ErrClosed), and left to the channel's
+		// close they would come back an attempt up. Close hands them
+		// back instead, as it does those no Receive took.
+		c.backMu.Lock()
+		for _, d := range out {
+			c.back = append(c.back, d.(*delivery))
+		}
+		c.backMu.Unlock()
+		return nil, sdk.ErrClosed
 	}
 	return out, nil
 }

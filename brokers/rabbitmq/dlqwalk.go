@@ -127,6 +127,39 @@ type walkResult struct {
 	failed map[string]error
 }
 
+// withFailures returns err, the error that ended a walk (nil when none),
+// with the redrives r met that failed: a *[sdk.PublishError] alone when err
+// is nil, else a [*WalkError] holding both, so that a walk cut short still
+// says what it could not do before the error.
+func (r walkResult) withFailures(err error) error {
+	if len(r.failed) == 0 {
+		return err
+	}
+	pe := &sdk.PublishError{Failed: r.failed}
+	if err == nil {
+		return pe
+	}
+	return &WalkError{Err: err, Failed: pe}
+}
+
+// WalkError is the error of a redrive or sweep of dead letters that ended
+// part-way (Err: a failed call, ctx, or a [*ScanError]) after some of the
+// letters it was to redrive had failed (Failed: they are still dead
+// letters). What it did move is the count returned with it. [errors.Is] and
+// [errors.As] see both.
+type WalkError struct {
+	Err    error
+	Failed *sdk.PublishError
+}
+
+// Error says why the walk ended and what had failed before.
+func (e *WalkError) Error() string {
+	return e.Err.Error() + "; before that, " + e.Failed.Error()
+}
+
+// Unwrap returns Err and Failed.
+func (e *WalkError) Unwrap() []error { return []error{e.Err, e.Failed} }
+
 // walk goes once round queue's dead-letter queue a page at a time (size
 // letters, 0 for the default, and at most the byte bound), calling
 // fn with each page; fn sets each letter's verdict (keepIt by default) and
@@ -268,11 +301,24 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.opts.CloseTimeout, 5*time.Second))
 	defer cancel()
+	fail := func(id string, err error) {
+		if r.failed == nil {
+			r.failed = map[string]error{}
+		}
+		r.failed[id] = err
+	}
 	var failed map[string]error
 	if len(out) > 0 {
 		err := b.sendAll(pctx, out)
 		var pe *sdk.PublishError
 		if err != nil && !errors.As(err, &pe) {
+			// Nothing of the page was sent (sendAll found no channel):
+			// its letters all go back, and those to redrive say so.
+			for _, l := range page {
+				if l.v == redriveIt {
+					fail(l.msg.ID, err)
+				}
+			}
 			return err
 		}
 		if pe != nil {
@@ -286,17 +332,26 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 		}
 		return nil
 	}
-	for _, l := range page {
+	for i, l := range page {
 		if l.v != dropIt && failed[l.msg.ID] != nil {
 			if l.v == redriveIt {
-				if r.failed == nil {
-					r.failed = map[string]error{}
-				}
-				r.failed[l.msg.ID] = failed[l.msg.ID]
+				fail(l.msg.ID, failed[l.msg.ID])
 			}
 			continue
 		}
 		if err := ack(l.tag, l.msg.ID); err != nil {
+			// This letter and the rest of the page go back to the
+			// dead-letter queue: those to redrive whose copy is out are
+			// now on both queues, and say so.
+			for _, l := range page[i:] {
+				switch {
+				case l.v != redriveIt:
+				case failed[l.msg.ID] != nil:
+					fail(l.msg.ID, failed[l.msg.ID])
+				default:
+					fail(l.msg.ID, fmt.Errorf("%w: rabbitmq: redriven, but the dead letter could not be removed (it is on both queues): %w", sdk.ErrUnavailable, err))
+				}
+			}
 			return err
 		}
 		switch l.v {
@@ -389,7 +444,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // unknown IDs give an error wrapping [sdk.ErrNotFound] and redrive nothing.
 // It returns how many were redriven, with a *[sdk.PublishError] naming
 // those whose publish failed (they stay dead letters) or a [*ScanError]
-// when another walk took letters from under it.
+// when another walk took letters from under it. A redrive that ends
+// part-way (a failed call, ctx) still returns how many it redrove, and
+// when some had failed before the error, a [*WalkError] naming them too.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	return b.moveDeadLetters(ctx, queue, redriveIt, ids)
 }
@@ -438,9 +495,7 @@ func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, i
 		}
 	})
 	n := r.redriven + r.dropped
-	if err == nil && len(r.failed) > 0 {
-		err = &sdk.PublishError{Failed: r.failed}
-	}
+	err = r.withFailures(err)
 	// IDs checked but gone by the second walk (another operator) are
 	// counted by n < len(ids), without an error.
 	return n, err
@@ -457,8 +512,10 @@ func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, i
 // It returns how many were acted on, with a *[sdk.PublishError] naming the
 // chosen letters whose redrive failed (they stay dead letters), ctx.Err()
 // when ctx ended the sweep between pages (the page in hand is finished),
-// or a [*ScanError] when another walk took letters from under it. The
-// berth command uses it to redrive and purge in one pass.
+// or a [*ScanError] when another walk took letters from under it. A sweep
+// that ends part-way still returns how many it acted on, and when some
+// redrives had failed before the error, a [*WalkError] naming them with
+// it. The berth command uses it to redrive and purge in one pass.
 func (b *Broker) SweepDeadLetters(ctx context.Context, queue string, size int, redrive bool, fn func(done int, page []*sdk.Message) []bool) (int, error) {
 	v := dropIt
 	if redrive {
@@ -484,8 +541,6 @@ func (b *Broker) SweepDeadLetters(ctx context.Context, queue string, size int, r
 		}
 	})
 	n := r.redriven + r.dropped
-	if err == nil && len(r.failed) > 0 {
-		err = &sdk.PublishError{Failed: r.failed}
-	}
+	err = r.withFailures(err)
 	return n, err
 }

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -336,4 +338,110 @@ func TestContract18_5_QuorumDeadLetterQueueDeliveryLimit(t *testing.T) {
 		}
 	}
 	checkIntact(t, url, q, ids)
+}
+
+// queueIDs reads all of queue with a connection of its own and returns the
+// message IDs in it, once it holds want messages or after a few seconds
+// (a closed channel's letters go back to their queue asynchronously);
+// closing the connection returns the messages read.
+func queueIDs(t *testing.T, url, queue string, want int) []string {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		qi, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qi.Messages == want || time.Now().After(deadline) {
+			break
+		}
+	}
+	var ids []string
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return ids
+		}
+		ids = append(ids, d.MessageId)
+	}
+}
+
+// TestReview_RedriveCutShortReportsFailures: a redrive that an error ends
+// part-way (here the operator's ctx, cancelled during the third page)
+// reports, with that error, both what it moved and the redrives that had
+// failed before it (the first page's: its queue was deleted under it), as
+// berth and the dashboard call it (dlq.Apply); the report matches the
+// queues afterwards, nothing lost, nothing doubled. Before, the failures
+// were reported only when the walk ended cleanly: this one said 10 moved
+// and nothing missed, leaving 5 failed redrives unmentioned.
+func TestReview_RedriveCutShortReportsFailures(t *testing.T) {
+	url, q, b1 := brokerOnQueue(t, Options{Logger: quiet})
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	ids := deadLetterN(t, ctx, b1, q, 20)
+	_ = b1.Close() // its consumer would declare q again once it is deleted
+	b := newBroker(t, url, Options{Logger: quiet, NoDeclare: true})
+	admin := ownChannel(t, url, false)
+
+	b.walkTune.afterCount = func() {
+		// The first page's redrives find no queue (unroutable).
+		if _, err := admin.QueueDelete(q, false, false, false); err != nil {
+			t.Error(err)
+		}
+	}
+	actx, stop := context.WithCancel(ctx)
+	defer stop()
+	r, err := dlq.Apply(actx, b, q, dlq.Filter{}, dlq.Redrive, dlq.Options{PageSize: 5}, func(done int) {
+		switch done { // called as the sweep takes each next page
+		case 5: // the queue is back: the second page's redrives succeed
+			if _, err := admin.QueueDeclare(q, true, false, false, false, b.mainArgs(q)); err != nil {
+				t.Error(err)
+			}
+		case 10: // the operator interrupts: this page is finished, then the sweep ends
+			stop()
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Apply: %+v, %v; want context.Canceled", r, err)
+	}
+	if strings.Contains(err.Error(), "publish failed") {
+		t.Errorf("Apply's error %q repeats the failures it reports in Failed", err)
+	}
+	var failed []string
+	for _, f := range r.Failed {
+		failed = append(failed, f.ID)
+		if !errors.Is(f.Err, sdk.ErrNotFound) {
+			t.Errorf("failure of %s: %v, want the unroutable redrive (sdk.ErrNotFound)", f.ID, f.Err)
+		}
+	}
+	slices.Sort(failed)
+	wantFailed := slices.Sorted(slices.Values(ids[:5]))
+	if r.Done != 10 || r.Missed != 5 || !slices.Equal(failed, wantFailed) {
+		t.Fatalf("Apply reported %d done, %d missed, failed %v; want 10 done and the first page's 5 failed %v",
+			r.Done, r.Missed, failed, wantFailed)
+	}
+
+	// The queues hold what the report says: the 10 redriven on q, the 5
+	// failed and the 5 never reached still dead letters, each once.
+	onQueue := queueIDs(t, url, q, 10)
+	dead := queueIDs(t, url, DeadLetterQueue(q), 10)
+	slices.Sort(onQueue)
+	slices.Sort(dead)
+	if want := slices.Sorted(slices.Values(ids[5:15])); !slices.Equal(onQueue, want) {
+		t.Errorf("queue holds %v, want the 10 redriven %v", onQueue, want)
+	}
+	if want := slices.Sorted(slices.Values(append(slices.Clone(ids[:5]), ids[15:]...))); !slices.Equal(dead, want) {
+		t.Errorf("dead-letter queue holds %v, want the 5 failed and the 5 not reached %v", dead, want)
+	}
 }

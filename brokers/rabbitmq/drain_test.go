@@ -136,3 +136,105 @@ func TestRollingCloseKeepsAttempt(t *testing.T) {
 	}
 	t.Logf("%d rolling Closes: %d messages, each handled once at attempt 1: %v", rolls, len(published), len(late) == 0 && twice == 0)
 }
+
+// TestReview_ReceiveRacingCloseKeepsAttempt: a Receive that Close
+// overtakes once it has its consumer (the hook starts Close, waits for it
+// to begin, and holds its hand-back back until Receive returns) returns nothing but ErrClosed, and Close hands every
+// prefetched delivery back without counting an attempt: each message comes
+// back at Attempt() 1. Before, Receive's select picked at random between a
+// waiting delivery and Close's start, and then took the other waiting
+// ones too; its caller could not Release them (ErrClosed), Close's
+// hand-back no longer saw them, and they went back with the channel's
+// close, one attempt up (x-delivery-count raised).
+func TestReview_ReceiveRacingCloseKeepsAttempt(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	pub := newBroker(t, url, Options{Logger: quiet})
+	const n = 6
+	for trial := range 8 { // the old race was a coin toss per trial
+		msgs := make([]*sdk.Message, n)
+		for i := range msgs {
+			msgs[i] = &sdk.Message{Type: "race"}
+		}
+		if err := pub.Publish(ctx, q, msgs...); err != nil {
+			t.Fatal(err)
+		}
+		b := newBroker(t, url, Options{Logger: quiet, Prefetch: n})
+		first, err := b.Receive(ctx, q, 1) // starts the consumer
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := first[0].Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		b.mu.Lock()
+		c := b.consumers[q]
+		b.mu.Unlock()
+		for len(c.out) < n-1 { // the rest wait in the consumer, not yet returned
+			select {
+			case <-ctx.Done():
+				t.Fatalf("trial %d: %d deliveries waiting, want %d", trial, len(c.out), n-1)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		closed := make(chan error, 1)
+		st := c.cur.Load()
+		b.receiveHook = func() {
+			// Close's hand-back starts with a flush: holding flushMu keeps
+			// it from collecting the waiting deliveries before this
+			// Receive selects, which then meets Close begun with
+			// deliveries waiting (a hand-back slowed by its flush, or a
+			// Receive scheduled late, in production).
+			st.flushMu.Lock()
+			go func() { closed <- b.Close() }()
+			for !b.closed() {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		ds, err := b.Receive(ctx, q, n)
+		st.flushMu.Unlock()
+		for _, d := range ds {
+			// What a Worker does with deliveries it will not run.
+			if err := d.(sdk.Releaser).Release(ctx, 0); err != nil {
+				t.Logf("trial %d: Release of a delivery received during Close: %v", trial, err)
+			}
+		}
+		if len(ds) > 0 || !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("trial %d: Receive racing Close: %d deliveries, %v; want none and ErrClosed", trial, len(ds), err)
+		}
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+
+		chk := newBroker(t, url, Options{Logger: quiet})
+		seen := map[string]bool{}
+		for len(seen) < n-1 {
+			rctx, stop := context.WithTimeout(ctx, 10*time.Second)
+			ds, err := chk.Receive(rctx, q, n)
+			stop()
+			if err != nil {
+				t.Fatalf("trial %d: %d of %d back: %v", trial, len(seen), n-1, err)
+			}
+			for _, d := range ds {
+				if seen[d.Message().ID] {
+					t.Errorf("trial %d: %s back twice", trial, d.Message().ID)
+				}
+				seen[d.Message().ID] = true
+				if d.Attempt() != 1 {
+					t.Errorf("trial %d: %s back at attempt %d, want 1: no handler ran it", trial, d.Message().ID, d.Attempt())
+				}
+				if err := d.Ack(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := chk.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}

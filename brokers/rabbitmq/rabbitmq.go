@@ -93,7 +93,11 @@
 // broker is closed, whether or not Receive is called again. By default the
 // prefetch is the first Receive's max, which for an [sdk.Worker] is its
 // capacity (Concurrency + Prefetch). Close hands back the deliveries that
-// no Receive returned without consuming an attempt: it waits until the
+// no Receive returned without consuming an attempt (a Receive that Close
+// overtakes returns [sdk.ErrClosed] and leaves what it had taken to this
+// hand-back, rather than return deliveries its caller could no longer
+// settle; what a Receive did return before Close began and is unsettled
+// goes back with the channel's close, an attempt counted): it waits until the
 // consumer holds its whole prefetch (so that no delivery is on its way,
 // which RabbitMQ 3.10 would return with x-delivery-count raised once the
 // consumer is cancelled) or the queue looks idle, cancels the consumer
@@ -189,6 +193,13 @@
 // before it has seen every letter stops with a [*ScanError] (wrapping
 // [ErrScanIncomplete]) saying how many it did not look at, rather than
 // seeing letters twice.
+//
+// A redrive or sweep reports exactly what it did, also when an error ends
+// it part-way: it returns how many letters it moved with the error, and
+// when some redrives had failed before it (they are still dead letters), a
+// [*WalkError] naming them ([errors.As] finds the *[sdk.PublishError]). A
+// letter whose copy went out but whose original could not be acked (the
+// channel died) is named too: it is then on both queues.
 package rabbitmq
 
 import (
@@ -468,6 +479,7 @@ type Broker struct {
 
 	ackHook     func(tag uint64, multiple bool) // tests: sees every ack frame of the consumer channels
 	inspectHook func(name string)               // tests: sees every passive lookup of a queue
+	receiveHook func()                          // tests: runs in Receive once it has its consumer, before it takes deliveries
 }
 
 var (

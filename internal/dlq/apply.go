@@ -334,11 +334,13 @@ func sweepApply(ctx context.Context, sw Sweeper, queue string, f Filter, act Act
 	}
 	var pe *sdk.PublishError
 	if errors.As(err, &pe) {
+		// The chosen letters that failed, named even when an error ended
+		// the sweep after them (the broker returns both).
 		ids := slices.Sorted(maps.Keys(pe.Failed))
 		for _, id := range ids {
 			miss(id, pe.Failed[id])
 		}
-		err = nil
+		err = without(err, pe)
 	}
 	notFound := sdk.ErrNotFound
 	if ScanIncomplete(err) { // another walk cut this one short: a result, not a failure
@@ -354,4 +356,30 @@ func sweepApply(ctx context.Context, sw Sweeper, queue string, f Filter, act Act
 	}
 	r.Complete = err == nil && !more && r.Incomplete == ""
 	return r, err
+}
+
+// without returns err less pe, the failures it reports (see sweepApply):
+// nil when err is pe, the other errors when err joins pe to them (as
+// rabbitmq.WalkError does), and err itself otherwise.
+func without(err error, pe *sdk.PublishError) error {
+	if err == error(pe) {
+		return nil
+	}
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return err
+	}
+	var rest []error
+	for _, e := range j.Unwrap() {
+		if e != error(pe) {
+			rest = append(rest, e)
+		}
+	}
+	switch {
+	case len(rest) == len(j.Unwrap()):
+		return err
+	case len(rest) == 1:
+		return rest[0]
+	}
+	return errors.Join(rest...)
 }
