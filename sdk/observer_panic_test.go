@@ -214,3 +214,54 @@ func TestLeaseObserverPanic(t *testing.T) {
 	}
 	checkPanicLog(t, logs, "LeaseExtended")
 }
+
+// TestObserverStartNilContext: an observer whose Start returns a nil context
+// (a bug of its own) does not take the Worker down: the handler runs with
+// the context the observer was given, the job is settled as its handler
+// decided, later jobs run, and the bug is logged once, not per job.
+func TestObserverStartNilContext(t *testing.T) {
+	sub := newFakeSub()
+	logs := &logRecords{}
+	before := observer{start: func(ctx context.Context, _ sdk.Delivery) context.Context {
+		return context.WithValue(ctx, ctxKey{}, "before")
+	}}
+	bad := observer{start: func(context.Context, sdk.Delivery) context.Context { return nil }}
+	var sawValue atomic.Int32
+	h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
+		if ctx.Value(ctxKey{}) == "before" && ctx.Err() == nil {
+			sawValue.Add(1)
+		}
+		return nil
+	})
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Logger: slog.New(logs), Observers: []sdk.Observer{before, bad}})
+	jobs := []*berthtest.Delivery{newFake(1, "a"), newFake(1, "b"), newFake(1, "c")}
+	for _, f := range jobs {
+		sub.ch <- f
+		f.Wait(t)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+	for i, f := range jobs {
+		if a := actions(f); len(a) != 1 || a[0] != "ack" {
+			t.Errorf("job %d settled %v, want [ack] once", i, a)
+		}
+	}
+	if n := sawValue.Load(); n != int32(len(jobs)) {
+		t.Errorf("%d of %d handlers ran in the context the observers before the bad one made", n, len(jobs))
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	n := 0
+	for _, m := range logs.recs {
+		if strings.Contains(m["msg"], "nil context") {
+			n++
+			if m["observer"] != "sdk_test.observer" {
+				t.Errorf("observer = %q, want sdk_test.observer", m["observer"])
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d log lines about the nil context, want 1: %v", n, logs.recs)
+	}
+}

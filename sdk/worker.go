@@ -27,11 +27,12 @@ type Worker struct {
 	longPoll    bool          // sub is a LongPoller: its Receive ends by itself within ReceiveWait
 	recvBatch   int           // sub is a ReceiveBatcher: the most one Receive returns; 0 if not
 
-	randMu  sync.Mutex
-	running atomic.Bool
-	shared  atomic.Pointer[settleCtx]
-	acking  atomic.Int64 // background acks (AsyncAcker) under way, holding their slots
-	health  workerHealth // what Health reports (sdk/health.go)
+	randMu   sync.Mutex
+	running  atomic.Bool
+	nilStart atomic.Bool // an observer's Start returned a nil context: logged once
+	shared   atomic.Pointer[settleCtx]
+	acking   atomic.Int64 // background acks (AsyncAcker) under way, holding their slots
+	health   workerHealth // what Health reports (sdk/health.go)
 
 	queues []*queueState // the consumed queues (sdk/queues.go)
 	wake   chan struct{} // wakes the multi-queue allocator; nil with one queue
@@ -845,7 +846,18 @@ func (w *Worker) observeStart(ctx context.Context, ob Observer, d Delivery) (out
 			out = ctx
 		}
 	}()
-	return ob.Start(ctx, d)
+	if out = ob.Start(ctx, d); out == nil {
+		// A bug of the observer's: the handler and the observers after it
+		// would fail on a nil context. Go on with the one it was given,
+		// as after a panic, and say so once per Worker.
+		if w.nilStart.CompareAndSwap(false, true) {
+			m := d.Message()
+			w.opts.Logger.ErrorContext(ctx, "berth: observer Start returned a nil context; the context it was given is used (logged once)",
+				"queue", w.opts.Queue, "observer", fmt.Sprintf("%T", ob), "id", m.ID, "type", m.Type)
+		}
+		return ctx
+	}
+	return out
 }
 
 // observeSettled calls ob.Settled, recovering a panic as observeStart does.

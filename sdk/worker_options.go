@@ -289,7 +289,9 @@ type Settlement struct {
 // recovered and logged at ERROR with the observer's type; the Worker goes on
 // as if the method had returned (Start as if it had returned the context it
 // was given), and the observers after it are still called: an observer's bug
-// changes no settlement and frees every slot.
+// changes no settlement and frees every slot. A Start that returns a nil
+// context is the same kind of bug: the context it was given is used, and it
+// is logged once per Worker.
 type Observer interface {
 	Start(ctx context.Context, d Delivery) context.Context
 	Settled(ctx context.Context, d Delivery, s Settlement)
