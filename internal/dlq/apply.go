@@ -61,8 +61,10 @@ const MaxFailures = 100
 // at the first other error, or when ctx is done (between pages: the page in
 // hand is finished, not cut), and returns the result so far with that error:
 // everything counted in Done was done, nothing else was. (When the broker
-// call itself fails, its page is done or not as the broker's transaction
-// decides: PostgreSQL and memory do all of a page or none of it.)
+// call itself fails, what it did of its page is the count it returns with
+// the error, counted in Done, the rest of the page in Missed: PostgreSQL
+// and memory do all of a page or none of it, SQS, JetStream and RabbitMQ
+// move letter by letter and say how many.)
 func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
 	var r Result
 	do := func(ctx context.Context, ids []string) (int, error) {
@@ -158,10 +160,12 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 						r.Failed = append(r.Failed, Failure{ID: id, Err: err})
 					}
 				default:
+					r.cut([]string{id}, n, err)
 					return err
 				}
 			}
 		default:
+			r.cut(ids, n, err)
 			return err
 		}
 		if progress != nil {
@@ -199,6 +203,27 @@ func (r *Result) missPage(ids []string, n int, err error) {
 	for _, id := range ids {
 		if len(r.Failed) < MaxFailures {
 			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		}
+	}
+}
+
+// cut accounts for a broker call on ids that failed with err, which ends
+// the Apply, after doing n of them: the brokers that move letter by letter
+// (SQS, JetStream, RabbitMQ) return how many they moved with the error, and
+// the report must count them, or an interrupted Apply would say it did
+// less than it did. The rest of ids are missed; a *sdk.PublishError names
+// those that failed, else they are named when the call did none.
+func (r *Result) cut(ids []string, n int, err error) {
+	r.Done += n
+	var pe *sdk.PublishError
+	if !errors.As(err, &pe) || len(pe.Failed) == 0 {
+		r.missPage(ids, n, err)
+		return
+	}
+	r.Missed += len(ids) - n
+	for _, id := range ids {
+		if e, ok := pe.Failed[id]; ok && len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: e})
 		}
 	}
 }
@@ -241,10 +266,12 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 				case err == nil || errors.Is(err, sdk.ErrNotFound):
 					miss(id, sdk.ErrNotFound)
 				default:
+					r.cut([]string{id}, n, err)
 					return err
 				}
 			}
 		default:
+			r.cut(batch, n, err)
 			return err
 		}
 		batch = batch[:0]

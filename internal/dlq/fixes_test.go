@@ -112,3 +112,87 @@ func TestApplyRedrivesEachLetterOnce(t *testing.T) {
 		t.Errorf("Apply on 3 dead letters redrove %d times (result %+v)", r.Done, r)
 	}
 }
+
+// cutRedriver holds dead letters a, b, c, ... in order and, from the call
+// that reaches letter failAt on, redrives the letters before it and fails
+// with the count it did move: a broker moving letter by letter (SQS,
+// JetStream) that loses its connection part-way through a page.
+type cutRedriver struct {
+	partialRedriver
+	order  []string
+	failAt string
+	pe     bool // fail with an *sdk.PublishError naming the letters not moved
+}
+
+func (s *cutRedriver) ListDeadLetters(context.Context, string, int) ([]*sdk.Message, error) {
+	var out []*sdk.Message
+	for _, id := range s.order {
+		if m, ok := s.dead[id]; ok {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+func (s *cutRedriver) RedriveDeadLetters(ctx context.Context, q string, ids ...string) (int, error) {
+	for i, id := range ids {
+		if id == s.failAt {
+			n, err := s.partialRedriver.RedriveDeadLetters(ctx, q, ids[:i]...)
+			if err != nil {
+				return n, err
+			}
+			cause := fmt.Errorf("%w: connection reset", sdk.ErrUnavailable)
+			if !s.pe {
+				return n, cause
+			}
+			failed := map[string]error{}
+			for _, id := range ids[i:] {
+				failed[id] = cause
+			}
+			return n, &sdk.PublishError{Failed: failed}
+		}
+	}
+	return s.partialRedriver.RedriveDeadLetters(ctx, q, ids...)
+}
+
+// A broker call that fails part-way through a page, after moving some of
+// it, ends the Apply with its error; the result still counts what the
+// call moved (it said how many) and counts the rest of the page as missed,
+// named. Before, the call's count was dropped: an interrupted redrive said
+// it had moved fewer letters than it had.
+func TestApplyCountsWhatAFailedCallMoved(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    dlq.Filter
+		pe   bool
+	}{
+		{"walk", dlq.Filter{Types: []string{"t"}}, false},
+		{"walk, PublishError", dlq.Filter{Types: []string{"t"}}, true},
+		{"ids", dlq.Filter{IDs: []string{"a", "b", "c", "d", "e", "f"}}, false},
+		{"ids, PublishError", dlq.Filter{IDs: []string{"a", "b", "c", "d", "e", "f"}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &cutRedriver{partialRedriver: partialRedriver{dead: map[string]*sdk.Message{}}, order: []string{"a", "b", "c", "d", "e", "f"}, failAt: "e", pe: tc.pe}
+			for _, id := range b.order {
+				b.dead[id] = &sdk.Message{ID: id, Type: "t"}
+			}
+			r, err := dlq.Apply(context.Background(), b, "q", tc.f, dlq.Redrive, dlq.Options{PageSize: 3}, nil)
+			if !errors.Is(err, sdk.ErrUnavailable) {
+				t.Fatalf("Apply error %v, want the broker's", err)
+			}
+			if r.Done != len(b.redriven) || r.Done != 4 {
+				t.Errorf("Done %d; the broker redrove %v (4)", r.Done, b.redriven)
+			}
+			if r.Missed != 2 {
+				t.Errorf("Missed %d, want 2 (e and f, the rest of the page that failed)", r.Missed)
+			}
+			var named []string
+			for _, f := range r.Failed {
+				named = append(named, f.ID)
+			}
+			if tc.pe && strings.Join(named, ",") != "e,f" {
+				t.Errorf("Failed names %v, want [e f] from the PublishError", named)
+			}
+		})
+	}
+}
