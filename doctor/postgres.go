@@ -242,7 +242,7 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 		}
 	}
 	if len(idle) > 0 {
-		unknown, err := unknownQueues(ctx, pool, qt, idle)
+		unknown, err := unknownQueues(ctx, pool, schema, qt, idle)
 		if err != nil {
 			return nil, err
 		}
@@ -252,14 +252,34 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 }
 
 // unknownQueues reports each of idle, queues named in Options.Queues with no
-// waiting or running job. A queue with rows in another status (completed,
-// dead-lettered) is idle: OK. A queue with no row at all is either one
-// nothing has published to yet or a misspelt name, which a Worker would
-// poll forever without an error — the job table has no registry of queues
-// to tell the two apart. postgres.queue-unknown says so: Warn when a queue
-// that has rows is a few edits away (the likely misspelling), Info
-// otherwise. It reads the distinct queue names once, as Broker.Queues does.
-func unknownQueues(ctx context.Context, pool *pgxpool.Pool, qt string, idle []string) ([]Finding, error) {
+// waiting or running job. A queue declared with DeclareQueue (a row of the
+// schema's queues table, which Stats also counts as an existing queue) or
+// with rows in another status (completed, dead-lettered) is idle: OK. A
+// queue with neither is either one nothing has published to yet or a
+// misspelt name, which a Worker would poll forever without an error.
+// postgres.queue-unknown says so: Warn when a queue that has rows is a few
+// edits away (the likely misspelling), Info otherwise. Unless every idle
+// queue is declared, it reads the distinct queue names once, as
+// Broker.Queues does (a scan of the jobs table).
+func unknownQueues(ctx context.Context, pool *pgxpool.Pool, schema, qt string, idle []string) ([]Finding, error) {
+	declared, err := declaredQueues(ctx, pool, schema, idle)
+	if err != nil {
+		return nil, err
+	}
+	var fs []Finding
+	var rest []string
+	for _, q := range idle {
+		if declared[q] {
+			fs = append(fs, Finding{ID: "postgres.oldest-ready", Severity: OK, Queue: q, Summary: "no waiting or running job",
+				Evidence: "no queued, retry or processing row; the queue is declared (DeclareQueue)"})
+		} else {
+			rest = append(rest, q)
+		}
+	}
+	if len(rest) == 0 {
+		return fs, nil
+	}
+	idle = rest
 	rows, err := pool.Query(ctx, `SELECT DISTINCT queue FROM `+qt+` ORDER BY queue`)
 	if err != nil {
 		return nil, fmt.Errorf("doctor: postgres: queue names: %w", err)
@@ -272,7 +292,6 @@ func unknownQueues(ctx context.Context, pool *pgxpool.Pool, qt string, idle []st
 	for _, k := range known {
 		has[k] = true
 	}
-	var fs []Finding
 	for _, q := range idle {
 		if has[q] {
 			fs = append(fs, Finding{ID: "postgres.oldest-ready", Severity: OK, Queue: q, Summary: "no waiting or running job",
@@ -297,6 +316,33 @@ func unknownQueues(ctx context.Context, pool *pgxpool.Pool, qt string, idle []st
 		fs = append(fs, f)
 	}
 	return fs, nil
+}
+
+// declaredQueues returns which of names the schema's queues table
+// (DeclareQueue's) holds; none when the table does not exist (a schema
+// migrated before it was added).
+func declaredQueues(ctx context.Context, pool *pgxpool.Pool, schema string, names []string) (map[string]bool, error) {
+	tq := pgx.Identifier{schema, "queues"}.Sanitize()
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tq).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("doctor: postgres: declared queues: %w", err)
+	}
+	out := map[string]bool{}
+	if !exists {
+		return out, nil
+	}
+	rows, err := pool.Query(ctx, `SELECT name FROM `+tq+` WHERE name = ANY($1)`, names)
+	if err != nil {
+		return nil, fmt.Errorf("doctor: postgres: declared queues: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("doctor: postgres: declared queues: %w", err)
+	}
+	for _, n := range found {
+		out[n] = true
+	}
+	return out, nil
 }
 
 // nameList quotes up to limit of names, saying how many more there are.

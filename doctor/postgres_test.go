@@ -228,3 +228,38 @@ func TestPostgresQueueUnknown(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresDeclaredQueueKnown: a queue declared with DeclareQueue (a row
+// of <schema>.queues, which Stats counts as an existing, empty queue) with
+// no job yet is not postgres.queue-unknown, even one edit away from a queue
+// with rows: the operator named it. It was reported "no job of this queue
+// was ever stored: a misspelt name?", Warn.
+func TestPostgresDeclaredQueueKnown(t *testing.T) {
+	u, _, _ := pgURL(t, nil)
+	b := open(t, u)
+	ctx := testCtx(t)
+	publish(t, b, "billing", 1)
+	d, ok := b.(sdk.QueueDeclarer)
+	if !ok {
+		t.Fatalf("%T is not a QueueDeclarer", b)
+	}
+	for _, q := range []string{"billings", "reports"} {
+		if err := d.DeclareQueue(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, err := b.(sdk.Inspector).Stats(ctx, "billings"); err != nil || st.Ready != 0 {
+		t.Fatalf("Stats of the declared queue: %+v, %v; want it known and empty", st, err)
+	}
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"billings", "reports", "billing", "biling"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"billings", "reports"} {
+		if f := find(fs, "postgres.queue-unknown", q); len(f) != 0 {
+			t.Errorf("declared queue %s reported unknown: %+v", q, f)
+		}
+		expect(t, fs, "postgres.oldest-ready", q, doctor.OK)
+	}
+	expect(t, fs, "postgres.queue-unknown", "biling", doctor.Warn)
+}

@@ -278,3 +278,66 @@ func TestMalformedDeadLetterIsListed(t *testing.T) {
 		t.Fatalf("after the delete: %d dead letters, %v; want before, after", len(list), err)
 	}
 }
+
+// Every dead letter a listing shows can be got, deleted and redriven by the
+// ID it is listed with, including one published onto a dead-letter subject
+// by hand that berth can read but did not store there: a plain NATS message
+// with a Nats-Msg-Id, and one with a well-formed Berth-Message header. Each
+// was listed by its own ID, but looked up on that ID's subject, where it is
+// not: get, delete and redrive by the listed ID were ErrNotFound, and only a
+// purge or a redrive of all could reach it.
+func TestHandPublishedDeadLetterIsAddressable(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "dlqbyhand")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(integration.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := njs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := nats.NewMsg(b.DeadSubject(q) + ".byhand")
+	plain.Header.Set(nats.MsgIdHdr, "manual-1")
+	plain.Data = []byte("plain")
+	enveloped := nats.NewMsg(b.DeadSubject(q) + ".elsewhere")
+	enveloped.Header.Set("Berth-Message", `{"v":1,"id":"manual-2"}`)
+	enveloped.Data = []byte("enveloped")
+	for _, m := range []*nats.Msg{plain, enveloped} {
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("ListDeadLetters: %d, %v; want 2", len(list), err)
+	}
+	for i, dl := range list {
+		got, err := b.GetDeadLetter(ctx, q, dl.ID)
+		if err != nil || !bytes.Equal(got.Body, dl.Body) {
+			t.Fatalf("GetDeadLetter(%q), listed with body %q: %v, %v", dl.ID, dl.Body, got, err)
+		}
+		if i == 0 {
+			if n, err := b.DeleteDeadLetters(ctx, q, dl.ID); err != nil || n != 1 {
+				t.Fatalf("DeleteDeadLetters(%q) = %d, %v; want 1", dl.ID, n, err)
+			}
+		} else {
+			if n, err := b.RedriveDeadLetters(ctx, q, dl.ID); err != nil || n != 1 {
+				t.Fatalf("RedriveDeadLetters(%q) = %d, %v; want 1", dl.ID, n, err)
+			}
+			d := receiveOne(ctx, t, b, q)
+			if string(d.Message().Body) != "enveloped" {
+				t.Fatalf("redriven %s with body %q, want %q", d.Message().ID, d.Message().Body, "enveloped")
+			}
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if list, err := b.ListDeadLetters(ctx, q, 10); err != nil || len(list) != 0 {
+		t.Fatalf("after delete and redrive: %d dead letters, %v; want none", len(list), err)
+	}
+}

@@ -120,7 +120,9 @@
 // stream sequence) and deletes by id ([Broker.DeleteDeadLetters]).
 // A message on a dead-letter subject that berth cannot read (a
 // Berth-Message header that does not decode, published there by hand or by
-// another producer) is listed as a foreign one, with the ID
+// another producer), or that is not on the subject of its own ID (where
+// berth stores a dead letter and looks it up), is listed as a foreign one,
+// with the ID
 // "<dead-letter stream>:<sequence>", its raw headers and body, and a
 // berth-dlq-reason saying it is not a berth dead letter: the listing shows
 // the others, and the letter can be got, deleted or redriven by that ID.

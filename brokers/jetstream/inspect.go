@@ -119,7 +119,8 @@ type deadLetter struct {
 // letterOf decodes raw, a message of the dead-letter stream named stream.
 // One that berth cannot read as a message (an undecodable Berth-Message
 // header, or one without a message ID, published onto a dead-letter subject
-// by another producer or by hand) is listed as it is rather than breaking
+// by another producer or by hand), or that is not on its ID's subject, where
+// berth stores a dead letter and looks it up, is listed as it is rather than breaking
 // the listing of the others: as a foreign message with ID
 // "<stream>:<seq>", its NATS headers as headers and its data as body, and a
 // [sdk.HeaderDeadLetterReason] telling why, so that an operator sees it
@@ -129,6 +130,12 @@ func letterOf(raw *jetstream.RawStreamMsg, stream string) deadLetter {
 	dec, err := decode(raw.Header, raw.Data, stream, raw.Sequence)
 	if err == nil && dec.msg.ID == "" {
 		err = fmt.Errorf("%s header without a message ID", headerEnvelope)
+	}
+	if err == nil && raw.Subject[strings.LastIndexByte(raw.Subject, '.')+1:] != idToken(dec.msg.ID) {
+		// Berth stores a dead letter on its ID's subject, where lookup
+		// looks for it: listed by its own ID, this one could not be got,
+		// deleted or redriven by it.
+		err = fmt.Errorf("stored on subject %q, not on that of its ID %q", raw.Subject, dec.msg.ID)
 	}
 	if err != nil {
 		dec = asForeign(raw.Header, raw.Data, seqID(stream, raw.Sequence))
