@@ -175,7 +175,12 @@ type PanicError struct {
 }
 
 // Error gives the panic value.
-func (e *PanicError) Error() string { return fmt.Sprintf("handler panic: %v", e.Value) }
+//
+// The value is untrusted: it is printed as valid UTF-8 of at most
+// [MaxReasonLength] bytes, and named by its type when printing it panics
+// (a String or Error method that panics with a value whose own method
+// panics would otherwise panic out of every caller of Error).
+func (e *PanicError) Error() string { return "handler panic: " + panicText(e.Value) }
 
 // Unwrap returns the panic value when it is an error (panic(err)), so that
 // errors.Is sees through a panic to its cause.

@@ -265,3 +265,57 @@ func TestObserverStartNilContext(t *testing.T) {
 		t.Errorf("%d log lines about the nil context, want 1: %v", n, logs.recs)
 	}
 }
+
+// unprintable is a panic value whose String method panics with another
+// unprintable: fmt recovers a String method's panic, but re-panics when
+// printing that panic's value panics too.
+type unprintable struct{}
+
+func (unprintable) String() string { panic(unprintable{}) }
+
+// TestHandlerPanicValueWhosePrintingPanics: a handler panicking with a value
+// that cannot be printed is recovered like any panic (the job retried, later
+// jobs run, Run returns nil), its log line and its error naming the value's
+// type. Before, logging the value and PanicError.Error re-panicked outside
+// any recover and took the process down.
+func TestHandlerPanicValueWhosePrintingPanics(t *testing.T) {
+	sub := newFakeSub()
+	logs := &logRecords{}
+	h := sdk.HandlerFunc(func(_ context.Context, d sdk.Delivery) error {
+		if d.Message().Type == "bad" {
+			panic(unprintable{})
+		}
+		return nil
+	})
+	rec := berthtest.NewRecorder()
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Logger: slog.New(logs), Observers: []sdk.Observer{rec}})
+	jobs := []*berthtest.Delivery{newFake(1, "bad"), newFake(1, "ok")}
+	for _, f := range jobs {
+		sub.ch <- f
+		f.Wait(t)
+	}
+	rec.Wait(t, len(jobs))
+	if err := stop(); err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+	for i, want := range []string{"retry", "ack"} {
+		if a := actions(jobs[i]); len(a) != 1 || a[0] != want {
+			t.Errorf("job %d settled %v, want [%s] once", i, a, want)
+		}
+	}
+	pe := &sdk.PanicError{Value: unprintable{}}
+	if got := pe.Error(); !strings.Contains(got, "sdk_test.unprintable") {
+		t.Errorf("PanicError.Error() = %q, want the value's type named", got)
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	found := false
+	for _, m := range logs.recs {
+		if m["msg"] == "berth: handler panic" && strings.Contains(m["panic"], "sdk_test.unprintable") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no handler panic logged naming the value's type: %v", logs.recs)
+	}
+}

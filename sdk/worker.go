@@ -882,12 +882,25 @@ func (w *Worker) observeLease(ctx context.Context, lo LeaseObserver, d Delivery,
 }
 
 // observerPanic logs the panic r of ob's method at ERROR, with ob's type and
-// the delivery. r is untrusted: it is logged as sanitized text (fmt.Sprint
-// survives a String or Error method that panics too).
+// the delivery. r is untrusted: it is logged as sanitized text (see
+// panicText).
 func (w *Worker) observerPanic(ctx context.Context, ob any, method string, d Delivery, r any) {
 	m := d.Message()
 	w.opts.Logger.ErrorContext(ctx, "berth: observer panic; ignored", "queue", w.opts.Queue, "observer", fmt.Sprintf("%T", ob),
-		"method", method, "id", m.ID, "type", m.Type, "panic", SanitizeReason(fmt.Sprint(r)), "stack", string(debug.Stack()))
+		"method", method, "id", m.ID, "type", m.Type, "panic", panicText(r), "stack", string(debug.Stack()))
+}
+
+// panicText is r as sanitized text. fmt.Sprint survives a String or Error
+// method that panics, but re-panics when printing that panic's value panics
+// too: such a value is named by its type, so that formatting it in a
+// recovering defer cannot panic again.
+func panicText(r any) (s string) {
+	defer func() {
+		if recover() != nil {
+			s = fmt.Sprintf("%T (unprintable: its String or Error method panics)", r)
+		}
+	}()
+	return SanitizeReason(fmt.Sprint(r))
 }
 
 func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
@@ -896,7 +909,7 @@ func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 			m := d.Message()
 			w.opts.Logger.ErrorContext(ctx, "berth: handler panic", "queue", w.opts.Queue, "id", m.ID,
-				"type", m.Type, "correlation_id", m.CorrelationID, "panic", r, "stack", string(err.(*PanicError).Stack))
+				"type", m.Type, "correlation_id", m.CorrelationID, "panic", panicText(r), "stack", string(err.(*PanicError).Stack))
 		}
 	}()
 	return w.handler.Handle(ctx, d)
