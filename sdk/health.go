@@ -172,10 +172,13 @@ func (h *workerHealth) receiving(q *queueHealth, now int64) { q.recvCall.Store(n
 // QueueIdleWait after any failure and cleared its failure count, although
 // the broker had proved nothing.
 func (h *workerHealth) idle(q *queueHealth, start int64) {
-	q.recvCall.CompareAndSwap(start, 0)
+	// idleSince first, then the call's end: a probe between the two sees
+	// the wait either as the call in flight or as the idle span, both from
+	// start, never as neither (not ready for an instant).
 	if q.failures.Load() != 0 && q.idleSince.Load() == 0 {
 		q.idleSince.Store(start) // one receive loop per queue with several queues
 	}
+	q.recvCall.CompareAndSwap(start, 0)
 }
 
 // received records the outcome of the Receive call on q that started at
