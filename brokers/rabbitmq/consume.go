@@ -60,6 +60,20 @@ type chanState struct {
 	// the connection are written to the socket (batchConn.sync): a flush
 	// returns only then. Nil otherwise.
 	written func() error
+	// processed, with SyncAck, makes a synchronous round trip on the
+	// channel (basic.qos with the channel's prefetch, which changes
+	// nothing for its consumer): the server handles a channel's methods in
+	// order, so once qos-ok is back, every ack written before it has been
+	// processed. A frame only written to the socket can still be lost by a
+	// process that dies: SIGKILL with unread data in its receive queue
+	// resets the connection, which discards what the server had not read
+	// yet, and the server may shut the channel down before it handles an
+	// ack it has read. Nil otherwise.
+	processed func() error
+	// unsure is set, under flushMu, when a round trip failed: the acks of
+	// that flush may or may not have been processed, and a later flush
+	// that sent nothing (its caller's ack went out with that one) says so.
+	unsure bool
 
 	mu      sync.Mutex
 	unacked map[uint64]struct{} // tags handed out and not settled (nor being settled) on the wire
@@ -84,6 +98,7 @@ func newChanState(ch *amqp.Channel, w *batchConn, o Options, prefetch int, hook 
 	st := &chanState{ch: ch, dead: make(chan struct{}), unacked: make(map[uint64]struct{}, prefetch), low: 1, flushAt: 1, crowdAt: 1, hook: hook}
 	if o.SyncAck && w != nil {
 		st.written = w.sync
+		st.processed = func() error { return ch.Qos(prefetch, 0, false) }
 	}
 	if !o.SyncAck {
 		st.interval = o.AckInterval
@@ -182,7 +197,7 @@ func (s *chanState) flush(force, aged bool) error {
 		s.lost += n
 		s.acked, s.held = s.acked[:0], s.held[:0]
 		s.mu.Unlock()
-		if n > 0 {
+		if n > 0 || s.unsure {
 			return errChannelGone
 		}
 		return nil
@@ -256,6 +271,19 @@ func (s *chanState) flush(force, aged bool) error {
 		// before it (which held flushMu) may have sent this caller's ack,
 		// and a write that failed since lost it.
 		if werr := s.written(); werr != nil {
+			return errChannelGone
+		}
+		// And processed by the server, when this flush sent acks. When it
+		// sent none, the caller's ack went out with an earlier flush,
+		// which held flushMu until its own round trip was back.
+		switch {
+		case s.processed == nil:
+		case hi > 0 || len(singles) > 0:
+			if perr := s.processed(); perr != nil {
+				s.unsure = true
+				return errChannelGone
+			}
+		case s.unsure:
 			return errChannelGone
 		}
 	}

@@ -140,9 +140,9 @@
 // process died just before acking (delivery is at least once; the
 // idempotency and ledger layers make the effect once). The same happens when
 // the channel dies with acks waiting (logged, with their count). With
-// [Options.SyncAck] every ack is written to the socket before Ack returns
-// (not only queued for the connection's writer), so the death of the
-// process no longer loses it.
+// [Options.SyncAck] every ack is written to the socket and processed by the
+// server (a synchronous round trip on the channel after it) before Ack
+// returns, so the death of the process no longer loses it.
 //
 // # Credentials
 //
@@ -336,12 +336,18 @@ type Options struct {
 	// SyncAck sends every ack before Ack returns, coalesced only with acks
 	// already waiting: Ack (and AckBatch, and the ack of a settlement's
 	// original) returns only once the basic.ack frame has been written to
-	// the connection's socket, so a process that dies right after an Ack,
-	// even by SIGKILL, cannot lose it: the operating system still delivers
-	// what was written. A connection that fails before the server reads
-	// the frame (network, host) still loses it, and AMQP 0-9-1 does not
-	// confirm acks: the server redelivers such a message (at least once).
-	// Each Ack then waits for a socket write. Default false.
+	// the connection's socket and the server has processed it, so a
+	// process that dies right after an Ack, even by SIGKILL, cannot lose
+	// it. AMQP 0-9-1 does not confirm acks, so the flush that sends them
+	// makes a synchronous round trip on the channel after them (basic.qos
+	// with the channel's prefetch, which changes nothing): the server
+	// handles a channel's methods in order. A frame only written to the
+	// socket was not enough: a process killed with unread data in its
+	// receive queue resets the connection, which discards what the server
+	// had not read yet. When the round trip fails, Ack returns
+	// [sdk.ErrLeaseLost] (the ack may or may not have been processed; the
+	// server redelivers an unprocessed one). Each Ack then waits for a
+	// round trip, shared by the acks that went out together. Default false.
 	SyncAck bool
 }
 
