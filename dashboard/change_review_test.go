@@ -223,3 +223,57 @@ func TestNoLedgerNamesTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// refusesOne is a memory broker whose redrive refuses one chosen dead
+// letter (the broker's reason names it) and fails the call with a
+// PublishError after moving the others, as SQS and JetStream do when a
+// send is refused.
+type refusesOne struct {
+	*memory.Broker
+	refuse string
+}
+
+func (f *refusesOne) RedriveDeadLetters(ctx context.Context, q string, ids ...string) (int, error) {
+	var rest []string
+	for _, id := range ids {
+		if id != f.refuse {
+			rest = append(rest, id)
+		}
+	}
+	n, err := f.Broker.RedriveDeadLetters(ctx, q, rest...)
+	if err != nil || len(rest) == len(ids) {
+		return n, err
+	}
+	return n, &sdk.PublishError{Failed: map[string]error{f.refuse: errors.New("queue full: \x1b[31mrefused")}}
+}
+
+// A change the broker refused in part says which letter it did not change
+// and why, not "gone already", and does not claim that nothing else was
+// changed; the log names it too.
+func TestChangeRefusedInPartNamesTheFailure(t *testing.T) {
+	mb, _ := memory.New(memory.Options{})
+	t.Cleanup(func() { mb.Close() })
+	seed(t, mb, 5, 0)
+	dls, err := mb.ListDeadLetters(context.Background(), "billing", 10)
+	if err != nil || len(dls) != 5 {
+		t.Fatalf("ListDeadLetters: %d, %v", len(dls), err)
+	}
+	logs := newSyncBuffer()
+	srv := serve(t, &refusesOne{Broker: mb, refuse: dls[2].ID}, dashboard.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	form := url.Values{"all": {"1"}, "limit": {"5"}}
+	_, body := post(t, mustReq("POST", srv.URL+"/queues/billing/redrive", "application/x-www-form-urlencoded", form.Encode()))
+	if left := stats(t, mb).DeadLettered; left != 1 {
+		t.Fatalf("%d dead letters left, want the refused one", left)
+	}
+	_, msg, _ := strings.Cut(body, `id="error">`)
+	msg, _, _ = strings.Cut(msg, "</p>")
+	if !strings.Contains(msg, "redriven 4 dead letter(s) before the error") || !strings.Contains(msg, dls[2].ID+": queue full") {
+		t.Errorf("page says %q; want 4 redriven and %s named with its reason", msg, dls[2].ID)
+	}
+	if strings.Contains(msg, "gone already") || strings.Contains(msg, "nothing else was changed") || strings.Contains(msg, "\x1b") {
+		t.Errorf("page says %q: a refusal is not 'gone already', and raw control characters must not reach the page", msg)
+	}
+	if l := logs.String(); !strings.Contains(l, "dead letter not changed") || !strings.Contains(l, dls[2].ID) {
+		t.Errorf("the log does not name the refused dead letter:\n%s", l)
+	}
+}

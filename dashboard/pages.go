@@ -382,7 +382,7 @@ func flash(q url.Values) string {
 	missed, _ := strconv.Atoi(q.Get("missed"))
 	s := fmt.Sprintf("%s %d dead letter(s)", verb, n)
 	if missed > 0 {
-		s += fmt.Sprintf("; %d of the chosen were not %s (gone already)", missed, verb)
+		s += fmt.Sprintf("; %d of the chosen were not %s (gone already, or refused by the broker: the server's log names each with its reason)", missed, verb)
 	}
 	if q.Get("incomplete") != "" {
 		s += "; the broker's scan stopped before the end of the dead-letter queue, so more may match: do it again"
@@ -513,10 +513,20 @@ func (d *Dashboard) apply(ctx context.Context, queue, action string, f dlq.Filte
 		// What was done before the error is done: say so.
 		d.o.Logger.Error("dashboard: dead letters changed in part, then an error", "action", action, "queue", queue,
 			"done", res.Done, "missed", res.Missed, "err", err)
+		d.logFailures(action, queue, res.Failed)
 		return res, err
 	}
 	d.o.Logger.Info("dashboard: dead letters changed", "action", action, "queue", queue, "done", res.Done, "missed", res.Missed)
+	d.logFailures(action, queue, res.Failed)
 	return res, nil
+}
+
+// logFailures logs each chosen dead letter a change did not change, with
+// its reason (the page's notice only counts them).
+func (d *Dashboard) logFailures(action, queue string, fs []dlq.Failure) {
+	for _, f := range fs {
+		d.o.Logger.Warn("dashboard: dead letter not changed", "action", action, "queue", queue, "id", f.ID, "reason", f.Err.Error())
+	}
 }
 
 // stoppedChange is the error of a redrive or purge that stopped part-way:
@@ -532,9 +542,31 @@ func (e *stoppedChange) Error() string {
 	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[e.action]
 	s := fmt.Sprintf("%s %d dead letter(s) before the error", verb, e.res.Done)
 	if e.res.Missed > 0 {
-		s += fmt.Sprintf(" (%d of the chosen were not %s: gone already)", e.res.Missed, verb)
+		s += fmt.Sprintf(" (%d of the chosen were not %s%s)", e.res.Missed, verb, failureList(e.res.Failed, 3))
 	}
-	return s + "; nothing else was changed: " + e.err.Error()
+	return s + "; then: " + e.err.Error()
+}
+
+// failureList is ": " and up to limit of fs as "id: reason", and how many
+// more there are; "" for none. Its text is a message's (IDs) and a broker's
+// (reasons): the page escapes it, and the API sends it as JSON.
+func failureList(fs []dlq.Failure, limit int) string {
+	if len(fs) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(": ")
+	for i, f := range fs {
+		if i == limit {
+			fmt.Fprintf(&b, "; and %d more", len(fs)-limit)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(f.ID + ": " + f.Err.Error())
+	}
+	return b.String()
 }
 
 func (e *stoppedChange) Unwrap() error { return e.err }
