@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 type guardKey struct{}
@@ -28,17 +30,23 @@ func KeyFrom(ctx context.Context) (string, bool) {
 
 // SetResult records the result the guard stores with the key when the handler
 // returns nil. It reports false, and records nothing, when ctx does not come
-// from the idempotency middleware or an [Inbox], or when res.JSON is set but
-// is not valid JSON: a store that refuses it at completion (PostgreSQL's
-// jsonb) would leave a lease-mode claim in progress, and the redelivery that
-// takes it over would apply the effect again. res.JSON is copied.
+// from the idempotency middleware or an [Inbox], or when the result is one
+// PostgreSQL cannot store: res.JSON set but not valid JSON, not UTF-8, or
+// holding a \u0000 or unpaired surrogate escape (jsonb refuses them), or
+// ResourceType or ResourceID not UTF-8 or holding a NUL byte (text refuses
+// them). A store that refused the result at completion would leave a
+// lease-mode claim in progress, and the redelivery that takes it over would
+// apply the effect again. res.JSON is copied.
 func SetResult(ctx context.Context, res Result) bool {
 	r, ok := ctx.Value(guardKey{}).(*running)
 	if !ok {
 		return false
 	}
+	if !storableText(res.ResourceType) || !storableText(res.ResourceID) {
+		return false
+	}
 	if res.JSON != nil {
-		if !json.Valid(res.JSON) {
+		if !json.Valid(res.JSON) || !utf8.Valid(res.JSON) || !storableEscapes(res.JSON) {
 			return false
 		}
 		res.JSON = bytes.Clone(res.JSON)
@@ -53,4 +61,58 @@ func (r *running) result() Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.res
+}
+
+// storableText reports whether PostgreSQL's text can hold s: UTF-8 without
+// NUL bytes.
+func storableText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// storableEscapes reports whether jsonb accepts the \u escapes of b, valid
+// JSON: none is \u0000, and every surrogate escape is a high one followed by
+// a low one. In valid JSON a backslash only occurs in a string, where it
+// starts an escape, so the escapes are found without tracking strings.
+func storableEscapes(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character
+		if b[i] != 'u' {
+			continue
+		}
+		v := hex4(b[i+1 : i+5])
+		i += 4
+		switch {
+		case v == 0, v >= 0xDC00 && v < 0xE000:
+			return false
+		case v >= 0xD800 && v < 0xDC00:
+			if i+6 >= len(b) || b[i+1] != '\\' || b[i+2] != 'u' {
+				return false
+			}
+			if lo := hex4(b[i+3 : i+7]); lo < 0xDC00 || lo >= 0xE000 {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
+}
+
+// hex4 is the value of four hex digits (valid: b comes from valid JSON).
+func hex4(b []byte) rune {
+	var v rune
+	for _, c := range b {
+		v <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			v |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			v |= rune(c - 'a' + 10)
+		default:
+			v |= rune(c - 'A' + 10)
+		}
+	}
+	return v
 }

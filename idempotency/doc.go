@@ -18,7 +18,9 @@
 //     any transaction, then the result is stored completed. A duplicate that
 //     finds the claim in progress is retried later ([sdk.RetryAfter]), never
 //     run concurrently and never acked; an expired claim is taken over by
-//     exactly one worker; a handler error releases the claim. The handler's
+//     exactly one worker; a handler error releases the claim. A heartbeat
+//     extends the claim for as long as the handler runs, even after its ctx
+//     is done (a handler may finish its call and return nil). The handler's
 //     ctx is cancelled with [ErrClaimLost] when the claim is taken over or
 //     cannot be extended before it expires.
 //
@@ -30,7 +32,10 @@
 // handler's ctx was cancelled and by retrying a failed completion.
 //
 // The same key with a different payload fingerprint is a permanent
-// [ErrKeyConflict], never the stored result. A message without a key is
+// [ErrKeyConflict], never the stored result. A key (or job type) the store
+// cannot hold — for pgstore a NUL byte, invalid UTF-8 or a key too long for
+// its index — is a permanent [ErrInvalidKey]; a result it cannot hold is
+// refused by [SetResult]. A message without a key is
 // dead-lettered ([ErrMissingKey]) or falls back to its message ID, as
 // configured.
 //

@@ -70,7 +70,13 @@ type Options struct {
 	// ClaimLease. Default ClaimLease/3; at most ClaimLease/2; negative
 	// disables it. When the claim is lost, or extensions fail until the
 	// next one would come after the claim's expiry, the handler's ctx is
-	// cancelled with [ErrClaimLost].
+	// cancelled with [ErrClaimLost]. The heartbeat lasts as long as the
+	// handler runs, even after its ctx is done (shutdown, a lost delivery
+	// lease, a job timeout): a handler that finishes its call anyway and
+	// returns nil has applied its effect, which the guard records, and a
+	// claim expiring under it would let a redelivery run the operation
+	// beside it. A handler that never returns therefore holds its key
+	// until its process exits.
 	Heartbeat time.Duration
 	// InProgressDelay is the RetryAfter delay for a duplicate that finds the
 	// key in progress. Default 2s. When the delivery is not an
@@ -261,8 +267,9 @@ type Operation struct {
 // ran=false and a nil error when the key was already completed with the same
 // fingerprint; a permanent [ConflictError] for a different fingerprint; an
 // [sdk.RetryAfter] wrapping [ErrInProgress] when another owner holds the key;
-// fn's error, after rolling back or releasing the key, when fn fails; and a
-// transient error when the store fails. In Transactional mode fn's ctx
+// fn's error, after rolling back or releasing the key, when fn fails; a
+// permanent error wrapping [ErrInvalidKey] when the store cannot hold the
+// key; and a transient error when the store fails. In Transactional mode fn's ctx
 // carries the transaction; in both modes it carries the key ([KeyFrom]) and
 // accepts a result ([SetResult]).
 func (g *Guard) Do(ctx context.Context, op Operation, fn func(ctx context.Context) error) (ran bool, err error) {
@@ -449,12 +456,14 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 // Each Extend is bounded by the time the claim has left: one that hangs (a
 // starved connection pool, a silently dropped link) must not outlast the
 // claim, which another worker would then take over while fn still runs.
-// stop cancels an Extend under way and waits for the goroutine.
+// It goes on after ctx is done, until stop: fn may still be applying its
+// effect (and its success is recorded), so the claim must not expire under
+// it. stop cancels an Extend under way and waits for the goroutine.
 func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel context.CancelCauseFunc) (stop func()) {
 	if g.o.Heartbeat < 0 {
 		return func() {}
 	}
-	hbctx, done := context.WithCancel(ctx)
+	hbctx, done := context.WithCancel(context.WithoutCancel(ctx))
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
@@ -470,7 +479,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 				err := g.o.Store.Extend(ectx, c, g.o.ClaimLease)
 				ecancel()
 				if hbctx.Err() != nil {
-					return // stopped, or fn's context ended: nothing to report to it
+					return // stopped: fn returned
 				}
 				if errors.Is(err, ErrClaimLost) {
 					cancel(fmt.Errorf("%w: %s", ErrClaimLost, g.keyText(c.Key)))

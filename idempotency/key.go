@@ -30,6 +30,12 @@ var (
 	ErrNotFound = notfound.New("idempotency: key not found")
 	// ErrInvalidConfig reports options or identifiers a constructor refuses.
 	ErrInvalidConfig = errors.New("idempotency: invalid configuration")
+	// ErrInvalidKey is wrapped (permanently, see [sdk.Permanent]) by a
+	// store's Claim or Begin for a key, job type or fingerprint it cannot
+	// hold: pgstore refuses NUL bytes and invalid UTF-8 (PostgreSQL text)
+	// and keys too long for its unique index (about 2700 bytes). Every
+	// retry would fail the same way.
+	ErrInvalidKey = errors.New("idempotency: key the store cannot hold")
 )
 
 // MissingKeyError reports a message that carries no idempotency key. It wraps

@@ -100,8 +100,11 @@ func (o Outcome) String() string {
 // [ErrNotFound] for an unknown key. DeleteExpired deletes at most limit rows
 // whose retention passed and returns how many it deleted.
 //
-// Errors other than ErrClaimLost and ErrNotFound are transient from the
-// caller's point of view: retrying the call is safe.
+// Errors other than ErrClaimLost, ErrNotFound and [ErrInvalidKey] are
+// transient from the caller's point of view: retrying the call is safe. A
+// Claim (or Begin) whose key, job type or fingerprint the store cannot hold
+// returns a permanent error ([sdk.Permanent]) wrapping ErrInvalidKey, which
+// the guard passes on: the message is dead-lettered rather than retried.
 type Store interface {
 	Claim(ctx context.Context, c Claim) (Outcome, *Record, error)
 	Complete(ctx context.Context, c Claim, r Result) error

@@ -14,10 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/internal/pgretry"
+	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -228,7 +230,7 @@ func (s *Store) Begin(ctx context.Context, c idempotency.Claim) (idempotency.Tx,
 		tag, err := ptx.Exec(ctx, s.q.insertTx, c.Key, c.JobType, c.Fingerprint, c.Retention.Seconds())
 		if err != nil {
 			_ = ptx.Rollback(context.WithoutCancel(ctx))
-			return nil, 0, nil, fmt.Errorf("pgstore: insert key: %w", err)
+			return nil, 0, nil, unstorable(fmt.Errorf("pgstore: insert key: %w", err), c.Key)
 		}
 		if tag.RowsAffected() == 1 {
 			return &tx{s: s, tx: ptx, key: c.Key}, idempotency.Acquired, nil, nil
@@ -260,7 +262,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Out
 		case err == nil:
 			return idempotency.TakenOver, nil, nil
 		case !errors.Is(err, pgx.ErrNoRows):
-			return 0, nil, fmt.Errorf("pgstore: claim: %w", err)
+			return 0, nil, unstorable(fmt.Errorf("pgstore: claim: %w", err), c.Key)
 		}
 		rec, err := s.get(ctx, s.db, c.Key)
 		if errors.Is(err, idempotency.ErrNotFound) {
@@ -342,6 +344,20 @@ func (s *Store) get(ctx context.Context, q rowQuerier, key string) (*idempotency
 		}
 	}
 	return &r, nil
+}
+
+// unstorable makes err, from the statement that inserts a claim's key row,
+// a permanent error wrapping [idempotency.ErrInvalidKey] when PostgreSQL
+// refused the values themselves: a data exception (SQLSTATE class 22: a NUL
+// byte or invalid UTF-8 in the key, job type or fingerprint) or a program
+// limit (54000: a key too long for the unique index). Every retry would fail
+// the same way. Other errors are returned as they are (transient).
+func unstorable(err error, key string) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || (!strings.HasPrefix(pe.Code, "22") && pe.Code != "54000") {
+		return err
+	}
+	return sdk.Permanent(fmt.Errorf("pgstore: key_sha256 %s: %w: %w", idempotency.KeyDigest(key), idempotency.ErrInvalidKey, err))
 }
 
 func outcomeOf(r *idempotency.Record) idempotency.Outcome {

@@ -1,0 +1,129 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/sdk"
+)
+
+// A result that is valid JSON and a valid Go string but that PostgreSQL
+// cannot store (jsonb refuses \u0000 and unpaired surrogate escapes; text
+// refuses NUL bytes and invalid UTF-8) is refused by SetResult. Accepted, it
+// made every Complete fail: the claim stayed in progress, expired, and the
+// redelivery that took it over applied the effect again.
+func TestUnstorableResultDoesNotReapplyEffect(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	g, err := idempotency.New(idempotency.Options{Store: e.store, Mode: idempotency.Lease, ClaimLease: 300 * time.Millisecond,
+		Heartbeat: 100 * time.Millisecond, CleanupTimeout: 100 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, res := range map[string]idempotency.Result{
+		"json NUL escape":       {JSON: []byte(`{"reply":"a\u0000b"}`)},
+		"json lone surrogate":   {JSON: []byte(`["\ud800"]`)},
+		"json low surrogate":    {JSON: []byte(`"\udc00 x"`)},
+		"json invalid UTF-8":    {JSON: []byte("{\"reply\":\"\xff\"}")},
+		"resource id NUL":       {ResourceType: "order", ResourceID: "o\x001"},
+		"resource type invalid": {ResourceType: "ord\xe9r", ResourceID: "1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			op := idempotency.Operation{Key: "k-" + randSuffix(), JobType: "t", Fingerprint: "fp"}
+			effects := 0
+			for range 3 {
+				_, err := g.Do(ctx, op, func(hctx context.Context) error {
+					effects++ // the charge
+					if idempotency.SetResult(hctx, res) {
+						t.Error("SetResult accepted a result PostgreSQL cannot store")
+					}
+					return nil
+				})
+				if err != nil && !errors.Is(err, idempotency.ErrInProgress) {
+					t.Log(err)
+				}
+				time.Sleep(400 * time.Millisecond) // past the claim, as a redelivery's backoff
+			}
+			if effects != 1 {
+				t.Errorf("effect applied %d times, want 1", effects)
+			}
+		})
+	}
+	// What PostgreSQL does store is still accepted: an escaped backslash
+	// before "u0000", and a surrogate pair.
+	op := idempotency.Operation{Key: "k-" + randSuffix(), JobType: "t", Fingerprint: "fp"}
+	good := idempotency.Result{ResourceType: "order", ResourceID: "ö1", JSON: []byte(`{"a":"\\u0000","b":"\ud83d\ude00"}`)}
+	if _, err := g.Do(ctx, op, func(hctx context.Context) error {
+		if !idempotency.SetResult(hctx, good) {
+			t.Error("SetResult refused a storable result")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := e.store.Get(ctx, op.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Result.ResourceID != "ö1" || !strings.Contains(string(rec.Result.JSON), `\\u0000`) || !strings.Contains(string(rec.Result.JSON), "😀") {
+		t.Errorf("stored result = %+v %s", rec.Result, rec.Result.JSON)
+	}
+}
+
+// A key PostgreSQL cannot store — a NUL byte or invalid UTF-8 from a foreign
+// producer or a webhook, a key too long for the unique index — or such a job
+// type, is refused as a permanent error wrapping ErrInvalidKey, and the
+// operation does not run. It was an untyped error that the worker retried
+// until the message's attempts ran out, and that an inbox's caller (a
+// webhook sender) retried forever.
+func TestUnstorableKeyIsPermanent(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	long := make([]byte, 12000)
+	_, _ = rand.Read(long)
+	for _, mode := range []idempotency.Mode{idempotency.Lease, idempotency.Transactional} {
+		g, err := idempotency.New(idempotency.Options{Store: e.store, Mode: mode, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, op := range map[string]idempotency.Operation{
+			"NUL in key":         {Key: "charge:\x00" + randSuffix(), JobType: "t", Fingerprint: "fp"},
+			"invalid UTF-8 key":  {Key: "charge:\xff" + randSuffix(), JobType: "t", Fingerprint: "fp"},
+			"key too long":       {Key: base64.StdEncoding.EncodeToString(long), JobType: "t", Fingerprint: "fp"},
+			"NUL in job type":    {Key: "k-" + randSuffix(), JobType: "t\x00", Fingerprint: "fp"},
+			"invalid UTF-8 type": {Key: "k-" + randSuffix(), JobType: "payment\xe9", Fingerprint: "fp"},
+			"NUL in fingerprint": {Key: "k-" + randSuffix(), JobType: "t", Fingerprint: "\x00"},
+		} {
+			ran := false
+			_, err := g.Do(ctx, op, func(context.Context) error { ran = true; return nil })
+			if !sdk.IsPermanent(err) || !errors.Is(err, idempotency.ErrInvalidKey) {
+				t.Errorf("%s, %s: Do = %v, want a permanent ErrInvalidKey", mode, name, err)
+			}
+			if ran {
+				t.Errorf("%s, %s: the operation ran", mode, name)
+			}
+		}
+		// An inbox event whose type came in as Latin-1 from a webhook.
+		_, err = g.Inbox().Process(ctx, idempotency.InboxEvent{Source: "shop", ID: randSuffix(), Type: "commande.pay\xe9e"},
+			func(context.Context) error { return nil })
+		if !sdk.IsPermanent(err) || !errors.Is(err, idempotency.ErrInvalidKey) {
+			t.Errorf("%s: inbox Process = %v, want a permanent ErrInvalidKey", mode, err)
+		}
+	}
+	// The store is still usable, and the error names no key.
+	_, err := e.store.Get(ctx, "absent-"+randSuffix())
+	if !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Get = %v", err)
+	}
+	g, _ := idempotency.New(idempotency.Options{Store: e.store, Mode: idempotency.Lease, Logger: quiet})
+	_, err = g.Do(ctx, idempotency.Operation{Key: "secret-customer\x00", JobType: "t"}, func(context.Context) error { return nil })
+	if err == nil || strings.Contains(err.Error(), "secret-customer") {
+		t.Errorf("error = %v, want one that names the key by its digest", err)
+	}
+}
