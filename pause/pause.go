@@ -4,8 +4,9 @@
 // [sdk.Worker.Pause] and [sdk.Worker.Resume].
 //
 // A paused queue gets no new receives from a synced Worker once its next
-// sync ran (within the sync interval); deliveries already held run and settle
-// as usual. The broker itself is untouched: producers keep publishing, and a
+// sync ran (within the sync interval; a read that hangs is given up after
+// the interval, at least 1s, and retried); deliveries already held run and
+// settle as usual. The broker itself is untouched: producers keep publishing, and a
 // consumer that does not sync keeps consuming. While the table cannot be
 // read, Sync keeps the pause state it last applied (it never resumes a queue
 // because the database is down) and logs a warning. Until it has read the
@@ -135,9 +136,14 @@ func (s *PG) Paused(ctx context.Context) ([]Paused, error) {
 	return out, nil
 }
 
+// minReadTimeout is the least time [Sync] gives a read of the table,
+// however short its Interval.
+const minReadTimeout = time.Second
+
 // SyncOptions configures [Sync].
 type SyncOptions struct {
-	// Interval between reads of the table. Default 5s.
+	// Interval between reads of the table. Default 5s. It also bounds
+	// each read (at least 1s): a read that takes longer is a failed read.
 	Interval time.Duration
 	// Logger receives the pauses and resumes applied (Info) and failed reads
 	// (Warn). Default slog.Default().
@@ -182,8 +188,16 @@ func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error 
 	}
 	tick := time.NewTicker(opts.Interval)
 	defer tick.Stop()
+	// Each read is bounded: a read that never answers (a frozen database
+	// host, a black-holed connection) would otherwise stop the syncing
+	// for as long as its TCP connection lives. One that outlasts the
+	// interval is a failed read; the next goes out at the next tick.
+	readTimeout := max(opts.Interval, minReadTimeout)
 	for {
-		if err := apply(ctx, w, l, opts.Logger, held); err != nil {
+		rctx, rcancel := context.WithTimeout(ctx, readTimeout)
+		err := apply(rctx, w, l, opts.Logger, held)
+		rcancel()
+		if err != nil {
 			if ctx.Err() == nil && held != nil {
 				opts.Logger.Warn("berth/pause: the paused queues were never read; every queue stays paused until they are",
 					"queues", w.Queues(), "err", err)

@@ -41,7 +41,8 @@
 //
 // Slots are computed from the schedule alone, so schedulers agree: [Every]
 // aligns to the Unix epoch, and cron expressions are read in UTC unless
-// they start with CRON_TZ=. Tests inject a [FakeClock] (Options.Clock) and
+// they start with CRON_TZ= and a named zone ("Local", the machine's zone,
+// is refused). Tests inject a [FakeClock] (Options.Clock) and
 // run hours of schedule without sleeping.
 //
 // See ARCHITECTURE.md, "Periodic jobs".

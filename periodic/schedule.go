@@ -42,6 +42,9 @@ var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron
 // such schedules in UTC, or outside the changeover hours, when once a day
 // must mean once.
 //
+// The zone must be named: "CRON_TZ=Local" is refused, since the machine's
+// zone may differ between the schedulers of one job.
+//
 // An expression that names no slot at all ("0 0 30 2 *", February 30th)
 // is refused too, rather than giving a job that never runs.
 func Cron(expr string) (Schedule, error) {
@@ -62,6 +65,12 @@ func Cron(expr string) (Schedule, error) {
 	s, err := parser.Parse(expr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidSchedule, expr, err)
+	}
+	if spec, ok := s.(*cron.SpecSchedule); ok && spec.Location == time.Local {
+		// "Local" names no zone: robfig then reads the fields in the zone
+		// of the time it is asked about (the machine's, from RealClock),
+		// so schedulers in different zones would name different slots.
+		return nil, fmt.Errorf("%w: %q: the time zone \"Local\" is the machine's; name the zone", ErrInvalidSchedule, expr)
 	}
 	// robfig's Next looks five years ahead, which holds every date a
 	// valid expression can name (February 29th included): none from the

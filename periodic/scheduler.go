@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -29,7 +30,8 @@ const (
 type Job struct {
 	// Name identifies the schedule; with the slot time it makes each slot's
 	// idempotency key ([SlotKey]). Every scheduler of the same job must use
-	// the same Name; renaming a job makes its slots new operations.
+	// the same Name; renaming a job makes its slots new operations. It must
+	// be valid UTF-8.
 	Name string
 	// Schedule gives the slots ([Cron], [Every]).
 	Schedule Schedule
@@ -116,7 +118,8 @@ var ErrInvalidJob = errors.New("berth/periodic: invalid job")
 
 // New returns a Scheduler that publishes jobs through pub. It returns an
 // error wrapping [ErrInvalidJob] for a job without name, schedule or valid
-// queue, or for two jobs with the same name.
+// queue, with a name that is not valid UTF-8 (no broker takes its
+// messages), or for two jobs with the same name.
 func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
 	if pub == nil {
 		return nil, fmt.Errorf("%w: nil publisher", ErrInvalidJob)
@@ -125,6 +128,12 @@ func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
 	for _, j := range jobs {
 		if j.Name == "" || j.Schedule == nil {
 			return nil, fmt.Errorf("%w: %q: a job needs a Name and a Schedule", ErrInvalidJob, j.Name)
+		}
+		if !utf8.ValidString(j.Name) {
+			// The Name is each message's Type, idempotency key and
+			// HeaderSchedule: no broker takes one that is not UTF-8
+			// (sdk.Prepare), so no slot could ever be published.
+			return nil, fmt.Errorf("%w: %q: the Name must be valid UTF-8", ErrInvalidJob, j.Name)
 		}
 		if err := sdk.ValidateQueueName(j.Queue); err != nil {
 			return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, j.Name, err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/periodic"
 	"github.com/berthq/berth/sdk"
 )
@@ -359,4 +360,49 @@ func TestFailingJobDoesNotDelayOthers(t *testing.T) {
 	// still publish 0:01:10 and 0:01:20 on time.
 	drive(t, s, c, time.Minute, 10*time.Second, 10*time.Second)
 	equal(t, "healthy slots", p.slots(t), []string{"00:01:00", "00:01:10", "00:01:20"})
+}
+
+// "CRON_TZ=Local" (or "TZ=Local") names no zone: robfig then reads the
+// slots in the zone of the time it is asked about, the machine's for a
+// RealClock. Schedulers on machines in different zones published one
+// daily slot each at different instants, with different keys: the job ran
+// once per zone. Before, Cron accepted it.
+func TestCronRefusesLocalZone(t *testing.T) {
+	for _, expr := range []string{"CRON_TZ=Local 0 9 * * *", "TZ=Local 0 9 * * *", " CRON_TZ=Local @daily"} {
+		s, err := periodic.Cron(expr)
+		if errors.Is(err, periodic.ErrInvalidSchedule) {
+			continue
+		}
+		if err != nil {
+			t.Errorf("Cron(%q) = %v, want ErrInvalidSchedule", expr, err)
+			continue
+		}
+		tokyo := time.FixedZone("JST", 9*3600)
+		at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+		t.Errorf("Cron(%q) accepted: the same instant gives slot %s seen from UTC, %s seen from UTC+9",
+			expr, s.Next(at).UTC(), s.Next(at.In(tokyo)).UTC())
+	}
+}
+
+// A Name that is not valid UTF-8 is the Type, the idempotency key and a
+// header of every message of the job, and every broker refuses such a
+// message (sdk.Prepare): New accepted the job and its scheduler
+// then retried each slot's publish forever, publishing nothing. It is now
+// an ErrInvalidJob at New.
+func TestNewRefusesNameNoMessageCanCarry(t *testing.T) {
+	const name = "report\xff"
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	m := &sdk.Message{Type: name, IdempotencyKey: periodic.SlotKey(name, time.Unix(0, 0))}
+	m.SetHeader(periodic.HeaderSchedule, name)
+	var he *sdk.HeaderError
+	if err := b.Publish(context.Background(), "q", m); !errors.As(err, &he) && !errors.Is(err, sdk.ErrInvalidMessage) {
+		t.Fatalf("the broker took a message of job %q: %v", name, err)
+	}
+	if _, err := periodic.New(b, periodic.Options{}, periodic.Job{Name: name, Schedule: every(t, time.Minute), Queue: "q"}); !errors.Is(err, periodic.ErrInvalidJob) {
+		t.Errorf("New(job %q) = %v, want ErrInvalidJob: none of its slots can be published", name, err)
+	}
 }
