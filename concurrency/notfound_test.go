@@ -98,3 +98,85 @@ func TestHardening15_NotFoundConvention(t *testing.T) {
 		}
 	}
 }
+
+// TestUnstorableKeyIsNotFound: a string key PostgreSQL text cannot hold (a
+// NUL byte — JSON's "\u0000" decodes to one — or invalid UTF-8) names no
+// row, since no row can hold it. Before, each package sent it and returned
+// PostgreSQL's refusal (SQLSTATE 22021) as an untyped, transient error: the
+// job was retried to its last attempt instead of failing permanently, and
+// rowlock's refused statement aborted the caller's transaction.
+func TestUnstorableKeyIsNotFound(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
+		`CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`,
+		`INSERT INTO items (id, status) VALUES ('a', 'pending')`)
+
+	locker, err := rowlock.New(rowlock.Options{Table: "items", Columns: []string{"n"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	versioned, err := optimistic.New(optimistic.Options{Table: "items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fenced, err := fence.New(fence.Options{Table: "items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow, err := state.New(state.Options{Table: "items", Transitions: map[string][]string{"pending": {"paid"}, "paid": nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, key := range []string{"a\x00", "\xff", "a\xc3"} {
+		cases := []struct {
+			name     string
+			sentinel error
+			call     func() error
+		}{
+			{"rowlock.Lock", rowlock.ErrNotFound, func() error {
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var n int64
+					_, err := locker.Lock(ctx, tx, key, &n)
+					// The transaction stays usable, as after any missing row.
+					if _, err2 := locker.Lock(ctx, tx, "a", &n); err2 != nil {
+						t.Errorf("rowlock.Lock(%q) left the transaction unusable: %v", key, err2)
+					}
+					return err
+				})
+			}},
+			{"optimistic.Get", optimistic.ErrNotFound, func() error {
+				_, err := versioned.Get(ctx, pool, key, nil)
+				return err
+			}},
+			{"optimistic.Update", optimistic.ErrNotFound, func() error {
+				_, err := versioned.Update(ctx, pool, key, 1, map[string]any{"n": 1})
+				return err
+			}},
+			{"fence.Check", fence.ErrNotFound, func() error { return fenced.Check(ctx, pool, key, 1) }},
+			{"fence.Update", fence.ErrNotFound, func() error {
+				return fenced.Update(ctx, pool, key, 1, map[string]any{"n": 1})
+			}},
+			{"state.Transition", state.ErrNotFound, func() error {
+				_, err := flow.Transition(ctx, pool, key, "paid", nil)
+				return err
+			}},
+		}
+		for _, c := range cases {
+			err := c.call()
+			switch {
+			case err == nil:
+				t.Errorf("%s(%q): nil error", c.name, key)
+			case !errors.Is(err, c.sentinel):
+				t.Errorf("%s(%q): %v, want the package's ErrNotFound", c.name, key, err)
+			case sdk.Classify(err) != sdk.ClassPermanent:
+				t.Errorf("%s(%q): %v classified %q, want permanent", c.name, key, err, sdk.Classify(err))
+			}
+		}
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM items WHERE id = 'a'`).Scan(&status); err != nil || status != "pending" {
+		t.Fatalf("row a: %q, %v; want untouched", status, err)
+	}
+}

@@ -38,7 +38,9 @@ var (
 	// (a retry takes a fresh lock and a fresh token), and the work done under
 	// the stale token must be discarded (roll the transaction back).
 	ErrStaleToken = errors.New("fence: stale fencing token")
-	// ErrNotFound reports that no row has the key. It matches
+	// ErrNotFound reports that no row has the key (a string key
+	// PostgreSQL cannot store — a NUL byte, invalid UTF-8 — is answered
+	// so without a query, leaving a transaction usable). It matches
 	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
 	// a row that does not exist cannot succeed (the same convention in every
 	// concurrency package; ARCHITECTURE.md, "Error classes").
@@ -127,6 +129,9 @@ func (t *Table) Update(ctx context.Context, db DB, key any, token int64, set map
 		}
 		args = append(args, set[c])
 		b.WriteString(q + " = $" + strconv.Itoa(len(args)) + ", ")
+	}
+	if sqlident.UnstorableKey(key) {
+		return t.wrap(ctx, key, pgx.ErrNoRows) // no row holds it
 	}
 	b.WriteString(t.token + " = $2 WHERE " + t.key + " = $1 AND (" + t.token + " IS NULL OR " + t.token + " <= $2)")
 	tag, err := db.Exec(ctx, b.String(), args...)

@@ -34,7 +34,9 @@ var (
 	// ErrVersionConflict reports an update whose expected version is no
 	// longer the row's version. Reload and re-apply (see [Retrier]).
 	ErrVersionConflict = errors.New("optimistic: version conflict")
-	// ErrNotFound reports that no row has the key. It matches
+	// ErrNotFound reports that no row has the key (a string key
+	// PostgreSQL cannot store — a NUL byte, invalid UTF-8 — is answered
+	// so without a query, leaving a transaction usable). It matches
 	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
 	// a row that does not exist cannot succeed (the same convention in every
 	// concurrency package; ARCHITECTURE.md, "Error classes").
@@ -103,6 +105,9 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 	if err != nil {
 		return 0, fmt.Errorf("optimistic: %w", err)
 	}
+	if sqlident.UnstorableKey(key) {
+		return 0, t.wrap(ctx, key, pgx.ErrNoRows) // no row holds it
+	}
 	var version int64
 	q := "SELECT " + strings.Join(append([]string{t.version}, cols...), ", ") +
 		" FROM " + t.table + " WHERE " + t.key + " = $1"
@@ -137,6 +142,9 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 		}
 		args = append(args, set[c])
 		b.WriteString(q + " = $" + strconv.Itoa(len(args)) + ", ")
+	}
+	if sqlident.UnstorableKey(key) {
+		return 0, t.wrap(ctx, key, pgx.ErrNoRows) // no row holds it
 	}
 	b.WriteString(t.version + " = " + t.version + " + 1 WHERE " + t.key + " = $1 AND " +
 		t.version + " = $2 RETURNING " + t.version)

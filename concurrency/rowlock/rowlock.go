@@ -35,7 +35,9 @@ var (
 	// ErrBusy reports a row locked by another transaction beyond the wait bound
 	// (or at once, with NoWait). It arrives wrapped in sdk.RetryAfter.
 	ErrBusy = errors.New("rowlock: row busy")
-	// ErrNotFound reports that no row has the key. It matches
+	// ErrNotFound reports that no row has the key (a string key
+	// PostgreSQL cannot store — a NUL byte, invalid UTF-8 — is answered
+	// so without a query, leaving a transaction usable). It matches
 	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
 	// a row that does not exist cannot succeed (the same convention in every
 	// concurrency package; ARCHITECTURE.md, "Error classes").
@@ -159,6 +161,9 @@ func (l *Locker) Lock(ctx context.Context, tx pgx.Tx, key any, dest ...any) (tim
 }
 
 func (l *Locker) lock(ctx context.Context, tx pgx.Tx, key any, dest []any) (time.Duration, error) {
+	if sqlident.UnstorableKey(key) {
+		return 0, l.classify(ctx, key, 0, pgx.ErrNoRows) // no row holds it
+	}
 	if len(dest) == 0 {
 		var one int
 		dest = []any{&one}

@@ -36,7 +36,9 @@ var (
 	ErrInvalidTransition = errors.New("state: transition not allowed")
 	// ErrUnknownState reports a state the transition table does not declare.
 	ErrUnknownState = errors.New("state: unknown state")
-	// ErrNotFound reports that no row has the key. It matches
+	// ErrNotFound reports that no row has the key (a string key
+	// PostgreSQL cannot store — a NUL byte, invalid UTF-8 — is answered
+	// so without a query, leaving a transaction usable). It matches
 	// sdk.ErrNotFound too, and arrives wrapped in sdk.Permanent: a job about
 	// a row that does not exist cannot succeed (the same convention in every
 	// concurrency package; ARCHITECTURE.md, "Error classes").
@@ -252,6 +254,9 @@ func (m *Machine) Transition(ctx context.Context, db DB, key any, to string, set
 	q, args, err := m.update(key, to, set)
 	if err != nil {
 		return Result{}, err
+	}
+	if sqlident.UnstorableKey(key) {
+		return Result{}, m.wrap(ctx, key, pgx.ErrNoRows) // no row holds it
 	}
 	for range maxRaces {
 		var from string

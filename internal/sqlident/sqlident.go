@@ -94,3 +94,12 @@ func Keyed(table, key, col, def string) (qTable, qKey, qCol string, err error) {
 func StorableText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
+
+// UnstorableKey reports whether key is a string that PostgreSQL refuses as
+// a parameter (see [StorableText]): no row has it, so a lookup by it is a
+// missing row, decided without sending the statement (which would fail with
+// SQLSTATE 22021 and abort the caller's transaction).
+func UnstorableKey(key any) bool {
+	s, ok := key.(string)
+	return ok && !StorableText(s)
+}
