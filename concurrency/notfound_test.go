@@ -3,6 +3,8 @@ package concurrency_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/berthq/berth/berthtest/pgtest"
@@ -129,7 +131,7 @@ func TestUnstorableKeyIsNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, key := range []string{"a\x00", "\xff", "a\xc3"} {
+	for _, key := range []string{"a\x00", "\xff", "a\xc3", "b\n\x1b[31mforged"} {
 		cases := []struct {
 			name     string
 			sentinel error
@@ -172,6 +174,10 @@ func TestUnstorableKeyIsNotFound(t *testing.T) {
 				t.Errorf("%s(%q): %v, want the package's ErrNotFound", c.name, key, err)
 			case sdk.Classify(err) != sdk.ClassPermanent:
 				t.Errorf("%s(%q): %v classified %q, want permanent", c.name, key, err, sdk.Classify(err))
+			case strings.ContainsAny(err.Error(), "\x00\n\x1b") || !strings.Contains(err.Error(), strconv.Quote(key)):
+				// A key comes from a message: quoted in the error, it can
+				// neither forge a log line nor reach a terminal raw.
+				t.Errorf("%s(%q): error %q does not quote the key", c.name, key, err)
 			}
 		}
 	}

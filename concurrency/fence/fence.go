@@ -57,7 +57,7 @@ type StaleTokenError struct {
 
 // Error describes the refused write.
 func (e *StaleTokenError) Error() string {
-	return fmt.Sprintf("fence: %s %v: token %d refused, row holds %d", e.Table, e.Key, e.Token, e.Current)
+	return fmt.Sprintf("fence: %s %s: token %d refused, row holds %d", e.Table, sqlident.KeyText(e.Key), e.Token, e.Current)
 }
 
 // Unwrap returns ErrStaleToken.
@@ -146,17 +146,17 @@ func (t *Table) Update(ctx context.Context, db DB, key any, token int64, set map
 		return t.wrap(ctx, key, err)
 	}
 	if current == nil { // cannot refuse a NULL token; the row moved under us
-		return fmt.Errorf("fence: %s %v: write matched no row", t.name, key)
+		return fmt.Errorf("fence: %s %s: write matched no row", t.name, sqlident.KeyText(key))
 	}
 	return &StaleTokenError{Table: t.name, Key: key, Token: token, Current: *current}
 }
 
 func (t *Table) wrap(ctx context.Context, key any, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key))
+		return sdk.Permanent(fmt.Errorf("%w: %s %s", ErrNotFound, t.name, sqlident.KeyText(key)))
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return fmt.Errorf("fence: %s %v: %w", t.name, key, err)
+	return fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), err)
 }

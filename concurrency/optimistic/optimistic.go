@@ -54,7 +54,7 @@ type ConflictError struct {
 
 // Error describes the conflict.
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("optimistic: %s %v: expected version %d, found %d", e.Table, e.Key, e.Expected, e.Actual)
+	return fmt.Sprintf("optimistic: %s %s: expected version %d, found %d", e.Table, sqlident.KeyText(e.Key), e.Expected, e.Actual)
 }
 
 // Unwrap returns ErrVersionConflict.
@@ -167,12 +167,12 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 
 func (t *Table) wrap(ctx context.Context, key any, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, t.name, key))
+		return sdk.Permanent(fmt.Errorf("%w: %s %s", ErrNotFound, t.name, sqlident.KeyText(key)))
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return fmt.Errorf("optimistic: %s %v: %w", t.name, key, err)
+	return fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), err)
 }
 
 // DefaultMaxAttempts is the number of tries a zero [Retrier] makes.

@@ -73,7 +73,7 @@ type BusyError struct {
 
 // Error describes the busy resource.
 func (e *BusyError) Error() string {
-	return fmt.Sprintf("redislock: %s busy (held for %s more)", e.Resource, e.Remaining)
+	return fmt.Sprintf("redislock: %q busy (held for %s more)", e.Resource, e.Remaining)
 }
 
 // Unwrap returns ErrBusy.

@@ -55,7 +55,7 @@ type BusyError struct {
 
 // Error describes the busy resource.
 func (e *BusyError) Error() string {
-	return fmt.Sprintf("rowlock: row %v of %s busy after %s", e.Key, e.Table, e.Waited.Round(time.Microsecond))
+	return fmt.Sprintf("rowlock: row %s of %s busy after %s", sqlident.KeyText(e.Key), e.Table, e.Waited.Round(time.Microsecond))
 }
 
 // Unwrap returns ErrBusy and the driver error.
@@ -201,7 +201,7 @@ func (l *Locker) classify(ctx context.Context, key any, waited time.Duration, er
 		return nil
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, l.table, key))
+		return sdk.Permanent(fmt.Errorf("%w: %s %s", ErrNotFound, l.table, sqlident.KeyText(key)))
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
@@ -210,5 +210,5 @@ func (l *Locker) classify(ctx context.Context, key any, waited time.Duration, er
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return fmt.Errorf("rowlock: lock %s %v: %w", l.table, key, err)
+	return fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), err)
 }

@@ -64,7 +64,7 @@ func (e *TransitionError) Error() string {
 	if e.Backward {
 		dir = "backward"
 	}
-	return fmt.Sprintf("state: %v: %s → %s is %s", e.Key, e.From, e.To, dir)
+	return fmt.Sprintf("state: %s: %s → %s is %s", sqlident.KeyText(e.Key), e.From, e.To, dir)
 }
 
 // Unwrap returns ErrInvalidTransition.
@@ -281,7 +281,7 @@ func (m *Machine) Transition(ctx context.Context, db DB, key any, to string, set
 			return Result{}, sdk.Permanent(&TransitionError{Key: key, From: cur, To: to, Backward: m.reach[to][cur]})
 		}
 	}
-	return Result{}, fmt.Errorf("state: %s %v: row kept moving during %d tries", m.name, key, maxRaces)
+	return Result{}, fmt.Errorf("state: %s %s: row kept moving during %d tries", m.name, sqlident.KeyText(key), maxRaces)
 }
 
 func (m *Machine) update(key any, to string, set map[string]any) (string, []any, error) {
@@ -314,10 +314,10 @@ func (m *Machine) update(key any, to string, set map[string]any) (string, []any,
 
 func (m *Machine) wrap(ctx context.Context, key any, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
-		return sdk.Permanent(fmt.Errorf("%w: %s %v", ErrNotFound, m.name, key))
+		return sdk.Permanent(fmt.Errorf("%w: %s %s", ErrNotFound, m.name, sqlident.KeyText(key)))
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return fmt.Errorf("state: %s %v: %w", m.name, key, err)
+	return fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), err)
 }

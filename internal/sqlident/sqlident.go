@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -102,4 +103,18 @@ func StorableText(s string) bool {
 func UnstorableKey(key any) bool {
 	s, ok := key.(string)
 	return ok && !StorableText(s)
+}
+
+// KeyText is key as error text: a string (a row key often comes from a
+// message, so it is untrusted) quoted with Go escapes, so that a NUL, a
+// newline or a terminal escape in it cannot forge or garble a log line or
+// a terminal; any other key as fmt prints it.
+func KeyText(key any) string {
+	switch k := key.(type) {
+	case string:
+		return strconv.Quote(k)
+	case []byte:
+		return strconv.Quote(string(k))
+	}
+	return fmt.Sprint(key)
 }
