@@ -32,7 +32,9 @@ func KeyFrom(ctx context.Context) (string, bool) {
 // returns nil. It reports false, and records nothing, when ctx does not come
 // from the idempotency middleware or an [Inbox], or when the result is one
 // PostgreSQL cannot store: res.JSON set but not valid JSON, not UTF-8, or
-// holding a \u0000 or unpaired surrogate escape (jsonb refuses them), or
+// holding a \u0000 or unpaired surrogate escape or a number outside
+// numeric's range (jsonb refuses them: more than 131072 digits before the
+// decimal point or 16383 after it, as in 1e131072 or 1e-16384), or
 // ResourceType or ResourceID not UTF-8 or holding a NUL byte (text refuses
 // them). A store that refused the result at completion would leave a
 // lease-mode claim in progress, and the redelivery that takes it over would
@@ -46,7 +48,7 @@ func SetResult(ctx context.Context, res Result) bool {
 		return false
 	}
 	if res.JSON != nil {
-		if !json.Valid(res.JSON) || !utf8.Valid(res.JSON) || !storableEscapes(res.JSON) {
+		if !json.Valid(res.JSON) || !utf8.Valid(res.JSON) || !storableEscapes(res.JSON) || !storableNumbers(res.JSON) {
 			return false
 		}
 		res.JSON = bytes.Clone(res.JSON)
@@ -115,4 +117,80 @@ func hex4(b []byte) rune {
 		}
 	}
 	return v
+}
+
+// storableNumbers reports whether jsonb's numeric holds every number of b,
+// valid JSON: at most 131072 digits before the decimal point and 16383
+// after it (numeric's int16 weight and 14-bit scale; "value overflows numeric format"
+// otherwise), however the number is written (1e131072, 1e-16384, a long
+// digit string). Strings are skipped.
+func storableNumbers(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			for i++; b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++ // the escaped character, maybe a quote
+				}
+			}
+		case c == '-' || c >= '0' && c <= '9':
+			j := i
+			for j < len(b) && strings.IndexByte("+-.0123456789eE", b[j]) >= 0 {
+				j++
+			}
+			if !storableNumber(b[i:j]) {
+				return false
+			}
+			i = j - 1
+		}
+	}
+	return true
+}
+
+// storableNumber reports whether PostgreSQL's numeric input accepts n, a
+// valid JSON number.
+func storableNumber(n []byte) bool {
+	const (
+		maxExp   = 1<<30 - 1 // numeric refuses an exponent of INT_MAX/2 or more
+		maxScale = 16383     // digits after the decimal point
+		maxPos   = 131071    // decimal position of the leading digit
+	)
+	if n[0] == '-' {
+		n = n[1:]
+	}
+	end := len(n)
+	var exp int64
+	if e := bytes.IndexAny(n, "eE"); e >= 0 {
+		end = e
+		d := n[e+1:]
+		neg := d[0] == '-'
+		if d[0] == '-' || d[0] == '+' {
+			d = d[1:]
+		}
+		for _, c := range d {
+			if exp = exp*10 + int64(c-'0'); exp >= maxExp {
+				return false
+			}
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	intPart, frac := n[:end], []byte(nil)
+	if p := bytes.IndexByte(intPart, '.'); p >= 0 {
+		intPart, frac = intPart[:p], intPart[p+1:]
+	}
+	if int64(len(frac))-exp > maxScale {
+		return false
+	}
+	// The leading digit is at 10^(len(intPart)-1-k+exp), k its index in
+	// intPart followed by frac.
+	k := bytes.IndexFunc(intPart, func(r rune) bool { return r != '0' })
+	if k < 0 {
+		if k = bytes.IndexFunc(frac, func(r rune) bool { return r != '0' }); k < 0 {
+			return true // zero
+		}
+		k += len(intPart)
+	}
+	return int64(len(intPart)-1-k)+exp <= maxPos
 }

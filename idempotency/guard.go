@@ -76,7 +76,9 @@ type Options struct {
 	// returns nil has applied its effect, which the guard records, and a
 	// claim expiring under it would let a redelivery run the operation
 	// beside it. A handler that never returns therefore holds its key
-	// until its process exits.
+	// until its process exits. A claim lost after the ctx was done cannot
+	// become its cause (the first cause stays): the handler cannot see it,
+	// but Do's error then wraps ErrClaimLost.
 	Heartbeat time.Duration
 	// InProgressDelay is the RetryAfter delay for a duplicate that finds the
 	// key in progress. Default 2s. When the delivery is not an
@@ -389,7 +391,10 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	release := func(cctx context.Context) error { return g.o.Store.Release(cctx, c) }
 	r := &running{key: c.Key}
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, r))
-	stop := g.heartbeat(hctx, c, claimed, cancel)
+	// lost is the heartbeat's ErrClaimLost, read after stop (which waits for
+	// it): once ctx is done it cannot become hctx's cause (the first stays).
+	var lost error
+	stop := g.heartbeat(hctx, c, claimed, func(cause error) { lost = cause; cancel(cause) })
 	ended := false
 	defer func() {
 		stop()
@@ -403,9 +408,9 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	ended = true
 	if ferr != nil {
 		g.cleanup(ctx, release, releaseFailed)
-		if cause := context.Cause(hctx); errors.Is(cause, ErrClaimLost) {
+		if lost != nil {
 			g.event(ctx, EventClaimLost, c.JobType)
-			return true, errors.Join(ferr, cause)
+			return true, errors.Join(ferr, lost)
 		}
 		return true, ferr
 	}

@@ -458,6 +458,35 @@ func TestHeartbeatFailingPastLeaseCancelsHandler(t *testing.T) {
 	}
 }
 
+// A handler that runs on past its ctx (now allowed: the heartbeat goes on)
+// and fails after its claim was lost is reported with ErrClaimLost and
+// counted as claim_lost, as before its ctx ended: the claim lost after the
+// ctx was done could not become the ctx's cause (the first cause stays), and
+// Do read the loss only from there.
+func TestClaimLostAfterContextEndedIsReported(t *testing.T) {
+	store := failingExtend{memstore.New(memstore.Options{})}
+	var stats idempotency.Stats
+	g, err := idempotency.New(idempotency.Options{Store: store, Mode: idempotency.Lease,
+		ClaimLease: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond, Stats: &stats, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err = g.Do(ctx, idempotency.Operation{Key: "k", JobType: "t"}, func(hctx context.Context) error {
+		cancel()                // shutdown
+		<-hctx.Done()           // the handler sees it
+		time.Sleep(time.Second) // and finishes its call anyway, past the claim
+		return errors.New("upstream: 502")
+	})
+	if !errors.Is(err, idempotency.ErrClaimLost) {
+		t.Errorf("Do = %v, want it to wrap ErrClaimLost", err)
+	}
+	if n := stats.Snapshot().ClaimsLost; n != 1 {
+		t.Errorf("claims lost = %d, want 1", n)
+	}
+}
+
 // A delivery that finds its key claimed by a crashed worker, on a broker
 // where every retry counts a receive (SQS: no sdk.Releaser), is retried when
 // the claim expires, not every InProgressDelay: retries that cannot succeed

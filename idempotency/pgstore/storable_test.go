@@ -31,6 +31,8 @@ func TestUnstorableResultDoesNotReapplyEffect(t *testing.T) {
 		"json lone surrogate":   {JSON: []byte(`["\ud800"]`)},
 		"json low surrogate":    {JSON: []byte(`"\udc00 x"`)},
 		"json invalid UTF-8":    {JSON: []byte("{\"reply\":\"\xff\"}")},
+		"json number too large": {JSON: []byte(`{"amount":1e131072}`)},
+		"json number too fine":  {JSON: []byte(`[1.5e-16383]`)},
 		"resource id NUL":       {ResourceType: "order", ResourceID: "o\x001"},
 		"resource type invalid": {ResourceType: "ord\xe9r", ResourceID: "1"},
 	} {
@@ -73,6 +75,49 @@ func TestUnstorableResultDoesNotReapplyEffect(t *testing.T) {
 	}
 	if rec.Result.ResourceID != "ö1" || !strings.Contains(string(rec.Result.JSON), `\\u0000`) || !strings.Contains(string(rec.Result.JSON), "😀") {
 		t.Errorf("stored result = %+v %s", rec.Result, rec.Result.JSON)
+	}
+}
+
+// SetResult accepts exactly the JSON that jsonb stores, as PostgreSQL
+// itself judges it: \u escapes (escaped backslashes, surrogate pairs in
+// either case, lone or misordered surrogates) and numbers at the edges of
+// numeric's range however they are written. A number jsonb refuses
+// (1e131072, a passed-through upstream body) was accepted, and every
+// completion then failed as for a \u0000.
+func TestSetResultAgreesWithJSONB(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	g, err := idempotency.New(idempotency.Options{Store: e.store, Mode: idempotency.Lease, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := []string{
+		`"\u0000"`, `"\\u0000"`, `"\\\u0000"`, `"\uD83D\uDE00"`, `"\ud83d\uDe00"`, `"\ud83d"`, `"\ude00"`,
+		`"a\ud83d"`, `"\ud83dx"`, `"\ud83d\n"`, `"\ud83d\ud83d\ude00"`, `"\ude00\ud83d"`, `"\u00e9\u00E9"`,
+		`1e131071`, `1e131072`, `9.9e131071`, `1E+131071`, `-1e131072`, `10e131070`, `10e131071`,
+		`0.0001e131075`, `0.0001e131076`, `1e-16383`, `1e-16384`, `1.5e-16382`, `1.5e-16383`,
+		`0e-16383`, `0e-16384`, `0.0e5`, `-0`, `0e999999999`, `0e1073741822`, `0e1073741823`,
+		`1e99999999999999999999`, `1e-99999999999999999999`, `[1,2.5,-3e2]`,
+		"1" + strings.Repeat("0", 131071), "1" + strings.Repeat("0", 131072),
+		"0." + strings.Repeat("0", 16383), "0." + strings.Repeat("0", 16384),
+		"0." + strings.Repeat("0", 16382) + "1", "0." + strings.Repeat("0", 16383) + "1",
+		`{"1e999999":"1e999999","n":1}`, `["\"1e999999"]`, `{"a":[true,false,null,1e5]}`,
+	}
+	if _, err := g.Do(ctx, idempotency.Operation{Key: "k-" + randSuffix()}, func(hctx context.Context) error {
+		for _, doc := range docs {
+			var ignored string
+			stored := e.pool.QueryRow(ctx, `SELECT $1::text::jsonb::text`, doc).Scan(&ignored) == nil
+			if got := idempotency.SetResult(hctx, idempotency.Result{JSON: []byte(doc)}); got != stored {
+				short := doc
+				if len(short) > 40 {
+					short = short[:40] + "…"
+				}
+				t.Errorf("SetResult(%s) = %v, jsonb stores it: %v", short, got, stored)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
