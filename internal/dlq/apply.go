@@ -62,9 +62,9 @@ const MaxFailures = 100
 // hand is finished, not cut), and returns the result so far with that error:
 // everything counted in Done was done, nothing else was. (When the broker
 // call itself fails, what it did of its page is the count it returns with
-// the error, counted in Done, the rest of the page in Missed: PostgreSQL
-// and memory do all of a page or none of it, SQS, JetStream and RabbitMQ
-// move letter by letter and say how many.)
+// the error, counted in Done, and the letters a *sdk.PublishError names as
+// refused in Missed: PostgreSQL and memory do all of a page or none of it,
+// SQS, JetStream and RabbitMQ move letter by letter and say how many.)
 func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
 	var r Result
 	do := func(ctx context.Context, ids []string) (int, error) {
@@ -211,19 +211,21 @@ func (r *Result) missPage(ids []string, n int, err error) {
 // the Apply, after doing n of them: the brokers that move letter by letter
 // (SQS, JetStream, RabbitMQ) return how many they moved with the error, and
 // the report must count them, or an interrupted Apply would say it did
-// less than it did. The rest of ids are missed; a *sdk.PublishError names
-// those that failed, else they are named when the call did none.
+// less than it did. The letters a *sdk.PublishError names were refused one
+// by one: missed, with their reasons. The others of ids are left as the
+// letters the Apply never reached: not done, and the error says why.
 func (r *Result) cut(ids []string, n int, err error) {
 	r.Done += n
 	var pe *sdk.PublishError
-	if !errors.As(err, &pe) || len(pe.Failed) == 0 {
-		r.missPage(ids, n, err)
+	if !errors.As(err, &pe) {
 		return
 	}
-	r.Missed += len(ids) - n
 	for _, id := range ids {
-		if e, ok := pe.Failed[id]; ok && len(r.Failed) < MaxFailures {
-			r.Failed = append(r.Failed, Failure{ID: id, Err: e})
+		if e, ok := pe.Failed[id]; ok {
+			r.Missed++
+			if len(r.Failed) < MaxFailures {
+				r.Failed = append(r.Failed, Failure{ID: id, Err: e})
+			}
 		}
 	}
 }
