@@ -90,7 +90,11 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	var h http.Handler = d
+	if token == "" {
+		h = loopbackHostOnly(d)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(c.stderr, "berth ui: serving http://%s/%s (Ctrl-C to stop)\n", ln.Addr(), map[bool]string{true: " read-only", false: ""}[c.readOnly])
 	if c.listening != nil {
 		c.listening(ln.Addr().String())
@@ -111,8 +115,30 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	return err
 }
 
+// loopbackHostOnly refuses (403) a request whose Host is not a loopback
+// name or address. Without a token the dashboard listens on loopback only,
+// and this check is what keeps it there: a web page whose domain an
+// attacker re-points at 127.0.0.1 (DNS rebinding) is, to the browser, the
+// dashboard's own origin, so cross-origin protection lets its requests
+// through; they still carry the attacker's name in Host.
+func loopbackHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host // no port
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		if !isLoopback(host) && !strings.HasSuffix(strings.ToLower(host), ".localhost") {
+			http.Error(w, "berth ui without a token answers only requests for a loopback host (127.0.0.1, [::1], localhost); "+
+				"to reach it under another name set BERTH_UI_TOKEN (or -token)", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 func isLoopback(host string) bool {
-	if host == "localhost" {
+	if strings.EqualFold(host, "localhost") {
 		return true
 	}
 	ip := net.ParseIP(host)

@@ -162,3 +162,49 @@ func TestUIJobPagesFromTheLedger(t *testing.T) {
 		t.Fatalf("/jobs/job-1: %d\n%s", code, page)
 	}
 }
+
+// A page on an attacker's domain that re-points it at 127.0.0.1 (DNS
+// rebinding) is the dashboard's own origin to the browser, so cross-origin
+// protection does not stop it; without a token only a loopback Host may be
+// served.
+func TestUIWithoutATokenRefusesAForeignHost(t *testing.T) {
+	b, _ := deadLettered(t, 3)
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil }}
+	addr, _ := startUI(t, e, "-addr", "127.0.0.1:0", "-url", "mem://")
+	_, port, _ := net.SplitHostPort(addr)
+	do := func(method, host, path, body string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+		req.Host = host
+		req.Header.Set("Origin", "http://"+host)
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	foreign := "rebound.example:" + port
+	if code := do("POST", foreign, "/api/queues/billing/purge", `{"all":true}`); code != http.StatusForbidden {
+		t.Errorf("purge for Host %s: %d, want 403", foreign, code)
+	}
+	if code := do("GET", foreign, "/api/queues/billing/dead-letters", ""); code != http.StatusForbidden {
+		t.Errorf("dead letters for Host %s: %d, want 403", foreign, code)
+	}
+	if st := stats(t, b); st.DeadLettered != 3 {
+		t.Fatalf("a request for a foreign Host purged: %d dead letters left of 3", st.DeadLettered)
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "[::1]:" + port, "app.localhost:" + port} {
+		if code := do("GET", host, "/api/queues", ""); code != http.StatusOK {
+			t.Errorf("GET for Host %s: %d, want 200", host, code)
+		}
+	}
+	if code := do("POST", "localhost:"+port, "/api/queues/billing/purge", `{"all":true,"dry_run":true}`); code != http.StatusOK {
+		t.Errorf("dry-run purge for Host localhost: %d", code)
+	}
+}
