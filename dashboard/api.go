@@ -16,10 +16,18 @@ import (
 // The JSON API. Documents only ever gain fields; errors are
 // {"error": "..."} with the HTTP status that fits.
 
+// writeJSON answers v as JSON, with the characters that would act on a
+// terminal (a curl of the API) or reorder the text written as \u escapes
+// (see dlq.EscapeJSON): encoding/json escapes only the C0 controls.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(append(dlq.EscapeJSON(b), '\n'))
 }
 
 func (d *Dashboard) apiFail(w http.ResponseWriter, r *http.Request, err error) {

@@ -14,9 +14,11 @@
 // or the password of HTTP basic auth, which browsers ask for); state-changing
 // requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
 // and refuses every change; message text is escaped by html/template, and
-// control characters are shown as escapes. Where to listen, and refusing a
-// non-loopback address without a token, is the caller's part (`berth ui`
-// does it).
+// control characters are shown as escapes (in JSON, with bidirectional-text
+// controls, as \u escapes). Where to listen, refusing a non-loopback address
+// without a token, and, without a token, refusing a request whose Host is
+// not a loopback name (DNS rebinding), are the caller's part (`berth ui`
+// does them).
 package dashboard
 
 import (

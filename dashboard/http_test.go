@@ -261,3 +261,47 @@ func TestNoDeadLetters(t *testing.T) {
 }
 
 type publishOnly struct{ sdk.Broker }
+
+// The JSON API carries message text exactly, but encoding/json writes C1
+// controls (U+009B is CSI to a terminal: a curl of the API) and
+// bidirectional-text controls as they are. They must be \u escapes.
+func TestAPIEscapesTerminalControls(t *testing.T) {
+	ctx := context.Background()
+	b := memoryBroker(t)
+	const evil = "a\u202eevil\u2066\u009b31m\u0085\x7fz"
+	m := &sdk.Message{Type: "billing." + evil, Body: []byte("body " + evil), Headers: map[string]string{"note": evil}}
+	if err := b.Publish(ctx, "billing", m); err != nil {
+		t.Fatal(err)
+	}
+	ds, _ := b.Receive(ctx, "billing", 1)
+	if err := ds[0].DeadLetter(ctx, errors.New("bad input: "+evil)); err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, b, dashboard.Options{})
+	for _, path := range []string{"/api/queues/billing/dead-letters", "/api/queues/billing/dead-letters/" + m.ID} {
+		code, body := get(t, http.DefaultClient, srv.URL+path)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+		for _, raw := range []string{"\u202e", "\u2066", "\u009b", "\u0085", "\x7f"} {
+			if strings.Contains(body, raw) {
+				t.Errorf("%s has %q raw", path, raw)
+			}
+		}
+		var v struct {
+			Headers  map[string]string `json:"headers"`
+			Messages []struct {
+				Headers map[string]string `json:"headers"`
+			} `json:"messages"`
+		}
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			t.Fatalf("%s: not JSON: %v", path, err)
+		}
+		if len(v.Messages) == 1 {
+			v.Headers = v.Messages[0].Headers
+		}
+		if v.Headers["note"] != evil {
+			t.Errorf("%s: the text is not carried exactly: %q", path, v.Headers["note"])
+		}
+	}
+}

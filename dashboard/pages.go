@@ -382,7 +382,7 @@ func flash(q url.Values) string {
 	missed, _ := strconv.Atoi(q.Get("missed"))
 	s := fmt.Sprintf("%s %d dead letter(s)", verb, n)
 	if missed > 0 {
-		s += fmt.Sprintf("; %d of the chosen were not %s (gone already, or refused by the broker: the server's log names each with its reason)", missed, verb)
+		s += fmt.Sprintf("; %d of the chosen were not %s (%s)", missed, verb, whyMissed(q.Get("gone") != ""))
 	}
 	if q.Get("incomplete") != "" {
 		s += "; the broker's scan stopped before the end of the dead-letter queue, so more may match: do it again"
@@ -497,6 +497,9 @@ func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
 	v.Set("done", sel.Action)
 	v.Set("n", strconv.Itoa(res.Done))
 	v.Set("missed", strconv.Itoa(res.Missed))
+	if res.Missed > 0 && allGone(res) {
+		v.Set("gone", "1")
+	}
 	if res.Incomplete != "" {
 		v.Set("incomplete", "1")
 	}
@@ -513,20 +516,47 @@ func (d *Dashboard) apply(ctx context.Context, queue, action string, f dlq.Filte
 		// What was done before the error is done: say so.
 		d.o.Logger.Error("dashboard: dead letters changed in part, then an error", "action", action, "queue", queue,
 			"done", res.Done, "missed", res.Missed, "err", err)
-		d.logFailures(action, queue, res.Failed)
+		d.logFailed(action, queue, res)
 		return res, err
 	}
 	d.o.Logger.Info("dashboard: dead letters changed", "action", action, "queue", queue, "done", res.Done, "missed", res.Missed)
-	d.logFailures(action, queue, res.Failed)
+	d.logFailed(action, queue, res)
 	return res, nil
 }
 
-// logFailures logs each chosen dead letter a change did not change, with
-// its reason (the page's notice only counts them).
-func (d *Dashboard) logFailures(action, queue string, fs []dlq.Failure) {
-	for _, f := range fs {
-		d.o.Logger.Warn("dashboard: dead letter not changed", "action", action, "queue", queue, "id", f.ID, "reason", f.Err.Error())
+// logFailed names the chosen dead letters a change did not do, and why
+// (the pages give only their count).
+func (d *Dashboard) logFailed(action, queue string, res dlq.Result) {
+	for _, f := range res.Failed {
+		d.o.Logger.Warn("dashboard: dead letter not changed", "action", action, "queue", queue, "id", f.ID, "err", f.Err)
 	}
+	if n := res.Missed - len(res.Failed); n > 0 {
+		d.o.Logger.Warn("dashboard: more dead letters not changed", "action", action, "queue", queue, "count", n)
+	}
+}
+
+// allGone reports whether every chosen dead letter that a change did not
+// do was gone already (not found): not one whose move the broker failed
+// (a refused publish), nor one a stopped scan did not reach, which are
+// still dead letters.
+func allGone(res dlq.Result) bool {
+	if res.Missed != len(res.Failed) {
+		return false // some are not named: their reason is unknown
+	}
+	for _, f := range res.Failed {
+		if !errors.Is(f.Err, sdk.ErrNotFound) {
+			return false
+		}
+	}
+	return true
+}
+
+// whyMissed says why chosen dead letters were not changed.
+func whyMissed(gone bool) string {
+	if gone {
+		return "gone already"
+	}
+	return "gone already, or the broker failed to move them: they may still be dead letters; the dashboard's log names them"
 }
 
 // stoppedChange is the error of a redrive or purge that stopped part-way:
@@ -542,7 +572,11 @@ func (e *stoppedChange) Error() string {
 	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[e.action]
 	s := fmt.Sprintf("%s %d dead letter(s) before the error", verb, e.res.Done)
 	if e.res.Missed > 0 {
-		s += fmt.Sprintf(" (%d of the chosen were not %s%s)", e.res.Missed, verb, failureList(e.res.Failed, 3))
+		if allGone(e.res) {
+			s += fmt.Sprintf(" (%d of the chosen were not %s: gone already)", e.res.Missed, verb)
+		} else {
+			s += fmt.Sprintf(" (%d of the chosen were not %s%s; they may still be dead letters)", e.res.Missed, verb, failureList(e.res.Failed, 3))
+		}
 	}
 	return s + "; then: " + e.err.Error()
 }

@@ -142,7 +142,9 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer b.Close()
-	l, err := dlq.List(ctx, dl, queue, f, c.offset, limit, dlq.Options{PageSize: c.pageSize, ScanLimit: c.scanLimit})
+	o, stopScan := c.scanProgress(dlq.Options{PageSize: c.pageSize, ScanLimit: c.scanLimit}, "counting "+esc(queue))
+	l, err := dlq.List(ctx, dl, queue, f, c.offset, limit, o)
+	stopScan()
 	if err != nil {
 		return err
 	}
@@ -268,6 +270,9 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 	if err != nil {
 		return err
 	}
+	if err := c.mayChange(); err != nil {
+		return err
+	}
 	verb, done := "redrive", "redriven"
 	dact := dlq.Redrive
 	if act == actPurge {
@@ -282,7 +287,9 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 	report := jsonChange{Action: verb, Queue: queue, DryRun: c.dryRun, Failed: []jsonFailure{}}
 
 	if c.dryRun || !c.yes {
-		s, first, missing, err := dlq.Preview(ctx, dl, queue, f, o, 20)
+		po, stopScan := c.scanProgress(o, "counting "+esc(queue))
+		s, first, missing, err := dlq.Preview(ctx, dl, queue, f, po, 20)
+		stopScan()
 		if err != nil {
 			return err
 		}
@@ -398,6 +405,35 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
 	}
 	return nil
+}
+
+// scanProgress returns o with a progress line on a terminal (-progress)
+// that counts the dead letters a scan reads, and the func that ends it: the
+// count before a confirmation or a dry run's answer walks the whole
+// dead-letter queue, which can take minutes.
+func (c *cli) scanProgress(o dlq.Options, what string) (dlq.Options, func()) {
+	if !c.progress {
+		return o, func() {}
+	}
+	bar := progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(c.stderr),
+		progressbar.OptionSetDescription(what),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("msg"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionFullWidth(),
+	)
+	last := 0
+	o.Scanned = func(n int) { last = n; _ = bar.Set(n) }
+	return o, func() {
+		if last > 0 { // the final count, which the throttle may have skipped
+			bar.ChangeMax(last)
+			_ = bar.Finish()
+		}
+		_ = bar.Exit()
+		fmt.Fprintln(c.stderr)
+	}
 }
 
 func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string) error {

@@ -26,14 +26,16 @@
 // shell history; it never appears in output or errors.
 //
 // Exit codes: 0 done; 1 error (broker unreachable, refused); 2 usage (bad
-// command line, or a change without -yes and no terminal to confirm on);
+// command line, or a change without -yes and no terminal to confirm on,
+// refused before anything is read);
 // 3 nothing matched or not found; 4 partial (some chosen dead letters were
 // not moved, the command was interrupted, or the broker's scan stopped
 // before the end of the dead-letter queue; the output says which and why).
 //
 // Text output escapes control characters, terminal escape sequences and
 // invalid UTF-8 from messages. -json prints one JSON document per line
-// (with -watch, one per refresh); its fields are documented in README.md
+// (with -watch, one per refresh), with DEL, C1 and bidirectional-text
+// controls as \u escapes; its fields are documented in README.md
 // ("Operating berth") and only ever gain new fields.
 package main
 
@@ -166,7 +168,8 @@ func commands() []*command {
 			flags: []string{"db", "schema"}, run: runQueuePaused},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
-				"as a bearer token or the basic-auth password. -read-only hides and refuses every change.\n" +
+				"as a bearer token or the basic-auth password. Without a token only requests for a loopback host\n" +
+				"(127.0.0.1, [::1], localhost) are answered. -read-only hides and refuses every change.\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
 				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
 				"With -db, queue pages also show and change pauses (the table of berth queue pause).",
@@ -396,13 +399,26 @@ func (c *cli) broker(ctx context.Context) (sdk.Broker, error) {
 	return b, nil
 }
 
+// mayChange returns the usage error of a change that could never be
+// confirmed: no -yes, no -dry-run and no terminal to ask on. A change
+// checks it before it reads anything, so that a refused command has not
+// first scanned the whole dead-letter queue (on RabbitMQ and SQS, by taking
+// every letter and putting it back) or outbox table to count what it will
+// not change.
+func (c *cli) mayChange() error {
+	if c.yes || c.dryRun || c.interactive {
+		return nil
+	}
+	return usagef("refusing to change anything without -yes (no terminal to ask on); -dry-run shows what would change")
+}
+
 // confirm asks the operator on a terminal; elsewhere it refuses without -yes.
 func (c *cli) confirm(question string) error {
 	if c.yes {
 		return nil
 	}
 	if !c.interactive {
-		return usagef("refusing to change anything without -yes (no terminal to ask on); -dry-run shows what would change")
+		return c.mayChange()
 	}
 	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
 	line, _ := bufio.NewReader(c.stdin).ReadString('\n')

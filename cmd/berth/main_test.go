@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/berthq/berth/brokers/memory"
@@ -491,5 +492,135 @@ func TestURLErrors(t *testing.T) {
 	out.Reset()
 	if code := run(context.Background(), []string{"stats", "-json"}, e); code != 0 || !strings.Contains(out.String(), `"queues":[]`) {
 		t.Fatalf("BERTH_URL mem://: exit %d %s %s", code, out.String(), errOut.String())
+	}
+}
+
+// -json carries message text exactly, but encoding/json writes C1 controls
+// (U+009B is CSI to a terminal) and bidirectional-text controls as they are:
+// printed to a terminal they act on it, or make text read as something it
+// is not. They must reach stdout as \u escapes.
+func TestJSONEscapesTerminalControls(t *testing.T) {
+	ctx := context.Background()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const evil = "a\u202eevil\u2066\u009b31m\u0085\x7fz"
+	m := &sdk.Message{Type: "billing." + evil, Body: []byte("body " + evil), Headers: map[string]string{"note": evil}}
+	if err := b.Publish(ctx, "billing", m); err != nil {
+		t.Fatal(err)
+	}
+	ds, _ := b.Receive(ctx, "billing", 1)
+	if err := ds[0].DeadLetter(ctx, errors.New("bad input: "+evil)); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"-json", "dlq", "list", "billing"},
+		{"-json", "dlq", "show", "billing", m.ID},
+		{"-json", "dlq", "redrive", "billing", "-dry-run"},
+	} {
+		r := berth(t, b, args...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d %s", args, r.code, r.err)
+		}
+		for _, raw := range []string{"\u202e", "\u2066", "\u009b", "\u0085", "\x7f"} {
+			if strings.Contains(r.out, raw) {
+				t.Errorf("%v printed %q raw: %q", args, raw, r.out)
+			}
+		}
+		var v struct {
+			Type     string `json:"type"`
+			Headers  map[string]string
+			Messages []dlq.Message `json:"messages"`
+		}
+		if err := json.Unmarshal([]byte(r.out), &v); err != nil {
+			t.Fatalf("%v: not JSON: %v: %s", args, err, r.out)
+		}
+		if len(v.Messages) == 1 {
+			v.Type, v.Headers = v.Messages[0].Type, v.Messages[0].Headers
+		}
+		if v.Type != m.Type || v.Headers["note"] != evil {
+			t.Errorf("%v: the text is not carried exactly: type %q, note %q", args, v.Type, v.Headers["note"])
+		}
+	}
+}
+
+// countingReads counts the dead-letter reads of a memory broker.
+type countingReads struct {
+	*memory.Broker
+	reads atomic.Int64
+}
+
+func (c *countingReads) Close() error { return nil }
+
+func (c *countingReads) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+	c.reads.Add(1)
+	return c.Broker.DeadLetterPage(ctx, queue, cursor, limit)
+}
+
+func (c *countingReads) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
+	c.reads.Add(1)
+	return c.Broker.GetDeadLetter(ctx, queue, id)
+}
+
+func (c *countingReads) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
+	c.reads.Add(1)
+	return c.Broker.ListDeadLetters(ctx, queue, limit)
+}
+
+// A change that can never be confirmed (no -yes, no -dry-run, no terminal)
+// is refused before it reads a dead letter: counting what it will not
+// change is a scan of the whole dead-letter queue, which on RabbitMQ and
+// SQS takes every letter and puts it back.
+func TestRefusedChangeReadsNothing(t *testing.T) {
+	b, ids := deadLettered(t, 5)
+	cb := &countingReads{Broker: b}
+	e := env{open: func(context.Context, string) (sdk.Broker, error) { return cb, nil }}
+	for _, args := range [][]string{
+		{"dlq", "purge", "billing"},
+		{"dlq", "redrive", "billing", "-class", "permanent"},
+		{"dlq", "purge", "billing", ids[0], ids[1]},
+		{"dlq", "redrive", "billing", "-class", "nope"}, // would match nothing: still a usage error
+	} {
+		r := berthEnv(t, context.Background(), b, e, args...)
+		if r.code != exitUsage || !strings.Contains(r.err, "without -yes") {
+			t.Errorf("%v: exit %d %s", args, r.code, r.err)
+		}
+		if n := cb.reads.Swap(0); n != 0 {
+			t.Errorf("%v: refused after %d dead-letter read(s)", args, n)
+		}
+	}
+	if st := stats(t, b); st.DeadLettered != 5 {
+		t.Fatalf("a refused change changed something: %+v", st)
+	}
+	// A dry run and a terminal still read.
+	if r := berthEnv(t, context.Background(), b, e, "dlq", "purge", "billing", "-dry-run"); r.code != exitOK || cb.reads.Load() == 0 {
+		t.Fatalf("dry run: exit %d, %d reads: %s", r.code, cb.reads.Load(), r.err)
+	}
+}
+
+// The count before a confirmation, a dry run's and a filtered list's walk
+// the whole dead-letter queue: on a terminal they show how far they got.
+func TestScanProgressOnATerminal(t *testing.T) {
+	b, _ := deadLettered(t, 30)
+	e := env{progress: true, interactive: true, stdin: strings.NewReader("n\n")}
+	r := berthEnv(t, context.Background(), b, e, "dlq", "purge", "billing", "-class", "permanent", "-page-size", "7")
+	q := strings.Index(r.err, "delete 20 dead letter(s) of billing for good?")
+	if q < 0 || !strings.Contains(r.err[:q], "counting billing") || !strings.Contains(r.err[:q], "(30/30") {
+		t.Fatalf("before the question: exit %d, stderr %q", r.code, r.err)
+	}
+	for _, args := range [][]string{
+		{"dlq", "redrive", "billing", "-reason", "timeout", "-dry-run", "-page-size", "7"},
+		{"dlq", "list", "billing", "-reason", "timeout"},
+	} {
+		r := berthEnv(t, context.Background(), b, env{progress: true}, args...)
+		if r.code != exitOK || !strings.Contains(r.err, "counting billing") || !strings.Contains(r.err, "(30/30") {
+			t.Errorf("%v: exit %d, stderr %q", args, r.code, r.err)
+		}
+	}
+	// Without a terminal, no progress: stderr stays clean for scripts.
+	if r := berth(t, b, "dlq", "list", "billing", "-reason", "timeout"); r.err != "" {
+		t.Errorf("progress without a terminal: %q", r.err)
 	}
 }

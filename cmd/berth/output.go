@@ -26,12 +26,15 @@ func oneLine(s string, n int) string {
 	return string([]rune(s)[:n-1]) + "…"
 }
 
+// writeJSON prints v as one line of JSON, with the characters that would
+// act on a terminal or reorder the text written as \u escapes (see
+// dlq.EscapeJSON): encoding/json escapes only the C0 controls.
 func writeJSON(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	_, err = w.Write(append(b, '\n'))
+	_, err = w.Write(append(dlq.EscapeJSON(b), '\n'))
 	return err
 }
 

@@ -143,6 +143,16 @@ type Options struct {
 	Limit int
 	// Now is the clock of the age filters. Default time.Now.
 	Now func() time.Time
+	// Scanned, when set, is called by [Walk] and [Preview] with the running
+	// count of dead letters read, after each page (or looked-up ID): the
+	// progress of a scan, which on a large dead-letter queue takes a while.
+	Scanned func(n int)
+}
+
+func (o Options) scanned(n int) {
+	if o.Scanned != nil {
+		o.Scanned(n)
+	}
 }
 
 func (o Options) withDefaults() Options {
@@ -235,6 +245,7 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		more := false
 		_, err := sw.SweepDeadLetters(ctx, queue, o.PageSize, false, func(_ int, page []*sdk.Message) []bool {
 			s.Scanned += len(page)
+			o.scanned(s.Scanned)
 			if ferr != nil {
 				return nil
 			}
@@ -275,6 +286,7 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 			s.Incomplete = fmt.Sprintf("the broker cannot page its dead letters: only the first %d were read", o.ScanLimit)
 		}
 		s.Scanned = len(page)
+		o.scanned(s.Scanned)
 		s.Complete = s.Incomplete == ""
 		for len(page) > 0 {
 			n := min(len(page), o.PageSize)
@@ -303,6 +315,7 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 			return s, err
 		}
 		s.Scanned += len(page)
+		o.scanned(s.Scanned)
 		stop, err := emit(page)
 		if err != nil {
 			return s, err
@@ -379,6 +392,7 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		}
 		m, err := dl.GetDeadLetter(ctx, queue, id)
 		s.Scanned++
+		o.scanned(s.Scanned)
 		switch {
 		case errors.Is(err, sdk.ErrNotFound):
 			missing = append(missing, id)

@@ -2,11 +2,13 @@ package dlq_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,6 +330,25 @@ func TestScanIncomplete(t *testing.T) {
 	for _, err := range []error{nil, sdk.ErrNotFound, errors.New("berth/sqs: dead-letter scan"), fmt.Errorf("x: %w", sdk.ErrClosed)} {
 		if dlq.ScanIncomplete(err) {
 			t.Errorf("ScanIncomplete(%v) = true", err)
+		}
+	}
+}
+
+func TestEscapeJSON(t *testing.T) {
+	for _, s := range []string{"plain", "é ü 日本", "a\u202eb\u2066c\u009bd\u0085e\x7ff\u061cg", "\ufffd"} {
+		b, err := json.Marshal(map[string]string{"k" + s: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := dlq.EscapeJSON(b)
+		if strings.ContainsFunc(string(e), func(r rune) bool {
+			return r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == 0x202e || r == 0x2066 || r == 0x061c
+		}) {
+			t.Errorf("%q: raw control left in %q", s, e)
+		}
+		var back map[string]string
+		if err := json.Unmarshal(e, &back); err != nil || back["k"+s] != s {
+			t.Errorf("%q: %q does not decode to the same: %v %q", s, e, err, back)
 		}
 	}
 }

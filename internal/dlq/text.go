@@ -59,3 +59,45 @@ func unsafeRune(r rune) bool {
 	}
 	return false
 }
+
+// EscapeJSON rewrites the characters of encoded JSON (as json.Marshal
+// writes it) that would act on a terminal or reorder the text around them,
+// and that encoding/json leaves as they are (DEL, the C1 controls, U+009B
+// CSI among them, and the bidirectional-text controls), as \u escapes: the
+// same JSON values, safe to print. It returns b itself when there are none.
+// Such characters can only be inside JSON strings, where \u escapes mean
+// them exactly.
+func EscapeJSON(b []byte) []byte {
+	i := 0
+	for i < len(b) {
+		if b[i] < 0x7f {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(b[i:])
+		if r != utf8.RuneError && unsafeRune(r) {
+			break
+		}
+		i += n
+	}
+	if i == len(b) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+12)
+	out = append(out, b[:i]...)
+	for i < len(b) {
+		if b[i] < 0x7f {
+			out = append(out, b[i])
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(b[i:])
+		if r != utf8.RuneError && unsafeRune(r) {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else {
+			out = append(out, b[i:i+n]...)
+		}
+		i += n
+	}
+	return out
+}
