@@ -39,22 +39,7 @@ func TestHardening15_NotFoundConvention(t *testing.T) {
 		}
 	}
 
-	locker, err := rowlock.New(rowlock.Options{Table: "items", Columns: []string{"n"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	versioned, err := optimistic.New(optimistic.Options{Table: "items"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fenced, err := fence.New(fence.Options{Table: "items"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	flow, err := state.New(state.Options{Table: "items", Transitions: map[string][]string{"pending": {"paid"}, "paid": nil}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	locker, versioned, fenced, flow := itemsTools(t)
 
 	const missing = 404
 	cases := []struct {
@@ -114,22 +99,7 @@ func TestUnstorableKeyIsNotFound(t *testing.T) {
 		`CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`,
 		`INSERT INTO items (id, status) VALUES ('a', 'pending')`)
 
-	locker, err := rowlock.New(rowlock.Options{Table: "items", Columns: []string{"n"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	versioned, err := optimistic.New(optimistic.Options{Table: "items"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fenced, err := fence.New(fence.Options{Table: "items"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	flow, err := state.New(state.Options{Table: "items", Transitions: map[string][]string{"pending": {"paid"}, "paid": nil}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	locker, versioned, fenced, flow := itemsTools(t)
 
 	for _, key := range []string{"a\x00", "\xff", "a\xc3", "b\n\x1b[31mforged"} {
 		cases := []struct {
@@ -185,4 +155,27 @@ func TestUnstorableKeyIsNotFound(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT status FROM items WHERE id = 'a'`).Scan(&status); err != nil || status != "pending" {
 		t.Fatalf("row a: %q, %v; want untouched", status, err)
 	}
+}
+
+// itemsTools returns a rowlock, an optimistic table, a fence and a state
+// machine on the table items (column n; states pending → paid).
+func itemsTools(t *testing.T) (*rowlock.Locker, *optimistic.Table, *fence.Table, *state.Machine) {
+	t.Helper()
+	locker, err := rowlock.New(rowlock.Options{Table: "items", Columns: []string{"n"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	versioned, err := optimistic.New(optimistic.Options{Table: "items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fenced, err := fence.New(fence.Options{Table: "items"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow, err := state.New(state.Options{Table: "items", Transitions: map[string][]string{"pending": {"paid"}, "paid": nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return locker, versioned, fenced, flow
 }
