@@ -31,15 +31,7 @@ func (s badQueueSub) Receive(ctx context.Context, queue string, max int) ([]sdk.
 // all). Pausing the failing queue makes the Worker ready (a paused queue
 // does not make it unready); resuming it makes it unready again.
 func TestHealthOneFailingQueueOfSeveral(t *testing.T) {
-	w, err := sdk.NewWorker(badQueueSub{newFakeSub()}, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
-		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "good"}, {Name: "bad"}}, QueueIdleWait: 10 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	w := runTwoQueues(t, badQueueSub{newFakeSub()}, "good", "bad", 10*time.Millisecond)
 
 	waitHealth(t, w, "failing on bad", func(h sdk.Health) bool { return h.LastReceiveError != "" })
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
@@ -82,15 +74,7 @@ func (s *stallingSub) Receive(ctx context.Context, queue string, max int) ([]sdk
 // QueueIdleWait after the failure, with no failure on record.
 func TestHealthCutOffReceiveIsNoSuccess(t *testing.T) {
 	sub := &stallingSub{fakeSub: newFakeSub()}
-	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
-		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "idle"}, {Name: "flaky"}}, QueueIdleWait: 5 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	w := runTwoQueues(t, sub, "idle", "flaky", 5*time.Millisecond)
 
 	waitHealth(t, w, "failing on flaky", func(h sdk.Health) bool { return h.LastReceiveError != "" })
 	// Well past the backoff (50-75 ms) and many cut-offs of both queues,
@@ -129,18 +113,26 @@ func (s slowFailSub) Receive(ctx context.Context, queue string, max int) ([]sdk.
 // was dropped: the queue looked healthy, with no error on record, while
 // every Receive on it failed.
 func TestHealthFailureAfterQueueIdleWaitCounts(t *testing.T) {
-	w, err := sdk.NewWorker(slowFailSub{newFakeSub()}, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
-		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "good"}, {Name: "slow"}}, QueueIdleWait: 5 * time.Millisecond, Logger: quiet})
+	w := runTwoQueues(t, slowFailSub{newFakeSub()}, "good", "slow", 5*time.Millisecond)
+
+	h := waitHealth(t, w, "failing on slow", func(h sdk.Health) bool { return !h.Ready && h.ReceiveFailures > 0 })
+	if !strings.Contains(h.LastReceiveError, "i/o timeout") || !strings.Contains(h.Reason, "receive failing on slow") {
+		t.Fatalf("health %+v: want slow's i/o timeout on record as the reason", h)
+	}
+}
+
+// runTwoQueues runs, until the test ends, a Worker with a no-op handler on
+// queues a and b of sub, cutting idle Receives off at idleWait.
+func runTwoQueues(t *testing.T, sub sdk.Subscriber, a, b string, idleWait time.Duration) *sdk.Worker {
+	t.Helper()
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: a}, {Name: b}}, QueueIdleWait: idleWait, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-
-	h := waitHealth(t, w, "failing on slow", func(h sdk.Health) bool { return !h.Ready && h.ReceiveFailures > 0 })
-	if !strings.Contains(h.LastReceiveError, "i/o timeout") || !strings.Contains(h.Reason, "receive failing on slow") {
-		t.Fatalf("health %+v: want slow's i/o timeout on record as the reason", h)
-	}
+	t.Cleanup(func() { cancel(); <-done })
+	return w
 }
