@@ -423,6 +423,11 @@ func (c *cli) scanProgress(o dlq.Options, what string) (dlq.Options, func()) {
 		progressbar.OptionSetItsString("msg"),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionFullWidth(),
+		// No spinner goroutine: with an unknown length the bar would start
+		// one that redraws until the bar is finished, which a scan that
+		// read nothing never is, so it drew over what came next, and it
+		// reads the bar's start time without its lock.
+		progressbar.OptionSetSpinnerChangeInterval(0),
 	)
 	last := 0
 	o.Scanned = func(n int) { last = n; _ = bar.Set(n) }

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/internal/dlq"
@@ -622,5 +624,39 @@ func TestScanProgressOnATerminal(t *testing.T) {
 	// Without a terminal, no progress: stderr stays clean for scripts.
 	if r := berth(t, b, "dlq", "list", "billing", "-reason", "timeout"); r.err != "" {
 		t.Errorf("progress without a terminal: %q", r.err)
+	}
+}
+
+// lockedWriter is an io.Writer safe for concurrent use that counts writes.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Len()
+}
+
+// A scan that read nothing (an empty dead-letter queue) must not leave its
+// progress line drawing after it ended: whatever the command prints next
+// (a -watch refresh, a question) would be drawn over.
+func TestScanProgressEndsWhenNothingWasRead(t *testing.T) {
+	w := &lockedWriter{}
+	c := &cli{env: env{stderr: w, progress: true}}
+	o, stop := c.scanProgress(dlq.Options{}, "counting billing")
+	o.Scanned(0)
+	stop()
+	n := w.Len()
+	time.Sleep(350 * time.Millisecond) // the spinner redrew every 100ms
+	if m := w.Len(); m != n {
+		t.Fatalf("the progress line went on drawing after the scan ended: %d bytes more: %q", m-n, w.b.String()[n:])
 	}
 }

@@ -202,6 +202,9 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 			ids = append(ids, id)
 		}
 	}
+	if err := c.mayChange(); err != nil { // before the table is read
+		return err
+	}
 	verb, done := "requeue", "requeued"
 	if discard {
 		verb, done = "discard", "discarded"

@@ -126,3 +126,23 @@ func TestOutboxParked(t *testing.T) {
 		t.Fatalf("no -db: %d %s", r.code, r.err)
 	}
 }
+
+// An outbox change that can never be confirmed (no -yes, no -dry-run, no
+// terminal) is refused before the table is read, as a dead-letter change
+// is: a usage error (2), whatever the rows it names or the table holds.
+func TestOutboxRefusedChangeReadsNothing(t *testing.T) {
+	box, dsn, table := parkedOutbox(t, 2)
+	for _, args := range [][]string{
+		{"outbox", "discard", "999999"}, // not parked: reading would say 3
+		{"outbox", "requeue"},
+		{"outbox", "discard"},
+	} {
+		r := cliDB(t, "", false, append(args, "-db", dsn, "-table", table)...)
+		if r.code != exitUsage || !strings.Contains(r.err, "without -yes") {
+			t.Errorf("%v: exit %d %s", args, r.code, r.err)
+		}
+	}
+	if rows, err := box.Parked(context.Background(), 0); err != nil || len(rows) != 2 {
+		t.Fatalf("a refused change changed something: %d parked, %v", len(rows), err)
+	}
+}
