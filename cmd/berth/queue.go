@@ -88,7 +88,7 @@ func runQueueChange(ctx context.Context, c *cli, args []string, paused bool) err
 		return err
 	}
 	defer closeDB()
-	for _, q := range args {
+	for i, q := range args {
 		var changed bool
 		if paused {
 			changed, err = s.Pause(ctx, q)
@@ -96,7 +96,12 @@ func runQueueChange(ctx context.Context, c *cli, args []string, paused bool) err
 			changed, err = s.Resume(ctx, q)
 		}
 		if err != nil {
-			return err
+			if i == 0 {
+				return err
+			}
+			// The queues before it were done (and printed): a partial change.
+			verb := map[bool]string{true: "pause", false: "resume"}[paused]
+			return &partialError{msg: fmt.Sprintf("%s %s: %v; the %d queue(s) before it were done, the %d from it on were not", verb, q, err, i, len(args)-i), err: err}
 		}
 		if c.json {
 			if err := writeJSON(c.stdout, jsonPauseChange{Queue: q, Paused: paused, Changed: changed}); err != nil {

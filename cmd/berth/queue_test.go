@@ -165,3 +165,36 @@ func TestPausesReadOnADatabaseThatRefusesChanges(t *testing.T) {
 		t.Fatalf("/queues/billing: %d\n%s", code, page)
 	}
 }
+
+// TestQueuePauseFailingPartWay: when the pause of a later queue fails after
+// earlier ones were paused, the command says what it did and exits 4 (a
+// change done in part), not 1 as if nothing had changed.
+func TestQueuePauseFailingPartWay(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	ctx := context.Background()
+	pool, schema := pgtest.Schema(t, 0)
+	s, err := pause.NewPG(pool, pause.PGOptions{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The database refuses to pause "boom", as a constraint or a lost
+	// connection would.
+	pgtest.Exec(t, pool,
+		`CREATE FUNCTION `+schema+`.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.queue = 'boom' THEN RAISE EXCEPTION 'refused by policy'; END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER refuse_boom BEFORE INSERT ON `+schema+`.paused_queues FOR EACH ROW EXECUTE FUNCTION `+schema+`.refuse_boom()`)
+	r := cliDB(t, "", false, "queue", "pause", "-db", dsn, "-schema", schema, "emails", "boom", "reports")
+	if r.code != exitPartial {
+		t.Errorf("exit %d, want %d (partial): %+v", r.code, exitPartial, r)
+	}
+	if !strings.Contains(r.out, "emails paused") || !strings.Contains(r.err, "1 queue(s) before it were done") || !strings.Contains(r.err, "refused by policy") {
+		t.Errorf("output does not say what was done: %+v", r)
+	}
+	ps, err := s.Paused(ctx)
+	if err != nil || len(ps) != 1 || ps[0].Queue != "emails" {
+		t.Fatalf("paused: %+v %v; want emails only", ps, err)
+	}
+}
