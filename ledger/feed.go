@@ -209,7 +209,8 @@ func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids 
 // dead-lettered is already dead at that attempt and does not change (the
 // guard keeps the first final state of an attempt). A dead letter that
 // does not carry its attempt (RabbitMQ's, when the queue kept no delivery
-// count) ends whatever attempt the row is at. Listing is read-only on
+// count) ends whatever attempt the row is at. A letter's failure time
+// (berth-last-failure) in the future is taken as now. Listing is read-only on
 // every broker; it returns how many events it recorded.
 //
 // Run it periodically (the [Janitor] does, for its DeadLetterQueues) or
@@ -243,7 +244,10 @@ func (l *Ledger) syncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue 
 		e.Attempt, _ = strconv.Atoi(m.Header(sdk.HeaderDeadLetterAttempts))
 		e.Attempt = max(e.Attempt, 0)
 		e.At = time.Now()
-		if t, err := time.Parse(time.RFC3339Nano, m.Header(sdk.HeaderLastFailure)); err == nil {
+		// The failure time is a header, which a letter the broker
+		// dead-lettered itself keeps from its producer: one in the future
+		// would keep the row from its retention and its redrive.
+		if t, err := time.Parse(time.RFC3339Nano, m.Header(sdk.HeaderLastFailure)); err == nil && t.Before(e.At) {
 			e.At = t
 		}
 		if e.At.Before(purged) {

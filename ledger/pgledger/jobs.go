@@ -184,7 +184,7 @@ func (s *Jobs) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, erro
 	rows, err := s.db.Query(ctx, `SELECT `+statusSQL+`,
 	CASE WHEN status IN ('dead_letter', 'failed') THEN COALESCE(`+hClass+`, '') ELSE '' END, count(*) FROM `+s.table+`
 WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
-GROUP BY 1, 2`, w.Queue, nonZero(w.Since), nonZero(w.Until))
+GROUP BY 1, 2`, storableText(w.Queue), nonZero(w.Since), nonZero(w.Until))
 	if err != nil {
 		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
 	}

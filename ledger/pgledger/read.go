@@ -174,7 +174,7 @@ func (s *Store) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, err
 	rows, err := s.db.Query(ctx, `SELECT status, CASE WHEN status IN ('retrying', 'dead', 'released') THEN COALESCE(error_class, '') ELSE '' END,
 	count(*) FROM `+s.jobs+`
 WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
-GROUP BY 1, 2`, w.Queue, nonZero(w.Since), nonZero(w.Until))
+GROUP BY 1, 2`, storableText(w.Queue), nonZero(w.Since), nonZero(w.Until))
 	if err != nil {
 		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
 )
 
 // DB is what the store needs of a connection pool; *pgxpool.Pool satisfies
@@ -491,6 +492,8 @@ func storable(batch []ledger.Event) []ledger.Event {
 		for _, f := range []*string{&c.MessageID, &c.Queue, &c.Type, &c.IdempotencyKey, &c.CorrelationID, &c.Error, &c.Worker} {
 			*f = storableText(*f)
 		}
+		// The class too: a dead letter's comes from its header.
+		c.Class = sdk.ErrorClass(storableText(string(c.Class)))
 		c.Generation = min(max(c.Generation, 0), maxGeneration)
 		if out == nil && c == e {
 			continue

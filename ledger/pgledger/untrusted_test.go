@@ -2,6 +2,8 @@ package pgledger_test
 
 import (
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,5 +96,47 @@ func TestLookupWithUnstorableText(t *testing.T) {
 	p, err := s.List(ctx, ledger.Filter{Queue: "q\xff", Type: "a\x00b"})
 	if err != nil || len(p.Jobs) != 1 {
 		t.Errorf("List = %+v, %v", p, err)
+	}
+	// berth jobs -queue asks Counts the same queue for its total.
+	c, err := s.Counts(ctx, ledger.Window{Queue: "q\xff"})
+	if err != nil || c.ByStatus[ledger.StatusRunning] != 1 {
+		t.Errorf("Counts = %+v, %v; want the one running job", c, err)
+	}
+}
+
+// A dead letter's class comes from its dead-letter-class header, which a
+// foreign producer (or a broker that dead-letters by itself, keeping the
+// producer's headers) can set to anything: a NUL or invalid UTF-8 in it must
+// not fail the batch's statement and lose the other jobs' events, whether
+// the dead letter says its attempt (the upsert) or not (the deadAny update).
+func TestUntrustedClassDoesNotPoisonBatch(t *testing.T) {
+	_, s, ctx := setup(t)
+	now := time.Now()
+	for i, evil := range []ledger.Event{
+		{MessageID: "evil-class-att", Queue: "q", Type: "charge", Status: ledger.StatusDead, Attempt: 3, At: now,
+			Error: "gone", Class: sdk.ErrorClass("perm\x00anent")},
+		{MessageID: "evil-class-any", Queue: "q", Type: "charge", Status: ledger.StatusDead, At: now,
+			Error: "gone", Class: sdk.ErrorClass("perm\xffanent")},
+	} {
+		if evil.Attempt == 0 {
+			// deadAny only ends an attempt of an existing row.
+			if err := s.Write(ctx, []ledger.Event{{MessageID: evil.MessageID, Queue: "q", Status: ledger.StatusRunning, Attempt: 1, At: now.Add(-time.Second)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		good := ledger.Event{MessageID: "good-class-" + strconv.Itoa(i), Queue: "q", Type: "charge", Status: ledger.StatusSucceeded, Attempt: 1, At: now}
+		if err := s.Write(ctx, []ledger.Event{good, evil}); err != nil {
+			t.Fatalf("%s: Write = %v", evil.MessageID, err)
+		}
+		if _, err := s.Job(ctx, good.MessageID); err != nil {
+			t.Errorf("%s: the other job's event: %v", evil.MessageID, err)
+		}
+		j, err := s.Job(ctx, evil.MessageID)
+		if err != nil {
+			t.Fatalf("%s: %v", evil.MessageID, err)
+		}
+		if j.Status != ledger.StatusDead || !strings.Contains(string(j.ErrorClass), "\uFFFD") {
+			t.Errorf("%s: status %s, class %q; want dead with the class stored replaced", evil.MessageID, j.Status, j.ErrorClass)
+		}
 	}
 }
