@@ -13,6 +13,11 @@
 // payload_json holds a copy when the body is valid JSON in valid UTF-8 with no
 // \u0000 or surrogate escape (what PostgreSQL can turn into text and jsonb), for
 // SQL, and is NULL otherwise: any body, JSON-looking or not, is published.
+// headers holds a JSON object of strings; in a row written by hand, a value
+// that is not a string is delivered (and listed) as its JSON text, and
+// headers that are not an object are dropped with a warning, so that such a
+// row is still delivered, and can be dead-lettered, instead of failing the
+// claim of every job taken with it.
 //
 // How the table keeps the [sdk.Delivery] contract:
 //

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -143,11 +142,7 @@ func scanMessage(row pgx.Row) (*sdk.Message, error) {
 	if err := row.Scan(&m.ID, &m.Type, &m.Body, &headers, &m.CorrelationID, &m.Key, &m.IdempotencyKey); err != nil {
 		return nil, err
 	}
-	if headers != nil {
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			return nil, fmt.Errorf("headers of message %s: %w", m.ID, err)
-		}
-	}
+	m.Headers, _ = parseHeaders(headers)
 	if m.Body == nil {
 		m.Body = []byte{}
 	}

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -90,9 +89,7 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 		if err := r.Scan(&m.ID, &m.Type, &m.Body, &headers, &m.CorrelationID, &m.Key, &m.IdempotencyKey, &at, &id); err != nil {
 			return struct{}{}, err
 		}
-		if err := decodeHeaders(m, headers); err != nil {
-			return struct{}{}, err
-		}
+		decodeHeaders(m, headers)
 		msgs = append(msgs, m)
 		last = strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
 		return struct{}{}, nil
@@ -156,14 +153,9 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 
 // decodeHeaders fills m.Headers from the headers column and makes a NULL
 // body empty, as scanMessage does.
-func decodeHeaders(m *sdk.Message, headers []byte) error {
-	if headers != nil {
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			return fmt.Errorf("headers of message %s: %w", m.ID, err)
-		}
-	}
+func decodeHeaders(m *sdk.Message, headers []byte) {
+	m.Headers, _ = parseHeaders(headers)
 	if m.Body == nil {
 		m.Body = []byte{}
 	}
-	return nil
 }

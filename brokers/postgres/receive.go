@@ -182,10 +182,13 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 				"queue", queue, "message_id", d.msg.ID, "attempts", d.attempt)
 			continue
 		}
-		if headers != nil {
-			if err := json.Unmarshal(headers, &d.msg.Headers); err != nil {
-				return nil, 0, fmt.Errorf("berth/postgres: receive: headers of job %d: %w", d.id, err)
-			}
+		var exact bool
+		if d.msg.Headers, exact = parseHeaders(headers); !exact {
+			// Not berth's own: a hand-written row. Failing the claim here
+			// would leave every row it took leased to nobody, an attempt
+			// spent, claim after claim, until all were dead-lettered unrun.
+			b.opts.Logger.Warn("berth/postgres: job headers are not a JSON object of strings; delivered as text",
+				"queue", queue, "job_id", d.id)
 		}
 		if d.msg.Body == nil {
 			d.msg.Body = []byte{}
@@ -410,4 +413,31 @@ func (d *delivery) exec(ctx context.Context, op string, notify bool, set string,
 
 func clampDelay(d time.Duration) time.Duration {
 	return min(max(d, 0), sdk.MaxDelay)
+}
+
+// parseHeaders decodes the headers column. Berth writes a JSON object of
+// strings (exact is then true); a row written by hand may hold other JSON:
+// a value that is not a string becomes its JSON text, and headers that are
+// not an object are dropped (exact false), so that the job is still
+// delivered, and can be dead-lettered, instead of failing whatever reads it.
+func parseHeaders(raw []byte) (h map[string]string, exact bool) {
+	if raw == nil {
+		return nil, true
+	}
+	if json.Unmarshal(raw, &h) == nil {
+		return h, true
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		return nil, false
+	}
+	h = make(map[string]string, len(obj))
+	for k, v := range obj {
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			s = string(v)
+		}
+		h[k] = s
+	}
+	return h, false
 }
