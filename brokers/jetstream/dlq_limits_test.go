@@ -10,10 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	njs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/berthq/berth/brokers/jetstream"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -212,15 +210,7 @@ func TestMalformedDeadLetterIsListed(t *testing.T) {
 	}
 	deadLetter("before")
 
-	nc, err := nats.Connect(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := njs.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := rawJetStream(t)
 	raw := nats.NewMsg(b.DeadSubject(q) + ".byhand")
 	raw.Header.Set("Berth-Message", `{"v":1,"id":`)
 	raw.Header.Set("X-Origin", "by hand")
@@ -291,15 +281,7 @@ func TestHandPublishedDeadLetterIsAddressable(t *testing.T) {
 	q := declare(t, b, "dlqbyhand")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := njs.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := rawJetStream(t)
 	plain := nats.NewMsg(b.DeadSubject(q) + ".byhand")
 	plain.Header.Set(nats.MsgIdHdr, "manual-1")
 	plain.Data = []byte("plain")

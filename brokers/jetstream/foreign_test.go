@@ -60,6 +60,22 @@ func publishRaw(t *testing.T, b *jetstream.Broker, q string, h nats.Header, body
 	return nc
 }
 
+// rawJetStream returns a JetStream client on a connection of its own,
+// closed at the test's end, to put messages where berth would not.
+func rawJetStream(t *testing.T) njs.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(integration.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := njs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
 // firstDeadLetterHeader returns the NATS headers of the first message
 // stored in q's dead-letter stream, as the server holds them.
 func firstDeadLetterHeader(ctx context.Context, t *testing.T, js njs.JetStream, b *jetstream.Broker, q string) nats.Header {
