@@ -14,6 +14,7 @@ import (
 	"github.com/berthq/berth/concurrency/state"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestHardening15_NotFoundConvention checks that a missing row is one error
@@ -22,7 +23,6 @@ import (
 // cannot succeed). Before, each package had a look-alike sentinel unrelated
 // to sdk.ErrNotFound, and only state marked it permanent.
 func TestHardening15_NotFoundConvention(t *testing.T) {
-	ctx := context.Background()
 	pool, _ := pgtest.Schema(t, 2)
 	pgtest.Exec(t, pool,
 		`CREATE TABLE items (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`)
@@ -39,38 +39,8 @@ func TestHardening15_NotFoundConvention(t *testing.T) {
 		}
 	}
 
-	locker, versioned, fenced, flow := itemsTools(t)
-
 	const missing = 404
-	cases := []struct {
-		name     string
-		sentinel error
-		call     func() error
-	}{
-		{"rowlock.Lock", rowlock.ErrNotFound, func() error {
-			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var n int64
-				_, err := locker.Lock(ctx, tx, missing, &n)
-				return err
-			})
-		}},
-		{"optimistic.Get", optimistic.ErrNotFound, func() error {
-			_, err := versioned.Get(ctx, pool, missing, nil)
-			return err
-		}},
-		{"optimistic.Update", optimistic.ErrNotFound, func() error {
-			_, err := versioned.Update(ctx, pool, missing, 1, map[string]any{"n": 1})
-			return err
-		}},
-		{"fence.Check", fence.ErrNotFound, func() error { return fenced.Check(ctx, pool, missing, 1) }},
-		{"fence.Update", fence.ErrNotFound, func() error {
-			return fenced.Update(ctx, pool, missing, 1, map[string]any{"n": 1})
-		}},
-		{"state.Transition", state.ErrNotFound, func() error {
-			_, err := flow.Transition(ctx, pool, missing, "paid", nil)
-			return err
-		}},
-	}
+	cases := lookupCalls(t, pool, missing)
 	for _, c := range cases {
 		err := c.call()
 		switch {
@@ -99,42 +69,8 @@ func TestUnstorableKeyIsNotFound(t *testing.T) {
 		`CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`,
 		`INSERT INTO items (id, status) VALUES ('a', 'pending')`)
 
-	locker, versioned, fenced, flow := itemsTools(t)
-
 	for _, key := range []string{"a\x00", "\xff", "a\xc3", "b\n\x1b[31mforged"} {
-		cases := []struct {
-			name     string
-			sentinel error
-			call     func() error
-		}{
-			{"rowlock.Lock", rowlock.ErrNotFound, func() error {
-				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					var n int64
-					_, err := locker.Lock(ctx, tx, key, &n)
-					// The transaction stays usable, as after any missing row.
-					if _, err2 := locker.Lock(ctx, tx, "a", &n); err2 != nil {
-						t.Errorf("rowlock.Lock(%q) left the transaction unusable: %v", key, err2)
-					}
-					return err
-				})
-			}},
-			{"optimistic.Get", optimistic.ErrNotFound, func() error {
-				_, err := versioned.Get(ctx, pool, key, nil)
-				return err
-			}},
-			{"optimistic.Update", optimistic.ErrNotFound, func() error {
-				_, err := versioned.Update(ctx, pool, key, 1, map[string]any{"n": 1})
-				return err
-			}},
-			{"fence.Check", fence.ErrNotFound, func() error { return fenced.Check(ctx, pool, key, 1) }},
-			{"fence.Update", fence.ErrNotFound, func() error {
-				return fenced.Update(ctx, pool, key, 1, map[string]any{"n": 1})
-			}},
-			{"state.Transition", state.ErrNotFound, func() error {
-				_, err := flow.Transition(ctx, pool, key, "paid", nil)
-				return err
-			}},
-		}
+		cases := lookupCalls(t, pool, key)
 		for _, c := range cases {
 			err := c.call()
 			switch {
@@ -178,4 +114,53 @@ func itemsTools(t *testing.T) (*rowlock.Locker, *optimistic.Table, *fence.Table,
 		t.Fatal(err)
 	}
 	return locker, versioned, fenced, flow
+}
+
+// lookupCall is one call of a concurrency tool by a row key, and the
+// sentinel it must wrap when no row has that key.
+type lookupCall struct {
+	name     string
+	sentinel error
+	call     func() error
+}
+
+// lookupCalls returns the lookups of the four tools on the table items
+// (see itemsTools) by key. rowlock's runs in a transaction and checks that
+// the transaction stays usable after it, as after any missing row.
+func lookupCalls(t *testing.T, pool *pgxpool.Pool, key any) []lookupCall {
+	t.Helper()
+	ctx := context.Background()
+	locker, versioned, fenced, flow := itemsTools(t)
+	return []lookupCall{
+		{"rowlock.Lock", rowlock.ErrNotFound, func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var n int64
+				_, err := locker.Lock(ctx, tx, key, &n)
+				var id any = "a"
+				if _, isString := key.(string); !isString {
+					id = key
+				}
+				if _, err2 := locker.Lock(ctx, tx, id, &n); err2 != nil && !errors.Is(err2, rowlock.ErrNotFound) {
+					t.Errorf("rowlock.Lock(%v) left the transaction unusable: %v", key, err2)
+				}
+				return err
+			})
+		}},
+		{"optimistic.Get", optimistic.ErrNotFound, func() error {
+			_, err := versioned.Get(ctx, pool, key, nil)
+			return err
+		}},
+		{"optimistic.Update", optimistic.ErrNotFound, func() error {
+			_, err := versioned.Update(ctx, pool, key, 1, map[string]any{"n": 1})
+			return err
+		}},
+		{"fence.Check", fence.ErrNotFound, func() error { return fenced.Check(ctx, pool, key, 1) }},
+		{"fence.Update", fence.ErrNotFound, func() error {
+			return fenced.Update(ctx, pool, key, 1, map[string]any{"n": 1})
+		}},
+		{"state.Transition", state.ErrNotFound, func() error {
+			_, err := flow.Transition(ctx, pool, key, "paid", nil)
+			return err
+		}},
+	}
 }
