@@ -37,6 +37,7 @@ type link struct {
 	client, server net.Conn
 	once           sync.Once
 	dead           chan struct{} // closed by reset
+	held           bool          // frozen by FreezeOpen; under Proxy.mu
 }
 
 // NewProxy listens on a free loopback port and forwards to target
@@ -111,6 +112,18 @@ func (p *Proxy) Freeze() {
 	p.mu.Unlock()
 }
 
+// FreezeOpen holds every byte of the connections open now, without closing
+// any, while new connections pass: a database primary paused or a route
+// black-holed after a failover, which a client's fresh connection gets
+// around. Thaw ends it.
+func (p *Proxy) FreezeOpen() {
+	p.mu.Lock()
+	for l := range p.conns {
+		l.held = true
+	}
+	p.mu.Unlock()
+}
+
 // FreezeReplies holds every byte from the server to its clients while
 // requests still reach the server: a server's answer (a publisher confirm,
 // a commit's reply, an HTTP response) lost after the server acted. Thaw
@@ -121,14 +134,16 @@ func (p *Proxy) FreezeReplies() {
 	p.mu.Unlock()
 }
 
-// Thaw ends a Freeze; held bytes are delivered.
+// Thaw ends a Freeze, FreezeOpen or FreezeReplies; held bytes are
+// delivered.
 func (p *Proxy) Thaw() {
 	p.mu.Lock()
-	if p.frozen {
-		p.frozen, p.replies = false, false
-		close(p.thaw)
-		p.thaw = make(chan struct{})
+	for l := range p.conns {
+		l.held = false
 	}
+	p.frozen, p.replies = false, false
+	close(p.thaw)
+	p.thaw = make(chan struct{})
 	p.mu.Unlock()
 }
 
@@ -255,7 +270,7 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 func (p *Proxy) waitThawed(l *link, reply bool) bool {
 	for {
 		p.mu.Lock()
-		frozen, thaw, closed := p.frozen && (reply || !p.replies), p.thaw, p.closed
+		frozen, thaw, closed := p.frozen && (reply || !p.replies) || l.held, p.thaw, p.closed
 		p.mu.Unlock()
 		if closed {
 			return false
