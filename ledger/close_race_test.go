@@ -1,7 +1,6 @@
 package ledger_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"runtime"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/ledger"
 )
 
@@ -83,7 +83,7 @@ func TestRecordRacingCloseIsAccountedFor(t *testing.T) {
 // and counted.
 func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 	c := &capture{gate: make(chan struct{})}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	l, err := ledger.New(ledger.Options{Store: c, Buffer: 2, BatchSize: 1, Linger: -1, BlockTimeout: time.Hour,
 		WriteTimeout: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -115,22 +115,4 @@ func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 	if strings.Contains(out, "buffer full") {
 		t.Errorf("a Record after Close logged as a full buffer:\n%s", out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the writer goroutines' logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
