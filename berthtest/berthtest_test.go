@@ -254,3 +254,50 @@ func TestWaitTimesOut(t *testing.T) {
 		t.Fatalf("timeout message %q", ft.msg)
 	}
 }
+
+// ackRefused is a delivery whose Ack the broker refuses, as a memory or
+// PostgreSQL broker refuses the ack of a job whose lease ran out (the job
+// is delivered again).
+type ackRefused struct{ *berthtest.Delivery }
+
+func (a ackRefused) Ack(ctx context.Context) error {
+	_ = a.Delivery.Ack(ctx)
+	return fmt.Errorf("ack of %s: %w", a.Message().ID, sdk.ErrLeaseLost)
+}
+
+// TestWaitDoneIgnoresRefusedSettlements: an ack (or dead letter) the broker
+// refused (Settlement.Err) did not finish the message, which comes back:
+// WaitDone must go on waiting for the settlement that does, not return at
+// the refused one while the job is still to run again.
+func TestWaitDoneIgnoresRefusedSettlements(t *testing.T) {
+	m := &sdk.Message{ID: sdk.NewID(), Type: "job"}
+	sub := &oneShot{ch: make(chan sdk.Delivery, 2)}
+	sub.ch <- ackRefused{berthtest.NewDelivery(m)}
+	rec := berthtest.StartWorker(t, sub, handler(nil), sdk.WorkerOptions{Queue: "q"})
+	if rs := rec.Wait(t, 1); rs[0].Action != sdk.ActionAck || !errors.Is(rs[0].Err, sdk.ErrLeaseLost) {
+		t.Fatalf("first settlement %s (%v), want a refused ack", rs[0].Action, rs[0].Err)
+	}
+
+	saved := berthtest.WaitTimeout
+	berthtest.WaitTimeout = 50 * time.Millisecond
+	ft := &fatalT{TB: t}
+	done := make(chan struct{})
+	var got []berthtest.Record
+	go func() {
+		defer close(done)
+		defer func() { _ = recover() }() // fatalT.Fatalf
+		got = rec.WaitDone(ft, 1)
+	}()
+	<-done
+	berthtest.WaitTimeout = saved
+	if !strings.Contains(ft.msg, "1 finished messages") {
+		t.Fatalf("WaitDone returned %+v after a refused ack, want it to wait (message %q)", got, ft.msg)
+	}
+
+	// The redelivery is acked: now the message is finished.
+	sub.ch <- berthtest.NewDelivery(m, berthtest.Attempt(2))
+	done2 := rec.WaitDone(t, 1)
+	if len(done2) != 1 || done2[0].Err != nil || done2[0].Attempt != 2 {
+		t.Fatalf("WaitDone = %+v, want the second attempt's ack", done2)
+	}
+}

@@ -60,7 +60,10 @@ func (r *Recorder) Wait(t testing.TB, n int) []Record {
 }
 
 // WaitDone waits until n messages were finished (acked or dead-lettered,
-// whatever retries came before) and returns their final settlements.
+// whatever retries came before) and returns their final settlements. An ack
+// or a dead letter the broker refused (Settlement.Err: the lease had run
+// out, the broker was closed) finished nothing: the job comes back, and
+// WaitDone waits for the settlement that does finish it.
 //
 // The settlement of an earlier attempt may be recorded after the final one:
 // the Worker tells observers once the broker has taken a retry, and by then
@@ -76,7 +79,7 @@ func (r *Recorder) WaitDone(t testing.TB, n int) []Record {
 func finished(rs []Record) []Record {
 	var out []Record
 	for _, r := range rs {
-		if r.Action == sdk.ActionAck || r.Action == sdk.ActionDeadLetter {
+		if (r.Action == sdk.ActionAck || r.Action == sdk.ActionDeadLetter) && r.Err == nil {
 			out = append(out, r)
 		}
 	}

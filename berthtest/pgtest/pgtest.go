@@ -78,7 +78,10 @@ func Connect(t testing.TB, dsn, schema string, create bool, maxConns int32) *pgx
 	if err != nil {
 		t.Fatalf("pgtest: parse dsn: %v", err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	// Quoted as CREATE SCHEMA quoted it: search_path is a list of
+	// identifiers, so an unquoted name is folded to lower case (and split at
+	// a comma) and names another schema.
+	cfg.ConnConfig.RuntimeParams["search_path"] = quoted
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}

@@ -52,3 +52,27 @@ func TestSchemaIsolatesAndDrops(t *testing.T) {
 		t.Fatalf("schema %s still exists after its test", first)
 	}
 }
+
+// TestConnectSchemaNameIsQuoted: Connect quotes the schema it creates
+// (CREATE SCHEMA "Name"), so the pool's search_path must name that same
+// schema: a name with capitals (or a comma, a space) used unquoted in
+// search_path is folded or split by PostgreSQL and names another schema,
+// and unqualified table names then resolve nowhere (or to public).
+func TestConnectSchemaNameIsQuoted(t *testing.T) {
+	ctx := context.Background()
+	for _, schema := range []string{"Orders_" + pgtest.Suffix(), "orders, public " + pgtest.Suffix()} {
+		pool := pgtest.Connect(t, integration.PostgresDSN(t), schema, true, 1)
+		var got *string
+		if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil || *got != schema {
+			t.Fatalf("schema %q: current_schema() = %v, want the schema Connect created", schema, got)
+		}
+		pgtest.Exec(t, pool, `CREATE TABLE orders (id text PRIMARY KEY)`)
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'orders'`, schema).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("schema %q: the unqualified table went elsewhere (%d in the schema, %v)", schema, n, err)
+		}
+	}
+}
