@@ -15,8 +15,10 @@
 // Each scheme's query parameters are listed on its opener ([Schemes] lists
 // the schemes). A parameter berth does not know for that scheme, or a value it
 // cannot use, is an error: a [*ParamError] naming the parameter, wrapping
-// [ErrInvalidURL]. An unknown scheme wraps [ErrUnknownScheme]. No error
-// returned by [Open] contains the URL's password.
+// [ErrInvalidURL]. A URL without "//" after its scheme
+// ("amqp:user:pass@host", which names no host) wraps [ErrInvalidURL] too.
+// An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
+// contains the URL's password.
 //
 // A new scheme is one entry in the table of schemes.go and one [Opener]; a
 // program can add its own through [Options.Schemes] without touching the
@@ -87,7 +89,11 @@ func Schemes() []string { return slices.Sorted(maps.Keys(schemes)) }
 // Errors never contain the URL's password.
 func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) {
 	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme == "" {
+	// An opaque URL (no "//" after the scheme: "amqp:user:pass@host") has
+	// no host and no userinfo: an opener would connect to its default host
+	// instead, and its error could quote the password, which Open cannot
+	// find to scrub.
+	if err != nil || u.Scheme == "" || u.Opaque != "" {
 		// url.Parse's error quotes the whole URL, password included.
 		return nil, fmt.Errorf("%w: want scheme://[user[:password]@]host[/path][?param=value]", ErrInvalidURL)
 	}
@@ -112,6 +118,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 	}
 	p := &Params{scheme: scheme, query: q, defaults: opts.Defaults, used: map[string]bool{}}
 	b, err := open(ctx, u, p)
+	if err == nil && b == nil { // a custom opener's bug: no broker to use or close
+		err = fmt.Errorf("brokerurl: the opener of scheme %q returned neither a broker nor an error", scheme)
+	}
 	if err == nil {
 		if err = p.Done(); err != nil { // an opener that forgot Done
 			_ = b.Close()

@@ -14,6 +14,7 @@ import (
 	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/brokerurl"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
@@ -147,6 +148,18 @@ func TestOpenerThatForgetsDone(t *testing.T) {
 	}
 }
 
+// An opener that returns neither a broker nor an error gets an error from
+// Open, not a nil broker (nor a panic closing it over an unused parameter).
+func TestOpenerThatReturnsNothing(t *testing.T) {
+	none := func(context.Context, *url.URL, *brokerurl.Params) (sdk.Broker, error) { return nil, nil }
+	for _, raw := range []string{"none://", "none://?x=1"} {
+		b, err := brokerurl.Open(context.Background(), raw, brokerurl.Options{Schemes: map[string]brokerurl.Opener{"none": none}})
+		if err == nil || b != nil {
+			t.Fatalf("%s: got broker %v, error %v; want an error", raw, b, err)
+		}
+	}
+}
+
 func TestPostgres(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	ctx := context.Background()
@@ -208,6 +221,39 @@ func TestSQS(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close()
+}
+
+// An emulator on "LOCALHOST" is on loopback too (host names are
+// case-insensitive): it gets the static dummy credentials, not the AWS
+// default chain, which has nothing to give here.
+func TestSQSLoopbackHostCase(t *testing.T) {
+	endpoint := integration.SQSEndpoint(t)
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = "LOCALHOST:" + u.Port()
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	b, err := brokerurl.Open(ctx, u.String()+"?region=us-east-1", brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sb, ok := b.(*sqs.Broker)
+	if !ok {
+		t.Fatalf("%s opened %T", u.Host, b)
+	}
+	creds, err := sb.Client().Options().Credentials.Retrieve(ctx)
+	if err != nil || creds.AccessKeyID != "berth" {
+		t.Fatalf("credentials through %s: %q, %v; want the static dummy ones", u.Host, creds.AccessKeyID, err)
+	}
 }
 
 func TestJetStream(t *testing.T) {

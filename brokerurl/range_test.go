@@ -30,9 +30,23 @@ func TestUnusableValuesAreParamErrors(t *testing.T) {
 		{"http://127.0.0.1:1?wait_time=21s", "wait_time"},
 		{"http://127.0.0.1:1?max_receive_count=1001", "max_receive_count"},
 		{"sqs://eu-west-1?dlq_suffix=.dead", "dlq_suffix"},
+		// The SDK refuses such a region only at the first request.
+		{"sqs://?region=eu-west-1/x", "region"},
+		{"http://127.0.0.1:1?region=eu%20west", "region"},
 	}
 	for _, c := range cases {
 		wantParamError(t, ctx, c.url, c.param)
+	}
+	// An sqs:// host that is no region (a port, a domain) is refused at
+	// Open, not at the first request.
+	for _, raw := range []string{"sqs://eu-west-1:443", "sqs://sqs.eu-west-1.amazonaws.com"} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if b != nil {
+			b.Close()
+		}
+		if !errors.Is(err, brokerurl.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", raw, err)
+		}
 	}
 	// The bounds themselves are accepted (no ParamError; the host is
 	// unreachable, or nothing connects yet).

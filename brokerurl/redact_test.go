@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/brokerurl"
 	"github.com/berthq/berth/sdk"
@@ -53,4 +54,40 @@ func TestScrubHidesAPercentEncodedPassword(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A URL without "//" after the scheme ("amqps:user:pass@host/vhost") parses
+// as an opaque URL: no host, no userinfo. The openers then read the scheme's
+// defaults (RabbitMQ's localhost:5672 as guest, SQS's default region): Open
+// connected to a broker the URL does not name, or failed with an error
+// that quoted the URL, password and all, since there was no userinfo to
+// scrub. Such a URL is an ErrInvalidURL that does not repeat it.
+func TestOpaqueURLIsInvalid(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, raw := range []string{
+		"amqp:admin:" + secret + "@127.0.0.1:1/vh",
+		"amqps:admin:" + secret + "@127.0.0.1:1/vh",
+		"nats:admin:" + secret + "@127.0.0.1:1",
+		"postgres:admin:" + secret + "@127.0.0.1:1/db",
+		"sqs:eu-west-1",
+		"mem:x",
+	} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if b != nil {
+			b.Close()
+		}
+		if !errors.Is(err, brokerurl.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", raw, err)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("Open(%q): the error shows the password: %v", raw, err)
+		}
+	}
+	// "mem:" and a query without "//" name nothing opaque: still accepted.
+	b, err := brokerurl.Open(ctx, "mem:?lease=1s", brokerurl.Options{})
+	if err != nil {
+		t.Fatalf(`Open("mem:?lease=1s") = %v`, err)
+	}
+	b.Close()
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -208,8 +209,9 @@ func (b *pgBroker) As(target any) bool {
 // openSQS opens AWS SQS: sqs://REGION (AWS's endpoint of that region) or
 // http(s)://ENDPOINT (an emulator such as fauxqs, or a VPC endpoint).
 //
-// Parameters: region (default: sqs://'s host, else the AWS configuration,
-// else us-east-1), visibility_timeout (duration, at most 12h), wait_time
+// Parameters: region (an AWS region such as eu-west-1; default: sqs://'s
+// host, which must be a region too, else the AWS configuration, else
+// us-east-1), visibility_timeout (duration, at most 12h), wait_time
 // (duration, at most 20s), max_receive_count (at most 1000), dlq_suffix
 // (letters, digits, '-' and '_'). Credentials come from the AWS default chain;
 // for an endpoint on a loopback address (an emulator) static dummy
@@ -227,6 +229,7 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	p.check("wait_time", o.WaitTime <= sqs.MaxWaitTime, "want a duration of at most "+sqs.MaxWaitTime.String())
 	p.check("max_receive_count", o.MaxReceiveCount <= 1000, "want an integer from 0 (the default) to 1000")
 	p.check("dlq_suffix", plainName(o.DeadLetterSuffix), "want only letters, digits, '-' and '_'")
+	p.check("region", region == "" || awsRegion(region), "want an AWS region such as eu-west-1")
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
@@ -235,6 +238,9 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	}
 	var endpoint string
 	if scheme == "sqs" {
+		if u.Host != "" && !awsRegion(u.Host) {
+			return nil, fmt.Errorf("%w: sqs: the host of an sqs:// URL is an AWS region, e.g. sqs://eu-west-1 (no port)", ErrInvalidURL)
+		}
 		if region == "" {
 			region = u.Host
 		}
@@ -272,8 +278,24 @@ func withQuery(u *url.URL, q url.Values) string {
 	return c.String()
 }
 
+// awsRegion reports whether s can be an AWS region: the SDK puts it in the
+// endpoint's host name and refuses, at the first request, anything but one
+// label of letters, digits and '-'.
+func awsRegion(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 func isLoopback(host string) bool {
-	if host == "localhost" {
+	if strings.EqualFold(host, "localhost") { // host names are case-insensitive
 		return true
 	}
 	ip := net.ParseIP(host)
