@@ -10,6 +10,11 @@
 // the same message IDs and idempotency keys, which consumers dedupe on (see
 // package idempotency). Relays running side by side take disjoint batches
 // (FOR UPDATE SKIP LOCKED), so they do not publish the same row concurrently.
+// The relay's transaction stays open across the publish, which
+// [RelayOptions.PublishTimeout] bounds; it raises a shorter server
+// idle_in_transaction_session_timeout for itself to match, so that a slow
+// broker does not get the session terminated and the batch published again
+// on every pass.
 //
 // Rows fail one by one: a row the broker refuses is retried alone, on its own
 // backoff, and parked after [RelayOptions.MaxAttempts] with its last error
@@ -35,14 +40,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -286,11 +294,41 @@ type RelayOptions struct {
 	// MaxAttempts (they do lengthen the row's backoff). Default 20 (about
 	// an hour with the default backoff).
 	MaxAttempts int
-	Logger      *slog.Logger // default slog.Default()
+	// PublishTimeout bounds the publishing of one batch (every Publish call
+	// of a RelayOnce pass, together), during which the relay's transaction
+	// holds the batch's rows and sits idle on the server. Rows whose publish
+	// it cuts short are postponed like those of a broker that is down
+	// (never parked); the broker may have taken them, so they may be
+	// published twice, with the same IDs. For this bounded time the relay
+	// raises, in its own transaction only (SET LOCAL), a server
+	// idle_in_transaction_session_timeout that is set and shorter, to
+	// PublishTimeout + [IdleMargin]: otherwise a publish slower than that
+	// setting gets the session terminated, the rows are not deleted and
+	// every pass publishes them again. Default 30s.
+	PublishTimeout time.Duration
+	Logger         *slog.Logger // default slog.Default()
 }
 
 // DefaultMaxAttempts is RelayOptions.MaxAttempts when it is not set.
 const DefaultMaxAttempts = 20
+
+// DefaultPublishTimeout is RelayOptions.PublishTimeout when it is not set.
+const DefaultPublishTimeout = 30 * time.Second
+
+// IdleMargin is what the relay adds to RelayOptions.PublishTimeout when it
+// raises idle_in_transaction_session_timeout for its transaction: the time a
+// publisher may take to return after its context ends, and the relay to send
+// its next statement.
+const IdleMargin = 5 * time.Second
+
+// ErrPublishNotRecorded reports that the relay published rows but the
+// transaction that deletes them (and records the failed ones) did not
+// commit: the database ended it, typically by terminating the session
+// (idle_in_transaction_session_timeout or transaction_timeout shorter than
+// the publish, pg_terminate_backend, a restart, a broken connection). The
+// rows stay in the outbox and are published again, with the same IDs and
+// idempotency keys (unless a COMMIT whose answer was lost went through).
+var ErrPublishNotRecorded = errors.New("outbox: rows published but not recorded; they will be published again")
 
 func (opts RelayOptions) withDefaults() RelayOptions {
 	if opts.PollInterval <= 0 {
@@ -304,6 +342,9 @@ func (opts RelayOptions) withDefaults() RelayOptions {
 	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.PublishTimeout <= 0 {
+		opts.PublishTimeout = DefaultPublishTimeout
 	}
 	return opts
 }
@@ -326,6 +367,9 @@ func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(err, ErrPublishNotRecorded):
+			opts.Logger.Error("outbox: relay: the database ended the relay's transaction after the publish; the rows it published were not deleted and are published again (same IDs, consumers dedupe)",
+				"table", o.table, "err", err)
 		case err != nil:
 			opts.Logger.Warn("outbox: relay: some rows failed; they are retried with backoff", "table", o.table, "published", n, "err", err)
 		case n == opts.BatchSize:
@@ -384,6 +428,13 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 // retry, or is parked, the later rows of its key wait too (the rows of other
 // keys, and rows without a key, go on). Rows without a key are published in
 // one call per queue.
+//
+// The transaction holds the batch's rows while the broker publishes them,
+// for at most RelayOptions.PublishTimeout, and raises a shorter server
+// idle_in_transaction_session_timeout to cover that (SET LOCAL). If the
+// transaction is lost all the same after the publish (the session was
+// terminated, the connection broke), the error wraps [ErrPublishNotRecorded]
+// and says why: the rows stay, and are published again with the same IDs.
 func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOptions) (int, error) {
 	opts = opts.withDefaults()
 	tx, err := o.pool.Begin(ctx)
@@ -425,11 +476,27 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		return 0, err
 	}
 
-	publishInOrder(ctx, pub, batch)
+	// The transaction sits idle on the server while the broker works: keep
+	// a short server idle_in_transaction_session_timeout from ending it.
+	if err := raiseIdleTimeout(ctx, tx, opts.PublishTimeout+IdleMargin); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, opts.PublishTimeout)
+	publishInOrder(pctx, pub, batch)
+	timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
+	cancel()
 	if err := ctx.Err(); err != nil {
 		// Roll back: the rows published so far are published again later,
 		// with the same IDs (at least once, like a crash).
 		return 0, err
+	}
+	if timedOut {
+		for _, r := range batch {
+			if r.err != nil && r.err != errNotTried && errors.Is(r.err, context.DeadlineExceeded) {
+				r.err = &publishTimeoutError{limit: opts.PublishTimeout, err: r.err}
+			}
+		}
 	}
 	var (
 		done                []int64
@@ -473,9 +540,15 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	if failures > len(reported) {
 		pubErr = errors.Join(pubErr, fmt.Errorf("outbox: %d rows failed in all", failures))
 	}
+	// From here on, a failure leaves the rows published in this pass in
+	// the table, to be published again: say so, and why.
+	notRecorded := func(err error) error {
+		return errors.Join(pubErr, fmt.Errorf("%w (%d published; publish took %s): %s%w",
+			ErrPublishNotRecorded, len(done), time.Since(start).Round(time.Millisecond), sessionEndCause(err), err))
+	}
 	if len(done) > 0 {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+o.table+` WHERE id = ANY($1)`, done); err != nil {
-			return 0, errors.Join(pubErr, err)
+			return 0, notRecorded(err)
 		}
 	}
 	if len(failedIDs) > 0 {
@@ -488,11 +561,11 @@ available_at = clock_timestamp() + f.delay * interval '1 second',
 parked_at = CASE WHEN f.park THEN clock_timestamp() END
 FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[]) AS f(id, err, delay, park, refusal)
 WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefusal); err != nil {
-			return 0, errors.Join(pubErr, err)
+			return 0, notRecorded(err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, errors.Join(pubErr, err)
+		return 0, notRecorded(err)
 	}
 	if parked > 0 {
 		opts.Logger.Error("outbox: rows parked after failing every attempt; see Outbox.Parked", "table", o.table, "parked", parked, "max_attempts", maxAttempts)
@@ -501,9 +574,57 @@ WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefus
 }
 
 // brokerGone reports a failure that says nothing about the row: the broker
-// is down or the publisher was closed. Such a failure never parks a row.
+// is down, the publisher was closed, or the publish outlasted
+// RelayOptions.PublishTimeout. Such a failure never parks a row.
 func brokerGone(err error) bool {
-	return errors.Is(err, sdk.ErrUnavailable) || errors.Is(err, sdk.ErrClosed)
+	var te *publishTimeoutError
+	return errors.Is(err, sdk.ErrUnavailable) || errors.Is(err, sdk.ErrClosed) || errors.As(err, &te)
+}
+
+// publishTimeoutError is the failure of a row whose publish
+// RelayOptions.PublishTimeout cut short.
+type publishTimeoutError struct {
+	limit time.Duration
+	err   error
+}
+
+func (e *publishTimeoutError) Error() string {
+	return fmt.Sprintf("outbox: publish not done within RelayOptions.PublishTimeout (%s): %v", e.limit, e.err)
+}
+
+func (e *publishTimeoutError) Unwrap() error { return e.err }
+
+// raiseIdleTimeout raises the session's idle_in_transaction_session_timeout
+// to d for the rest of tx (SET LOCAL) when it is set and shorter: the relay
+// is idle in tx while it publishes, for at most d. A setting of 0 (no
+// limit) or a longer one is left alone.
+func raiseIdleTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
+	ms := min(d.Milliseconds(), math.MaxInt32) // the setting's unit and range
+	if _, err := tx.Exec(ctx, `SELECT set_config(name, $1, true) FROM pg_settings
+WHERE name = 'idle_in_transaction_session_timeout' AND setting::bigint > 0 AND setting::bigint < $2`, strconv.FormatInt(ms, 10), ms); err != nil {
+		return fmt.Errorf("outbox: raising idle_in_transaction_session_timeout: %w", err)
+	}
+	return nil
+}
+
+// sessionEndCause explains, for an operator, the server errors that end the
+// relay's session or transaction; "" for others.
+func sessionEndCause(err error) string {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	switch pe.Code {
+	case "25P03": // idle_in_transaction_session_timeout
+		return "the server's idle_in_transaction_session_timeout ended the session during the publish, " +
+			"although the relay raises it to RelayOptions.PublishTimeout + IdleMargin (a publisher that ignores its context?): "
+	case "25P04": // transaction_timeout (PostgreSQL 17)
+		return "the server's transaction_timeout ended the transaction during the publish: " +
+			"set it above RelayOptions.PublishTimeout + IdleMargin for the relay's role: "
+	case "57P01", "57P02", "57P03": // admin shutdown, crash shutdown, cannot connect now
+		return "the session was terminated (pg_terminate_backend or a server shutdown): "
+	}
+	return ""
 }
 
 // errNotTried marks a row left for a later pass: an earlier row of its
