@@ -71,7 +71,9 @@ type Options struct {
 	MaxMessageSize int
 	// MaxWireSize bounds the encoded message (body and attributes, as SQS
 	// counts them), which must also fit the queue's MaximumMessageSize.
-	// Default and maximum [MaxWireSize] (1 MiB).
+	// Publish keeps 83 bytes of it for the copies berth sends of a message
+	// (its dead letter, a redrive): it refuses an encoded message over
+	// MaxWireSize less those. Default and maximum [MaxWireSize] (1 MiB).
 	MaxWireSize int
 	// PublishSenders bounds the SendMessageBatch calls in flight for the
 	// Publish calls of at most 10 messages to standard queues. A Publish that

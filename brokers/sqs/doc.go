@@ -28,7 +28,14 @@
 //     with a [*LeaseCeilingError]. SQS cannot hand a message back without
 //     counting a receive, so deliveries do not implement [sdk.Releaser].
 //   - DeadLetter sends a copy carrying the reason headers to the dead-letter
-//     queue, then deletes the original. A message received more than
+//     queue, then deletes the original. A copy over [Options.MaxWireSize]
+//     has its annotations shortened, never the message: the reason cut,
+//     else every annotation left out, and [HeaderDeadLetterTruncated] says
+//     so. Publish keeps room for the shortest such copy and for a redrive
+//     (83 bytes below MaxWireSize), so that every message it accepts can be
+//     dead-lettered; only another producer's message too close to the limit
+//     cannot (DeadLetter returns an [*sdk.MessageTooLargeError] and the
+//     message stays in the queue). A message received more than
 //     MaxReceiveCount times without being settled is moved to the dead-letter
 //     queue by SQS's own redrive policy; berth reports it with the reason
 //     [sdk.ErrMaxDeliveries] when it lists it.
@@ -48,7 +55,9 @@
 // too: SQS refuses them). Size is checked before anything is sent, twice: the
 // berth size ([sdk.Message.Size]) against [Options.MaxMessageSize] (default
 // 256 KiB) and the encoded size against [Options.MaxWireSize] (default 1 MiB,
-// SQS's maximum). Messages without the "berth" attribute (sent by other
+// SQS's maximum) less 83 bytes, kept for the annotations of its dead letter
+// (see DeadLetter above); either refusal is an [*sdk.MessageTooLargeError].
+// Messages without the "berth" attribute (sent by other
 // producers) are delivered with their SQS MessageId as ID, their body as it
 // is, and their String attributes as headers, except those with a reserved
 // name (berth-…), which are dropped: only berth writes them.

@@ -54,28 +54,48 @@ type encoded struct {
 // encode turns m into an SQS body and attributes that any SQS server accepts
 // and that decode restores exactly.
 func encode(m *sdk.Message) (encoded, error) {
-	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, H: m.Headers}
-	var body string
-	switch {
-	case len(m.Body) == 0:
-		env.Enc, body = encEmpty, emptyBody
-	case isSQSText(m.Body):
-		body = string(m.Body)
-	default:
-		env.Enc, body = encBase64, base64.StdEncoding.EncodeToString(m.Body)
+	body, bodyEnc := encodeBody(m.Body)
+	value, err := encodeAttr(m, bodyEnc)
+	if err != nil {
+		return encoded{}, err
 	}
-	raw, err := json.Marshal(env)
-	if err != nil { // strings and a map of strings always marshal
-		return encoded{}, fmt.Errorf("berth/sqs: encode message %s: %w", m.ID, err)
-	}
-	value := escapeNonSQS(raw)
 	return encoded{
 		body: body,
 		attrs: map[string]sqstypes.MessageAttributeValue{
 			attrName: {DataType: aws.String(attrType), StringValue: aws.String(value)},
 		},
-		size: len(body) + len(attrName) + len(attrType) + len(value),
+		size: wireLen(body, value),
 	}, nil
+}
+
+// encodeBody returns what the SQS body of a message with body b is, and its
+// encoding (envelope.Enc).
+func encodeBody(b []byte) (body, enc string) {
+	switch {
+	case len(b) == 0:
+		return emptyBody, encEmpty
+	case isSQSText(b):
+		return string(b), encText
+	default:
+		return base64.StdEncoding.EncodeToString(b), encBase64
+	}
+}
+
+// encodeAttr returns the value of the "berth" attribute of m, whose body is
+// sent with encoding enc.
+func encodeAttr(m *sdk.Message, enc string) (string, error) {
+	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, Enc: enc, H: m.Headers}
+	raw, err := json.Marshal(env)
+	if err != nil { // strings and a map of strings always marshal
+		return "", fmt.Errorf("berth/sqs: encode message %s: %w", m.ID, err)
+	}
+	return escapeNonSQS(raw), nil
+}
+
+// wireLen is the size SQS counts of a message with body and "berth"
+// attribute value: body, attribute name, type and value.
+func wireLen(body, value string) int {
+	return len(body) + len(attrName) + len(attrType) + len(value)
 }
 
 // decode restores the message that encode turned into msg. A message without

@@ -1,6 +1,10 @@
 package sqs
 
-import "time"
+import (
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
 
 // SetScanLimits shortens b's dead-letter scan hold and its bound on held
 // letters, so that tests can run scans longer than a hold, and past the
@@ -20,3 +24,17 @@ func QueuedShared(b *Broker) int {
 	}
 	return n
 }
+
+// WireSize is the size SQS counts of m as berth sends it: body and
+// attributes.
+func WireSize(m *sdk.Message) int {
+	e, err := encode(m)
+	if err != nil {
+		panic(err)
+	}
+	return e.size
+}
+
+// CopyReserve is what Publish keeps of MaxWireSize for the copies berth
+// sends of a message (its dead letter, a redrive).
+const CopyReserve = copyReserve

@@ -235,12 +235,23 @@ func (s *scan) forget(ls []*letter) {
 // dead-letter headers it carries and gets those of a poison message: reason
 // [sdk.ErrMaxDeliveries], attempts the policy's maxReceiveCount, source
 // queue q, failure time now (SQS does not say when it moved it).
+//
+// A dead letter whose annotations DeadLetter shortened to fit
+// ([HeaderDeadLetterTruncated]) is berth's too: with its reason cut or left
+// out it still names its source queue, which must feed dlq; with every
+// annotation left out ("all") it names none, and is listed as it was sent,
+// without a reason.
 func (b *Broker) annotate(ctx context.Context, q, dlq *queueRef, msg *sdk.Message, raw sqstypes.Message) {
-	if msg.Header(sdk.HeaderDeadLetterReason) != "" && b.feeds(ctx, q, msg.Header(sdk.HeaderDeadLetterQueue), dlq) {
+	truncated := msg.Header(HeaderDeadLetterTruncated)
+	source := msg.Header(sdk.HeaderDeadLetterQueue)
+	switch {
+	case (msg.Header(sdk.HeaderDeadLetterReason) != "" || truncated == "reason") && b.feeds(ctx, q, source, dlq):
+		return
+	case truncated == "all" && source == "":
 		return
 	}
 	for _, h := range []string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
-		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt} {
+		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt, HeaderDeadLetterTruncated} {
 		delete(msg.Headers, h)
 	}
 	attempts := q.maxReceive
@@ -492,8 +503,9 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[
 	sendable := make([]*letter, 0, len(page))
 	for _, l := range page {
 		m := l.msg.Clone()
+		delete(m.Headers, HeaderDeadLetterTruncated)
 		sdk.PrepareRedrive(m, s.q.name)
-		e, err := b.entry(m, s.q.fifo, "")
+		e, err := b.entry(m, s.q.fifo, "", b.opts.MaxWireSize)
 		if err != nil {
 			errs = append(errs, err)
 			l.msg = nil

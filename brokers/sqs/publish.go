@@ -39,7 +39,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	fifo := isFIFOName(queue)
 	entries := make([]sendEntry, len(msgs))
 	for i, m := range msgs {
-		e, err := b.entry(m, fifo, "")
+		e, err := b.entry(m, fifo, "", b.opts.MaxWireSize-copyReserve)
 		if err != nil {
 			return err
 		}
@@ -82,10 +82,13 @@ type sendEntry struct {
 	in  sqstypes.SendMessageBatchRequestEntry
 }
 
-// entry checks and encodes m for a queue (FIFO or not). dedupSalt, when not
-// empty, makes the FIFO deduplication ID differ from an earlier send of the
-// same message (dead-lettering, redrive).
-func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string) (sendEntry, error) {
+// entry checks and encodes m for a queue (FIFO or not), refusing it with a
+// [*sdk.MessageTooLargeError] when its encoded size is over limit: Publish
+// passes [Options.MaxWireSize] less [copyReserve], the copies berth sends
+// of a message (dead letter, redrive) MaxWireSize itself. dedupSalt, when
+// not empty, makes the FIFO deduplication ID differ from an earlier send of
+// the same message (dead-lettering, redrive).
+func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string, limit int) (sendEntry, error) {
 	if m.Delay > 0 {
 		if fifo {
 			return sendEntry{}, &DelayError{ID: m.ID, Delay: m.Delay}
@@ -98,8 +101,8 @@ func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string) (sendEntry, 
 	if err != nil {
 		return sendEntry{}, err
 	}
-	if enc.size > b.opts.MaxWireSize {
-		return sendEntry{}, &sdk.MessageTooLargeError{ID: m.ID, Size: enc.size, Limit: b.opts.MaxWireSize}
+	if enc.size > limit {
+		return sendEntry{}, &sdk.MessageTooLargeError{ID: m.ID, Size: enc.size, Limit: limit}
 	}
 	in := sqstypes.SendMessageBatchRequestEntry{
 		MessageBody:       aws.String(enc.body),

@@ -249,7 +249,11 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 
 // DeadLetter sends a copy of the message, with the reason headers
 // ([sdk.AnnotateDeadLetter]), to the dead-letter queue, then deletes the
-// original. On a FIFO queue the copy keeps its group. A delete SQS refuses
+// original. On a FIFO queue the copy keeps its group. A copy over
+// [Options.MaxWireSize] has its annotations shortened, never the message,
+// and is marked [HeaderDeadLetterTruncated]; only a message Publish did not
+// check (another producer's) can still be too large: a
+// [*sdk.MessageTooLargeError], and the message stays in the queue. A delete SQS refuses
 // because the receipt handle expired returns an error wrapping
 // [sdk.ErrLeaseLost] (the original comes back, and the copy stays); a delete
 // call that fails is mapped as Ack's is.
@@ -268,8 +272,16 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	m := d.msg.Clone()
 	m.Delay = 0
+	delete(m.Headers, HeaderDeadLetterTruncated) // only fitDeadLetter writes it
 	sdk.AnnotateDeadLetter(m, d.q.name, d.attempt, cause, time.Time{}, time.Now())
-	e, err := d.b.entry(m, dlq.fifo, "dlq-"+d.sqsID+"-"+strconv.Itoa(d.attempt))
+	salt, limit := "dlq-"+d.sqsID+"-"+strconv.Itoa(d.attempt), d.b.opts.MaxWireSize
+	e, err := d.b.entry(m, dlq.fifo, salt, limit)
+	if tooLarge := (*sdk.MessageTooLargeError)(nil); errors.As(err, &tooLarge) {
+		// Shorten the annotations, never the message (see fitDeadLetter).
+		if err = fitDeadLetter(m, limit); err == nil {
+			e, err = d.b.entry(m, dlq.fifo, salt, limit)
+		}
+	}
 	if err != nil {
 		return err
 	}
