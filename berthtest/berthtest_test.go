@@ -301,3 +301,29 @@ func TestWaitDoneIgnoresRefusedSettlements(t *testing.T) {
 		t.Fatalf("WaitDone = %+v, want the second attempt's ack", done2)
 	}
 }
+
+// TestWaitTimeoutQuotesMessageText: a message's ID comes from the broker
+// (any producer) and is shown in the timeout's summary: quoted, so a control
+// sequence in it reaches the terminal escaped, not raw.
+func TestWaitTimeoutQuotesMessageText(t *testing.T) {
+	m := &sdk.Message{ID: "id\x1b[2J\u202e", Type: "job"}
+	sub := &oneShot{ch: make(chan sdk.Delivery, 1)}
+	sub.ch <- berthtest.NewDelivery(m)
+	rec := berthtest.StartWorker(t, sub, handler(nil), sdk.WorkerOptions{Queue: "q"})
+	rec.Wait(t, 1)
+
+	saved := berthtest.WaitTimeout
+	berthtest.WaitTimeout = 20 * time.Millisecond
+	t.Cleanup(func() { berthtest.WaitTimeout = saved })
+	ft := &fatalT{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { _ = recover() }() // fatalT.Fatalf
+		rec.Wait(ft, 2)
+	}()
+	<-done
+	if !strings.Contains(ft.msg, `id\x1b[2J`) || strings.ContainsAny(ft.msg, "\x1b\u202e") {
+		t.Fatalf("timeout message %q: want the ID quoted, no raw control characters", ft.msg)
+	}
+}

@@ -136,7 +136,7 @@ func (d *Delivery) Wait(t testing.TB) Call {
 	select {
 	case <-d.done:
 	case <-timer.C:
-		t.Fatalf("berthtest: delivery %s not settled within %s", d.msg.ID, WaitTimeout)
+		t.Fatalf("berthtest: delivery %q not settled within %s", d.msg.ID, WaitTimeout)
 	}
 	c, _ := d.Settlement()
 	return c

@@ -116,7 +116,7 @@ func summary(rs []Record) string {
 		if i == show {
 			return s + fmt.Sprintf(" … (%d more)", len(rs)-show)
 		}
-		s += fmt.Sprintf(" [%s %q attempt %d: %s", r.Message.ID, r.Message.Type, r.Attempt, r.Action)
+		s += fmt.Sprintf(" [%q %q attempt %d: %s", r.Message.ID, r.Message.Type, r.Attempt, r.Action)
 		if r.Cause != nil {
 			s += fmt.Sprintf(" (%s)", sdk.SanitizeReason(r.Cause.Error()))
 		}
