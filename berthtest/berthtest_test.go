@@ -293,6 +293,10 @@ func TestWaitDoneIgnoresRefusedSettlements(t *testing.T) {
 	if !strings.Contains(ft.msg, "1 finished messages") {
 		t.Fatalf("WaitDone returned %+v after a refused ack, want it to wait (message %q)", got, ft.msg)
 	}
+	// The timeout must say why the ack seen did not count.
+	if !strings.Contains(ft.msg, "refused") || !strings.Contains(ft.msg, "lease lost") {
+		t.Errorf("WaitDone's timeout does not say the ack was refused: %q", ft.msg)
+	}
 
 	// The redelivery is acked: now the message is finished.
 	sub.ch <- berthtest.NewDelivery(m, berthtest.Attempt(2))

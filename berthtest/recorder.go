@@ -63,7 +63,11 @@ func (r *Recorder) Wait(t testing.TB, n int) []Record {
 // whatever retries came before) and returns their final settlements. An ack
 // or a dead letter the broker refused (Settlement.Err: the lease had run
 // out, the broker was closed) finished nothing: the job comes back, and
-// WaitDone waits for the settlement that does finish it.
+// WaitDone waits for the settlement that does finish it. A message the
+// broker finished itself is not seen: one dead-lettered by the broker's
+// delivery cap when the lease of its last delivery ran out (the late ack is
+// refused, and no delivery follows) makes WaitDone time out; wait for such
+// a message with [Recorder.WaitFor] or the broker's statistics.
 //
 // The settlement of an earlier attempt may be recorded after the final one:
 // the Worker tells observers once the broker has taken a retry, and by then
@@ -119,6 +123,9 @@ func summary(rs []Record) string {
 		s += fmt.Sprintf(" [%q %q attempt %d: %s", r.Message.ID, r.Message.Type, r.Attempt, r.Action)
 		if r.Cause != nil {
 			s += fmt.Sprintf(" (%s)", sdk.SanitizeReason(r.Cause.Error()))
+		}
+		if r.Err != nil { // refused: WaitDone does not count it
+			s += fmt.Sprintf(", refused: %s", sdk.SanitizeReason(r.Err.Error()))
 		}
 		s += "]"
 	}

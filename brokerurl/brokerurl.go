@@ -16,7 +16,9 @@
 // the schemes). A parameter berth does not know for that scheme, or a value it
 // cannot use, is an error: a [*ParamError] naming the parameter, wrapping
 // [ErrInvalidURL]. A URL without "//" after its scheme
-// ("amqp:user:pass@host", which names no host) wraps [ErrInvalidURL] too.
+// ("amqp:user:pass@host" or "amqp:/user:pass@host", which name no host)
+// wraps [ErrInvalidURL] too, unless nothing but a query follows the scheme
+// ("mem:?lease=1s").
 // An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
 // contains the URL's password.
 //
@@ -93,7 +95,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 	// no host and no userinfo: an opener would connect to its default host
 	// instead, and its error could quote the password, which Open cannot
 	// find to scrub.
-	if err != nil || u.Scheme == "" || u.Opaque != "" {
+	if err != nil || u.Scheme == "" || u.Opaque != "" || noAuthority(rawURL, u) {
 		// url.Parse's error quotes the whole URL, password included.
 		return nil, fmt.Errorf("%w: want scheme://[user[:password]@]host[/path][?param=value]", ErrInvalidURL)
 	}
@@ -131,6 +133,20 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 		return nil, scrub(err, passwordForms(rawURL, u))
 	}
 	return b, nil
+}
+
+// noAuthority reports whether rawURL has something other than a query
+// after its scheme without the "//" that starts a host: "amqp:/user:pass@host"
+// parses with no host and no userinfo, the whole rest as a path, as an
+// opaque URL does. "mem:" and "mem:?lease=1s" name nothing and pass.
+func noAuthority(rawURL string, u *url.URL) bool {
+	rest := rawURL[len(u.Scheme)+1:] // url.Parse took the scheme as written
+	if strings.HasPrefix(rest, "//") {
+		return false
+	}
+	rest, _, _ = strings.Cut(rest, "#")
+	rest, _, _ = strings.Cut(rest, "?")
+	return rest != ""
 }
 
 // passwordForms returns the forms in which u's password can show in an

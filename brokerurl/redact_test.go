@@ -91,3 +91,40 @@ func TestOpaqueURLIsInvalid(t *testing.T) {
 	}
 	b.Close()
 }
+
+// "amqp:/user:pass@host" (one slash) is no opaque URL but has no "//"
+// either: url.Parse finds no host and no userinfo, and takes the rest as a
+// path. The RabbitMQ opener then connected to localhost:5672 as guest and
+// asked for the vhost "user:pass@host/vh", and its error quoted the
+// password, which Open could not find to scrub.
+func TestNoAuthorityURLIsInvalid(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, raw := range []string{
+		"amqp:/admin:" + secret + "@127.0.0.1:1/vh",
+		"amqps:/admin:" + secret + "@127.0.0.1:1/vh",
+		"nats:/admin:" + secret + "@127.0.0.1:1",
+		"postgres:/admin:" + secret + "@127.0.0.1:1/db",
+		"sqs:/eu-west-1",
+		"http:/127.0.0.1:1",
+		"mem:/x",
+	} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if b != nil {
+			b.Close()
+		}
+		if !errors.Is(err, brokerurl.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", raw, err)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("Open(%q): the error shows the password: %v", raw, err)
+		}
+	}
+	for _, raw := range []string{"mem:", "mem:?lease=1s", "MEM://", "mem://?lease=1s"} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if err != nil {
+			t.Fatalf("Open(%q) = %v", raw, err)
+		}
+		b.Close()
+	}
+}

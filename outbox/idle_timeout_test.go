@@ -231,3 +231,42 @@ func TestPublishTimeoutPostponesTheRow(t *testing.T) {
 	relayUntil(t, box, b, opts, "published", func() bool { n, _ := box.Pending(ctx); return n == 0 })
 	drain(t, b, "q", 1)
 }
+
+// terminatingDown terminates the relay's session during the publish, then
+// fails it as a broker that is down: nothing is published.
+type terminatingDown struct{ terminating }
+
+func (p *terminatingDown) Publish(ctx context.Context, q string, msgs ...*sdk.Message) error {
+	var n int
+	if err := p.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity
+WHERE application_name = $1 AND state = 'idle in transaction'`, p.app).Scan(&n); err != nil || n != 1 {
+		return fmt.Errorf("terminating the relay's session: %d sessions, %v", n, err)
+	}
+	return fmt.Errorf("%w: broker down", sdk.ErrUnavailable)
+}
+
+// ErrPublishNotRecorded says rows were published but not recorded: a pass
+// that published nothing (the broker was down) and then lost its
+// transaction must not return it, nor have Relay log at ERROR that
+// published rows will be published again.
+func TestNotRecordedOnlyWhenPublished(t *testing.T) {
+	ctx := context.Background()
+	pool, _, b, schema := setupSchema(t, outbox.Options{})
+	app := "berth_outbox_down_" + schema
+	box, err := outbox.New(poolWith(t, map[string]string{"application_name": app}), outbox.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(t, pool, box, "q", &sdk.Message{ID: "m1"})
+	pub := &terminatingDown{terminating{Publisher: b, pool: pool, app: app}}
+	n, err := box.RelayOnce(ctx, pub, outbox.RelayOptions{})
+	if n != 0 || err == nil {
+		t.Fatalf("RelayOnce = %d, %v", n, err)
+	}
+	if errors.Is(err, outbox.ErrPublishNotRecorded) {
+		t.Errorf("nothing was published, yet RelayOnce says %v", err)
+	}
+	if !strings.Contains(err.Error(), "57P01") {
+		t.Errorf("the error does not say why the failures were not recorded: %v", err)
+	}
+}

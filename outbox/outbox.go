@@ -433,8 +433,9 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 // for at most RelayOptions.PublishTimeout, and raises a shorter server
 // idle_in_transaction_session_timeout to cover that (SET LOCAL). If the
 // transaction is lost all the same after the publish (the session was
-// terminated, the connection broke), the error wraps [ErrPublishNotRecorded]
-// and says why: the rows stay, and are published again with the same IDs.
+// terminated, the connection broke) and rows were published, the error wraps
+// [ErrPublishNotRecorded] and says why: the rows stay, and are published
+// again with the same IDs.
 func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOptions) (int, error) {
 	opts = opts.withDefaults()
 	tx, err := o.pool.Begin(ctx)
@@ -541,8 +542,13 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		pubErr = errors.Join(pubErr, fmt.Errorf("outbox: %d rows failed in all", failures))
 	}
 	// From here on, a failure leaves the rows published in this pass in
-	// the table, to be published again: say so, and why.
+	// the table, to be published again: say so, and why. A pass that
+	// published nothing lost only the record of its failures (the rows are
+	// tried again sooner): not ErrPublishNotRecorded.
 	notRecorded := func(err error) error {
+		if len(done) == 0 {
+			return errors.Join(pubErr, fmt.Errorf("outbox: recording the failed rows: %s%w", sessionEndCause(err), err))
+		}
 		return errors.Join(pubErr, fmt.Errorf("%w (%d published; publish took %s): %s%w",
 			ErrPublishNotRecorded, len(done), time.Since(start).Round(time.Millisecond), sessionEndCause(err), err))
 	}
@@ -600,8 +606,11 @@ func (e *publishTimeoutError) Unwrap() error { return e.err }
 // limit) or a longer one is left alone.
 func raiseIdleTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
 	ms := min(d.Milliseconds(), math.MaxInt32) // the setting's unit and range
+	// The CASE keeps the cast to the setting's own row whatever order the
+	// planner tests the conditions in (pg_settings holds text of every kind).
 	if _, err := tx.Exec(ctx, `SELECT set_config(name, $1, true) FROM pg_settings
-WHERE name = 'idle_in_transaction_session_timeout' AND setting::bigint > 0 AND setting::bigint < $2`, strconv.FormatInt(ms, 10), ms); err != nil {
+WHERE name = 'idle_in_transaction_session_timeout'
+AND CASE WHEN setting ~ '^[0-9]+$' THEN setting::bigint > 0 AND setting::bigint < $2 ELSE false END`, strconv.FormatInt(ms, 10), ms); err != nil {
 		return fmt.Errorf("outbox: raising idle_in_transaction_session_timeout: %w", err)
 	}
 	return nil
