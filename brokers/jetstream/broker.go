@@ -53,7 +53,10 @@ type Options struct {
 	// dead letter, a release, a redrive).
 	MaxMessageSize int
 	// MaxInFlight bounds the asynchronous publishes awaiting their ack from
-	// JetStream, across all Publish calls of the Broker. Default 1024.
+	// JetStream, across all Publish and PublishAsync calls of the Broker
+	// (and its own copies: dead letters, moves). A message counts until its
+	// ack, error or ack timeout (5 s) arrives, also when the call that sent
+	// it returned first (its ctx ended). Default 1024.
 	MaxInFlight int
 	// Prefix names berth's streams (upper-cased) and subjects. Default
 	// "berth": queue "billing" lives in stream BERTH_Q_billing on subjects

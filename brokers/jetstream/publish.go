@@ -156,7 +156,7 @@ func (b *Broker) forgetGone(subject string, err error) {
 // publishSingle publishes one message as Publish does, with its result
 // resolved in nats.go's callback rather than by a future of its own.
 func (b *Broker) publishSingle(ctx context.Context, w *nats.Msg, id string) error {
-	res, refused, err := b.publishTracked(ctx, w, id)
+	res, refused, err := b.publishTracked(ctx, w, id, msgID(id))
 	if refused {
 		return &sdk.PublishError{Failed: map[string]error{id: err}}
 	}
@@ -179,83 +179,49 @@ func (b *Broker) publishSingle(ctx context.Context, w *nats.Msg, id string) erro
 // publishWire publishes wire[i] with Nats-Msg-Id ids[i], pipelined and
 // bounded by the Broker's slots, and waits for every ack. name(i) names
 // message i in a PublishError.
+//
+// Each message keeps its slot until its outcome (ack, error, ack timeout,
+// reconnection or Close: asyncDone or failPending), also when ctx ends
+// first and publishWire returns without it: the message is still in
+// flight, and nats.go bounds its pending acks too (4 × MaxInFlight, beyond
+// which a publish fails with an error that is not ErrUnavailable). Slots
+// given back early let abandoned calls fill that bound, and a later publish
+// failed instead of waiting.
 func (b *Broker) publishWire(ctx context.Context, _ string, wire []*nats.Msg, ids []string, name func(int) string) error {
-	type pending struct {
-		i   int
-		fut jetstream.PubAckFuture
-	}
 	var (
-		inflight []pending
-		failed   map[string]error
+		results = make([]*sdk.PublishResult, len(wire))
+		failed  map[string]error
 	)
 	fail := func(i int, err error) {
 		if failed == nil {
 			failed = map[string]error{}
 		}
-		failed[name(i)] = b.wrapErr(ctx, "publish", err)
-	}
-	// await waits for the oldest outstanding ack and frees its slot.
-	await := func() error {
-		p := inflight[0]
-		inflight = inflight[1:]
-		defer func() { <-b.slots }()
-		select {
-		case <-p.fut.Ok():
-		case err := <-p.fut.Err():
-			fail(p.i, err)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-b.closing:
-			return sdk.ErrClosed
-		}
-		return nil
-	}
-	abandon := func() {
-		for range inflight {
-			<-b.slots
-		}
-		inflight = nil
+		failed[name(i)] = err
 	}
 	for i, w := range wire {
-	acquire:
-		for {
-			select {
-			case b.slots <- struct{}{}:
-				break acquire
-			default:
-			}
-			if len(inflight) > 0 {
-				if err := await(); err != nil {
-					abandon()
-					return err
-				}
-				continue
-			}
-			select {
-			case b.slots <- struct{}{}:
-				break acquire
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-b.closing:
-				return sdk.ErrClosed
-			}
-		}
-		fut, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(ids[i]))
-		if err != nil {
-			<-b.slots
-			if errors.Is(err, nats.ErrConnectionClosed) && b.closed.Load() {
-				abandon()
-				return sdk.ErrClosed
-			}
+		res, refused, err := b.publishTracked(ctx, w, name(i), ids[i])
+		if refused {
 			fail(i, err)
 			continue
 		}
-		inflight = append(inflight, pending{i: i, fut: fut})
+		if err != nil {
+			return err // ctx.Err() or ErrClosed
+		}
+		results[i] = res
 	}
-	for len(inflight) > 0 {
-		if err := await(); err != nil {
-			abandon()
-			return err
+	for i, res := range results {
+		if res == nil {
+			continue
+		}
+		select {
+		case <-res.Done():
+			if err := res.Err(); err != nil {
+				fail(i, err)
+			}
+		case <-ctx.Done():
+			return ctx.Err() // the acks may still come: the messages may be stored
+		case <-b.closing:
+			return sdk.ErrClosed
 		}
 	}
 	if failed != nil {
@@ -321,15 +287,16 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if _, err := b.queue(ctx, queue); err != nil {
 		return nil, err
 	}
-	res, _, err := b.publishTracked(ctx, w, msg.ID)
+	res, _, err := b.publishTracked(ctx, w, msg.ID, msgID(msg.ID))
 	return res, err
 }
 
-// publishTracked takes a slot, publishes w with nats.go's asynchronous
-// publish and returns the result that asyncDone resolves with its outcome.
+// publishTracked takes a slot, publishes w (message id, with Nats-Msg-Id
+// natsID) with nats.go's asynchronous publish and returns the result that
+// asyncDone resolves with its outcome; the slot is freed with it.
 // refused reports that nats.go refused the publish (err is its error,
 // wrapped); the other errors are ctx's and ErrClosed.
-func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id string) (res *sdk.PublishResult, refused bool, err error) {
+func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id, natsID string) (res *sdk.PublishResult, refused bool, err error) {
 	select {
 	case b.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -349,7 +316,7 @@ func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id string) (re
 	}
 	b.pending[w] = res
 	b.pendMu.Unlock()
-	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(msgID(id))); err != nil {
+	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(natsID)); err != nil {
 		if b.takePending(w) == nil {
 			return nil, false, sdk.ErrClosed // Close resolved it meanwhile; nobody holds it
 		}

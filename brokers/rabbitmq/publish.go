@@ -131,9 +131,17 @@ func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, e
 	if err != nil {
 		return nil, err
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if pc := b.pc[kind]; pc != nil && pc.alive() {
+	// Opening the channel takes server round trips, whose replies the
+	// connection's reader goroutine delivers; so does every basic.return of
+	// the channels already open, to a confirmLoop that may be waiting for
+	// b.mu (forget). Holding b.mu here stalled that loop and, through it, the
+	// reader: amqp091 drops a notification it cannot hand over within 5 s,
+	// and a dropped return left its message's confirm (an ack) to report a
+	// message no queue took as published. So the channel opens under
+	// pcOpen, and b.mu is taken only to register it.
+	b.pcOpen[kind].Lock()
+	defer b.pcOpen[kind].Unlock()
+	if pc := b.pcCur[kind].Load(); pc != nil && pc.alive() {
 		return pc, nil
 	}
 	if b.stopped() { // not closed(): Close publishes the copies of handed-back deliveries
@@ -151,14 +159,24 @@ func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, e
 	// Returns unbuffered, confirms buffered: the reader goroutine blocks
 	// until confirmLoop has taken a return, and confirmLoop records it before
 	// it reads anything else, so the confirm of a returned message, which
-	// the server sends after the return, always finds it recorded.
+	// the server sends after the return, always finds it recorded. That
+	// holds only while confirmLoop never waits long (amqp091 gives up a send
+	// after 5 s): it takes no lock held across a round trip.
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
 	returns := ch.NotifyReturn(make(chan amqp.Return))
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1)) // amqp091 sends it before closing confirms
+	// Under mu: Close closes done under mu and then waits for wg, so no
+	// confirmLoop starts after its Wait.
+	b.mu.Lock()
+	if b.stopped() {
+		b.mu.Unlock()
+		_ = ch.Close()
+		return nil, sdk.ErrClosed
+	}
 	b.wg.Add(1)
 	go pc.confirmLoop(b, confirms, returns, closed)
-	b.pc[kind] = pc
 	b.pcCur[kind].Store(pc)
+	b.mu.Unlock()
 	return pc, nil
 }
 
