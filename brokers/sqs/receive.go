@@ -250,9 +250,11 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 // DeadLetter sends a copy of the message, with the reason headers
 // ([sdk.AnnotateDeadLetter]), to the dead-letter queue, then deletes the
 // original. On a FIFO queue the copy keeps its group. A copy over
-// [Options.MaxWireSize] has its annotations shortened, never the message,
-// and is marked [HeaderDeadLetterTruncated]; only a message Publish did not
-// check (another producer's) can still be too large: a
+// [Options.MaxWireSize], or over the dead-letter queue's own
+// MaximumMessageSize when that is smaller, has its annotations shortened,
+// never the message, and is marked [HeaderDeadLetterTruncated]; only a
+// message Publish did not check (another producer's), or one published to
+// a queue whose limit is below MaxWireSize, can still be too large: a
 // [*sdk.MessageTooLargeError], and the message stays in the queue. A delete SQS refuses
 // because the receipt handle expired returns an error wrapping
 // [sdk.ErrLeaseLost] (the original comes back, and the copy stays); a delete
@@ -275,6 +277,9 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	delete(m.Headers, HeaderDeadLetterTruncated) // only fitDeadLetter writes it
 	sdk.AnnotateDeadLetter(m, d.q.name, d.attempt, cause, time.Time{}, time.Now())
 	salt, limit := "dlq-"+d.sqsID+"-"+strconv.Itoa(d.attempt), d.b.opts.MaxWireSize
+	if dlq.maxSize > 0 && dlq.maxSize < limit { // a queue made with a smaller limit
+		limit = dlq.maxSize
+	}
 	e, err := d.b.entry(m, dlq.fifo, salt, limit)
 	if tooLarge := (*sdk.MessageTooLargeError)(nil); errors.As(err, &tooLarge) {
 		// Shorten the annotations, never the message (see fitDeadLetter).
