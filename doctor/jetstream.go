@@ -16,6 +16,10 @@ import (
 // with (brokers/jetstream).
 const jsConsumer = "berth"
 
+// jsDelayConsumerName is the durable consumer berth's mover reads a queue's
+// delayed messages with (brokers/jetstream).
+const jsDelayConsumerName = "berth-delay"
+
 func asJetStream(b sdk.Broker) *bjs.Broker {
 	var jb *bjs.Broker
 	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&jb) {
@@ -27,13 +31,15 @@ func asJetStream(b sdk.Broker) *bjs.Broker {
 
 // JetStream runs the JetStream checks on each queue (opts.Queues, else every
 // queue the broker lists): jetstream.stream-missing, jetstream.retention
-// (a work-queue stream), jetstream.stream-limits (no limit that drops
-// jobs), jetstream.dead-letter-stream (present, keeping dead letters as long
-// as the queue keeps jobs) and jetstream.consumer (berth's durable consumer:
+// (a work-queue stream), jetstream.stream-limits (no MaxAge, MaxMsgs,
+// MaxBytes or MaxMsgsPerSubject, which drop jobs or refuse publishes),
+// jetstream.dead-letter-stream (present, keeping dead letters as long as the
+// queue keeps jobs) and jetstream.consumer (berth's durable consumer:
 // explicit acks, its AckWait the broker's, no server MaxDeliver below
 // MaxAttempts — an error — nor at or below the broker's poison cap
 // MaxDeliveries, which then never gets the delivery it dead-letters at — a
-// warning).
+// warning; and the delay consumer "berth-delay": present, explicit acks, no
+// MaxDeliver, which strands delayed jobs — an error).
 func JetStream(ctx context.Context, b *bjs.Broker, opts Options) ([]Finding, error) {
 	fs, err := jetStream(ctx, b, opts.withDefaults())
 	Sort(fs)
@@ -80,10 +86,16 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 	} else {
 		add(Finding{ID: "jetstream.retention", Severity: OK, Summary: "work-queue stream: an acked job is removed", Evidence: "stream " + name})
 	}
-	limits := fmt.Sprintf("MaxAge %s, MaxMsgs %d, MaxBytes %d, discard %s", cfg.MaxAge, cfg.MaxMsgs, cfg.MaxBytes, cfg.Discard)
-	if cfg.MaxAge > 0 || cfg.MaxMsgs > 0 || cfg.MaxBytes > 0 {
+	limits := fmt.Sprintf("MaxAge %s, MaxMsgs %d, MaxBytes %d, MaxMsgsPerSubject %d, discard %s", cfg.MaxAge, cfg.MaxMsgs, cfg.MaxBytes, cfg.MaxMsgsPerSubject, cfg.Discard)
+	if cfg.DiscardNewPerSubject {
+		limits += " (per subject too)"
+	}
+	if cfg.MaxAge > 0 || cfg.MaxMsgs > 0 || cfg.MaxBytes > 0 || cfg.MaxMsgsPerSubject > 0 {
 		sev := Warn
-		if cfg.Discard == jetstream.DiscardOld {
+		// Every ready job of the queue is on one subject: a per-subject
+		// limit drops the older ones unless discard new applies per
+		// subject too.
+		if cfg.Discard == jetstream.DiscardOld || (cfg.MaxMsgsPerSubject > 0 && !cfg.DiscardNewPerSubject) {
 			sev = Error
 		}
 		add(Finding{ID: "jetstream.stream-limits", Severity: sev, Summary: "the stream has limits: jobs past them are dropped (discard old) or publishes refused (discard new)",
@@ -110,14 +122,35 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 		}
 	}
 
+	cf, err := jsReadyConsumer(ctx, st, b, name, o)
+	if err != nil {
+		return nil, err
+	}
+	df, err := jsDelayConsumer(ctx, st, name)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case df == nil:
+		add(cf)
+	case cf.Severity == OK:
+		add(*df)
+	default:
+		add(cf)
+		add(*df)
+	}
+	return fs, nil
+}
+
+// jsReadyConsumer checks berth's durable consumer of the ready subject.
+func jsReadyConsumer(ctx context.Context, st jetstream.Stream, b *bjs.Broker, name string, o Options) (Finding, error) {
 	c, err := st.Consumer(ctx, jsConsumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "berth's durable consumer does not exist: no Worker can receive",
-			Evidence: fmt.Sprintf("consumer %q of stream %s not found", jsConsumer, name), Fix: "declare the queue with berth (DeclareQueue)"})
-		return fs, nil
+		return Finding{ID: "jetstream.consumer", Severity: Error, Summary: "berth's durable consumer does not exist: no Worker can receive",
+			Evidence: fmt.Sprintf("consumer %q of stream %s not found", jsConsumer, name), Fix: "declare the queue with berth (DeclareQueue)"}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("doctor: jetstream: consumer of %s: %w", name, err)
+		return Finding{}, fmt.Errorf("doctor: jetstream: consumer of %s: %w", name, err)
 	}
 	cc := c.CachedInfo().Config
 	want := b.Options().AckWait
@@ -126,23 +159,50 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 		jsConsumer, cc.AckPolicy, cc.AckWait, want, cc.MaxDeliver, o.MaxAttempts, poisonCap)
 	switch {
 	case cc.AckPolicy != jetstream.AckExplicitPolicy:
-		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer does not use explicit acks: jobs are removed before they ran", Evidence: ev,
-			Fix: "delete the consumer and let berth recreate it (DeclareQueue)"})
+		return Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer does not use explicit acks: jobs are removed before they ran", Evidence: ev,
+			Fix: "delete the consumer and let berth recreate it (DeclareQueue)"}, nil
 	case cc.MaxDeliver > 0 && cc.MaxDeliver < o.MaxAttempts:
-		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the server stops delivering a job before the Worker's last attempt: it is neither retried nor dead-lettered, only stuck", Evidence: ev,
-			Fix: "set the consumer's MaxDeliver to -1 (berth counts deliveries itself: broker MaxDeliveries) by redeclaring it"})
+		return Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the server stops delivering a job before the Worker's last attempt: it is neither retried nor dead-lettered, only stuck", Evidence: ev,
+			Fix: "set the consumer's MaxDeliver to -1 (berth counts deliveries itself: broker MaxDeliveries) by redeclaring it"}, nil
 	case cc.AckWait < want:
-		add(Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer's AckWait is shorter than the broker's: the server redelivers jobs berth still holds", Evidence: ev,
-			Fix: fmt.Sprintf("redeclare the consumer (DeclareQueue) with AckWait %s, or give the broker the consumer's (ack_wait=%s)", want, cc.AckWait.Round(time.Millisecond))})
+		return Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the consumer's AckWait is shorter than the broker's: the server redelivers jobs berth still holds", Evidence: ev,
+			Fix: fmt.Sprintf("redeclare the consumer (DeclareQueue) with AckWait %s, or give the broker the consumer's (ack_wait=%s)", want, cc.AckWait.Round(time.Millisecond))}, nil
 	case cc.MaxDeliver > 0 && cc.MaxDeliver <= poisonCap:
 		// berth dead-letters a poison message at the receive of its
 		// delivery MaxDeliveries+1 (brokers/jetstream): a server that
 		// stops before it leaves a job that kills its worker in the
 		// stream, never dead-lettered.
-		add(Finding{ID: "jetstream.consumer", Severity: Warn, Summary: "the server stops delivering a job before berth's poison cap can dead-letter it: a job that crashes its worker stays stuck in the stream", Evidence: ev,
-			Fix: fmt.Sprintf("set the consumer's MaxDeliver to -1 (or above the broker's MaxDeliveries, %d) by redeclaring it", poisonCap)})
+		return Finding{ID: "jetstream.consumer", Severity: Warn, Summary: "the server stops delivering a job before berth's poison cap can dead-letter it: a job that crashes its worker stays stuck in the stream", Evidence: ev,
+			Fix: fmt.Sprintf("set the consumer's MaxDeliver to -1 (or above the broker's MaxDeliveries, %d) by redeclaring it", poisonCap)}, nil
 	default:
-		add(Finding{ID: "jetstream.consumer", Severity: OK, Summary: "the consumer matches the broker", Evidence: ev})
+		return Finding{ID: "jetstream.consumer", Severity: OK, Summary: "the consumer matches the broker", Evidence: ev}, nil
 	}
-	return fs, nil
+}
+
+// jsDelayConsumer checks berth's durable consumer of the delayed subject
+// ("berth-delay"), which the broker's mover reads to move delayed publishes
+// and retries to the ready subject when due, nak'ing each until then: a nak
+// counts a delivery, so any server MaxDeliver strands a job that runs out of
+// it in the stream, neither ready nor dead-lettered. It returns nil when the
+// consumer is fine.
+func jsDelayConsumer(ctx context.Context, st jetstream.Stream, name string) (*Finding, error) {
+	c, err := st.Consumer(ctx, jsDelayConsumerName)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return &Finding{ID: "jetstream.consumer", Severity: Error, Summary: "berth's delay consumer does not exist: delayed jobs and retries never become ready",
+			Evidence: fmt.Sprintf("consumer %q of stream %s not found", jsDelayConsumerName, name), Fix: "declare the queue with berth (DeclareQueue)"}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("doctor: jetstream: delay consumer of %s: %w", name, err)
+	}
+	cc := c.CachedInfo().Config
+	ev := fmt.Sprintf("consumer %q: ack policy %s, MaxDeliver %d", jsDelayConsumerName, cc.AckPolicy, cc.MaxDeliver)
+	switch {
+	case cc.AckPolicy != jetstream.AckExplicitPolicy:
+		return &Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the delay consumer does not use explicit acks: a delayed job is removed before it is due", Evidence: ev,
+			Fix: "delete the consumer and let berth recreate it (DeclareQueue)"}, nil
+	case cc.MaxDeliver > 0:
+		return &Finding{ID: "jetstream.consumer", Severity: Error, Summary: "the delay consumer has a MaxDeliver: each wait for a delayed job or retry counts a delivery, and a job past it stays in the stream, never ready", Evidence: ev,
+			Fix: "set the delay consumer's MaxDeliver to -1 by redeclaring it (DeclareQueue)"}, nil
+	}
+	return nil, nil
 }

@@ -2,6 +2,7 @@ package doctor_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -143,12 +144,19 @@ func TestJetStreamMaxDeliverBelowPoisonCap(t *testing.T) {
 // as an operator changing it on the server would.
 func setMaxDeliver(ctx context.Context, t *testing.T, js jetstream.JetStream, jb *bjs.Broker, queue string, n int) {
 	t.Helper()
+	setConsumerMaxDeliver(ctx, t, js, jb, queue, "berth", n)
+}
+
+// setConsumerMaxDeliver sets the MaxDeliver of the durable consumer named
+// consumer on queue's stream.
+func setConsumerMaxDeliver(ctx context.Context, t *testing.T, js jetstream.JetStream, jb *bjs.Broker, queue, consumer string, n int) {
+	t.Helper()
 	name, _ := jb.StreamNames(queue)
 	st, err := js.Stream(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := st.Consumer(ctx, "berth")
+	c, err := st.Consumer(ctx, consumer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,4 +165,109 @@ func setMaxDeliver(ctx context.Context, t *testing.T, js jetstream.JetStream, jb
 	if _, err := js.UpdateConsumer(ctx, name, cc); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestJetStreamPerSubjectLimit: every ready job of a queue is stored on one
+// subject, so a MaxMsgsPerSubject on the queue's stream (discard old, berth's
+// setting) keeps only the newest jobs and drops the others without an error
+// to anyone. Doctor reported "no limit drops jobs" (OK): it read MaxAge,
+// MaxMsgs and MaxBytes only.
+func TestJetStreamPerSubjectLimit(t *testing.T) {
+	b, jb, js := openJS(t, "persubject")
+	ctx := testCtx(t)
+	if err := jb.DeclareQueue(ctx, "persubject"); err != nil {
+		t.Fatal(err)
+	}
+	name, _ := jb.StreamNames("persubject")
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxMsgsPerSubject = 2
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// The limit really drops jobs on the server: 5 published, 2 kept.
+	for i := range 5 {
+		if err := b.Publish(ctx, "persubject", &sdk.Message{ID: fmt.Sprintf("job-%d", i), Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("stream holds %d jobs of 5 published, want 2 (the per-subject limit)", info.State.Msgs)
+	}
+
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"persubject"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.stream-limits", "persubject", doctor.Error)
+
+	// Discard new per subject refuses the publish instead: a warning.
+	cfg.Discard, cfg.DiscardNewPerSubject = jetstream.DiscardNew, true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if fs, err = doctor.Run(ctx, b, doctor.Options{Queues: []string{"persubject"}}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.stream-limits", "persubject", doctor.Warn)
+}
+
+// TestJetStreamDelayConsumer: delayed publishes and retries wait on the
+// queue's delayed subject, read by berth's second durable consumer
+// ("berth-delay"), which naks each message until it is due; the nak counts
+// a delivery. A server MaxDeliver on that consumer strands the job in the
+// work-queue stream when it runs out, never moved to the ready subject; a
+// missing one moves nothing. Doctor read only the "berth" consumer and
+// reported both OK.
+func TestJetStreamDelayConsumer(t *testing.T) {
+	b, jb, js := openJS(t, "delaycap", "delaygone")
+	ctx := testCtx(t)
+	for _, q := range []string{"delaycap", "delaygone"} {
+		if err := jb.DeclareQueue(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setConsumerMaxDeliver(ctx, t, js, jb, "delaycap", "berth-delay", 1)
+	name, _ := jb.StreamNames("delaygone")
+	if err := js.DeleteConsumer(ctx, name, "berth-delay"); err != nil {
+		t.Fatal(err)
+	}
+
+	// On the server: a job delayed 300 ms is never received, and stays.
+	if err := b.Publish(ctx, "delaycap", &sdk.Message{ID: "late", Body: []byte("{}"), Delay: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	for rctx.Err() == nil {
+		ds, err := b.Receive(rctx, "delaycap", 1)
+		if len(ds) > 0 {
+			t.Fatalf("the delayed job was received (%s): MaxDeliver 1 did not strand it", ds[0].Message().ID)
+		}
+		if err != nil && rctx.Err() == nil {
+			t.Fatal(err)
+		}
+	}
+	name, _ = jb.StreamNames("delaycap")
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("stream %s: %v, err %v; want the stranded job", name, info, err)
+	}
+
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{"delaycap", "delaygone"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "jetstream.consumer", "delaycap", doctor.Error)
+	expect(t, fs, "jetstream.consumer", "delaygone", doctor.Error)
 }

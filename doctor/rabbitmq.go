@@ -153,7 +153,11 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Fi
 		present = append(present, name)
 		rk, _ := dargs["x-dead-letter-routing-key"].(string)
 		ttlArg, _ := dargs["x-message-ttl"].(int64)
-		if _, ok := dargs["x-dead-letter-exchange"]; !ok || rk != q || ttlArg != ttl.Milliseconds() {
+		// The default exchange ("") routes by queue name; any other (the
+		// dead-letter exchange, bound to <queue>.dlq by the same key)
+		// sends every retry elsewhere when its delay ends.
+		dlx, hasDLX := dargs["x-dead-letter-exchange"].(string)
+		if !hasDLX || dlx != "" || rk != q || ttlArg != ttl.Milliseconds() {
 			wrong = append(wrong, fmt.Sprintf("%s (%s)", name, argsText(dargs)))
 		}
 	}

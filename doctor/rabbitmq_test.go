@@ -123,3 +123,54 @@ func TestRabbitMQMisconfigured(t *testing.T) {
 		t.Error("Run on RabbitMQ without queues: no error")
 	}
 }
+
+// TestRabbitMQDelayQueueToDeadLetterExchange: a delay queue must dead-letter
+// its expired retries through the default exchange ("") to the queue. One
+// whose x-dead-letter-exchange is the dead-letter exchange, with the queue's
+// name as routing key, sends every retry to <queue>.dlq when its delay ends:
+// no job is ever retried. Doctor reported it OK, as it checked only that an
+// x-dead-letter-exchange was present.
+func TestRabbitMQDelayQueueToDeadLetterExchange(t *testing.T) {
+	url := integration.RabbitMQURL(t)
+	q := "dlxdelay"
+	conn := rawRabbit(t, url, &q)
+	b := open(t, url)
+	ctx := testCtx(t)
+	if err := b.(sdk.QueueDeclarer).DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	delay := rabbitmq.DelayQueue(q, time.Second)
+	declare(t, conn, delay, amqp.Table{"x-queue-type": "quorum", "x-message-ttl": int64(1000),
+		"x-dead-letter-exchange": rabbitmq.DefaultDeadLetterExchange, "x-dead-letter-routing-key": q})
+
+	// On the server, a retry in that delay queue ends in the dead-letter queue.
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.PublishWithContext(ctx, "", delay, true, false, amqp.Publishing{Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	dlq := rabbitmq.DeadLetterQueue(q)
+	for {
+		st, err := ch.QueueDeclarePassive(dlq, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Messages == 1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the retry never reached %s: %d messages", dlq, st.Messages)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	fs, err := doctor.Run(ctx, b, doctor.Options{Queues: []string{q}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "rabbitmq.delay-queues", q, doctor.Error)
+}
