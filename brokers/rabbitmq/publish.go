@@ -147,12 +147,20 @@ func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, e
 	if b.stopped() { // not closed(): Close publishes the copies of handed-back deliveries
 		return nil, sdk.ErrClosed
 	}
+	// Close may run meanwhile (it no longer waits for b.mu) and close the
+	// connection under the opening: the call was cut by Close, ErrClosed.
 	ch, err := conn.Channel()
 	if err != nil {
+		if b.stopped() {
+			return nil, sdk.ErrClosed
+		}
 		return nil, fmt.Errorf("%w: rabbitmq: open publish channel: %w", sdk.ErrUnavailable, err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
+		if b.stopped() {
+			return nil, sdk.ErrClosed
+		}
 		return nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
 	}
 	pc := &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[returnKey][]amqp.Return)}
