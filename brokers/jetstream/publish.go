@@ -318,7 +318,12 @@ func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id, natsID str
 	b.pendMu.Unlock()
 	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(natsID)); err != nil {
 		if b.takePending(w) == nil {
-			return nil, false, sdk.ErrClosed // Close resolved it meanwhile; nobody holds it
+			// Resolved meanwhile, its slot freed: by Close, or by nats.go's
+			// error callback (its pending acks are failed on a reconnection).
+			if b.closed.Load() {
+				return nil, false, sdk.ErrClosed
+			}
+			return nil, true, b.wrapErr(ctx, "publish", err)
 		}
 		<-b.slots
 		if errors.Is(err, nats.ErrConnectionClosed) && b.closed.Load() {
