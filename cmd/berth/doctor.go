@@ -115,6 +115,7 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	}
 	if ledgerMissing != nil {
 		fs = append(fs, *ledgerMissing)
+		doctor.Sort(fs) // worst first, as Run ordered the others
 	}
 	var errs, warns int
 	for _, f := range fs {

@@ -43,6 +43,15 @@ func TestDoctorLedgerMissing(t *testing.T) {
 	if !found || doc.Warnings == 0 {
 		t.Fatalf("doctor -json lacks the warning ledger.tables-missing: %s", r.out)
 	}
+	// Worst first, the ledger's finding included: a warning after an ok
+	// reads as if everything above it were fine.
+	rank := map[string]int{"error": 0, "warn": 1, "info": 2, "ok": 3}
+	for i := 1; i < len(doc.Findings); i++ {
+		if rank[doc.Findings[i].Severity] < rank[doc.Findings[i-1].Severity] {
+			t.Fatalf("findings not worst first: %s %s after %s %s", doc.Findings[i].Severity, doc.Findings[i].ID,
+				doc.Findings[i-1].Severity, doc.Findings[i-1].ID)
+		}
+	}
 
 	// With the ledger's tables in the schema: its checks run, no finding.
 	ctx := context.Background()
