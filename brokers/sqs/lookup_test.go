@@ -87,12 +87,11 @@ func TestFirstPublishesShareOneLookup(t *testing.T) {
 	if n := h.calls.Load(); n != 1 {
 		t.Fatalf("%d concurrent publishes made %d GetQueueUrl calls, want 1", callers, n)
 	}
-	got := receiveN(t, b, q, callers)
-	for _, d := range got {
+	receiveEach(t, b, q, callers, func(d sdk.Delivery) {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatalf("Ack: %v", err)
 		}
-	}
+	})
 }
 
 // TestLookupOutlivesItsCaller: when the caller whose GetQueueUrl the others
@@ -133,15 +132,14 @@ func TestLookupOutlivesItsCaller(t *testing.T) {
 	if n := h.calls.Load(); n < 2 {
 		t.Fatalf("%d GetQueueUrl calls, want the held one and at least one more", n)
 	}
-	got := receiveN(t, b, q, followers)
-	for _, d := range got {
+	receiveEach(t, b, q, followers, func(d sdk.Delivery) {
 		if string(d.Message().Body) != "follower" {
 			t.Fatalf("received %q, want only the followers' messages", d.Message().Body)
 		}
 		if err := d.Ack(ctx); err != nil {
 			t.Fatalf("Ack: %v", err)
 		}
-	}
+	})
 }
 
 // TestLookupTimeoutIsItsError: a lookup that fails because the transport

@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,26 +29,117 @@ func fastOptions() sqs.Options {
 	return sqs.Options{VisibilityTimeout: time.Second, WaitTime: time.Second}
 }
 
+// testTimeout bounds a test's waits (testCtx). The emulator now and then
+// loses a ReceiveMessage answer after taking the messages: the SDK retries,
+// and what the lost answer took stays hidden for the visibility timeout. A
+// wait for a message must outlast the longest visibility timeout these
+// tests receive with (30 s) plus the long polls after it.
+const testTimeout = 60 * time.Second
+
 func testCtx(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-// receiveN receives until it holds n deliveries.
+// receiveN receives until it holds n deliveries. It holds the first ones
+// while the others come: one that a lost ReceiveMessage answer hides comes
+// only after the visibility timeout, by when the leases of those held may
+// have run out. Tests that settle what they receive use receiveEach.
 func receiveN(t *testing.T, b *sqs.Broker, q string, n int) []sdk.Delivery {
 	t.Helper()
-	ctx := testCtx(t)
 	var out []sdk.Delivery
-	for len(out) < n {
-		ds, err := b.Receive(ctx, q, n-len(out))
-		if err != nil {
-			t.Fatalf("Receive: %v (after %d of %d deliveries)", err, len(out), n)
-		}
-		out = append(out, ds...)
-	}
+	receiveEach(t, b, q, n, func(d sdk.Delivery) { out = append(out, d) })
 	return out
+}
+
+// receiveEach receives until n deliveries have come and calls each with
+// every one as it comes, so that a delivery is settled within its lease
+// however long the others take (a lost ReceiveMessage answer hides its
+// messages for the visibility timeout).
+func receiveEach(t *testing.T, b *sqs.Broker, q string, n int, each func(sdk.Delivery)) {
+	t.Helper()
+	ctx := testCtx(t)
+	for got := 0; got < n; {
+		ds, err := b.Receive(ctx, q, n-got)
+		if err != nil {
+			t.Fatalf("Receive: %v (after %d of %d deliveries)", err, got, n)
+		}
+		for _, d := range ds {
+			each(d)
+		}
+		got += len(ds)
+	}
+}
+
+// lostAnswers passes log records on to its Handler and counts the warnings
+// a Broker's Receive logs when an attempt the SDK retried may have taken
+// messages whose answer never arrived.
+type lostAnswers struct {
+	slog.Handler
+	n *atomic.Int32
+}
+
+func (l lostAnswers) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "answer was lost") {
+		l.n.Add(1)
+	}
+	return l.Handler.Handle(ctx, r)
+}
+
+func (l lostAnswers) WithAttrs(as []slog.Attr) slog.Handler {
+	return lostAnswers{l.Handler.WithAttrs(as), l.n}
+}
+
+func (l lostAnswers) WithGroup(name string) slog.Handler {
+	return lostAnswers{l.Handler.WithGroup(name), l.n}
+}
+
+// cleanRun runs a scenario that checks exact receive counts (Attempt(),
+// Stats). A ReceiveMessage answer the emulator loses counts a receive of
+// the messages it took and hides them for the visibility timeout, so the
+// counts a run sees after one are off by what it took, which nobody can
+// know. run gets the Logger for its brokers and lost, which reports whether
+// one of their receives lost an answer so far; it checks lost before each
+// count and returns false, asserting nothing more, when it reports true.
+// The scenario then runs again from the start, on new queues: every count
+// is checked exactly, on a run that lost no answer. Three runs that each
+// lost one fail the test.
+func cleanRun(t *testing.T, run func(logger *slog.Logger, lost func() bool) bool) {
+	t.Helper()
+	const tries = 3
+	for try := 1; ; try++ {
+		var n atomic.Int32
+		logger := slog.New(lostAnswers{slog.Default().Handler(), &n})
+		if run(logger, func() bool { return n.Load() > 0 }) {
+			return
+		}
+		if try == tries {
+			t.Fatalf("a ReceiveMessage answer was lost in each of %d runs: the receive counts could not be checked", tries)
+		}
+		t.Logf("run %d lost a ReceiveMessage answer; its receive counts say nothing: running again", try)
+	}
+}
+
+// receiveCounted receives one delivery for a cleanRun scenario; it returns
+// nil as soon as lost reports a lost answer (what it took may never come:
+// SQS may move it to the dead-letter queue instead).
+func receiveCounted(t *testing.T, b *sqs.Broker, q string, lost func() bool) sdk.Delivery {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatalf("Receive: %v", err)
+		}
+		if lost() {
+			return nil
+		}
+		if len(ds) > 0 {
+			return ds[0]
+		}
+	}
 }
 
 // expectNone receives for wait and fails on any delivery.
@@ -120,12 +213,12 @@ func TestEncodingRoundTrip(t *testing.T) {
 		t.Fatalf("Publish: %v", err)
 	}
 	got := map[string]*sdk.Message{}
-	for _, d := range receiveN(t, b, q, len(want)) {
+	receiveEach(t, b, q, len(want), func(d sdk.Delivery) {
 		got[d.Message().ID] = d.Message()
 		if err := d.Ack(testCtx(t)); err != nil {
 			t.Fatalf("Ack: %v", err)
 		}
-	}
+	})
 	for _, w := range want {
 		g, ok := got[w.ID]
 		if !ok {
@@ -188,10 +281,10 @@ func TestPublishPartialFailure(t *testing.T) {
 		t.Errorf("failure of %s: %v, want a sender-fault *sqs.EntryError", big.ID, pe.Failed[big.ID])
 	}
 	got := map[string]bool{}
-	for _, d := range receiveN(t, b, q, 2) {
+	receiveEach(t, b, q, 2, func(d sdk.Delivery) {
 		got[d.Message().ID] = true
 		_ = d.Ack(testCtx(t))
-	}
+	})
 	if !got[ok1.ID] || !got[ok2.ID] {
 		t.Errorf("received %v, want %s and %s", got, ok1.ID, ok2.ID)
 	}
@@ -316,18 +409,11 @@ func TestAckBatchesDeletes(t *testing.T) {
 	// emulator loses now and then hides the messages it took for the
 	// visibility timeout, and deliveries held while they come back would
 	// outlive their own lease.
-	for acked := 0; acked < n; {
-		ds, err := b.Receive(ctx, q, n-acked)
-		if err != nil {
-			t.Fatalf("Receive: %v (after %d of %d acks)", err, acked, n)
+	receiveEach(t, b, q, n, func(d sdk.Delivery) {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
 		}
-		for _, d := range ds {
-			if err := d.Ack(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		acked += len(ds)
-	}
+	})
 	// Full batches went to the sender as they filled (it may still be
 	// sending the last); the 5 left wait for the interval (an hour here).
 	if got := c.get("DeleteMessageBatch"); got > n/10 {
@@ -359,11 +445,11 @@ func TestCloseSendsBufferedAcks(t *testing.T) {
 	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("a")}, &sdk.Message{Body: []byte("b")}); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range receiveN(t, b, q, 2) {
+	receiveEach(t, b, q, 2, func(d sdk.Delivery) {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
-	}
+	})
 	if err := b.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -418,31 +504,39 @@ func TestAckFailureSurfaced(t *testing.T) {
 }
 
 // TestStats reads SQS's counters for the queue and its dead-letter queue.
+// A lost ReceiveMessage answer would leave one more message in flight:
+// cleanRun.
 func TestStats(t *testing.T) {
-	b := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second})
-	q := declare(t, b, "stats", false, sqs.QueueConfig{})
-	ctx := testCtx(t)
-	delayed := &sdk.Message{Body: []byte("later"), Delay: time.Minute}
-	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("1")}, &sdk.Message{Body: []byte("2")}, &sdk.Message{Body: []byte("3")}, delayed); err != nil {
-		t.Fatal(err)
-	}
-	want := func(ready, delayed, inFlight, dead int64) {
-		t.Helper()
-		st, err := b.Stats(ctx, q)
-		if err != nil {
+	cleanRun(t, func(logger *slog.Logger, lost func() bool) bool {
+		b := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second, Logger: logger})
+		q := declare(t, b, "stats", false, sqs.QueueConfig{})
+		ctx := testCtx(t)
+		delayed := &sdk.Message{Body: []byte("later"), Delay: time.Minute}
+		if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("1")}, &sdk.Message{Body: []byte("2")}, &sdk.Message{Body: []byte("3")}, delayed); err != nil {
 			t.Fatal(err)
 		}
-		if st.Queue != q || st.Ready != ready || st.Delayed != delayed || st.InFlight != inFlight || st.DeadLettered != dead {
-			t.Errorf("Stats = %+v, want ready %d, delayed %d, in flight %d, dead-lettered %d", st, ready, delayed, inFlight, dead)
+		want := func(ready, delayed, inFlight, dead int64) {
+			t.Helper()
+			st, err := b.Stats(ctx, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Queue != q || st.Ready != ready || st.Delayed != delayed || st.InFlight != inFlight || st.DeadLettered != dead {
+				t.Errorf("Stats = %+v, want ready %d, delayed %d, in flight %d, dead-lettered %d", st, ready, delayed, inFlight, dead)
+			}
 		}
-	}
-	want(3, 1, 0, 0)
-	d := receiveN(t, b, q, 1)[0]
-	want(2, 1, 1, 0)
-	if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
-		t.Fatal(err)
-	}
-	want(2, 1, 0, 1)
+		want(3, 1, 0, 0)
+		d := receiveCounted(t, b, q, lost)
+		if d == nil {
+			return false
+		}
+		want(2, 1, 1, 0)
+		if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+		want(2, 1, 0, 1)
+		return true
+	})
 }
 
 // TestStatsLongQueueWithoutDeadLetterQueue: a queue made outside berth
@@ -618,10 +712,19 @@ func runSlowHandler(t *testing.T, hb, lease time.Duration) []int {
 
 // TestRedrivePolicyMovesNeverSettled: a message received MaxReceiveCount
 // times and never settled is moved to the dead-letter queue by SQS, listed
-// there as a poison message, and redriven with its attempts reset.
+// there as a poison message, and redriven with its attempts reset. A lost
+// ReceiveMessage answer would count one receive more: cleanRun.
 func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
 	t.Parallel() // sleep-bound: waits out leases and delays
-	b := newBroker(t, fastOptions())
+	cleanRun(t, func(logger *slog.Logger, lost func() bool) bool {
+		return redrivePolicyScenario(t, logger, lost)
+	})
+}
+
+func redrivePolicyScenario(t *testing.T, logger *slog.Logger, lost func() bool) bool {
+	opts := fastOptions()
+	opts.Logger = logger
+	b := newBroker(t, opts)
 	q := declare(t, b, "poison", false, sqs.QueueConfig{MaxReceiveCount: 2})
 	ctx := testCtx(t)
 	m := &sdk.Message{Type: "poison", Body: []byte("kills workers"), Headers: map[string]string{"x-user": "kept"}}
@@ -629,7 +732,10 @@ func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	for attempt := 1; attempt <= 2; attempt++ {
-		d := receiveN(t, b, q, 1)[0]
+		d := receiveCounted(t, b, q, lost)
+		if d == nil {
+			return false
+		}
 		if d.Attempt() != attempt {
 			t.Fatalf("Attempt() = %d, want %d", d.Attempt(), attempt)
 		}
@@ -654,6 +760,9 @@ func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
 			t.Fatalf("Stats = %+v, want the one message somewhere", st)
 		}
 	}
+	if lost() {
+		return false
+	}
 	dead, err := b.GetDeadLetter(ctx, q, m.ID)
 	if err != nil {
 		t.Fatalf("GetDeadLetter: %v", err)
@@ -667,20 +776,32 @@ func TestRedrivePolicyMovesNeverSettled(t *testing.T) {
 	if n, err := b.RedriveDeadLetters(ctx, q); err != nil || n != 1 {
 		t.Fatalf("RedriveDeadLetters = %d, %v; want 1", n, err)
 	}
-	d := receiveN(t, b, q, 1)[0]
+	d := receiveCounted(t, b, q, lost)
+	if d == nil {
+		return false
+	}
 	if d.Message().ID != m.ID || d.Attempt() != 1 || d.Message().Header(sdk.HeaderRedriveCount) != "1" {
 		t.Errorf("redriven: %s attempt %d, headers %q; want %s attempt 1, redrive count 1", d.Message().ID, d.Attempt(), d.Message().Headers, m.ID)
 	}
 	if err := d.Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return true
 }
 
 // TestFIFO: a duplicate within the deduplication window is dropped, order
 // within a group holds, and dead letters and redrive work on FIFO queues.
+// A lost ReceiveMessage answer would count one receive more of the redriven
+// message: cleanRun.
 func TestFIFO(t *testing.T) {
 	t.Parallel() // sleep-bound: waits out leases and delays
-	b := newBroker(t, sqs.Options{VisibilityTimeout: 5 * time.Second, WaitTime: time.Second, SyncAck: true})
+	cleanRun(t, func(logger *slog.Logger, lost func() bool) bool {
+		return fifoScenario(t, logger, lost)
+	})
+}
+
+func fifoScenario(t *testing.T, logger *slog.Logger, lost func() bool) bool {
+	b := newBroker(t, sqs.Options{VisibilityTimeout: 5 * time.Second, WaitTime: time.Second, SyncAck: true, Logger: logger})
 	q := declare(t, b, "fifo", true, sqs.QueueConfig{})
 	ctx := testCtx(t)
 
@@ -745,13 +866,16 @@ func TestFIFO(t *testing.T) {
 	if n, err := b.RedriveDeadLetters(ctx, q, dl.ID); err != nil || n != 1 {
 		t.Fatalf("RedriveDeadLetters = %d, %v", n, err)
 	}
-	d = receiveN(t, b, q, 1)[0]
+	if d = receiveCounted(t, b, q, lost); d == nil {
+		return false
+	}
 	if d.Message().ID != dl.ID || d.Message().Key != "order_2" || d.Attempt() != 1 {
 		t.Errorf("redriven FIFO message: %s key %q attempt %d", d.Message().ID, d.Message().Key, d.Attempt())
 	}
 	if err := d.Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return true
 }
 
 // TestDeadLetterScanLeavesMessages: listing does not consume dead letters,
@@ -767,11 +891,11 @@ func TestDeadLetterScanLeavesMessages(t *testing.T) {
 	if err := b.Publish(ctx, q, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range receiveN(t, b, q, len(msgs)) {
+	receiveEach(t, b, q, len(msgs), func(d sdk.Delivery) {
 		if err := d.DeadLetter(ctx, errors.New("boom")); err != nil {
 			t.Fatal(err)
 		}
-	}
+	})
 	for range 2 {
 		got, err := b.ListDeadLetters(ctx, q, 100)
 		if err != nil || len(got) != len(msgs) {
