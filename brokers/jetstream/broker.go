@@ -272,7 +272,7 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 		jetstream.WithPublishAsyncMaxPending(o.MaxInFlight*4),
 		// A publish whose ack was lost with the connection fails after
 		// this long (wrapping sdk.ErrUnavailable); retrying it is safe.
-		jetstream.WithPublishAsyncTimeout(5*time.Second),
+		jetstream.WithPublishAsyncTimeout(publishAckTimeout),
 		// PublishAsync's results resolve in these callbacks, on nats.go's
 		// reply goroutine: no goroutine of berth's and no channels per
 		// message between the ack and the result.
@@ -309,10 +309,16 @@ func (b *Broker) MaxDeliveries() int { return b.opts.MaxDeliveries }
 // Conn returns the broker's NATS connection (for what berth does not cover).
 func (b *Broker) Conn() *nats.Conn { return b.nc }
 
+// publishAckTimeout is how long an asynchronous publish waits for its ack
+// before it fails (wrapping sdk.ErrUnavailable).
+const publishAckTimeout = 5 * time.Second
+
 // Close stops the broker's background work (delay movers, drains of
-// cancelled receives), flushes settlements already sent and closes the
-// connection when the Broker owns it ([Connect]). Deliveries not settled
-// come back after their AckWait. Close twice is safe.
+// cancelled receives), flushes settlements already sent, waits for the acks
+// of publishes already sent (at most their 5 s ack timeout, so that a
+// PublishAsync result gets its real outcome rather than ErrClosed) and
+// closes the connection when the Broker owns it ([Connect]). Deliveries not
+// settled come back after their AckWait. Close twice is safe.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		b.mu.Lock() // goOwned and track check closed under mu
@@ -327,6 +333,15 @@ func (b *Broker) Close() error {
 		b.wg.Wait()
 		if !b.nc.IsClosed() {
 			_ = b.nc.FlushTimeout(2 * time.Second)
+			// The acks of what was published are on their way: each result
+			// is resolved by its own ack (or its timeout), not failed
+			// ErrClosed while the message is stored.
+			t := time.NewTimer(publishAckTimeout + time.Second)
+			select {
+			case <-b.js.PublishAsyncComplete():
+			case <-t.C:
+			}
+			t.Stop()
 		}
 		b.failPending()
 		if b.ownsConn {

@@ -595,7 +595,9 @@ func Redact(rawURL string) (string, error) {
 }
 
 // Close closes the connections and stops the broker's goroutines. Unsettled
-// deliveries go back to their queues. It is safe to call twice, also
+// deliveries go back to their queues. PublishAsync results still waiting
+// for their confirms get them first, within [Options.CloseTimeout]; past it
+// they resolve [sdk.ErrClosed] (perhaps published). It is safe to call twice, also
 // concurrently: later Closes return nil once the first has finished; every
 // other call on the broker returns [sdk.ErrClosed].
 func (b *Broker) Close() error {
@@ -622,6 +624,20 @@ func (b *Broker) Close() error {
 				// The connection is stuck: what is left goes back when it
 				// closes, with a delivery counted.
 			}
+		}
+		// PublishAsync's messages already written get their confirms,
+		// within the same deadline: a result failed ErrClosed ("perhaps
+		// published") for a message the queue holds makes its producer
+		// retry or report it for nothing. No new one starts (closing).
+		if len(b.window) > 0 {
+			tick := time.NewTicker(5 * time.Millisecond)
+			for len(b.window) > 0 && limit.Err() == nil {
+				select {
+				case <-tick.C:
+				case <-limit.Done():
+				}
+			}
+			tick.Stop()
 		}
 		// Under mu: consumerFor and publisher start goroutines (wg.Add)
 		// only after checking done under mu, so none starts after Wait.
