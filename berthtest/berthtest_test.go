@@ -77,17 +77,27 @@ func TestWorkPreparesTheMessage(t *testing.T) {
 		t.Fatalf("ID %q, correlation %q, handler saw %q", m.ID, m.CorrelationID, corr)
 	}
 
+	msg := fatalMessage(t, func(tb testing.TB) {
+		berthtest.Work(tb, handler(nil), &sdk.Message{Type: "job", Headers: map[string]string{"berth-attempt": "1"}})
+	})
+	if !strings.Contains(msg, "berthtest: Work") {
+		t.Fatalf("a reserved header was not refused: %q", msg)
+	}
+}
+
+// fatalMessage runs f with a testing.TB whose Fatalf records its message
+// and stops f (as Fatalf stops a test) without failing t, and returns the
+// message, "" when f did not call Fatalf.
+func fatalMessage(t *testing.T, f func(tb testing.TB)) string {
 	ft := &fatalT{TB: t}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer func() { _ = recover() }() // fatalT.Fatalf
-		berthtest.Work(ft, handler(nil), &sdk.Message{Type: "job", Headers: map[string]string{"berth-attempt": "1"}})
+		f(ft)
 	}()
 	<-done
-	if !strings.Contains(ft.msg, "berthtest: Work") {
-		t.Fatalf("a reserved header was not refused: %q", ft.msg)
-	}
+	return ft.msg
 }
 
 // fatalT records Fatalf instead of failing the real test.
@@ -242,16 +252,9 @@ func TestWaitTimesOut(t *testing.T) {
 	saved := berthtest.WaitTimeout
 	berthtest.WaitTimeout = 20 * time.Millisecond
 	t.Cleanup(func() { berthtest.WaitTimeout = saved })
-	ft := &fatalT{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() { _ = recover() }() // fatalT.Fatalf
-		berthtest.NewRecorder().Wait(ft, 2)
-	}()
-	<-done
-	if !strings.Contains(ft.msg, "2 settlements") {
-		t.Fatalf("timeout message %q", ft.msg)
+	msg := fatalMessage(t, func(tb testing.TB) { berthtest.NewRecorder().Wait(tb, 2) })
+	if !strings.Contains(msg, "2 settlements") {
+		t.Fatalf("timeout message %q", msg)
 	}
 }
 
@@ -280,22 +283,15 @@ func TestWaitDoneIgnoresRefusedSettlements(t *testing.T) {
 
 	saved := berthtest.WaitTimeout
 	berthtest.WaitTimeout = 50 * time.Millisecond
-	ft := &fatalT{TB: t}
-	done := make(chan struct{})
 	var got []berthtest.Record
-	go func() {
-		defer close(done)
-		defer func() { _ = recover() }() // fatalT.Fatalf
-		got = rec.WaitDone(ft, 1)
-	}()
-	<-done
+	msg := fatalMessage(t, func(tb testing.TB) { got = rec.WaitDone(tb, 1) })
 	berthtest.WaitTimeout = saved
-	if !strings.Contains(ft.msg, "1 finished messages") {
-		t.Fatalf("WaitDone returned %+v after a refused ack, want it to wait (message %q)", got, ft.msg)
+	if !strings.Contains(msg, "1 finished messages") {
+		t.Fatalf("WaitDone returned %+v after a refused ack, want it to wait (message %q)", got, msg)
 	}
 	// The timeout must say why the ack seen did not count.
-	if !strings.Contains(ft.msg, "refused") || !strings.Contains(ft.msg, "lease lost") {
-		t.Errorf("WaitDone's timeout does not say the ack was refused: %q", ft.msg)
+	if !strings.Contains(msg, "refused") || !strings.Contains(msg, "lease lost") {
+		t.Errorf("WaitDone's timeout does not say the ack was refused: %q", msg)
 	}
 
 	// The redelivery is acked: now the message is finished.
@@ -319,15 +315,8 @@ func TestWaitTimeoutQuotesMessageText(t *testing.T) {
 	saved := berthtest.WaitTimeout
 	berthtest.WaitTimeout = 20 * time.Millisecond
 	t.Cleanup(func() { berthtest.WaitTimeout = saved })
-	ft := &fatalT{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() { _ = recover() }() // fatalT.Fatalf
-		rec.Wait(ft, 2)
-	}()
-	<-done
-	if !strings.Contains(ft.msg, `id\x1b[2J`) || strings.ContainsAny(ft.msg, "\x1b\u202e") {
-		t.Fatalf("timeout message %q: want the ID quoted, no raw control characters", ft.msg)
+	msg := fatalMessage(t, func(tb testing.TB) { rec.Wait(tb, 2) })
+	if !strings.Contains(msg, `id\x1b[2J`) || strings.ContainsAny(msg, "\x1b\u202e") {
+		t.Fatalf("timeout message %q: want the ID quoted, no raw control characters", msg)
 	}
 }
