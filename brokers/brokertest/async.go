@@ -165,6 +165,57 @@ func testAsyncPublishBrokerClose(t *testing.T, e *env) {
 	}
 }
 
+// testAsyncPublishCloseKeepsOutcomes checks that closing on a healthy
+// server does not turn published messages into failures: a broker with its
+// own PublishAsync waits, within its close bound, for the answers of what
+// it already sent, and the batching pool's Close for what it accepted,
+// before the broker closes. A result failed ErrClosed ("perhaps
+// published") for a stored message makes its producer retry or report it
+// for nothing.
+func testAsyncPublishCloseKeepsOutcomes(t *testing.T, e *env) {
+	ctx := e.ctx(t)
+	const n = 200
+	native, isNative := e.b.(sdk.AsyncPublisher)
+	var ap sdk.AsyncPublisher = native
+	var pool *sdk.AsyncPool
+	if !isNative {
+		pool = sdk.NewAsyncPublisher(e.b, sdk.AsyncOptions{MaxInFlight: 64})
+		ap = pool
+	}
+	results := make([]*sdk.PublishResult, 0, n)
+	for range n {
+		res, err := ap.PublishAsync(ctx, e.q, textMessage("async-close-outcome"))
+		if err != nil {
+			t.Fatalf("PublishAsync: %v", err)
+		}
+		results = append(results, res)
+	}
+	if pool != nil {
+		if err := pool.Close(); err != nil {
+			t.Errorf("the pool's Close: %v", err)
+		}
+	}
+	if err := e.b.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	failed := 0
+	for _, res := range results {
+		select {
+		case <-res.Done():
+		default:
+			t.Fatalf("result %s unresolved after Close", res.ID())
+		}
+		if err := res.Err(); err != nil {
+			if failed++; failed <= 3 {
+				t.Errorf("result %s: %v, want nil (the server is healthy)", res.ID(), err)
+			}
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d results failed across Close (native PublishAsync: %v)", failed, n, isNative)
+	}
+}
+
 // testAckAll checks [sdk.AckAll] (the broker's BatchAcker when it has one):
 // it acks exactly the deliveries given — never one held by someone else,
 // received before them — and reports a delivery already settled on its own.

@@ -60,6 +60,7 @@ var cases = []testCase{
 	{name: "PublishRacingClose", run: testPublishRacingClose},
 	{name: "AsyncPublish", run: testAsyncPublish},
 	{name: "AsyncPublishBrokerClose", run: testAsyncPublishBrokerClose},
+	{name: "AsyncPublishCloseKeepsOutcomes", run: testAsyncPublishCloseKeepsOutcomes},
 	{name: "AckAll", run: testAckAll},
 	{name: "AsyncPublishConnectionLoss", needs: []Capability{CapConnectionLoss}, run: testAsyncPublishConnectionLoss},
 	{name: "SettleAfterClose", run: testSettleAfterClose},
