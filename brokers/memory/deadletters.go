@@ -22,8 +22,9 @@ func (b *Broker) deadQueue(queue string) (*queue, error) {
 	return b.existing(queue), nil
 }
 
-// ListDeadLetters returns copies of up to limit (all when limit <= 0) of
-// queue's dead letters, oldest first.
+// ListDeadLetters returns copies of up to limit ([sdk.DefaultListLimit]
+// when limit <= 0, as on every broker) of queue's dead letters, oldest
+// first. [Broker.DeadLetterPage] walks them all.
 func (b *Broker) ListDeadLetters(_ context.Context, queue string, limit int) ([]*sdk.Message, error) {
 	q, err := b.deadQueue(queue)
 	if err != nil || q == nil {

@@ -93,8 +93,11 @@ func (d *delivery) Ack(context.Context) error {
 }
 
 // Retry makes the message deliverable again after delay (clamped to [0,
-// sdk.MaxDelay]), counting an attempt. cause is not stored, but its time is:
-// the first failure time is carried to the dead-letter headers.
+// sdk.MaxDelay]), counting an attempt. cause is kept (sanitised) for a
+// poison dead letter's reason, and its time carried to the dead-letter
+// headers as the first failure. At the last delivery the cap
+// ([Options.MaxDeliveries]) allows, Retry dead-letters the message at once
+// with cause [sdk.ErrMaxDeliveries] and cause in the reason.
 func (d *delivery) Retry(_ context.Context, delay time.Duration, cause error) error {
 	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		if e.failed == nil {
@@ -116,8 +119,17 @@ func (d *delivery) Release(_ context.Context, delay time.Duration) error {
 	})
 }
 
+// requeue makes e deliverable again after delay. A message that used the
+// last delivery the cap allows is dead-lettered now (its next delivery
+// would pass the cap): left waiting for a Receive to notice, it would be
+// missing from ListDeadLetters and Stats, counted Ready or Delayed, until
+// a consumer came, and for ever on a queue whose consumers are gone.
 func (d *delivery) requeue(q *queue, e *entry, now time.Time, delay time.Duration) {
 	e.gen++
+	if m := d.b.maxDeliveries; m > 0 && int(e.attempts) >= m {
+		q.deadLetter(e, e.poison(), now)
+		return
+	}
 	delay = min(delay, sdk.MaxDelay)
 	if delay > 0 {
 		q.schedule(e, now.Add(delay))

@@ -43,9 +43,10 @@ type Options struct {
 	// message is delivered again. Default 30s ([DefaultLease]).
 	Lease time.Duration
 	// MaxDeliveries caps the deliveries of a message (first delivery,
-	// retries and expired leases all count; Release does not): a message that
-	// reaches the cap without being settled, or would be delivered once more
-	// past it, is dead-lettered with cause [sdk.ErrMaxDeliveries]. Keep it
+	// retries and expired leases all count; Release does not): a message whose
+	// last allowed lease runs out, or which is retried at the cap, is
+	// dead-lettered (at the Retry, not at a later Receive) with cause
+	// [sdk.ErrMaxDeliveries] and the last Retry's cause. Keep it
 	// above the Worker's MaxAttempts. 0 means [DefaultMaxDeliveries];
 	// negative disables the cap.
 	MaxDeliveries int

@@ -53,3 +53,43 @@ func TestPoisonKeepsLastError(t *testing.T) {
 		t.Errorf("class %q, want %q", got, sdk.ClassPoison)
 	}
 }
+
+// TestRetryAtCapDeadLettersAtOnce: a Retry of the last delivery the cap
+// allows dead-letters the message then, not at some later Receive. Before,
+// it waited in the ready list (or the delay heap) until a consumer came:
+// ListDeadLetters and Stats.DeadLettered missed it, Stats counted it Ready,
+// and with no consumer left (they all failed on it) it stayed so for ever.
+func TestRetryAtCapDeadLettersAtOnce(t *testing.T) {
+	for _, delay := range []time.Duration{0, time.Hour} {
+		b := newBroker(t, memory.Options{MaxDeliveries: 1, Lease: time.Hour})
+		ctx := ctxT(t)
+		m := &sdk.Message{}
+		if err := b.Publish(ctx, "q", m); err != nil {
+			t.Fatal(err)
+		}
+		if err := receiveOne(t, b, "q").Retry(ctx, delay, errors.New("boom")); err != nil {
+			t.Fatal(err)
+		}
+		s, err := b.Stats(ctx, "q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.DeadLettered != 1 || s.Ready != 0 || s.Delayed != 0 || s.InFlight != 0 {
+			t.Errorf("delay %s: Stats after a Retry at the cap = %+v, want only 1 dead letter", delay, s)
+		}
+		dead, err := b.ListDeadLetters(ctx, "q", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dead) != 1 || dead[0].ID != m.ID {
+			t.Fatalf("delay %s: ListDeadLetters = %d messages, want %s", delay, len(dead), m.ID)
+		}
+		want := sdk.ErrMaxDeliveries.Error() + "; last error: boom"
+		if got := dead[0].Header(sdk.HeaderDeadLetterReason); got != want {
+			t.Errorf("delay %s: reason %q, want %q", delay, got, want)
+		}
+		if got := dead[0].Header(sdk.HeaderDeadLetterAttempts); got != "1" {
+			t.Errorf("delay %s: attempts %q, want 1", delay, got)
+		}
+	}
+}
