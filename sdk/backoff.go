@@ -9,7 +9,10 @@ import (
 // drawn uniformly in [0, Jitter·delay]. The zero value uses the defaults
 // (Base 1s, Max 5m, Jitter 0.2).
 type Backoff struct {
-	Base   time.Duration
+	// Base is the first delay. Zero means 1s.
+	Base time.Duration
+	// Max caps the delay before jitter, even below Base. Zero means 5m, or
+	// Base when Base is longer.
 	Max    time.Duration
 	Jitter float64 // fraction of the delay; negative means none
 }
@@ -22,10 +25,9 @@ func (b Backoff) withDefaults() Backoff {
 		b.Base = DefaultBackoff.Base
 	}
 	if b.Max <= 0 {
-		b.Max = DefaultBackoff.Max
-	}
-	if b.Max < b.Base {
-		b.Max = b.Base
+		// Only a default Max gives way to a longer Base: a Max that was
+		// set is the cap the formula promises.
+		b.Max = max(DefaultBackoff.Max, b.Base)
 	}
 	if b.Jitter == 0 {
 		b.Jitter = DefaultBackoff.Jitter

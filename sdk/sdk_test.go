@@ -337,3 +337,24 @@ func TestHardening5_PrepareRefusesNonUTF8Fields(t *testing.T) {
 		t.Errorf("UTF-8 key and binary body: %v", err)
 	}
 }
+
+// TestBackoffMaxBelowBase: Max caps the delay, as the formula
+// min(Max, Base·2^(attempt-1)) says, also when it is below Base — the
+// usual way to get there being a RetryByType entry that sets only Max and
+// inherits the Worker's Base (1s by default). Max was raised to Base
+// instead: an entry asking for retries within 100ms got 1s.
+func TestBackoffMaxBelowBase(t *testing.T) {
+	for _, tc := range []struct {
+		b    sdk.Backoff
+		want time.Duration
+	}{
+		{sdk.Backoff{Max: 100 * time.Millisecond, Jitter: -1}, 100 * time.Millisecond}, // Base: the default 1s
+		{sdk.Backoff{Base: 10 * time.Second, Max: time.Second, Jitter: -1}, time.Second},
+	} {
+		for _, attempt := range []int{1, 2, 10, math.MaxInt} {
+			if got := tc.b.Delay(attempt, 0.5); got != tc.want {
+				t.Errorf("%+v.Delay(%d) = %v, want Max %v", tc.b, attempt, got, tc.want)
+			}
+		}
+	}
+}

@@ -42,11 +42,14 @@ func (p RetryPolicy) inherit(parent RetryPolicy) RetryPolicy {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = parent.MaxAttempts
 	}
+	if p.Backoff.Max <= 0 {
+		// The entry's own Base, longer than the inherited Max, raises it,
+		// as a Base longer than the default Max does; an entry's own Max
+		// caps even an inherited Base that is longer.
+		p.Backoff.Max = max(parent.Backoff.Max, p.Backoff.Base)
+	}
 	if p.Backoff.Base <= 0 {
 		p.Backoff.Base = parent.Backoff.Base
-	}
-	if p.Backoff.Max <= 0 {
-		p.Backoff.Max = parent.Backoff.Max
 	}
 	if p.Backoff.Jitter == 0 {
 		p.Backoff.Jitter = parent.Backoff.Jitter
@@ -117,7 +120,9 @@ type WorkerOptions struct {
 	// RetryByType overrides Retry per Message.Type. A field an entry leaves
 	// zero (MaxAttempts, or one of Backoff's) is Retry's, as a zero
 	// TimeoutByType entry is Timeout: an entry that only slows one type's
-	// backoff keeps the Worker's MaxAttempts.
+	// backoff keeps the Worker's MaxAttempts. An entry's Max caps its delays
+	// even below an inherited Base; an entry's Base longer than the
+	// inherited Max raises that Max to it.
 	RetryByType map[string]RetryPolicy
 	// Timeout bounds each handler run. When it passes, the handler's context
 	// is cancelled with cause [ErrJobTimeout] (context.Cause(ctx); it matches
