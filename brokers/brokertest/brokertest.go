@@ -174,6 +174,14 @@ type Harness struct {
 	// the instance and declares its queues with [Harness.Queue]. Required
 	// unless CapConnectionLoss is unsupported.
 	Faulty func(t *testing.T) (b sdk.Broker, cut func())
+	// LostReceives, when set, reports whether the broker's server has lost a
+	// Receive answer after taking its messages so far in this run (the SQS
+	// emulator fauxqs now and then does, and the broker logs it): those
+	// messages stay hidden for the lease and come back with Attempt() one
+	// higher, though no caller ever saw them. Cases that check an exact
+	// Attempt() accept one more only once it reports true; with it nil (the
+	// default), or before any loss, they stay exact.
+	LostReceives func() bool
 }
 
 // Run runs every conformance case against the broker h describes, each as a

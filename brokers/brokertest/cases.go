@@ -99,24 +99,32 @@ func testMessageRoundTrip(t *testing.T, e *env) {
 	}
 	e.publish(t, want...) // fills CorrelationID where empty
 	ctx := e.ctx(t)
-	got := map[string]sdk.Delivery{}
-	for _, d := range e.receiveN(t, len(want)) {
-		got[d.Message().ID] = d
-	}
+	byID := map[string]*sdk.Message{}
 	for _, w := range want {
-		d, ok := got[w.ID]
+		byID[w.ID] = w
+	}
+	got := map[string]bool{}
+	// Checked and acked as they come, each within its lease (see receiveEach).
+	e.receiveEach(t, len(want), func(d sdk.Delivery) {
+		defer settleAck(t, ctx, d)
+		w, ok := byID[d.Message().ID]
 		if !ok {
-			t.Errorf("message %s (%s) not received", w.ID, w.Type)
-			continue
+			t.Errorf("unexpected delivery of %s", d.Message().ID)
+			return
 		}
+		got[w.ID] = true
 		compareMessage(t, d.Message(), w)
-		if d.Attempt() != 1 {
+		if !e.attemptIs(d.Attempt(), 1) {
 			t.Errorf("message %s: Attempt() = %d on first delivery, want 1", w.ID, d.Attempt())
 		}
 		if d.Queue() != e.q {
 			t.Errorf("message %s: Queue() = %q, want %q", w.ID, d.Queue(), e.q)
 		}
-		settleAck(t, ctx, d)
+	})
+	for _, w := range want {
+		if !got[w.ID] {
+			t.Errorf("message %s (%s) not received", w.ID, w.Type)
+		}
 	}
 }
 
@@ -144,10 +152,10 @@ func testPublishFills(t *testing.T, e *env) {
 		t.Error("CorrelationID not generated for a context without one")
 	}
 	got := map[string]*sdk.Message{}
-	for _, d := range e.receiveN(t, 2) {
+	e.receiveEach(t, 2, func(d sdk.Delivery) { // each acked within its lease
 		got[d.Message().ID] = d.Message()
 		settleAck(t, e.ctx(t), d)
-	}
+	})
 	for _, m := range []*sdk.Message{withCtx, without} {
 		if g, ok := got[m.ID]; !ok {
 			t.Errorf("message %s not received", m.ID)
@@ -463,11 +471,11 @@ func testDeadLetterRedrive(t *testing.T, e *env) {
 func testDeadLetterPurge(t *testing.T, e *env) {
 	e.publish(t, textMessage("purge-a"), textMessage("purge-b"), textMessage("purge-c"))
 	ctx := e.ctx(t)
-	for _, d := range e.receiveN(t, 3) {
+	e.receiveEach(t, 3, func(d sdk.Delivery) { // each settled within its lease
 		if err := d.DeadLetter(ctx, sdk.Permanent(errBoom)); err != nil {
 			t.Fatalf("DeadLetter: %v", err)
 		}
-	}
+	})
 	e.waitDeadLetters(t, 3)
 	if n, err := e.deadLetters(t).PurgeDeadLetters(ctx, e.q); err != nil || n != 3 {
 		t.Fatalf("PurgeDeadLetters = %d, %v; want 3, nil", n, err)
@@ -887,11 +895,11 @@ func testStats(t *testing.T, e *env) {
 	waitStats("2 ready, 1 dead-lettered", func(s sdk.QueueStats) bool {
 		return s.Ready == 2 && s.Delayed == 1 && s.InFlight == 0 && s.DeadLettered == 1
 	})
-	for _, d := range e.receiveN(t, 2) {
+	e.receiveEach(t, 2, func(d sdk.Delivery) { // each settled within its lease
 		if err := d.Retry(ctx, 10*time.Minute, errBoom); err != nil {
 			t.Fatalf("Retry: %v", err)
 		}
-	}
+	})
 	waitStats("3 delayed, none ready", func(s sdk.QueueStats) bool {
 		return s.Ready == 0 && s.Delayed == 3 && s.InFlight == 0 && s.DeadLettered == 1 && s.OldestAge == 0
 	})

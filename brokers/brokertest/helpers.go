@@ -76,6 +76,35 @@ func (e *env) receiveNOn(t *testing.T, b sdk.Broker, q string, n int) []sdk.Deli
 	return all
 }
 
+// receiveEach waits for exactly n deliveries and calls each on every one as
+// it comes, so that the case settles each within its own lease. Deliveries
+// held until all n have come could outlive their leases while a Receive
+// answer the server lost hides the rest for a lease
+// ([Harness.LostReceives]).
+func (e *env) receiveEach(t *testing.T, n int, each func(sdk.Delivery)) {
+	t.Helper()
+	e.receiveEachOn(t, e.b, e.q, n, each)
+}
+
+// receiveEachOn is receiveEach from queue q of broker b.
+func (e *env) receiveEachOn(t *testing.T, b sdk.Broker, q string, n int, each func(sdk.Delivery)) {
+	t.Helper()
+	for got := 0; got < n; {
+		ds := e.receiveOn(t, b, q, n-got)
+		for _, d := range ds {
+			each(d)
+		}
+		got += len(ds)
+	}
+}
+
+// attemptIs reports whether a delivery's Attempt() got is want: exactly, or
+// one more where the harness says the server may lose a Receive answer
+// ([Harness.LostReceives]), which takes a delivery nobody saw.
+func (e *env) attemptIs(got, want int) bool {
+	return got == want || (got == want+1 && e.h.LostReceives != nil && e.h.LostReceives())
+}
+
 // expectNone receives for the duration wait and fails the test if anything
 // is delivered.
 func (e *env) expectNone(t *testing.T, wait time.Duration) {
