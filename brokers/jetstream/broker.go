@@ -335,13 +335,10 @@ func (b *Broker) Close() error {
 			_ = b.nc.FlushTimeout(2 * time.Second)
 			// The acks of what was published are on their way: each result
 			// is resolved by its own ack (or its timeout), not failed
-			// ErrClosed while the message is stored.
-			t := time.NewTimer(publishAckTimeout + time.Second)
-			select {
-			case <-b.js.PublishAsyncComplete():
-			case <-t.C:
-			}
-			t.Stop()
+			// ErrClosed while the message is stored. Not nats.go's
+			// PublishAsyncComplete: it can report done between taking an
+			// ack and running the callback that resolves its result.
+			b.awaitPending(publishAckTimeout + time.Second)
 		}
 		b.failPending()
 		if b.ownsConn {
@@ -349,6 +346,28 @@ func (b *Broker) Close() error {
 		}
 	})
 	return nil
+}
+
+// awaitPending waits, at most d, until every publish awaiting its ack has
+// been resolved by its callback (asyncDone).
+func (b *Broker) awaitPending(d time.Duration) {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		b.pendMu.Lock()
+		n := len(b.pending)
+		b.pendMu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return
+		}
+	}
 }
 
 // flushTimeout bounds a Flush whose ctx has no deadline.
