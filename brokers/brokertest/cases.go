@@ -98,22 +98,8 @@ func testMessageRoundTrip(t *testing.T, e *env) {
 		{ID: sdk.NewID(), Type: "brokertest.nil-headers", Body: []byte("{}"), Headers: nil},
 	}
 	e.publish(t, want...) // fills CorrelationID where empty
-	ctx := e.ctx(t)
-	byID := map[string]*sdk.Message{}
-	for _, w := range want {
-		byID[w.ID] = w
-	}
-	got := map[string]bool{}
 	// Checked and acked as they come, each within its lease (see receiveEach).
-	e.receiveEach(t, len(want), func(d sdk.Delivery) {
-		defer settleAck(t, ctx, d)
-		w, ok := byID[d.Message().ID]
-		if !ok {
-			t.Errorf("unexpected delivery of %s", d.Message().ID)
-			return
-		}
-		got[w.ID] = true
-		compareMessage(t, d.Message(), w)
+	got := e.checkEach(t, want, func(d sdk.Delivery, w *sdk.Message) {
 		if !e.attemptIs(d.Attempt(), 1) {
 			t.Errorf("message %s: Attempt() = %d on first delivery, want 1", w.ID, d.Attempt())
 		}

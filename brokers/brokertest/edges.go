@@ -145,7 +145,7 @@ func testOddHeadersAndBodies(t *testing.T, e *env) {
 	if err := e.b.Publish(e.ctx(t), e.q, sent...); err != nil {
 		t.Fatalf("Publish of odd headers and JSON-looking non-UTF-8 bodies: %v", err)
 	}
-	got := e.checkEach(t, want)
+	got := e.checkEach(t, want, nil)
 	for _, w := range want {
 		if !got[w.ID] {
 			t.Errorf("message %s (body %q) not received", w.ID, w.Body)
@@ -154,9 +154,10 @@ func testOddHeadersAndBodies(t *testing.T, e *env) {
 }
 
 // checkEach receives len(want) deliveries, compares each with the message
-// of want with its ID and acks it as it comes, within its lease (see
-// receiveEach), and returns the IDs received.
-func (e *env) checkEach(t *testing.T, want []*sdk.Message) map[string]bool {
+// of want with its ID (then calls extra, when not nil, with both) and acks
+// it as it comes, within its lease (see receiveEach), and returns the IDs
+// received. A delivery of a message not in want is an error.
+func (e *env) checkEach(t *testing.T, want []*sdk.Message, extra func(sdk.Delivery, *sdk.Message)) map[string]bool {
 	t.Helper()
 	ctx := e.ctx(t)
 	byID := map[string]*sdk.Message{}
@@ -165,11 +166,17 @@ func (e *env) checkEach(t *testing.T, want []*sdk.Message) map[string]bool {
 	}
 	got := map[string]bool{}
 	e.receiveEach(t, len(want), func(d sdk.Delivery) {
-		if w, ok := byID[d.Message().ID]; ok {
-			got[w.ID] = true
-			compareMessage(t, d.Message(), w)
+		defer settleAck(t, ctx, d)
+		w, ok := byID[d.Message().ID]
+		if !ok {
+			t.Errorf("unexpected delivery of %s", d.Message().ID)
+			return
 		}
-		settleAck(t, ctx, d)
+		got[w.ID] = true
+		compareMessage(t, d.Message(), w)
+		if extra != nil {
+			extra(d, w)
+		}
 	})
 	return got
 }
@@ -203,7 +210,7 @@ func testNULHeader(t *testing.T, e *env) {
 	e.publish(t, inValue, inName)
 	want[0].ID, want[1].ID = inValue.ID, inName.ID
 	want[0].CorrelationID, want[1].CorrelationID = inValue.CorrelationID, inName.CorrelationID
-	got := e.checkEach(t, want)
+	got := e.checkEach(t, want, nil)
 	for _, w := range want {
 		if !got[w.ID] {
 			t.Errorf("message %s not received", w.ID)

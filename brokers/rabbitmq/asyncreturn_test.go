@@ -3,12 +3,9 @@ package rabbitmq
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -23,17 +20,8 @@ import (
 // with nil, a message the server dropped reported published.
 func TestAsyncUnroutableWhileChannelOpens(t *testing.T) {
 	raw := serverURL(t)
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	p := integration.StartProxy(t, target)
-	u.Host = p.Addr()
-	b := newBroker(t, u.String(), Options{NoDeclare: true, Logger: quiet})
+	p, purl := startFaultProxy(t, raw)
+	b := newBroker(t, purl, Options{NoDeclare: true, Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	missing := testQueue(t, raw) // never declared: every publish to it comes back

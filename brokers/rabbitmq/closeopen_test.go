@@ -3,12 +3,9 @@ package rabbitmq
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -20,18 +17,9 @@ import (
 // error.
 func TestPublishWhileCloseCutsChannelOpen(t *testing.T) {
 	raw := serverURL(t)
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := u.Host
-	if u.Port() == "" {
-		target = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	p := integration.StartProxy(t, target)
+	p, purl := startFaultProxy(t, raw)
 	t.Cleanup(p.Thaw)
-	u.Host = p.Addr()
-	b := newBroker(t, u.String(), Options{NoDeclare: true, CloseTimeout: 300 * time.Millisecond, Logger: quiet})
+	b := newBroker(t, purl, Options{NoDeclare: true, CloseTimeout: 300 * time.Millisecond, Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	q := testQueue(t, raw)

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+
+	"github.com/berthq/berth/integration"
 )
 
 // proxy is a TCP proxy to the RabbitMQ server that a test can cut: Cut
@@ -172,4 +174,22 @@ func (p *proxy) close() {
 	p.Cut()
 	p.Thaw()
 	p.wg.Wait()
+}
+
+// startFaultProxy starts an integration.Proxy (freezable per direction) in
+// front of the server of rawURL and returns it with the URL that goes
+// through it; it is closed when the test ends.
+func startFaultProxy(t testing.TB, rawURL string) (*integration.Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("parse URL: %v", err)
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), "5672")
+	}
+	p := integration.StartProxy(t, target)
+	u.Host = p.Addr()
+	return p, u.String()
 }
