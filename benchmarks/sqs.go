@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -53,9 +54,18 @@ func sqsClient() *awssqs.Client { return sqsClientNamed("") }
 // sqsClientNamed is sqsClient whose calls, with BERTH_BENCH_SQSSTATS set,
 // are counted by action under name (printed to stderr at the end).
 func sqsClientNamed(name string) *awssqs.Client {
-	var rt http.RoundTripper = &http.Transport{MaxIdleConnsPerHost: 128, IdleConnTimeout: 30 * time.Second}
+	tr := &http.Transport{MaxIdleConnsPerHost: 128, IdleConnTimeout: 30 * time.Second}
+	var rt http.RoundTripper = tr
 	if name != "" && os.Getenv("BERTH_BENCH_SQSSTATS") != "" {
 		rt = &sqsCounting{name: name, next: rt}
+		// New connections too: a call cancelled mid-answer (a long poll
+		// cut short) closes its connection, which costs both sides a
+		// handshake that a pool reused would not.
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			countSQS(name + " (new connection)")
+			return d.DialContext(ctx, network, addr)
+		}
 	}
 	return awssqs.New(awssqs.Options{
 		Region:       "us-east-1",
@@ -75,10 +85,14 @@ type sqsCounting struct {
 }
 
 func (c *sqsCounting) RoundTrip(r *http.Request) (*http.Response, error) {
-	k := c.name + " " + r.Header.Get("X-Amz-Target")
+	countSQS(c.name + " " + r.Header.Get("X-Amz-Target"))
+	return c.next.RoundTrip(r)
+}
+
+// countSQS adds one to the count under k.
+func countSQS(k string) {
 	v, _ := sqsCalls.LoadOrStore(k, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
-	return c.next.RoundTrip(r)
 }
 
 // printSQSCalls writes the counted calls to stderr, sorted.
