@@ -247,7 +247,7 @@ type Broker struct {
 	movers    map[string]bool // guarded by mu: streams this Broker moves delayed messages of
 
 	pendMu  sync.Mutex
-	pending map[*nats.Msg]*sdk.PublishResult // guarded by pendMu: PublishAsync messages awaiting their outcome
+	pending map[*nats.Msg]*sdk.PublishResult // guarded by pendMu: published messages (Publish's and PublishAsync's) awaiting their outcome
 }
 
 // New returns a Broker on the application's connection nc, which must have
@@ -465,7 +465,10 @@ func isNetErr(err error) bool {
 }
 
 // wrapErr turns a nats.go error into berth's: context errors unwrapped,
-// a closed broker ErrClosed, connection trouble ErrUnavailable.
+// a closed broker ErrClosed, connection trouble ErrUnavailable. A publish
+// refused because nats.go's reconnect buffer is full (or disabled, with
+// nats.ReconnectBufSize(-1)) is connection trouble too: once reconnected
+// the same publish goes through.
 func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
@@ -481,7 +484,7 @@ func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrConnectionReconnecting) ||
 		errors.Is(err, nats.ErrDisconnected) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 		errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, errNotConnected) ||
-		isNetErr(err) {
+		errors.Is(err, nats.ErrReconnectBufExceeded) || isNetErr(err) {
 		return fmt.Errorf("berth/jetstream: %s: %w: %w", op, sdk.ErrUnavailable, err)
 	}
 	return fmt.Errorf("berth/jetstream: %s: %w", op, err)

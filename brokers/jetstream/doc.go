@@ -130,8 +130,13 @@
 //
 // # Connection loss
 //
-// nats.go reconnects and resubscribes; publishes made while disconnected
-// are buffered and sent on reconnect. A pull request lost with the
+// nats.go reconnects and resubscribes. Publish and PublishAsync made while
+// the connection is down are refused at once with an error wrapping
+// [sdk.ErrUnavailable]; a publish that finds it down only as it is written
+// (the copies Release and DeadLetter store among them) goes to nats.go's
+// reconnect buffer, sent on reconnect, or, beyond that buffer
+// (nats.ReconnectBufSize, 8 MiB by default), is refused with an error
+// wrapping [sdk.ErrUnavailable] as well. A pull request lost with the
 // connection is given up after WaitTime plus a second, and the caller pulls
 // again. Settlements and pulls made while it is down are refused at once
 // with an error wrapping [sdk.ErrUnavailable]: the message comes back after

@@ -334,8 +334,8 @@ func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id, natsID str
 	return res, false, nil
 }
 
-// takePending removes and returns the PublishAsync result of w, nil when
-// there is none (a Publish's message, or already resolved).
+// takePending removes and returns the result of w (a Publish's message or
+// a PublishAsync one), nil when there is none (already resolved).
 func (b *Broker) takePending(w *nats.Msg) *sdk.PublishResult {
 	b.pendMu.Lock()
 	res := b.pending[w]
@@ -348,9 +348,9 @@ func (b *Broker) takePending(w *nats.Msg) *sdk.PublishResult {
 
 // asyncDone is nats.go's callback for the outcome of every asynchronous
 // publish of the connection's JetStream context (ack, error, ack timeout,
-// ack lost to a reconnect): it resolves a PublishAsync result and frees its
-// slot. Publish's messages have no entry; their futures carry the outcome.
-// It runs on nats.go's reply goroutine, and does not block.
+// ack lost to a reconnect): it resolves the message's result (Publish's
+// and PublishAsync's alike, see publishTracked) and frees its slot. It
+// runs on nats.go's reply goroutine, and does not block.
 func (b *Broker) asyncDone(w *nats.Msg, err error) {
 	res := b.takePending(w)
 	if res == nil {

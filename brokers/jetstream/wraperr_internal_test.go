@@ -22,7 +22,7 @@ func TestWrapErrConnectionFailures(t *testing.T) {
 	b := &Broker{}
 	ctx := context.Background()
 	reset := &net.OpError{Op: "write", Net: "tcp", Err: syscall.ECONNRESET}
-	for _, err := range []error{reset, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed, nats.ErrConnectionClosed} {
+	for _, err := range []error{reset, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed, nats.ErrConnectionClosed, nats.ErrReconnectBufExceeded} {
 		got := b.wrapErr(ctx, "publish", err)
 		if !errors.Is(got, sdk.ErrUnavailable) || !errors.Is(got, err) {
 			t.Errorf("wrapErr(%v) = %v, want it to wrap ErrUnavailable and the cause", err, got)

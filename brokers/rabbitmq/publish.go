@@ -109,6 +109,15 @@ const (
 	pubKinds
 )
 
+// chanOpen is the opening of one kind's confirm channel (see publisher):
+// done is closed once pc or err is set.
+type chanOpen struct {
+	conn *amqp.Connection // the connection it opens on
+	done chan struct{}
+	pc   *pubChannel
+	err  error
+}
+
 // publisher returns the live confirm channel for publishes to exchange,
 // opening one when needed. Publishes to the default exchange, which always
 // exists, share one channel; those to a named exchange (dead letters, to
@@ -117,6 +126,15 @@ const (
 // publish awaiting its confirm there, and a dead-letter exchange deleted
 // behind the broker's back must not fail the unrelated publishes of the
 // shared channel (told ErrNotFound, as if their queue did not exist).
+//
+// Opening a channel takes server round trips, which amqp091 does not bound
+// by a context: on a stalled connection they last until the heartbeat
+// gives the connection up or Close closes it. So the channel is opened by a
+// goroutine of the broker (openPublisher), one per kind at a time, and
+// every caller that needs it, the one that started it included, waits for
+// it or for its own ctx, whichever comes first: a caller whose ctx ends
+// returns at once, an error wrapping [sdk.ErrUnavailable] and ctx.Err(),
+// and the opening goes on for the next caller.
 func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, error) {
 	kind := pubDefault
 	if exchange != "" {
@@ -131,37 +149,85 @@ func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, e
 	if err != nil {
 		return nil, err
 	}
-	// Opening the channel takes server round trips, whose replies the
-	// connection's reader goroutine delivers; so does every basic.return of
-	// the channels already open, to a confirmLoop that may be waiting for
-	// b.mu (forget). Holding b.mu here stalled that loop and, through it, the
-	// reader: amqp091 drops a notification it cannot hand over within 5 s,
-	// and a dropped return left its message's confirm (an ack) to report a
-	// message no queue took as published. So the channel opens under
-	// pcOpen, and b.mu is taken only to register it.
-	b.pcOpen[kind].Lock()
-	defer b.pcOpen[kind].Unlock()
-	if pc := b.pcCur[kind].Load(); pc != nil && pc.alive() {
-		return pc, nil
-	}
-	if b.stopped() { // not closed(): Close publishes the copies of handed-back deliveries
-		return nil, sdk.ErrClosed
-	}
-	// Close may run meanwhile (it no longer waits for b.mu) and close the
-	// connection under the opening: the call was cut by Close, ErrClosed.
-	ch, err := conn.Channel()
-	if err != nil {
-		if b.stopped() {
+	for {
+		// Under mu: Close closes done under mu and then waits for wg, so
+		// no opener starts after its Wait.
+		b.mu.Lock()
+		if b.stopped() { // not closed(): Close publishes the copies of handed-back deliveries
+			b.mu.Unlock()
 			return nil, sdk.ErrClosed
 		}
-		return nil, fmt.Errorf("%w: rabbitmq: open publish channel: %w", sdk.ErrUnavailable, err)
+		if pc := b.pcCur[kind].Load(); pc != nil && pc.alive() {
+			b.mu.Unlock()
+			return pc, nil
+		}
+		op := b.pcOpening[kind]
+		if op == nil {
+			op = &chanOpen{conn: conn, done: make(chan struct{})}
+			b.pcOpening[kind] = op
+			b.wg.Add(1)
+			go b.openPublisher(kind, op)
+		}
+		b.mu.Unlock()
+		select {
+		case <-op.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: rabbitmq: waiting for the publish channel to open: %w", sdk.ErrUnavailable, ctx.Err())
+		}
+		if op.err == nil || op.conn == conn || errors.Is(op.err, sdk.ErrClosed) {
+			return op.pc, op.err
+		}
+		// The opening joined was on an earlier connection, lost since:
+		// open one on the connection this call has.
+	}
+}
+
+// openPublisher opens a confirm channel of kind on op.conn, makes it the
+// current one and hands the outcome to op's waiters. It is bounded by the
+// connection: a lost connection (the heartbeat gives a stalled one up)
+// fails the opening, and so does Close, which closes the connection under
+// it: the callers were cut by Close, ErrClosed.
+//
+// It holds no lock across the round trips, b.mu least of all: their
+// replies come from the connection's reader goroutine, which also delivers
+// every basic.return of the channels already open, to a confirmLoop that
+// may be waiting for b.mu (forget). Holding b.mu stalled that loop and,
+// through it, the reader: amqp091 drops a notification it cannot hand over
+// within 5 s, and a dropped return left its message's confirm (an ack) to
+// report a message no queue took as published.
+func (b *Broker) openPublisher(kind int, op *chanOpen) {
+	defer b.wg.Done()
+	pc, confirms, returns, closed, err := openConfirmChannel(op.conn)
+	b.mu.Lock()
+	switch {
+	case err != nil && b.stopped():
+		err = sdk.ErrClosed
+	case err == nil && b.stopped():
+		_ = pc.ch.Close()
+		pc, err = nil, sdk.ErrClosed
+	case err == nil:
+		// Under mu: Close closes done under mu and then waits for wg, so
+		// no confirmLoop starts after its Wait.
+		b.wg.Add(1)
+		go pc.confirmLoop(b, confirms, returns, closed)
+		b.pcCur[kind].Store(pc)
+	}
+	b.pcOpening[kind] = nil
+	b.mu.Unlock()
+	op.pc, op.err = pc, err
+	close(op.done)
+}
+
+// openConfirmChannel opens a channel on conn in confirm mode and returns
+// it with its notification channels, for confirmLoop.
+func openConfirmChannel(conn *amqp.Connection) (*pubChannel, chan amqp.Confirmation, chan amqp.Return, chan *amqp.Error, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("%w: rabbitmq: open publish channel: %w", sdk.ErrUnavailable, err)
 	}
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
-		if b.stopped() {
-			return nil, sdk.ErrClosed
-		}
-		return nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
+		return nil, nil, nil, nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
 	}
 	pc := &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[returnKey][]amqp.Return)}
 	// Returns unbuffered, confirms buffered: the reader goroutine blocks
@@ -170,22 +236,13 @@ func (b *Broker) publisher(ctx context.Context, exchange string) (*pubChannel, e
 	// the server sends after the return, always finds it recorded. That
 	// holds only while confirmLoop never waits long (amqp091 gives up a send
 	// after 5 s): it takes no lock held across a round trip.
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
-	returns := ch.NotifyReturn(make(chan amqp.Return))
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1)) // amqp091 sends it before closing confirms
-	// Under mu: Close closes done under mu and then waits for wg, so no
-	// confirmLoop starts after its Wait.
-	b.mu.Lock()
-	if b.stopped() {
-		b.mu.Unlock()
-		_ = ch.Close()
-		return nil, sdk.ErrClosed
-	}
-	b.wg.Add(1)
-	go pc.confirmLoop(b, confirms, returns, closed)
-	b.pcCur[kind].Store(pc)
-	b.mu.Unlock()
-	return pc, nil
+	confirms := make(chan amqp.Confirmation, 1024)
+	returns := make(chan amqp.Return)
+	closed := make(chan *amqp.Error, 1) // amqp091 sends it before closing confirms
+	ch.NotifyPublish(confirms)
+	ch.NotifyReturn(returns)
+	ch.NotifyClose(closed)
+	return pc, confirms, returns, closed, nil
 }
 
 func (pc *pubChannel) alive() bool {

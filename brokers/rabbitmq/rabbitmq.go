@@ -465,10 +465,10 @@ type Broker struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	pcOpen [pubKinds]sync.Mutex                 // serialises opening each kind's confirm channel (see publisher)
-	pcCur  [pubKinds]atomic.Pointer[pubChannel] // the confirm channels (see publisher)
+	pcCur [pubKinds]atomic.Pointer[pubChannel] // the confirm channels (see publisher)
 
-	mu        sync.Mutex // never held across a server round trip (see publisher)
+	mu        sync.Mutex          // never held across a server round trip (see publisher)
+	pcOpening [pubKinds]*chanOpen // each kind's confirm channel being opened, under mu (see publisher)
 	consumers map[string]*consumer
 	movers    map[string]*mover       // by delay queue name
 	declared  map[string]bool         // queue names (main queues and delay queues) declared on the current connection
