@@ -7,7 +7,8 @@ import (
 
 // Backoff computes retry delays: min(Max, Base·2^(attempt-1)) plus a jitter
 // drawn uniformly in [0, Jitter·delay]. The zero value uses the defaults
-// (Base 1s, Max 5m, Jitter 0.2).
+// (Base 1s, Max 5m, Jitter 0.2). [NewWorker] refuses a negative Base or
+// Max in a [RetryPolicy]; Delay takes them as zero.
 type Backoff struct {
 	// Base is the first delay. Zero means 1s.
 	Base time.Duration

@@ -48,6 +48,14 @@ var (
 	// dead-lettered because it was delivered too many times without being
 	// settled (a poison message that kills its workers).
 	ErrMaxDeliveries = errors.New("berth: max deliveries exceeded")
+	// ErrInvalidOptions is wrapped by the error [NewWorker] (and
+	// [CheckConfig]) returns for options that cannot work: a nil subscriber
+	// or handler, a negative count or duration where zero means the default
+	// (Concurrency, Prefetch, ReceiveLoops, QueueIdleWait, Lease,
+	// DrainTimeout, SettleTimeout, a RetryPolicy's MaxAttempts, Backoff.Base
+	// or Backoff.Max), a HeartbeatInterval longer than half the Lease. Bad
+	// queue names wrap [ErrInvalidQueue] instead.
+	ErrInvalidOptions = errors.New("berth: worker: invalid options")
 	// ErrUnavailable reports that the broker cannot be reached right now; the
 	// call may be retried. Brokers wrap it with the underlying cause.
 	ErrUnavailable = errors.New("berth: broker unavailable")

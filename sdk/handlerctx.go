@@ -20,13 +20,23 @@ import (
 // made only when asked), and contexts derived from it are cancelled with it
 // through the AfterFunc method the context package looks for (no goroutine
 // per child), synchronously, as children of a standard context are.
+//
+// Err is context.DeadlineExceeded when the cause is the job timeout
+// ([ErrJobTimeout]), context.Canceled otherwise, and Deadline is the job's
+// deadline when a timeout applies (see Deadline): the context reads as one
+// made by context.WithDeadline, which is what handlers and drivers that
+// map ctx.Err to a timeout error (database and HTTP clients) expect.
 type handlerCtx struct {
 	parent context.Context // never cancelled (the Worker's detached base)
 	corr   *string         // the delivery's correlation ID, answered for correlationKey; nil for none
 	done   atomic.Value    // chan struct{}, made by the first Done or by cancel (closed then)
+	// w and t are the Worker and the task whose handler c is the context
+	// of, for Deadline; nil when no timeout can apply.
+	w *Worker
+	t *task
 
 	mu    sync.Mutex
-	cause error     // non-nil once cancelled
+	cause error     // non-nil once cancelled; written once, before done is closed or stored
 	after []*func() // callbacks registered by AfterFunc, not yet run or stopped
 }
 
@@ -38,7 +48,33 @@ var closedChan = func() chan struct{} {
 	return c
 }()
 
-func (c *handlerCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+// Deadline is the earlier of the parent's deadline and the job's, when a
+// timeout applies to the job's type: the time from which its timeout counts
+// plus the timeout. The timeout counts from when the watchdog first saw the
+// handler run (see Worker.watchdog), or, asked before that, from the first
+// call to Deadline, which the watchdog then counts from too: the deadline
+// given is the one enforced (within the watchdog's precision, up to a tick
+// after it). It costs nothing per job until a handler asks.
+func (c *handlerCtx) Deadline() (time.Time, bool) {
+	pd, ok := c.parent.Deadline()
+	if c.w == nil || c.t == nil {
+		return pd, ok
+	}
+	timeout := c.w.timeout(c.t.d.Message().Type)
+	if timeout <= 0 {
+		return pd, ok
+	}
+	c.t.mu.Lock()
+	if c.t.started == 0 {
+		c.t.started = time.Now().UnixNano()
+	}
+	jd := time.Unix(0, c.t.started).Add(timeout)
+	c.t.mu.Unlock()
+	if ok && pd.Before(jd) {
+		return pd, true
+	}
+	return jd, true
+}
 
 func (c *handlerCtx) Done() <-chan struct{} {
 	if d := c.done.Load(); d != nil {
@@ -64,6 +100,12 @@ func (c *handlerCtx) Err() error {
 	}
 	select {
 	case <-d:
+		// cause was written, for good, before done was closed or stored:
+		// the receive (or the atomic load of a closed done) orders this
+		// read after it, without the lock.
+		if c.cause == ErrJobTimeout {
+			return context.DeadlineExceeded
+		}
 		return context.Canceled
 	default:
 		return nil
@@ -121,15 +163,23 @@ func (c *handlerCtx) AfterFunc(f func()) func() bool {
 }
 
 // cancel cancels c with cause (context.Canceled when nil), once, and calls
-// the AfterFunc callbacks.
-func (c *handlerCtx) cancel(cause error) {
+// the AfterFunc callbacks. Err is then context.DeadlineExceeded when cause
+// is the job timeout ([ErrJobTimeout]), context.Canceled otherwise.
+func (c *handlerCtx) cancel(cause error) { c.cancelUnless(cause, nil) }
+
+// cancelUnless is cancel, except that it does nothing when unless is set,
+// which it reads under c's lock: a flag set before the cancel (the handler
+// returned: t.settling) wins over it, and a cancel it lets through is seen
+// by every later read of the cause (context.Cause, under the same lock). It
+// reports whether it cancelled c.
+func (c *handlerCtx) cancelUnless(cause error, unless *atomic.Bool) bool {
 	if cause == nil {
 		cause = context.Canceled
 	}
 	c.mu.Lock()
-	if c.cause != nil {
+	if c.cause != nil || (unless != nil && unless.Load()) {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	c.cause = cause
 	if d, _ := c.done.Load().(chan struct{}); d != nil {
@@ -143,4 +193,5 @@ func (c *handlerCtx) cancel(cause error) {
 	for _, f := range after {
 		(*f)()
 	}
+	return true
 }

@@ -61,13 +61,14 @@ func monoNow() time.Duration { return time.Since(clockEpoch) }
 var ErrWorkerRunning = errors.New("berth: worker already running")
 
 // NewWorker returns a Worker that consumes opts.Queue from sub with h, wrapped
-// in opts.Middleware. It validates opts and returns an error for a bad one.
+// in opts.Middleware. It validates opts and returns an error for a bad one
+// (matching [ErrInvalidOptions], or [ErrInvalidQueue] for a queue name).
 // It checks opts against what sub reports about itself ([CheckConfig]): a
 // contradiction is logged as a warning, or with opts.StrictConfig returned as
 // a [*ConfigError].
 func NewWorker(sub Subscriber, h Handler, opts WorkerOptions) (*Worker, error) {
 	if sub == nil || h == nil {
-		return nil, errors.New("berth: worker: nil subscriber or handler")
+		return nil, fmt.Errorf("%w: nil subscriber or handler", ErrInvalidOptions)
 	}
 	if lr, ok := sub.(LeaseReporter); ok && opts.Lease == 0 {
 		opts.Lease = lr.Lease()
@@ -621,7 +622,9 @@ func (w *Worker) watchdog(held []atomic.Pointer[task], stop <-chan struct{}) {
 			}
 			if now-t.started >= int64(timeout) {
 				t.timedOut.Store(true)
-				t.hc.cancel(ErrJobTimeout)
+				// Not once the handler returned (settling, set since the
+				// check above): its settlement then goes by its result.
+				t.hc.cancelUnless(ErrJobTimeout, &t.settling)
 			}
 			t.mu.Unlock()
 		}
@@ -697,7 +700,10 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 			return
 		case <-timer.C:
 		}
-		if t.settling.Load() || t.lost.Load() {
+		if t.settling.Load() || t.lost.Load() || t.timedOut.Load() {
+			// A handler past its timeout gets no more extensions, even
+			// from one under way when the timeout fired: its lease runs
+			// out (see WorkerOptions.Timeout).
 			return
 		}
 		pause = min(2*pause, w.tick()/2)
@@ -717,6 +723,7 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 	t := &task{d: d, received: time.Now().UnixNano()}
 	t.extended.Store(t.received)
+	t.started = t.received // the timeout counts from here (the handler context's Deadline)
 	stop := context.AfterFunc(ctx, func() { t.stop(ErrShutdown) })
 	defer stop()
 	if ctx.Err() != nil {
@@ -727,11 +734,9 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 	}
 	if timeout := w.timeout(d.Message().Type); timeout > 0 {
 		timer := time.AfterFunc(timeout, func() {
-			if t.settling.Load() {
-				return
+			if t.hc.cancelUnless(ErrJobTimeout, &t.settling) {
+				t.timedOut.Store(true)
 			}
-			t.timedOut.Store(true)
-			t.stop(ErrJobTimeout)
 		})
 		defer timer.Stop()
 	}
@@ -769,6 +774,9 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	t.hc.parent = base
 	if m.CorrelationID != "" {
 		t.hc.corr = &m.CorrelationID
+	}
+	if w.timeoutTick > 0 { // a timeout may apply: Deadline looks it up when asked
+		t.hc.w, t.hc.t = w, t
 	}
 	var ctx context.Context = &t.hc
 	defer func() {

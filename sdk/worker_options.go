@@ -11,10 +11,26 @@ import (
 // RetryPolicy says how transient failures are retried.
 type RetryPolicy struct {
 	// MaxAttempts is the attempt at which a transient failure is dead-lettered
-	// instead of retried. Default 5.
+	// instead of retried. Zero means [DefaultMaxAttempts] (5); [NewWorker]
+	// refuses a negative one ([ErrInvalidOptions]).
 	MaxAttempts int
-	// Backoff computes the delay before each retry.
+	// Backoff computes the delay before each retry. [NewWorker] refuses a
+	// negative Base or Max ([ErrInvalidOptions]).
 	Backoff Backoff
+}
+
+// validate refuses the negative values NewWorker would otherwise have taken
+// for zero (the default); who names p in the error.
+func (p RetryPolicy) validate(who string) error {
+	switch {
+	case p.MaxAttempts < 0:
+		return fmt.Errorf("%w: negative %s.MaxAttempts %d", ErrInvalidOptions, who, p.MaxAttempts)
+	case p.Backoff.Base < 0:
+		return fmt.Errorf("%w: negative %s.Backoff.Base %s", ErrInvalidOptions, who, p.Backoff.Base)
+	case p.Backoff.Max < 0:
+		return fmt.Errorf("%w: negative %s.Backoff.Max %s", ErrInvalidOptions, who, p.Backoff.Max)
+	}
+	return nil
 }
 
 // DefaultMaxAttempts is the MaxAttempts used when none is given.
@@ -84,10 +100,11 @@ type WorkerOptions struct {
 	// wait on a queue; when it runs out the queue counts as idle and asks
 	// for one delivery at a time (so a queue that ran dry holds one slot,
 	// not the ones the others could use) until a Receive fills again. An
-	// idle queue polls every QueueIdleWait while it holds a slot. Default
-	// 500ms. A Receive cut off this way is neither a success nor a failure
-	// for [Worker.Health] (see [Health]); one that fails with an error of
-	// its own, even past QueueIdleWait, failed.
+	// idle queue polls every QueueIdleWait while it holds a slot. Zero
+	// means 500ms; negative is refused. A Receive cut off this way is
+	// neither a success nor a failure for [Worker.Health] (see [Health]);
+	// one that fails with an error of its own, even past QueueIdleWait,
+	// failed.
 	QueueIdleWait time.Duration
 	// Priority makes Queues a strict priority list: a queue gets slots only
 	// while every queue before it is idle or paused. Lower queues can
@@ -102,31 +119,38 @@ type WorkerOptions struct {
 	// Concurrency. On a ReceiveBatcher each Receive takes at most its batch
 	// of the free slots, so that the loops' calls are in flight together
 	// and full. With several Queues each queue has its own loop and
-	// ReceiveLoops is unused.
+	// ReceiveLoops is unused. Negative is refused.
 	ReceiveLoops int
-	// Concurrency is how many handlers run at once. Default 8. Deliveries of
-	// one Receive run concurrently, so order within an ordering key (an SQS
-	// FIFO message group) holds only with Concurrency 1 and Prefetch 1.
+	// Concurrency is how many handlers run at once. Default (zero) 8;
+	// negative is refused. Deliveries of one Receive run concurrently, so
+	// order within an ordering key (an SQS FIFO message group) holds only
+	// with Concurrency 1 and Prefetch 1.
 	Concurrency int
 	// Prefetch is how many deliveries may wait, received but not yet started,
 	// beyond the running ones. Their leases run while they wait, and no
-	// other Worker can run them. Default Concurrency. Raise it for many
-	// short jobs where a Receive is a costly round trip (a PostgreSQL claim
-	// of 8 costs about what a claim of 100 does: see BENCHMARKS.md); keep it
-	// low for long jobs, which other Workers should take instead.
+	// other Worker can run them. Default (zero) Concurrency; negative is
+	// refused. Raise it for many short jobs where a Receive is a costly
+	// round trip (a PostgreSQL claim of 8 costs about what a claim of 100
+	// does: see BENCHMARKS.md); keep it low for long jobs, which other
+	// Workers should take instead.
 	Prefetch int
 	// Retry is the retry policy for job types without their own.
 	Retry RetryPolicy
 	// RetryByType overrides Retry per Message.Type. A field an entry leaves
-	// zero (MaxAttempts, or one of Backoff's) is Retry's, as a zero
-	// TimeoutByType entry is Timeout: an entry that only slows one type's
-	// backoff keeps the Worker's MaxAttempts. An entry's Max caps its delays
+	// zero (MaxAttempts, or one of Backoff's; a negative one is refused, as
+	// in Retry) is Retry's, as a zero TimeoutByType entry is Timeout: an
+	// entry that only slows one type's backoff keeps the Worker's
+	// MaxAttempts. An entry's Max caps its delays
 	// even below an inherited Base; an entry's Base longer than the
 	// inherited Max raises that Max to it.
 	RetryByType map[string]RetryPolicy
 	// Timeout bounds each handler run. When it passes, the handler's context
 	// is cancelled with cause [ErrJobTimeout] (context.Cause(ctx); it matches
-	// context.DeadlineExceeded), the heartbeat stops extending the delivery's lease,
+	// context.DeadlineExceeded) and ctx.Err() is context.DeadlineExceeded,
+	// as for a context made by context.WithDeadline; ctx.Deadline() reports
+	// the job's deadline (the timeout counts from when the Worker first saw
+	// the handler run, or from the handler's first call to Deadline, if
+	// earlier). The heartbeat stops extending the delivery's lease,
 	// and the delivery is settled as a transient failure: Retry with backoff
 	// while attempts remain, else DeadLetter, with a cause wrapping
 	// ErrJobTimeout (a handler that still returns nil is acked: its work is
@@ -146,7 +170,7 @@ type WorkerOptions struct {
 	// Lease is the lease length the Worker asks for when it extends a lease;
 	// it must not exceed the broker's lease (visibility timeout), or leases
 	// run out between heartbeats. Default: the broker's, when it reports one
-	// ([LeaseReporter]), else 30s.
+	// ([LeaseReporter]), else 30s. Negative is refused.
 	Lease time.Duration
 	// HeartbeatInterval is how often held deliveries' leases are extended.
 	// Default Lease/3; at most Lease/2, so that one failed extension can be
@@ -156,9 +180,11 @@ type WorkerOptions struct {
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds shutdown: handlers still running this long after Run's
 	// context is done have their context cancelled (cause [ErrShutdown]) and
-	// their deliveries released. Default [DefaultDrainTimeout].
+	// their deliveries released. Default (zero) [DefaultDrainTimeout];
+	// negative is refused.
 	DrainTimeout time.Duration
-	// SettleTimeout bounds each settlement call. Default [DefaultSettleTimeout].
+	// SettleTimeout bounds each settlement call. Default (zero)
+	// [DefaultSettleTimeout]; negative is refused.
 	SettleTimeout time.Duration
 	// Middleware wraps the handler, the first outermost.
 	Middleware []Middleware
@@ -189,11 +215,31 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 	if err := o.validateQueues(); err != nil {
 		return o, fmt.Errorf("berth: worker: %w", err)
 	}
-	if o.QueueIdleWait <= 0 {
-		o.QueueIdleWait = 500 * time.Millisecond
+	// A negative count or duration where zero means the default is a
+	// mistake (a sign error, a bad subtraction): refused, not defaulted.
+	// (Negative Timeout, TimeoutByType and HeartbeatInterval mean "none".)
+	switch {
+	case o.Concurrency < 0 || o.Prefetch < 0 || o.ReceiveLoops < 0:
+		return o, fmt.Errorf("%w: negative Concurrency (%d), Prefetch (%d) or ReceiveLoops (%d)", ErrInvalidOptions, o.Concurrency, o.Prefetch, o.ReceiveLoops)
+	case o.QueueIdleWait < 0:
+		return o, fmt.Errorf("%w: negative QueueIdleWait %s", ErrInvalidOptions, o.QueueIdleWait)
+	case o.Lease < 0:
+		return o, fmt.Errorf("%w: negative Lease %s", ErrInvalidOptions, o.Lease)
+	case o.DrainTimeout < 0:
+		return o, fmt.Errorf("%w: negative DrainTimeout %s", ErrInvalidOptions, o.DrainTimeout)
+	case o.SettleTimeout < 0:
+		return o, fmt.Errorf("%w: negative SettleTimeout %s", ErrInvalidOptions, o.SettleTimeout)
 	}
-	if o.Concurrency < 0 || o.Prefetch < 0 || o.ReceiveLoops < 0 {
-		return o, fmt.Errorf("berth: worker: negative Concurrency, Prefetch or ReceiveLoops")
+	if err := o.Retry.validate("Retry"); err != nil {
+		return o, err
+	}
+	for _, t := range sortedKeys(o.RetryByType) { // the same type named at every call
+		if err := o.RetryByType[t].validate(fmt.Sprintf("RetryByType[%q]", t)); err != nil {
+			return o, err
+		}
+	}
+	if o.QueueIdleWait == 0 {
+		o.QueueIdleWait = 500 * time.Millisecond
 	}
 	if o.ReceiveLoops == 0 {
 		o.ReceiveLoops = 1
@@ -225,9 +271,6 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		}
 		o.TimeoutByType = m
 	}
-	if o.Lease < 0 {
-		return o, fmt.Errorf("berth: worker: negative Lease %s", o.Lease)
-	}
 	if o.Lease == 0 {
 		o.Lease = 30 * time.Second
 	}
@@ -235,12 +278,12 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		o.HeartbeatInterval = o.Lease / 3
 	}
 	if o.HeartbeatInterval > o.Lease/2 {
-		return o, fmt.Errorf("berth: worker: HeartbeatInterval %s is longer than half the Lease %s: leases would run out between heartbeats and long jobs run twice", o.HeartbeatInterval, o.Lease)
+		return o, fmt.Errorf("%w: HeartbeatInterval %s is longer than half the Lease %s: leases would run out between heartbeats and long jobs run twice", ErrInvalidOptions, o.HeartbeatInterval, o.Lease)
 	}
-	if o.DrainTimeout <= 0 {
+	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
-	if o.SettleTimeout <= 0 {
+	if o.SettleTimeout == 0 {
 		o.SettleTimeout = DefaultSettleTimeout
 	}
 	if o.Logger == nil {
