@@ -98,7 +98,12 @@ func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Dashboard) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
-	m, err := d.deadLetters().GetDeadLetter(r.Context(), r.PathValue("queue"), r.PathValue("id"))
+	id, err := idOf(r)
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	m, err := d.deadLetters().GetDeadLetter(r.Context(), r.PathValue("queue"), id)
 	if err != nil {
 		d.apiFail(w, r, err)
 		return

@@ -14,8 +14,9 @@
 // or the password of HTTP basic auth, which browsers ask for); state-changing
 // requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
 // and refuses every change; message text is escaped by html/template, and
-// control characters are shown as escapes (in JSON, with bidirectional-text
-// controls, as \u escapes). Where to listen, refusing a non-loopback address
+// control characters, bidirectional-text controls and invisible characters
+// (zero-width, tag characters, …) are shown as escapes (in JSON, those
+// encoding/json leaves raw, as \u escapes). Where to listen, refusing a non-loopback address
 // without a token, and, without a token, refusing a request whose Host is
 // not a loopback name (DNS rebinding), are the caller's part (`berth ui`
 // does them).
@@ -108,14 +109,17 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	mux.HandleFunc("POST /api/queues/{queue}/pause", d.setPause(true, true))
 	mux.HandleFunc("POST /api/queues/{queue}/resume", d.setPause(false, true))
 	mux.HandleFunc("GET /queues/{queue}/messages/{id}", d.message)
+	mux.HandleFunc(messageByQuery, d.message) // an ID that cannot be a path segment (dotSegment)
 	mux.HandleFunc("GET /jobs", d.jobs)
 	mux.HandleFunc("GET /jobs/{id}", d.job)
 	mux.HandleFunc("GET /api/queues", d.apiQueues)
 	mux.HandleFunc("GET /api/queues/{queue}/dead-letters", d.apiDeadLetters)
 	mux.HandleFunc("GET /api/queues/{queue}/dead-letters/{id}", d.apiDeadLetter)
+	mux.HandleFunc(apiDeadLetterByQuery, d.apiDeadLetter)
 	mux.HandleFunc("POST /api/queues/{queue}/{action}", d.apiChange)
 	mux.HandleFunc("GET /api/jobs", d.apiJobs)
 	mux.HandleFunc("GET /api/jobs/{id}", d.apiJob)
+	mux.HandleFunc(apiJobByQuery, d.apiJob)
 	var h http.Handler = mux
 	h = http.NewCrossOriginProtection().Handler(h)
 	h = securityHeaders(h)
@@ -124,6 +128,28 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	}
 	d.handler = h
 	return d, nil
+}
+
+// The routes that take a dead letter's or job's ID in the query ("id"), for
+// an ID that cannot be a path segment ("." and "..": see dotSegment): the
+// dead letter's page, and the API's dead letter and job.
+const (
+	messageByQuery       = "GET /queues/{queue}/message"
+	apiDeadLetterByQuery = "GET /api/queues/{queue}/dead-letter"
+	apiJobByQuery        = "GET /api/job"
+)
+
+// idOf returns the ID a request names: the {id} of its path, or on a route
+// ByQuery its "id" parameter (an error when that is missing).
+func idOf(r *http.Request) (string, error) {
+	switch r.Pattern {
+	case messageByQuery, apiDeadLetterByQuery, apiJobByQuery:
+		if id := r.URL.Query().Get("id"); id != "" {
+			return id, nil
+		}
+		return "", &badRequest{"id: name the dead letter or job"}
+	}
+	return r.PathValue("id"), nil
 }
 
 // ServeHTTP serves the dashboard.

@@ -42,7 +42,11 @@ func (d *Dashboard) jobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	// Look one job up by ID or idempotency key.
 	if id := q.Get("id"); id != "" {
-		http.Redirect(w, r, "/jobs/"+url.PathEscape(id), http.StatusSeeOther)
+		if dotSegment(id) { // no /jobs/ID reaches it: show it here
+			d.showJob(w, r, id)
+			return
+		}
+		http.Redirect(w, r, jobURL(id), http.StatusSeeOther)
 		return
 	}
 	if key := q.Get("key"); key != "" {
@@ -51,7 +55,7 @@ func (d *Dashboard) jobs(w http.ResponseWriter, r *http.Request) {
 			d.fail(w, r, err)
 			return
 		}
-		http.Redirect(w, r, "/jobs/"+url.PathEscape(j.MessageID), http.StatusSeeOther)
+		http.Redirect(w, r, jobURL(j.MessageID), http.StatusSeeOther)
 		return
 	}
 	f, err := d.jobsFilter(q)
@@ -84,7 +88,12 @@ func (d *Dashboard) job(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, errNoLedgerFound)
 		return
 	}
-	j, err := d.o.Jobs.Job(r.Context(), r.PathValue("id"))
+	d.showJob(w, r, r.PathValue("id"))
+}
+
+// showJob renders the page of job id.
+func (d *Dashboard) showJob(w http.ResponseWriter, r *http.Request, id string) {
+	j, err := d.o.Jobs.Job(r.Context(), id)
 	if err != nil {
 		d.fail(w, r, err)
 		return
@@ -115,7 +124,12 @@ func (d *Dashboard) apiJob(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, errNoLedgerFound)
 		return
 	}
-	j, err := d.o.Jobs.Job(r.Context(), r.PathValue("id"))
+	id, err := idOf(r)
+	if err != nil {
+		d.apiFail(w, r, err)
+		return
+	}
+	j, err := d.o.Jobs.Job(r.Context(), id)
 	if err != nil {
 		d.apiFail(w, r, err)
 		return

@@ -68,6 +68,9 @@ var funcs = template.FuncMap{
 	// "#" and "/" of a link as they are, so an ID must be escaped here
 	// (the handlers' PathValue decodes it).
 	"path": url.PathEscape,
+	// messageURL and jobURL link to a dead letter's and a job's page.
+	"messageURL": messageURL,
+	"jobURL":     jobURL,
 	// idName and idValue put a dead letter's ID in a form field: as it
 	// is ("id"), or in base64 ("id64") when a browser would not send it
 	// back as it is (see plainID).
@@ -86,6 +89,30 @@ var funcs = template.FuncMap{
 	// query is a url.Values as a link's query string: {{.}} of a string
 	// after the "?" of a link is escaped as one value, "=" and "&" too.
 	"query": query,
+}
+
+// dotSegment reports whether id, as a segment of a URL path, would be read
+// as "." or ".." (the current or the parent directory) by browsers and by
+// http.ServeMux, which resolve them (escaped as %2E too) before routing: a
+// link to it would show another page.
+func dotSegment(id string) bool { return id == "." || id == ".." }
+
+// messageURL is the path of the page of queue's dead letter id: the ID as a
+// path segment, or in the query (see dotSegment).
+func messageURL(queue, id string) string {
+	if dotSegment(id) {
+		return "/queues/" + url.PathEscape(queue) + "/message?id=" + url.QueryEscape(id)
+	}
+	return "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(id)
+}
+
+// jobURL is the path of the page of job id: /jobs/ID, or the lookup by ID
+// in the query, which shows the job (see dotSegment).
+func jobURL(id string) string {
+	if dotSegment(id) {
+		return "/jobs?id=" + url.QueryEscape(id)
+	}
+	return "/jobs/" + url.PathEscape(id)
 }
 
 // plainID reports whether a browser sends id back from a form field as it
@@ -616,7 +643,12 @@ type messagePage struct {
 }
 
 func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
-	queue, id := r.PathValue("queue"), r.PathValue("id")
+	queue := r.PathValue("queue")
+	id, err := idOf(r)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
 	m, err := d.deadLetters().GetDeadLetter(r.Context(), queue, id)
 	if err != nil {
 		d.fail(w, r, err)

@@ -32,10 +32,11 @@
 // not moved, the command was interrupted, or the broker's scan stopped
 // before the end of the dead-letter queue; the output says which and why).
 //
-// Text output escapes control characters, terminal escape sequences and
-// invalid UTF-8 from messages. -json prints one JSON document per line
-// (with -watch, one per refresh), with DEL, C1 and bidirectional-text
-// controls as \u escapes; its fields are documented in README.md
+// Text output escapes control characters, terminal escape sequences,
+// bidirectional-text controls, invisible characters (zero-width, tag
+// characters, …) and invalid UTF-8 from messages. -json prints one JSON
+// document per line (with -watch, one per refresh), with DEL, C1 and
+// bidirectional-text controls and invisible characters as \u escapes; its fields are documented in README.md
 // ("Operating berth") and only ever gain new fields.
 package main
 
@@ -283,7 +284,10 @@ func run(ctx context.Context, args []string, e env) int {
 	c := newCLI(e)
 	pos, help, err := parseInterspersed(c.fs, args)
 	if err != nil {
-		fmt.Fprintf(c.stderr, "berth: %v\n", err)
+		// The flag package quotes a bad value but not a bad flag's name: an
+		// argument such as an ID from a message that starts with "-" would
+		// reach the terminal as it is.
+		fmt.Fprintf(c.stderr, "berth: %s\n", esc(err.Error()))
 		fmt.Fprint(c.stderr, "run \"berth -h\" for usage\n")
 		return exitUsage
 	}

@@ -335,14 +335,15 @@ func TestScanIncomplete(t *testing.T) {
 }
 
 func TestEscapeJSON(t *testing.T) {
-	for _, s := range []string{"plain", "é ü 日本", "a\u202eb\u2066c\u009bd\u0085e\x7ff\u061cg", "\ufffd"} {
+	for _, s := range []string{"plain", "é ü 日本", "a\u202eb\u2066c\u009bd\u0085e\x7ff\u061cg", "\ufffd", "id\u200b\ufeff\u00ad\U000e0041\u3164"} {
 		b, err := json.Marshal(map[string]string{"k" + s: s})
 		if err != nil {
 			t.Fatal(err)
 		}
 		e := dlq.EscapeJSON(b)
 		if strings.ContainsFunc(string(e), func(r rune) bool {
-			return r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == 0x202e || r == 0x2066 || r == 0x061c
+			return r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == 0x202e || r == 0x2066 || r == 0x061c ||
+				r == 0x200b || r == 0xfeff || r == 0xad || r == 0xe0041 || r == 0x3164
 		}) {
 			t.Errorf("%q: raw control left in %q", s, e)
 		}

@@ -5,13 +5,17 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
 // EscapeText makes untrusted text safe to print: control characters (tab,
 // newline and ESC included, so no terminal escape sequence gets through),
-// bidirectional-text overrides and invalid UTF-8 are written as Go-style
-// escapes (\x1b, \u202e, \xff). With block, newlines and tabs are kept.
+// bidirectional-text overrides, invisible characters (zero-width spaces and
+// joiners, the byte-order mark, soft hyphens, tag characters, Hangul
+// fillers: text that looks like other text, or hides text) and line and
+// paragraph separators, and invalid UTF-8 are written as Go-style escapes
+// (\x1b, \u202e, \u200b, \xff). With block, newlines and tabs are kept.
 // HTML needs its own escaping on top (html/template does it).
 func EscapeText(s string, block bool) string {
 	clean := true
@@ -56,14 +60,23 @@ func unsafeRune(r rune) bool {
 	switch {
 	case r == 0x061C, r == 0x200E, r == 0x200F, r >= 0x202A && r <= 0x202E, r >= 0x2066 && r <= 0x2069:
 		return true // bidi controls: text that reads differently from what it is
+	case unicode.Is(unicode.Cf, r), unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r):
+		// Invisible: zero-width space, non-joiner and joiner, word
+		// joiner, BOM, soft hyphen, tag characters (U+E0000 block, which
+		// can spell out hidden text), Hangul fillers. An ID with one
+		// looks like another ID; a reason can hide words.
+		return true
+	case r == 0x2028, r == 0x2029:
+		return true // line and paragraph separators: a line break to some terminals and viewers
 	}
 	return false
 }
 
 // EscapeJSON rewrites the characters of encoded JSON (as json.Marshal
-// writes it) that would act on a terminal or reorder the text around them,
-// and that encoding/json leaves as they are (DEL, the C1 controls, U+009B
-// CSI among them, and the bidirectional-text controls), as \u escapes: the
+// writes it) that would act on a terminal, reorder the text around them or
+// not show at all, and that encoding/json leaves as they are (DEL, the C1
+// controls, U+009B CSI among them, the bidirectional-text controls and the
+// invisible characters EscapeText escapes), as \u escapes: the
 // same JSON values, safe to print. It returns b itself when there are none.
 // Such characters can only be inside JSON strings, where \u escapes mean
 // them exactly.
@@ -93,7 +106,11 @@ func EscapeJSON(b []byte) []byte {
 		}
 		r, n := utf8.DecodeRune(b[i:])
 		if r != utf8.RuneError && unsafeRune(r) {
-			out = fmt.Appendf(out, `\u%04x`, r)
+			if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+				out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2) // beyond U+FFFF: a surrogate pair, as JSON spells it
+			} else {
+				out = fmt.Appendf(out, `\u%04x`, r)
+			}
 		} else {
 			out = append(out, b[i:i+n]...)
 		}
