@@ -19,6 +19,12 @@
 // ("amqp:user:pass@host" or "amqp:/user:pass@host", which name no host)
 // wraps [ErrInvalidURL] too, unless nothing but a query follows the scheme
 // ("mem:?lease=1s").
+// A part of the URL that the scheme does not use wraps [ErrInvalidURL] too,
+// and the error says which, rather than being ignored silently: a path on
+// sqs:// (the queue is not named there), nats:// or mem://, a host on mem://,
+// user info on mem://, sqs:// or an SQS endpoint, and a fragment (#…) on
+// any built-in scheme. A lone "/" path names nothing and is allowed
+// ("sqs://eu-west-1/").
 // An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
 // contains the URL's password.
 //

@@ -40,7 +40,7 @@ var schemes = map[string]Opener{
 
 // openJetStream opens NATS JetStream: nats://user:pass@host:4222 (several
 // servers: nats://a:4222,b:4222 is not a URL; give one, nats.go learns the
-// others from the cluster).
+// others from the cluster). No path.
 //
 // Parameters (the fields of [jetstream.Options] and [jetstream.ConnectOptions]):
 // ack_wait (duration, at least 100ms), wait_time (duration),
@@ -71,20 +71,27 @@ func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, erro
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
+	if err := unusedParts(p.scheme, u, usesUser|usesHost); err != nil {
+		return nil, err
+	}
 	return jetstream.Connect(ctx, withQuery(u, nil), co, o)
 }
 
-// openMemory opens a new, empty memory broker: mem://
+// openMemory opens a new, empty memory broker: mem:// (no host, user info
+// or path).
 //
 // Parameters: lease (duration), max_deliveries, max_message_size — the
 // fields of [memory.Options].
-func openMemory(_ context.Context, _ *url.URL, p *Params) (sdk.Broker, error) {
+func openMemory(_ context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := memory.Options{
 		Lease:          p.Duration("lease", 0),
 		MaxDeliveries:  p.Int("max_deliveries", 0),
 		MaxMessageSize: p.Int("max_message_size", 0),
 	}
 	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	if err := unusedParts(p.scheme, u, 0); err != nil {
 		return nil, err
 	}
 	return memory.New(o)
@@ -119,6 +126,9 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
+	if err := unusedParts(p.scheme, u, usesUser|usesHost|usesPath); err != nil {
+		return nil, err
+	}
 	return rabbitmq.New(ctx, withQuery(u, nil), o)
 }
 
@@ -144,6 +154,9 @@ func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	p.check("max_attempts", o.MaxAttempts >= 0 && o.MaxAttempts <= math.MaxInt32, "want an integer from 0 (the default) to 2147483647")
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	if err := unusedParts(p.scheme, u, usesUser|usesHost|usesPath); err != nil {
 		return nil, err
 	}
 	if o.Schema != "" {
@@ -206,8 +219,10 @@ func (b *pgBroker) As(target any) bool {
 	return false
 }
 
-// openSQS opens AWS SQS: sqs://REGION (AWS's endpoint of that region) or
-// http(s)://ENDPOINT (an emulator such as fauxqs, or a VPC endpoint).
+// openSQS opens AWS SQS: sqs://REGION (AWS's endpoint of that region; no
+// path: queues are not named in the URL) or http(s)://ENDPOINT[/PATH] (an
+// emulator such as fauxqs, or a VPC endpoint; a path prefixes every
+// request's). Neither takes user info.
 //
 // Parameters: region (an AWS region such as eu-west-1; default: sqs://'s
 // host, which must be a region too, else the AWS configuration, else
@@ -235,6 +250,13 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	}
 	if u.User != nil {
 		return nil, fmt.Errorf("%w: sqs: credentials in the URL are not supported (use the AWS configuration)", ErrInvalidURL)
+	}
+	uses := usesHost | usesPath // an http(s) endpoint's path prefixes every request's
+	if scheme == "sqs" {
+		uses = usesHost
+	}
+	if err := unusedParts(scheme, u, uses); err != nil {
+		return nil, err
 	}
 	var endpoint string
 	if scheme == "sqs" {

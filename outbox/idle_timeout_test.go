@@ -270,3 +270,53 @@ func TestNotRecordedOnlyWhenPublished(t *testing.T) {
 		t.Errorf("the error does not say why the failures were not recorded: %v", err)
 	}
 }
+
+// deadlineSeen is a slowCounting that records whether any Publish ran
+// under a context with a deadline.
+type deadlineSeen struct {
+	slowCounting
+	bounded bool
+}
+
+func (p *deadlineSeen) Publish(ctx context.Context, q string, msgs ...*sdk.Message) error {
+	if _, ok := ctx.Deadline(); ok {
+		p.mu.Lock()
+		p.bounded = true
+		p.mu.Unlock()
+	}
+	return p.slowCounting.Publish(ctx, q, msgs...)
+}
+
+// A negative RelayOptions.PublishTimeout means no bound: the publish runs
+// under the relay's own context (here without a deadline), and the relay
+// turns a server idle_in_transaction_session_timeout shorter than the
+// publish off for its transaction, so that the slow publish is recorded
+// once. Before, any PublishTimeout <= 0 meant the 30 s default: a user with
+// publishes slower than that could not turn it off.
+func TestNegativePublishTimeoutIsUnbounded(t *testing.T) {
+	ctx := context.Background()
+	pool, _, b, schema := setupSchema(t, outbox.Options{})
+	box, err := outbox.New(poolWith(t, map[string]string{"idle_in_transaction_session_timeout": "200ms"}), outbox.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(t, pool, box, "q", &sdk.Message{ID: "m1"})
+	pub := &deadlineSeen{slowCounting: slowCounting{Publisher: b, delay: 600 * time.Millisecond, sent: map[string]int{}}}
+	n, err := box.RelayOnce(ctx, pub, outbox.RelayOptions{PublishTimeout: -1})
+	if n != 1 || err != nil {
+		t.Fatalf("RelayOnce with PublishTimeout -1 and a publish slower than the server's idle timeout = %d, %v; want 1, nil", n, err)
+	}
+	pub.mu.Lock()
+	bounded := pub.bounded
+	pub.mu.Unlock()
+	if bounded {
+		t.Errorf("the publish ran under a deadline with PublishTimeout -1 (no bound)")
+	}
+	if c := pub.count("m1"); c != 1 {
+		t.Errorf("m1 published %d times, want once", c)
+	}
+	if pending, err := box.Pending(ctx); err != nil || pending != 0 {
+		t.Errorf("Pending = %d, %v; want 0", pending, err)
+	}
+	drain(t, b, "q", 1)
+}

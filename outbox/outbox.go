@@ -304,7 +304,13 @@ type RelayOptions struct {
 	// idle_in_transaction_session_timeout that is set and shorter, to
 	// PublishTimeout + [IdleMargin]: otherwise a publish slower than that
 	// setting gets the session terminated, the rows are not deleted and
-	// every pass publishes them again. Default 30s.
+	// every pass publishes them again. Default [DefaultPublishTimeout]
+	// (30s); negative means no bound (as in [sdk.WorkerOptions.Timeout]): the
+	// publish runs until the publisher returns or the relay's ctx ends, and
+	// the relay turns idle_in_transaction_session_timeout off (0) in its
+	// transaction, as long as the batch's rows stay locked. A server
+	// transaction_timeout still ends the transaction: set it above the
+	// slowest publish for the relay's role.
 	PublishTimeout time.Duration
 	Logger         *slog.Logger // default slog.Default()
 }
@@ -343,7 +349,7 @@ func (opts RelayOptions) withDefaults() RelayOptions {
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = DefaultMaxAttempts
 	}
-	if opts.PublishTimeout <= 0 {
+	if opts.PublishTimeout == 0 {
 		opts.PublishTimeout = DefaultPublishTimeout
 	}
 	return opts
@@ -430,8 +436,9 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 // one call per queue.
 //
 // The transaction holds the batch's rows while the broker publishes them,
-// for at most RelayOptions.PublishTimeout, and raises a shorter server
-// idle_in_transaction_session_timeout to cover that (SET LOCAL). If the
+// for at most RelayOptions.PublishTimeout (without bound when it is
+// negative), and raises a shorter server idle_in_transaction_session_timeout
+// to cover that, or turns it off for an unbounded publish (SET LOCAL). If the
 // transaction is lost all the same after the publish (the session was
 // terminated, the connection broke) and rows were published, the error wraps
 // [ErrPublishNotRecorded] and says why: the rows stay, and are published
@@ -478,12 +485,25 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	}
 
 	// The transaction sits idle on the server while the broker works: keep
-	// a short server idle_in_transaction_session_timeout from ending it.
-	if err := raiseIdleTimeout(ctx, tx, opts.PublishTimeout+IdleMargin); err != nil {
+	// a short server idle_in_transaction_session_timeout from ending it
+	// (turn it off when the publish has no bound).
+	idle := time.Duration(-1)
+	if opts.PublishTimeout > 0 {
+		idle = opts.PublishTimeout + IdleMargin
+	}
+	if err := raiseIdleTimeout(ctx, tx, idle); err != nil {
 		return 0, err
 	}
 	start := time.Now()
-	pctx, cancel := context.WithTimeout(ctx, opts.PublishTimeout)
+	var (
+		pctx   context.Context
+		cancel context.CancelFunc
+	)
+	if opts.PublishTimeout > 0 {
+		pctx, cancel = context.WithTimeout(ctx, opts.PublishTimeout)
+	} else {
+		pctx, cancel = context.WithCancel(ctx) // no bound
+	}
 	publishInOrder(pctx, pub, batch)
 	timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
 	cancel()
@@ -602,15 +622,20 @@ func (e *publishTimeoutError) Unwrap() error { return e.err }
 
 // raiseIdleTimeout raises the session's idle_in_transaction_session_timeout
 // to d for the rest of tx (SET LOCAL) when it is set and shorter: the relay
-// is idle in tx while it publishes, for at most d. A setting of 0 (no
-// limit) or a longer one is left alone.
+// is idle in tx while it publishes, for at most d. A negative d (a publish
+// without bound) turns a set timeout off (0) for the rest of tx. A setting
+// of 0 (no limit) or a longer one is left alone.
 func raiseIdleTimeout(ctx context.Context, tx pgx.Tx, d time.Duration) error {
-	ms := min(d.Milliseconds(), math.MaxInt32) // the setting's unit and range
+	var ms int64 // 0: off
+	if d >= 0 {
+		ms = max(1, min(d.Milliseconds(), math.MaxInt32)) // the setting's unit and range
+	}
 	// The CASE keeps the cast to the setting's own row whatever order the
 	// planner tests the conditions in (pg_settings holds text of every kind).
 	if _, err := tx.Exec(ctx, `SELECT set_config(name, $1, true) FROM pg_settings
 WHERE name = 'idle_in_transaction_session_timeout'
-AND CASE WHEN setting ~ '^[0-9]+$' THEN setting::bigint > 0 AND setting::bigint < $2 ELSE false END`, strconv.FormatInt(ms, 10), ms); err != nil {
+AND CASE WHEN setting ~ '^[0-9]+$' THEN setting::bigint > 0 AND ($2::bigint = 0 OR setting::bigint < $2::bigint) ELSE false END`,
+		strconv.FormatInt(ms, 10), ms); err != nil {
 		return fmt.Errorf("outbox: raising idle_in_transaction_session_timeout: %w", err)
 	}
 	return nil
@@ -626,7 +651,7 @@ func sessionEndCause(err error) string {
 	switch pe.Code {
 	case "25P03": // idle_in_transaction_session_timeout
 		return "the server's idle_in_transaction_session_timeout ended the session during the publish, " +
-			"although the relay raises it to RelayOptions.PublishTimeout + IdleMargin (a publisher that ignores its context?): "
+			"although the relay raises it to RelayOptions.PublishTimeout + IdleMargin, or turns it off when PublishTimeout is negative (a publisher that ignores its context?): "
 	case "25P04": // transaction_timeout (PostgreSQL 17)
 		return "the server's transaction_timeout ended the transaction during the publish: " +
 			"set it above RelayOptions.PublishTimeout + IdleMargin for the relay's role: "

@@ -70,15 +70,19 @@ type Options struct {
 	// at most MaxWireSize.
 	MaxMessageSize int
 	// MaxWireSize bounds the encoded message (body and attributes, as SQS
-	// counts them), which must also fit the queue's MaximumMessageSize.
-	// Publish keeps 83 bytes of it for the copies berth sends of a message
-	// (its dead letter, a redrive): it refuses an encoded message over
-	// MaxWireSize less those. DeadLetter fits its copy to the dead-letter
-	// queue's MaximumMessageSize when that is smaller; the guarantee that
-	// every message Publish accepts can be dead-lettered holds when the
-	// queues' MaximumMessageSize is at least MaxWireSize (DeclareQueue sets
-	// it so) — for queues made elsewhere with a smaller limit, set
-	// MaxWireSize to it. Default and maximum [MaxWireSize] (1 MiB).
+	// counts them). The limit a message must fit is MaxWireSize or, when
+	// that is smaller, the queue's own MaximumMessageSize (DeclareQueue sets
+	// it to MaxWireSize; a queue made elsewhere may have less), which the
+	// broker reads once per queue and again every minute, or at once after
+	// SQS refused an entry as invalid (the attribute may have been lowered);
+	// without sqs:GetQueueAttributes it checks MaxWireSize only, and logs so.
+	// Publish keeps 83 bytes of that limit for the copies berth sends of a
+	// message (its dead letter, a redrive): it refuses an encoded message
+	// over the limit less those, before anything is sent. DeadLetter fits
+	// its copy to the dead-letter queue's limit; the guarantee that every
+	// message Publish accepts can be dead-lettered holds when the
+	// dead-letter queue's MaximumMessageSize is at least its source queue's.
+	// Default and maximum [MaxWireSize] (1 MiB).
 	MaxWireSize int
 	// PublishSenders bounds the SendMessageBatch calls in flight for the
 	// Publish calls of at most 10 messages to standard queues. A Publish that
@@ -192,9 +196,11 @@ type queueRef struct {
 	dlqOnce    sync.Mutex
 	dlq        *queueRef
 	maxReceive int // the redrive policy's maxReceiveCount, 0 when unknown
-	// maxSize is the queue's MaximumMessageSize, read when it is resolved
-	// as a dead-letter queue (deadLetterQueue); 0 when not read.
-	maxSize int
+
+	// size is the queue's MaximumMessageSize, read on first need and again
+	// every sizeRefresh ([Broker.maxSize]): Publish checks messages against
+	// it, DeadLetter and redrives their copies.
+	size queueSize
 }
 
 // New returns a Broker that uses client, which the caller configured
@@ -351,6 +357,7 @@ func (b *Broker) remember(name, url string) *queueRef {
 		return q
 	}
 	q := &queueRef{name: name, url: url, fifo: strings.HasSuffix(name, fifoSuffix)}
+	q.size.read = make(chan struct{}, 1)
 	b.queues[name] = q
 	return q
 }
@@ -396,19 +403,6 @@ func (b *Broker) deadLetterQueue(ctx context.Context, q *queueRef) (*queueRef, e
 	dlq, err := b.queue(ctx, name)
 	if err != nil {
 		return nil, err
-	}
-	// The dead-letter queue's own limit, which may be below MaxWireSize (a
-	// queue made outside berth, or by a broker with a smaller MaxWireSize):
-	// DeadLetter fits its copies to it (fitDeadLetter).
-	attrs, err := b.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
-		QueueUrl:       aws.String(dlq.url),
-		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameMaximumMessageSize},
-	})
-	if err != nil {
-		return nil, b.wrap(ctx, "read the message size limit of "+name, err)
-	}
-	if n, err := strconv.Atoi(attrs.Attributes[string(sqstypes.QueueAttributeNameMaximumMessageSize)]); err == nil && n > 0 {
-		dlq.maxSize = n
 	}
 	q.dlq = dlq
 	return dlq, nil

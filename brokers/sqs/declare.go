@@ -102,6 +102,9 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 	q.dlqOnce.Lock()
 	q.dlq, q.maxReceive = dlq, cfg.MaxReceiveCount
 	q.dlqOnce.Unlock()
+	// Both queues' MaximumMessageSize is now MaxWireSize: no need to read it.
+	q.size.set(b.opts.MaxWireSize)
+	dlq.size.set(b.opts.MaxWireSize)
 	return nil
 }
 

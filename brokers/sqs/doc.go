@@ -29,7 +29,8 @@
 //     counting a receive, so deliveries do not implement [sdk.Releaser].
 //   - DeadLetter sends a copy carrying the reason headers to the dead-letter
 //     queue, then deletes the original. A copy over [Options.MaxWireSize]
-//     has its annotations shortened, never the message: the reason cut,
+//     (or the dead-letter queue's MaximumMessageSize, when smaller) has its
+//     annotations shortened, never the message: the reason cut,
 //     else every annotation left out, and [HeaderDeadLetterTruncated] says
 //     so. Publish keeps room for the shortest such copy and for a redrive
 //     (83 bytes below MaxWireSize), so that every message it accepts can be
@@ -55,8 +56,11 @@
 // too: SQS refuses them). Size is checked before anything is sent, twice: the
 // berth size ([sdk.Message.Size]) against [Options.MaxMessageSize] (default
 // 256 KiB) and the encoded size against [Options.MaxWireSize] (default 1 MiB,
-// SQS's maximum) less 83 bytes, kept for the annotations of its dead letter
-// (see DeadLetter above); either refusal is an [*sdk.MessageTooLargeError].
+// SQS's maximum), or the queue's own MaximumMessageSize when that is smaller
+// (read once per queue, again every minute and after SQS refused an entry
+// as invalid), less 83 bytes kept for the annotations of its dead letter
+// (see DeadLetter above); either refusal is an [*sdk.MessageTooLargeError]
+// and nothing of the batch is sent.
 // Messages without the "berth" attribute (sent by other
 // producers) are delivered with their SQS MessageId as ID, their body as it
 // is, and their String attributes as headers, except those with a reserved

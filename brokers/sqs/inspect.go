@@ -498,6 +498,10 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[
 	if len(page) == 0 {
 		return 0, nil
 	}
+	limit, err := b.wireLimit(ctx, s.q) // the queue's own limit, when below MaxWireSize
+	if err != nil {
+		return 0, err
+	}
 	var errs []error
 	entries := make([]sendEntry, 0, len(page))
 	sendable := make([]*letter, 0, len(page))
@@ -505,7 +509,7 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[
 		m := l.msg.Clone()
 		delete(m.Headers, HeaderDeadLetterTruncated)
 		sdk.PrepareRedrive(m, s.q.name)
-		e, err := b.entry(m, s.q.fifo, "", b.opts.MaxWireSize)
+		e, err := b.entry(m, s.q.fifo, "", limit)
 		if err != nil {
 			errs = append(errs, err)
 			l.msg = nil
@@ -517,7 +521,7 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[
 	if len(entries) == 0 {
 		return 0, errors.Join(errs...)
 	}
-	err := b.send(ctx, s.q, entries)
+	err = b.send(ctx, s.q, entries)
 	var pe *sdk.PublishError
 	if err != nil {
 		errs = append(errs, err)

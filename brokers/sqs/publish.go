@@ -21,11 +21,13 @@ import (
 // messages and 1 MiB: up to 10 chunks at once on a standard queue, one after
 // another (in order) on a FIFO queue. Concurrent Publish calls of at most 10
 // messages to a standard queue share calls when [Options.PublishSenders]
-// are busy. It implements [sdk.Publisher]: every message is
-// checked first ([sdk.Prepare], the sizes, the delay: [*DelayError]) and
-// nothing is sent when one fails. Entries SQS refuses, and the messages of
-// chunks not sent after a failed call, are named in an [*sdk.PublishError];
-// the other messages were published.
+// are busy. It implements [sdk.Publisher]: every message is checked first
+// ([sdk.Prepare], the delay: [*DelayError], the sizes: an
+// [*sdk.MessageTooLargeError] whose Limit is [Options.MaxWireSize], or the
+// queue's own MaximumMessageSize when smaller, less 83 bytes kept for the
+// copies berth sends of it) and nothing is sent when one fails. Entries SQS
+// refuses, and the messages of chunks not sent after a failed call, are
+// named in an [*sdk.PublishError]; the other messages were published.
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -56,6 +58,20 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		done()
 		if err != nil {
 			return err
+		}
+	}
+	// The queue's own MaximumMessageSize, when below MaxWireSize (a queue
+	// made outside berth): a message over it is refused here, typed, with
+	// nothing of the batch sent, not by SQS entry by entry.
+	limit, err := b.wireLimit(ctx, q)
+	if err != nil {
+		return err
+	}
+	if limit < b.opts.MaxWireSize {
+		for _, e := range entries {
+			if e.enc.size > limit-copyReserve {
+				return &sdk.MessageTooLargeError{ID: e.id, Size: e.enc.size, Limit: limit - copyReserve}
+			}
 		}
 	}
 	if !q.fifo && len(entries) <= batchSize && wireSize(entries) <= b.opts.MaxWireSize {
@@ -235,6 +251,9 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 	}
 	out, err := b.client.SendMessageBatch(ctx, in)
 	if err != nil {
+		if sizeRefused(err) {
+			q.size.stale() // the queue's MaximumMessageSize may have been lowered
+		}
 		return nil, b.wrap(ctx, "publish to "+q.name, err)
 	}
 	refused = make([]error, len(chunk))
@@ -251,6 +270,9 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		}
 		ok[i] = true // accounted for below
 		refused[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+		if sizeRefused(refused[i]) {
+			q.size.stale() // the queue's MaximumMessageSize may have been lowered
+		}
 	}
 	for i, done := range ok {
 		if !done { // in neither list: never silently assume success

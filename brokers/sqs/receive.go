@@ -253,12 +253,12 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 // [Options.MaxWireSize], or over the dead-letter queue's own
 // MaximumMessageSize when that is smaller, has its annotations shortened,
 // never the message, and is marked [HeaderDeadLetterTruncated]; only a
-// message Publish did not check (another producer's), or one published to
-// a queue whose limit is below MaxWireSize, can still be too large: a
-// [*sdk.MessageTooLargeError], and the message stays in the queue. A delete SQS refuses
-// because the receipt handle expired returns an error wrapping
-// [sdk.ErrLeaseLost] (the original comes back, and the copy stays); a delete
-// call that fails is mapped as Ack's is.
+// message Publish did not check (another producer's), or one whose
+// dead-letter queue's limit is below its own queue's, can still be too
+// large: a [*sdk.MessageTooLargeError], and the message stays in the queue.
+// A delete SQS refuses because the receipt handle expired returns an error
+// wrapping [sdk.ErrLeaseLost] (the original comes back, and the copy
+// stays); a delete call that fails is mapped as Ack's is.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -276,10 +276,13 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	m.Delay = 0
 	delete(m.Headers, HeaderDeadLetterTruncated) // only fitDeadLetter writes it
 	sdk.AnnotateDeadLetter(m, d.q.name, d.attempt, cause, time.Time{}, time.Now())
-	salt, limit := "dlq-"+d.sqsID+"-"+strconv.Itoa(d.attempt), d.b.opts.MaxWireSize
-	if dlq.maxSize > 0 && dlq.maxSize < limit { // a queue made with a smaller limit
-		limit = dlq.maxSize
+	// The dead-letter queue's own limit when it is below MaxWireSize (a
+	// queue made outside berth, or by a broker with a smaller MaxWireSize).
+	limit, err := d.b.wireLimit(ctx, dlq)
+	if err != nil {
+		return err
 	}
+	salt := "dlq-" + d.sqsID + "-" + strconv.Itoa(d.attempt)
 	e, err := d.b.entry(m, dlq.fifo, salt, limit)
 	if tooLarge := (*sdk.MessageTooLargeError)(nil); errors.As(err, &tooLarge) {
 		// Shorten the annotations, never the message (see fitDeadLetter).

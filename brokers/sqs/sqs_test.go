@@ -260,11 +260,17 @@ func TestForeignMessage(t *testing.T) {
 }
 
 // TestPublishPartialFailure: an entry SQS refuses (here: larger than the
-// queue's MaximumMessageSize) is named in a PublishError; the others arrive.
+// queue's MaximumMessageSize, lowered by another broker after b declared
+// the queue, so that b's Publish does not know it yet) is named in a
+// PublishError; the others arrive.
 func TestPublishPartialFailure(t *testing.T) {
 	small := newBroker(t, sqs.Options{MaxWireSize: 1024, VisibilityTimeout: time.Second, WaitTime: time.Second})
-	q := declare(t, small, "partial", false, sqs.QueueConfig{}) // MaximumMessageSize 1024
 	b := newBroker(t, fastOptions())
+	q := declare(t, b, "partial", false, sqs.QueueConfig{}) // MaximumMessageSize 1 MiB, known to b
+	// MaximumMessageSize now 1024.
+	if err := small.EnsureQueue(testCtx(t), q, sqs.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
 	ok1 := &sdk.Message{Type: "ok", Body: []byte("fits")}
 	big := &sdk.Message{Type: "big", Body: bytes.Repeat([]byte("x"), 2000)}
 	ok2 := &sdk.Message{Type: "ok", Body: []byte("fits too")}
