@@ -1,9 +1,15 @@
 package integration
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +24,97 @@ type RedisServer struct {
 
 	bin, dir string
 	port     int
+	cluster  bool
 	server
+}
+
+// StartRedisCluster starts a private redis-server in cluster mode, one node
+// owning every hash slot, and waits until the cluster is up. Connect with
+// redis.NewClusterClient on Addr: the server checks as every cluster does
+// that the keys of one command share a hash slot (CROSSSLOT otherwise).
+// Skipped without redis-server as [StartRedis] is.
+func StartRedisCluster(t testing.TB) *RedisServer {
+	t.Helper()
+	bin, err := findBinary("redis-server", "/usr/bin/redis-server", "/usr/local/bin/redis-server")
+	if err != nil {
+		missing(t, "Redis", err)
+		return nil
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &RedisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), bin: bin, dir: t.TempDir(), port: port, cluster: true}
+	t.Cleanup(func() {
+		if p := s.current(); p != nil {
+			p.stop(syscall.SIGKILL, 5*time.Second)
+		}
+	})
+	s.Start(t)
+	if err := clusterUp(s.Addr, 30*time.Second); err != nil {
+		t.Fatalf("redis cluster: %v\n%s", err, tailFile(s.dir+"/redis.log", 2000))
+	}
+	return s
+}
+
+// clusterUp gives the node at addr every hash slot and waits until it
+// reports cluster_state:ok. It speaks RESP itself: this package does not
+// depend on a Redis client.
+func clusterUp(addr string, timeout time.Duration) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	r := bufio.NewReader(c)
+	command := func(args ...string) (string, error) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "*%d\r\n", len(args))
+		for _, a := range args {
+			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+		}
+		if _, err := c.Write([]byte(b.String())); err != nil {
+			return "", err
+		}
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case strings.HasPrefix(line, "-"):
+			return "", errors.New(line[1:])
+		case strings.HasPrefix(line, "$"): // bulk string
+			n, err := strconv.Atoi(line[1:])
+			if err != nil || n < 0 {
+				return "", fmt.Errorf("unexpected reply %q", line)
+			}
+			buf := make([]byte, n+2)
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return "", err
+			}
+			return string(buf[:n]), nil
+		}
+		return line, nil
+	}
+	if _, err := command("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil {
+		return fmt.Errorf("CLUSTER ADDSLOTSRANGE: %w", err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := command("CLUSTER", "INFO")
+		if err != nil {
+			return fmt.Errorf("CLUSTER INFO: %w", err)
+		}
+		if strings.Contains(info, "cluster_state:ok") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cluster not up within %v:\n%s", timeout, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // StartRedis starts a private redis-server (well under a second) and waits
@@ -52,8 +148,12 @@ func (s *RedisServer) Start(t testing.TB) {
 	if p := s.current(); p != nil && !p.exited() {
 		t.Fatal("redis: already running")
 	}
-	cmd := exec.Command(s.bin, "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--daemonize", "no", "--protected-mode", "yes")
+	args := []string{"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--daemonize", "no", "--protected-mode", "yes"}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", s.dir+"/nodes.conf")
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Env = os.Environ()
 	logPath := s.dir + "/redis.log"
 	p, err := startProc(cmd, logPath)

@@ -71,6 +71,161 @@ func TestObtainRetriedAfterLostReplyGetsItsOwnLock(t *testing.T) {
 	}
 }
 
+// When the reply to Release is lost after Redis ran the script, go-redis
+// runs it again on a new connection; the lock is gone by then, deleted by
+// the first run. Release must still report the release it made, not
+// ErrLockLost: that told the caller its work ran unprotected, and Run
+// returned ErrLockLost for work done entirely under the lock, so the job
+// was retried and the work done again.
+func TestReleaseRetriedAfterLostReplyReportsTheRelease(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	proxy := newLossyProxy(t, integration.RedisAddr(t))
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
+	defer proxied.Close()
+	ctx := context.Background()
+	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
+	warmUp(ctx, t, c)
+
+	l, err := c.Obtain(ctx, "order:12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.dropNextReply.Store(true)
+	err = l.Release(ctx)
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if err != nil {
+		t.Fatalf("Release = %v, want nil: the lock was ours and the first run deleted it", err)
+	}
+	if n, _ := rdb.Exists(ctx, prefix+"{order:12}").Result(); n != 0 {
+		t.Error("lock still held after Release")
+	}
+	// A second Release of the same Lock is still told apart.
+	if err := l.Release(ctx); !errors.Is(err, redislock.ErrLockLost) {
+		t.Errorf("second Release = %v, want ErrLockLost", err)
+	}
+	// The next holder's lock is its own: a stale Lock cannot release it.
+	next, err := c.Obtain(ctx, "order:12")
+	if err != nil {
+		t.Fatalf("Obtain after Release = %v", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, redislock.ErrLockLost) {
+		t.Errorf("stale Release = %v, want ErrLockLost", err)
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Errorf("next holder's Release = %v", err)
+	}
+}
+
+// Run's release goes the same way: work done under a lock held throughout
+// is not reported lost because the release's reply was.
+func TestRunReleaseLostReplyIsNotALostLock(t *testing.T) {
+	_, prefix := testenv.Redis(t)
+	proxy := newLossyProxy(t, integration.RedisAddr(t))
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
+	defer proxied.Close()
+	ctx := context.Background()
+	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
+	warmUp(ctx, t, c)
+
+	err := c.Run(ctx, "order:13", func(ctx context.Context, l *redislock.Lock) error {
+		proxy.dropNextReply.Store(true) // the next reply is the release's
+		return nil
+	})
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if err != nil {
+		t.Fatalf("Run = %v, want nil: the lock was held until released", err)
+	}
+}
+
+// A release that fails outright (its reply lost, and no retry: the outcome
+// is unknown) does not fail Run when fn returned while the lock was
+// certainly held: the work was protected, and the lock, if the release did
+// not delete it, expires by itself. Run used to return the release's
+// network error, so the job was retried and its work done again.
+func TestRunReleaseFailureAfterProtectedWorkIsNotAnError(t *testing.T) {
+	_, prefix := testenv.Redis(t)
+	proxy := newLossyProxy(t, integration.RedisAddr(t))
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: -1})
+	defer proxied.Close()
+	ctx := context.Background()
+	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
+	warmUp(ctx, t, c)
+
+	ran := false
+	err := c.Run(ctx, "order:15", func(ctx context.Context, l *redislock.Lock) error {
+		ran = true
+		proxy.dropNextReply.Store(true) // the next reply is the release's
+		return nil
+	})
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if !ran {
+		t.Fatal("fn did not run")
+	}
+	if err != nil {
+		t.Fatalf("Run = %v, want nil: fn returned while the lock was held", err)
+	}
+	// fn's own error still comes through unchanged.
+	boom := errors.New("boom")
+	err = c.Run(ctx, "order:16", func(ctx context.Context, l *redislock.Lock) error {
+		proxy.dropNextReply.Store(true)
+		return boom
+	})
+	if !errors.Is(err, boom) || errors.Is(err, redislock.ErrLockLost) {
+		t.Fatalf("Run = %v, want fn's error alone", err)
+	}
+}
+
+// When the reply to an extension is lost, the retried script extends the
+// lock again: still ours, not lost.
+func TestExtendRetriedAfterLostReplyKeepsTheLock(t *testing.T) {
+	_, prefix := testenv.Redis(t)
+	proxy := newLossyProxy(t, integration.RedisAddr(t))
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
+	defer proxied.Close()
+	ctx := context.Background()
+	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
+	warmUp(ctx, t, c)
+
+	l, err := c.Obtain(ctx, "order:14")
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmExtend := l.Extend(ctx) // loads the extension script
+	if warmExtend != nil {
+		t.Fatal(warmExtend)
+	}
+	proxy.dropNextReply.Store(true)
+	err = l.Extend(ctx)
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if err != nil {
+		t.Fatalf("Extend = %v, want nil", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release after Extend = %v", err)
+	}
+}
+
+// warmUp loads the obtain and release scripts and puts a connection in the
+// pool, so that the reply a test drops is the one of the call it makes.
+func warmUp(ctx context.Context, t *testing.T, c *redislock.Client) {
+	t.Helper()
+	warm, err := c.Obtain(ctx, "warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lossyProxy forwards TCP connections to a Redis server. When dropNextReply
 // is set, the next chunk the server sends back is not passed on: the proxy
 // closes that connection instead, after the server has run the command.

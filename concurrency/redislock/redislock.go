@@ -29,11 +29,18 @@
 // id) around a handler; a busy resource becomes a short sdk.RetryAfter, which
 // the Worker does not count as a failed attempt.
 //
-// Keys: the lock is "<prefix>{<resource>}" and its fencing counter
-// "<prefix>{<resource>}:fence" (one hash slot, for Redis Cluster). The counter
-// never expires: deleting it would restart tokens at 1 and break fencing. That
-// is one small key per resource ever locked; delete a resource's counter only
-// when nothing will ever write that resource again.
+// Keys: the lock is "<prefix>{<resource>}", its fencing counter
+// "<prefix>{<resource>}:fence" and, for the lock's TTL after a release, a
+// release marker "<prefix>{<resource>}:released:<owner token>" (one hash
+// slot, for Redis Cluster). A resource starting with "}", which would make
+// the hash tag empty, is written in hex: "<prefix>{<hex>}~" and so on
+// (earlier versions used the plain form, which Redis Cluster refused with
+// CROSSSLOT; on a single Redis such a name's counter starts again at 1 under
+// the new key, and rows fenced with its old tokens refuse the new ones until
+// they catch up). The counter never expires: deleting it would restart
+// tokens at 1 and break fencing. That is one small key per resource ever
+// locked; delete a resource's counter only when nothing will ever write that
+// resource again.
 // Fencing therefore also assumes Redis keeps the counter (persistence on, no
 // failover to a replica that lost writes).
 package redislock
@@ -44,6 +51,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -155,10 +164,23 @@ end
 return {0, redis.call('PTTL', KEYS[1])}
 `)
 
-// releaseScript deletes the lock only when the caller still owns it.
+// releaseScript deletes the lock only when the caller still owns it, and
+// leaves a marker (KEYS[2], named after the owner token, for the lock's TTL)
+// that it did.
+//
+// The marker answers a run of the script that finds the lock already gone
+// because this very release deleted it: the client retried the script after
+// losing its reply (go-redis retries a command whose connection dropped).
+// Without it that run reported the lock lost, although it was held until
+// released; [Client.Run] then failed work done entirely under the lock.
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  return 1
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 1
 end
 return 0
 `)
@@ -179,6 +201,10 @@ type Lock struct {
 	owner    string
 	token    int64
 	ttl      time.Duration
+	// released is set while a Release runs and after one succeeded: a
+	// second Release reports ErrLockLost (the release marker would answer
+	// it as the first).
+	released atomic.Bool
 }
 
 // Resource returns the locked resource's name.
@@ -204,7 +230,7 @@ func (c *Client) Obtain(ctx context.Context, resource string) (*Lock, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := c.prefix + "{" + resource + "}"
+	key := c.key(resource)
 	res, err := obtainScript.Run(ctx, c.rdb, []string{key, key + ":fence"}, owner, c.ttl.Milliseconds()).Int64Slice()
 	if err != nil {
 		return nil, c.wrap(ctx, "obtain", resource, err)
@@ -241,9 +267,17 @@ func (l *Lock) Extend(ctx context.Context) error {
 // [ErrLockLost] when it was not (it had expired, and perhaps another holder
 // took it): whatever the holder did after that point was not protected by
 // the lock. Releasing twice reports ErrLockLost the second time.
+//
+// A Release whose outcome is unknown (a network error) may be called again:
+// when the first call did delete the lock, the second reports success, as
+// the first would have.
 func (l *Lock) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key}, l.owner).Int64()
+	if !l.released.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: %s (token %d) already released", ErrLockLost, l.resource, l.token)
+	}
+	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key, l.key + ":released:" + l.owner}, l.owner, l.ttl.Milliseconds()).Int64()
 	if err != nil {
+		l.released.Store(false) // unknown outcome: the caller may try again
 		return l.c.wrap(ctx, "release", l.resource, err)
 	}
 	if n == 0 {
@@ -267,6 +301,10 @@ func (l *Lock) Release(ctx context.Context) error {
 // expired at release, Run returns an error wrapping ErrLockLost (joined with
 // fn's own error, when fn failed for another reason): the work ran partly
 // unprotected, so the job should be retried and its idempotency key decide.
+// A release that fails otherwise (Redis unreachable) does not fail Run when
+// fn returned before the lock's last confirmed expiry: the work was
+// protected, and the lock expires by itself; when fn returned later, Run
+// returns the release's error.
 // A busy resource gives the sdk.RetryAfter error of [Client.Obtain] without
 // calling fn.
 func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.Context, l *Lock) error) (err error) {
@@ -279,12 +317,18 @@ func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.C
 	defer cancel(nil)
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	var lost error // set by the watchdog before done is closed
+	var (
+		lost       error     // set by the watchdog before done is closed
+		validUntil time.Time // likewise: the lock is certainly ours until then
+	)
 	go func() {
 		defer close(done)
-		lost = l.watch(ctx, start, stop, cancel)
+		validUntil, lost = l.watch(ctx, start, stop, cancel)
 	}()
-	var fnErr error
+	var (
+		fnErr      error
+		fnReturned time.Time
+	)
 	returned := false
 	// Deferred, so that a panicking fn releases the lock too: a lock left
 	// behind blocks the next holder for a whole TTL. Nothing is recovered:
@@ -295,7 +339,14 @@ func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.C
 		// Release even when ctx is done.
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
 		defer relCancel()
-		if relErr := l.Release(relCtx); relErr != nil && lost == nil {
+		relErr := l.Release(relCtx)
+		switch {
+		case relErr == nil || lost != nil:
+		case returned && !errors.Is(relErr, ErrLockLost) && fnReturned.Before(validUntil):
+			// The release failed (Redis unreachable) but fn returned
+			// while the lock was certainly ours: its work was
+			// protected. The lock, if still there, expires by itself.
+		default:
 			lost = relErr
 		}
 		if !returned {
@@ -311,6 +362,7 @@ func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.C
 		}
 	}()
 	fnErr = fn(workCtx, l)
+	fnReturned = time.Now()
 	returned = true
 	return nil
 }
@@ -320,13 +372,14 @@ func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.C
 // and returns that error, when the lock is gone or can no longer be confirmed
 // before it expires; it returns nil when stopped first. obtained is a time at
 // or before the acquisition: the lock is certainly ours until obtained+TTL,
-// and after each extension until (time sent)+TTL.
+// and after each extension until (time sent)+TTL; watch returns that time
+// as it last stood.
 //
 // Each extension runs with a deadline at the lock's expiry, and the watchdog
 // does not wait for its answer past that point either (a client may not
 // honour the deadline in mid-call): the work learns of the loss on time. An
 // extension still in flight is waited for before watch returns.
-func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct{}, cancel context.CancelCauseFunc) error {
+func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct{}, cancel context.CancelCauseFunc) (time.Time, error) {
 	base := context.WithoutCancel(ctx)
 	validUntil := obtained.Add(l.ttl)
 	every := l.c.extendEvery
@@ -340,12 +393,12 @@ func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct
 	for {
 		select {
 		case <-stop:
-			return nil
+			return validUntil, nil
 		case <-timer.C:
 		}
 		sent := time.Now()
 		if !sent.Before(validUntil) {
-			return expired()
+			return validUntil, expired()
 		}
 		extCtx, extCancel := context.WithDeadline(base, validUntil)
 		result := make(chan error, 1)
@@ -360,12 +413,12 @@ func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct
 			lost := expired()
 			extCancel()
 			<-result
-			return lost
+			return validUntil, lost
 		case <-stop:
 			expiry.Stop()
 			extCancel()
 			<-result
-			return nil
+			return validUntil, nil
 		}
 		switch {
 		case err == nil:
@@ -373,13 +426,32 @@ func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct
 			timer.Reset(every)
 		case errors.Is(err, ErrLockLost):
 			cancel(err)
-			return err
+			return validUntil, err
 		default:
 			// Network trouble: try again soon, give up at expiry.
 			wait := min(every/4, time.Until(validUntil))
 			timer.Reset(max(wait, 0))
 		}
 	}
+}
+
+// key returns the lock key of resource: "<prefix>{<resource>}", whose hash
+// tag on Redis Cluster is the resource (or its part before a "}"), so the
+// lock's other keys, which extend it, land in its slot.
+//
+// A resource starting with "}" would close the tag at once; Redis Cluster
+// ignores an empty tag and hashes each key whole, so the keys of one script
+// would fall in different slots (CROSSSLOT, on every call). Such a resource
+// is written in hex instead, with a "~" after the tag: "<prefix>{<hex>}~".
+// No other resource's key ends that way (a lock key in the plain form ends
+// in "}", its counter in "}:fence", its release markers in "}:released:"
+// and hex digits), so two names never share a key; names not starting with
+// "}" keep their keys.
+func (c *Client) key(resource string) string {
+	if strings.HasPrefix(resource, "}") {
+		return c.prefix + "{" + hex.EncodeToString([]byte(resource)) + "}~"
+	}
+	return c.prefix + "{" + resource + "}"
 }
 
 func (c *Client) wrap(ctx context.Context, op, resource string, err error) error {
