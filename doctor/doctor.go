@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/berthq/berth/idempotency/redisstore"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
@@ -140,6 +141,12 @@ type Options struct {
 	DrainTimeout, SettleTimeout, GracePeriod time.Duration
 	// Now is the worker's clock. Default time.Now.
 	Now func() time.Time
+	// CheckTimeout bounds each check: one queue's broker checks, the job
+	// table's, the ledger's, the idempotency store's, the dedupe cache's.
+	// One that does not answer within it is reported as a
+	// doctor.check-timeout error finding and the others still run. Default
+	// [DefaultCheckTimeout]. The whole run is bounded by ctx only.
+	CheckTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -182,6 +189,9 @@ func (o Options) withDefaults() Options {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.CheckTimeout <= 0 {
+		o.CheckTimeout = DefaultCheckTimeout
+	}
 	return o
 }
 
@@ -194,6 +204,9 @@ var ErrNoQueues = errors.New("doctor: name the queues to check (this broker cann
 // Worker's options) and
 // returns the findings, worst first. An error means the checks could not run
 // (the broker cannot be reached); a check that cannot tell is an Info finding.
+// A check that does not answer within opts.CheckTimeout, or before ctx's
+// deadline, is a doctor.check-timeout error finding naming what did not
+// answer, and the other checks still run; a cancelled ctx stops the run.
 func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
 	var (
@@ -207,7 +220,7 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 		fs, err = sqsChecks(ctx, asSQS(b), o)
 	case asPostgres(b) != nil:
 		pg := asPostgres(b)
-		fs, err = postgresChecks(ctx, pg.pool, pg.schema, pg.broker, o)
+		fs, err = postgresChecks(ctx, pg.pool, pg.schema, pg.broker.Lease(), o)
 	case asJetStream(b) != nil:
 		fs, err = jetStream(ctx, asJetStream(b), o)
 	default:
@@ -228,21 +241,33 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 				return fs, err
 			}
 		}
-		lf, err := Ledger(ctx, r, lease, o)
+		lf, err := bounded(ctx, o, "ledger checks", "", func(ctx context.Context) ([]Finding, error) { return Ledger(ctx, r, lease, o) })
 		if err != nil {
 			return fs, err
 		}
 		fs = append(fs, lf...)
 	}
 	if o.Results != nil {
-		rf, err := Idempotency(ctx, o.Results, o.ResultsTable, o)
+		table := o.ResultsTable
+		if table == "" {
+			table = "public.job_results"
+		}
+		rf, err := bounded(ctx, o, "idempotency result store checks", table, func(ctx context.Context) ([]Finding, error) {
+			return Idempotency(ctx, o.Results, o.ResultsTable, o)
+		})
 		if err != nil {
 			return fs, err
 		}
 		fs = append(fs, rf...)
 	}
 	if o.Redis != nil {
-		rf, err := Dedupe(ctx, o.Redis, o.RedisPrefix, o)
+		prefix := o.RedisPrefix
+		if prefix == "" {
+			prefix = redisstore.DefaultPrefix
+		}
+		rf, err := bounded(ctx, o, "Redis dedupe cache checks", prefix+"*", func(ctx context.Context) ([]Finding, error) {
+			return Dedupe(ctx, o.Redis, o.RedisPrefix, o)
+		})
 		if err != nil {
 			return fs, err
 		}

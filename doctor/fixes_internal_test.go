@@ -12,7 +12,10 @@ import (
 // argsRabbit answers QueueArguments from a table: the local RabbitMQ (3.10)
 // does not report x-consumer-timeout back, so the check's comparison is
 // tested here.
-type argsRabbit struct{ args map[string]map[string]any }
+type argsRabbit struct {
+	args    map[string]map[string]any
+	version string
+}
 
 func (f argsRabbit) QueueArguments(_ context.Context, q string) (map[string]any, error) {
 	a, ok := f.args[q]
@@ -26,6 +29,8 @@ func (f argsRabbit) Info(context.Context, string) (rabbitmq.QueueInfo, error) {
 	return rabbitmq.QueueInfo{}, nil
 }
 
+func (f argsRabbit) ServerVersion(context.Context) (string, error) { return f.version, nil }
+
 // Workers whose jobs have no time limit (LongestJob < 0) against a queue
 // whose consumer timeout is 30 min: a job running longer has its channel
 // closed, which is an Error, not OK.
@@ -37,7 +42,7 @@ func TestConsumerTimeoutAgainstUnboundedJobs(t *testing.T) {
 		rabbitmq.DeadLetterQueue(q): {"x-queue-type": "quorum"},
 	}}
 	for longest, want := range map[time.Duration]Severity{-1: Error, time.Hour: Error, 10 * time.Minute: OK} {
-		fs, err := rabbitQueue(context.Background(), b, q, Options{LongestJob: longest}.withDefaults())
+		fs, err := rabbitQueue(context.Background(), b, q, "3.13.7", Options{LongestJob: longest}.withDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -47,7 +47,10 @@ func JetStream(ctx context.Context, b *bjs.Broker, opts Options) ([]Finding, err
 }
 
 func jetStream(ctx context.Context, b *bjs.Broker, o Options) ([]Finding, error) {
-	qs, err := queues(ctx, b, o)
+	qs, err := within(ctx, o.CheckTimeout, func(ctx context.Context) ([]string, error) { return queues(ctx, b, o) })
+	if timedOut(ctx, err) {
+		return []Finding{timeoutFinding(ctx, o, "JetStream stream listing", "", err)}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +60,9 @@ func jetStream(ctx context.Context, b *bjs.Broker, o Options) ([]Finding, error)
 	}
 	var fs []Finding
 	for _, q := range qs {
-		qf, err := jsQueue(ctx, js, b, q, o)
+		qf, err := bounded(ctx, o, "JetStream checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
+			return jsQueue(ctx, js, b, q, o)
+		})
 		if err != nil {
 			return fs, err
 		}

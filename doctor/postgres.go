@@ -40,13 +40,16 @@ func asPostgres(b sdk.Broker) *pgTarget {
 // broker's lease (0: 30s).
 func Postgres(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
-	fs, err := pgChecks(ctx, pool, schema, lease, o)
+	fs, err := postgresChecks(ctx, pool, schema, lease, o)
 	Sort(fs)
 	return fs, err
 }
 
-func postgresChecks(ctx context.Context, pool *pgxpool.Pool, schema string, b *postgres.Broker, o Options) ([]Finding, error) {
-	return pgChecks(ctx, pool, schema, b.Lease(), o)
+// postgresChecks runs pgChecks within o.CheckTimeout.
+func postgresChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {
+	return bounded(ctx, o, "PostgreSQL job table checks", schema+".jobs", func(ctx context.Context) ([]Finding, error) {
+		return pgChecks(ctx, pool, schema, lease, o)
+	})
 }
 
 // expectedIndexes are the jobs table's indexes (brokers/postgres/schema.sql)

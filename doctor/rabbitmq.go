@@ -16,6 +16,7 @@ import (
 type rabbitBroker interface {
 	QueueArguments(ctx context.Context, queue string) (map[string]any, error)
 	Info(ctx context.Context, queue string) (rabbitmq.QueueInfo, error)
+	ServerVersion(ctx context.Context) (string, error)
 }
 
 func asRabbit(b sdk.Broker) rabbitBroker {
@@ -32,9 +33,12 @@ func asRabbit(b sdk.Broker) rabbitBroker {
 // RabbitMQ runs the RabbitMQ checks on each of opts.Queues:
 // rabbitmq.queue-missing, rabbitmq.queue-type, rabbitmq.dead-letter-exchange,
 // rabbitmq.dead-letter-queue, rabbitmq.delivery-limit,
-// rabbitmq.consumer-timeout, rabbitmq.prefetch, rabbitmq.delay-queues.
-// Queue arguments are read without the management plugin
-// ([rabbitmq.Broker.QueueArguments]).
+// rabbitmq.queue-limits, rabbitmq.consumer-timeout, rabbitmq.prefetch,
+// rabbitmq.delay-queues. Queue arguments are read without the management
+// plugin ([rabbitmq.Broker.QueueArguments]), so policies are not seen; the
+// server's version comes from its connection properties
+// ([rabbitmq.Broker.ServerVersion]). Each queue's checks are bounded by
+// Options.CheckTimeout (doctor.check-timeout).
 func RabbitMQ(ctx context.Context, b *rabbitmq.Broker, opts Options) ([]Finding, error) {
 	fs, err := rabbitMQ(ctx, b, opts.withDefaults())
 	Sort(fs)
@@ -47,8 +51,16 @@ func rabbitMQ(ctx context.Context, b rabbitBroker, o Options) ([]Finding, error)
 	}
 	var fs []Finding
 	fs = append(fs, prefetch(o)...)
+	// The version decides what a quorum queue without x-delivery-limit
+	// does; unknown, it is read as older than 4.0 (and the evidence says so).
+	version, err := within(ctx, o.CheckTimeout, b.ServerVersion)
+	if err != nil && !timedOut(ctx, err) {
+		return fs, fmt.Errorf("doctor: rabbitmq: server version: %w", err)
+	}
 	for _, q := range o.Queues {
-		qf, err := rabbitQueue(ctx, b, q, o)
+		qf, err := bounded(ctx, o, "RabbitMQ checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
+			return rabbitQueue(ctx, b, q, version, o)
+		})
 		if err != nil {
 			return fs, err
 		}
@@ -57,7 +69,7 @@ func rabbitMQ(ctx context.Context, b rabbitBroker, o Options) ([]Finding, error)
 	return fs, nil
 }
 
-func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Finding, error) {
+func rabbitQueue(ctx context.Context, b rabbitBroker, q, version string, o Options) ([]Finding, error) {
 	var fs []Finding
 	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
 	args, err := b.QueueArguments(ctx, q)
@@ -105,16 +117,9 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, o Options) ([]Fi
 		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: OK, Summary: "the dead-letter queue exists", Evidence: "queue " + dlq})
 	}
 
-	limit, hasLimit := args["x-delivery-limit"].(int64)
-	switch {
-	case qtype == "quorum" && !hasLimit:
-		add(Finding{ID: "rabbitmq.delivery-limit", Severity: Error, Summary: "quorum queue without a delivery limit: a message that crashes its consumer is redelivered forever",
-			Evidence: ev + policyNote, Fix: "set x-delivery-limit (berth: max_deliveries, default 10) by redeclaring or with a policy (delivery-limit)"})
-	case qtype == "quorum":
-		add(Finding{ID: "rabbitmq.delivery-limit", Severity: OK, Summary: fmt.Sprintf("poison messages are dead-lettered after %d deliveries", limit+1), Evidence: ev})
-	default:
-		add(Finding{ID: "rabbitmq.delivery-limit", Severity: Warn, Summary: "classic queues have no delivery limit: a message that crashes its consumer is redelivered forever (berth counts its attempts, but only the Worker can stop it)",
-			Evidence: ev, Fix: "use a quorum queue with x-delivery-limit"})
+	add(deliveryLimit(qtype, args, version, o))
+	for _, f := range queueLimits(args) {
+		add(f)
 	}
 
 	if ct, ok := args["x-consumer-timeout"].(int64); ok {

@@ -32,7 +32,8 @@ func asSQS(b sdk.Broker) *sqs.Broker {
 
 // SQS runs the SQS checks on each of opts.Queues: sqs.queue-missing,
 // sqs.redrive-policy, sqs.max-receive-count, sqs.visibility-timeout,
-// sqs.dlq-retention, sqs.long-polling.
+// sqs.dlq-retention, sqs.long-polling. Each queue's checks are bounded by
+// Options.CheckTimeout (doctor.check-timeout).
 func SQS(ctx context.Context, b *sqs.Broker, opts Options) ([]Finding, error) {
 	fs, err := sqsChecks(ctx, b, opts.withDefaults())
 	Sort(fs)
@@ -45,7 +46,9 @@ func sqsChecks(ctx context.Context, b *sqs.Broker, o Options) ([]Finding, error)
 	}
 	var fs []Finding
 	for _, q := range o.Queues {
-		qf, err := sqsQueue(ctx, b, q, o)
+		qf, err := bounded(ctx, o, "SQS checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
+			return sqsQueue(ctx, b, q, o)
+		})
 		if err != nil {
 			return fs, err
 		}

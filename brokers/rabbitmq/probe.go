@@ -97,3 +97,21 @@ func sameType(sent any, v string) any {
 	}
 	return v
 }
+
+// ServerVersion returns the version the RabbitMQ server announced in its
+// connection.start properties ("3.13.7", "4.0.5") when the broker's
+// publishing connection opened, "" when it announced none. berth doctor
+// uses it: what a quorum queue without x-delivery-limit does depends on it
+// (RabbitMQ 4.0 and later apply a default delivery limit of 20). The text
+// comes from the server: escape it before showing it.
+func (b *Broker) ServerVersion(ctx context.Context) (string, error) {
+	if b.closed() {
+		return "", sdk.ErrClosed
+	}
+	conn, err := b.pub.get(ctx)
+	if err != nil {
+		return "", err
+	}
+	v, _ := conn.Properties["version"].(string)
+	return v, nil
+}

@@ -58,13 +58,16 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if c.maxAttempts < 0 || c.concurrency < 0 {
 		return usagef("-max-attempts and -concurrency must not be negative")
 	}
+	if c.checkTimeout <= 0 {
+		return usagef("-check-timeout must be positive")
+	}
 	b, err := c.broker(ctx)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
 	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency,
-		DrainTimeout: c.drainTimeout, GracePeriod: c.grace}
+		DrainTimeout: c.drainTimeout, GracePeriod: c.grace, CheckTimeout: c.checkTimeout}
 	if u, err := url.Parse(c.url); err == nil { // the workers' RabbitMQ prefetch, from the URL they use
 		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
 			opts.Prefetch = p

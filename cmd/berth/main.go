@@ -57,6 +57,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/berthq/berth/brokerurl"
+	"github.com/berthq/berth/doctor"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -120,7 +121,13 @@ type command struct {
 	long  string   // more, for -h
 	flags []string // its own flags (the global ones are always allowed)
 	run   func(ctx context.Context, c *cli, args []string) error
+	// timeout is the command's -timeout when none is given (0: no limit).
+	timeout time.Duration
 }
+
+// doctorTimeout is berth doctor's default -timeout: an operator's check
+// must end, whatever the servers it reads do.
+var doctorTimeout = time.Minute
 
 var globalFlags = []string{"url", "json", "timeout"}
 
@@ -158,8 +165,12 @@ func commands() []*command {
 				"Name the queues on RabbitMQ and SQS; PostgreSQL and JetStream check every queue they list.\n" +
 				"-max-attempts, -longest-job and -concurrency describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.\n" +
 				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
-				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.",
-			flags: []string{"max-attempts", "longest-job", "concurrency", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis"}, run: runDoctor},
+				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.\n" +
+				"Each check (one queue's, the ledger's, …) has -check-timeout (default 10s) to answer, else it is reported as doctor.check-timeout\n" +
+				"and the others still run; the whole run has -timeout (default 1m; -timeout 0: no limit).",
+			flags:   []string{"max-attempts", "longest-job", "concurrency", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis", "check-timeout"},
+			run:     runDoctor,
+			timeout: doctorTimeout},
 		{name: "queue pause", args: "QUEUE...", short: "pause queues for every Worker that runs pause.Sync on -db (held jobs finish; the broker is untouched)",
 			long:  "The pause is a row in -schema.paused_queues (default berth) of -db (default $BERTH_DB); Workers apply it within their sync interval.",
 			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, true) }},
@@ -206,6 +217,7 @@ type cli struct {
 	longestJob            time.Duration
 	resultsTable, redis   string
 	drainTimeout, grace   time.Duration
+	checkTimeout          time.Duration
 }
 
 func newCLI(e env) *cli {
@@ -214,7 +226,7 @@ func newCLI(e env) *cli {
 	fs.SetOutput(io.Discard) // errors are returned and printed once, as they are
 	fs.StringVar(&c.url, "url", "", "broker URL: amqp://, amqps://, postgres://, sqs://REGION, http(s)://SQS-ENDPOINT, mem://, nats:// (default $BERTH_URL)")
 	fs.BoolVar(&c.json, "json", false, "print JSON, one document per line")
-	fs.DurationVar(&c.timeout, "timeout", 0, "give up after this long (default: no limit)")
+	fs.DurationVar(&c.timeout, "timeout", 0, "give up after this long (default: no limit; doctor: 1m)")
 	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")
 	fs.DurationVar(&c.interval, "interval", 2*time.Second, "the period of -watch")
 	fs.StringVar(&c.types, "type", "", "only messages of these types (comma-separated, exact)")
@@ -247,6 +259,7 @@ func newCLI(e env) *cli {
 	fs.DurationVar(&c.grace, "grace-period", 0, "doctor: the platform's grace period between SIGTERM and SIGKILL (default 30s)")
 	fs.StringVar(&c.resultsTable, "results-table", "", "doctor: the idempotency result table in -db, schema.table (default public.job_results)")
 	fs.StringVar(&c.redis, "redis", "", "doctor: the Redis (host:port) of the idempotency dedupe cache")
+	fs.DurationVar(&c.checkTimeout, "check-timeout", doctor.DefaultCheckTimeout, "doctor: how long each check may take to answer before it is reported as not answering")
 	c.fs = fs
 	return c
 }
@@ -311,7 +324,9 @@ func run(ctx context.Context, args []string, e env) int {
 		}
 		return exitUsage
 	}
+	timeoutGiven := false
 	for _, name := range flagsGiven(c.fs) {
+		timeoutGiven = timeoutGiven || name == "timeout"
 		if !contains(globalFlags, name) && !contains(cmd.flags, name) {
 			fmt.Fprintf(c.stderr, "berth: -%s does not apply to %q\nrun \"berth %s -h\" for its flags\n", name, cmd.name, cmd.name)
 			return exitUsage
@@ -321,6 +336,9 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	if c.url == "" {
 		c.url = c.getenv("BERTH_URL")
+	}
+	if !timeoutGiven {
+		c.timeout = cmd.timeout
 	}
 	if c.timeout > 0 {
 		var cancel context.CancelFunc

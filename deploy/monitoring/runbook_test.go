@@ -141,7 +141,7 @@ func TestRunbookReferencesExist(t *testing.T) {
 
 // checkID is what a configuration or doctor check's stable ID looks like:
 // an area and a name (worker.max-attempts-over-broker-cap, clock.skew).
-var checkID = regexp.MustCompile(`^(worker|broker|rabbitmq|sqs|postgres|jetstream|idempotency|clock)\.[a-z0-9]+(-[a-z0-9]+)*$`)
+var checkID = regexp.MustCompile(`^(worker|broker|rabbitmq|sqs|postgres|jetstream|idempotency|clock|doctor)\.[a-z0-9]+(-[a-z0-9]+)*$`)
 
 // TestRunbookCheckIDsExist checks that every check ID RUNBOOK.md names is a
 // string literal of berth's code (sdk's Conflict* constants, package

@@ -1,0 +1,88 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// DefaultCheckTimeout is the default of [Options.CheckTimeout].
+const DefaultCheckTimeout = 10 * time.Second
+
+// answerGrace is how long a check whose deadline passed is given to return
+// its own error, which names the call that hung, before it is left behind.
+const answerGrace = time.Second
+
+// within runs f under a deadline d from now and returns what it returns.
+// A call that does not honour its context (amqp091's channel calls) is left
+// running once the deadline has passed, with its result discarded, and
+// within returns an error wrapping [context.DeadlineExceeded]: the check
+// ends either way. Closing the broker or pool ends such a call.
+func within[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error)) (T, error) {
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1) // the abandoned call's send never blocks
+	go func() {
+		v, err := f(cctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-cctx.Done():
+	}
+	grace := time.NewTimer(answerGrace)
+	defer grace.Stop()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-grace.C:
+		var zero T
+		return zero, fmt.Errorf("no answer after %s (a call that takes no context, such as amqp091's, was left waiting): %w", d, cctx.Err())
+	}
+}
+
+// timedOut reports whether err, returned by a check run with ctx, means
+// that something did not answer in time rather than that it answered with
+// an error: a deadline (the check's or ctx's) or a network timeout (a
+// client's own, such as go-redis's read timeout). A cancelled ctx (an
+// interrupt) is not a timeout: the run stops.
+func timedOut(ctx context.Context, err error) bool {
+	if err == nil || errors.Is(ctx.Err(), context.Canceled) {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// bounded runs check (what, on where: a queue, a table) within
+// o.CheckTimeout. If it does not answer in time it returns, instead of its
+// error, a doctor.check-timeout finding that says what did not answer, so
+// that the other checks still run; any other error is returned.
+func bounded(ctx context.Context, o Options, what, where string, check func(context.Context) ([]Finding, error)) ([]Finding, error) {
+	fs, err := within(ctx, o.CheckTimeout, check)
+	if err == nil || !timedOut(ctx, err) {
+		return fs, err
+	}
+	return []Finding{timeoutFinding(ctx, o, what, where, err)}, nil
+}
+
+// timeoutFinding is the doctor.check-timeout finding of a check (what, on
+// where) that ended with err, a timeout.
+func timeoutFinding(ctx context.Context, o Options, what, where string, err error) Finding {
+	f := Finding{ID: "doctor.check-timeout", Severity: Error, Queue: where,
+		Summary:  fmt.Sprintf("the %s did not answer within %s: not checked", what, o.CheckTimeout),
+		Evidence: err.Error(),
+		Fix:      "check that the server answers (a hung broker or database stalls the Workers too); if it is only slow, raise -check-timeout (Options.CheckTimeout)"}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		f.Summary = fmt.Sprintf("the %s did not finish before doctor's overall deadline: not checked", what)
+		f.Fix = "check that the server answers; if it is only slow, raise -timeout (the overall deadline) or name fewer queues"
+	}
+	return f
+}
