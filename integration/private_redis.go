@@ -24,7 +24,7 @@ type RedisServer struct {
 
 	bin, dir string
 	port     int
-	cluster  bool
+	busPort  int // the cluster bus's; 0: not a cluster node
 	server
 }
 
@@ -32,7 +32,9 @@ type RedisServer struct {
 // owning every hash slot, and waits until the cluster is up. Connect with
 // redis.NewClusterClient on Addr: the server checks as every cluster does
 // that the keys of one command share a hash slot (CROSSSLOT otherwise).
-// Skipped without redis-server as [StartRedis] is.
+// The node's cluster bus gets a free port of its own. Needs Redis 7.0 or
+// later (cluster-port, CLUSTER ADDSLOTSRANGE); skipped without redis-server
+// as [StartRedis] is.
 func StartRedisCluster(t testing.TB) *RedisServer {
 	t.Helper()
 	bin, err := findBinary("redis-server", "/usr/bin/redis-server", "/usr/local/bin/redis-server")
@@ -44,7 +46,16 @@ func StartRedisCluster(t testing.TB) *RedisServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &RedisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), bin: bin, dir: t.TempDir(), port: port, cluster: true}
+	// The cluster bus listens on a port of its own, by default the port +
+	// 10000: in or above the ephemeral range for many of the ports freePort
+	// gives, and nobody checked it was free. Pick it the same way.
+	busPort := port
+	for busPort == port {
+		if busPort, err = freePort(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &RedisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), bin: bin, dir: t.TempDir(), port: port, busPort: busPort}
 	t.Cleanup(func() {
 		if p := s.current(); p != nil {
 			p.stop(syscall.SIGKILL, 5*time.Second)
@@ -150,8 +161,9 @@ func (s *RedisServer) Start(t testing.TB) {
 	}
 	args := []string{"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", s.dir, "--daemonize", "no", "--protected-mode", "yes"}
-	if s.cluster {
-		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", s.dir+"/nodes.conf")
+	if s.busPort != 0 {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", s.dir+"/nodes.conf",
+			"--cluster-port", fmt.Sprint(s.busPort))
 	}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Env = os.Environ()

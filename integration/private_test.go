@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +74,54 @@ func TestPrivateRedis(t *testing.T) {
 	r.Start(t)
 	if err := rdb.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
 		t.Fatalf("after a restart: %v, want an empty Redis", err)
+	}
+}
+
+// A private Redis Cluster node listens on two ports, its own and its
+// cluster bus's, and both must be free ports below the kernel's ephemeral
+// range, as freePort picks them. Redis's default bus port is the port +
+// 10000: for close to half the ports freePort gives it fell in the ephemeral
+// range, and nobody checked it was free, so the node failed to start
+// whenever an outgoing connection or another private server held it (and
+// for a port above 55535 Redis refuses to start at all).
+func TestPrivateRedisClusterBusPort(t *testing.T) {
+	low := ephemeralLow()
+	// Six nodes: with the bus at the port + 10000, at least one of them
+	// would get a bus port in the ephemeral range but about once in 30 runs.
+	// In parallel: a node takes two seconds to declare its cluster up.
+	for i := range 6 {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			t.Parallel()
+			s := StartRedisCluster(t)
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+			defer rdb.Close()
+			nodes, err := rdb.ClusterNodes(context.Background()).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			bus := -1
+			for _, line := range strings.Split(nodes, "\n") {
+				f := strings.Fields(line)
+				if len(f) < 3 || !strings.Contains(f[2], "myself") {
+					continue
+				}
+				// <id> <ip>:<port>@<bus port>[,<hostname>] myself,master ...
+				_, b, ok := strings.Cut(f[1], "@")
+				b, _, _ = strings.Cut(b, ",")
+				if n, err := strconv.Atoi(b); ok && err == nil {
+					bus = n
+				}
+			}
+			if bus < 0 {
+				t.Fatalf("no bus port in CLUSTER NODES:\n%s", nodes)
+			}
+			if bus >= low || bus < 10000 {
+				t.Fatalf("node %s: cluster bus port %d, want one below the ephemeral range (%d) and not under 10000", s.Addr, bus, low)
+			}
+			if err := rdb.Set(context.Background(), "k", "v", 0).Err(); err != nil {
+				t.Fatalf("the cluster node refused a write: %v", err)
+			}
+		})
 	}
 }
 

@@ -201,9 +201,10 @@ type Lock struct {
 	owner    string
 	token    int64
 	ttl      time.Duration
-	// released is set while a Release runs and after one succeeded: a
-	// second Release reports ErrLockLost (the release marker would answer
-	// it as the first).
+	// released is set while a Release runs and after one was answered
+	// (success or ErrLockLost; a network error clears it): a second
+	// Release reports ErrLockLost (the release marker would answer it as
+	// the first).
 	released atomic.Bool
 }
 
