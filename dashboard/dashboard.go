@@ -109,7 +109,7 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	mux.HandleFunc("POST /api/queues/{queue}/pause", d.setPause(true, true))
 	mux.HandleFunc("POST /api/queues/{queue}/resume", d.setPause(false, true))
 	mux.HandleFunc("GET /queues/{queue}/messages/{id}", d.message)
-	mux.HandleFunc(messageByQuery, d.message) // an ID that cannot be a path segment (dotSegment)
+	mux.HandleFunc(messageByQuery, d.message) // an ID that cannot be a path segment (notSegment)
 	mux.HandleFunc("GET /jobs", d.jobs)
 	mux.HandleFunc("GET /jobs/{id}", d.job)
 	mux.HandleFunc("GET /api/queues", d.apiQueues)
@@ -131,7 +131,7 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 }
 
 // The routes that take a dead letter's or job's ID in the query ("id"), for
-// an ID that cannot be a path segment ("." and "..": see dotSegment): the
+// an ID that cannot be a path segment (".", ".." and "/": see notSegment): the
 // dead letter's page, and the API's dead letter and job.
 const (
 	messageByQuery       = "GET /queues/{queue}/message"

@@ -49,7 +49,9 @@ func TestDotIDMessageLinks(t *testing.T) {
 	mb, _ := memory.New(memory.Options{})
 	t.Cleanup(func() { mb.Close() })
 	ctx := context.Background()
-	ids := []string{".", "..", "..."}
+	// "/" is a path segment of its own too: http.ServeMux takes the
+	// segment %2F for a trailing slash, which no {id} matches.
+	ids := []string{".", "..", "...", "/"}
 	for _, id := range ids {
 		if err := mb.Publish(ctx, "billing", &sdk.Message{ID: id, Type: "t", Body: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
@@ -74,43 +76,58 @@ func TestDotIDMessageLinks(t *testing.T) {
 	}
 }
 
-// dotJobs is a ledger whose one job has the ID "..", and key "k".
-type dotJobs struct{ ledger.Reader }
+// dotJobs is a ledger whose one job has the ID id ("..", when empty), and
+// key "k".
+type dotJobs struct {
+	ledger.Reader
+	id string
+}
 
-func (dotJobs) Job(_ context.Context, id string) (*ledger.Job, error) {
-	if id != ".." {
+func (d dotJobs) jobID() string {
+	if d.id == "" {
+		return ".."
+	}
+	return d.id
+}
+
+func (d dotJobs) Job(_ context.Context, id string) (*ledger.Job, error) {
+	if id != d.jobID() {
 		return nil, sdk.ErrNotFound
 	}
-	return &ledger.Job{MessageID: "..", Queue: "billing", Type: "t", Status: ledger.StatusDead, IdempotencyKey: "k"}, nil
+	return &ledger.Job{MessageID: id, Queue: "billing", Type: "t", Status: ledger.StatusDead, IdempotencyKey: "k"}, nil
 }
 
 func (d dotJobs) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
 	if key != "k" {
 		return nil, sdk.ErrNotFound
 	}
-	return d.Job(ctx, "..")
+	return d.Job(ctx, d.jobID())
 }
 
 func (d dotJobs) List(ctx context.Context, _ ledger.Filter) (ledger.Page, error) {
-	j, _ := d.Job(ctx, "..")
+	j, _ := d.Job(ctx, d.jobID())
 	return ledger.Page{Jobs: []ledger.Job{*j}}, nil
 }
 
 // A job whose ID is ".." is reached from the jobs list, by its ID and by its
-// key. Before, each led to /jobs/.., which is the overview.
+// key. Before, each led to /jobs/.., which is the overview. The same for a
+// job whose ID is "/": /jobs/%2F is not found (http.ServeMux takes %2F for a
+// trailing slash).
 func TestDotIDJobLinks(t *testing.T) {
-	mb, _ := memory.New(memory.Options{})
-	t.Cleanup(func() { mb.Close() })
-	srv := serve(t, mb, dashboard.Options{Jobs: dotJobs{}})
-	_, list := get(t, http.DefaultClient, srv.URL+"/jobs")
-	m := regexp.MustCompile(`<td class="mono"><a href="([^"]*)">`).FindStringSubmatch(list)
-	if m == nil {
-		t.Fatal("no job link on the jobs page")
-	}
-	for _, href := range []string{m[1], "/jobs?id=..", "/jobs?key=k"} {
-		code, body, at := follow(t, srv.URL, "/jobs", href)
-		if code != 200 || heading(body) != ".." || !strings.Contains(body, `id="job-status"`) {
-			t.Errorf("%s leads to %s: %d, showing %q, not job ..", href, at, code, heading(body))
+	for _, id := range []string{"..", "/"} {
+		mb, _ := memory.New(memory.Options{})
+		t.Cleanup(func() { mb.Close() })
+		srv := serve(t, mb, dashboard.Options{Jobs: dotJobs{id: id}})
+		_, list := get(t, http.DefaultClient, srv.URL+"/jobs")
+		m := regexp.MustCompile(`<td class="mono"><a href="([^"]*)">`).FindStringSubmatch(list)
+		if m == nil {
+			t.Fatal("no job link on the jobs page")
+		}
+		for _, href := range []string{m[1], "/jobs?id=" + url.QueryEscape(id), "/jobs?key=k"} {
+			code, body, at := follow(t, srv.URL, "/jobs", href)
+			if code != 200 || heading(body) != id || !strings.Contains(body, `id="job-status"`) {
+				t.Errorf("%s leads to %s: %d, showing %q, not job %s", href, at, code, heading(body), id)
+			}
 		}
 	}
 }

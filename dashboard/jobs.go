@@ -42,7 +42,7 @@ func (d *Dashboard) jobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	// Look one job up by ID or idempotency key.
 	if id := q.Get("id"); id != "" {
-		if dotSegment(id) { // no /jobs/ID reaches it: show it here
+		if notSegment(id) { // no /jobs/ID reaches it: show it here
 			d.showJob(w, r, id)
 			return
 		}

@@ -91,25 +91,26 @@ var funcs = template.FuncMap{
 	"query": query,
 }
 
-// dotSegment reports whether id, as a segment of a URL path, would be read
-// as "." or ".." (the current or the parent directory) by browsers and by
-// http.ServeMux, which resolve them (escaped as %2E too) before routing: a
-// link to it would show another page.
-func dotSegment(id string) bool { return id == "." || id == ".." }
+// notSegment reports whether id cannot be a segment of a URL path: "." or
+// ".." (the current or the parent directory), which browsers and
+// http.ServeMux resolve (escaped as %2E too) before routing, and "/", whose
+// escaped segment %2F http.ServeMux takes for a trailing slash, which no
+// {id} matches. A link to it would show another page, or none.
+func notSegment(id string) bool { return id == "." || id == ".." || id == "/" }
 
 // messageURL is the path of the page of queue's dead letter id: the ID as a
-// path segment, or in the query (see dotSegment).
+// path segment, or in the query (see notSegment).
 func messageURL(queue, id string) string {
-	if dotSegment(id) {
+	if notSegment(id) {
 		return "/queues/" + url.PathEscape(queue) + "/message?id=" + url.QueryEscape(id)
 	}
 	return "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(id)
 }
 
 // jobURL is the path of the page of job id: /jobs/ID, or the lookup by ID
-// in the query, which shows the job (see dotSegment).
+// in the query, which shows the job (see notSegment).
 func jobURL(id string) string {
-	if dotSegment(id) {
+	if notSegment(id) {
 		return "/jobs?id=" + url.QueryEscape(id)
 	}
 	return "/jobs/" + url.PathEscape(id)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/brokers/postgres"
@@ -350,6 +351,36 @@ func TestEscapeJSON(t *testing.T) {
 		var back map[string]string
 		if err := json.Unmarshal(e, &back); err != nil || back["k"+s] != s {
 			t.Errorf("%q: %q does not decode to the same: %v %q", s, e, err, back)
+		}
+	}
+}
+
+// Every default-ignorable code point (Unicode's Default_Ignorable_Code_Point:
+// format characters, Other_Default_Ignorable_Code_Point and the variation
+// selectors; white space aside) shows as nothing: EscapeText and EscapeJSON
+// write each as an escape, so that "job-1" followed by one is not shown as
+// "job-1". Before, the variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF,
+// the Mongolian ones) were left raw.
+func TestEscapeDefaultIgnorables(t *testing.T) {
+	for r := rune(0x80); r <= unicode.MaxRune; r++ {
+		if !unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) || unicode.IsSpace(r) {
+			continue
+		}
+		s := "job-1" + string(r)
+		if got := dlq.EscapeText(s, false); strings.ContainsRune(got, r) {
+			t.Errorf("EscapeText(%q) = %q: %U left raw", s, got, r)
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := dlq.EscapeJSON(b)
+		var back string
+		if err := json.Unmarshal(e, &back); err != nil || back != s {
+			t.Errorf("EscapeJSON(%s) = %s decodes to %q (%v)", b, e, back, err)
+		}
+		if strings.ContainsRune(string(e), r) {
+			t.Errorf("EscapeJSON(%s) = %s: %U left raw", b, e, r)
 		}
 	}
 }

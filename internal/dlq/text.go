@@ -13,8 +13,8 @@ import (
 // newline and ESC included, so no terminal escape sequence gets through),
 // bidirectional-text overrides, invisible characters (zero-width spaces and
 // joiners, the byte-order mark, soft hyphens, tag characters, Hangul
-// fillers: text that looks like other text, or hides text) and line and
-// paragraph separators, and invalid UTF-8 are written as Go-style escapes
+// fillers, variation selectors: text that looks like other text, or hides
+// text), line and paragraph separators, and invalid UTF-8 are written as Go-style escapes
 // (\x1b, \u202e, \u200b, \xff). With block, newlines and tabs are kept.
 // HTML needs its own escaping on top (html/template does it).
 func EscapeText(s string, block bool) string {
@@ -60,11 +60,12 @@ func unsafeRune(r rune) bool {
 	switch {
 	case r == 0x061C, r == 0x200E, r == 0x200F, r >= 0x202A && r <= 0x202E, r >= 0x2066 && r <= 0x2069:
 		return true // bidi controls: text that reads differently from what it is
-	case unicode.Is(unicode.Cf, r), unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r):
-		// Invisible: zero-width space, non-joiner and joiner, word
-		// joiner, BOM, soft hyphen, tag characters (U+E0000 block, which
-		// can spell out hidden text), Hangul fillers. An ID with one
-		// looks like another ID; a reason can hide words.
+	case unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector):
+		// Invisible (Unicode's default-ignorable code points): zero-width
+		// space, non-joiner and joiner, word joiner, BOM, soft hyphen, tag
+		// characters (U+E0000 block, which can spell out hidden text),
+		// Hangul fillers, variation selectors. An ID with one looks like
+		// another ID; a reason can hide words.
 		return true
 	case r == 0x2028, r == 0x2029:
 		return true // line and paragraph separators: a line break to some terminals and viewers
