@@ -92,7 +92,7 @@ func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 	for range 3 { // one taken by the stuck writer, two fill the buffer
 		l.Record(ledger.Event{MessageID: "m", Status: ledger.StatusEnqueued, At: time.Now()})
 	}
-	if err := l.Close(); err != nil { // each stuck write times out
+	if err := l.Close(); err != nil { // the stuck writes time out, or are dropped once Close's WriteTimeout is up
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -103,8 +103,8 @@ func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 		t.Errorf("Record after Close took %v", d)
 	}
 	s := l.Stats()
-	if s.Recorded != 8 || s.Dropped != 5 || s.Failed != 3 || s.Written != 0 || s.Buffered != 0 {
-		t.Errorf("stats %+v: want 8 recorded, 3 failed, 5 dropped", s)
+	if s.Recorded != 8 || s.Dropped < 5 || s.Failed < 1 || s.Failed+s.Dropped != 8 || s.Written != 0 || s.Buffered != 0 {
+		t.Errorf("stats %+v: want 8 recorded, the 3 before Close failed or dropped, the 5 after dropped", s)
 	}
 	// Said once, and as what it is: not "buffer full", which would send an
 	// operator after a writer that is not behind but stopped.

@@ -22,7 +22,8 @@
 // round trip per batch). When the buffer is full, recording waits at most
 // Options.BlockTimeout, then drops the event and counts it
 // ([Stats].Dropped, the berth.ledger.events metric with
-// berth.ledger.result=dropped). A failed batch is counted and logged; the
+// berth.ledger.result=dropped). A failed batch is counted and logged (the
+// first of a run of failures, then once a minute while they go on); the
 // jobs it described go on as if nothing happened. A later event of the same
 // job repairs a lost one (the row holds the newest state, not a log).
 //

@@ -139,7 +139,8 @@ type Options struct {
 	// counted as failed like any other). Store.Write is then called from several
 	// goroutines at once and must be safe for that.
 	Writers int
-	// WriteTimeout bounds each Write. Default 10s.
+	// WriteTimeout bounds each Write, and Close's writing of what is
+	// buffered as a whole. Default 10s.
 	WriteTimeout time.Duration
 	// WorkerID names this process in the rows it writes. Default
 	// "hostname/pid".
@@ -147,8 +148,9 @@ type Options struct {
 	// MeterProvider creates the ledger's instruments. Default
 	// otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
-	// Logger receives failed writes and the first drop of a run of drops.
-	// Default slog.Default().
+	// Logger receives the first failed write of a run of failures (then a
+	// warning a minute while they go on, and the first write that succeeds
+	// again) and the first drop of a run of drops. Default slog.Default().
 	Logger *slog.Logger
 }
 
@@ -171,7 +173,7 @@ var ErrClosed = sdk.ErrClosed
 type Stats struct {
 	Recorded int64 // events handed to the ledger
 	Written  int64 // events in batches the store accepted
-	Dropped  int64 // events dropped because the buffer stayed full, or recorded after Close
+	Dropped  int64 // events dropped because the buffer stayed full, recorded after Close, or left when Close ran out of time
 	Failed   int64 // events in batches the store refused
 	Batches  int64 // Write calls that succeeded
 	Buffered int   // events waiting now
@@ -205,6 +207,9 @@ type Ledger struct {
 	done   chan struct{}
 	closed atomic.Bool
 	once   sync.Once
+	// closeBy is when Close gives up writing what is buffered (unix
+	// nanos; 0 before Close).
+	closeBy atomic.Int64
 	// With Writers > 1: run hands batches to the writer goroutines on work
 	// and counts them in inflight until written.
 	work     chan written
@@ -215,6 +220,8 @@ type Ledger struct {
 	maxLag, lagSum                              atomic.Int64
 	dropping                                    atomic.Bool // logged the current run of drops
 	droppingClosed                              atomic.Bool // logged a Record after Close
+	closeTimedOut                               atomic.Bool // logged Close's drops
+	fails                                       failLog
 
 	lag  metric.Float64Histogram
 	regs metric.Registration
@@ -448,14 +455,19 @@ func (l *Ledger) Flush(ctx context.Context) error {
 	}
 }
 
-// Close writes what is buffered (each batch bounded by WriteTimeout), stops
-// the writer and unregisters the metrics callback. Events recorded after
-// Close are dropped and counted; so are those of Records racing it that
-// reach the buffer after the writer's last drain. Calling it again returns
-// nil.
+// Close writes what is buffered, stops the writer and unregisters the
+// metrics callback. It spends at most WriteTimeout writing the buffer
+// (after a batch being written when it is called, itself bounded by
+// WriteTimeout): with the database down or not answering, the batches
+// left then are dropped and counted, rather than each waiting its own
+// WriteTimeout and holding up the process's shutdown for minutes. Events
+// recorded after Close are dropped and counted; so are those of Records
+// racing it that reach the buffer after the writer's last drain. Calling
+// it again returns nil.
 func (l *Ledger) Close() error {
 	var err error
 	l.once.Do(func() {
+		l.closeBy.Store(time.Now().Add(l.opts.WriteTimeout).UnixNano())
 		l.closed.Store(true)
 		close(l.stop)
 		<-l.done
@@ -584,15 +596,32 @@ func (l *Ledger) writer() {
 }
 
 func (l *Ledger) write(batch []Event, oldest int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), l.opts.WriteTimeout)
+	n := int64(len(batch))
+	deadline := time.Now().Add(l.opts.WriteTimeout)
+	if by := l.closeBy.Load(); by != 0 {
+		if by <= time.Now().UnixNano() {
+			// Close's time to write the buffer is up.
+			l.dropped.Add(n)
+			if l.closeTimedOut.CompareAndSwap(false, true) {
+				l.opts.Logger.Warn("berth/ledger: Close ran out of time (WriteTimeout) writing the buffer; dropping the events left",
+					"events", n)
+			}
+			return
+		}
+		if t := time.Unix(0, by); t.Before(deadline) {
+			deadline = t
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	err := l.opts.Store.Write(ctx, batch)
 	cancel()
-	n := int64(len(batch))
 	if err != nil {
 		l.failed.Add(n)
-		l.opts.Logger.Warn("berth/ledger: write failed; these events are lost (the jobs are not affected)",
-			"events", n, "err", err)
+		l.writeFailed(n, err)
 		return
+	}
+	if l.fails.failing.Load() {
+		l.writeRecovered()
 	}
 	lag := time.Now().UnixNano() - oldest
 	l.written.Add(n)
@@ -604,4 +633,54 @@ func (l *Ledger) write(batch []Event, oldest int64) {
 	if len(l.buf) < cap(l.buf)/2 {
 		l.dropping.Store(false)
 	}
+}
+
+// failLogEvery spaces the warnings of a run of failed writes.
+const failLogEvery = time.Minute
+
+// failLog is the logging state of a run of failed writes: while the
+// database is down every batch fails, one every Linger or faster, and a
+// warning each would flood the logs.
+type failLog struct {
+	failing  atomic.Bool // a run of failures is on (fast path of write)
+	mu       sync.Mutex
+	last     time.Time // when the run was last logged
+	unlogged int64     // events failed since then
+	lost     int64     // events failed in the run
+}
+
+// writeFailed logs the first failed write of a run, then at most one
+// warning per failLogEvery with the events lost since the last.
+func (l *Ledger) writeFailed(n int64, err error) {
+	f := &l.fails
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lost += n
+	now := time.Now()
+	if !f.failing.Load() {
+		f.failing.Store(true)
+		f.last, f.unlogged = now, 0
+		l.opts.Logger.Warn("berth/ledger: write failed; these events are lost (the jobs are not affected); further failures are logged once a minute until a write succeeds",
+			"events", n, "err", err)
+		return
+	}
+	f.unlogged += n
+	if now.Sub(f.last) >= failLogEvery {
+		l.opts.Logger.Warn("berth/ledger: writes still failing; these events are lost (the jobs are not affected)",
+			"events", f.unlogged, "lost_in_run", f.lost, "err", err)
+		f.last, f.unlogged = now, 0
+	}
+}
+
+// writeRecovered ends a run of failed writes.
+func (l *Ledger) writeRecovered() {
+	f := &l.fails
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.failing.Load() {
+		return
+	}
+	f.failing.Store(false)
+	l.opts.Logger.Info("berth/ledger: writes succeed again", "lost_in_run", f.lost)
+	f.lost, f.unlogged = 0, 0
 }

@@ -42,8 +42,10 @@
 // Slots are computed from the schedule alone, so schedulers agree: [Every]
 // aligns to the Unix epoch, and cron expressions are read in UTC unless
 // they start with CRON_TZ= and a named zone ("Local", the machine's zone,
-// is refused). Tests inject a [FakeClock] (Options.Clock) and
-// run hours of schedule without sleeping.
+// is refused). A scheduler reads the clock at least every minute, so
+// slots that come due when the wall clock jumps ahead (a host resumed from
+// suspend, a clock stepped) are published within a minute. Tests inject a
+// [FakeClock] (Options.Clock) and run hours of schedule without sleeping.
 //
 // See ARCHITECTURE.md, "Periodic jobs".
 package periodic

@@ -238,11 +238,20 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			<-ctx.Done() // nothing left to schedule
 			return nil
 		}
-		if err := s.o.Clock.Sleep(ctx, next.Sub(s.o.Clock.Now())); err != nil {
+		// At most maxSleep at a time: a timer counts elapsed (monotonic)
+		// time, and the slots are wall-clock times, so after the wall clock
+		// jumps ahead — a host resumed from suspend, a VM restored or
+		// migrated, a clock stepped by NTP — a sleep computed before would
+		// publish the due slots as late as the jump.
+		if err := s.o.Clock.Sleep(ctx, min(next.Sub(s.o.Clock.Now()), maxSleep)); err != nil {
 			return nil
 		}
 	}
 }
+
+// maxSleep bounds one sleep of Run between two reads of the clock: a slot
+// due after the wall clock jumped ahead is published at most maxSleep late.
+const maxSleep = time.Minute
 
 // nextSlot returns the earliest next slot of the jobs.
 func nextSlot(states []*state) (time.Time, bool) {

@@ -406,3 +406,67 @@ func TestNewRefusesNameNoMessageCanCarry(t *testing.T) {
 		t.Errorf("New(job %q) = %v, want ErrInvalidJob: none of its slots can be published", name, err)
 	}
 }
+
+// jumpClock is a wall clock that can jump ahead of the time timers count
+// (a host resumed from suspend, a VM restored, a clock stepped by NTP):
+// Sleep waits on mono, the elapsed time, and Now is mono's time plus the
+// jumps. A real clock cannot be made to jump on cue.
+type jumpClock struct {
+	mono *periodic.FakeClock
+	mu   sync.Mutex
+	jump time.Duration
+}
+
+func (c *jumpClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono.Now().Add(c.jump)
+}
+
+func (c *jumpClock) Sleep(ctx context.Context, d time.Duration) error { return c.mono.Sleep(ctx, d) }
+
+func (c *jumpClock) Jump(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.jump += d
+}
+
+// The scheduler slept until the next slot as the timer counts it: when
+// the wall clock jumped a day ahead during that sleep (the host suspended
+// overnight), the slot that came due with the jump waited for the rest of
+// the day's sleep, a day late. It now reads the clock at least every
+// minute.
+func TestSlotDueAfterWallClockJumpIsPublished(t *testing.T) {
+	c := &jumpClock{mono: periodic.NewFakeClock(t0.Add(time.Hour))}
+	r := &recorder{}
+	s, err := periodic.New(r, periodic.Options{Clock: c}, periodic.Job{Name: "daily", Schedule: every(t, 24*time.Hour), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c.Jump(24 * time.Hour) // 01:00 on day 1 → 01:00 on day 2, past the slot at 00:00
+	c.mono.Advance(time.Minute)
+	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.msgs) != 1 {
+		t.Fatalf("published %d messages a minute after the wall clock passed the slot, want 1 (the slot of %s)",
+			len(r.msgs), t0.Add(24*time.Hour))
+	}
+	if got, want := r.msgs[0].Header(periodic.HeaderSlot), t0.Add(24*time.Hour).Format(time.RFC3339Nano); got != want {
+		t.Errorf("published slot %s, want %s", got, want)
+	}
+}

@@ -1,0 +1,106 @@
+package ledger_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
+)
+
+// blackhole accepts TCP connections and never answers: a database host
+// that froze, or a connection black-holed by a firewall, which no real
+// server produces on demand.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// closeCounter counts the Writes that start once closing is set.
+type closeCounter struct {
+	ledger.Store
+	closing atomic.Bool
+	during  atomic.Int64
+}
+
+func (c *closeCounter) Write(ctx context.Context, batch []ledger.Event) error {
+	if c.closing.Load() {
+		c.during.Add(1)
+	}
+	return c.Store.Write(ctx, batch)
+}
+
+// With the database not answering, Close wrote the buffer batch by batch,
+// each waiting its own WriteTimeout: 8192 buffered events of 512 a batch
+// held a process's shutdown for 16 × 10s, long past any orchestrator's
+// grace period. Close now spends WriteTimeout on the buffer in all and
+// drops, and counts, what is left.
+func TestCloseBoundedWhenDatabaseHangs(t *testing.T) {
+	addr := blackhole(t)
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+addr+"/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := pgledger.New(pool, pgledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &closeCounter{Store: s}
+	l, err := ledger.New(ledger.Options{Store: c, Buffer: 64, BatchSize: 4, Linger: -1,
+		WriteTimeout: 200 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 64 {
+		l.Record(ledger.Event{MessageID: "m" + string(rune('a'+i%26)) + suffix(), Queue: "q", Status: ledger.StatusEnqueued, At: time.Now()})
+	}
+	c.closing.Store(true)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.during.Load(); n > 2 {
+		t.Errorf("Close made %d Writes to a database that does not answer, each waiting WriteTimeout; want at most 2 (one WriteTimeout in all)", n)
+	}
+	st := l.Stats()
+	if st.Recorded != 64 || st.Written+st.Failed+st.Dropped != 64 || st.Buffered != 0 {
+		t.Errorf("stats %+v: every event must be written, failed or dropped", st)
+	}
+}
