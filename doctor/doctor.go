@@ -82,7 +82,8 @@ type Options struct {
 	// JetStream); required for RabbitMQ and SQS.
 	Queues []string
 	// MaxAttempts is the Workers' RetryPolicy.MaxAttempts. Default
-	// [sdk.DefaultMaxAttempts].
+	// [sdk.DefaultMaxAttempts]; a negative one, which [sdk.NewWorker]
+	// refuses, is reported as such (the other checks take the default).
 	MaxAttempts int
 	// LongestJob is the longest a handler is expected to run (its
 	// WorkerOptions.Timeout). Default [sdk.DefaultTimeout].
@@ -135,7 +136,8 @@ type Options struct {
 	Redis       redis.UniversalClient
 	RedisPrefix string
 	// DrainTimeout and SettleTimeout are the Workers' (defaults
-	// sdk.DefaultDrainTimeout and sdk.DefaultSettleTimeout); GracePeriod is
+	// sdk.DefaultDrainTimeout and sdk.DefaultSettleTimeout; a negative one,
+	// which [sdk.NewWorker] refuses, is reported as such); GracePeriod is
 	// the time the platform gives a process between SIGTERM and SIGKILL
 	// (default 30s, Kubernetes').
 	DrainTimeout, SettleTimeout, GracePeriod time.Duration
@@ -273,15 +275,18 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 		}
 		fs = append(fs, rf...)
 	}
-	fs = append(fs, workerConfig(b, o)...)
+	fs = append(fs, workerConfig(b, o, opts)...)
 	Sort(fs)
 	return fs, nil
 }
 
-// workerConfig runs sdk.CheckConfig for the Worker the options describe.
-func workerConfig(b sdk.Broker, o Options) []Finding {
+// workerConfig runs sdk.CheckConfig for the Worker the options describe:
+// o with doctor's defaults, raw as given, so that a value NewWorker
+// refuses (a negative MaxAttempts, DrainTimeout or SettleTimeout) is
+// reported rather than taken for the default.
+func workerConfig(b sdk.Broker, o, raw Options) []Finding {
 	wo := sdk.WorkerOptions{Queue: "doctor", Concurrency: o.Concurrency, Timeout: o.LongestJob,
-		Retry: sdk.RetryPolicy{MaxAttempts: o.MaxAttempts}}
+		Retry: sdk.RetryPolicy{MaxAttempts: raw.MaxAttempts}, DrainTimeout: raw.DrainTimeout, SettleTimeout: raw.SettleTimeout}
 	conflicts, err := sdk.CheckConfig(b, wo)
 	if err != nil {
 		return []Finding{{ID: "worker.options", Severity: Error, Summary: "the Worker options do not validate", Evidence: err.Error(), Fix: "fix the flags"}}

@@ -142,6 +142,12 @@ func (t *task) loseLease() {
 // its context starts cancelled with cause. The first cause stays.
 func (t *task) stop(cause error) { t.hc.cancel(cause) }
 
+// shutdown stops t with [ErrShutdown] (Run's drain deadline, Process's
+// ctx), unless its handler has returned (settling): that handler is no
+// longer running, and its settlement goes by its result, as a timeout
+// spares it (see handlerCtx.cancelUnless).
+func (t *task) shutdown() { t.hc.cancelUnless(ErrShutdown, &t.settling) }
+
 // Run processes deliveries until ctx is done, then drains: it stops
 // receiving, releases deliveries not yet started (or, where a delivery
 // cannot be handed back without consuming an attempt — it is no
@@ -305,7 +311,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		stopping.Store(true)
 		for i := range held {
 			if t := held[i].Load(); t != nil {
-				t.stop(ErrShutdown)
+				t.shutdown()
 			}
 		}
 		grace := time.NewTimer(o.SettleTimeout + time.Second)
@@ -724,13 +730,13 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 	t := &task{d: d, received: time.Now().UnixNano()}
 	t.extended.Store(t.received)
 	t.started = t.received // the timeout counts from here (the handler context's Deadline)
-	stop := context.AfterFunc(ctx, func() { t.stop(ErrShutdown) })
+	stop := context.AfterFunc(ctx, t.shutdown)
 	defer stop()
 	if ctx.Err() != nil {
 		// AfterFunc runs its function in a goroutine of its own, which a
 		// quick handler would outrun: a ctx already ended stops the task
 		// before the handler starts.
-		t.stop(ErrShutdown)
+		t.shutdown()
 	}
 	if timeout := w.timeout(d.Message().Type); timeout > 0 {
 		timer := time.AfterFunc(timeout, func() {
