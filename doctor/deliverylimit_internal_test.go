@@ -53,3 +53,20 @@ func TestServerMajor(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueExpiryText: RabbitMQ deletes a queue with x-expires once it has
+// been unused for that long, and "used" is a consumer, a basic.get or a
+// redeclare: a queue that is only published to (workers stopped) is
+// deleted, with its jobs, and the publishes after it fail (berth publishes
+// with the mandatory flag). The summary said only "no consumer".
+func TestQueueExpiryText(t *testing.T) {
+	fs := queueLimits(map[string]any{"x-expires": int64(3600000)})
+	if len(fs) != 1 || fs[0].Severity != Warn {
+		t.Fatalf("%+v", fs)
+	}
+	for _, want := range []string{"1h0m0s", "with every job in it", "publishes do not count", "publishes to it fail"} {
+		if !strings.Contains(fs[0].Summary, want) {
+			t.Errorf("%q not in %q", want, fs[0].Summary)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthq/berth/brokers/rabbitmq"
@@ -58,15 +59,53 @@ func rabbitMQ(ctx context.Context, b rabbitBroker, o Options) ([]Finding, error)
 		return fs, fmt.Errorf("doctor: rabbitmq: server version: %w", err)
 	}
 	for _, q := range o.Queues {
+		tb := &tracedRabbit{rabbitBroker: b}
 		qf, err := bounded(ctx, o, "RabbitMQ checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
-			return rabbitQueue(ctx, b, q, version, o)
+			return rabbitQueue(ctx, tb, q, version, o)
 		})
 		if err != nil {
 			return fs, err
 		}
+		if call := tb.waiting(); call != "" && len(qf) == 1 && qf[0].ID == checkTimeoutID {
+			qf[0].Evidence = "waiting for " + call + ": " + qf[0].Evidence
+		}
 		fs = append(fs, qf...)
 	}
 	return fs, nil
+}
+
+// tracedRabbit records the call of a rabbitBroker in flight, so that a
+// check left waiting on one (amqp091's calls take no context: they cannot
+// return an error naming themselves) can say which. The abandoned check
+// goroutine writes it while rabbitMQ reads it: an atomic.
+type tracedRabbit struct {
+	rabbitBroker
+	call atomic.Pointer[string]
+}
+
+// trace records call as in flight and returns the function that clears it.
+func (t *tracedRabbit) trace(call string) func() {
+	p := &call
+	t.call.Store(p)
+	return func() { t.call.CompareAndSwap(p, nil) }
+}
+
+// waiting returns the call in flight, "" when none.
+func (t *tracedRabbit) waiting() string {
+	if p := t.call.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (t *tracedRabbit) QueueArguments(ctx context.Context, queue string) (map[string]any, error) {
+	defer t.trace(fmt.Sprintf("the arguments of queue %q (queue.declare)", queue))()
+	return t.rabbitBroker.QueueArguments(ctx, queue)
+}
+
+func (t *tracedRabbit) Info(ctx context.Context, queue string) (rabbitmq.QueueInfo, error) {
+	defer t.trace(fmt.Sprintf("the counts of queue %q (queue.declare, passive)", queue))()
+	return t.rabbitBroker.Info(ctx, queue)
 }
 
 func rabbitQueue(ctx context.Context, b rabbitBroker, q, version string, o Options) ([]Finding, error) {

@@ -97,7 +97,7 @@ func queueLimits(args map[string]any) []Finding {
 			fmt.Sprintf("x-message-ttl=%v", v), redeclare+"; for a time limit on a job use its own deadline in the handler")
 	}
 	if v, ok := args["x-expires"]; ok {
-		add(Warn, fmt.Sprintf("x-expires %v%s on a job queue: the server deletes the queue, with every job in it, once it has had no consumer for that long (workers stopped or scaled to zero)", v, msText(v)),
+		add(Warn, fmt.Sprintf("x-expires %v%s on a job queue: the server deletes the queue, with every job in it, once it has been unused that long — no consumer, no basic.get, no redeclare; publishes do not count (workers stopped or scaled to zero) — and publishes to it fail until something declares it again, empty", v, msText(v)),
 			fmt.Sprintf("x-expires=%v", v), redeclare)
 	}
 	var caps []string

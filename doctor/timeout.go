@@ -8,6 +8,9 @@ import (
 	"time"
 )
 
+// checkTimeoutID is the ID of the finding of a check that did not answer.
+const checkTimeoutID = "doctor.check-timeout"
+
 // DefaultCheckTimeout is the default of [Options.CheckTimeout].
 const DefaultCheckTimeout = 10 * time.Second
 
@@ -19,8 +22,16 @@ const answerGrace = time.Second
 // A call that does not honour its context (amqp091's channel calls) is left
 // running once the deadline has passed, with its result discarded, and
 // within returns an error wrapping [context.DeadlineExceeded]: the check
-// ends either way. Closing the broker or pool ends such a call.
+// ends either way. Closing the broker or pool ends such a call. When ctx
+// has ended already (the run's deadline passed), f is not started: a check
+// that ignores its context would otherwise send one more call to a server
+// that does not answer, and hold the run for answerGrace, once per check
+// left.
 func within[T any](ctx context.Context, d time.Duration, f func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, fmt.Errorf("not started, the run had ended: %w", err)
+	}
 	cctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	type result struct {
@@ -43,8 +54,11 @@ func within[T any](ctx context.Context, d time.Duration, f func(context.Context)
 	case r := <-done:
 		return r.v, r.err
 	case <-grace.C:
-		var zero T
-		return zero, fmt.Errorf("no answer after %s (a call that takes no context, such as amqp091's, was left waiting): %w", d, cctx.Err())
+		waited := fmt.Sprintf("after %s", d)
+		if ctx.Err() != nil { // the run's deadline came first
+			waited = "before the run's deadline"
+		}
+		return zero, fmt.Errorf("no answer %s (a call that takes no context, such as amqp091's, was left waiting): %w", waited, cctx.Err())
 	}
 }
 
@@ -76,7 +90,7 @@ func bounded(ctx context.Context, o Options, what, where string, check func(cont
 // timeoutFinding is the doctor.check-timeout finding of a check (what, on
 // where) that ended with err, a timeout.
 func timeoutFinding(ctx context.Context, o Options, what, where string, err error) Finding {
-	f := Finding{ID: "doctor.check-timeout", Severity: Error, Queue: where,
+	f := Finding{ID: checkTimeoutID, Severity: Error, Queue: where,
 		Summary:  fmt.Sprintf("the %s did not answer within %s: not checked", what, o.CheckTimeout),
 		Evidence: err.Error(),
 		Fix:      "check that the server answers (a hung broker or database stalls the Workers too); if it is only slow, raise -check-timeout (Options.CheckTimeout)"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -24,11 +25,16 @@ func (c *cli) openDB(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 
 // openDBFor is openDB naming the database in errors ("ledger", "outbox").
 func (c *cli) openDBFor(ctx context.Context, dsn, what string) (*pgxpool.Pool, error) {
+	return c.openDBWithin(ctx, dsn, what, 30*time.Second)
+}
+
+// openDBWithin is openDBFor giving the database d to answer.
+func (c *cli) openDBWithin(ctx context.Context, dsn, what string, d time.Duration) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, usagef("-db: the connection string does not parse") // pgx may quote it
 	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	octx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(octx, cfg)
 	if err == nil {
@@ -41,6 +47,49 @@ func (c *cli) openDBFor(ctx context.Context, dsn, what string) (*pgxpool.Pool, e
 		return nil, fmt.Errorf("%s: %w", strings.TrimSpace(what+" database"), err) // pgx names host, user and database, never the password
 	}
 	return pool, nil
+}
+
+// doctorDB opens -db (dsn) and reports whether the ledger's jobs table is
+// in schema, each step within -check-timeout.
+func (c *cli) doctorDB(ctx context.Context, dsn, schema string) (*pgxpool.Pool, bool, error) {
+	pool, err := c.openDBWithin(ctx, dsn, "", c.checkTimeout)
+	if err != nil {
+		return nil, false, err
+	}
+	qctx, cancel := context.WithTimeout(ctx, c.checkTimeout)
+	defer cancel()
+	var exists bool
+	if err := pool.QueryRow(qctx, `SELECT to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{schema, pgledger.DefaultPrefix + "jobs"}.Sanitize()).Scan(&exists); err != nil {
+		pool.Close()
+		return nil, false, fmt.Errorf("ledger database: %w", err)
+	}
+	return pool, exists, nil
+}
+
+// dbTimeoutFinding is the doctor.check-timeout finding of a -db that did
+// not answer within d (or before the run's deadline, ctx's) with err.
+func dbTimeoutFinding(ctx context.Context, d time.Duration, err error) *doctor.Finding {
+	f := &doctor.Finding{ID: "doctor.check-timeout", Severity: doctor.Error, Queue: "-db",
+		Summary:  fmt.Sprintf("the database of -db did not answer within %s: its ledger and idempotency checks were not run", d),
+		Evidence: err.Error(), // pgx names host, user and database, never the password
+		Fix:      "check that the database answers (a hung database stalls the Workers too); if it is only slow, raise -check-timeout"}
+	if ctx.Err() != nil {
+		f.Summary = "the database of -db did not answer before doctor's overall deadline: its ledger and idempotency checks were not run"
+		f.Fix = "check that the database answers; if it is only slow, raise -timeout (the overall deadline)"
+	}
+	return f
+}
+
+// dbTimedOut reports whether err, from opening or querying -db under ctx,
+// means the database did not answer in time (rather than that it refused,
+// or that the run was interrupted).
+func dbTimedOut(ctx context.Context, err error) bool {
+	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // errDoctorFindings is returned by "berth doctor" when a finding is an
@@ -77,31 +126,34 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if dsn == "" {
 		dsn = c.getenv("BERTH_DB")
 	}
-	var ledgerMissing *doctor.Finding
-	if dsn != "" { // the application's database: the ledger's tables and the idempotency results
-		pool, err := c.openDB(ctx, dsn)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		opts.Results, opts.ResultsTable = pool, c.resultsTable
+	// The application's database (-db): the ledger's tables and the
+	// idempotency results. dbFinding: its tables missing, or no answer.
+	var dbFinding *doctor.Finding
+	if dsn != "" {
 		schema := c.schema
 		if schema == "" {
 			schema = pgledger.DefaultSchema
 		}
-		var exists bool
-		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
-			pgx.Identifier{schema, pgledger.DefaultPrefix + "jobs"}.Sanitize()).Scan(&exists); err != nil {
-			return fmt.Errorf("ledger database: %w", err)
-		}
-		if exists {
+		// Like a check, the database has -check-timeout to answer: one
+		// that does not is a finding, and the broker's checks still run.
+		pool, exists, err := c.doctorDB(ctx, dsn, schema)
+		switch {
+		case err != nil && dbTimedOut(ctx, err):
+			dbFinding = dbTimeoutFinding(ctx, c.checkTimeout, err)
+		case err != nil:
+			return err
+		case exists:
+			defer pool.Close()
+			opts.Results, opts.ResultsTable = pool, c.resultsTable
 			s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
 			if err != nil {
 				return &usageError{err.Error()}
 			}
 			opts.Ledger = s
-		} else {
-			ledgerMissing = ledgerMissingFinding(schema, c.schema != "")
+		default:
+			defer pool.Close()
+			opts.Results, opts.ResultsTable = pool, c.resultsTable
+			dbFinding = ledgerMissingFinding(schema, c.schema != "")
 		}
 	}
 	if c.redis != "" {
@@ -116,8 +168,8 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if ledgerMissing != nil {
-		fs = append(fs, *ledgerMissing)
+	if dbFinding != nil {
+		fs = append(fs, *dbFinding)
 		doctor.Sort(fs) // worst first, as Run ordered the others
 	}
 	var errs, warns int

@@ -131,3 +131,35 @@ func TestDoctorSilentRedis(t *testing.T) {
 		t.Fatalf("doctor -redis on a silent Redis (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 }
+
+// TestDoctorSilentDB: a -db that accepts connections and never answers
+// made "berth doctor" wait 30 s for the connection and then fail with
+// "database: … timeout", printing no finding at all: the broker's checks
+// did not run. Like a silent Redis (TestDoctorSilentRedis), it is now one
+// doctor.check-timeout finding, within -check-timeout, among the others.
+func TestDoctorSilentDB(t *testing.T) {
+	b, _ := deadLettered(t, 1)
+	u, err := neturl.Parse(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := integration.StartProxy(t, u.Host)
+	proxy.Freeze()
+	u.Host = proxy.Addr()
+	done := make(chan result, 1)
+	go func() { done <- berth(t, b, "doctor", "-db", u.String(), "-check-timeout", "1s", "-json") }()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("berth doctor -db is still running on a database that does not answer")
+	}
+	for _, want := range []string{
+		`{"id":"doctor.check-timeout","severity":"error","queue":"-db","summary":"the database of -db did not answer within 1s: its ledger and idempotency checks were not run"`,
+		`"id":"broker.checks"`, // the other checks ran
+	} {
+		if r.code != exitError || !strings.Contains(r.out, want) {
+			t.Fatalf("doctor -db on a silent database (exit %d): no %s in\n%s%s", r.code, want, r.out, r.err)
+		}
+	}
+}
