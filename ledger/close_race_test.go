@@ -103,7 +103,7 @@ func TestRecordAfterCloseDropsAtOnce(t *testing.T) {
 		t.Errorf("Record after Close took %v", d)
 	}
 	s := l.Stats()
-	if s.Recorded != 8 || s.Dropped < 5 || s.Failed < 1 || s.Failed+s.Dropped != 8 || s.Written != 0 || s.Buffered != 0 {
+	if s.Recorded != 8 || s.Dropped < 5 || s.Failed+s.Dropped != 8 || s.Written != 0 || s.Buffered != 0 {
 		t.Errorf("stats %+v: want 8 recorded, the 3 before Close failed or dropped, the 5 after dropped", s)
 	}
 	// Said once, and as what it is: not "buffer full", which would send an

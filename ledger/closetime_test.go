@@ -2,7 +2,10 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 )
@@ -102,5 +106,48 @@ func TestCloseBoundedWhenDatabaseHangs(t *testing.T) {
 	st := l.Stats()
 	if st.Recorded != 64 || st.Written+st.Failed+st.Dropped != 64 || st.Buffered != 0 {
 		t.Errorf("stats %+v: every event must be written, failed or dropped", st)
+	}
+}
+
+// Close's warning about the events it dropped when its time ran out gave
+// the count of the first batch dropped only (4 here), while every batch
+// after it was dropped too: an operator reading it would think a few
+// events lost where dozens were. It now gives them all, as counted in
+// Stats.Dropped.
+func TestCloseTimeoutLogsEveryDroppedEvent(t *testing.T) {
+	addr := blackhole(t)
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+addr+"/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := pgledger.New(pool, pgledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncbuf.Buffer
+	l, err := ledger.New(ledger.Options{Store: s, Buffer: 64, BatchSize: 4, Linger: -1,
+		WriteTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 64 {
+		l.Record(ledger.Event{MessageID: "m" + suffix(), Queue: "q", Status: ledger.StatusEnqueued, At: time.Now()})
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := l.Stats()
+	if st.Dropped <= 4 {
+		t.Fatalf("stats %+v: want more than one batch dropped by Close", st)
+	}
+	var lines []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "Close ran out of time") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) != 1 || !strings.HasSuffix(lines[0], fmt.Sprintf(" events=%d", st.Dropped)) {
+		t.Errorf("Close dropped %d events; want one warning saying events=%d, got:\n%s", st.Dropped, st.Dropped, strings.Join(lines, "\n"))
 	}
 }

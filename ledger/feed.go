@@ -210,8 +210,10 @@ func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids 
 // guard keeps the first final state of an attempt). A dead letter that
 // does not carry its attempt (RabbitMQ's, when the queue kept no delivery
 // count) ends whatever attempt the row is at. A letter's failure time
-// (berth-last-failure) in the future is taken as now. Listing is read-only on
-// every broker; it returns how many events it recorded.
+// (berth-last-failure) in the future is taken as now; its reason and class
+// are kept as valid UTF-8 of at most [sdk.MaxReasonLength] bytes, like the
+// Worker's own. Listing is read-only on every broker; it returns how many
+// events it recorded.
 //
 // Run it periodically (the [Janitor] does, for its DeadLetterQueues) or
 // after an incident.
@@ -239,8 +241,12 @@ func (l *Ledger) syncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue 
 			q = queue
 		}
 		e := base(m, q)
-		e.Status, e.Error = StatusDead, m.Header(sdk.HeaderDeadLetterReason)
-		e.Class = sdk.ErrorClass(m.Header(sdk.HeaderDeadLetterClass))
+		// The reason and class are headers, which a letter the broker
+		// dead-lettered itself keeps from its producer: made valid UTF-8
+		// and cut to sdk.MaxReasonLength, rune-safe, as the Worker's own
+		// reasons are (see reason).
+		e.Status, e.Error = StatusDead, sdk.SanitizeReason(m.Header(sdk.HeaderDeadLetterReason))
+		e.Class = sdk.ErrorClass(sdk.SanitizeReason(m.Header(sdk.HeaderDeadLetterClass)))
 		e.Attempt, _ = strconv.Atoi(m.Header(sdk.HeaderDeadLetterAttempts))
 		e.Attempt = max(e.Attempt, 0)
 		e.At = time.Now()

@@ -218,9 +218,9 @@ type Ledger struct {
 
 	recorded, written, dropped, failed, batches atomic.Int64
 	maxLag, lagSum                              atomic.Int64
-	dropping                                    atomic.Bool // logged the current run of drops
-	droppingClosed                              atomic.Bool // logged a Record after Close
-	closeTimedOut                               atomic.Bool // logged Close's drops
+	dropping                                    atomic.Bool  // logged the current run of drops
+	droppingClosed                              atomic.Bool  // logged a Record after Close
+	closeDropped                                atomic.Int64 // events dropped because Close ran out of time
 	fails                                       failLog
 
 	lag  metric.Float64Histogram
@@ -471,6 +471,12 @@ func (l *Ledger) Close() error {
 		l.closed.Store(true)
 		close(l.stop)
 		<-l.done
+		if n := l.closeDropped.Load(); n > 0 {
+			// Said once, with every event it dropped: a count per batch
+			// would tell an operator a fraction of what was lost.
+			l.opts.Logger.Warn("berth/ledger: Close ran out of time (WriteTimeout) writing the buffer; dropped the events left",
+				"events", n)
+		}
 		l.reclaim()
 		err = l.regs.Unregister()
 	})
@@ -600,12 +606,10 @@ func (l *Ledger) write(batch []Event, oldest int64) {
 	deadline := time.Now().Add(l.opts.WriteTimeout)
 	if by := l.closeBy.Load(); by != 0 {
 		if by <= time.Now().UnixNano() {
-			// Close's time to write the buffer is up.
+			// Close's time to write the buffer is up: Close logs the
+			// count once the writer has stopped.
 			l.dropped.Add(n)
-			if l.closeTimedOut.CompareAndSwap(false, true) {
-				l.opts.Logger.Warn("berth/ledger: Close ran out of time (WriteTimeout) writing the buffer; dropping the events left",
-					"events", n)
-			}
+			l.closeDropped.Add(n)
 			return
 		}
 		if t := time.Unix(0, by); t.Before(deadline) {

@@ -3,6 +3,7 @@ package periodic_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -468,5 +469,57 @@ func TestSlotDueAfterWallClockJumpIsPublished(t *testing.T) {
 	}
 	if got, want := r.msgs[0].Header(periodic.HeaderSlot), t0.Add(24*time.Hour).Format(time.RFC3339Nano); got != want {
 		t.Errorf("published slot %s, want %s", got, want)
+	}
+}
+
+// A wall clock stepped back (NTP correcting a clock that ran fast) after a
+// slot was published puts that slot in the future again: the scheduler,
+// now reading the clock every minute, must not publish it a second time
+// when the clock reaches it again; it goes on to the next slot.
+func TestSlotNotRepublishedAfterWallClockStepsBack(t *testing.T) {
+	c := &jumpClock{mono: periodic.NewFakeClock(t0.Add(-30 * time.Minute))}
+	r := &recorder{}
+	s, err := periodic.New(r, periodic.Options{Clock: c}, periodic.Job{Name: "hourly", Schedule: every(t, time.Hour), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	step := func(d time.Duration) {
+		t.Helper()
+		if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		c.mono.Advance(d)
+	}
+	for range 31 { // to 00:01, past the slot at 00:00
+		step(time.Minute)
+	}
+	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	c.Jump(-30 * time.Minute) // back to 23:31 the day before
+	for range 89 {            // to 01:00 on the wall clock, through 00:00 again
+		step(time.Minute)
+	}
+	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var slots []string
+	for _, m := range r.msgs {
+		slots = append(slots, m.Header(periodic.HeaderSlot))
+	}
+	want := []string{t0.Format(time.RFC3339Nano), t0.Add(time.Hour).Format(time.RFC3339Nano)}
+	if !slices.Equal(slots, want) {
+		t.Errorf("published slots %v, want %v: each once, the clock stepping back notwithstanding", slots, want)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -483,7 +484,8 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 const maxGeneration = 1 << 30
 
 // storable returns batch with every text field PostgreSQL can store (NUL and
-// invalid UTF-8 replaced by U+FFFD) and generations within maxGeneration;
+// invalid UTF-8 replaced by U+FFFD), generations within maxGeneration and
+// attempts within the integer column;
 // batch itself when nothing needs it (the common case: no copy).
 func storable(batch []ledger.Event) []ledger.Event {
 	var out []ledger.Event
@@ -495,6 +497,11 @@ func storable(batch []ledger.Event) []ledger.Event {
 		// The class too: a dead letter's comes from its header.
 		c.Class = sdk.ErrorClass(storableText(string(c.Class)))
 		c.Generation = min(max(c.Generation, 0), maxGeneration)
+		// The attempt too: a dead letter's comes from its header
+		// (Ledger.SyncDeadLetters), and the column is an integer, which
+		// a larger value would wrap around into (to a negative attempt,
+		// or an early one).
+		c.Attempt = min(max(c.Attempt, 0), math.MaxInt32)
 		if out == nil && c == e {
 			continue
 		}
