@@ -25,21 +25,8 @@ import (
 // reply on demand, so the client goes through a proxy that drops the
 // connection instead of passing one reply on.
 func TestObtainRetriedAfterLostReplyGetsItsOwnLock(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
-	proxy := newLossyProxy(t, integration.RedisAddr(t))
-	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
-	defer proxied.Close()
+	rdb, prefix, c, proxy := lossyClient(t, 3, true)
 	ctx := context.Background()
-	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
-
-	// Warm up: the script is loaded and the connection is in the pool.
-	warm, err := c.Obtain(ctx, "warm-up")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	proxy.dropNextReply.Store(true)
 	l, err := c.Obtain(ctx, "order:11")
@@ -78,13 +65,8 @@ func TestObtainRetriedAfterLostReplyGetsItsOwnLock(t *testing.T) {
 // returned ErrLockLost for work done entirely under the lock, so the job
 // was retried and the work done again.
 func TestReleaseRetriedAfterLostReplyReportsTheRelease(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
-	proxy := newLossyProxy(t, integration.RedisAddr(t))
-	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
-	defer proxied.Close()
+	rdb, prefix, c, proxy := lossyClient(t, 3, true)
 	ctx := context.Background()
-	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
-	warmUp(ctx, t, c)
 
 	l, err := c.Obtain(ctx, "order:12")
 	if err != nil {
@@ -121,13 +103,8 @@ func TestReleaseRetriedAfterLostReplyReportsTheRelease(t *testing.T) {
 // Run's release goes the same way: work done under a lock held throughout
 // is not reported lost because the release's reply was.
 func TestRunReleaseLostReplyIsNotALostLock(t *testing.T) {
-	_, prefix := testenv.Redis(t)
-	proxy := newLossyProxy(t, integration.RedisAddr(t))
-	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
-	defer proxied.Close()
+	_, _, c, proxy := lossyClient(t, 3, true)
 	ctx := context.Background()
-	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
-	warmUp(ctx, t, c)
 
 	err := c.Run(ctx, "order:13", func(ctx context.Context, l *redislock.Lock) error {
 		proxy.dropNextReply.Store(true) // the next reply is the release's
@@ -147,13 +124,8 @@ func TestRunReleaseLostReplyIsNotALostLock(t *testing.T) {
 // not delete it, expires by itself. Run used to return the release's
 // network error, so the job was retried and its work done again.
 func TestRunReleaseFailureAfterProtectedWorkIsNotAnError(t *testing.T) {
-	_, prefix := testenv.Redis(t)
-	proxy := newLossyProxy(t, integration.RedisAddr(t))
-	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: -1})
-	defer proxied.Close()
+	_, _, c, proxy := lossyClient(t, -1, true)
 	ctx := context.Background()
-	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
-	warmUp(ctx, t, c)
 
 	ran := false
 	err := c.Run(ctx, "order:15", func(ctx context.Context, l *redislock.Lock) error {
@@ -184,13 +156,8 @@ func TestRunReleaseFailureAfterProtectedWorkIsNotAnError(t *testing.T) {
 // When the reply to an extension is lost, the retried script extends the
 // lock again: still ours, not lost.
 func TestExtendRetriedAfterLostReplyKeepsTheLock(t *testing.T) {
-	_, prefix := testenv.Redis(t)
-	proxy := newLossyProxy(t, integration.RedisAddr(t))
-	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: 3})
-	defer proxied.Close()
+	_, _, c, proxy := lossyClient(t, 3, true)
 	ctx := context.Background()
-	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
-	warmUp(ctx, t, c)
 
 	l, err := c.Obtain(ctx, "order:14")
 	if err != nil {
@@ -215,6 +182,24 @@ func TestExtendRetriedAfterLostReplyKeepsTheLock(t *testing.T) {
 
 // warmUp loads the obtain and release scripts and puts a connection in the
 // pool, so that the reply a test drops is the one of the call it makes.
+// lossyClient returns the shared Redis client, the test's key prefix, a lock Client (TTL one
+// minute) whose connection goes through a lossyProxy, and the proxy; the
+// proxied client retries a command whose reply was lost up to maxRetries
+// times (-1: never). warm obtains and releases a lock first, so that the
+// scripts are loaded and the next reply dropped is the one a test means.
+func lossyClient(t *testing.T, maxRetries int, warm bool) (*redis.Client, string, *redislock.Client, *lossyProxy) {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	proxy := newLossyProxy(t, integration.RedisAddr(t))
+	proxied := redis.NewClient(&redis.Options{Addr: proxy.addr, MaxRetries: maxRetries})
+	t.Cleanup(func() { proxied.Close() })
+	c := newClient(t, proxied, prefix, redislock.Options{TTL: time.Minute})
+	if warm {
+		warmUp(context.Background(), t, c)
+	}
+	return rdb, prefix, c, proxy
+}
+
 func warmUp(ctx context.Context, t *testing.T, c *redislock.Client) {
 	t.Helper()
 	warm, err := c.Obtain(ctx, "warm-up")
