@@ -1,7 +1,6 @@
 package doctor_test
 
 import (
-	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -137,12 +136,7 @@ func TestRabbitMQCheckTimeout(t *testing.T) {
 	url := integration.RabbitMQURL(t)
 	q1, q2 := "hung1", "hung2"
 	rawRabbit(t, url, &q1, &q2)
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := integration.StartProxy(t, u.Host)
-	u.Host = proxy.Addr()
+	u, proxy := integration.ProxyURL(t, url)
 	b := open(t, u.String())
 	for _, q := range []string{q1, q2} {
 		if err := b.(sdk.QueueDeclarer).DeclareQueue(testCtx(t), q); err != nil {

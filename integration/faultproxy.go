@@ -3,6 +3,7 @@ package integration
 import (
 	"errors"
 	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -62,6 +63,21 @@ func StartProxy(t testing.TB, target string) *Proxy {
 	}
 	t.Cleanup(p.Close)
 	return p
+}
+
+// ProxyURL starts a proxy (StartProxy) to the host of rawURL, a broker or
+// database URL, and returns the URL with its host replaced by the proxy's,
+// and the proxy: a client given it connects through the proxy, which can
+// then cut, freeze or slow its connections.
+func ProxyURL(t testing.TB, rawURL string) (*url.URL, *Proxy) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("parse %q: %v", rawURL, err)
+	}
+	p := StartProxy(t, u.Host)
+	u.Host = p.Addr()
+	return u, p
 }
 
 // Addr is the proxy's host:port.

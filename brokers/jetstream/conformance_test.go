@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/url"
 	"testing"
 	"time"
 
@@ -70,12 +69,7 @@ func TestConformance(t *testing.T) {
 		// the test resets;
 		// nats.go reconnects through it.
 		Faulty: func(t *testing.T) (sdk.Broker, func()) {
-			u, err := url.Parse(integration.NATSURL(t))
-			if err != nil {
-				t.Fatalf("parse the NATS URL: %v", err)
-			}
-			p := integration.StartProxy(t, u.Host)
-			u.Host = p.Addr()
+			u, p := integration.ProxyURL(t, integration.NATSURL(t))
 			purl := u.String()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()

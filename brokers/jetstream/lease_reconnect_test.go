@@ -95,15 +95,11 @@ func proxiedDelivery(t *testing.T, opts jetstream.Options, name string) (ctx con
 	t.Helper()
 	direct = newBroker(t, opts)
 	q = declare(t, direct, name)
-	u, err := url.Parse(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p = integration.StartProxy(t, u.Host)
-	u.Host = p.Addr()
+	var u *url.URL
+	u, p = integration.ProxyURL(t, integration.NATSURL(t))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
-	b, err = jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-test-" + name, ReconnectWait: 50 * time.Millisecond}, opts)
+	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-test-" + name, ReconnectWait: 50 * time.Millisecond}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/url"
 	"testing"
 	"time"
 
@@ -25,12 +24,7 @@ import (
 // single-message and batch paths and PublishAsync's, entered past the
 // check, must report it wrapping sdk.ErrUnavailable, as a retry will do.
 func TestPublishPathsBeyondReconnectBufferUnavailable(t *testing.T) {
-	u, err := url.Parse(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := integration.StartProxy(t, u.Host)
-	u.Host = p.Addr()
+	u, p := integration.ProxyURL(t, integration.NATSURL(t))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	b, err := Connect(ctx, u.String(), ConnectOptions{

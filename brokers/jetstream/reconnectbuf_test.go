@@ -3,7 +3,6 @@ package jetstream_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
@@ -27,12 +26,7 @@ func TestCopyPublishWhileReconnectingIsUnavailable(t *testing.T) {
 	opts := jetstream.Options{MaxDeliveries: testMaxDeliveries, Logger: quiet}
 	direct := newBroker(t, opts)
 	q := declare(t, direct, "reconnectbuf")
-	u, err := url.Parse(integration.NATSURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := integration.StartProxy(t, u.Host)
-	u.Host = p.Addr()
+	u, p := integration.ProxyURL(t, integration.NATSURL(t))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{

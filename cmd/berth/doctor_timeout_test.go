@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -49,12 +48,7 @@ func frozenSQS(t *testing.T) (string, string) {
 	if err := b.DeclareQueue(ctx, queue); err != nil {
 		t.Fatal(err)
 	}
-	u, err := neturl.Parse(endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := integration.StartProxy(t, u.Host)
-	u.Host = proxy.Addr()
+	u, proxy := integration.ProxyURL(t, endpoint)
 	u.RawQuery = "region=us-east-1"
 	// Through the proxy the queue is checked as usual.
 	if r := doctorEnds(t, u.String(), queue); !strings.Contains(r.out, "ok     sqs.redrive-policy  "+queue) {
@@ -139,13 +133,8 @@ func TestDoctorSilentRedis(t *testing.T) {
 // doctor.check-timeout finding, within -check-timeout, among the others.
 func TestDoctorSilentDB(t *testing.T) {
 	b, _ := deadLettered(t, 1)
-	u, err := neturl.Parse(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := integration.StartProxy(t, u.Host)
+	u, proxy := integration.ProxyURL(t, integration.PostgresDSN(t))
 	proxy.Freeze()
-	u.Host = proxy.Addr()
 	done := make(chan result, 1)
 	go func() { done <- berth(t, b, "doctor", "-db", u.String(), "-check-timeout", "1s", "-json") }()
 	var r result
