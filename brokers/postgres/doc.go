@@ -63,7 +63,8 @@
 // Due times are on the database server's clock: now() (the statement's
 // start) plus the delay, and for [Broker.PublishTx] statement_timestamp()
 // plus the delay, so a delay counts from the publish, not from the start of
-// the caller's transaction.
+// the caller's transaction. So are the failure times of the dead-letter
+// headers (the last failure is the row's updated_at), whoever dead-letters.
 //
 // Deliveries also have a JobID() int64 method (the row's id), reachable with
 // a type assertion to interface{ JobID() int64 }, to join the jobs table with

@@ -34,7 +34,9 @@ const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z
 // Receive may be called concurrently (FOR UPDATE SKIP LOCKED keeps claimers
 // apart). It returns ctx.Err() when ctx is done, [sdk.ErrClosed] after Close,
 // and an error wrapping [sdk.ErrUnavailable] when the database cannot be
-// reached (the caller retries).
+// reached (the caller retries). Jobs it claimed for a caller whose ctx ended,
+// or across a Close, are handed back (no attempt counted), not returned. A
+// Receive waiting for a pooled connection returns when ctx ends.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
 	if b.isClosed() {
 		return nil, errClosed("receive")
@@ -55,13 +57,14 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 			}
 			return nil, err
 		}
-		if len(ds) > 0 && ctx.Err() != nil {
-			for _, d := range ds {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
-				_ = d.(sdk.Releaser).Release(rctx, 0) // not released: back after the lease
-				cancel()
+		if len(ds) > 0 && (ctx.Err() != nil || b.isClosed()) {
+			// Nobody can settle them: the caller went, or Close came while
+			// the claim ran (every settlement is then ErrClosed).
+			b.handBack(ctx, ds)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
 			}
-			return nil, ctx.Err()
+			return nil, errClosed("receive")
 		}
 		if len(ds) > 0 {
 			return ds, nil
@@ -123,7 +126,19 @@ const poisonReason = `left($5::text || COALESCE('; last error: ' || j.last_error
 // b.claimTimeout instead; when that runs out while ctx is live, the error
 // wraps [sdk.ErrUnavailable]. Receive hands back rows claimed for a caller
 // that has gone meanwhile.
+//
+// Waiting for a pooled connection is not the claim: ctx ends that wait (as
+// does the claim limit), so a Receive whose pool is exhausted (every
+// connection held by handlers) returns when its caller goes, and takes no
+// job for it.
 func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Delivery, poisoned int, err error) {
+	actx, acancel := context.WithTimeout(ctx, b.claimTimeout)
+	conn, err := b.pool.Acquire(actx)
+	acancel()
+	if err != nil {
+		return nil, 0, b.wrap(ctx, "receive", err)
+	}
+	defer conn.Release()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
 	defer cancel()
 	now := fmt.Sprintf(rfc3339SQL, "now()")
@@ -159,7 +174,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	RETURNING c.poison, j.id, j.message_id, j.job_type, j.payload, j.headers, j.correlation_id,
 		j.ordering_key, COALESCE(j.idempotency_key, ''), j.attempt_count, COALESCE(j.lease_token::text, ''),
 		j.first_failure_at`
-	rows, err := b.pool.Query(cctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
+	rows, err := conn.Query(cctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
 		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)))
 	if err != nil {
 		return nil, 0, b.wrap(ctx, "receive", err)
@@ -315,21 +330,43 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 // restored, so the next delivery has the same Attempt(). The queue's
 // receivers are notified, as for Retry.
 func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
-	return d.settle(ctx, "release", func(ctx context.Context) error {
-		delay = clampDelay(delay)
-		return d.exec(ctx, "release", true, `SET
-			status = CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END,
-			attempt_count = greatest(attempt_count - 1, 0),
-			available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL, updated_at = now()`,
-			delay.Microseconds())
-	})
+	return d.settle(ctx, "release", func(ctx context.Context) error { return d.release(ctx, delay) })
+}
+
+// release is Release's statement, without the settlement bookkeeping.
+func (d *delivery) release(ctx context.Context, delay time.Duration) error {
+	delay = clampDelay(delay)
+	return d.exec(ctx, "release", true, `SET
+		status = CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END,
+		attempt_count = greatest(attempt_count - 1, 0),
+		available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL, updated_at = now()`,
+		delay.Microseconds())
+}
+
+// handBack releases rows claimed for a Receive that cannot return them (its
+// caller went, or the broker was closed meanwhile), each bounded by the
+// claim limit. It runs after Close too (Release would refuse), so that the
+// rows are not left leased to nobody with an attempt spent; a row it cannot
+// release comes back after its lease.
+func (b *Broker) handBack(ctx context.Context, ds []sdk.Delivery) {
+	for _, d := range ds {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
+		_ = d.(*delivery).release(rctx, 0)
+		cancel()
+	}
 }
 
 // DeadLetter moves the job to status 'dead_letter' with last_error and the
-// dead-letter headers of [sdk.AnnotateDeadLetter].
+// dead-letter headers of [sdk.AnnotateDeadLetter]. Their failure times are
+// on the database server's clock, as every other time of the row: the last
+// failure is the statement's now() (the row's updated_at), and a first
+// failure not known before is first_failure_at, so that an application host
+// whose clock is off does not stamp a last failure before the first, or
+// one out of order with the dead-letter listing (ordered by updated_at).
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return d.settle(ctx, "dead-letter", func(ctx context.Context) error {
 		m := d.msg.Clone()
+		knownFirst := !d.firstFailure.IsZero() || m.Header(sdk.HeaderFirstFailure) != ""
 		sdk.AnnotateDeadLetter(m, d.queue, d.attempt, cause, d.firstFailure, time.Now())
 		m.SetHeader(sdk.HeaderDeadLetterReason, stripNUL(m.Header(sdk.HeaderDeadLetterReason)))
 		headers, err := json.Marshal(m.Headers)
@@ -337,9 +374,12 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 			return fmt.Errorf("berth/postgres: dead-letter job %d: %w", d.id, err)
 		}
 		return d.exec(ctx, "dead-letter", false, `SET status = 'dead_letter',
-			headers = $3::jsonb, last_error = $4, visibility_until = NULL,
+			headers = $3::jsonb || jsonb_build_object('`+sdk.HeaderLastFailure+`', `+fmt.Sprintf(rfc3339SQL, "now()")+`)
+				|| CASE WHEN $5 THEN '{}'::jsonb ELSE jsonb_build_object('`+sdk.HeaderFirstFailure+`', `+
+			fmt.Sprintf(rfc3339SQL, "COALESCE(first_failure_at, now())")+`) END,
+			last_error = $4, visibility_until = NULL,
 			first_failure_at = COALESCE(first_failure_at, now()), updated_at = now()`,
-			string(headers), m.Header(sdk.HeaderDeadLetterReason))
+			string(headers), m.Header(sdk.HeaderDeadLetterReason), knownFirst)
 	})
 }
 
