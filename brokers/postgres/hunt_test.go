@@ -129,10 +129,25 @@ func TestDeadLetterTimesOnDatabaseClock(t *testing.T) {
 // ErrClosed), so they stayed leased to nobody for the whole lease with an
 // attempt spent (a job near its cap was then dead-lettered unrun).
 func TestCloseDuringClaimHandsBack(t *testing.T) {
+	testCloseDuringClaim(t, false)
+}
+
+// TestClosePoolDuringClaimHandsBack: the same, when the application closes
+// its pool right after the broker (as the broker's doc asks: Close does
+// not close the pool), while the claim still runs. pool.Close waits for
+// the claim's connection; the hand-back that took another connection
+// after the claim had returned its own found the pool closed, and the
+// rows stayed leased to nobody with an attempt spent.
+func TestClosePoolDuringClaimHandsBack(t *testing.T) {
+	testCloseDuringClaim(t, true)
+}
+
+func testCloseDuringClaim(t *testing.T, closePool bool) {
 	app := "hunt-closeclaim-" + suffix()
 	pool := newPool(t, app, 4)
 	admin := newPool(t, "hunt-closeclaim-admin-"+suffix(), 2)
-	b := newBroker(t, pool, postgres.Options{Lease: 10 * time.Minute, PollInterval: 100 * time.Millisecond})
+	// The schema is dropped through admin: pool may be closed by then.
+	b := newBroker(t, pool, postgres.Options{Schema: freshSchema(t, admin), Lease: 10 * time.Minute, PollInterval: 100 * time.Millisecond})
 	ctx := testCtx(t)
 	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
@@ -170,13 +185,19 @@ func TestCloseDuringClaimHandsBack(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	closed := make(chan struct{})
-	go func() { _ = b.Close(); close(closed) }()
-	<-closed
+	_ = b.Close()
+	poolClosed := make(chan struct{})
+	if closePool {
+		// In a goroutine: some pool versions wait for the claim's connection.
+		go func() { pool.Close(); close(poolClosed) }()
+	} else {
+		close(poolClosed)
+	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r := <-got
+	<-poolClosed
 	if !errors.Is(r.err, sdk.ErrClosed) || len(r.ds) != 0 {
 		t.Fatalf("Receive whose claim ran across Close: %d deliveries, %v; want none and ErrClosed", len(r.ds), r.err)
 	}
@@ -187,5 +208,43 @@ func TestCloseDuringClaimHandsBack(t *testing.T) {
 	}
 	if status != "queued" || attempts != 0 {
 		t.Fatalf("job is %s with %d attempts after Close; want queued with 0 (handed back)", status, attempts)
+	}
+}
+
+// TestCloseWhilePoolExhausted: a Receive waiting for a pooled connection
+// (every one of them in use) returns sdk.ErrClosed at Close, as Close
+// says of pending Receive calls. The old one went on waiting under the
+// claim limit (30s), then claimed jobs only to hand them back: a Worker
+// stopping while its handlers held the pool stalled in Receive.
+func TestCloseWhilePoolExhausted(t *testing.T) {
+	pool := newPool(t, "hunt-closefull-"+suffix(), 2)
+	b := newBroker(t, pool, postgres.Options{PollInterval: 100 * time.Millisecond})
+	b.SetInternalTimeouts(5*time.Minute, 5*time.Minute) // only Close may end the wait
+	ctx := testCtx(t)
+	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	release := holdPool(t, ctx, pool, 2)
+	got := make(chan error, 1)
+	go func() {
+		ds, err := b.Receive(ctx, "q", 1)
+		if len(ds) > 0 {
+			err = errors.Join(err, errors.New("got deliveries"))
+		}
+		got <- err
+	}()
+	// Receive waits for a connection (the pool counts no waiting acquire:
+	// were it not waiting yet, it would see the broker closed and pass).
+	time.Sleep(300 * time.Millisecond)
+	_ = b.Close()
+	select {
+	case err := <-got:
+		if !errors.Is(err, sdk.ErrClosed) {
+			t.Fatalf("Receive closed while the pool was exhausted returned %v; want sdk.ErrClosed", err)
+		}
+	case <-time.After(20 * time.Second):
+		release()
+		<-got
+		t.Fatal("Receive closed while the pool was exhausted did not return until a connection was free")
 	}
 }

@@ -151,6 +151,7 @@ type Broker struct {
 
 	closeOnce sync.Once
 	closed    <-chan struct{}    // closed by Close
+	life      context.Context    // done at Close (closed is its Done)
 	stop      context.CancelFunc // cancels the context of the broker's goroutines
 	wg        sync.WaitGroup     // the broker's goroutines: acker, listener, retention loop
 
@@ -189,6 +190,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 		table:    quoteIdent(o.Schema) + ".jobs",
 		channel:  o.Schema + ".jobs",
 		closed:   ctx.Done(),
+		life:     ctx,
 		stop:     stop,
 		listenGo: make(chan struct{}),
 		wake:     newWaker(),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -36,7 +37,7 @@ const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z
 // and an error wrapping [sdk.ErrUnavailable] when the database cannot be
 // reached (the caller retries). Jobs it claimed for a caller whose ctx ended,
 // or across a Close, are handed back (no attempt counted), not returned. A
-// Receive waiting for a pooled connection returns when ctx ends.
+// Receive waiting for a pooled connection returns when ctx ends or at Close.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
 	if b.isClosed() {
 		return nil, errClosed("receive")
@@ -56,15 +57,6 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 				return nil, ctx.Err()
 			}
 			return nil, err
-		}
-		if len(ds) > 0 && (ctx.Err() != nil || b.isClosed()) {
-			// Nobody can settle them: the caller went, or Close came while
-			// the claim ran (every settlement is then ErrClosed).
-			b.handBack(ctx, ds)
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, errClosed("receive")
 		}
 		if len(ds) > 0 {
 			return ds, nil
@@ -124,16 +116,19 @@ const poisonReason = `left($5::text || COALESCE('; last error: ' || j.last_error
 // back only after the lease with an attempt consumed (seen under rolling
 // SIGTERMs, RELIABILITY.md). It is one short statement, bounded by its own
 // b.claimTimeout instead; when that runs out while ctx is live, the error
-// wraps [sdk.ErrUnavailable]. Receive hands back rows claimed for a caller
-// that has gone meanwhile.
+// wraps [sdk.ErrUnavailable]. Rows claimed for a caller that has gone
+// meanwhile, or across a Close, are handed back (see handBack), and claim
+// returns ctx.Err() or [sdk.ErrClosed].
 //
-// Waiting for a pooled connection is not the claim: ctx ends that wait (as
-// does the claim limit), so a Receive whose pool is exhausted (every
-// connection held by handlers) returns when its caller goes, and takes no
-// job for it.
+// Waiting for a pooled connection is not the claim: ctx and Close end that
+// wait (as does the claim limit), so a Receive whose pool is exhausted
+// (every connection held by handlers) returns when its caller goes or the
+// broker is closed, and takes no job.
 func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Delivery, poisoned int, err error) {
 	actx, acancel := context.WithTimeout(ctx, b.claimTimeout)
+	stop := context.AfterFunc(b.life, acancel)
 	conn, err := b.pool.Acquire(actx)
+	stop()
 	acancel()
 	if err != nil {
 		return nil, 0, b.wrap(ctx, "receive", err)
@@ -216,6 +211,15 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	if err := rows.Err(); err != nil {
 		// The statement failed as a whole: nothing was claimed.
 		return nil, 0, b.wrap(ctx, "receive", err)
+	}
+	if len(ds) > 0 && (ctx.Err() != nil || b.isClosed()) {
+		// Nobody can settle them: the caller went, or Close came while
+		// the claim ran (every settlement is then ErrClosed).
+		b.handBack(ctx, conn, queue, ds)
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		return nil, 0, errClosed("receive")
 	}
 	return ds, poisoned, nil
 }
@@ -330,29 +334,48 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 // restored, so the next delivery has the same Attempt(). The queue's
 // receivers are notified, as for Retry.
 func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
-	return d.settle(ctx, "release", func(ctx context.Context) error { return d.release(ctx, delay) })
+	return d.settle(ctx, "release", func(ctx context.Context) error {
+		delay = clampDelay(delay)
+		return d.exec(ctx, "release", true, `SET
+			status = `+releasedStatus+`,
+			attempt_count = greatest(attempt_count - 1, 0),
+			available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL, updated_at = now()`,
+			delay.Microseconds())
+	})
 }
 
-// release is Release's statement, without the settlement bookkeeping.
-func (d *delivery) release(ctx context.Context, delay time.Duration) error {
-	delay = clampDelay(delay)
-	return d.exec(ctx, "release", true, `SET
-		status = CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END,
+// releasedStatus is the status of a released row: 'queued' if it never
+// failed, else 'retry' (as it was before the claim).
+const releasedStatus = `CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END`
+
+// handBack releases, as Release does, the rows ds of queue that a claim took
+// for a Receive that cannot return them (its caller went, or the broker was
+// closed meanwhile). It runs on the claim's connection, not one taken from
+// the pool: the application closes the pool after Close (the broker does
+// not own it), and a closed pool gives no new connection, while the one
+// held stays usable. It is one statement for all the rows, bounded by the
+// claim limit, and it runs after Close too (Release would refuse), so that
+// the rows are not left leased to nobody with an attempt spent; rows it
+// cannot hand back come back after their lease.
+func (b *Broker) handBack(ctx context.Context, conn *pgxpool.Conn, queue string, ds []sdk.Delivery) {
+	ids := make([]int64, len(ds))
+	tokens := make([]string, len(ds))
+	for i, d := range ds {
+		ids[i], tokens[i] = d.(*delivery).id, d.(*delivery).token
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
+	defer cancel()
+	batch := &pgx.Batch{}
+	batch.Queue(`UPDATE `+b.table+` AS j SET
+		status = `+releasedStatus+`,
 		attempt_count = greatest(attempt_count - 1, 0),
-		available_at = now() + $3 * interval '1 microsecond', visibility_until = NULL, updated_at = now()`,
-		delay.Microseconds())
-}
-
-// handBack releases rows claimed for a Receive that cannot return them (its
-// caller went, or the broker was closed meanwhile), each bounded by the
-// claim limit. It runs after Close too (Release would refuse), so that the
-// rows are not left leased to nobody with an attempt spent; a row it cannot
-// release comes back after its lease.
-func (b *Broker) handBack(ctx context.Context, ds []sdk.Delivery) {
-	for _, d := range ds {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
-		_ = d.(*delivery).release(rctx, 0)
-		cancel()
+		available_at = now(), visibility_until = NULL, updated_at = now()
+		FROM unnest($1::bigint[], $2::uuid[]) AS h(id, token)
+		WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'processing'`, ids, tokens)
+	batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
+	if err := conn.SendBatch(hctx, batch).Close(); err != nil {
+		b.opts.Logger.Warn("berth/postgres: jobs claimed for a Receive that ended not handed back; they come back after their lease",
+			"queue", queue, "jobs", len(ds), "err", err)
 	}
 }
 
