@@ -103,11 +103,20 @@ type hostileHeaders struct{ *memory.Broker }
 
 func (r hostileHeaders) DeadLetterPage(ctx context.Context, q, cursor string, limit int) ([]*sdk.Message, string, error) {
 	ms, next, err := r.Broker.DeadLetterPage(ctx, q, cursor, limit)
+	return hostile(ms), next, err
+}
+
+func (r hostileHeaders) DeadLetterPageTo(ctx context.Context, q, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
+	ms, next, err := r.Broker.DeadLetterPageTo(ctx, q, cursor, mark, limit)
+	return hostile(ms), next, err
+}
+
+func hostile(ms []*sdk.Message) []*sdk.Message {
 	for _, m := range ms {
 		m.Headers[sdk.HeaderDeadLetterAttempts] = "3\u202e\x1b]8;;x\x07"
 		m.Headers[sdk.HeaderLastFailure] = "\u202eevil\x1b[2J"
 	}
-	return ms, next, err
+	return ms
 }
 
 // Header text on the queue page shows control characters as escapes.

@@ -44,6 +44,14 @@ func (b rawIDs) DeadLetterPage(ctx context.Context, q, cursor string, limit int)
 	return ms, next, err
 }
 
+func (b rawIDs) DeadLetterPageTo(ctx context.Context, q, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
+	ms, next, err := b.Broker.DeadLetterPageTo(ctx, q, cursor, mark, limit)
+	for _, m := range ms {
+		m.ID = rawPrefix + m.ID
+	}
+	return ms, next, err
+}
+
 func (b rawIDs) GetDeadLetter(ctx context.Context, q, id string) (*sdk.Message, error) {
 	in, err := b.inner([]string{id})
 	if err != nil {

@@ -117,7 +117,9 @@
 // stream it is, never a header) and [Broker.PurgeDeadLetters] work on the
 // dead-letter stream through JetStream's message-get API, and so do the
 // berth command's page walks ([Broker.DeadLetterPage], whose cursor is a
-// stream sequence) and deletes by id ([Broker.DeleteDeadLetters]).
+// stream sequence, and [Broker.DeadLetterPageTo], which stops a redrive at
+// the stream's last sequence when it began) and deletes by id
+// ([Broker.DeleteDeadLetters]).
 // A message on a dead-letter subject that berth cannot read (a
 // Berth-Message header that does not decode, published there by hand or by
 // another producer), or that is not on the subject of its own ID (where

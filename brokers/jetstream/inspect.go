@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -190,14 +191,22 @@ func (b *Broker) scan(ctx context.Context, s jetstream.Stream, subject string, l
 
 // scanFrom is scan from stream sequence seq on.
 func (b *Broker) scanFrom(ctx context.Context, s jetstream.Stream, subject string, seq uint64, limit int) ([]deadLetter, error) {
+	return b.scanRange(ctx, s, subject, seq, math.MaxUint64, limit)
+}
+
+// scanRange is scanFrom of the stream sequences up to upTo.
+func (b *Broker) scanRange(ctx context.Context, s jetstream.Stream, subject string, seq, upTo uint64, limit int) ([]deadLetter, error) {
 	var out []deadLetter
-	for limit <= 0 || len(out) < limit {
+	for (limit <= 0 || len(out) < limit) && seq <= upTo {
 		raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
 		if err != nil {
 			return out, b.wrapErr(ctx, "read dead letters", err)
+		}
+		if raw.Sequence > upTo {
+			break
 		}
 		out = append(out, letterOf(raw, s.CachedInfo().Config.Name))
 		seq = raw.Sequence + 1
@@ -464,6 +473,46 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 // sequence, so it stays valid while the dead letters it passed are
 // redriven or deleted.
 func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+	return b.deadLetterPage(ctx, queue, cursor, math.MaxUint64, limit)
+}
+
+// DeadLetterMark returns a mark of the dead letters queue holds now (the
+// last sequence of its dead-letter stream), for [Broker.DeadLetterPageTo]:
+// "" when it holds none.
+func (b *Broker) DeadLetterMark(ctx context.Context, queue string) (string, error) {
+	_, s, err := b.deadStream(ctx, queue)
+	if err != nil || s == nil {
+		return "", err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", b.wrapErr(ctx, "dead letters", err)
+	}
+	if info.State.Msgs == 0 {
+		return "", nil
+	}
+	return strconv.FormatUint(info.State.LastSeq, 10), nil
+}
+
+// DeadLetterPageTo is [Broker.DeadLetterPage] restricted to the dead
+// letters at or before mark (from [Broker.DeadLetterMark]): one
+// dead-lettered after the mark was taken, even again after a redrive, has
+// a later sequence and is not returned. The cursor of the next page is ""
+// after the last page that reaches the mark; the mark "" returns none.
+func (b *Broker) DeadLetterPageTo(ctx context.Context, queue, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
+	if mark == "" {
+		_, _, err := b.deadStream(ctx, queue)
+		return nil, "", err
+	}
+	upTo, err := strconv.ParseUint(mark, 10, 64)
+	if err != nil {
+		return nil, "", fmt.Errorf("berth/jetstream: invalid dead-letter mark %q", mark)
+	}
+	return b.deadLetterPage(ctx, queue, cursor, upTo, limit)
+}
+
+// deadLetterPage is DeadLetterPage of the stream sequences up to upTo.
+func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor string, upTo uint64, limit int) ([]*sdk.Message, string, error) {
 	q, s, err := b.deadStream(ctx, queue)
 	if err != nil || s == nil {
 		return nil, "", err
@@ -478,7 +527,7 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 		limit = sdk.DefaultListLimit
 	}
 	// One more than asked tells whether another page follows.
-	dls, err := b.scanFrom(ctx, s, q.dead+".*", after+1, limit+1)
+	dls, err := b.scanRange(ctx, s, q.dead+".*", after+1, upTo, limit+1)
 	if err != nil {
 		return nil, "", err
 	}

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -40,6 +41,44 @@ func (b *Broker) Queues(context.Context) ([]string, error) {
 // it passed are redriven or deleted; a message dead-lettered after the walk
 // started comes at its end.
 func (b *Broker) DeadLetterPage(_ context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+	return b.deadLetterPage(queue, cursor, math.MaxUint64, limit)
+}
+
+// DeadLetterMark returns a mark of the dead letters queue holds now (the
+// position of the last one), for [Broker.DeadLetterPageTo]: "" when it
+// holds none.
+func (b *Broker) DeadLetterMark(_ context.Context, queue string) (string, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil || q == nil {
+		return "", err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.promote(time.Now(), b.maxDeliveries)
+	if len(q.dead) == 0 {
+		return "", nil
+	}
+	return strconv.FormatUint(q.deadSeq[q.dead[len(q.dead)-1]], 10), nil
+}
+
+// DeadLetterPageTo is [Broker.DeadLetterPage] restricted to the dead
+// letters at or before mark (from [Broker.DeadLetterMark]): a message
+// dead-lettered after the mark was taken, even one dead-lettered before
+// and redriven meanwhile, is not returned. The cursor of the next page is
+// "" after the last page that reaches the mark; the mark "" returns none.
+func (b *Broker) DeadLetterPageTo(_ context.Context, queue, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
+	if mark == "" {
+		return nil, "", nil
+	}
+	upTo, err := strconv.ParseUint(mark, 10, 64)
+	if err != nil {
+		return nil, "", errors.New("memory: invalid dead-letter mark")
+	}
+	return b.deadLetterPage(queue, cursor, upTo, limit)
+}
+
+// deadLetterPage is DeadLetterPage of the dead letters numbered up to upTo.
+func (b *Broker) deadLetterPage(queue, cursor string, upTo uint64, limit int) ([]*sdk.Message, string, error) {
 	q, err := b.deadQueue(queue)
 	if err != nil || q == nil {
 		return nil, "", err
@@ -57,13 +96,17 @@ func (b *Broker) DeadLetterPage(_ context.Context, queue, cursor string, limit i
 	defer q.mu.Unlock()
 	q.promote(time.Now(), b.maxDeliveries)
 	i := sort.Search(len(q.dead), func(i int) bool { return q.deadSeq[q.dead[i]] > after })
-	end := i + min(len(q.dead)-i, limit) // not i+limit: a limit of MaxInt would overflow
+	stop := sort.Search(len(q.dead), func(i int) bool { return q.deadSeq[q.dead[i]] > upTo })
+	if stop < i {
+		stop = i
+	}
+	end := i + min(stop-i, limit) // not i+limit: a limit of MaxInt would overflow
 	out := make([]*sdk.Message, 0, end-i)
 	for _, m := range q.dead[i:end] {
 		out = append(out, m.Clone())
 	}
 	next := ""
-	if end < len(q.dead) {
+	if end < stop {
 		next = strconv.FormatUint(q.deadSeq[q.dead[end-1]], 10)
 	}
 	return out, next, nil

@@ -45,6 +45,69 @@ func (b *Broker) Queues(ctx context.Context) ([]string, error) {
 // may sort before the cursor: that walk misses it, and a new walk from the
 // empty cursor finds it. Each page is one statement.
 func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+	return b.deadLetterPage(ctx, queue, cursor, "", false, limit)
+}
+
+// DeadLetterMark returns a mark of the dead letters queue holds now, for
+// [Broker.DeadLetterPageTo]: the position (as [Broker.DeadLetterPage]
+// orders them) of the last one, "" when it holds none. The position is
+// the database's: its clock wrote every updated_at.
+func (b *Broker) DeadLetterMark(ctx context.Context, queue string) (string, error) {
+	if b.isClosed() {
+		return "", errClosed("dead letter mark")
+	}
+	var (
+		at *time.Time
+		id *int64
+	)
+	err := b.pool.QueryRow(ctx, `SELECT updated_at, id FROM `+b.table+`
+		WHERE queue = $1 AND status = 'dead_letter' ORDER BY updated_at DESC, id DESC LIMIT 1`, queue).Scan(&at, &id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", nil
+	case err != nil:
+		return "", b.wrap(ctx, "dead letter mark", err)
+	}
+	return pagePosition(*at, *id), nil
+}
+
+// DeadLetterPageTo is [Broker.DeadLetterPage] restricted to the dead
+// letters at or before mark (from [Broker.DeadLetterMark]); the mark ""
+// returns none. A job dead-lettered again after it was redriven gets a
+// later position (updated_at is the start of the statement that
+// dead-lettered it, which came after the redrive and so after the mark), so
+// a walk to the mark does not see it twice, unless the database's clock
+// went back meanwhile. The cursor of the next page is "" after the last
+// page that reaches the mark.
+func (b *Broker) DeadLetterPageTo(ctx context.Context, queue, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
+	if mark == "" {
+		if b.isClosed() {
+			return nil, "", errClosed("dead letter page")
+		}
+		return nil, "", nil
+	}
+	return b.deadLetterPage(ctx, queue, cursor, mark, true, limit)
+}
+
+// pagePosition is the cursor (or mark) of the dead letter at (at, id).
+func pagePosition(at time.Time, id int64) string {
+	return strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+}
+
+// parsePosition parses a cursor or mark of pagePosition.
+func parsePosition(s, what string) (time.Time, int64, error) {
+	us, id, ok := strings.Cut(s, "-")
+	u, err1 := strconv.ParseInt(us, 10, 64)
+	n, err2 := strconv.ParseInt(id, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return time.Time{}, 0, errors.New("berth/postgres: invalid dead-letter page " + what)
+	}
+	return time.UnixMicro(u), n, nil
+}
+
+// deadLetterPage is DeadLetterPage, restricted to the dead letters at or
+// before mark when toMark.
+func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string, toMark bool, limit int) ([]*sdk.Message, string, error) {
 	if b.isClosed() {
 		return nil, "", errClosed("dead letter page")
 	}
@@ -56,17 +119,22 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 	limit = min(limit, math.MaxInt32)
 	after, afterID := time.Time{}, int64(0)
 	if cursor != "" {
-		us, id, ok := strings.Cut(cursor, "-")
-		u, err1 := strconv.ParseInt(us, 10, 64)
-		n, err2 := strconv.ParseInt(id, 10, 64)
-		if !ok || err1 != nil || err2 != nil {
-			return nil, "", errors.New("berth/postgres: invalid dead-letter page cursor")
+		var err error
+		if after, afterID, err = parsePosition(cursor, "cursor"); err != nil {
+			return nil, "", err
 		}
-		after, afterID = time.UnixMicro(u), n
+	}
+	upTo, upToID := time.Time{}, int64(0)
+	if toMark {
+		var err error
+		if upTo, upToID, err = parsePosition(mark, "mark"); err != nil {
+			return nil, "", err
+		}
 	}
 	rows, err := b.pool.Query(ctx, `SELECT `+deadLetterColumns+`, updated_at, id FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' AND ($2::timestamptz IS NULL OR (updated_at, id) > ($2, $3))
-		ORDER BY updated_at, id LIMIT $4`, queue, nullTime(after), afterID, limit+1)
+			AND ($5::timestamptz IS NULL OR (updated_at, id) <= ($5, $6))
+		ORDER BY updated_at, id LIMIT $4`, queue, nullTime(after), afterID, limit+1, nullTime(upTo), upToID)
 	if err != nil {
 		return nil, "", b.wrap(ctx, "dead letter page", err)
 	}
@@ -91,7 +159,7 @@ func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit
 		}
 		decodeHeaders(m, headers)
 		msgs = append(msgs, m)
-		last = strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+		last = pagePosition(at, id)
 		return struct{}{}, nil
 	})
 	if err != nil {

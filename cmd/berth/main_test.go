@@ -561,6 +561,16 @@ func (c *countingReads) DeadLetterPage(ctx context.Context, queue, cursor string
 	return c.Broker.DeadLetterPage(ctx, queue, cursor, limit)
 }
 
+func (c *countingReads) DeadLetterMark(ctx context.Context, queue string) (string, error) {
+	c.reads.Add(1)
+	return c.Broker.DeadLetterMark(ctx, queue)
+}
+
+func (c *countingReads) DeadLetterPageTo(ctx context.Context, queue, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
+	c.reads.Add(1)
+	return c.Broker.DeadLetterPageTo(ctx, queue, cursor, mark, limit)
+}
+
 func (c *countingReads) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
 	c.reads.Add(1)
 	return c.Broker.GetDeadLetter(ctx, queue, id)

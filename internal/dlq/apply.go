@@ -65,6 +65,13 @@ const MaxFailures = 100
 // the error, counted in Done, and the letters a *sdk.PublishError names as
 // refused in Missed: PostgreSQL and memory do all of a page or none of it,
 // SQS, JetStream and RabbitMQ move letter by letter and say how many.)
+//
+// A redrive walks the dead letters there are when it begins: on a [Bounded]
+// broker it stops where the dead-letter queue ended then, so a letter
+// dead-lettered (or dead-lettered again by a consumer) while it runs is
+// left for the next one, and its memory stays bounded. On a [Pager] that is
+// not Bounded it keeps the ID of each letter it redrove (memory grows with
+// the count), so as not to redrive one a consumer dead-letters again.
 func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
 	var r Result
 	do := func(ctx context.Context, ids []string) (int, error) {
@@ -106,22 +113,26 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	}
 	var err error
 	stopped := "" // why a broker call's own scan stopped
-	// The letters this Apply redrove: one a consumer dead-letters again
-	// comes back at the walk's end, and must not be redriven again (with
-	// a consumer that keeps failing it the walk would never end). One ID
-	// per letter redriven.
-	redriven := map[string]bool{}
-	r.Summary, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
+	// A letter a consumer dead-letters again while this Apply redrives
+	// comes back at the walk's end, and must not be redriven again (with a
+	// consumer that keeps failing it the walk would never end). A [Bounded]
+	// broker stops the walk where the dead-letter queue ended when it
+	// began, before any letter came back; on another broker Apply keeps
+	// the IDs of the letters it redrove (redriven), one per letter.
+	// The letters skipped are not matched again: Matched and Limit count
+	// each letter once.
+	var redriven map[string]bool
+	mode := walkMode{toMark: act == Redrive}
+	if _, bounded := dl.(Bounded); act == Redrive && !bounded {
+		redriven = map[string]bool{}
+		mode.skip = func(m *sdk.Message) bool { return redriven[m.ID] }
+	}
+	r.Summary, err = walk(ctx, dl, queue, f, o, mode, func(page []*sdk.Message) error {
 		ids := make([]string, 0, len(page))
 		for _, m := range page {
-			if !redriven[m.ID] {
-				ids = append(ids, m.ID)
-			}
+			ids = append(ids, m.ID)
 		}
-		if len(ids) == 0 {
-			return nil
-		}
-		if act == Redrive {
+		if redriven != nil {
 			for _, id := range ids {
 				redriven[id] = true
 			}

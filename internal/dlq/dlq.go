@@ -4,12 +4,13 @@
 // a precise account of what was not done.
 //
 // Brokers are used through [sdk.DeadLetters] and the optional capabilities
-// below, found by type assertion. The memory and PostgreSQL brokers have
-// them all; RabbitMQ, which cannot page with a cursor, has [Sweeper]; on a
-// broker with neither (SQS) a walk sees only the first [Options.ScanLimit]
-// dead letters and says so ([Summary.Complete] false, [Summary.Incomplete]
-// why), as does a change whose broker call reports that its own scan
-// stopped before the end ([ScanIncomplete]).
+// below, found by type assertion. The memory, PostgreSQL and JetStream
+// brokers have all but [Sweeper]; RabbitMQ, which cannot page with a
+// cursor, has [Sweeper]; on a broker with neither (SQS) a walk sees only
+// the first [Options.ScanLimit] dead letters and says so
+// ([Summary.Complete] false, [Summary.Incomplete] why), as does a change
+// whose broker call reports that its own scan stopped before the end
+// ([ScanIncomplete]).
 package dlq
 
 import (
@@ -30,6 +31,25 @@ import (
 // letters it passed are redriven or deleted.
 type Pager interface {
 	DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error)
+}
+
+// Bounded is a [Pager] that can stop a walk where the dead-letter queue
+// ended when the walk began, which [Apply] uses for a redrive: a letter a
+// consumer dead-letters again while the redrive runs comes back after that
+// end, so the walk neither redrives it twice nor needs to remember which
+// letters it redrove (its memory stays bounded however many it redrives).
+// The memory, PostgreSQL and JetStream brokers have it.
+//
+// DeadLetterMark returns an opaque mark of the dead letters queue holds
+// now ("" when it holds none). DeadLetterPageTo is DeadLetterPage
+// restricted to the dead letters at or before mark: those dead-lettered
+// (or dead-lettered again) after the mark was taken are not returned, and
+// the next-page cursor is "" after the last page that reaches the mark. With
+// the mark "" it returns no dead letters.
+type Bounded interface {
+	Pager
+	DeadLetterMark(ctx context.Context, queue string) (mark string, err error)
+	DeadLetterPageTo(ctx context.Context, queue, cursor, mark string, limit int) ([]*sdk.Message, string, error)
 }
 
 // Sweeper goes once round all of a queue's dead letters, pageSize at a time
@@ -215,6 +235,23 @@ var scanIncompleteTexts = []string{
 // broker or fn, or when ctx is done (returning ctx.Err()), with the summary
 // so far.
 func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, fn func([]*sdk.Message) error) (Summary, error) {
+	return walk(ctx, dl, queue, f, o, walkMode{}, fn)
+}
+
+// walkMode is how [Apply] walks, beyond what [Walk] does.
+type walkMode struct {
+	// toMark stops the walk, on a [Bounded] broker, where the dead-letter
+	// queue ended when it began (Complete then means every dead letter up
+	// to there was looked at).
+	toMark bool
+	// skip, when set, passes over the letters it reports (a letter Apply
+	// has already redriven): read (Scanned), but neither matched nor given
+	// to fn. Only the Pager and ListDeadLetters walks use it.
+	skip func(*sdk.Message) bool
+}
+
+// walk is [Walk] in mode w.
+func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, w walkMode, fn func([]*sdk.Message) error) (Summary, error) {
 	o = o.withDefaults()
 	var s Summary
 	emit := func(page []*sdk.Message) (bool, error) {
@@ -223,6 +260,9 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		for _, m := range page {
 			if o.Limit > 0 && s.Matched == o.Limit {
 				break
+			}
+			if w.skip != nil && w.skip(m) {
+				continue
 			}
 			if f.Match(m, now) {
 				chosen = append(chosen, m)
@@ -305,12 +345,22 @@ func Walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		}
 		return s, nil
 	}
+	pageFn := p.DeadLetterPage
+	if b, ok := dl.(Bounded); ok && w.toMark {
+		mark, err := b.DeadLetterMark(ctx, queue)
+		if err != nil {
+			return s, err
+		}
+		pageFn = func(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
+			return b.DeadLetterPageTo(ctx, queue, cursor, mark, limit)
+		}
+	}
 	cursor := ""
 	for {
 		if err := ctx.Err(); err != nil {
 			return s, err
 		}
-		page, next, err := p.DeadLetterPage(ctx, queue, cursor, o.PageSize)
+		page, next, err := pageFn(ctx, queue, cursor, o.PageSize)
 		if err != nil {
 			return s, err
 		}
