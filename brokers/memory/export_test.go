@@ -9,5 +9,7 @@ func PlantDeadLetter(b *Broker, queue string, m *sdk.Message) {
 	q := b.queue(queue)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.dead = append(q.dead, m.Clone())
+	c := m.Clone()
+	q.dead = append(q.dead, c)
+	q.numberDead(c) // a position, as every dead letter has, for the page walks
 }

@@ -511,3 +511,35 @@ func TestHardening2_RedriveIgnoresForgedQueueHeader(t *testing.T) {
 		t.Errorf("Publish with a berth- header = %v, want ErrInvalidMessage", err)
 	}
 }
+
+// A dead letter planted as it is (PlantDeadLetter) is paged like any
+// other, to the end of the queue and to a mark: it has a position.
+func TestPlantedDeadLetterIsPaged(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	if err := b.Publish(ctx, "orders", &sdk.Message{ID: "real-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveOne(t, b, "orders").DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+	memory.PlantDeadLetter(b, "orders", &sdk.Message{ID: "planted-1"})
+	want := "[real-1 planted-1]"
+	ids := func(ms []*sdk.Message) string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.ID)
+		}
+		return fmt.Sprint(out)
+	}
+	if ms, next, err := b.DeadLetterPage(ctx, "orders", "", 10); err != nil || ids(ms) != want || next != "" {
+		t.Errorf("DeadLetterPage = %s %q %v, want %s", ids(ms), next, err, want)
+	}
+	mark, err := b.DeadLetterMark(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms, next, err := b.DeadLetterPageTo(ctx, "orders", "", mark, 10); err != nil || ids(ms) != want || next != "" {
+		t.Errorf("DeadLetterPageTo(mark %q) = %s %q %v, want %s", mark, ids(ms), next, err, want)
+	}
+}

@@ -190,9 +190,14 @@ func (o Options) withDefaults() Options {
 
 // Summary counts a walk.
 type Summary struct {
-	Scanned  int  // dead letters read
-	Matched  int  // of them, chosen by the filter (up to Options.Limit)
-	Complete bool // every dead letter of the queue was looked at (false: the broker cannot page past ScanLimit, its scan stopped, or Limit stopped the walk with more to match)
+	Scanned int // dead letters read
+	Matched int // of them, chosen by the filter (up to Options.Limit)
+	// Complete: every dead letter of the queue was looked at (false: the
+	// broker cannot page past ScanLimit, its scan stopped, or Limit stopped
+	// the walk with more to match). For an [Apply] redrive on a [Bounded]
+	// broker, every one the queue held when the redrive began: those
+	// dead-lettered while it ran were left for the next one.
+	Complete bool
 	// Incomplete says why the walk, or a broker call of a change, stopped
 	// before the end of the dead-letter queue when Limit did not stop it:
 	// more dead letters than Matched may match. "" otherwise.
