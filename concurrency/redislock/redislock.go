@@ -237,7 +237,7 @@ func (c *Client) Obtain(ctx context.Context, resource string) (*Lock, error) {
 		return nil, c.wrap(ctx, "obtain", resource, err)
 	}
 	if len(res) != 2 {
-		return nil, fmt.Errorf("redislock: obtain %s: unexpected reply %v", resource, res)
+		return nil, fmt.Errorf("redislock: obtain %q: unexpected reply %v", resource, res)
 	}
 	if res[0] == 0 {
 		remaining := time.Duration(max(res[1], 0)) * time.Millisecond
@@ -259,7 +259,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 		return l.c.wrap(ctx, "extend", l.resource, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %s (token %d)", ErrLockLost, l.resource, l.token)
+		return fmt.Errorf("%w: %q (token %d)", ErrLockLost, l.resource, l.token)
 	}
 	return nil
 }
@@ -274,7 +274,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 // the first would have.
 func (l *Lock) Release(ctx context.Context) error {
 	if !l.released.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: %s (token %d) already released", ErrLockLost, l.resource, l.token)
+		return fmt.Errorf("%w: %q (token %d) already released", ErrLockLost, l.resource, l.token)
 	}
 	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key, l.key + ":released:" + l.owner}, l.owner, l.ttl.Milliseconds()).Int64()
 	if err != nil {
@@ -282,7 +282,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		return l.c.wrap(ctx, "release", l.resource, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %s (token %d) had expired at release", ErrLockLost, l.resource, l.token)
+		return fmt.Errorf("%w: %q (token %d) had expired at release", ErrLockLost, l.resource, l.token)
 	}
 	return nil
 }
@@ -387,7 +387,7 @@ func (l *Lock) watch(ctx context.Context, obtained time.Time, stop <-chan struct
 	timer := time.NewTimer(every)
 	defer timer.Stop()
 	expired := func() error {
-		err := fmt.Errorf("%w: %s (token %d): not extended before expiry", ErrLockLost, l.resource, l.token)
+		err := fmt.Errorf("%w: %q (token %d): not extended before expiry", ErrLockLost, l.resource, l.token)
 		cancel(err)
 		return err
 	}
@@ -459,7 +459,7 @@ func (c *Client) wrap(ctx context.Context, op, resource string, err error) error
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return fmt.Errorf("redislock: %s %s: %w", op, resource, err)
+	return fmt.Errorf("redislock: %s %q: %w", op, resource, err)
 }
 
 func newOwner() (string, error) {

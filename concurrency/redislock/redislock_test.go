@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -299,5 +300,29 @@ func TestMiddlewareBusyIsReleasedNotFailed(t *testing.T) {
 	}
 	if seenToken.Load() <= held.Token() {
 		t.Errorf("handler saw token %d, want above the earlier holder's %d", seenToken.Load(), held.Token())
+	}
+}
+
+// With the middleware the resource name comes from a message: the errors
+// that carry it (logged by the Worker, shown by operators' tools) quote it,
+// so a control sequence in it does not reach a terminal.
+func TestErrorsQuoteTheResource(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	c := newClient(t, rdb, prefix, redislock.Options{TTL: time.Minute})
+	const resource = "order:1\x1b]0;owned\a\u202e"
+	l, err := c.Obtain(ctx, resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = l.Release(ctx) // a second release: ErrLockLost, naming the resource
+	if !errors.Is(err, redislock.ErrLockLost) {
+		t.Fatalf("second Release = %v, want ErrLockLost", err)
+	}
+	if msg := err.Error(); strings.ContainsAny(msg, "\x1b\a\u202e") {
+		t.Errorf("error carries the resource's control characters raw: %q", msg)
 	}
 }
