@@ -288,3 +288,29 @@ func newLossyProxy(t *testing.T, target string) *lossyProxy {
 	}()
 	return p
 }
+
+// An Obtain whose reply is lost with no retry left returns an error, but
+// Redis took the lock: it was then held by nobody for a whole TTL, every
+// Obtain of the resource busy meanwhile (a job about it waited a minute
+// here). Obtain releases what it may have taken before returning.
+func TestObtainLostReplyWithoutRetryLeavesNoLock(t *testing.T) {
+	rdb, prefix, c, proxy := lossyClient(t, -1, true)
+	ctx := context.Background()
+	proxy.dropNextReply.Store(true)
+	if _, err := c.Obtain(ctx, "order:17"); err == nil {
+		t.Fatal("Obtain with its reply dropped and no retry succeeded")
+	}
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if n, err := rdb.Exists(ctx, prefix+"{order:17}").Result(); err != nil || n != 0 {
+		t.Fatalf("the lock the failed Obtain took is still there (%d, %v)", n, err)
+	}
+	l, err := c.Obtain(ctx, "order:17")
+	if err != nil {
+		t.Fatalf("the next Obtain = %v, want the lock", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -222,7 +222,11 @@ func (l *Lock) TTL() time.Duration { return l.ttl }
 // Obtain tries once to take the lock on resource for the Client's TTL. A lock
 // held by someone else gives an error built by sdk.RetryAfter wrapping a
 // [*BusyError] ([ErrBusy]). Obtain does not wait and starts no watchdog:
-// extend the lock yourself, or use [Client.Run].
+// extend the lock yourself, or use [Client.Run]. When the call fails (a
+// network error, ctx ending mid-call), Redis may have taken the lock all the
+// same: Obtain then releases it (within a second, fenced by this call's
+// owner token) before returning the error, so that the resource is not held
+// by nobody for a TTL.
 func (c *Client) Obtain(ctx context.Context, resource string) (*Lock, error) {
 	if resource == "" {
 		return nil, ErrInvalidResource
@@ -234,6 +238,7 @@ func (c *Client) Obtain(ctx context.Context, resource string) (*Lock, error) {
 	key := c.key(resource)
 	res, err := obtainScript.Run(ctx, c.rdb, []string{key, key + ":fence"}, owner, c.ttl.Milliseconds()).Int64Slice()
 	if err != nil {
+		c.abandon(ctx, key, owner)
 		return nil, c.wrap(ctx, "obtain", resource, err)
 	}
 	if len(res) != 2 {
@@ -460,6 +465,23 @@ func (c *Client) wrap(ctx context.Context, op, resource string, err error) error
 		return ctx.Err()
 	}
 	return fmt.Errorf("redislock: %s %q: %w", op, resource, err)
+}
+
+// abandonTimeout bounds the release [Client.abandon] sends.
+const abandonTimeout = time.Second
+
+// abandon releases, as far as it can, a lock an Obtain may have taken
+// without learning it: the call failed (its reply lost on a connection cut,
+// with no retry left, or ctx ended mid-call) after Redis may have run the
+// script. Left alone, such a lock is held by nobody for a whole TTL and
+// every Obtain of the resource meanwhile is busy. The release is fenced by
+// the owner token, new for this Obtain, so it deletes nothing of anyone
+// else's; it runs on a context of its own (ctx may be over), bounded by
+// abandonTimeout, and its outcome is ignored: at worst the lock expires.
+func (c *Client) abandon(ctx context.Context, key, owner string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+	defer cancel()
+	_ = releaseScript.Run(rctx, c.rdb, []string{key, key + ":released:" + owner}, owner, c.ttl.Milliseconds()).Err()
 }
 
 func newOwner() (string, error) {
