@@ -37,30 +37,19 @@ type RedisServer struct {
 // as [StartRedis] is.
 func StartRedisCluster(t testing.TB) *RedisServer {
 	t.Helper()
-	bin, err := findBinary("redis-server", "/usr/bin/redis-server", "/usr/local/bin/redis-server")
-	if err != nil {
-		missing(t, "Redis", err)
+	s := newRedisServer(t)
+	if s == nil {
 		return nil
-	}
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
 	}
 	// The cluster bus listens on a port of its own, by default the port +
 	// 10000: in or above the ephemeral range for many of the ports freePort
 	// gives, and nobody checked it was free. Pick it the same way.
-	busPort := port
-	for busPort == port {
-		if busPort, err = freePort(); err != nil {
+	for s.busPort = s.port; s.busPort == s.port; {
+		var err error
+		if s.busPort, err = freePort(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s := &RedisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), bin: bin, dir: t.TempDir(), port: port, busPort: busPort}
-	t.Cleanup(func() {
-		if p := s.current(); p != nil {
-			p.stop(syscall.SIGKILL, 5*time.Second)
-		}
-	})
 	s.Start(t)
 	if err := clusterUp(s.Addr, 30*time.Second); err != nil {
 		t.Fatalf("redis cluster: %v\n%s", err, tailFile(s.dir+"/redis.log", 2000))
@@ -133,6 +122,17 @@ func clusterUp(addr string, timeout time.Duration) error {
 // redis-server the test is skipped (failed under CI=true).
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
+	s := newRedisServer(t)
+	if s != nil {
+		s.Start(t)
+	}
+	return s
+}
+
+// newRedisServer returns a private server not yet started, on a free port,
+// killed when the test ends; nil (the test skipped) without redis-server.
+func newRedisServer(t testing.TB) *RedisServer {
+	t.Helper()
 	bin, err := findBinary("redis-server", "/usr/bin/redis-server", "/usr/local/bin/redis-server")
 	if err != nil {
 		missing(t, "Redis", err)
@@ -148,7 +148,6 @@ func StartRedis(t testing.TB) *RedisServer {
 			p.stop(syscall.SIGKILL, 5*time.Second)
 		}
 	})
-	s.Start(t)
 	return s
 }
 

@@ -77,16 +77,7 @@ func (c *closeCounter) Write(ctx context.Context, batch []ledger.Event) error {
 // grace period. Close now spends WriteTimeout on the buffer in all and
 // drops, and counts, what is left.
 func TestCloseBoundedWhenDatabaseHangs(t *testing.T) {
-	addr := blackhole(t)
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+addr+"/test?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s, err := pgledger.New(pool, pgledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hungStore(t)
 	c := &closeCounter{Store: s}
 	l, err := ledger.New(ledger.Options{Store: c, Buffer: 64, BatchSize: 4, Linger: -1,
 		WriteTimeout: 200 * time.Millisecond, Logger: quiet})
@@ -115,16 +106,7 @@ func TestCloseBoundedWhenDatabaseHangs(t *testing.T) {
 // events lost where dozens were. It now gives them all, as counted in
 // Stats.Dropped.
 func TestCloseTimeoutLogsEveryDroppedEvent(t *testing.T) {
-	addr := blackhole(t)
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+addr+"/test?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s, err := pgledger.New(pool, pgledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := hungStore(t)
 	var logs syncbuf.Buffer
 	l, err := ledger.New(ledger.Options{Store: s, Buffer: 64, BatchSize: 4, Linger: -1,
 		WriteTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -150,4 +132,21 @@ func TestCloseTimeoutLogsEveryDroppedEvent(t *testing.T) {
 	if len(lines) != 1 || !strings.HasSuffix(lines[0], fmt.Sprintf(" events=%d", st.Dropped)) {
 		t.Errorf("Close dropped %d events; want one warning saying events=%d, got:\n%s", st.Dropped, st.Dropped, strings.Join(lines, "\n"))
 	}
+}
+
+// hungStore is a PostgreSQL ledger store on a database host that accepts
+// connections and never answers (blackhole): every Write waits out its
+// context.
+func hungStore(t *testing.T) *pgledger.Store {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+blackhole(t)+"/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := pgledger.New(pool, pgledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
