@@ -201,12 +201,13 @@ func TestPostgres(t *testing.T) {
 func TestRabbitMQ(t *testing.T) {
 	raw := integration.RabbitMQURL(t)
 	b, err := brokerurl.Open(context.Background(), raw+"?prefetch=8&queue_type=classic&no_declare=true&connection_name=brokerurl-test"+
-		"&ack_interval=5ms&sync_ack=true&move_delays_up_to=1m&move_delays=false", brokerurl.Options{})
+		"&ack_interval=5ms&sync_ack=true&move_delays=false", brokerurl.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
-	for _, bad := range []string{"ack_interval=soon", "sync_ack=maybe", "move_delays_up_to=-1m", "move_delays=no-thanks"} {
+	for _, bad := range []string{"ack_interval=soon", "sync_ack=maybe", "move_delays_up_to=-1m", "move_delays=no-thanks",
+		"move_delays_up_to=1m&move_delays=false"} { // the second would silently drop the first
 		var pe *brokerurl.ParamError
 		if _, err := brokerurl.Open(context.Background(), raw+"?"+bad, brokerurl.Options{}); !errors.Is(err, brokerurl.ErrInvalidURL) || !errors.As(err, &pe) {
 			t.Errorf("%s: %v, want a *ParamError wrapping ErrInvalidURL", bad, err)

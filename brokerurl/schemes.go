@@ -105,7 +105,7 @@ func openMemory(_ context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 // AMQP counts whole seconds), ack_interval (duration), sync_ack,
 // move_delays_up_to (duration; the longest delay bucket the consuming
 // process moves back itself) and move_delays (false: every delay is left to
-// the server's dead-lettering).
+// the server's dead-lettering; refused beside move_delays_up_to).
 func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := rabbitmq.Options{
 		Prefetch:       p.Int("prefetch", 0),
@@ -119,6 +119,9 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 		MoveDelaysUpTo: p.Duration("move_delays_up_to", 0),
 	}
 	if !p.Bool("move_delays", true) {
+		// move_delays=false leaves every delay to the server: a bucket
+		// limit beside it would be ignored, so it is refused, not dropped.
+		p.check("move_delays", o.MoveDelaysUpTo == 0, "false leaves every delay to the server: drop move_delays_up_to or move_delays")
 		o.MoveDelaysUpTo = -1
 	}
 	p.check("prefetch", o.Prefetch <= 65535, "want an integer from 0 to 65535")
