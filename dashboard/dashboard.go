@@ -15,7 +15,9 @@
 // requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
 // and refuses every change; message text is escaped by html/template, and
 // control characters, bidirectional-text controls and invisible characters
-// (zero-width, tag characters, …) are shown as escapes (in JSON, those
+// (zero-width, tag characters, …) are shown as escapes, and a backslash
+// as \\ (a JSON body is shown as JSON) so that no text reads as an escape
+// it is not (in JSON, those
 // encoding/json leaves raw, as \u escapes). Where to listen, refusing a non-loopback address
 // without a token, and, without a token, refusing a request whose Host is
 // not a loopback name (DNS rebinding), are the caller's part (`berth ui`

@@ -667,7 +667,7 @@ func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 func renderBody(b []byte) (string, string) {
 	var buf bytes.Buffer
 	if json.Valid(b) && json.Indent(&buf, b, "", "  ") == nil {
-		return dlq.EscapeText(buf.String(), true), "json"
+		return dlq.EscapeJSONText(buf.String()), "json" // its backslashes are JSON's own escapes
 	}
 	if utf8.Valid(b) {
 		return dlq.EscapeText(string(b), true), "text"

@@ -36,7 +36,7 @@ func TestDeliveryLimitByServerVersion(t *testing.T) {
 		if qtype == "" {
 			qtype = "classic"
 		}
-		f := deliveryLimit(qtype, c.args, c.version, Options{MaxAttempts: c.maxAttempts}.withDefaults())
+		f := deliveryLimit(qtype, c.args, serverVersion{announced: c.version}, Options{MaxAttempts: c.maxAttempts}.withDefaults())
 		if f.Severity != c.want || f.ID != "rabbitmq.delivery-limit" {
 			t.Errorf("%s: %s %s, want %s (%s; %s)", c.name, f.ID, f.Severity, c.want, f.Summary, f.Evidence)
 		}

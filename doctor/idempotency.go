@@ -2,7 +2,9 @@ package doctor
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -125,7 +127,7 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 		keys = append(keys, iter.Val())
 	}
 	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("doctor: redis: %w", err)
+		return nil, redisErr(rdb, err)
 	}
 	f := Finding{ID: "idempotency.dedupe-ttl", Queue: prefix + "*"}
 	if len(keys) == 0 {
@@ -137,7 +139,7 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 	for _, k := range keys {
 		d, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
-			return nil, fmt.Errorf("doctor: redis: %w", err)
+			return nil, redisErr(rdb, err)
 		}
 		switch {
 		case d == -1 || d < -2: // no expiry
@@ -157,4 +159,49 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 	}
 	f.Evidence = ev
 	return []Finding{f}, nil
+}
+
+// redisErr wraps err, from a call on rdb. A timeout of the client's own
+// (its read, write or dial timeout, not the context's deadline) is wrapped
+// in a [clientTimeout] naming which and how long, when rdb says: go-redis
+// returns a read's timeout as a bare "i/o timeout", without the call.
+func redisErr(rdb redis.UniversalClient, err error) error {
+	err = fmt.Errorf("doctor: redis: %w", err)
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
+		return err
+	}
+	var dial, read, write time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options()
+		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
+	case *redis.ClusterClient:
+		o := c.Options()
+		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
+	case *redis.Ring:
+		o := c.Options()
+		dial, read, write = o.DialTimeout, o.ReadTimeout, o.WriteTimeout
+	default:
+		return err
+	}
+	ct := &clientTimeout{err: err}
+	var op *net.OpError
+	call := ""
+	if errors.As(err, &op) {
+		call = op.Op
+	}
+	switch {
+	case call == "dial" && dial > 0:
+		ct.name, ct.figure = "Redis client's dial timeout", dial.String()
+	case call == "write" && write > 0:
+		ct.name, ct.figure = "Redis client's write timeout", write.String()
+	case call == "read" && read > 0, call == "" && read > 0 && (write <= 0 || write == read):
+		ct.name, ct.figure = "Redis client's read timeout", read.String()
+	case call == "" && read > 0:
+		ct.name, ct.figure = "Redis client's read or write timeout", read.String()+" or "+write.String()
+	default:
+		return err
+	}
+	return ct
 }

@@ -62,6 +62,7 @@ var expectedIndexes = []struct {
 	{"jobs_claim_idx", Error, "every claim scans the whole table"},
 	{"jobs_dead_letter_idx", Warn, "listing and redriving dead letters scans the whole table"},
 	{"jobs_completed_idx", Warn, "retention of completed rows scans the whole table"},
+	{"jobs_dead_letter_page_idx", Warn, "every dead-letter page sorts all of its queue's dead letters"},
 	{"jobs_dedupe_idx", Error, "enqueue dedupe (DedupeEnqueue) fails: ON CONFLICT has no unique index"},
 }
 

@@ -54,8 +54,14 @@ func rabbitMQ(ctx context.Context, b rabbitBroker, o Options) ([]Finding, error)
 	fs = append(fs, prefetch(o)...)
 	// The version decides what a quorum queue without x-delivery-limit
 	// does; unknown, it is read as older than 4.0 (and the evidence says so).
-	version, err := within(ctx, o.CheckTimeout, b.ServerVersion)
-	if err != nil && !timedOut(ctx, err) {
+	var version serverVersion
+	v, err := within(ctx, o.CheckTimeout, b.ServerVersion)
+	switch {
+	case err == nil:
+		version.announced = v
+	case timedOut(ctx, err):
+		version.unread = fmt.Errorf("timed out: %w", err)
+	default:
 		return fs, fmt.Errorf("doctor: rabbitmq: server version: %w", err)
 	}
 	for _, q := range o.Queues {
@@ -108,7 +114,7 @@ func (t *tracedRabbit) Info(ctx context.Context, queue string) (rabbitmq.QueueIn
 	return t.rabbitBroker.Info(ctx, queue)
 }
 
-func rabbitQueue(ctx context.Context, b rabbitBroker, q, version string, o Options) ([]Finding, error) {
+func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVersion, o Options) ([]Finding, error) {
 	var fs []Finding
 	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
 	args, err := b.QueueArguments(ctx, q)

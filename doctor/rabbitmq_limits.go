@@ -23,12 +23,21 @@ func serverMajor(version string) int {
 	return n
 }
 
+// serverVersion is the RabbitMQ server's version as doctor read it.
+type serverVersion struct {
+	announced string // as the server announced it; "" when it did not, or it could not be read
+	unread    error  // why it could not be read (it timed out); nil when it was read
+}
+
 // serverText describes the server's version for evidence.
-func serverText(version string) string {
-	if serverMajor(version) == 0 {
+func serverText(v serverVersion) string {
+	switch {
+	case v.unread != nil:
+		return "server version could not be read (" + v.unread.Error() + "; read as older than 4.0)"
+	case serverMajor(v.announced) == 0:
 		return "server version not announced (read as older than 4.0)"
 	}
-	return "RabbitMQ " + version
+	return "RabbitMQ " + v.announced
 }
 
 // deliveryLimit is the rabbitmq.delivery-limit finding of a queue of type
@@ -42,14 +51,14 @@ func serverText(version string) string {
 // Workers' MaxAttempts removes a job before its retry policy ends. Without
 // x-delivery-limit a queue has no limit before RabbitMQ 4.0 and the default
 // of 20 from 4.0 on; x-delivery-limit -1 disables it on 4.x.
-func deliveryLimit(qtype string, args map[string]any, version string, o Options) Finding {
+func deliveryLimit(qtype string, args map[string]any, version serverVersion, o Options) Finding {
 	ev := "arguments " + argsText(args)
 	if qtype != "quorum" {
 		return Finding{ID: "rabbitmq.delivery-limit", Severity: Warn, Summary: "classic queues have no delivery limit: a message that crashes its consumer is redelivered forever (berth counts its attempts, but only the Worker can stop it)",
 			Evidence: ev, Fix: "use a quorum queue with x-delivery-limit"}
 	}
 	ev += "; " + serverText(version)
-	v4 := serverMajor(version) >= 4
+	v4 := serverMajor(version.announced) >= 4
 	limit, hasLimit := args["x-delivery-limit"].(int64)
 	var deliveries int64 // the server dead-letters at the delivery after this many
 	var source string

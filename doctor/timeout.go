@@ -94,9 +94,32 @@ func timeoutFinding(ctx context.Context, o Options, what, where string, err erro
 		Summary:  fmt.Sprintf("the %s did not answer within %s: not checked", what, o.CheckTimeout),
 		Evidence: err.Error(),
 		Fix:      "check that the server answers (a hung broker or database stalls the Workers too); if it is only slow, raise -check-timeout (Options.CheckTimeout)"}
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	var ct *clientTimeout
+	var ne net.Error
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		f.Summary = fmt.Sprintf("the %s did not finish before doctor's overall deadline: not checked", what)
 		f.Fix = "check that the server answers; if it is only slow, raise -timeout (the overall deadline) or name fewer queues"
+	case errors.As(err, &ct):
+		// The client gave up first: CheckTimeout had not passed, and
+		// raising it would change nothing.
+		f.Summary = fmt.Sprintf("the %s did not answer within the %s (%s): not checked", what, ct.name, ct.figure)
+		f.Fix = "check that the server answers (a hung server stalls the Workers too); if it is only slow, raise the " + ct.name
+	case !errors.Is(err, context.DeadlineExceeded) && errors.As(err, &ne) && ne.Timeout():
+		f.Summary = fmt.Sprintf("the %s did not answer within its client's own timeout: not checked", what)
+		f.Fix = "check that the server answers (a hung server stalls the Workers too); if it is only slow, raise the client's timeout"
 	}
 	return f
 }
+
+// clientTimeout is the error of a call that its client ended on a timeout
+// of its own (go-redis's read timeout), rather than on the check's
+// deadline.
+type clientTimeout struct {
+	name   string // "Redis client's read timeout"
+	figure string // "5s"
+	err    error
+}
+
+func (e *clientTimeout) Error() string { return e.err.Error() }
+func (e *clientTimeout) Unwrap() error { return e.err }

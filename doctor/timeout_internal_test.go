@@ -102,3 +102,41 @@ func TestRabbitMQTimeoutNamesTheCall(t *testing.T) {
 		t.Errorf("q2 not checked: %+v", fs)
 	}
 }
+
+// silentVersionRabbit answers like argsRabbit, except that reading the
+// server's version gets no answer until the check's deadline.
+type silentVersionRabbit struct{ argsRabbit }
+
+func (silentVersionRabbit) ServerVersion(ctx context.Context) (string, error) {
+	<-ctx.Done()
+	return "", ctx.Err()
+}
+
+// TestRabbitMQVersionTimeoutSaysSo: when reading the server's version
+// times out, the delivery-limit evidence said the server had not announced
+// its version — a claim about the server doctor never got to check. It
+// says the version could not be read, and why.
+func TestRabbitMQVersionTimeoutSaysSo(t *testing.T) {
+	b := silentVersionRabbit{argsRabbit{args: map[string]map[string]any{
+		"q1":     {"x-queue-type": "quorum", "x-dead-letter-exchange": "berth.dlx"},
+		"q1.dlq": {"x-queue-type": "quorum"},
+	}}}
+	fs, err := rabbitMQ(context.Background(), b, Options{Queues: []string{"q1"}, CheckTimeout: 50 * time.Millisecond}.withDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dl []Finding
+	for _, f := range fs {
+		if f.ID == "rabbitmq.delivery-limit" {
+			dl = append(dl, f)
+		}
+	}
+	if len(dl) != 1 {
+		t.Fatalf("delivery-limit findings %+v, want one", dl)
+	}
+	ev := dl[0].Evidence
+	if strings.Contains(ev, "not announced") || !strings.Contains(ev, "server version could not be read (timed out: ") ||
+		!strings.Contains(ev, "deadline exceeded") || !strings.Contains(ev, "read as older than 4.0") {
+		t.Errorf("evidence %q; want the version said unread (timed out), not unannounced", ev)
+	}
+}

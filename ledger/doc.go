@@ -57,4 +57,14 @@
 // max_deliveries). [RunJanitor] runs it periodically, and purges finished
 // jobs past their retention in bounded batches. A redrive made without
 // [Ledger.DeadLetters] shows only when the message is delivered again.
+//
+// A job whose message leaves the broker without berth seeing it end (a
+// queue purge, a broker's TTL or length limit, a dead letter nobody syncs)
+// never reaches a final state: its row would stay enqueued, running,
+// retrying, released or redriven forever. The janitor deletes such rows
+// once nothing happened to them for JanitorOptions.StaleRetention (default
+// [DefaultStaleRetentionFactor] × Retention, 28 days; negative keeps them),
+// unless a next attempt is due later ([StalePurger], pgledger.Store's
+// PurgeStale). A job alive after all (delayed or backlogged longer than
+// that) starts a new row at its next event, without its earlier states.
 package ledger

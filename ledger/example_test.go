@@ -145,7 +145,8 @@ func ExampleLedger_Start() {
 }
 
 // ExampleRunJanitor keeps a ledger bounded (finished jobs kept 3 days,
-// purged 1000 rows per statement) and its broker-side dead letters
+// jobs that never finished 12 days after their last event, the default 4 ×
+// Retention; purged 1000 rows per statement) and its broker-side dead letters
 // recorded, on a goroutine the program owns and stops.
 func ExampleRunJanitor() {
 	ctx, stop := context.WithCancel(context.Background())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -16,10 +17,22 @@ type Purger interface {
 	Purge(ctx context.Context, before time.Time, batch int) (int, error)
 }
 
+// StalePurger is a [Purger] that also deletes the jobs that never
+// finished: rows neither succeeded nor dead, last updated before before,
+// whose next attempt (if any) was due before it too, batch rows per
+// statement. It returns how many it deleted. pgledger.Store implements it.
+type StalePurger interface {
+	Purger
+	PurgeStale(ctx context.Context, before time.Time, batch int) (int, error)
+}
+
 // Defaults of [JanitorOptions].
 const (
 	DefaultRetention       = 7 * 24 * time.Hour
 	DefaultJanitorInterval = time.Minute
+	// DefaultStaleRetentionFactor times Retention is the default
+	// StaleRetention: 28 days with the default Retention.
+	DefaultStaleRetentionFactor = 4
 )
 
 // JanitorOptions configures [RunJanitor]. Purger or DeadLetterQueues (or
@@ -30,6 +43,20 @@ type JanitorOptions struct {
 	Purger Purger
 	// Retention is how long finished jobs are kept. Default 7 days.
 	Retention time.Duration
+	// StaleRetention is how long a job that never finished (enqueued,
+	// running, retrying, released or redriven) is kept after its last
+	// update, once no next attempt is due later. Such a row gets no
+	// terminal state when its message leaves the broker outside berth (a
+	// queue purge, a broker's TTL or max length, a dead-letter nobody
+	// syncs), and without this it would stay forever. Default
+	// DefaultStaleRetentionFactor × Retention; negative keeps them
+	// forever; a positive value must be at least Retention. A job still
+	// alive past it (a message delayed or backlogged longer, a handler
+	// running longer) loses its row's earlier states: its next event
+	// starts the row again. It needs a Purger that is a [StalePurger]
+	// (pgledger.Store is): a positive value with another Purger is
+	// refused, the default then does nothing.
+	StaleRetention time.Duration
 	// Batch bounds the rows one purge statement deletes (0: the
 	// purger's default).
 	Batch int
@@ -52,7 +79,8 @@ type JanitorOptions struct {
 
 // JanitorRun is the outcome of one janitor run.
 type JanitorRun struct {
-	Purged int   // jobs deleted
+	Purged int   // finished jobs deleted
+	Stale  int   // jobs that never finished deleted (StaleRetention)
 	Synced int   // dead letters recorded
 	Err    error // the run's failures, joined; the next run tries again
 }
@@ -62,7 +90,8 @@ var ErrInvalidJanitor = errors.New("ledger: invalid janitor options")
 
 // RunJanitor keeps the ledger bounded and its dead jobs true until ctx is
 // done, then returns ctx's error: every Interval it purges the jobs that
-// finished more than Retention ago, in batches (each its own short
+// finished more than Retention ago and those that never finished, idle for
+// StaleRetention, in batches (each its own short
 // statement, so a backlog never holds long locks nor much memory), and syncs
 // the dead-letter queues it is given. It runs on the caller's goroutine,
 // which owns it: cancel ctx to stop it. A failed run is reported and tried
@@ -79,6 +108,18 @@ func RunJanitor(ctx context.Context, o JanitorOptions) error {
 	}
 	if o.Retention == 0 {
 		o.Retention = DefaultRetention
+	}
+	_, stale := o.Purger.(StalePurger)
+	switch {
+	case o.StaleRetention > 0 && !stale:
+		return fmt.Errorf("%w: StaleRetention needs a Purger that is a StalePurger (%T is not)", ErrInvalidJanitor, o.Purger)
+	case o.StaleRetention > 0 && o.StaleRetention < o.Retention:
+		return fmt.Errorf("%w: StaleRetention %s shorter than Retention %s", ErrInvalidJanitor, o.StaleRetention, o.Retention)
+	case o.StaleRetention == 0 && stale:
+		o.StaleRetention = DefaultStaleRetentionFactor * o.Retention
+		if o.StaleRetention/DefaultStaleRetentionFactor != o.Retention { // overflowed
+			o.StaleRetention = math.MaxInt64
+		}
 	}
 	if o.Interval == 0 {
 		o.Interval = DefaultJanitorInterval
@@ -108,6 +149,13 @@ func janitorRun(ctx context.Context, o JanitorOptions) JanitorRun {
 		r.Purged = n
 		if err != nil {
 			errs = append(errs, err)
+		}
+		if sp, ok := o.Purger.(StalePurger); ok && o.StaleRetention > 0 && ctx.Err() == nil {
+			n, err := sp.PurgeStale(ctx, time.Now().Add(-o.StaleRetention), o.Batch)
+			r.Stale = n
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	for _, q := range o.DeadLetterQueues {

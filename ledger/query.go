@@ -69,7 +69,7 @@ type Filter struct {
 	After string
 }
 
-// Page is one page of a list, newest update first.
+// Page is one page of a list, newest job first.
 type Page struct {
 	Jobs []Job
 	// Next is the cursor of the next page, empty on the last.
@@ -101,10 +101,19 @@ type Reader interface {
 	// (several publishes of one operation share a key; List with the ID
 	// finds the others). An unknown key gives [sdk.ErrNotFound].
 	JobByKey(ctx context.Context, key string) (*Job, error)
-	// List returns a page of the jobs f selects, newest update first, by
-	// keyset: pages stay consistent while rows change (a job updated while
-	// paging moves to the front and is not repeated later). A bad filter
-	// or cursor gives [ErrInvalidFilter].
+	// List returns a page of the jobs f selects, newest job first (by when
+	// it was first seen, then its ID; pgledger.Jobs: by its row's id, the
+	// order rows were inserted), by keyset on that key, which an update
+	// does not change: paging while rows change shows every job that
+	// existed when paging began once, unless an update takes it out of f
+	// (its status, or its last update out of Since and Until). Jobs first
+	// seen after paging began come before the first page and are not
+	// shown. (An order by last update could not promise that: a job
+	// updated while paging would jump ahead of the cursor, unseen.)
+	// (pgledger.Store only: a job whose first sighting an
+	// out-of-order event moves earlier while paging may be shown again;
+	// it is never skipped.) A bad filter or cursor gives
+	// [ErrInvalidFilter].
 	List(ctx context.Context, f Filter) (Page, error)
 	// Counts counts the jobs of w by status and by error class.
 	Counts(ctx context.Context, w Window) (Counts, error)
@@ -146,7 +155,7 @@ func (f Filter) Check() (Filter, error) {
 	return f, nil
 }
 
-// Cursor encodes the keyset position after a job updated at t with id.
+// Cursor encodes the keyset position after a job first seen at t with id.
 // Reader implementations use it to build [Page.Next].
 func Cursor(t time.Time, id string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + ":" + id))

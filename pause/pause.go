@@ -6,7 +6,9 @@
 // A paused queue gets no new receives from a synced Worker once its next
 // sync ran (within the sync interval; a read that hangs is given up after
 // the interval, at least 1s, and retried); deliveries already held run and
-// settle as usual. The broker itself is untouched: producers keep publishing, and a
+// settle as usual, and messages the broker took in ahead of Receive
+// (RabbitMQ's consumer prefetch, [sdk.ReceiveStopper]) are handed back for
+// the consumers still receiving. The broker itself is untouched: producers keep publishing, and a
 // consumer that does not sync keeps consuming. While the table cannot be
 // read, Sync keeps the pause state it last applied (it never resumes a queue
 // because the database is down) and logs a warning. Until it has read the

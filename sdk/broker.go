@@ -168,6 +168,19 @@ func AckAll(ctx context.Context, sub Subscriber, ds []Delivery) error {
 	return errors.Join(errs...)
 }
 
+// ReceiveStopper is implemented by subscribers that take a queue's messages
+// in ahead of Receive (RabbitMQ: the deliveries its consumer's prefetch
+// brings to this process, unacked), where no other consumer can have them.
+// StopReceiving stops taking queue's messages in and hands back those
+// taken in that no Receive has returned, without consuming an attempt;
+// deliveries Receive returned are not touched. The next Receive of queue, or
+// one waiting on it, takes messages in again. It returns once they are
+// handed back (nil when nothing was held). [Worker.Pause] calls it, so that
+// a paused queue's messages go to the consumers still receiving.
+type ReceiveStopper interface {
+	StopReceiving(ctx context.Context, queue string) error
+}
+
 // Flusher is implemented by brokers that buffer settlements (for example SQS
 // batches deletes). The Worker calls Flush when it drains.
 type Flusher interface {

@@ -111,7 +111,10 @@ func (w *Worker) queue(name string) *queueState {
 // Pause stops receiving from queue: no new Receive is made on it (one
 // waiting is interrupted) until Resume. Deliveries already received — running
 // or prefetched — are not touched: they run and settle as usual, and their
-// leases are kept. Pause works before and during Run, and lasts across
+// leases are kept. Messages the broker took in ahead of Receive (a
+// [ReceiveStopper]: RabbitMQ's consumer prefetch) are handed back, in the
+// background, for other consumers to take; the first Receive after Resume
+// takes messages in again. Pause works before and during Run, and lasts across
 // Runs; it is idempotent. It applies to this Worker only: pausing a queue
 // for every consumer (other processes) is the broker's or the operator's
 // business (see ARCHITECTURE.md, "Several queues per Worker"). It returns
@@ -131,7 +134,30 @@ func (w *Worker) Pause(queue string) error {
 	if ep := q.epoch.Swap(nil); ep != nil {
 		ep.cancel()
 	}
+	if rs, ok := w.sub.(ReceiveStopper); ok {
+		// After the cancel above, so that a Receive it interrupts returns
+		// rather than starting the broker's consumer again.
+		go w.stopReceiving(rs, q)
+	}
 	return nil
+}
+
+// stopReceivingTimeout bounds the hand-back Pause starts on a
+// [ReceiveStopper].
+const stopReceivingTimeout = time.Minute
+
+// stopReceiving asks the broker to hand back what it took in of q ahead of
+// Receive, unless q was resumed meanwhile. It runs off Pause's caller:
+// handing back takes server round trips.
+func (w *Worker) stopReceiving(rs ReceiveStopper, q *queueState) {
+	if !q.paused.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stopReceivingTimeout)
+	defer cancel()
+	if err := rs.StopReceiving(ctx, q.name); err != nil && !errors.Is(err, ErrClosed) {
+		w.opts.Logger.Warn("berth: pause: handing back prefetched messages failed; they return when the connection closes", "queue", q.name, "err", err)
+	}
 }
 
 // Resume lets the Worker receive from a paused queue again. It is

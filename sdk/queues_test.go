@@ -498,3 +498,59 @@ func TestWorkerQueuesLongPollNotCut(t *testing.T) {
 	}
 	stop()
 }
+
+// stoppingSub is a fakeSub that is a ReceiveStopper: it reports each
+// StopReceiving with whether the last Receive's ctx was done by then.
+type stoppingSub struct {
+	*fakeSub
+	mu      sync.Mutex
+	last    context.Context
+	stopped chan string
+}
+
+func (s *stoppingSub) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
+	s.mu.Lock()
+	s.last = ctx
+	s.mu.Unlock()
+	return s.fakeSub.Receive(ctx, queue, max)
+}
+
+func (s *stoppingSub) StopReceiving(ctx context.Context, queue string) error {
+	s.mu.Lock()
+	interrupted := s.last != nil && s.last.Err() != nil
+	s.mu.Unlock()
+	s.stopped <- fmt.Sprintf("%s interrupted=%v", queue, interrupted)
+	return nil
+}
+
+// Pause asks a ReceiveStopper to hand back what it took in ahead of
+// Receive (RabbitMQ's prefetch, held unacked in the paused process for the
+// whole pause before), after interrupting the Receive waiting on the
+// queue, so that the broker does not see that Receive as wanting messages.
+func TestWorkerPauseStopsBrokerReceiving(t *testing.T) {
+	sub := &stoppingSub{fakeSub: newFakeSub(), stopped: make(chan string, 4)}
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "q", Logger: mqQuiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runMQ(t, w)
+	<-sub.receiving
+	for range 2 {
+		if err := w.Pause("q"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-sub.stopped:
+			if got != "q interrupted=true" {
+				t.Errorf("StopReceiving: %s", got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Pause did not call StopReceiving")
+		}
+		if err := w.Resume("q"); err != nil {
+			t.Fatal(err)
+		}
+		<-sub.receiving
+	}
+}

@@ -128,6 +128,12 @@
 // "<dead-letter stream>:<sequence>", its raw headers and body, and a
 // berth-dlq-reason saying it is not a berth dead letter: the listing shows
 // the others, and the letter can be got, deleted or redriven by that ID.
+// Stream names hold no ':' (queue names and Prefix cannot), so the form
+// parses one way; but any UTF-8 string is a message ID, and a berth letter
+// may carry the same one (a foreign letter redriven and dead-lettered
+// again does): an action by such an ID takes every letter listed with it,
+// the foreign one included, as it takes every letter of a message
+// dead-lettered twice, and GetDeadLetter returns the latest of them.
 // [Broker.Queues] lists the queues from the stream names.
 //
 // # Connection loss

@@ -3,6 +3,7 @@ package jetstream_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -217,5 +218,47 @@ func TestForeignInvalidUTF8MsgIDDeadLetterFound(t *testing.T) {
 	}
 	if err := d.Ack(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A foreign dead letter is listed as "<dead-letter stream>:<sequence>", and
+// a berth message may carry that very ID (any UTF-8 string is a message
+// ID; a foreign letter redriven and dead-lettered again does, while the
+// original stays when the redrive failed half way). Every letter listed
+// under an ID is reached by it. Before, the berth letter hid the foreign
+// one: Get returned it, and a delete or redrive by the ID acted on it
+// alone, leaving the foreign letter out of reach of every action by ID.
+func TestForeignSeqIDSharedWithBerthLetter(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "seqidclash")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	js := rawJetStream(t)
+	// Not on the subject of an ID: listed as a foreign letter.
+	pa, err := js.Publish(ctx, b.DeadSubject(q)+".nobody", []byte("foreign"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dlq := b.StreamNames(q)
+	id := dlq + ":" + strconv.FormatUint(pa.Sequence, 10)
+	if err := b.Publish(ctx, q, &sdk.Message{ID: id, Body: []byte("berth")}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(ctx, t, b, q)
+	if err := d.DeadLetter(ctx, sdk.Permanent(context.Canceled)); err != nil {
+		t.Fatal(err)
+	}
+	dls, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(dls) != 2 || dls[0].ID != id || dls[1].ID != id {
+		t.Fatalf("ListDeadLetters = %v, %v; want the foreign letter and the berth one, both %q", dls, err, id)
+	}
+	if m, err := b.GetDeadLetter(ctx, q, id); err != nil || string(m.Body) != "berth" {
+		t.Errorf("GetDeadLetter(%q) = %v, %v; want the latest, the berth letter", id, m, err)
+	}
+	if n, err := b.DeleteDeadLetters(ctx, q, id); n != 2 || err != nil {
+		t.Errorf("DeleteDeadLetters(%q) = %d, %v; want both letters listed under it", id, n, err)
+	}
+	if dls, err := b.ListDeadLetters(ctx, q, 10); err != nil || len(dls) != 0 {
+		t.Errorf("left after the delete: %v, %v", dls, err)
 	}
 }

@@ -1,6 +1,7 @@
 package jetstream
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -145,9 +146,16 @@ func letterOf(raw *jetstream.RawStreamMsg, stream string) deadLetter {
 	return deadLetter{seq: raw.Sequence, msg: dec.msg, extra: dec.extra}
 }
 
-// lookup returns the dead letters of q (in stream s) with id, oldest first:
-// those on id's subject, else the one a "<stream>:<seq>" id names when it
-// carries that id (see letterOf: such a letter is on a subject of no id).
+// lookup returns the dead letters of q (in stream s) listed with id, oldest
+// first: those on id's subject and, when id has the "<stream>:<seq>" form,
+// the letter at seq if it is listed with id (see letterOf: such a letter is
+// on a subject of no id). Both can hold: any UTF-8 string is a message ID,
+// so a berth message may carry a foreign letter's "<stream>:<seq>" (a
+// foreign letter redriven and dead-lettered again does, while the original
+// stays if the redrive failed half way). An action by id then takes every
+// letter listed with it, as it takes every dead letter of a message
+// dead-lettered twice; before, the berth letter hid the foreign one from
+// every action by id.
 func (b *Broker) lookup(ctx context.Context, q *queueState, s jetstream.Stream, id string) ([]deadLetter, error) {
 	dls, err := b.scan(ctx, s, q.dead+"."+idToken(id), 0)
 	if err != nil {
@@ -159,28 +167,33 @@ func (b *Broker) lookup(ctx context.Context, q *queueState, s jetstream.Stream, 
 			out = append(out, dl)
 		}
 	}
-	if len(out) > 0 {
+	seq, ok := seqOf(q, id)
+	if !ok || slices.ContainsFunc(out, func(dl deadLetter) bool { return dl.seq == seq }) {
 		return out, nil
-	}
-	rest, ok := strings.CutPrefix(id, q.dlq+":")
-	if !ok {
-		return nil, nil
-	}
-	seq, err := strconv.ParseUint(rest, 10, 64)
-	if err != nil || seq == 0 {
-		return nil, nil
 	}
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
+		return out, nil
 	}
 	if err != nil {
 		return nil, b.wrapErr(ctx, "read dead letters", err)
 	}
 	if dl := letterOf(raw, q.dlq); dl.msg.ID == id {
-		return []deadLetter{dl}, nil
+		i, _ := slices.BinarySearchFunc(out, seq, func(dl deadLetter, seq uint64) int { return cmp.Compare(dl.seq, seq) })
+		out = slices.Insert(out, i, dl)
 	}
-	return nil, nil
+	return out, nil
+}
+
+// seqOf returns the sequence a "<stream>:<seq>" id names in q's dead-letter
+// stream; ok is false for an id of another form.
+func seqOf(q *queueState, id string) (seq uint64, ok bool) {
+	rest, ok := strings.CutPrefix(id, q.dlq+":")
+	if !ok {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(rest, 10, 64)
+	return seq, err == nil && seq > 0
 }
 
 // scan returns up to limit dead letters on subject, oldest first (limit
@@ -249,12 +262,14 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, b.wrapErr(ctx, "get dead letter", err)
 	}
-	if err == nil {
+	if _, seqForm := seqOf(q, id); err == nil && !seqForm {
 		if dl := letterOf(raw, q.dlq); dl.msg.ID == id {
 			return dl.msg, nil
 		}
 		// Two ids hashed to one token, or not berth's: looked up below.
 	}
+	// An id of the "<stream>:<seq>" form may also name a foreign letter
+	// (see lookup): looked up below, the latest of them returned.
 	dls, err := b.lookup(ctx, q, s, id)
 	if err != nil {
 		return nil, err

@@ -23,7 +23,8 @@
 //
 //	claim       UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED LIMIT max): due queued/retry rows
 //	            and processing rows whose lease expired become processing, attempt_count+1,
-//	            visibility_until = now()+Lease, worker_id, a fresh lease_token
+//	            visibility_until = now()+Lease, worker_id, a fresh lease_token (one per
+//	            claim, chosen by the broker before it sends the claim)
 //	poison      a row claimed max_attempts times is dead-lettered at the next claim (sdk.ErrMaxDeliveries)
 //	Ack         status = 'completed', group-committed (see below)
 //	Retry(d)    status = 'retry', available_at = now()+d, last_error
@@ -36,6 +37,17 @@
 // changes nothing and gets an error wrapping [sdk.ErrLeaseLost]. While a row
 // is processing, available_at equals visibility_until, so one partial index on
 // (queue, available_at) serves both new work and expired leases.
+//
+// A claim whose reply is lost with its connection (reset after the
+// statement was sent) may have been committed by the server: Receive
+// returns an error wrapping [sdk.ErrUnavailable], and the broker hands that
+// claim's rows back in the background, on another connection, found by the
+// claim's lease token — ready at once, no attempt counted — instead of
+// leaving them leased to nobody for a whole lease. It first waits for the
+// claim's server process to finish it (a claim still running when the
+// connection broke may commit after), for at most the lease or 30 s, and
+// not past Close; rows it cannot hand back are logged and come back after
+// their lease.
 //
 // Acks are group-committed: the broker's acker goroutine writes every ack
 // made while its previous statement ran in one UPDATE (one commit), each row
@@ -60,6 +72,10 @@
 // job or lease (Publish, Retry and Release notify for delayed jobs too, one
 // NOTIFY per statement, so a Receive already asleep recomputes its sleep),
 // and polls every Options.PollInterval as a fallback; it never busy-loops.
+// A lost LISTEN connection is made again after 50 ms, doubling up to 5 s at
+// each loss; the delay starts over only after a connection that delivered a
+// notification or stayed up 10 s, so a server that accepts the LISTEN and
+// drops the connection at once is not reconnected to every 50 ms.
 // Due times are on the database server's clock: now() (the statement's
 // start) plus the delay, and for [Broker.PublishTx] statement_timestamp()
 // plus the delay, so a delay counts from the publish, not from the start of

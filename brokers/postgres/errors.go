@@ -7,7 +7,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 
+	"github.com/berthq/berth/internal/pgretry"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 )
@@ -23,8 +25,8 @@ import (
 // becomes [sdk.ErrClosed]; a missing job table (Migrate never ran) one
 // wrapping [sdk.ErrNotFound]; connection failures, server shutdowns,
 // serialization failures and deadlocks errors wrapping [sdk.ErrUnavailable]
-// (the call may be retried); anything else is wrapped as is. The text never carries the connection
-// string.
+// (the call may be retried, see retryable); anything else, server or client
+// error, is wrapped as is. The text never carries the connection string.
 func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
@@ -50,6 +52,10 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 
 // retryable reports whether err is worth retrying later: a broken or refused
 // connection, a server going away, a deadlock or serialization failure.
+// Another server error (a constraint, a bad value) is the statement's, and
+// so is a client-side error that is not about the connection: an argument
+// pgx cannot encode, a transaction already ended (PublishTx), a row that
+// does not scan. Retrying those gives the same error forever.
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -63,8 +69,19 @@ func retryable(err error) bool {
 		}
 		return false
 	}
-	// No server error: the connection failed or was closed under us.
-	return true
+	return connectionLost(err)
+}
+
+// connectionLost reports whether err, not a server error, says the database
+// could not be reached or the connection failed under the statement: what
+// [pgretry.ConnectionLost] reports (a network error or timeout, the server
+// closing the socket, a connection pgx has closed), a failed connect, or a
+// pool closed by the application (nothing more comes from it until the
+// broker is closed).
+func connectionLost(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return pgretry.ConnectionLost(err) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &connectErr) ||
+		errors.Is(err, puddle.ErrClosedPool)
 }
 
 // missingTable reports whether err says the job table or its schema does

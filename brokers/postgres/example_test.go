@@ -34,6 +34,7 @@ func ExampleSchemaSQL() {
 	// CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedupe_idx ON "billing_jobs".jobs (queue, idempotency_key)
 	// CREATE INDEX IF NOT EXISTS jobs_dead_letter_idx ON "billing_jobs".jobs (queue, message_id)
 	// CREATE INDEX IF NOT EXISTS jobs_completed_idx ON "billing_jobs".jobs (updated_at)
+	// CREATE INDEX IF NOT EXISTS jobs_dead_letter_page_idx ON "billing_jobs".jobs (queue, updated_at, id)
 }
 
 // The broker on your database: migrate once, enqueue a job in the same

@@ -31,3 +31,8 @@ func (b *Broker) PendingAcks() int { return b.acks.pendingCount() }
 func (b *Broker) SetInternalTimeouts(claim, ack time.Duration) {
 	b.claimTimeout, b.ackTimeout = claim, ack
 }
+
+// DeadLetterPageSQL is the statement of DeadLetterPage and
+// DeadLetterPageTo (parameters: queue, cursor time and id, limit, mark time
+// and id), for a test to EXPLAIN.
+func (b *Broker) DeadLetterPageSQL() string { return b.deadLetterPageSQL() }

@@ -58,6 +58,18 @@ func (b *Broker) startListening() {
 	b.listenOnce.Do(func() { close(b.listenGo) })
 }
 
+// Reconnect delays of the LISTEN connection: from listenMinBackoff, doubled
+// at each failure up to listenMaxBackoff, and back to listenMinBackoff
+// only after a connection proved healthy: it delivered a notification, or
+// it stayed up listenHealthy. A server (or a proxy in front of it) that
+// accepts the LISTEN and drops the connection at once sees growing
+// delays, not a reconnect every listenMinBackoff for ever.
+const (
+	listenMinBackoff = 50 * time.Millisecond
+	listenMaxBackoff = 5 * time.Second
+	listenHealthy    = 10 * time.Second
+)
+
 // listen owns the broker's LISTEN connection, a dedicated connection made from
 // the pool's configuration (LISTEN needs a session; a pooled connection would
 // be handed to others). It relays each notification (payload: the queue name)
@@ -70,15 +82,14 @@ func (b *Broker) listen(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	const minBackoff = 50 * time.Millisecond
-	backoff := minBackoff
+	backoff := listenMinBackoff
 	for ctx.Err() == nil {
-		listened, err := b.listenOnceConn(ctx)
+		healthy, err := b.listenOnceConn(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		if listened {
-			backoff = minBackoff // it worked for a while: reconnect quickly
+		if healthy {
+			backoff = listenMinBackoff // it worked for a while: reconnect quickly
 		}
 		b.opts.Logger.Warn("berth/postgres: LISTEN connection lost; polling until it is back",
 			"schema", b.schema, "err", err, "retry_in", backoff)
@@ -89,14 +100,17 @@ func (b *Broker) listen(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		backoff = min(backoff*2, 5*time.Second)
+		backoff = min(backoff*2, listenMaxBackoff)
 	}
 }
 
 // listenOnceConn connects, listens and relays until the connection fails.
-// listened reports whether LISTEN succeeded. The connection is made from the
-// pool's ConnConfig: pool hooks (BeforeConnect, AfterConnect) do not run on it.
-func (b *Broker) listenOnceConn(ctx context.Context) (listened bool, err error) {
+// healthy reports whether the connection, once listening, delivered a
+// notification or stayed up listenHealthy: a LISTEN that succeeds on a
+// connection dropped at once does not count. The connection is made from
+// the pool's ConnConfig: pool hooks (BeforeConnect, AfterConnect) do not
+// run on it.
+func (b *Broker) listenOnceConn(ctx context.Context) (healthy bool, err error) {
 	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return false, err
@@ -109,13 +123,16 @@ func (b *Broker) listenOnceConn(ctx context.Context) (listened bool, err error) 
 	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdent(b.channel)); err != nil {
 		return false, err
 	}
+	listening := time.Now()
 	// Anything published while we were not listening is found by a new look.
 	b.wake.notifyAll()
+	notified := false
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return true, err
+			return notified || time.Since(listening) >= listenHealthy, err
 		}
+		notified = true
 		b.wake.notify(n.Payload)
 	}
 }

@@ -98,6 +98,49 @@ func TestPoisonKeepsLastError(t *testing.T) {
 	}
 }
 
+// TestPoisonFirstFailureFromRow: a job the claim dead-letters past
+// max_attempts gets the row's own first_failure_at as its first-failure
+// header, whatever the publisher put there. The old claim kept a
+// berth-first-failure header already on the row over the broker's own
+// record, so the dead letter said the job first failed in 2001. Publish
+// refuses berth- headers, but a row written by hand or by another tool
+// (see TestHandWrittenHeadersDoNotPoisonClaim) carries whatever its writer
+// put there: stale, copied from another message, or forged.
+func TestPoisonFirstFailureFromRow(t *testing.T) {
+	pool := newPool(t, "berth-poisonfirst-"+suffix(), 2)
+	const lease = 100 * time.Millisecond
+	b := newBroker(t, pool, postgres.Options{MaxAttempts: 2, Lease: lease, PollInterval: 20 * time.Millisecond})
+	ctx := testCtx(t)
+	q := "poisonfirst_" + suffix()
+	const forged = "2001-01-01T00:00:00Z"
+	m := &sdk.Message{Body: []byte("x")}
+	if err := b.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+b.Schema()+`.jobs SET headers = jsonb_build_object($1::text, $2::text)`,
+		sdk.HeaderFirstFailure, forged); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveN(t, b, q, 1)[0].Retry(ctx, 0, errors.New("attempt 1 failed")); err != nil {
+		t.Fatal(err)
+	}
+	_ = receiveN(t, b, q, 1)[0] // attempt 2 crashes: never settled
+	receiveUntilDeadLettered(t, b, pool, q, m.ID, lease)
+	var header string
+	var firstAt time.Time
+	if err := pool.QueryRow(ctx, `SELECT headers->>$2, first_failure_at FROM `+b.Schema()+`.jobs WHERE message_id = $1`,
+		m.ID, sdk.HeaderFirstFailure).Scan(&header, &firstAt); err != nil {
+		t.Fatal(err)
+	}
+	got, err := time.Parse(time.RFC3339Nano, header)
+	if err != nil {
+		t.Fatalf("first-failure header %q: %v", header, err)
+	}
+	if !got.Equal(firstAt) {
+		t.Errorf("first-failure header %s; the row's first_failure_at is %s", header, firstAt.UTC().Format(time.RFC3339Nano))
+	}
+}
+
 // receiveUntilDeadLettered receives from q, where job id has used up its
 // attempts and its lease will end, until a claim has dead-lettered it: every
 // Receive must come back empty. One Receive of a few leases was not enough

@@ -131,10 +131,7 @@ func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string,
 			return nil, "", err
 		}
 	}
-	rows, err := b.pool.Query(ctx, `SELECT `+deadLetterColumns+`, updated_at, id FROM `+b.table+`
-		WHERE queue = $1 AND status = 'dead_letter' AND ($2::timestamptz IS NULL OR (updated_at, id) > ($2, $3))
-			AND ($5::timestamptz IS NULL OR (updated_at, id) <= ($5, $6))
-		ORDER BY updated_at, id LIMIT $4`, queue, nullTime(after), afterID, limit+1, nullTime(upTo), upToID)
+	rows, err := b.pool.Query(ctx, b.deadLetterPageSQL(), queue, nullTime(after), afterID, limit+1, nullTime(upTo), upToID)
 	if err != nil {
 		return nil, "", b.wrap(ctx, "dead letter page", err)
 	}
@@ -166,6 +163,18 @@ func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string,
 		return nil, "", b.wrap(ctx, "dead letter page", err)
 	}
 	return msgs, next, nil
+}
+
+// deadLetterPageSQL is the statement of a dead-letter page: $1 the queue,
+// $2 and $3 the cursor's position (NULL: from the first), $4 the limit, $5
+// and $6 the mark's (NULL: no mark). It reads jobs_dead_letter_page_idx in
+// order, from the cursor on, and stops at the limit: a page costs its own
+// rows, not a sort of all the queue's dead letters.
+func (b *Broker) deadLetterPageSQL() string {
+	return `SELECT ` + deadLetterColumns + `, updated_at, id FROM ` + b.table + `
+		WHERE queue = $1 AND status = 'dead_letter' AND ($2::timestamptz IS NULL OR (updated_at, id) > ($2, $3))
+			AND ($5::timestamptz IS NULL OR (updated_at, id) <= ($5, $6))
+		ORDER BY updated_at, id LIMIT $4`
 }
 
 func nullTime(t time.Time) *time.Time {

@@ -1,8 +1,10 @@
 package postgres_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -92,5 +94,92 @@ func TestUnstorableIDNotFound(t *testing.T) {
 	}
 	if st, err := b.Stats(ctx, "q"); err != nil || st.DeadLettered != 1 {
 		t.Errorf("the dead letter was changed: %+v, %v", st, err)
+	}
+}
+
+// TestDeadLetterPageUsesIndexNoSort: a dead-letter page (DeadLetterPage,
+// DeadLetterPageTo, the CLI's and dashboard's walk) reads its rows in
+// (updated_at, id) order from jobs_dead_letter_page_idx and stops at the
+// limit. Before that index, the only dead-letter index was (queue,
+// message_id): every page fetched all the queue's dead letters and sorted
+// them, so walking a large dead-letter queue was quadratic. The plans are
+// checked for the first page, a later page and a page up to a mark, both as
+// first planned (custom) and as the generic plan PostgreSQL moves a
+// prepared statement to after five runs, on a table that was migrated
+// before the index existed and migrated again.
+func TestDeadLetterPageUsesIndexNoSort(t *testing.T) {
+	ctx := testCtx(t)
+	pool := newPool(t, "dlq-page-plan-"+suffix(), 1) // one connection: it keeps plan_cache_mode and the prepared statement
+	b := newBroker(t, pool, postgres.Options{DisableListen: true})
+	table := pgx.Identifier{b.Schema(), "jobs"}.Sanitize()
+	// A table migrated before the index: Migrate adds it.
+	if _, err := pool.Exec(ctx, `DROP INDEX IF EXISTS `+pgx.Identifier{b.Schema(), "jobs_dead_letter_page_idx"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Two queues of dead letters, and completed and queued rows around them.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (queue, message_id, payload, max_attempts, status, updated_at)
+		SELECT q, q || '-' || i, '', 5, s, now() - i * interval '1 second'
+		FROM generate_series(1, 4000) AS i, unnest(ARRAY['a', 'b']) AS q,
+			unnest(ARRAY['dead_letter', 'dead_letter', 'completed', 'queued']) AS s`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE `+table); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `PREPARE dlq_page(text, timestamptz, bigint, bigint, timestamptz, bigint) AS `+
+		b.DeadLetterPageSQL()); err != nil {
+		t.Fatal(err)
+	}
+	pages := map[string]string{
+		"first page":      `'a', NULL, 0, 101, NULL, 0`,
+		"later page":      `'a', now() - interval '2000 seconds', 12345, 101, NULL, 0`,
+		"page up to mark": `'a', now() - interval '3000 seconds', 12345, 101, now() - interval '100 seconds', 999999`,
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		if _, err := pool.Exec(ctx, `SET plan_cache_mode = `+mode); err != nil {
+			t.Fatal(err)
+		}
+		for name, args := range pages {
+			var plan []byte
+			if err := pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE dlq_page(`+args+`)`).Scan(&plan); err != nil {
+				t.Fatal(err)
+			}
+			var tree []struct{ Plan planNode }
+			if err := json.Unmarshal(plan, &tree); err != nil || len(tree) != 1 {
+				t.Fatalf("%s, %s: plan %s: %v", name, mode, plan, err)
+			}
+			var types, indexes []string
+			tree[0].Plan.walk(func(n planNode) {
+				types = append(types, n.NodeType)
+				if n.IndexName != "" {
+					indexes = append(indexes, n.IndexName)
+				}
+			})
+			for _, ty := range types {
+				if strings.Contains(ty, "Sort") {
+					t.Errorf("%s, %s: the plan sorts (%s): %s", name, mode, strings.Join(types, " > "), plan)
+				}
+			}
+			if strings.Join(indexes, ",") != "jobs_dead_letter_page_idx" {
+				t.Errorf("%s, %s: the plan reads indexes %v, want jobs_dead_letter_page_idx: %s", name, mode, indexes, plan)
+			}
+		}
+	}
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON).
+type planNode struct {
+	NodeType  string     `json:"Node Type"`
+	IndexName string     `json:"Index Name"`
+	Plans     []planNode `json:"Plans"`
+}
+
+func (n planNode) walk(f func(planNode)) {
+	f(n)
+	for _, c := range n.Plans {
+		c.walk(f)
 	}
 }

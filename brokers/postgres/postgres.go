@@ -153,7 +153,8 @@ type Broker struct {
 	closed    <-chan struct{}    // closed by Close
 	life      context.Context    // done at Close (closed is its Done)
 	stop      context.CancelFunc // cancels the context of the broker's goroutines
-	wg        sync.WaitGroup     // the broker's goroutines: acker, listener, retention loop
+	wg        sync.WaitGroup     // the broker's goroutines: acker, listener, retention loop, claim recoveries
+	ownMu     sync.Mutex         // orders goOwnedIfOpen's wg.Add before Close's wg.Wait
 
 	listenOnce sync.Once
 	listenGo   chan struct{} // closed by the first Receive: the listener may connect
@@ -211,11 +212,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 
 // Close stops the broker: pending Receive calls return [sdk.ErrClosed], the
 // LISTEN connection and the retention loop stop, and every later call returns
-// [sdk.ErrClosed]. Jobs received and not settled come back after their lease.
+// [sdk.ErrClosed]. Jobs received and not settled come back after their lease,
+// as do those of a claim whose reply was lost and which the broker has not
+// yet handed back (Close stops that hand-back).
 // Close is safe to call twice; it does not close the pool.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
+		b.ownMu.Lock()
 		b.stop()
+		b.ownMu.Unlock()
 		b.wg.Wait()
 	})
 	return nil

@@ -101,7 +101,7 @@ func TestMigrateCreatesReferenceSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, i := range []string{"jobs_claim_idx", "jobs_dedupe_idx", "jobs_dead_letter_idx", "jobs_completed_idx"} {
+	for _, i := range []string{"jobs_claim_idx", "jobs_dedupe_idx", "jobs_dead_letter_idx", "jobs_completed_idx", "jobs_dead_letter_page_idx"} {
 		if !slices.Contains(idx, i) {
 			t.Errorf("jobs has no index %s (has %v)", i, idx)
 		}
@@ -323,6 +323,30 @@ func TestPublishTx(t *testing.T) {
 	counts, err := b.CountByStatus(ctx, q)
 	if err != nil || !maps1(counts, postgres.StatusCompleted) {
 		t.Errorf("CountByStatus = %v, %v; want one completed job", counts, err)
+	}
+}
+
+// TestPublishTxOnEndedTxNotUnavailable: a PublishTx on a transaction the
+// caller already committed fails in pgx (pgx.ErrTxClosed), before anything
+// reaches the server. The old classification took every error that was not
+// a server error for a lost connection and wrapped sdk.ErrUnavailable, so a
+// caller (the outbox relay, a retry loop) retried it forever as if the
+// database were down. Now it is the error it is; and a real loss of the
+// connection (the conformance edges) still wraps sdk.ErrUnavailable.
+func TestPublishTxOnEndedTxNotUnavailable(t *testing.T) {
+	pool := newPool(t, "berth-txended-"+suffix(), 2)
+	b := newBroker(t, pool, postgres.Options{})
+	ctx := testCtx(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = b.PublishTx(ctx, tx, "txended_"+suffix(), &sdk.Message{Body: []byte("x")})
+	if !errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("PublishTx on a committed transaction: %v; want pgx.ErrTxClosed, not sdk.ErrUnavailable", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -36,7 +37,9 @@ const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z
 // apart). It returns ctx.Err() when ctx is done, [sdk.ErrClosed] after Close,
 // and an error wrapping [sdk.ErrUnavailable] when the database cannot be
 // reached (the caller retries). Jobs it claimed for a caller whose ctx ended,
-// or across a Close, are handed back (no attempt counted), not returned. A
+// or across a Close, are handed back (no attempt counted), not returned; so
+// are, in the background, the jobs of a claim whose reply was lost with its
+// connection (see recoverClaim). A
 // Receive waiting for a pooled connection returns when ctx ends or at Close.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
 	if b.isClosed() {
@@ -136,8 +139,18 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	defer conn.Release()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
 	defer cancel()
+	// The claim's lease token, chosen here rather than by the server, so
+	// that rows claimed by a statement whose reply is lost can be found
+	// and handed back (see recoverClaim).
+	token := uuid.NewString()
+	pid := conn.Conn().PgConn().PID()
 	now := fmt.Sprintf(rfc3339SQL, "now()")
-	first := fmt.Sprintf(rfc3339SQL, "COALESCE(j.first_failure_at, now())")
+	// The first failure is the row's own first_failure_at when set: a
+	// berth-first-failure header already on the row (written by hand or by
+	// another tool; Publish refuses berth- headers) only fills in for a row
+	// that has none, and may be stale or forged.
+	first := `COALESCE(` + fmt.Sprintf(rfc3339SQL, "j.first_failure_at") + `, j.headers->>'` + sdk.HeaderFirstFailure +
+		`', ` + fmt.Sprintf(rfc3339SQL, "now()") + `)`
 	q := `WITH c AS (
 		SELECT id, attempt_count >= max_attempts AS poison
 		FROM ` + b.table + `
@@ -151,7 +164,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		attempt_count    = CASE WHEN c.poison THEN j.attempt_count ELSE j.attempt_count + 1 END,
 		available_at     = CASE WHEN c.poison THEN j.available_at ELSE now() + $3 * interval '1 microsecond' END,
 		visibility_until = CASE WHEN c.poison THEN NULL ELSE now() + $3 * interval '1 microsecond' END,
-		lease_token      = CASE WHEN c.poison THEN NULL ELSE gen_random_uuid() END,
+		lease_token      = CASE WHEN c.poison THEN NULL ELSE $7::uuid END,
 		worker_id        = $4,
 		last_error       = CASE WHEN c.poison THEN ` + poisonReason + ` ELSE j.last_error END,
 		first_failure_at = CASE WHEN c.poison THEN COALESCE(j.first_failure_at, now()) ELSE j.first_failure_at END,
@@ -160,7 +173,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 			'` + sdk.HeaderDeadLetterClass + `', $6::text,
 			'` + sdk.HeaderDeadLetterAttempts + `', j.attempt_count::text,
 			'` + sdk.HeaderDeadLetterQueue + `', j.queue,
-			'` + sdk.HeaderFirstFailure + `', COALESCE(j.headers->>'` + sdk.HeaderFirstFailure + `', ` + first + `),
+			'` + sdk.HeaderFirstFailure + `', ` + first + `,
 			'` + sdk.HeaderLastFailure + `', ` + now + `)
 			ELSE j.headers END,
 		updated_at       = now()
@@ -170,8 +183,9 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		j.ordering_key, COALESCE(j.idempotency_key, ''), j.attempt_count, COALESCE(j.lease_token::text, ''),
 		j.first_failure_at`
 	rows, err := conn.Query(cctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
-		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)))
+		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)), token)
 	if err != nil {
+		b.recoverClaim(conn, queue, token, pid, err)
 		return nil, 0, b.wrap(ctx, "receive", err)
 	}
 	defer rows.Close()
@@ -209,7 +223,10 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		ds = append(ds, d)
 	}
 	if err := rows.Err(); err != nil {
-		// The statement failed as a whole: nothing was claimed.
+		// Either the statement failed as a whole (nothing was claimed), or
+		// the connection failed while its reply was read, and the server
+		// may have committed the claim: recoverClaim tells them apart.
+		b.recoverClaim(conn, queue, token, pid, err)
 		return nil, 0, b.wrap(ctx, "receive", err)
 	}
 	if len(ds) > 0 && (ctx.Err() != nil || b.isClosed()) {

@@ -54,3 +54,11 @@ CREATE INDEX IF NOT EXISTS jobs_dead_letter_idx ON "berth".jobs (queue, message_
     WHERE status = 'dead_letter';
 CREATE INDEX IF NOT EXISTS jobs_completed_idx ON "berth".jobs (updated_at)
     WHERE status = 'completed';
+
+-- Dead-letter pages (DeadLetterPage, DeadLetterPageTo, ListDeadLetters,
+-- DeadLetterMark) in their order, so that a page reads its own rows instead
+-- of sorting all the queue's dead letters. Added after the first release:
+-- Migrate (or applying this file again) creates it on an existing table; on
+-- a large busy table, create it beforehand with CREATE INDEX CONCURRENTLY.
+CREATE INDEX IF NOT EXISTS jobs_dead_letter_page_idx ON "berth".jobs (queue, updated_at, id)
+    WHERE status = 'dead_letter';

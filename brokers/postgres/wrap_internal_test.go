@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -41,5 +47,37 @@ func TestWrapOwnTimeoutIsUnavailable(t *testing.T) {
 	cb := &Broker{closed: closed, table: `"berth".jobs`}
 	if err := cb.wrap(live, "receive", timeout); !errors.Is(err, sdk.ErrClosed) {
 		t.Errorf("closed broker: %v; want ErrClosed", err)
+	}
+}
+
+// TestWrapClientErrors: only errors that say the database could not be
+// reached wrap sdk.ErrUnavailable. The old retryable took every error that
+// was not a *pgconn.PgError for a lost connection, so a client-side error
+// (an argument pgx cannot encode, a scan failure, a transaction already
+// ended) was "unavailable" and retried forever.
+func TestWrapClientErrors(t *testing.T) {
+	b := &Broker{closed: make(chan struct{}), table: `"berth".jobs`}
+	live := context.Background()
+	for _, c := range []struct {
+		name        string
+		err         error
+		unavailable bool
+	}{
+		{"encode", fmt.Errorf("failed to encode args[3]: %w", errors.New("cannot find encode plan")), false},
+		{"scan", &pgx.ScanArgError{ColumnIndex: 1, Err: errors.New("cannot scan NULL into *string")}, false},
+		{"tx closed", pgx.ErrTxClosed, false},
+		{"no rows", fmt.Errorf("read: %w", pgx.ErrNoRows), false},
+		{"constraint", &pgconn.PgError{Code: "23505"}, false},
+		{"server shutdown", &pgconn.PgError{Code: "57P01"}, true},
+		{"serialization", &pgconn.PgError{Code: "40001"}, true},
+		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true},
+		{"eof", fmt.Errorf("failed to receive message: %w", io.ErrUnexpectedEOF), true},
+		{"conn closed", fmt.Errorf("query: %w", pgconn.ErrConnClosed), true},
+		{"pool closed", puddle.ErrClosedPool, true},
+	} {
+		err := b.wrap(live, "op", c.err)
+		if got := errors.Is(err, sdk.ErrUnavailable); got != c.unavailable || !errors.Is(err, c.err) {
+			t.Errorf("%s: wrap gave %v (unavailable %v); want unavailable %v with the error in the chain", c.name, err, got, c.unavailable)
+		}
 	}
 }

@@ -38,6 +38,78 @@ type consumer struct {
 	gone   chan struct{} // closed when the consumer stopped for good (err says why)
 	err    error         // set before gone is closed
 	exited chan struct{} // closed when run returns
+
+	// A pause (Broker.StopReceiving): the session cancels its basic.consume,
+	// hands back what no Receive returned and consumes again once a Receive
+	// resumes it; the channel, and with it the deliveries Receive returned,
+	// stays open. Under pmu.
+	pmu      sync.Mutex
+	paused   bool
+	pausing  chan struct{} // closed when a pause begins (a waiting Receive resumes); replaced at resume
+	resumed  chan struct{} // closed at resume; made by pause
+	handed   chan struct{} // closed once the pause's hand-back is done, or at resume; made by pause
+	pauseReq chan struct{} // buffered 1: tells the session a pause began
+}
+
+// pause marks c paused and tells its session, and returns a channel closed
+// once the session has handed back what it held (or at resume).
+func (c *consumer) pause() <-chan struct{} {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if !c.paused {
+		c.paused = true
+		c.resumed, c.handed = make(chan struct{}), make(chan struct{})
+		close(c.pausing)
+		select {
+		case c.pauseReq <- struct{}{}:
+		default: // one is pending: the session reads the state when it takes it
+		}
+	}
+	return c.handed
+}
+
+// resume ends a pause for a Receive under ctx: the session consumes again.
+// It returns the channel the next pause closes. A ctx already done resumes
+// nothing: a Worker's Pause cancels its Receive's ctx before it pauses the
+// consumer, so checked under pmu this tells a Receive that the pause
+// interrupted from one that came after it.
+func (c *consumer) resume(ctx context.Context) <-chan struct{} {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if c.paused && ctx.Err() == nil {
+		c.paused = false
+		c.pausing = make(chan struct{})
+		close(c.resumed)
+		closeOnce(c.handed)
+	}
+	return c.pausing
+}
+
+// pauseState returns whether c is paused and, if so, the pause's resumed
+// and handed channels.
+func (c *consumer) pauseState() (paused bool, resumed, handed chan struct{}) {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return c.paused, c.resumed, c.handed
+}
+
+// markHanded closes handed (a pause's) unless it is closed already.
+func (c *consumer) markHanded(handed chan struct{}) {
+	c.pmu.Lock()
+	closeOnce(handed)
+	c.pmu.Unlock()
+}
+
+// closeOnce closes ch unless it is nil or closed; its callers hold pmu.
+func closeOnce(ch chan struct{}) {
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
 }
 
 // chanState is one consumer channel's life: deliveries hold it, and a
@@ -328,7 +400,8 @@ func (b *Broker) consumerFor(queue string, max int) (*consumer, error) {
 			prefetch = min(max, DefaultPrefetch)
 		}
 		c = &consumer{b: b, queue: queue, prefetch: prefetch, out: make(chan *delivery, prefetch),
-			gone: make(chan struct{}), exited: make(chan struct{})}
+			gone: make(chan struct{}), exited: make(chan struct{}),
+			pausing: make(chan struct{}), pauseReq: make(chan struct{}, 1)}
 		b.consumers[queue] = c
 		b.wg.Add(1)
 		go c.run()
@@ -378,6 +451,8 @@ var errCancelled = errors.New("rabbitmq: consumer cancelled by the server")
 
 // session opens a channel, consumes until it dies, and returns nil when it
 // delivered at least once before dying (or ran for Options.Reconnect's Max).
+// A pause (StopReceiving) cancels its consumer and hands back what it held;
+// it consumes again on the same channel once a Receive resumes it.
 func (c *consumer) session() error {
 	start, delivered := time.Now(), false
 	ctx, cancel := context.WithCancel(c.b.ctx)
@@ -400,15 +475,67 @@ func (c *consumer) session() error {
 		_ = ch.Close()
 		return err
 	}
-	tag := "berth-" + sdk.NewID()
-	dels, err := ch.ConsumeWithContext(ctx, c.queue, tag, false, false, false, false, nil)
-	if err != nil {
-		_ = ch.Close()
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			c.b.forget(c.queue) // deleted behind our back: declare again next time
+	// Once the session ends its channel has closed: the server holds nothing
+	// for it, so a pause waiting for its hand-back is done.
+	defer func() {
+		if paused, _, handed := c.pauseState(); paused {
+			c.markHanded(handed)
 		}
-		return err
+	}()
+	for {
+		// While paused (StopReceiving) nothing is consumed: a Receive
+		// resumes.
+		if paused, resumed, handed := c.pauseState(); paused {
+			c.markHanded(handed)
+			select {
+			case <-resumed:
+			case <-st.dead:
+				_ = ch.Close()
+				return nil
+			case <-c.b.closing:
+				c.handBack(st, "", nil, nil, true)
+				_ = ch.Close()
+				return nil
+			}
+			continue
+		}
+		tag := "berth-" + sdk.NewID()
+		dels, err := ch.ConsumeWithContext(ctx, c.queue, tag, false, false, false, false, nil)
+		if err != nil {
+			_ = ch.Close()
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				c.b.forget(c.queue) // deleted behind our back: declare again next time
+			}
+			return err
+		}
+		if done, err := c.consume(st, ch, tag, dels, start, &delivered); done {
+			return err
+		}
+	}
+}
+
+// consume feeds out with the deliveries of dels, the consumer tag's, until
+// the channel dies or Close begins (done, with session's result), or a pause
+// (StopReceiving) cancelled the consumer and handed back what it held (not
+// done: the session waits for a resume on the same channel).
+func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-chan amqp.Delivery, start time.Time, delivered *bool) (done bool, err error) {
+	// pause hands back (with pending, a delivery not yet in out) when a
+	// pause began; ok is false when it did not and consuming goes on.
+	pause := func(pending *delivery) (ok, done bool) {
+		paused, _, handed := c.pauseState()
+		if !paused {
+			return false, false
+		}
+		alive := c.handBack(st, tag, dels, pending, false)
+		c.markHanded(handed)
+		if !alive {
+			// The channel died (its deliveries are requeued) or the server
+			// cancelled the consumer: start over.
+			_ = ch.Close()
+			return true, true
+		}
+		return true, false
 	}
 	for {
 		select {
@@ -424,40 +551,55 @@ func (c *consumer) session() error {
 				}
 				_ = st.flush(true, false)
 				_ = ch.Close()
-				if cancelled && !delivered && time.Since(start) < c.b.opts.Reconnect.Max {
-					return fmt.Errorf("%w: queue %q", errCancelled, c.queue)
+				if cancelled && !*delivered && time.Since(start) < c.b.opts.Reconnect.Max {
+					return true, fmt.Errorf("%w: queue %q", errCancelled, c.queue)
 				}
-				return nil
+				return true, nil
 			}
-			delivered = true
+			*delivered = true
 			dv := c.wrap(d, st)
-			select {
-			case c.out <- dv:
-			case <-st.dead:
-				return nil
-			case <-c.b.closing:
-				c.handBack(st, tag, dels, dv)
-				_ = ch.Close()
-				return nil
+			for pushed := false; !pushed; {
+				select {
+				case c.out <- dv:
+					pushed = true
+				case <-st.dead:
+					return true, nil
+				case <-c.b.closing:
+					c.handBack(st, tag, dels, dv, true)
+					_ = ch.Close()
+					return true, nil
+				case <-c.pauseReq:
+					if ok, done := pause(dv); ok {
+						return done, nil
+					}
+				}
 			}
 		case <-st.dead: // abandoned
 			_ = ch.Close()
-			return nil
+			return true, nil
 		case <-c.b.closing:
-			c.handBack(st, tag, dels, nil)
+			c.handBack(st, tag, dels, nil, true)
 			_ = ch.Close()
-			return nil
+			return true, nil
+		case <-c.pauseReq:
+			if ok, done := pause(nil); ok {
+				return done, nil
+			}
 		}
 	}
 }
 
-// handBack, when Close begins, returns the deliveries of st that no
-// Receive has returned (those waiting in out, pending, and those still
-// arriving) without consuming an attempt: it cancels the consumer so that
-// no more come, publishes a copy of each carrying its attempt, like
-// Release, and acks the originals whose copies were confirmed. Requeueing
-// them instead would count a delivery (see the package doc). Whatever it
-// cannot hand back goes back when the channel closes, its attempt counted.
+// handBack, when Close begins (closing) or a pause (StopReceiving), returns
+// the deliveries of st that no Receive has returned (those waiting in out,
+// pending, and those still arriving) without consuming an attempt: it
+// cancels the consumer tag (when dels is not nil: consuming) so that no
+// more come, publishes a copy of each carrying its attempt, like Release,
+// and acks the originals whose copies were confirmed. Requeueing them
+// instead would count a delivery (see the package doc). At Close, whatever
+// it cannot hand back goes back when the channel closes, its attempt
+// counted; at a pause, which leaves the channel open for the deliveries
+// Receive returned, it is requeued (basic.nack) at once. It reports false
+// when the channel died or the server cancelled the consumer meanwhile.
 //
 // Two behaviours of RabbitMQ 3.10's quorum queues shape it; both make the
 // server requeue a message with x-delivery-count + 1 that this process
@@ -486,7 +628,7 @@ func (c *consumer) session() error {
 //     cancel, hence every command the channel sent before it. Single acks
 //     (a caller closed the broker holding deliveries) can still be held
 //     back; the pause (settleGrace) before the channel closes is for them.
-func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery, pending *delivery) {
+func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery, pending *delivery, closing bool) bool {
 	b := c.b
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.CloseTimeout)
 	defer cancel()
@@ -499,9 +641,13 @@ func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery
 			unseen = append(unseen, d)
 		}
 	}
-	// Once no Receive is taking from out (they all see closing), what
-	// they took but did not return is in back, and out holds the rest.
-	c.recv.Lock()
+	// At Close, once no Receive is taking from out (they all see
+	// closing), what they took but did not return is in back, and out
+	// holds the rest. At a pause a Receive may still take from out: what
+	// it takes it returns, and this takes the rest.
+	if closing {
+		c.recv.Lock()
+	}
 drain:
 	for {
 		select {
@@ -511,27 +657,31 @@ drain:
 			break drain
 		}
 	}
-	c.backMu.Lock()
-	for _, d := range c.back {
-		take(d)
+	if closing {
+		c.backMu.Lock()
+		for _, d := range c.back {
+			take(d)
+		}
+		c.back = nil
+		c.backMu.Unlock()
+		c.recv.Unlock()
 	}
-	c.back = nil
-	c.backMu.Unlock()
-	c.recv.Unlock()
 	take(pending)
-	if !c.awaitNoCredit(st, dels, take) {
-		return // the channel is gone: the server has requeued them already
-	}
-	if err := st.ch.Cancel(tag, false); err != nil {
-		return // the channel is gone: the server has requeued them already
-	}
-	// After basic.cancel-ok amqp091 hands over what it buffered and closes
-	// dels.
-	for d := range dels {
-		take(c.wrap(d, st))
+	if dels != nil {
+		if !c.awaitNoCredit(st, dels, take) {
+			return false // the channel is gone: the server has requeued them already
+		}
+		if err := st.ch.Cancel(tag, false); err != nil {
+			return false // the channel is gone: the server has requeued them already
+		}
+		// After basic.cancel-ok amqp091 hands over what it buffered and
+		// closes dels.
+		for d := range dels {
+			take(c.wrap(d, st))
+		}
 	}
 	if len(unseen) == 0 {
-		return
+		return !st.isDead()
 	}
 	now := time.Now()
 	out := make([]outgoing, len(unseen))
@@ -540,16 +690,22 @@ drain:
 	}
 	err := b.sendAll(ctx, out)
 	var pe *sdk.PublishError
-	if err != nil && !errors.As(err, &pe) {
-		return
-	}
+	copied := err == nil || errors.As(err, &pe)
 	for _, d := range unseen {
-		if pe != nil && pe.Failed[d.msg.ID] != nil {
-			continue
+		switch {
+		case copied && (pe == nil || pe.Failed[d.msg.ID] == nil):
+			_ = st.ack(d.tag)
+		case !closing:
+			// Not copied: requeued now rather than held for the whole
+			// pause (its next delivery counts an attempt).
+			_ = st.ch.Nack(d.tag, false, true)
+			st.untrack(d.tag)
 		}
-		_ = st.ack(d.tag)
 	}
 	_ = st.flush(true, false)
+	if !closing {
+		return !st.isDead()
+	}
 	// Single acks among them may be held back by the channel (see above):
 	// a short pause lets them go out before the channel closes.
 	t := time.NewTimer(settleGrace)
@@ -558,6 +714,7 @@ drain:
 	case <-t.C:
 	case <-ctx.Done():
 	}
+	return true
 }
 
 // awaitNoCredit takes the deliveries arriving on dels until st holds
@@ -694,7 +851,8 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	if b.receiveHook != nil {
 		b.receiveHook()
 	}
-	c.recv.RLock() // see consumer.recv
+	pausing := c.resume(ctx) // a pause (StopReceiving) ends with the next Receive
+	c.recv.RLock()           // see consumer.recv
 	defer c.recv.RUnlock()
 	var out []sdk.Delivery
 	for len(out) == 0 {
@@ -709,6 +867,14 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 			return nil, sdk.ErrClosed
 		case <-c.gone:
 			return nil, c.err
+		case <-pausing:
+			// A pause began while this Receive waited. A Worker's Pause
+			// has cancelled ctx first: then this returns. Otherwise this
+			// caller still wants messages: consuming resumes.
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			pausing = c.resume(ctx)
 		}
 	}
 more:
@@ -736,6 +902,43 @@ more:
 		return nil, sdk.ErrClosed
 	}
 	return out, nil
+}
+
+var _ sdk.ReceiveStopper = (*Broker)(nil)
+
+// StopReceiving stops queue's consumer taking messages in and hands back
+// the deliveries it holds that no Receive has returned (at most
+// [Options.Prefetch]) without consuming an attempt: it cancels the consumer
+// (basic.cancel), publishes a copy of each carrying its attempt, like
+// Release, and acks the originals, as Close does. The channel stays open:
+// the deliveries Receive returned settle as usual. The next Receive of queue
+// (or one waiting on it whose ctx is not done) consumes again. [sdk.Worker]'s
+// Pause calls it. It returns nil when the queue has no consumer, and
+// [sdk.ErrClosed] after Close.
+func (b *Broker) StopReceiving(ctx context.Context, queue string) error {
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	if b.closed() {
+		return sdk.ErrClosed
+	}
+	b.mu.Lock()
+	c := b.consumers[queue]
+	b.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	handed := c.pause()
+	select {
+	case <-handed:
+		return nil
+	case <-c.gone:
+		return nil
+	case <-b.closing:
+		return sdk.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // delivery is one receipt of a message on a consumer channel.

@@ -110,6 +110,16 @@
 // everything it held with x-delivery-count raised, so a prefetched message
 // counts an attempt even if no handler saw it.
 //
+// [Broker.StopReceiving] ([sdk.ReceiveStopper]; [sdk.Worker.Pause] calls it)
+// does the same for one queue without closing anything: the consumer is
+// cancelled and what it holds that no Receive returned is handed back as
+// above, so that while a Worker is paused its prefetched messages go to
+// the other consumers rather than stay unacked in this process for the
+// whole pause; a copy that fails is requeued (basic.nack), its attempt
+// counted. The channel stays open for the deliveries Receive returned. The
+// next Receive of the queue, or one waiting on it whose ctx is not done,
+// consumes again on the same channel.
+//
 // # Leases
 //
 // RabbitMQ has no visibility timeout: a delivery is held until it is settled

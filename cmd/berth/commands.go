@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -195,8 +196,15 @@ func runList(ctx context.Context, c *cli, args []string) error {
 			fmt.Fprintf(c.stdout, "next page: -offset %d\n", *next)
 		}
 	}
+	if !complete {
+		// A partial list is not a list of them all: exit 4, so that a
+		// script does not take it for one (nor "nothing matched" for
+		// "none of the first -scan-limit matched").
+		return &partialError{msg: fmt.Sprintf("the list is partial: the scan stopped before the end of the dead-letter queue of %s, "+
+			"so more than %d may match; raise -scan-limit (it was %d) or narrow the filter to see the rest, or run it again", queue, matched, c.scanLimit)}
+	}
 	if matched == 0 {
-		return fmt.Errorf("%s: %w", esc(queue), errNothing)
+		return fmt.Errorf("%s: %w", queue, errNothing)
 	}
 	return nil
 }
@@ -250,7 +258,11 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 		fmt.Fprintf(w, "body (%d bytes, not UTF-8, base64):\n%s\n", len(m.Body), j.Body)
 		return nil
 	}
-	fmt.Fprintf(w, "body (%d bytes):\n%s\n", len(m.Body), escBlock(string(m.Body)))
+	body := escBlock(string(m.Body))
+	if json.Valid(m.Body) {
+		body = dlq.EscapeJSONText(string(m.Body)) // JSON as JSON: its backslashes are its own escapes
+	}
+	fmt.Fprintf(w, "body (%d bytes):\n%s\n", len(m.Body), body)
 	return nil
 }
 
@@ -301,7 +313,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			return c.printDryRun(report, first, verb, missing)
 		}
 		if s.Matched == 0 {
-			return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
+			return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 		}
 		q := fmt.Sprintf("%s %d dead letter(s) of %s?", verb, s.Matched, esc(queue))
 		if act == actPurge {
@@ -402,7 +414,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 	case r.Missed > 0:
 		return &partialError{msg: fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
 	case r.Matched == 0 && r.Done == 0:
-		return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
+		return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 	}
 	return nil
 }
@@ -469,7 +481,7 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 		}
 	}
 	if r.Matched == 0 {
-		return fmt.Errorf("no dead letter of %s matches: %w", esc(r.Queue), errNothing)
+		return fmt.Errorf("no dead letter of %s matches: %w", r.Queue, errNothing)
 	}
 	return nil
 }

@@ -108,3 +108,48 @@ func TestBadFlagNameEscaped(t *testing.T) {
 		}
 	}
 }
+
+// A backslash in a message's text is printed as \\, so that the escapes the
+// CLI prints cannot be forged: an ID spelt with the six characters \u200b
+// no longer prints like one with a zero-width space. A JSON body is shown
+// as JSON, its own escapes as they are. Before, the two IDs printed alike.
+func TestBackslashEscaped(t *testing.T) {
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	forged := &sdk.Message{ID: `job-1\u200b`, Type: `billing\charge`, Body: []byte(`{"path":"C:\\dir"}`)}
+	if err := b.Publish(ctx, "billing", forged); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, "billing", 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("receive: %d %v", len(ds), err)
+	}
+	if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New(`bad \x1b`))); err != nil {
+		t.Fatal(err)
+	}
+	invisibleLetter(t, b) // ID "job-1\u200b", with a real zero-width space
+
+	r := berth(t, b, "dlq", "list", "billing")
+	if r.code != exitOK || !strings.Contains(r.out, `job-1\\u200b `) || !strings.Contains(r.out, `job-1\u200b `) ||
+		!strings.Contains(r.out, `billing\\charge`) || !strings.Contains(r.out, `bad \\x1b`) {
+		t.Errorf("list (exit %d): the two IDs, the type and the reason as escapes:\n%s%s", r.code, r.out, r.err)
+	}
+	r = berth(t, b, "dlq", "show", "billing", forged.ID)
+	if r.code != exitOK || !strings.Contains(r.out, "id:              job-1\\\\u200b\n") || !strings.Contains(r.out, `{"path":"C:\\dir"}`) {
+		t.Errorf("show (exit %d): want the ID as job-1\\\\u200b and the JSON body as it is:\n%s%s", r.code, r.out, r.err)
+	}
+	// Escaped once, not once by the command and again on the way out.
+	r = berth(t, b, "outbox", "requeue", `7\8`, "-yes")
+	if r.code != exitUsage || !strings.Contains(r.err, `not "7\\8"`) {
+		t.Errorf("outbox requeue of a bad row id (exit %d): want it as 7\\\\8:\n%s", r.code, r.err)
+	}
+	r = berth(t, b, "dlq", "show", "billing", forged.ID, "-json")
+	var m struct{ ID string }
+	if r.code != exitOK || json.Unmarshal([]byte(r.out), &m) != nil || m.ID != forged.ID {
+		t.Errorf("show -json (exit %d): ID %q, want %q:\n%s", r.code, m.ID, forged.ID, r.out)
+	}
+}

@@ -151,7 +151,7 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 		j, err = r.JobByKey(ctx, args[0])
 	}
 	if errors.Is(err, sdk.ErrNotFound) {
-		return fmt.Errorf("no job with ID or idempotency key %q: %w", args[0], sdk.ErrNotFound)
+		return fmt.Errorf("no job with ID or idempotency key \"%s\": %w", args[0], sdk.ErrNotFound)
 	}
 	if err != nil {
 		return err

@@ -34,7 +34,9 @@
 //
 // Text output escapes control characters, terminal escape sequences,
 // bidirectional-text controls, invisible characters (zero-width, tag
-// characters, …) and invalid UTF-8 from messages. -json prints one JSON
+// characters, …) and invalid UTF-8 from messages as Go-style escapes, and
+// a backslash as \\, so that an escape always means the character it names
+// (a JSON body is shown as JSON, its escapes as they are). -json prints one JSON
 // document per line (with -watch, one per refresh), with DEL, C1 and
 // bidirectional-text controls and invisible characters as \u escapes; its fields are documented in README.md
 // ("Operating berth") and only ever gain new fields.
@@ -138,7 +140,8 @@ func commands() []*command {
 		{name: "stats", args: "[QUEUE...]", short: "ready, delayed, in flight, dead-lettered, oldest age of queues (all when none is named)",
 			flags: []string{"watch", "interval"}, run: runStats},
 		{name: "dlq list", args: "QUEUE", short: "the dead letters of QUEUE matching the filters, a page at a time",
-			long:  "The last line counts every matching dead letter, not just the page shown.",
+			long: "The last line counts every matching dead letter, not just the page shown. When the broker's scan\n" +
+				"stopped before the end of the dead-letter queue (SQS: -scan-limit), the list is partial: it exits 4.",
 			flags: append(append([]string{}, filters...), "limit", "offset", "scan-limit"), run: runList},
 		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow},
 		{name: "dlq redrive", args: "QUEUE [ID...]", short: "put the chosen dead letters (IDs and/or filters; all when none) back on QUEUE, attempts reset",
@@ -157,7 +160,7 @@ func commands() []*command {
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
 		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
 			flags: []string{"db", "schema"}, run: runJobShow},
-		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest update first, with the total",
+		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest (first seen) first, with the total",
 			long:  "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.",
 			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs},
 		{name: "doctor", args: "[QUEUE...]", short: "check the broker, its queues and the Workers' settings for misconfigurations (exit 1 on an error finding)",
@@ -320,7 +323,7 @@ func run(ctx context.Context, args []string, e env) int {
 		if len(pos) == 0 {
 			c.usage(c.stderr)
 		} else {
-			fmt.Fprintf(c.stderr, "berth: unknown command %q\nrun \"berth -h\" for usage\n", esc(joinWords(pos[:min(2, len(pos))])))
+			fmt.Fprintf(c.stderr, "berth: unknown command \"%s\"\nrun \"berth -h\" for usage\n", esc(joinWords(pos[:min(2, len(pos))])))
 		}
 		return exitUsage
 	}

@@ -290,19 +290,34 @@ func cliMatrix(t *testing.T, u, queue string, ids []string, listsQueues bool) {
 // reads at most -scan-limit of them in one scan, and a broker call's own
 // scan can stop early (here: a second copy of a message the redrive already
 // moved). Either way the CLI says the scan is incomplete, counts what it did
-// and what the broker still holds, and a change exits 4.
+// and what the broker still holds, and a change exits 4. A capped list
+// exits 4 too, saying on stderr that it is partial and how to see the rest:
+// before, it exited 0 (3 when none of the letters read matched), and a
+// script took the first -scan-limit dead letters for all of them.
 func TestOnSQSScanIncomplete(t *testing.T) {
 	const n = 7
 	u, queue, b, _ := sqsDeadLettered(t, n)
+	partial := func(r result) bool {
+		return r.code == exitPartial && strings.Contains(r.err, "the list is partial") && strings.Contains(r.err, "raise -scan-limit (it was 3)")
+	}
 	r := cliOn(t, u, "-json", "dlq", "list", queue, "-class", "permanent", "-scan-limit", "3")
 	var l jsonList
-	if r.code != 0 || json.Unmarshal([]byte(r.out), &l) != nil || l.Complete || !strings.Contains(l.Incomplete, "only the first 3") ||
+	if !partial(r) || json.Unmarshal([]byte(r.out), &l) != nil || l.Complete || !strings.Contains(l.Incomplete, "only the first 3") ||
 		l.Matched > 3 || *l.TotalDeadLetters != n {
 		t.Fatalf("capped list (exit %d): %s %s", r.code, r.out, r.err)
 	}
 	r = cliOn(t, u, "dlq", "list", queue, "-reason", "/./", "-scan-limit", "3")
-	if r.code != 0 || !strings.Contains(r.out, "of at least 3 matching (the broker cannot page its dead letters: only the first 3 were read) (7 in the dead-letter queue") {
+	if !partial(r) || !strings.Contains(r.out, "of at least 3 matching (the broker cannot page its dead letters: only the first 3 were read) (7 in the dead-letter queue") {
 		t.Fatalf("capped list, text (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	// None of the letters read matches: not "nothing matched" (exit 3).
+	r = cliOn(t, u, "dlq", "list", queue, "-type", "no.such.type", "-scan-limit", "3")
+	if !partial(r) || !strings.Contains(r.out, "no dead letters shown of at least 0 matching") {
+		t.Fatalf("capped list, none of the first 3 matching (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	// Read to the end: complete, exit 0.
+	if r := cliOn(t, u, "dlq", "list", queue, "-reason", "/./"); r.code != exitOK || r.err != "" {
+		t.Fatalf("uncapped list (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 	r = cliOn(t, u, "dlq", "redrive", queue, "-reason", "/./", "-scan-limit", "3", "-dry-run")
 	if r.code != 0 || !strings.Contains(r.out, "would redrive at least 3 dead letter(s)") || !strings.Contains(r.out, "the scan stopped before the end of the dead-letter queue") {

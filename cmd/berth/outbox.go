@@ -195,7 +195,7 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 	for _, a := range args {
 		id, err := strconv.ParseInt(a, 10, 64)
 		if err != nil {
-			return usagef("row ids are integers (from berth outbox list), not %q", esc(a))
+			return usagef("row ids are integers (from berth outbox list), not \"%s\"", a)
 		}
 		if !seen[id] { // a row is changed once, however often it is named
 			seen[id] = true

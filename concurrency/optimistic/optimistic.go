@@ -11,6 +11,17 @@
 // counts the conflicts it met. Nothing is held between the read and the
 // write, so readers never wait; under heavy contention on one row a row lock
 // (package rowlock) wastes less work.
+//
+// At REPEATABLE READ or SERIALIZABLE (a transaction's, or the database's
+// default_transaction_isolation), an update that finds its row changed by a
+// concurrent transaction fails with a serialization failure (SQLSTATE 40001)
+// instead of matching no row. Run outside a transaction (on a pool, or a
+// connection not in one), that statement was its own transaction and the
+// failure is the same lost race: [Table.Update] reports it as [ErrVersionConflict]. In a
+// transaction it aborted the whole transaction: Update returns it as is,
+// [Retrier.Do] does not retry it (every later statement of the transaction
+// would fail), and the caller re-runs the transaction (a job's handler
+// returns it, and the job is retried).
 package optimistic
 
 import (
@@ -27,6 +38,7 @@ import (
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Sentinel errors. Match them with errors.Is.
@@ -119,9 +131,10 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 
 // Update sets the columns in set on the row whose key is key, provided its
 // version is still version, and bumps the version. It returns the new
-// version. A stale version gives a [*ConflictError] ([ErrVersionConflict]); a
-// missing row gives a permanent [ErrNotFound]. Column names are validated and quoted;
-// values are bind parameters. set must not name the key or version column.
+// version. A stale version gives a [*ConflictError] ([ErrVersionConflict]),
+// as does a serialization failure of an Update run outside a transaction
+// (see the package doc); a missing row gives a permanent [ErrNotFound].
+// Column names are validated and quoted; values are bind parameters. set must not name the key or version column.
 func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set map[string]any) (int64, error) {
 	names := make([]string, 0, len(set))
 	for c := range set {
@@ -153,16 +166,44 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 	if err == nil {
 		return next, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	if !errors.Is(err, pgx.ErrNoRows) && !(serializationFailure(err) && ownTransaction(db)) {
 		return 0, t.wrap(ctx, key, err)
 	}
-	// No row matched: tell a stale version from a missing row.
+	// No row matched, or (REPEATABLE READ or SERIALIZABLE) the row changed
+	// while the update waited for it: tell a stale version from a missing
+	// row.
 	var actual int64
 	err = db.QueryRow(ctx, "SELECT "+t.version+" FROM "+t.table+" WHERE "+t.key+" = $1", key).Scan(&actual)
 	if err != nil {
 		return 0, t.wrap(ctx, key, err)
 	}
 	return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: actual}
+}
+
+// serializationFailure reports whether err is PostgreSQL's serialization
+// failure (SQLSTATE 40001): at REPEATABLE READ or SERIALIZABLE, an update of
+// a row another transaction changed after the statement's snapshot.
+func serializationFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
+}
+
+// ownTransaction reports whether the statement that just failed on db ran
+// as its own transaction, outside any the caller opened: db is a pool (each
+// statement on its own), or a connection now idle outside a transaction.
+// A connection whose transaction the failure aborted, a pgx.Tx, or a DB it
+// cannot look into is not.
+func ownTransaction(db DB) bool {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		return true
+	case interface{ PgConn() *pgconn.PgConn }: // *pgx.Conn
+		return d.PgConn().TxStatus() == 'I'
+	case interface{ Conn() *pgx.Conn }: // *pgxpool.Conn, pgx.Tx
+		c := d.Conn()
+		return c != nil && c.PgConn().TxStatus() == 'I'
+	}
+	return false
 }
 
 func (t *Table) wrap(ctx context.Context, key any, err error) error {

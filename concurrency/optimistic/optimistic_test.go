@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/concurrency/optimistic"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/internal/sqlident"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
@@ -173,4 +177,127 @@ func ExampleRetrier() {
 	})
 	fmt.Println(err, r.Conflicts())
 	// Output: <nil> 1
+}
+
+// repeatableReadDSN is the test database's DSN with every transaction
+// REPEATABLE READ, a statement run outside a transaction included.
+func repeatableReadDSN(t *testing.T) string {
+	dsn := integration.PostgresDSN(t)
+	switch {
+	case !strings.Contains(dsn, "://"):
+		return dsn + " default_transaction_isolation='repeatable read'"
+	case strings.Contains(dsn, "?"):
+		return dsn + "&default_transaction_isolation=repeatable%20read"
+	default:
+		return dsn + "?default_transaction_isolation=repeatable%20read"
+	}
+}
+
+// blockUntilWaiting holds the row with id 1 in an uncommitted update
+// (amount 5, version 2) and returns after run, started meanwhile, waits
+// for it; then commits the update.
+func blockUntilWaiting(t *testing.T, pool *pgxpool.Pool, run func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `UPDATE orders SET amount = 5, version = version + 1 WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	pid := tx.Conn().PgConn().PID()
+	go run()
+	for waiting := 0; waiting == 0; {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSerializationFailureOutsideTxIsConflict: at REPEATABLE READ (or
+// SERIALIZABLE) as the database's default isolation, an Update that waited
+// for a concurrent update of its row fails with a serialization failure
+// (SQLSTATE 40001), not zero rows. Outside a transaction that is the lost
+// race and nothing else: the statement was its own transaction, so the
+// Retrier may reload and re-apply. It came back as a plain database error,
+// which Retrier.Do returned at once. Inside a transaction the failure
+// aborts the transaction, and it stays an error to re-run the whole
+// transaction with, not a conflict to retry in it.
+func TestSerializationFailureOutsideTxIsConflict(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := pgtest.Schema(t, 4)
+	pgtest.Exec(t, pool, `CREATE TABLE orders (id bigint PRIMARY KEY, amount bigint NOT NULL, version bigint NOT NULL DEFAULT 1)`)
+	tbl, err := optimistic.New(optimistic.Options{Table: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := pgtest.Connect(t, repeatableReadDSN(t), schema, false, 2)
+	conn, err := rr.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, c := range []struct {
+		name string
+		db   optimistic.DB
+	}{{"pool", rr}, {"conn", conn}} {
+		t.Run(c.name, func(t *testing.T) {
+			pgtest.Exec(t, pool, `DELETE FROM orders`, `INSERT INTO orders (id, amount) VALUES (1, 0)`)
+			// The Update alone: a conflict with the row's new version.
+			done := make(chan error, 1)
+			blockUntilWaiting(t, pool, func() {
+				_, err := tbl.Update(ctx, c.db, 1, 1, map[string]any{"amount": 7})
+				done <- err
+			})
+			err := <-done
+			var ce *optimistic.ConflictError
+			if !errors.As(err, &ce) || ce.Expected != 1 || ce.Actual != 2 {
+				t.Fatalf("Update that lost the race at REPEATABLE READ: %v; want a conflict expected 1 actual 2", err)
+			}
+			// Retrier.Do reloads and re-applies: both changes land.
+			pgtest.Exec(t, pool, `DELETE FROM orders`, `INSERT INTO orders (id, amount) VALUES (1, 0)`)
+			var r optimistic.Retrier
+			blockUntilWaiting(t, pool, func() {
+				done <- r.Do(ctx, func(ctx context.Context) error {
+					var amount int64
+					v, err := tbl.Get(ctx, c.db, 1, []string{"amount"}, &amount)
+					if err != nil {
+						return err
+					}
+					_, err = tbl.Update(ctx, c.db, 1, v, map[string]any{"amount": amount + 10})
+					return err
+				})
+			})
+			if err := <-done; err != nil || r.Conflicts() != 1 {
+				t.Fatalf("Do: %v after %d conflicts; want nil after 1", err, r.Conflicts())
+			}
+			var amount int64
+			if v, err := tbl.Get(ctx, pool, 1, []string{"amount"}, &amount); err != nil || v != 3 || amount != 15 {
+				t.Fatalf("row: version %d amount %d (%v); want 3 and 15", v, amount, err)
+			}
+		})
+	}
+	// In a transaction: the serialization failure as is, not a conflict.
+	pgtest.Exec(t, pool, `DELETE FROM orders`, `INSERT INTO orders (id, amount) VALUES (1, 0)`)
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var amount int64
+	v, err := tbl.Get(ctx, tx, 1, []string{"amount"}, &amount) // the snapshot
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, pool, `UPDATE orders SET version = version + 1 WHERE id = 1`)
+	_, err = tbl.Update(ctx, tx, 1, v, map[string]any{"amount": 1})
+	var pgErr *pgconn.PgError
+	if errors.Is(err, optimistic.ErrVersionConflict) || !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		t.Fatalf("Update in a REPEATABLE READ transaction after a concurrent update: %v; want the serialization failure, not a conflict", err)
+	}
 }

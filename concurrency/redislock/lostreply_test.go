@@ -314,3 +314,46 @@ func TestObtainLostReplyWithoutRetryLeavesNoLock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A handler that releases its lock early gives up the lock's protection for
+// the rest of its work: Run then reports ErrLockLost (its own release is a
+// second one). When the early release's reply was lost, with no retry, the
+// handler got a network error although Redis had released the lock; Run's
+// own release then found the release marker and answered as if it had
+// released the lock itself, and Run returned nil: work partly done without
+// the lock reported protected. It reports ErrLockLost either way.
+func TestRunEarlyReleaseWithLostReplyIsNotProtected(t *testing.T) {
+	rdb, prefix, c, proxy := lossyClient(t, -1, true)
+	ctx := context.Background()
+
+	// Without a lost reply.
+	err := c.Run(ctx, "order:18", func(ctx context.Context, l *redislock.Lock) error {
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("early Release = %v", err)
+		}
+		return nil
+	})
+	if !errors.Is(err, redislock.ErrLockLost) {
+		t.Fatalf("Run after an early release = %v, want ErrLockLost", err)
+	}
+
+	// With the early release's reply lost.
+	var relErr error
+	err = c.Run(ctx, "order:19", func(ctx context.Context, l *redislock.Lock) error {
+		proxy.dropNextReply.Store(true) // the next reply is the early release's
+		relErr = l.Release(ctx)
+		if n, err := rdb.Exists(ctx, prefix+"{order:19}").Result(); err != nil || n != 0 {
+			t.Errorf("lock still there after the early release ran (%d, %v)", n, err)
+		}
+		return nil // the rest of the work runs without the lock
+	})
+	if proxy.dropNextReply.Load() {
+		t.Fatal("no reply was dropped")
+	}
+	if relErr == nil || errors.Is(relErr, redislock.ErrLockLost) {
+		t.Fatalf("early Release with its reply lost = %v, want a network error", relErr)
+	}
+	if !errors.Is(err, redislock.ErrLockLost) {
+		t.Fatalf("Run after an early release whose reply was lost = %v, want ErrLockLost as without the loss", err)
+	}
+}

@@ -32,7 +32,8 @@
 // Keys: the lock is "<prefix>{<resource>}", its fencing counter
 // "<prefix>{<resource>}:fence" and, for the lock's TTL after a release, a
 // release marker "<prefix>{<resource>}:released:<owner token>" (one hash
-// slot, for Redis Cluster). A resource starting with "}", which would make
+// slot, for Redis Cluster, and resources spread over the slots: [New]
+// refuses a prefix with braces, whose tag would come first). A resource starting with "}", which would make
 // the hash tag empty, is written in hex: "<prefix>{<hex>}~" and so on
 // (earlier versions used the plain form, which Redis Cluster refused with
 // CROSSSLOT; on a single Redis such a name's counter starts again at 1 under
@@ -70,6 +71,9 @@ var (
 	ErrLockLost = errors.New("redislock: lock lost")
 	// ErrInvalidResource reports an empty resource name.
 	ErrInvalidResource = errors.New("redislock: invalid resource name")
+	// ErrInvalidOptions reports [Options] (or a Redis client) that [New]
+	// refuses.
+	ErrInvalidOptions = errors.New("redislock: invalid options")
 )
 
 // BusyError describes a lock that was not obtained. It wraps [ErrBusy].
@@ -90,7 +94,12 @@ func (e *BusyError) Unwrap() error { return ErrBusy }
 
 // Options configure a [Client]. The zero value is a sensible default.
 type Options struct {
-	// Prefix starts every key. Default "berth:lock:".
+	// Prefix starts every key. Default "berth:lock:". It may not contain
+	// "{" or "}": the hash tag of each key is the resource's, which puts
+	// a lock's keys in one Redis Cluster slot and spreads the resources
+	// over the slots. A tag in the prefix would come first and win: every
+	// lock in one slot (one node), or, empty ("{}"), each key hashed
+	// whole and every script refused with CROSSSLOT.
 	Prefix string
 	// TTL is the lock's lifetime in Redis without extension. Default 30s;
 	// at least 10ms.
@@ -115,28 +124,32 @@ type Client struct {
 }
 
 // New validates opts and returns a Client using rdb (a *redis.Client,
-// *redis.ClusterClient or *redis.Ring).
+// *redis.ClusterClient or *redis.Ring). Options it refuses give an error
+// wrapping [ErrInvalidOptions].
 func New(rdb redis.Scripter, opts Options) (*Client, error) {
 	if rdb == nil {
-		return nil, errors.New("redislock: nil Redis client")
+		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = "berth:lock:"
 	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("%w: Prefix %q has a brace: the hash tag is the resource's (see Options.Prefix)", ErrInvalidOptions, opts.Prefix)
+	}
 	if opts.TTL < 0 || opts.ExtendEvery < 0 || opts.BusyDelay < 0 {
-		return nil, errors.New("redislock: negative TTL, ExtendEvery or BusyDelay")
+		return nil, fmt.Errorf("%w: negative TTL, ExtendEvery or BusyDelay", ErrInvalidOptions)
 	}
 	if opts.TTL == 0 {
 		opts.TTL = 30 * time.Second
 	}
 	if opts.TTL < 10*time.Millisecond {
-		return nil, fmt.Errorf("redislock: TTL %s under 10ms", opts.TTL)
+		return nil, fmt.Errorf("%w: TTL %s under 10ms", ErrInvalidOptions, opts.TTL)
 	}
 	if opts.ExtendEvery == 0 {
 		opts.ExtendEvery = opts.TTL / 3
 	}
 	if opts.ExtendEvery >= opts.TTL {
-		return nil, fmt.Errorf("redislock: ExtendEvery %s not below TTL %s", opts.ExtendEvery, opts.TTL)
+		return nil, fmt.Errorf("%w: ExtendEvery %s not below TTL %s", ErrInvalidOptions, opts.ExtendEvery, opts.TTL)
 	}
 	if opts.BusyDelay == 0 {
 		opts.BusyDelay = time.Second
@@ -166,21 +179,28 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 // releaseScript deletes the lock only when the caller still owns it, and
 // leaves a marker (KEYS[2], named after the owner token, for the lock's TTL)
-// that it did.
+// that it did, holding the number of the Release call (ARGV[3]).
 //
 // The marker answers a run of the script that finds the lock already gone
 // because this very release deleted it: the client retried the script after
 // losing its reply (go-redis retries a command whose connection dropped).
 // Without it that run reported the lock lost, although it was held until
 // released; [Client.Run] then failed work done entirely under the lock.
+// It returns 1 when this call released the lock, 2 when an earlier call
+// of the same Lock did (one whose caller got a network error), 0 when the
+// lock was not the caller's.
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
   return 1
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+local by = redis.call('GET', KEYS[2])
+if by == ARGV[3] then
   return 1
+end
+if by then
+  return 2
 end
 return 0
 `)
@@ -206,6 +226,8 @@ type Lock struct {
 	// Release reports ErrLockLost (the release marker would answer it as
 	// the first).
 	released atomic.Bool
+	// releases numbers the Release calls, for the release marker.
+	releases atomic.Int64
 }
 
 // Resource returns the locked resource's name.
@@ -278,18 +300,30 @@ func (l *Lock) Extend(ctx context.Context) error {
 // when the first call did delete the lock, the second reports success, as
 // the first would have.
 func (l *Lock) Release(ctx context.Context) error {
+	_, err := l.release(ctx)
+	return err
+}
+
+// release is Release; earlier reports that the lock had been released by an
+// earlier call, whose caller got a network error, rather than by this one.
+func (l *Lock) release(ctx context.Context) (earlier bool, err error) {
 	if !l.released.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: %q (token %d) already released", ErrLockLost, l.resource, l.token)
+		return false, l.alreadyReleased()
 	}
-	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key, l.key + ":released:" + l.owner}, l.owner, l.ttl.Milliseconds()).Int64()
+	call := l.releases.Add(1)
+	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key, l.key + ":released:" + l.owner}, l.owner, l.ttl.Milliseconds(), call).Int64()
 	if err != nil {
 		l.released.Store(false) // unknown outcome: the caller may try again
-		return l.c.wrap(ctx, "release", l.resource, err)
+		return false, l.c.wrap(ctx, "release", l.resource, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: %q (token %d) had expired at release", ErrLockLost, l.resource, l.token)
+		return false, fmt.Errorf("%w: %q (token %d) had expired at release", ErrLockLost, l.resource, l.token)
 	}
-	return nil
+	return n == 2, nil
+}
+
+func (l *Lock) alreadyReleased() error {
+	return fmt.Errorf("%w: %q (token %d) already released", ErrLockLost, l.resource, l.token)
 }
 
 // Run takes the lock on resource, runs fn while a watchdog extends the lock
@@ -310,7 +344,9 @@ func (l *Lock) Release(ctx context.Context) error {
 // A release that fails otherwise (Redis unreachable) does not fail Run when
 // fn returned before the lock's last confirmed expiry: the work was
 // protected, and the lock expires by itself; when fn returned later, Run
-// returns the release's error.
+// returns the release's error. A fn that releases the lock itself gives up
+// its protection for the rest of its work: Run then returns ErrLockLost,
+// also when fn's Release got a network error after Redis had released it.
 // A busy resource gives the sdk.RetryAfter error of [Client.Obtain] without
 // calling fn.
 func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.Context, l *Lock) error) (err error) {
@@ -345,7 +381,13 @@ func (c *Client) Run(ctx context.Context, resource string, fn func(ctx context.C
 		// Release even when ctx is done.
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
 		defer relCancel()
-		relErr := l.Release(relCtx)
+		earlier, relErr := l.release(relCtx)
+		if earlier {
+			// fn released the lock (its call got a network error, but
+			// Redis ran it): what fn did after that was unprotected, as
+			// when its release is answered and this one comes second.
+			relErr = l.alreadyReleased()
+		}
 		switch {
 		case relErr == nil || lost != nil:
 		case returned && !errors.Is(relErr, ErrLockLost) && fnReturned.Before(validUntil):
@@ -481,7 +523,7 @@ const abandonTimeout = time.Second
 func (c *Client) abandon(ctx context.Context, key, owner string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
-	_ = releaseScript.Run(rctx, c.rdb, []string{key, key + ":released:" + owner}, owner, c.ttl.Milliseconds()).Err()
+	_ = releaseScript.Run(rctx, c.rdb, []string{key, key + ":released:" + owner}, owner, c.ttl.Milliseconds(), 1).Err()
 }
 
 func newOwner() (string, error) {

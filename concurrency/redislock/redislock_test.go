@@ -37,12 +37,29 @@ func TestNewValidates(t *testing.T) {
 		{TTL: time.Second, ExtendEvery: time.Second},
 		{BusyDelay: -1},
 	} {
-		if _, err := redislock.New(rdb, o); err == nil {
-			t.Errorf("New(%+v) accepted", o)
+		if _, err := redislock.New(rdb, o); !errors.Is(err, redislock.ErrInvalidOptions) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidOptions", o, err)
 		}
 	}
-	if _, err := redislock.New(nil, redislock.Options{}); err == nil {
-		t.Error("nil client accepted")
+	if _, err := redislock.New(nil, redislock.Options{}); !errors.Is(err, redislock.ErrInvalidOptions) {
+		t.Errorf("New(nil client) = %v, want ErrInvalidOptions", err)
+	}
+}
+
+// A hash tag in Prefix comes before the resource's, and Redis Cluster
+// hashes a key by its first tag: "app:{tenant}:" put every lock in one slot
+// (one node), and "app:{}:" (an empty tag: each key hashed whole) put a
+// lock and its fencing counter in different slots, every Obtain refused
+// with CROSSSLOT. New refuses a brace in Prefix.
+func TestNewRefusesHashTagInPrefix(t *testing.T) {
+	rdb, _ := testenv.Redis(t)
+	for _, p := range []string{"app:{tenant}:", "app:{}:", "{", "app:}"} {
+		if _, err := redislock.New(rdb, redislock.Options{Prefix: p}); !errors.Is(err, redislock.ErrInvalidOptions) || !strings.Contains(err.Error(), p) {
+			t.Errorf("New(Prefix %q) = %v, want ErrInvalidOptions naming it", p, err)
+		}
+	}
+	if _, err := redislock.New(rdb, redislock.Options{Prefix: "app:tenant:"}); err != nil {
+		t.Errorf("New(Prefix without braces) = %v", err)
 	}
 }
 

@@ -15,12 +15,29 @@ import (
 // joiners, the byte-order mark, soft hyphens, tag characters, Hangul
 // fillers, variation selectors: text that looks like other text, or hides
 // text), line and paragraph separators, and invalid UTF-8 are written as Go-style escapes
-// (\x1b, \u202e, \u200b, \xff). With block, newlines and tabs are kept.
-// HTML needs its own escaping on top (html/template does it).
+// (\x1b, \u202e, \u200b, \xff), and a backslash is written \\, so that
+// every escape is unambiguous: an ID spelt with the six characters \u200b
+// shows as \\u200b, one with a zero-width space as \u200b. With block,
+// newlines and tabs are kept. HTML needs its own escaping on top
+// (html/template does it).
 func EscapeText(s string, block bool) string {
+	return escapeText(s, block, false)
+}
+
+// EscapeJSONText is EscapeText with block for a valid JSON document (as
+// [encoding/json.Valid] accepts it), shown as JSON: backslashes are left as
+// they are, since in JSON a backslash always starts an escape, and every
+// escape EscapeText writes either means in JSON what it means here (\u202e,
+// \n) or is not JSON at all (\x1b, \U000e0041, \xff), so nothing reads
+// as anything it is not.
+func EscapeJSONText(s string) string {
+	return escapeText(s, true, true)
+}
+
+func escapeText(s string, block, jsonDoc bool) string {
 	clean := true
 	for _, r := range s {
-		if r == utf8.RuneError || unsafeRune(r) {
+		if r == utf8.RuneError || unsafeRune(r) || (r == '\\' && !jsonDoc) {
 			clean = false
 			break
 		}
@@ -42,6 +59,8 @@ func EscapeText(s string, block bool) string {
 			b.WriteString(`\t`)
 		case r == '\r':
 			b.WriteString(`\r`)
+		case r == '\\' && !jsonDoc:
+			b.WriteString(`\\`)
 		case unsafeRune(r):
 			q := strconv.QuoteRuneToASCII(r) // '\x1b', '\u202e'
 			b.WriteString(q[1 : len(q)-1])

@@ -31,8 +31,9 @@ import (
 //
 // The table keeps no attempt history, start time or handler duration: Job
 // returns no History, and StartedAt and Duration are zero. Released is never
-// reported (a released job reads as enqueued or retrying). The cursor of
-// List is the row's id, so pages stay consistent as with [Store].
+// reported (a released job reads as enqueued or retrying). List orders by
+// the row's id (the order rows were inserted, which no update changes), so
+// that paging neither skips nor repeats a job, as with [Store].
 type Jobs struct {
 	db    DB
 	table string
@@ -122,7 +123,8 @@ func (s *Jobs) one(ctx context.Context, q, what, arg string) (*ledger.Job, error
 	return &j, nil
 }
 
-// List returns a page of the jobs f selects, newest update first.
+// List returns a page of the jobs f selects, newest first (by the row's
+// id: see [ledger.Reader]).
 func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	f, err := f.Check()
 	if err != nil {
@@ -130,7 +132,7 @@ func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	}
 	where := []string{`($1 = '' OR queue = $1)`, `($2 = '' OR job_type = $2)`,
 		`($3::timestamptz IS NULL OR updated_at >= $3)`, `($4::timestamptz IS NULL OR updated_at < $4)`,
-		`($5::timestamptz IS NULL OR (updated_at, id) < ($5, $6))`}
+		`($5::bigint IS NULL OR id < $5)`}
 	if len(f.Statuses) > 0 {
 		var or []string
 		for _, st := range f.Statuses {
@@ -138,19 +140,18 @@ func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 		}
 		where = append(where, "("+strings.Join(or, " OR ")+")")
 	}
-	var afterT *time.Time
-	var afterID int64
+	var afterID *int64
 	if f.After != "" {
-		t, id, _ := ledger.DecodeCursor(f.After)
+		_, id, _ := ledger.DecodeCursor(f.After)
 		n, err := strconv.ParseInt(id, 10, 64)
 		if err != nil {
 			return ledger.Page{}, fmt.Errorf("%w: cursor of another reader", ledger.ErrInvalidFilter)
 		}
-		afterT, afterID = &t, n
+		afterID = &n
 	}
 	rows, err := s.db.Query(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE `+strings.Join(where, " AND ")+`
-ORDER BY updated_at DESC, id DESC LIMIT $7`,
-		storableText(f.Queue), storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterT, afterID, f.Limit+1)
+ORDER BY id DESC LIMIT $6`,
+		storableText(f.Queue), storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterID, f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
@@ -170,7 +171,7 @@ ORDER BY updated_at DESC, id DESC LIMIT $7`,
 	p := ledger.Page{Jobs: jobs}
 	if len(jobs) > f.Limit {
 		p.Jobs = jobs[:f.Limit]
-		p.Next = ledger.Cursor(jobs[f.Limit-1].UpdatedAt, strconv.FormatInt(ids[f.Limit-1], 10))
+		p.Next = ledger.Cursor(jobs[f.Limit-1].FirstSeenAt, strconv.FormatInt(ids[f.Limit-1], 10))
 	}
 	return p, nil
 }

@@ -106,3 +106,61 @@ func TestPurgeDeletesFinishedJobsInBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestPurgeStaleDeletesUnfinishedJobs: jobs that never finished and were
+// last updated before the cutoff go (their message left the broker without
+// berth seeing it end), in bounded batches; recent ones, those with a next
+// attempt due after the cutoff, and finished ones (Purge's) stay.
+func TestPurgeStaleDeletesUnfinishedJobs(t *testing.T) {
+	_, s, ctx := setup(t)
+	now := time.Now()
+	old := now.Add(-48 * time.Hour)
+	ev := func(id string, st ledger.Status, attempt int, at time.Time) ledger.Event {
+		return ledger.Event{MessageID: id, Queue: "q", Status: st, Attempt: attempt, At: at}
+	}
+	retry := func(id string, next time.Time) ledger.Event {
+		e := ev(id, ledger.StatusRetrying, 1, old)
+		e.NextAttemptAt, e.Error, e.Class = next, "e", sdk.ClassTransient
+		return e
+	}
+	batch := []ledger.Event{
+		ev("old-enqueued", ledger.StatusEnqueued, 0, old),
+		ev("old-running", ledger.StatusRunning, 1, old),
+		ev("old-released", ledger.StatusReleased, 1, old),
+		retry("old-retrying-due", old.Add(time.Hour)),
+		retry("old-retrying-later", now.Add(time.Hour)), // a long backoff: still alive
+		ev("old-dead", ledger.StatusDead, 1, old.Add(-time.Hour)),
+		ev("old-succeeded", ledger.StatusSucceeded, 1, old),
+		ev("new-running", ledger.StatusRunning, 1, now),
+	}
+	for i := range 5 {
+		batch = append(batch, ev("old-lost-"+strconv.Itoa(i), ledger.StatusEnqueued, 0, old))
+	}
+	if err := s.Write(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	// A dead job redriven long ago whose message never came back.
+	if err := s.Write(ctx, []ledger.Event{{MessageID: "old-dead", Queue: "q", Status: ledger.StatusRedriven, At: old}}); err != nil {
+		t.Fatal(err)
+	}
+	if j, err := s.Job(ctx, "old-dead"); err != nil || j.Status != ledger.StatusRedriven {
+		t.Fatalf("redriven job: %+v, %v", j, err)
+	}
+	n, err := s.PurgeStale(ctx, now.Add(-24*time.Hour), 2)
+	if err != nil || n != 10 {
+		t.Fatalf("PurgeStale = %d, %v; want 10", n, err)
+	}
+	for _, id := range []string{"old-enqueued", "old-running", "old-released", "old-retrying-due", "old-dead", "old-lost-4"} {
+		if _, err := s.Job(ctx, id); !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("Job(%s) after PurgeStale = %v, want ErrNotFound", id, err)
+		}
+	}
+	for _, id := range []string{"old-retrying-later", "old-succeeded", "new-running"} {
+		if _, err := s.Job(ctx, id); err != nil {
+			t.Errorf("Job(%s) after PurgeStale = %v, want kept", id, err)
+		}
+	}
+	if n, err := s.PurgeStale(ctx, now.Add(-24*time.Hour), 0); err != nil || n != 0 {
+		t.Errorf("second PurgeStale = %d, %v; want 0", n, err)
+	}
+}

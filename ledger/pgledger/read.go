@@ -122,8 +122,8 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 	return &j, nil
 }
 
-// List returns a page of the jobs f selects, newest update first (see
-// [ledger.Reader]).
+// List returns a page of the jobs f selects, newest first: by first seen,
+// then by message ID (see [ledger.Reader]).
 func (s *Store) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	f, err := f.Check()
 	if err != nil {
@@ -142,8 +142,8 @@ func (s *Store) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) 
 	rows, err := s.db.Query(ctx, `SELECT `+jobCols+` FROM `+s.jobs+`
 WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND ($3 = '' OR job_type = $3)
 	AND ($4::timestamptz IS NULL OR updated_at >= $4) AND ($5::timestamptz IS NULL OR updated_at < $5)
-	AND ($6::timestamptz IS NULL OR (updated_at, message_id) < ($6, $7))
-ORDER BY updated_at DESC, message_id DESC LIMIT $8`,
+	AND ($6::timestamptz IS NULL OR (first_seen_at, message_id) < ($6, $7))
+ORDER BY first_seen_at DESC, message_id DESC LIMIT $8`,
 		storableText(f.Queue), statuses, storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterT, storableText(afterID), f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
@@ -152,7 +152,7 @@ ORDER BY updated_at DESC, message_id DESC LIMIT $8`,
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
-	return page(jobs, f.Limit, func(j ledger.Job) string { return ledger.Cursor(j.UpdatedAt, j.MessageID) }), nil
+	return page(jobs, f.Limit, func(j ledger.Job) string { return ledger.Cursor(j.FirstSeenAt, j.MessageID) }), nil
 }
 
 // page cuts jobs (fetched with limit+1) to limit and sets the cursor.

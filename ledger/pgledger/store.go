@@ -4,7 +4,8 @@
 // already is a ledger, through the same [ledger.Reader] API.
 //
 // Create the tables with [Store.Migrate], or apply [SQL] with your migration
-// tool. Keep them bounded with [Store.Purge].
+// tool. Keep them bounded with [Store.Purge] and [Store.PurgeStale] (or
+// ledger.RunJanitor, which runs both).
 package pgledger
 
 import (
@@ -91,8 +92,9 @@ type Store struct {
 }
 
 var (
-	_ ledger.Store  = (*Store)(nil)
-	_ ledger.Reader = (*Store)(nil)
+	_ ledger.Store       = (*Store)(nil)
+	_ ledger.Reader      = (*Store)(nil)
+	_ ledger.StalePurger = (*Store)(nil)
 )
 
 // attemptJSON builds, from row r of the table (or EXCLUDED, an event),
@@ -220,6 +222,7 @@ CREATE TABLE IF NOT EXISTS ` + jobs + ` (
 CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_key_idx") + ` ON ` + jobs + ` (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_queue_status_idx") + ` ON ` + jobs + ` (queue, status, updated_at, message_id);
 CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_updated_idx") + ` ON ` + jobs + ` (updated_at, message_id);
+CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_first_seen_idx") + ` ON ` + jobs + ` (first_seen_at, message_id); -- List's order
 `, nil
 }
 
@@ -556,12 +559,29 @@ const DefaultPurgeBatch = 1000
 // comes back short or ctx is done. Each batch is its own short statement. It
 // returns how many jobs it deleted.
 func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, error) {
+	return s.purge(ctx, "purge", `status IN ('succeeded', 'dead') AND updated_at < $1`, before, batch)
+}
+
+// PurgeStale deletes the jobs that never finished (any status but
+// succeeded and dead) whose last update was before before and whose next
+// attempt, if they have one, was due before it too, batch rows at a time
+// (default 1000), as [Store.Purge] does. These are the rows of jobs whose
+// message left the broker without berth seeing it end (a queue purge, a
+// broker's TTL or length limit): no event ever finishes them. A job still
+// alive after all starts a new row at its next event. It returns how many
+// jobs it deleted.
+func (s *Store) PurgeStale(ctx context.Context, before time.Time, batch int) (int, error) {
+	return s.purge(ctx, "purge stale", `status NOT IN ('succeeded', 'dead') AND updated_at < $1
+			AND (next_attempt_at IS NULL OR next_attempt_at < $1)`, before, batch)
+}
+
+func (s *Store) purge(ctx context.Context, what, where string, before time.Time, batch int) (int, error) {
 	if batch <= 0 {
 		batch = DefaultPurgeBatch
 	}
 	q := `WITH d AS (
 	DELETE FROM ` + s.jobs + ` WHERE message_id IN (
-		SELECT message_id FROM ` + s.jobs + ` WHERE status IN ('succeeded', 'dead') AND updated_at < $1
+		SELECT message_id FROM ` + s.jobs + ` WHERE ` + where + `
 		ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
 	RETURNING 1)
 SELECT count(*) FROM d`
@@ -569,7 +589,7 @@ SELECT count(*) FROM d`
 	for {
 		var n int
 		if err := s.db.QueryRow(ctx, q, before, batch).Scan(&n); err != nil {
-			return total, fmt.Errorf("pgledger: purge: %w", err)
+			return total, fmt.Errorf("pgledger: %s: %w", what, err)
 		}
 		total += n
 		if n < batch {

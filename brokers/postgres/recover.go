@@ -1,0 +1,127 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// recoverMaxWait is the longest recoverClaim waits between two looks.
+const recoverMaxWait = 500 * time.Millisecond
+
+// recoverClaim is called when the claim statement, sent on conn, failed
+// with err. When the connection was lost after the statement was sent (conn
+// is closed, by a network failure or by the claim's time limit, and err is
+// not an error the server reported, which rolled the claim back, nor one
+// from before anything was sent), the server may have committed the claim
+// while its reply was lost: the rows would stay leased to nobody for a
+// whole lease, an attempt spent. recoverClaim then hands them back in
+// the background, on another connection: the claim wrote token into
+// lease_token, so its rows are found without their ids, released as
+// handBack does (ready at once, attempt_count restored), and the queue
+// notified.
+//
+// The claim may still be running on the server when its connection is
+// found broken (a commit waiting for its WAL flush, say): the hand-back
+// runs once pid, the claim's server process, has finished it (it is gone
+// or idle), so that a claim committed after the first look is not missed.
+// The whole recovery is bounded by the claim limit and the lease (the rows
+// come back after their lease anyway) and stops at Close; rows it cannot
+// hand back are logged, and come back after their lease.
+func (b *Broker) recoverClaim(conn *pgxpool.Conn, queue, token string, pid uint32, err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || !conn.Conn().PgConn().IsClosed() {
+		return // rolled back by the server, never sent, or answered
+	}
+	bound := min(b.claimTimeout, b.opts.Lease)
+	if !b.goOwnedIfOpen(func() { b.recoverLoop(queue, token, pid, err, bound) }) {
+		b.opts.Logger.Warn("berth/postgres: a claim's reply was lost at Close; the jobs it may have taken come back after their lease",
+			"queue", queue, "err", err)
+	}
+}
+
+// recoverLoop looks for the rows of the claim made with token until they
+// are handed back, the claim is known to have taken none, or bound runs out.
+func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound time.Duration) {
+	ctx, cancel := context.WithTimeout(b.life, bound)
+	defer cancel()
+	wait := minWait
+	for {
+		n, finished, err := b.handBackToken(ctx, queue, token, pid)
+		switch {
+		case err == nil && n > 0:
+			b.opts.Logger.Warn("berth/postgres: a claim's reply was lost; the jobs it took are handed back (no attempt counted)",
+				"queue", queue, "jobs", n, "err", cause)
+			return
+		case err == nil && finished:
+			b.opts.Logger.Debug("berth/postgres: a claim's reply was lost; it took no job",
+				"queue", queue, "err", cause)
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if err == nil {
+				err = errors.New("the claim's server process is still busy")
+			}
+			b.opts.Logger.Warn("berth/postgres: a claim's reply was lost and the jobs it may have taken could not be handed back; they come back after their lease",
+				"queue", queue, "err", cause, "hand_back_err", err)
+			return
+		case <-t.C:
+		}
+		wait = min(wait*2, recoverMaxWait)
+	}
+}
+
+// handBackToken runs one look of recoverLoop: first whether the claim's
+// server process pid has finished its statement (no such process, or one
+// idle), then, in a later statement and so on a later snapshot, the
+// hand-back of the rows still leased with token. n counts the rows handed
+// back; finished means none is left to find. A pid of a pooler, not of a
+// server process, is not found: one look then decides.
+func (b *Broker) handBackToken(ctx context.Context, queue, token string, pid uint32) (n int64, finished bool, err error) {
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer conn.Release()
+	if err := conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE pid = $1 AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle')`, int64(pid)).Scan(&finished); err != nil {
+		return 0, false, err
+	}
+	// available_at bounds the scan of the claim index to leases still
+	// running: the claim's rows are due at its now() + Lease.
+	tag, err := conn.Exec(ctx, `UPDATE `+b.table+` AS j SET
+		status = `+releasedStatus+`,
+		attempt_count = greatest(attempt_count - 1, 0),
+		available_at = now(), visibility_until = NULL, updated_at = now()
+		WHERE queue = $1 AND status = 'processing'
+		AND available_at > now() AND available_at <= now() + $3 * interval '1 microsecond'
+		AND lease_token = $2::uuid`, queue, token, b.opts.Lease.Microseconds())
+	if err != nil {
+		return 0, false, err
+	}
+	if n = tag.RowsAffected(); n > 0 {
+		if _, err := conn.Exec(ctx, `SELECT pg_notify($1, $2)`, b.channel, queue); err != nil {
+			// Handed back: a polling Receive finds them.
+			b.opts.Logger.Debug("berth/postgres: notify after a hand-back failed", "queue", queue, "err", err)
+		}
+	}
+	return n, finished, nil
+}
+
+// goOwnedIfOpen runs f as goOwned does unless the broker is closed, and
+// reports whether it did.
+func (b *Broker) goOwnedIfOpen(f func()) bool {
+	b.ownMu.Lock()
+	defer b.ownMu.Unlock()
+	if b.isClosed() {
+		return false
+	}
+	b.goOwned(f)
+	return true
+}
