@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -386,18 +385,7 @@ func TestKilledBeforeAckBatchCommits(t *testing.T) {
 // leased for the whole lease, their attempt counted: what rolling SIGTERMs
 // showed as charges committed at attempt 2 (RELIABILITY.md).
 func TestClaimCutKeepsJobs(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := integration.StartProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, err := net.SplitHostPort(proxy.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.Fallbacks = nil
+	cfg, proxy := proxiedConfig(t)
 	// One connection, on which the claim statement gets prepared before the
 	// replies are held, and no liveness ping on acquire: either would wait
 	// for a held reply, and the claim would never be sent.
