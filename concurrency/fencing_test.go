@@ -76,6 +76,12 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// kill(2) returns before the child is stopped: the kernel wakes one of
+	// its threads to start the group stop, and until that thread has run,
+	// another (the one reading stdin) can take the "go" below and write.
+	// Under load it did: the paused holder's write went in before the new
+	// holder's. Wait for the stop itself, as a shell's job control does.
+	waitStopped(t, cmd.Process.Pid)
 	// Queue the child's "go" while it is stopped: it reads it on resume.
 	if _, err := io.WriteString(stdin, "GO\n"); err != nil {
 		t.Fatal(err)
@@ -119,6 +125,26 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 	}
 	if balance != 222 || token != l.Token() {
 		t.Errorf("row = balance %d token %d, want the new holder's 222 and %d", balance, token, l.Token())
+	}
+}
+
+// waitStopped returns once the child pid has stopped (its group stop is
+// complete: every thread is stopped), without reaping it.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	for {
+		var ws syscall.WaitStatus
+		wpid, err := syscall.Wait4(pid, &ws, syscall.WUNTRACED, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("waiting for the child to stop: %v", err)
+		}
+		if wpid != pid || !ws.Stopped() {
+			t.Fatalf("waiting for the child to stop: pid %d status %v", wpid, ws)
+		}
+		return
 	}
 }
 

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func (d *Dashboard) apiFail(w http.ResponseWriter, r *http.Request, err error) {
+	err = d.timedOut(r, err)
 	status := statusOf(err)
 	d.logFailure(r, status, err)
 	writeJSON(w, status, map[string]string{"error": err.Error()})
@@ -210,8 +212,11 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 		f.IDs = req.IDs
 	}
 	out := apiChangeResult{Action: action, Queue: queue, DryRun: req.DryRun, Failed: []apiFailure{}}
-	if req.DryRun {
-		s, _, missing, err := dlq.Preview(r.Context(), d.deadLetters(), queue, f, dlq.Options{Limit: req.Limit}, 0)
+	if req.DryRun { // a read: Options.Timeout bounds it
+		ctx, cancel := context.WithTimeout(r.Context(), d.o.Timeout)
+		defer cancel()
+		r = r.WithContext(ctx)
+		s, _, missing, err := dlq.Preview(ctx, d.deadLetters(), queue, f, dlq.Options{Limit: req.Limit}, 0)
 		if err != nil {
 			d.apiFail(w, r, err)
 			return

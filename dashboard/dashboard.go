@@ -13,7 +13,9 @@
 // Security: with Options.Token every request must carry it (a bearer token,
 // or the password of HTTP basic auth, which browsers ask for); state-changing
 // requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
-// and refuses every change; message text is escaped by html/template, and
+// and refuses every change; every answer, the 401 too, forbids framing
+// (CSP frame-ancestors 'none' and X-Frame-Options: DENY), inline scripts and
+// caching; message text is escaped by html/template, and
 // control characters, bidirectional-text controls and invisible characters
 // (zero-width, tag characters, …) are shown as escapes, and a backslash
 // as \\ (a JSON body is shown as JSON) so that no text reads as an escape
@@ -22,9 +24,15 @@
 // without a token, and, without a token, refusing a request whose Host is
 // not a loopback name (DNS rebinding), are the caller's part (`berth ui`
 // does them).
+//
+// A broker that does not answer: each read (a page, a GET of the API, a
+// confirmation's count) and each pause has Options.Timeout, past which it
+// fails with 503 and says so; the overview's live refresh sends no request
+// while the last one is still waiting.
 package dashboard
 
 import (
+	"context"
 	"crypto/subtle"
 	"embed"
 	"errors"
@@ -33,6 +41,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
@@ -63,6 +72,14 @@ type Options struct {
 	Pauses Pauses
 	// PageSize is the number of dead letters per page. Default 50.
 	PageSize int
+	// Timeout bounds the broker and database calls of one request that
+	// reads (a page, a GET of the API, a confirmation's count) or pauses a
+	// queue: past it the request fails with 503 and says the broker did
+	// not answer in time, instead of hanging on a broker that is down.
+	// Default DefaultTimeout. A redrive or purge is not cut by it: each of
+	// its broker calls has its own bound (2 minutes), and it stops between
+	// pages when its client goes away, reporting what it did.
+	Timeout time.Duration
 	// Logger receives errors of requests. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -91,6 +108,9 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
 	d := &Dashboard{b: b, o: o, pages: map[string]*template.Template{}}
 	for _, name := range []string{"overview", "queue", "message", "confirm", "jobs", "job", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
@@ -102,32 +122,35 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	assets, _ := fs.Sub(files, "assets")
 	mux := http.NewServeMux()
 	mux.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServerFS(assets)))
-	mux.HandleFunc("GET /{$}", d.overview)
-	mux.HandleFunc("GET /queues/{queue}", d.queue)
-	mux.HandleFunc("GET /queues/{queue}/confirm", d.confirm)
+	// The reads and the pauses have Options.Timeout (d.bounded); a
+	// change's broker calls have dlq's own bound.
+	timed := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, d.bounded(h)) }
+	timed("GET /{$}", d.overview)
+	timed("GET /queues/{queue}", d.queue)
+	timed("GET /queues/{queue}/confirm", d.confirm)
 	mux.HandleFunc("POST /queues/{queue}/{action}", d.change)
-	mux.HandleFunc("POST /queues/{queue}/pause", d.setPause(true, false))
-	mux.HandleFunc("POST /queues/{queue}/resume", d.setPause(false, false))
-	mux.HandleFunc("POST /api/queues/{queue}/pause", d.setPause(true, true))
-	mux.HandleFunc("POST /api/queues/{queue}/resume", d.setPause(false, true))
-	mux.HandleFunc("GET /queues/{queue}/messages/{id}", d.message)
-	mux.HandleFunc(messageByQuery, d.message) // an ID that cannot be a path segment (notSegment)
-	mux.HandleFunc("GET /jobs", d.jobs)
-	mux.HandleFunc("GET /jobs/{id}", d.job)
-	mux.HandleFunc("GET /api/queues", d.apiQueues)
-	mux.HandleFunc("GET /api/queues/{queue}/dead-letters", d.apiDeadLetters)
-	mux.HandleFunc("GET /api/queues/{queue}/dead-letters/{id}", d.apiDeadLetter)
-	mux.HandleFunc(apiDeadLetterByQuery, d.apiDeadLetter)
+	timed("POST /queues/{queue}/pause", d.setPause(true, false))
+	timed("POST /queues/{queue}/resume", d.setPause(false, false))
+	timed("POST /api/queues/{queue}/pause", d.setPause(true, true))
+	timed("POST /api/queues/{queue}/resume", d.setPause(false, true))
+	timed("GET /queues/{queue}/messages/{id}", d.message)
+	timed(messageByQuery, d.message) // an ID that cannot be a path segment (notSegment)
+	timed("GET /jobs", d.jobs)
+	timed("GET /jobs/{id}", d.job)
+	timed("GET /api/queues", d.apiQueues)
+	timed("GET /api/queues/{queue}/dead-letters", d.apiDeadLetters)
+	timed("GET /api/queues/{queue}/dead-letters/{id}", d.apiDeadLetter)
+	timed(apiDeadLetterByQuery, d.apiDeadLetter)
 	mux.HandleFunc("POST /api/queues/{queue}/{action}", d.apiChange)
-	mux.HandleFunc("GET /api/jobs", d.apiJobs)
-	mux.HandleFunc("GET /api/jobs/{id}", d.apiJob)
-	mux.HandleFunc(apiJobByQuery, d.apiJob)
+	timed("GET /api/jobs", d.apiJobs)
+	timed("GET /api/jobs/{id}", d.apiJob)
+	timed(apiJobByQuery, d.apiJob)
 	var h http.Handler = mux
 	h = http.NewCrossOriginProtection().Handler(h)
-	h = securityHeaders(h)
 	if o.Token != "" {
 		h = requireToken(o.Token, h)
 	}
+	h = securityHeaders(h) // outermost: the 401 that asks for the token has them too
 	d.handler = h
 	return d, nil
 }
@@ -152,6 +175,18 @@ func idOf(r *http.Request) (string, error) {
 		return "", &badRequest{"id: name the dead letter or job"}
 	}
 	return r.PathValue("id"), nil
+}
+
+// DefaultTimeout is Options.Timeout when none is set.
+const DefaultTimeout = time.Minute
+
+// bounded runs h with Options.Timeout on its request's context.
+func (d *Dashboard) bounded(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d.o.Timeout)
+		defer cancel()
+		h(w, r.WithContext(ctx))
+	})
 }
 
 // ServeHTTP serves the dashboard.
@@ -179,6 +214,7 @@ func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+		h.Set("X-Frame-Options", "DENY") // for browsers that ignore frame-ancestors
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-store")

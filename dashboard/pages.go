@@ -33,13 +33,8 @@ var funcs = template.FuncMap{
 		}
 		return d.Round(time.Second).String()
 	},
-	"short": func(s string, n int) string {
-		s = dlq.EscapeText(s, false)
-		if utf8.RuneCountInString(s) <= n {
-			return s
-		}
-		return string([]rune(s)[:n-1]) + "…"
-	},
+	// short is text cut to n runes, between whole escapes.
+	"short": dlq.EscapeTextShort,
 	// ago shows an RFC 3339 time as its age ("5m ago"), or the text as is.
 	"ago": func(ts string) string {
 		t, err := time.Parse(time.RFC3339Nano, ts)
@@ -159,13 +154,14 @@ func (d *Dashboard) render(w http.ResponseWriter, name string, status int, data 
 	_, _ = w.Write(buf.Bytes())
 }
 
-// logFailure logs a request that failed with a server error at ERROR, but
-// one whose client went away first (its context ended) at DEBUG: that
-// failure is the client's, not the dashboard's or its broker's.
+// logFailure logs a request that failed with a server error (500, or 503:
+// the broker unavailable or not answering within Options.Timeout) at
+// ERROR, but one whose client went away first (its context cancelled) at
+// DEBUG: that failure is the client's, not the dashboard's or its broker's.
 func (d *Dashboard) logFailure(r *http.Request, status int, err error) {
 	switch {
-	case status != http.StatusInternalServerError:
-	case r.Context().Err() != nil:
+	case status != http.StatusInternalServerError && status != http.StatusServiceUnavailable:
+	case errors.Is(r.Context().Err(), context.Canceled):
 		d.o.Logger.Debug("dashboard: request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
 	default:
 		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -174,6 +170,7 @@ func (d *Dashboard) logFailure(r *http.Request, status int, err error) {
 
 // fail shows err as a page with the status it means.
 func (d *Dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
+	err = d.timedOut(r, err)
 	status := statusOf(err)
 	d.logFailure(r, status, err)
 	d.render(w, "error", status, map[string]any{"Status": status, "Error": err.Error()})
@@ -190,11 +187,35 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, sdk.ErrInvalidQueue):
 		return http.StatusBadRequest
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, sdk.ErrUnavailable):
+	case errors.As(err, new(*brokerTimeout)), errors.Is(err, context.DeadlineExceeded), errors.Is(err, sdk.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
 }
+
+// timedOut returns err as a *brokerTimeout when the request ran out of
+// Options.Timeout (its context's deadline passed), whatever err a broker
+// made of that; else err.
+func (d *Dashboard) timedOut(r *http.Request, err error) error {
+	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		return &brokerTimeout{after: d.o.Timeout, err: err}
+	}
+	return err
+}
+
+// brokerTimeout is the error of a request whose broker or database did not
+// answer within Options.Timeout: 503.
+type brokerTimeout struct {
+	after time.Duration
+	err   error
+}
+
+func (e *brokerTimeout) Error() string {
+	return fmt.Sprintf("the broker did not answer within %v: it may be down or overloaded, or the scan too long "+
+		"(narrow the filter, or raise the bound: berth ui -request-timeout): %v", e.after, e.err)
+}
+
+func (e *brokerTimeout) Unwrap() error { return e.err }
 
 type badRequest struct{ msg string }
 

@@ -67,7 +67,11 @@ type Finding struct {
 	Severity Severity `json:"severity"`
 	// Queue is the queue (or "schema.table") checked; "" for host checks.
 	Queue string `json:"queue,omitempty"`
-	// Summary says what was found, in one line.
+	// Summary says what was found, in one line. Summary, Evidence and Fix
+	// hold names and errors as they were read (from the broker, its
+	// messages, the database), quoted but not escaped: escape them once
+	// where they are shown (berth doctor escapes text on the terminal;
+	// its -json is JSON).
 	Summary string `json:"summary"`
 	// Evidence is what was read, with the numbers.
 	Evidence string `json:"evidence,omitempty"`
@@ -397,3 +401,9 @@ func missingJobsTable(fs []Finding) bool {
 	}
 	return false
 }
+
+// quoted puts s as it is between double quotes. A [Finding] holds text as
+// it was read, escaped only where it is shown: %q would escape it here as
+// well, so that a backslash read from a queue name or an error showed
+// doubled (and escapes as escapes of escapes).
+func quoted(s string) string { return `"` + s + `"` }

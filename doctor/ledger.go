@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
-	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -22,7 +23,10 @@ import (
 //     transient, retried to exhaustion;
 //   - ledger.retry-storm: more jobs retrying than succeeding;
 //   - ledger.dlq-growth: more dead letters in the last window than twice the
-//     one before.
+//     one before;
+//   - ledger.indexes, on the ledger's own tables (pgledger.Store): the
+//     indexes pgledger.SQL creates are present and valid (a table made by
+//     an earlier release lacks those added since until Migrate runs).
 //
 // lease is the broker's lease (0: none).
 func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Options) ([]Finding, error) {
@@ -43,15 +47,26 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 			ds = append(ds, j.Duration)
 		}
 	}
+	// One page is read: with more jobs than it holds, the counts are of
+	// the page's, the newest (first seen).
+	finished, sample := strconv.Itoa(len(page.Jobs)), ""
+	if page.Next != "" {
+		finished = "more than " + finished
+		sample = fmt.Sprintf(", among the newest %d of more jobs", len(page.Jobs))
+	}
+	leaseText := fmt.Sprintf("lease %s, extended by the heartbeat", lease)
+	if lease <= 0 {
+		leaseText = "no broker lease" // RabbitMQ: consumer_timeout, not a lease, bounds a delivery
+	}
 	if len(ds) == 0 {
 		fs = append(fs, Finding{ID: "ledger.duration", Severity: Info, Summary: "no handler run time recorded in the window: not checkable",
-			Evidence: fmt.Sprintf("%d jobs finished since %s, none with a duration (the PostgreSQL broker's table keeps none: use the ledger)", len(page.Jobs), since.UTC().Format(time.RFC3339)),
+			Evidence: fmt.Sprintf("%s jobs finished since %s, none with a duration (the PostgreSQL broker's table keeps none: use the ledger)", finished, since.UTC().Format(time.RFC3339)),
 			Fix:      "record job state with package ledger (a Worker Observer) to check durations"})
 	} else {
 		slices.Sort(ds)
 		p99 := ds[(len(ds)*99+99)/100-1]
-		ev := fmt.Sprintf("p99 %s of %d runs (max %s); longest job allowed %s; lease %s, extended by the heartbeat", p99.Round(time.Millisecond), len(ds),
-			ds[len(ds)-1].Round(time.Millisecond), o.LongestJob, lease)
+		ev := fmt.Sprintf("p99 %s of %d runs%s (max %s); longest job allowed %s; %s", p99.Round(time.Millisecond), len(ds), sample,
+			ds[len(ds)-1].Round(time.Millisecond), o.LongestJob, leaseText)
 		if o.LongestJob > 0 && p99*10 >= o.LongestJob*8 {
 			fs = append(fs, Finding{ID: "ledger.duration", Severity: Warn, Summary: "jobs run close to their timeout (or RabbitMQ's consumer_timeout): the slow ones are cut and retried",
 				Evidence: ev, Fix: "raise WorkerOptions.Timeout (TimeoutByType for the slow type) and, on RabbitMQ, consumer_timeout; or make the job faster or smaller"})
@@ -84,7 +99,7 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 	}
 	if count >= o.SameError {
 		fs = append(fs, Finding{ID: "ledger.same-error-exhausted", Severity: Warn, Summary: "the same error was retried to exhaustion on several jobs: probably a permanent error classified as transient",
-			Evidence: fmt.Sprintf("%d jobs dead-lettered since %s after retries with the error %q", count, since.UTC().Format(time.RFC3339), dlq.EscapeText(sdk.SanitizeReason(worst), false)),
+			Evidence: fmt.Sprintf("%d jobs dead-lettered since %s after retries with the error \"%s\"", count, since.UTC().Format(time.RFC3339), sdk.SanitizeReason(worst)),
 			Fix:      "return sdk.Permanent(err) for it in the handler (dead-lettered at once, no retries), or fix its cause; then redrive"})
 	} else {
 		fs = append(fs, Finding{ID: "ledger.same-error-exhausted", Severity: OK, Summary: "no error was retried to exhaustion on several jobs",
@@ -116,6 +131,36 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 	} else {
 		fs = append(fs, Finding{ID: "ledger.dlq-growth", Severity: OK, Summary: "dead letters are not growing", Evidence: ev})
 	}
+	if ix, ok := r.(indexChecker); ok {
+		f, err := ledgerIndexes(ctx, ix)
+		if err != nil {
+			return nil, err
+		}
+		fs = append(fs, f)
+	}
 	Sort(fs)
 	return fs, nil
+}
+
+// indexChecker is a ledger reader on tables whose indexes doctor checks:
+// pgledger.Store.
+type indexChecker interface {
+	Table() string
+	MissingIndexes(ctx context.Context) ([]string, error)
+}
+
+// ledgerIndexes is the ledger.indexes finding of ix's table.
+func ledgerIndexes(ctx context.Context, ix indexChecker) (Finding, error) {
+	missing, err := ix.MissingIndexes(ctx)
+	if err != nil {
+		return Finding{}, fmt.Errorf("doctor: ledger: %w", err)
+	}
+	table := strings.ReplaceAll(ix.Table(), `"`, "") // validated identifiers: quoted, never needing it
+	if len(missing) == 0 {
+		return Finding{ID: "ledger.indexes", Severity: OK, Queue: table, Summary: "every index of the ledger's jobs table is present",
+			Evidence: "none missing or invalid"}, nil
+	}
+	return Finding{ID: "ledger.indexes", Severity: Warn, Queue: table, Summary: "indexes of the ledger's jobs table are missing or invalid",
+		Evidence: "missing or invalid: " + strings.Join(missing, "; "),
+		Fix:      "run pgledger.Store.Migrate, or the CREATE INDEX statements of pgledger.SQL (CONCURRENTLY on a large table, as a plain one blocks the ledger's writes while it builds; drop an invalid index first)"}, nil
 }

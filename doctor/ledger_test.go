@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,4 +151,107 @@ func TestLedgerDurations(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(t, fs, "ledger.duration", "", doctor.OK)
+}
+
+// TestLedgerIndexes: on the ledger's own tables doctor checks the indexes
+// pgledger.SQL creates. A table made by an earlier release lacks the index
+// List pages on (ledger_jobs_first_seen_idx): every page of berth jobs, the
+// dashboard's job list, sorts the whole table. Before, nothing reported it.
+// Migrate on the existing table creates it.
+func TestLedgerIndexes(t *testing.T) {
+	_, pool, schema := pgURL(t, nil)
+	ctx := testCtx(t)
+	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := schema + ".ledger_jobs"
+	fs, err := doctor.Ledger(ctx, store, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "ledger.indexes", table, doctor.OK)
+	// The table as an earlier release made it.
+	if _, err := pool.Exec(ctx, `DROP INDEX `+schema+`.ledger_jobs_first_seen_idx`); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = doctor.Ledger(ctx, store, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "ledger.indexes", table, doctor.Warn)
+	if f := find(fs, "ledger.indexes", table); len(f) != 1 || !strings.Contains(f[0].Evidence, "ledger_jobs_first_seen_idx") ||
+		strings.Contains(f[0].Evidence, "ledger_jobs_updated_idx") {
+		t.Errorf("ledger.indexes: %+v; want the first-seen index named, alone", f)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = doctor.Ledger(ctx, store, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "ledger.indexes", table, doctor.OK)
+}
+
+// pagedReader is a ledger whose List returns jobs (and, when more, a
+// cursor), as one page; Counts counts nothing.
+type pagedReader struct {
+	ledger.Reader
+	jobs []ledger.Job
+	more bool
+}
+
+func (p pagedReader) List(context.Context, ledger.Filter) (ledger.Page, error) {
+	pg := ledger.Page{Jobs: p.jobs}
+	if p.more {
+		pg.Next = ledger.Cursor(time.Now(), "x")
+	}
+	return pg, nil
+}
+
+func (pagedReader) Counts(context.Context, ledger.Window) (ledger.Counts, error) {
+	return ledger.Counts{ByStatus: map[ledger.Status]int64{}, ByClass: map[sdk.ErrorClass]int64{}}, nil
+}
+
+// TestLedgerDurationEvidence: the ledger.duration evidence says what was
+// read. Doctor reads one page (ledger.MaxLimit jobs): with more, the count
+// is a floor and the p99 a sample of the newest, which it says. Before, it
+// said "1000 jobs finished" of a window with more, and "lease 0s, extended
+// by the heartbeat" on a broker without a lease (RabbitMQ).
+func TestLedgerDurationEvidence(t *testing.T) {
+	ctx := testCtx(t)
+	full := make([]ledger.Job, ledger.MaxLimit)
+	for i := range full {
+		full[i] = ledger.Job{MessageID: strconv.Itoa(i), Status: ledger.StatusSucceeded}
+	}
+	fs, err := doctor.Ledger(ctx, pagedReader{jobs: full, more: true}, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := find(fs, "ledger.duration", ""); len(f) != 1 || !strings.Contains(f[0].Evidence, "more than 1000 jobs finished") {
+		t.Errorf("ledger.duration of a full page without durations: %+v; want \"more than 1000 jobs finished\"", f)
+	}
+	for i := range full {
+		full[i].Duration = time.Millisecond
+	}
+	fs, err = doctor.Ledger(ctx, pagedReader{jobs: full, more: true}, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := find(fs, "ledger.duration", ""); len(f) != 1 || !strings.Contains(f[0].Evidence, "of 1000 runs, among the newest 1000 of more jobs") ||
+		strings.Contains(f[0].Evidence, "lease 0s") || !strings.Contains(f[0].Evidence, "no broker lease") {
+		t.Errorf("ledger.duration of a full page, no lease: %+v", f)
+	}
+	fs, err = doctor.Ledger(ctx, pagedReader{jobs: full[:3]}, 30*time.Second, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := find(fs, "ledger.duration", ""); len(f) != 1 || strings.Contains(f[0].Evidence, "newest") || !strings.Contains(f[0].Evidence, "of 3 runs (max 1ms)") ||
+		!strings.Contains(f[0].Evidence, "lease 30s, extended by the heartbeat") {
+		t.Errorf("ledger.duration of a partial page with a lease: %+v", f)
+	}
 }

@@ -314,8 +314,8 @@ func unknownQueues(ctx context.Context, pool *pgxpool.Pool, schema, qt string, i
 			Fix:      "if nothing has published to this queue yet, nothing is wrong; else check the queue name the Workers and publishers use"}
 		if near := nearest(q, known); near != "" {
 			f.Severity = Warn
-			f.Summary = fmt.Sprintf("no job of this queue was ever stored, and queue %q has rows: a misspelt name?", near)
-			f.Fix = fmt.Sprintf("if you meant %q, correct the queue name of the Workers and publishers that use %q", near, q)
+			f.Summary = fmt.Sprintf("no job of this queue was ever stored, and queue %s has rows: a misspelt name?", quoted(near))
+			f.Fix = fmt.Sprintf("if you meant %s, correct the queue name of the Workers and publishers that use %s", quoted(near), quoted(q))
 		}
 		fs = append(fs, f)
 	}
@@ -360,7 +360,7 @@ func nameList(names []string, limit int) string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "%q", n)
+		b.WriteString(quoted(n))
 	}
 	return b.String()
 }

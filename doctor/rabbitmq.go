@@ -105,12 +105,12 @@ func (t *tracedRabbit) waiting() string {
 }
 
 func (t *tracedRabbit) QueueArguments(ctx context.Context, queue string) (map[string]any, error) {
-	defer t.trace(fmt.Sprintf("the arguments of queue %q (queue.declare)", queue))()
+	defer t.trace(fmt.Sprintf("the arguments of queue %s (queue.declare)", quoted(queue)))()
 	return t.rabbitBroker.QueueArguments(ctx, queue)
 }
 
 func (t *tracedRabbit) Info(ctx context.Context, queue string) (rabbitmq.QueueInfo, error) {
-	defer t.trace(fmt.Sprintf("the counts of queue %q (queue.declare, passive)", queue))()
+	defer t.trace(fmt.Sprintf("the counts of queue %s (queue.declare, passive)", quoted(queue)))()
 	return t.rabbitBroker.Info(ctx, queue)
 }
 
@@ -120,7 +120,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 	args, err := b.QueueArguments(ctx, q)
 	if errors.Is(err, sdk.ErrNotFound) {
 		add(Finding{ID: "rabbitmq.queue-missing", Severity: Error, Summary: "the queue does not exist",
-			Evidence: fmt.Sprintf("queue.declare (passive) of %q: not found", q),
+			Evidence: fmt.Sprintf("queue.declare (passive) of %s: not found", quoted(q)),
 			Fix:      "declare it with berth (DeclareQueue, or a Worker/publisher without no_declare) so it gets its dead-letter queue and arguments"})
 		return fs, nil
 	}
@@ -147,7 +147,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 	dlx, _ := args["x-dead-letter-exchange"].(string)
 	if dlx == "" {
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: Error, Summary: "no dead-letter exchange: messages the server drops (delivery limit, rejection) are lost",
-			Evidence: ev + policyNote, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-exchange %q and x-dead-letter-routing-key %q (berth DeclareQueue), or set a policy", rabbitmq.DefaultDeadLetterExchange, q)})
+			Evidence: ev + policyNote, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-exchange %s and x-dead-letter-routing-key %s (berth DeclareQueue), or set a policy", quoted(rabbitmq.DefaultDeadLetterExchange), quoted(q))})
 	} else {
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: OK, Summary: "dead letters go to exchange " + dlx, Evidence: ev})
 	}
@@ -155,7 +155,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 	dlq := rabbitmq.DeadLetterQueue(q)
 	if _, err := b.QueueArguments(ctx, dlq); errors.Is(err, sdk.ErrNotFound) {
 		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: Error, Summary: "the dead-letter queue does not exist: dead letters are dropped",
-			Evidence: fmt.Sprintf("queue %q not found", dlq), Fix: fmt.Sprintf("declare %q bound to the dead-letter exchange with routing key %q (berth DeclareQueue does)", dlq, q)})
+			Evidence: fmt.Sprintf("queue %s not found", quoted(dlq)), Fix: fmt.Sprintf("declare %s bound to the dead-letter exchange with routing key %s (berth DeclareQueue does)", quoted(dlq), quoted(q))})
 	} else if err != nil {
 		return nil, fmt.Errorf("doctor: rabbitmq: %w", err)
 	} else {
@@ -214,7 +214,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 	switch {
 	case len(wrong) > 0:
 		add(Finding{ID: "rabbitmq.delay-queues", Severity: Error, Summary: "delay queues do not route retries back to the queue",
-			Evidence: strings.Join(wrong, "; "), Fix: fmt.Sprintf("delete them (empty) and let berth redeclare them: x-message-ttl the bucket, x-dead-letter-exchange \"\", x-dead-letter-routing-key %q", q)})
+			Evidence: strings.Join(wrong, "; "), Fix: fmt.Sprintf("delete them (empty) and let berth redeclare them: x-message-ttl the bucket, x-dead-letter-exchange \"\", x-dead-letter-routing-key %s", quoted(q))})
 	case len(present) == 0:
 		add(Finding{ID: "rabbitmq.delay-queues", Severity: Info, Summary: "no delay queue yet: berth declares each on its first Retry or delayed publish",
 			Evidence: fmt.Sprintf("none of the %d delay queues exists", len(rabbitmq.DefaultDelayBuckets)), Fix: "nothing to do unless the application's user cannot declare queues (then declare them ahead)"})

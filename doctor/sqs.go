@@ -65,12 +65,12 @@ func sqsAttributes(ctx context.Context, c *awssqs.Client, name string) (map[stri
 		if errors.As(err, &nf) || strings.Contains(err.Error(), "NonExistentQueue") || strings.Contains(err.Error(), "QueueDoesNotExist") {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("doctor: sqs: resolve %q: %w", name, err)
+		return nil, fmt.Errorf("doctor: sqs: resolve %s: %w", quoted(name), err)
 	}
 	out, err := c.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: u.QueueUrl,
 		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameAll}})
 	if err != nil {
-		return nil, fmt.Errorf("doctor: sqs: attributes of %q: %w", name, err)
+		return nil, fmt.Errorf("doctor: sqs: attributes of %s: %w", quoted(name), err)
 	}
 	return out.Attributes, nil
 }
@@ -93,7 +93,7 @@ func sqsQueue(ctx context.Context, b *sqs.Broker, q string, o Options) ([]Findin
 	}
 	if attrs == nil {
 		add(Finding{ID: "sqs.queue-missing", Severity: Error, Summary: "the queue does not exist",
-			Evidence: fmt.Sprintf("GetQueueUrl %q: not found", q), Fix: "create it with berth's DeclareQueue (queue, dead-letter queue and redrive policy together)"})
+			Evidence: fmt.Sprintf("GetQueueUrl %s: not found", quoted(q)), Fix: "create it with berth's DeclareQueue (queue, dead-letter queue and redrive policy together)"})
 		return fs, nil
 	}
 
@@ -106,7 +106,7 @@ func sqsQueue(ctx context.Context, b *sqs.Broker, q string, o Options) ([]Findin
 	}
 	if policy == "" || json.Unmarshal([]byte(policy), &rp) != nil || rp.Target == "" {
 		add(Finding{ID: "sqs.redrive-policy", Severity: Error, Summary: "no redrive policy: a message that crashes its consumer is received forever, and nothing caps it",
-			Evidence: fmt.Sprintf("RedrivePolicy %q", policy), Fix: "set a RedrivePolicy to a dead-letter queue (berth DeclareQueue: <queue>-dlq, maxReceiveCount 10)"})
+			Evidence: fmt.Sprintf("RedrivePolicy %s", quoted(policy)), Fix: "set a RedrivePolicy to a dead-letter queue (berth DeclareQueue: <queue>-dlq, maxReceiveCount 10)"})
 	} else {
 		dlqName = rp.Target[strings.LastIndexByte(rp.Target, ':')+1:]
 		add(Finding{ID: "sqs.redrive-policy", Severity: OK, Summary: "dead letters go to " + dlqName, Evidence: "RedrivePolicy " + policy})

@@ -18,7 +18,9 @@
 //     any transaction, then the result is stored completed. A duplicate that
 //     finds the claim in progress is retried later ([sdk.RetryAfter]), never
 //     run concurrently and never acked; an expired claim is taken over by
-//     exactly one worker; a handler error releases the claim. A heartbeat
+//     exactly one worker; a handler error releases the claim, and so does a
+//     claim call that fails (the claim may have been stored with its answer
+//     lost: it is released by its owner token). A heartbeat
 //     extends the claim for as long as the handler runs, even after its ctx
 //     is done (a handler may finish its call and return nil). The handler's
 //     ctx is cancelled with [ErrClaimLost] when the claim is taken over or

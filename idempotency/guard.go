@@ -377,8 +377,17 @@ func (g *Guard) doTx(ctx context.Context, c Claim, retryCosts bool, fn func(ctx 
 
 func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(ctx context.Context) error) (ran bool, err error) {
 	claimed := time.Now() // the claim expires ClaimLease after this, at the earliest
+	release := func(cctx context.Context) error { return g.o.Store.Release(cctx, c) }
 	out, rec, err := g.o.Store.Claim(ctx, c)
 	if err != nil {
+		if !sdk.IsPermanent(err) {
+			// The store may have taken the claim and its answer been lost
+			// (a connection reset, ctx cancelled while the statement ran):
+			// release it by its owner token, which only this attempt holds,
+			// or the key would stay in progress, owned by nobody, until the
+			// claim expired, and every redelivery until then be retried.
+			g.cleanupQuiet(ctx, c.Key, release)
+		}
 		return false, err
 	}
 	switch out {
@@ -388,7 +397,6 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	default:
 		return false, g.found(ctx, c, out, rec, retryCosts)
 	}
-	release := func(cctx context.Context) error { return g.o.Store.Release(cctx, c) }
 	r := &running{key: c.Key}
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, r))
 	// lost is the heartbeat's ErrClaimLost, read after stop (which waits for
@@ -432,8 +440,8 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 // retrying transient failures until CleanupTimeout: the effect is applied,
 // and a claim left in progress would expire and be taken over by a
 // redelivery that applies it again. Retrying is safe: Complete is fenced by
-// the owner token (a first call that did complete makes the next report
-// ErrClaimLost, and the redelivery then finds the key completed).
+// the owner token, and a first call that did complete (its answer lost)
+// makes the next one return nil, not ErrClaimLost.
 func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 	cctx, cancel := g.detached(ctx)
 	defer cancel()
@@ -531,6 +539,17 @@ func (g *Guard) cleanup(ctx context.Context, f func(context.Context) error, msg 
 	defer cancel()
 	if err := f(cctx); err != nil && !errors.Is(err, ErrClaimLost) {
 		g.o.Logger.WarnContext(ctx, msg, "err", err)
+	}
+}
+
+// cleanupQuiet is [Guard.cleanup] for a release after a failed claim: the
+// claim most often was never stored (the store is down, and the release then
+// fails as the claim did), so a failure is logged at debug level only.
+func (g *Guard) cleanupQuiet(ctx context.Context, key string, f func(context.Context) error) {
+	cctx, cancel := g.detached(ctx)
+	defer cancel()
+	if err := f(cctx); err != nil && !errors.Is(err, ErrClaimLost) {
+		g.o.Logger.DebugContext(ctx, "idempotency: releasing a claim whose answer was lost failed; if it was stored, the key frees itself when it expires", g.keyAttr(key), "err", err)
 	}
 }
 

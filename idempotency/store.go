@@ -47,7 +47,7 @@ type Record struct {
 	Fingerprint string
 	Status      Status
 	Result      Result
-	Owner       string    // owner token of the current claim (in progress)
+	Owner       string    // owner token of the current claim (in progress), or of the claim that completed it
 	LockedUntil time.Time // lease expiry (in progress)
 	CompletedAt time.Time // zero while in progress
 	ExpiresAt   time.Time // retention deadline
@@ -95,7 +95,12 @@ func (o Outcome) String() string {
 // InProgress, the Record describes the row found (its fingerprint may differ
 // from the claim's: the caller detects conflicts). Complete and Release are
 // fenced by c.Owner and return an error wrapping [ErrClaimLost] when the claim
-// was taken over; Release deletes the row so the retry can claim it again.
+// was taken over; Complete by the owner whose claim it already completed
+// returns nil (a retry after its answer was lost must not read as a lost
+// claim); Release deletes the row so the retry can claim it again.
+// The guard also calls Release after a Claim that failed, in case the claim
+// was stored and only its answer lost; for a claim never stored it returns
+// ErrClaimLost.
 // Extend pushes a live claim's expiry to d from now. Get returns
 // [ErrNotFound] for an unknown key. DeleteExpired deletes at most limit rows
 // whose retention passed and returns how many it deleted.

@@ -64,7 +64,11 @@
 // retrying, released or redriven forever. The janitor deletes such rows
 // once nothing happened to them for JanitorOptions.StaleRetention (default
 // [DefaultStaleRetentionFactor] × Retention, 28 days; negative keeps them),
-// unless a next attempt is due later ([StalePurger], pgledger.Store's
-// PurgeStale). A job alive after all (delayed or backlogged longer than
-// that) starts a new row at its next event, without its earlier states.
+// counted from when their next attempt is due when that is later
+// ([StalePurger], pgledger.Store's PurgeStale): a retry's or release's
+// delay, and a delayed publish's — [Ledger.Publisher] records an enqueued
+// job's due time (its Delay, or a later sdk.HeaderDueAt of
+// [sdk.LongDelay]). A job alive after all (backlogged in its queue, or its
+// handler running, longer than that without an event) starts a new row at
+// its next event, without its earlier states.
 package ledger

@@ -131,8 +131,10 @@ func reason(err error) string {
 }
 
 // Publisher returns a publisher that publishes through p and records each
-// message it published as enqueued. Use it wherever jobs are published:
-// with a broker, or as the outbox relay's publisher. A batch that fails is
+// message it published as enqueued, with its due time as NextAttemptAt
+// when it is delayed (its Delay, or a later [sdk.HeaderDueAt]). Use it
+// wherever jobs are published: with a broker, or as the outbox relay's
+// publisher; inside or outside [sdk.LongDelay]. A batch that fails is
 // recorded for the messages that [sdk.PublishError] says were published;
 // the error is returned unchanged.
 func (l *Ledger) Publisher(p sdk.Publisher) sdk.Publisher { return &publisher{l: l, p: p} }
@@ -161,10 +163,29 @@ func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 			continue
 		}
 		e := base(m, queue)
-		e.Status, e.At = StatusEnqueued, now
+		e.Status, e.At, e.NextAttemptAt = StatusEnqueued, now, dueAt(m, now)
 		p.l.Record(e)
 	}
 	return err
+}
+
+// dueAt is when m, published at now, is due: after its Delay, or at its
+// [sdk.HeaderDueAt] when that is later ([sdk.LongDelay] delivers the
+// message at its Delay and hops until then; the job runs at the header's
+// time). Zero when nothing delays it. The janitor keeps a row that never
+// finished while its next attempt is due (see JanitorOptions.StaleRetention):
+// without this a job delayed longer than StaleRetention lost its row.
+func dueAt(m *sdk.Message, now time.Time) time.Time {
+	var due time.Time
+	if m.Delay > 0 {
+		due = now.Add(m.Delay)
+	}
+	if v := m.Header(sdk.HeaderDueAt); v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && t.After(now) && t.After(due) {
+			due = t
+		}
+	}
+	return due
 }
 
 // DeadLetters returns dl with redrives by id recorded: the jobs it redrives

@@ -19,8 +19,10 @@ type Purger interface {
 
 // StalePurger is a [Purger] that also deletes the jobs that never
 // finished: rows neither succeeded nor dead, last updated before before,
-// whose next attempt (if any) was due before it too, batch rows per
-// statement. It returns how many it deleted. pgledger.Store implements it.
+// whose next attempt (if any: a retry's, a release's, a delayed publish's)
+// was due before it too, batch rows per statement, until a batch comes
+// back short or ctx is done. It returns how many it deleted.
+// pgledger.Store implements it.
 type StalePurger interface {
 	Purger
 	PurgeStale(ctx context.Context, before time.Time, batch int) (int, error)
@@ -45,15 +47,17 @@ type JanitorOptions struct {
 	Retention time.Duration
 	// StaleRetention is how long a job that never finished (enqueued,
 	// running, retrying, released or redriven) is kept after its last
-	// update, once no next attempt is due later. Such a row gets no
-	// terminal state when its message leaves the broker outside berth (a
-	// queue purge, a broker's TTL or max length, a dead-letter nobody
-	// syncs), and without this it would stay forever. Default
+	// update, or after its next attempt is due when that is later (a
+	// retry's or release's delay; a delayed publish recorded by
+	// [Ledger.Publisher], up to an sdk.LongDelay's due time). Such a row
+	// gets no terminal state when its message leaves the broker outside
+	// berth (a queue purge, a broker's TTL or max length, a dead-letter
+	// nobody syncs), and without this it would stay forever. Default
 	// DefaultStaleRetentionFactor × Retention; negative keeps them
 	// forever; a positive value must be at least Retention. A job still
-	// alive past it (a message delayed or backlogged longer, a handler
-	// running longer) loses its row's earlier states: its next event
-	// starts the row again. It needs a Purger that is a [StalePurger]
+	// alive past it without an event (a message backlogged longer, a
+	// handler running longer) loses its row's earlier states: its next
+	// event starts the row again. It needs a Purger that is a [StalePurger]
 	// (pgledger.Store is): a positive value with another Purger is
 	// refused, the default then does nothing.
 	StaleRetention time.Duration

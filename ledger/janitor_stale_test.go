@@ -109,3 +109,67 @@ func TestJanitorStaleRetention(t *testing.T) {
 		t.Errorf("default with a plain Purger: %+v", r)
 	}
 }
+
+// TestDelayedJobOutlivesStaleRetention: a job published with a delay is
+// alive until it is due, however long it has gone without an event. The
+// enqueued event records when it is due (its Delay; LongDelay's due
+// header), and the stale purge keys on that. Before, the enqueued event
+// carried no due time: a job delayed longer than StaleRetention lost its
+// row to the purge while its message still waited in the broker.
+func TestDelayedJobOutlivesStaleRetention(t *testing.T) {
+	e := memoryEnv(t)
+	ctx := testCtx(t, 30*time.Second)
+	store := e.reader.(interface {
+		ledger.Reader
+		ledger.StalePurger
+	})
+	pub := e.led.Publisher(e.b)
+	before := time.Now()
+	delayed := &sdk.Message{Type: "t", Delay: time.Hour}
+	undelayed := &sdk.Message{Type: "t"}
+	if err := pub.Publish(ctx, e.queue, delayed, undelayed); err != nil {
+		t.Fatal(err)
+	}
+	// LongDelay outside the ledger's publisher: the message it publishes
+	// carries the due time in its header, its Delay only the first hop.
+	long := &sdk.Message{Type: "t", Delay: 40 * 24 * time.Hour}
+	if err := (sdk.LongDelay{Publisher: pub, Limit: time.Hour}).Publish(ctx, e.queue, long); err != nil {
+		t.Fatal(err)
+	}
+	// And inside it: the message the ledger sees after publishing is
+	// LongDelay's.
+	inner := &sdk.Message{Type: "t", Delay: 40 * 24 * time.Hour}
+	if err := e.led.Publisher(sdk.LongDelay{Publisher: e.b, Limit: time.Hour}).Publish(ctx, e.queue, inner); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.led.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	for _, c := range []struct {
+		id    string
+		delay time.Duration
+	}{{delayed.ID, time.Hour}, {long.ID, 40 * 24 * time.Hour}, {inner.ID, 40 * 24 * time.Hour}} {
+		j, err := store.Job(ctx, c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lo, hi := before.Add(c.delay).Add(-time.Millisecond), after.Add(c.delay).Add(time.Millisecond)
+		if j.Status != ledger.StatusEnqueued || j.NextAttemptAt.Before(lo) || j.NextAttemptAt.After(hi) {
+			t.Errorf("job delayed %s: %s, due %s; want enqueued, due in [%s, %s]", c.delay, j.Status, j.NextAttemptAt, lo, hi)
+		}
+	}
+	if j, err := store.Job(ctx, undelayed.ID); err != nil || !j.NextAttemptAt.IsZero() {
+		t.Errorf("job without a delay: %+v, %v; want no due time", j, err)
+	}
+	// Every row is idle since before the cutoff; only the job due is stale.
+	n, err := store.PurgeStale(ctx, after.Add(time.Minute), 0)
+	if err != nil || n != 1 {
+		t.Errorf("PurgeStale = %d, %v; want 1 (the job without a delay)", n, err)
+	}
+	for _, id := range []string{delayed.ID, long.ID, inner.ID} {
+		if _, err := store.Job(ctx, id); err != nil {
+			t.Errorf("delayed job %s after the stale purge: %v, want kept", id, err)
+		}
+	}
+}

@@ -87,7 +87,7 @@ type Event struct {
 	// At is when it happened; it orders events of equal rank.
 	At            time.Time
 	StartedAt     time.Time // running and settlements
-	NextAttemptAt time.Time // retrying, released with a delay
+	NextAttemptAt time.Time // retrying, released with a delay; enqueued: when a delayed message is due
 	Error         string    // retrying, dead, released with a cause
 	Class         sdk.ErrorClass
 	Duration      time.Duration // handler run time, settlements

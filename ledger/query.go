@@ -25,7 +25,7 @@ type Job struct {
 	Attempts       int // attempts of the current generation
 	LastError      string
 	ErrorClass     sdk.ErrorClass
-	NextAttemptAt  time.Time // retrying, released with a delay
+	NextAttemptAt  time.Time // retrying, released with a delay; enqueued with a delay: when it is due
 	FirstSeenAt    time.Time
 	StartedAt      time.Time     // the current attempt's start
 	FinishedAt     time.Time     // the current attempt's end
@@ -161,13 +161,21 @@ func Cursor(t time.Time, id string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + ":" + id))
 }
 
-// DecodeCursor reverses [Cursor]. A malformed cursor gives
-// [ErrInvalidFilter].
+// minCursorMicros is the earliest time a cursor may hold, in microseconds
+// since the Unix epoch: PostgreSQL's earliest timestamp (4713 BC, Julian
+// day 0). No stored job is older, so no [Cursor] of a page is; an earlier
+// one would fail the reader's query (an error of the database, not
+// [ErrInvalidFilter]), or wrap around when encoded.
+const minCursorMicros = -210866803200000000
+
+// DecodeCursor reverses [Cursor]. A cursor comes from whoever sends it (a
+// URL, a command line): a malformed one, or one holding a time before
+// 4713 BC, gives [ErrInvalidFilter].
 func DecodeCursor(c string) (time.Time, string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err == nil {
 		ts, id, ok := strings.Cut(string(b), ":")
-		if us, perr := strconv.ParseInt(ts, 10, 64); ok && perr == nil {
+		if us, perr := strconv.ParseInt(ts, 10, 64); ok && perr == nil && us >= minCursorMicros {
 			return time.UnixMicro(us), id, nil
 		}
 	}

@@ -8,7 +8,9 @@
 // The relay publishes at least once: if it dies after the broker accepted a
 // batch but before it deleted the rows, the batch is published again, with
 // the same message IDs and idempotency keys, which consumers dedupe on (see
-// package idempotency). Relays running side by side take disjoint batches
+// package idempotency). A relay that is stopped (its context ends) during or
+// after a publish is not a crash: it still deletes the rows the broker took,
+// for up to [StopGrace], so a shutdown does not publish them again. Relays running side by side take disjoint batches
 // (FOR UPDATE SKIP LOCKED), so they do not publish the same row concurrently.
 // The relay's transaction stays open across the publish, which
 // [RelayOptions.PublishTimeout] bounds; it raises a shorter server
@@ -443,6 +445,11 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 // terminated, the connection broke) and rows were published, the error wraps
 // [ErrPublishNotRecorded] and says why: the rows stay, and are published
 // again with the same IDs.
+//
+// When ctx ends during the publish or after it, the pass still records what
+// the broker took (deletes those rows), for up to [StopGrace] after ctx
+// ends; the rows whose publish the end cut short are left untouched (no
+// attempt counted). It then returns how many it deleted and ctx's error.
 func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOptions) (int, error) {
 	opts = opts.withDefaults()
 	tx, err := o.pool.Begin(ctx)
@@ -507,10 +514,23 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	publishInOrder(pctx, pub, batch)
 	timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
 	cancel()
-	if err := ctx.Err(); err != nil {
-		// Roll back: the rows published so far are published again later,
-		// with the same IDs (at least once, like a crash).
-		return 0, err
+	// Record the outcome even when ctx ends now or during the recording
+	// (the relay is stopping): rolling back would publish again, at the
+	// next start, every row the broker took — on every shutdown. The
+	// recording gets StopGrace after ctx ends.
+	rctx, rcancel := afterGrace(ctx, StopGrace)
+	defer rcancel()
+	stopped := ctx.Err()
+	if stopped != nil {
+		// The failures of this pass came from the stop, and say nothing of
+		// their rows: leave those rows as they are (the broker may have
+		// taken some of them; they are published again, same IDs).
+		timedOut = false
+		for _, r := range batch {
+			if r.err != nil {
+				r.err = errNotTried
+			}
+		}
 	}
 	if timedOut {
 		for _, r := range batch {
@@ -572,8 +592,11 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		return errors.Join(pubErr, fmt.Errorf("%w (%d published; publish took %s): %s%w",
 			ErrPublishNotRecorded, len(done), time.Since(start).Round(time.Millisecond), sessionEndCause(err), err))
 	}
+	if stopped != nil && len(done) == 0 {
+		return 0, stopped // nothing to record: roll back
+	}
 	if len(done) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM `+o.table+` WHERE id = ANY($1)`, done); err != nil {
+		if _, err := tx.Exec(rctx, `DELETE FROM `+o.table+` WHERE id = ANY($1)`, done); err != nil {
 			return 0, notRecorded(err)
 		}
 	}
@@ -590,13 +613,40 @@ WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefus
 			return 0, notRecorded(err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(rctx); err != nil {
 		return 0, notRecorded(err)
 	}
 	if parked > 0 {
 		opts.Logger.Error("outbox: rows parked after failing every attempt; see Outbox.Parked", "table", o.table, "parked", parked, "max_attempts", maxAttempts)
 	}
+	if stopped != nil {
+		return len(done), stopped
+	}
 	return len(done), pubErr
+}
+
+// StopGrace is how long a relay pass whose context ends after its publish
+// (the relay is stopping) goes on recording what the broker took, so that
+// those rows are not published again at the next start.
+const StopGrace = 5 * time.Second
+
+// afterGrace returns a context with ctx's values that ends grace after ctx
+// ends (or when cancel is called), not with it.
+func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-gctx.Done():
+		}
+	})
+	return gctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // brokerGone reports a failure that says nothing about the row: the broker

@@ -175,8 +175,11 @@ func AckAll(ctx context.Context, sub Subscriber, ds []Delivery) error {
 // taken in that no Receive has returned, without consuming an attempt;
 // deliveries Receive returned are not touched. The next Receive of queue, or
 // one waiting on it, takes messages in again. It returns once they are
-// handed back (nil when nothing was held). [Worker.Pause] calls it, so that
-// a paused queue's messages go to the consumers still receiving.
+// handed back (nil when nothing was held), or with ctx.Err() once ctx is
+// done (the hand-back may go on). [Worker.Pause] calls it in the
+// background, so that a paused queue's messages go to the consumers still
+// receiving; Resume cancels that call's ctx, and Run cancels it and waits
+// for it before returning.
 type ReceiveStopper interface {
 	StopReceiving(ctx context.Context, queue string) error
 }

@@ -45,6 +45,9 @@ type queueState struct {
 	run    context.Context // the Run's receive context while it runs
 	epoch  atomic.Pointer[epoch]
 	resume chan struct{} // closed by Resume; replaced by Pause
+	// stopCancel cancels the StopReceiving its Pause started (a
+	// ReceiveStopper), nil when none; Resume calls it. Under mu.
+	stopCancel context.CancelFunc
 }
 
 // epoch is a receive context that Pause cancels: a Receive waiting on a
@@ -114,7 +117,10 @@ func (w *Worker) queue(name string) *queueState {
 // leases are kept. Messages the broker took in ahead of Receive (a
 // [ReceiveStopper]: RabbitMQ's consumer prefetch) are handed back, in the
 // background, for other consumers to take; the first Receive after Resume
-// takes messages in again. Pause works before and during Run, and lasts across
+// takes messages in again. That background call is bounded (a minute),
+// stops being waited for at Resume, and Run waits for it before returning,
+// so that no call of the Worker's outlives its Run on a broker the caller
+// closes next. Pause works before and during Run, and lasts across
 // Runs; it is idempotent. It applies to this Worker only: pausing a queue
 // for every consumer (other processes) is the broker's or the operator's
 // business (see ARCHITECTURE.md, "Several queues per Worker"). It returns
@@ -137,9 +143,55 @@ func (w *Worker) Pause(queue string) error {
 	if rs, ok := w.sub.(ReceiveStopper); ok {
 		// After the cancel above, so that a Receive it interrupts returns
 		// rather than starting the broker's consumer again.
-		go w.stopReceiving(rs, q)
+		w.startStopReceiving(rs, q)
 	}
 	return nil
+}
+
+// stopCall is a StopReceiving that Pause started: Resume and the end of Run
+// cancel it, and Run waits for it to return.
+type stopCall struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startStopReceiving starts, off Pause's caller (handing back takes server
+// round trips), the StopReceiving of paused q; under q.mu.
+func (w *Worker) startStopReceiving(rs ReceiveStopper, q *queueState) {
+	ctx, cancel := context.WithTimeout(context.Background(), stopReceivingTimeout)
+	call := &stopCall{cancel: cancel, done: make(chan struct{})}
+	q.stopCancel = cancel
+	w.stopMu.Lock()
+	if w.stops == nil {
+		w.stops = map[*stopCall]struct{}{}
+	}
+	w.stops[call] = struct{}{}
+	w.stopMu.Unlock()
+	go func() {
+		defer close(call.done)
+		defer func() {
+			w.stopMu.Lock()
+			delete(w.stops, call)
+			w.stopMu.Unlock()
+		}()
+		defer cancel()
+		w.stopReceiving(ctx, rs, q)
+	}()
+}
+
+// endStopReceiving cancels the StopReceiving calls Pause started and waits
+// for them to return: the end of Run, whose broker the caller may close next.
+func (w *Worker) endStopReceiving() {
+	w.stopMu.Lock()
+	calls := make([]*stopCall, 0, len(w.stops))
+	for c := range w.stops {
+		calls = append(calls, c)
+	}
+	w.stopMu.Unlock()
+	for _, c := range calls {
+		c.cancel()
+		<-c.done
+	}
 }
 
 // stopReceivingTimeout bounds the hand-back Pause starts on a
@@ -147,15 +199,14 @@ func (w *Worker) Pause(queue string) error {
 const stopReceivingTimeout = time.Minute
 
 // stopReceiving asks the broker to hand back what it took in of q ahead of
-// Receive, unless q was resumed meanwhile. It runs off Pause's caller:
-// handing back takes server round trips.
-func (w *Worker) stopReceiving(rs ReceiveStopper, q *queueState) {
+// Receive, unless q was resumed meanwhile. A ctx cancelled (by Resume, or
+// the end of Run) is not a failure: the broker's hand-back goes on without
+// the call waiting for it.
+func (w *Worker) stopReceiving(ctx context.Context, rs ReceiveStopper, q *queueState) {
 	if !q.paused.Load() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), stopReceivingTimeout)
-	defer cancel()
-	if err := rs.StopReceiving(ctx, q.name); err != nil && !errors.Is(err, ErrClosed) {
+	if err := rs.StopReceiving(ctx, q.name); err != nil && !errors.Is(err, ErrClosed) && !errors.Is(ctx.Err(), context.Canceled) {
 		w.opts.Logger.Warn("berth: pause: handing back prefetched messages failed; they return when the connection closes", "queue", q.name, "err", err)
 	}
 }
@@ -174,6 +225,10 @@ func (w *Worker) Resume(queue string) error {
 		return nil
 	}
 	q.paused.Store(false)
+	if q.stopCancel != nil {
+		q.stopCancel() // the pause's hand-back is not waited for any more
+		q.stopCancel = nil
+	}
 	if q.run != nil {
 		q.newEpochLocked()
 	}

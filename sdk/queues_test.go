@@ -554,3 +554,71 @@ func TestWorkerPauseStopsBrokerReceiving(t *testing.T) {
 		<-sub.receiving
 	}
 }
+
+// blockingStopSub is a fakeSub whose StopReceiving waits for its ctx, as a
+// broker's does while its hand-back cannot finish (a server that does not
+// answer): it reports each call's start and return.
+type blockingStopSub struct {
+	*fakeSub
+	entered  chan struct{}
+	returned chan error
+}
+
+func (s *blockingStopSub) StopReceiving(ctx context.Context, queue string) error {
+	s.entered <- struct{}{}
+	<-ctx.Done()
+	s.returned <- ctx.Err()
+	return ctx.Err()
+}
+
+// The StopReceiving that Pause starts in the background has an owner: Run
+// cancels it and waits for it before returning (the caller closes the
+// broker next), and Resume stops waiting for it. Before, it was left
+// running up to a minute after both, with no one to wait for it.
+func TestWorkerPauseStopReceivingOwned(t *testing.T) {
+	sub := &blockingStopSub{fakeSub: newFakeSub(), entered: make(chan struct{}, 4), returned: make(chan error, 4)}
+	w, err := sdk.NewWorker(sub, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: "q", Logger: mqQuiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal(what)
+		}
+	}
+
+	// Resume: the call is cancelled.
+	if err := w.Pause("q"); err != nil {
+		t.Fatal(err)
+	}
+	wait(sub.entered, "Pause did not call StopReceiving")
+	if err := w.Resume("q"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-sub.returned:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("StopReceiving after Resume returned %v, want its ctx cancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("StopReceiving still waited after Resume")
+	}
+
+	// End of Run: the call has returned once Run has.
+	stop := runMQ(t, w)
+	<-sub.receiving
+	if err := w.Pause("q"); err != nil {
+		t.Fatal(err)
+	}
+	wait(sub.entered, "Pause did not call StopReceiving")
+	stop()
+	select {
+	case <-sub.returned:
+	default:
+		t.Fatal("Run returned with the StopReceiving its Pause started still running")
+	}
+}

@@ -35,6 +35,10 @@ type Worker struct {
 	health   workerHealth // what Health reports (sdk/health.go)
 
 	queues []*queueState // the consumed queues (sdk/queues.go)
+	// stops are the StopReceiving calls Pause started and Run's end waits
+	// for (sdk/queues.go).
+	stopMu sync.Mutex
+	stops  map[*stopCall]struct{}
 	wake   chan struct{} // wakes the multi-queue allocator; nil with one queue
 }
 
@@ -324,6 +328,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 	close(hbStop)
 	hb.Wait()
+	w.endStopReceiving()
 	if sc := w.shared.Swap(nil); sc != nil {
 		sc.cancel()
 	}

@@ -39,15 +39,35 @@
 // (queue, available_at) serves both new work and expired leases.
 //
 // A claim whose reply is lost with its connection (reset after the
-// statement was sent) may have been committed by the server: Receive
+// statement was sent, or the session ended by a FATAL server error, which
+// may come after the commit) may have been committed by the server: Receive
 // returns an error wrapping [sdk.ErrUnavailable], and the broker hands that
 // claim's rows back in the background, on another connection, found by the
 // claim's lease token — ready at once, no attempt counted — instead of
-// leaving them leased to nobody for a whole lease. It first waits for the
-// claim's server process to finish it (a claim still running when the
-// connection broke may commit after), for at most the lease or 30 s, and
-// not past Close; rows it cannot hand back are logged and come back after
-// their lease.
+// leaving them leased to nobody for a whole lease. It looks until the
+// claim's server process is gone (a claim still running when the
+// connection broke, or one still on its way to the server, may commit
+// after; an idle process is no proof), for at most the lease or 30 s;
+// Close lets a hand-back under way finish, for up to 5 s, before it
+// returns (so the application may close the pool or exit after Close),
+// and one whose claim failed after Close began is not run. Rows it cannot
+// hand back are logged and come back after their lease.
+//
+// A claimed row the broker cannot decode (a value written by hand or by
+// another tool that its Go types cannot hold, such as a first_failure_at
+// of 'infinity') does not fail the claim: the rows that decode are
+// delivered, and that one is handed back at once, no attempt counted, with
+// a warning naming its job id. A Receive whose claim took only such rows
+// returns a [*DecodeError] with their ids: fix the rows (or dead-letter or
+// delete them) in SQL.
+//
+// After Close, and once the application has closed the pool (even with
+// the broker open), every operation returns an error wrapping
+// [sdk.ErrClosed], not [sdk.ErrUnavailable]: nothing comes from a closed
+// pool again, and a Worker stops on ErrClosed where it would retry an
+// unavailable broker for ever. Settle or release deliveries (stop the
+// Worker) before Close: Release, like every settlement, is refused after
+// it, and an unsettled job comes back after its lease.
 //
 // Acks are group-committed: the broker's acker goroutine writes every ack
 // made while its previous statement ran in one UPDATE (one commit), each row

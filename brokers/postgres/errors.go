@@ -21,9 +21,10 @@ import (
 // limit that ran out was the broker's own (a claim's or a flush's time
 // bound, see Broker.claimTimeout and Broker.ackTimeout): the database did
 // not answer in time, which is an error wrapping [sdk.ErrUnavailable] (the
-// context error stays in the chain). Otherwise a closed broker's error
-// becomes [sdk.ErrClosed]; a missing job table (Migrate never ran) one
-// wrapping [sdk.ErrNotFound]; connection failures, server shutdowns,
+// context error stays in the chain). Otherwise a closed broker's error,
+// and that of a pool the application closed, becomes [sdk.ErrClosed]; a
+// missing job table (Migrate never ran) one wrapping [sdk.ErrNotFound];
+// connection failures, server shutdowns,
 // serialization failures and deadlocks errors wrapping [sdk.ErrUnavailable]
 // (the call may be retried, see retryable); anything else, server or client
 // error, is wrapped as is. The text never carries the connection string.
@@ -37,6 +38,11 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	}
 	if b.isClosed() {
 		return errClosed(op)
+	}
+	if errors.Is(err, puddle.ErrClosedPool) {
+		// The application closed the pool: nothing will come from it
+		// again, so retrying (what ErrUnavailable asks for) is pointless.
+		return fmt.Errorf("berth/postgres: %s: %w: %w", op, sdk.ErrClosed, err)
 	}
 	if ctxErr {
 		return fmt.Errorf("berth/postgres: %s: %w: no answer within the broker's time limit: %w", op, sdk.ErrUnavailable, err)
@@ -75,13 +81,12 @@ func retryable(err error) bool {
 // connectionLost reports whether err, not a server error, says the database
 // could not be reached or the connection failed under the statement: what
 // [pgretry.ConnectionLost] reports (a network error or timeout, the server
-// closing the socket, a connection pgx has closed), a failed connect, or a
-// pool closed by the application (nothing more comes from it until the
-// broker is closed).
+// closing the socket, a connection pgx has closed) or a failed connect. A
+// pool closed by the application is not lost but closed: wrap reports it as
+// [sdk.ErrClosed].
 func connectionLost(err error) bool {
 	var connectErr *pgconn.ConnectError
-	return pgretry.ConnectionLost(err) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &connectErr) ||
-		errors.Is(err, puddle.ErrClosedPool)
+	return pgretry.ConnectionLost(err) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &connectErr)
 }
 
 // missingTable reports whether err says the job table or its schema does

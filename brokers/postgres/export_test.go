@@ -33,6 +33,8 @@ func (b *Broker) SetInternalTimeouts(claim, ack time.Duration) {
 }
 
 // DeadLetterPageSQL is the statement of DeadLetterPage and
-// DeadLetterPageTo (parameters: queue, cursor time and id, limit, mark time
-// and id), for a test to EXPLAIN.
-func (b *Broker) DeadLetterPageSQL() string { return b.deadLetterPageSQL() }
+// DeadLetterPageTo (parameters: queue, limit, then the cursor's time and
+// id with cursor, then the mark's with mark), for a test to EXPLAIN.
+func (b *Broker) DeadLetterPageSQL(cursor, mark bool) string {
+	return b.deadLetterPageSQL(cursor, mark)
+}

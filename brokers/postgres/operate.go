@@ -131,7 +131,14 @@ func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string,
 			return nil, "", err
 		}
 	}
-	rows, err := b.pool.Query(ctx, b.deadLetterPageSQL(), queue, nullTime(after), afterID, limit+1, nullTime(upTo), upToID)
+	args := []any{queue, limit + 1}
+	if cursor != "" {
+		args = append(args, after, afterID)
+	}
+	if toMark {
+		args = append(args, upTo, upToID)
+	}
+	rows, err := b.pool.Query(ctx, b.deadLetterPageSQL(cursor != "", toMark), args...)
 	if err != nil {
 		return nil, "", b.wrap(ctx, "dead letter page", err)
 	}
@@ -166,22 +173,27 @@ func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string,
 }
 
 // deadLetterPageSQL is the statement of a dead-letter page: $1 the queue,
-// $2 and $3 the cursor's position (NULL: from the first), $4 the limit, $5
-// and $6 the mark's (NULL: no mark). It reads jobs_dead_letter_page_idx in
+// $2 the limit, then, with cursor, the cursor's position (time and id),
+// then, with mark, the mark's. It reads jobs_dead_letter_page_idx in
 // order, from the cursor on, and stops at the limit: a page costs its own
-// rows, not a sort of all the queue's dead letters.
-func (b *Broker) deadLetterPageSQL() string {
-	return `SELECT ` + deadLetterColumns + `, updated_at, id FROM ` + b.table + `
-		WHERE queue = $1 AND status = 'dead_letter' AND ($2::timestamptz IS NULL OR (updated_at, id) > ($2, $3))
-			AND ($5::timestamptz IS NULL OR (updated_at, id) <= ($5, $6))
-		ORDER BY updated_at, id LIMIT $4`
-}
-
-func nullTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
+// rows, not a sort of all the queue's dead letters, nor a scan of those
+// before the cursor. Each shape is its own statement, not one with
+// "$2 IS NULL OR (updated_at, id) > ...": the generic plan PostgreSQL
+// moves a prepared statement to after five runs cannot bound the index
+// scan by such a condition, and would read (and filter out) every dead
+// letter before the cursor on every page.
+func (b *Broker) deadLetterPageSQL(cursor, mark bool) string {
+	q := `SELECT ` + deadLetterColumns + `, updated_at, id FROM ` + b.table + `
+		WHERE queue = $1 AND status = 'dead_letter'`
+	n := 2
+	if cursor {
+		q += fmt.Sprintf(` AND (updated_at, id) > ($%d::timestamptz, $%d::bigint)`, n+1, n+2)
+		n += 2
 	}
-	return &t
+	if mark {
+		q += fmt.Sprintf(` AND (updated_at, id) <= ($%d::timestamptz, $%d::bigint)`, n+1, n+2)
+	}
+	return q + ` ORDER BY updated_at, id LIMIT $2`
 }
 
 // DeleteDeadLetters deletes the dead letters of queue whose message IDs are

@@ -103,10 +103,13 @@ func TestUnstorableIDNotFound(t *testing.T) {
 // limit. Before that index, the only dead-letter index was (queue,
 // message_id): every page fetched all the queue's dead letters and sorted
 // them, so walking a large dead-letter queue was quadratic. The plans are
-// checked for the first page, a later page and a page up to a mark, both as
+// checked for the first page, a later page and pages up to a mark, both as
 // first planned (custom) and as the generic plan PostgreSQL moves a
 // prepared statement to after five runs, on a table that was migrated
-// before the index existed and migrated again.
+// before the index existed and migrated again. The cursor and the mark
+// bound the index scan: with one statement for every shape ("$2 IS NULL OR
+// (updated_at, id) > ..."), the generic plan filtered the rows it read, and
+// each later page read every dead letter before its cursor.
 func TestDeadLetterPageUsesIndexNoSort(t *testing.T) {
 	ctx := testCtx(t)
 	pool := newPool(t, "dlq-page-plan-"+suffix(), 1) // one connection: it keeps plan_cache_mode and the prepared statement
@@ -129,22 +132,32 @@ func TestDeadLetterPageUsesIndexNoSort(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ANALYZE `+table); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `PREPARE dlq_page(text, timestamptz, bigint, bigint, timestamptz, bigint) AS `+
-		b.DeadLetterPageSQL()); err != nil {
-		t.Fatal(err)
+	// Each page shape is its own statement; the cursor and the mark must
+	// bound the index scan (Index Cond), not filter what it read: a filter
+	// reads every dead letter before the cursor, on every page.
+	pages := []struct {
+		name         string
+		cursor, mark bool
+		args         string
+	}{
+		{"first page", false, false, `'a', 101`},
+		{"later page", true, false, `'a', 101, now() - interval '2000 seconds', 12345`},
+		{"first page up to mark", false, true, `'a', 101, now() - interval '100 seconds', 999999`},
+		{"page up to mark", true, true, `'a', 101, now() - interval '3000 seconds', 12345, now() - interval '100 seconds', 999999`},
 	}
-	pages := map[string]string{
-		"first page":      `'a', NULL, 0, 101, NULL, 0`,
-		"later page":      `'a', now() - interval '2000 seconds', 12345, 101, NULL, 0`,
-		"page up to mark": `'a', now() - interval '3000 seconds', 12345, 101, now() - interval '100 seconds', 999999`,
+	for i, p := range pages {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`PREPARE dlq_page_%d AS `, i)+b.DeadLetterPageSQL(p.cursor, p.mark)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		if _, err := pool.Exec(ctx, `SET plan_cache_mode = `+mode); err != nil {
 			t.Fatal(err)
 		}
-		for name, args := range pages {
+		for i, p := range pages {
+			name := p.name
 			var plan []byte
-			if err := pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE dlq_page(`+args+`)`).Scan(&plan); err != nil {
+			if err := pool.QueryRow(ctx, fmt.Sprintf(`EXPLAIN (FORMAT JSON) EXECUTE dlq_page_%d(%s)`, i, p.args)).Scan(&plan); err != nil {
 				t.Fatal(err)
 			}
 			var tree []struct{ Plan planNode }
@@ -156,6 +169,14 @@ func TestDeadLetterPageUsesIndexNoSort(t *testing.T) {
 				types = append(types, n.NodeType)
 				if n.IndexName != "" {
 					indexes = append(indexes, n.IndexName)
+				}
+				if n.Filter != "" {
+					t.Errorf("%s, %s: %s filters the rows it read (%s), instead of bounding its scan: %s",
+						name, mode, n.NodeType, n.Filter, plan)
+				}
+				if n.IndexName != "" && (p.cursor || p.mark) && !strings.Contains(n.IndexCond, "ROW(updated_at, id)") {
+					t.Errorf("%s, %s: the index scan is not bounded by the page's position (Index Cond %q): %s",
+						name, mode, n.IndexCond, plan)
 				}
 			})
 			for _, ty := range types {
@@ -174,6 +195,8 @@ func TestDeadLetterPageUsesIndexNoSort(t *testing.T) {
 type planNode struct {
 	NodeType  string     `json:"Node Type"`
 	IndexName string     `json:"Index Name"`
+	IndexCond string     `json:"Index Cond"`
+	Filter    string     `json:"Filter"`
 	Plans     []planNode `json:"Plans"`
 }
 

@@ -20,6 +20,16 @@ import (
 //     it, that accepts the LISTEN and drops the connection at once;
 //   - dropCancels: cancel requests are dropped unseen by the server, as
 //     when the network that lost a connection loses the cancel too.
+//   - fatalAfter: on a connection that is not listening, the first
+//     ReadyForQuery after a given server reply (a CommandComplete) is
+//     replaced by a FATAL ErrorResponse (57P01, administrator command) and
+//     the connection closed: the server ended the session after the
+//     statement committed, before it said it was ready. It is disarmed
+//     once used;
+//   - holdRequests: what the clients connected now send is held (and their
+//     connections to the server kept open when they close) until
+//     releaseRequests passes it: a request delayed on the network while
+//     its client gave up.
 //
 // reset closes the connections of listening clients, or all of them.
 type pgProxy struct {
@@ -27,13 +37,17 @@ type pgProxy struct {
 	target      string
 	cutListens  atomic.Bool
 	dropCancels atomic.Bool
-	cuts        atomic.Int64  // LISTENs cut
+	cuts        atomic.Int64 // LISTENs cut
+	fatalAfter  atomic.Pointer[[]byte]
+	fatals      atomic.Int64  // FATALs sent for fatalAfter
 	mark        []byte        // looked for in what a listening connection receives
 	marked      chan struct{} // closed once a listening connection passed mark
 	once        sync.Once
 
 	mu    sync.Mutex
-	conns map[net.Conn]bool // the open connections: true for a listening client's
+	conns map[net.Conn]bool      // the open connections: true for a listening client's
+	reqs  map[net.Conn]*reqState // by client connection
+	quit  chan struct{}          // closed by close
 	wg    sync.WaitGroup
 }
 
@@ -41,6 +55,22 @@ var (
 	listenDone = []byte("C\x00\x00\x00\x0bLISTEN\x00")
 	readyIdle  = []byte("Z\x00\x00\x00\x05I")
 )
+
+// fatalAdminShutdown is the ErrorResponse of a server that terminates the
+// session: FATAL, 57P01.
+var fatalAdminShutdown = func() []byte {
+	fields := "SFATAL\x00VFATAL\x00C57P01\x00Mterminating connection due to administrator command\x00\x00"
+	msg := []byte{'E', 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(msg[1:], uint32(4+len(fields)))
+	return append(msg, fields...)
+}()
+
+// commandComplete is the CommandComplete message of tag.
+func commandComplete(tag string) []byte {
+	msg := []byte{'C', 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(msg[1:], uint32(4+len(tag)+1))
+	return append(append(msg, tag...), 0)
+}
 
 // cancelRequestCode opens a CancelRequest, after its length (16).
 const cancelRequestCode = 80877102
@@ -54,7 +84,7 @@ func startPGProxy(t *testing.T, target string, mark string) *pgProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &pgProxy{ln: ln, target: target, conns: map[net.Conn]bool{},
+	c := &pgProxy{ln: ln, target: target, conns: map[net.Conn]bool{}, reqs: map[net.Conn]*reqState{}, quit: make(chan struct{}),
 		mark: []byte(mark), marked: make(chan struct{})}
 	c.wg.Add(1)
 	go c.accept()
@@ -102,15 +132,98 @@ func (c *pgProxy) serve(client net.Conn) {
 	if _, err := server.Write(head); err != nil {
 		return
 	}
+	st := &reqState{server: server, released: make(chan struct{})}
+	c.mu.Lock()
+	c.reqs[client] = st
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.reqs, client)
+		c.mu.Unlock()
+	}()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = io.Copy(server, client)
-		c.drop(client, server)
+		if c.requests(st, client) {
+			c.drop(client, server)
+		} else {
+			c.drop(client) // the server's reply to what was held closes it
+		}
 	}()
 	c.replies(client, server)
 	c.drop(client, server)
 	<-done
+}
+
+// reqState is a client's stream of requests to the server.
+type reqState struct {
+	server   net.Conn
+	released chan struct{} // closed by releaseRequests
+
+	mu      sync.Mutex
+	holding bool   // set by holdRequests
+	held    []byte // what the client sent while holding
+}
+
+// requests copies the client's bytes to the server, holding them while
+// st.holding. It reports whether the server connection may be closed: a
+// client that closed while its requests were held leaves it open, so that
+// the server runs what was held when it is released.
+func (c *pgProxy) requests(st *reqState, client net.Conn) bool {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := client.Read(buf)
+		st.mu.Lock()
+		if st.holding {
+			st.held = append(st.held, buf[:n]...)
+			st.mu.Unlock()
+			if err != nil {
+				select {
+				case <-st.released:
+				case <-c.quit:
+				}
+				return false
+			}
+			continue
+		}
+		st.mu.Unlock()
+		if n > 0 {
+			if _, werr := st.server.Write(buf[:n]); werr != nil {
+				return true
+			}
+		}
+		if err != nil {
+			return true
+		}
+	}
+}
+
+// holdRequests holds what the clients connected now send (new clients
+// are not held), until releaseRequests.
+func (c *pgProxy) holdRequests() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.reqs {
+		st.mu.Lock()
+		st.holding = true
+		st.mu.Unlock()
+	}
+}
+
+// releaseRequests passes what was held to the server, in order, and stops
+// holding.
+func (c *pgProxy) releaseRequests() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.reqs {
+		st.mu.Lock()
+		if st.holding {
+			_, _ = st.server.Write(st.held)
+			st.held, st.holding = nil, false
+			close(st.released)
+		}
+		st.mu.Unlock()
+	}
 }
 
 // replies copies the server's bytes to the client, and returns after a
@@ -118,9 +231,43 @@ func (c *pgProxy) serve(client net.Conn) {
 func (c *pgProxy) replies(client, server net.Conn) {
 	var seen []byte // the replies since the last complete LISTEN reply looked for
 	listening := false
+	var held []byte // what fatalAfter holds back, up to a ReadyForQuery
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := server.Read(buf)
+		if pat := c.fatalAfter.Load(); (pat != nil || len(held) > 0) && !listening {
+			held = append(held, buf[:n]...)
+			if pat != nil {
+				if i := bytes.Index(held, *pat); i >= 0 {
+					if j := bytes.Index(held[i:], readyIdle); j >= 0 && c.fatalAfter.CompareAndSwap(pat, nil) {
+						_, _ = client.Write(held[:i+j])
+						_, _ = client.Write(fatalAdminShutdown)
+						c.fatals.Add(1)
+						return
+					}
+					if err != nil {
+						return
+					}
+					continue // the ReadyForQuery is still to come
+				}
+			}
+			// Pass what ends with a ReadyForQuery: the reply of a
+			// statement that is not the one looked for.
+			if k := bytes.LastIndex(held, readyIdle); k >= 0 || pat == nil {
+				end := len(held)
+				if pat != nil {
+					end = k + len(readyIdle)
+				}
+				if _, werr := client.Write(held[:end]); werr != nil {
+					return
+				}
+				held = append([]byte(nil), held[end:]...)
+			}
+			if err != nil {
+				return
+			}
+			continue
+		}
 		if n > 0 {
 			if _, werr := client.Write(buf[:n]); werr != nil {
 				return
@@ -175,6 +322,7 @@ func (c *pgProxy) reset(all bool) {
 
 func (c *pgProxy) close() {
 	_ = c.ln.Close()
+	close(c.quit)
 	c.reset(true)
 	c.wg.Wait()
 }

@@ -156,6 +156,12 @@ type Broker struct {
 	wg        sync.WaitGroup     // the broker's goroutines: acker, listener, retention loop, claim recoveries
 	ownMu     sync.Mutex         // orders goOwnedIfOpen's wg.Add before Close's wg.Wait
 
+	// handBacks is the context of the hand-backs the broker runs in the
+	// background (recoverLoop): done when Close has given them closeGrace
+	// to finish, not at once, so that Close does not strand their rows.
+	handBacks     context.Context
+	stopHandBacks context.CancelFunc
+
 	listenOnce sync.Once
 	listenGo   chan struct{} // closed by the first Receive: the listener may connect
 	wake       *waker
@@ -173,6 +179,14 @@ type Broker struct {
 // [sdk.ErrUnavailable].
 const defaultInternalTimeout = 30 * time.Second
 
+// defaultCloseGrace is the longest Close waits for the broker's background
+// hand-backs (the rows of a claim whose reply was lost) to finish.
+const defaultCloseGrace = 5 * time.Second
+
+// closeGrace is how long Close lets background hand-backs run: at most
+// defaultCloseGrace, and no longer than the claim limit.
+func (b *Broker) closeGrace() time.Duration { return min(defaultCloseGrace, b.claimTimeout) }
+
 // New returns a broker on pool. It does not touch the database: call
 // [Broker.Migrate] (or apply [SchemaSQL]) before the first Publish.
 func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
@@ -184,6 +198,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	handBacks, stopHandBacks := context.WithCancel(context.Background())
 	b := &Broker{
 		pool:     pool,
 		opts:     o,
@@ -195,6 +210,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 		stop:     stop,
 		listenGo: make(chan struct{}),
 		wake:     newWaker(),
+
+		handBacks:     handBacks,
+		stopHandBacks: stopHandBacks,
 
 		claimTimeout: defaultInternalTimeout,
 		ackTimeout:   defaultInternalTimeout,
@@ -211,17 +229,28 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 }
 
 // Close stops the broker: pending Receive calls return [sdk.ErrClosed], the
-// LISTEN connection and the retention loop stop, and every later call returns
-// [sdk.ErrClosed]. Jobs received and not settled come back after their lease,
-// as do those of a claim whose reply was lost and which the broker has not
-// yet handed back (Close stops that hand-back).
+// LISTEN connection and the retention loop stop, acks already made are
+// written, and every later call returns [sdk.ErrClosed]. The hand-back of a
+// claim whose reply was lost (see [Broker.Receive]) that is under way is
+// given up to 5 s (and no more than the claim limit) to finish before Close
+// returns, so that the application may close the pool, or exit, after
+// Close without stranding those rows; rows it cannot hand back in that
+// time come back after their lease. Jobs received and not settled come
+// back after their lease too: settle or release them (stop the Worker)
+// before Close, since every settlement after it, Release included, is
+// refused with [sdk.ErrClosed].
 // Close is safe to call twice; it does not close the pool.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		b.ownMu.Lock()
 		b.stop()
 		b.ownMu.Unlock()
+		// The acker, the listener and the retention loop stop at once;
+		// background hand-backs get the grace, then are cut.
+		grace := time.AfterFunc(b.closeGrace(), b.stopHandBacks)
 		b.wg.Wait()
+		grace.Stop()
+		b.stopHandBacks()
 	})
 	return nil
 }

@@ -41,6 +41,10 @@ const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z
 // are, in the background, the jobs of a claim whose reply was lost with its
 // connection (see recoverClaim). A
 // Receive waiting for a pooled connection returns when ctx ends or at Close.
+// A claimed row that cannot be decoded is handed back at once, no attempt
+// counted, and logged; the others are delivered, and a claim that took only
+// such rows returns a [*DecodeError]. Once the application has closed the
+// pool, Receive (like every operation) returns [sdk.ErrClosed].
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
 	if b.isClosed() {
 		return nil, errClosed("receive")
@@ -189,21 +193,46 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		return nil, 0, b.wrap(ctx, "receive", err)
 	}
 	defer rows.Close()
+	// Each row is decoded from its raw values (pgx.ScanRow), not with
+	// rows.Scan, which ends the iteration at the first value it cannot
+	// decode: the claim has committed every row it took, and one row
+	// holding a value the broker's Go types cannot (written by hand or by
+	// another tool: a first_failure_at of 'infinity', say) must not leave
+	// the others, unread, leased to nobody with an attempt spent.
+	fields, typeMap := rows.FieldDescriptions(), conn.Conn().TypeMap()
+	var (
+		bad    []int64 // claimed rows that could not be decoded
+		badErr error   // the first one's decode error
+	)
 	for rows.Next() {
 		var (
 			poison  bool
 			d       = &delivery{b: b, queue: queue, msg: &sdk.Message{}}
 			headers []byte
 			first   *time.Time
+			values  = rows.RawValues()
 		)
-		if err := rows.Scan(&poison, &d.id, &d.msg.ID, &d.msg.Type, &d.msg.Body, &headers, &d.msg.CorrelationID,
-			&d.msg.Key, &d.msg.IdempotencyKey, &d.attempt, &d.token, &first); err != nil {
+		// The poison flag and the id are computed by the claim and never
+		// NULL; the rest comes from the row as it was written.
+		if err := pgx.ScanRow(typeMap, fields[:2], values[:2], &poison, &d.id); err != nil {
 			return nil, 0, b.wrap(ctx, "receive", err)
 		}
+		err := pgx.ScanRow(typeMap, fields, values, nil, nil, &d.msg.ID, &d.msg.Type, &d.msg.Body, &headers,
+			&d.msg.CorrelationID, &d.msg.Key, &d.msg.IdempotencyKey, &d.attempt, &d.token, &first)
 		if poison {
+			// Already dead-lettered by the claim: nothing to hand back.
 			poisoned++
 			b.opts.Logger.Warn("berth/postgres: job dead-lettered at claim: max deliveries exceeded",
-				"queue", queue, "message_id", d.msg.ID, "attempts", d.attempt)
+				"queue", queue, "job_id", d.id, "message_id", d.msg.ID, "attempts", d.attempt)
+			continue
+		}
+		if err != nil {
+			if badErr == nil {
+				badErr = err
+			}
+			bad = append(bad, d.id)
+			b.opts.Logger.Warn("berth/postgres: claimed job cannot be decoded; handed back (no attempt counted)",
+				"queue", queue, "job_id", d.id, "err", err)
 			continue
 		}
 		var exact bool
@@ -229,17 +258,54 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		b.recoverClaim(conn, queue, token, pid, err)
 		return nil, 0, b.wrap(ctx, "receive", err)
 	}
-	if len(ds) > 0 && (ctx.Err() != nil || b.isClosed()) {
+	if len(ds)+len(bad) > 0 && (ctx.Err() != nil || b.isClosed()) {
 		// Nobody can settle them: the caller went, or Close came while
 		// the claim ran (every settlement is then ErrClosed).
-		b.handBack(ctx, conn, queue, ds)
+		ids := append([]int64(nil), bad...)
+		for _, d := range ds {
+			ids = append(ids, d.(*delivery).id)
+		}
+		b.handBack(ctx, conn, queue, token, ids, true)
 		if ctx.Err() != nil {
 			return nil, 0, ctx.Err()
 		}
 		return nil, 0, errClosed("receive")
 	}
+	if len(bad) > 0 {
+		// Due at once, no attempt counted, but no NOTIFY: the waiting
+		// Receive calls would only claim them again and fail. The rows
+		// decoded are delivered; with none, the caller gets the error.
+		b.handBack(ctx, conn, queue, token, bad, false)
+		if len(ds) == 0 {
+			return nil, 0, &DecodeError{Queue: queue, JobIDs: bad, Err: badErr}
+		}
+	}
 	return ds, poisoned, nil
 }
+
+// DecodeError is the error of a Receive whose claim took only jobs whose
+// row could not be decoded into a delivery: a value the broker's Go types
+// cannot hold, written by hand or by another tool (a first_failure_at of
+// 'infinity', say). Those rows were handed back at once, due now, with
+// their attempt not counted (they were not run), so they are not stranded
+// for a lease nor dead-lettered by a cap they never ran into; the job ids
+// tell which rows to fix (or dead-letter, or delete) in SQL. A claim that
+// also took rows that decode delivers those, and logs the others (same
+// hand-back), instead of returning this error. Use errors.As to get it;
+// Err (a [pgx.ScanArgError], which names the column) is in the chain.
+type DecodeError struct {
+	Queue  string  // the queue received from
+	JobIDs []int64 // the rows' ids in the jobs table
+	Err    error   // the first row's decode error
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("berth/postgres: receive from %s: %d claimed job(s) cannot be decoded, handed back (job ids %v): %v",
+		e.Queue, len(e.JobIDs), e.JobIDs, e.Err)
+}
+
+// Unwrap returns the decode error.
+func (e *DecodeError) Unwrap() error { return e.Err }
 
 // delivery is one claimed row. Its settlements are fenced by the lease token.
 type delivery struct {
@@ -365,21 +431,18 @@ func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
 // failed, else 'retry' (as it was before the claim).
 const releasedStatus = `CASE WHEN attempt_count <= 1 AND first_failure_at IS NULL THEN 'queued' ELSE 'retry' END`
 
-// handBack releases, as Release does, the rows ds of queue that a claim took
-// for a Receive that cannot return them (its caller went, or the broker was
-// closed meanwhile). It runs on the claim's connection, not one taken from
-// the pool: the application closes the pool after Close (the broker does
-// not own it), and a closed pool gives no new connection, while the one
-// held stays usable. It is one statement for all the rows, bounded by the
-// claim limit, and it runs after Close too (Release would refuse), so that
-// the rows are not left leased to nobody with an attempt spent; rows it
-// cannot hand back come back after their lease.
-func (b *Broker) handBack(ctx context.Context, conn *pgxpool.Conn, queue string, ds []sdk.Delivery) {
-	ids := make([]int64, len(ds))
-	tokens := make([]string, len(ds))
-	for i, d := range ds {
-		ids[i], tokens[i] = d.(*delivery).id, d.(*delivery).token
-	}
+// handBack releases, as Release does, the rows ids of queue that the claim
+// made with token took for a Receive that cannot return them (its caller
+// went, or the broker was closed meanwhile, or they could not be decoded).
+// It runs on the claim's connection, not one taken from the pool: the
+// application closes the pool after Close (the broker does not own it),
+// and a closed pool gives no new connection, while the one held stays
+// usable. It is one statement for all the rows, bounded by the claim
+// limit, and it runs after Close too (Release would refuse), so that the
+// rows are not left leased to nobody with an attempt spent; rows it cannot
+// hand back come back after their lease. With notify, the queue's waiting
+// Receive calls are woken.
+func (b *Broker) handBack(ctx context.Context, conn *pgxpool.Conn, queue, token string, ids []int64, notify bool) {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.claimTimeout)
 	defer cancel()
 	batch := &pgx.Batch{}
@@ -387,12 +450,13 @@ func (b *Broker) handBack(ctx context.Context, conn *pgxpool.Conn, queue string,
 		status = `+releasedStatus+`,
 		attempt_count = greatest(attempt_count - 1, 0),
 		available_at = now(), visibility_until = NULL, updated_at = now()
-		FROM unnest($1::bigint[], $2::uuid[]) AS h(id, token)
-		WHERE j.id = h.id AND j.lease_token = h.token AND j.status = 'processing'`, ids, tokens)
-	batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
+		WHERE j.id = ANY($1::bigint[]) AND j.lease_token = $2::uuid AND j.status = 'processing'`, ids, token)
+	if notify {
+		batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
+	}
 	if err := conn.SendBatch(hctx, batch).Close(); err != nil {
-		b.opts.Logger.Warn("berth/postgres: jobs claimed for a Receive that ended not handed back; they come back after their lease",
-			"queue", queue, "jobs", len(ds), "err", err)
+		b.opts.Logger.Warn("berth/postgres: jobs claimed for a Receive that cannot return them not handed back; they come back after their lease",
+			"queue", queue, "jobs", len(ids), "err", err)
 	}
 }
 

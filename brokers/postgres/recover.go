@@ -14,9 +14,9 @@ const recoverMaxWait = 500 * time.Millisecond
 
 // recoverClaim is called when the claim statement, sent on conn, failed
 // with err. When the connection was lost after the statement was sent (conn
-// is closed, by a network failure or by the claim's time limit, and err is
-// not an error the server reported, which rolled the claim back, nor one
-// from before anything was sent), the server may have committed the claim
+// is closed, by a network failure, by the claim's time limit or by the
+// server ending the session, and err is not an error from before anything
+// was sent), the server may have committed the claim
 // while its reply was lost: the rows would stay leased to nobody for a
 // whole lease, an attempt spent. recoverClaim then hands them back in
 // the background, on another connection: the claim wrote token into
@@ -25,16 +25,24 @@ const recoverMaxWait = 500 * time.Millisecond
 // notified.
 //
 // The claim may still be running on the server when its connection is
-// found broken (a commit waiting for its WAL flush, say): the hand-back
-// runs once pid, the claim's server process, has finished it (it is gone
-// or idle), so that a claim committed after the first look is not missed.
+// found broken (a commit waiting for its WAL flush, say), or not have
+// reached it yet: the hand-back looks until pid, the claim's server
+// process, is gone, so that a claim committed after the first look is not
+// missed.
 // The whole recovery is bounded by the claim limit and the lease (the rows
-// come back after their lease anyway) and stops at Close; rows it cannot
-// hand back are logged, and come back after their lease.
+// come back after their lease anyway); one under way at Close is given
+// Close's grace (closeGrace) to finish, and one not started when Close
+// began is not run. Rows it cannot hand back are logged, and come back
+// after their lease.
 func (b *Broker) recoverClaim(conn *pgxpool.Conn, queue, token string, pid uint32, err error) {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) || !conn.Conn().PgConn().IsClosed() {
-		return // rolled back by the server, never sent, or answered
+	// A server error on a connection still open rolled the claim back
+	// (an error of its statement or of its commit). One that closed the
+	// connection (FATAL: a shutdown, pg_terminate_backend, a pooler that
+	// lost its server) ended the session, not necessarily the claim: it
+	// may come after the commit, before the ReadyForQuery, and is
+	// recovered as a lost connection is.
+	if pgconn.SafeToRetry(err) || !conn.Conn().PgConn().IsClosed() {
+		return // never sent, or answered
 	}
 	bound := min(b.claimTimeout, b.opts.Lease)
 	if !b.goOwnedIfOpen(func() { b.recoverLoop(queue, token, pid, err, bound) }) {
@@ -46,7 +54,7 @@ func (b *Broker) recoverClaim(conn *pgxpool.Conn, queue, token string, pid uint3
 // recoverLoop looks for the rows of the claim made with token until they
 // are handed back, the claim is known to have taken none, or bound runs out.
 func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound time.Duration) {
-	ctx, cancel := context.WithTimeout(b.life, bound)
+	ctx, cancel := context.WithTimeout(b.handBacks, bound)
 	defer cancel()
 	wait := minWait
 	for {
@@ -66,7 +74,7 @@ func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound
 		case <-ctx.Done():
 			t.Stop()
 			if err == nil {
-				err = errors.New("the claim's server process is still busy")
+				err = errors.New("the claim's server process is still there")
 			}
 			b.opts.Logger.Warn("berth/postgres: a claim's reply was lost and the jobs it may have taken could not be handed back; they come back after their lease",
 				"queue", queue, "err", cause, "hand_back_err", err)
@@ -78,11 +86,14 @@ func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound
 }
 
 // handBackToken runs one look of recoverLoop: first whether the claim's
-// server process pid has finished its statement (no such process, or one
-// idle), then, in a later statement and so on a later snapshot, the
-// hand-back of the rows still leased with token. n counts the rows handed
-// back; finished means none is left to find. A pid of a pooler, not of a
-// server process, is not found: one look then decides.
+// server process pid is gone, then, in a later statement and so on a later
+// snapshot, the hand-back of the rows still leased with token. n counts the
+// rows handed back; finished means none is left to find. A process that is
+// idle has not finished the claim: it may not have read it yet (a request
+// delayed on the network, behind which the client gave up), and runs it
+// when it arrives; it ends at the Terminate pgx sends when it closes the
+// connection, or when the server finds the connection closed. A pid of a
+// pooler, not of a server process, is not found: one look then decides.
 func (b *Broker) handBackToken(ctx context.Context, queue, token string, pid uint32) (n int64, finished bool, err error) {
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
@@ -90,7 +101,7 @@ func (b *Broker) handBackToken(ctx context.Context, queue, token string, pid uin
 	}
 	defer conn.Release()
 	if err := conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
-		WHERE pid = $1 AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle')`, int64(pid)).Scan(&finished); err != nil {
+		WHERE pid = $1 AND pid <> pg_backend_pid())`, int64(pid)).Scan(&finished); err != nil {
 		return 0, false, err
 	}
 	// available_at bounds the scan of the claim index to leases still

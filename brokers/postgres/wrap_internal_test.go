@@ -73,7 +73,7 @@ func TestWrapClientErrors(t *testing.T) {
 		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true},
 		{"eof", fmt.Errorf("failed to receive message: %w", io.ErrUnexpectedEOF), true},
 		{"conn closed", fmt.Errorf("query: %w", pgconn.ErrConnClosed), true},
-		{"pool closed", puddle.ErrClosedPool, true},
+		{"pool closed", puddle.ErrClosedPool, false}, // sdk.ErrClosed: see TestClosedReportsErrClosed
 	} {
 		err := b.wrap(live, "op", c.err)
 		if got := errors.Is(err, sdk.ErrUnavailable); got != c.unavailable || !errors.Is(err, c.err) {

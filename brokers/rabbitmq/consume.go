@@ -64,6 +64,13 @@ func (c *consumer) pause() <-chan struct{} {
 		case c.pauseReq <- struct{}{}:
 		default: // one is pending: the session reads the state when it takes it
 		}
+		if st := c.cur.Load(); st == nil || st.isDead() {
+			// No channel open (not yet, or lost: the server requeued what
+			// it held): nothing to hand back. A session that opens one
+			// stored it in cur before it reads the pause state (under
+			// pmu), so it finds the pause and consumes nothing.
+			close(c.handed)
+		}
 	}
 	return c.handed
 }
@@ -475,6 +482,8 @@ func (c *consumer) session() error {
 		_ = ch.Close()
 		return err
 	}
+	// While paused no basic.consume tells of the channel's death: this does.
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	// Once the session ends its channel has closed: the server holds nothing
 	// for it, so a pause waiting for its hand-back is done.
 	defer func() {
@@ -489,6 +498,12 @@ func (c *consumer) session() error {
 			c.markHanded(handed)
 			select {
 			case <-resumed:
+			case <-chClosed:
+				// The connection or the channel died: the server requeued
+				// what it held. Open another at once (still paused), as
+				// when a consuming channel dies, rather than find it dead
+				// at the resume.
+				return nil
 			case <-st.dead:
 				_ = ch.Close()
 				return nil
@@ -913,10 +928,17 @@ var _ sdk.ReceiveStopper = (*Broker)(nil)
 // Release, and acks the originals, as Close does. The channel stays open:
 // the deliveries Receive returned settle as usual. The next Receive of queue
 // (or one waiting on it whose ctx is not done) consumes again. [sdk.Worker]'s
-// Pause calls it. It returns nil when the queue has no consumer, and
-// [sdk.ErrClosed] after Close.
+// Pause calls it. It returns nil when the queue has no consumer, or its
+// consumer has no channel open (lost with the connection: the server
+// requeued what it held), and [sdk.ErrClosed] after Close. With ctx already
+// done it stops nothing and returns ctx.Err().
 func (b *Broker) StopReceiving(ctx context.Context, queue string) error {
 	if err := sdk.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	// A Worker's Resume cancels the ctx of its Pause's call: one that
+	// starts after that must not pause the consumer the Worker resumed.
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if b.closed() {

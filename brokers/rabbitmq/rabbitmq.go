@@ -118,7 +118,9 @@
 // whole pause; a copy that fails is requeued (basic.nack), its attempt
 // counted. The channel stays open for the deliveries Receive returned. The
 // next Receive of the queue, or one waiting on it whose ctx is not done,
-// consumes again on the same channel.
+// consumes again on the same channel. A paused consumer whose channel dies
+// (the connection lost) opens another at once, still paused; while it has
+// none, StopReceiving has nothing to hand back and returns at once.
 //
 // # Leases
 //

@@ -480,6 +480,13 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 			fmt.Fprintf(c.stdout, "not a dead letter of %s: %s\n", esc(r.Queue), esc(id))
 		}
 	}
+	if r.Incomplete != "" {
+		// As dlq list: a count from a capped scan is a lower bound, not the
+		// answer, so it exits 4 (nor is "none of the first -scan-limit
+		// matched" a "nothing matched").
+		return &partialError{msg: fmt.Sprintf("the dry run is partial: the scan stopped before the end of the dead-letter queue of %s, "+
+			"so more than %d may match; raise -scan-limit (it was %d) or narrow the filter to count them all", r.Queue, r.Matched, c.scanLimit)}
+	}
 	if r.Matched == 0 {
 		return fmt.Errorf("no dead letter of %s matches: %w", r.Queue, errNothing)
 	}

@@ -232,7 +232,7 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 		for _, s := range strings.Split(c.status, ",") {
 			st := ledger.Status(strings.TrimSpace(s))
 			if !st.Valid() {
-				return usagef("-status %q: want one or more of %s", s, statusNames())
+				return usagef("-status \"%s\": want one or more of %s", s, statusNames())
 			}
 			f.Statuses = append(f.Statuses, st)
 		}

@@ -30,7 +30,8 @@
 // refused before anything is read);
 // 3 nothing matched or not found; 4 partial (some chosen dead letters were
 // not moved, the command was interrupted, or the broker's scan stopped
-// before the end of the dead-letter queue; the output says which and why).
+// before the end of the dead-letter queue, a dlq list or a -dry-run too; the
+// output says which and why).
 //
 // Text output escapes control characters, terminal escape sequences,
 // bidirectional-text controls, invisible characters (zero-width, tag
@@ -59,6 +60,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/berthq/berth/brokerurl"
+	"github.com/berthq/berth/dashboard"
 	"github.com/berthq/berth/doctor"
 	"github.com/berthq/berth/sdk"
 )
@@ -145,10 +147,14 @@ func commands() []*command {
 			flags: append(append([]string{}, filters...), "limit", "offset", "scan-limit"), run: runList},
 		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow},
 		{name: "dlq redrive", args: "QUEUE [ID...]", short: "put the chosen dead letters (IDs and/or filters; all when none) back on QUEUE, attempts reset",
-			long:  "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be redriven.",
+			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be redriven.\n" +
+				"When the broker's scan stopped before the end of the dead-letter queue (SQS: -scan-limit), the count is\n" +
+				"partial (\"at least N\"): a change or a -dry-run exits 4.",
 			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actRedrive) }},
 		{name: "dlq purge", args: "QUEUE [ID...]", short: "delete the chosen dead letters (IDs and/or filters; all when none) for good",
-			long:  "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be deleted.",
+			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be deleted.\n" +
+				"When the broker's scan stopped before the end of the dead-letter queue (SQS: -scan-limit), the count is\n" +
+				"partial (\"at least N\"): a change or a -dry-run exits 4.",
 			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actPurge) }},
 		{name: "outbox list", args: "", short: "the outbox rows the relay parked after every attempt failed (-db, -table)",
 			flags: []string{"db", "table", "limit"}, run: runOutboxList},
@@ -187,8 +193,12 @@ func commands() []*command {
 				"(127.0.0.1, [::1], localhost) are answered. -read-only hides and refuses every change.\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
 				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
-				"With -db, queue pages also show and change pauses (the table of berth queue pause).",
-			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema"}, run: runUI},
+				"With -db, queue pages also show and change pauses (the table of berth queue pause).\n" +
+				"A page whose broker does not answer within -request-timeout (default 1m) fails with 503 and says so;\n" +
+				"a redrive or purge is not cut by it (each broker call has its own 2m bound). -timeout stops the server.\n" +
+				"Ctrl-C stops it: requests in hand get 5s, then a redrive or purge stops after the page it is moving,\n" +
+				"which is finished (and logged) before the broker is closed; a second Ctrl-C kills it at once.",
+			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema", "request-timeout"}, run: runUI},
 	}
 }
 
@@ -221,6 +231,7 @@ type cli struct {
 	resultsTable, redis   string
 	drainTimeout, grace   time.Duration
 	checkTimeout          time.Duration
+	requestTimeout        time.Duration
 }
 
 func newCLI(e env) *cli {
@@ -246,6 +257,7 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "ui: listen address (not loopback: needs a token)")
 	fs.StringVar(&c.token, "token", "", "ui: the token every request must carry (default $BERTH_UI_TOKEN, which keeps it out of ps)")
 	fs.BoolVar(&c.readOnly, "read-only", false, "ui: show, never change")
+	fs.DurationVar(&c.requestTimeout, "request-timeout", dashboard.DefaultTimeout, "ui: how long a page (or a GET of the API, a confirmation's count, a pause) may wait on the broker before it answers 503")
 	fs.BoolVar(&c.demo, "demo", false, "ui: with mem://, seed a few queues and dead letters to look at")
 	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
 	fs.StringVar(&c.db, "db", "", "outbox, job, jobs: the application's PostgreSQL, where the outbox and the ledger live (default $BERTH_DB)")

@@ -291,7 +291,7 @@ func cliMatrix(t *testing.T, u, queue string, ids []string, listsQueues bool) {
 // scan can stop early (here: a second copy of a message the redrive already
 // moved). Either way the CLI says the scan is incomplete, counts what it did
 // and what the broker still holds, and a change exits 4. A capped list
-// exits 4 too, saying on stderr that it is partial and how to see the rest:
+// and a capped dry run exit 4 too, saying on stderr that it is partial and how to see the rest:
 // before, it exited 0 (3 when none of the letters read matched), and a
 // script took the first -scan-limit dead letters for all of them.
 func TestOnSQSScanIncomplete(t *testing.T) {
@@ -320,7 +320,7 @@ func TestOnSQSScanIncomplete(t *testing.T) {
 		t.Fatalf("uncapped list (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 	r = cliOn(t, u, "dlq", "redrive", queue, "-reason", "/./", "-scan-limit", "3", "-dry-run")
-	if r.code != 0 || !strings.Contains(r.out, "would redrive at least 3 dead letter(s)") || !strings.Contains(r.out, "the scan stopped before the end of the dead-letter queue") {
+	if r.code != exitPartial || !strings.Contains(r.err, "the dry run is partial") || !strings.Contains(r.out, "would redrive at least 3 dead letter(s)") || !strings.Contains(r.out, "the scan stopped before the end of the dead-letter queue") {
 		t.Fatalf("capped dry run (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 	// A capped change moves what it saw and exits 4.

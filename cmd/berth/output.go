@@ -17,14 +17,9 @@ func esc(s string) string { return dlq.EscapeText(s, false) }
 // escBlock is esc for multi-line text: newlines and tabs are kept.
 func escBlock(s string) string { return dlq.EscapeText(s, true) }
 
-// oneLine is esc cut to n runes.
-func oneLine(s string, n int) string {
-	s = esc(s)
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	return string([]rune(s)[:n-1]) + "…"
-}
+// oneLine is esc cut to n runes, between whole escapes (see
+// dlq.EscapeTextShort).
+func oneLine(s string, n int) string { return dlq.EscapeTextShort(s, n) }
 
 // writeJSON prints v as one line of JSON, with the characters that would
 // act on a terminal or reorder the text written as \u escapes (see
@@ -80,7 +75,7 @@ type jsonChange struct {
 	Done        int           `json:"done"`
 	Missed      int           `json:"missed"`
 	Complete    bool          `json:"complete"`
-	Incomplete  string        `json:"incomplete,omitempty"` // why the scan stopped before the end of the dead-letter queue: more may match (exit 4 unless -dry-run)
+	Incomplete  string        `json:"incomplete,omitempty"` // why the scan stopped before the end of the dead-letter queue: more may match (exit 4, -dry-run too)
 	Interrupted bool          `json:"interrupted"`
 	Error       string        `json:"error,omitempty"` // the error that stopped it part-way (exit 4 when some were done)
 	Failed      []jsonFailure `json:"failed"`

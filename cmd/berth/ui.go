@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,6 +23,9 @@ import (
 func runUI(ctx context.Context, c *cli, args []string) error {
 	if len(args) != 0 {
 		return usagef("ui takes no arguments (queues go in -queues)")
+	}
+	if c.requestTimeout <= 0 {
+		return usagef("-request-timeout must be positive")
 	}
 	token := c.token
 	if token == "" {
@@ -48,7 +52,7 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		}
 	}
 	logger := slog.New(slog.NewTextHandler(c.stderr, nil))
-	o := dashboard.Options{ReadOnly: c.readOnly, Token: token, Title: redactedURL(c.url), Logger: logger}
+	o := dashboard.Options{ReadOnly: c.readOnly, Token: token, Title: redactedURL(c.url), Logger: logger, Timeout: c.requestTimeout}
 	for _, q := range strings.Split(c.queues, ",") {
 		if q = strings.TrimSpace(q); q != "" {
 			o.Queues = append(o.Queues, q)
@@ -94,7 +98,23 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	if token == "" {
 		h = loopbackHostOnly(d)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	// Every request in hand is waited for before the broker is closed
+	// (deferred above): a redrive or purge under way when berth ui stops
+	// finishes the page it is moving, and the dashboard logs what it did.
+	var inFlight sync.WaitGroup
+	next := h
+	h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inFlight.Add(1)
+		defer inFlight.Done()
+		next.ServeHTTP(w, r)
+	})
+	defer inFlight.Wait()
+	// IdleTimeout: without it (and without ReadTimeout, which would cut a
+	// long redrive) an idle keep-alive connection is kept for ever, and
+	// anyone who can reach the address, token or not, could hold them
+	// until the process runs out of files.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: uiIdleTimeout,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(c.stderr, "berth ui: serving http://%s/%s (Ctrl-C to stop)\n", ln.Addr(), map[bool]string{true: " read-only", false: ""}[c.readOnly])
 	if c.listening != nil {
 		c.listening(ln.Addr().String())
@@ -106,14 +126,31 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uiShutdownGrace)
 	defer cancel()
 	err = srv.Shutdown(sctx)
 	if serr := <-done; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
+	if err != nil {
+		// Requests still running after the grace: close their connections,
+		// which ends their contexts; a redrive or purge then stops after
+		// the page in hand (each broker call has dlq.PageTimeout), and the
+		// deferred Wait holds the broker open until it has.
+		fmt.Fprintf(c.stderr, "berth ui: requests still running after %v; stopping them after their current broker call\n", uiShutdownGrace)
+		_ = srv.Close()
+		err = nil
+	}
 	return err
 }
+
+// uiShutdownGrace is how long berth ui waits, once interrupted, for the
+// requests in hand before it closes their connections; uiIdleTimeout is
+// how long it keeps an idle keep-alive connection. Tests shorten them.
+var (
+	uiShutdownGrace = 5 * time.Second
+	uiIdleTimeout   = 2 * time.Minute
+)
 
 // loopbackHostOnly refuses (403) a request whose Host is not a loopback
 // name or address. Without a token the dashboard listens on loopback only,

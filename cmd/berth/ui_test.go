@@ -208,3 +208,38 @@ func TestUIWithoutATokenRefusesAForeignHost(t *testing.T) {
 		t.Errorf("dry-run purge for Host localhost: %d", code)
 	}
 }
+
+// silentStats is a broker whose statistics never come: each read waits
+// until its context ends, as a network broker's does when its server is gone
+// without a word.
+type silentStats struct{ unpagedView }
+
+func (silentStats) Stats(ctx context.Context, _ string) (sdk.QueueStats, error) {
+	<-ctx.Done()
+	return sdk.QueueStats{}, ctx.Err()
+}
+
+// berth ui gives the dashboard its -request-timeout: a page whose broker
+// does not answer fails with 503 within it, saying so. A bound that is not
+// positive is a usage error, before the broker is opened.
+func TestUIRequestTimeout(t *testing.T) {
+	b, _ := deadLettered(t, 1)
+	opened := false
+	e := env{open: func(context.Context, string) (sdk.Broker, error) {
+		opened = true
+		return silentStats{unpagedView{Broker: b, DeadLetters: b, Inspector: b}}, nil
+	}}
+	for _, bad := range []string{"0s", "-1s"} {
+		if r := berthEnv(t, context.Background(), b, e, "ui", "-request-timeout", bad); r.code != exitUsage || !strings.Contains(r.err, "-request-timeout") {
+			t.Errorf("ui -request-timeout %s: exit %d %s", bad, r.code, r.err)
+		}
+	}
+	if opened {
+		t.Error("a bad -request-timeout opened the broker")
+	}
+	addr, _ := startUI(t, e, "-url", "mem://", "-addr", "127.0.0.1:0", "-queues", "billing", "-request-timeout", "50ms")
+	code, body := httpGet(t, "http://"+addr+"/queues/billing", "")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "did not answer within 50ms") {
+		t.Errorf("a page of a broker that does not answer: %d %s", code, body)
+	}
+}

@@ -15,23 +15,36 @@
 // At REPEATABLE READ or SERIALIZABLE (a transaction's, or the database's
 // default_transaction_isolation), an update that finds its row changed by a
 // concurrent transaction fails with a serialization failure (SQLSTATE 40001)
-// instead of matching no row. Run outside a transaction (on a pool, or a
-// connection not in one), that statement was its own transaction and the
-// failure is the same lost race: [Table.Update] reports it as [ErrVersionConflict]. In a
-// transaction it aborted the whole transaction: Update returns it as is,
-// [Retrier.Do] does not retry it (every later statement of the transaction
-// would fail), and the caller re-runs the transaction (a job's handler
-// returns it, and the job is retried).
+// instead of matching no row; at SERIALIZABLE a read or write can also fail
+// so on a read/write dependency, and any statement can be chosen as the
+// victim of a deadlock (40P01) — with a concurrent migration, a trigger.
+//
+// Run outside a transaction (on a pool, or a connection not in one), that
+// statement was its own transaction, rolled back with no effect, and the
+// failure is a lost race like a stale version: [Table.Get] and [Table.Update]
+// report it as a [*ConflictError] ([ErrVersionConflict]) whose Cause is the
+// PostgreSQL error and whose message names it — the row's version may well
+// be the one the update expected (a concurrent write that left the version
+// alone, a deadlock, a dependency) — and [Retrier.Do] reloads and retries.
+//
+// In a transaction it aborted the whole transaction: Get and Update return
+// it as the database error it is (errors.As finds the *pgconn.PgError; not
+// a conflict), Retrier.Do does not retry it (every later statement of the
+// transaction would fail), and the caller rolls back and re-runs the
+// transaction (a job's handler returns it, and the job is retried).
 package optimistic
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/internal/sqlident"
@@ -55,22 +68,64 @@ var (
 	ErrNotFound = notfound.New("optimistic: row not found")
 )
 
-// ConflictError is the error of an update that lost the race. It wraps
-// [ErrVersionConflict].
+// ConflictError is the error of a read or update that lost the race. It
+// wraps [ErrVersionConflict], and Cause when there is one.
 type ConflictError struct {
 	Table    string
 	Key      any
-	Expected int64 // the version the update named
-	Actual   int64 // the row's version when the conflict was found
+	Expected int64 // the version the update named (0 for a read)
+	// Actual is the row's version when the conflict was found; -1 when it
+	// could not be read again (and for a read).
+	Actual int64
+	// Op is the operation that lost the race: "update" (also when empty)
+	// or "get".
+	Op string
+	// Cause is nil for a stale version: the update matched no row. Otherwise
+	// it is the PostgreSQL error — a serialization failure (SQLSTATE 40001)
+	// or a deadlock (40P01) — that rolled back the statement, run as its own
+	// transaction (see the package doc). Actual may then equal Expected.
+	Cause error
 }
 
-// Error describes the conflict.
+// Error describes the conflict. A conflict detected from a serialization
+// failure or deadlock says so, with the row's version when known: "expected
+// version 3, found 3" would tell an operator the versions matched and
+// nothing was wrong.
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("optimistic: %s %s: expected version %d, found %d", e.Table, sqlident.KeyText(e.Key), e.Expected, e.Actual)
+	key := sqlident.KeyText(e.Key)
+	if e.Cause == nil {
+		return fmt.Sprintf("optimistic: %s %s: expected version %d, found %d", e.Table, key, e.Expected, e.Actual)
+	}
+	what := "serialization failure (SQLSTATE 40001)"
+	if raceCode(e.Cause) == "40P01" {
+		what = "deadlock (SQLSTATE 40P01)"
+	}
+	if e.Op == OpGet {
+		return fmt.Sprintf("optimistic: %s %s: read rolled back by a %s, a lost race detected as a version conflict: %v",
+			e.Table, key, what, e.Cause)
+	}
+	now := "the row could not be read again"
+	if e.Actual >= 0 {
+		now = fmt.Sprintf("the row is at version %d", e.Actual)
+	}
+	return fmt.Sprintf("optimistic: %s %s: update of version %d rolled back by a %s, a lost race detected as a version conflict (%s): %v",
+		e.Table, key, e.Expected, what, now, e.Cause)
 }
 
-// Unwrap returns ErrVersionConflict.
-func (e *ConflictError) Unwrap() error { return ErrVersionConflict }
+// Unwrap returns ErrVersionConflict, and Cause when not nil (so errors.As
+// finds the *pgconn.PgError and its SQLSTATE).
+func (e *ConflictError) Unwrap() []error {
+	if e.Cause == nil {
+		return []error{ErrVersionConflict}
+	}
+	return []error{ErrVersionConflict, e.Cause}
+}
+
+// The operations a [ConflictError] names.
+const (
+	OpGet    = "get"
+	OpUpdate = "update"
+)
 
 // DB is what the statements run on: a pgx.Tx, *pgx.Conn or *pgxpool.Pool.
 type DB interface {
@@ -108,7 +163,10 @@ func New(opts Options) (*Table, error) {
 }
 
 // Get reads the row's version and the given columns into dest (one target per
-// column). A missing row gives a permanent [ErrNotFound].
+// column). A missing row gives a permanent [ErrNotFound]. A serialization
+// failure or deadlock of a Get run outside a transaction is a
+// [*ConflictError] ([ErrVersionConflict]); in a transaction it is returned
+// as the database error, not a conflict (see the package doc).
 func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest ...any) (int64, error) {
 	if len(columns) != len(dest) {
 		return 0, fmt.Errorf("optimistic: %d columns but %d destinations", len(columns), len(dest))
@@ -124,6 +182,9 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 	q := "SELECT " + strings.Join(append([]string{t.version}, cols...), ", ") +
 		" FROM " + t.table + " WHERE " + t.key + " = $1"
 	if err := db.QueryRow(ctx, q, key).Scan(append([]any{&version}, dest...)...); err != nil {
+		if lostRace(ctx, db, err) {
+			return 0, &ConflictError{Table: t.name, Key: key, Actual: -1, Op: OpGet, Cause: err}
+		}
 		return 0, t.wrap(ctx, key, err)
 	}
 	return version, nil
@@ -132,8 +193,9 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 // Update sets the columns in set on the row whose key is key, provided its
 // version is still version, and bumps the version. It returns the new
 // version. A stale version gives a [*ConflictError] ([ErrVersionConflict]),
-// as does a serialization failure of an Update run outside a transaction
-// (see the package doc); a missing row gives a permanent [ErrNotFound].
+// as does a serialization failure or deadlock of an Update run outside a
+// transaction (with Cause set; see the package doc); a missing row gives a
+// permanent [ErrNotFound].
 // Column names are validated and quoted; values are bind parameters. set must not name the key or version column.
 func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set map[string]any) (int64, error) {
 	names := make([]string, 0, len(set))
@@ -166,26 +228,48 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 	if err == nil {
 		return next, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) && !(serializationFailure(err) && ownTransaction(db)) {
+	var cause error // the serialization failure or deadlock, if that was it
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case lostRace(ctx, db, err):
+		cause = err
+	default:
 		return 0, t.wrap(ctx, key, err)
 	}
 	// No row matched, or (REPEATABLE READ or SERIALIZABLE) the row changed
-	// while the update waited for it: tell a stale version from a missing
-	// row.
+	// while the update waited for it, or the statement lost another race:
+	// tell a stale version from a missing row.
 	var actual int64
 	err = db.QueryRow(ctx, "SELECT "+t.version+" FROM "+t.table+" WHERE "+t.key+" = $1", key).Scan(&actual)
 	if err != nil {
+		if lostRace(ctx, db, err) { // the update lost anyway; a reload tells
+			return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: -1, Op: OpUpdate, Cause: err}
+		}
 		return 0, t.wrap(ctx, key, err)
 	}
-	return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: actual}
+	return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: actual, Op: OpUpdate, Cause: cause}
 }
 
-// serializationFailure reports whether err is PostgreSQL's serialization
-// failure (SQLSTATE 40001): at REPEATABLE READ or SERIALIZABLE, an update of
-// a row another transaction changed after the statement's snapshot.
-func serializationFailure(err error) bool {
+// raceCode returns the SQLSTATE of err when PostgreSQL rolled back the
+// statement (its transaction) as the loser of a race with a concurrent
+// transaction: "40001", a serialization failure (at REPEATABLE READ or
+// SERIALIZABLE, a row another transaction changed after the snapshot, or a
+// read/write dependency), or "40P01", a deadlock victim. Else "".
+func raceCode(err error) string {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "40001"
+	if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// lostRace reports whether err is a serialization failure or deadlock of a
+// statement that ran on db as its own transaction, so re-running the
+// read-modify-write is safe: a lost race, not an error. In the caller's
+// transaction the failure aborted it, and it is not. A cancelled ctx is
+// not a race either.
+func lostRace(ctx context.Context, db DB, err error) bool {
+	return ctx.Err() == nil && raceCode(err) != "" && ownTransaction(db)
 }
 
 // ownTransaction reports whether the statement that just failed on db ran
@@ -230,6 +314,15 @@ type Retrier struct {
 	// optimistic-lock-conflict metric. It must be quick and safe for
 	// concurrent use.
 	OnConflict func(ctx context.Context, attempt int, err error)
+	// Backoff, when positive, spaces the attempts: after the n-th conflict
+	// Do waits a random duration in [0, Backoff·2^(n-1)) — full jitter, the
+	// doubling capped at 64×Backoff — before the next attempt, and returns
+	// ctx.Err() if ctx ends first. Zero (the default) retries at once: each
+	// stale version means another update of the row landed, so the writers
+	// as a whole make progress, but many writers of one hot row spend their
+	// attempts colliding, and a statement that lost to a deadlock or a
+	// serialization failure may meet the same transaction again.
+	Backoff time.Duration
 
 	conflicts atomic.Int64
 }
@@ -240,7 +333,8 @@ type Retrier struct {
 // the stale write can never succeed. When every try conflicts, Do returns the
 // last conflict wrapped in an [*ExhaustedError] (still matching
 // ErrVersionConflict); the error is transient: a later retry of the job
-// reloads again.
+// reloads again. Between attempts Do checks ctx, and waits Backoff (with
+// jitter) when set; a ctx that ends stops it with ctx.Err().
 func (r *Retrier) Do(ctx context.Context, attempt func(ctx context.Context) error) error {
 	limit := r.MaxAttempts
 	if limit <= 0 {
@@ -258,8 +352,42 @@ func (r *Retrier) Do(ctx context.Context, attempt func(ctx context.Context) erro
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if i < limit && r.Backoff > 0 {
+			if err := sleep(ctx, rand.N(r.backoffCeiling(i))); err != nil {
+				return err
+			}
+		}
 	}
 	return &ExhaustedError{Attempts: limit, Err: err}
+}
+
+// backoffCeiling is the bound of the wait after the n-th conflict:
+// Backoff·2^(n-1), the doubling capped at 64×Backoff, and at the largest
+// duration when that overflows. Backoff must be positive.
+func (r *Retrier) backoffCeiling(n int) time.Duration {
+	d := r.Backoff
+	for range min(n-1, 6) {
+		if d > math.MaxInt64/2 {
+			return math.MaxInt64
+		}
+		d *= 2
+	}
+	return d
+}
+
+// sleep waits d, or until ctx ends (returning ctx.Err()).
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Conflicts returns the number of conflicts Do has met, over all calls.

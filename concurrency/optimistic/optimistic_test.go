@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -181,15 +182,20 @@ func ExampleRetrier() {
 
 // repeatableReadDSN is the test database's DSN with every transaction
 // REPEATABLE READ, a statement run outside a transaction included.
-func repeatableReadDSN(t *testing.T) string {
+func repeatableReadDSN(t *testing.T) string { return isolationDSN(t, "repeatable read") }
+
+// isolationDSN is the test database's DSN with every transaction at level
+// (default_transaction_isolation), a statement run outside a transaction
+// included.
+func isolationDSN(t *testing.T, level string) string {
 	dsn := integration.PostgresDSN(t)
 	switch {
 	case !strings.Contains(dsn, "://"):
-		return dsn + " default_transaction_isolation='repeatable read'"
+		return dsn + " default_transaction_isolation='" + level + "'"
 	case strings.Contains(dsn, "?"):
-		return dsn + "&default_transaction_isolation=repeatable%20read"
+		return dsn + "&default_transaction_isolation=" + url.PathEscape(level)
 	default:
-		return dsn + "?default_transaction_isolation=repeatable%20read"
+		return dsn + "?default_transaction_isolation=" + url.PathEscape(level)
 	}
 }
 

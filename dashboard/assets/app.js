@@ -1,8 +1,21 @@
 // berth dashboard: live overview and page selection. No framework; all
-// text goes in through textContent, never as HTML.
+// text goes in through textContent, never as HTML, and only numbers: names
+// are shown by the server, which escapes them (a new queue reloads the page).
 "use strict";
 
+// refreshQueues updates the overview's table from the API. A refresh still
+// waiting on the server (a broker that does not answer: the server gives up
+// after its -request-timeout) is not joined by another: the ticks that come
+// meanwhile are skipped and counted (data-skipped), so that refreshes do not
+// pile up and take every connection the browser has to the dashboard.
 function refreshQueues(table) {
+  if (table.dataset.pending === "1") {
+    table.dataset.skipped = String(Number(table.dataset.skipped || 0) + 1);
+    const note = document.getElementById("refreshed");
+    if (note) note.textContent = "Waiting for the broker: the counts shown may be out of date.";
+    return;
+  }
+  table.dataset.pending = "1";
   fetch(table.dataset.live, { headers: { Accept: "application/json" }, credentials: "same-origin" })
     .then((r) => (r.ok ? r.json() : Promise.reject(r.status)))
     .then((data) => {
@@ -10,20 +23,13 @@ function refreshQueues(table) {
       const seen = new Set();
       for (const q of data.queues) {
         seen.add(q.queue);
-        let row = Array.from(body.rows).find((r) => r.dataset.queue === q.queue);
+        const row = Array.from(body.rows).find((r) => r.dataset.queue === q.queue);
         if (!row) {
-          row = body.insertRow();
-          row.dataset.queue = q.queue;
-          const name = row.insertCell();
-          const a = document.createElement("a");
-          a.href = "/queues/" + encodeURIComponent(q.queue);
-          a.textContent = q.queue;
-          name.appendChild(a);
-          for (const c of ["ready", "delayed", "in_flight", "dead_lettered", "oldest_age"]) {
-            row.insertCell().className = "n " + c;
-          }
-          const empty = body.querySelector("tr.empty");
-          if (empty) empty.remove();
+          // A queue the page does not show yet: reload it, so that its name
+          // is shown as the server shows text (control, bidirectional and
+          // invisible characters as escapes), not as it is.
+          location.reload();
+          return;
         }
         for (const c of ["ready", "delayed", "in_flight", "dead_lettered", "oldest_age"]) {
           const cell = row.querySelector("td." + c);
@@ -49,6 +55,9 @@ function refreshQueues(table) {
     .catch(() => {
       const note = document.getElementById("refreshed");
       if (note) note.textContent = "Refresh failed; retrying.";
+    })
+    .finally(() => {
+      table.dataset.pending = "";
     });
 }
 

@@ -389,7 +389,7 @@ func run(ctx context.Context, c config, out io.Writer) (*summary, error) {
 	var wg sync.WaitGroup
 	errs := make(chan error, c.Workers)
 	for i := range c.Workers {
-		w, err := sdk.NewWorker(tr, sdk.JSON(h.handle), sdk.WorkerOptions{
+		w, err := sdk.NewWorker(tr.subscriber(), sdk.JSON(h.handle), sdk.WorkerOptions{
 			Queue:        e.queue,
 			Concurrency:  c.Concurrency,
 			Lease:        e.lease,

@@ -198,6 +198,9 @@ func (s *Store) owned(c idempotency.Claim) (*idempotency.Record, error) {
 func (s *Store) Complete(ctx context.Context, c idempotency.Claim, r idempotency.Result) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if rec := s.rows[c.Key]; rec != nil && rec.Status == idempotency.StatusCompleted && c.Owner != "" && rec.Owner == c.Owner {
+		return nil // completed by this owner already: a retry
+	}
 	rec, err := s.owned(c)
 	if err != nil {
 		return err
@@ -205,7 +208,6 @@ func (s *Store) Complete(ctx context.Context, c idempotency.Claim, r idempotency
 	now := s.now()
 	rec.Status = idempotency.StatusCompleted
 	rec.Result = copyResult(r)
-	rec.Owner = ""
 	rec.LockedUntil = time.Time{}
 	rec.CompletedAt = now
 	rec.ExpiresAt = now.Add(c.Retention)

@@ -102,9 +102,13 @@ SET owner_token = EXCLUDED.owner_token, locked_until = EXCLUDED.locked_until,
 WHERE r.status = 'in_progress' AND r.locked_until <= now() AND r.fingerprint = EXCLUDED.fingerprint
 RETURNING (xmax = 0)`,
 		selectRow: `SELECT ` + cols + ` FROM ` + t + ` WHERE idempotency_key = $1`,
-		complete: `UPDATE ` + t + ` SET status = 'completed', resource_type = $3, resource_id = $4, result_json = $5::jsonb,
-owner_token = NULL, locked_until = NULL, completed_at = now(), expires_at = now() + make_interval(secs => $6)
-WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'in_progress'`,
+		// The owner token stays on the completed row, so that a completion
+		// repeated after its answer was lost finds its own and succeeds (the
+		// outer EXISTS reads the row as it was before the UPDATE).
+		complete: `WITH done AS (UPDATE ` + t + ` SET status = 'completed', resource_type = $3, resource_id = $4, result_json = $5::jsonb,
+locked_until = NULL, completed_at = now(), expires_at = now() + make_interval(secs => $6)
+WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'in_progress' RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM done) OR EXISTS (SELECT 1 FROM ` + t + ` WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'completed')`,
 		release: `DELETE FROM ` + t + ` WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'in_progress'`,
 		extend: `UPDATE ` + t + ` SET locked_until = now() + make_interval(secs => $3)
 WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'in_progress'`,
@@ -276,10 +280,18 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Out
 	return 0, nil, fmt.Errorf("pgstore: key_sha256 %s keeps appearing and vanishing; try again", idempotency.KeyDigest(c.Key))
 }
 
-// Complete implements [idempotency.Store].
+// Complete implements [idempotency.Store]: one statement that completes the
+// claim, or finds it completed by the same owner (a retry after a lost
+// answer).
 func (s *Store) Complete(ctx context.Context, c idempotency.Claim, r idempotency.Result) error {
-	tag, err := s.db.Exec(ctx, s.q.complete, c.Key, c.Owner, nullable(r.ResourceType), nullable(r.ResourceID), jsonArg(r.JSON), c.Retention.Seconds())
-	return fenced(tag, err, "complete", c.Key)
+	var ok bool
+	if err := s.db.QueryRow(ctx, s.q.complete, c.Key, c.Owner, nullable(r.ResourceType), nullable(r.ResourceID), jsonArg(r.JSON), c.Retention.Seconds()).Scan(&ok); err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("pgstore: complete key_sha256 %s: %w", idempotency.KeyDigest(c.Key), idempotency.ErrClaimLost)
+	}
+	return nil
 }
 
 // Release implements [idempotency.Store].

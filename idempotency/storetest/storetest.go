@@ -32,6 +32,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"ClaimCompleteDuplicate", testClaimCompleteDuplicate},
 		{"ReleaseFreesKey", testReleaseFreesKey},
 		{"FencedByOwner", testFencedByOwner},
+		{"CompleteRepeatedByOwner", testCompleteRepeatedByOwner},
 		{"ExpiredClaimTakenOverOnce", testTakeoverOnce},
 		{"NoTakeoverWithOtherFingerprint", testNoTakeoverOtherFingerprint},
 		{"ExtendKeepsClaim", testExtendKeepsClaim},
@@ -139,6 +140,34 @@ func testFencedByOwner(t *testing.T, s idempotency.Store) {
 	}
 	if err := s.Release(ctx, a); !errors.Is(err, idempotency.ErrClaimLost) {
 		t.Fatalf("Release after Complete: %v, want ErrClaimLost", err)
+	}
+}
+
+// testCompleteRepeatedByOwner: a Complete repeated by its owner (the guard's
+// retry after the first one's answer was lost) succeeds; anyone else's still
+// reports ErrClaimLost, and the stored result is the first one's.
+func testCompleteRepeatedByOwner(t *testing.T, s idempotency.Store) {
+	ctx := ctxT(t)
+	key := "k:" + token()
+	a := claim(key, "fp")
+	mustClaim(t, s, a, idempotency.Acquired)
+	if err := s.Complete(ctx, a, idempotency.Result{ResourceID: "first"}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if err := s.Complete(ctx, a, idempotency.Result{ResourceID: "again"}); err != nil {
+		t.Fatalf("Complete repeated by its owner: %v, want nil", err)
+	}
+	other := a
+	other.Owner = token()
+	if err := s.Complete(ctx, other, idempotency.Result{}); !errors.Is(err, idempotency.ErrClaimLost) {
+		t.Fatalf("Complete of a completed key by a stranger: %v, want ErrClaimLost", err)
+	}
+	rec, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != idempotency.StatusCompleted || rec.Result.ResourceID != "first" {
+		t.Fatalf("after the repeated Complete: status %q, resource %q; want completed, first", rec.Status, rec.Result.ResourceID)
 	}
 }
 

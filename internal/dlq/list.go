@@ -41,12 +41,11 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 	counted := f.IsZero() && l.Total >= 0
 	if counted {
 		// The page is all it needs: a broker without Pager reads no more
-		// than that either.
+		// than that either, and never more than ScanLimit (its default
+		// too), whatever the offset: such a broker holds every letter its
+		// one call reads.
 		o.Limit = offset + limit
-		o.ScanLimit = max(o.ScanLimit, 0)
-		if o.ScanLimit == 0 || o.ScanLimit > offset+limit {
-			o.ScanLimit = offset + limit
-		}
+		o.ScanLimit = min(o.withDefaults().ScanLimit, offset+limit)
 	}
 	i := 0
 	s, err := Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
@@ -62,7 +61,13 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 		return l, err
 	}
 	l.Matched, l.Complete, l.Incomplete = s.Matched, s.Complete, s.Incomplete
-	if counted {
+	// With no filter the broker's count is the number of matches, unless
+	// the scan stopped (ScanLimit, or the broker's own scan) before the
+	// page it was to read was full: the page is then short, and the
+	// letters past the scan cannot be reached, so the listing stays
+	// incomplete, with the scan's count, and no next page.
+	short := s.Incomplete != "" && int64(offset+len(l.Messages)) < min(int64(offset+limit), l.Total)
+	if counted && !short {
 		l.Matched, l.Complete, l.Incomplete = int(l.Total), true, ""
 	}
 	if offset+len(l.Messages) < l.Matched {

@@ -47,29 +47,59 @@ func escapeText(s string, block, jsonDoc bool) string {
 	}
 	var b strings.Builder
 	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case block && (r == '\n' || r == '\t'):
-			b.WriteRune(r)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\\' && !jsonDoc:
-			b.WriteString(`\\`)
-		case unsafeRune(r):
-			q := strconv.QuoteRuneToASCII(r) // '\x1b', '\u202e'
-			b.WriteString(q[1 : len(q)-1])
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
+		i += writeEscaped(&b, s, i, block, jsonDoc)
 	}
 	return b.String()
+}
+
+// writeEscaped writes the rune (or invalid byte) at s[i:] to b as
+// escapeText does and returns how many bytes of s it took.
+func writeEscaped(b *strings.Builder, s string, i int, block, jsonDoc bool) int {
+	r, n := utf8.DecodeRuneInString(s[i:])
+	switch {
+	case r == utf8.RuneError && n == 1:
+		fmt.Fprintf(b, `\x%02x`, s[i])
+	case block && (r == '\n' || r == '\t'):
+		b.WriteRune(r)
+	case r == '\n':
+		b.WriteString(`\n`)
+	case r == '\t':
+		b.WriteString(`\t`)
+	case r == '\r':
+		b.WriteString(`\r`)
+	case r == '\\' && !jsonDoc:
+		b.WriteString(`\\`)
+	case unsafeRune(r):
+		q := strconv.QuoteRuneToASCII(r) // '\x1b', '\u202e'
+		b.WriteString(q[1 : len(q)-1])
+	default:
+		b.WriteString(s[i : i+n])
+	}
+	return n
+}
+
+// EscapeTextShort is EscapeText (one line) cut to at most n runes, the
+// last of them "…" when it was cut. It cuts between whole escapes, never
+// inside one: a cut \u200b or \\ would read as other text (\u20, or a
+// lone backslash that escapes what follows).
+func EscapeTextShort(s string, n int) string {
+	e := EscapeText(s, false)
+	if utf8.RuneCountInString(e) <= n {
+		return e
+	}
+	var b, piece strings.Builder
+	room := max(n-1, 0) // runes left before the "…"
+	for i := 0; i < len(s); {
+		piece.Reset()
+		i += writeEscaped(&piece, s, i, false, false)
+		w := utf8.RuneCountInString(piece.String())
+		if w > room {
+			break
+		}
+		b.WriteString(piece.String())
+		room -= w
+	}
+	return b.String() + "…"
 }
 
 func unsafeRune(r rune) bool {

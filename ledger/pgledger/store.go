@@ -226,6 +226,47 @@ CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_first_seen_idx") + ` ON ` + jobs + ` (f
 `, nil
 }
 
+// indexes are the names of the indexes [SQL] creates on the jobs table,
+// with what their absence costs, for [Store.MissingIndexes].
+func indexes(prefix string) [][2]string {
+	return [][2]string{
+		{prefix + "jobs_key_idx", "a lookup by idempotency key (berth job show KEY) scans the whole table"},
+		{prefix + "jobs_queue_status_idx", "lists and counts by queue and status scan the whole table"},
+		{prefix + "jobs_updated_idx", "the janitor's purges and the counts by window scan the whole table"},
+		{prefix + "jobs_first_seen_idx", "every page of a job list sorts the whole table"},
+	}
+}
+
+// MissingIndexes returns the indexes [SQL] creates on the jobs table that
+// are missing or invalid (a CREATE INDEX CONCURRENTLY that failed leaves
+// one invalid), each as "name: what its absence costs", in [SQL]'s order:
+// a table made by an earlier release lacks those added since until
+// [Store.Migrate] runs. The doctor reports them (ledger.indexes). A
+// missing table gives an error.
+func (s *Store) MissingIndexes(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT i.relname, x.indisvalid FROM pg_index x
+	JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, s.jobs)
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: indexes: %w", err)
+	}
+	valid := map[string]bool{}
+	var name string
+	var ok bool
+	if _, err := pgx.ForEachRow(rows, []any{&name, &ok}, func() error {
+		valid[name] = ok
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("pgledger: indexes: %w", err)
+	}
+	var missing []string
+	for _, ix := range indexes(s.opts.Prefix) {
+		if !valid[ix[0]] {
+			missing = append(missing, ix[0]+": "+ix[1])
+		}
+	}
+	return missing, nil
+}
+
 // Migrate creates the tables and indexes when they do not exist. It is
 // idempotent and safe to run from many processes at once: it takes a
 // transaction-scoped advisory lock so concurrent runs do not race on
@@ -564,7 +605,9 @@ func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, er
 
 // PurgeStale deletes the jobs that never finished (any status but
 // succeeded and dead) whose last update was before before and whose next
-// attempt, if they have one, was due before it too, batch rows at a time
+// attempt, if they have one (a retry's, a release's, or a delayed
+// publish's due time, which ledger.Publisher records), was due before it
+// too, batch rows at a time
 // (default 1000), as [Store.Purge] does. These are the rows of jobs whose
 // message left the broker without berth seeing it end (a queue purge, a
 // broker's TTL or length limit): no event ever finishes them. A job still

@@ -1,7 +1,9 @@
 package pgledger_test
 
 import (
+	"encoding/base64"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +139,49 @@ func TestUntrustedClassDoesNotPoisonBatch(t *testing.T) {
 		}
 		if j.Status != ledger.StatusDead || !strings.Contains(string(j.ErrorClass), "\uFFFD") {
 			t.Errorf("%s: status %s, class %q; want dead with the class stored replaced", evil.MessageID, j.Status, j.ErrorClass)
+		}
+	}
+}
+
+// TestUntrustedCursor: a cursor comes from a URL or a command line. One
+// holding a time PostgreSQL cannot store is a bad filter
+// (ledger.ErrInvalidFilter: the dashboard's 400, the CLI's usage error),
+// not a database error; before, "timestamp out of range" came back from
+// the query, and a time far enough back wrapped around when encoded and
+// was taken as a time in the future. A page ending at the earliest time
+// PostgreSQL stores still pages on.
+func TestUntrustedCursor(t *testing.T) {
+	_, s, ctx := setup(t)
+	earliest := time.Date(-4713, 11, 24, 0, 0, 0, 0, time.UTC)
+	if err := s.Write(ctx, []ledger.Event{
+		{MessageID: "b", Queue: "q", Status: ledger.StatusEnqueued, At: earliest},
+		{MessageID: "a", Queue: "q", Status: ledger.StatusEnqueued, At: earliest},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.List(ctx, ledger.Filter{Queue: "q", Limit: 1})
+	if err != nil || len(p.Jobs) != 1 || p.Jobs[0].MessageID != "b" || p.Next == "" {
+		t.Fatalf("first page = %+v, %v", p, err)
+	}
+	if p, err = s.List(ctx, ledger.Filter{Queue: "q", Limit: 1, After: p.Next}); err != nil || len(p.Jobs) != 1 || p.Jobs[0].MessageID != "a" {
+		t.Fatalf("second page = %+v, %v", p, err)
+	}
+	enc := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	for _, c := range []string{
+		enc(strconv.FormatInt(earliest.UnixMicro()-1, 10) + ":x"),
+		enc(strconv.FormatInt(math.MinInt64, 10) + ":x"),
+		enc("-300000000000000000:x"),
+		enc("x:y"), enc("1"), "%%%",
+	} {
+		if _, err := s.List(ctx, ledger.Filter{After: c}); !errors.Is(err, ledger.ErrInvalidFilter) {
+			t.Errorf("List(After %q) = %v, want ErrInvalidFilter", c, err)
+		}
+	}
+	// Untrusted but harmless: the largest time, an ID PostgreSQL cannot
+	// hold as is.
+	for _, c := range []string{enc(strconv.FormatInt(math.MaxInt64, 10) + ":x"), enc("1:\x00\xff")} {
+		if _, err := s.List(ctx, ledger.Filter{After: c}); err != nil {
+			t.Errorf("List(After %q) = %v, want a page", c, err)
 		}
 	}
 }

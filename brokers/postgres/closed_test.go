@@ -1,0 +1,104 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/sdk"
+)
+
+// closedOp is one public operation of the broker or of a delivery, for
+// TestClosedReportsErrClosed.
+type closedOp struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// closedOps lists every public operation that touches the database: the
+// broker's, and each settlement of its own delivery from ds (at least 6).
+func closedOps(b *postgres.Broker, q string, ds []sdk.Delivery) []closedOp {
+	return []closedOp{
+		{"Publish", func(ctx context.Context) error {
+			return b.Publish(ctx, q, &sdk.Message{Type: "t", Body: []byte("x")})
+		}},
+		{"Receive", func(ctx context.Context) error { _, err := b.Receive(ctx, q, 1); return err }},
+		{"Migrate", b.Migrate},
+		{"DeclareQueue", func(ctx context.Context) error { return b.DeclareQueue(ctx, q) }},
+		{"Stats", func(ctx context.Context) error { _, err := b.Stats(ctx, q); return err }},
+		{"CountByStatus", func(ctx context.Context) error { _, err := b.CountByStatus(ctx, q); return err }},
+		{"Queues", func(ctx context.Context) error { _, err := b.Queues(ctx); return err }},
+		{"ListDeadLetters", func(ctx context.Context) error { _, err := b.ListDeadLetters(ctx, q, 10); return err }},
+		{"GetDeadLetter", func(ctx context.Context) error { _, err := b.GetDeadLetter(ctx, q, "some-id"); return err }},
+		{"DeadLetterPage", func(ctx context.Context) error { _, _, err := b.DeadLetterPage(ctx, q, "", 10); return err }},
+		{"DeadLetterMark", func(ctx context.Context) error { _, err := b.DeadLetterMark(ctx, q); return err }},
+		{"DeadLetterPageTo", func(ctx context.Context) error {
+			_, _, err := b.DeadLetterPageTo(ctx, q, "", "1-1", 10)
+			return err
+		}},
+		{"RedriveDeadLetters", func(ctx context.Context) error { _, err := b.RedriveDeadLetters(ctx, q); return err }},
+		{"DeleteDeadLetters", func(ctx context.Context) error { _, err := b.DeleteDeadLetters(ctx, q, "some-id"); return err }},
+		{"PurgeDeadLetters", func(ctx context.Context) error { _, err := b.PurgeDeadLetters(ctx, q); return err }},
+		{"DeleteCompleted", func(ctx context.Context) error { _, err := b.DeleteCompleted(ctx, time.Hour, 10); return err }},
+		{"Ack", ds[0].Ack},
+		{"AckAsync", func(ctx context.Context) error {
+			ch := make(chan error, 1)
+			ds[1].(sdk.AsyncAcker).AckAsync(ctx, func(err error) { ch <- err })
+			return <-ch
+		}},
+		{"Retry", func(ctx context.Context) error { return ds[2].Retry(ctx, 0, errors.New("boom")) }},
+		{"Release", func(ctx context.Context) error { return ds[3].(sdk.Releaser).Release(ctx, 0) }},
+		{"DeadLetter", func(ctx context.Context) error { return ds[4].DeadLetter(ctx, errors.New("boom")) }},
+		{"ExtendLease", func(ctx context.Context) error {
+			return ds[5].(interface {
+				ExtendLease(context.Context, time.Duration) error
+			}).ExtendLease(ctx, time.Minute)
+		}},
+	}
+}
+
+// TestClosedReportsErrClosed: once the broker is closed, or the pool it was
+// given is closed by the application, every operation reports
+// sdk.ErrClosed, not sdk.ErrUnavailable: nothing will come from a closed
+// pool again, and a caller told "unavailable" (the Worker among them)
+// retries for ever instead of stopping.
+func TestClosedReportsErrClosed(t *testing.T) {
+	for _, how := range []string{"broker closed", "pool closed"} {
+		t.Run(how, func(t *testing.T) {
+			pool := newPool(t, "berth-closed-"+suffix(), 4)
+			// PublishTx runs in the caller's transaction, from a pool of
+			// its own: it is refused after Close only. That pool also
+			// drops the schema: pool may be closed by then.
+			other := newPool(t, "berth-closed-tx-"+suffix(), 2)
+			b := newBroker(t, pool, postgres.Options{Schema: freshSchema(t, other), DisableListen: true,
+				PollInterval: 20 * time.Millisecond})
+			q := "closed"
+			publishN(t, b, q, 6)
+			ds := receiveN(t, b, q, 6)
+			tx, err := other.Begin(testCtx(t))
+			if err != nil {
+				t.Fatalf("Begin: %v", err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			ops := closedOps(b, q, ds)
+			if how == "broker closed" {
+				_ = b.Close()
+				ops = append(ops, closedOp{"PublishTx", func(ctx context.Context) error {
+					return b.PublishTx(ctx, tx, q, &sdk.Message{Type: "t", Body: []byte("x")})
+				}})
+			} else {
+				pool.Close()
+			}
+			for _, op := range ops {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := op.run(ctx)
+				cancel()
+				if !errors.Is(err, sdk.ErrClosed) || errors.Is(err, sdk.ErrUnavailable) {
+					t.Errorf("%s with the %s = %v; want an error wrapping sdk.ErrClosed (and not ErrUnavailable)", op.name, how, err)
+				}
+			}
+		})
+	}
+}

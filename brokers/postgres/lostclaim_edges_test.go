@@ -1,0 +1,196 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestLostClaimFatalAfterCommit: the claim commits, its rows reach the
+// client, and then the session ends with a FATAL error (57P01, as a server
+// shut down or a pg_terminate_backend landing between the commit and the
+// ReadyForQuery sends; a pooler that lost its server connection sends a
+// FATAL too) instead of the ReadyForQuery. A server error is no proof that
+// the claim rolled back when it is FATAL: the session, not the statement,
+// ended. The claim's rows must be handed back like those of a claim whose
+// connection broke. Before the fix recoverClaim took every server error for
+// a rollback, and the jobs stayed leased to nobody for the whole lease
+// (ten minutes here), an attempt spent.
+func TestLostClaimFatalAfterCommit(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startPGProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "")
+	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.TLSConfig = nil // the proxy reads the protocol in clear
+	ctx := testCtx(t)
+	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	admin := newPool(t, "berth-lost-fatal-admin-"+suffix(), 2)
+	logs := newLogRecorder()
+	b := newBroker(t, proxied, postgres.Options{Lease: 10 * time.Minute, PollInterval: 100 * time.Millisecond,
+		DisableListen: true, Logger: slog.New(logs)})
+	q := "lostfatal_" + suffix()
+	const n = 3
+	ids := publishN(t, b, q, n)
+
+	pat := commandComplete("UPDATE " + strconv.Itoa(n)) // the claim's reply, rows taken
+	proxy.fatalAfter.Store(&pat)
+	ds, err := b.Receive(ctx, q, n)
+	if len(ds) > 0 || !errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("Receive whose session ended after the claim: %d deliveries, %v; want none, ErrUnavailable", len(ds), err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "57P01" || proxy.fatals.Load() != 1 {
+		t.Fatalf("Receive: %v (%d FATALs sent); want the claim's FATAL 57P01", err, proxy.fatals.Load())
+	}
+	if rec := waitLog(t, logs, handedBackLog, 20*time.Second); attr(rec, "jobs").Int64() != n {
+		t.Errorf("hand-back log: %v, want jobs=%d", rec, n)
+	}
+	var leased, counted, total int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
+		count(*) FILTER (WHERE attempt_count > 0), count(*)
+		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 || counted != 0 || total != n {
+		t.Fatalf("after the hand-back: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", total, leased, counted, n)
+	}
+	seen := map[string]bool{}
+	for _, d := range receiveN(t, b, q, n) {
+		if seen[d.Message().ID] || d.Attempt() != 1 {
+			t.Errorf("job %s: seen before %v, Attempt() = %d; want once, at 1", d.Message().ID, seen[d.Message().ID], d.Attempt())
+		}
+		seen[d.Message().ID] = true
+		if err := d.Ack(context.WithoutCancel(ctx)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			t.Errorf("job %s lost", id)
+		}
+	}
+}
+
+// TestLostClaimDelayedOnTheWire: the claim's request is held on the way to
+// the server (the network delays it) until the broker's claim limit runs
+// out and it closes the connection; the server's process for that
+// connection is then idle, not yet having read the claim, and its
+// connection is still open. The request then arrives: the claim runs and
+// commits, unseen by the broker. An idle server process is no proof that
+// the claim is over: the hand-back must go on looking until the process is
+// gone (or its time runs out), and so find the rows. Before the fix the
+// first look, which found the process idle and no row, ended the
+// hand-back ("it took no job"), and the jobs stayed leased to nobody for
+// the whole lease (ten minutes here), an attempt spent.
+func TestLostClaimDelayedOnTheWire(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startPGProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "")
+	proxy.dropCancels.Store(true) // lost on the network too
+	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.MaxConns = 4
+	// No liveness ping on acquire: it would be held too.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	ctx := testCtx(t)
+	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	admin := newPool(t, "berth-lost-delayed-admin-"+suffix(), 2)
+	logs := newLogRecorder()
+	b := newBroker(t, proxied, postgres.Options{Lease: 10 * time.Minute, PollInterval: 100 * time.Millisecond,
+		DisableListen: true, Logger: slog.New(logs)})
+	// The claim limit is also the hand-back's: long enough for the
+	// request to arrive while the hand-back looks.
+	b.SetInternalTimeouts(3*time.Second, 30*time.Second)
+	q := "lostdelayed_" + suffix()
+	// Prepare the claim statement on the pool's one connection, so the
+	// claim is one request.
+	wctx, wc := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := b.Receive(wctx, q, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("warm-up Receive on an empty queue: %v", err)
+	}
+	wc()
+	const n = 3
+	ids := publishN(t, b, q, n)
+	if c := proxied.Stat().TotalConns(); c != 1 {
+		t.Fatalf("the pool holds %d connections, want 1: the held one must be the claim's", c)
+	}
+
+	proxy.holdRequests()
+	ds, err := b.Receive(ctx, q, n)
+	if len(ds) > 0 || !errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("Receive whose claim never arrived in time: %d deliveries, %v; want none, ErrUnavailable", len(ds), err)
+	}
+	// Let the hand-back look once (the server process is idle, no row is
+	// leased), then let the claim arrive.
+	const tookNone = "berth/postgres: a claim's reply was lost; it took no job"
+	wait := time.NewTimer(time.Second)
+	for looked := false; !looked; {
+		recs, added := logs.matching(tookNone)
+		looked = len(recs) > 0
+		if !looked {
+			select {
+			case <-added:
+			case <-wait.C:
+				looked = true
+			}
+		}
+	}
+	wait.Stop()
+	proxy.releaseRequests()
+
+	if rec := waitLog(t, logs, handedBackLog, 15*time.Second); attr(rec, "jobs").Int64() != n {
+		t.Errorf("hand-back log: %v, want jobs=%d", rec, n)
+	}
+	var leased, counted, total int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
+		count(*) FILTER (WHERE attempt_count > 0), count(*)
+		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 || counted != 0 || total != n {
+		t.Fatalf("after the hand-back: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", total, leased, counted, n)
+	}
+	seen := map[string]bool{}
+	for _, d := range receiveN(t, b, q, n) {
+		if seen[d.Message().ID] || d.Attempt() != 1 {
+			t.Errorf("job %s: seen before %v, Attempt() = %d; want once, at 1", d.Message().ID, seen[d.Message().ID], d.Attempt())
+		}
+		seen[d.Message().ID] = true
+		if err := d.Ack(context.WithoutCancel(ctx)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			t.Errorf("job %s lost", id)
+		}
+	}
+}

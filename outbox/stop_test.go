@@ -1,0 +1,83 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/berthq/berth/outbox"
+	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
+)
+
+// stopping publishes through to its broker, then ends the relay's context
+// (a shutdown arriving while the broker confirmed), and counts every message
+// it passed on.
+type stopping struct {
+	sdk.Publisher
+	stop func()
+	mu   sync.Mutex
+	sent map[string]int
+}
+
+func (s *stopping) Publish(ctx context.Context, q string, msgs ...*sdk.Message) error {
+	if err := s.Publisher.Publish(ctx, q, msgs...); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for _, m := range msgs {
+		s.sent[m.ID]++
+	}
+	s.mu.Unlock()
+	s.stop()
+	return nil
+}
+
+// TestStoppedRelayRecordsWhatItPublished: a relay stopped (its ctx ended)
+// right after the broker took a batch records it all the same — the rows the
+// broker took are deleted, the rows the stop kept from the broker stay as
+// they were, not counted as failures — so the next relay publishes each
+// message once. Before, the pass rolled back and every message the broker
+// had taken was published again at the next start, on every shutdown.
+func TestStoppedRelayRecordsWhatItPublished(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b, schema := setupSchema(t, outbox.Options{})
+	u1, u2 := &sdk.Message{Type: "x"}, &sdk.Message{Type: "x"}
+	k1, k2 := &sdk.Message{Type: "x", Key: "k"}, &sdk.Message{Type: "x", Key: "k"}
+	add(t, pool, box, "q", u1, u2, k1, k2)
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pub := &stopping{Publisher: b, stop: cancel, sent: map[string]int{}}
+	// One round: u1, u2 and k1 in one call, after which the relay stops;
+	// k2 waits for k1 and is never tried.
+	if _, err := box.RelayOnce(rctx, pub, outbox.RelayOptions{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RelayOnce stopped during its publish: %v, want context.Canceled", err)
+	}
+	if pending, err := box.Pending(ctx); err != nil || pending != 1 {
+		t.Fatalf("pending after the stopped pass: %d, %v; want 1 (k2): what the broker took is recorded", pending, err)
+	}
+	var attempts int
+	if err := pool.QueryRow(ctx, `SELECT attempts FROM `+pgx.Identifier{schema, "berth_outbox"}.Sanitize()+` WHERE message_id = $1`, k2.ID).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Errorf("k2, never tried, has %d attempts counted; want 0", attempts)
+	}
+
+	// The next relay publishes what is left, once.
+	pub.stop = func() {}
+	if n, err := box.RelayOnce(ctx, pub, outbox.RelayOptions{}); err != nil || n != 1 {
+		t.Fatalf("next pass: %d, %v; want 1 (k2), nil", n, err)
+	}
+	got := drain(t, b, "q", 4) // fails on a duplicate
+	for _, m := range []*sdk.Message{u1, u2, k1, k2} {
+		if got[m.ID] == nil {
+			t.Errorf("message %s lost", m.ID)
+		}
+		if n := pub.sent[m.ID]; n != 1 {
+			t.Errorf("message %s published %d times, want 1", m.ID, n)
+		}
+	}
+}
