@@ -180,7 +180,7 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 		return nil, err
 	}
 	if id, bad := unstorableID(id); bad {
-		return nil, fmt.Errorf("berth/postgres: dead letter %q of %s: %w", id, queue, sdk.ErrNotFound)
+		return nil, fmt.Errorf("berth/postgres: dead letter \"%s\" of %s: %w", id, queue, sdk.ErrNotFound)
 	}
 	m, err := scanMessage(b.pool.QueryRow(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' AND message_id = $2 ORDER BY id LIMIT 1`, queue, id))
@@ -204,7 +204,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		return 0, errClosed("redrive dead letters")
 	}
 	if id, bad := unstorableID(ids...); bad {
-		return 0, fmt.Errorf("berth/postgres: redrive dead letter %q of %s: %w", id, queue, sdk.ErrNotFound)
+		return 0, fmt.Errorf("berth/postgres: redrive dead letter \"%s\" of %s: %w", id, queue, sdk.ErrNotFound)
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
