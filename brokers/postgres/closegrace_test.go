@@ -3,15 +3,12 @@ package postgres_test
 import (
 	"errors"
 	"log/slog"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokers/postgres"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -24,16 +21,7 @@ import (
 // it: the rows stayed leased to nobody for the whole lease (ten minutes
 // here), an attempt spent.
 func TestCloseFinishesLostClaimHandBack(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startPGProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "")
-	proxy.dropCancels.Store(true)
-	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.Fallbacks = nil
+	cfg, proxy := pgProxiedConfig(t)
 	app := "berth-close-grace-" + suffix()
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
 	ctx := testCtx(t)
@@ -51,15 +39,7 @@ func TestCloseFinishesLostClaimHandBack(t *testing.T) {
 	publishN(t, b, q, n)
 	// A claim (rows becoming 'processing') sleeps before it commits, well
 	// within Close's grace (5 s); the hand-back does not.
-	if _, err := admin.Exec(ctx, `CREATE FUNCTION `+b.Schema()+`.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF EXISTS (SELECT 1 FROM new_rows WHERE status = 'processing') THEN PERFORM pg_sleep(1); END IF;
-			RETURN NULL;
-		END $$;
-		CREATE TRIGGER slow_claim AFTER UPDATE ON `+b.Schema()+`.jobs REFERENCING NEW TABLE AS new_rows
-			FOR EACH STATEMENT EXECUTE FUNCTION `+b.Schema()+`.slow_claim()`); err != nil {
-		t.Fatal(err)
-	}
+	slowClaims(ctx, t, admin, b.Schema(), 1)
 	done := make(chan error, 1)
 	go func() {
 		ds, err := b.Receive(ctx, q, n)

@@ -103,16 +103,7 @@ func TestLostClaimFatalAfterCommit(t *testing.T) {
 // hand-back ("it took no job"), and the jobs stayed leased to nobody for
 // the whole lease (ten minutes here), an attempt spent.
 func TestLostClaimDelayedOnTheWire(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startPGProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "")
-	proxy.dropCancels.Store(true) // lost on the network too
-	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.Fallbacks = nil
+	cfg, proxy := pgProxiedConfig(t)
 	cfg.MaxConns = 4
 	// No liveness ping on acquire: it would be held too.
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }

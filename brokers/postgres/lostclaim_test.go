@@ -108,6 +108,39 @@ func proxiedConfig(t *testing.T) (*pgxpool.Config, *integration.Proxy) {
 	return cfg, proxy
 }
 
+// pgProxiedConfig is a pool config whose connections go through a pgProxy
+// (returned) that drops cancel requests, as a network that lost them would.
+func pgProxiedConfig(t *testing.T) (*pgxpool.Config, *pgProxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startPGProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "")
+	proxy.dropCancels.Store(true)
+	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	return cfg, proxy
+}
+
+// slowClaims makes every claim on schema's jobs table (rows becoming
+// 'processing') sleep secs seconds before it commits; a hand-back (rows
+// leaving 'processing') does not.
+func slowClaims(ctx context.Context, t *testing.T, admin *pgxpool.Pool, schema string, secs int) {
+	t.Helper()
+	if _, err := admin.Exec(ctx, `CREATE FUNCTION `+schema+`.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT 1 FROM new_rows WHERE status = 'processing') THEN PERFORM pg_sleep(`+strconv.Itoa(secs)+`); END IF;
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER slow_claim AFTER UPDATE ON `+schema+`.jobs REFERENCING NEW TABLE AS new_rows
+			FOR EACH STATEMENT EXECUTE FUNCTION `+schema+`.slow_claim()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLostClaimReplyHandsBack: a claim the server committed and whose reply
 // is lost with its connection (reset by the network while the reply was on
 // the wire) does not strand its jobs for a lease with an attempt spent:
@@ -226,16 +259,7 @@ func TestLostClaimReplyHandsBack(t *testing.T) {
 // process to finish rather than stop at a first look that finds none of
 // its rows: the jobs come back at once, no attempt counted, none lost.
 func TestLostClaimWhileItRuns(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startPGProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), "")
-	proxy.dropCancels.Store(true)
-	host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.Fallbacks = nil
+	cfg, proxy := pgProxiedConfig(t)
 	app := "berth-lost-running-" + suffix()
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
 	ctx := testCtx(t)
@@ -253,15 +277,7 @@ func TestLostClaimWhileItRuns(t *testing.T) {
 	ids := publishN(t, b, q, n)
 	// A claim (rows becoming 'processing') sleeps before it commits; the
 	// hand-back (rows leaving it) does not.
-	if _, err := admin.Exec(ctx, `CREATE FUNCTION `+b.Schema()+`.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF EXISTS (SELECT 1 FROM new_rows WHERE status = 'processing') THEN PERFORM pg_sleep(2); END IF;
-			RETURN NULL;
-		END $$;
-		CREATE TRIGGER slow_claim AFTER UPDATE ON `+b.Schema()+`.jobs REFERENCING NEW TABLE AS new_rows
-			FOR EACH STATEMENT EXECUTE FUNCTION `+b.Schema()+`.slow_claim()`); err != nil {
-		t.Fatal(err)
-	}
+	slowClaims(ctx, t, admin, b.Schema(), 2)
 	done := make(chan error, 1)
 	go func() {
 		ds, err := b.Receive(ctx, q, n)
