@@ -86,15 +86,7 @@ func TestCloseFinishesLostClaimHandBack(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	var leased, counted, total int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
-		count(*) FILTER (WHERE attempt_count > 0), count(*)
-		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
-		t.Fatal(err)
-	}
-	if leased != 0 || counted != 0 || total != n {
-		t.Fatalf("after Close: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", total, leased, counted, n)
-	}
+	requireAllBack(ctx, t, admin, b.Schema(), q, n, "Close")
 	if recs, _ := logs.matching(handedBackLog); len(recs) != 1 || attr(recs[0], "jobs").Int64() != n {
 		t.Errorf("hand-back logs: %v, want one with jobs=%d", recs, n)
 	}

@@ -65,30 +65,8 @@ func TestLostClaimFatalAfterCommit(t *testing.T) {
 	if rec := waitLog(t, logs, handedBackLog, 20*time.Second); attr(rec, "jobs").Int64() != n {
 		t.Errorf("hand-back log: %v, want jobs=%d", rec, n)
 	}
-	var leased, counted, total int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
-		count(*) FILTER (WHERE attempt_count > 0), count(*)
-		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
-		t.Fatal(err)
-	}
-	if leased != 0 || counted != 0 || total != n {
-		t.Fatalf("after the hand-back: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", total, leased, counted, n)
-	}
-	seen := map[string]bool{}
-	for _, d := range receiveN(t, b, q, n) {
-		if seen[d.Message().ID] || d.Attempt() != 1 {
-			t.Errorf("job %s: seen before %v, Attempt() = %d; want once, at 1", d.Message().ID, seen[d.Message().ID], d.Attempt())
-		}
-		seen[d.Message().ID] = true
-		if err := d.Ack(context.WithoutCancel(ctx)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, id := range ids {
-		if !seen[id] {
-			t.Errorf("job %s lost", id)
-		}
-	}
+	requireAllBack(ctx, t, admin, b.Schema(), q, n, "the hand-back")
+	receiveEachOnce(ctx, t, b, q, ids)
 }
 
 // TestLostClaimDelayedOnTheWire: the claim's request is held on the way to
@@ -160,28 +138,6 @@ func TestLostClaimDelayedOnTheWire(t *testing.T) {
 	if rec := waitLog(t, logs, handedBackLog, 15*time.Second); attr(rec, "jobs").Int64() != n {
 		t.Errorf("hand-back log: %v, want jobs=%d", rec, n)
 	}
-	var leased, counted, total int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
-		count(*) FILTER (WHERE attempt_count > 0), count(*)
-		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
-		t.Fatal(err)
-	}
-	if leased != 0 || counted != 0 || total != n {
-		t.Fatalf("after the hand-back: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", total, leased, counted, n)
-	}
-	seen := map[string]bool{}
-	for _, d := range receiveN(t, b, q, n) {
-		if seen[d.Message().ID] || d.Attempt() != 1 {
-			t.Errorf("job %s: seen before %v, Attempt() = %d; want once, at 1", d.Message().ID, seen[d.Message().ID], d.Attempt())
-		}
-		seen[d.Message().ID] = true
-		if err := d.Ack(context.WithoutCancel(ctx)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, id := range ids {
-		if !seen[id] {
-			t.Errorf("job %s lost", id)
-		}
-	}
+	requireAllBack(ctx, t, admin, b.Schema(), q, n, "the hand-back")
+	receiveEachOnce(ctx, t, b, q, ids)
 }

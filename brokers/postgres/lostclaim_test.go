@@ -141,6 +141,43 @@ func slowClaims(ctx context.Context, t *testing.T, admin *pgxpool.Pool, schema s
 	}
 }
 
+// requireAllBack fails t unless queue q of schema holds its n jobs, none
+// leased ('processing') and none with an attempt counted: what a hand-back
+// leaves. after names the moment, for the message.
+func requireAllBack(ctx context.Context, t *testing.T, admin *pgxpool.Pool, schema, q string, n int, after string) {
+	t.Helper()
+	var leased, counted, total int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
+		count(*) FILTER (WHERE attempt_count > 0), count(*)
+		FROM `+schema+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
+		t.Fatal(err)
+	}
+	if leased != 0 || counted != 0 || total != n {
+		t.Fatalf("after %s: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", after, total, leased, counted, n)
+	}
+}
+
+// receiveEachOnce receives the jobs ids of q from b and acks them, failing t
+// unless each comes exactly once, at its first attempt.
+func receiveEachOnce(ctx context.Context, t *testing.T, b *postgres.Broker, q string, ids []string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, d := range receiveN(t, b, q, len(ids)) {
+		if seen[d.Message().ID] || d.Attempt() != 1 {
+			t.Errorf("job %s: seen before %v, Attempt() = %d; want once, at 1", d.Message().ID, seen[d.Message().ID], d.Attempt())
+		}
+		seen[d.Message().ID] = true
+		if err := d.Ack(context.WithoutCancel(ctx)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			t.Errorf("job %s lost", id)
+		}
+	}
+}
+
 // TestLostClaimReplyHandsBack: a claim the server committed and whose reply
 // is lost with its connection (reset by the network while the reply was on
 // the wire) does not strand its jobs for a lease with an attempt spent:
@@ -310,31 +347,9 @@ func TestLostClaimWhileItRuns(t *testing.T) {
 	if rec := waitLog(t, logs, handedBackLog, 20*time.Second); attr(rec, "jobs").Int64() != n {
 		t.Errorf("hand-back log: %v, want jobs=%d", rec, n)
 	}
-	var leased, counted, total int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'processing'),
-		count(*) FILTER (WHERE attempt_count > 0), count(*)
-		FROM `+b.Schema()+`.jobs WHERE queue = $1`, q).Scan(&leased, &counted, &total); err != nil {
-		t.Fatal(err)
-	}
-	if leased != 0 || counted != 0 || total != n {
-		t.Fatalf("after the hand-back: %d jobs, %d leased to nobody, %d with an attempt counted; want %d, 0, 0", total, leased, counted, n)
-	}
+	requireAllBack(ctx, t, admin, b.Schema(), q, n, "the hand-back")
 	if _, err := admin.Exec(ctx, `DROP TRIGGER slow_claim ON `+b.Schema()+`.jobs`); err != nil {
 		t.Fatal(err)
 	}
-	seen := map[string]bool{}
-	for _, d := range receiveN(t, b, q, n) {
-		if seen[d.Message().ID] || d.Attempt() != 1 {
-			t.Errorf("job %s: seen before %v, Attempt() = %d; want once, at 1", d.Message().ID, seen[d.Message().ID], d.Attempt())
-		}
-		seen[d.Message().ID] = true
-		if err := d.Ack(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, id := range ids {
-		if !seen[id] {
-			t.Errorf("job %s lost", id)
-		}
-	}
+	receiveEachOnce(ctx, t, b, q, ids)
 }
