@@ -20,10 +20,11 @@
 // (zero-width, tag characters, …) are shown as escapes, and a backslash
 // as \\ (a JSON body is shown as JSON) so that no text reads as an escape
 // it is not (in JSON, those
-// encoding/json leaves raw, as \u escapes). Where to listen, refusing a non-loopback address
-// without a token, and, without a token, refusing a request whose Host is
-// not a loopback name (DNS rebinding), are the caller's part (`berth ui`
-// does them).
+// encoding/json leaves raw, as \u escapes). Where to listen, TLS, refusing a
+// non-loopback address without a token, and, without a token, refusing a
+// request whose Host is not a loopback name (DNS rebinding), are the
+// caller's part (`berth ui` does them: -tls-cert and -tls-key). A dead
+// letter's page shows the first MiB of its body (the API gives all of it).
 //
 // A broker that does not answer: each read (a page, a GET of the API, a
 // confirmation's count) and each pause has Options.Timeout, past which it

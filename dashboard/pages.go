@@ -84,6 +84,15 @@ var funcs = template.FuncMap{
 	// query is a url.Values as a link's query string: {{.}} of a string
 	// after the "?" of a link is escaped as one value, "=" and "&" too.
 	"query": query,
+	// jsonString is s as a JSON string, as the API writes it: a row's key
+	// for the overview's live refresh (see app.js). An attribute holding
+	// the name as it is would not do: an HTML parser reads a carriage
+	// return in it as a line feed, html/template writes a NUL as U+FFFD,
+	// and encoding/json writes each byte that is not UTF-8 as U+FFFD.
+	"jsonString": func(s string) (string, error) {
+		b, err := json.Marshal(s)
+		return string(b), err
+	},
 }
 
 // notSegment reports whether id cannot be a segment of a URL path: "." or
@@ -662,7 +671,19 @@ type messagePage struct {
 	Headers [][2]string
 	Body    string
 	Kind    string // "json", "text" or "hex"
+	// Shown is how many bytes of the body Body shows: all of them, or
+	// maxShownBody when the body is longer (Cut is then set).
+	Shown int
+	Cut   bool
 }
+
+// maxShownBody is the most of a body a dead letter's page shows. Shown
+// whole, a body of tens of megabytes (RabbitMQ takes up to 128 MB, the
+// PostgreSQL broker more) became a page five times its size (a hex dump,
+// each "<" escaped as "&lt;"), held in memory while rendered, for every
+// request, and too large for a browser to show. The API gives the whole
+// body.
+const maxShownBody = 1 << 20
 
 func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 	queue := r.PathValue("queue")
@@ -680,7 +701,16 @@ func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 	for _, k := range sortedKeys(m.Headers) {
 		p.Headers = append(p.Headers, [2]string{k, m.Headers[k]})
 	}
-	p.Body, p.Kind = renderBody(m.Body)
+	body := m.Body
+	if len(body) > maxShownBody {
+		n := maxShownBody
+		for n > maxShownBody-utf8.UTFMax && !utf8.RuneStart(body[n]) {
+			n-- // cut before a character, not inside it
+		}
+		body, p.Cut = body[:n], true
+	}
+	p.Shown = len(body)
+	p.Body, p.Kind = renderBody(body)
 	d.render(w, "message", http.StatusOK, p)
 }
 

@@ -21,6 +21,26 @@
 // Rows fail one by one: a row the broker refuses is retried alone, on its own
 // backoff, and parked after [RelayOptions.MaxAttempts] with its last error
 // ([Outbox.Parked], [Outbox.Requeue], [Outbox.Discard]); the other rows go on.
+// A row that cannot be published as stored — written into the table directly
+// or changed there, not through Add, with headers that are not a JSON object
+// of strings or that [sdk.Prepare] refuses (a reserved or empty name, invalid
+// UTF-8), a delay beyond [sdk.MaxDelay] or an invalid queue name — is set
+// aside at once: parked with the reason as its last error (starting "outbox:
+// set aside"), logged once at ERROR, and the rows behind it go on. An
+// operator sees parked rows with `berth outbox list` (or [Outbox.Parked]),
+// repairs such a row in SQL (e.g. UPDATE ... SET headers = '{}' WHERE id =
+// N) and puts it back with `berth outbox requeue -db URL N` ([Outbox.Requeue]), or
+// drops it with `berth outbox discard -db URL N` ([Outbox.Discard]); a row requeued
+// unrepaired is set aside again.
+//
+// A message's Delay counts from the write (Add), not from the relay: the
+// relay publishes it with what is left of the Delay, none once it has
+// passed (a relay that was down, or rows that waited for a retry).
+//
+// While PostgreSQL is down the relay polls with a capped, jittered backoff
+// ([RelayOptions.OutageBackoff]) and logs the outage when it starts, at most
+// every [OutageLogInterval] while it lasts, and when it ends.
+//
 // Rows sharing a queue and ordering key are published in the order they were
 // added, and a row that waits for its retry or is parked holds back the later
 // rows of its key only. To keep that order across concurrent producers, Add
@@ -49,6 +69,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
@@ -217,8 +238,10 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, queue string, msgs ...*sdk.
 	for _, k := range o.keyLocks(queue, msgs) {
 		batch.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, k)
 	}
-	q := `INSERT INTO ` + o.table + ` (queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+	// created_at is the moment of the write (clock_timestamp, not the
+	// transaction's start): a message's Delay counts from it.
+	q := `INSERT INTO ` + o.table + ` (queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, clock_timestamp())`
 	for _, m := range msgs {
 		h, err := json.Marshal(m.Headers)
 		if err != nil {
@@ -314,7 +337,12 @@ type RelayOptions struct {
 	// transaction_timeout still ends the transaction: set it above the
 	// slowest publish for the relay's role.
 	PublishTimeout time.Duration
-	Logger         *slog.Logger // default slog.Default()
+	// OutageBackoff paces the polls while the outbox table cannot be read
+	// (the database is down or unreachable), by the number of polls that
+	// failed in a row. Default: Base PollInterval, Max [DefaultOutageMax],
+	// Jitter 0.2. The first poll that succeeds returns to PollInterval.
+	OutageBackoff sdk.Backoff
+	Logger        *slog.Logger // default slog.Default()
 }
 
 // DefaultMaxAttempts is RelayOptions.MaxAttempts when it is not set.
@@ -354,27 +382,102 @@ func (opts RelayOptions) withDefaults() RelayOptions {
 	if opts.PublishTimeout == 0 {
 		opts.PublishTimeout = DefaultPublishTimeout
 	}
+	if opts.OutageBackoff == (sdk.Backoff{}) {
+		opts.OutageBackoff = sdk.Backoff{Base: opts.PollInterval, Max: max(DefaultOutageMax, opts.PollInterval), Jitter: 0.2}
+	}
 	return opts
 }
 
 // Relay publishes committed outbox rows to pub until ctx is done, then
 // returns nil. Failed publishes are retried with backoff, row by row; the
 // rows stay in the table until the broker accepts them or they are parked.
+// Rows that cannot be published as stored are parked at once (see
+// [Outbox.RelayOnce]).
+//
+// While the outbox table cannot be read (PostgreSQL is down or
+// unreachable), Relay polls with [RelayOptions.OutageBackoff] instead of
+// every PollInterval, and logs the outage once when it starts (WARN), then
+// at most every [OutageLogInterval] while it lasts, and once when it ends
+// (INFO).
 func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions) error {
 	opts = opts.withDefaults()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
+	o.relayLoop(ctx, opts, func(ctx context.Context) (int, error) { return o.RelayOnce(ctx, pub, opts) }, realClock{})
+	return nil
+}
+
+// OutageLogInterval is how often, at most, Relay logs that the outbox table
+// is still unreachable, after the warning that the outage started.
+const OutageLogInterval = time.Minute
+
+// DefaultOutageMax is RelayOptions.OutageBackoff.Max when OutageBackoff is
+// not set.
+const DefaultOutageMax = 30 * time.Second
+
+// relayClock is what the relay loop takes time from: the real clock, or a
+// fake in tests.
+type relayClock interface {
+	Now() time.Time
+	// Wait waits d or until ctx ends, and reports whether d passed.
+	Wait(ctx context.Context, d time.Duration) bool
+	Float64() float64 // the backoff's jitter, in [0, 1)
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time   { return time.Now() }
+func (realClock) Float64() float64 { return rand.Float64() }
+func (realClock) Wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// relayLoop runs pass until ctx ends, pacing and logging as Relay says.
+func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(context.Context) (int, error), clock relayClock) {
+	var (
+		failures      int       // consecutive passes that could not read the table
+		since, logged time.Time // the outage's start, its last log
+	)
+	for ctx.Err() == nil {
+		n, err := pass(ctx)
+		if ctx.Err() != nil {
+			return
 		}
-		n, err := o.RelayOnce(ctx, pub, opts)
 		wait := opts.PollInterval
+		var de *dbError
+		if errors.As(err, &de) {
+			failures++
+			now := clock.Now()
+			switch {
+			case failures == 1:
+				since, logged = now, now
+				opts.Logger.Warn("outbox: relay: cannot read the outbox table (database down or unreachable?); polling with backoff until it can",
+					"table", o.table, "err", err)
+			case now.Sub(logged) >= OutageLogInterval:
+				logged = now
+				opts.Logger.Warn("outbox: relay: still cannot read the outbox table",
+					"table", o.table, "failed_polls", failures, "for", now.Sub(since).Round(time.Second), "err", err)
+			}
+			wait = opts.OutageBackoff.Delay(failures, clock.Float64())
+			if !clock.Wait(ctx, wait) {
+				return
+			}
+			continue
+		}
+		if failures > 0 {
+			opts.Logger.Info("outbox: relay: the outbox table can be read again",
+				"table", o.table, "failed_polls", failures, "outage", clock.Now().Sub(since).Round(time.Millisecond))
+			failures = 0
+		}
 		switch {
-		case ctx.Err() != nil:
-			return nil
 		case errors.Is(err, ErrPublishNotRecorded):
 			opts.Logger.Error("outbox: relay: the database ended the relay's transaction after the publish; the rows it published were not deleted and are published again (same IDs, consumers dedupe)",
 				"table", o.table, "err", err)
@@ -383,7 +486,9 @@ func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions
 		case n == opts.BatchSize:
 			wait = 0 // a full batch: there is probably more
 		}
-		timer.Reset(wait)
+		if !clock.Wait(ctx, wait) {
+			return
+		}
 	}
 }
 
@@ -395,11 +500,18 @@ type row struct {
 	attempts int
 	refusals int
 	err      error
+	// bad, when set, says why the row cannot be published as stored
+	// (headers that do not decode, a message sdk.Prepare refuses): the
+	// relay sets it aside (parks it) at once instead of retrying it.
+	bad error
 }
 
 const rowColumns = `id, queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms, attempts`
 
-// scanRow reads rowColumns, then the extra columns into extra.
+// scanRow reads rowColumns, then the extra columns into extra. Headers that
+// do not decode (a row written by hand or by another tool: a number for a
+// value, an array) do not fail the scan: the row comes back with no headers
+// and bad set, so that one such row cannot stall every read of the table.
 func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 	var r row
 	var headers []byte
@@ -410,7 +522,8 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 		return r, err
 	}
 	if err := json.Unmarshal(headers, &m.Headers); err != nil {
-		return r, fmt.Errorf("outbox: row %d headers: %w", r.id, err)
+		m.Headers = nil
+		r.bad = fmt.Errorf("headers are not a JSON object of strings: %w", err)
 	}
 	if len(m.Headers) == 0 {
 		m.Headers = nil
@@ -446,6 +559,11 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 // [ErrPublishNotRecorded] and says why: the rows stay, and are published
 // again with the same IDs.
 //
+// Rows that cannot be published as stored (see the package doc) are parked
+// at once with the reason, and logged at ERROR once; the later rows of their
+// ordering key wait behind them as behind any parked row. Each message is
+// published with what is left of its Delay, counted from the write.
+//
 // When ctx ends during the publish or after it, the pass still records what
 // the broker took (deletes those rows), for up to [StopGrace] after ctx
 // ends; the rows whose publish the end cut short are left untouched (no
@@ -454,41 +572,63 @@ func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOpt
 	opts = opts.withDefaults()
 	tx, err := o.pool.Begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, &dbError{err}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	// Due rows, except those behind an earlier row of their key that waits
-	// for a retry or is parked.
-	rows, err := tx.Query(ctx, `SELECT `+rowColumns+`, refusals FROM `+o.table+` AS o
+	// for a retry or is parked. remaining_ms is what is left of the
+	// message's Delay, which counts from the write (created_at), not from
+	// this pass: zero once it has passed.
+	rows, err := tx.Query(ctx, `SELECT `+rowColumns+`, refusals,
+  GREATEST(0, LEAST(delay_ms, delay_ms - floor(EXTRACT(EPOCH FROM clock_timestamp() - created_at) * 1000)))::bigint
+FROM `+o.table+` AS o
 WHERE parked_at IS NULL AND available_at <= now()
   AND NOT (ordering_key <> '' AND EXISTS (SELECT 1 FROM `+o.table+` AS e
       WHERE e.queue = o.queue AND e.ordering_key = o.ordering_key AND e.id < o.id
         AND (e.parked_at IS NOT NULL OR e.available_at > now())))
 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	if err != nil {
-		return 0, err
+		return 0, &dbError{err}
 	}
 	var batch []*row
 	for rows.Next() {
 		var refusals int
-		r, err := scanRow(rows, &refusals)
+		var remainingMS int64
+		r, err := scanRow(rows, &refusals, &remainingMS)
 		if err != nil {
 			rows.Close()
-			return 0, err
+			return 0, &dbError{err}
 		}
 		r.refusals = refusals
+		r.msg.Delay = time.Duration(remainingMS) * time.Millisecond
 		batch = append(batch, &r)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, err
+		return 0, &dbError{err}
 	}
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	// Rows that cannot be published as stored are set aside (parked) now,
+	// with the reason: retrying them cannot help, and a row that fails every
+	// pass must not hold back the rows behind it.
+	batch, aside := setAside(ctx, batch)
+	if len(aside) > 0 {
+		if err := o.park(ctx, tx, aside); err != nil {
+			return 0, &dbError{err}
+		}
+	}
+	if len(batch) == 0 {
+		if err := tx.Commit(ctx); err != nil {
+			return 0, &dbError{err}
+		}
+		o.logSetAside(ctx, opts.Logger, aside)
+		return 0, nil
+	}
 	batch, err = o.dropOvertaking(ctx, tx, batch)
 	if err != nil {
-		return 0, err
+		return 0, &dbError{err}
 	}
 
 	// The transaction sits idle on the server while the broker works: keep
@@ -499,7 +639,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		idle = opts.PublishTimeout + IdleMargin
 	}
 	if err := raiseIdleTimeout(ctx, tx, idle); err != nil {
-		return 0, err
+		return 0, &dbError{err}
 	}
 	start := time.Now()
 	var (
@@ -574,7 +714,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 			failures++
 			if text := r.err.Error(); !reported[text] && len(reported) < 5 {
 				reported[text] = true
-				pubErr = errors.Join(pubErr, fmt.Errorf("outbox: row %d (message %s, attempt %d): %w", r.id, r.msg.ID, attempts, r.err))
+				pubErr = errors.Join(pubErr, fmt.Errorf("outbox: row %d (message %s, attempt %d): %w", r.id, dlq.EscapeText(r.msg.ID, false), attempts, r.err))
 			}
 		}
 	}
@@ -592,7 +732,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		return errors.Join(pubErr, fmt.Errorf("%w (%d published; publish took %s): %s%w",
 			ErrPublishNotRecorded, len(done), time.Since(start).Round(time.Millisecond), sessionEndCause(err), err))
 	}
-	if stopped != nil && len(done) == 0 {
+	if stopped != nil && len(done) == 0 && len(aside) == 0 {
 		return 0, stopped // nothing to record: roll back
 	}
 	if len(done) > 0 {
@@ -604,7 +744,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		// clock_timestamp, not now(): now() is the start of this
 		// transaction, before the publish, which may have taken longer
 		// than the backoff itself.
-		if _, err := tx.Exec(ctx, `UPDATE `+o.table+` AS o SET attempts = o.attempts + 1, last_error = f.err,
+		if _, err := tx.Exec(rctx, `UPDATE `+o.table+` AS o SET attempts = o.attempts + 1, last_error = f.err,
 refusals = o.refusals + CASE WHEN f.refusal THEN 1 ELSE 0 END,
 available_at = clock_timestamp() + f.delay * interval '1 second',
 parked_at = CASE WHEN f.park THEN clock_timestamp() END
@@ -616,6 +756,7 @@ WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefus
 	if err := tx.Commit(rctx); err != nil {
 		return 0, notRecorded(err)
 	}
+	o.logSetAside(ctx, opts.Logger, aside)
 	if parked > 0 {
 		opts.Logger.Error("outbox: rows parked after failing every attempt; see Outbox.Parked", "table", o.table, "parked", parked, "max_attempts", maxAttempts)
 	}
@@ -624,6 +765,95 @@ WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefus
 	}
 	return len(done), pubErr
 }
+
+// setAside splits batch into the rows to publish and those that cannot be
+// published as stored: headers that do not decode, or a message that
+// [sdk.Prepare] refuses (a reserved or empty header name, invalid UTF-8, a
+// delay beyond sdk.MaxDelay, an invalid queue name) — rows written into the
+// table directly, not through Add, or changed there. Each such row gets its
+// reason in bad. The rows of the batch behind a set-aside row of their queue
+// and ordering key are left out of both (untouched, for a later pass, which
+// holds them back behind the parked row).
+func setAside(ctx context.Context, batch []*row) (publish, aside []*row) {
+	type qk struct{ queue, key string }
+	first := map[qk]int64{}
+	for _, r := range batch {
+		if r.bad == nil {
+			if err := sdk.Prepare(ctx, r.queue, r.msg.Clone(), 0); err != nil {
+				r.bad = err
+			}
+		}
+		if r.bad == nil {
+			continue
+		}
+		aside = append(aside, r)
+		if k := (qk{r.queue, r.msg.Key}); r.msg.Key != "" {
+			if id, ok := first[k]; !ok || r.id < id {
+				first[k] = r.id
+			}
+		}
+	}
+	if len(aside) == 0 {
+		return batch, nil
+	}
+	for _, r := range batch {
+		if r.bad != nil {
+			continue
+		}
+		if id, ok := first[qk{r.queue, r.msg.Key}]; ok && r.msg.Key != "" && r.id > id {
+			continue
+		}
+		publish = append(publish, r)
+	}
+	return publish, aside
+}
+
+// setAsideReason is the last_error of a row set aside: why it cannot be
+// published, valid UTF-8, without NUL, at most sdk.MaxReasonLength bytes.
+func setAsideReason(r *row) string {
+	return strings.ReplaceAll(sdk.SanitizeReason("outbox: set aside, cannot be published as stored (repair the row, then Requeue it, or Discard it): "+r.bad.Error()), "\x00", "")
+}
+
+// park parks the rows set aside, in tx, with their reason as last_error.
+// Their attempts are left as they are: they were never published.
+func (o *Outbox) park(ctx context.Context, tx pgx.Tx, aside []*row) error {
+	ids := make([]int64, len(aside))
+	reasons := make([]string, len(aside))
+	for i, r := range aside {
+		ids[i], reasons[i] = r.id, setAsideReason(r)
+	}
+	_, err := tx.Exec(ctx, `UPDATE `+o.table+` AS o SET parked_at = clock_timestamp(), last_error = f.err
+FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id`, ids, reasons)
+	return err
+}
+
+// maxSetAsideLogs bounds the rows a pass logs one by one when it sets them
+// aside; the rest are counted in one more line.
+const maxSetAsideLogs = 10
+
+// logSetAside logs, once each (after the commit that parked them), the rows
+// set aside, at ERROR: an operator must repair or discard them. Their text
+// is untrusted and escaped.
+func (o *Outbox) logSetAside(ctx context.Context, log *slog.Logger, aside []*row) {
+	for i, r := range aside {
+		if i == maxSetAsideLogs {
+			log.ErrorContext(ctx, "outbox: relay: more rows set aside (parked) in this pass; see Outbox.Parked or berth outbox list",
+				"table", o.table, "more", len(aside)-maxSetAsideLogs)
+			return
+		}
+		log.ErrorContext(ctx, "outbox: relay: row set aside (parked): it cannot be published as stored; repair it and Requeue it, or Discard it (berth outbox list|requeue|discard)",
+			"table", o.table, "row", r.id, "queue", dlq.EscapeText(r.queue, false), "message_id", dlq.EscapeText(r.msg.ID, false),
+			"reason", dlq.EscapeText(setAsideReason(r), false))
+	}
+}
+
+// dbError is a failure of the outbox table's database before any publish
+// of the pass (the database is down, the table missing): nothing was
+// published, and [Outbox.Relay] backs off.
+type dbError struct{ err error }
+
+func (e *dbError) Error() string { return e.err.Error() }
+func (e *dbError) Unwrap() error { return e.err }
 
 // StopGrace is how long a relay pass whose context ends after its publish
 // (the relay is stopping) goes on recording what the broker took, so that
@@ -894,7 +1124,7 @@ func (o *Outbox) Pending(ctx context.Context) (int64, error) {
 type ParkedRow struct {
 	ID        int64        // the row's id: pass it to Requeue or Discard
 	Queue     string       // the queue it was added for
-	Message   *sdk.Message // the message as added
+	Message   *sdk.Message // the message as added (no headers when the stored ones do not decode: see LastError)
 	Attempts  int          // failed publishes
 	LastError string       // the last failure, valid UTF-8, at most sdk.MaxReasonLength bytes; untrusted text
 	CreatedAt time.Time    // when it was added

@@ -3,12 +3,14 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // stopping publishes through to its broker, then ends the relay's context
@@ -80,4 +82,79 @@ func TestStoppedRelayRecordsWhatItPublished(t *testing.T) {
 			t.Errorf("message %s published %d times, want 1", m.ID, n)
 		}
 	}
+}
+
+// cancelAtDelete ends the relay's context when its pass starts deleting the
+// rows the broker took: a stop that lands after the publish, while the pass
+// records it.
+type cancelAtDelete struct{ cancel func() }
+
+func (c cancelAtDelete) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "DELETE FROM") {
+		c.cancel()
+	}
+	return ctx
+}
+func (cancelAtDelete) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// refusing refuses every Publish call that holds a message of type "bad".
+type refusing struct{ sdk.Publisher }
+
+func (r refusing) Publish(ctx context.Context, q string, msgs ...*sdk.Message) error {
+	for _, m := range msgs {
+		if m.Type == "bad" {
+			return errors.New("refused")
+		}
+	}
+	return r.Publisher.Publish(ctx, q, msgs...)
+}
+
+// TestStopWhileRecordingKeepsWhatWasPublished: a stop that lands while the
+// pass records its outcome — after the delete of the published rows, before
+// the update of the refused ones — still records both: the published row is
+// not published again. Before, the update ran on the ended ctx, failed, and
+// the whole record was rolled back.
+func TestStopWhileRecordingKeepsWhatWasPublished(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b, schema := setupSchema(t, outbox.Options{})
+	good, bad := &sdk.Message{Type: "x"}, &sdk.Message{Type: "bad"}
+	add(t, pool, box, "q", good, bad)
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cfg := pool.Config()
+	cfg.ConnConfig.Tracer = cancelAtDelete{cancel}
+	relayPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relayPool.Close()
+	relayBox, err := outbox.New(relayPool, outbox.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relayBox.RelayOnce(rctx, refusing{b}, outbox.RelayOptions{}); err == nil {
+		t.Fatal("RelayOnce: nil error, want the refusal")
+	}
+	table := pgx.Identifier{schema, "berth_outbox"}.Sanitize()
+	left := map[string]int{}
+	rows, err := pool.Query(ctx, `SELECT message_id, attempts FROM `+table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var attempts int
+		if err := rows.Scan(&id, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		left[id] = attempts
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := left[good.ID]; ok || left[bad.ID] != 1 || len(left) != 1 {
+		t.Fatalf("rows left (message: attempts) %v; want only the refused one, with 1 attempt (the published one deleted)", left)
+	}
+	drain(t, b, "q", 1)
 }

@@ -70,7 +70,7 @@ func (b *Broker) moveOne(ctx context.Context, q *queueState, m *nats.Msg) {
 	if err != nil {
 		return
 	}
-	dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
+	dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream, meta.Timestamp)
 	if err == nil {
 		if wait := time.Until(dec.notBefore); wait > 0 {
 			_ = b.nc.Publish(m.Reply, nakDelay(wait))

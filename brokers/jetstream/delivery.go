@@ -21,6 +21,7 @@ type delivery struct {
 	extra     nats.Header // the stored message's foreign NATS headers, kept by every copy
 	reply     string      // the $JS.ACK subject of this delivery
 	seq       uint64      // stream sequence
+	stored    time.Time   // when the stream stored it (with seq, names it across a recreate)
 	delivered uint64      // JetStream's NumDelivered
 	attempt   int
 
@@ -240,7 +241,12 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 	if attempts <= 0 {
 		delete(m.Headers, sdk.HeaderDeadLetterAttempts)
 	}
-	id := internalID(idDeadLetter, d.q.stream, d.seq)
+	// The store time is part of the ID: the dead-letter stream outlives a
+	// queue stream deleted and created again (sequences from 1 again), and
+	// within its Duplicates window would drop, as a duplicate, the dead
+	// letter of a new message at the sequence of one dead-lettered before,
+	// whose original the ack below then deletes: a job lost.
+	id := internalID(idDeadLetter, d.q.stream, d.seq, uint64(d.stored.UnixNano()))
 	w, err := d.b.fitDeadLetter(m, d.extra, d.q.dead+"."+idToken(m.ID), id)
 	if err != nil {
 		return d.end(err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -190,7 +189,7 @@ func TestDeadLetterAtSizeLimitFits(t *testing.T) {
 
 // A message on a dead-letter subject whose Berth-Message header does not
 // decode (another producer's, or one published by hand) is listed, paged,
-// got and deleted like any other dead letter, by the ID "<stream>:<seq>",
+// got and deleted like any other dead letter, by the ID "<stream>:<seq>:<stored>",
 // with its raw body and headers and a reason saying it is not berth's; the
 // dead letters around it are listed too. Listing and paging failed for the
 // whole queue with "undecodable Berth-Message header".
@@ -220,7 +219,7 @@ func TestMalformedDeadLetterIsListed(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, dlqStream := b.StreamNames(q)
-	badID := dlqStream + ":" + strconv.FormatUint(pa.Sequence, 10)
+	badID := storedSeqID(ctx, t, js, dlqStream, pa.Sequence)
 
 	deadLetter("after")
 
@@ -260,7 +259,7 @@ func TestMalformedDeadLetterIsListed(t *testing.T) {
 	if _, err := b.GetDeadLetter(ctx, q, badID); !errors.Is(err, sdk.ErrNotFound) {
 		t.Fatalf("GetDeadLetter of the deleted %s: %v, want ErrNotFound", badID, err)
 	}
-	if _, err := b.GetDeadLetter(ctx, q, dlqStream+":1"); !errors.Is(err, sdk.ErrNotFound) {
+	if _, err := b.GetDeadLetter(ctx, q, storedSeqID(ctx, t, js, dlqStream, 1)); !errors.Is(err, sdk.ErrNotFound) {
 		t.Fatalf("GetDeadLetter by the sequence of a berth dead letter: %v, want ErrNotFound", err)
 	}
 	list, err = b.ListDeadLetters(ctx, q, 10)

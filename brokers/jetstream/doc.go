@@ -36,7 +36,8 @@
 //     accepts fits (a correlation ID equal to the message ID is left out
 //     and restored on receive); the body is the NATS payload as it is. Messages from
 //     other producers (no Berth-Message) are delivered with their
-//     Nats-Msg-Id (else, or when it is not UTF-8, stream:sequence) as ID and
+//     Nats-Msg-Id (else, or when it is not UTF-8, stream:sequence:stored,
+//     stored being the store time in Unix nanoseconds) as ID and
 //     their headers (first values) as headers; every copy berth stores of
 //     one (Release, dead letter, redrive) keeps its NATS headers as they
 //     were, every value and byte.
@@ -125,7 +126,10 @@
 // another producer), or that is not on the subject of its own ID (where
 // berth stores a dead letter and looks it up), is listed as a foreign one,
 // with the ID
-// "<dead-letter stream>:<sequence>", its raw headers and body, and a
+// "<dead-letter stream>:<sequence>:<stored>" (stored: when the stream
+// stored it, Unix nanoseconds, so that a stream deleted and created again,
+// whose sequences start from 1 again, reuses no ID), its raw headers and
+// body, and a
 // berth-dlq-reason saying it is not a berth dead letter: the listing shows
 // the others, and the letter can be got, deleted or redriven by that ID.
 // Stream names hold no ':' (queue names and Prefix cannot), so the form

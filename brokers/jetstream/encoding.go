@@ -327,7 +327,7 @@ func foreignHeaders(h nats.Header) nats.Header {
 
 // decode restores the message encode wrote. A message without the
 // Berth-Message header (from another producer) gets its Nats-Msg-Id (else,
-// or when that is not UTF-8, "<stream>:<seq>") as ID, its data as body, and its headers (first
+// or when that is not UTF-8, "<stream>:<seq>:<stored>") as ID, its data as body, and its headers (first
 // values; JetStream's own Nats-* headers left out) as headers. Those NATS
 // headers are also the decoded's extra, which every copy of the message
 // carries (see [encode]); a copy's envelope headers take precedence over
@@ -337,7 +337,7 @@ func foreignHeaders(h nats.Header) nats.Header {
 // says berth stored it to carry an attempt over ([carriesAttempt]), and is
 // bounded to [1, maxCarried]: any producer can write a Berth-Message
 // header, and must not set the attempt a delivery reports.
-func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, error) {
+func decode(h nats.Header, data []byte, stream string, seq uint64, stored time.Time) (decoded, error) {
 	raw := h.Get(headerEnvelope)
 	if raw == "" {
 		id := h.Get(nats.MsgIdHdr)
@@ -345,7 +345,7 @@ func decode(h nats.Header, data []byte, stream string, seq uint64) (decoded, err
 			// Not UTF-8, an ID would change in the envelope of every copy
 			// (JSON replaces the bytes): its dead letter, stored under
 			// the ID's token, could not be found by the ID it shows.
-			id = seqID(stream, seq)
+			id = seqID(stream, seq, stored)
 		}
 		return asForeign(h, data, id), nil
 	}
@@ -397,7 +397,16 @@ func asForeign(h nats.Header, data []byte, id string) decoded {
 }
 
 // seqID is the ID of a stored message that has none berth can use:
-// "<stream>:<seq>".
-func seqID(stream string, seq uint64) string {
-	return stream + ":" + strconv.FormatUint(seq, 10)
+// "<stream>:<seq>:<stored>", stored being when the stream stored it (Unix
+// nanoseconds). A stream deleted and created again numbers its messages
+// from 1 again: the time keeps the ID of a message stored after that from
+// naming one stored before (whose effects an idempotency key derived from
+// the ID may have recorded, or whose dead letter an operator looked at).
+func seqID(stream string, seq uint64, stored time.Time) string {
+	return stream + ":" + strconv.FormatUint(seq, 10) + ":" + storedStamp(stored)
+}
+
+// storedStamp is when a stream stored a message, in Unix nanoseconds.
+func storedStamp(stored time.Time) string {
+	return strconv.FormatInt(stored.UnixNano(), 10)
 }

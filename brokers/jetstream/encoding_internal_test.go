@@ -81,7 +81,7 @@ func TestDeletedForeignHeaderStaysDeleted(t *testing.T) {
 	h.Set("X-App", "1")
 	h.Set(sdk.HeaderDeadLetterReason, "forged")
 	h.Set("X-Drop", "x")
-	dec, err := decode(h, []byte("b"), "S", 7)
+	dec, err := decode(h, []byte("b"), "S", 7, time.Unix(0, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestDeletedForeignHeaderStaysDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := decode(w.Header, w.Data, "S", 8)
+	got, err := decode(w.Header, w.Data, "S", 8, time.Unix(0, 2))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,10 @@
 package jetstream
 
+import "time"
+
+// SeqID is the ID of a stored message that has none berth can use.
+func SeqID(stream string, seq uint64, stored time.Time) string { return seqID(stream, seq, stored) }
+
 // SetRedriveHook sets the hook RedriveDeadLetters runs between storing a
 // dead letter's copy and taking the letter; the returned func restores it.
 func SetRedriveHook(f func(seq uint64)) (restore func()) {

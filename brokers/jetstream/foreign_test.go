@@ -3,7 +3,6 @@ package jetstream_test
 import (
 	"context"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -63,6 +62,20 @@ func publishRaw(t *testing.T, b *jetstream.Broker, q string, h nats.Header, body
 
 // rawJetStream returns a JetStream client on a connection of its own,
 // closed at the test's end, to put messages where berth would not.
+// storedSeqID is the "<stream>:<seq>:<stored>" ID of message seq of stream.
+func storedSeqID(ctx context.Context, t *testing.T, js njs.JetStream, stream string, seq uint64) string {
+	t.Helper()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jetstream.SeqID(stream, seq, raw.Time)
+}
+
 func rawJetStream(t *testing.T) njs.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(integration.NATSURL(t))
@@ -240,7 +253,7 @@ func TestForeignSeqIDSharedWithBerthLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, dlq := b.StreamNames(q)
-	id := dlq + ":" + strconv.FormatUint(pa.Sequence, 10)
+	id := storedSeqID(ctx, t, js, dlq, pa.Sequence)
 	if err := b.Publish(ctx, q, &sdk.Message{ID: id, Body: []byte("berth")}); err != nil {
 		t.Fatal(err)
 	}

@@ -113,9 +113,10 @@ func (b *Broker) deadStream(ctx context.Context, queue string) (*queueState, jet
 
 // deadLetter is one stored dead letter.
 type deadLetter struct {
-	seq   uint64
-	msg   *sdk.Message
-	extra nats.Header // foreign NATS headers, kept by a redriven copy
+	seq    uint64
+	stored time.Time // when the dead-letter stream stored it
+	msg    *sdk.Message
+	extra  nats.Header // foreign NATS headers, kept by a redriven copy
 }
 
 // letterOf decodes raw, a message of the dead-letter stream named stream.
@@ -124,12 +125,12 @@ type deadLetter struct {
 // by another producer or by hand), or that is not on its ID's subject, where
 // berth stores a dead letter and looks it up, is listed as it is rather than breaking
 // the listing of the others: as a foreign message with ID
-// "<stream>:<seq>", its NATS headers as headers and its data as body, and a
+// "<stream>:<seq>:<stored>" (see seqID), its NATS headers as headers and its data as body, and a
 // [sdk.HeaderDeadLetterReason] telling why, so that an operator sees it
 // and can get, delete, redrive or purge it like any other (the SQS broker
 // lists an undecodable dead letter as a foreign message too).
 func letterOf(raw *jetstream.RawStreamMsg, stream string) deadLetter {
-	dec, err := decode(raw.Header, raw.Data, stream, raw.Sequence)
+	dec, err := decode(raw.Header, raw.Data, stream, raw.Sequence, raw.Time)
 	if err == nil && dec.msg.ID == "" {
 		err = fmt.Errorf("%s header without a message ID", headerEnvelope)
 	}
@@ -140,17 +141,17 @@ func letterOf(raw *jetstream.RawStreamMsg, stream string) deadLetter {
 		err = fmt.Errorf("stored on subject %q, not on that of its ID %q", raw.Subject, dec.msg.ID)
 	}
 	if err != nil {
-		dec = asForeign(raw.Header, raw.Data, seqID(stream, raw.Sequence))
+		dec = asForeign(raw.Header, raw.Data, seqID(stream, raw.Sequence, raw.Time))
 		dec.msg.SetHeader(sdk.HeaderDeadLetterReason, sdk.SanitizeReason("not a berth dead letter: "+err.Error()))
 	}
-	return deadLetter{seq: raw.Sequence, msg: dec.msg, extra: dec.extra}
+	return deadLetter{seq: raw.Sequence, stored: raw.Time, msg: dec.msg, extra: dec.extra}
 }
 
 // lookup returns the dead letters of q (in stream s) listed with id, oldest
-// first: those on id's subject and, when id has the "<stream>:<seq>" form,
+// first: those on id's subject and, when id has the "<stream>:<seq>:<stored>" form,
 // the letter at seq if it is listed with id (see letterOf: such a letter is
 // on a subject of no id). Both can hold: any UTF-8 string is a message ID,
-// so a berth message may carry a foreign letter's "<stream>:<seq>" (a
+// so a berth message may carry a foreign letter's "<stream>:<seq>:<stored>" (a
 // foreign letter redriven and dead-lettered again does, while the original
 // stays if the redrive failed half way). An action by id then takes every
 // letter listed with it, as it takes every dead letter of a message
@@ -185,11 +186,21 @@ func (b *Broker) lookup(ctx context.Context, q *queueState, s jetstream.Stream, 
 	return out, nil
 }
 
-// seqOf returns the sequence a "<stream>:<seq>" id names in q's dead-letter
-// stream; ok is false for an id of another form.
+// seqOf returns the sequence a "<stream>:<seq>:<stored>" id (see seqID)
+// names in q's dead-letter stream; ok is false for an id of another form.
+// The letter at seq is the one named only when it is listed with id: one
+// stored at that sequence by a recreated stream is listed with another
+// store time.
 func seqOf(q *queueState, id string) (seq uint64, ok bool) {
 	rest, ok := strings.CutPrefix(id, q.dlq+":")
 	if !ok {
+		return 0, false
+	}
+	rest, stamp, ok := strings.Cut(rest, ":")
+	if !ok {
+		return 0, false
+	}
+	if _, err := strconv.ParseInt(stamp, 10, 64); err != nil {
 		return 0, false
 	}
 	seq, err := strconv.ParseUint(rest, 10, 64)
@@ -268,7 +279,7 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 		}
 		// Two ids hashed to one token, or not berth's: looked up below.
 	}
-	// An id of the "<stream>:<seq>" form may also name a foreign letter
+	// An id of the "<stream>:<seq>:<stored>" form may also name a foreign letter
 	// (see lookup): looked up below, the latest of them returned.
 	dls, err := b.lookup(ctx, q, s, id)
 	if err != nil {
@@ -401,7 +412,10 @@ func (b *Broker) redriveOne(ctx context.Context, q *queueState, s jetstream.Stre
 	if err != nil {
 		return true, err // the held copy becomes ready when due
 	}
-	if err := b.publishOne(ctx, target.stream, w, internalID(idRedrive, q.dlq, dl.seq)); err != nil {
+	// With the store time: the queue stream outlives a dead-letter stream
+	// deleted and created again, and within its Duplicates window would
+	// drop the copy of a new letter at an old letter's sequence.
+	if err := b.publishOne(ctx, target.stream, w, internalID(idRedrive, q.dlq, dl.seq, uint64(dl.stored.UnixNano()))); err != nil {
 		return true, err // likewise
 	}
 	if _, err := b.take(ctx, ts, pa.Sequence); err != nil {

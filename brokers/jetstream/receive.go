@@ -241,7 +241,7 @@ func (b *Broker) giveBack(q *queueState, consumer string, m *nats.Msg) {
 	if err != nil {
 		return
 	}
-	dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
+	dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream, meta.Timestamp)
 	if err != nil {
 		_ = b.nc.Publish(m.Reply, ackNak)
 		return
@@ -288,13 +288,13 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []pulled) [
 			continue
 		}
 		d := &delivery{
-			b: b, q: q, reply: m.Reply, seq: meta.Sequence.Stream, delivered: meta.NumDelivered,
+			b: b, q: q, reply: m.Reply, seq: meta.Sequence.Stream, stored: meta.Timestamp, delivered: meta.NumDelivered,
 			deadline: arrived.Add(b.leaseFor()),
 		}
-		dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream)
+		dec, err := decode(m.Header, m.Data, q.stream, meta.Sequence.Stream, meta.Timestamp)
 		if err != nil {
 			// Its other headers are kept in the dead letter.
-			dec = asForeign(m.Header, m.Data, seqID(q.stream, d.seq))
+			dec = asForeign(m.Header, m.Data, seqID(q.stream, d.seq, d.stored))
 			d.msg, d.extra = dec.msg, dec.extra
 			d.attempt = b.attemptOf(1, meta.NumDelivered)
 			if derr := d.DeadLetter(ctx, sdk.Permanent(err)); derr != nil {

@@ -95,7 +95,11 @@
 // A lost LISTEN connection is made again after 50 ms, doubling up to 5 s at
 // each loss; the delay starts over only after a connection that delivered a
 // notification or stayed up 10 s, so a server that accepts the LISTEN and
-// drops the connection at once is not reconnected to every 50 ms.
+// drops the connection at once is not reconnected to every 50 ms. The
+// LISTEN session turns idle_session_timeout off for itself: it is idle by
+// design, and a timeout set for the role or the database would end it at
+// every period. A pooled connection that timeout ended (57P05) is a lost
+// connection: the acker's statement is repeated on another.
 // Due times are on the database server's clock: now() (the statement's
 // start) plus the delay, and for [Broker.PublishTx] statement_timestamp()
 // plus the delay, so a delay counts from the publish, not from the start of

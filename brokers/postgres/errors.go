@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
@@ -21,7 +22,8 @@ import (
 // limit that ran out was the broker's own (a claim's or a flush's time
 // bound, see Broker.claimTimeout and Broker.ackTimeout): the database did
 // not answer in time, which is an error wrapping [sdk.ErrUnavailable] (the
-// context error stays in the chain). Otherwise a closed broker's error,
+// context error stays in the chain), unless it is the pool's Close cutting
+// a connect under way (see connectCut). Otherwise a closed broker's error,
 // and that of a pool the application closed, becomes [sdk.ErrClosed]; a
 // missing job table (Migrate never ran) one wrapping [sdk.ErrNotFound];
 // connection failures, server shutdowns,
@@ -39,9 +41,11 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	if b.isClosed() {
 		return errClosed(op)
 	}
-	if errors.Is(err, puddle.ErrClosedPool) {
+	if errors.Is(err, puddle.ErrClosedPool) || (ctxErr && connectCut(err) && b.poolClosed()) {
 		// The application closed the pool: nothing will come from it
 		// again, so retrying (what ErrUnavailable asks for) is pointless.
+		// A connect under way when it did is cut with a cancelled
+		// context, which is not the broker's time limit running out.
 		return fmt.Errorf("berth/postgres: %s: %w: %w", op, sdk.ErrClosed, err)
 	}
 	if ctxErr {
@@ -56,6 +60,35 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("berth/postgres: %s: %w", op, err)
 }
 
+// connectCut reports whether err is a connect cancelled, not timed out: the
+// broker's own limits are deadlines, and the caller's context is live when
+// wrap asks, so the cancel came from the pool, whose Close cuts the
+// connects under way.
+func connectCut(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) && errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// poolProbe bounds poolClosed's acquire.
+const poolProbe = 100 * time.Millisecond
+
+// poolClosed reports whether the application has closed the pool: an
+// acquire from a closed pool fails with puddle.ErrClosedPool. It takes a
+// connection from an open pool (and gives it back), or waits up to
+// poolProbe for one, so it is asked only for an error that a closed pool
+// explains (a connect cut by a cancel); when it cannot tell, the pool is
+// taken for open, and the error stays a retryable one.
+func (b *Broker) poolClosed() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), poolProbe)
+	defer cancel()
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return errors.Is(err, puddle.ErrClosedPool)
+	}
+	conn.Release()
+	return false
+}
+
 // retryable reports whether err is worth retrying later: a broken or refused
 // connection, a server going away, a deadlock or serialization failure.
 // Another server error (a constraint, a bad value) is the statement's, and
@@ -67,7 +100,7 @@ func retryable(err error) bool {
 	if errors.As(err, &pgErr) {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
-			strings.HasPrefix(pgErr.Code, "57P"), // admin shutdown, crash shutdown, cannot connect now
+			strings.HasPrefix(pgErr.Code, "57P"), // admin shutdown, crash shutdown, cannot connect now, idle session timeout
 			pgErr.Code == "53300",                // too many connections
 			pgErr.Code == "40001",                // serialization failure
 			pgErr.Code == "40P01":                // deadlock detected

@@ -301,7 +301,10 @@ func (b *Broker) DeleteCompleted(ctx context.Context, olderThan time.Duration, b
 	}
 }
 
-// retentionLoop runs DeleteCompleted every RetentionInterval until Close.
+// retentionLoop runs DeleteCompleted every RetentionInterval until Close,
+// or until the application has closed the pool: nothing comes from a
+// closed pool again, so the loop stops (logging that once) rather than
+// failing, and logging the failure, at every interval.
 func (b *Broker) retentionLoop(ctx context.Context) {
 	t := time.NewTicker(b.opts.RetentionInterval)
 	defer t.Stop()
@@ -314,6 +317,9 @@ func (b *Broker) retentionLoop(ctx context.Context) {
 		n, err := b.DeleteCompleted(ctx, b.opts.Retention, b.opts.RetentionBatch)
 		switch {
 		case ctx.Err() != nil:
+			return
+		case errors.Is(err, sdk.ErrClosed):
+			b.opts.Logger.Info("berth/postgres: retention stopped: the pool is closed", "schema", b.schema, "deleted", n)
 			return
 		case err != nil:
 			b.opts.Logger.Warn("berth/postgres: retention failed", "schema", b.schema, "deleted", n, "err", err)

@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // waker lets Receive calls wait for a queue's notification. Each queue has a
@@ -120,6 +122,9 @@ func (b *Broker) listenOnceConn(ctx context.Context) (healthy bool, err error) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	if err := keepIdleSession(ctx, conn); err != nil {
+		return false, err
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+quoteIdent(b.channel)); err != nil {
 		return false, err
 	}
@@ -135,4 +140,20 @@ func (b *Broker) listenOnceConn(ctx context.Context) (healthy bool, err error) {
 		notified = true
 		b.wake.notify(n.Payload)
 	}
+}
+
+// keepIdleSession turns idle_session_timeout off for the LISTEN
+// connection's session: it waits for notifications without sending a
+// statement, which the server counts as idle, and a timeout set for the
+// role or the database (to end forgotten sessions) would end it every
+// period (FATAL 57P05), each time a reconnect, a warning and the
+// notifications sent meanwhile lost. A server without the setting
+// (before PostgreSQL 14) has no such timeout.
+func keepIdleSession(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, "SET idle_session_timeout = 0")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: unrecognized configuration parameter
+		return nil
+	}
+	return err
 }

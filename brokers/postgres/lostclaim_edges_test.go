@@ -141,3 +141,63 @@ func TestLostClaimDelayedOnTheWire(t *testing.T) {
 	requireAllBack(ctx, t, admin, b.Schema(), q, n, "the hand-back")
 	receiveEachOnce(ctx, t, b, q, ids)
 }
+
+// TestLostClaimHandBackStopsAtClosedPool: the application closes the pool
+// (the broker still open) while the broker waits to hand back a lost
+// claim's rows. Nothing will come from that pool again: the hand-back
+// gives up at once, logging that the rows come back after their lease,
+// instead of trying every 500ms until its bound runs out (a minute here)
+// and holding Close, meanwhile, for its whole grace. Before the fix it
+// tried until the bound.
+func TestLostClaimHandBackStopsAtClosedPool(t *testing.T) {
+	cfg, proxy := pgProxiedConfig(t)
+	app := "berth-lost-closed-pool-" + suffix()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	ctx := testCtx(t)
+	proxied, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	admin := newPool(t, "berth-lost-closed-pool-admin-"+suffix(), 2)
+	logs := newLogRecorder()
+	b := newBroker(t, proxied, postgres.Options{Schema: freshSchema(t, admin), Lease: 10 * time.Minute,
+		PollInterval: 100 * time.Millisecond, DisableListen: true, Logger: slog.New(logs)})
+	b.SetInternalTimeouts(time.Minute, 30*time.Second) // the hand-back's bound
+	q := "lostclosedpool_" + suffix()
+	publishN(t, b, q, 2)
+	slowClaims(ctx, t, admin, b.Schema(), 2)
+	done := make(chan error, 1)
+	go func() {
+		ds, err := b.Receive(ctx, q, 2)
+		if len(ds) > 0 {
+			err = errors.New("got deliveries")
+		}
+		done <- err
+	}()
+	for { // the claim sleeps in its trigger, uncommitted
+		var sleeping bool
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event = 'PgSleep')`, app).Scan(&sleeping); err != nil {
+			t.Fatal(err)
+		}
+		if sleeping {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the claim never ran")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	proxy.reset(true)
+	if err := <-done; !errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("Receive whose claim's connection was lost: %v, want ErrUnavailable", err)
+	}
+	proxied.Close() // the hand-back waits for the claim's process meanwhile
+	const notBack = "berth/postgres: a claim's reply was lost and the jobs it may have taken could not be handed back; they come back after their lease"
+	rec := waitLog(t, logs, notBack, 15*time.Second)
+	if err, _ := attr(rec, "hand_back_err").Any().(error); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("hand-back log: %v; want its hand_back_err to wrap sdk.ErrClosed", rec)
+	}
+}

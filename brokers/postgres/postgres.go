@@ -75,7 +75,8 @@ type Options struct {
 	// Retention, when positive, runs a background loop owned by the broker
 	// that deletes completed jobs older than Retention every
 	// RetentionInterval, RetentionBatch rows per statement. Zero keeps
-	// completed jobs (call [Broker.DeleteCompleted] yourself).
+	// completed jobs (call [Broker.DeleteCompleted] yourself). The loop
+	// stops at Close, or once the application has closed the pool.
 	Retention time.Duration
 	// RetentionInterval is the period of the retention loop. Default 1m.
 	RetentionInterval time.Duration

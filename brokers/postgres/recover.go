@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 )
 
 // recoverMaxWait is the longest recoverClaim waits between two looks.
@@ -52,7 +53,8 @@ func (b *Broker) recoverClaim(conn *pgxpool.Conn, queue, token string, pid uint3
 }
 
 // recoverLoop looks for the rows of the claim made with token until they
-// are handed back, the claim is known to have taken none, or bound runs out.
+// are handed back, the claim is known to have taken none, bound runs out,
+// or the application has closed the pool.
 func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound time.Duration) {
 	ctx, cancel := context.WithTimeout(b.handBacks, bound)
 	defer cancel()
@@ -68,6 +70,11 @@ func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound
 			b.opts.Logger.Debug("berth/postgres: a claim's reply was lost; it took no job",
 				"queue", queue, "err", cause)
 			return
+		case errors.Is(err, puddle.ErrClosedPool):
+			// The application closed the pool: no later look can
+			// work, and Close would wait for this one for nothing.
+			b.notHandedBack(queue, cause, b.wrap(context.Background(), "hand back", err))
+			return
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -76,13 +83,19 @@ func (b *Broker) recoverLoop(queue, token string, pid uint32, cause error, bound
 			if err == nil {
 				err = errors.New("the claim's server process is still there")
 			}
-			b.opts.Logger.Warn("berth/postgres: a claim's reply was lost and the jobs it may have taken could not be handed back; they come back after their lease",
-				"queue", queue, "err", cause, "hand_back_err", err)
+			b.notHandedBack(queue, cause, err)
 			return
 		case <-t.C:
 		}
 		wait = min(wait*2, recoverMaxWait)
 	}
+}
+
+// notHandedBack logs that the rows of a claim whose reply was lost (with
+// cause) could not be handed back, for err.
+func (b *Broker) notHandedBack(queue string, cause, err error) {
+	b.opts.Logger.Warn("berth/postgres: a claim's reply was lost and the jobs it may have taken could not be handed back; they come back after their lease",
+		"queue", queue, "err", cause, "hand_back_err", err)
 }
 
 // handBackToken runs one look of recoverLoop: first whether the claim's

@@ -15,7 +15,9 @@ import (
 // has found every ID, and only then deletes: when an ID is not found it
 // deletes nothing and returns an error wrapping [sdk.ErrNotFound] that names
 // the missing IDs; a scan that has to hold more than 10,000 other dead
-// letters stops with a [*ScanError] and deletes nothing either. A chosen
+// letters stops with a [*ScanError] and deletes nothing either, as does one
+// that ends with IDs missing while another reader holds dead letters
+// invisible (the missing may be among them). A chosen
 // letter whose hold lapsed (another receiver took it) is not deleted and not
 // counted. The berth CLI and dashboard use it for a filtered purge.
 func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
@@ -31,7 +33,9 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 	}
 	found := make(map[string]bool, len(ids))
 	deleted := 0
+	var unseen *ScanError
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		s.whole = true
 		var chosen []*letter
 		for len(found) < len(want) {
 			if s.full() {
@@ -42,7 +46,10 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 				return err
 			}
 			if len(ls) == 0 {
-				return nil // the end of the queue: some IDs are missing
+				// The end of the queue: some IDs are missing, or among
+				// the letters another reader holds.
+				unseen = s.unseenError()
+				return nil
 			}
 			for _, l := range ls {
 				hit := false
@@ -79,6 +86,9 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 		if !found[id] {
 			missing = append(missing, id)
 		}
+	}
+	if len(missing) > 0 && unseen != nil {
+		return 0, unseen // the missing may be among them
 	}
 	if len(missing) > 0 {
 		return 0, fmt.Errorf("berth/sqs: dead letters %s of %s: %w", strings.Join(missing, ", "), queue, sdk.ErrNotFound)

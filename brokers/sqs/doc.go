@@ -99,7 +99,14 @@
 // attempt further on, and Receive logs a warning naming the queue. Get and redrive by IDs
 // hold what they pass over, at most 10,000 dead letters; a scan that reaches
 // that bound, or a redrive of all that sees dead letters come back while it
-// runs, returns a [*ScanError] saying how many remain. A dead letter that
+// runs, returns a [*ScanError] saying how many remain. A receive cannot see
+// a dead letter another reader holds (another scan, a listing elsewhere):
+// a scan that must see every letter (a redrive or purge of all, a Get,
+// redrive or delete whose IDs it has not found yet) reads the dead-letter
+// queue's approximate counters when receives find nothing, scans on while
+// they show letters it does not hold, for up to a hold (30 s), and then
+// returns a [*ScanError] counting those it could not see rather than
+// success or [sdk.ErrNotFound]. A dead letter that
 // SQS's redrive policy moved, or that another producer sent, is listed with
 // the reason [sdk.ErrMaxDeliveries] and the queue being read as its source,
 // whatever berth- headers it carries.

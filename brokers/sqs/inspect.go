@@ -140,11 +140,80 @@ type scan struct {
 	// lostUntil is when letters that a lost receive answer took are
 	// visible again: an empty receive before then does not end the scan.
 	lostUntil time.Time
+	// whole makes the scan, when receives find nothing, read the
+	// dead-letter queue's counters (see elsewhere): a scan that must see
+	// every letter (a redrive or purge of all, a Get or a Delete that has
+	// not found its IDs) goes on while other readers hold letters, for up
+	// to a hold, and unseen says how many it could not see by then.
+	whole       bool
+	unseenSince time.Time // when the first end found letters held elsewhere
+	unseen      int
 }
 
 // next returns dead letters the scan has not returned before, holding them,
-// or none once emptyReceives receives in a row found nothing.
+// or none once emptyReceives receives in a row found nothing (and, for a
+// whole scan, no letter is held elsewhere, or a hold has passed since one
+// was first found: see whole).
 func (s *scan) next(ctx context.Context) ([]*letter, error) {
+	for {
+		ls, err := s.receive(ctx)
+		if err != nil || len(ls) > 0 || !s.whole {
+			return ls, err
+		}
+		n, err := s.elsewhere(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.unseen = n
+		if n == 0 {
+			return nil, nil
+		}
+		if s.unseenSince.IsZero() {
+			s.unseenSince = time.Now()
+		}
+		if time.Since(s.unseenSince) >= s.b.scanHold {
+			return nil, nil
+		}
+		s.empties = 0 // scan on: the receive's long poll paces this
+	}
+}
+
+// elsewhere returns how many letters of the dead-letter queue the scan
+// does not hold, by its approximate counters: letters another reader holds
+// invisible (a listing, another redrive, a receive whose answer was lost),
+// delayed ones, and visible ones a receive has not returned yet. A receive
+// cannot see the letters held elsewhere, so an end of the scan found by
+// receives alone would pass over them without saying so.
+func (s *scan) elsewhere(ctx context.Context) (int, error) {
+	c, err := s.b.counts(ctx, s.dlq)
+	if err != nil {
+		return 0, err
+	}
+	mine := 0
+	for _, l := range s.held {
+		if l.handle != "" {
+			mine++
+		}
+	}
+	return max(int(c[0]+c[1]+c[2])-mine, 0), nil
+}
+
+// unseenError is the error of a whole scan that ended with s.unseen
+// letters it could not see, nil when it saw them all.
+func (s *scan) unseenError() *ScanError {
+	if s.unseen == 0 {
+		return nil
+	}
+	return &ScanError{Queue: s.q.name, Remaining: s.unseen, Reason: s.unseenReason()}
+}
+
+func (s *scan) unseenReason() string {
+	return fmt.Sprintf("%d dead letters (by the queue's approximate counters) were held by another reader (a listing, another redrive) "+
+		"for %s and could not be seen: run it again once they are visible", s.unseen, s.b.scanHold)
+}
+
+// receive is next without the whole scan's look at the counters.
+func (s *scan) receive(ctx context.Context) ([]*letter, error) {
 	for s.empties < emptyReceives {
 		if err := s.renew(ctx); err != nil {
 			return nil, err
@@ -379,10 +448,14 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 // GetDeadLetter returns the dead letter with berth ID (or SQS MessageId) id,
 // or an error wrapping [sdk.ErrNotFound] once a scan of the whole dead-letter
 // queue did not find it. A scan that has to hold more than 10,000 other dead
-// letters stops with a [*ScanError] instead.
+// letters stops with a [*ScanError] instead, as does one that ends with
+// dead letters held invisible by another reader (it may be one of them).
 func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
 	var found *sdk.Message
+	var unseen *ScanError
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		s.whole = true
+		defer func() { unseen = s.unseenError() }()
 		for found == nil {
 			if s.full() {
 				return s.incomplete()
@@ -406,6 +479,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	if err != nil {
 		return nil, err
 	}
+	if unseen != nil {
+		return nil, unseen // it may be one of those
+	}
 	return nil, fmt.Errorf("berth/sqs: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
 }
 
@@ -423,7 +499,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // whose berth ID the call already redrove (it came back, dead-lettered again
 // by a consumer while the redrive ran, or it is a duplicate) stays too, so
 // that the call ends; it is reported by a [*ScanError], as is a scan that had
-// to hold more than 10,000 dead letters.
+// to hold more than 10,000 dead letters, and dead letters another reader
+// held invisible until the call gave up waiting for them (a hold, 30 s; see
+// the package doc): the error counts them, and they stay.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	want := map[string]bool{}
 	for _, id := range ids {
@@ -435,7 +513,10 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	again := 0
 	redriven := 0
 	var errs []error
+	var unseen *ScanError
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		s.whole = true
+		defer func() { unseen = s.unseenError() }()
 		for len(want) == 0 || left > 0 {
 			if s.full() {
 				return s.incomplete()
@@ -473,8 +554,15 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		return nil
 	})
 	if err == nil && again > 0 {
-		err = &ScanError{Queue: queue, Remaining: again,
+		se := &ScanError{Queue: queue, Remaining: again,
 			Reason: "this call already redrove a message with the same ID (dead-lettered again while the redrive ran, or a duplicate)"}
+		if unseen != nil {
+			se.Remaining += unseen.Remaining
+			se.Reason += "; and " + unseen.Reason
+		}
+		err = se
+	} else if err == nil && unseen != nil {
+		err = unseen
 	}
 	if err := errors.Join(append(errs, err)...); err != nil {
 		return redriven, err
@@ -545,14 +633,22 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[
 // PurgeDeadLetters deletes every message of queue's dead-letter queue, page
 // by page until receives find it empty, and returns how many it deleted
 // (counted one by one, not through PurgeQueue, which SQS limits to once a
-// minute and applies lazily).
+// minute and applies lazily). Dead letters another reader holds invisible
+// until it gives up waiting for them stay, reported by a [*ScanError].
 func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
 	total := 0
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		s.whole = true
 		for {
 			ls, err := s.next(ctx)
-			if err != nil || len(ls) == 0 {
+			if err != nil {
 				return err
+			}
+			if len(ls) == 0 {
+				if se := s.unseenError(); se != nil {
+					return se
+				}
+				return nil
 			}
 			gone, err := b.remove(ctx, s.dlq, ls)
 			s.forget(gone)

@@ -29,33 +29,22 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	if !ok {
 		return fmt.Errorf("this broker cannot report statistics")
 	}
-	queues := args
 	for {
-		if len(args) == 0 {
-			ql, ok := b.(dlq.QueueLister)
-			if !ok {
-				return usagef("this broker cannot list its queues: name them (berth stats QUEUE...)")
-			}
-			if queues, err = ql.Queues(ctx); err != nil {
-				if c.watch && ctx.Err() != nil {
-					return nil // -watch ends when interrupted
-				}
-				return err
-			}
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if c.refreshTimeout > 0 {
+			rctx, cancel = context.WithTimeout(ctx, c.refreshTimeout)
 		}
-		all := make([]sdk.QueueStats, 0, len(queues))
-		for _, q := range queues {
-			st, err := in.Stats(ctx, q)
-			if err != nil {
-				if c.watch && ctx.Err() != nil {
-					return nil
-				}
-				if len(args) == 0 && errors.Is(err, sdk.ErrNotFound) {
-					continue // deleted since the broker listed it
-				}
-				return fmt.Errorf("stats %s: %w", q, err)
+		all, err := statsRound(rctx, b, in, args)
+		cancel()
+		if err != nil {
+			if c.watch && ctx.Err() != nil {
+				return nil // -watch ends when interrupted
 			}
-			all = append(all, st)
+			if c.refreshTimeout > 0 && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("a refresh of -watch got no answer within %s (the default -timeout of stats, for each refresh; "+
+					"-timeout bounds the whole watch instead): %w", c.refreshTimeout, err)
+			}
+			return err
 		}
 		if err := c.printStats(all); err != nil {
 			return err
@@ -69,6 +58,34 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 		case <-time.After(c.interval):
 		}
 	}
+}
+
+// statsRound reads the statistics of the queues named in args, or of every
+// queue the broker lists when there are none.
+func statsRound(ctx context.Context, b sdk.Broker, in sdk.Inspector, args []string) ([]sdk.QueueStats, error) {
+	queues := args
+	if len(args) == 0 {
+		ql, ok := b.(dlq.QueueLister)
+		if !ok {
+			return nil, usagef("this broker cannot list its queues: name them (berth stats QUEUE...)")
+		}
+		var err error
+		if queues, err = ql.Queues(ctx); err != nil {
+			return nil, err
+		}
+	}
+	all := make([]sdk.QueueStats, 0, len(queues))
+	for _, q := range queues {
+		st, err := in.Stats(ctx, q)
+		if err != nil {
+			if len(args) == 0 && errors.Is(err, sdk.ErrNotFound) {
+				continue // deleted since the broker listed it
+			}
+			return nil, fmt.Errorf("stats %s: %w", q, err)
+		}
+		all = append(all, st)
+	}
+	return all, nil
 }
 
 func (c *cli) printStats(all []sdk.QueueStats) error {
@@ -312,12 +329,24 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		if c.dryRun {
 			return c.printDryRun(report, first, verb, missing)
 		}
+		if s.Matched == 0 && s.Incomplete != "" {
+			// As a dry run: "none of the first -scan-limit matched" is
+			// not "nothing matched" (exit 3), nor an answer to confirm.
+			return &partialError{msg: fmt.Sprintf("none of the dead letters read matches, but the scan stopped before the end of the dead-letter queue of %s (%s), "+
+				"so some may; raise -scan-limit (it was %d) or narrow the filter; nothing changed", queue, s.Incomplete, c.scanLimit)}
+		}
 		if s.Matched == 0 {
 			return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 		}
-		q := fmt.Sprintf("%s %d dead letter(s) of %s?", verb, s.Matched, esc(queue))
+		n := fmt.Sprint(s.Matched)
+		if s.Incomplete != "" {
+			// A count from a capped scan: at most these are changed
+			// (Limit below), more may match.
+			n = fmt.Sprintf("the %d found (the scan stopped before the end of the dead-letter queue: more may match)", s.Matched)
+		}
+		q := fmt.Sprintf("%s %s dead letter(s) of %s?", verb, n, esc(queue))
 		if act == actPurge {
-			q = fmt.Sprintf("delete %d dead letter(s) of %s for good?", s.Matched, esc(queue))
+			q = fmt.Sprintf("delete %s dead letter(s) of %s for good?", n, esc(queue))
 		}
 		if err := c.confirm(q); err != nil {
 			return err

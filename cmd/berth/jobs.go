@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -224,7 +225,11 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 	if c.since < 0 {
 		return usagef("-since must be positive")
 	}
-	f := ledger.Filter{Queue: c.queue, Type: c.types, Limit: c.limit, After: c.after}
+	after, since, err := parseJobsCursor(c.after)
+	if err != nil {
+		return err
+	}
+	f := ledger.Filter{Queue: c.queue, Type: c.types, Limit: c.limit, After: after}
 	if f.Limit == 0 {
 		f.Limit = 50
 	}
@@ -237,9 +242,14 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 			f.Statuses = append(f.Statuses, st)
 		}
 	}
-	now := time.Now()
-	if c.since > 0 {
-		f.Since = now.Add(-c.since)
+	switch {
+	case !since.IsZero():
+		// The next page of a -since listing: the window the first page
+		// read, not one counted again from now, which would have slid
+		// between the pages and passed over the jobs it left behind.
+		f.Since = since
+	case c.since > 0:
+		f.Since = c.clock().Add(-c.since)
 	}
 	r, closeLedger, err := c.openLedger(ctx)
 	if err != nil {
@@ -268,10 +278,11 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 		}
 		total = &n
 	}
+	next := jobsCursor(p.Next, f.Since)
 	if c.json {
 		v := jsonJobs{Total: total, Jobs: make([]jsonJob, 0, len(p.Jobs))}
-		if p.Next != "" {
-			v.Next = &p.Next
+		if next != "" {
+			v.Next = &next
 		}
 		for i := range p.Jobs {
 			v.Jobs = append(v.Jobs, viewJob(&p.Jobs[i]))
@@ -294,14 +305,42 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 			fmt.Fprintf(c.stdout, " of %d matching", *total)
 		}
 		fmt.Fprintln(c.stdout)
-		if p.Next != "" {
-			fmt.Fprintf(c.stdout, "next page: -after %s\n", p.Next)
+		if next != "" {
+			fmt.Fprintf(c.stdout, "next page: -after %s\n", esc(next))
 		}
 	}
 	if len(p.Jobs) == 0 {
 		return fmt.Errorf("jobs: %w", errNothing)
 	}
 	return nil
+}
+
+// jobsCursor is the -after of the page after one read with f.Since since
+// and whose ledger cursor is next ("" on the last page): next, and with
+// -since the start of the window, as microseconds since the Unix epoch
+// after a ".", which no ledger cursor (base64url) holds. The next page
+// reads the same window, however long after the first it is asked for.
+func jobsCursor(next string, since time.Time) string {
+	if next == "" || since.IsZero() {
+		return next
+	}
+	return next + "." + strconv.FormatInt(since.UnixMicro(), 10)
+}
+
+// parseJobsCursor reverses [jobsCursor]: the ledger's cursor and the start
+// of the window (zero when the cursor holds none). -after comes from the
+// command line: a window that is not a time PostgreSQL can hold (years 1
+// to 9999 here) is a usage error, as a malformed ledger cursor is.
+func parseJobsCursor(after string) (string, time.Time, error) {
+	cur, us, ok := strings.Cut(after, ".")
+	if !ok {
+		return after, time.Time{}, nil
+	}
+	n, err := strconv.ParseInt(us, 10, 64)
+	if t := time.UnixMicro(n).UTC(); err == nil && t.Year() >= 1 && t.Year() <= 9999 && cur != "" {
+		return cur, t, nil
+	}
+	return "", time.Time{}, usagef("-after: malformed cursor: give the one the previous page printed")
 }
 
 func statusNames() string { return strings.Join(statusStrings(ledger.Statuses), ", ") }

@@ -30,8 +30,12 @@
 // refused before anything is read);
 // 3 nothing matched or not found; 4 partial (some chosen dead letters were
 // not moved, the command was interrupted, or the broker's scan stopped
-// before the end of the dead-letter queue, a dlq list or a -dry-run too; the
-// output says which and why).
+// before the end of the dead-letter queue, a dlq list, a -dry-run or the
+// count a change asks to confirm too; the output says which and why).
+//
+// The commands that only read (stats, each refresh of stats -watch, dlq
+// list, dlq show, outbox list, job show, jobs, queue paused) give up after
+// -timeout, default 1m, as doctor does; the changes and ui have none.
 //
 // Text output escapes control characters, terminal escape sequences,
 // bidirectional-text controls, invisible characters (zero-width, tag
@@ -85,6 +89,7 @@ type env struct {
 	getenv      func(string) string
 	open        func(ctx context.Context, rawURL string) (sdk.Broker, error)
 	listening   func(addr string) // ui: called with the address once it listens (tests)
+	now         func() time.Time  // the clock of jobs -since (tests); nil: time.Now
 }
 
 // cliDefaults are the URL parameters the CLI sets unless the URL does: it
@@ -133,6 +138,15 @@ type command struct {
 // must end, whatever the servers it reads do.
 var doctorTimeout = time.Minute
 
+// readTimeout is the default -timeout of the commands that only read
+// (stats, dlq list, dlq show, outbox list, job show, jobs, queue paused):
+// a broker or database that takes connections and never answers (an SQS
+// endpoint behind a hung proxy, a PostgreSQL waiting on a lock) must not
+// hang them for ever. With stats -watch, which runs until interrupted, it
+// bounds each refresh instead. The commands that change (a redrive of a
+// large dead-letter queue takes long) and ui have none.
+var readTimeout = time.Minute
+
 var globalFlags = []string{"url", "json", "timeout"}
 
 func commands() []*command {
@@ -140,12 +154,12 @@ func commands() []*command {
 	change := append(append([]string{}, filters...), "limit", "dry-run", "yes", "page-size", "scan-limit")
 	return []*command{
 		{name: "stats", args: "[QUEUE...]", short: "ready, delayed, in flight, dead-lettered, oldest age of queues (all when none is named)",
-			flags: []string{"watch", "interval"}, run: runStats},
+			flags: []string{"watch", "interval"}, run: runStats, timeout: readTimeout},
 		{name: "dlq list", args: "QUEUE", short: "the dead letters of QUEUE matching the filters, a page at a time",
 			long: "The last line counts every matching dead letter, not just the page shown. When the broker's scan\n" +
 				"stopped before the end of the dead-letter queue (SQS: -scan-limit), the list is partial: it exits 4.",
-			flags: append(append([]string{}, filters...), "limit", "offset", "scan-limit"), run: runList},
-		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow},
+			flags: append(append([]string{}, filters...), "limit", "offset", "scan-limit"), run: runList, timeout: readTimeout},
+		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow, timeout: readTimeout},
 		{name: "dlq redrive", args: "QUEUE [ID...]", short: "put the chosen dead letters (IDs and/or filters; all when none) back on QUEUE, attempts reset",
 			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be redriven.\n" +
 				"When the broker's scan stopped before the end of the dead-letter queue (SQS: -scan-limit), the count is\n" +
@@ -157,7 +171,7 @@ func commands() []*command {
 				"partial (\"at least N\"): a change or a -dry-run exits 4.",
 			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actPurge) }},
 		{name: "outbox list", args: "", short: "the outbox rows the relay parked after every attempt failed (-db, -table)",
-			flags: []string{"db", "table", "limit"}, run: runOutboxList},
+			flags: []string{"db", "table", "limit"}, run: runOutboxList, timeout: readTimeout},
 		{name: "outbox requeue", args: "[ROW-ID...]", short: "put parked outbox rows (all when none is named) back in line for the relay",
 			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, false) }},
@@ -165,10 +179,12 @@ func commands() []*command {
 			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
 		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
-			flags: []string{"db", "schema"}, run: runJobShow},
+			flags: []string{"db", "schema"}, run: runJobShow, timeout: readTimeout},
 		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest (first seen) first, with the total",
-			long:  "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.",
-			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs},
+			long: "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.\n" +
+				"The next page is -after the cursor printed (give the same filters): with -since it holds the window's start,\n" +
+				"so every page reads the window of the first, however much later it is asked for.",
+			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs, timeout: readTimeout},
 		{name: "doctor", args: "[QUEUE...]", short: "check the broker, its queues and the Workers' settings for misconfigurations (exit 1 on an error finding)",
 			long: "Each finding has a stable ID (README.md, \"berth doctor\"), a severity (ok, info, warn, error), the evidence and the fix.\n" +
 				"Name the queues on RabbitMQ and SQS; PostgreSQL and JetStream check every queue they list.\n" +
@@ -186,11 +202,14 @@ func commands() []*command {
 		{name: "queue resume", args: "QUEUE...", short: "resume paused queues",
 			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, false) }},
 		{name: "queue paused", args: "", short: "the queues paused in -db, with the time of their pause",
-			flags: []string{"db", "schema"}, run: runQueuePaused},
+			flags: []string{"db", "schema"}, run: runQueuePaused, timeout: readTimeout},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
 				"as a bearer token or the basic-auth password. Without a token only requests for a loopback host\n" +
 				"(127.0.0.1, [::1], localhost) are answered. -read-only hides and refuses every change.\n" +
+				"-tls-cert and -tls-key (PEM files, both or neither) serve HTTPS; on an address other than loopback\n" +
+				"without them the token and the pages cross the network in clear text, and berth ui warns so on stderr\n" +
+				"(or put a TLS proxy in front and listen on 127.0.0.1). The files are read at start.\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
 				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
 				"With -db, queue pages also show and change pauses (the table of berth queue pause).\n" +
@@ -198,7 +217,7 @@ func commands() []*command {
 				"a redrive or purge is not cut by it (each broker call has its own 2m bound). -timeout stops the server.\n" +
 				"Ctrl-C stops it: requests in hand get 5s, then a redrive or purge stops after the page it is moving,\n" +
 				"which is finished (and logged) before the broker is closed; a second Ctrl-C kills it at once.",
-			flags: []string{"addr", "token", "read-only", "demo", "queues", "db", "schema", "request-timeout"}, run: runUI},
+			flags: []string{"addr", "token", "tls-cert", "tls-key", "read-only", "demo", "queues", "db", "schema", "request-timeout"}, run: runUI},
 	}
 }
 
@@ -232,6 +251,10 @@ type cli struct {
 	drainTimeout, grace   time.Duration
 	checkTimeout          time.Duration
 	requestTimeout        time.Duration
+	tlsCert, tlsKey       string
+	// refreshTimeout bounds each refresh of stats -watch: the command's
+	// default -timeout, which would otherwise end the watch.
+	refreshTimeout time.Duration
 }
 
 func newCLI(e env) *cli {
@@ -240,7 +263,8 @@ func newCLI(e env) *cli {
 	fs.SetOutput(io.Discard) // errors are returned and printed once, as they are
 	fs.StringVar(&c.url, "url", "", "broker URL: amqp://, amqps://, postgres://, sqs://REGION, http(s)://SQS-ENDPOINT, mem://, nats:// (default $BERTH_URL)")
 	fs.BoolVar(&c.json, "json", false, "print JSON, one document per line")
-	fs.DurationVar(&c.timeout, "timeout", 0, "give up after this long (default: no limit; doctor: 1m)")
+	fs.DurationVar(&c.timeout, "timeout", 0, "give up after this long; 0: no limit (default 1m for the commands that only read, "+
+		"and doctor; none for the changes and ui; \"berth COMMAND -h\" says which)")
 	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")
 	fs.DurationVar(&c.interval, "interval", 2*time.Second, "the period of -watch")
 	fs.StringVar(&c.types, "type", "", "only messages of these types (comma-separated, exact)")
@@ -258,6 +282,8 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.token, "token", "", "ui: the token every request must carry (default $BERTH_UI_TOKEN, which keeps it out of ps)")
 	fs.BoolVar(&c.readOnly, "read-only", false, "ui: show, never change")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", dashboard.DefaultTimeout, "ui: how long a page (or a GET of the API, a confirmation's count, a pause) may wait on the broker before it answers 503")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "ui: serve HTTPS with this certificate (PEM file, chain after it); with -tls-key")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "ui: the private key (PEM file) of -tls-cert")
 	fs.BoolVar(&c.demo, "demo", false, "ui: with mem://, seed a few queues and dead letters to look at")
 	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
 	fs.StringVar(&c.db, "db", "", "outbox, job, jobs: the application's PostgreSQL, where the outbox and the ledger live (default $BERTH_DB)")
@@ -266,7 +292,7 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.queue, "queue", "", "jobs: only jobs of this queue")
 	fs.StringVar(&c.status, "status", "", "jobs: only jobs in these statuses (comma-separated: enqueued, running, retrying, released, succeeded, dead, redriven)")
 	fs.DurationVar(&c.since, "since", 0, "jobs: only jobs updated in this last while (e.g. 1h)")
-	fs.StringVar(&c.after, "after", "", "jobs: the next page, as printed after the previous one")
+	fs.StringVar(&c.after, "after", "", "jobs: the next page, as printed after the previous one (with -since, it keeps the first page's window: the pages neither skip nor repeat a job)")
 	fs.IntVar(&c.maxAttempts, "max-attempts", 0, "doctor: the Workers' RetryPolicy.MaxAttempts (default 5)")
 	fs.IntVar(&c.concurrency, "concurrency", 0, "doctor: the Workers' Concurrency (default 8)")
 	fs.DurationVar(&c.longestJob, "longest-job", 0, "doctor: the longest a handler may run, its WorkerOptions.Timeout (default 30m)")
@@ -306,6 +332,14 @@ func (c *cli) commandUsage(w io.Writer, cmd *command) {
 	}
 	fmt.Fprint(w, "\nflags of every command:\n")
 	printFlags(w, c.fs, globalFlags)
+	switch {
+	case cmd.timeout > 0 && contains(cmd.flags, "watch"):
+		fmt.Fprintf(w, "\n-timeout is %s unless given (with -watch: each refresh; a -timeout given bounds the whole watch).\n", cmd.timeout)
+	case cmd.timeout > 0:
+		fmt.Fprintf(w, "\n-timeout is %s unless given.\n", cmd.timeout)
+	default:
+		fmt.Fprint(w, "\n-timeout is no limit unless given.\n")
+	}
 }
 
 func run(ctx context.Context, args []string, e env) int {
@@ -354,13 +388,28 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	if !timeoutGiven {
 		c.timeout = cmd.timeout
+		if c.watch && c.timeout > 0 {
+			// -watch runs until interrupted: the default bounds each
+			// refresh (runStats), not the whole watch.
+			c.refreshTimeout, c.timeout = c.timeout, 0
+		}
 	}
+	parent := ctx
 	if c.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
 	err = cmd.run(ctx, c, rest)
+	if err != nil && c.timeout > 0 && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Say that it was -timeout that stopped it, and how to change it:
+		// the broker's own error may only say "context deadline exceeded".
+		how := "-timeout"
+		if !timeoutGiven {
+			how = fmt.Sprintf("-timeout, by default %s for %s; -timeout 0: no limit", c.timeout, cmd.name)
+		}
+		err = fmt.Errorf("gave up after %s (%s): %w", c.timeout, how, err)
+	}
 	return c.exit(cmd, err)
 }
 
@@ -417,6 +466,14 @@ func (e *partialError) Error() string { return e.msg }
 
 // Unwrap returns the error that stopped the change, if any.
 func (e *partialError) Unwrap() error { return e.err }
+
+// clock returns the time now.
+func (c *cli) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
+}
 
 // broker opens the broker of -url.
 func (c *cli) broker(ctx context.Context) (sdk.Broker, error) {

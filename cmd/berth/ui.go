@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,10 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	}
 	if c.demo && !strings.HasPrefix(strings.ToLower(c.url), "mem:") {
 		return usagef("-demo seeds made-up messages and works with mem:// only")
+	}
+	tlsConfig, err := c.uiTLS()
+	if err != nil {
+		return err
 	}
 	b, err := c.broker(ctx)
 	if err != nil {
@@ -113,14 +118,28 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	// long redrive) an idle keep-alive connection is kept for ever, and
 	// anyone who can reach the address, token or not, could hold them
 	// until the process runs out of files.
+	// ReadHeaderTimeout bounds the TLS handshake too.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: uiIdleTimeout,
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	fmt.Fprintf(c.stderr, "berth ui: serving http://%s/%s (Ctrl-C to stop)\n", ln.Addr(), map[bool]string{true: " read-only", false: ""}[c.readOnly])
+		TLSConfig: tlsConfig, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+	} else if !isLoopback(host) {
+		fmt.Fprintf(c.stderr, "berth ui: WARNING: serving on %s without TLS: the token and every page cross the network in clear text, "+
+			"for anyone on the path to read (and the token to replay); give -tls-cert and -tls-key, or put a TLS proxy in front and listen on 127.0.0.1\n", esc(c.addr))
+	}
+	fmt.Fprintf(c.stderr, "berth ui: serving %s://%s/%s (Ctrl-C to stop)\n", scheme, ln.Addr(), map[bool]string{true: " read-only", false: ""}[c.readOnly])
 	if c.listening != nil {
 		c.listening(ln.Addr().String())
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() {
+		if tlsConfig != nil {
+			done <- srv.ServeTLS(ln, "", "") // the certificate is in TLSConfig
+			return
+		}
+		done <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-done:
 		return err
@@ -142,6 +161,27 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		err = nil
 	}
 	return err
+}
+
+// uiTLS returns the TLS configuration of -tls-cert and -tls-key, nil
+// without them. Both or neither: one alone is a usage error; a file that
+// cannot be read, or a key that does not match the certificate, an error
+// (before the broker is opened). The files are read once: a renewed
+// certificate is served after a restart.
+func (c *cli) uiTLS() (*tls.Config, error) {
+	switch {
+	case c.tlsCert == "" && c.tlsKey == "":
+		return nil, nil
+	case c.tlsCert == "":
+		return nil, usagef("-tls-key needs -tls-cert (the certificate's PEM file, its chain after it)")
+	case c.tlsKey == "":
+		return nil, usagef("-tls-cert needs -tls-key (the private key's PEM file)")
+	}
+	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("-tls-cert %s, -tls-key %s: %w", c.tlsCert, c.tlsKey, err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // uiShutdownGrace is how long berth ui waits, once interrupted, for the

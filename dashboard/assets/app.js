@@ -3,6 +3,20 @@
 // are shown by the server, which escapes them (a new queue reloads the page).
 "use strict";
 
+// rowName is the name of the queue of an overview row as the API gives it:
+// data-name holds it as a JSON string (data-queue, the name as it is, can
+// differ: an HTML parser reads a carriage return as a line feed, and a NUL
+// or bytes that are not UTF-8 come out otherwise than from JSON); null for
+// a row that is not a queue's.
+function rowName(row) {
+  if (row.dataset.name === undefined) return null;
+  try {
+    return JSON.parse(row.dataset.name);
+  } catch (e) {
+    return null;
+  }
+}
+
 // refreshQueues updates the overview's table from the API. A refresh still
 // waiting on the server (a broker that does not answer: the server gives up
 // after its -request-timeout) is not joined by another: the ticks that come
@@ -23,7 +37,7 @@ function refreshQueues(table) {
       const seen = new Set();
       for (const q of data.queues) {
         seen.add(q.queue);
-        const row = Array.from(body.rows).find((r) => r.dataset.queue === q.queue);
+        const row = Array.from(body.rows).find((r) => rowName(r) === q.queue);
         if (!row) {
           // A queue the page does not show yet: reload it, so that its name
           // is shown as the server shows text (control, bidirectional and
@@ -46,7 +60,8 @@ function refreshQueues(table) {
         }
       }
       for (const row of Array.from(body.rows)) {
-        if (row.dataset.queue && !seen.has(row.dataset.queue)) row.remove();
+        const name = rowName(row);
+        if (name !== null && !seen.has(name)) row.remove();
       }
       const note = document.getElementById("refreshed");
       if (note) note.textContent = "Updated " + new Date().toLocaleTimeString() + "; refreshes every 2 s.";

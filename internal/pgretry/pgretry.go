@@ -66,17 +66,19 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // ConnectionLost reports whether err says that the connection failed, not
-// the statement: the server closed it (SQLSTATE class 08, or 57P01-57P03:
-// administrator command, crash shutdown, cannot connect now), or the client
-// could not read or write it. Context errors and every other server error
-// are not.
+// the statement: the server closed it (SQLSTATE class 08, 57P01-57P03:
+// administrator command, crash shutdown, cannot connect now, or 57P05: the
+// session sat idle past idle_session_timeout, which the client reads only
+// with the reply to its next statement), or the client could not read or
+// write it. Context errors and every other server error are not.
 func ConnectionLost(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03" ||
+			pgErr.Code == "57P05"
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return true

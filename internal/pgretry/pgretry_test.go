@@ -21,6 +21,7 @@ func TestConnectionLost(t *testing.T) {
 		context.Canceled: false,
 		fmt.Errorf("x: %w", context.DeadlineExceeded): false,
 		&pgconn.PgError{Code: "57P01"}:                true, // terminated by an administrator
+		&pgconn.PgError{Code: "57P05"}:                true, // idle_session_timeout ended the session
 		&pgconn.PgError{Code: "08006"}:                true,
 		&pgconn.PgError{Code: "23505"}:                false, // a statement's own error
 		&pgconn.PgError{Code: "40001"}:                false,

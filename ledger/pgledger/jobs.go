@@ -21,7 +21,8 @@ import (
 //
 // How the table's columns read:
 //
-//	queued, attempt_count 0     enqueued, or redriven when berth-redrive-count is set
+//	queued, attempt_count 0     enqueued, or redriven when berth-redrive-count is set; NextAttemptAt =
+//	                            available_at while that is in the future (a delayed publish, a release with a delay)
 //	processing                  running (a lease, possibly expired: its worker may have crashed)
 //	retry                       retrying, NextAttemptAt = available_at (also a job released after a failure)
 //	completed                   succeeded
@@ -80,7 +81,7 @@ var predicates = map[ledger.Status]string{
 const jobsCols = `id, message_id, queue, job_type, COALESCE(idempotency_key, ''), correlation_id, ` + statusSQL + `,
 	CASE WHEN ` + hRedrive + ` ~ '^[0-9]{1,9}$' THEN (` + hRedrive + `)::int ELSE 0 END,
 	attempt_count, COALESCE(last_error, ''), CASE WHEN status IN ('dead_letter', 'failed') THEN COALESCE(` + hClass + `, '') ELSE '' END,
-	CASE WHEN status = 'retry' THEN available_at END, created_at,
+	CASE WHEN status = 'retry' OR status = 'queued' AND available_at > now() THEN available_at END, created_at,
 	CASE WHEN status IN ('completed', 'dead_letter', 'failed', 'retry') THEN updated_at END,
 	COALESCE(worker_id, ''), updated_at`
 

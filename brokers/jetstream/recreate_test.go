@@ -1,0 +1,128 @@
+package jetstream_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/sdk"
+)
+
+// recreateStream deletes one of queue's streams alone (an operator's
+// `nats stream rm`), then declares the queue again through a new Broker,
+// which it returns: the other stream keeps its messages and its dedupe
+// window, while the recreated one numbers its messages from 1 again.
+func recreateStream(ctx context.Context, t *testing.T, q, stream string) *jetstream.Broker {
+	t.Helper()
+	if err := rawJetStream(t).DeleteStream(ctx, stream); err != nil {
+		t.Fatal(err)
+	}
+	b := newBroker(t, testOpts)
+	if err := b.DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A queue stream deleted and created again numbers its messages from 1
+// again, while the dead-letter stream keeps the Nats-Msg-Ids of the dead
+// letters it stored within its Duplicates window. A dead letter's ID was
+// derived from the queue stream's sequence alone, so the dead letter of a
+// new message at an old one's sequence was dropped as a duplicate, and the
+// message acked: the job was lost.
+func TestDeadLetterAfterQueueStreamRecreated(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "recreateq")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	deadLetter := func(b *jetstream.Broker, id string) {
+		t.Helper()
+		if err := b.Publish(ctx, q, &sdk.Message{ID: id, Body: []byte(id)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := receiveOne(ctx, t, b, q).DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadLetter(b, "before")
+	stream, _ := b.StreamNames(q)
+	b2 := recreateStream(ctx, t, q, stream)
+	deadLetter(b2, "after") // stored at sequence 1 again
+	dls, err := b2.ListDeadLetters(ctx, q, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range dls {
+		ids = append(ids, m.ID)
+	}
+	if len(ids) != 2 || ids[0] != "before" || ids[1] != "after" {
+		t.Fatalf("dead letters %q, want [before after]", ids)
+	}
+}
+
+// Likewise a dead-letter stream deleted and created again: the redriven
+// copy's ID was derived from the dead letter's sequence alone, so the
+// queue stream dropped the copy of a new letter at a redriven one's
+// sequence as a duplicate, and the redrive deleted the letter and its held
+// copy and counted it: the job was lost.
+func TestRedriveAfterDeadLetterStreamRecreated(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "recreatedlq")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	redrive := func(b *jetstream.Broker, id string) {
+		t.Helper()
+		if err := b.Publish(ctx, q, &sdk.Message{ID: id, Body: []byte(id)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := receiveOne(ctx, t, b, q).DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := b.RedriveDeadLetters(ctx, q); n != 1 || err != nil {
+			t.Fatalf("RedriveDeadLetters = %d, %v; want 1", n, err)
+		}
+		d := receiveOne(ctx, t, b, q)
+		if d.Message().ID != id {
+			t.Fatalf("redriven %q, want %q", d.Message().ID, id)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redrive(b, "before")
+	_, dlq := b.StreamNames(q)
+	b2 := recreateStream(ctx, t, q, dlq)
+	redrive(b2, "after") // its dead letter is at sequence 1 again
+}
+
+// A foreign message without a Nats-Msg-Id is delivered with an ID made of
+// its stream and sequence: after the stream was deleted and created again,
+// a new message got the ID of an old one, and an idempotency key derived
+// from the ID skipped the new job as done.
+func TestForeignIDAfterQueueStreamRecreated(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "recreateid")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	take := func(b *jetstream.Broker, body string) string {
+		t.Helper()
+		publishRaw(t, b, q, nil, body)
+		d := receiveOne(ctx, t, b, q)
+		if string(d.Message().Body) != body {
+			t.Fatalf("received %q, want %q", d.Message().Body, body)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return d.Message().ID
+	}
+	first := take(b, "first")
+	stream, _ := b.StreamNames(q)
+	b2 := recreateStream(ctx, t, q, stream)
+	if second := take(b2, "second"); second == first {
+		t.Fatalf("two messages delivered as %q", first)
+	}
+}

@@ -1,0 +1,80 @@
+package dashboard_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/dashboard"
+	"github.com/berthq/berth/sdk"
+)
+
+// A dead letter whose body is long is shown cut, saying so, in a page of
+// bounded size, while the API still gives the whole body. Before, the page
+// showed the whole body: 4 MiB of "<" became a 16 MiB page ("&lt;"), and
+// 4 MiB of binary a 20 MiB hex dump, each built in memory per request
+// (RabbitMQ takes bodies of 16 MiB by default).
+func TestLongBodyIsShownCut(t *testing.T) {
+	const size = 4 << 20
+	for _, c := range []struct {
+		name string
+		body []byte
+		kind string
+	}{
+		{"text", bytes.Repeat([]byte("<"), size), "text"},
+		{"binary", bytes.Repeat([]byte{0xff, 0x00}, size/2), "hex"},
+		// A cut in the middle of a character still shows text.
+		{"utf8", append([]byte("x"), bytes.Repeat([]byte("é"), size/2)...), "text"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := memory.New(memory.Options{MaxMessageSize: -1}) // as RabbitMQ's 16 MiB, or more
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			ctx := context.Background()
+			m := &sdk.Message{Type: "big", Body: c.body}
+			if err := b.Publish(ctx, "billing", m); err != nil {
+				t.Fatal(err)
+			}
+			ds, err := b.Receive(ctx, "billing", 1)
+			if err != nil || len(ds) != 1 {
+				t.Fatalf("receive %d %v", len(ds), err)
+			}
+			if err := ds[0].DeadLetter(ctx, sdk.Permanent(context.Canceled)); err != nil {
+				t.Fatal(err)
+			}
+			d, err := dashboard.New(b, dashboard.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := httptest.NewRecorder()
+			d.ServeHTTP(rec, httptest.NewRequest("GET", "/queues/billing/messages/"+m.ID, nil))
+			page := rec.Body.String()
+			if rec.Code != 200 {
+				t.Fatalf("%d %.500s", rec.Code, page)
+			}
+			if len(page) > 6<<20 { // 1 MiB shown: at most about 5 MiB of page (each "<" as "&lt;")
+				t.Errorf("the page of a %d-byte body is %d bytes", len(c.body), len(page))
+			}
+			if !strings.Contains(page, `id="body-cut"`) || !strings.Contains(page, fmt.Sprintf("%d bytes, %s; the first ", len(c.body), c.kind)) {
+				t.Errorf("the page does not say the body is cut, or shows it as other than %s:\n%.2000s", c.kind, page)
+			}
+			rec = httptest.NewRecorder()
+			d.ServeHTTP(rec, httptest.NewRequest("GET", "/api/queues/billing/dead-letters/"+m.ID, nil))
+			var raw map[string]any
+			if err := json.Unmarshal(rec.Body.Bytes(), &raw); err != nil {
+				t.Fatalf("API: %d %v", rec.Code, err)
+			}
+			body, _ := raw["body"].(string)
+			if rec.Code != 200 || len(body) < len(c.body) {
+				t.Errorf("the API gives %d of the body's %d bytes (%d)", len(body), len(c.body), rec.Code)
+			}
+		})
+	}
+}
