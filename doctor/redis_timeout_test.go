@@ -2,9 +2,7 @@ package doctor_test
 
 import (
 	"context"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,43 +10,8 @@ import (
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/integration"
 )
-
-// silentServer accepts connections and never answers: a hung Redis. It
-// stops when the test ends.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // TestRedisReadTimeoutNamesItsFigure: a Redis that does not answer ends
 // the dedupe check on the client's read timeout, well before the check's
@@ -57,7 +20,7 @@ func silentServer(t *testing.T) string {
 // raising -check-timeout would change nothing). It names the client's read
 // timeout and its figure.
 func TestRedisReadTimeoutNamesItsFigure(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ReadTimeout: 150 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{Addr: integration.SilentServer(t), ReadTimeout: 150 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	b, err := memory.New(memory.Options{})
 	if err != nil {

@@ -301,3 +301,41 @@ func (p *Proxy) waitThawed(l *link, reply bool) bool {
 		}
 	}
 }
+
+// SilentServer listens on loopback, takes every connection and never
+// answers nor closes one until the test ends: a broker or database that
+// hangs (the connect succeeds, no reply ever comes). It returns its
+// address.
+func SilentServer(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}

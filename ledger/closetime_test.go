@@ -4,58 +4,18 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 )
-
-// blackhole accepts TCP connections and never answers: a database host
-// that froze, or a connection black-holed by a firewall, which no real
-// server produces on demand.
-func blackhole(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
 
 // closeCounter counts the Writes that start once closing is set.
 type closeCounter struct {
@@ -135,11 +95,11 @@ func TestCloseTimeoutLogsEveryDroppedEvent(t *testing.T) {
 }
 
 // hungStore is a PostgreSQL ledger store on a database host that accepts
-// connections and never answers (blackhole): every Write waits out its
+// connections and never answers (integration.SilentServer): every Write waits out its
 // context.
 func hungStore(t *testing.T) *pgledger.Store {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+blackhole(t)+"/test?sslmode=disable")
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+integration.SilentServer(t)+"/test?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
 	}

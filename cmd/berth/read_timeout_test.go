@@ -1,49 +1,12 @@
 package main
 
 import (
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-)
 
-// silentServer listens on loopback, takes every connection and never
-// answers (nor closes one) until the test ends: a broker or database that
-// hangs. It returns its address.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
+	"github.com/berthq/berth/integration"
+)
 
 // TestReadCommandsDefaultTimeout: "berth stats" and "berth dlq list" (and
 // the other commands that only read) had no default -timeout: on an SQS
@@ -54,7 +17,7 @@ func silentServer(t *testing.T) string {
 func TestReadCommandsDefaultTimeout(t *testing.T) {
 	defer func(d time.Duration) { readTimeout = d }(readTimeout)
 	readTimeout = time.Second
-	addr := silentServer(t)
+	addr := integration.SilentServer(t)
 	sqsURL := "http://" + addr + "?region=us-east-1"
 	dbURL := "postgres://berth@" + addr + "/app?sslmode=disable"
 	gaveUp := func(cmd string) string {
