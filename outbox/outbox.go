@@ -26,12 +26,15 @@
 // of strings or that [sdk.Prepare] refuses (a reserved or empty name, invalid
 // UTF-8), a delay beyond [sdk.MaxDelay] or an invalid queue name — is set
 // aside at once: parked with the reason as its last error (starting "outbox:
-// set aside"), logged once at ERROR, and the rows behind it go on. An
+// set aside"), logged once at ERROR, and the rows behind it go on (but the
+// later rows of its ordering key, which wait behind it). An
 // operator sees parked rows with `berth outbox list` (or [Outbox.Parked]),
 // repairs such a row in SQL (e.g. UPDATE ... SET headers = '{}' WHERE id =
 // N) and puts it back with `berth outbox requeue -db URL N` ([Outbox.Requeue]), or
 // drops it with `berth outbox discard -db URL N` ([Outbox.Discard]); a row requeued
-// unrepaired is set aside again.
+// unrepaired is set aside again. A row written without a message ID is not
+// set aside: the relay gives it one, stored in the row with the pass's
+// record, so that its retries carry the same ID.
 //
 // A message's Delay counts from the write (Add), not from the relay: the
 // relay publishes it with what is left of the Delay, none once it has
@@ -339,8 +342,12 @@ type RelayOptions struct {
 	PublishTimeout time.Duration
 	// OutageBackoff paces the polls while the outbox table cannot be read
 	// (the database is down or unreachable), by the number of polls that
-	// failed in a row. Default: Base PollInterval, Max [DefaultOutageMax],
-	// Jitter 0.2. The first poll that succeeds returns to PollInterval.
+	// failed in a row. Each field not set takes its default: Base
+	// PollInterval, Max [DefaultOutageMax] (or Base when longer), Jitter
+	// 0.2 (negative: none). The first poll that succeeds returns to
+	// PollInterval. It also paces the passes that follow passes whose
+	// record the database lost ([ErrPublishNotRecorded]), by how many
+	// were lost in a row: their rows are published again at each.
 	OutageBackoff sdk.Backoff
 	Logger        *slog.Logger // default slog.Default()
 }
@@ -382,8 +389,17 @@ func (opts RelayOptions) withDefaults() RelayOptions {
 	if opts.PublishTimeout == 0 {
 		opts.PublishTimeout = DefaultPublishTimeout
 	}
-	if opts.OutageBackoff == (sdk.Backoff{}) {
-		opts.OutageBackoff = sdk.Backoff{Base: opts.PollInterval, Max: max(DefaultOutageMax, opts.PollInterval), Jitter: 0.2}
+	// Field by field, as the doc says: a Backoff with only some fields set
+	// took sdk's defaults for the others (Base 1s, Max 5m), so a relay
+	// could wait up to 6 minutes after the database came back.
+	if opts.OutageBackoff.Base <= 0 {
+		opts.OutageBackoff.Base = opts.PollInterval
+	}
+	if opts.OutageBackoff.Max <= 0 {
+		opts.OutageBackoff.Max = max(DefaultOutageMax, opts.OutageBackoff.Base)
+	}
+	if opts.OutageBackoff.Jitter == 0 {
+		opts.OutageBackoff.Jitter = 0.2
 	}
 	return opts
 }
@@ -445,6 +461,7 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 	var (
 		failures      int       // consecutive passes that could not read the table
 		since, logged time.Time // the outage's start, its last log
+		lost          int       // consecutive passes whose record the database lost
 	)
 	for ctx.Err() == nil {
 		n, err := pass(ctx)
@@ -477,10 +494,19 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 				"table", o.table, "failed_polls", failures, "outage", clock.Now().Sub(since).Round(time.Millisecond))
 			failures = 0
 		}
+		if !errors.Is(err, ErrPublishNotRecorded) {
+			lost = 0
+		}
 		switch {
 		case errors.Is(err, ErrPublishNotRecorded):
+			// Its rows were not marked failed, so no row backoff holds
+			// them: without this one, a cause that lasts (a
+			// transaction_timeout shorter than the publish) published
+			// the same batch again every PollInterval.
+			lost++
+			wait = opts.OutageBackoff.Delay(lost, clock.Float64())
 			opts.Logger.Error("outbox: relay: the database ended the relay's transaction after the publish; the rows it published were not deleted and are published again (same IDs, consumers dedupe)",
-				"table", o.table, "err", err)
+				"table", o.table, "err", err, "in_a_row", lost, "next_pass_in", wait)
 		case err != nil:
 			opts.Logger.Warn("outbox: relay: some rows failed; they are retried with backoff", "table", o.table, "published", n, "err", err)
 		case n == opts.BatchSize:
@@ -579,8 +605,15 @@ func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOpt
 	// for a retry or is parked. remaining_ms is what is left of the
 	// message's Delay, which counts from the write (created_at), not from
 	// this pass: zero once it has passed.
+	// A created_at of ±infinity (a row written or changed by hand) cannot
+	// be subtracted from (PostgreSQL before 17): it counts as written in
+	// the infinite past (nothing left) or future (the whole Delay), rather
+	// than failing every pass's read of the table.
 	rows, err := tx.Query(ctx, `SELECT `+rowColumns+`, refusals,
-  GREATEST(0, LEAST(delay_ms, delay_ms - floor(EXTRACT(EPOCH FROM clock_timestamp() - created_at) * 1000)))::bigint
+  CASE WHEN isfinite(created_at)
+    THEN GREATEST(0, LEAST(delay_ms, delay_ms - floor(EXTRACT(EPOCH FROM clock_timestamp() - created_at) * 1000)))::bigint
+    WHEN created_at > clock_timestamp() THEN GREATEST(0, delay_ms)
+    ELSE 0 END
 FROM `+o.table+` AS o
 WHERE parked_at IS NULL AND available_at <= now()
   AND NOT (ordering_key <> '' AND EXISTS (SELECT 1 FROM `+o.table+` AS e
@@ -609,6 +642,10 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 	}
 	if len(batch) == 0 {
 		return 0, nil
+	}
+	filled, err := o.fillIDs(ctx, tx, batch)
+	if err != nil {
+		return 0, &dbError{err}
 	}
 	// Rows that cannot be published as stored are set aside (parked) now,
 	// with the reason: retrying them cannot help, and a row that fails every
@@ -714,7 +751,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 			failures++
 			if text := r.err.Error(); !reported[text] && len(reported) < 5 {
 				reported[text] = true
-				pubErr = errors.Join(pubErr, fmt.Errorf("outbox: row %d (message %s, attempt %d): %w", r.id, dlq.EscapeText(r.msg.ID, false), attempts, r.err))
+				pubErr = errors.Join(pubErr, fmt.Errorf("outbox: row %d (message %s, attempt %d): %w", r.id, dlq.EscapeText(r.msg.ID, false), attempts, escapedError{r.err}))
 			}
 		}
 	}
@@ -732,7 +769,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		return errors.Join(pubErr, fmt.Errorf("%w (%d published; publish took %s): %s%w",
 			ErrPublishNotRecorded, len(done), time.Since(start).Round(time.Millisecond), sessionEndCause(err), err))
 	}
-	if stopped != nil && len(done) == 0 && len(aside) == 0 {
+	if stopped != nil && len(done) == 0 && len(aside) == 0 && filled == 0 {
 		return 0, stopped // nothing to record: roll back
 	}
 	if len(done) > 0 {
@@ -765,6 +802,40 @@ WHERE o.id = f.id`, failedIDs, failedErrs, failedDelays, failedPark, failedRefus
 	}
 	return len(done), pubErr
 }
+
+// fillIDs gives the rows without a message ID (written into the table
+// directly, not through Add, which fills them) an ID of their own, in the
+// row too, within tx. The relay matches a broker's per-message outcome
+// ([sdk.PublishError]) by ID: without one, the broker filled a fresh ID in
+// its copy, the row's outcome was not found, and a refused row was taken
+// as published and deleted (lost). Once the pass commits, the row keeps
+// its ID, so its retries carry the same one, which consumers dedupe on (a
+// pass whose record the database loses loses the ID too: the next pass
+// gives another).
+func (o *Outbox) fillIDs(ctx context.Context, tx pgx.Tx, batch []*row) (int, error) {
+	var ids []int64
+	var mids []string
+	for _, r := range batch {
+		if r.msg.ID == "" {
+			r.msg.ID = sdk.NewID()
+			ids, mids = append(ids, r.id), append(mids, r.msg.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	_, err := tx.Exec(ctx, `UPDATE `+o.table+` AS o SET message_id = f.mid
+FROM unnest($1::bigint[], $2::text[]) AS f(id, mid) WHERE o.id = f.id`, ids, mids)
+	return len(ids), err
+}
+
+// escapedError is a row's failure in the error of a pass: its text (a
+// broker's, which may quote the message ID or other untrusted text) is
+// escaped; errors.Is and errors.As still see the cause.
+type escapedError struct{ err error }
+
+func (e escapedError) Error() string { return dlq.EscapeText(e.err.Error(), false) }
+func (e escapedError) Unwrap() error { return e.err }
 
 // setAside splits batch into the rows to publish and those that cannot be
 // published as stored: headers that do not decode, or a message that

@@ -3,11 +3,14 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berthq/berth/sdk"
 )
 
 // fakeClock moves only when the relay loop waits, and gives the jitter u.
@@ -106,5 +109,64 @@ func TestRelayLoopOutageBackoff(t *testing.T) {
 		if len(infos) != 1 || !strings.Contains(infos[0].Message, "read again") {
 			t.Fatalf("u=%v: info logs %v; want one saying the table can be read again", u, infos)
 		}
+	}
+}
+
+// TestOutageBackoffFieldDefaults: an OutageBackoff with only some fields
+// set takes the relay's defaults for the others (Base PollInterval, Max
+// DefaultOutageMax), as its doc says. Before, any field set made the others
+// sdk's (Base 1s, Max 5m): a relay that only turned the jitter off could
+// wait five minutes after the database came back.
+func TestOutageBackoffFieldDefaults(t *testing.T) {
+	opts := RelayOptions{PollInterval: 50 * time.Millisecond, OutageBackoff: sdk.Backoff{Jitter: -1}}.withDefaults()
+	if d := opts.OutageBackoff.Delay(1, 0.5); d != opts.PollInterval {
+		t.Errorf("first outage wait %s, want PollInterval %s", d, opts.PollInterval)
+	}
+	if d := opts.OutageBackoff.Delay(100, 0.5); d != DefaultOutageMax {
+		t.Errorf("outage wait after 100 failures %s, want the cap %s (no jitter)", d, DefaultOutageMax)
+	}
+	opts = RelayOptions{OutageBackoff: sdk.Backoff{Base: time.Minute}}.withDefaults()
+	if d := opts.OutageBackoff.Delay(100, 0); d != time.Minute {
+		t.Errorf("a Base above DefaultOutageMax: wait %s, want the Base %s as cap", d, time.Minute)
+	}
+}
+
+// TestRelayLoopBacksOffAfterLostRecords: while pass after pass publishes
+// and the database loses its record (ErrPublishNotRecorded: the same rows
+// go out again at each), the loop waits OutageBackoff's growing delays, not
+// PollInterval, and returns to PollInterval after a pass that recorded.
+// Before, a lasting cause (a transaction_timeout shorter than the publish)
+// republished the batch every PollInterval.
+func TestRelayLoopBacksOffAfterLostRecords(t *testing.T) {
+	opts := RelayOptions{Logger: slog.New(&logged{})}.withDefaults()
+	clock := &fakeClock{now: time.Unix(1e9, 0)}
+	const lost = 10
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	pass := func(context.Context) (int, error) {
+		calls++
+		switch {
+		case calls <= lost:
+			return 0, fmt.Errorf("%w (3 published): terminated", ErrPublishNotRecorded)
+		case calls == lost+2:
+			cancel()
+		}
+		return 0, nil
+	}
+	(&Outbox{table: `"t"`}).relayLoop(ctx, opts, pass, clock)
+	if len(clock.waits) != lost+1 {
+		t.Fatalf("%d waits, want %d", len(clock.waits), lost+1)
+	}
+	for i, d := range clock.waits[:lost] {
+		if want := opts.OutageBackoff.Delay(i+1, 0); d != want {
+			t.Fatalf("wait after lost record %d: %s, want OutageBackoff's %s", i+1, d, want)
+		}
+	}
+	if last := clock.waits[lost-1]; last < 10*opts.PollInterval {
+		t.Fatalf("after %d lost records in a row the relay waits %s; want it backed off well past PollInterval %s", lost, last, opts.PollInterval)
+	}
+	if d := clock.waits[lost]; d != opts.PollInterval {
+		t.Fatalf("wait after a recorded pass %s, want PollInterval %s", d, opts.PollInterval)
 	}
 }

@@ -104,9 +104,12 @@
 // a scan that must see every letter (a redrive or purge of all, a Get,
 // redrive or delete whose IDs it has not found yet) reads the dead-letter
 // queue's approximate counters when receives find nothing, scans on while
-// they show letters it does not hold, for up to a hold (30 s), and then
+// they show letters it does not hold, for up to a hold (30 s) after the
+// last letter it found, and then
 // returns a [*ScanError] counting those it could not see rather than
-// success or [sdk.ErrNotFound]. A dead letter that
+// success or [sdk.ErrNotFound]. The counters are approximate: on SQS they
+// may still count, for a while, letters deleted a moment ago (by this scan
+// too), which the scan then waits for, and reports, in vain. A dead letter that
 // SQS's redrive policy moved, or that another producer sent, is listed with
 // the reason [sdk.ErrMaxDeliveries] and the queue being read as its source,
 // whatever berth- headers it carries.

@@ -146,17 +146,26 @@ type scan struct {
 	// not found its IDs) goes on while other readers hold letters, for up
 	// to a hold, and unseen says how many it could not see by then.
 	whole       bool
-	unseenSince time.Time // when the first end found letters held elsewhere
+	unseenSince time.Time // when an end found letters held elsewhere, since the scan last found any
 	unseen      int
 }
 
 // next returns dead letters the scan has not returned before, holding them,
 // or none once emptyReceives receives in a row found nothing (and, for a
-// whole scan, no letter is held elsewhere, or a hold has passed since one
-// was first found: see whole).
+// whole scan, no letter is held elsewhere, or a hold has passed since the
+// scan found letters held elsewhere and nothing new: see whole).
 func (s *scan) next(ctx context.Context) ([]*letter, error) {
 	for {
+		// unseen counts what the scan could not see at its end: one it
+		// goes on past (it found letters after all) counts nothing.
+		s.unseen = 0
 		ls, err := s.receive(ctx)
+		if len(ls) > 0 {
+			// The wait for letters held elsewhere starts again from the
+			// next end: a wait at an early end (a listing held some
+			// letters for a moment) must not leave none for the last.
+			s.unseenSince = time.Time{}
+		}
 		if err != nil || len(ls) > 0 || !s.whole {
 			return ls, err
 		}

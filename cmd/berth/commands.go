@@ -246,6 +246,13 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 	}
 	defer b.Close()
 	m, err := dl.GetDeadLetter(ctx, args[0], args[1])
+	if dlq.ScanIncomplete(err) {
+		// Neither found nor known to be missing (an SQS scan held too
+		// many letters, or others were held invisible by another reader):
+		// a partial answer, exit 4 as a partial list, not an error.
+		return &partialError{msg: fmt.Sprintf("dead letter %s of %s was not found, but the scan stopped before the end of the dead-letter queue: %v; run it again",
+			args[1], args[0], err), err: err}
+	}
 	if err != nil {
 		return err
 	}

@@ -106,14 +106,20 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	// Every request in hand is waited for before the broker is closed
 	// (deferred above): a redrive or purge under way when berth ui stops
 	// finishes the page it is moving, and the dashboard logs what it did.
-	var inFlight sync.WaitGroup
+	// A request that comes once the wait has begun is turned away (see
+	// requestGate).
+	var inFlight requestGate
 	next := h
 	h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		inFlight.Add(1)
-		defer inFlight.Done()
+		if !inFlight.enter() {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "berth ui is stopping", http.StatusServiceUnavailable)
+			return
+		}
+		defer inFlight.leave()
 		next.ServeHTTP(w, r)
 	})
-	defer inFlight.Wait()
+	defer inFlight.stopAndWait()
 	// IdleTimeout: without it (and without ReadTimeout, which would cut a
 	// long redrive) an idle keep-alive connection is kept for ever, and
 	// anyone who can reach the address, token or not, could hold them
@@ -182,6 +188,56 @@ func (c *cli) uiTLS() (*tls.Config, error) {
 		return nil, fmt.Errorf("-tls-cert %s, -tls-key %s: %w", c.tlsCert, c.tlsKey, err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// requestGate counts the requests in hand of berth ui so that it closes
+// the broker only after them, and turns away those that come once it has
+// begun to wait. A sync.WaitGroup does not do: after the server's Close
+// (the requests in hand outlived the grace), an HTTP/2 connection still
+// runs the handlers of the requests it read before, each on a goroutine
+// of its own that may start only after the wait began (an Add from zero
+// concurrent with Wait, which WaitGroup forbids: a panic, or a handler
+// using the broker after it was closed).
+type requestGate struct {
+	mu      sync.Mutex
+	n       int
+	stopped bool
+	idle    chan struct{} // closed once stopped with none in hand
+}
+
+// enter counts a request in, or reports false once stopAndWait was called.
+func (g *requestGate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopped {
+		return false
+	}
+	g.n++
+	return true
+}
+
+// leave counts out a request that entered.
+func (g *requestGate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.stopped && g.n == 0 {
+		close(g.idle)
+	}
+}
+
+// stopAndWait turns away the requests to come and waits for those in hand.
+func (g *requestGate) stopAndWait() {
+	g.mu.Lock()
+	g.stopped = true
+	if g.n == 0 {
+		g.mu.Unlock()
+		return
+	}
+	g.idle = make(chan struct{})
+	idle := g.idle
+	g.mu.Unlock()
+	<-idle
 }
 
 // uiShutdownGrace is how long berth ui waits, once interrupted, for the
