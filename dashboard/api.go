@@ -105,7 +105,7 @@ func (d *Dashboard) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, err)
 		return
 	}
-	m, err := d.deadLetters().GetDeadLetter(r.Context(), r.PathValue("queue"), id)
+	m, err := d.getDeadLetter(r.Context(), r.PathValue("queue"), id)
 	if err != nil {
 		d.apiFail(w, r, err)
 		return

@@ -167,11 +167,17 @@ func (d *Dashboard) render(w http.ResponseWriter, name string, status int, data 
 // the broker unavailable or not answering within Options.Timeout) at
 // ERROR, but one whose client went away first (its context cancelled) at
 // DEBUG: that failure is the client's, not the dashboard's or its broker's.
+//
+// A broker scan that stopped before the end of the dead-letter queue (503,
+// see [scanStopped]) is logged at WARN: the broker answered, and the
+// operator is told to try again.
 func (d *Dashboard) logFailure(r *http.Request, status int, err error) {
 	switch {
 	case status != http.StatusInternalServerError && status != http.StatusServiceUnavailable:
 	case errors.Is(r.Context().Err(), context.Canceled):
 		d.o.Logger.Debug("dashboard: request ended by its client", "method", r.Method, "path", r.URL.Path, "err", err)
+	case errors.As(err, new(*scanStopped)):
+		d.o.Logger.Warn("dashboard: dead-letter scan stopped before the end", "method", r.Method, "path", r.URL.Path, "err", err)
 	default:
 		d.o.Logger.Error("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
@@ -196,11 +202,41 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, sdk.ErrInvalidQueue):
 		return http.StatusBadRequest
-	case errors.As(err, new(*brokerTimeout)), errors.Is(err, context.DeadlineExceeded), errors.Is(err, sdk.ErrUnavailable):
+	case errors.As(err, new(*brokerTimeout)), errors.Is(err, context.DeadlineExceeded), errors.Is(err, sdk.ErrUnavailable),
+		errors.As(err, new(*scanStopped)):
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
 }
+
+// getDeadLetter is GetDeadLetter of the dashboard's broker. A broker scan
+// that stopped before the end of the dead-letter queue without finding id
+// (SQS: letters held invisible by another reader, or queued in a FIFO
+// group behind those the scan held) neither found it nor showed it is
+// missing: it is returned as a [*scanStopped] (503, try again), not as a
+// failure of the dashboard.
+func (d *Dashboard) getDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
+	m, err := d.deadLetters().GetDeadLetter(ctx, queue, id)
+	if err != nil && dlq.ScanIncomplete(err) {
+		return nil, &scanStopped{id: id, err: err}
+	}
+	return m, err
+}
+
+// scanStopped is the error of a look-up of dead letter id whose broker
+// scan stopped before the end of the dead-letter queue: a partial answer,
+// 503, logged at WARN. Its text is shown escaped, as every error is.
+type scanStopped struct {
+	id  string
+	err error
+}
+
+func (e *scanStopped) Error() string {
+	return fmt.Sprintf("dead letter %s was not found, but the broker's scan stopped before the end of the dead-letter queue "+
+		"(it may be among the letters it could not see); try again: %v", e.id, e.err)
+}
+
+func (e *scanStopped) Unwrap() error { return e.err }
 
 // timedOut returns err as a *brokerTimeout when the request ran out of
 // Options.Timeout (its context's deadline passed), whatever err a broker
@@ -692,7 +728,7 @@ func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	m, err := d.deadLetters().GetDeadLetter(r.Context(), queue, id)
+	m, err := d.getDeadLetter(r.Context(), queue, id)
 	if err != nil {
 		d.fail(w, r, err)
 		return

@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -25,8 +27,12 @@ import (
 //   - ledger.dlq-growth: more dead letters in the last window than twice the
 //     one before;
 //   - ledger.indexes, on the ledger's own tables (pgledger.Store): the
-//     indexes pgledger.SQL creates are present and valid (a table made by
-//     an earlier release lacks those added since until Migrate runs).
+//     indexes pgledger.SQL creates are present, valid and defined as it
+//     has them (a table made by an earlier release lacks those added since
+//     until Migrate runs, and keeps an index of the same name with other
+//     columns, which Migrate does not replace). Indexes that cannot be
+//     read are an Info ledger.indexes finding (a doctor.check-timeout one
+//     when they did not answer in time); the other findings stand.
 //
 // lease is the broker's lease (0: none).
 func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Options) ([]Finding, error) {
@@ -132,7 +138,9 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 		fs = append(fs, Finding{ID: "ledger.dlq-growth", Severity: OK, Summary: "dead letters are not growing", Evidence: ev})
 	}
 	if ix, ok := r.(indexChecker); ok {
-		f, err := ledgerIndexes(ctx, ix)
+		// The findings above stand whatever this query does: its failure,
+		// or its timeout, is a finding of its own.
+		f, err := ledgerIndexes(ctx, ix, o)
 		if err != nil {
 			return nil, err
 		}
@@ -146,21 +154,51 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 // pgledger.Store.
 type indexChecker interface {
 	Table() string
-	MissingIndexes(ctx context.Context) ([]string, error)
+	Indexes(ctx context.Context) ([]pgledger.Index, error)
 }
 
-// ledgerIndexes is the ledger.indexes finding of ix's table.
-func ledgerIndexes(ctx context.Context, ix indexChecker) (Finding, error) {
-	missing, err := ix.MissingIndexes(ctx)
-	if err != nil {
-		return Finding{}, fmt.Errorf("doctor: ledger: %w", err)
-	}
+// ledgerIndexes is the ledger.indexes finding of ix's table: the indexes
+// pgledger.SQL creates, present, valid and with its definition (an index
+// of the right name made by hand, or by an earlier release with other
+// columns, serves the queries no better than none). When they cannot be
+// read it is an Info finding that says why (doctor.check-timeout when they
+// did not answer in time); the error returned is that of a cancelled ctx.
+func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, error) {
 	table := strings.ReplaceAll(ix.Table(), `"`, "") // validated identifiers: quoted, never needing it
-	if len(missing) == 0 {
-		return Finding{ID: "ledger.indexes", Severity: OK, Queue: table, Summary: "every index of the ledger's jobs table is present",
-			Evidence: "none missing or invalid"}, nil
+	ixs, err := ix.Indexes(ctx)
+	switch {
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+		return Finding{}, fmt.Errorf("doctor: ledger: %w", err)
+	case err != nil && timedOut(ctx, err):
+		// ctx is the check's own (Run bounds it with CheckTimeout): its
+		// deadline is not the run's.
+		return timeoutFinding(context.WithoutCancel(ctx), o, "ledger's index check", table, err), nil
+	case err != nil:
+		return Finding{ID: "ledger.indexes", Severity: Info, Queue: table, Summary: "the indexes of the ledger's jobs table could not be read: not checked",
+			Evidence: err.Error(), Fix: "let doctor's database user read the catalog (pg_index) and the table, then run doctor again"}, nil
 	}
-	return Finding{ID: "ledger.indexes", Severity: Warn, Queue: table, Summary: "indexes of the ledger's jobs table are missing or invalid",
-		Evidence: "missing or invalid: " + strings.Join(missing, "; "),
-		Fix:      "run pgledger.Store.Migrate, or the CREATE INDEX statements of pgledger.SQL (CONCURRENTLY on a large table, as a plain one blocks the ledger's writes while it builds; drop an invalid index first)"}, nil
+	var bad, fixes []string
+	for _, x := range ixs {
+		switch {
+		case x.OK():
+			continue
+		case x.Found == "":
+			bad = append(bad, fmt.Sprintf("%s missing (%s)", x.Name, x.Cost))
+			fixes = append(fixes, x.Create(true))
+			continue
+		case !x.Valid:
+			bad = append(bad, fmt.Sprintf("%s invalid, never read (%s)", x.Name, x.Cost))
+		default:
+			bad = append(bad, fmt.Sprintf("%s defined as %s, not as pgledger.SQL has it (%s): %s", x.Name, quoted(x.Found), quoted(x.Want), x.Cost))
+		}
+		fixes = append(fixes, x.Drop, x.Create(true))
+	}
+	if len(bad) == 0 {
+		return Finding{ID: "ledger.indexes", Severity: OK, Queue: table, Summary: "every index of the ledger's jobs table is present, as pgledger.SQL creates it",
+			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
+	}
+	return Finding{ID: "ledger.indexes", Severity: Warn, Queue: table, Summary: "indexes of the ledger's jobs table are missing, invalid or not as pgledger.SQL creates them",
+		Evidence: strings.Join(bad, "; "),
+		Fix: "run " + strings.Join(fixes, "; ") + " (CONCURRENTLY, as a plain CREATE INDEX blocks the ledger's writes while it builds; " +
+			"pgledger.Store.Migrate creates a missing index but keeps one that exists, invalid or not)"}, nil
 }

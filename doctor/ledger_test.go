@@ -3,6 +3,7 @@ package doctor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -254,4 +255,160 @@ func TestLedgerDurationEvidence(t *testing.T) {
 		!strings.Contains(f[0].Evidence, "lease 30s, extended by the heartbeat") {
 		t.Errorf("ledger.duration of a partial page with a lease: %+v", f)
 	}
+}
+
+// failingIndexes is a ledger whose index query fails with err (as
+// Indexes, and as MissingIndexes, which doctor called before).
+type failingIndexes struct {
+	pagedReader
+	err error
+}
+
+func (failingIndexes) Table() string { return `"s"."ledger_jobs"` }
+func (f failingIndexes) Indexes(context.Context) ([]pgledger.Index, error) {
+	return nil, fmt.Errorf("pgledger: indexes: %w", f.err)
+}
+func (f failingIndexes) MissingIndexes(context.Context) ([]string, error) {
+	return nil, fmt.Errorf("pgledger: indexes: %w", f.err)
+}
+
+// TestLedgerIndexFailureKeepsFindings: the index query failing (or timing
+// out) is a finding of its own; the four ledger findings computed before
+// it stand. Before, Ledger returned the error alone, and Run none of the
+// ledger's findings.
+func TestLedgerIndexFailureKeepsFindings(t *testing.T) {
+	ctx := testCtx(t)
+	four := []string{"ledger.duration", "ledger.same-error-exhausted", "ledger.retry-storm", "ledger.dlq-growth"}
+	denied := errors.New("ERROR: permission denied for table pg_index (SQLSTATE 42501)")
+	fs, err := doctor.Ledger(ctx, failingIndexes{err: denied}, 0, doctor.Options{})
+	if err != nil {
+		t.Fatalf("Ledger: %v; want the failure as a finding", err)
+	}
+	for _, id := range four {
+		if len(find(fs, id, "")) != 1 {
+			t.Errorf("%s dropped: %s", id, ids(fs))
+		}
+	}
+	expect(t, fs, "ledger.indexes", "s.ledger_jobs", doctor.Info)
+	if f := find(fs, "ledger.indexes", ""); len(f) != 1 || !strings.Contains(f[0].Evidence, denied.Error()) || !strings.Contains(f[0].Summary, "not checked") {
+		t.Errorf("ledger.indexes: %+v; want the failure, not checked", f)
+	}
+
+	fs, err = doctor.Ledger(ctx, failingIndexes{err: context.DeadlineExceeded}, 0, doctor.Options{})
+	if err != nil {
+		t.Fatalf("Ledger: %v; want the timeout as a finding", err)
+	}
+	for _, id := range four {
+		if len(find(fs, id, "")) != 1 {
+			t.Errorf("%s dropped after a timeout: %s", id, ids(fs))
+		}
+	}
+	expect(t, fs, "doctor.check-timeout", "s.ledger_jobs", doctor.Error)
+	if len(find(fs, "ledger.indexes", "")) != 0 {
+		t.Errorf("a timed-out index check reported as ledger.indexes too: %s", ids(fs))
+	}
+
+	// An interrupt still stops the run.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := doctor.Ledger(cctx, failingIndexes{err: context.Canceled}, 0, doctor.Options{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Ledger with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
+// TestLedgerIndexDefinitions: an index of the right name that is not the
+// one pgledger.SQL creates (other columns, as an earlier release or a hand
+// made it; a unique one; one with a predicate) is reported with what the
+// database holds and the statements that replace it. Before, doctor
+// counted an index by its name and passed them. Storage parameters are no
+// mismatch.
+func TestLedgerIndexDefinitions(t *testing.T) {
+	_, pool, schema := pgURL(t, nil)
+	ctx := testCtx(t)
+	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := schema + ".ledger_jobs"
+	// An index tuned by a DBA (fillfactor) is still the index.
+	if _, err := pool.Exec(ctx, `ALTER INDEX `+schema+`.ledger_jobs_updated_idx SET (fillfactor = 80)`); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := doctor.Ledger(ctx, store, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "ledger.indexes", table, doctor.OK)
+
+	const hostile = "\x1b[31m\u202e"
+	for _, stmt := range []string{
+		`DROP INDEX ` + schema + `.ledger_jobs_queue_status_idx`, // an earlier release's columns
+		`CREATE INDEX ledger_jobs_queue_status_idx ON ` + schema + `.ledger_jobs (queue, status)`,
+		`DROP INDEX ` + schema + `.ledger_jobs_first_seen_idx`, // a predicate, with control characters in it
+		`CREATE INDEX ledger_jobs_first_seen_idx ON ` + schema + `.ledger_jobs (first_seen_at, message_id) WHERE queue <> '` + hostile + `'`,
+		`DROP INDEX ` + schema + `.ledger_jobs_key_idx`, // unique: the same columns, refusing rows
+		`CREATE UNIQUE INDEX ledger_jobs_key_idx ON ` + schema + `.ledger_jobs (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	fs, err = doctor.Ledger(ctx, store, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "ledger.indexes", table, doctor.Warn)
+	f := find(fs, "ledger.indexes", table)
+	if len(f) != 1 {
+		t.Fatalf("ledger.indexes: %+v", f)
+	}
+	ev, fix := f[0].Evidence, f[0].Fix
+	for _, want := range []string{
+		`ledger_jobs_queue_status_idx defined as "CREATE INDEX ledger_jobs_queue_status_idx ON ` + table + ` USING btree (queue, status)", not as pgledger.SQL has it ("btree (queue, status, updated_at, message_id)")`,
+		`WHERE (queue <> '` + hostile + `'::text)`, // as read: berth doctor escapes it on the terminal
+		`ledger_jobs_key_idx defined as "CREATE UNIQUE INDEX`,
+	} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("evidence lacks %q:\n%s", want, ev)
+		}
+	}
+	if strings.Contains(ev, "ledger_jobs_updated_idx") {
+		t.Errorf("evidence names the matching index: %s", ev)
+	}
+	for _, want := range []string{
+		`DROP INDEX CONCURRENTLY IF EXISTS "` + schema + `"."ledger_jobs_queue_status_idx"; CREATE INDEX CONCURRENTLY IF NOT EXISTS "ledger_jobs_queue_status_idx" ON "` + schema + `"."ledger_jobs" (queue, status, updated_at, message_id)`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "ledger_jobs_key_idx" ON "` + schema + `"."ledger_jobs" (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL`,
+		`"ledger_jobs_first_seen_idx" ON "` + schema + `"."ledger_jobs" (first_seen_at, message_id)`,
+	} {
+		if !strings.Contains(fix, want) {
+			t.Errorf("fix lacks %q:\n%s", want, fix)
+		}
+	}
+	// Migrate keeps them (IF NOT EXISTS); the statements of the fix
+	// replace them.
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ixs, err := store.Indexes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ix := range ixs {
+		if ix.OK() {
+			continue
+		}
+		for _, stmt := range []string{ix.Drop, ix.Create(true)} {
+			if _, err := pool.Exec(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+	}
+	fs, err = doctor.Ledger(ctx, store, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "ledger.indexes", table, doctor.OK)
 }

@@ -77,7 +77,9 @@ import (
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 )
 
 // Options configures an Outbox. The zero value uses the table
@@ -415,10 +417,44 @@ func (opts RelayOptions) withDefaults() RelayOptions {
 // every PollInterval, and logs the outage once when it starts (WARN), then
 // at most every [OutageLogInterval] while it lasts, and once when it ends
 // (INFO).
+//
+// If the application closes the pool the Outbox was given while Relay runs
+// (before ending ctx), Relay logs that once (WARN) and returns an error
+// wrapping [sdk.ErrClosed]: nothing comes from a closed pool again, so it
+// does not poll it for ever. A database that is down or unreachable is not
+// a closed pool: Relay polls until it is back.
 func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions) error {
 	opts = opts.withDefaults()
-	o.relayLoop(ctx, opts, func(ctx context.Context) (int, error) { return o.RelayOnce(ctx, pub, opts) }, realClock{})
-	return nil
+	return o.relayLoop(ctx, opts, func(ctx context.Context) (int, error) { return o.RelayOnce(ctx, pub, opts) }, realClock{})
+}
+
+// poolProbe bounds poolClosed's acquire.
+const poolProbe = 100 * time.Millisecond
+
+// poolClosed reports whether err, a failure to begin the relay's
+// transaction, says the application closed the pool: an acquire from a
+// closed pool fails with puddle.ErrClosedPool. A connect that the pool's
+// Close cut is cancelled (ctx, the caller's, is live when this is asked), so
+// for a cancelled connect the pool is probed: an acquire, bounded by
+// poolProbe, which fails with puddle.ErrClosedPool only if it is closed.
+// Any other failure (the database down, a connect refused or timed out) is
+// not a closed pool.
+func (o *Outbox) poolClosed(err error) bool {
+	if errors.Is(err, puddle.ErrClosedPool) {
+		return true
+	}
+	var connectErr *pgconn.ConnectError
+	if !errors.As(err, &connectErr) || !errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), poolProbe)
+	defer cancel()
+	conn, err := o.pool.Acquire(ctx)
+	if err != nil {
+		return errors.Is(err, puddle.ErrClosedPool)
+	}
+	conn.Release()
+	return false
 }
 
 // OutageLogInterval is how often, at most, Relay logs that the outbox table
@@ -456,8 +492,10 @@ func (realClock) Wait(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// relayLoop runs pass until ctx ends, pacing and logging as Relay says.
-func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(context.Context) (int, error), clock relayClock) {
+// relayLoop runs pass until ctx ends, pacing and logging as Relay says. It
+// returns nil when ctx ends, and the pass's error when it says the pool is
+// closed (a dbError wrapping sdk.ErrClosed).
+func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(context.Context) (int, error), clock relayClock) error {
 	var (
 		failures      int       // consecutive passes that could not read the table
 		since, logged time.Time // the outage's start, its last log
@@ -466,11 +504,17 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 	for ctx.Err() == nil {
 		n, err := pass(ctx)
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 		wait := opts.PollInterval
 		var de *dbError
-		if errors.As(err, &de) {
+		dbFailed := errors.As(err, &de)
+		if dbFailed && errors.Is(de, sdk.ErrClosed) {
+			opts.Logger.Warn("outbox: relay stopped: the pool is closed (close it after the relay's context ends)",
+				"table", o.table, "err", err)
+			return err
+		}
+		if dbFailed {
 			failures++
 			now := clock.Now()
 			switch {
@@ -485,7 +529,7 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 			}
 			wait = opts.OutageBackoff.Delay(failures, clock.Float64())
 			if !clock.Wait(ctx, wait) {
-				return
+				return nil
 			}
 			continue
 		}
@@ -513,9 +557,10 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 			wait = 0 // a full batch: there is probably more
 		}
 		if !clock.Wait(ctx, wait) {
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 type row struct {
@@ -594,10 +639,16 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 // the broker took (deletes those rows), for up to [StopGrace] after ctx
 // ends; the rows whose publish the end cut short are left untouched (no
 // attempt counted). It then returns how many it deleted and ctx's error.
+//
+// If the application has closed the pool, RelayOnce publishes nothing and
+// its error wraps [sdk.ErrClosed].
 func (o *Outbox) RelayOnce(ctx context.Context, pub sdk.Publisher, opts RelayOptions) (int, error) {
 	opts = opts.withDefaults()
 	tx, err := o.pool.Begin(ctx)
 	if err != nil {
+		if ctx.Err() == nil && o.poolClosed(err) {
+			return 0, &dbError{fmt.Errorf("outbox: the pool is closed: %w: %w", sdk.ErrClosed, err)}
+		}
 		return 0, &dbError{err}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
@@ -1198,13 +1249,22 @@ type ParkedRow struct {
 	Message   *sdk.Message // the message as added (no headers when the stored ones do not decode: see LastError)
 	Attempts  int          // failed publishes
 	LastError string       // the last failure, valid UTF-8, at most sdk.MaxReasonLength bytes; untrusted text
-	CreatedAt time.Time    // when it was added
-	ParkedAt  time.Time    // when the relay parked it
+	CreatedAt time.Time    // when it was added (zero when CreatedAtInfinity is not Finite)
+	ParkedAt  time.Time    // when the relay parked it (zero when ParkedAtInfinity is not Finite)
+	// CreatedAtInfinity and ParkedAtInfinity are pgtype.Infinity or
+	// pgtype.NegativeInfinity when the row's created_at or parked_at is
+	// 'infinity' or '-infinity' (written or changed in the table by hand:
+	// Go's time.Time has no infinity), and pgtype.Finite (zero) otherwise.
+	// Their String is "infinity" or "-infinity".
+	CreatedAtInfinity pgtype.InfinityModifier
+	ParkedAtInfinity  pgtype.InfinityModifier
 }
 
 // Parked returns up to limit parked rows (all of them when limit <= 0),
 // oldest first. While a row is parked, the later rows of its ordering key
-// are held back.
+// are held back. A row whose created_at or parked_at is ±infinity is
+// listed like the others, with the infinity in CreatedAtInfinity or
+// ParkedAtInfinity.
 func (o *Outbox) Parked(ctx context.Context, limit int) ([]ParkedRow, error) {
 	q := `SELECT ` + rowColumns + `, last_error, created_at, parked_at FROM ` + o.table + ` WHERE parked_at IS NOT NULL ORDER BY id`
 	args := []any{}
@@ -1220,17 +1280,31 @@ func (o *Outbox) Parked(ctx context.Context, limit int) ([]ParkedRow, error) {
 	var out []ParkedRow
 	for rows.Next() {
 		var p ParkedRow
-		r, err := scanRow(rows, &p.LastError, &p.CreatedAt, &p.ParkedAt)
+		// Read through pgtype.Timestamptz, which holds ±infinity: a
+		// time.Time cannot, and one such row failed the whole list.
+		var created, parked pgtype.Timestamptz
+		r, err := scanRow(rows, &p.LastError, &created, &parked)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: parked: %w", err)
 		}
 		p.ID, p.Queue, p.Message, p.Attempts = r.id, r.queue, r.msg, r.attempts
+		p.CreatedAt, p.CreatedAtInfinity = finiteTime(created)
+		p.ParkedAt, p.ParkedAtInfinity = finiteTime(parked)
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: parked: %w", err)
 	}
 	return out, nil
+}
+
+// finiteTime splits a timestamptz into its time, zero when it is ±infinity,
+// and its infinity (pgtype.Finite for a time).
+func finiteTime(ts pgtype.Timestamptz) (time.Time, pgtype.InfinityModifier) {
+	if ts.InfinityModifier != pgtype.Finite {
+		return time.Time{}, ts.InfinityModifier
+	}
+	return ts.Time, pgtype.Finite
 }
 
 // Requeue puts parked rows back in line, due now with their attempts reset

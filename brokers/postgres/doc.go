@@ -65,9 +65,13 @@
 // the broker open), every operation returns an error wrapping
 // [sdk.ErrClosed], not [sdk.ErrUnavailable]: nothing comes from a closed
 // pool again, and a Worker stops on ErrClosed where it would retry an
-// unavailable broker for ever. Settle or release deliveries (stop the
-// Worker) before Close: Release, like every settlement, is refused after
-// it, and an unsettled job comes back after its lease.
+// unavailable broker for ever. The broker's own loops stop too, each
+// logging it once: the retention loop, and the LISTEN connection, which is
+// closed and not made again (the listener checks the pool before each
+// connect, when the connection fails, and every 5 s while it listens).
+// Settle or release deliveries (stop the Worker) before Close: Release,
+// like every settlement, is refused after it, and an unsettled job comes
+// back after its lease.
 //
 // Acks are group-committed: the broker's acker goroutine writes every ack
 // made while its previous statement ran in one UPDATE (one commit), each row

@@ -72,22 +72,57 @@ const (
 	listenHealthy    = 10 * time.Second
 )
 
+// listenPoolCheck is how often the listener, while it listens, checks that
+// the application has not closed the pool (see Broker.poolClosed).
+const listenPoolCheck = 5 * time.Second
+
+// errPoolClosed ends the listener's context when the pool is found closed.
+var errPoolClosed = errors.New("berth/postgres: the pool is closed")
+
 // listen owns the broker's LISTEN connection, a dedicated connection made from
 // the pool's configuration (LISTEN needs a session; a pooled connection would
 // be handed to others). It relays each notification (payload: the queue name)
 // to the waiting Receive calls and reconnects with backoff when the
 // connection fails; while it is down, Receive polls. It returns when ctx is
-// cancelled by Close.
+// cancelled by Close, or once the application has closed the pool: nothing
+// comes from a closed pool again (every Receive fails with [sdk.ErrClosed]),
+// so it closes its connection and stops, logging that once, rather than
+// holding a server connection and reconnecting, with a warning each time,
+// for ever. It checks the pool before each connect, when the connection
+// fails, and every listenPoolCheck while it listens.
 func (b *Broker) listen(ctx context.Context) {
 	select {
 	case <-b.listenGo:
 	case <-ctx.Done():
 		return
 	}
+	// lctx also ends, with errPoolClosed, when the watcher finds the pool
+	// closed.
+	lctx, stop := context.WithCancelCause(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		b.watchPool(lctx, stop)
+	}()
+	defer func() {
+		stop(nil)
+		<-watched
+	}()
+	// poolGone reports (and logs, once: the listener returns) a closed pool.
+	poolGone := func() bool {
+		if !errors.Is(context.Cause(lctx), errPoolClosed) && !b.poolClosed() {
+			return false
+		}
+		b.opts.Logger.Info("berth/postgres: LISTEN stopped: the pool is closed", "schema", b.schema)
+		return true
+	}
 	backoff := listenMinBackoff
-	for ctx.Err() == nil {
-		healthy, err := b.listenOnceConn(ctx)
-		if ctx.Err() != nil {
+	for {
+		if ctx.Err() != nil || poolGone() {
+			return
+		}
+		healthy, err := b.listenOnceConn(lctx)
+		if ctx.Err() != nil || poolGone() {
 			return
 		}
 		if healthy {
@@ -97,12 +132,29 @@ func (b *Broker) listen(ctx context.Context) {
 			"schema", b.schema, "err", err, "retry_in", backoff)
 		t := time.NewTimer(backoff)
 		select {
+		case <-lctx.Done(): // Close, or the pool found closed: the loop's top tells
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(backoff*2, listenMaxBackoff)
+	}
+}
+
+// watchPool checks every listenPoolCheck, until ctx ends, whether the
+// application has closed the pool, and if so ends ctx with errPoolClosed.
+func (b *Broker) watchPool(ctx context.Context, stop context.CancelCauseFunc) {
+	t := time.NewTicker(listenPoolCheck)
+	defer t.Stop()
+	for {
+		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
 		case <-t.C:
 		}
-		backoff = min(backoff*2, listenMaxBackoff)
+		if b.poolClosed() {
+			stop(errPoolClosed)
+			return
+		}
 	}
 }
 

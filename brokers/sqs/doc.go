@@ -106,8 +106,14 @@
 // queue's approximate counters when receives find nothing, scans on while
 // they show letters it does not hold, for up to a hold (30 s) after the
 // last letter it found, and then
-// returns a [*ScanError] counting those it could not see rather than
-// success or [sdk.ErrNotFound]. The counters are approximate: on SQS they
+// returns a [*ScanError] counting those it could not see, and saying how
+// long it waited, rather than success or [sdk.ErrNotFound]. On a FIFO
+// dead-letter queue the letters a scan holds lock their message groups (SQS
+// returns no more of a group while earlier letters are held): a Get, or a
+// redrive or delete by IDs, of a letter behind the first ones of its group
+// (at most 10 come in one receive) cannot reach it, and when nothing but the scan holds letters it ends at
+// once with a [*ScanError] that says so (a redrive or purge of all deletes
+// as it goes, and reaches every letter). The counters are approximate: on SQS they
 // may still count, for a while, letters deleted a moment ago (by this scan
 // too), which the scan then waits for, and reports, in vain. A dead letter that
 // SQS's redrive policy moved, or that another producer sent, is listed with

@@ -148,6 +148,14 @@ type scan struct {
 	whole       bool
 	unseenSince time.Time // when an end found letters held elsewhere, since the scan last found any
 	unseen      int
+	// blocked is how many of unseen are letters of a FIFO dead-letter
+	// queue queued behind letters this scan holds (mine of them) in their
+	// message groups: SQS returns no more letters of a group while earlier
+	// ones are held, so no wait shows them.
+	blocked, mine int
+	// waited is how long the scan waited, at its end, for letters held
+	// elsewhere to be visible again (0: it did not wait).
+	waited time.Duration
 }
 
 // next returns dead letters the scan has not returned before, holding them,
@@ -158,7 +166,7 @@ func (s *scan) next(ctx context.Context) ([]*letter, error) {
 	for {
 		// unseen counts what the scan could not see at its end: one it
 		// goes on past (it found letters after all) counts nothing.
-		s.unseen = 0
+		s.unseen, s.blocked, s.waited = 0, 0, 0
 		ls, err := s.receive(ctx)
 		if len(ls) > 0 {
 			// The wait for letters held elsewhere starts again from the
@@ -169,18 +177,23 @@ func (s *scan) next(ctx context.Context) ([]*letter, error) {
 		if err != nil || len(ls) > 0 || !s.whole {
 			return ls, err
 		}
-		n, err := s.elsewhere(ctx)
+		n, blocked, err := s.elsewhere(ctx)
 		if err != nil {
 			return nil, err
 		}
-		s.unseen = n
+		s.unseen, s.blocked = n+blocked, blocked
+		if !s.unseenSince.IsZero() {
+			s.waited = time.Since(s.unseenSince)
+		}
 		if n == 0 {
+			// Nothing is held elsewhere: the letters the scan cannot see
+			// (if any) are behind its own, which no wait releases.
 			return nil, nil
 		}
 		if s.unseenSince.IsZero() {
 			s.unseenSince = time.Now()
 		}
-		if time.Since(s.unseenSince) >= s.b.scanHold {
+		if s.waited >= s.b.scanHold {
 			return nil, nil
 		}
 		s.empties = 0 // scan on: the receive's long poll paces this
@@ -193,10 +206,18 @@ func (s *scan) next(ctx context.Context) ([]*letter, error) {
 // delayed ones, and visible ones a receive has not returned yet. A receive
 // cannot see the letters held elsewhere, so an end of the scan found by
 // receives alone would pass over them without saying so.
-func (s *scan) elsewhere(ctx context.Context) (int, error) {
+//
+// On a FIFO dead-letter queue the letters the scan holds lock their message
+// groups: SQS returns no more letters of a group while earlier ones are in
+// flight, so visible letters behind them are not returned however long the
+// scan waits. When the scan holds letters and nothing else is in flight or
+// delayed, every visible letter it did not see is one of those (its group
+// is locked, and only by the scan): they are returned as blocked, not as
+// held elsewhere, so that the scan ends at once and says why.
+func (s *scan) elsewhere(ctx context.Context) (held, blocked int, err error) {
 	c, err := s.b.counts(ctx, s.dlq)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	mine := 0
 	for _, l := range s.held {
@@ -204,7 +225,11 @@ func (s *scan) elsewhere(ctx context.Context) (int, error) {
 			mine++
 		}
 	}
-	return max(int(c[0]+c[1]+c[2])-mine, 0), nil
+	s.mine = mine
+	if s.dlq.fifo && mine > 0 && c[1] <= int64(mine) && c[2] == 0 {
+		return 0, int(c[0]), nil
+	}
+	return max(int(c[0]+c[1]+c[2])-mine, 0), 0, nil
 }
 
 // unseenError is the error of a whole scan that ended with s.unseen
@@ -216,9 +241,27 @@ func (s *scan) unseenError() *ScanError {
 	return &ScanError{Queue: s.q.name, Remaining: s.unseen, Reason: s.unseenReason()}
 }
 
+// unseenReason says why the scan could not see s.unseen letters, and how
+// long it waited for them: the whole hold, less when the letters it could
+// not see were behind its own in FIFO groups (which no wait releases).
 func (s *scan) unseenReason() string {
-	return fmt.Sprintf("%d dead letters (by the queue's approximate counters) were held by another reader (a listing, another redrive) "+
-		"for %s and could not be seen: run it again once they are visible", s.unseen, s.b.scanHold)
+	waited := "it did not wait for them"
+	if s.waited > 0 {
+		waited = fmt.Sprintf("it waited %s for them (up to %s)", s.waited.Round(100*time.Millisecond), s.b.scanHold)
+	}
+	if s.blocked > 0 {
+		return fmt.Sprintf("%d dead letters (by the queue's approximate counters) are queued in FIFO message groups behind "+
+			"letters this scan held (%d): SQS returns no more letters of a group while earlier ones are in flight, so the scan "+
+			"could not reach them, and %s; redrive or delete the letters ahead of them first (a redrive or purge of all reaches them)",
+			s.unseen, s.mine, waited)
+	}
+	fifo := ""
+	if s.dlq.fifo && s.mine > 0 {
+		fifo = fmt.Sprintf(" (some may be queued in FIFO message groups behind letters this scan held (%d))", s.mine)
+	}
+	return fmt.Sprintf("%d dead letters (by the queue's approximate counters) were held invisible by another reader "+
+		"(a listing, another redrive) or not yet visible%s, and the scan could not see them: %s; "+
+		"run it again once they are visible", s.unseen, fifo, waited)
 }
 
 // receive is next without the whole scan's look at the counters.
@@ -458,7 +501,9 @@ func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) (
 // or an error wrapping [sdk.ErrNotFound] once a scan of the whole dead-letter
 // queue did not find it. A scan that has to hold more than 10,000 other dead
 // letters stops with a [*ScanError] instead, as does one that ends with
-// dead letters held invisible by another reader (it may be one of them).
+// dead letters held invisible by another reader (it may be one of them), or,
+// on a FIFO dead-letter queue, with letters queued in their message groups
+// behind those the scan holds (see [Broker.RedriveDeadLetters]).
 func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Message, error) {
 	var found *sdk.Message
 	var unseen *ScanError
@@ -510,7 +555,12 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // that the call ends; it is reported by a [*ScanError], as is a scan that had
 // to hold more than 10,000 dead letters, and dead letters another reader
 // held invisible until the call gave up waiting for them (a hold, 30 s; see
-// the package doc): the error counts them, and they stay.
+// the package doc): the error counts them, and they stay. On a FIFO
+// dead-letter queue a redrive by IDs cannot reach a letter queued in its
+// message group behind letters the scan holds (the first of the group, at
+// most 10 in one receive, or ones it could not send): SQS returns no more of a group while earlier
+// letters are in flight, so when nothing else holds letters the call ends
+// at once with a [*ScanError] saying so, without waiting.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	want := map[string]bool{}
 	for _, id := range ids {

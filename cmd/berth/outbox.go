@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/berthq/berth/internal/dlq"
@@ -58,14 +59,23 @@ type jsonParked struct {
 	Queue     string      `json:"queue"`
 	Attempts  int         `json:"attempts"`
 	LastError string      `json:"last_error"`
-	CreatedAt time.Time   `json:"created_at"`
-	ParkedAt  time.Time   `json:"parked_at"`
+	CreatedAt string      `json:"created_at"` // RFC 3339, or "infinity" or "-infinity" (see outboxTime)
+	ParkedAt  string      `json:"parked_at"`
 	Message   dlq.Message `json:"message"`
 }
 
 type jsonParkedList struct {
 	Total int          `json:"total"`
 	Rows  []jsonParked `json:"rows"`
+}
+
+// outboxTime formats a parked row's time with layout, or says "infinity" or
+// "-infinity" for one stored so (written or changed in the table by hand).
+func outboxTime(t time.Time, inf pgtype.InfinityModifier, layout string) string {
+	if inf != pgtype.Finite {
+		return inf.String()
+	}
+	return t.Format(layout)
 }
 
 // outboxBatch is how many parked rows the outbox verbs read or change at a
@@ -146,7 +156,9 @@ func runOutboxList(ctx context.Context, c *cli, args []string) error {
 	if c.json {
 		v := jsonParkedList{Total: total, Rows: make([]jsonParked, 0, len(shown))}
 		for _, p := range shown {
-			v.Rows = append(v.Rows, jsonParked{p.ID, p.Queue, p.Attempts, p.LastError, p.CreatedAt, p.ParkedAt, dlq.View(p.Message)})
+			v.Rows = append(v.Rows, jsonParked{p.ID, p.Queue, p.Attempts, p.LastError,
+				outboxTime(p.CreatedAt, p.CreatedAtInfinity, time.RFC3339Nano), outboxTime(p.ParkedAt, p.ParkedAtInfinity, time.RFC3339Nano),
+				dlq.View(p.Message)})
 		}
 		if err := writeJSON(c.stdout, v); err != nil {
 			return err
@@ -157,7 +169,7 @@ func runOutboxList(ctx context.Context, c *cli, args []string) error {
 			fmt.Fprintln(tw, "ID\tQUEUE\tTYPE\tATTEMPTS\tPARKED\tLAST ERROR")
 			for _, p := range shown {
 				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", p.ID, oneLine(p.Queue, 30), oneLine(p.Message.Type, 40), p.Attempts,
-					p.ParkedAt.UTC().Format(time.RFC3339), oneLine(p.LastError, 80))
+					outboxTime(p.ParkedAt.UTC(), p.ParkedAtInfinity, time.RFC3339), oneLine(p.LastError, 80))
 			}
 			_ = tw.Flush()
 		}

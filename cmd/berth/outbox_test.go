@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/outbox"
@@ -144,5 +145,50 @@ func TestOutboxRefusedChangeReadsNothing(t *testing.T) {
 	}
 	if rows, err := box.Parked(context.Background(), 0); err != nil || len(rows) != 2 {
 		t.Fatalf("a refused change changed something: %d parked, %v", len(rows), err)
+	}
+}
+
+// TestOutboxListInfiniteTimes: `berth outbox list` lists every parked row
+// when one has a created_at or parked_at of ±infinity (set by hand), and
+// shows those times as "infinity" or "-infinity", in the table and in
+// -json. Before, the whole list failed: pgx cannot scan an infinity into a
+// time.Time.
+func TestOutboxListInfiniteTimes(t *testing.T) {
+	_, dsn, table := parkedOutbox(t, 3)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	schema, name, _ := strings.Cut(table, ".")
+	if _, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{schema, name}.Sanitize()+` SET
+created_at = CASE WHEN id = (SELECT min(id) FROM `+pgx.Identifier{schema, name}.Sanitize()+`) THEN '-infinity' ELSE created_at END,
+parked_at = CASE WHEN id = (SELECT max(id) FROM `+pgx.Identifier{schema, name}.Sanitize()+`) THEN 'infinity' ELSE parked_at END`); err != nil {
+		t.Fatal(err)
+	}
+	r := cliDB(t, "", false, "outbox", "list", "-db", dsn, "-table", table)
+	if r.code != 0 || !strings.Contains(r.out, "3 parked row(s)") || strings.Count(r.out, " infinity ") != 1 {
+		t.Fatalf("list with ±infinity times: %d\n%s%s", r.code, r.out, r.err)
+	}
+	r = cliDB(t, "", false, "outbox", "list", "-db", dsn, "-table", table, "-json")
+	var l struct { // the documented shape: times are strings
+		Total int `json:"total"`
+		Rows  []struct {
+			CreatedAt string `json:"created_at"`
+			ParkedAt  string `json:"parked_at"`
+		} `json:"rows"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.out), &l) != nil || l.Total != 3 || len(l.Rows) != 3 {
+		t.Fatalf("list -json with ±infinity times: %d %s %s", r.code, r.out, r.err)
+	}
+	first, last := l.Rows[0], l.Rows[2]
+	if first.CreatedAt != "-infinity" || last.ParkedAt != "infinity" {
+		t.Errorf("created_at of the first row %q, parked_at of the last %q; want -infinity, infinity", first.CreatedAt, last.ParkedAt)
+	}
+	for _, at := range []string{first.ParkedAt, last.CreatedAt, l.Rows[1].CreatedAt, l.Rows[1].ParkedAt} {
+		if _, err := time.Parse(time.RFC3339Nano, at); err != nil {
+			t.Errorf("finite time %q: %v", at, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -125,8 +126,14 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	// anyone who can reach the address, token or not, could hold them
 	// until the process runs out of files.
 	// ReadHeaderTimeout bounds the TLS handshake too.
+	// ErrorLog: failed TLS handshakes (port scans, TCP health checks,
+	// plain HTTP to the HTTPS port) are counted, not logged one by one
+	// (see uiErrorLog); other server errors are logged at WARN.
+	errLog := &uiErrorLog{log: slog.NewLogLogger(logger.Handler(), slog.LevelWarn), now: uiNow, every: uiHandshakeLogEvery}
+	defer errLog.flush()
+	var conns uiConns
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: uiIdleTimeout,
-		TLSConfig: tlsConfig, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+		TLSConfig: tlsConfig, ErrorLog: log.New(errLog, "", 0), ConnState: conns.track}
 	scheme := "http"
 	if tlsConfig != nil {
 		scheme = "https"
@@ -153,16 +160,25 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uiShutdownGrace)
 	defer cancel()
+	// Shutdown closes the listener and the idle keep-alive connections,
+	// then waits for the others; but it counts as busy a connection on
+	// which no request has come yet (a browser opens one ahead) for 5 s,
+	// and an idle HTTP/2 one until it has said goodbye. Those are closed
+	// here and now: the grace is for the requests in hand only.
+	conns.stop()
 	err = srv.Shutdown(sctx)
 	if serr := <-done; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
 	if err != nil {
-		// Requests still running after the grace: close their connections,
-		// which ends their contexts; a redrive or purge then stops after
+		// Connections still busy after the grace: close them, which ends
+		// their requests' contexts; a redrive or purge then stops after
 		// the page in hand (each broker call has dlq.PageTimeout), and the
-		// deferred Wait holds the broker open until it has.
-		fmt.Fprintf(c.stderr, "berth ui: requests still running after %v; stopping them after their current broker call\n", uiShutdownGrace)
+		// deferred Wait holds the broker open until it has. Only requests
+		// in hand are worth a line (not a response to a slow reader).
+		if n := inFlight.inHand(); n > 0 {
+			fmt.Fprintf(c.stderr, "berth ui: requests still running after %v (%d in hand); stopping them after their current broker call\n", uiShutdownGrace, n)
+		}
 		_ = srv.Close()
 		err = nil
 	}
@@ -226,6 +242,13 @@ func (g *requestGate) leave() {
 	}
 }
 
+// inHand returns the number of requests in hand.
+func (g *requestGate) inHand() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
+}
+
 // stopAndWait turns away the requests to come and waits for those in hand.
 func (g *requestGate) stopAndWait() {
 	g.mu.Lock()
@@ -240,12 +263,134 @@ func (g *requestGate) stopAndWait() {
 	<-idle
 }
 
+// uiConns tracks berth ui's connections (http.Server.ConnState) so that,
+// once it stops, those without a request in hand are closed at once:
+// http.Server.Shutdown closes the idle HTTP/1 ones, but takes one on which
+// nothing was read yet (StateNew: a browser's pre-opened connection) for a
+// busy one for 5 s, and an HTTP/2 one, which its server reports idle
+// through the hook only, for busy until it has sent GOAWAY and waited.
+// Without this, such a connection held Ctrl-C for the whole grace, which
+// then said requests were running when none was.
+type uiConns struct {
+	mu       sync.Mutex
+	stopping bool
+	idle     map[net.Conn]struct{} // in StateNew or StateIdle
+}
+
+// track is the server's ConnState hook.
+func (t *uiConns) track(c net.Conn, st http.ConnState) {
+	t.mu.Lock()
+	if t.idle == nil {
+		t.idle = map[net.Conn]struct{}{}
+	}
+	quiet := st == http.StateNew || st == http.StateIdle
+	closeNow := quiet && t.stopping
+	if quiet && !closeNow {
+		t.idle[c] = struct{}{}
+	} else {
+		delete(t.idle, c)
+	}
+	t.mu.Unlock()
+	if closeNow {
+		_ = c.Close()
+	}
+}
+
+// stop closes the connections without a request in hand, and from now on
+// each as soon as it has none.
+func (t *uiConns) stop() {
+	t.mu.Lock()
+	t.stopping = true
+	quiet := make([]net.Conn, 0, len(t.idle))
+	for c := range t.idle {
+		quiet = append(quiet, c)
+	}
+	clear(t.idle)
+	t.mu.Unlock()
+	for _, c := range quiet {
+		_ = c.Close()
+	}
+}
+
+// handshakeErrorPrefix starts the line net/http logs for each failed TLS
+// handshake.
+const handshakeErrorPrefix = "http: TLS handshake error from "
+
+// uiErrorLog is the writer of berth ui's http.Server.ErrorLog. A line goes
+// to log (slog's, at WARN), except a failed TLS handshake: with -tls-cert
+// every port scan, TCP health check or plain HTTP request to the HTTPS port
+// makes one, which the operator can neither stop nor act on. The first is
+// logged; the others are counted, and logged at most once every every as
+// one line with their count and the latest of them (flush logs the count
+// left at the end).
+type uiErrorLog struct {
+	log   *log.Logger
+	now   func() time.Time
+	every time.Duration
+
+	mu     sync.Mutex
+	logged time.Time // when a handshake line was last logged; zero: never
+	muted  int       // failed handshakes since, not logged
+	since  time.Time // the first of them
+	latest string    // the latest of them, after the prefix
+}
+
+// Write logs the line p (a log.Logger writes one line per call).
+func (l *uiErrorLog) Write(p []byte) (int, error) {
+	line := strings.TrimSuffix(string(p), "\n")
+	rest, handshake := strings.CutPrefix(line, handshakeErrorPrefix)
+	if !handshake {
+		l.log.Print(line)
+		return len(p), nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	if !l.logged.IsZero() && now.Sub(l.logged) < l.every {
+		if l.muted == 0 {
+			l.since = now
+		}
+		l.muted++
+		l.latest = rest
+		return len(p), nil
+	}
+	if l.muted == 0 {
+		l.log.Printf("%s (more are counted, and logged at most once every %s)", line, l.every)
+	} else {
+		l.muted++
+		l.latest = rest
+		l.summary()
+	}
+	l.logged = now
+	return len(p), nil
+}
+
+// summary logs the failed handshakes counted; l.mu is held.
+func (l *uiErrorLog) summary() {
+	l.log.Printf("http: %d TLS handshake errors since %s (port scans, health checks, plain HTTP to the HTTPS port), the latest from %s",
+		l.muted, l.since.UTC().Format(time.RFC3339), l.latest)
+	l.muted = 0
+}
+
+// flush logs the failed handshakes counted and not logged yet.
+func (l *uiErrorLog) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.muted > 0 {
+		l.summary()
+	}
+}
+
 // uiShutdownGrace is how long berth ui waits, once interrupted, for the
 // requests in hand before it closes their connections; uiIdleTimeout is
 // how long it keeps an idle keep-alive connection. Tests shorten them.
+// uiHandshakeLogEvery is how often at most it logs the failed TLS
+// handshakes it counted; uiNow is its clock.
 var (
-	uiShutdownGrace = 5 * time.Second
-	uiIdleTimeout   = 2 * time.Minute
+	uiShutdownGrace     = 5 * time.Second
+	uiIdleTimeout       = 2 * time.Minute
+	uiHandshakeLogEvery = time.Minute
+	uiNow               = time.Now
 )
 
 // loopbackHostOnly refuses (403) a request whose Host is not a loopback

@@ -170,6 +170,12 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 					if len(r.Failed) < MaxFailures {
 						r.Failed = append(r.Failed, Failure{ID: id, Err: err})
 					}
+				case ScanIncomplete(err):
+					// As for a page: the scan for this letter stopped
+					// before it found it; it stays, and the walk goes on.
+					stopped = err.Error()
+					r.Done += n
+					r.missPage([]string{id}, n, err)
 				default:
 					r.cut([]string{id}, n, err)
 					return err
@@ -278,6 +284,10 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 					r.Done++
 				case err == nil || errors.Is(err, sdk.ErrNotFound):
 					miss(id, sdk.ErrNotFound)
+				case ScanIncomplete(err): // as for a batch: partial, not fatal
+					r.Done += n
+					r.Complete, r.Incomplete = false, err.Error()
+					r.missPage([]string{id}, n, err)
 				default:
 					r.cut([]string{id}, n, err)
 					return err

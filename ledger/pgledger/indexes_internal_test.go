@@ -19,8 +19,12 @@ func TestIndexesListed(t *testing.T) {
 		created = append(created, m[1])
 	}
 	var listed []string
-	for _, ix := range indexes("p_") {
-		listed = append(listed, ix[0])
+	o, err := Options{Prefix: "p_"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ix := range indexes(o) {
+		listed = append(listed, ix.Name)
 	}
 	if len(created) == 0 || !slices.Equal(created, listed) {
 		t.Errorf("SQL creates %v; MissingIndexes checks %v", created, listed)

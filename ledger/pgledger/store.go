@@ -198,7 +198,6 @@ func SQL(opts Options) (string, error) {
 	}
 	q := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	jobs := pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()
-	p := opts.Prefix
 	return `CREATE SCHEMA IF NOT EXISTS ` + q(opts.Schema) + `;
 CREATE TABLE IF NOT EXISTS ` + jobs + ` (
     message_id      text        PRIMARY KEY,
@@ -221,49 +220,155 @@ CREATE TABLE IF NOT EXISTS ` + jobs + ` (
     updated_at      timestamptz NOT NULL,
     history         jsonb       NOT NULL DEFAULT '[]' -- earlier attempts' states, see Store.Job
 );
-CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_key_idx") + ` ON ` + jobs + ` (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_queue_status_idx") + ` ON ` + jobs + ` (queue, status, updated_at, message_id);
-CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_updated_idx") + ` ON ` + jobs + ` (updated_at, message_id);
-CREATE INDEX IF NOT EXISTS ` + q(p+"jobs_first_seen_idx") + ` ON ` + jobs + ` (first_seen_at, message_id); -- List's order
-`, nil
+` + indexDDL(opts), nil
 }
 
-// indexes are the names of the indexes [SQL] creates on the jobs table,
-// with what their absence costs, for [Store.MissingIndexes].
-func indexes(prefix string) [][2]string {
-	return [][2]string{
-		{prefix + "jobs_key_idx", "a lookup by idempotency key (berth job show KEY) scans the whole table"},
-		{prefix + "jobs_queue_status_idx", "lists and counts by queue and status scan the whole table"},
-		{prefix + "jobs_updated_idx", "the janitor's purges and the counts by window scan the whole table"},
-		{prefix + "jobs_first_seen_idx", "every page of a job list sorts the whole table"},
+// jobIndexes are the indexes [SQL] creates on the jobs table (their names
+// after the prefix), with what their absence costs. cols and where are
+// written as pg_get_indexdef writes them back (where without its
+// parentheses), so that [Store.Indexes] compares them with what the
+// database holds.
+var jobIndexes = []struct{ suffix, cols, where, cost string }{
+	{"jobs_key_idx", "idempotency_key, first_seen_at", "idempotency_key IS NOT NULL", "a lookup by idempotency key (berth job show KEY) scans the whole table"},
+	{"jobs_queue_status_idx", "queue, status, updated_at, message_id", "", "lists and counts by queue and status scan the whole table"},
+	{"jobs_updated_idx", "updated_at, message_id", "", "the janitor's purges and the counts by window scan the whole table"},
+	{"jobs_first_seen_idx", "first_seen_at, message_id", "", "every page of a job list sorts the whole table (List's order)"},
+}
+
+// indexDDL is the CREATE INDEX statements of [SQL] for opts (with defaults).
+func indexDDL(opts Options) string {
+	var b strings.Builder
+	for _, ix := range indexes(opts) {
+		b.WriteString(ix.Create(false) + ";\n")
 	}
+	return b.String()
 }
 
-// MissingIndexes returns the indexes [SQL] creates on the jobs table that
-// are missing or invalid (a CREATE INDEX CONCURRENTLY that failed leaves
-// one invalid), each as "name: what its absence costs", in [SQL]'s order:
-// a table made by an earlier release lacks those added since until
-// [Store.Migrate] runs. The doctor reports them (ledger.indexes). A
-// missing table gives an error.
-func (s *Store) MissingIndexes(ctx context.Context) ([]string, error) {
-	rows, err := s.db.Query(ctx, `SELECT i.relname, x.indisvalid FROM pg_index x
+// indexes are the indexes [SQL] creates on the jobs table for opts (with
+// defaults), as expected, in [SQL]'s order.
+func indexes(opts Options) []Index {
+	jobs := pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()
+	out := make([]Index, 0, len(jobIndexes))
+	for _, ix := range jobIndexes {
+		want := "btree (" + ix.cols + ")"
+		on := jobs + " (" + ix.cols + ")"
+		if ix.where != "" {
+			want += " WHERE (" + ix.where + ")"
+			on += " WHERE " + ix.where
+		}
+		out = append(out, Index{Name: opts.Prefix + ix.suffix, Cost: ix.cost, Want: want,
+			Drop: "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
+			on:   pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on})
+	}
+	return out
+}
+
+// Index is one index [SQL] creates on the jobs table, as expected and as
+// the database holds it ([Store.Indexes]).
+type Index struct {
+	// Name is the index's name (in the table's schema).
+	Name string
+	// Cost says what its absence costs.
+	Cost string
+	// Want is its definition as PostgreSQL writes it back
+	// (pg_get_indexdef, from USING on): method, columns, predicate.
+	Want string
+	// Found is its definition in the database (pg_get_indexdef); "" when
+	// there is no index of that name on the table.
+	Found string
+	// Valid is false for an index a failed CREATE INDEX CONCURRENTLY left:
+	// PostgreSQL keeps it up to date but never reads it.
+	Valid bool
+	// Matches reports whether Found is Want: a plain (not unique) index
+	// with the same method, columns (their order, operator classes,
+	// collations and sort order), included columns and predicate; storage
+	// parameters (WITH (fillfactor=...)) are not compared. An index made
+	// by hand under the name, or by an earlier release with other columns,
+	// does not match: CREATE INDEX IF NOT EXISTS (Migrate) keeps it.
+	Matches bool
+	// Drop is the statement that drops it (DROP INDEX CONCURRENTLY IF
+	// EXISTS), to run before Create when it is invalid or does not match.
+	Drop string
+
+	on string // name ON table (columns) WHERE predicate
+}
+
+// Create returns its CREATE INDEX statement, CONCURRENTLY (as on a table
+// in use: a plain one blocks the ledger's writes while it builds) or not.
+func (ix Index) Create(concurrently bool) string {
+	if concurrently {
+		return "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + ix.on
+	}
+	return "CREATE INDEX IF NOT EXISTS " + ix.on
+}
+
+// OK reports whether the index is present, valid and as [SQL] creates it.
+func (ix Index) OK() bool { return ix.Found != "" && ix.Valid && ix.Matches }
+
+// Indexes returns the indexes [SQL] creates on the jobs table, in [SQL]'s
+// order, each with what the database holds under its name: a table made by
+// an earlier release lacks those added since until [Store.Migrate] runs,
+// and has those changed since as they were (Migrate does not replace an
+// index that exists). The doctor reports them (ledger.indexes). A missing
+// table gives an error.
+func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
+	rows, err := s.db.Query(ctx, `SELECT i.relname, x.indisvalid, pg_get_indexdef(x.indexrelid) FROM pg_index x
 	JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, s.jobs)
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
-	valid := map[string]bool{}
-	var name string
-	var ok bool
-	if _, err := pgx.ForEachRow(rows, []any{&name, &ok}, func() error {
-		valid[name] = ok
+	type state struct {
+		valid bool
+		def   string
+	}
+	have := map[string]state{}
+	var name, def string
+	var valid bool
+	if _, err := pgx.ForEachRow(rows, []any{&name, &valid, &def}, func() error {
+		have[name] = state{valid, def}
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
+	out := indexes(s.opts)
+	for i, ix := range out {
+		st, ok := have[ix.Name]
+		if !ok {
+			continue
+		}
+		out[i].Found, out[i].Valid, out[i].Matches = st.def, st.valid, indexDefMatches(st.def, ix.Want)
+	}
+	return out, nil
+}
+
+// storageParams is the WITH (...) clause of an index definition.
+var storageParams = regexp.MustCompile(` WITH \([^()]*\)`)
+
+// indexDefMatches reports whether def, as pg_get_indexdef writes it, is
+// the plain index want describes (from USING on). Names are validated
+// identifiers, without spaces: the first " USING " ends the table's name.
+func indexDefMatches(def, want string) bool {
+	if !strings.HasPrefix(def, "CREATE INDEX ") {
+		return false // UNIQUE
+	}
+	_, rest, ok := strings.Cut(def, " USING ")
+	return ok && storageParams.ReplaceAllString(rest, "") == want
+}
+
+// MissingIndexes returns the indexes [SQL] creates on the jobs table that
+// are missing, invalid (a CREATE INDEX CONCURRENTLY that failed leaves one
+// invalid) or defined otherwise ([Index.Matches]), each as "name: what its
+// absence costs", in [SQL]'s order. See [Store.Indexes], which says which
+// and how. A missing table gives an error.
+func (s *Store) MissingIndexes(ctx context.Context) ([]string, error) {
+	ixs, err := s.Indexes(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var missing []string
-	for _, ix := range indexes(s.opts.Prefix) {
-		if !valid[ix[0]] {
-			missing = append(missing, ix[0]+": "+ix[1])
+	for _, ix := range ixs {
+		if !ix.OK() {
+			missing = append(missing, ix.Name+": "+ix.Cost)
 		}
 	}
 	return missing, nil
