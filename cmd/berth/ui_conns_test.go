@@ -48,6 +48,8 @@ func uiRun(t *testing.T, e env, args ...string) (string, *syncbuf.Buffer, func()
 	case c := <-done:
 		once.Do(func() { cancel(); code = c })
 		t.Fatalf("ui exited %d: %s", c, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("ui did not start")
 	}
 	return "", nil, nil
 }

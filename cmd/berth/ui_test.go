@@ -20,34 +20,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// startUI starts berth ui with args and returns its address and stderr;
+// it is stopped (Ctrl-C) when the test ends, and must then exit 0.
 func startUI(t *testing.T, e env, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	stderr := &syncbuf.Buffer{}
-	e.stdin, e.stdout, e.stderr = strings.NewReader(""), io.Discard, stderr
-	if e.getenv == nil {
-		e.getenv = func(string) string { return "" }
-	}
-	e.listening = func(a string) { addr <- a }
-	done := make(chan int, 1)
-	go func() { done <- run(ctx, append([]string{"ui"}, args...), e) }()
+	addr, stderr, stop := uiRun(t, e, args...)
 	t.Cleanup(func() {
-		cancel()
-		if code := <-done; code != 0 {
+		if code := stop(); code != 0 {
 			t.Errorf("ui exited %d: %s", code, stderr.String())
 		}
 	})
-	select {
-	case a := <-addr:
-		return a, stderr
-	case code := <-done:
-		done <- code
-		t.Fatalf("ui exited %d: %s", code, stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("ui did not start")
-	}
-	return "", nil
+	return addr, stderr
 }
 
 func httpGet(t *testing.T, url, token string) (int, string) {
