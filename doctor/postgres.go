@@ -52,18 +52,93 @@ func postgresChecks(ctx context.Context, pool *pgxpool.Pool, schema string, leas
 	})
 }
 
-// expectedIndexes are the jobs table's indexes (brokers/postgres/schema.sql)
-// and what their absence costs.
-var expectedIndexes = []struct {
-	name     string
+// indexCosts are what the absence of each index of the jobs table
+// (postgres.Indexes, from brokers/postgres/schema.sql) costs, and its
+// severity. An index schema.sql gains without an entry here is checked all
+// the same, as a Warn.
+var indexCosts = map[string]struct {
 	severity Severity
 	cost     string
 }{
-	{"jobs_claim_idx", Error, "every claim scans the whole table"},
-	{"jobs_dead_letter_idx", Warn, "listing and redriving dead letters scans the whole table"},
-	{"jobs_completed_idx", Warn, "retention of completed rows scans the whole table"},
-	{"jobs_dead_letter_page_idx", Warn, "every dead-letter page sorts all of its queue's dead letters"},
-	{"jobs_dedupe_idx", Error, "enqueue dedupe (DedupeEnqueue) fails: ON CONFLICT has no unique index"},
+	"jobs_claim_idx":            {Error, "every claim scans the whole table"},
+	"jobs_dead_letter_idx":      {Warn, "listing and redriving dead letters scans the whole table"},
+	"jobs_completed_idx":        {Warn, "retention of completed rows scans the whole table"},
+	"jobs_dead_letter_page_idx": {Warn, "every dead-letter page sorts all of its queue's dead letters"},
+	"jobs_dedupe_idx":           {Error, "enqueue dedupe (DedupeEnqueue) fails: ON CONFLICT has no unique index of its columns and predicate"},
+}
+
+// pgIndexes is the postgres.indexes finding of table (qt quoted, in
+// schema): the indexes of schema.sql present, valid and with its
+// definition (an index of the right name made by hand, or by an earlier
+// release with other columns, serves the queries no better than none, and
+// Migrate keeps it). A missing or invalid index has its own severity; one
+// defined otherwise is a Warn, but for a unique one (jobs_dedupe_idx), which
+// ON CONFLICT cannot use unless it is exactly that. When the indexes cannot
+// be read it is an Info finding that says why; a timeout or an interrupt is
+// returned, as the check's other queries would meet it too.
+func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string) (Finding, error) {
+	type state struct {
+		valid bool
+		def   string
+	}
+	have := map[string]state{}
+	rows, err := pool.Query(ctx, `SELECT i.relname, x.indisvalid, COALESCE(pg_get_indexdef(x.indexrelid), '') FROM pg_index x
+		JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, qt)
+	if err == nil {
+		var name, def string
+		var valid bool
+		_, err = pgx.ForEachRow(rows, []any{&name, &valid, &def}, func() error {
+			if def != "" { // "": dropped since the scan began
+				have[name] = state{valid, def}
+			}
+			return nil
+		})
+	}
+	switch {
+	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
+		return Finding{}, fmt.Errorf("doctor: postgres: indexes: %w", err)
+	case err != nil:
+		return Finding{ID: "postgres.indexes", Severity: Info, Queue: table, Summary: "the indexes of the jobs table could not be read: not checked",
+			Evidence: err.Error(), Fix: "let doctor's database user read the catalog (pg_index, pg_get_indexdef) and the table, then run doctor again"}, nil
+	}
+	ixs := postgres.Indexes()
+	worst := OK
+	var bad, fixes []string
+	for _, ix := range ixs {
+		c, ok := indexCosts[ix.Name]
+		if !ok {
+			c.severity, c.cost = Warn, "the queries it serves scan the whole table"
+		}
+		sev := c.severity
+		st, found := have[ix.Name]
+		switch {
+		case found && st.valid && ix.Matches(st.def):
+			continue
+		case !found:
+			bad = append(bad, fmt.Sprintf("%s missing (%s)", ix.Name, c.cost))
+			fixes = append(fixes, ix.Create(schema))
+		case !st.valid:
+			bad = append(bad, fmt.Sprintf("%s invalid, never read (%s)", ix.Name, c.cost))
+			fixes = append(fixes, ix.Drop(schema), ix.Create(schema))
+		default:
+			if !ix.Unique {
+				sev = Warn
+			}
+			bad = append(bad, fmt.Sprintf("%s defined as %s, not as schema.sql has it (%s): %s", ix.Name, quoted(st.def), quoted(ix.Def), c.cost))
+			fixes = append(fixes, ix.Drop(schema), ix.Create(schema))
+		}
+		if sev.rank() > worst.rank() {
+			worst = sev
+		}
+	}
+	if len(bad) == 0 {
+		return Finding{ID: "postgres.indexes", Severity: OK, Queue: table, Summary: "every index of the jobs table is present, as schema.sql creates it",
+			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
+	}
+	return Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing, invalid or not as schema.sql creates them",
+		Evidence: strings.Join(bad, "; "),
+		Fix: "run " + strings.Join(fixes, "; ") + " (outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks writes to the jobs table while it builds; " +
+			"the broker's Migrate creates a missing index but keeps one that exists, invalid or not)"}, nil
 }
 
 func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {
@@ -86,50 +161,11 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 	}
 
 	// Indexes.
-	have := map[string]bool{}
-	rows, err := pool.Query(ctx, `SELECT i.relname, x.indisvalid FROM pg_index x
-		JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, qt)
+	f, err := pgIndexes(ctx, pool, schema, table, qt)
 	if err != nil {
-		return nil, fmt.Errorf("doctor: postgres: indexes: %w", err)
-	}
-	var invalid []string
-	for rows.Next() {
-		var name string
-		var valid bool
-		if err := rows.Scan(&name, &valid); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		have[name] = valid
-		if !valid {
-			invalid = append(invalid, name)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	var missing []string
-	worst := OK
-	var costs []string
-	for _, ix := range expectedIndexes {
-		if valid, ok := have[ix.name]; ok && valid {
-			continue
-		}
-		missing = append(missing, ix.name)
-		costs = append(costs, ix.name+": "+ix.cost)
-		if ix.severity.rank() > worst.rank() {
-			worst = ix.severity
-		}
-	}
-	if len(missing) > 0 {
-		add(Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing or invalid",
-			Evidence: fmt.Sprintf("missing or invalid: %s (invalid: %s); %s", strings.Join(missing, ", "), strings.Join(invalid, ", "), strings.Join(costs, "; ")),
-			Fix:      "run the broker's Migrate, or the CREATE INDEX statements of brokers/postgres/schema.sql (CONCURRENTLY on a busy table; drop an invalid index first)"})
-	} else {
-		add(Finding{ID: "postgres.indexes", Severity: OK, Queue: table, Summary: "every index of the jobs table is present",
-			Evidence: fmt.Sprintf("%d indexes", len(have))})
-	}
+	add(f)
 
 	// Autovacuum, globally and on the table.
 	var global string
@@ -178,7 +214,7 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 	for _, q := range o.Queues {
 		want[q] = true
 	}
-	rows, err = pool.Query(ctx, `SELECT queue,
+	rows, err := pool.Query(ctx, `SELECT queue,
 			count(*) FILTER (WHERE status = 'processing' AND visibility_until < now() - $1 * interval '1 microsecond'),
 			min(visibility_until) FILTER (WHERE status = 'processing' AND visibility_until < now() - $1 * interval '1 microsecond'),
 			(extract(epoch FROM now() - min(available_at) FILTER (WHERE status IN ('queued', 'retry') AND available_at <= now())) * 1e6)::bigint,

@@ -428,8 +428,12 @@ func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions
 	return o.relayLoop(ctx, opts, func(ctx context.Context) (int, error) { return o.RelayOnce(ctx, pub, opts) }, realClock{})
 }
 
-// poolProbe bounds poolClosed's acquire.
+// poolProbe bounds how long poolClosed waits for its acquire.
 const poolProbe = 100 * time.Millisecond
+
+// poolProbePing bounds the ping pgxpool may run on the connection
+// poolClosed's acquire takes.
+const poolProbePing = 10 * time.Second
 
 // poolClosed reports whether err, a failure to begin the relay's
 // transaction, says the application closed the pool: an acquire from a
@@ -439,6 +443,13 @@ const poolProbe = 100 * time.Millisecond
 // poolProbe, which fails with puddle.ErrClosedPool only if it is closed.
 // Any other failure (the database down, a connect refused or timed out) is
 // not a closed pool.
+//
+// The probe's acquire is cancelled after poolProbe rather than given it as
+// a deadline: pgxpool pings a connection idle for more than a second with
+// the acquire's deadline and destroys it when the ping fails, so a 100 ms
+// deadline destroyed a healthy connection wherever a round trip takes
+// longer. Cancelled, the acquire returns while pgxpool lets the ping
+// finish, within poolProbePing, and puts the connection back.
 func (o *Outbox) poolClosed(err error) bool {
 	if errors.Is(err, puddle.ErrClosedPool) {
 		return true
@@ -447,8 +458,10 @@ func (o *Outbox) poolClosed(err error) bool {
 	if !errors.As(err, &connectErr) || !errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), poolProbe)
+	ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
 	defer cancel()
+	probe := time.AfterFunc(poolProbe, cancel)
+	defer probe.Stop()
 	conn, err := o.pool.Acquire(ctx)
 	if err != nil {
 		return errors.Is(err, puddle.ErrClosedPool)

@@ -69,18 +69,33 @@ func connectCut(err error) bool {
 	return errors.As(err, &connectErr) && errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
-// poolProbe bounds poolClosed's acquire.
+// poolProbe bounds how long poolClosed waits for its acquire.
 const poolProbe = 100 * time.Millisecond
+
+// poolProbePing bounds the ping pgxpool may run on the connection
+// poolClosed's acquire takes.
+const poolProbePing = 10 * time.Second
 
 // poolClosed reports whether the application has closed the pool: an
 // acquire from a closed pool fails with puddle.ErrClosedPool. It takes a
 // connection from an open pool (and gives it back), or waits up to
 // poolProbe for one, so it is asked only for an error that a closed pool
-// explains (a connect cut by a cancel); when it cannot tell, the pool is
-// taken for open, and the error stays a retryable one.
+// explains (a connect cut by a cancel) and by the listener's watcher;
+// when it cannot tell, the pool is taken for open, and the error stays a
+// retryable one.
+//
+// The acquire is cancelled after poolProbe rather than given it as a
+// deadline: pgxpool pings a connection idle for more than a second with
+// the acquire's deadline and destroys it when the ping fails, so a
+// 100 ms deadline destroyed a healthy connection at every probe wherever
+// a round trip takes longer (a database in another region, a loaded
+// server). Cancelled, the acquire returns while pgxpool lets the ping
+// finish, within poolProbePing, and puts the connection back.
 func (b *Broker) poolClosed() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), poolProbe)
+	ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
 	defer cancel()
+	probe := time.AfterFunc(poolProbe, cancel)
+	defer probe.Stop()
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return errors.Is(err, puddle.ErrClosedPool)

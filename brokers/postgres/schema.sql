@@ -39,11 +39,17 @@ CREATE TABLE IF NOT EXISTS "berth".queues (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- The indexes below are written as PostgreSQL writes them back
+-- (pg_get_indexdef: casts, ANY (ARRAY[...]), the predicate on one line):
+-- berth doctor (postgres.indexes) compares each index of the table with its
+-- definition here, as Migrate (IF NOT EXISTS) keeps an index of the same
+-- name whatever its columns.
+
 -- The claim query: claimable rows of a queue in due order. Processing rows
 -- carry their lease expiry in available_at, so one range scan finds both new
 -- work and expired leases.
 CREATE INDEX IF NOT EXISTS jobs_claim_idx ON "berth".jobs (queue, available_at)
-    WHERE status IN ('queued', 'retry', 'processing');
+    WHERE (status = ANY (ARRAY['queued'::text, 'retry'::text, 'processing'::text]));
 
 -- Enqueue dedupe (Options.DedupeEnqueue): one job per (queue, idempotency_key).
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedupe_idx ON "berth".jobs (queue, idempotency_key)
@@ -51,9 +57,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedupe_idx ON "berth".jobs (queue, idempo
 
 -- Dead letters by queue, and retention of completed rows.
 CREATE INDEX IF NOT EXISTS jobs_dead_letter_idx ON "berth".jobs (queue, message_id)
-    WHERE status = 'dead_letter';
+    WHERE (status = 'dead_letter'::text);
 CREATE INDEX IF NOT EXISTS jobs_completed_idx ON "berth".jobs (updated_at)
-    WHERE status = 'completed';
+    WHERE (status = 'completed'::text);
 
 -- Dead-letter pages (DeadLetterPage, DeadLetterPageTo, ListDeadLetters,
 -- DeadLetterMark) in their order, so that a page reads its own rows instead
@@ -61,4 +67,4 @@ CREATE INDEX IF NOT EXISTS jobs_completed_idx ON "berth".jobs (updated_at)
 -- Migrate (or applying this file again) creates it on an existing table; on
 -- a large busy table, create it beforehand with CREATE INDEX CONCURRENTLY.
 CREATE INDEX IF NOT EXISTS jobs_dead_letter_page_idx ON "berth".jobs (queue, updated_at, id)
-    WHERE status = 'dead_letter';
+    WHERE (status = 'dead_letter'::text);

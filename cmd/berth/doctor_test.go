@@ -48,7 +48,7 @@ func TestDoctorOnPostgres(t *testing.T) {
 	}
 	r = cliOn(t, u, "doctor", "-max-attempts", "3")
 	if r.code != exitError || !strings.Contains(r.out, "error  postgres.indexes  "+b.Schema()+".jobs: ") ||
-		!strings.Contains(r.out, "evidence: missing or invalid: jobs_claim_idx") || !strings.Contains(r.out, "fix: ") {
+		!strings.Contains(r.out, "evidence: jobs_claim_idx missing (every claim scans the whole table)") || !strings.Contains(r.out, "fix: ") {
 		t.Fatalf("doctor without the claim index (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 	if strings.Contains(r.out, "\x1b") {

@@ -1,0 +1,91 @@
+package postgres
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Index is one index [SchemaSQL] creates on the jobs table, as schema.sql
+// defines it. schema.sql is its only definition: [Indexes] reads it from
+// there, so that what berth doctor expects (postgres.indexes) is what
+// [Broker.Migrate] creates.
+type Index struct {
+	// Name is the index's name (in the jobs table's schema).
+	Name string
+	// Unique is true for a UNIQUE index.
+	Unique bool
+	// Def is its definition from USING on, as PostgreSQL writes it back
+	// (pg_get_indexdef): method, columns, predicate. schema.sql writes each
+	// index so.
+	Def string
+}
+
+// indexRE matches an index statement of schema.sql: columns, then the
+// predicate on one line.
+var indexRE = regexp.MustCompile(`CREATE (UNIQUE )?INDEX IF NOT EXISTS (\w+) ON "berth"\.jobs \(([^;]*?)\)(?:\s+WHERE ([^;\n]*))?;`)
+
+// jobIndexes are the indexes of schema.sql, in its order.
+var jobIndexes = parseIndexes(schemaSQL)
+
+// parseIndexes returns the indexes ddl (schema.sql) creates on the jobs
+// table.
+func parseIndexes(ddl string) []Index {
+	var out []Index
+	for _, m := range indexRE.FindAllStringSubmatch(ddl, -1) {
+		def := "btree (" + m[3] + ")"
+		if m[4] != "" {
+			def += " WHERE " + m[4]
+		}
+		out = append(out, Index{Name: m[2], Unique: m[1] != "", Def: def})
+	}
+	return out
+}
+
+// Indexes returns the indexes [SchemaSQL] creates on the jobs table, in its
+// order.
+func Indexes() []Index { return slices.Clone(jobIndexes) }
+
+// storageParams is the WITH (...) clause of an index definition.
+var storageParams = regexp.MustCompile(` WITH \([^()]*\)`)
+
+// Matches reports whether def, an index definition as pg_get_indexdef
+// writes it, is ix: UNIQUE or not as ix is, with the same method, columns
+// (their order, operator classes, collations and sort order), included
+// columns and predicate; storage parameters (WITH (fillfactor=...)) are not
+// compared. An index made by hand under ix's name, or by an earlier release
+// with other columns, does not match: CREATE INDEX IF NOT EXISTS
+// ([Broker.Migrate]) keeps it. Schema names are validated identifiers,
+// without spaces: the first " USING " ends the table's name.
+func (ix Index) Matches(def string) bool {
+	head := "CREATE INDEX "
+	if ix.Unique {
+		head = "CREATE UNIQUE INDEX "
+	}
+	if !strings.HasPrefix(def, head) {
+		return false
+	}
+	_, rest, ok := strings.Cut(def, " USING ")
+	return ok && storageParams.ReplaceAllString(rest, "") == ix.Def
+}
+
+// Create returns the statement that creates ix on schema's jobs table,
+// CONCURRENTLY (run it outside a transaction: a plain CREATE INDEX blocks
+// writes to the table while it builds) and IF NOT EXISTS.
+func (ix Index) Create(schema string) string {
+	unique := ""
+	if ix.Unique {
+		unique = "UNIQUE "
+	}
+	return "CREATE " + unique + "INDEX CONCURRENTLY IF NOT EXISTS " + quoteIdent(ix.Name) + " ON " +
+		pgx.Identifier{schema, "jobs"}.Sanitize() + " USING " + ix.Def
+}
+
+// Drop returns the statement that drops ix from schema (DROP INDEX
+// CONCURRENTLY IF EXISTS), to run before [Index.Create] when the index is
+// invalid or does not match.
+func (ix Index) Drop(schema string) string {
+	return "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, ix.Name}.Sanitize()
+}

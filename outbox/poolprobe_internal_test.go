@@ -1,0 +1,86 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/integration"
+)
+
+// TestPoolProbeKeepsSlowConnections: for a cancelled connect, poolClosed
+// probes the pool; an open one it takes for open without destroying its
+// connection when a round trip takes longer than poolProbe (2 x 300 ms
+// through a proxy), and also when the pool's one connection is in use; a
+// closed one it reports closed. Before, the probe's 100 ms deadline was
+// the ping's (pgxpool pings a connection idle for more than a second), so
+// the probe cut the ping and pgxpool destroyed a healthy connection.
+func TestPoolProbeKeepsSlowConnections(t *testing.T) {
+	u, proxy := integration.ProxyURL(t, integration.PostgresDSN(t))
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	// Every acquire pings, as one of a connection idle for over a second.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
+	var connects, closes atomic.Int64
+	cfg.AfterConnect = func(context.Context, *pgx.Conn) error { connects.Add(1); return nil }
+	cfg.BeforeClose = func(*pgx.Conn) { closes.Add(1) }
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	box, err := New(pool, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A connect cut by a cancel, as the pool's Close cuts one.
+	cut, stop := context.WithCancel(context.Background())
+	stop()
+	_, cutErr := pgconn.Connect(cut, integration.PostgresDSN(t))
+	var connectErr *pgconn.ConnectError
+	if !errors.As(cutErr, &connectErr) || !errors.Is(cutErr, context.Canceled) {
+		t.Fatalf("cancelled connect: %v; want a *pgconn.ConnectError wrapping context.Canceled", cutErr)
+	}
+
+	conn, err := pool.Acquire(ctx) // the pool's one connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	if box.poolClosed(cutErr) {
+		t.Error("poolClosed with the pool's one connection in use: true, want false")
+	}
+	conn.Release()
+
+	proxy.SetLatency(300 * time.Millisecond)
+	if box.poolClosed(cutErr) {
+		t.Error("poolClosed of an open pool behind a slow link: true, want false")
+	}
+	// Wait for the probe's connection (its ping finishing) and use it.
+	conn, err = pool.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("acquire after the probe: %v", err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		t.Fatalf("ping after the probe: %v", err)
+	}
+	conn.Release()
+	if n, c := connects.Load(), closes.Load(); n != 1 || c != 0 {
+		t.Errorf("%d connects and %d closes after a probe over a slow link, want 1 and 0 (the probe destroyed a healthy connection)", n, c)
+	}
+
+	pool.Close()
+	if !box.poolClosed(cutErr) {
+		t.Error("poolClosed of a closed pool: false, want true")
+	}
+}
