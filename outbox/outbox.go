@@ -73,13 +73,13 @@ import (
 	"time"
 
 	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/internal/pgretry"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/puddle/v2"
 )
 
 // Options configures an Outbox. The zero value uses the table
@@ -428,47 +428,11 @@ func (o *Outbox) Relay(ctx context.Context, pub sdk.Publisher, opts RelayOptions
 	return o.relayLoop(ctx, opts, func(ctx context.Context) (int, error) { return o.RelayOnce(ctx, pub, opts) }, realClock{})
 }
 
-// poolProbe bounds how long poolClosed waits for its acquire.
-const poolProbe = 100 * time.Millisecond
-
-// poolProbePing bounds the ping pgxpool may run on the connection
-// poolClosed's acquire takes.
-const poolProbePing = 10 * time.Second
-
 // poolClosed reports whether err, a failure to begin the relay's
-// transaction, says the application closed the pool: an acquire from a
-// closed pool fails with puddle.ErrClosedPool. A connect that the pool's
-// Close cut is cancelled (ctx, the caller's, is live when this is asked), so
-// for a cancelled connect the pool is probed: an acquire, bounded by
-// poolProbe, which fails with puddle.ErrClosedPool only if it is closed.
-// Any other failure (the database down, a connect refused or timed out) is
-// not a closed pool.
-//
-// The probe's acquire is cancelled after poolProbe rather than given it as
-// a deadline: pgxpool pings a connection idle for more than a second with
-// the acquire's deadline and destroys it when the ping fails, so a 100 ms
-// deadline destroyed a healthy connection wherever a round trip takes
-// longer. Cancelled, the acquire returns while pgxpool lets the ping
-// finish, within poolProbePing, and puts the connection back.
-func (o *Outbox) poolClosed(err error) bool {
-	if errors.Is(err, puddle.ErrClosedPool) {
-		return true
-	}
-	var connectErr *pgconn.ConnectError
-	if !errors.As(err, &connectErr) || !errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
-	defer cancel()
-	probe := time.AfterFunc(poolProbe, cancel)
-	defer probe.Stop()
-	conn, err := o.pool.Acquire(ctx)
-	if err != nil {
-		return errors.Is(err, puddle.ErrClosedPool)
-	}
-	conn.Release()
-	return false
-}
+// transaction while the relay's context is live, says the application
+// closed the pool (see pgretry.ClosedBy). Any other failure (the database
+// down, a connect refused or timed out) is not a closed pool.
+func (o *Outbox) poolClosed(err error) bool { return pgretry.ClosedBy(o.pool, err) }
 
 // OutageLogInterval is how often, at most, Relay logs that the outbox table
 // is still unreachable, after the warning that the outage started.

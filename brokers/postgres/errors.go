@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
@@ -41,7 +40,7 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	if b.isClosed() {
 		return errClosed(op)
 	}
-	if errors.Is(err, puddle.ErrClosedPool) || (ctxErr && connectCut(err) && b.poolClosed()) {
+	if errors.Is(err, puddle.ErrClosedPool) || (ctxErr && pgretry.ConnectCut(err) && b.poolClosed()) {
 		// The application closed the pool: nothing will come from it
 		// again, so retrying (what ErrUnavailable asks for) is pointless.
 		// A connect under way when it did is cut with a cancelled
@@ -60,49 +59,10 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("berth/postgres: %s: %w", op, err)
 }
 
-// connectCut reports whether err is a connect cancelled, not timed out: the
-// broker's own limits are deadlines, and the caller's context is live when
-// wrap asks, so the cancel came from the pool, whose Close cuts the
-// connects under way.
-func connectCut(err error) bool {
-	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) && errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
-}
-
-// poolProbe bounds how long poolClosed waits for its acquire.
-const poolProbe = 100 * time.Millisecond
-
-// poolProbePing bounds the ping pgxpool may run on the connection
-// poolClosed's acquire takes.
-const poolProbePing = 10 * time.Second
-
-// poolClosed reports whether the application has closed the pool: an
-// acquire from a closed pool fails with puddle.ErrClosedPool. It takes a
-// connection from an open pool (and gives it back), or waits up to
-// poolProbe for one, so it is asked only for an error that a closed pool
-// explains (a connect cut by a cancel) and by the listener's watcher;
-// when it cannot tell, the pool is taken for open, and the error stays a
-// retryable one.
-//
-// The acquire is cancelled after poolProbe rather than given it as a
-// deadline: pgxpool pings a connection idle for more than a second with
-// the acquire's deadline and destroys it when the ping fails, so a
-// 100 ms deadline destroyed a healthy connection at every probe wherever
-// a round trip takes longer (a database in another region, a loaded
-// server). Cancelled, the acquire returns while pgxpool lets the ping
-// finish, within poolProbePing, and puts the connection back.
-func (b *Broker) poolClosed() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
-	defer cancel()
-	probe := time.AfterFunc(poolProbe, cancel)
-	defer probe.Stop()
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return errors.Is(err, puddle.ErrClosedPool)
-	}
-	conn.Release()
-	return false
-}
+// poolClosed reports whether the application has closed the pool (see
+// pgretry.PoolClosed): asked only for an error that a closed pool explains
+// (a connect cut by a cancel) and by the listener's watcher.
+func (b *Broker) poolClosed() bool { return pgretry.PoolClosed(b.pool) }
 
 // retryable reports whether err is worth retrying later: a broken or refused
 // connection, a server going away, a deadlock or serialization failure.

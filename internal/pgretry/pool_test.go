@@ -1,4 +1,4 @@
-package outbox
+package pgretry_test
 
 import (
 	"context"
@@ -12,15 +12,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/internal/pgretry"
 )
 
-// TestPoolProbeKeepsSlowConnections: for a cancelled connect, poolClosed
-// probes the pool; an open one it takes for open without destroying its
-// connection when a round trip takes longer than poolProbe (2 x 300 ms
-// through a proxy), and also when the pool's one connection is in use; a
-// closed one it reports closed. Before, the probe's 100 ms deadline was
-// the ping's (pgxpool pings a connection idle for more than a second), so
-// the probe cut the ping and pgxpool destroyed a healthy connection.
+// TestPoolProbeKeepsSlowConnections: for a cancelled connect, ClosedBy
+// probes the pool (PoolClosed, which the postgres broker's LISTEN watcher
+// also runs every 5 s and the outbox relay after a cut connect); an open
+// one it takes for open without destroying its connection when a round
+// trip takes longer than the probe's 100 ms (2 x 300 ms through a proxy),
+// and also when the pool's one connection is in use; a closed one it
+// reports closed. Before, the probe's 100 ms deadline was the ping's
+// (pgxpool pings a connection idle for more than a second), so the probe
+// cut the ping and pgxpool destroyed a healthy connection: a new connect
+// every 5 s for a database in another region.
 func TestPoolProbeKeepsSlowConnections(t *testing.T) {
 	u, proxy := integration.ProxyURL(t, integration.PostgresDSN(t))
 	cfg, err := pgxpool.ParseConfig(u.String())
@@ -40,10 +44,6 @@ func TestPoolProbeKeepsSlowConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	box, err := New(pool, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A connect cut by a cancel, as the pool's Close cuts one.
 	cut, stop := context.WithCancel(context.Background())
 	stop()
@@ -57,14 +57,14 @@ func TestPoolProbeKeepsSlowConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if box.poolClosed(cutErr) {
-		t.Error("poolClosed with the pool's one connection in use: true, want false")
+	if pgretry.ClosedBy(pool, cutErr) {
+		t.Error("ClosedBy with the pool's one connection in use: true, want false")
 	}
 	conn.Release()
 
 	proxy.SetLatency(300 * time.Millisecond)
-	if box.poolClosed(cutErr) {
-		t.Error("poolClosed of an open pool behind a slow link: true, want false")
+	if pgretry.ClosedBy(pool, cutErr) {
+		t.Error("ClosedBy of an open pool behind a slow link: true, want false")
 	}
 	// Wait for the probe's connection (its ping finishing) and use it.
 	conn, err = pool.Acquire(ctx)
@@ -80,7 +80,7 @@ func TestPoolProbeKeepsSlowConnections(t *testing.T) {
 	}
 
 	pool.Close()
-	if !box.poolClosed(cutErr) {
-		t.Error("poolClosed of a closed pool: false, want true")
+	if !pgretry.ClosedBy(pool, cutErr) {
+		t.Error("ClosedBy of a closed pool: false, want true")
 	}
 }
