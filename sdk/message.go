@@ -258,17 +258,37 @@ func (b *idBatch) next() string {
 }
 
 // uuidText writes u in the canonical 8-4-4-4-12 form (uuid.UUID.String's).
+// It turns four bytes at a time into eight digits in one 64-bit word
+// (hex8): a loop over the 32 digits cost 50-60 ns an ID on this project's
+// VMs, a fifth of PrepareAll; this costs about 17.
 func uuidText(dst *[36]byte, u *[16]byte) {
-	const digits = "0123456789abcdef"
-	j := 0
-	for i, b := range u {
-		if i == 4 || i == 6 || i == 8 || i == 10 {
-			dst[j] = '-'
-			j++
-		}
-		dst[j], dst[j+1] = digits[b>>4], digits[b&0xf]
-		j += 2
-	}
+	a := hex8(binary.BigEndian.Uint32(u[0:4]))
+	b := hex8(binary.BigEndian.Uint32(u[4:8]))
+	c := hex8(binary.BigEndian.Uint32(u[8:12]))
+	d := hex8(binary.BigEndian.Uint32(u[12:16]))
+	binary.BigEndian.PutUint64(dst[0:8], a)
+	dst[8] = '-'
+	binary.BigEndian.PutUint32(dst[9:13], uint32(b>>32))
+	dst[13] = '-'
+	binary.BigEndian.PutUint32(dst[14:18], uint32(b))
+	dst[18] = '-'
+	binary.BigEndian.PutUint32(dst[19:23], uint32(c>>32))
+	dst[23] = '-'
+	binary.BigEndian.PutUint32(dst[24:28], uint32(c))
+	binary.BigEndian.PutUint64(dst[28:36], d)
+}
+
+// hex8 returns the eight lower-case hex digits of x, most significant
+// first, as the bytes of a big-endian uint64: it spreads the nibbles one a
+// byte, then adds '0' to each, and 'a'-'0'-10 more to those above 9 (a
+// nibble n > 9 is exactly one where n+6 carries into bit 4).
+func hex8(x uint32) uint64 {
+	v := uint64(x)
+	v = (v | v<<16) & 0x0000ffff0000ffff
+	v = (v | v<<8) & 0x00ff00ff00ff00ff
+	v = (v | v<<4) & 0x0f0f0f0f0f0f0f0f
+	letters := ((v + 0x0606060606060606) >> 4) & 0x0101010101010101
+	return v + 0x3030303030303030 + letters*('a'-'0'-10)
 }
 
 // Prepare is what every broker's Publish calls before anything is sent: it
