@@ -124,7 +124,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.DeadLetterSuffix == "" {
 		o.DeadLetterSuffix = "-dlq"
 	}
-	if !queueNameRE.MatchString("q" + o.DeadLetterSuffix) {
+	if !sqsNameChars("q" + o.DeadLetterSuffix) {
 		return o, fmt.Errorf("berth/sqs: DeadLetterSuffix %q: only letters, digits, '-' and '_'", o.DeadLetterSuffix)
 	}
 	if o.AckInterval == 0 {
@@ -252,6 +252,7 @@ func (b *Broker) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err = b.acks.close(ctx)
+		b.co.senders.close() // their calls end with b.closing
 	})
 	return err
 }

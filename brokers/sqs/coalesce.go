@@ -37,6 +37,8 @@ type coalescer struct {
 	pending map[string][]*shared     // by queue URL, oldest first
 	partial map[string]chan struct{} // by queue URL: a token held by the queue's partial call under load
 	fulls   map[string]int           // by queue URL: full calls in flight
+
+	senders senderPool // the goroutines the calls run on
 }
 
 // shared is one entry waiting in the coalescer, and the Publish it belongs to.
@@ -157,7 +159,7 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 				continue
 			}
 			if len(batch) > 0 {
-				b.sendShared(q, batch)
+				c.senders.run(func() { b.sendShared(q, batch) })
 			}
 			if isFull {
 				c.mu.Lock()

@@ -1,0 +1,98 @@
+package sqs
+
+import "sync"
+
+// senderPool runs the coalescer's SendMessageBatch calls on goroutines of
+// its own, kept while the broker is open, instead of on the publishing
+// goroutine that found a sender free.
+//
+// The SDK's middleware stack is deep: one call grows a goroutine's stack to
+// tens of KiB. With many goroutines publishing a message each, the one that
+// sends changes from call to call, and between its turns the garbage
+// collector shrinks its idle stack (to a quarter of what it used is the
+// rule), so nearly every call grew a stack again, copying it several times:
+// runtime.copystack and newstack were 7 % of the client's CPU with 64
+// callers, and nothing for a raw loop whose eight goroutines always send. A
+// sender goroutine is mostly inside a call when the collector looks, and
+// the idle ones are reused last-in first-out, so the ones in use keep
+// their grown stacks. The cost is a hand-off to the sender and back, per
+// call rather than per message.
+//
+// There are at most as many senders as calls in flight ([Options.PublishSenders]):
+// run is called only by a holder of one of the coalescer's tokens.
+type senderPool struct {
+	mu     sync.Mutex
+	idle   []*sender // last in, first out
+	closed bool
+	wg     sync.WaitGroup // the sender goroutines
+}
+
+// sender is one goroutine of the pool and its work, one call at a time.
+type sender struct {
+	work chan call // holds one: run never waits to hand over
+}
+
+// call is a function to run and the channel closed once it has returned
+// and its sender is idle again (or stopped).
+type call struct {
+	f    func()
+	done chan struct{}
+}
+
+// run calls f on a sender goroutine and returns when it has returned. After
+// close it calls f itself.
+func (p *senderPool) run(f func()) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		f()
+		return
+	}
+	var s *sender
+	if n := len(p.idle); n > 0 {
+		s = p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+	} else {
+		s = &sender{work: make(chan call, 1)}
+		p.wg.Add(1)
+		go p.loop(s)
+	}
+	p.mu.Unlock()
+	c := call{f: f, done: make(chan struct{})}
+	s.work <- c
+	<-c.done
+}
+
+// loop runs s's work until close finds s idle.
+func (p *senderPool) loop(s *sender) {
+	defer p.wg.Done()
+	for c := range s.work {
+		c.f()
+		// Idle again before the caller goes on: its next call finds s.
+		p.mu.Lock()
+		closed := p.closed
+		if !closed {
+			p.idle = append(p.idle, s)
+		}
+		p.mu.Unlock()
+		close(c.done)
+		if closed {
+			return
+		}
+	}
+}
+
+// close stops the senders: the idle ones at once, a busy one when its call
+// returns (the broker's closing ends it). It waits for them. Later runs call
+// their function themselves.
+func (p *senderPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	for _, s := range p.idle {
+		close(s.work) // idle: not handed out, so nothing sends on it any more
+	}
+	p.idle = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}

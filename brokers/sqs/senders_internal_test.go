@@ -1,0 +1,121 @@
+package sqs
+
+import (
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// TestSenderPoolReusesAndStops: run calls its function on a pool goroutine
+// (not the caller's) and returns after it; calls one after another reuse one
+// goroutine; concurrent calls get one each; close stops them all (Wait
+// returns) and later calls run on the caller.
+func TestSenderPoolReusesAndStops(t *testing.T) {
+	var p senderPool
+	me := goid()
+	ran := map[uint64]int{}
+	for range 5 {
+		p.run(func() { ran[goid()]++ })
+	}
+	if ran[me] != 0 {
+		t.Fatal("run called its function on the calling goroutine")
+	}
+	if len(ran) != 1 {
+		t.Fatalf("calls one after another ran on %d goroutines, want 1 reused: %v", len(ran), ran)
+	}
+	if n := idle(&p); n != 1 {
+		t.Fatalf("%d idle senders, want 1", n)
+	}
+
+	// Four at once: each needs a goroutine of its own.
+	const k = 4
+	var started sync.WaitGroup
+	started.Add(k)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	var busy atomic.Int32
+	for range k {
+		wg.Go(func() {
+			p.run(func() {
+				busy.Add(1)
+				started.Done()
+				<-release
+			})
+		})
+	}
+	started.Wait()
+	if got := busy.Load(); got != k {
+		t.Fatalf("%d calls running together, want %d", got, k)
+	}
+	close(release)
+	wg.Wait()
+	if n := idle(&p); n != k {
+		t.Fatalf("%d idle senders, want %d", n, k)
+	}
+
+	p.close()
+	if n := idle(&p); n != 0 {
+		t.Fatalf("%d idle senders after close", n)
+	}
+	var after bool
+	p.run(func() { after = true })
+	if !after {
+		t.Fatal("run after close did not call its function")
+	}
+}
+
+// TestSenderPoolCloseWaitsForBusySender: a sender busy at close finishes
+// its call (the caller gets its result), then stops; close waits for it.
+func TestSenderPoolCloseWaitsForBusySender(t *testing.T) {
+	var p senderPool
+	p.run(func() {}) // one idle sender
+	inCall := make(chan struct{})
+	finish := make(chan struct{})
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		p.run(func() {
+			close(inCall)
+			<-finish
+		})
+	}()
+	<-inCall
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		p.close()
+	}()
+	select {
+	case <-closed:
+		t.Fatal("close returned while a sender was in its call")
+	case <-returned:
+		t.Fatal("run returned before its function did")
+	default:
+	}
+	close(finish)
+	<-returned
+	<-closed
+}
+
+// idle is how many senders wait for work.
+func idle(p *senderPool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}
+
+// goid is the calling goroutine's ID, from the first line of its stack
+// trace ("goroutine 7 [running]:").
+func goid() uint64 {
+	var buf [64]byte
+	n := runtime.Stack(buf[:], false)
+	f := strings.Fields(string(buf[:n]))
+	id, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		panic("goid: " + err.Error())
+	}
+	return id
+}
