@@ -30,9 +30,12 @@ import (
 //     indexes pgledger.SQL creates are present, valid and defined as it
 //     has them (a table made by an earlier release lacks those added since
 //     until Migrate runs, and keeps an index of the same name with other
-//     columns, which Migrate does not replace). Indexes that cannot be
-//     read are an Info ledger.indexes finding (a doctor.check-timeout one
-//     when they did not answer in time); the other findings stand.
+//     columns, which Migrate does not replace, and skips a name another
+//     relation of the schema holds: the fix renames it). Indexes that
+//     are all being built by a CREATE INDEX CONCURRENTLY under way, or
+//     cannot be read, are an Info ledger.indexes finding (a
+//     doctor.check-timeout one when they did not answer in time); the
+//     other findings stand.
 //
 // lease is the broker's lease (0: none).
 func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Options) ([]Finding, error) {
@@ -178,18 +181,31 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 			Evidence: err.Error(), Fix: "let doctor's database user read the catalog (pg_index) and the table, then run doctor again"}, nil
 	}
 	var bad, fixes []string
+	building := 0
 	for _, x := range ixs {
 		switch {
 		case x.OK():
+			continue
+		case x.Found == "" && x.HeldBy != "":
+			bad = append(bad, fmt.Sprintf("%s missing, its name held in the schema by %s, so that CREATE INDEX IF NOT EXISTS (Migrate) skips it (%s)",
+				x.Name, x.HeldBy, x.Cost))
+			fixes = append(fixes, "rename that relation ("+x.Rename()+" for an index)", x.Create(true))
 			continue
 		case x.Found == "":
 			bad = append(bad, fmt.Sprintf("%s missing (%s)", x.Name, x.Cost))
 			fixes = append(fixes, x.Create(true))
 			continue
+		case x.Building && !x.Valid: // not a REINDEX CONCURRENTLY of a valid one
+			// Not read until built; dropping it would throw the build away.
+			bad = append(bad, fmt.Sprintf("%s being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)", x.Name, x.Cost))
+			building++
+			continue
 		case !x.Valid:
-			bad = append(bad, fmt.Sprintf("%s invalid, never read (%s)", x.Name, x.Cost))
+			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", x.Name, x.Cost))
 		default:
 			bad = append(bad, fmt.Sprintf("%s defined as %s, not as pgledger.SQL has it (%s): %s", x.Name, quoted(x.Found), quoted(x.Want), x.Cost))
+			fixes = append(fixes, x.Replace()...) // the old one serves while the new one builds
+			continue
 		}
 		fixes = append(fixes, x.Drop, x.Create(true))
 	}
@@ -197,8 +213,12 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 		return Finding{ID: "ledger.indexes", Severity: OK, Queue: table, Summary: "every index of the ledger's jobs table is present, as pgledger.SQL creates it",
 			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
 	}
+	if building == len(bad) {
+		return Finding{ID: "ledger.indexes", Severity: Info, Queue: table, Summary: "indexes of the ledger's jobs table are being built",
+			Evidence: strings.Join(bad, "; "), Fix: "let the CREATE INDEX CONCURRENTLY finish, then run doctor again"}, nil
+	}
 	return Finding{ID: "ledger.indexes", Severity: Warn, Queue: table, Summary: "indexes of the ledger's jobs table are missing, invalid or not as pgledger.SQL creates them",
 		Evidence: strings.Join(bad, "; "),
-		Fix: "run " + strings.Join(fixes, "; ") + " (CONCURRENTLY, as a plain CREATE INDEX blocks the ledger's writes while it builds; " +
+		Fix: "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks the ledger's writes while it builds; " +
 			"pgledger.Store.Migrate creates a missing index but keeps one that exists, invalid or not)"}, nil
 }

@@ -379,9 +379,10 @@ func TestLedgerIndexDefinitions(t *testing.T) {
 		t.Errorf("evidence names the matching index: %s", ev)
 	}
 	for _, want := range []string{
-		`DROP INDEX CONCURRENTLY IF EXISTS "` + schema + `"."ledger_jobs_queue_status_idx"; CREATE INDEX CONCURRENTLY IF NOT EXISTS "ledger_jobs_queue_status_idx" ON "` + schema + `"."ledger_jobs" (queue, status, updated_at, message_id)`,
-		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "ledger_jobs_key_idx" ON "` + schema + `"."ledger_jobs" (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL`,
-		`"ledger_jobs_first_seen_idx" ON "` + schema + `"."ledger_jobs" (first_seen_at, message_id)`,
+		`DROP INDEX CONCURRENTLY IF EXISTS "` + schema + `"."ledger_jobs_queue_status_idx_new"; CREATE INDEX CONCURRENTLY IF NOT EXISTS "ledger_jobs_queue_status_idx_new" ON "` + schema + `"."ledger_jobs" (queue, status, updated_at, message_id); ` +
+			`DROP INDEX CONCURRENTLY IF EXISTS "` + schema + `"."ledger_jobs_queue_status_idx"; ALTER INDEX "` + schema + `"."ledger_jobs_queue_status_idx_new" RENAME TO "ledger_jobs_queue_status_idx"`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "ledger_jobs_key_idx_new" ON "` + schema + `"."ledger_jobs" (idempotency_key, first_seen_at) WHERE idempotency_key IS NOT NULL`,
+		`"ledger_jobs_first_seen_idx_new" ON "` + schema + `"."ledger_jobs" (first_seen_at, message_id)`,
 	} {
 		if !strings.Contains(fix, want) {
 			t.Errorf("fix lacks %q:\n%s", want, fix)

@@ -71,25 +71,49 @@ var indexCosts = map[string]struct {
 // schema): the indexes of schema.sql present, valid and with its
 // definition (an index of the right name made by hand, or by an earlier
 // release with other columns, serves the queries no better than none, and
-// Migrate keeps it). A missing or invalid index has its own severity; one
-// defined otherwise is a Warn, but for a unique one (jobs_dedupe_idx), which
-// ON CONFLICT cannot use unless it is exactly that. When the indexes cannot
-// be read it is an Info finding that says why; a timeout or an interrupt is
-// returned, as the check's other queries would meet it too.
+// Migrate keeps it). A missing or invalid index has its own severity, as
+// has one whose name another relation of the schema holds (Migrate skips
+// it; the fix renames the holder); one defined otherwise is a Warn, but for
+// a unique one (jobs_dedupe_idx), which ON CONFLICT cannot use unless it is
+// exactly that, and its fix builds the new one before it drops the old one
+// (postgres.Index.Replace). An index a CREATE INDEX CONCURRENTLY under way
+// builds (invalid until it ends) is Info, with nothing to run: dropping it
+// would throw the build away. When the indexes cannot be read it is an
+// Info finding that says why; a timeout or an interrupt is returned, as the
+// check's other queries would meet it too.
 func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string) (Finding, error) {
 	type state struct {
-		valid bool
-		def   string
+		onTable  bool   // an index of the jobs table; else the name is another relation's
+		valid    bool   // indisvalid
+		def      string // pg_get_indexdef
+		building bool   // a CREATE INDEX CONCURRENTLY under way builds it
+		holder   string // !onTable: what holds the name
 	}
+	ixs := postgres.Indexes()
+	names := make([]string, len(ixs))
+	for i, ix := range ixs {
+		names[i] = ix.Name
+	}
+	// Every relation of the schema with an index's name: CREATE INDEX IF
+	// NOT EXISTS (Migrate, the fix) skips a name another relation holds,
+	// as an index a renamed jobs table took along. A build under way shows
+	// in pg_stat_progress_create_index to doctor's user when it is the
+	// builder's or may read all statistics (pg_read_all_stats).
 	have := map[string]state{}
-	rows, err := pool.Query(ctx, `SELECT i.relname, x.indisvalid, COALESCE(pg_get_indexdef(x.indexrelid), '') FROM pg_index x
-		JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, qt)
+	rows, err := pool.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
+		COALESCE(pg_get_indexdef(x.indexrelid), ''),
+		EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid),
+		CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
+			ELSE CASE c.relkind WHEN 'r' THEN 'a table' WHEN 'p' THEN 'a table' WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
+				WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END
+		FROM pg_class c LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
+		WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass) AND c.relname = ANY ($2)`, qt, names)
 	if err == nil {
-		var name, def string
-		var valid bool
-		_, err = pgx.ForEachRow(rows, []any{&name, &valid, &def}, func() error {
-			if def != "" { // "": dropped since the scan began
-				have[name] = state{valid, def}
+		var name string
+		var st state
+		_, err = pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.building, &st.holder}, func() error {
+			if !st.onTable || st.def != "" { // "": dropped since the scan began
+				have[name] = st
 			}
 			return nil
 		})
@@ -101,7 +125,6 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		return Finding{ID: "postgres.indexes", Severity: Info, Queue: table, Summary: "the indexes of the jobs table could not be read: not checked",
 			Evidence: err.Error(), Fix: "let doctor's database user read the catalog (pg_index, pg_get_indexdef) and the table, then run doctor again"}, nil
 	}
-	ixs := postgres.Indexes()
 	worst := OK
 	var bad, fixes []string
 	for _, ix := range ixs {
@@ -112,20 +135,30 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		sev := c.severity
 		st, found := have[ix.Name]
 		switch {
-		case found && st.valid && ix.Matches(st.def):
+		case found && st.onTable && st.valid && ix.Matches(st.def):
 			continue
 		case !found:
 			bad = append(bad, fmt.Sprintf("%s missing (%s)", ix.Name, c.cost))
 			fixes = append(fixes, ix.Create(schema))
+		case !st.onTable:
+			bad = append(bad, fmt.Sprintf("%s missing, its name held in the schema by %s, so that CREATE INDEX IF NOT EXISTS (Migrate) skips it (%s)",
+				ix.Name, st.holder, c.cost))
+			fixes = append(fixes, "rename that relation (ALTER INDEX "+pgx.Identifier{schema, ix.Name}.Sanitize()+" RENAME TO "+
+				pgx.Identifier{ix.Name + "_old"}.Sanitize()+" for an index)", ix.Create(schema))
+		case st.building && !st.valid: // not a REINDEX CONCURRENTLY of a valid one
+			// Not read until built: nothing to do but let it finish;
+			// dropping it would throw the build away.
+			sev = Info
+			bad = append(bad, fmt.Sprintf("%s being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)", ix.Name, c.cost))
 		case !st.valid:
-			bad = append(bad, fmt.Sprintf("%s invalid, never read (%s)", ix.Name, c.cost))
+			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", ix.Name, c.cost))
 			fixes = append(fixes, ix.Drop(schema), ix.Create(schema))
 		default:
 			if !ix.Unique {
 				sev = Warn
 			}
 			bad = append(bad, fmt.Sprintf("%s defined as %s, not as schema.sql has it (%s): %s", ix.Name, quoted(st.def), quoted(ix.Def), c.cost))
-			fixes = append(fixes, ix.Drop(schema), ix.Create(schema))
+			fixes = append(fixes, ix.Replace(schema)...) // the old one serves while the new one builds
 		}
 		if sev.rank() > worst.rank() {
 			worst = sev
@@ -135,10 +168,13 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		return Finding{ID: "postgres.indexes", Severity: OK, Queue: table, Summary: "every index of the jobs table is present, as schema.sql creates it",
 			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
 	}
+	fix := "let the CREATE INDEX CONCURRENTLY finish, then run doctor again"
+	if len(fixes) > 0 {
+		fix = "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks writes to the jobs table while it builds; " +
+			"the broker's Migrate creates a missing index but keeps one that exists, invalid or not)"
+	}
 	return Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing, invalid or not as schema.sql creates them",
-		Evidence: strings.Join(bad, "; "),
-		Fix: "run " + strings.Join(fixes, "; ") + " (outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks writes to the jobs table while it builds; " +
-			"the broker's Migrate creates a missing index but keeps one that exists, invalid or not)"}, nil
+		Evidence: strings.Join(bad, "; "), Fix: fix}, nil
 }
 
 func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {

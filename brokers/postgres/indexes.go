@@ -74,18 +74,40 @@ func (ix Index) Matches(def string) bool {
 // Create returns the statement that creates ix on schema's jobs table,
 // CONCURRENTLY (run it outside a transaction: a plain CREATE INDEX blocks
 // writes to the table while it builds) and IF NOT EXISTS.
-func (ix Index) Create(schema string) string {
+func (ix Index) Create(schema string) string { return ix.create(schema, ix.Name) }
+
+// create is [Index.Create] under name.
+func (ix Index) create(schema, name string) string {
 	unique := ""
 	if ix.Unique {
 		unique = "UNIQUE "
 	}
-	return "CREATE " + unique + "INDEX CONCURRENTLY IF NOT EXISTS " + quoteIdent(ix.Name) + " ON " +
+	return "CREATE " + unique + "INDEX CONCURRENTLY IF NOT EXISTS " + quoteIdent(name) + " ON " +
 		pgx.Identifier{schema, "jobs"}.Sanitize() + " USING " + ix.Def
+}
+
+// Replace returns the statements that replace a valid index of ix's name
+// on schema's jobs table that does not match ix, each to run on its own,
+// outside a transaction: ix built CONCURRENTLY under the name with "_new"
+// (dropped first, should a failed attempt have left it), then the old
+// index dropped CONCURRENTLY and the new one renamed. The old index serves
+// the queries it can until the new one is built; dropped first, as by
+// [Index.Drop] then [Index.Create], every claim would scan the whole table
+// (jobs_claim_idx), or every deduplicated enqueue fail (jobs_dedupe_idx),
+// for as long as the build takes.
+func (ix Index) Replace(schema string) []string {
+	tmp := ix.Name + "_new"
+	return []string{
+		"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, tmp}.Sanitize(),
+		ix.create(schema, tmp),
+		ix.Drop(schema),
+		"ALTER INDEX " + pgx.Identifier{schema, tmp}.Sanitize() + " RENAME TO " + quoteIdent(ix.Name),
+	}
 }
 
 // Drop returns the statement that drops ix from schema (DROP INDEX
 // CONCURRENTLY IF EXISTS), to run before [Index.Create] when the index is
-// invalid or does not match.
+// invalid (one that does not match: [Index.Replace]).
 func (ix Index) Drop(schema string) string {
 	return "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, ix.Name}.Sanitize()
 }

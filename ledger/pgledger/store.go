@@ -258,7 +258,16 @@ func indexes(opts Options) []Index {
 		}
 		out = append(out, Index{Name: opts.Prefix + ix.suffix, Cost: ix.cost, Want: want,
 			Drop: "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
-			on:   pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on})
+			on:   pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on,
+			rename: "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize() + " RENAME TO " +
+				pgx.Identifier{opts.Prefix + ix.suffix + "_old"}.Sanitize(),
+			replace: []string{
+				"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize(),
+				"CREATE INDEX CONCURRENTLY IF NOT EXISTS " + pgx.Identifier{opts.Prefix + ix.suffix + "_new"}.Sanitize() + " ON " + on,
+				"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
+				"ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize() + " RENAME TO " +
+					pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize(),
+			}})
 	}
 	return out
 }
@@ -277,8 +286,20 @@ type Index struct {
 	// there is no index of that name on the table.
 	Found string
 	// Valid is false for an index a failed CREATE INDEX CONCURRENTLY left:
-	// PostgreSQL keeps it up to date but never reads it.
+	// PostgreSQL keeps it up to date but never reads it. It is false too
+	// while one under way builds it (Building).
 	Valid bool
+	// Building is true while a CREATE INDEX CONCURRENTLY under way builds
+	// it, when the database shows that build to the caller's role (its
+	// own, or any with pg_read_all_stats): dropping it throws the build
+	// away.
+	Building bool
+	// HeldBy says what holds its name in the schema when no index of that
+	// name is on the table (Found is ""): as an index a renamed jobs table
+	// took along, "an index of " and that table's name as read (untrusted
+	// text). CREATE INDEX IF NOT EXISTS (Migrate) skips such a name. ""
+	// when the name is free.
+	HeldBy string
 	// Matches reports whether Found is Want: a plain (not unique) index
 	// with the same method, columns (their order, operator classes,
 	// collations and sort order), included columns and predicate; storage
@@ -287,11 +308,29 @@ type Index struct {
 	// does not match: CREATE INDEX IF NOT EXISTS (Migrate) keeps it.
 	Matches bool
 	// Drop is the statement that drops it (DROP INDEX CONCURRENTLY IF
-	// EXISTS), to run before Create when it is invalid or does not match.
+	// EXISTS), to run before Create when it is invalid (one that does not
+	// match: Replace).
 	Drop string
 
-	on string // name ON table (columns) WHERE predicate
+	on      string   // name ON table (columns) WHERE predicate
+	rename  string   // ALTER INDEX of the name
+	replace []string // Replace
 }
+
+// Replace returns the statements that replace a valid index of its name
+// that does not match (Matches), each to run on its own, outside a
+// transaction: the index built CONCURRENTLY under the name with "_new"
+// (dropped first, should a failed attempt have left it), then the old one
+// dropped CONCURRENTLY and the new one renamed. The old index serves the
+// queries it can until the new one is built; dropped first (Drop, then
+// Create), the lists and counts it serves would scan the whole table for
+// as long as the build takes.
+func (ix Index) Replace() []string { return slices.Clone(ix.replace) }
+
+// Rename returns the statement that gives the index of its name another
+// name (ALTER INDEX ... RENAME TO, the name with "_old"), to run before
+// Create when that index is another table's (HeldBy).
+func (ix Index) Rename() string { return ix.rename }
 
 // Create returns its CREATE INDEX statement, CONCURRENTLY (as on a table
 // in use: a plain one blocks the ledger's writes while it builds) or not.
@@ -312,31 +351,49 @@ func (ix Index) OK() bool { return ix.Found != "" && ix.Valid && ix.Matches }
 // index that exists). The doctor reports them (ledger.indexes). A missing
 // table gives an error.
 func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
-	rows, err := s.db.Query(ctx, `SELECT i.relname, x.indisvalid, pg_get_indexdef(x.indexrelid) FROM pg_index x
-	JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = $1::regclass`, s.jobs)
+	out := indexes(s.opts)
+	names := make([]string, len(out))
+	for i, ix := range out {
+		names[i] = ix.Name
+	}
+	// Every relation of the schema with an index's name (CREATE INDEX IF
+	// NOT EXISTS skips a name another relation holds), with its build
+	// under way, if any.
+	rows, err := s.db.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
+	COALESCE(pg_get_indexdef(x.indexrelid), ''),
+	EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid),
+	CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
+		ELSE CASE c.relkind WHEN 'r' THEN 'a table' WHEN 'p' THEN 'a table' WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
+			WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END
+	FROM pg_class c LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
+	WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass) AND c.relname = ANY ($2)`, s.jobs, names)
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
 	type state struct {
-		valid bool
-		def   string
+		onTable, valid, building bool
+		def, holder              string
 	}
 	have := map[string]state{}
-	var name, def string
-	var valid bool
-	if _, err := pgx.ForEachRow(rows, []any{&name, &valid, &def}, func() error {
-		have[name] = state{valid, def}
+	var name string
+	var st state
+	if _, err := pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.building, &st.holder}, func() error {
+		if !st.onTable || st.def != "" { // "": dropped since the scan began
+			have[name] = st
+		}
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
-	out := indexes(s.opts)
 	for i, ix := range out {
 		st, ok := have[ix.Name]
-		if !ok {
-			continue
+		switch {
+		case !ok:
+		case !st.onTable:
+			out[i].HeldBy = st.holder
+		default:
+			out[i].Found, out[i].Valid, out[i].Building, out[i].Matches = st.def, st.valid, st.building, indexDefMatches(st.def, ix.Want)
 		}
-		out[i].Found, out[i].Valid, out[i].Matches = st.def, st.valid, indexDefMatches(st.def, ix.Want)
 	}
 	return out, nil
 }
