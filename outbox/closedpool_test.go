@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -131,6 +133,58 @@ func TestRelayStopsWhenPoolClosed(t *testing.T) {
 		pool.Close() // cuts the connect with a cancel
 		waitRelayClosed(t, done, logs)
 	})
+	// The application's connect hooks get the connect's context, which the
+	// pool's Close cancels too: a BeforeConnect fetching a password (an IAM
+	// token, say) or an AfterConnect loading types is cut with an error of
+	// its own wrapping context.Canceled, not a *pgconn.ConnectError. Before,
+	// only the latter was probed, so the relay took the cut hook for an
+	// outage (a warning, a backoff) before the next pass found the pool
+	// closed.
+	hooks := map[string]func(cfg *pgxpool.Config, started func()){
+		"BeforeConnect under way": func(cfg *pgxpool.Config, started func()) {
+			cfg.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error {
+				started()
+				<-ctx.Done()
+				return fmt.Errorf("fetch the password: %w", ctx.Err())
+			}
+		},
+		"AfterConnect under way": func(cfg *pgxpool.Config, started func()) {
+			cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+				started()
+				_, err := conn.Exec(ctx, "SELECT pg_sleep(60)")
+				return err
+			}
+		},
+	}
+	for name, hook := range hooks {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			started := make(chan struct{})
+			var once sync.Once
+			hook(cfg, func() { once.Do(func() { close(started) }) })
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			box, err := outbox.New(pool, outbox.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs := &records{}
+			done, _ := startRelay(t, box, neverCalled{t}, logs)
+			select {
+			case <-started: // the relay's connect runs the hook
+			case <-time.After(berthtest.WaitTimeout):
+				t.Fatal("the relay did not connect")
+			}
+			pool.Close() // cuts the hook with a cancel
+			waitRelayClosed(t, done, logs)
+		})
+	}
 }
 
 // TestRelayOutageIsNotClosedPool: a database that refuses connections or

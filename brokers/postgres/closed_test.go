@@ -3,10 +3,16 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -100,5 +106,52 @@ func TestClosedReportsErrClosed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestClosedPoolCutsConnectHook: a Publish whose connect runs the
+// application's AfterConnect hook (types loaded, a role set: a statement)
+// when the application closes the pool reports sdk.ErrClosed, not
+// sdk.ErrUnavailable. The pool's Close cancels the hook's context, and the
+// hook's error is its own, not a *pgconn.ConnectError. Before, only the
+// latter counted as a connect cut by Close, so the call said "no answer
+// within the broker's time limit" and its caller (a Worker) retried.
+func TestClosedPoolCutsConnectHook(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	started := make(chan struct{})
+	var once sync.Once
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if !armed.Load() {
+			return nil
+		}
+		once.Do(func() { close(started) })
+		_, err := conn.Exec(ctx, "SELECT pg_sleep(60)")
+		return err
+	}
+	ctx := testCtx(t)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	admin := newPool(t, "berth-closed-hook-admin-"+suffix(), 2)
+	b := newBroker(t, pool, postgres.Options{Schema: freshSchema(t, admin), DisableListen: true})
+	pool.Reset() // the next call connects
+	armed.Store(true)
+	got := make(chan error, 1)
+	go func() { got <- b.Publish(ctx, "q", &sdk.Message{Type: "t", Body: []byte("x")}) }()
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("Publish did not connect")
+	}
+	pool.Close() // cuts the hook with a cancel
+	err = <-got
+	if !errors.Is(err, sdk.ErrClosed) || errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("Publish whose connect hook the pool's Close cut: %v; want sdk.ErrClosed, not sdk.ErrUnavailable", err)
 	}
 }

@@ -22,8 +22,9 @@ import (
 // bound, see Broker.claimTimeout and Broker.ackTimeout): the database did
 // not answer in time, which is an error wrapping [sdk.ErrUnavailable] (the
 // context error stays in the chain), unless it is the pool's Close cutting
-// a connect under way (see connectCut). Otherwise a closed broker's error,
-// and that of a pool the application closed, becomes [sdk.ErrClosed]; a
+// a connect under way, or the application's connect hook (see
+// pgretry.ConnectCut). Otherwise a closed broker's error, and that of a
+// pool the application closed, becomes [sdk.ErrClosed]; a
 // missing job table (Migrate never ran) one wrapping [sdk.ErrNotFound];
 // connection failures, server shutdowns,
 // serialization failures and deadlocks errors wrapping [sdk.ErrUnavailable]

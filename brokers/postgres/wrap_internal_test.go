@@ -11,8 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -22,7 +24,14 @@ import (
 // sdk.ErrUnavailable, the context error kept in the chain.
 func TestWrapOwnTimeoutIsUnavailable(t *testing.T) {
 	open := make(chan struct{})
-	b := &Broker{closed: open, table: `"berth".jobs`}
+	// A cancel under a live caller may be the pool's Close cutting a
+	// connect: wrap then asks the pool, open here.
+	pool, err := pgxpool.New(context.Background(), integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := &Broker{closed: open, table: `"berth".jobs`, pool: pool}
 	live := context.Background()
 	done, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 )
@@ -13,26 +12,30 @@ import (
 // ClosedBy reports whether err, from a call on pool made with a context
 // that is still live, says the application closed pool: an acquire from a
 // closed pool fails with puddle.ErrClosedPool, and a connect under way when
-// it closed is cut with a cancelled context (ConnectCut), for which the
-// pool is probed (PoolClosed). Any other failure (the database down, a
+// it closed (or the application's connect hook) is cut with a cancelled
+// context (ConnectCut), for which the pool is probed (PoolClosed). Any other failure (the database down, a
 // connect refused or timed out) is not a closed pool.
 func ClosedBy(pool *pgxpool.Pool, err error) bool {
 	return errors.Is(err, puddle.ErrClosedPool) || (ConnectCut(err) && PoolClosed(pool))
 }
 
-// ConnectCut reports whether err is a connect cancelled, not timed out:
-// berth's own limits are deadlines, so when the caller's context is live
-// the cancel came from the pool, whose Close cuts the connects under way.
+// ConnectCut reports whether err is a cancel, not a timeout: berth's own
+// limits are deadlines, so when the caller's context is live the cancel
+// came from the pool, whose Close cancels the context of the connects under
+// way. That context is also the one pgxpool gives the application's
+// BeforeConnect and AfterConnect hooks, whose errors are their own (a
+// password fetched over HTTP, a statement that loads types), not a
+// *pgconn.ConnectError, so any cancel counts; PoolClosed tells.
 func ConnectCut(err error) bool {
-	var connectErr *pgconn.ConnectError
-	return errors.As(err, &connectErr) && errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	return errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
 // poolProbe bounds how long PoolClosed waits for its acquire.
 const poolProbe = 100 * time.Millisecond
 
-// poolProbePing bounds the ping pgxpool may run on the connection
-// PoolClosed's acquire takes.
+// poolProbePing bounds PoolClosed's acquire, which goes on after PoolClosed
+// has stopped waiting for it: the ping pgxpool may run on the connection it
+// takes, and the application's BeforeAcquire or PrepareConn hook.
 const poolProbePing = 10 * time.Second
 
 // PoolClosed reports whether the application has closed pool: an acquire
@@ -41,22 +44,37 @@ const poolProbePing = 10 * time.Second
 // it is asked only for an error that a closed pool explains and by
 // watchers; when it cannot tell, the pool is taken for open.
 //
-// The acquire is cancelled after 100 ms rather than given it as a
-// deadline: pgxpool pings a connection idle for more than a second with
-// the acquire's deadline and destroys it when the ping fails, so a 100 ms
-// deadline destroyed a healthy connection at every probe wherever a round
-// trip takes longer (a database in another region, a loaded server).
-// Cancelled, the acquire returns while pgxpool lets the ping finish, within
-// poolProbePing, and puts the connection back.
+// The acquire is not cut after 100 ms: PoolClosed stops waiting for it,
+// and it goes on, on its own goroutine, for up to poolProbePing, then gives
+// the connection back. pgxpool gives the acquire's context to the ping of a
+// connection idle for more than a second (which it destroys when the ping
+// fails) and to the application's BeforeAcquire or PrepareConn hook (a
+// statement cut by a cancel closes its connection), so a 100 ms limit
+// destroyed a healthy connection at every probe wherever a round trip takes
+// longer (a database in another region, a loaded server). The goroutine
+// ends with the acquire, within poolProbePing plus what a hook that ignores
+// its context takes; like pgxpool's own ping of an abandoned acquire, it
+// has no other owner. In a pool whose connections are all in use it waits
+// its turn, and gives the connection it gets back at once.
 func PoolClosed(pool *pgxpool.Pool) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
-	defer cancel()
-	probe := time.AfterFunc(poolProbe, cancel)
-	defer probe.Stop()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return errors.Is(err, puddle.ErrClosedPool)
+	done := make(chan bool, 1) // the goroutine never blocks on it
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
+		defer cancel()
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			done <- errors.Is(err, puddle.ErrClosedPool)
+			return
+		}
+		conn.Release()
+		done <- false
+	}()
+	wait := time.NewTimer(poolProbe)
+	defer wait.Stop()
+	select {
+	case closed := <-done:
+		return closed
+	case <-wait.C:
+		return false
 	}
-	conn.Release()
-	return false
 }

@@ -84,3 +84,61 @@ func TestPoolProbeKeepsSlowConnections(t *testing.T) {
 		t.Error("ClosedBy of a closed pool: false, want true")
 	}
 }
+
+// TestPoolProbeKeepsConnectionsOfSlowHooks: PoolClosed takes an open pool
+// for open without destroying a healthy connection when the application's
+// BeforeAcquire hook makes a round trip that takes longer than the probe's
+// 100 ms (2 x 300 ms through a proxy). Before, the probe's acquire was
+// cancelled after 100 ms, and pgxpool gives the hook the acquire's context:
+// the cancel cut the hook's statement, which closes the connection, and
+// the hook's failure destroyed it, one healthy connection every 5 s (the
+// LISTEN watcher's period) wherever a round trip takes longer.
+func TestPoolProbeKeepsConnectionsOfSlowHooks(t *testing.T) {
+	u, proxy := integration.ProxyURL(t, integration.PostgresDSN(t))
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	var connects, closes atomic.Int64
+	cfg.AfterConnect = func(context.Context, *pgx.Conn) error { connects.Add(1); return nil }
+	cfg.BeforeClose = func(*pgx.Conn) { closes.Add(1) }
+	// A hook as applications write them: a round trip to check the
+	// connection (or to set a role) before it is handed out.
+	cfg.BeforeAcquire = func(ctx context.Context, conn *pgx.Conn) bool {
+		_, err := conn.Exec(ctx, "SELECT 1")
+		return err == nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(ctx); err != nil { // the pool's one connection, made
+		t.Fatal(err)
+	}
+
+	proxy.SetLatency(300 * time.Millisecond)
+	if pgretry.PoolClosed(pool) {
+		t.Error("PoolClosed of an open pool whose BeforeAcquire hook is slow: true, want false")
+	}
+	// Wait for the probe's connection (its hook finishing) and use it.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("acquire after the probe: %v", err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		t.Fatalf("ping after the probe: %v", err)
+	}
+	conn.Release()
+	if n, c := connects.Load(), closes.Load(); n != 1 || c != 0 {
+		t.Errorf("%d connects and %d closes after a probe through a slow hook, want 1 and 0 (the probe destroyed a healthy connection)", n, c)
+	}
+
+	pool.Close()
+	if !pgretry.PoolClosed(pool) {
+		t.Error("PoolClosed of a closed pool: false, want true")
+	}
+}
