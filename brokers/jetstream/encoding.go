@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/berthq/berth/internal/jsontext"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -117,7 +118,7 @@ func appendPlain(dst []byte, env *envelope) ([]byte, bool) {
 		return dst, false
 	}
 	for _, v := range [...]string{env.ID, env.T, env.IK, env.K, env.C} {
-		if !plainJSON(v) {
+		if !jsontext.Plain(v) {
 			return dst, false
 		}
 	}
@@ -142,17 +143,6 @@ func appendPlain(dst []byte, env *envelope) ([]byte, bool) {
 		dst = strconv.AppendInt(dst, env.NB, 10)
 	}
 	return append(dst, '}'), true
-}
-
-// plainJSON reports whether json.Marshal writes s between its quotes as it is.
-func plainJSON(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
-			return false
-		}
-	}
-	return true
 }
 
 // wireSize is what the server counts against max_payload, headers and body,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/berthq/berth/internal/jsontext"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -49,7 +50,7 @@ func TestAppendPlainMatchesMarshal(t *testing.T) {
 	}
 	for range 5000 {
 		env := envelope{V: 1, ID: str(), T: str(), IK: str(), K: str(), C: str(), A: r.IntN(3), NB: r.Int64N(3)}
-		check(t, env, plainJSON(env.ID) && plainJSON(env.T) && plainJSON(env.IK) && plainJSON(env.K) && plainJSON(env.C))
+		check(t, env, jsontext.Plain(env.ID) && jsontext.Plain(env.T) && jsontext.Plain(env.IK) && jsontext.Plain(env.K) && jsontext.Plain(env.C))
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/berthq/berth/internal/jsontext"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -115,7 +116,7 @@ func appendPlainEnvelope(m *sdk.Message, enc string) (string, bool) {
 		if f.value == "" && !f.always {
 			continue
 		}
-		if !plainJSON(f.value) {
+		if !jsontext.Plain(f.value) {
 			return "", false
 		}
 		n += 1 + len(f.name) + len(f.value) + 2
@@ -134,18 +135,6 @@ func appendPlainEnvelope(m *sdk.Message, enc string) (string, bool) {
 	}
 	b = append(b, '}')
 	return string(b), true
-}
-
-// plainJSON reports whether json.Marshal writes s as itself between quotes,
-// in characters SQS accepts: printable ASCII other than the ones it escapes.
-func plainJSON(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
-			return false
-		}
-	}
-	return true
 }
 
 // wireLen is the size SQS counts of a message with body and "berth"
