@@ -76,7 +76,10 @@ var indexCosts = map[string]struct {
 // it; the fix renames the holder); one defined otherwise is a Warn, but for
 // a unique one (jobs_dedupe_idx), which ON CONFLICT cannot use unless it is
 // exactly that, and its fix builds the new one before it drops the old one
-// (postgres.Index.Replace). An index a CREATE INDEX CONCURRENTLY under way
+// (postgres.Index.Replace). A replacement found under the name with "_new"
+// is taken up where it stopped: being built, Info with nothing to run;
+// built, only the drop and the rename left; failed (invalid), said so,
+// with why for a unique one. An index a CREATE INDEX CONCURRENTLY under way
 // builds (invalid until it ends) is Info, with nothing to run: dropping it
 // would throw the build away. When the indexes cannot be read it is an
 // Info finding that says why; a timeout or an interrupt is returned, as the
@@ -88,35 +91,54 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		def      string // pg_get_indexdef
 		building bool   // a CREATE INDEX CONCURRENTLY under way builds it
 		holder   string // !onTable: what holds the name
+		oid      uint32
+		free     string // a free name for the holder: the name with "_old", or "_old2" and on if that is taken
 	}
 	ixs := postgres.Indexes()
 	names := make([]string, len(ixs))
 	for i, ix := range ixs {
 		names[i] = ix.Name
 	}
+	for _, ix := range ixs {
+		names = append(names, ix.Name+"_new") // a replacement's (Index.Replace)
+	}
 	// Every relation of the schema with an index's name: CREATE INDEX IF
 	// NOT EXISTS (Migrate, the fix) skips a name another relation holds,
-	// as an index a renamed jobs table took along. A build under way shows
-	// in pg_stat_progress_create_index to doctor's user when it is the
-	// builder's or may read all statistics (pg_read_all_stats).
+	// as an index a renamed jobs table took along. A build under way is
+	// read afterwards (see pgBuildsUnderWay).
 	have := map[string]state{}
 	rows, err := pool.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
-		COALESCE(pg_get_indexdef(x.indexrelid), ''),
-		EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid),
+		COALESCE(pg_get_indexdef(x.indexrelid), ''), c.oid,
 		CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
 			ELSE CASE c.relkind WHEN 'r' THEN 'a table' WHEN 'p' THEN 'a table' WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
-				WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END
+				WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END,
+		COALESCE((SELECT f.n FROM (SELECT c.relname || '_old' || CASE WHEN g = 1 THEN '' ELSE g::text END AS n, g FROM generate_series(1, 100) AS g) AS f
+		WHERE NOT EXISTS (SELECT 1 FROM pg_class o WHERE o.relnamespace = c.relnamespace AND o.relname = f.n) ORDER BY f.g LIMIT 1), c.relname || '_old')
 		FROM pg_class c LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
 		WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass) AND c.relname = ANY ($2)`, qt, names)
 	if err == nil {
 		var name string
 		var st state
-		_, err = pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.building, &st.holder}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.oid, &st.holder, &st.free}, func() error {
 			if !st.onTable || st.def != "" { // "": dropped since the scan began
 				have[name] = st
 			}
 			return nil
 		})
+	}
+	if err == nil {
+		var invalid []uint32
+		for _, st := range have {
+			if st.onTable && !st.valid {
+				invalid = append(invalid, st.oid)
+			}
+		}
+		var building map[uint32]bool
+		building, err = pgBuildsUnderWay(ctx, pool, invalid)
+		for name, st := range have {
+			st.building = building[st.oid]
+			have[name] = st
+		}
 	}
 	switch {
 	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
@@ -134,9 +156,19 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		}
 		sev := c.severity
 		st, found := have[ix.Name]
+		// The replacement Index.Replace builds under the name with
+		// "_new": built and right (its last statements were not run),
+		// under way, or left invalid by a build that failed.
+		nw, replacing := have[ix.Name+"_new"]
+		replacing = replacing && nw.onTable
+		built := replacing && nw.valid && ix.Matches(nw.def)
+		replace := ix.Replace(schema)
 		switch {
 		case found && st.onTable && st.valid && ix.Matches(st.def):
 			continue
+		case !found && built:
+			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new built but not renamed (%s)", ix.Name, ix.Name, c.cost))
+			fixes = append(fixes, replace[len(replace)-1])
 		case !found:
 			bad = append(bad, fmt.Sprintf("%s missing (%s)", ix.Name, c.cost))
 			fixes = append(fixes, ix.Create(schema))
@@ -144,7 +176,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			bad = append(bad, fmt.Sprintf("%s missing, its name held in the schema by %s, so that CREATE INDEX IF NOT EXISTS (Migrate) skips it (%s)",
 				ix.Name, st.holder, c.cost))
 			fixes = append(fixes, "rename that relation (ALTER INDEX "+pgx.Identifier{schema, ix.Name}.Sanitize()+" RENAME TO "+
-				pgx.Identifier{ix.Name + "_old"}.Sanitize()+" for an index)", ix.Create(schema))
+				pgx.Identifier{st.free}.Sanitize()+" for an index)", ix.Create(schema))
 		case st.building && !st.valid: // not a REINDEX CONCURRENTLY of a valid one
 			// Not read until built: nothing to do but let it finish;
 			// dropping it would throw the build away.
@@ -157,8 +189,27 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			if !ix.Unique {
 				sev = Warn
 			}
-			bad = append(bad, fmt.Sprintf("%s defined as %s, not as schema.sql has it (%s): %s", ix.Name, quoted(st.def), quoted(ix.Def), c.cost))
-			fixes = append(fixes, ix.Replace(schema)...) // the old one serves while the new one builds
+			what := fmt.Sprintf("%s defined as %s, not as schema.sql has it (%s): %s", ix.Name, quoted(st.def), quoted(ix.Def), c.cost)
+			switch {
+			case built:
+				bad = append(bad, what+"; its replacement "+ix.Name+"_new is built")
+				fixes = append(fixes, replace[len(replace)-2:]...) // drop the old one, rename the new one
+			case replacing && nw.building && !nw.valid:
+				// Dropping it (Replace's first statement) would throw
+				// the build away.
+				sev = Info
+				bad = append(bad, what+"; its replacement "+ix.Name+"_new is being built by a CREATE INDEX CONCURRENTLY under way")
+			case replacing && !nw.valid:
+				why := ""
+				if ix.Unique {
+					why = " (a unique one fails on rows that share its key, which the build's error names: settle them first)"
+				}
+				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed"+why)
+				fixes = append(fixes, replace...) // the first statement drops the failed one
+			default:
+				bad = append(bad, what)
+				fixes = append(fixes, replace...) // the old one serves while the new one builds
+			}
 		}
 		if sev.rank() > worst.rank() {
 			worst = sev
@@ -175,6 +226,38 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 	}
 	return Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing, invalid or not as schema.sql creates them",
 		Evidence: strings.Join(bad, "; "), Fix: fix}, nil
+}
+
+// pgBuildsUnderWay returns which of the indexes oids (invalid ones) a
+// CREATE INDEX CONCURRENTLY under way in this database builds, as
+// pg_stat_progress_create_index shows them to q's user: its own builds, or
+// all with pg_read_all_stats. It is asked apart from the catalog, and only
+// when an index is invalid: where that view cannot be read (its SELECT
+// revoked), the indexes are still checked, and a build is not known (nil,
+// nil). A timeout or an interrupt is returned.
+func pgBuildsUnderWay(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, oids []uint32) (map[uint32]bool, error) {
+	if len(oids) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
+		WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND index_relid = ANY ($1::oid[])`, oids)
+	building := map[uint32]bool{}
+	if err == nil {
+		var oid uint32
+		_, err = pgx.ForEachRow(rows, []any{&oid}, func() error {
+			building[oid] = true
+			return nil
+		})
+	}
+	switch {
+	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
+		return nil, err
+	case err != nil:
+		return nil, nil
+	}
+	return building, nil
 }
 
 func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {

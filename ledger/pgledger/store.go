@@ -257,10 +257,9 @@ func indexes(opts Options) []Index {
 			on += " WHERE " + ix.where
 		}
 		out = append(out, Index{Name: opts.Prefix + ix.suffix, Cost: ix.cost, Want: want,
-			Drop: "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
-			on:   pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on,
-			rename: "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize() + " RENAME TO " +
-				pgx.Identifier{opts.Prefix + ix.suffix + "_old"}.Sanitize(),
+			Drop:   "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
+			on:     pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on,
+			rename: "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize() + " RENAME TO ",
 			replace: []string{
 				"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize(),
 				"CREATE INDEX CONCURRENTLY IF NOT EXISTS " + pgx.Identifier{opts.Prefix + ix.suffix + "_new"}.Sanitize() + " ON " + on,
@@ -312,9 +311,10 @@ type Index struct {
 	// match: Replace).
 	Drop string
 
-	on      string   // name ON table (columns) WHERE predicate
-	rename  string   // ALTER INDEX of the name
-	replace []string // Replace
+	on       string   // name ON table (columns) WHERE predicate
+	rename   string   // ALTER INDEX of the name, up to its new one
+	renameTo string   // HeldBy: a free name for the holder, as read by Indexes ("": the name with "_old")
+	replace  []string // Replace
 }
 
 // Replace returns the statements that replace a valid index of its name
@@ -328,9 +328,17 @@ type Index struct {
 func (ix Index) Replace() []string { return slices.Clone(ix.replace) }
 
 // Rename returns the statement that gives the index of its name another
-// name (ALTER INDEX ... RENAME TO, the name with "_old"), to run before
-// Create when that index is another table's (HeldBy).
-func (ix Index) Rename() string { return ix.rename }
+// name (ALTER INDEX ... RENAME TO the name with "_old", or with "_old2"
+// and on when [Store.Indexes] found that taken, as by a table archived
+// before), to run before Create when that index is another table's
+// (HeldBy).
+func (ix Index) Rename() string {
+	to := ix.renameTo
+	if to == "" {
+		to = ix.Name + "_old"
+	}
+	return ix.rename + pgx.Identifier{to}.Sanitize()
+}
 
 // Create returns its CREATE INDEX statement, CONCURRENTLY (as on a table
 // in use: a plain one blocks the ledger's writes while it builds) or not.
@@ -343,6 +351,42 @@ func (ix Index) Create(concurrently bool) string {
 
 // OK reports whether the index is present, valid and as [SQL] creates it.
 func (ix Index) OK() bool { return ix.Found != "" && ix.Valid && ix.Matches }
+
+// buildsUnderWay returns which of the indexes oids (invalid ones) a CREATE
+// INDEX CONCURRENTLY under way in this database builds, as
+// pg_stat_progress_create_index shows them to the store's user: its own
+// builds, or all with pg_read_all_stats. It is asked apart from the
+// catalog, only when an index is invalid, and in a transaction of its own
+// (a savepoint when the store's DB is a transaction, which a failure would
+// otherwise abort): where that view cannot be read (its SELECT revoked),
+// the indexes are still read, and a build is not known (nil, nil). An
+// error is returned only when ctx has ended.
+func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (map[uint32]bool, error) {
+	if len(oids) == 0 {
+		return nil, nil
+	}
+	building := map[uint32]bool{}
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
+	WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND index_relid = ANY ($1::oid[])`, oids)
+		if err != nil {
+			return err
+		}
+		var oid uint32
+		_, err = pgx.ForEachRow(rows, []any{&oid}, func() error {
+			building[oid] = true
+			return nil
+		})
+		return err
+	})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, err
+	case err != nil:
+		return nil, nil
+	}
+	return building, nil
+}
 
 // Indexes returns the indexes [SQL] creates on the jobs table, in [SQL]'s
 // order, each with what the database holds under its name: a table made by
@@ -357,14 +401,15 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 		names[i] = ix.Name
 	}
 	// Every relation of the schema with an index's name (CREATE INDEX IF
-	// NOT EXISTS skips a name another relation holds), with its build
-	// under way, if any.
+	// NOT EXISTS skips a name another relation holds). A build under way
+	// is read afterwards (see buildsUnderWay).
 	rows, err := s.db.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
-	COALESCE(pg_get_indexdef(x.indexrelid), ''),
-	EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid),
+	COALESCE(pg_get_indexdef(x.indexrelid), ''), c.oid,
 	CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
 		ELSE CASE c.relkind WHEN 'r' THEN 'a table' WHEN 'p' THEN 'a table' WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
-			WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END
+			WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END,
+	COALESCE((SELECT f.n FROM (SELECT c.relname || '_old' || CASE WHEN g = 1 THEN '' ELSE g::text END AS n, g FROM generate_series(1, 100) AS g) AS f
+	WHERE NOT EXISTS (SELECT 1 FROM pg_class o WHERE o.relnamespace = c.relnamespace AND o.relname = f.n) ORDER BY f.g LIMIT 1), c.relname || '_old')
 	FROM pg_class c LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
 	WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass) AND c.relname = ANY ($2)`, s.jobs, names)
 	if err != nil {
@@ -372,12 +417,13 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 	}
 	type state struct {
 		onTable, valid, building bool
-		def, holder              string
+		def, holder, free        string
+		oid                      uint32
 	}
 	have := map[string]state{}
 	var name string
 	var st state
-	if _, err := pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.building, &st.holder}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.oid, &st.holder, &st.free}, func() error {
 		if !st.onTable || st.def != "" { // "": dropped since the scan began
 			have[name] = st
 		}
@@ -385,12 +431,26 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
+	var invalid []uint32
+	for _, st := range have {
+		if st.onTable && !st.valid {
+			invalid = append(invalid, st.oid)
+		}
+	}
+	building, err := s.buildsUnderWay(ctx, invalid)
+	if err != nil {
+		return nil, fmt.Errorf("pgledger: indexes: %w", err)
+	}
+	for name, st := range have {
+		st.building = building[st.oid]
+		have[name] = st
+	}
 	for i, ix := range out {
 		st, ok := have[ix.Name]
 		switch {
 		case !ok:
 		case !st.onTable:
-			out[i].HeldBy = st.holder
+			out[i].HeldBy, out[i].renameTo = st.holder, st.free
 		default:
 			out[i].Found, out[i].Valid, out[i].Building, out[i].Matches = st.def, st.valid, st.building, indexDefMatches(st.def, ix.Want)
 		}
