@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -158,18 +159,24 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 				<-c.sem
 				continue
 			}
-			if len(batch) > 0 {
-				c.senders.run(func() { b.sendShared(q, batch) })
-			}
-			if isFull {
-				c.mu.Lock()
-				c.fulls[q.url]--
-				c.mu.Unlock()
-			}
-			<-c.sem
-			if tok != nil {
-				<-tok
-			}
+			func() {
+				// Released also when the call panicked (run raises it
+				// here): the broker keeps its senders.
+				defer func() {
+					if isFull {
+						c.mu.Lock()
+						c.fulls[q.url]--
+						c.mu.Unlock()
+					}
+					<-c.sem
+					if tok != nil {
+						<-tok
+					}
+				}()
+				if len(batch) > 0 {
+					c.senders.run(func() { b.sendShared(q, batch) })
+				}
+			}()
 			if len(batch) == 0 { // others took ours: they are being sent
 				select {
 				case <-w.done:
@@ -331,9 +338,22 @@ func (b *Broker) sendShared(q *queueRef, batch []*shared) {
 	for i, s := range batch {
 		chunk[i] = s.e
 	}
+	// A panic in the call (a client middleware's) reaches the Publish that
+	// sent it (senderPool.run); the other Publish calls of the batch get
+	// an error rather than wait for outcomes that never come.
+	returned := false
+	defer func() {
+		if !returned {
+			err := fmt.Errorf("berth/sqs: publish to %s: the SendMessageBatch call panicked", q.name)
+			for _, s := range batch {
+				s.w.settle(s.e.id, err, true)
+			}
+		}
+	}()
 	// Outcomes go by entry: two Publish calls of the batch may carry the
 	// same message ID, and one's refusal is not the other's.
 	refused, err := b.sendBatch(ctx, q, chunk)
+	returned = true
 	for i, s := range batch {
 		if err != nil {
 			s.w.settle(s.e.id, err, true)

@@ -1,6 +1,9 @@
 package sqs
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+)
 
 // senderPool runs the coalescer's SendMessageBatch calls on goroutines of
 // its own, kept while the broker is open, instead of on the publishing
@@ -20,6 +23,12 @@ import "sync"
 //
 // There are at most as many senders as calls in flight ([Options.PublishSenders]):
 // run is called only by a holder of one of the coalescer's tokens.
+//
+// A panic in a call (a client middleware's, say) is raised again in run's
+// caller, the Publish that sent it, as when the call ran on that goroutine:
+// there it can be recovered (the Worker recovers a handler's), where on a
+// sender it would end the process. The sender recovers and stays in the
+// pool; one whose call ran runtime.Goexit ends, and run's caller exits too.
 type senderPool struct {
 	mu     sync.Mutex
 	idle   []*sender // last in, first out
@@ -29,14 +38,20 @@ type senderPool struct {
 
 // sender is one goroutine of the pool and its work, one call at a time.
 type sender struct {
-	work chan call // holds one: run never waits to hand over
+	work chan *call // holds one: run never waits to hand over
 }
 
 // call is a function to run and the channel closed once it has returned
-// and its sender is idle again (or stopped).
+// (or panicked) and its sender is idle again (or stopped).
 type call struct {
 	f    func()
 	done chan struct{}
+
+	// How f ended when it did not return, set before done is closed:
+	// panicked with the value p (recover's: a *runtime.PanicNilError for
+	// panic(nil)), or exited (runtime.Goexit).
+	panicked, exited bool
+	p                any
 }
 
 // run calls f on a sender goroutine and returns when it has returned. After
@@ -54,33 +69,57 @@ func (p *senderPool) run(f func()) {
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 	} else {
-		s = &sender{work: make(chan call, 1)}
+		s = &sender{work: make(chan *call, 1)}
 		p.wg.Add(1)
 		go p.loop(s)
 	}
 	p.mu.Unlock()
-	c := call{f: f, done: make(chan struct{})}
+	c := &call{f: f, done: make(chan struct{})}
 	s.work <- c
 	<-c.done
+	switch {
+	case c.exited:
+		runtime.Goexit()
+	case c.panicked:
+		panic(c.p)
+	}
 }
 
-// loop runs s's work until close finds s idle.
+// loop runs s's work until close finds s idle (or a call exits the
+// goroutine).
 func (p *senderPool) loop(s *sender) {
 	defer p.wg.Done()
 	for c := range s.work {
-		c.f()
+		if !p.serve(s, c) {
+			return
+		}
+	}
+}
+
+// serve runs c.f and reports whether s goes on: not once the pool is
+// closed, nor when f exited the goroutine (its deferred calls then end it).
+func (p *senderPool) serve(s *sender, c *call) (more bool) {
+	returned := false
+	defer func() {
+		if !returned {
+			if v := recover(); v != nil {
+				c.panicked, c.p = true, v
+			} else {
+				c.exited = true // runtime.Goexit: recover stops nothing
+			}
+		}
 		// Idle again before the caller goes on: its next call finds s.
 		p.mu.Lock()
-		closed := p.closed
-		if !closed {
+		more = !p.closed && !c.exited
+		if more {
 			p.idle = append(p.idle, s)
 		}
 		p.mu.Unlock()
 		close(c.done)
-		if closed {
-			return
-		}
-	}
+	}()
+	c.f()
+	returned = true
+	return
 }
 
 // close stops the senders: the idle ones at once, a busy one when its call

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestSenderPoolReusesAndStops: run calls its function on a pool goroutine
@@ -98,6 +99,50 @@ func TestSenderPoolCloseWaitsForBusySender(t *testing.T) {
 	close(finish)
 	<-returned
 	<-closed
+}
+
+// TestSenderPoolPanicAndGoexit: a panic in a call is raised again in run's
+// caller and the sender stays in the pool; a call that exits its goroutine
+// (runtime.Goexit) exits run's caller too, rather than leaving it waiting
+// for ever, and its sender is gone. close then stops the rest.
+func TestSenderPoolPanicAndGoexit(t *testing.T) {
+	var p senderPool
+	got := func() (v any) {
+		defer func() { v = recover() }()
+		p.run(func() { panic("boom") })
+		return nil
+	}()
+	if got != "boom" {
+		t.Fatalf("recovered %v from run, want the call's panic \"boom\"", got)
+	}
+	if n := idle(&p); n != 1 {
+		t.Fatalf("%d idle senders after a call panicked, want 1", n)
+	}
+
+	exited := make(chan bool, 1)
+	go func() {
+		returned := false
+		defer func() { exited <- !returned }()
+		p.run(runtime.Goexit)
+		returned = true
+	}()
+	select {
+	case ok := <-exited:
+		if !ok {
+			t.Fatal("run returned after its call ran runtime.Goexit")
+		}
+	case <-time.After(10 * time.Second): // a signal that never comes: no timing asserted
+		t.Fatal("run still waits for a call that ran runtime.Goexit")
+	}
+	if n := idle(&p); n != 0 {
+		t.Fatalf("%d idle senders after the sender's goroutine exited, want 0", n)
+	}
+	var ran bool
+	p.run(func() { ran = true })
+	if !ran {
+		t.Fatal("run after a Goexit did not call its function")
+	}
+	p.close()
 }
 
 // idle is how many senders wait for work.
