@@ -31,9 +31,12 @@ import (
 //     has them (a table made by an earlier release lacks those added since
 //     until Migrate runs, and keeps an index of the same name with other
 //     columns, which Migrate does not replace, and skips a name another
-//     relation of the schema holds: the fix renames it). Indexes that
-//     are all being built by a CREATE INDEX CONCURRENTLY under way, or
-//     cannot be read, are an Info ledger.indexes finding (a
+//     relation of the schema holds: the fix renames it; a replacement
+//     Index.Replace left under the name with "_new" is taken up where
+//     it stopped). Indexes that are all being built by a CREATE INDEX
+//     CONCURRENTLY under way (or may be, by another role's build whose
+//     index doctor's user cannot see: no DROP), or cannot be read, are
+//     an Info ledger.indexes finding (a
 //     doctor.check-timeout one when they did not answer in time); the
 //     other findings stand.
 //
@@ -153,6 +156,11 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 	return fs, nil
 }
 
+// newBuilt reports whether x's replacement (Index.Replace, under the name
+// with "_new") is built, valid and as pgledger.SQL has it: only its drop
+// of the old index and its rename are left.
+func newBuilt(x pgledger.Index) bool { return x.NewFound != "" && x.NewValid && x.NewMatches }
+
 // indexChecker is a ledger reader on tables whose indexes doctor checks:
 // pgledger.Store.
 type indexChecker interface {
@@ -191,6 +199,13 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 				x.Name, x.HeldBy, x.Cost))
 			fixes = append(fixes, "rename that relation ("+x.Rename()+" for an index)", x.Create(true))
 			continue
+		case x.Found == "" && newBuilt(x):
+			// Replace stopped after its drop: the rename is left, not
+			// a second index.
+			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new built but not renamed (%s)", x.Name, x.Name, x.Cost))
+			replace := x.Replace()
+			fixes = append(fixes, replace[len(replace)-1])
+			continue
 		case x.Found == "":
 			bad = append(bad, fmt.Sprintf("%s missing (%s)", x.Name, x.Cost))
 			fixes = append(fixes, x.Create(true))
@@ -200,11 +215,44 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 			bad = append(bad, fmt.Sprintf("%s being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)", x.Name, x.Cost))
 			building++
 			continue
+		case !x.Valid && x.BuildHidden:
+			// It may be that build: dropping it would throw it away.
+			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it, as may the one %s (%s)",
+				x.Name, hiddenBuild, x.Cost))
+			building++
+			continue
 		case !x.Valid:
 			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", x.Name, x.Cost))
 		default:
-			bad = append(bad, fmt.Sprintf("%s defined as %s, not as pgledger.SQL has it (%s): %s", x.Name, quoted(x.Found), quoted(x.Want), x.Cost))
-			fixes = append(fixes, x.Replace()...) // the old one serves while the new one builds
+			what := fmt.Sprintf("%s defined as %s, not as pgledger.SQL has it (%s): %s", x.Name, quoted(x.Found), quoted(x.Want), x.Cost)
+			replace := x.Replace()
+			switch {
+			case newBuilt(x):
+				bad = append(bad, what+"; its replacement "+x.Name+"_new is built")
+				fixes = append(fixes, replace[len(replace)-2:]...) // drop the old one, rename the new one
+			case x.NewFound != "" && x.NewBuilding && !x.NewValid:
+				// Dropping it (Replace's first statement) would throw
+				// the build away.
+				bad = append(bad, what+"; its replacement "+x.Name+"_new is being built by a CREATE INDEX CONCURRENTLY under way")
+				building++
+			case x.NewFound != "" && !x.NewValid && x.BuildHidden:
+				// It may be that build: Replace's first statement would
+				// throw it away.
+				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed, or is the one "+hiddenBuild)
+				building++
+			case x.NewFound != "" && !x.NewValid:
+				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed")
+				fixes = append(fixes, replace...) // the first statement drops the failed one
+			case x.NewHeldBy != "":
+				// Replace's first statement (DROP INDEX ... _new) would
+				// drop the holder, as an archived table's index.
+				bad = append(bad, what+"; the name of its replacement, "+x.Name+"_new, is held in the schema by "+x.NewHeldBy)
+				fixes = append(fixes, "rename that relation ("+x.RenameNew()+" for an index)")
+				fixes = append(fixes, replace...)
+			default:
+				bad = append(bad, what)
+				fixes = append(fixes, replace...) // the old one serves while the new one builds
+			}
 			continue
 		}
 		fixes = append(fixes, x.Drop, x.Create(true))

@@ -79,11 +79,14 @@ var indexCosts = map[string]struct {
 // (postgres.Index.Replace). A replacement found under the name with "_new"
 // is taken up where it stopped: being built, Info with nothing to run;
 // built, only the drop and the rename left; failed (invalid), said so,
-// with why for a unique one. An index a CREATE INDEX CONCURRENTLY under way
-// builds (invalid until it ends) is Info, with nothing to run: dropping it
-// would throw the build away. When the indexes cannot be read it is an
-// Info finding that says why; a timeout or an interrupt is returned, as the
-// check's other queries would meet it too.
+// with why for a unique one; a "_new" name another relation holds is
+// renamed first (Replace's first statement would drop it). An index a
+// CREATE INDEX CONCURRENTLY under way builds (invalid until it ends) is
+// Info, with nothing to run: dropping it would throw the build away; while
+// a build whose index doctor's user cannot see (another role's) is under
+// way, an invalid index gets no DROP either. When the indexes cannot be
+// read it is an Info finding that says why; a timeout or an interrupt is
+// returned, as the check's other queries would meet it too.
 func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string) (Finding, error) {
 	type state struct {
 		onTable  bool   // an index of the jobs table; else the name is another relation's
@@ -107,6 +110,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 	// as an index a renamed jobs table took along. A build under way is
 	// read afterwards (see pgBuildsUnderWay).
 	have := map[string]state{}
+	hidden := false // a build under way in the database whose index doctor's user may not see
 	rows, err := pool.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
 		COALESCE(pg_get_indexdef(x.indexrelid), ''), c.oid,
 		CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
@@ -134,7 +138,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			}
 		}
 		var building map[uint32]bool
-		building, err = pgBuildsUnderWay(ctx, pool, invalid)
+		building, hidden, err = pgBuildsUnderWay(ctx, pool, invalid)
 		for name, st := range have {
 			st.building = building[st.oid]
 			have[name] = st
@@ -160,6 +164,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		// "_new": built and right (its last statements were not run),
 		// under way, or left invalid by a build that failed.
 		nw, replacing := have[ix.Name+"_new"]
+		newHeld := replacing && !nw.onTable // Replace's first statement would drop another table's index
 		replacing = replacing && nw.onTable
 		built := replacing && nw.valid && ix.Matches(nw.def)
 		replace := ix.Replace(schema)
@@ -182,6 +187,10 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			// dropping it would throw the build away.
 			sev = Info
 			bad = append(bad, fmt.Sprintf("%s being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)", ix.Name, c.cost))
+		case !st.valid && hidden:
+			// It may be that build: dropping it would throw it away.
+			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it, as may the one %s (%s)",
+				ix.Name, hiddenBuild, c.cost))
 		case !st.valid:
 			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", ix.Name, c.cost))
 			fixes = append(fixes, ix.Drop(schema), ix.Create(schema))
@@ -199,6 +208,10 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 				// the build away.
 				sev = Info
 				bad = append(bad, what+"; its replacement "+ix.Name+"_new is being built by a CREATE INDEX CONCURRENTLY under way")
+			case replacing && !nw.valid && hidden:
+				// It may be that build: Replace's first statement would
+				// throw it away.
+				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed, or is the one "+hiddenBuild)
 			case replacing && !nw.valid:
 				why := ""
 				if ix.Unique {
@@ -206,6 +219,13 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 				}
 				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed"+why)
 				fixes = append(fixes, replace...) // the first statement drops the failed one
+			case newHeld:
+				// Replace's first statement (DROP INDEX ... _new) would
+				// drop the holder, as an archived table's index.
+				bad = append(bad, what+"; the name of its replacement, "+ix.Name+"_new, is held in the schema by "+nw.holder)
+				fixes = append(fixes, "rename that relation (ALTER INDEX "+pgx.Identifier{schema, ix.Name + "_new"}.Sanitize()+" RENAME TO "+
+					pgx.Identifier{nw.free}.Sanitize()+" for an index)")
+				fixes = append(fixes, replace...)
 			default:
 				bad = append(bad, what)
 				fixes = append(fixes, replace...) // the old one serves while the new one builds
@@ -220,6 +240,9 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
 	}
 	fix := "let the CREATE INDEX CONCURRENTLY finish, then run doctor again"
+	if hidden {
+		fix += " (as a role with pg_read_all_stats, or the build's own, doctor sees which index a build is of)"
+	}
 	if len(fixes) > 0 {
 		fix = "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks writes to the jobs table while it builds; " +
 			"the broker's Migrate creates a missing index but keeps one that exists, invalid or not)"
@@ -228,36 +251,48 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		Evidence: strings.Join(bad, "; "), Fix: fix}, nil
 }
 
+// hiddenBuild ends the evidence of an invalid index that a build doctor's
+// user may not see could be building.
+const hiddenBuild = "pg_stat_progress_create_index shows under way in this database without saying of which index " +
+	"(another role's, which doctor's user sees only with pg_read_all_stats): run doctor again once it has ended"
+
 // pgBuildsUnderWay returns which of the indexes oids (invalid ones) a
 // CREATE INDEX CONCURRENTLY under way in this database builds, as
 // pg_stat_progress_create_index shows them to q's user: its own builds, or
-// all with pg_read_all_stats. It is asked apart from the catalog, and only
-// when an index is invalid: where that view cannot be read (its SELECT
-// revoked), the indexes are still checked, and a build is not known (nil,
-// nil). A timeout or an interrupt is returned.
+// all with pg_read_all_stats. hidden is true when the view shows a build
+// under way in this database without its index (another role's, to a user
+// without pg_read_all_stats): any invalid index may be that one's. It is
+// asked apart from the catalog, and only when an index is invalid: where
+// that view cannot be read (its SELECT revoked), the indexes are still
+// checked, and a build is not known (nil, false, nil). A timeout or an
+// interrupt is returned.
 func pgBuildsUnderWay(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, oids []uint32) (map[uint32]bool, error) {
+}, oids []uint32) (building map[uint32]bool, hidden bool, err error) {
 	if len(oids) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
 	rows, err := q.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
-		WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND index_relid = ANY ($1::oid[])`, oids)
-	building := map[uint32]bool{}
+		WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND (index_relid IS NULL OR index_relid = ANY ($1::oid[]))`, oids)
+	building = map[uint32]bool{}
 	if err == nil {
-		var oid uint32
+		var oid *uint32
 		_, err = pgx.ForEachRow(rows, []any{&oid}, func() error {
-			building[oid] = true
+			if oid == nil {
+				hidden = true
+			} else {
+				building[*oid] = true
+			}
 			return nil
 		})
 	}
 	switch {
 	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
-		return nil, err
+		return nil, false, err
 	case err != nil:
-		return nil, nil
+		return nil, false, nil
 	}
-	return building, nil
+	return building, hidden, nil
 }
 
 func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {

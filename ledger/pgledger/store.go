@@ -257,9 +257,10 @@ func indexes(opts Options) []Index {
 			on += " WHERE " + ix.where
 		}
 		out = append(out, Index{Name: opts.Prefix + ix.suffix, Cost: ix.cost, Want: want,
-			Drop:   "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
-			on:     pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on,
-			rename: "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize() + " RENAME TO ",
+			Drop:      "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
+			on:        pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on,
+			rename:    "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize() + " RENAME TO ",
+			renameNew: "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize() + " RENAME TO ",
 			replace: []string{
 				"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize(),
 				"CREATE INDEX CONCURRENTLY IF NOT EXISTS " + pgx.Identifier{opts.Prefix + ix.suffix + "_new"}.Sanitize() + " ON " + on,
@@ -293,6 +294,13 @@ type Index struct {
 	// own, or any with pg_read_all_stats): dropping it throws the build
 	// away.
 	Building bool
+	// BuildHidden is true when Valid (of Found) or NewValid (of NewFound)
+	// is false and
+	// pg_stat_progress_create_index shows a build under way in the
+	// database without saying of which index (another role's, to a role
+	// without pg_read_all_stats): the invalid index may be that build's,
+	// which dropping it would throw away.
+	BuildHidden bool
 	// HeldBy says what holds its name in the schema when no index of that
 	// name is on the table (Found is ""): as an index a renamed jobs table
 	// took along, "an index of " and that table's name as read (untrusted
@@ -306,15 +314,32 @@ type Index struct {
 	// by hand under the name, or by an earlier release with other columns,
 	// does not match: CREATE INDEX IF NOT EXISTS (Migrate) keeps it.
 	Matches bool
+	// NewFound, NewValid, NewBuilding and NewMatches are Found, Valid,
+	// Building and Matches for the index of its name with "_new" on the
+	// table, which Replace builds: a replacement whose statements were not
+	// all run (under way, built but not swapped in, or failed). NewFound is
+	// "" when there is none.
+	NewFound    string
+	NewValid    bool
+	NewBuilding bool
+	NewMatches  bool
+	// NewHeldBy is HeldBy for the name with "_new": what holds it in the
+	// schema when no index of that name is on the table, as an index of
+	// an archived table (untrusted text). Replace's first statement would
+	// drop that index: RenameNew frees the name first. "" when it is not
+	// held elsewhere.
+	NewHeldBy string
 	// Drop is the statement that drops it (DROP INDEX CONCURRENTLY IF
 	// EXISTS), to run before Create when it is invalid (one that does not
 	// match: Replace).
 	Drop string
 
-	on       string   // name ON table (columns) WHERE predicate
-	rename   string   // ALTER INDEX of the name, up to its new one
-	renameTo string   // HeldBy: a free name for the holder, as read by Indexes ("": the name with "_old")
-	replace  []string // Replace
+	on        string   // name ON table (columns) WHERE predicate
+	rename    string   // ALTER INDEX of the name, up to its new one
+	renameTo  string   // HeldBy: a free name for the holder, as read by Indexes ("": the name with "_old")
+	renameNew string   // ALTER INDEX of the name with "_new", up to its new one
+	newTo     string   // NewHeldBy: a free name for the holder of the name with "_new" ("": that name with "_old")
+	replace   []string // Replace
 }
 
 // Replace returns the statements that replace a valid index of its name
@@ -340,6 +365,18 @@ func (ix Index) Rename() string {
 	return ix.rename + pgx.Identifier{to}.Sanitize()
 }
 
+// RenameNew returns the statement that gives the index holding the name
+// with "_new" another name (ALTER INDEX ... RENAME TO that name with
+// "_old", or "_old2" and on when taken), to run before Replace when that
+// index is another table's (NewHeldBy).
+func (ix Index) RenameNew() string {
+	to := ix.newTo
+	if to == "" {
+		to = ix.Name + "_new_old"
+	}
+	return ix.renameNew + pgx.Identifier{to}.Sanitize()
+}
+
 // Create returns its CREATE INDEX statement, CONCURRENTLY (as on a table
 // in use: a plain one blocks the ledger's writes while it builds) or not.
 func (ix Index) Create(concurrently bool) string {
@@ -355,50 +392,60 @@ func (ix Index) OK() bool { return ix.Found != "" && ix.Valid && ix.Matches }
 // buildsUnderWay returns which of the indexes oids (invalid ones) a CREATE
 // INDEX CONCURRENTLY under way in this database builds, as
 // pg_stat_progress_create_index shows them to the store's user: its own
-// builds, or all with pg_read_all_stats. It is asked apart from the
+// builds, or all with pg_read_all_stats; hidden is true when it shows a
+// build under way in this database without its index (another role's,
+// without pg_read_all_stats). It is asked apart from the
 // catalog, only when an index is invalid, and in a transaction of its own
 // (a savepoint when the store's DB is a transaction, which a failure would
 // otherwise abort): where that view cannot be read (its SELECT revoked),
-// the indexes are still read, and a build is not known (nil, nil). An
-// error is returned only when ctx has ended.
-func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (map[uint32]bool, error) {
+// the indexes are still read, and a build is not known (nil, false,
+// nil). An error is returned only when ctx has ended.
+func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (building map[uint32]bool, hidden bool, err error) {
 	if len(oids) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
-	building := map[uint32]bool{}
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	building = map[uint32]bool{}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
-	WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND index_relid = ANY ($1::oid[])`, oids)
+	WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND (index_relid IS NULL OR index_relid = ANY ($1::oid[]))`, oids)
 		if err != nil {
 			return err
 		}
-		var oid uint32
+		var oid *uint32
 		_, err = pgx.ForEachRow(rows, []any{&oid}, func() error {
-			building[oid] = true
+			if oid == nil {
+				hidden = true
+			} else {
+				building[*oid] = true
+			}
 			return nil
 		})
 		return err
 	})
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return nil, err
+		return nil, false, err
 	case err != nil:
-		return nil, nil
+		return nil, false, nil
 	}
-	return building, nil
+	return building, hidden, nil
 }
 
 // Indexes returns the indexes [SQL] creates on the jobs table, in [SQL]'s
 // order, each with what the database holds under its name: a table made by
 // an earlier release lacks those added since until [Store.Migrate] runs,
 // and has those changed since as they were (Migrate does not replace an
-// index that exists). The doctor reports them (ledger.indexes). A missing
-// table gives an error.
+// index that exists), and with the replacement [Index.Replace] builds
+// under the name with "_new", if one is on the table (NewFound). The
+// doctor reports them (ledger.indexes). A missing table gives an error.
 func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 	out := indexes(s.opts)
 	names := make([]string, len(out))
 	for i, ix := range out {
 		names[i] = ix.Name
+	}
+	for _, ix := range out {
+		names = append(names, ix.Name+"_new") // a replacement's (Replace)
 	}
 	// Every relation of the schema with an index's name (CREATE INDEX IF
 	// NOT EXISTS skips a name another relation holds). A build under way
@@ -437,7 +484,7 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 			invalid = append(invalid, st.oid)
 		}
 	}
-	building, err := s.buildsUnderWay(ctx, invalid)
+	building, hidden, err := s.buildsUnderWay(ctx, invalid)
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
@@ -454,6 +501,14 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 		default:
 			out[i].Found, out[i].Valid, out[i].Building, out[i].Matches = st.def, st.valid, st.building, indexDefMatches(st.def, ix.Want)
 		}
+		switch nw, ok := have[ix.Name+"_new"]; {
+		case !ok:
+		case !nw.onTable:
+			out[i].NewHeldBy, out[i].newTo = nw.holder, nw.free
+		default:
+			out[i].NewFound, out[i].NewValid, out[i].NewBuilding, out[i].NewMatches = nw.def, nw.valid, nw.building, indexDefMatches(nw.def, ix.Want)
+		}
+		out[i].BuildHidden = hidden && (out[i].Found != "" && !out[i].Valid || out[i].NewFound != "" && !out[i].NewValid)
 	}
 	return out, nil
 }
