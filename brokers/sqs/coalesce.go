@@ -145,10 +145,10 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			case <-w.done:
 				return w.result()
 			case <-ctx.Done():
-				c.withdraw(q.url, w)
+				c.withdraw(q.url, w, c.cut(ctx))
 				return c.cut(ctx)
 			case <-closing:
-				c.withdraw(q.url, w)
+				c.withdraw(q.url, w, c.cut(ctx))
 				return c.cut(ctx)
 			}
 		}
@@ -162,7 +162,16 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			func() {
 				// Released also when the call panicked (run raises it
 				// here): the broker keeps its senders.
+				returned := false
 				defer func() {
+					if !returned {
+						// This Publish panics (or exits) with entries of
+						// its own maybe still queued, when the batch was
+						// others': a later Publish would send them, long
+						// after this one ended. Withdrawn before the
+						// tokens go, which would let another take them.
+						c.withdraw(q.url, w, fmt.Errorf("berth/sqs: publish to %s: the Publish panicked", q.name))
+					}
 					if isFull {
 						c.mu.Lock()
 						c.fulls[q.url]--
@@ -176,6 +185,7 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 				if len(batch) > 0 {
 					c.senders.run(func() { b.sendShared(q, batch) })
 				}
+				returned = true
 			}()
 			if len(batch) == 0 { // others took ours: they are being sent
 				select {
@@ -198,13 +208,13 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			}
 			// Entries still queued are withdrawn (not sent); those already
 			// in a call may be published, as with a Publish cut short.
-			c.withdraw(q.url, w)
+			c.withdraw(q.url, w, c.cut(ctx))
 			return c.cut(ctx)
 		case <-closing:
 			if tok != nil {
 				<-tok
 			}
-			c.withdraw(q.url, w)
+			c.withdraw(q.url, w, c.cut(ctx))
 			return c.cut(ctx)
 		}
 	}
@@ -291,15 +301,15 @@ func (c *coalescer) take(url string, maxWire int, onlyFull bool) (batch []*share
 }
 
 // withdraw removes w's entries still queued for url, settling them with
-// w's ctx error.
-func (c *coalescer) withdraw(url string, w *waiter) {
+// err.
+func (c *coalescer) withdraw(url string, w *waiter, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.pending[url]
 	kept := p[:0]
 	for _, s := range p {
 		if s.w == w {
-			s.w.settle(s.e.id, c.cut(w.ctx), true)
+			s.w.settle(s.e.id, err, true)
 			continue
 		}
 		kept = append(kept, s)

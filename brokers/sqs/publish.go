@@ -27,7 +27,9 @@ import (
 // queue's own MaximumMessageSize when smaller, less 83 bytes kept for the
 // copies berth sends of it) and nothing is sent when one fails. Entries SQS
 // refuses, and the messages of chunks not sent after a failed call, are
-// named in an [*sdk.PublishError]; the other messages were published.
+// named in an [*sdk.PublishError]; the other messages were published. A
+// panic in one of its SendMessageBatch calls (a client middleware's) is
+// raised in the caller's goroutine, whichever goroutine made the call.
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -192,6 +194,11 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 	} else {
 		errs := make([]error, len(chunks))
 		fails := make([]map[string]error, len(chunks))
+		// A call that panicked (a client middleware's) or exited its
+		// goroutine: raised again here, in the Publish caller's goroutine,
+		// where it can be recovered (on the chunk's it would end the
+		// process), as a shared call's is (senderPool).
+		ends := make([]abend, len(chunks))
 		sem := make(chan struct{}, publishParallel)
 		var wg sync.WaitGroup
 		for i, chunk := range chunks {
@@ -199,7 +206,14 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
+				returned := false
+				defer func() {
+					if !returned {
+						ends[i] = caught(recover())
+					}
+				}()
 				refused, err := b.sendBatch(ctx, q, chunk)
+				returned = true
 				if err != nil {
 					errs[i] = err
 					for _, e := range chunk {
@@ -211,6 +225,9 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 			})
 		}
 		wg.Wait()
+		for _, end := range ends {
+			end.raise()
+		}
 		allFailed := true
 		for _, err := range errs {
 			allFailed = allFailed && err != nil

@@ -44,14 +44,38 @@ type sender struct {
 // call is a function to run and the channel closed once it has returned
 // (or panicked) and its sender is idle again (or stopped).
 type call struct {
-	f    func()
-	done chan struct{}
+	f     func()
+	done  chan struct{}
+	abend // how f ended when it did not return, set before done is closed
+}
 
-	// How f ended when it did not return, set before done is closed:
-	// panicked with the value p (recover's: a *runtime.PanicNilError for
-	// panic(nil)), or exited (runtime.Goexit).
+// abend is how a function run for a caller on another goroutine ended when
+// it did not return: panicked with the value p (recover's: a
+// *runtime.PanicNilError for panic(nil)), or exited (runtime.Goexit). The
+// zero value: it returned.
+type abend struct {
 	panicked, exited bool
 	p                any
+}
+
+// caught is the abend of a function that did not return, given what
+// recover returned in a function it deferred: nil only when it exited.
+func caught(v any) abend {
+	if v != nil {
+		return abend{panicked: true, p: v}
+	}
+	return abend{exited: true} // runtime.Goexit: recover stops nothing
+}
+
+// raise ends the calling goroutine as the function did: with its panic, or
+// runtime.Goexit. It returns when the function returned.
+func (a abend) raise() {
+	switch {
+	case a.exited:
+		runtime.Goexit()
+	case a.panicked:
+		panic(a.p)
+	}
 }
 
 // run calls f on a sender goroutine and returns when it has returned. After
@@ -77,12 +101,7 @@ func (p *senderPool) run(f func()) {
 	c := &call{f: f, done: make(chan struct{})}
 	s.work <- c
 	<-c.done
-	switch {
-	case c.exited:
-		runtime.Goexit()
-	case c.panicked:
-		panic(c.p)
-	}
+	c.raise()
 }
 
 // loop runs s's work until close finds s idle (or a call exits the
@@ -102,11 +121,7 @@ func (p *senderPool) serve(s *sender, c *call) (more bool) {
 	returned := false
 	defer func() {
 		if !returned {
-			if v := recover(); v != nil {
-				c.panicked, c.p = true, v
-			} else {
-				c.exited = true // runtime.Goexit: recover stops nothing
-			}
+			c.abend = caught(recover())
 		}
 		// Idle again before the caller goes on: its next call finds s.
 		p.mu.Lock()

@@ -2,9 +2,12 @@ package sqs_test
 
 import (
 	"context"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/smithy-go/middleware"
@@ -85,5 +88,195 @@ func TestSharedSendPanicReachesCaller(t *testing.T) {
 	}
 	if err := b.Publish(ctx, q, &sdk.Message{Type: "after", Body: []byte("3")}); err != nil {
 		t.Fatalf("Publish after a call panicked: %v", err)
+	}
+}
+
+// TestSharedSendPanicWithdrawsCallersEntries: a Publish whose shared call
+// panics, when that call carried others' entries and not all of its own,
+// has its entries still queued withdrawn as the panic goes through: none is
+// left for a later Publish to send long after this one ended.
+//
+// PublishSenders 2, deterministic: a full call (F, 10 messages) and a
+// partial one (H, holding the queue's partial token) are held in flight.
+// P1 queues 9 messages and waits for the partial token; P2 queues 2, which
+// fill a call, and waits for a sender. F's return frees one for P2 alone,
+// which takes the 10 oldest (P1's 9 and its own first) and sends them in
+// the call that panics; P2's second message is still queued.
+func TestSharedSendPanicWithdrawsCallersEntries(t *testing.T) {
+	releaseF, releaseH := make(chan struct{}), make(chan struct{})
+	arrived := make(chan struct{}, 2)
+	var n atomic.Int32
+	boom := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthSendBoom",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
+					hold := func(release chan struct{}) error {
+						arrived <- struct{}{}
+						select {
+						case <-release:
+							return nil
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					}
+					var err error
+					switch n.Add(1) {
+					case 1:
+						err = hold(releaseF)
+					case 2:
+						err = hold(releaseH)
+					case 3:
+						panic("boom")
+					}
+					if err != nil {
+						return middleware.InitializeOutput{}, middleware.Metadata{}, err
+					}
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.Before)
+	}
+	b := newBroker(t, sqs.Options{PublishSenders: 2}, boom)
+	q := declare(t, b, "sendpanicw", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	msgs := func(typ string, k int) []*sdk.Message {
+		out := make([]*sdk.Message, k)
+		for i := range out {
+			out[i] = &sdk.Message{Type: typ, Body: []byte("x")}
+		}
+		return out
+	}
+
+	f, h := make(chan error, 1), make(chan error, 1)
+	go func() { f <- b.Publish(ctx, q, msgs("f", 10)...) }()
+	<-arrived
+	go func() { h <- b.Publish(ctx, q, msgs("h", 1)...) }()
+	<-arrived
+
+	p1 := make(chan error, 1)
+	go func() { p1 <- b.Publish(ctx, q, msgs("p1", 9)...) }()
+	waitQueued(t, b, 9)
+	waitInShared(t, 1) // P1 waits for the token: it found 9 queued
+	p2 := make(chan any, 1)
+	go func() {
+		defer func() { p2 <- recover() }()
+		_ = b.Publish(ctx, q, msgs("p2", 2)...)
+	}()
+	waitQueued(t, b, 11)
+	waitInShared(t, 2)
+	close(releaseF)
+	if err := <-f; err != nil {
+		t.Fatalf("F: %v", err)
+	}
+	if v := <-p2; v != "boom" {
+		t.Fatalf("recovered %v from P2's Publish, want the call's panic \"boom\"", v)
+	}
+	if err := <-p1; err == nil {
+		t.Fatal("P1's Publish, whose messages went in the call that panicked, returned nil")
+	}
+	if left := sqs.QueuedShared(b); left != 0 {
+		t.Fatalf("%d entries still queued after P2's Publish panicked, want 0: a later Publish would send them", left)
+	}
+	close(releaseH)
+	if err := <-h; err != nil {
+		t.Fatalf("H: %v", err)
+	}
+	if err := b.Publish(ctx, q, msgs("after", 1)...); err != nil {
+		t.Fatalf("Publish after a call panicked: %v", err)
+	}
+}
+
+// waitInShared waits until n goroutines wait in publishShared's selects
+// (for a token, a sender or their outcomes; not in a call), reading the
+// goroutines' stacks: the coalescer does not tell who waits.
+func waitInShared(t *testing.T, n int) {
+	t.Helper()
+	ctx := testCtx(t)
+	buf := make([]byte, 1<<20)
+	for {
+		dump := string(buf[:runtime.Stack(buf, true)])
+		waiting := 0
+		for _, g := range strings.Split(dump, "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "sqs.(*Broker).publishShared(") {
+				waiting++
+			}
+		}
+		if waiting >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d goroutines wait in publishShared, want %d", waiting, n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestChunkPanicReachesCaller: a Publish of more than one chunk sends them
+// on goroutines of its own; a panic in one's SendMessageBatch call (a client
+// middleware's) is raised in the Publish caller's goroutine, where it can be
+// recovered, not on the chunk's, where it ended the process. A call that
+// exits its goroutine (runtime.Goexit) exits the caller's too, where the
+// Publish returned nil as if that chunk were published. A later Publish
+// goes through.
+func TestChunkPanicReachesCaller(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func()
+	}{
+		{"panic", func() { panic("boom") }},
+		{"goexit", runtime.Goexit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n atomic.Int32
+			end := func(st *middleware.Stack) error {
+				return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthChunkEnd",
+					func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+						if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" && n.Add(1) == 1 {
+							tc.end()
+						}
+						return next.HandleInitialize(ctx, in)
+					}), middleware.Before)
+			}
+			b := newBroker(t, sqs.Options{}, end)
+			q := declare(t, b, "chunkpanic", false, sqs.QueueConfig{})
+			ctx := testCtx(t)
+			msgs := make([]*sdk.Message, 11) // two chunks
+			for i := range msgs {
+				msgs[i] = &sdk.Message{Type: "chunk", Body: []byte("x")}
+			}
+
+			type outcome struct {
+				returned  bool
+				err       error
+				recovered any
+			}
+			got := make(chan outcome, 1)
+			go func() {
+				var o outcome
+				defer func() {
+					o.recovered = recover()
+					got <- o
+				}()
+				o.err = b.Publish(ctx, q, msgs...)
+				o.returned = true
+			}()
+			o := <-got
+			switch tc.name {
+			case "panic":
+				if o.recovered != "boom" {
+					t.Fatalf("Publish: %+v, want the call's panic \"boom\" recovered", o)
+				}
+			case "goexit":
+				if o.returned || o.recovered != nil {
+					t.Fatalf("Publish: %+v, want its goroutine exited as the call's did", o)
+				}
+			}
+			for i := range msgs {
+				msgs[i] = &sdk.Message{Type: "after", Body: []byte("x")}
+			}
+			if err := b.Publish(ctx, q, msgs...); err != nil {
+				t.Fatalf("Publish after a call ended abnormally: %v", err)
+			}
+		})
 	}
 }
