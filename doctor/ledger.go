@@ -33,12 +33,15 @@ import (
 //     columns, which Migrate does not replace, and skips a name another
 //     relation of the schema holds: the fix renames it; a replacement
 //     Index.Replace left under the name with "_new" is taken up where
-//     it stopped). Indexes that are all being built by a CREATE INDEX
-//     CONCURRENTLY under way (or may be, by another role's build whose
-//     index doctor's user cannot see: no DROP), or cannot be read, are
-//     an Info ledger.indexes finding (a
-//     doctor.check-timeout one when they did not answer in time); the
-//     other findings stand.
+//     it stopped, and a valid "_new" made otherwise is renamed before
+//     Replace, which would drop it). Indexes that are all being built by
+//     a CREATE INDEX CONCURRENTLY under way (or may be, by another role's
+//     build whose index doctor's user cannot see: no DROP), or cannot be
+//     read, are an Info ledger.indexes finding (a doctor.check-timeout
+//     one when they did not answer in time); the other findings stand.
+//     Where only pg_stat_progress_create_index cannot be read, an invalid
+//     index may be a build under way: the evidence says so and the fix
+//     warns before its DROP.
 //
 // lease is the broker's lease (0: none).
 func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Options) ([]Finding, error) {
@@ -190,6 +193,7 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 	}
 	var bad, fixes []string
 	building := 0
+	unread := false // a DROP printed of an invalid index whose build, under way or not, could not be read
 	for _, x := range ixs {
 		switch {
 		case x.OK():
@@ -205,6 +209,28 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new built but not renamed (%s)", x.Name, x.Name, x.Cost))
 			replace := x.Replace()
 			fixes = append(fixes, replace[len(replace)-1])
+			continue
+		case x.Found == "" && x.NewFound != "" && !x.NewValid && x.NewBuilding:
+			// Replace's build under way, its old index dropped: when it
+			// ends only the rename is left; dropping it would throw the
+			// build away.
+			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)",
+				x.Name, x.Name, x.Cost))
+			building++
+			continue
+		case x.Found == "" && x.NewFound != "" && !x.NewValid && x.BuildHidden:
+			// It may be that build: dropping it would throw it away.
+			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid: its build failed, or is the one %s",
+				x.Name, x.Cost, x.Name, hiddenBuild))
+			building++
+			continue
+		case x.Found == "" && x.NewFound != "" && !x.NewValid:
+			// Never read, but kept up to date on every write: drop it
+			// rather than build a second index beside it.
+			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid, never read but kept up to date on every write: its build failed%s",
+				x.Name, x.Cost, x.Name, unreadHedge(x.BuildUnknown)))
+			fixes = append(fixes, x.Replace()[0], x.Create(true))
+			unread = unread || x.BuildUnknown
 			continue
 		case x.Found == "":
 			bad = append(bad, fmt.Sprintf("%s missing (%s)", x.Name, x.Cost))
@@ -223,6 +249,7 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 			continue
 		case !x.Valid:
 			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", x.Name, x.Cost))
+			unread = unread || x.BuildUnknown
 		default:
 			what := fmt.Sprintf("%s defined as %s, not as pgledger.SQL has it (%s): %s", x.Name, quoted(x.Found), quoted(x.Want), x.Cost)
 			replace := x.Replace()
@@ -241,8 +268,15 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed, or is the one "+hiddenBuild)
 				building++
 			case x.NewFound != "" && !x.NewValid:
-				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed")
+				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed"+unreadHedge(x.BuildUnknown))
 				fixes = append(fixes, replace...) // the first statement drops the failed one
+				unread = unread || x.BuildUnknown
+			case x.NewFound != "" && x.NewValid:
+				// Not Replace's (built otherwise, as by hand) and may
+				// serve queries: Replace's first statement would drop it.
+				bad = append(bad, what+"; "+x.Name+"_new, an index of the table defined as "+quoted(x.NewFound)+", is not its replacement and is kept")
+				fixes = append(fixes, x.RenameNew())
+				fixes = append(fixes, replace...)
 			case x.NewHeldBy != "":
 				// Replace's first statement (DROP INDEX ... _new) would
 				// drop the holder, as an archived table's index.
@@ -261,6 +295,10 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 		return Finding{ID: "ledger.indexes", Severity: OK, Queue: table, Summary: "every index of the ledger's jobs table is present, as pgledger.SQL creates it",
 			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
 	}
+	fixEnd := ""
+	if unread {
+		fixEnd = unreadFix
+	}
 	if building == len(bad) {
 		return Finding{ID: "ledger.indexes", Severity: Info, Queue: table, Summary: "indexes of the ledger's jobs table are being built",
 			Evidence: strings.Join(bad, "; "), Fix: "let the CREATE INDEX CONCURRENTLY finish, then run doctor again"}, nil
@@ -268,5 +306,5 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 	return Finding{ID: "ledger.indexes", Severity: Warn, Queue: table, Summary: "indexes of the ledger's jobs table are missing, invalid or not as pgledger.SQL creates them",
 		Evidence: strings.Join(bad, "; "),
 		Fix: "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks the ledger's writes while it builds; " +
-			"pgledger.Store.Migrate creates a missing index but keeps one that exists, invalid or not)"}, nil
+			"pgledger.Store.Migrate creates a missing index but keeps one that exists, invalid or not)" + fixEnd}, nil
 }

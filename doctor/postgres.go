@@ -79,13 +79,18 @@ var indexCosts = map[string]struct {
 // (postgres.Index.Replace). A replacement found under the name with "_new"
 // is taken up where it stopped: being built, Info with nothing to run;
 // built, only the drop and the rename left; failed (invalid), said so,
-// with why for a unique one; a "_new" name another relation holds is
-// renamed first (Replace's first statement would drop it). An index a
+// with why for a unique one; a "_new" name another relation holds, or a
+// valid "_new" index of the table that is not the replacement (made by
+// hand), is renamed first (Replace's first statement would drop it). With
+// the index missing, a "_new" being built is Info (the rename follows), an
+// invalid one is dropped before the index is created. An index a
 // CREATE INDEX CONCURRENTLY under way builds (invalid until it ends) is
 // Info, with nothing to run: dropping it would throw the build away; while
 // a build whose index doctor's user cannot see (another role's) is under
 // way, an invalid index gets no DROP either. When the indexes cannot be
-// read it is an Info finding that says why; a timeout or an interrupt is
+// read it is an Info finding that says why; where only the progress view
+// cannot be read, an invalid index may be a build under way: the evidence
+// says so and the fix warns before its DROP. A timeout or an interrupt is
 // returned, as the check's other queries would meet it too.
 func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string) (Finding, error) {
 	type state struct {
@@ -111,6 +116,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 	// read afterwards (see pgBuildsUnderWay).
 	have := map[string]state{}
 	hidden := false // a build under way in the database whose index doctor's user may not see
+	unread := false // pg_stat_progress_create_index could not be read: a build under way is not known
 	rows, err := pool.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
 		COALESCE(pg_get_indexdef(x.indexrelid), ''), c.oid,
 		CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
@@ -138,7 +144,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			}
 		}
 		var building map[uint32]bool
-		building, hidden, err = pgBuildsUnderWay(ctx, pool, invalid)
+		building, hidden, unread, err = pgBuildsUnderWay(ctx, pool, invalid)
 		for name, st := range have {
 			st.building = building[st.oid]
 			have[name] = st
@@ -174,6 +180,23 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		case !found && built:
 			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new built but not renamed (%s)", ix.Name, ix.Name, c.cost))
 			fixes = append(fixes, replace[len(replace)-1])
+		case !found && replacing && !nw.valid && nw.building:
+			// Replace's build under way, its old index dropped: when it
+			// ends only the rename is left; dropping it would throw the
+			// build away.
+			sev = Info
+			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)",
+				ix.Name, ix.Name, c.cost))
+		case !found && replacing && !nw.valid && hidden:
+			// It may be that build: dropping it would throw it away.
+			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid: its build failed, or is the one %s",
+				ix.Name, c.cost, ix.Name, hiddenBuild))
+		case !found && replacing && !nw.valid:
+			// Never read, but kept up to date on every write: drop it
+			// rather than build a second index beside it.
+			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid, never read but kept up to date on every write: its build failed%s",
+				ix.Name, c.cost, ix.Name, unreadHedge(unread)))
+			fixes = append(fixes, replace[0], ix.Create(schema))
 		case !found:
 			bad = append(bad, fmt.Sprintf("%s missing (%s)", ix.Name, c.cost))
 			fixes = append(fixes, ix.Create(schema))
@@ -217,8 +240,14 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 				if ix.Unique {
 					why = " (a unique one fails on rows that share its key, which the build's error names: settle them first)"
 				}
-				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed"+why)
+				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed"+unreadHedge(unread)+why)
 				fixes = append(fixes, replace...) // the first statement drops the failed one
+			case replacing && nw.valid:
+				// Not Replace's (built otherwise, as by hand) and may
+				// serve queries: Replace's first statement would drop it.
+				bad = append(bad, what+"; "+ix.Name+"_new, an index of the table defined as "+quoted(nw.def)+", is not its replacement and is kept")
+				fixes = append(fixes, "ALTER INDEX "+pgx.Identifier{schema, ix.Name + "_new"}.Sanitize()+" RENAME TO "+pgx.Identifier{nw.free}.Sanitize())
+				fixes = append(fixes, replace...)
 			case newHeld:
 				// Replace's first statement (DROP INDEX ... _new) would
 				// drop the holder, as an archived table's index.
@@ -246,6 +275,9 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 	if len(fixes) > 0 {
 		fix = "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks writes to the jobs table while it builds; " +
 			"the broker's Migrate creates a missing index but keeps one that exists, invalid or not)"
+		if unread {
+			fix += unreadFix
+		}
 	}
 	return Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing, invalid or not as schema.sql creates them",
 		Evidence: strings.Join(bad, "; "), Fix: fix}, nil
@@ -256,6 +288,22 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 const hiddenBuild = "pg_stat_progress_create_index shows under way in this database without saying of which index " +
 	"(another role's, which doctor's user sees only with pg_read_all_stats): run doctor again once it has ended"
 
+// unreadFix ends a fix printed while pg_stat_progress_create_index could
+// not be read: a DROP of an invalid index in it may be of one a build under
+// way is building.
+const unreadFix = "; doctor's user cannot read pg_stat_progress_create_index: before a DROP INDEX of an invalid index, " +
+	"check there, as a role that can, that no CREATE INDEX CONCURRENTLY under way builds it (dropping it would throw that build away)"
+
+// unreadHedge is what the evidence of an invalid index adds while
+// pg_stat_progress_create_index could not be read (unread): its build may
+// be under way.
+func unreadHedge(unread bool) string {
+	if !unread {
+		return ""
+	}
+	return ", or one under way builds it (doctor's user cannot read pg_stat_progress_create_index to tell which)"
+}
+
 // pgBuildsUnderWay returns which of the indexes oids (invalid ones) a
 // CREATE INDEX CONCURRENTLY under way in this database builds, as
 // pg_stat_progress_create_index shows them to q's user: its own builds, or
@@ -264,13 +312,13 @@ const hiddenBuild = "pg_stat_progress_create_index shows under way in this datab
 // without pg_read_all_stats): any invalid index may be that one's. It is
 // asked apart from the catalog, and only when an index is invalid: where
 // that view cannot be read (its SELECT revoked), the indexes are still
-// checked, and a build is not known (nil, false, nil). A timeout or an
-// interrupt is returned.
+// checked, and a build is not known (nil, false, true, nil): unread. A
+// timeout or an interrupt is returned.
 func pgBuildsUnderWay(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, oids []uint32) (building map[uint32]bool, hidden bool, err error) {
+}, oids []uint32) (building map[uint32]bool, hidden, unread bool, err error) {
 	if len(oids) == 0 {
-		return nil, false, nil
+		return nil, false, false, nil
 	}
 	rows, err := q.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
 		WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND (index_relid IS NULL OR index_relid = ANY ($1::oid[]))`, oids)
@@ -288,11 +336,11 @@ func pgBuildsUnderWay(ctx context.Context, q interface {
 	}
 	switch {
 	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
-		return nil, false, err
+		return nil, false, false, err
 	case err != nil:
-		return nil, false, nil
+		return nil, false, true, nil
 	}
-	return building, hidden, nil
+	return building, hidden, false, nil
 }
 
 func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {

@@ -301,6 +301,11 @@ type Index struct {
 	// without pg_read_all_stats): the invalid index may be that build's,
 	// which dropping it would throw away.
 	BuildHidden bool
+	// BuildUnknown is true when Valid (of Found) or NewValid (of
+	// NewFound) is false and pg_stat_progress_create_index could not be
+	// read (its SELECT revoked): whether a build under way is that
+	// invalid index's is not known.
+	BuildUnknown bool
 	// HeldBy says what holds its name in the schema when no index of that
 	// name is on the table (Found is ""): as an index a renamed jobs table
 	// took along, "an index of " and that table's name as read (untrusted
@@ -338,7 +343,7 @@ type Index struct {
 	rename    string   // ALTER INDEX of the name, up to its new one
 	renameTo  string   // HeldBy: a free name for the holder, as read by Indexes ("": the name with "_old")
 	renameNew string   // ALTER INDEX of the name with "_new", up to its new one
-	newTo     string   // NewHeldBy: a free name for the holder of the name with "_new" ("": that name with "_old")
+	newTo     string   // NewHeldBy or NewFound: a free name for the index of the name with "_new" ("": that name with "_old")
 	replace   []string // Replace
 }
 
@@ -368,7 +373,10 @@ func (ix Index) Rename() string {
 // RenameNew returns the statement that gives the index holding the name
 // with "_new" another name (ALTER INDEX ... RENAME TO that name with
 // "_old", or "_old2" and on when taken), to run before Replace when that
-// index is another table's (NewHeldBy).
+// index is another table's (NewHeldBy), or one of the table that is valid
+// and not as SQL has it (NewFound, NewValid, !NewMatches: made otherwise,
+// as by hand, and may serve queries), which Replace's first statement
+// would drop.
 func (ix Index) RenameNew() string {
 	to := ix.newTo
 	if to == "" {
@@ -399,10 +407,10 @@ func (ix Index) OK() bool { return ix.Found != "" && ix.Valid && ix.Matches }
 // (a savepoint when the store's DB is a transaction, which a failure would
 // otherwise abort): where that view cannot be read (its SELECT revoked),
 // the indexes are still read, and a build is not known (nil, false,
-// nil). An error is returned only when ctx has ended.
-func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (building map[uint32]bool, hidden bool, err error) {
+// true, nil): unread. An error is returned only when ctx has ended.
+func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (building map[uint32]bool, hidden, unread bool, err error) {
 	if len(oids) == 0 {
-		return nil, false, nil
+		return nil, false, false, nil
 	}
 	building = map[uint32]bool{}
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -424,11 +432,11 @@ func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (building map
 	})
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return nil, false, err
+		return nil, false, false, err
 	case err != nil:
-		return nil, false, nil
+		return nil, false, true, nil
 	}
-	return building, hidden, nil
+	return building, hidden, false, nil
 }
 
 // Indexes returns the indexes [SQL] creates on the jobs table, in [SQL]'s
@@ -484,7 +492,7 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 			invalid = append(invalid, st.oid)
 		}
 	}
-	building, hidden, err := s.buildsUnderWay(ctx, invalid)
+	building, hidden, unread, err := s.buildsUnderWay(ctx, invalid)
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
 	}
@@ -507,8 +515,11 @@ func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 			out[i].NewHeldBy, out[i].newTo = nw.holder, nw.free
 		default:
 			out[i].NewFound, out[i].NewValid, out[i].NewBuilding, out[i].NewMatches = nw.def, nw.valid, nw.building, indexDefMatches(nw.def, ix.Want)
+			out[i].newTo = nw.free
 		}
-		out[i].BuildHidden = hidden && (out[i].Found != "" && !out[i].Valid || out[i].NewFound != "" && !out[i].NewValid)
+		invalid := out[i].Found != "" && !out[i].Valid || out[i].NewFound != "" && !out[i].NewValid
+		out[i].BuildHidden = hidden && invalid
+		out[i].BuildUnknown = unread && invalid
 	}
 	return out, nil
 }

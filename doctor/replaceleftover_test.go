@@ -1,0 +1,195 @@
+package doctor_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/ledger/pgledger"
+)
+
+// leftoverSide is one of the two index checks, on a schema migrated for
+// both: the broker's jobs_claim_idx and the ledger's queue/status index.
+type leftoverSide struct {
+	id      string
+	name    string   // the index
+	table   string   // its table, quoted
+	replace []string // its Replace statements
+	insert  string   // a row for buildHeld
+	finding func(pool *pgxpool.Pool) doctor.Finding
+}
+
+// leftoverSides migrates the broker and the ledger into a schema of their
+// own and returns the two sides.
+func leftoverSides(t *testing.T) (*pgxpool.Pool, string, []leftoverSide) {
+	t.Helper()
+	u, pool, schema := pgURL(t, nil)
+	open(t, u) // migrates
+	ctx := testCtx(t)
+	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const lname = "ledger_jobs_queue_status_idx"
+	ixs, err := store.Indexes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lreplace []string
+	for _, ix := range ixs {
+		if ix.Name == lname {
+			lreplace = ix.Replace()
+		}
+	}
+	if len(lreplace) != 4 {
+		t.Fatalf("%s: Replace %q", lname, lreplace)
+	}
+	qt := pgx.Identifier{schema, "jobs"}.Sanitize()
+	return pool, schema, []leftoverSide{
+		{"postgres.indexes", "jobs_claim_idx", qt, indexNamed(t, "jobs_claim_idx").Replace(schema),
+			`INSERT INTO ` + qt + ` (queue, message_id, payload, max_attempts) VALUES ('q', 'm', '\x00', 1)`,
+			func(p *pgxpool.Pool) doctor.Finding { return pgIndexFinding(t, p, schema) }},
+		{"ledger.indexes", lname, store.Table(), lreplace,
+			`INSERT INTO ` + store.Table() + ` (message_id, status, rank, first_seen_at, updated_at) VALUES ('m', 'enqueued', 0, now(), now())`,
+			func(p *pgxpool.Pool) doctor.Finding {
+				s, err := pgledger.New(p, pgledger.Options{Schema: schema})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ledgerIndexFinding(t, s, schema+".ledger_jobs")
+			}},
+	}
+}
+
+// execAll runs stmts on pool, in order.
+func execAll(t *testing.T, pool *pgxpool.Pool, stmts ...string) {
+	t.Helper()
+	for _, stmt := range stmts {
+		if _, err := pool.Exec(testCtx(t), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+}
+
+// relations counts the relations of schema named name.
+func relations(t *testing.T, pool *pgxpool.Pool, schema, name string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace AND relname = $2`,
+		pgx.Identifier{schema}.Sanitize(), name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestIndexMissingWithReplacementLeftOver: an index missing while Replace
+// left its <name>_new behind. Being built, it is Info with nothing to run
+// (the rename follows once built); invalid, left by a build that failed,
+// doctor says so and drops it before it creates the index: it is never
+// read but kept up to date on every write. Before, doctor printed the
+// CREATE alone (a second index beside a build under way) and never
+// mentioned the invalid _new, which stayed after a finding of OK.
+func TestIndexMissingWithReplacementLeftOver(t *testing.T) {
+	pool, schema, sides := leftoverSides(t)
+	for _, side := range sides {
+		newIdx := pgx.Identifier{schema, side.name + "_new"}.Sanitize()
+		// Replace stopped after its drop of the old index, its build
+		// under way.
+		execAll(t, pool, `DROP INDEX `+pgx.Identifier{schema, side.name}.Sanitize())
+		finish := buildHeld(t, pool, side.insert, side.replace[1], newIdx)
+		f := side.finding(pool)
+		if f.Severity != doctor.Info || !strings.Contains(f.Evidence, side.name+"_new being built") || strings.HasPrefix(f.Fix, "run ") {
+			t.Errorf("%s: %+v; want the replacement being built, Info, nothing to run", side.id, f)
+		}
+		finish()
+		for _, stmt := range printedStatements(t, side.finding(pool).Fix) {
+			execAll(t, pool, stmt)
+		}
+		if f := side.finding(pool); f.Severity != doctor.OK {
+			t.Fatalf("%s: %+v; want OK", side.id, f)
+		}
+
+		// The index missing, an invalid _new left by a build that failed.
+		execAll(t, pool, `DROP INDEX `+pgx.Identifier{schema, side.name}.Sanitize(), side.replace[1],
+			`UPDATE pg_index SET indisvalid = false WHERE indexrelid = '`+newIdx+`'::regclass`)
+		f = side.finding(pool)
+		if !strings.Contains(f.Evidence, side.name+"_new is invalid") {
+			t.Errorf("%s: %+v; want the invalid replacement named", side.id, f)
+		}
+		for _, stmt := range printedStatements(t, f.Fix) {
+			execAll(t, pool, stmt)
+		}
+		if f := side.finding(pool); f.Severity != doctor.OK {
+			t.Fatalf("%s: %+v; want OK", side.id, f)
+		}
+		if n := relations(t, pool, schema, side.name+"_new"); n != 0 {
+			t.Errorf("%s: %s_new left after the fix", side.id, side.name)
+		}
+	}
+}
+
+// TestIndexReplacementBuildUnread: where doctor's user cannot read
+// pg_stat_progress_create_index, an invalid <name>_new may be a build
+// under way: the evidence says so, as it does for an invalid <name>, and
+// the fix warns before its DROP. Before, it said flatly "its build failed"
+// and printed Replace, whose first statement throws that build away.
+func TestIndexReplacementBuildUnread(t *testing.T) {
+	pool, schema, sides := leftoverSides(t)
+	refused := progressRefused(t, pool, schema)
+	for _, side := range sides {
+		newIdx := pgx.Identifier{schema, side.name + "_new"}.Sanitize()
+		execAll(t, pool, `DROP INDEX `+pgx.Identifier{schema, side.name}.Sanitize(),
+			`CREATE INDEX `+pgx.Identifier{side.name}.Sanitize()+` ON `+side.table+` (queue)`)
+		finish := buildHeld(t, pool, side.insert, side.replace[1], newIdx)
+		f := side.finding(refused)
+		if !strings.Contains(f.Evidence, side.name+"_new is invalid: its build failed, or one under way builds it") ||
+			!strings.Contains(f.Fix, "cannot read pg_stat_progress_create_index") {
+			t.Errorf("%s: %+v; want the invalid replacement maybe under way, and a warning before the DROP", side.id, f)
+		}
+		finish()
+		for _, stmt := range printedStatements(t, side.finding(refused).Fix) {
+			execAll(t, pool, stmt)
+		}
+		if f := side.finding(refused); f.Severity != doctor.OK {
+			t.Fatalf("%s: %+v; want OK", side.id, f)
+		}
+	}
+}
+
+// TestIndexReplaceKeepsHandMadeNew: an index defined otherwise beside a
+// valid <name>_new that is not its replacement (made by hand, with other
+// columns) and may serve queries. Doctor renames that one away before
+// Replace, whose first statement would drop it; run as printed, the
+// statements end OK with it kept. Before, Replace dropped it.
+func TestIndexReplaceKeepsHandMadeNew(t *testing.T) {
+	pool, schema, sides := leftoverSides(t)
+	for _, side := range sides {
+		execAll(t, pool, `DROP INDEX `+pgx.Identifier{schema, side.name}.Sanitize(),
+			`CREATE INDEX `+pgx.Identifier{side.name}.Sanitize()+` ON `+side.table+` (queue)`,
+			`CREATE INDEX `+pgx.Identifier{side.name + "_new"}.Sanitize()+` ON `+side.table+` (status)`)
+		f := side.finding(pool)
+		if !strings.Contains(f.Evidence, side.name+"_new, an index of the table defined as") {
+			t.Errorf("%s: %+v; want the hand-made _new named", side.id, f)
+		}
+		for _, stmt := range printedStatements(t, f.Fix) {
+			execAll(t, pool, stmt)
+		}
+		if f := side.finding(pool); f.Severity != doctor.OK {
+			t.Fatalf("%s: %+v; want OK", side.id, f)
+		}
+		var n int
+		if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_index WHERE indrelid = $1::regclass AND pg_get_indexdef(indexrelid) LIKE '%(status)'`,
+			side.table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Fatalf("%s: the hand-made index on (status) dropped by the fix", side.id)
+		}
+	}
+}
