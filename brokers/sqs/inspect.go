@@ -721,8 +721,10 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 }
 
 // withScan runs fn on a scan of queue's dead-letter queue, then makes the
-// letters the scan still holds visible again.
-func (b *Broker) withScan(ctx context.Context, queue string, fn func(ctx context.Context, s *scan) error) error {
+// letters the scan still holds visible again: also when fn panicked or
+// exited its goroutine (a client middleware's, in a redrive's send), so
+// that they are not hidden for the rest of a hold.
+func (b *Broker) withScan(ctx context.Context, queue string, fn func(ctx context.Context, s *scan) error) (err error) {
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
@@ -737,16 +739,18 @@ func (b *Broker) withScan(ctx context.Context, queue string, fn func(ctx context
 		return err
 	}
 	s := &scan{b: b, q: q, dlq: dlq, held: map[string]*letter{}, renewed: time.Now()}
-	err = fn(ctx, s)
-	var rest []*letter
-	for _, l := range s.held {
-		if l.handle != "" {
-			rest = append(rest, l)
+	defer func() {
+		var rest []*letter
+		for _, l := range s.held {
+			if l.handle != "" {
+				rest = append(rest, l)
+			}
 		}
-	}
-	// Release even when ctx is done, so that a cancelled scan does not hide
-	// the dead letters for a whole hold.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	return errors.Join(err, b.changeVisibilityBatch(rctx, dlq, rest, 0))
+		// Release even when ctx is done, so that a cancelled scan does not
+		// hide the dead letters for a whole hold.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		err = errors.Join(err, b.changeVisibilityBatch(rctx, dlq, rest, 0))
+	}()
+	return fn(ctx, s)
 }

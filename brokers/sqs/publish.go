@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -29,7 +30,11 @@ import (
 // refuses, and the messages of chunks not sent after a failed call, are
 // named in an [*sdk.PublishError]; the other messages were published. A
 // panic in one of its SendMessageBatch calls (a client middleware's) is
-// raised in the caller's goroutine, whichever goroutine made the call.
+// raised in the caller's goroutine, whichever goroutine made the call, as
+// is a runtime.Goexit; no further call of the Publish starts. Messages of
+// the other calls (already made, or in flight alongside it) may then have
+// been published, and the panic does not say which: a caller that recovers
+// and publishes the messages again may publish some of them twice.
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -198,30 +203,38 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 		// goroutine: raised again here, in the Publish caller's goroutine,
 		// where it can be recovered (on the chunk's it would end the
 		// process), as a shared call's is (senderPool).
+		// Once one has, no further chunk is sent: the caller is not told
+		// which were (a panic carries no PublishError), so as few as
+		// possible go out, as when a call panics on a FIFO queue.
 		ends := make([]abend, len(chunks))
+		var ended atomic.Bool
 		sem := make(chan struct{}, publishParallel)
 		var wg sync.WaitGroup
 		for i, chunk := range chunks {
 			fails[i] = map[string]error{}
 			sem <- struct{}{}
+			if ended.Load() { // set before the ended call's token went
+				<-sem
+				break
+			}
 			wg.Go(func() {
-				defer func() { <-sem }()
-				returned := false
 				defer func() {
-					if !returned {
-						ends[i] = caught(recover())
+					if ends[i].panicked || ends[i].exited {
+						ended.Store(true)
 					}
+					<-sem
 				}()
-				refused, err := b.sendBatch(ctx, q, chunk)
-				returned = true
-				if err != nil {
-					errs[i] = err
-					for _, e := range chunk {
-						fails[i][e.id] = err
+				guard(&ends[i], func() {
+					refused, err := b.sendBatch(ctx, q, chunk)
+					if err != nil {
+						errs[i] = err
+						for _, e := range chunk {
+							fails[i][e.id] = err
+						}
+						return
 					}
-					return
-				}
-				addRefused(fails[i], chunk, refused)
+					addRefused(fails[i], chunk, refused)
+				})
 			})
 		}
 		wg.Wait()

@@ -58,13 +58,29 @@ type abend struct {
 	p                any
 }
 
-// caught is the abend of a function that did not return, given what
-// recover returned in a function it deferred: nil only when it exited.
-func caught(v any) abend {
-	if v != nil {
-		return abend{panicked: true, p: v}
-	}
-	return abend{exited: true} // runtime.Goexit: recover stops nothing
+// guard calls f and, when f does not return, records in *a how it ended:
+// the goroutine then goes on after guard when f panicked (the panic is
+// recovered), and ends, with *a set before guard's caller's deferred calls
+// run, when f exited. A panic is told from an exit by whether recover
+// stopped it, not by its value: recover returns nil for a runtime.Goexit,
+// and also for panic(nil) under GODEBUG=panicnil=1.
+func guard(a *abend, f func()) {
+	returned, recovered := false, false
+	defer func() {
+		if !returned && !recovered {
+			*a = abend{exited: true} // runtime.Goexit: recover stops nothing
+		}
+	}()
+	func() {
+		defer func() {
+			if !returned {
+				*a = abend{panicked: true, p: recover()}
+			}
+		}()
+		f()
+		returned = true
+	}()
+	recovered = !returned // reached only when f returned or its panic was recovered
 }
 
 // raise ends the calling goroutine as the function did: with its panic, or
@@ -118,11 +134,7 @@ func (p *senderPool) loop(s *sender) {
 // serve runs c.f and reports whether s goes on: not once the pool is
 // closed, nor when f exited the goroutine (its deferred calls then end it).
 func (p *senderPool) serve(s *sender, c *call) (more bool) {
-	returned := false
 	defer func() {
-		if !returned {
-			c.abend = caught(recover())
-		}
 		// Idle again before the caller goes on: its next call finds s.
 		p.mu.Lock()
 		more = !p.closed && !c.exited
@@ -132,8 +144,7 @@ func (p *senderPool) serve(s *sender, c *call) (more bool) {
 		p.mu.Unlock()
 		close(c.done)
 	}()
-	c.f()
-	returned = true
+	guard(&c.abend, c.f)
 	return
 }
 

@@ -164,3 +164,43 @@ func goid() uint64 {
 	}
 	return id
 }
+
+// TestPanicNilIsAPanicUnderPanicNil: with GODEBUG=panicnil=1, panic(nil)
+// is recovered as nil, as a runtime.Goexit is. A call's panic(nil) is still
+// raised in run's caller (and in a multi-chunk Publish's, through guard) as
+// a panic it can recover, not as a runtime.Goexit, which the old code made
+// of it (it told the two apart by recover's value), ending the caller's
+// goroutine where a recover could not stop it.
+func TestPanicNilIsAPanicUnderPanicNil(t *testing.T) {
+	t.Setenv("GODEBUG", "panicnil=1")
+	type outcome struct{ returned, recovered bool }
+	catch := func(f func()) outcome {
+		got := make(chan outcome, 1)
+		go func() {
+			var o outcome
+			defer func() { got <- o }()
+			func() {
+				defer func() { _ = recover() }()
+				f()
+				o.returned = true
+			}()
+			o.recovered = !o.returned
+		}()
+		return <-got
+	}
+	var p senderPool
+	defer p.close()
+	if o := catch(func() { p.run(func() { panic(nil) }) }); !o.recovered {
+		t.Fatalf("run of a call that panicked with nil: %+v, want a panic its caller recovers", o)
+	}
+	if o := catch(func() { p.run(runtime.Goexit) }); o.returned || o.recovered {
+		t.Fatalf("run of a call that exited: %+v, want its caller exited", o)
+	}
+	if o := catch(func() {
+		var a abend
+		guard(&a, func() { panic(nil) })
+		a.raise()
+	}); !o.recovered {
+		t.Fatalf("guard and raise of panic(nil): %+v, want a panic its caller recovers", o)
+	}
+}

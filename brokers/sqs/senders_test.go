@@ -280,3 +280,138 @@ func TestChunkPanicReachesCaller(t *testing.T) {
 		})
 	}
 }
+
+// TestRedrivePanicReleasesHeldLetters: a panic in a redrive's
+// SendMessageBatch call (a client middleware's), which the redrive's send
+// raises in its caller, still makes the dead letters the scan holds visible
+// again: they were hidden for the rest of the scan's hold (here 10 minutes;
+// 30 s by default), and a scan right after could not see them.
+func TestRedrivePanicReleasesHeldLetters(t *testing.T) {
+	var armed atomic.Bool
+	boom := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthRedriveBoom",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" && armed.Load() {
+					panic("boom")
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.Before)
+	}
+	b := newBroker(t, fastOptions(), boom)
+	sqs.SetScanLimits(b, 10*time.Minute, 10000)
+	q := declare(t, b, "redrivepanic", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	m := &sdk.Message{ID: sdk.NewID(), Type: "dl", Body: []byte("x")}
+	if err := b.Publish(ctx, q+"-dlq", m); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	got := make(chan any, 1)
+	go func() {
+		defer func() { got <- recover() }()
+		_, _ = b.RedriveDeadLetters(ctx, q)
+	}()
+	if v := <-got; v != "boom" {
+		t.Fatalf("recovered %v from RedriveDeadLetters, want the call's panic \"boom\"", v)
+	}
+	armed.Store(false)
+	// A listing does not wait for letters held elsewhere: one the panicked
+	// redrive left hidden is not found.
+	ls, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(ls) != 1 || ls[0].ID != m.ID {
+		t.Fatalf("ListDeadLetters after the redrive panicked = %d letters, %v; want the one dead letter", len(ls), err)
+	}
+}
+
+// TestChunkPanicStopsFurtherChunks: once a call of a Publish of more chunks
+// than it sends at once (10) has panicked, the Publish starts no further
+// call: the panic tells the caller nothing of what was published, and the
+// old code went on to send every remaining chunk before raising it. Ten
+// calls start at once: the first panics once all ten are in flight, the
+// other nine are held until the Publish waits for them; an eleventh would
+// have started when the first gave up its place.
+func TestChunkPanicStopsFurtherChunks(t *testing.T) {
+	release, allIn := make(chan struct{}), make(chan struct{})
+	var n atomic.Int32
+	boom := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthChunkStop",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
+					k := n.Add(1)
+					if k == 10 {
+						close(allIn)
+					}
+					hold := func(c chan struct{}) error {
+						select {
+						case <-c:
+							return nil
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					}
+					var err error
+					switch {
+					case k == 1: // once the ten are all in flight
+						if err = hold(allIn); err == nil {
+							panic("boom")
+						}
+					case k <= 10:
+						err = hold(release)
+					}
+					if err != nil {
+						return middleware.InitializeOutput{}, middleware.Metadata{}, err
+					}
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.Before)
+	}
+	b := newBroker(t, sqs.Options{}, boom)
+	q := declare(t, b, "chunkstop", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	msgs := make([]*sdk.Message, 110) // 11 chunks
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Type: "chunk", Body: []byte("x")}
+	}
+	got := make(chan any, 1)
+	go func() {
+		defer func() { got <- recover() }()
+		_ = b.Publish(ctx, q, msgs...)
+	}()
+	select {
+	case <-allIn:
+	case <-ctx.Done():
+		t.Fatalf("%d SendMessageBatch calls in flight, want 10", n.Load())
+	}
+	waitStack(t, "sync.(*WaitGroup).Wait(", "sqs.(*Broker).send(")
+	close(release)
+	if v := <-got; v != "boom" {
+		t.Fatalf("recovered %v from Publish, want the call's panic \"boom\"", v)
+	}
+	if calls := n.Load(); calls != 10 {
+		t.Fatalf("%d SendMessageBatch calls, want 10: none started after one panicked", calls)
+	}
+}
+
+// waitStack waits until a goroutine's stack holds every one of frames.
+func waitStack(t *testing.T, frames ...string) {
+	t.Helper()
+	ctx := testCtx(t)
+	buf := make([]byte, 1<<20)
+	for {
+		dump := string(buf[:runtime.Stack(buf, true)])
+	next:
+		for _, g := range strings.Split(dump, "\n\n") {
+			for _, f := range frames {
+				if !strings.Contains(g, f) {
+					continue next
+				}
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no goroutine in %v", frames)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
