@@ -8,7 +8,6 @@ import (
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/doctor"
-	"github.com/berthq/berth/ledger/pgledger"
 )
 
 // TestPostgresIndexNameHeldByTwoArchives: a jobs table archived a second
@@ -68,13 +67,7 @@ func TestPostgresIndexNameHeldByTwoArchives(t *testing.T) {
 func TestLedgerIndexNameHeldByTwoArchives(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	for i, archive := range []string{"ledger_jobs_2025", "ledger_jobs_2026"} {
 		if _, err := pool.Exec(ctx, `ALTER TABLE `+store.Table()+` RENAME TO `+archive); err != nil {

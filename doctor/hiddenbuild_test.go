@@ -59,13 +59,7 @@ func TestIndexBuildOfAnotherRole(t *testing.T) {
 	u, pool, schema := pgURL(t, nil)
 	open(t, u) // migrates
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	reader := readerPool(t, pool, schema)
 	rstore, err := pgledger.New(reader, pgledger.Options{Schema: schema})
 	if err != nil {

@@ -100,13 +100,7 @@ func TestLedgerMisconfigured(t *testing.T) {
 func TestLedgerDurations(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	l, err := ledger.New(ledger.Options{Store: store})
 	if err != nil {
 		t.Fatal(err)
@@ -162,13 +156,7 @@ func TestLedgerDurations(t *testing.T) {
 func TestLedgerIndexes(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	fs, err := doctor.Ledger(ctx, store, 0, doctor.Options{})
 	if err != nil {
@@ -325,13 +313,7 @@ func TestLedgerIndexFailureKeepsFindings(t *testing.T) {
 func TestLedgerIndexDefinitions(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	// An index tuned by a DBA (fillfactor) is still the index.
 	if _, err := pool.Exec(ctx, `ALTER INDEX `+schema+`.ledger_jobs_updated_idx SET (fillfactor = 80)`); err != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/doctor"
 	"github.com/berthq/berth/ledger/pgledger"
@@ -18,13 +19,7 @@ import (
 func TestLedgerIndexBuildUnderWay(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	const name = "ledger_jobs_first_seen_idx"
 	if _, err := pool.Exec(ctx, `DROP INDEX `+pgx.Identifier{schema, name}.Sanitize()); err != nil {
@@ -67,13 +62,7 @@ func TestLedgerIndexBuildUnderWay(t *testing.T) {
 func TestLedgerIndexNameHeldElsewhere(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	if _, err := pool.Exec(ctx, `ALTER TABLE `+store.Table()+` RENAME TO ledger_jobs_2025`); err != nil {
 		t.Fatal(err)
@@ -122,13 +111,7 @@ func TestLedgerIndexNameHeldElsewhere(t *testing.T) {
 func TestLedgerIndexReplaceKeepsOldServing(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	name := pgx.Identifier{schema, "ledger_jobs_queue_status_idx"}.Sanitize()
 	tmp := pgx.Identifier{schema, "ledger_jobs_queue_status_idx_new"}.Sanitize()
@@ -158,22 +141,24 @@ func TestLedgerIndexReplaceKeepsOldServing(t *testing.T) {
 	if !strings.Contains(f[0].Fix, "run "+strings.Join(stmts, "; ")+" (") {
 		t.Fatalf("fix: %s\nwant: run %s", f[0].Fix, strings.Join(stmts, "; "))
 	}
-	for _, stmt := range stmts {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_index WHERE indisvalid AND indexrelid IN (to_regclass($1), to_regclass($2))`,
-			name, tmp).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			t.Fatalf("after %s, no valid queue-status index", stmt)
-		}
-	}
+	execKeepingValid(t, pool, stmts, name, tmp, "queue-status")
 	fs, err = doctor.Ledger(ctx, store, 0, doctor.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	expect(t, fs, "ledger.indexes", table, doctor.OK)
+}
+
+// migratedLedger is a pgledger store on schema with its tables and indexes
+// made, as the index checks' tests start from.
+func migratedLedger(t *testing.T, pool *pgxpool.Pool, schema string) *pgledger.Store {
+	t.Helper()
+	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	return store
 }

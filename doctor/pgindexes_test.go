@@ -379,6 +379,20 @@ func TestPostgresIndexReplaceKeepsOldServing(t *testing.T) {
 	if !strings.Contains(f[0].Fix, "run "+strings.Join(stmts, "; ")+" (") {
 		t.Fatalf("fix: %s\nwant: run %s", f[0].Fix, strings.Join(stmts, "; "))
 	}
+	execKeepingValid(t, pool, stmts, name, tmp, "claim")
+	fs, err = doctor.Postgres(ctx, pool, schema, 0, doctor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, fs, "postgres.indexes", table, doctor.OK)
+}
+
+// execKeepingValid runs stmts one by one and checks after each that a
+// valid index (what) stands under name or tmp: a replacement never leaves
+// the queries it serves without one.
+func execKeepingValid(t *testing.T, pool *pgxpool.Pool, stmts []string, name, tmp, what string) {
+	t.Helper()
+	ctx := testCtx(t)
 	for _, stmt := range stmts {
 		if _, err := pool.Exec(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
@@ -389,12 +403,7 @@ func TestPostgresIndexReplaceKeepsOldServing(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n == 0 {
-			t.Fatalf("after %s, no valid claim index", stmt)
+			t.Fatalf("after %s, no valid %s index", stmt, what)
 		}
 	}
-	fs, err = doctor.Postgres(ctx, pool, schema, 0, doctor.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	expect(t, fs, "postgres.indexes", table, doctor.OK)
 }

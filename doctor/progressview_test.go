@@ -93,13 +93,7 @@ func TestPostgresIndexesWithoutProgressView(t *testing.T) {
 func TestLedgerIndexesWithoutProgressView(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	refused := progressRefused(t, pool, schema)
 	rstore, err := pgledger.New(refused, pgledger.Options{Schema: schema})

@@ -29,13 +29,7 @@ func leftoverSides(t *testing.T) (*pgxpool.Pool, string, []leftoverSide) {
 	u, pool, schema := pgURL(t, nil)
 	open(t, u) // migrates
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	const lname = "ledger_jobs_queue_status_idx"
 	ixs, err := store.Indexes(ctx)
 	if err != nil {

@@ -162,13 +162,7 @@ func ledgerIndexFinding(t *testing.T, store *pgledger.Store, table string) docto
 func TestLedgerIndexReplaceResumes(t *testing.T) {
 	_, pool, schema := pgURL(t, nil)
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	const name = "ledger_jobs_queue_status_idx"
 	for _, stmt := range []string{ // an earlier release's columns
@@ -277,13 +271,7 @@ func TestIndexReplaceNewNameHeldElsewhere(t *testing.T) {
 	u, pool, schema := pgURL(t, nil)
 	open(t, u) // migrates
 	ctx := testCtx(t)
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := migratedLedger(t, pool, schema)
 	qt := pgx.Identifier{schema, "jobs"}.Sanitize()
 	archive := pgx.Identifier{schema, "archive"}.Sanitize()
 	for _, stmt := range []string{

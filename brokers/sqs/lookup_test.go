@@ -5,8 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,7 +117,7 @@ func TestLookupOutlivesItsCaller(t *testing.T) {
 		go func() { errs <- b.Publish(ctx, q, &sdk.Message{Type: "lookup", Body: []byte("follower")}) }()
 	}
 	// Once the followers wait for the call under way, end its caller.
-	waitInLookup(t, 1+followers)
+	waitGoroutines(t, 1+followers, "[select", "sqs.(*Broker).queue(") // waiting for the shared lookup, past joining it
 	cancel()
 	if err := <-leader; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the cancelled publish returned %v, want context.Canceled", err)
@@ -214,31 +212,5 @@ func TestLookupPanicReachesCaller(t *testing.T) {
 	}()
 	if got != "boom" {
 		t.Fatalf("recovered %v from Publish, want the lookup's panic \"boom\"", got)
-	}
-}
-
-// waitInLookup waits until n goroutines wait in Broker.queue for a shared
-// lookup (blocked in its select, so past joining the call), reading the
-// goroutines' stacks: singleflight does not tell who waits.
-func waitInLookup(t *testing.T, n int) {
-	t.Helper()
-	ctx := testCtx(t)
-	buf := make([]byte, 1<<20)
-	for {
-		dump := string(buf[:runtime.Stack(buf, true)])
-		waiting := 0
-		for _, g := range strings.Split(dump, "\n\n") {
-			if strings.Contains(g, "[select") && strings.Contains(g, "sqs.(*Broker).queue(") {
-				waiting++
-			}
-		}
-		if waiting >= n {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d goroutines wait for the shared lookup, want %d", waiting, n)
-		case <-time.After(5 * time.Millisecond):
-		}
 	}
 }

@@ -155,14 +155,14 @@ func TestSharedSendPanicWithdrawsCallersEntries(t *testing.T) {
 	p1 := make(chan error, 1)
 	go func() { p1 <- b.Publish(ctx, q, msgs("p1", 9)...) }()
 	waitQueued(t, b, 9)
-	waitInShared(t, 1) // P1 waits for the token: it found 9 queued
+	waitGoroutines(t, 1, "[select", "sqs.(*Broker).publishShared(") // P1 waits for the token: it found 9 queued
 	p2 := make(chan any, 1)
 	go func() {
 		defer func() { p2 <- recover() }()
 		_ = b.Publish(ctx, q, msgs("p2", 2)...)
 	}()
 	waitQueued(t, b, 11)
-	waitInShared(t, 2)
+	waitGoroutines(t, 2, "[select", "sqs.(*Broker).publishShared(")
 	close(releaseF)
 	if err := <-f; err != nil {
 		t.Fatalf("F: %v", err)
@@ -182,32 +182,6 @@ func TestSharedSendPanicWithdrawsCallersEntries(t *testing.T) {
 	}
 	if err := b.Publish(ctx, q, msgs("after", 1)...); err != nil {
 		t.Fatalf("Publish after a call panicked: %v", err)
-	}
-}
-
-// waitInShared waits until n goroutines wait in publishShared's selects
-// (for a token, a sender or their outcomes; not in a call), reading the
-// goroutines' stacks: the coalescer does not tell who waits.
-func waitInShared(t *testing.T, n int) {
-	t.Helper()
-	ctx := testCtx(t)
-	buf := make([]byte, 1<<20)
-	for {
-		dump := string(buf[:runtime.Stack(buf, true)])
-		waiting := 0
-		for _, g := range strings.Split(dump, "\n\n") {
-			if strings.Contains(g, "[select") && strings.Contains(g, "sqs.(*Broker).publishShared(") {
-				waiting++
-			}
-		}
-		if waiting >= n {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d goroutines wait in publishShared, want %d", waiting, n)
-		case <-time.After(5 * time.Millisecond):
-		}
 	}
 }
 
@@ -395,10 +369,20 @@ func TestChunkPanicStopsFurtherChunks(t *testing.T) {
 // waitStack waits until a goroutine's stack holds every one of frames.
 func waitStack(t *testing.T, frames ...string) {
 	t.Helper()
+	waitGoroutines(t, 1, frames...)
+}
+
+// waitGoroutines waits until n goroutines' stacks each hold every one of
+// frames (as "[select" for a goroutine blocked in a select), reading the
+// goroutines' stacks: the coalescer, singleflight and the chunk goroutines
+// do not tell who waits where.
+func waitGoroutines(t *testing.T, n int, frames ...string) {
+	t.Helper()
 	ctx := testCtx(t)
 	buf := make([]byte, 1<<20)
 	for {
 		dump := string(buf[:runtime.Stack(buf, true)])
+		found := 0
 	next:
 		for _, g := range strings.Split(dump, "\n\n") {
 			for _, f := range frames {
@@ -406,11 +390,14 @@ func waitStack(t *testing.T, frames ...string) {
 					continue next
 				}
 			}
+			found++
+		}
+		if found >= n {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("no goroutine in %v", frames)
+			t.Fatalf("%d goroutines in %v, want %d", found, frames, n)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
