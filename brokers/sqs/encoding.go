@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -195,9 +196,33 @@ func sqsRune(r rune) bool {
 	return r == 0x9 || r == 0xA || r == 0xD || (r >= 0x20 && r <= 0xD7FF) || (r >= 0xE000 && r <= 0xFFFD)
 }
 
+// hiBits and below20 are isSQSText's word masks: the high bit of every byte,
+// and 0x20 in every byte. With no high bit set in w, (w-below20)&^w&hiBits
+// is non-zero exactly when some byte of w is below 0x20 (the borrow of a
+// byte's subtraction can only set a higher byte's high bit after a lower
+// byte went below 0x20 too).
+const (
+	hiBits  = 0x8080808080808080
+	below20 = 0x2020202020202020
+)
+
 // isSQSText reports whether b can be sent as an SQS body as it is.
 func isSQSText(b []byte) bool {
 	for len(b) > 0 {
+		// Eight bytes at a time while they are printable ASCII (no high bit,
+		// none below 0x20): a body is mostly that, and a byte at a time was
+		// 3 ns a byte, a percent or two of an SQS publisher's CPU. A word
+		// with anything else goes through the byte loop below.
+		for len(b) >= 8 {
+			w := binary.LittleEndian.Uint64(b)
+			if w&hiBits != 0 || (w-below20)&^w&hiBits != 0 {
+				break
+			}
+			b = b[8:]
+		}
+		if len(b) == 0 {
+			break
+		}
 		if c := b[0]; c < utf8.RuneSelf { // ASCII, most of a JSON body: no rune decoding
 			if c < 0x20 && c != 0x9 && c != 0xA && c != 0xD {
 				return false

@@ -1,6 +1,7 @@
 package sqs
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"reflect"
@@ -230,10 +231,45 @@ func TestIsSQSTextMatchesRunes(t *testing.T) {
 			t.Fatalf("isSQSText(%q) = %v, want %v", b, got, want(b))
 		}
 	}
+	// Every byte value at every position of a printable run long enough for
+	// the word-at-a-time path (and its tail), and two of them together.
+	for n := range 25 {
+		for pos := range n {
+			for c := range 256 {
+				b := []byte(strings.Repeat("{a Z~}", 5)[:n])
+				b[pos] = byte(c)
+				if got := isSQSText(b); got != want(b) {
+					t.Fatalf("isSQSText(%q) = %v, want %v", b, got, want(b))
+				}
+				for other := 0; other < n; other += 3 {
+					b2 := bytes.Clone(b)
+					b2[other] = byte(255 - c)
+					if got := isSQSText(b2); got != want(b2) {
+						t.Fatalf("isSQSText(%q) = %v, want %v", b2, got, want(b2))
+					}
+				}
+			}
+		}
+	}
 	rnd := rand.New(rand.NewPCG(1, 2))
 	alphabet := []byte("\x00\x01\t\n\r\x1f az{}\"\\\x7f\xc3\xa9\xed\xa0\x80\xef\xbf\xbe\xef\xbf\xbf\xf0\x9f\x98\x80")
-	for range 200000 {
+	for i := range 200000 {
 		b := make([]byte, rnd.IntN(12))
+		if i%2 == 1 { // long, mostly printable: the word path with a rare odd byte
+			b = make([]byte, rnd.IntN(64))
+			for j := range b {
+				b[j] = byte(0x20 + rnd.IntN(0x5f))
+			}
+			for range rnd.IntN(3) {
+				if len(b) > 0 {
+					b[rnd.IntN(len(b))] = alphabet[rnd.IntN(len(alphabet))]
+				}
+			}
+			if got := isSQSText(b); got != want(b) {
+				t.Fatalf("isSQSText(%q) = %v, want %v", b, got, want(b))
+			}
+			continue
+		}
 		for i := range b {
 			b[i] = alphabet[rnd.IntN(len(alphabet))]
 		}
