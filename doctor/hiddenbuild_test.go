@@ -124,3 +124,45 @@ func TestIndexBuildOfAnotherRole(t *testing.T) {
 		t.Fatalf("ledger.indexes as a reader: %+v; want OK", f)
 	}
 }
+
+// TestLedgerHiddenBuildNamesTheRole: with nothing to run but an index
+// that another role's build may be building (doctor's user sees the build
+// without its index), the ledger's fix says, as the broker's does, which
+// role would see whose build it is. Before, it said only to let the build
+// finish, though doctor cannot tell that the index is being built.
+func TestLedgerHiddenBuildNamesTheRole(t *testing.T) {
+	_, pool, schema := pgURL(t, nil)
+	store := migratedLedger(t, pool, schema)
+	reader := readerPool(t, pool, schema)
+	rstore, err := pgledger.New(reader, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "ledger_jobs_first_seen_idx"
+	create := ledgerIndexNamed(t, store, name).Create(true)
+	execAll(t, pool, `DROP INDEX `+pgx.Identifier{schema, name}.Sanitize())
+	finish := buildHeld(t, pool, `INSERT INTO `+store.Table()+` (message_id, status, rank, first_seen_at, updated_at) VALUES ('m', 'enqueued', 0, now(), now())`,
+		create, pgx.Identifier{schema, name}.Sanitize())
+	f := ledgerIndexFinding(t, rstore, schema+".ledger_jobs")
+	if !strings.Contains(f.Evidence, "without saying of which index") || strings.HasPrefix(f.Fix, "run ") ||
+		!strings.Contains(f.Fix, "as a role with pg_read_all_stats, or the build's own, doctor sees which index a build is of") {
+		t.Errorf("ledger.indexes as a reader: %+v; want the build maybe under way, nothing to run, and the role that would see it", f)
+	}
+	finish()
+}
+
+// ledgerIndexNamed is store's index of that name, as Indexes reads it.
+func ledgerIndexNamed(t *testing.T, store *pgledger.Store, name string) pgledger.Index {
+	t.Helper()
+	ixs, err := store.Indexes(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ix := range ixs {
+		if ix.Name == name {
+			return ix
+		}
+	}
+	t.Fatalf("no ledger index %s", name)
+	return pgledger.Index{}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berthq/berth/internal/pgindex"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
@@ -159,11 +160,6 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 	return fs, nil
 }
 
-// newBuilt reports whether x's replacement (Index.Replace, under the name
-// with "_new") is built, valid and as pgledger.SQL has it: only its drop
-// of the old index and its rename are left.
-func newBuilt(x pgledger.Index) bool { return x.NewFound != "" && x.NewValid && x.NewMatches }
-
 // indexChecker is a ledger reader on tables whose indexes doctor checks:
 // pgledger.Store.
 type indexChecker interface {
@@ -191,120 +187,33 @@ func ledgerIndexes(ctx context.Context, ix indexChecker, o Options) (Finding, er
 		return Finding{ID: "ledger.indexes", Severity: Info, Queue: table, Summary: "the indexes of the ledger's jobs table could not be read: not checked",
 			Evidence: err.Error(), Fix: "let doctor's database user read the catalog (pg_index) and the table, then run doctor again"}, nil
 	}
-	var bad, fixes []string
+	var bad []string
+	var vs []indexVerdict
 	building := 0
-	unread := false // a DROP printed of an invalid index whose build, under way or not, could not be read
 	for _, x := range ixs {
-		switch {
-		case x.OK():
-			continue
-		case x.Found == "" && x.HeldBy != "":
-			bad = append(bad, fmt.Sprintf("%s missing, its name held in the schema by %s, so that CREATE INDEX IF NOT EXISTS (Migrate) skips it (%s)",
-				x.Name, x.HeldBy, x.Cost))
-			fixes = append(fixes, "rename that relation ("+x.Rename()+" for an index)", x.Create(true))
-			continue
-		case x.Found == "" && newBuilt(x):
-			// Replace stopped after its drop: the rename is left, not
-			// a second index.
-			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new built but not renamed (%s)", x.Name, x.Name, x.Cost))
-			replace := x.Replace()
-			fixes = append(fixes, replace[len(replace)-1])
-			continue
-		case x.Found == "" && x.NewFound != "" && !x.NewValid && x.NewBuilding:
-			// Replace's build under way, its old index dropped: when it
-			// ends only the rename is left; dropping it would throw the
-			// build away.
-			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)",
-				x.Name, x.Name, x.Cost))
-			building++
-			continue
-		case x.Found == "" && x.NewFound != "" && !x.NewValid && x.BuildHidden:
-			// It may be that build: dropping it would throw it away.
-			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid: its build failed, or is the one %s",
-				x.Name, x.Cost, x.Name, hiddenBuild))
-			building++
-			continue
-		case x.Found == "" && x.NewFound != "" && !x.NewValid:
-			// Never read, but kept up to date on every write: drop it
-			// rather than build a second index beside it.
-			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid, never read but kept up to date on every write: its build failed%s",
-				x.Name, x.Cost, x.Name, unreadHedge(x.BuildUnknown)))
-			fixes = append(fixes, x.Replace()[0], x.Create(true))
-			unread = unread || x.BuildUnknown
-			continue
-		case x.Found == "":
-			bad = append(bad, fmt.Sprintf("%s missing (%s)", x.Name, x.Cost))
-			fixes = append(fixes, x.Create(true))
-			continue
-		case x.Building && !x.Valid: // not a REINDEX CONCURRENTLY of a valid one
-			// Not read until built; dropping it would throw the build away.
-			bad = append(bad, fmt.Sprintf("%s being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)", x.Name, x.Cost))
-			building++
-			continue
-		case !x.Valid && x.BuildHidden:
-			// It may be that build: dropping it would throw it away.
-			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it, as may the one %s (%s)",
-				x.Name, hiddenBuild, x.Cost))
-			building++
-			continue
-		case !x.Valid:
-			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", x.Name, x.Cost))
-			unread = unread || x.BuildUnknown
-		default:
-			what := fmt.Sprintf("%s defined as %s, not as pgledger.SQL has it (%s): %s", x.Name, quoted(x.Found), quoted(x.Want), x.Cost)
-			replace := x.Replace()
-			switch {
-			case newBuilt(x):
-				bad = append(bad, what+"; its replacement "+x.Name+"_new is built")
-				fixes = append(fixes, replace[len(replace)-2:]...) // drop the old one, rename the new one
-			case x.NewFound != "" && x.NewBuilding && !x.NewValid:
-				// Dropping it (Replace's first statement) would throw
-				// the build away.
-				bad = append(bad, what+"; its replacement "+x.Name+"_new is being built by a CREATE INDEX CONCURRENTLY under way")
-				building++
-			case x.NewFound != "" && !x.NewValid && x.BuildHidden:
-				// It may be that build: Replace's first statement would
-				// throw it away.
-				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed, or is the one "+hiddenBuild)
-				building++
-			case x.NewFound != "" && !x.NewValid:
-				bad = append(bad, what+"; its replacement "+x.Name+"_new is invalid: its build failed"+unreadHedge(x.BuildUnknown))
-				fixes = append(fixes, replace...) // the first statement drops the failed one
-				unread = unread || x.BuildUnknown
-			case x.NewFound != "" && x.NewValid:
-				// Not Replace's (built otherwise, as by hand) and may
-				// serve queries: Replace's first statement would drop it.
-				bad = append(bad, what+"; "+x.Name+"_new, an index of the table defined as "+quoted(x.NewFound)+", is not its replacement and is kept")
-				fixes = append(fixes, x.RenameNew())
-				fixes = append(fixes, replace...)
-			case x.NewHeldBy != "":
-				// Replace's first statement (DROP INDEX ... _new) would
-				// drop the holder, as an archived table's index.
-				bad = append(bad, what+"; the name of its replacement, "+x.Name+"_new, is held in the schema by "+x.NewHeldBy)
-				fixes = append(fixes, "rename that relation ("+x.RenameNew()+" for an index)")
-				fixes = append(fixes, replace...)
-			default:
-				bad = append(bad, what)
-				fixes = append(fixes, replace...) // the old one serves while the new one builds
-			}
+		v := classifyIndex(indexSpec{name: x.Name, cost: x.Cost, source: "pgledger.SQL", want: x.Want,
+			create: x.Create(true), drop: x.Drop, replace: x.Replace(), rename: x.Rename(), renameNew: x.RenameNew()},
+			pgindex.State{Found: x.Found, Valid: x.Valid, Building: x.Building, Matches: x.Matches, HeldBy: x.HeldBy,
+				NewFound: x.NewFound, NewValid: x.NewValid, NewBuilding: x.NewBuilding, NewMatches: x.NewMatches, NewHeldBy: x.NewHeldBy,
+				BuildHidden: x.BuildHidden, BuildUnknown: x.BuildUnknown})
+		if v.ok {
 			continue
 		}
-		fixes = append(fixes, x.Drop, x.Create(true))
+		bad = append(bad, v.evidence)
+		vs = append(vs, v)
+		if v.building || v.maybeBuilding {
+			building++
+		}
 	}
 	if len(bad) == 0 {
 		return Finding{ID: "ledger.indexes", Severity: OK, Queue: table, Summary: "every index of the ledger's jobs table is present, as pgledger.SQL creates it",
 			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
 	}
-	fixEnd := ""
-	if unread {
-		fixEnd = unreadFix
-	}
+	fix := indexFix(vs, "the ledger's writes", "pgledger.Store.Migrate")
 	if building == len(bad) {
 		return Finding{ID: "ledger.indexes", Severity: Info, Queue: table, Summary: "indexes of the ledger's jobs table are being built",
-			Evidence: strings.Join(bad, "; "), Fix: "let the CREATE INDEX CONCURRENTLY finish, then run doctor again"}, nil
+			Evidence: strings.Join(bad, "; "), Fix: fix}, nil
 	}
 	return Finding{ID: "ledger.indexes", Severity: Warn, Queue: table, Summary: "indexes of the ledger's jobs table are missing, invalid or not as pgledger.SQL creates them",
-		Evidence: strings.Join(bad, "; "),
-		Fix: "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks the ledger's writes while it builds; " +
-			"pgledger.Store.Migrate creates a missing index but keeps one that exists, invalid or not)" + fixEnd}, nil
+		Evidence: strings.Join(bad, "; "), Fix: fix}, nil
 }

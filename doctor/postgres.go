@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/internal/pgindex"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -69,87 +70,24 @@ var indexCosts = map[string]struct {
 
 // pgIndexes is the postgres.indexes finding of table (qt quoted, in
 // schema): the indexes of schema.sql present, valid and with its
-// definition (an index of the right name made by hand, or by an earlier
-// release with other columns, serves the queries no better than none, and
-// Migrate keeps it). A missing or invalid index has its own severity, as
-// has one whose name another relation of the schema holds (Migrate skips
-// it; the fix renames the holder); one defined otherwise is a Warn, but for
-// a unique one (jobs_dedupe_idx), which ON CONFLICT cannot use unless it is
-// exactly that, and its fix builds the new one before it drops the old one
-// (postgres.Index.Replace). A replacement found under the name with "_new"
-// is taken up where it stopped: being built, Info with nothing to run;
-// built, only the drop and the rename left; failed (invalid), said so,
-// with why for a unique one; a "_new" name another relation holds, or a
-// valid "_new" index of the table that is not the replacement (made by
-// hand), is renamed first (Replace's first statement would drop it). With
-// the index missing, a "_new" being built is Info (the rename follows), an
-// invalid one is dropped before the index is created. An index a
-// CREATE INDEX CONCURRENTLY under way builds (invalid until it ends) is
-// Info, with nothing to run: dropping it would throw the build away; while
-// a build whose index doctor's user cannot see (another role's) is under
-// way, an invalid index gets no DROP either. When the indexes cannot be
-// read it is an Info finding that says why; where only the progress view
-// cannot be read, an invalid index may be a build under way: the evidence
-// says so and the fix warns before its DROP. A timeout or an interrupt is
-// returned, as the check's other queries would meet it too.
+// definition, each classified by classifyIndex (as the ledger's are). A
+// missing or invalid index has its own severity (indexCosts), as has one
+// whose name another relation of the schema holds; one defined otherwise
+// is a Warn, but for a unique one (jobs_dedupe_idx), which ON CONFLICT
+// cannot use unless it is exactly that; one a CREATE INDEX CONCURRENTLY
+// under way builds, or its replacement, is Info, with nothing to run. When
+// the indexes cannot be read it is an Info finding that says why; where
+// only the progress view cannot be read, an invalid index may be a build
+// under way: the evidence says so and the fix warns before its DROP. A
+// timeout or an interrupt is returned, as the check's other queries would
+// meet it too.
 func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string) (Finding, error) {
-	type state struct {
-		onTable  bool   // an index of the jobs table; else the name is another relation's
-		valid    bool   // indisvalid
-		def      string // pg_get_indexdef
-		building bool   // a CREATE INDEX CONCURRENTLY under way builds it
-		holder   string // !onTable: what holds the name
-		oid      uint32
-		free     string // a free name for the holder: the name with "_old", or "_old2" and on if that is taken
-	}
 	ixs := postgres.Indexes()
 	names := make([]string, len(ixs))
 	for i, ix := range ixs {
 		names[i] = ix.Name
 	}
-	for _, ix := range ixs {
-		names = append(names, ix.Name+"_new") // a replacement's (Index.Replace)
-	}
-	// Every relation of the schema with an index's name: CREATE INDEX IF
-	// NOT EXISTS (Migrate, the fix) skips a name another relation holds,
-	// as an index a renamed jobs table took along. A build under way is
-	// read afterwards (see pgBuildsUnderWay).
-	have := map[string]state{}
-	hidden := false // a build under way in the database whose index doctor's user may not see
-	unread := false // pg_stat_progress_create_index could not be read: a build under way is not known
-	rows, err := pool.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
-		COALESCE(pg_get_indexdef(x.indexrelid), ''), c.oid,
-		CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
-			ELSE CASE c.relkind WHEN 'r' THEN 'a table' WHEN 'p' THEN 'a table' WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
-				WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END,
-		COALESCE((SELECT f.n FROM (SELECT c.relname || '_old' || CASE WHEN g = 1 THEN '' ELSE g::text END AS n, g FROM generate_series(1, 100) AS g) AS f
-		WHERE NOT EXISTS (SELECT 1 FROM pg_class o WHERE o.relnamespace = c.relnamespace AND o.relname = f.n) ORDER BY f.g LIMIT 1), c.relname || '_old')
-		FROM pg_class c LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
-		WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass) AND c.relname = ANY ($2)`, qt, names)
-	if err == nil {
-		var name string
-		var st state
-		_, err = pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.oid, &st.holder, &st.free}, func() error {
-			if !st.onTable || st.def != "" { // "": dropped since the scan began
-				have[name] = st
-			}
-			return nil
-		})
-	}
-	if err == nil {
-		var invalid []uint32
-		for _, st := range have {
-			if st.onTable && !st.valid {
-				invalid = append(invalid, st.oid)
-			}
-		}
-		var building map[uint32]bool
-		building, hidden, unread, err = pgBuildsUnderWay(ctx, pool, invalid)
-		for name, st := range have {
-			st.building = building[st.oid]
-			have[name] = st
-		}
-	}
+	cat, err := pgindex.Read(ctx, pool, qt, names)
 	switch {
 	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
 		return Finding{}, fmt.Errorf("doctor: postgres: indexes: %w", err)
@@ -158,189 +96,43 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 			Evidence: err.Error(), Fix: "let doctor's database user read the catalog (pg_index, pg_get_indexdef) and the table, then run doctor again"}, nil
 	}
 	worst := OK
-	var bad, fixes []string
+	var bad []string
+	var vs []indexVerdict
 	for _, ix := range ixs {
 		c, ok := indexCosts[ix.Name]
 		if !ok {
 			c.severity, c.cost = Warn, "the queries it serves scan the whole table"
 		}
-		sev := c.severity
-		st, found := have[ix.Name]
-		// The replacement Index.Replace builds under the name with
-		// "_new": built and right (its last statements were not run),
-		// under way, or left invalid by a build that failed.
-		nw, replacing := have[ix.Name+"_new"]
-		newHeld := replacing && !nw.onTable // Replace's first statement would drop another table's index
-		replacing = replacing && nw.onTable
-		built := replacing && nw.valid && ix.Matches(nw.def)
-		replace := ix.Replace(schema)
-		switch {
-		case found && st.onTable && st.valid && ix.Matches(st.def):
+		st := cat.State(ix.Name, ix.Matches)
+		v := classifyIndex(indexSpec{name: ix.Name, cost: c.cost, source: "schema.sql", want: ix.Def, unique: ix.Unique,
+			create: ix.Create(schema), drop: ix.Drop(schema), replace: ix.Replace(schema),
+			rename: pgindex.Rename(schema, ix.Name, st.RenameTo), renameNew: pgindex.Rename(schema, ix.Name+pgindex.NewSuffix, st.NewTo)},
+			st)
+		if v.ok {
 			continue
-		case !found && built:
-			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new built but not renamed (%s)", ix.Name, ix.Name, c.cost))
-			fixes = append(fixes, replace[len(replace)-1])
-		case !found && replacing && !nw.valid && nw.building:
-			// Replace's build under way, its old index dropped: when it
-			// ends only the rename is left; dropping it would throw the
-			// build away.
+		}
+		// Its own severity, but Info while a build under way builds it,
+		// and a Warn when defined otherwise, unless unique (ON CONFLICT
+		// cannot use it unless it is exactly that).
+		sev := c.severity
+		switch {
+		case v.building:
 			sev = Info
-			bad = append(bad, fmt.Sprintf("%s missing, its replacement %s_new being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)",
-				ix.Name, ix.Name, c.cost))
-		case !found && replacing && !nw.valid && hidden:
-			// It may be that build: dropping it would throw it away.
-			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid: its build failed, or is the one %s",
-				ix.Name, c.cost, ix.Name, hiddenBuild))
-		case !found && replacing && !nw.valid:
-			// Never read, but kept up to date on every write: drop it
-			// rather than build a second index beside it.
-			bad = append(bad, fmt.Sprintf("%s missing (%s); its replacement %s_new is invalid, never read but kept up to date on every write: its build failed%s",
-				ix.Name, c.cost, ix.Name, unreadHedge(unread)))
-			fixes = append(fixes, replace[0], ix.Create(schema))
-		case !found:
-			bad = append(bad, fmt.Sprintf("%s missing (%s)", ix.Name, c.cost))
-			fixes = append(fixes, ix.Create(schema))
-		case !st.onTable:
-			bad = append(bad, fmt.Sprintf("%s missing, its name held in the schema by %s, so that CREATE INDEX IF NOT EXISTS (Migrate) skips it (%s)",
-				ix.Name, st.holder, c.cost))
-			fixes = append(fixes, "rename that relation (ALTER INDEX "+pgx.Identifier{schema, ix.Name}.Sanitize()+" RENAME TO "+
-				pgx.Identifier{st.free}.Sanitize()+" for an index)", ix.Create(schema))
-		case st.building && !st.valid: // not a REINDEX CONCURRENTLY of a valid one
-			// Not read until built: nothing to do but let it finish;
-			// dropping it would throw the build away.
-			sev = Info
-			bad = append(bad, fmt.Sprintf("%s being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends (%s)", ix.Name, c.cost))
-		case !st.valid && hidden:
-			// It may be that build: dropping it would throw it away.
-			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it, as may the one %s (%s)",
-				ix.Name, hiddenBuild, c.cost))
-		case !st.valid:
-			bad = append(bad, fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", ix.Name, c.cost))
-			fixes = append(fixes, ix.Drop(schema), ix.Create(schema))
-		default:
-			if !ix.Unique {
-				sev = Warn
-			}
-			what := fmt.Sprintf("%s defined as %s, not as schema.sql has it (%s): %s", ix.Name, quoted(st.def), quoted(ix.Def), c.cost)
-			switch {
-			case built:
-				bad = append(bad, what+"; its replacement "+ix.Name+"_new is built")
-				fixes = append(fixes, replace[len(replace)-2:]...) // drop the old one, rename the new one
-			case replacing && nw.building && !nw.valid:
-				// Dropping it (Replace's first statement) would throw
-				// the build away.
-				sev = Info
-				bad = append(bad, what+"; its replacement "+ix.Name+"_new is being built by a CREATE INDEX CONCURRENTLY under way")
-			case replacing && !nw.valid && hidden:
-				// It may be that build: Replace's first statement would
-				// throw it away.
-				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed, or is the one "+hiddenBuild)
-			case replacing && !nw.valid:
-				why := ""
-				if ix.Unique {
-					why = " (a unique one fails on rows that share its key, which the build's error names: settle them first)"
-				}
-				bad = append(bad, what+"; its replacement "+ix.Name+"_new is invalid: its build failed"+unreadHedge(unread)+why)
-				fixes = append(fixes, replace...) // the first statement drops the failed one
-			case replacing && nw.valid:
-				// Not Replace's (built otherwise, as by hand) and may
-				// serve queries: Replace's first statement would drop it.
-				bad = append(bad, what+"; "+ix.Name+"_new, an index of the table defined as "+quoted(nw.def)+", is not its replacement and is kept")
-				fixes = append(fixes, "ALTER INDEX "+pgx.Identifier{schema, ix.Name + "_new"}.Sanitize()+" RENAME TO "+pgx.Identifier{nw.free}.Sanitize())
-				fixes = append(fixes, replace...)
-			case newHeld:
-				// Replace's first statement (DROP INDEX ... _new) would
-				// drop the holder, as an archived table's index.
-				bad = append(bad, what+"; the name of its replacement, "+ix.Name+"_new, is held in the schema by "+nw.holder)
-				fixes = append(fixes, "rename that relation (ALTER INDEX "+pgx.Identifier{schema, ix.Name + "_new"}.Sanitize()+" RENAME TO "+
-					pgx.Identifier{nw.free}.Sanitize()+" for an index)")
-				fixes = append(fixes, replace...)
-			default:
-				bad = append(bad, what)
-				fixes = append(fixes, replace...) // the old one serves while the new one builds
-			}
+		case v.otherwise && !ix.Unique:
+			sev = Warn
 		}
 		if sev.rank() > worst.rank() {
 			worst = sev
 		}
+		bad = append(bad, v.evidence)
+		vs = append(vs, v)
 	}
 	if len(bad) == 0 {
 		return Finding{ID: "postgres.indexes", Severity: OK, Queue: table, Summary: "every index of the jobs table is present, as schema.sql creates it",
 			Evidence: fmt.Sprintf("%d indexes, none missing, invalid or defined otherwise", len(ixs))}, nil
 	}
-	fix := "let the CREATE INDEX CONCURRENTLY finish, then run doctor again"
-	if hidden {
-		fix += " (as a role with pg_read_all_stats, or the build's own, doctor sees which index a build is of)"
-	}
-	if len(fixes) > 0 {
-		fix = "run " + strings.Join(fixes, "; ") + " (each on its own, outside a transaction; CONCURRENTLY, as a plain CREATE INDEX blocks writes to the jobs table while it builds; " +
-			"the broker's Migrate creates a missing index but keeps one that exists, invalid or not)"
-		if unread {
-			fix += unreadFix
-		}
-	}
 	return Finding{ID: "postgres.indexes", Severity: worst, Queue: table, Summary: "indexes of the jobs table are missing, invalid or not as schema.sql creates them",
-		Evidence: strings.Join(bad, "; "), Fix: fix}, nil
-}
-
-// hiddenBuild ends the evidence of an invalid index that a build doctor's
-// user may not see could be building.
-const hiddenBuild = "pg_stat_progress_create_index shows under way in this database without saying of which index " +
-	"(another role's, which doctor's user sees only with pg_read_all_stats): run doctor again once it has ended"
-
-// unreadFix ends a fix printed while pg_stat_progress_create_index could
-// not be read: a DROP of an invalid index in it may be of one a build under
-// way is building.
-const unreadFix = "; doctor's user cannot read pg_stat_progress_create_index: before a DROP INDEX of an invalid index, " +
-	"check there, as a role that can, that no CREATE INDEX CONCURRENTLY under way builds it (dropping it would throw that build away)"
-
-// unreadHedge is what the evidence of an invalid index adds while
-// pg_stat_progress_create_index could not be read (unread): its build may
-// be under way.
-func unreadHedge(unread bool) string {
-	if !unread {
-		return ""
-	}
-	return ", or one under way builds it (doctor's user cannot read pg_stat_progress_create_index to tell which)"
-}
-
-// pgBuildsUnderWay returns which of the indexes oids (invalid ones) a
-// CREATE INDEX CONCURRENTLY under way in this database builds, as
-// pg_stat_progress_create_index shows them to q's user: its own builds, or
-// all with pg_read_all_stats. hidden is true when the view shows a build
-// under way in this database without its index (another role's, to a user
-// without pg_read_all_stats): any invalid index may be that one's. It is
-// asked apart from the catalog, and only when an index is invalid: where
-// that view cannot be read (its SELECT revoked), the indexes are still
-// checked, and a build is not known (nil, false, true, nil): unread. A
-// timeout or an interrupt is returned.
-func pgBuildsUnderWay(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, oids []uint32) (building map[uint32]bool, hidden, unread bool, err error) {
-	if len(oids) == 0 {
-		return nil, false, false, nil
-	}
-	rows, err := q.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
-		WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND (index_relid IS NULL OR index_relid = ANY ($1::oid[]))`, oids)
-	building = map[uint32]bool{}
-	if err == nil {
-		var oid *uint32
-		_, err = pgx.ForEachRow(rows, []any{&oid}, func() error {
-			if oid == nil {
-				hidden = true
-			} else {
-				building[*oid] = true
-			}
-			return nil
-		})
-	}
-	switch {
-	case err != nil && (errors.Is(ctx.Err(), context.Canceled) || timedOut(ctx, err)):
-		return nil, false, false, err
-	case err != nil:
-		return nil, false, true, nil
-	}
-	return building, hidden, false, nil
+		Evidence: strings.Join(bad, "; "), Fix: indexFix(vs, "writes to the jobs table", "the broker's Migrate")}, nil
 }
 
 func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time.Duration, o Options) ([]Finding, error) {

@@ -30,17 +30,24 @@ func progressRefused(t *testing.T, pool *pgxpool.Pool, schema string) *pgxpool.P
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
+	return configuredPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["search_path"] = qs + ", pg_catalog" })
+}
+
+// configuredPool is a pool on the test database, its config changed by
+// configure, closed when the test ends.
+func configuredPool(t *testing.T, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = qs + ", pg_catalog"
-	refused, err := pgxpool.NewWithConfig(ctx, cfg)
+	configure(cfg)
+	p, err := pgxpool.NewWithConfig(testCtx(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(refused.Close)
-	return refused
+	t.Cleanup(p.Close)
+	return p
 }
 
 // TestPostgresIndexesWithoutProgressView: where doctor's user cannot read

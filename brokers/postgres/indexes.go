@@ -3,9 +3,10 @@ package postgres
 import (
 	"regexp"
 	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/internal/pgindex"
 )
 
 // Index is one index [SchemaSQL] creates on the jobs table, as schema.sql
@@ -48,9 +49,6 @@ func parseIndexes(ddl string) []Index {
 // order.
 func Indexes() []Index { return slices.Clone(jobIndexes) }
 
-// storageParams is the WITH (...) clause of an index definition.
-var storageParams = regexp.MustCompile(` WITH \([^()]*\)`)
-
 // Matches reports whether def, an index definition as pg_get_indexdef
 // writes it, is ix: UNIQUE or not as ix is, with the same method, columns
 // (their order, operator classes, collations and sort order), included
@@ -59,17 +57,7 @@ var storageParams = regexp.MustCompile(` WITH \([^()]*\)`)
 // with other columns, does not match: CREATE INDEX IF NOT EXISTS
 // ([Broker.Migrate]) keeps it. Schema names are validated identifiers,
 // without spaces: the first " USING " ends the table's name.
-func (ix Index) Matches(def string) bool {
-	head := "CREATE INDEX "
-	if ix.Unique {
-		head = "CREATE UNIQUE INDEX "
-	}
-	if !strings.HasPrefix(def, head) {
-		return false
-	}
-	_, rest, ok := strings.Cut(def, " USING ")
-	return ok && storageParams.ReplaceAllString(rest, "") == ix.Def
-}
+func (ix Index) Matches(def string) bool { return pgindex.Matches(def, ix.Unique, ix.Def) }
 
 // Create returns the statement that creates ix on schema's jobs table,
 // CONCURRENTLY (run it outside a transaction: a plain CREATE INDEX blocks
@@ -96,18 +84,10 @@ func (ix Index) create(schema, name string) string {
 // (jobs_claim_idx), or every deduplicated enqueue fail (jobs_dedupe_idx),
 // for as long as the build takes.
 func (ix Index) Replace(schema string) []string {
-	tmp := ix.Name + "_new"
-	return []string{
-		"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, tmp}.Sanitize(),
-		ix.create(schema, tmp),
-		ix.Drop(schema),
-		"ALTER INDEX " + pgx.Identifier{schema, tmp}.Sanitize() + " RENAME TO " + quoteIdent(ix.Name),
-	}
+	return pgindex.Replace(schema, ix.Name, func(name string) string { return ix.create(schema, name) })
 }
 
 // Drop returns the statement that drops ix from schema (DROP INDEX
 // CONCURRENTLY IF EXISTS), to run before [Index.Create] when the index is
 // invalid (one that does not match: [Index.Replace]).
-func (ix Index) Drop(schema string) string {
-	return "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, ix.Name}.Sanitize()
-}
+func (ix Index) Drop(schema string) string { return pgindex.Drop(schema, ix.Name) }

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/berthq/berth/internal/pgindex"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -256,18 +257,10 @@ func indexes(opts Options) []Index {
 			want += " WHERE (" + ix.where + ")"
 			on += " WHERE " + ix.where
 		}
-		out = append(out, Index{Name: opts.Prefix + ix.suffix, Cost: ix.cost, Want: want,
-			Drop:      "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
-			on:        pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize() + " ON " + on,
-			rename:    "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize() + " RENAME TO ",
-			renameNew: "ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize() + " RENAME TO ",
-			replace: []string{
-				"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize(),
-				"CREATE INDEX CONCURRENTLY IF NOT EXISTS " + pgx.Identifier{opts.Prefix + ix.suffix + "_new"}.Sanitize() + " ON " + on,
-				"DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix}.Sanitize(),
-				"ALTER INDEX " + pgx.Identifier{opts.Schema, opts.Prefix + ix.suffix + "_new"}.Sanitize() + " RENAME TO " +
-					pgx.Identifier{opts.Prefix + ix.suffix}.Sanitize(),
-			}})
+		name := opts.Prefix + ix.suffix
+		x := Index{Name: name, Cost: ix.cost, Want: want, Drop: pgindex.Drop(opts.Schema, name), schema: opts.Schema, on: " ON " + on}
+		x.replace = pgindex.Replace(opts.Schema, name, x.create)
+		out = append(out, x)
 	}
 	return out
 }
@@ -339,12 +332,11 @@ type Index struct {
 	// match: Replace).
 	Drop string
 
-	on        string   // name ON table (columns) WHERE predicate
-	rename    string   // ALTER INDEX of the name, up to its new one
-	renameTo  string   // HeldBy: a free name for the holder, as read by Indexes ("": the name with "_old")
-	renameNew string   // ALTER INDEX of the name with "_new", up to its new one
-	newTo     string   // NewHeldBy or NewFound: a free name for the index of the name with "_new" ("": that name with "_old")
-	replace   []string // Replace
+	schema   string   // the table's
+	on       string   // " ON table (columns) WHERE predicate"
+	renameTo string   // HeldBy: a free name for the holder, as read by Indexes ("": the name with "_old")
+	newTo    string   // NewHeldBy or NewFound: a free name for the index of the name with "_new" ("": that name with "_old")
+	replace  []string // Replace
 }
 
 // Replace returns the statements that replace a valid index of its name
@@ -367,7 +359,7 @@ func (ix Index) Rename() string {
 	if to == "" {
 		to = ix.Name + "_old"
 	}
-	return ix.rename + pgx.Identifier{to}.Sanitize()
+	return pgindex.Rename(ix.schema, ix.Name, to)
 }
 
 // RenameNew returns the statement that gives the index holding the name
@@ -382,62 +374,25 @@ func (ix Index) RenameNew() string {
 	if to == "" {
 		to = ix.Name + "_new_old"
 	}
-	return ix.renameNew + pgx.Identifier{to}.Sanitize()
+	return pgindex.Rename(ix.schema, ix.Name+pgindex.NewSuffix, to)
 }
 
 // Create returns its CREATE INDEX statement, CONCURRENTLY (as on a table
 // in use: a plain one blocks the ledger's writes while it builds) or not.
 func (ix Index) Create(concurrently bool) string {
 	if concurrently {
-		return "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + ix.on
+		return ix.create(ix.Name)
 	}
-	return "CREATE INDEX IF NOT EXISTS " + ix.on
+	return "CREATE INDEX IF NOT EXISTS " + pgx.Identifier{ix.Name}.Sanitize() + ix.on
+}
+
+// create is Create(true) under name.
+func (ix Index) create(name string) string {
+	return "CREATE INDEX CONCURRENTLY IF NOT EXISTS " + pgx.Identifier{name}.Sanitize() + ix.on
 }
 
 // OK reports whether the index is present, valid and as [SQL] creates it.
 func (ix Index) OK() bool { return ix.Found != "" && ix.Valid && ix.Matches }
-
-// buildsUnderWay returns which of the indexes oids (invalid ones) a CREATE
-// INDEX CONCURRENTLY under way in this database builds, as
-// pg_stat_progress_create_index shows them to the store's user: its own
-// builds, or all with pg_read_all_stats; hidden is true when it shows a
-// build under way in this database without its index (another role's,
-// without pg_read_all_stats). It is asked apart from the
-// catalog, only when an index is invalid, and in a transaction of its own
-// (a savepoint when the store's DB is a transaction, which a failure would
-// otherwise abort): where that view cannot be read (its SELECT revoked),
-// the indexes are still read, and a build is not known (nil, false,
-// true, nil): unread. An error is returned only when ctx has ended.
-func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (building map[uint32]bool, hidden, unread bool, err error) {
-	if len(oids) == 0 {
-		return nil, false, false, nil
-	}
-	building = map[uint32]bool{}
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT index_relid FROM pg_stat_progress_create_index
-	WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND (index_relid IS NULL OR index_relid = ANY ($1::oid[]))`, oids)
-		if err != nil {
-			return err
-		}
-		var oid *uint32
-		_, err = pgx.ForEachRow(rows, []any{&oid}, func() error {
-			if oid == nil {
-				hidden = true
-			} else {
-				building[*oid] = true
-			}
-			return nil
-		})
-		return err
-	})
-	switch {
-	case err != nil && ctx.Err() != nil:
-		return nil, false, false, err
-	case err != nil:
-		return nil, false, true, nil
-	}
-	return building, hidden, false, nil
-}
 
 // Indexes returns the indexes [SQL] creates on the jobs table, in [SQL]'s
 // order, each with what the database holds under its name: a table made by
@@ -446,96 +401,30 @@ func (s *Store) buildsUnderWay(ctx context.Context, oids []uint32) (building map
 // index that exists), and with the replacement [Index.Replace] builds
 // under the name with "_new", if one is on the table (NewFound). The
 // doctor reports them (ledger.indexes). A missing table gives an error.
+// Builds under way are read from pg_stat_progress_create_index in a
+// transaction of their own (a savepoint when the store's DB is a
+// transaction): where that view answers with an error (its SELECT
+// revoked), the indexes are still returned, with BuildUnknown; ctx's end
+// or a timeout of that query is returned, as any other query's.
 func (s *Store) Indexes(ctx context.Context) ([]Index, error) {
 	out := indexes(s.opts)
 	names := make([]string, len(out))
 	for i, ix := range out {
 		names[i] = ix.Name
 	}
-	for _, ix := range out {
-		names = append(names, ix.Name+"_new") // a replacement's (Replace)
-	}
-	// Every relation of the schema with an index's name (CREATE INDEX IF
-	// NOT EXISTS skips a name another relation holds). A build under way
-	// is read afterwards (see buildsUnderWay).
-	rows, err := s.db.Query(ctx, `SELECT c.relname, COALESCE(x.indrelid = $1::regclass, false), COALESCE(x.indisvalid, false),
-	COALESCE(pg_get_indexdef(x.indexrelid), ''), c.oid,
-	CASE WHEN x.indexrelid IS NOT NULL THEN 'an index of ' || COALESCE(quote_ident(t.relname), 'another table')
-		ELSE CASE c.relkind WHEN 'r' THEN 'a table' WHEN 'p' THEN 'a table' WHEN 'v' THEN 'a view' WHEN 'm' THEN 'a materialized view'
-			WHEN 'S' THEN 'a sequence' ELSE 'a relation' END END,
-	COALESCE((SELECT f.n FROM (SELECT c.relname || '_old' || CASE WHEN g = 1 THEN '' ELSE g::text END AS n, g FROM generate_series(1, 100) AS g) AS f
-	WHERE NOT EXISTS (SELECT 1 FROM pg_class o WHERE o.relnamespace = c.relnamespace AND o.relname = f.n) ORDER BY f.g LIMIT 1), c.relname || '_old')
-	FROM pg_class c LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
-	WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass) AND c.relname = ANY ($2)`, s.jobs, names)
+	c, err := pgindex.Read(ctx, s.db, s.jobs, names)
 	if err != nil {
 		return nil, fmt.Errorf("pgledger: indexes: %w", err)
-	}
-	type state struct {
-		onTable, valid, building bool
-		def, holder, free        string
-		oid                      uint32
-	}
-	have := map[string]state{}
-	var name string
-	var st state
-	if _, err := pgx.ForEachRow(rows, []any{&name, &st.onTable, &st.valid, &st.def, &st.oid, &st.holder, &st.free}, func() error {
-		if !st.onTable || st.def != "" { // "": dropped since the scan began
-			have[name] = st
-		}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("pgledger: indexes: %w", err)
-	}
-	var invalid []uint32
-	for _, st := range have {
-		if st.onTable && !st.valid {
-			invalid = append(invalid, st.oid)
-		}
-	}
-	building, hidden, unread, err := s.buildsUnderWay(ctx, invalid)
-	if err != nil {
-		return nil, fmt.Errorf("pgledger: indexes: %w", err)
-	}
-	for name, st := range have {
-		st.building = building[st.oid]
-		have[name] = st
 	}
 	for i, ix := range out {
-		st, ok := have[ix.Name]
-		switch {
-		case !ok:
-		case !st.onTable:
-			out[i].HeldBy, out[i].renameTo = st.holder, st.free
-		default:
-			out[i].Found, out[i].Valid, out[i].Building, out[i].Matches = st.def, st.valid, st.building, indexDefMatches(st.def, ix.Want)
-		}
-		switch nw, ok := have[ix.Name+"_new"]; {
-		case !ok:
-		case !nw.onTable:
-			out[i].NewHeldBy, out[i].newTo = nw.holder, nw.free
-		default:
-			out[i].NewFound, out[i].NewValid, out[i].NewBuilding, out[i].NewMatches = nw.def, nw.valid, nw.building, indexDefMatches(nw.def, ix.Want)
-			out[i].newTo = nw.free
-		}
-		invalid := out[i].Found != "" && !out[i].Valid || out[i].NewFound != "" && !out[i].NewValid
-		out[i].BuildHidden = hidden && invalid
-		out[i].BuildUnknown = unread && invalid
+		st := c.State(ix.Name, func(def string) bool { return pgindex.Matches(def, false, ix.Want) })
+		out[i].Found, out[i].Valid, out[i].Building, out[i].Matches = st.Found, st.Valid, st.Building, st.Matches
+		out[i].HeldBy, out[i].renameTo = st.HeldBy, st.RenameTo
+		out[i].NewFound, out[i].NewValid, out[i].NewBuilding, out[i].NewMatches = st.NewFound, st.NewValid, st.NewBuilding, st.NewMatches
+		out[i].NewHeldBy, out[i].newTo = st.NewHeldBy, st.NewTo
+		out[i].BuildHidden, out[i].BuildUnknown = st.BuildHidden, st.BuildUnknown
 	}
 	return out, nil
-}
-
-// storageParams is the WITH (...) clause of an index definition.
-var storageParams = regexp.MustCompile(` WITH \([^()]*\)`)
-
-// indexDefMatches reports whether def, as pg_get_indexdef writes it, is
-// the plain index want describes (from USING on). Names are validated
-// identifiers, without spaces: the first " USING " ends the table's name.
-func indexDefMatches(def, want string) bool {
-	if !strings.HasPrefix(def, "CREATE INDEX ") {
-		return false // UNIQUE
-	}
-	_, rest, ok := strings.Cut(def, " USING ")
-	return ok && storageParams.ReplaceAllString(rest, "") == want
 }
 
 // MissingIndexes returns the indexes [SQL] creates on the jobs table that
