@@ -37,6 +37,9 @@ type indexVerdict struct {
 	// unreadDrop: a DROP of an invalid index is printed while
 	// pg_stat_progress_create_index could not be read.
 	unreadDrop bool
+	// leftover: the index is right, a replacement left beside it is not
+	// (see leftover): a Warn at most, whatever the index serves.
+	leftover bool
 }
 
 // classifyIndex is the one classification of both index checks: what the
@@ -56,7 +59,7 @@ func classifyIndex(x indexSpec, s pgindex.State) indexVerdict {
 	name, cost := x.name, x.cost
 	switch {
 	case s.Found != "" && s.Valid && s.Matches:
-		v.ok = true
+		leftover(&v, x, s, newBuilt, newInvalid)
 	case s.Found == "" && s.HeldBy != "":
 		v.evidence = fmt.Sprintf("%s missing, its name held in the schema by %s, so that CREATE INDEX IF NOT EXISTS (Migrate) skips it (%s)",
 			name, s.HeldBy, cost)
@@ -142,6 +145,37 @@ func classifyIndex(x indexSpec, s pgindex.State) indexVerdict {
 		}
 	}
 	return v
+}
+
+// leftover is the verdict on an index as its definition has it (v.ok
+// unless a replacement Replace left under the name with "_new" is still
+// there): a _new that is the same index, built, or invalid after a build
+// that failed, is written on every write to the table and never read, and
+// is dropped (a Warn); one being built is left to finish (Info; doctor
+// then sees it built). A valid _new defined otherwise is not a
+// replacement (made by hand, it may serve queries) and is kept.
+func leftover(v *indexVerdict, x indexSpec, s pgindex.State, newBuilt, newInvalid bool) {
+	name := x.name
+	switch {
+	case newInvalid && s.NewBuilding:
+		v.evidence = fmt.Sprintf("%s is as %s has it, and a CREATE INDEX CONCURRENTLY under way builds %s_new beside it: once built it is a second index that every write updates",
+			name, x.source, name)
+		v.building, v.leftover = true, true
+	case newInvalid && s.BuildHidden:
+		v.evidence = fmt.Sprintf("%s is as %s has it; %s_new beside it is invalid: a build that failed, or the one %s", name, x.source, name, hiddenBuild)
+		v.maybeBuilding, v.leftover = true, true
+	case newInvalid:
+		v.evidence = fmt.Sprintf("%s is as %s has it; %s_new beside it is invalid, never read but kept up to date on every write: a replacement whose build failed%s",
+			name, x.source, name, unreadHedge(s.BuildUnknown))
+		v.fixes = x.replace[:1]
+		v.unreadDrop, v.leftover = s.BuildUnknown, true
+	case newBuilt:
+		v.evidence = fmt.Sprintf("%s is as %s has it; %s_new beside it is the same index again (a replacement left over): every write updates both", name, x.source, name)
+		v.fixes = x.replace[:1]
+		v.leftover = true
+	default:
+		v.ok = true
+	}
 }
 
 // indexFix is the fix of an index check's finding: the statements of its

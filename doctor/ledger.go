@@ -35,7 +35,9 @@ import (
 //     relation of the schema holds: the fix renames it; a replacement
 //     Index.Replace left under the name with "_new" is taken up where
 //     it stopped, and a valid "_new" made otherwise is renamed before
-//     Replace, which would drop it). Indexes that are all being built by
+//     Replace, which would drop it; a replacement left beside a right
+//     index, the same index again or invalid, is dropped). Indexes that
+//     are all being built by
 //     a CREATE INDEX CONCURRENTLY under way (or may be, by another role's
 //     build whose index doctor's user cannot see: no DROP), or cannot be
 //     read, are an Info ledger.indexes finding (a doctor.check-timeout

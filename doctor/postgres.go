@@ -75,7 +75,9 @@ var indexCosts = map[string]struct {
 // whose name another relation of the schema holds; one defined otherwise
 // is a Warn, but for a unique one (jobs_dedupe_idx), which ON CONFLICT
 // cannot use unless it is exactly that; one a CREATE INDEX CONCURRENTLY
-// under way builds, or its replacement, is Info, with nothing to run. When
+// under way builds, or its replacement, is Info, with nothing to run; a
+// replacement left beside a right index (the same index again, or invalid)
+// is a Warn, its fix a DROP of the replacement. When
 // the indexes cannot be read it is an Info finding that says why; where
 // only the progress view cannot be read, an invalid index may be a build
 // under way: the evidence says so and the fix warns before its DROP. A
@@ -118,7 +120,7 @@ func pgIndexes(ctx context.Context, pool *pgxpool.Pool, schema, table, qt string
 		switch {
 		case v.building:
 			sev = Info
-		case v.otherwise && !ix.Unique:
+		case v.otherwise && !ix.Unique, v.leftover:
 			sev = Warn
 		}
 		if sev.rank() > worst.rank() {

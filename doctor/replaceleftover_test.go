@@ -187,3 +187,59 @@ func TestIndexReplaceKeepsHandMadeNew(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexReplacementLeftBesideRightIndex: an index as its definition has
+// it, with a <name>_new left beside it (Replace run though not needed, or
+// stopped after its build failed). The same index again, or an invalid
+// one, is written on every write and never read: a Warn (not the index's
+// own severity: it serves), fixed by a DROP of the _new. One being built is
+// Info with nothing to run, and the DROP once built. A valid _new defined
+// otherwise is not a replacement and is kept. Before, every case read OK
+// and the _new stayed.
+func TestIndexReplacementLeftBesideRightIndex(t *testing.T) {
+	pool, schema, sides := leftoverSides(t)
+	for _, side := range sides {
+		newIdx := pgx.Identifier{schema, side.name + "_new"}.Sanitize()
+		dropNew := func(f doctor.Finding, what string) {
+			t.Helper()
+			if f.Severity != doctor.Warn || !strings.Contains(f.Evidence, side.name+"_new beside it is "+what) {
+				t.Fatalf("%s: %+v; want a Warn naming %s_new %s", side.id, f, side.name, what)
+			}
+			stmts := printedStatements(t, f.Fix)
+			if len(stmts) != 1 || !strings.HasPrefix(stmts[0], "DROP INDEX CONCURRENTLY IF EXISTS") || !strings.Contains(stmts[0], side.name+"_new") {
+				t.Fatalf("%s: fix %q; want the DROP of %s_new alone", side.id, f.Fix, side.name)
+			}
+			execAll(t, pool, stmts...)
+			if f := side.finding(pool); f.Severity != doctor.OK {
+				t.Fatalf("%s: %+v after the fix; want OK", side.id, f)
+			}
+			if n := relations(t, pool, schema, side.name+"_new"); n != 0 {
+				t.Fatalf("%s: %s_new left after the fix", side.id, side.name)
+			}
+		}
+
+		// The same index again, built.
+		execAll(t, pool, side.replace[1])
+		dropNew(side.finding(pool), "the same index again")
+
+		// Invalid: a build that failed.
+		execAll(t, pool, side.replace[1], `UPDATE pg_index SET indisvalid = false WHERE indexrelid = '`+newIdx+`'::regclass`)
+		dropNew(side.finding(pool), "invalid")
+
+		// Being built: nothing to run until it ends.
+		finish := buildHeld(t, pool, side.insert, side.replace[1], newIdx)
+		f := side.finding(pool)
+		if f.Severity != doctor.Info || !strings.Contains(f.Evidence, "builds "+side.name+"_new beside it") || strings.HasPrefix(f.Fix, "run ") {
+			t.Errorf("%s: %+v; want the build named, Info, nothing to run", side.id, f)
+		}
+		finish()
+		dropNew(side.finding(pool), "the same index again")
+
+		// Made otherwise (by hand, other columns): kept, OK.
+		execAll(t, pool, `CREATE INDEX `+pgx.Identifier{side.name + "_new"}.Sanitize()+` ON `+side.table+` (updated_at)`)
+		if f := side.finding(pool); f.Severity != doctor.OK {
+			t.Errorf("%s: %+v; want OK beside a _new made otherwise", side.id, f)
+		}
+		execAll(t, pool, `DROP INDEX `+newIdx)
+	}
+}
