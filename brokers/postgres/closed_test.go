@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -153,5 +154,55 @@ func TestClosedPoolCutsConnectHook(t *testing.T) {
 	err = <-got
 	if !errors.Is(err, sdk.ErrClosed) || errors.Is(err, sdk.ErrUnavailable) {
 		t.Fatalf("Publish whose connect hook the pool's Close cut: %v; want sdk.ErrClosed, not sdk.ErrUnavailable", err)
+	}
+}
+
+// TestClosedPoolCutsMultiHostConnect: a Publish whose connect goes through
+// the hosts of a multi-host connection string (a primary and a standby),
+// the first of which has run out of its connect_timeout, reports
+// sdk.ErrClosed, not sdk.ErrUnavailable, when the application closes the
+// pool during the connect to the next. pgx joins the error of each host,
+// a deadline and the cancel of Close. Before, the deadline ruled out the
+// probe of the pool, so the call said "no answer within the broker's time
+// limit" and its caller (a Worker) retried. The hosts are silent servers
+// (they accept and never answer), as hosts cut off by the network are.
+func TestClosedPoolCutsMultiHostConnect(t *testing.T) {
+	first, second := integration.SilentServer(t), integration.SilentServer(t)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + first + "," + second + "/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = time.Second // each host's own limit
+	dialedSecond := make(chan struct{})
+	var once sync.Once
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil && addr == second {
+			once.Do(func() { close(dialedSecond) })
+		}
+		return c, err
+	}
+	ctx := testCtx(t)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b, err := postgres.New(pool, postgres.Options{DisableListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	got := make(chan error, 1)
+	go func() { got <- b.Publish(ctx, "q", &sdk.Message{Type: "t", Body: []byte("x")}) }()
+	select {
+	case <-dialedSecond: // the first host timed out; the second waits for its reply
+	case <-ctx.Done():
+		t.Fatal("Publish never tried the second host")
+	}
+	pool.Close() // cuts the connect to the second host with a cancel
+	err = <-got
+	if !errors.Is(err, sdk.ErrClosed) || errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("Publish whose multi-host connect the pool's Close cut: %v; want sdk.ErrClosed, not sdk.ErrUnavailable", err)
 	}
 }

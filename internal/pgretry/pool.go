@@ -19,15 +19,18 @@ func ClosedBy(pool *pgxpool.Pool, err error) bool {
 	return errors.Is(err, puddle.ErrClosedPool) || (ConnectCut(err) && PoolClosed(pool))
 }
 
-// ConnectCut reports whether err is a cancel, not a timeout: berth's own
-// limits are deadlines, so when the caller's context is live the cancel
-// came from the pool, whose Close cancels the context of the connects under
-// way. That context is also the one pgxpool gives the application's
-// BeforeConnect and AfterConnect hooks, whose errors are their own (a
-// password fetched over HTTP, a statement that loads types), not a
-// *pgconn.ConnectError, so any cancel counts; PoolClosed tells.
+// ConnectCut reports whether err holds a cancel: berth's own limits are
+// deadlines, so when the caller's context is live the cancel came from the
+// pool, whose Close cancels the context of the connects under way. That
+// context is also the one pgxpool gives the application's BeforeConnect and
+// AfterConnect hooks, whose errors are their own (a password fetched over
+// HTTP, a statement that loads types), not a *pgconn.ConnectError, so any
+// cancel counts; PoolClosed tells. A deadline beside the cancel does not
+// rule it out: a connect to several hosts (host=a,b, or a name with several
+// addresses) joins the error of each, and one host may have run out of its
+// connect_timeout before the pool's Close cut the connect to the next.
 func ConnectCut(err error) bool {
-	return errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	return errors.Is(err, context.Canceled)
 }
 
 // poolProbe bounds how long PoolClosed waits for its acquire.

@@ -3,6 +3,8 @@ package pgretry_test
 import (
 	"context"
 	"errors"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -140,5 +142,58 @@ func TestPoolProbeKeepsConnectionsOfSlowHooks(t *testing.T) {
 	pool.Close()
 	if !pgretry.PoolClosed(pool) {
 		t.Error("PoolClosed of a closed pool: false, want true")
+	}
+}
+
+// TestClosedByMultiHostConnectCut: a connect to several hosts (host=a,b, as
+// for a primary and a standby) joins the error of each host, and the first
+// may have run out of its connect_timeout (a deadline) before the pool's
+// Close cut the connect to the next with a cancel: that pool is closed, and
+// ClosedBy says so. Before, any deadline beside the cancel ruled out the
+// probe, so the broker said sdk.ErrUnavailable (a Worker backed off and
+// retried) and the outbox relay logged a database outage for a pool the
+// application had closed. The two hosts are silent servers (they accept
+// and never answer), as a primary cut off by the network would be.
+func TestClosedByMultiHostConnectCut(t *testing.T) {
+	first, second := integration.SilentServer(t), integration.SilentServer(t)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + first + "," + second + "/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = time.Second // each host's own limit
+	dialedSecond := make(chan struct{})
+	var once sync.Once
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil && addr == second {
+			once.Do(func() { close(dialedSecond) })
+		}
+		return c, err
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	got := make(chan error, 1)
+	go func() {
+		conn, err := pool.Acquire(context.Background())
+		if err == nil {
+			conn.Release()
+		}
+		got <- err
+	}()
+	select {
+	case <-dialedSecond: // the first host timed out; the second waits for its reply
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pool never tried the second host")
+	}
+	pool.Close() // cuts the connect to the second host with a cancel
+	err = <-got
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("connect to a timed-out host, then one cut by Close: %v; want an error joining a deadline and a cancel", err)
+	}
+	if !pgretry.ClosedBy(pool, err) {
+		t.Errorf("ClosedBy(closed pool, %v) = false, want true", err)
 	}
 }
