@@ -56,7 +56,7 @@ type waiter struct {
 	mu      sync.Mutex
 	left    int
 	failed  map[string]error // entries not published, by message ID
-	callErr error            // the first error of a call that carried its entries
+	callErr error            // the first error of a call that carried its entries ([uncertain] ones first)
 	sent    bool             // some entry was published
 }
 
@@ -76,7 +76,10 @@ func (w *waiter) settle(id string, err error, call bool) {
 			w.failed = map[string]error{}
 		}
 		w.failed[id] = err
-		if call && w.callErr == nil {
+		// A call cut short or whose answer was lost (its entries perhaps
+		// published) has its error returned rather than another call's
+		// refusal, which would say that nothing was published.
+		if call && (w.callErr == nil || !uncertain(w.callErr) && uncertain(err)) {
 			w.callErr = err
 		}
 	}
@@ -86,9 +89,10 @@ func (w *waiter) settle(id string, err error, call bool) {
 	}
 }
 
-// result is what the Publish returns: the call's error itself when every
-// entry failed with calls' errors (nothing was published), else a
-// PublishError naming the entries not published, else nil.
+// result is what the Publish returns: a call's error itself when every
+// entry failed with calls' errors (nothing was published, unless that error
+// says it may have been), else a PublishError naming the entries not
+// published, else nil.
 func (w *waiter) result() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -28,10 +28,13 @@ import (
 // queue's own MaximumMessageSize when smaller, less 83 bytes kept for the
 // copies berth sends of it) and nothing is sent when one fails. Entries SQS
 // refuses, and the messages of chunks not sent after a failed call, are
-// named in an [*sdk.PublishError]; the other messages were published. A
-// panic in one of its SendMessageBatch calls (a client middleware's) is
-// raised in the caller's goroutine, whichever goroutine made the call, as
-// is a runtime.Goexit; no further call of the Publish starts. Messages of
+// named in an [*sdk.PublishError]; the other messages were published. When
+// every call failed it returns a call's error instead: one that says the
+// messages may have been published all the same ([sdk.ErrUnavailable],
+// [sdk.ErrClosed], ctx's error) when any call's does. A panic in one of
+// its SendMessageBatch calls (a client middleware's) is raised in the
+// caller's goroutine, whichever goroutine made the call, as is a
+// runtime.Goexit; no further call of the Publish starts. Messages of
 // the other calls (already made, or in flight alongside it) may then have
 // been published, and the panic does not say which: a caller that recovers
 // and publishes the messages again may publish some of them twice.
@@ -163,9 +166,10 @@ const publishParallel = 10
 // send publishes entries to q in batches of at most 10 entries and
 // MaxWireSize bytes: one after another on a FIFO queue (they keep their
 // order), up to publishParallel at once on a standard queue. When every call
-// failed, nothing was published and send returns the first call's error;
-// otherwise the entries of failed calls and those SQS refused are named in
-// an [*sdk.PublishError].
+// failed, send returns the first call's error, or the first that leaves its
+// messages perhaps published ([uncertain]) when there is one; otherwise the
+// entries of failed calls and those SQS refused are named in an
+// [*sdk.PublishError].
 func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) error {
 	var chunks [][]sendEntry
 	for start := 0; start < len(entries); {
@@ -246,7 +250,7 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 			allFailed = allFailed && err != nil
 		}
 		if allFailed {
-			return errs[0] // nothing was published
+			return firstUncertain(errs) // nothing was published, unless it says so
 		}
 		for _, f := range fails {
 			maps.Copy(failed, f)
@@ -256,6 +260,28 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 		return &sdk.PublishError{Failed: failed}
 	}
 	return nil
+}
+
+// uncertain reports whether a failed call's messages may have been
+// published all the same: the call was cut short (its ctx, Close) or its
+// answer was lost (a transport failure, [sdk.ErrUnavailable]). The error of
+// any other failed call (SQS's answer) says that none of them was.
+func uncertain(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, sdk.ErrClosed) || errors.Is(err, sdk.ErrUnavailable)
+}
+
+// firstUncertain is the error of a Publish whose calls all failed, errs
+// (none nil): the first that leaves its messages perhaps published, else
+// the first. A Publish whose first call SQS refused while a later one was
+// cut short must not say that nothing was published.
+func firstUncertain(errs []error) error {
+	for _, err := range errs {
+		if uncertain(err) {
+			return err
+		}
+	}
+	return errs[0]
 }
 
 // addRefused adds to failed, by message ID, the entries of chunk that

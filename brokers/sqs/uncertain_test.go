@@ -1,0 +1,234 @@
+package sqs_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// batchServer is a fake SQS whose SendMessageBatch calls send answers: a
+// refusal of the whole call (500 InternalError), or the entries accepted
+// and the connection dropped before the answer (a lost answer: the client
+// gets a transport error, sdk.ErrUnavailable, for messages SQS took). It
+// records the bodies it took. The emulator does neither on demand.
+type batchServer struct {
+	mu    sync.Mutex
+	calls int
+	took  map[string]bool // message bodies accepted
+}
+
+// The answers batchServer's script picks from.
+const (
+	refuseBatch = iota // 500 InternalError: nothing of the call taken
+	dropAnswer         // every entry taken, the connection dropped
+	acceptBatch        // every entry taken and answered
+)
+
+// newBatchServer returns a client of a batchServer; script picks the answer
+// to the n-th SendMessageBatch call (from 1) of the given bodies, and may
+// block first.
+func newBatchServer(t *testing.T, script func(n int, bodies []string) int) (*awssqs.Client, *batchServer) {
+	t.Helper()
+	s := &batchServer{took: map[string]bool{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		op := strings.TrimPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.")
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		switch op {
+		case "GetQueueUrl":
+			_, _ = io.WriteString(w, `{"QueueUrl":"http://fake/000000000000/q"}`)
+			return
+		case "SendMessageBatch":
+		default:
+			_, _ = io.WriteString(w, `{}`)
+			return
+		}
+		var req struct {
+			Entries []struct{ Id, MessageBody string }
+		}
+		if err := json.Unmarshal(body, &req); err != nil {
+			t.Errorf("SendMessageBatch request: %v", err)
+		}
+		bodies := make([]string, len(req.Entries))
+		for i, e := range req.Entries {
+			bodies[i] = e.MessageBody
+		}
+		s.mu.Lock()
+		s.calls++
+		n := s.calls
+		s.mu.Unlock()
+		switch script(n, bodies) {
+		case refuseBatch:
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"__type":"com.amazonaws.sqs#InternalError","message":"try again"}`)
+			return
+		case dropAnswer:
+			s.take(bodies)
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Errorf("hijack: %v", err)
+				return
+			}
+			_ = conn.Close()
+			return
+		}
+		s.take(bodies)
+		ok := make([]string, len(req.Entries))
+		for i, e := range req.Entries {
+			ok[i] = fmt.Sprintf(`{"Id":%q,"MessageId":"m%s","MD5OfMessageBody":"x"}`, e.Id, e.Id)
+		}
+		_, _ = fmt.Fprintf(w, `{"Successful":[%s],"Failed":[]}`, strings.Join(ok, ","))
+	}))
+	t.Cleanup(srv.Close)
+	return awssqs.New(awssqs.Options{
+		Region:                           "us-east-1",
+		BaseEndpoint:                     aws.String(srv.URL),
+		Credentials:                      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
+		HTTPClient:                       &http.Client{Transport: transport},
+		DisableMessageChecksumValidation: true,
+		RetryMaxAttempts:                 1,
+	}), s
+}
+
+func (s *batchServer) take(bodies []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range bodies {
+		s.took[b] = true
+	}
+}
+
+// taken reports which of msgs the server took.
+func (s *batchServer) taken(msgs []*sdk.Message) (in, out []*sdk.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range msgs {
+		if s.took[string(m.Body)] {
+			in = append(in, m)
+		} else {
+			out = append(out, m)
+		}
+	}
+	return in, out
+}
+
+// bodied returns k messages with the bodies prefix-0, prefix-1, ...
+func bodied(prefix string, k int) []*sdk.Message {
+	out := make([]*sdk.Message, k)
+	for i := range out {
+		out[i] = &sdk.Message{Type: "t", Body: []byte(fmt.Sprintf("%s-%d", prefix, i))}
+	}
+	return out
+}
+
+// checkUncertainOutcome fails t unless err, a Publish's of msgs, says that
+// the messages the server took may have been published: an error that is
+// sdk.ErrUnavailable, or a PublishError naming each of them with one.
+// Either way no message may be reported as published, since the answer of
+// the call that carried them was lost.
+func checkUncertainOutcome(t *testing.T, err error, srv *batchServer, msgs []*sdk.Message) {
+	t.Helper()
+	in, _ := srv.taken(msgs)
+	if len(in) == 0 {
+		t.Fatal("the server took none of the messages: the scenario did not happen")
+	}
+	var pe *sdk.PublishError
+	switch {
+	case err == nil:
+		t.Fatalf("Publish returned nil, yet a call's answer was lost and another call failed")
+	case errors.As(err, &pe):
+		for _, m := range msgs {
+			if pe.Failed[m.ID] == nil {
+				t.Errorf("message %s reported published, yet both calls failed: %v", m.Body, err)
+			}
+		}
+		for _, m := range in {
+			if !errors.Is(pe.Failed[m.ID], sdk.ErrUnavailable) {
+				t.Errorf("message %s, which SQS took before the answer was lost, failed with %v, want sdk.ErrUnavailable (perhaps published)", m.Body, pe.Failed[m.ID])
+			}
+		}
+	case !errors.Is(err, sdk.ErrUnavailable):
+		t.Fatalf("Publish: %v; want sdk.ErrUnavailable or a PublishError saying so: %d of its messages were taken by SQS, and this error says that none was published", err, len(in))
+	}
+}
+
+// TestMultiChunkPublishDoesNotHideALostAnswer: a Publish of two chunks
+// whose first call SQS refuses (500) and whose second call's answer is lost
+// after SQS took its message returned the first call's error alone, as if
+// nothing was published (a caller, or the AsyncPool, then sends every
+// message again, one by one). It now returns the error that says the
+// messages may have been published.
+func TestMultiChunkPublishDoesNotHideALostAnswer(t *testing.T) {
+	client, srv := newBatchServer(t, func(n int, bodies []string) int {
+		if len(bodies) == 10 {
+			return refuseBatch
+		}
+		return dropAnswer
+	})
+	b, err := sqs.New(client, sqs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	msgs := bodied("multi", 11) // chunks of 10 and 1, sent at once
+	err = b.Publish(testCtx(t), "q", msgs...)
+	checkUncertainOutcome(t, err, srv, msgs)
+}
+
+// TestSharedPublishDoesNotHideALostAnswer: the same through the coalescer.
+// PublishSenders 1: a first Publish holds the one sender; X queues 9
+// messages and W 2, so the next call carries X's 9 and W's first (SQS
+// refuses it, 500) and a later call W's second (taken, the answer lost).
+// W returned the first call's error alone.
+func TestSharedPublishDoesNotHideALostAnswer(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{})
+	client, srv := newBatchServer(t, func(n int, bodies []string) int {
+		switch {
+		case n == 1:
+			close(arrived)
+			<-release
+			return acceptBatch
+		case len(bodies) == 10:
+			return refuseBatch
+		}
+		return dropAnswer
+	})
+	b, err := sqs.New(client, sqs.Options{PublishSenders: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := testCtx(t)
+	first := make(chan error, 1)
+	go func() { first <- b.Publish(ctx, "q", bodied("first", 1)...) }()
+	<-arrived
+	xs, ws := bodied("x", 9), bodied("w", 2)
+	xerr := make(chan error, 1)
+	go func() { xerr <- b.Publish(ctx, "q", xs...) }()
+	waitQueued(t, b, 9)
+	werr := make(chan error, 1)
+	go func() { werr <- b.Publish(ctx, "q", ws...) }()
+	waitQueued(t, b, 11)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("first Publish: %v", err)
+	}
+	if err := <-xerr; err == nil || errors.Is(err, sdk.ErrUnavailable) {
+		t.Fatalf("X's Publish (its call refused): %v, want the refusal", err)
+	}
+	checkUncertainOutcome(t, <-werr, srv, ws)
+}
