@@ -99,6 +99,28 @@ func classifyIndex(x indexSpec, s pgindex.State) indexVerdict {
 		v.evidence = fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it, as may the one %s (%s)",
 			name, hiddenBuild, cost)
 		v.maybeBuilding = true
+	case !s.Valid && newBuilt:
+		// Replace stopped in its DROP INDEX CONCURRENTLY of the old index
+		// (interrupted, that leaves it invalid): its replacement is built
+		// and serves; the drop and the rename are left, not a second build.
+		v.evidence = fmt.Sprintf("%s invalid, never read: a DROP INDEX CONCURRENTLY (Replace's) stopped, or a CREATE INDEX CONCURRENTLY failed (%s); its replacement %s_new is built",
+			name, cost, name)
+		v.fixes = x.replace[len(x.replace)-2:] // drop the old one, rename the new one
+		v.unreadDrop = s.BuildUnknown
+	case !s.Valid && newInvalid && s.NewBuilding:
+		// Replace's build under way beside an invalid index: once built,
+		// the drop and the rename are left; a CREATE now would wait for
+		// it, then build a second index beside it.
+		v.evidence = fmt.Sprintf("%s invalid, never read (%s); its replacement %s_new being built by a CREATE INDEX CONCURRENTLY under way, not read until it ends",
+			name, cost, name)
+		v.building = true
+	case !s.Valid && newInvalid:
+		// Both never read: a _new left would be a leftover once the index
+		// is built again.
+		v.evidence = fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s); its replacement %s_new is invalid too: its build failed%s",
+			name, cost, name, unreadHedge(s.BuildUnknown))
+		v.fixes = []string{x.replace[0], x.drop, x.create}
+		v.unreadDrop = s.BuildUnknown
 	case !s.Valid:
 		v.evidence = fmt.Sprintf("%s invalid, never read: a CREATE INDEX CONCURRENTLY failed, or one under way builds it (%s)", name, cost)
 		v.fixes = []string{x.drop, x.create}

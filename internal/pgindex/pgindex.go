@@ -32,7 +32,7 @@ type Rel struct {
 	OnTable  bool   // an index of the table; else another relation holds the name
 	Valid    bool   // indisvalid
 	Def      string // pg_get_indexdef
-	Building bool   // a CREATE INDEX CONCURRENTLY under way builds it (an invalid index of the table)
+	Building bool   // a CREATE INDEX CONCURRENTLY under way builds it (an invalid index of the table), or built it since the catalog was read
 	Holder   string // !OnTable: what holds the name ("an index of " and its table, "a table", ...), as read
 	Free     string // a free name for it: the name with "_old", or "_old2" and on if that is taken
 	OID      uint32
@@ -113,7 +113,8 @@ func Read(ctx context.Context, db DB, table string, names []string) (Catalog, er
 // buildsUnderWay returns which of the indexes oids (invalid ones) a CREATE
 // INDEX CONCURRENTLY under way in this database builds, as
 // pg_stat_progress_create_index shows them to db's user: its own builds,
-// or all with pg_read_all_stats. It sets c.Hidden when the view shows a
+// or all with pg_read_all_stats; and those valid once the view is read,
+// whose build ended since the catalog was read. It sets c.Hidden when the view shows a
 // build without its index, and c.Unread when the view answers with an
 // error. ctx's end and a timeout are returned.
 func (c *Catalog) buildsUnderWay(ctx context.Context, db DB, oids []uint32) (map[uint32]bool, error) {
@@ -135,6 +136,22 @@ func (c *Catalog) buildsUnderWay(ctx context.Context, db DB, oids []uint32) (map
 			} else {
 				building[*oid] = true
 			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		// Read after the view: an index invalid in the catalog and valid
+		// now was being built when the catalog was read, its build ended
+		// before the view was (dropping it would drop an index that
+		// serves).
+		rows, err = tx.Query(ctx, `SELECT indexrelid FROM pg_index WHERE indexrelid = ANY ($1::oid[]) AND indisvalid`, oids)
+		if err != nil {
+			return err
+		}
+		var built uint32
+		_, err = pgx.ForEachRow(rows, []any{&built}, func() error {
+			building[built] = true
 			return nil
 		})
 		return err

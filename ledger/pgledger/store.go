@@ -285,7 +285,8 @@ type Index struct {
 	// Building is true while a CREATE INDEX CONCURRENTLY under way builds
 	// it, when the database shows that build to the caller's role (its
 	// own, or any with pg_read_all_stats): dropping it throws the build
-	// away.
+	// away. It is true too, Valid false, for one read invalid whose build
+	// ended before that view was read: it serves, read again.
 	Building bool
 	// BuildHidden is true when Valid (of Found) or NewValid (of NewFound)
 	// is false and
