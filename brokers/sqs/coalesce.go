@@ -102,7 +102,10 @@ func (w *waiter) result() error {
 	if !w.sent && w.callErr != nil {
 		allCalls := true
 		for _, err := range w.failed {
-			if _, refused := err.(*EntryError); refused {
+			// An entry SQS refused, or one its answer left unaccounted
+			// for (perhaps published) when the call's error says that
+			// nothing was: each is named with its own error.
+			if _, refused := err.(*EntryError); refused || uncertain(err) && !uncertain(w.callErr) {
 				allCalls = false
 				break
 			}
@@ -358,7 +361,8 @@ func (b *Broker) sendShared(q *queueRef, batch []*shared) {
 	returned := false
 	defer func() {
 		if !returned {
-			err := fmt.Errorf("berth/sqs: publish to %s: the SendMessageBatch call panicked", q.name)
+			// It may have panicked once SQS had taken the messages.
+			err := fmt.Errorf("berth/sqs: publish to %s: the SendMessageBatch call panicked: %w", q.name, sdk.ErrUnavailable)
 			for _, s := range batch {
 				s.w.settle(s.e.id, err, true)
 			}

@@ -120,6 +120,14 @@ func isTransport(err error) bool {
 	return errors.As(err, &send) || errors.As(err, &nerr)
 }
 
+// answerCut reports whether err is SQS's success answer (a 2xx status)
+// that could not be read: the body cut short or garbled. SQS did what was
+// asked (took the messages); only its answer is lost.
+func answerCut(err error) bool {
+	var re *smithyhttp.ResponseError
+	return errors.As(err, &re) && re.HTTPStatusCode() >= 200 && re.HTTPStatusCode() < 300
+}
+
 // isStaleReceipt reports whether err says the receipt handle no longer
 // holds the message: its visibility ran out and it was received again, or
 // it was deleted.

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -31,10 +32,14 @@ import (
 // named in an [*sdk.PublishError]; the other messages were published. When
 // every call failed it returns a call's error instead: one that says the
 // messages may have been published all the same ([sdk.ErrUnavailable],
-// [sdk.ErrClosed], ctx's error) when any call's does. A panic in one of
-// its SendMessageBatch calls (a client middleware's) is raised in the
-// caller's goroutine, whichever goroutine made the call, as is a
-// runtime.Goexit; no further call of the Publish starts. Messages of
+// [sdk.ErrClosed], ctx's error) when any call's does. A call whose answer
+// was lost — cut short, or on an attempt the SDK then retried, whatever the
+// last attempt's answer — fails with [sdk.ErrUnavailable], as does an entry
+// SQS's answer leaves unaccounted for: their messages may have been
+// published. A panic in one of its SendMessageBatch calls (a client
+// middleware's) is raised in the caller's goroutine, whichever goroutine
+// made the call, as is a runtime.Goexit; no further call of the Publish
+// starts. Messages of
 // the other calls (already made, or in flight alongside it) may then have
 // been published, and the panic does not say which: a caller that recovers
 // and publishes the messages again may publish some of them twice.
@@ -305,12 +310,20 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		in.Entries[i] = e.in
 		in.Entries[i].Id = aws.String(strconv.Itoa(i))
 	}
-	out, err := b.client.SendMessageBatch(ctx, in)
+	var lost atomic.Bool
+	out, err := b.client.SendMessageBatch(ctx, in, watchAttempts(&lost))
 	if err != nil {
 		if sizeRefused(err) {
 			q.size.stale() // the queue's MaximumMessageSize may have been lowered
 		}
-		return nil, b.wrap(ctx, "publish to "+q.name, err)
+		err = b.wrap(ctx, "publish to "+q.name, err)
+		if lost.Load() && !uncertain(err) {
+			// The SDK retried after an attempt whose answer was lost: SQS
+			// may have taken the messages then, whatever the last attempt's
+			// answer says.
+			err = fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
+		}
+		return nil, err
 	}
 	refused = make([]error, len(chunk))
 	ok := make([]bool, len(chunk))
@@ -331,11 +344,30 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		}
 	}
 	for i, done := range ok {
-		if !done { // in neither list: never silently assume success
-			refused[i] = errors.New("berth/sqs: SQS reported neither success nor failure for this entry")
+		if !done { // in neither list: never silently assume success, nor failure
+			refused[i] = fmt.Errorf("berth/sqs: SQS reported neither success nor failure for this entry: %w", sdk.ErrUnavailable)
 		}
 	}
 	return refused, nil
+}
+
+// watchAttempts is a call option that sets lost when an attempt of the
+// call (the SDK's retries make several) fails without SQS's answer: a
+// transport failure, an answer cut short, the attempt's ctx. The call's own
+// error is only its last attempt's, which may be a refusal that says
+// nothing of what an earlier attempt published.
+func watchAttempts(lost *atomic.Bool) func(*awssqs.Options) {
+	return awssqs.WithAPIOptions(func(s *middleware.Stack) error {
+		return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthAttemptLost",
+			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleFinalize(ctx, in)
+				if err != nil && (isTransport(err) || answerCut(err) ||
+					errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+					lost.Store(true)
+				}
+				return out, md, err
+			}), middleware.After) // inside the SDK's retry loop: once an attempt
+	})
 }
 
 // EntryError is the failure of one entry of an SQS batch call, as SQS

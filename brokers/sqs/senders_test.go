@@ -2,6 +2,7 @@ package sqs_test
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strings"
 	"sync"
@@ -399,6 +400,90 @@ func waitGoroutines(t *testing.T, n int, frames ...string) {
 		case <-ctx.Done():
 			t.Fatalf("%d goroutines in %v, want %d", found, frames, n)
 		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestSharedSendPanicAfterTheAnswerIsUncertain: a shared call whose client
+// middleware panics once SQS has answered (the messages taken). The Publish
+// that sent the call gets the panic; the other Publish of the call got an
+// error that did not say its message may have been published, so that a
+// caller (or the AsyncPool) sent it again. It now wraps sdk.ErrUnavailable.
+func TestSharedSendPanicAfterTheAnswerIsUncertain(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	var n atomic.Int32
+	boom := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthSendBoomAfter",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if awsmiddleware.GetOperationName(ctx) != "SendMessageBatch" {
+					return next.HandleInitialize(ctx, in)
+				}
+				switch n.Add(1) {
+				case 1: // holds the one sender while two Publish calls queue
+					arrived <- struct{}{}
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
+					}
+				case 2: // the call that carries both queued messages, once answered
+					out, md, err := next.HandleInitialize(ctx, in)
+					if err == nil {
+						panic("boom")
+					}
+					return out, md, err
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.Before)
+	}
+	b := newBroker(t, sqs.Options{PublishSenders: 1}, boom)
+	q := declare(t, b, "sendpanicafter", false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+
+	first := make(chan error, 1)
+	go func() { first <- b.Publish(ctx, q, &sdk.Message{Type: "first", Body: []byte("1")}) }()
+	<-arrived
+	type outcome struct {
+		err       error
+		recovered any
+	}
+	outcomes := make([]outcome, 2)
+	var wg sync.WaitGroup
+	for i := range outcomes {
+		wg.Go(func() {
+			defer func() { outcomes[i].recovered = recover() }()
+			outcomes[i].err = b.Publish(ctx, q, &sdk.Message{Type: "queued", Body: []byte("2")})
+		})
+	}
+	waitQueued(t, b, 2)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("first Publish: %v", err)
+	}
+	wg.Wait()
+	failed := 0
+	for _, o := range outcomes {
+		switch {
+		case o.recovered == "boom":
+		case o.recovered != nil:
+			t.Errorf("recovered %v from Publish, want the call's panic \"boom\"", o.recovered)
+		case o.err == nil:
+			t.Error("a Publish of the call that panicked returned nil")
+		default:
+			failed++
+			if !errors.Is(o.err, sdk.ErrUnavailable) {
+				t.Errorf("the other Publish of the call that panicked after SQS answered: %v, want sdk.ErrUnavailable (its message perhaps published)", o.err)
+			}
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d Publish calls failed without the panic, want 1: %+v", failed, outcomes)
+	}
+	// SQS took both messages of the call: the scenario happened.
+	for _, d := range receiveN(t, b, q, 3) {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

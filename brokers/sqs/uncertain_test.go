@@ -10,8 +10,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
@@ -22,8 +24,9 @@ import (
 // batchServer is a fake SQS whose SendMessageBatch calls send answers: a
 // refusal of the whole call (500 InternalError), or the entries accepted
 // and the connection dropped before the answer (a lost answer: the client
-// gets a transport error, sdk.ErrUnavailable, for messages SQS took). It
-// records the bodies it took. The emulator does neither on demand.
+// gets a transport error, sdk.ErrUnavailable, for messages SQS took), or
+// the entries accepted and the 200 answer cut short. It records the bodies
+// it took. The emulator does neither on demand.
 type batchServer struct {
 	mu    sync.Mutex
 	calls int
@@ -35,6 +38,8 @@ const (
 	refuseBatch = iota // 500 InternalError: nothing of the call taken
 	dropAnswer         // every entry taken, the connection dropped
 	acceptBatch        // every entry taken and answered
+	cutAnswer          // every entry taken, the 200 answer cut short
+	omitEntries        // every entry taken, a 200 answer naming none of them
 )
 
 // newBatchServer returns a client of a batchServer; script picks the answer
@@ -70,7 +75,8 @@ func newBatchServer(t *testing.T, script func(n int, bodies []string) int) (*aws
 		s.calls++
 		n := s.calls
 		s.mu.Unlock()
-		switch script(n, bodies) {
+		answer := script(n, bodies)
+		switch answer {
 		case refuseBatch:
 			w.WriteHeader(http.StatusInternalServerError)
 			_, _ = io.WriteString(w, `{"__type":"com.amazonaws.sqs#InternalError","message":"try again"}`)
@@ -84,8 +90,22 @@ func newBatchServer(t *testing.T, script func(n int, bodies []string) int) (*aws
 			}
 			_ = conn.Close()
 			return
+		case cutAnswer:
+			s.take(bodies)
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Errorf("hijack: %v", err)
+				return
+			}
+			_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: 500\r\n\r\n"+`{"Successful":[{"Id":"0"`)
+			_ = conn.Close()
+			return
 		}
 		s.take(bodies)
+		if answer == omitEntries {
+			_, _ = io.WriteString(w, `{"Successful":[],"Failed":[]}`)
+			return
+		}
 		ok := make([]string, len(req.Entries))
 		for i, e := range req.Entries {
 			ok[i] = fmt.Sprintf(`{"Id":%q,"MessageId":"m%s","MD5OfMessageBody":"x"}`, e.Id, e.Id)
@@ -194,6 +214,14 @@ func TestMultiChunkPublishDoesNotHideALostAnswer(t *testing.T) {
 // refuses it, 500) and a later call W's second (taken, the answer lost).
 // W returned the first call's error alone.
 func TestSharedPublishDoesNotHideALostAnswer(t *testing.T) {
+	sharedUncertain(t, dropAnswer)
+}
+
+// sharedUncertain runs TestSharedPublishDoesNotHideALostAnswer's scenario
+// with answer (one that leaves the entries perhaps published) to the call
+// of W's second message.
+func sharedUncertain(t *testing.T, answer int) {
+	t.Helper()
 	release := make(chan struct{})
 	arrived := make(chan struct{})
 	client, srv := newBatchServer(t, func(n int, bodies []string) int {
@@ -205,7 +233,7 @@ func TestSharedPublishDoesNotHideALostAnswer(t *testing.T) {
 		case len(bodies) == 10:
 			return refuseBatch
 		}
-		return dropAnswer
+		return answer
 	})
 	b, err := sqs.New(client, sqs.Options{PublishSenders: 1})
 	if err != nil {
@@ -231,4 +259,103 @@ func TestSharedPublishDoesNotHideALostAnswer(t *testing.T) {
 		t.Fatalf("X's Publish (its call refused): %v, want the refusal", err)
 	}
 	checkUncertainOutcome(t, <-werr, srv, ws)
+}
+
+// retrying returns client with the SDK's standard retryer making up to n
+// attempts a call, without waiting between them.
+func retrying(client *awssqs.Client, n int) *awssqs.Client {
+	return awssqs.New(client.Options(), func(o *awssqs.Options) {
+		o.RetryMaxAttempts = n
+		o.Retryer = retry.NewStandard(func(so *retry.StandardOptions) {
+			so.MaxAttempts = n
+			so.Backoff = retry.BackoffDelayerFunc(func(int, error) (time.Duration, error) { return 0, nil })
+		})
+	})
+}
+
+// TestRetriedPublishDoesNotHideALostAnswer: the SDK retries a call whose
+// answer was lost (SQS took its messages) and SQS refuses the retries
+// (500). The call's error is the last attempt's refusal, which said that
+// nothing was published: a caller or the AsyncPool then sent the messages
+// again. It now says that they may have been (sdk.ErrUnavailable). A call
+// whose every attempt SQS refused still returns the refusal.
+func TestRetriedPublishDoesNotHideALostAnswer(t *testing.T) {
+	t.Run("lost then refused", func(t *testing.T) {
+		client, srv := newBatchServer(t, func(n int, bodies []string) int {
+			if n == 1 {
+				return dropAnswer
+			}
+			return refuseBatch
+		})
+		b, err := sqs.New(retrying(client, 3), sqs.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		msgs := bodied("retried", 2)
+		err = b.Publish(testCtx(t), "q", msgs...)
+		if n := srv.callCount(); n != 3 {
+			t.Fatalf("%d SendMessageBatch calls, want 3 (the SDK's retries)", n)
+		}
+		checkUncertainOutcome(t, err, srv, msgs)
+	})
+	t.Run("refused every time", func(t *testing.T) {
+		client, srv := newBatchServer(t, func(int, []string) int { return refuseBatch })
+		b, err := sqs.New(retrying(client, 3), sqs.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		err = b.Publish(testCtx(t), "q", bodied("refused", 2)...)
+		if n := srv.callCount(); n != 3 {
+			t.Fatalf("%d SendMessageBatch calls, want 3 (the SDK's retries)", n)
+		}
+		if err == nil || errors.Is(err, sdk.ErrUnavailable) {
+			t.Fatalf("Publish: %v, want SQS's refusal (nothing was published)", err)
+		}
+	})
+}
+
+// TestCutAnswerIsUnavailable: SQS took the messages and its 200 answer was
+// cut short. The deserialization error was returned as is, which said that
+// nothing was published; it now wraps sdk.ErrUnavailable.
+func TestCutAnswerIsUnavailable(t *testing.T) {
+	client, srv := newBatchServer(t, func(int, []string) int { return cutAnswer })
+	b, err := sqs.New(client, sqs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	msgs := bodied("cut", 2)
+	err = b.Publish(testCtx(t), "q", msgs...)
+	checkUncertainOutcome(t, err, srv, msgs)
+}
+
+// TestUnaccountedEntryIsUncertain: SQS answered a call without naming an
+// entry among the successful or the failed ones (SQS took it, here). Its
+// error did not say that it may have been published, and a shared Publish
+// whose other entry SQS refused (500) returned that refusal alone, as if
+// nothing was published. The entry is now named with sdk.ErrUnavailable.
+func TestUnaccountedEntryIsUncertain(t *testing.T) {
+	t.Run("alone", func(t *testing.T) {
+		client, srv := newBatchServer(t, func(int, []string) int { return omitEntries })
+		b, err := sqs.New(client, sqs.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		msgs := bodied("omitted", 2)
+		err = b.Publish(testCtx(t), "q", msgs...)
+		checkUncertainOutcome(t, err, srv, msgs)
+	})
+	t.Run("shared with a refused call", func(t *testing.T) {
+		sharedUncertain(t, omitEntries)
+	})
+}
+
+// callCount is how many SendMessageBatch calls the server took.
+func (s *batchServer) callCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
 }
