@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/url"
@@ -300,6 +301,26 @@ func (p *Proxy) waitThawed(l *link, reply bool) bool {
 			return false
 		}
 	}
+}
+
+// TwoSilentHosts starts two [SilentServer]s, as the primary and the standby
+// of a multi-host connection string cut off by the network, and returns
+// them as "first,second" (host:port each), a dial function for the
+// driver (a plain dial) and a channel it closes once the second is dialled:
+// the connect to the first has then run out of its time.
+func TwoSilentHosts(t testing.TB) (hosts string, dial func(ctx context.Context, network, addr string) (net.Conn, error), dialedSecond <-chan struct{}) {
+	t.Helper()
+	first, second := SilentServer(t), SilentServer(t)
+	dialed := make(chan struct{})
+	var once sync.Once
+	dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil && addr == second {
+			once.Do(func() { close(dialed) })
+		}
+		return c, err
+	}
+	return first + "," + second, dial, dialed
 }
 
 // SilentServer listens on loopback, takes every connection and never

@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,21 +166,13 @@ func TestClosedPoolCutsConnectHook(t *testing.T) {
 // limit" and its caller (a Worker) retried. The hosts are silent servers
 // (they accept and never answer), as hosts cut off by the network are.
 func TestClosedPoolCutsMultiHostConnect(t *testing.T) {
-	first, second := integration.SilentServer(t), integration.SilentServer(t)
-	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + first + "," + second + "/test?sslmode=disable")
+	hosts, dial, dialedSecond := integration.TwoSilentHosts(t)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + hosts + "/test?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = time.Second // each host's own limit
-	dialedSecond := make(chan struct{})
-	var once sync.Once
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil && addr == second {
-			once.Do(func() { close(dialedSecond) })
-		}
-		return c, err
-	}
+	cfg.ConnConfig.DialFunc = dial
 	ctx := testCtx(t)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -30,6 +30,21 @@ type fakeSQS struct {
 	answer func(op string, n int, req map[string]any) string
 }
 
+// fakeClient is an SQS client of the test server srv, closed when the
+// test ends: one attempt a call, and no checksum validation (fake answers
+// carry made-up checksums).
+func fakeClient(t *testing.T, srv *httptest.Server) *awssqs.Client {
+	t.Cleanup(srv.Close)
+	return awssqs.New(awssqs.Options{
+		Region:                           "us-east-1",
+		BaseEndpoint:                     aws.String(srv.URL),
+		Credentials:                      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
+		HTTPClient:                       &http.Client{Transport: transport},
+		DisableMessageChecksumValidation: true,
+		RetryMaxAttempts:                 1,
+	})
+}
+
 func newFakeSQS(t *testing.T, answer func(op string, n int, req map[string]any) string) *awssqs.Client {
 	t.Helper()
 	f := &fakeSQS{calls: map[string]int{}, answer: answer}
@@ -45,15 +60,7 @@ func newFakeSQS(t *testing.T, answer func(op string, n int, req map[string]any) 
 		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 		_, _ = io.WriteString(w, f.answer(op, n, req))
 	}))
-	t.Cleanup(srv.Close)
-	return awssqs.New(awssqs.Options{
-		Region:                           "us-east-1",
-		BaseEndpoint:                     aws.String(srv.URL),
-		Credentials:                      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
-		HTTPClient:                       &http.Client{Transport: transport},
-		DisableMessageChecksumValidation: true,
-		RetryMaxAttempts:                 1,
-	})
+	return fakeClient(t, srv)
 }
 
 // fakeCommon answers the calls every scenario makes.

@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -201,15 +200,7 @@ func TestPublishWithoutQueueAttributes(t *testing.T) {
 			_, _ = io.WriteString(w, s)
 		}
 	}))
-	t.Cleanup(srv.Close)
-	client := awssqs.New(awssqs.Options{
-		Region:                           "us-east-1",
-		BaseEndpoint:                     aws.String(srv.URL),
-		Credentials:                      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
-		HTTPClient:                       &http.Client{Transport: transport},
-		DisableMessageChecksumValidation: true,
-		RetryMaxAttempts:                 1,
-	})
+	client := fakeClient(t, srv)
 	var logs syncbuf.Buffer
 	b, err := sqs.New(client, sqs.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

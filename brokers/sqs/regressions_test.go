@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/berthq/berth/brokers/sqs"
@@ -161,15 +159,7 @@ func deleteFailServer(t *testing.T, fail func(w http.ResponseWriter)) *awssqs.Cl
 		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 		_, _ = io.WriteString(w, s)
 	}))
-	t.Cleanup(srv.Close)
-	return awssqs.New(awssqs.Options{
-		Region:                           "us-east-1",
-		BaseEndpoint:                     aws.String(srv.URL),
-		Credentials:                      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
-		HTTPClient:                       &http.Client{Transport: transport},
-		DisableMessageChecksumValidation: true,
-		RetryMaxAttempts:                 1,
-	})
+	return fakeClient(t, srv)
 }
 
 // cutConnection drops the connection without an answer: SQS unreachable.

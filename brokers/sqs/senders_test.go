@@ -25,54 +25,10 @@ import (
 // returns an error instead of waiting for ever, and the broker's one sender
 // is free again: a later Publish goes through.
 func TestSharedSendPanicReachesCaller(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	var n atomic.Int32
-	boom := func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthSendBoom",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
-					switch n.Add(1) {
-					case 1: // holds the one sender while two Publish calls queue
-						arrived <- struct{}{}
-						select {
-						case <-release:
-						case <-ctx.Done():
-							return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
-						}
-					case 2: // the call that carries both queued messages
-						panic("boom")
-					}
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
-	b := newBroker(t, sqs.Options{PublishSenders: 1}, boom)
-	q := declare(t, b, "sendpanic", false, sqs.QueueConfig{})
+	b, q, outcomes := sharedPanic(t, "sendpanic", func(context.Context, middleware.InitializeInput, middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+		panic("boom")
+	})
 	ctx := testCtx(t)
-
-	first := make(chan error, 1)
-	go func() { first <- b.Publish(ctx, q, &sdk.Message{Type: "first", Body: []byte("1")}) }()
-	<-arrived
-
-	type outcome struct {
-		err       error
-		recovered any
-	}
-	outcomes := make([]outcome, 2)
-	var wg sync.WaitGroup
-	for i := range outcomes {
-		wg.Go(func() {
-			defer func() { outcomes[i].recovered = recover() }()
-			outcomes[i].err = b.Publish(ctx, q, &sdk.Message{Type: "queued", Body: []byte("2")})
-		})
-	}
-	waitQueued(t, b, 2)
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatalf("first Publish: %v", err)
-	}
-	wg.Wait()
 	panicked, failed := 0, 0
 	for _, o := range outcomes {
 		switch {
@@ -410,58 +366,14 @@ func waitGoroutines(t *testing.T, n int, frames ...string) {
 // error that did not say its message may have been published, so that a
 // caller (or the AsyncPool) sent it again. It now wraps sdk.ErrUnavailable.
 func TestSharedSendPanicAfterTheAnswerIsUncertain(t *testing.T) {
-	release := make(chan struct{})
-	arrived := make(chan struct{}, 1)
-	var n atomic.Int32
-	boom := func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthSendBoomAfter",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) != "SendMessageBatch" {
-					return next.HandleInitialize(ctx, in)
-				}
-				switch n.Add(1) {
-				case 1: // holds the one sender while two Publish calls queue
-					arrived <- struct{}{}
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
-					}
-				case 2: // the call that carries both queued messages, once answered
-					out, md, err := next.HandleInitialize(ctx, in)
-					if err == nil {
-						panic("boom")
-					}
-					return out, md, err
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
-	b := newBroker(t, sqs.Options{PublishSenders: 1}, boom)
-	q := declare(t, b, "sendpanicafter", false, sqs.QueueConfig{})
+	b, q, outcomes := sharedPanic(t, "sendpanicafter", func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+		out, md, err := next.HandleInitialize(ctx, in)
+		if err == nil { // once answered
+			panic("boom")
+		}
+		return out, md, err
+	})
 	ctx := testCtx(t)
-
-	first := make(chan error, 1)
-	go func() { first <- b.Publish(ctx, q, &sdk.Message{Type: "first", Body: []byte("1")}) }()
-	<-arrived
-	type outcome struct {
-		err       error
-		recovered any
-	}
-	outcomes := make([]outcome, 2)
-	var wg sync.WaitGroup
-	for i := range outcomes {
-		wg.Go(func() {
-			defer func() { outcomes[i].recovered = recover() }()
-			outcomes[i].err = b.Publish(ctx, q, &sdk.Message{Type: "queued", Body: []byte("2")})
-		})
-	}
-	waitQueued(t, b, 2)
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatalf("first Publish: %v", err)
-	}
-	wg.Wait()
 	failed := 0
 	for _, o := range outcomes {
 		switch {
@@ -486,4 +398,66 @@ func TestSharedSendPanicAfterTheAnswerIsUncertain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// sharedOutcome is what one Publish of sharedPanic's shared call returned,
+// or the panic it raised.
+type sharedOutcome struct {
+	err       error
+	recovered any
+}
+
+// sharedPanic declares queue on a broker with one sender and runs two
+// Publish calls of one message each that share one SendMessageBatch call:
+// a first Publish's call holds the sender while both queue, then second
+// runs as the shared call's middleware (in place of the handler chain's
+// next step). It returns the broker, the queue and the two outcomes, once
+// the first Publish has succeeded and both have returned.
+func sharedPanic(t *testing.T, queue string, second func(context.Context, middleware.InitializeInput, middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error)) (*sqs.Broker, string, []sharedOutcome) {
+	t.Helper()
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	var n atomic.Int32
+	hold := func(st *middleware.Stack) error {
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthSendHold",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if awsmiddleware.GetOperationName(ctx) != "SendMessageBatch" {
+					return next.HandleInitialize(ctx, in)
+				}
+				switch n.Add(1) {
+				case 1: // holds the one sender while two Publish calls queue
+					arrived <- struct{}{}
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
+					}
+				case 2: // the call that carries both queued messages
+					return second(ctx, in, next)
+				}
+				return next.HandleInitialize(ctx, in)
+			}), middleware.Before)
+	}
+	b := newBroker(t, sqs.Options{PublishSenders: 1}, hold)
+	q := declare(t, b, queue, false, sqs.QueueConfig{})
+	ctx := testCtx(t)
+
+	first := make(chan error, 1)
+	go func() { first <- b.Publish(ctx, q, &sdk.Message{Type: "first", Body: []byte("1")}) }()
+	<-arrived
+	outcomes := make([]sharedOutcome, 2)
+	var wg sync.WaitGroup
+	for i := range outcomes {
+		wg.Go(func() {
+			defer func() { outcomes[i].recovered = recover() }()
+			outcomes[i].err = b.Publish(ctx, q, &sdk.Message{Type: "queued", Body: []byte("2")})
+		})
+	}
+	waitQueued(t, b, 2)
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("first Publish: %v", err)
+	}
+	wg.Wait()
+	return b, q, outcomes
 }

@@ -12,9 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/berthq/berth/brokers/sqs"
@@ -112,15 +110,7 @@ func newBatchServer(t *testing.T, script func(n int, bodies []string) int) (*aws
 		}
 		_, _ = fmt.Fprintf(w, `{"Successful":[%s],"Failed":[]}`, strings.Join(ok, ","))
 	}))
-	t.Cleanup(srv.Close)
-	return awssqs.New(awssqs.Options{
-		Region:                           "us-east-1",
-		BaseEndpoint:                     aws.String(srv.URL),
-		Credentials:                      credentials.NewStaticCredentialsProvider("berth", "berth", ""),
-		HTTPClient:                       &http.Client{Transport: transport},
-		DisableMessageChecksumValidation: true,
-		RetryMaxAttempts:                 1,
-	}), s
+	return fakeClient(t, srv), s
 }
 
 func (s *batchServer) take(bodies []string) {

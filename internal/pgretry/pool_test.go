@@ -3,8 +3,6 @@ package pgretry_test
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -155,21 +153,13 @@ func TestPoolProbeKeepsConnectionsOfSlowHooks(t *testing.T) {
 // application had closed. The two hosts are silent servers (they accept
 // and never answer), as a primary cut off by the network would be.
 func TestClosedByMultiHostConnectCut(t *testing.T) {
-	first, second := integration.SilentServer(t), integration.SilentServer(t)
-	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + first + "," + second + "/test?sslmode=disable")
+	hosts, dial, dialedSecond := integration.TwoSilentHosts(t)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + hosts + "/test?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = time.Second // each host's own limit
-	dialedSecond := make(chan struct{})
-	var once sync.Once
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-		if err == nil && addr == second {
-			once.Do(func() { close(dialedSecond) })
-		}
-		return c, err
-	}
+	cfg.ConnConfig.DialFunc = dial
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
