@@ -41,15 +41,33 @@ const poolProbe = 100 * time.Millisecond
 // takes, and the application's BeforeAcquire or PrepareConn hook.
 const poolProbePing = 10 * time.Second
 
+// poolProbeStep is how often PoolClosed looks again at a pool with a
+// connect under way and no idle connection.
+const poolProbeStep = 5 * time.Millisecond
+
 // PoolClosed reports whether the application has closed pool: an acquire
 // from a closed pool fails with puddle.ErrClosedPool. It takes a connection
 // from an open pool (and gives it back), or waits up to 100 ms for one, so
 // it is asked only for an error that a closed pool explains and by
 // watchers; when it cannot tell, the pool is taken for open.
 //
-// The acquire is not cut after 100 ms: PoolClosed stops waiting for it,
-// and it goes on, on its own goroutine, for up to poolProbePing, then gives
-// the connection back. pgxpool gives the acquire's context to the ping of a
+// It never adds a connect to one under way: with no idle connection,
+// pgxpool's acquire starts a connect that goes on beyond the acquire's
+// context, holding a slot of the pool until it ends (and without a
+// connect_timeout, a database that accepts and never answers, or an
+// address black-holed by the network, never ends it), so a probe every
+// 5 s (the LISTEN watcher's) filled the pool with hung connects. While
+// the pool shows a connect under way and no idle connection, PoolClosed
+// looks again every 5 ms and, if that lasts 100 ms, cannot tell: a closed
+// pool has none for long, as its Close cancels the connects under way and
+// they end at once (a hook that ignores its context aside). A probe that
+// finds none under way and no idle connection starts one connect, which
+// the next probe finds under way; probes at the same moment may each
+// start one.
+//
+// The acquire is not cut when PoolClosed stops waiting: it goes on, on
+// its own goroutine, for up to poolProbePing, then gives the connection
+// back. pgxpool gives the acquire's context to the ping of a
 // connection idle for more than a second (which it destroys when the ping
 // fails) and to the application's BeforeAcquire or PrepareConn hook (a
 // statement cut by a cancel closes its connection), so a 100 ms limit
@@ -60,6 +78,19 @@ const poolProbePing = 10 * time.Second
 // has no other owner. In a pool whose connections are all in use it waits
 // its turn, and gives the connection it gets back at once.
 func PoolClosed(pool *pgxpool.Pool) bool {
+	wait := time.NewTimer(poolProbe)
+	defer wait.Stop()
+	for {
+		s := pool.Stat()
+		if s.IdleConns() > 0 || s.ConstructingConns() == 0 {
+			break
+		}
+		select {
+		case <-wait.C:
+			return false // a connect under way: cannot tell
+		case <-time.After(poolProbeStep):
+		}
+	}
 	done := make(chan bool, 1) // the goroutine never blocks on it
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), poolProbePing)
@@ -72,8 +103,6 @@ func PoolClosed(pool *pgxpool.Pool) bool {
 		conn.Release()
 		done <- false
 	}()
-	wait := time.NewTimer(poolProbe)
-	defer wait.Stop()
 	select {
 	case closed := <-done:
 		return closed

@@ -187,3 +187,83 @@ func TestClosedByMultiHostConnectCut(t *testing.T) {
 		t.Errorf("ClosedBy(closed pool, %v) = false, want true", err)
 	}
 }
+
+// TestPoolProbeAddsNoConnectToOneUnderWay: PoolClosed on an open pool with
+// no idle connection, whose database accepts and never answers (no
+// connect_timeout), starts at most one connect, however often it is asked:
+// a probe finds the connect of the one before still under way and cannot
+// tell, without a connect of its own. Before, each probe's acquire started
+// a connect that went on beyond it, holding a slot of the pool for good,
+// so the LISTEN watcher's probe every 5 s filled an idle application's
+// pool with hung connects. A closed pool it still reports closed.
+func TestPoolProbeAddsNoConnectToOneUnderWay(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + integration.SilentServer(t) + "/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // cuts the connects under way; runs before the server's cleanup
+	for i := range 3 {
+		if pgretry.PoolClosed(pool) {
+			t.Fatalf("probe %d: PoolClosed of an open pool on a silent server: true, want false", i+1)
+		}
+	}
+	if n := pool.Stat().ConstructingConns(); n > 1 {
+		t.Errorf("%d connects under way after 3 probes of a pool on a silent server, want at most 1 (each probe added a hung connect)", n)
+	}
+	pool.Close()
+	if !pgretry.PoolClosed(pool) {
+		t.Error("PoolClosed of a closed pool: false, want true")
+	}
+}
+
+// TestPoolProbeWaitsOutConnectCutByClose: PoolClosed asked while the
+// pool's Close is cutting a connect under way (the application's
+// BeforeConnect hook takes 50 ms to give up after the cancel) waits for the
+// connect to end rather than take the pool for open, and reports it closed.
+func TestPoolProbeWaitsOutConnectCutByClose(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + integration.SilentServer(t) + "/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	started, cut := make(chan struct{}), make(chan struct{})
+	cfg.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error {
+		close(started)
+		<-ctx.Done()
+		close(cut)
+		time.Sleep(50 * time.Millisecond)
+		return ctx.Err()
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	acquired := make(chan error, 1)
+	go func() {
+		conn, err := pool.Acquire(context.Background())
+		if err == nil {
+			conn.Release()
+		}
+		acquired <- err
+	}()
+	<-started
+	closed := make(chan struct{})
+	go func() { pool.Close(); close(closed) }()
+	<-cut // the pool is closed; its connect is still under way
+	if n := pool.Stat().ConstructingConns(); n != 1 {
+		t.Fatalf("%d connects under way after Close cut the hook, want 1", n)
+	}
+	if !pgretry.PoolClosed(pool) {
+		t.Error("PoolClosed of a pool closed while a connect was under way: false, want true")
+	}
+	<-closed
+	if err := <-acquired; !errors.Is(err, context.Canceled) {
+		t.Errorf("acquire cut by Close: %v, want a cancel", err)
+	}
+}
