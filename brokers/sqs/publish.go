@@ -22,8 +22,8 @@ import (
 // Publish sends msgs to queue with SendMessageBatch, in chunks of at most 10
 // messages and 1 MiB: up to 10 chunks at once on a standard queue, one after
 // another (in order) on a FIFO queue. Concurrent Publish calls of at most 10
-// messages to a standard queue share calls when [Options.PublishSenders]
-// are busy. It implements [sdk.Publisher]: every message is checked first
+// messages to a standard queue share calls when [Options.PublishSenders] are
+// busy. It implements [sdk.Publisher]: every message is checked first
 // ([sdk.Prepare], the delay: [*DelayError], the sizes: an
 // [*sdk.MessageTooLargeError] whose Limit is [Options.MaxWireSize], or the
 // queue's own MaximumMessageSize when smaller, less 83 bytes kept for the
@@ -34,15 +34,16 @@ import (
 // messages may have been published all the same ([sdk.ErrUnavailable],
 // [sdk.ErrClosed], ctx's error) when any call's does. A call whose answer
 // was lost — cut short, or on an attempt the SDK then retried, whatever the
-// last attempt's answer — fails with [sdk.ErrUnavailable], as does an entry
-// SQS's answer leaves unaccounted for: their messages may have been
-// published. A panic in one of its SendMessageBatch calls (a client
-// middleware's) is raised in the caller's goroutine, whichever goroutine
-// made the call, as is a runtime.Goexit; no further call of the Publish
-// starts. Messages of
-// the other calls (already made, or in flight alongside it) may then have
-// been published, and the panic does not say which: a caller that recovers
-// and publishes the messages again may publish some of them twice.
+// last attempt's answer — or whose success answer failed a check of the
+// client's (the SDK's MD5 check of the bodies) fails with
+// [sdk.ErrUnavailable], as does an entry SQS's answer leaves unaccounted
+// for: their messages may have been published. A panic in one of its
+// SendMessageBatch calls (a client middleware's) is raised in the caller's
+// goroutine, whichever goroutine made the call, as is a runtime.Goexit; no
+// further call of the Publish starts. Messages of the other calls (already
+// made, or in flight alongside it) may then have been published, and the
+// panic does not say which: a caller that recovers and publishes the
+// messages again may publish some of them twice.
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -310,18 +311,25 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		in.Entries[i] = e.in
 		in.Entries[i].Id = aws.String(strconv.Itoa(i))
 	}
-	var lost atomic.Bool
-	out, err := b.client.SendMessageBatch(ctx, in, watchAttempts(&lost))
+	var seen attempts
+	out, err := b.client.SendMessageBatch(ctx, in, watchAttempts(&seen))
 	if err != nil {
 		if sizeRefused(err) {
 			q.size.stale() // the queue's MaximumMessageSize may have been lowered
 		}
 		err = b.wrap(ctx, "publish to "+q.name, err)
-		if lost.Load() && !uncertain(err) {
+		switch {
+		case uncertain(err):
+		case seen.lost.Load():
 			// The SDK retried after an attempt whose answer was lost: SQS
 			// may have taken the messages then, whatever the last attempt's
 			// answer says.
 			err = fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
+		case seen.answered.Load():
+			// SQS answered success and a check of that answer outside the
+			// retry loop failed (the SDK's MD5 check of the bodies): SQS
+			// took the messages, or some of them.
+			err = fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
 		}
 		return nil, err
 	}
@@ -351,19 +359,30 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 	return refused, nil
 }
 
-// watchAttempts is a call option that sets lost when an attempt of the
-// call (the SDK's retries make several) fails without SQS's answer: a
-// transport failure, an answer cut short, the attempt's ctx. The call's own
-// error is only its last attempt's, which may be a refusal that says
-// nothing of what an earlier attempt published.
-func watchAttempts(lost *atomic.Bool) func(*awssqs.Options) {
+// attempts is what watchAttempts saw of a call's attempts.
+type attempts struct {
+	lost     atomic.Bool // an attempt failed without SQS's answer
+	answered atomic.Bool // an attempt got SQS's success answer
+}
+
+// watchAttempts is a call option that notes in seen each attempt of the
+// call (the SDK's retries make several) that fails without SQS's answer (a
+// transport failure, an answer cut short, the attempt's ctx) and one that
+// gets SQS's success answer. The call's own error is only its last
+// attempt's, which may be a refusal that says nothing of what an earlier
+// attempt published, or that of a check made after the retry loop (the
+// SDK's MD5 check of the answer), which says nothing of what SQS took.
+func watchAttempts(seen *attempts) func(*awssqs.Options) {
 	return awssqs.WithAPIOptions(func(s *middleware.Stack) error {
 		return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthAttemptLost",
 			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
 				out, md, err := next.HandleFinalize(ctx, in)
-				if err != nil && (isTransport(err) || answerCut(err) ||
-					errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-					lost.Store(true)
+				switch {
+				case err == nil:
+					seen.answered.Store(true)
+				case isTransport(err) || answerCut(err) ||
+					errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+					seen.lost.Store(true)
 				}
 				return out, md, err
 			}), middleware.After) // inside the SDK's retry loop: once an attempt

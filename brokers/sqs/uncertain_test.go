@@ -349,3 +349,26 @@ func (s *batchServer) callCount() int {
 	defer s.mu.Unlock()
 	return s.calls
 }
+
+// TestChecksumMismatchIsUncertain: SQS took the messages and answered 200,
+// and the SDK's MD5 check of that answer failed (the answer's checksums do
+// not match the bodies sent: a garbled answer, or bodies SQS stored
+// otherwise). The check runs outside the SDK's retry loop, after the
+// answer: its error was returned as is, which said that nothing was
+// published (the AsyncPool then sent each message again). It now wraps
+// sdk.ErrUnavailable.
+func TestChecksumMismatchIsUncertain(t *testing.T) {
+	client, srv := newBatchServer(t, func(int, []string) int { return acceptBatch }) // MD5OfMessageBody "x"
+	client = awssqs.New(client.Options(), func(o *awssqs.Options) { o.DisableMessageChecksumValidation = false })
+	b, err := sqs.New(client, sqs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	msgs := bodied("md5", 2)
+	err = b.Publish(testCtx(t), "q", msgs...)
+	if err == nil || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("Publish: %v, want the SDK's checksum error: the scenario did not happen", err)
+	}
+	checkUncertainOutcome(t, err, srv, msgs)
+}
