@@ -86,27 +86,8 @@ func TestIndexBuildOfAnotherRole(t *testing.T) {
 	// The ledger's: a replacement built by its owner.
 	const name = "ledger_jobs_queue_status_idx"
 	table := schema + ".ledger_jobs"
-	for _, stmt := range []string{ // an earlier release's columns
-		`DROP INDEX ` + pgx.Identifier{schema, name}.Sanitize(),
-		`CREATE INDEX ` + name + ` ON ` + store.Table() + ` (queue, status)`,
-	} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
-	ixs, err := store.Indexes(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var replace []string
-	for _, ix := range ixs {
-		if ix.Name == name {
-			replace = ix.Replace()
-		}
-	}
-	if len(replace) != 4 {
-		t.Fatalf("%s: Replace %q", name, replace)
-	}
+	oldLedgerIndex(t, pool, store, schema)
+	replace := ledgerReplace(t, store, name)
 	finish = buildHeld(t, pool, `INSERT INTO `+store.Table()+` (message_id, status, rank, first_seen_at, updated_at) VALUES ('m', 'enqueued', 0, now(), now())`,
 		replace[1], pgx.Identifier{schema, name + "_new"}.Sanitize())
 	f = ledgerIndexFinding(t, rstore, table)

@@ -115,14 +115,7 @@ func TestLedgerIndexReplaceKeepsOldServing(t *testing.T) {
 	table := schema + ".ledger_jobs"
 	name := pgx.Identifier{schema, "ledger_jobs_queue_status_idx"}.Sanitize()
 	tmp := pgx.Identifier{schema, "ledger_jobs_queue_status_idx_new"}.Sanitize()
-	for _, stmt := range []string{ // an earlier release's columns
-		`DROP INDEX ` + name,
-		`CREATE INDEX ledger_jobs_queue_status_idx ON ` + store.Table() + ` (queue, status)`,
-	} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
+	oldLedgerIndex(t, pool, store, schema)
 	fs, err := doctor.Ledger(ctx, store, 0, doctor.Options{})
 	if err != nil {
 		t.Fatal(err)

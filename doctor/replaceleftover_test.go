@@ -28,22 +28,9 @@ func leftoverSides(t *testing.T) (*pgxpool.Pool, string, []leftoverSide) {
 	t.Helper()
 	u, pool, schema := pgURL(t, nil)
 	open(t, u) // migrates
-	ctx := testCtx(t)
 	store := migratedLedger(t, pool, schema)
 	const lname = "ledger_jobs_queue_status_idx"
-	ixs, err := store.Indexes(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lreplace []string
-	for _, ix := range ixs {
-		if ix.Name == lname {
-			lreplace = ix.Replace()
-		}
-	}
-	if len(lreplace) != 4 {
-		t.Fatalf("%s: Replace %q", lname, lreplace)
-	}
+	lreplace := ledgerReplace(t, store, lname)
 	qt := pgx.Identifier{schema, "jobs"}.Sanitize()
 	return pool, schema, []leftoverSide{
 		{"postgres.indexes", "jobs_claim_idx", qt, indexNamed(t, "jobs_claim_idx").Replace(schema),
@@ -59,6 +46,37 @@ func leftoverSides(t *testing.T) (*pgxpool.Pool, string, []leftoverSide) {
 				return ledgerIndexFinding(t, s, schema+".ledger_jobs")
 			}},
 	}
+}
+
+// oldLedgerIndex makes the ledger's ledger_jobs_queue_status_idx in schema
+// what an earlier release created: (queue, status), a Warn "defined
+// otherwise" whose fix is Replace.
+func oldLedgerIndex(t *testing.T, pool *pgxpool.Pool, store *pgledger.Store, schema string) {
+	t.Helper()
+	const name = "ledger_jobs_queue_status_idx"
+	execAll(t, pool, `DROP INDEX `+pgx.Identifier{schema, name}.Sanitize(),
+		`CREATE INDEX `+name+` ON `+store.Table()+` (queue, status)`)
+}
+
+// ledgerReplace is the Replace statements of the ledger's index name, as
+// store.Indexes gives them (four: drop a leftover _new, build it, drop the
+// old one, rename).
+func ledgerReplace(t *testing.T, store *pgledger.Store, name string) []string {
+	t.Helper()
+	ixs, err := store.Indexes(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ix := range ixs {
+		if ix.Name == name {
+			if r := ix.Replace(); len(r) == 4 {
+				return r
+			}
+			t.Fatalf("%s: Replace %q", name, ix.Replace())
+		}
+	}
+	t.Fatalf("%s: not among the ledger's indexes", name)
+	return nil
 }
 
 // execAll runs stmts on pool, in order.

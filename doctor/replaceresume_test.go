@@ -165,27 +165,8 @@ func TestLedgerIndexReplaceResumes(t *testing.T) {
 	store := migratedLedger(t, pool, schema)
 	table := schema + ".ledger_jobs"
 	const name = "ledger_jobs_queue_status_idx"
-	for _, stmt := range []string{ // an earlier release's columns
-		`DROP INDEX ` + pgx.Identifier{schema, name}.Sanitize(),
-		`CREATE INDEX ` + name + ` ON ` + store.Table() + ` (queue, status)`,
-	} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
-	ixs, err := store.Indexes(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var replace []string
-	for _, ix := range ixs {
-		if ix.Name == name {
-			replace = ix.Replace()
-		}
-	}
-	if len(replace) != 4 {
-		t.Fatalf("%s: Replace %q", name, replace)
-	}
+	oldLedgerIndex(t, pool, store, schema)
+	replace := ledgerReplace(t, store, name)
 	newIdx := pgx.Identifier{schema, name + "_new"}.Sanitize()
 	// A build that failed: an invalid _new index, left by an interrupt.
 	for _, stmt := range []string{replace[0],
@@ -232,6 +213,10 @@ func TestLedgerIndexReplaceResumes(t *testing.T) {
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_index WHERE indrelid = $1::regclass`, store.Table()).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	ixs, err := store.Indexes(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if want := len(ixs) + 1; n != want { // and the primary key
