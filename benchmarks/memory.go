@@ -18,6 +18,10 @@ import (
 
 const memConcurrency = 16
 
+// memBacklog is the MaxBacklog of the bounded berth variant: ten of the
+// producer's batches.
+const memBacklog = 1024
+
 // counter counts the Worker's acks and wakes whoever waits for a target.
 type counter struct {
 	mu     sync.Mutex
@@ -80,39 +84,49 @@ func runMemory(ctx context.Context, c config) ([]table, error) {
 		return time.Since(start), nil
 	}}
 
-	// berth: memory broker + Worker, producer publishing in batches of 100.
-	br, err := memory.New(memory.Options{})
-	if err != nil {
-		return nil, err
-	}
-	defer br.Close()
-	cnt := &counter{}
-	w, err := sdk.NewWorker(br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{
-		Queue: "bench", Concurrency: memConcurrency, Observers: []sdk.Observer{ackObserver{cnt}}, Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		return nil, err
-	}
-	wctx, stop := context.WithCancel(ctx)
-	werr := make(chan error, 1)
-	go func() { werr <- w.Run(wctx) }()
-	defer func() { stop(); <-werr }()
-	berth := variant{name: "berth Worker, memory broker", config: "Concurrency 16, default Prefetch, no-op handler; publisher: Publish of 100 at a time, concurrently", round: func(ctx context.Context, n int) (time.Duration, error) {
-		start := time.Now()
-		done := cnt.expect(int64(n))
-		for sent := 0; sent < n; {
-			batch := make([]*sdk.Message, min(100, n-sent))
-			for i := range batch {
-				batch[i] = &sdk.Message{Type: "bench", Body: body}
-			}
-			if err := br.Publish(ctx, "bench", batch...); err != nil {
-				return 0, err
-			}
-			sent += len(batch)
+	// berth: memory broker + Worker, producer publishing in batches of 100;
+	// once with an unbounded queue, once with MaxBacklog, which holds the
+	// producer back as the channel's and GoChannel's buffers do theirs.
+	var berths []variant
+	for _, backlog := range []int{0, memBacklog} {
+		br, err := memory.New(memory.Options{MaxBacklog: backlog})
+		if err != nil {
+			return nil, err
 		}
-		<-done
-		return time.Since(start), nil
-	}}
+		defer br.Close()
+		cnt := &counter{}
+		w, err := sdk.NewWorker(br, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{
+			Queue: "bench", Concurrency: memConcurrency, Observers: []sdk.Observer{ackObserver{cnt}}, Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			return nil, err
+		}
+		wctx, stop := context.WithCancel(ctx)
+		werr := make(chan error, 1)
+		go func() { werr <- w.Run(wctx) }()
+		defer func() { stop(); <-werr }()
+		name, config := "berth Worker, memory broker", "Concurrency 16, default Prefetch, no-op handler; publisher: Publish of 100 at a time, concurrently; no MaxBacklog (the queue grows while the publisher is ahead)"
+		if backlog > 0 {
+			name = fmt.Sprintf("berth Worker, memory broker, MaxBacklog %d", backlog)
+			config = fmt.Sprintf("as above, with MaxBacklog %d: Publish waits while the queue holds that many", backlog)
+		}
+		berths = append(berths, variant{name: name, config: config, round: func(ctx context.Context, n int) (time.Duration, error) {
+			start := time.Now()
+			done := cnt.expect(int64(n))
+			for sent := 0; sent < n; {
+				batch := make([]*sdk.Message, min(100, n-sent))
+				for i := range batch {
+					batch[i] = &sdk.Message{Type: "bench", Body: body}
+				}
+				if err := br.Publish(ctx, "bench", batch...); err != nil {
+					return 0, err
+				}
+				sent += len(batch)
+			}
+			<-done
+			return time.Since(start), nil
+		}})
+	}
 
 	// Watermill: GoChannel pub/sub and a Router with a no-op handler.
 	logger := watermill.NopLogger{}
@@ -144,7 +158,7 @@ func runMemory(ctx context.Context, c config) ([]table, error) {
 		<-done
 		return time.Since(start), nil
 	}}
-	res, err := alternate(ctx, []variant{channel, berth, wm}, c.rounds, msgs(c, 200000))
+	res, err := alternate(ctx, []variant{channel, berths[0], berths[1], wm}, c.rounds, msgs(c, 200000))
 	if err != nil {
 		return nil, err
 	}

@@ -106,6 +106,31 @@ func TestMemory(t *testing.T) {
 	}
 }
 
+func TestMemoryMaxBacklog(t *testing.T) {
+	ctx := context.Background()
+	if _, err := brokerurl.Open(ctx, "mem://?max_backlog=-1", brokerurl.Options{}); err == nil {
+		t.Fatal("mem://?max_backlog=-1 opened")
+	}
+	b, err := brokerurl.Open(ctx, "mem://?max_backlog=1", brokerurl.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Publish(ctx, "q", &sdk.Message{Type: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	// The bound holds: a second message waits for a receiver until its
+	// context ends, and is not stored.
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := b.Publish(wctx, "q", &sdk.Message{Type: "t"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Publish past max_backlog=1 = %v, want it to wait until its deadline", err)
+	}
+	if s, err := b.(sdk.Inspector).Stats(ctx, "q"); err != nil || s.Ready != 1 {
+		t.Fatalf("Stats = %+v, %v; want 1 ready", s, err)
+	}
+}
+
 func TestOptions(t *testing.T) {
 	ctx := context.Background()
 	var got url.Values

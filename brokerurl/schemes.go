@@ -80,13 +80,14 @@ func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, erro
 // openMemory opens a new, empty memory broker: mem:// (no host, user info
 // or path).
 //
-// Parameters: lease (duration), max_deliveries, max_message_size — the
-// fields of [memory.Options].
+// Parameters: lease (duration), max_deliveries, max_message_size,
+// max_backlog — the fields of [memory.Options].
 func openMemory(_ context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := memory.Options{
 		Lease:          p.Duration("lease", 0),
 		MaxDeliveries:  p.Int("max_deliveries", 0),
 		MaxMessageSize: p.Int("max_message_size", 0),
+		MaxBacklog:     p.Int("max_backlog", 0),
 	}
 	if err := p.Done(); err != nil {
 		return nil, err

@@ -41,10 +41,12 @@ var channelRate float64
 // allocs/op is allocations per message.
 func BenchmarkWorkerVsChannel(b *testing.B) {
 	b.Run("channel", benchChannel)
-	b.Run("worker", func(b *testing.B) { benchWorker(b, false) })
-	b.Run("worker-prepublished", func(b *testing.B) { benchWorker(b, true) })
-	b.Run("broker", func(b *testing.B) { benchBroker(b, false) })
-	b.Run("broker-prepublished", func(b *testing.B) { benchBroker(b, true) })
+	b.Run("worker", func(b *testing.B) { benchWorker(b, false, 0) })
+	b.Run("worker-backlog", func(b *testing.B) { benchWorker(b, false, benchBacklog) })
+	b.Run("worker-prepublished", func(b *testing.B) { benchWorker(b, true, 0) })
+	b.Run("broker", func(b *testing.B) { benchBroker(b, false, 0) })
+	b.Run("broker-backlog", func(b *testing.B) { benchBroker(b, false, benchBacklog) })
+	b.Run("broker-prepublished", func(b *testing.B) { benchBroker(b, true, 0) })
 }
 
 // benchBroker is the broker alone, without the Worker: benchConcurrency
@@ -53,8 +55,8 @@ func BenchmarkWorkerVsChannel(b *testing.B) {
 // messages published before the timer (prepublish). The end-to-end figure
 // bounds what any Worker design on this broker could reach: the Worker
 // adds its own work to the broker's, never takes from it.
-func benchBroker(b *testing.B, prepublish bool) {
-	br := newBroker(b, memory.Options{})
+func benchBroker(b *testing.B, prepublish bool, backlog int) {
+	br := newBroker(b, memory.Options{MaxBacklog: backlog})
 	const queue = "bench"
 	if prepublish {
 		publishBench(b, br, queue, b.N)
@@ -100,6 +102,9 @@ func benchBroker(b *testing.B, prepublish bool) {
 		b.ReportMetric(rate/channelRate, "x-channel")
 	}
 }
+
+// benchBacklog is the MaxBacklog of the -backlog variants.
+var benchBacklog = 1024
 
 // benchReceive is the max of each Receive of the broker-only benchmark.
 const benchReceive = 32
@@ -167,8 +172,8 @@ func (a *acks) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settlement) {
 	}
 }
 
-func benchWorker(b *testing.B, prepublish bool) {
-	br := newBroker(b, memory.Options{})
+func benchWorker(b *testing.B, prepublish bool, backlog int) {
+	br := newBroker(b, memory.Options{MaxBacklog: backlog})
 	const queue = "bench"
 	publish := func(n int) { publishBench(b, br, queue, n) }
 	if prepublish {

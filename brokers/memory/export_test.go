@@ -13,3 +13,15 @@ func PlantDeadLetter(b *Broker, queue string, m *sdk.Message) {
 	q.dead = append(q.dead, c)
 	q.numberDead(c) // a position, as every dead letter has, for the page walks
 }
+
+// PublishWaiting reports whether a Publish to queue waits for room in its
+// backlog (Options.MaxBacklog).
+func PublishWaiting(b *Broker, queue string) bool {
+	q := b.existing(queue)
+	if q == nil {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.room != nil
+}

@@ -53,6 +53,19 @@ type Options struct {
 	// MaxMessageSize is the largest [sdk.Message.Size] Publish accepts. 0
 	// means [DefaultMaxMessageSize] (1 MiB); negative means no limit.
 	MaxMessageSize int
+	// MaxBacklog bounds the messages each queue holds waiting for a
+	// receiver (ready or delayed), as a buffered channel bounds its
+	// buffer: a Publish that would take the queue past it waits until
+	// receivers have taken enough, and a producer faster than its
+	// consumers is held back instead of filling the process's memory. A
+	// Publish of more messages than MaxBacklog goes in, whole, once the
+	// queue holds none waiting. A Publish whose context ends, or whose
+	// broker closes, while it waits stores nothing and says so (the
+	// context's error, [sdk.ErrClosed]). Messages that come back — a Retry,
+	// a Release, an expired lease, a redrive — never wait and may take the
+	// backlog past the bound; leased messages do not count. 0 (the default)
+	// means no bound.
+	MaxBacklog int
 }
 
 // Broker is an in-memory broker. It implements [sdk.Broker],
@@ -68,6 +81,7 @@ type Broker struct {
 	lease          time.Duration
 	maxDeliveries  int
 	maxMessageSize int
+	maxBacklog     int
 
 	queues   sync.Map // name -> *queue
 	closed   atomic.Bool
@@ -92,6 +106,9 @@ func New(opts Options) (*Broker, error) {
 	if opts.Lease < 0 {
 		return nil, fmt.Errorf("memory: negative Lease %s", opts.Lease)
 	}
+	if opts.MaxBacklog < 0 {
+		return nil, fmt.Errorf("memory: negative MaxBacklog %d", opts.MaxBacklog)
+	}
 	if opts.Lease == 0 {
 		opts.Lease = DefaultLease
 	}
@@ -105,6 +122,7 @@ func New(opts Options) (*Broker, error) {
 		lease:          opts.Lease,
 		maxDeliveries:  opts.MaxDeliveries,
 		maxMessageSize: opts.MaxMessageSize,
+		maxBacklog:     opts.MaxBacklog,
 		closedCh:       make(chan struct{}),
 	}, nil
 }
@@ -185,11 +203,30 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	q := b.queue(queue)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if b.closed.Load() {
-		return sdk.ErrClosed
+	var now time.Time
+	for {
+		if b.closed.Load() {
+			return sdk.ErrClosed
+		}
+		now = time.Now()
+		q.promote(now, b.maxDeliveries) // what is due goes ahead of what is published now
+		room := q.roomFor(b.maxBacklog, len(entries))
+		if room == nil {
+			break
+		}
+		q.mu.Unlock()
+		select {
+		case <-room:
+			q.mu.Lock()
+		case <-ctx.Done():
+			q.mu.Lock() // for the deferred Unlock
+			return fmt.Errorf("memory: publish of %d to queue %q waited for room in its backlog (MaxBacklog %d): %w",
+				len(entries), queue, b.maxBacklog, ctx.Err())
+		case <-b.closedCh:
+			q.mu.Lock()
+			return sdk.ErrClosed
+		}
 	}
-	now := time.Now()
-	q.promote(now, b.maxDeliveries) // what is due goes ahead of what is published now
 	for i := range entries {
 		e := &entries[i]
 		if d := e.msg.Delay; d > 0 {
@@ -296,6 +333,7 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 	if len(out) > 0 {
 		q.deadlineMoved(until)
 	}
+	q.roomMade()
 	return out
 }
 

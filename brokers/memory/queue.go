@@ -61,6 +61,46 @@ type queue struct {
 	wake      chan struct{}
 	wakeAt    time.Time // the deadline the waiters' timers are set for; zero: none
 	hasWakeAt bool
+
+	// room is closed (and set to nil) when the backlog has fallen to
+	// roomAt, the largest backlog at which a waiting Publish fits
+	// (Options.MaxBacklog).
+	room   chan struct{}
+	roomAt int
+}
+
+// backlog is the number of messages waiting for a receiver: ready or delayed.
+func (q *queue) backlog() int { return q.ready.len() + len(q.delayed) }
+
+// roomFor returns nil when n more messages fit in the backlog bound
+// limit (0: no bound), else a channel closed once the backlog has fallen
+// enough for them. More than limit fit once the backlog is empty.
+func (q *queue) roomFor(limit, n int) chan struct{} {
+	if limit <= 0 {
+		return nil
+	}
+	at := 0 // a batch larger than the bound: once the queue is empty
+	if n <= limit {
+		at = limit - n
+	}
+	if q.backlog() <= at {
+		return nil
+	}
+	if q.room == nil {
+		q.room, q.roomAt = make(chan struct{}), at
+	} else {
+		q.roomAt = max(q.roomAt, at)
+	}
+	return q.room
+}
+
+// roomMade wakes the Publish calls waiting for room if the backlog has
+// fallen to where one of them fits.
+func (q *queue) roomMade() {
+	if q.room != nil && q.backlog() <= q.roomAt {
+		close(q.room)
+		q.room = nil
+	}
 }
 
 // signal wakes the waiting receivers.

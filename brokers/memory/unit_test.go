@@ -33,6 +33,9 @@ func TestNewOptions(t *testing.T) {
 	if _, err := memory.New(memory.Options{Lease: -time.Second}); err == nil {
 		t.Error("New with a negative Lease: no error")
 	}
+	if _, err := memory.New(memory.Options{MaxBacklog: -1}); err == nil {
+		t.Error("New with a negative MaxBacklog: no error")
+	}
 	b := newBroker(t, memory.Options{MaxMessageSize: -1})
 	// No size limit: a body well over the default 1 MiB is accepted.
 	big := &sdk.Message{Body: make([]byte, 2*memory.DefaultMaxMessageSize)}
