@@ -140,6 +140,69 @@ func TestMaxBacklogPublishCancelledStoresNothing(t *testing.T) {
 	}
 }
 
+// A waiting Publish whose context has ended when room is made stores
+// nothing.
+func TestMaxBacklogPublishCancelledAsRoomIsMade(t *testing.T) {
+	for i := range 20 {
+		b := newBroker(t, memory.Options{MaxBacklog: 1})
+		if err := b.Publish(ctxT(t), "q", msgs(1)...); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(ctxT(t))
+		res := publishAsync(ctx, b, "q", msgs(1)...)
+		awaitWaiting(t, b, "q", res)
+		memory.MakeRoom(b, "q", cancel)
+		if err := <-res; !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: Publish whose context ended as room was made = %v, want context.Canceled", i, err)
+		}
+		if r, _, _ := backlogOf(t, b, "q"); r != 0 {
+			t.Fatalf("round %d: ready %d after a cancelled Publish, want 0: it stored its batch", i, r)
+		}
+	}
+}
+
+// A waiting batch is not overtaken by a smaller Publish made after it,
+// which would fit sooner: under a stream of those it would wait for ever.
+func TestMaxBacklogWaitingBatchNotOvertaken(t *testing.T) {
+	b := newBroker(t, memory.Options{MaxBacklog: 2})
+	ctx := ctxT(t)
+	if err := b.Publish(ctx, "q", msgs(2)...); err != nil {
+		t.Fatal(err)
+	}
+	batch := msgs(2)
+	res := publishAsync(ctx, b, "q", batch...)
+	awaitWaiting(t, b, "q", res)
+	receiveOne(t, b, "q") // one left: the batch of 2 does not fit yet
+	single := msgs(1)
+	later := publishAsync(ctx, b, "q", single...)
+	deadline := time.Now().Add(10 * time.Second)
+	for memory.PublishesWaiting(b, "q") < 2 {
+		select {
+		case err := <-later:
+			t.Fatalf("a Publish of 1 made after a waiting batch returned %v instead of waiting behind it", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Publish of 1 never waited")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	receiveOne(t, b, "q") // empty: the batch goes in, the single waits
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, "q", 2)
+	if err != nil || len(ds) != 2 || ds[0].Message().ID != batch[0].ID || ds[1].Message().ID != batch[1].ID {
+		t.Fatalf("Receive after the batch went in: %d, %v; want the batch", len(ds), err)
+	}
+	if err := <-later; err != nil {
+		t.Fatal(err)
+	}
+	if d := receiveOne(t, b, "q"); d.Message().ID != single[0].ID {
+		t.Fatal("the single message did not follow the batch")
+	}
+}
+
 func TestMaxBacklogCloseEndsWaitingPublish(t *testing.T) {
 	b := newBroker(t, memory.Options{MaxBacklog: 1})
 	if err := b.Publish(ctxT(t), "q", msgs(1)...); err != nil {

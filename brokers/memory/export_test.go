@@ -1,6 +1,10 @@
 package memory
 
-import "github.com/berthq/berth/sdk"
+import (
+	"time"
+
+	"github.com/berthq/berth/sdk"
+)
 
 // PlantDeadLetter stores m as a dead letter of queue as it is, headers
 // included, the way a message that reached the dead-letter list by a path
@@ -16,12 +20,29 @@ func PlantDeadLetter(b *Broker, queue string, m *sdk.Message) {
 
 // PublishWaiting reports whether a Publish to queue waits for room in its
 // backlog (Options.MaxBacklog).
-func PublishWaiting(b *Broker, queue string) bool {
+func PublishWaiting(b *Broker, queue string) bool { return PublishesWaiting(b, queue) > 0 }
+
+// PublishesWaiting returns how many Publish calls to queue wait for room in
+// its backlog.
+func PublishesWaiting(b *Broker, queue string) int {
 	q := b.existing(queue)
 	if q == nil {
-		return false
+		return 0
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.room != nil
+	return len(q.waiters)
+}
+
+// MakeRoom runs before and then leases one ready message of queue, as a
+// Receive does (its delivery is dropped), without letting the queue's lock
+// go in between.
+func MakeRoom(b *Broker, queue string, before func()) {
+	q := b.queue(queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	before()
+	now := time.Now()
+	q.promote(now, b.maxDeliveries)
+	b.take(q, 1, now)
 }

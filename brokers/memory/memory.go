@@ -23,6 +23,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,9 @@ type Options struct {
 	// receivers have taken enough, and a producer faster than its
 	// consumers is held back instead of filling the process's memory. A
 	// Publish of more messages than MaxBacklog goes in, whole, once the
-	// queue holds none waiting. A Publish whose context ends, or whose
+	// queue holds none waiting. Waiting Publish calls go in in the order
+	// they began to wait: a later one, even one that would fit, never goes
+	// in ahead of an earlier one. A Publish whose context ends, or whose
 	// broker closes, while it waits stores nothing and says so (the
 	// context's error, [sdk.ErrClosed]). Messages that come back — a Retry,
 	// a Release, an expired lease, a redrive — never wait and may take the
@@ -160,7 +163,10 @@ func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
 // IDs in place) and, when all pass, stores copies of them: the caller may
 // reuse msgs afterwards. Nothing is stored when any message fails. Messages
 // with a Delay become deliverable once it has passed. With ctx already done
-// it stores nothing and returns ctx.Err(), as the network brokers do.
+// it stores nothing and returns ctx.Err(), as the network brokers do. Under
+// [Options.MaxBacklog] it may wait for room; if ctx ends, or the broker
+// closes, while it waits, it stores nothing and returns an error wrapping
+// ctx.Err(), or [sdk.ErrClosed].
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -203,41 +209,51 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	q := b.queue(queue)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var now time.Time
-	for {
-		if b.closed.Load() {
-			return sdk.ErrClosed
-		}
+	if b.closed.Load() {
+		return sdk.ErrClosed
+	}
+	now := time.Now()
+	q.promote(now, b.maxDeliveries) // what is due goes ahead of what is published now
+	if len(q.waiters) > 0 {
+		q.admit(b.maxBacklog, now) // waiters whose context ended are passed over
+	}
+	if len(q.waiters) == 0 && q.fits(b.maxBacklog, len(entries)) {
+		q.store(entries, now)
+		return nil
+	}
+	// Wait for room, behind the Publish calls already waiting: a Receive
+	// that makes room stores the batch (admit).
+	w := &waiter{ctx: ctx, entries: entries, in: make(chan struct{})}
+	q.waiters = append(q.waiters, w)
+	q.mu.Unlock()
+	select {
+	case <-w.in:
+	case <-ctx.Done():
+	case <-b.closedCh:
+	}
+	q.mu.Lock() // for the deferred Unlock
+	if w.stored {
+		return nil
+	}
+	if i := slices.Index(q.waiters, w); i >= 0 {
+		q.waiters = slices.Delete(q.waiters, i, i+1)
 		now = time.Now()
-		q.promote(now, b.maxDeliveries) // what is due goes ahead of what is published now
-		room := q.roomFor(b.maxBacklog, len(entries))
-		if room == nil {
-			break
-		}
-		q.mu.Unlock()
-		select {
-		case <-room:
-			q.mu.Lock()
-		case <-ctx.Done():
-			q.mu.Lock() // for the deferred Unlock
-			return fmt.Errorf("memory: publish of %d to queue %q waited for room in its backlog (MaxBacklog %d): %w",
-				len(entries), queue, b.maxBacklog, ctx.Err())
-		case <-b.closedCh:
-			q.mu.Lock()
-			return sdk.ErrClosed
+		if !b.closed.Load() {
+			q.promote(now, b.maxDeliveries)
+			q.admit(b.maxBacklog, now) // those behind w may fit
 		}
 	}
-	for i := range entries {
-		e := &entries[i]
-		if d := e.msg.Delay; d > 0 {
-			e.msg.Delay = 0
-			q.schedule(e, now.Add(d))
-			continue
-		}
-		e.msg.Delay = 0
-		q.makeReady(e, now)
+	if err := ctx.Err(); err != nil {
+		return b.backlogWaitError(len(entries), queue, err)
 	}
-	return nil
+	return sdk.ErrClosed
+}
+
+// backlogWaitError is the error of a Publish of n messages to queue whose
+// context ended (err) while it waited for room (Options.MaxBacklog).
+func (b *Broker) backlogWaitError(n int, queue string, err error) error {
+	return fmt.Errorf("memory: publish of %d to queue %q waited for room in its backlog (MaxBacklog %d): %w",
+		n, queue, b.maxBacklog, err)
 }
 
 // Receive leases up to n (at least 1) ready messages of queue to the
@@ -333,7 +349,9 @@ func (b *Broker) take(q *queue, limit int, now time.Time) []sdk.Delivery {
 	if len(out) > 0 {
 		q.deadlineMoved(until)
 	}
-	q.roomMade()
+	if len(q.waiters) > 0 && !b.closed.Load() {
+		q.admit(b.maxBacklog, now)
+	}
 	return out
 }
 
@@ -368,7 +386,8 @@ func (b *Broker) Stats(_ context.Context, queue string) (sdk.QueueStats, error) 
 }
 
 // Close closes the broker. Every later call returns [sdk.ErrClosed], and
-// Receive calls waiting at the time return it. The messages are dropped.
+// Receive calls, and Publish calls waiting for room (Options.MaxBacklog),
+// waiting at the time return it. The messages are dropped.
 // Close is safe to call more than once.
 func (b *Broker) Close() error {
 	b.closeMu.Lock()

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"container/heap"
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -62,44 +63,66 @@ type queue struct {
 	wakeAt    time.Time // the deadline the waiters' timers are set for; zero: none
 	hasWakeAt bool
 
-	// room is closed (and set to nil) when the backlog has fallen to
-	// roomAt, the largest backlog at which a waiting Publish fits
-	// (Options.MaxBacklog).
-	room   chan struct{}
-	roomAt int
+	// waiters are the Publish calls waiting for room in the backlog
+	// (Options.MaxBacklog), oldest first: admit stores them in that order,
+	// and a Publish never goes in ahead of one waiting before it.
+	waiters []*waiter
+}
+
+// waiter is a Publish waiting for room in its queue's backlog.
+type waiter struct {
+	ctx     context.Context
+	entries []entry
+	in      chan struct{} // closed when admit stored the entries
+	stored  bool
 }
 
 // backlog is the number of messages waiting for a receiver: ready or delayed.
 func (q *queue) backlog() int { return q.ready.len() + len(q.delayed) }
 
-// roomFor returns nil when n more messages fit in the backlog bound
-// limit (0: no bound), else a channel closed once the backlog has fallen
-// enough for them. More than limit fit once the backlog is empty.
-func (q *queue) roomFor(limit, n int) chan struct{} {
+// fits reports whether n more messages fit in the backlog bound limit (0:
+// no bound). More than limit fit once the backlog is empty.
+func (q *queue) fits(limit, n int) bool {
 	if limit <= 0 {
-		return nil
+		return true
 	}
-	at := 0 // a batch larger than the bound: once the queue is empty
-	if n <= limit {
-		at = limit - n
+	if n > limit {
+		return q.backlog() == 0
 	}
-	if q.backlog() <= at {
-		return nil
-	}
-	if q.room == nil {
-		q.room, q.roomAt = make(chan struct{}), at
-	} else {
-		q.roomAt = max(q.roomAt, at)
-	}
-	return q.room
+	return q.backlog()+n <= limit
 }
 
-// roomMade wakes the Publish calls waiting for room if the backlog has
-// fallen to where one of them fits.
-func (q *queue) roomMade() {
-	if q.room != nil && q.backlog() <= q.roomAt {
-		close(q.room)
-		q.room = nil
+// admit stores the batches of the waiting Publish calls, oldest first,
+// while the oldest fits, at now (q is promoted to now). A waiter whose
+// context ended is passed over: its Publish stores nothing.
+func (q *queue) admit(limit int, now time.Time) {
+	for len(q.waiters) > 0 {
+		w := q.waiters[0]
+		if w.ctx.Err() == nil {
+			if !q.fits(limit, len(w.entries)) {
+				return
+			}
+			q.store(w.entries, now)
+			w.stored = true
+			close(w.in)
+		}
+		q.waiters[0] = nil
+		q.waiters = q.waiters[1:]
+	}
+	q.waiters = nil // let the array go
+}
+
+// store makes entries ready, or schedules those with a Delay, at now.
+func (q *queue) store(entries []entry, now time.Time) {
+	for i := range entries {
+		e := &entries[i]
+		if d := e.msg.Delay; d > 0 {
+			e.msg.Delay = 0
+			q.schedule(e, now.Add(d))
+			continue
+		}
+		e.msg.Delay = 0
+		q.makeReady(e, now)
 	}
 }
 
