@@ -105,7 +105,7 @@ func runMemory(ctx context.Context, c config) ([]table, error) {
 		werr := make(chan error, 1)
 		go func() { werr <- w.Run(wctx) }()
 		defer func() { stop(); <-werr }()
-		name, config := "berth Worker, memory broker", "Concurrency 16, default Prefetch, no-op handler; publisher: Publish of 100 at a time, concurrently; no MaxBacklog (the queue grows while the publisher is ahead)"
+		name, config := "berth Worker, memory broker", "Concurrency 16, default Prefetch, no-op handler; publisher: one goroutine, Publish of 100 at a time while the Worker consumes; no MaxBacklog (the queue grows while the publisher is ahead)"
 		if backlog > 0 {
 			name = fmt.Sprintf("berth Worker, memory broker, MaxBacklog %d", backlog)
 			config = fmt.Sprintf("as above, with MaxBacklog %d: Publish waits while the queue holds that many", backlog)

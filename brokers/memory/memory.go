@@ -66,7 +66,10 @@ type Options struct {
 	// broker closes, while it waits stores nothing and says so (the
 	// context's error, [sdk.ErrClosed]). Messages that come back — a Retry,
 	// a Release, an expired lease, a redrive — never wait and may take the
-	// backlog past the bound; leased messages do not count. 0 (the default)
+	// backlog past the bound; leased messages do not count. As with a
+	// channel, a handler that publishes to its own full queue waits for
+	// another handler to make room: give such a Publish a deadline, or keep
+	// the bound above what the handlers publish at once. 0 (the default)
 	// means no bound.
 	MaxBacklog int
 }
