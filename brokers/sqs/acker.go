@@ -28,6 +28,7 @@ type ackEntry struct {
 	handle string
 	done   chan error // nil: nobody waits; the result goes to surfaced
 	tries  int
+	gen    uint64 // the acker's generation when it was added (see flush)
 }
 
 // ackBatch is the deletes of one DeleteMessageBatch call.
@@ -54,19 +55,29 @@ type acker struct {
 
 	batches chan ackBatch
 	arm     chan struct{} // cap 1: a partial batch is waiting for the timer
+	kick    chan struct{} // cap 1: a batch was put back (requeue) while a Flush may wait
 	stop    chan struct{} // closed by close: the timer stops
 	stopped chan struct{} // closed by the timer when it has stopped
 	quit    chan struct{} // closed by close after the last flush: the sender stops
 	wg      sync.WaitGroup
 
-	mu       sync.Mutex
-	pending  map[string][]ackEntry // by queue URL
-	count    int                   // entries buffered or being sent
-	idle     chan struct{}         // closed whenever count is 0
+	mu      sync.Mutex
+	pending map[string][]ackEntry // by queue URL
+	// gen is the generation of the deletes added now; each flush starts a
+	// new one and waits for the deletes of the earlier ones only, not for
+	// those other callers keep adding meanwhile.
+	gen      uint64
+	live     map[uint64]*ackGen // generations with deletes buffered or being sent
 	surfaced []error
 	dropped  int // failures beyond maxSurfaced since the last flush
-	flushing int // Flush calls waiting
 	closed   bool
+}
+
+// ackGen counts the deletes of one generation not finished yet; done is
+// closed when the last one finishes.
+type ackGen struct {
+	n    int
+	done chan struct{}
 }
 
 func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger, wrap func(ctx context.Context, what string, err error) error) *acker {
@@ -77,13 +88,13 @@ func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger, w
 		wrap:     wrap,
 		batches:  make(chan ackBatch),
 		arm:      make(chan struct{}, 1),
+		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		stopped:  make(chan struct{}),
 		quit:     make(chan struct{}),
 		pending:  make(map[string][]ackEntry),
-		idle:     make(chan struct{}),
+		live:     make(map[uint64]*ackGen),
 	}
-	close(a.idle)
 	a.wg.Add(1 + ackSenders)
 	go a.timer()
 	for range ackSenders {
@@ -101,13 +112,16 @@ func (a *acker) add(ctx context.Context, url string, e ackEntry) error {
 		a.mu.Unlock()
 		return errClosedAcker
 	}
-	if a.count == 0 {
-		a.idle = make(chan struct{})
+	e.gen = a.gen
+	g := a.live[e.gen]
+	if g == nil {
+		g = &ackGen{done: make(chan struct{})}
+		a.live[e.gen] = g
 	}
-	a.count++
+	g.n++
 	p := append(a.pending[url], e)
 	var full []ackEntry
-	if len(p) >= batchSize || a.flushing > 0 { // a Flush waits: do not buffer
+	if len(p) >= batchSize {
 		full, p = p, nil
 	}
 	a.pending[url] = p
@@ -183,15 +197,22 @@ func (a *acker) timer() {
 }
 
 // requeue puts a batch back in the buffer and arms the timer, which sends
-// it after the interval (after close, close sends it itself). Without the
+// it after the interval, and wakes a Flush waiting for the deletes (Close's
+// included, whose timer has stopped), which sends it at once. Without the
 // arm, a batch put back by a Flush whose ctx ended would wait for the next
-// Ack, Flush or Close while its message came back and ran again.
+// Ack, Flush or Close while its message came back and ran again; without
+// the kick, a Flush or Close waiting while an Ack put its batch back would
+// wait out its ctx (Close then dropped the deletes).
 func (a *acker) requeue(b ackBatch) {
 	a.mu.Lock()
 	a.pending[b.url] = append(a.pending[b.url], b.entries...)
 	a.mu.Unlock()
 	select {
 	case a.arm <- struct{}{}:
+	default:
+	}
+	select {
+	case a.kick <- struct{}{}:
 	default:
 	}
 }
@@ -297,9 +318,11 @@ func (a *acker) finish(e ackEntry, err error) {
 			a.dropped++
 		}
 	}
-	a.count--
-	if a.count == 0 {
-		close(a.idle)
+	if g := a.live[e.gen]; g != nil {
+		if g.n--; g.n == 0 {
+			close(g.done)
+			delete(a.live, e.gen)
+		}
 	}
 	a.mu.Unlock()
 	if e.done != nil {
@@ -307,36 +330,45 @@ func (a *acker) finish(e ackEntry, err error) {
 	}
 }
 
-// flush sends every partial batch and waits until nothing is buffered or
-// being sent (deletes added meanwhile are sent at once, unbuffered), then
-// returns the failures since the last flush.
+// flush sends every partial batch and waits until the deletes added before
+// it began are sent (those added meanwhile are not waited for: under a
+// steady stream of acks from other callers the acker is never idle), then
+// returns the failures since the last flush. A batch put back meanwhile by
+// an Ack whose ctx ended (requeue) is sent when it is put back.
 func (a *acker) flush(ctx context.Context) error {
 	a.mu.Lock()
-	a.flushing++
+	waits := make([]chan struct{}, 0, len(a.live))
+	for _, g := range a.live { // every generation so far
+		waits = append(waits, g.done)
+	}
+	a.gen++
 	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		a.flushing--
-		a.mu.Unlock()
-	}()
-	batches := a.takeAll()
-	for i, b := range batches {
-		select {
-		case a.batches <- b:
-		case <-ctx.Done():
-			for _, rest := range batches[i:] {
-				a.requeue(rest)
+	for send := true; ; {
+		if send {
+			batches := a.takeAll()
+			for i, b := range batches {
+				select {
+				case a.batches <- b:
+				case <-ctx.Done():
+					for _, rest := range batches[i:] {
+						a.requeue(rest)
+					}
+					return ctx.Err()
+				}
 			}
+			send = false
+		}
+		if len(waits) == 0 {
+			break
+		}
+		select {
+		case <-waits[0]:
+			waits = waits[1:]
+		case <-a.kick: // a batch was put back in the buffer: send it too
+			send = true
+		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}
-	a.mu.Lock()
-	idle := a.idle
-	a.mu.Unlock()
-	select {
-	case <-idle:
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

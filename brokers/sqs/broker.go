@@ -257,9 +257,10 @@ func (b *Broker) Close() error {
 	return err
 }
 
-// Flush sends the buffered deletes now and waits for them, returning the
-// errors of deletes SQS refused since the last Flush ([AckError]). It
-// implements [sdk.Flusher].
+// Flush sends the buffered deletes now and waits for them (and for those
+// being sent; not for deletes added meanwhile, which other consumers of the
+// broker may keep adding), returning the errors of deletes SQS refused since
+// the last Flush ([AckError]). It implements [sdk.Flusher].
 func (b *Broker) Flush(ctx context.Context) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed

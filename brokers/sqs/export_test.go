@@ -38,3 +38,23 @@ func WireSize(m *sdk.Message) int {
 // CopyReserve is what Publish keeps of MaxWireSize for the copies berth
 // sends of a message (its dead letter, a redrive).
 const CopyReserve = copyReserve
+
+// AckGeneration is the generation of the deletes b's acker takes now; each
+// Flush (Close's included) starts a new one.
+func AckGeneration(b *Broker) uint64 {
+	b.acks.mu.Lock()
+	defer b.acks.mu.Unlock()
+	return b.acks.gen
+}
+
+// AcksHeld is the number of deletes b's acker holds: buffered, waiting for
+// a sender or being sent.
+func AcksHeld(b *Broker) int {
+	b.acks.mu.Lock()
+	defer b.acks.mu.Unlock()
+	n := 0
+	for _, g := range b.acks.live {
+		n += g.n
+	}
+	return n
+}

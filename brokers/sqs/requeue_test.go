@@ -1,0 +1,249 @@
+package sqs_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestFlushSendsDeletesPutBackWhileItWaits: an Ack that completes a batch
+// while every sender is busy puts its batch back in the buffer when its ctx
+// ends. When that happens while a Flush or Close already waits for the
+// deletes, the Flush sends it as soon as a sender is free. Before, the batch
+// waited for the AckInterval timer, which Close had stopped (and which an
+// AckInterval of an hour would not fire in time): the Flush, and Close, ran
+// out their time, and Close dropped the deletes, whose messages came back
+// and ran again.
+func TestFlushSendsDeletesPutBackWhileItWaits(t *testing.T) {
+	for _, how := range []string{"Flush", "Close"} {
+		t.Run(how, func(t *testing.T) { putBackWhileFlushing(t, how) })
+	}
+}
+
+func putBackWhileFlushing(t *testing.T, how string) {
+	const senders = 4 // ackSenders
+	release := make(chan struct{})
+	var once sync.Once
+	entered := make(chan struct{}, senders)
+	var mu sync.Mutex
+	deleted := map[string]bool{}
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		switch op {
+		case "ReceiveMessage": // 10 messages of distinct receipt handles a call
+			var ms []string
+			for i := range 10 {
+				ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, n, i, n, i))
+			}
+			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
+		case "DeleteMessageBatch":
+			if n <= senders { // hold every sender
+				entered <- struct{}{}
+				<-release
+			}
+			var ok []string
+			mu.Lock()
+			for _, e := range req["Entries"].([]any) {
+				e := e.(map[string]any)
+				deleted[e["ReceiptHandle"].(string)] = true
+				ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
+			}
+			mu.Unlock()
+			return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		once.Do(func() { close(release) })
+		_ = b.Close()
+	}()
+	ctx := testCtx(t)
+	var ds []sdk.Delivery
+	for len(ds) < (senders+1)*10 {
+		got, err := b.Receive(ctx, "q", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, got...)
+	}
+	for _, d := range ds[:senders*10] { // a full batch for every sender
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range senders {
+		<-entered
+	}
+	last := ds[senders*10:]
+	for _, d := range last[:9] {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The tenth completes a batch, which waits for a sender until its ctx
+	// is cancelled.
+	actx, cancelAck := context.WithCancel(ctx)
+	acked := make(chan error, 1)
+	go func() { acked <- last[9].Ack(actx) }()
+	for sqs.AcksHeld(b) < len(ds) {
+		if ctx.Err() != nil {
+			t.Fatal("the last Ack never reached the buffer")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	gen := sqs.AckGeneration(b)
+	finished := make(chan error, 1)
+	go func() {
+		if how == "Close" {
+			finished <- b.Close()
+			return
+		}
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		finished <- b.Flush(fctx)
+	}()
+	for sqs.AckGeneration(b) == gen {
+		if ctx.Err() != nil {
+			t.Fatal("the Flush never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the Flush took the buffer and waits
+	cancelAck()
+	if err := <-acked; err != nil {
+		t.Fatalf("Ack whose ctx ended while the senders were busy: %v, want nil (buffered)", err)
+	}
+	once.Do(func() { close(release) })
+	if err := <-finished; err != nil {
+		t.Errorf("%s: %v", how, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var missing []string
+	for _, d := range ds {
+		h := "h" + strings.TrimPrefix(d.Message().ID, "m")
+		if !deleted[h] {
+			missing = append(missing, h)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%s returned without deleting %v, put back while it waited", how, missing)
+	}
+}
+
+// TestFlushDoesNotWaitForLaterDeletes: a Flush waits for the deletes
+// buffered or under way when it began, not for those added after it: a
+// Worker draining on a broker that another Worker keeps acking on returns
+// once its own deletes are sent. Before, Flush waited until the acker had
+// nothing at all to send — never, under a steady stream of acks — and ran
+// out its ctx (the draining Worker's Run failed after its SettleTimeout),
+// while every ack added meanwhile went out alone, a call each.
+func TestFlushDoesNotWaitForLaterDeletes(t *testing.T) {
+	var receives sync.Mutex
+	nextReceive := 0
+	var mu sync.Mutex
+	deleted := map[string]bool{}
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		switch op {
+		case "ReceiveMessage": // 10 messages of distinct receipt handles a call
+			receives.Lock()
+			nextReceive++
+			r := nextReceive
+			receives.Unlock()
+			var ms []string
+			for i := range 10 {
+				ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, r, i, r, i))
+			}
+			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
+		case "DeleteMessageBatch":
+			time.Sleep(5 * time.Millisecond) // a round trip: deletes are always under way
+			var ok []string
+			mu.Lock()
+			for _, e := range req["Entries"].([]any) {
+				e := e.(map[string]any)
+				deleted[e["ReceiptHandle"].(string)] = true
+				ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
+			}
+			mu.Unlock()
+			return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := testCtx(t)
+	mine, err := b.Receive(ctx, "q", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other consumers of the broker ack without pause until the Flush
+	// returns.
+	stop := make(chan struct{})
+	var others sync.WaitGroup
+	for range 4 {
+		others.Go(func() {
+			for {
+				ds, err := b.Receive(ctx, "q", 10)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, d := range ds {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := d.Ack(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	defer others.Wait()
+	defer close(stop)
+	for sqs.AcksHeld(b) == 0 { // the others' deletes are under way
+		if ctx.Err() != nil {
+			t.Fatal("the other consumers never acked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, d := range mine {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := b.Flush(fctx); err != nil {
+		t.Fatalf("Flush while other acks keep coming: %v, want nil once this one's deletes are sent", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range mine {
+		if h := "h" + strings.TrimPrefix(d.Message().ID, "m"); !deleted[h] {
+			t.Errorf("Flush returned before the delete of %s was sent", h)
+		}
+	}
+}
