@@ -29,6 +29,11 @@ type ackEntry struct {
 	done   chan error // nil: nobody waits; the result goes to surfaced
 	tries  int
 	gen    uint64 // the acker's generation when it was added (see flush)
+	// deadline is when the delivery's lease ends by its own count (at the
+	// Ack or DeadLetter), received when it was received (for SQS's 12-hour
+	// ceiling): a delete sent after the deadline is checked first (confirm).
+	deadline time.Time
+	received time.Time
 }
 
 // ackBatch is the deletes of one DeleteMessageBatch call.
@@ -48,7 +53,10 @@ const ackSenders = 4
 type acker struct {
 	client   *awssqs.Client
 	interval time.Duration
-	log      *slog.Logger
+	// visibility is the lease a delete whose lease may have ended asks for
+	// while its receipt is checked ([Options.VisibilityTimeout]).
+	visibility time.Duration
+	log        *slog.Logger
 	// wrap maps the error of a DeleteMessageBatch call to berth's sentinels
 	// (what Broker.wrapDelete does).
 	wrap func(ctx context.Context, what string, err error) error
@@ -80,20 +88,21 @@ type ackGen struct {
 	done chan struct{}
 }
 
-func newAcker(client *awssqs.Client, interval time.Duration, log *slog.Logger, wrap func(ctx context.Context, what string, err error) error) *acker {
+func newAcker(client *awssqs.Client, interval, visibility time.Duration, log *slog.Logger, wrap func(ctx context.Context, what string, err error) error) *acker {
 	a := &acker{
-		client:   client,
-		interval: interval,
-		log:      log,
-		wrap:     wrap,
-		batches:  make(chan ackBatch),
-		arm:      make(chan struct{}, 1),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		stopped:  make(chan struct{}),
-		quit:     make(chan struct{}),
-		pending:  make(map[string][]ackEntry),
-		live:     make(map[uint64]*ackGen),
+		client:     client,
+		interval:   interval,
+		visibility: visibility,
+		log:        log,
+		wrap:       wrap,
+		batches:    make(chan ackBatch),
+		arm:        make(chan struct{}, 1),
+		kick:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		stopped:    make(chan struct{}),
+		quit:       make(chan struct{}),
+		pending:    make(map[string][]ackEntry),
+		live:       make(map[uint64]*ackGen),
 	}
 	a.wg.Add(1 + ackSenders)
 	go a.timer()
@@ -238,56 +247,109 @@ func (a *acker) sender() {
 	}
 }
 
+// leaseMargin is how long before its lease ends (by the delivery's count)
+// a delete is checked first (confirm). The delivery's count already starts
+// before its ReceiveMessage call, so it ends before SQS's; the margin covers
+// the delete's way to SQS after the decision, and the confirm calls of
+// other entries made before it (one round trip), which take well under
+// 250 ms even across regions.
+const leaseMargin = 250 * time.Millisecond
+
+// confirm checks the receipts of the entries whose lease has ended or ends
+// within leaseMargin, with one ChangeMessageVisibilityBatch call that keeps
+// them hidden for the broker's visibility timeout while their delete
+// follows, and returns the entries to delete now and those to check again
+// (SQS failed on its side). A delete sent with a receipt whose message was
+// received again since succeeds but deletes nothing: the message would run
+// again while Ack and Flush reported success. An entry whose receipt is
+// stale is finished with an error wrapping [sdk.ErrLeaseLost]; one whose
+// check failed otherwise is finished with that error, as a failed delete
+// is, and not deleted: a delete that cannot be confirmed may delete
+// nothing, and its message comes back, as after any failed delete. Entries
+// whose lease is not near its end are returned as they are, with no call.
+func (a *acker) confirm(ctx context.Context, url string, entries []ackEntry) (send, again []ackEntry) {
+	now := time.Now()
+	var check []int // indices in entries
+	var secs []int32
+	for i, e := range entries {
+		if now.Before(e.deadline.Add(-leaseMargin)) {
+			send = append(send, e)
+			continue
+		}
+		// SQS refuses a visibility ending more than 12 hours after the
+		// receipt; the lease ended, or ends within a second, by then.
+		s := ceilSeconds(a.visibility)
+		if left := e.received.Add(MaxVisibility).Sub(now); left < time.Duration(s)*time.Second {
+			s = int32(left / time.Second)
+		}
+		if s < 1 {
+			a.finish(e, leaseLost(e.id, &LeaseCeilingError{ID: e.id, Requested: a.visibility, Received: e.received}))
+			continue
+		}
+		check = append(check, i)
+		secs = append(secs, s)
+	}
+	if len(check) == 0 {
+		return send, nil
+	}
+	in := &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(url), Entries: make([]sqstypes.ChangeMessageVisibilityBatchRequestEntry, len(check))}
+	for j, i := range check {
+		in.Entries[j] = sqstypes.ChangeMessageVisibilityBatchRequestEntry{
+			Id: aws.String(strconv.Itoa(j)), ReceiptHandle: aws.String(entries[i].handle), VisibilityTimeout: secs[j],
+		}
+	}
+	out, err := a.client.ChangeMessageVisibilityBatch(ctx, in)
+	if err != nil { // the SDK already retried what it could
+		err = a.wrap(ctx, "check the leases of deletes from "+entries[check[0]].queue, err)
+		for _, i := range check {
+			a.finish(entries[i], err)
+		}
+		return send, nil
+	}
+	answered := make([]bool, len(check))
+	for _, s := range out.Successful {
+		if j, err := strconv.Atoi(aws.ToString(s.Id)); err == nil && j >= 0 && j < len(check) && !answered[j] {
+			answered[j] = true
+			e := entries[check[j]]
+			e.deadline = now.Add(time.Duration(secs[j]) * time.Second) // no check again on a retry
+			send = append(send, e)
+		}
+	}
+	for _, f := range out.Failed {
+		j, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || j < 0 || j >= len(check) || answered[j] {
+			continue
+		}
+		answered[j] = true
+		e := entries[check[j]]
+		var ferr error = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+		switch {
+		case staleCode(aws.ToString(f.Code)):
+			a.finish(e, leaseLost(e.id, ferr))
+		case !f.SenderFault && e.tries < entryRetries:
+			e.tries++
+			again = append(again, e)
+		default:
+			a.finish(e, ferr)
+		}
+	}
+	for j, ok := range answered {
+		if !ok {
+			a.finish(entries[check[j]], errors.New("berth/sqs: SQS reported neither success nor failure for the lease check of this delete"))
+		}
+	}
+	return send, again
+}
+
 // deleteBatch sends one DeleteMessageBatch, retries the entries that failed
-// on SQS's side, and delivers every entry's result.
+// on SQS's side, and delivers every entry's result. Entries whose lease
+// may have ended are checked first (confirm).
 func (a *acker) deleteBatch(ctx context.Context, b ackBatch) {
 	entries := b.entries
 	for len(entries) > 0 {
-		in := &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(b.url), Entries: make([]sqstypes.DeleteMessageBatchRequestEntry, len(entries))}
-		for i, e := range entries {
-			in.Entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)}
-		}
-		out, err := a.client.DeleteMessageBatch(ctx, in)
-		if err != nil { // the SDK already retried what it could
-			err = a.wrap(ctx, "delete from "+entries[0].queue, err)
-			for _, e := range entries {
-				a.finish(e, err)
-			}
-			return
-		}
-		answered := make([]bool, len(entries))
-		for _, s := range out.Successful {
-			if i, err := strconv.Atoi(aws.ToString(s.Id)); err == nil && i >= 0 && i < len(entries) && !answered[i] {
-				answered[i] = true
-				a.finish(entries[i], nil)
-			}
-		}
-		var again []ackEntry
-		for _, f := range out.Failed {
-			i, err := strconv.Atoi(aws.ToString(f.Id))
-			if err != nil || i < 0 || i >= len(entries) || answered[i] {
-				continue
-			}
-			answered[i] = true
-			e := entries[i]
-			var ferr error = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
-			if staleCode(aws.ToString(f.Code)) {
-				// The receipt handle no longer holds the message (its
-				// visibility ran out): sending it again cannot help.
-				a.finish(e, leaseLost(e.id, ferr))
-				continue
-			}
-			if !f.SenderFault && e.tries < entryRetries {
-				e.tries++
-				again = append(again, e)
-				continue
-			}
-			a.finish(e, ferr)
-		}
-		for i, ok := range answered {
-			if !ok {
-				a.finish(entries[i], errors.New("berth/sqs: SQS reported neither success nor failure for this delete"))
-			}
+		send, again := a.confirm(ctx, b.url, entries)
+		if len(send) > 0 {
+			again = a.deleteOnce(ctx, b.url, send, again)
 		}
 		if len(again) > 0 {
 			select {
@@ -301,6 +363,58 @@ func (a *acker) deleteBatch(ctx context.Context, b ackBatch) {
 		}
 		entries = again
 	}
+}
+
+// deleteOnce sends one DeleteMessageBatch of entries and delivers their
+// results, but for those that failed on SQS's side, which it appends to
+// again and returns.
+func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ackEntry) []ackEntry {
+	in := &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: make([]sqstypes.DeleteMessageBatchRequestEntry, len(entries))}
+	for i, e := range entries {
+		in.Entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)}
+	}
+	out, err := a.client.DeleteMessageBatch(ctx, in)
+	if err != nil { // the SDK already retried what it could
+		err = a.wrap(ctx, "delete from "+entries[0].queue, err)
+		for _, e := range entries {
+			a.finish(e, err)
+		}
+		return again
+	}
+	answered := make([]bool, len(entries))
+	for _, s := range out.Successful {
+		if i, err := strconv.Atoi(aws.ToString(s.Id)); err == nil && i >= 0 && i < len(entries) && !answered[i] {
+			answered[i] = true
+			a.finish(entries[i], nil)
+		}
+	}
+	for _, f := range out.Failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || i < 0 || i >= len(entries) || answered[i] {
+			continue
+		}
+		answered[i] = true
+		e := entries[i]
+		var ferr error = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
+		if staleCode(aws.ToString(f.Code)) {
+			// The receipt handle no longer holds the message (its
+			// visibility ran out): sending it again cannot help.
+			a.finish(e, leaseLost(e.id, ferr))
+			continue
+		}
+		if !f.SenderFault && e.tries < entryRetries {
+			e.tries++
+			again = append(again, e)
+			continue
+		}
+		a.finish(e, ferr)
+	}
+	for i, ok := range answered {
+		if !ok {
+			a.finish(entries[i], errors.New("berth/sqs: SQS reported neither success nor failure for this delete"))
+		}
+	}
+	return again
 }
 
 // finish delivers the result of one delete.

@@ -61,7 +61,14 @@ type Options struct {
 	// Default "-dlq".
 	DeadLetterSuffix string
 	// AckInterval is how long a buffered delete may wait for more deletes to
-	// share its DeleteMessageBatch call. Default 20 ms.
+	// share its DeleteMessageBatch call. Default 20 ms. A delete sent when
+	// its lease has run out, or has less than 250 ms left, is first checked
+	// with ChangeMessageVisibilityBatch, which extends the lease while the
+	// delete follows: the delete of a receipt that no longer holds its
+	// message (received again since, or visible again) is not sent, and
+	// fails with an error wrapping [sdk.ErrLeaseLost] (see [Broker.Flush]),
+	// rather than being reported deleted while the message runs again. An interval near the visibility timeout makes such
+	// checks, and lost leases, frequent.
 	AckInterval time.Duration
 	// SyncAck makes Ack wait until its delete was sent and return its error.
 	// Default false: Ack returns once the delete is buffered.
@@ -225,7 +232,7 @@ func New(client *awssqs.Client, opts Options) (*Broker, error) {
 		scanHold: defaultHold,
 		scanMax:  defaultMaxHeld,
 	}
-	b.acks = newAcker(client, o.AckInterval, o.Logger, b.wrapDelete)
+	b.acks = newAcker(client, o.AckInterval, o.VisibilityTimeout, o.Logger, b.wrapDelete)
 	b.co = newCoalescer(o.PublishSenders, b.closing)
 	return b, nil
 }

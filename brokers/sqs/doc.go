@@ -21,7 +21,10 @@
 //     when 10 are pending for a queue or [Options.AckInterval] after the first
 //     one, by goroutines the Broker owns (up to 4 calls in flight). [Broker.Flush] (which the Worker
 //     calls when it drains) and Close send what is pending; a delete that SQS
-//     refuses is logged and returned by the next Flush ([AckError]).
+//     refuses is logged and returned by the next Flush ([AckError]). A delete
+//     sent when its lease has run out (or is about to) is checked first with
+//     ChangeMessageVisibilityBatch: SQS answers success to a stale receipt
+//     and deletes nothing, so a stale one is reported lost instead.
 //   - Retry(d) is ChangeMessageVisibility(d, rounded up to whole seconds, so
 //     never early); ExtendLease is ChangeMessageVisibility too. SQS caps a
 //     message's visibility at 12 hours from its receipt: longer leases fail

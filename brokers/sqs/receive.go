@@ -174,8 +174,13 @@ func (d *delivery) usable() error {
 // Ack deletes the message. The delete is buffered (see [Options.AckInterval]
 // and [Options.SyncAck]). Once the lease may have run out, Ack first checks
 // with ChangeMessageVisibility that the receipt still holds the message, and
-// returns an error wrapping [sdk.ErrLeaseLost] when it does not; with
-// SyncAck, so does a delete SQS refuses because the receipt handle expired.
+// returns an error wrapping [sdk.ErrLeaseLost] when it does not. A buffered
+// delete sent when the lease has run out, or is about to, is checked the same
+// way first (SQS answers success to a delete whose receipt handle no longer
+// holds the message, and deletes nothing): the delete of a stale receipt is
+// not sent, and its error, wrapping [sdk.ErrLeaseLost], is returned by the
+// next [Broker.Flush], or by Ack with SyncAck, as is a delete SQS refuses
+// because the receipt handle expired.
 // A delete call that fails returns, like Publish, an error wrapping
 // [sdk.ErrUnavailable] (SQS unreachable), [sdk.ErrNotFound] (no such queue)
 // or [sdk.ErrClosed] (the broker closed).
@@ -192,7 +197,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if d.b.opts.SyncAck {
 		done = make(chan error, 1)
 	}
-	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
+	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done, deadline: d.deadline, received: d.received}); err != nil {
 		return sdk.ErrClosed
 	}
 	d.state = stateSettled
@@ -256,9 +261,10 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 // message Publish did not check (another producer's), or one whose
 // dead-letter queue's limit is below its own queue's, can still be too
 // large: a [*sdk.MessageTooLargeError], and the message stays in the queue.
-// A delete SQS refuses because the receipt handle expired returns an error
-// wrapping [sdk.ErrLeaseLost] (the original comes back, and the copy
-// stays); a delete call that fails is mapped as Ack's is.
+// A delete SQS refuses because the receipt handle expired, or one sent after
+// the lease ran out whose receipt no longer holds the message (see Ack),
+// returns an error wrapping [sdk.ErrLeaseLost] (the original comes back, and
+// the copy stays); a delete call that fails is mapped as Ack's is.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -301,7 +307,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	// and be dead-lettered again).
 	d.state = stateSettled
 	done := make(chan error, 1)
-	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done}); err != nil {
+	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done, deadline: d.deadline, received: d.received}); err != nil {
 		return sdk.ErrClosed
 	}
 	select {
