@@ -26,15 +26,22 @@ func publishAsync(ctx context.Context, b *memory.Broker, queue string, msgs ...*
 // awaitWaiting fails t unless a Publish to queue is soon waiting for room.
 func awaitWaiting(t *testing.T, b *memory.Broker, queue string, res <-chan error) {
 	t.Helper()
+	awaitWaiters(t, b, queue, 1, res)
+}
+
+// awaitWaiters fails t unless n Publish calls to queue are soon waiting for
+// room and the one whose result res carries has not returned.
+func awaitWaiters(t *testing.T, b *memory.Broker, queue string, n int, res <-chan error) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !memory.PublishWaiting(b, queue) {
+	for memory.PublishesWaiting(b, queue) < n {
 		select {
 		case err := <-res:
 			t.Fatalf("Publish returned %v instead of waiting for room", err)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("Publish never waited for room")
+			t.Fatalf("%d Publish calls never waited for room", n)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -175,19 +182,8 @@ func TestMaxBacklogWaitingBatchNotOvertaken(t *testing.T) {
 	receiveOne(t, b, "q") // one left: the batch of 2 does not fit yet
 	single := msgs(1)
 	later := publishAsync(ctx, b, "q", single...)
-	deadline := time.Now().Add(10 * time.Second)
-	for memory.PublishesWaiting(b, "q") < 2 {
-		select {
-		case err := <-later:
-			t.Fatalf("a Publish of 1 made after a waiting batch returned %v instead of waiting behind it", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Publish of 1 never waited")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	receiveOne(t, b, "q") // empty: the batch goes in, the single waits
+	awaitWaiters(t, b, "q", 2, later) // the Publish of 1 waits behind the batch, though it fits
+	receiveOne(t, b, "q")             // empty: the batch goes in, the single waits
 	if err := <-res; err != nil {
 		t.Fatal(err)
 	}

@@ -88,16 +88,7 @@ func TestBufferedAckWithinLeaseNoCheck(t *testing.T) {
 		}
 		return `{}`
 	})
-	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second}) // a 30 s lease
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := testCtx(t)
-	ds, err := b.Receive(ctx, "q", 10)
-	if err != nil || len(ds) != 2 {
-		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
-	}
+	b, ctx, ds := fakeReceive(t, client, sqs.Options{WaitTime: time.Second}, 10, 2) // a 30 s lease
 	for _, d := range ds {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
@@ -140,23 +131,14 @@ func TestBufferedAckPastLeaseChecked(t *testing.T) {
 		}
 		return `{}`
 	})
-	b, err := sqs.New(client, sqs.Options{VisibilityTimeout: time.Second, WaitTime: time.Second, AckInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := testCtx(t)
-	ds, err := b.Receive(ctx, "q", 10)
-	if err != nil || len(ds) != 2 {
-		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
-	}
+	b, ctx, ds := fakeReceive(t, client, sqs.Options{VisibilityTimeout: time.Second, WaitTime: time.Second, AckInterval: time.Hour}, 10, 2)
 	for _, d := range ds {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
 	time.Sleep(1100 * time.Millisecond) // the leases run out while the deletes are buffered
-	err = b.Flush(ctx)
+	err := b.Flush(ctx)
 	var ae *sqs.AckError
 	if !errors.As(err, &ae) || ae.ID != "m1" || !errors.Is(err, sdk.ErrLeaseLost) {
 		t.Fatalf("Flush = %v, want the AckError of m1 wrapping ErrLeaseLost", err)

@@ -1,6 +1,7 @@
 package sqs_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -101,22 +102,13 @@ func TestDeleteEntryFailures(t *testing.T) {
 		}
 		return `{"Successful":[{"Id":"0"}],"Failed":[]}`
 	})
-	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := testCtx(t)
-	ds, err := b.Receive(ctx, "q", 10)
-	if err != nil || len(ds) != 2 {
-		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
-	}
+	b, ctx, ds := fakeReceive(t, client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour}, 10, 2)
 	for _, d := range ds {
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err = b.Flush(ctx)
+	err := b.Flush(ctx)
 	var ae *sqs.AckError
 	var ee *sqs.EntryError
 	if !errors.As(err, &ae) || ae.ID != "m1" || !errors.As(err, &ee) || ee.Code != "ReceiptHandleIsInvalid" {
@@ -198,4 +190,22 @@ func TestDeadLetterDeleteUnansweredEntry(t *testing.T) {
 	if n != 1 || err == nil {
 		t.Fatalf("PurgeDeadLetters = %d, %v; want 1 and an error for the unanswered delete", n, err)
 	}
+}
+
+// fakeReceive makes a broker on client with opts (closed when the test
+// ends) and receives up to max messages of queue "q", failing t unless it
+// gets want deliveries.
+func fakeReceive(t *testing.T, client *awssqs.Client, opts sqs.Options, max, want int) (*sqs.Broker, context.Context, []sdk.Delivery) {
+	t.Helper()
+	b, err := sqs.New(client, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	ctx := testCtx(t)
+	ds, err := b.Receive(ctx, "q", max)
+	if err != nil || len(ds) != want {
+		t.Fatalf("Receive = %d deliveries, %v; want %d", len(ds), err, want)
+	}
+	return b, ctx, ds
 }

@@ -111,17 +111,8 @@ func TestStaleDeleteIsLeaseLost(t *testing.T) {
 		}
 		return `{}`
 	})
-	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, SyncAck: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := testCtx(t)
-	ds, err := b.Receive(ctx, "q", 2)
-	if err != nil || len(ds) != 2 {
-		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
-	}
-	err = ds[0].Ack(ctx)
+	_, ctx, ds := fakeReceive(t, client, sqs.Options{WaitTime: time.Second, SyncAck: true}, 2, 2)
+	err := ds[0].Ack(ctx)
 	var ae *sqs.AckError
 	var ee *sqs.EntryError
 	if !errors.Is(err, sdk.ErrLeaseLost) || !errors.As(err, &ae) || !errors.As(err, &ee) || ee.Code != "ReceiptHandleIsInvalid" {

@@ -46,15 +46,7 @@ func putBackWhileFlushing(t *testing.T, how string) {
 				entered <- struct{}{}
 				<-release
 			}
-			var ok []string
-			mu.Lock()
-			for _, e := range req["Entries"].([]any) {
-				e := e.(map[string]any)
-				deleted[e["ReceiptHandle"].(string)] = true
-				ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
-			}
-			mu.Unlock()
-			return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+			return answerDeletes(req, &mu, deleted)
 		}
 		if s, ok := fakeCommon(op); ok {
 			return s
@@ -170,15 +162,7 @@ func TestFlushDoesNotWaitForLaterDeletes(t *testing.T) {
 			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
 		case "DeleteMessageBatch":
 			time.Sleep(5 * time.Millisecond) // a round trip: deletes are always under way
-			var ok []string
-			mu.Lock()
-			for _, e := range req["Entries"].([]any) {
-				e := e.(map[string]any)
-				deleted[e["ReceiptHandle"].(string)] = true
-				ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
-			}
-			mu.Unlock()
-			return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+			return answerDeletes(req, &mu, deleted)
 		}
 		if s, ok := fakeCommon(op); ok {
 			return s
@@ -246,4 +230,18 @@ func TestFlushDoesNotWaitForLaterDeletes(t *testing.T) {
 			t.Errorf("Flush returned before the delete of %s was sent", h)
 		}
 	}
+}
+
+// answerDeletes answers a DeleteMessageBatch request req with success for
+// every entry, noting each receipt handle in deleted under mu.
+func answerDeletes(req map[string]any, mu *sync.Mutex, deleted map[string]bool) string {
+	var ok []string
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range req["Entries"].([]any) {
+		e := e.(map[string]any)
+		deleted[e["ReceiptHandle"].(string)] = true
+		ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
+	}
+	return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
 }

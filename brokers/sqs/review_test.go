@@ -96,16 +96,7 @@ func TestFlushTimeoutLeavesNoDeleteBehind(t *testing.T) {
 		}
 		return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
 	})
-	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := testCtx(t)
-	ds, err := b.Receive(ctx, "q", 10)
-	if err != nil || len(ds) != 2 {
-		t.Fatalf("Receive = %d deliveries, %v", len(ds), err)
-	}
+	b, ctx, ds := fakeReceive(t, client, sqs.Options{WaitTime: time.Second, AckInterval: 200 * time.Millisecond}, 10, 2)
 	flush := func(d time.Duration) error {
 		fctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
