@@ -3,6 +3,7 @@ package sqs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -11,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/berthq/berth/sdk"
 )
 
 // maxSurfaced bounds the delete failures kept for the next Flush; more are
@@ -155,7 +158,11 @@ func (a *acker) add(ctx context.Context, url string, e ackEntry) error {
 	return nil
 }
 
-var errClosedAcker = errors.New("berth/sqs: acker closed")
+// errClosedAcker is the error of a delete that Close gave up on before it
+// was sent: the message was not deleted. It wraps sdk.ErrClosed, as every
+// call the broker's Close cuts off does, so that a SyncAck Ack or a
+// DeadLetter waiting for it can tell it with errors.Is.
+var errClosedAcker = fmt.Errorf("berth/sqs: the broker closed before the delete was sent: %w", sdk.ErrClosed)
 
 // takeAll removes every partial batch from the buffer.
 func (a *acker) takeAll() []ackBatch {

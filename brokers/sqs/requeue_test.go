@@ -2,6 +2,7 @@ package sqs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -244,4 +245,100 @@ func answerDeletes(req map[string]any, mu *sync.Mutex, deleted map[string]bool) 
 		ok = append(ok, `{"Id":"`+e["Id"].(string)+`"}`)
 	}
 	return `{"Successful":[` + strings.Join(ok, ",") + `],"Failed":[]}`
+}
+
+// TestSyncAckDroppedAtCloseIsErrClosed: a SyncAck Ack whose delete is still
+// waiting for a sender when Close gives up on it gets an error wrapping
+// sdk.ErrClosed, as every other call cut off by Close does (the message was
+// not deleted and runs again). Before, it got an AckError around a private
+// "acker closed" error that errors.Is could not tell from a refusal.
+func TestSyncAckDroppedAtCloseIsErrClosed(t *testing.T) {
+	t.Parallel()
+	const senders = 4 // ackSenders
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	entered := make(chan struct{}, senders)
+	var mu sync.Mutex
+	deleted := map[string]bool{}
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		switch op {
+		case "ReceiveMessage": // 10 messages of distinct receipt handles a call
+			var ms []string
+			for i := range 10 {
+				ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, n, i, n, i))
+			}
+			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
+		case "DeleteMessageBatch":
+			if n <= senders { // hold every sender
+				entered <- struct{}{}
+				<-release
+			}
+			return answerDeletes(req, &mu, deleted)
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour, SyncAck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	var ds []sdk.Delivery
+	for len(ds) < (senders+1)*10 {
+		got, err := b.Receive(ctx, "q", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, got...)
+	}
+	// SyncAck: every Ack waits for its delete, so each runs on its own
+	// goroutine. The first 40 fill a batch for each sender, which the fake
+	// server holds; the last 10 make a batch that waits for a sender.
+	errs := make([]chan error, len(ds))
+	ack := func(i int) {
+		errs[i] = make(chan error, 1)
+		go func() { errs[i] <- ds[i].Ack(ctx) }()
+	}
+	for i := range senders * 10 {
+		ack(i)
+	}
+	for range senders {
+		<-entered
+	}
+	for i := senders * 10; i < len(ds); i++ {
+		ack(i)
+	}
+	for sqs.AcksHeld(b) < len(ds) {
+		if ctx.Err() != nil {
+			t.Fatal("the last Acks never reached the acker")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }() // gives up on the waiting batch after 10 s
+	for i := senders * 10; i < len(ds); i++ {
+		err := <-errs[i]
+		var ae *sqs.AckError
+		if !errors.Is(err, sdk.ErrClosed) || !errors.As(err, &ae) {
+			t.Errorf("SyncAck Ack %d dropped at Close: %v, want an *sqs.AckError wrapping sdk.ErrClosed", i, err)
+		}
+	}
+	free() // the held deletes go through; Close returns once they have
+	<-closed
+	for i := range senders * 10 {
+		if err := <-errs[i]; err != nil {
+			t.Errorf("SyncAck Ack %d, deleted once its sender was free: %v", i, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range ds[senders*10:] {
+		if h := "h" + strings.TrimPrefix(d.Message().ID, "m"); deleted[h] {
+			t.Errorf("%s deleted, though its Ack reported it dropped", h)
+		}
+	}
 }
