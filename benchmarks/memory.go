@@ -23,31 +23,49 @@ const memConcurrency = 16
 const memBacklog = 1024
 
 // counter counts the Worker's acks and wakes whoever waits for a target.
+// A count is one atomic add, as the channel baseline's sink is: a mutex
+// taken by every handler goroutine for every message would charge the
+// measured side a contended lock the baseline does not take.
 type counter struct {
-	mu     sync.Mutex
-	n      int64
-	target int64
-	done   chan struct{}
+	n     atomic.Int64
+	round atomic.Pointer[countRound] // the target waited for; nil before the first expect
+
+	mu    sync.Mutex // serialises expect
+	total int64      // the sum of the targets so far
 }
 
+// countRound is one expect's target and the channel closed once n reaches it.
+type countRound struct {
+	target int64
+	done   chan struct{}
+	closed atomic.Bool
+}
+
+func (r *countRound) finish() {
+	if r.closed.CompareAndSwap(false, true) {
+		close(r.done)
+	}
+}
+
+// expect raises the target by more and returns a channel closed once the
+// count reaches it (at once if it already has).
 func (c *counter) expect(more int64) <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.target += more
-	c.done = make(chan struct{})
-	if c.n >= c.target {
-		close(c.done)
+	c.total += more
+	r := &countRound{target: c.total, done: make(chan struct{})}
+	c.round.Store(r)
+	if c.n.Load() >= r.target { // counts that came before the round's target was set
+		r.finish()
 	}
-	return c.done
+	return r.done
 }
 
 func (c *counter) add() {
-	c.mu.Lock()
-	c.n++
-	if c.n == c.target && c.done != nil {
-		close(c.done)
+	n := c.n.Add(1)
+	if r := c.round.Load(); r != nil && n >= r.target {
+		r.finish()
 	}
-	c.mu.Unlock()
 }
 
 // ackObserver feeds a counter from the Worker's settlements.

@@ -277,7 +277,7 @@ func consume(ctx context.Context, b sdk.Broker, q string, k, n int, handle func(
 	case <-time.After(5 * time.Minute):
 		stop()
 		<-errc
-		return 0, fmt.Errorf("%d of %d messages in 5 minutes", cnt.n, n)
+		return 0, fmt.Errorf("%d of %d messages in 5 minutes", cnt.n.Load(), n)
 	}
 	d := time.Since(start)
 	stop()
