@@ -427,8 +427,9 @@ func (b *Broker) deadLetterName(queue string) string {
 
 // wrap turns an SDK error into a berth error: context errors unwrapped,
 // a missing queue wrapping [sdk.ErrNotFound], the broker's own shutdown
-// [sdk.ErrClosed], transport failures and success answers that could not
-// be read (cut short) [sdk.ErrUnavailable].
+// [sdk.ErrClosed], transport failures, success answers that could not
+// be read (cut short) and a gateway's 502 or 504 (viaGateway)
+// [sdk.ErrUnavailable].
 func (b *Broker) wrap(ctx context.Context, what string, err error) error {
 	if b.closing.Err() != nil {
 		return sdk.ErrClosed
@@ -440,7 +441,7 @@ func (b *Broker) wrap(ctx context.Context, what string, err error) error {
 	if errors.As(err, &missing) || apiCode(err) == "AWS.SimpleQueueService.NonExistentQueue" {
 		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrNotFound, err)
 	}
-	if isTransport(err) || answerCut(err) {
+	if isTransport(err) || answerCut(err) || viaGateway(err) {
 		return fmt.Errorf("berth/sqs: %s: %w: %w", what, sdk.ErrUnavailable, err)
 	}
 	return fmt.Errorf("berth/sqs: %s: %w", what, err)

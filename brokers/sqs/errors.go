@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"time"
 
@@ -126,6 +127,20 @@ func isTransport(err error) bool {
 func answerCut(err error) bool {
 	var re *smithyhttp.ResponseError
 	return errors.As(err, &re) && re.HTTPStatusCode() >= 200 && re.HTTPStatusCode() < 300
+}
+
+// viaGateway reports whether err is a 502 (bad gateway) or 504 (gateway
+// timeout) answer. SQS itself answers neither (its own failures are 500 and
+// 503): something between the client and SQS did — a proxy, a load
+// balancer, a VPC endpoint — after it may have passed the request on. Like
+// a lost answer, it says nothing of what SQS did.
+func viaGateway(err error) bool {
+	var re *smithyhttp.ResponseError
+	if !errors.As(err, &re) {
+		return false
+	}
+	code := re.HTTPStatusCode()
+	return code == http.StatusBadGateway || code == http.StatusGatewayTimeout
 }
 
 // isStaleReceipt reports whether err says the receipt handle no longer

@@ -367,7 +367,8 @@ type attempts struct {
 
 // watchAttempts is a call option that notes in seen each attempt of the
 // call (the SDK's retries make several) that fails without SQS's answer (a
-// transport failure, an answer cut short, the attempt's ctx) and one that
+// transport failure, an answer cut short, a gateway's 502 or 504, the
+// attempt's ctx) and one that
 // gets SQS's success answer. The call's own error is only its last
 // attempt's, which may be a refusal that says nothing of what an earlier
 // attempt published, or that of a check made after the retry loop (the
@@ -380,7 +381,7 @@ func watchAttempts(seen *attempts) func(*awssqs.Options) {
 				switch {
 				case err == nil:
 					seen.answered.Store(true)
-				case isTransport(err) || answerCut(err) ||
+				case isTransport(err) || answerCut(err) || viaGateway(err) ||
 					errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 					seen.lost.Store(true)
 				}

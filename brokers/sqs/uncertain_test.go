@@ -33,11 +33,12 @@ type batchServer struct {
 
 // The answers batchServer's script picks from.
 const (
-	refuseBatch = iota // 500 InternalError: nothing of the call taken
-	dropAnswer         // every entry taken, the connection dropped
-	acceptBatch        // every entry taken and answered
-	cutAnswer          // every entry taken, the 200 answer cut short
-	omitEntries        // every entry taken, a 200 answer naming none of them
+	refuseBatch    = iota // 500 InternalError: nothing of the call taken
+	dropAnswer            // every entry taken, the connection dropped
+	acceptBatch           // every entry taken and answered
+	cutAnswer             // every entry taken, the 200 answer cut short
+	omitEntries           // every entry taken, a 200 answer naming none of them
+	gatewayTimeout        // every entry taken, then a load balancer's 504 page
 )
 
 // newBatchServer returns a client of a batchServer; script picks the answer
@@ -87,6 +88,12 @@ func newBatchServer(t *testing.T, script func(n int, bodies []string) int) (*aws
 				return
 			}
 			_ = conn.Close()
+			return
+		case gatewayTimeout:
+			s.take(bodies)
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusGatewayTimeout)
+			_, _ = io.WriteString(w, "<html><body><h1>504 Gateway Time-out</h1></body></html>")
 			return
 		case cutAnswer:
 			s.take(bodies)
@@ -371,4 +378,43 @@ func TestChecksumMismatchIsUncertain(t *testing.T) {
 		t.Fatalf("Publish: %v, want the SDK's checksum error: the scenario did not happen", err)
 	}
 	checkUncertainOutcome(t, err, srv, msgs)
+}
+
+// TestGatewayAnswerIsUncertain: a proxy or load balancer between the client
+// and SQS passed a SendMessageBatch on, SQS took the messages, and the
+// proxy answered 504 Gateway Timeout. That answer was taken for SQS's
+// refusal, saying that nothing was published; SQS never answers 502 or 504,
+// so it now wraps sdk.ErrUnavailable, alone and when the SDK's retries are
+// refused after it.
+func TestGatewayAnswerIsUncertain(t *testing.T) {
+	t.Run("alone", func(t *testing.T) {
+		client, srv := newBatchServer(t, func(int, []string) int { return gatewayTimeout })
+		b, err := sqs.New(client, sqs.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		msgs := bodied("gateway", 2)
+		err = b.Publish(testCtx(t), "q", msgs...)
+		checkUncertainOutcome(t, err, srv, msgs)
+	})
+	t.Run("then refused", func(t *testing.T) {
+		client, srv := newBatchServer(t, func(n int, _ []string) int {
+			if n == 1 {
+				return gatewayTimeout
+			}
+			return refuseBatch
+		})
+		b, err := sqs.New(retrying(client, 3), sqs.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		msgs := bodied("gateway-retried", 2)
+		err = b.Publish(testCtx(t), "q", msgs...)
+		if n := srv.callCount(); n != 3 {
+			t.Fatalf("%d SendMessageBatch calls, want 3 (the SDK's retries)", n)
+		}
+		checkUncertainOutcome(t, err, srv, msgs)
+	})
 }
