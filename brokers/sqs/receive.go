@@ -85,12 +85,13 @@ func lostIn(out *awssqs.ReceiveMessageOutput) error {
 
 // lostAttempt reports whether a failed attempt may have reached SQS and
 // taken messages: it ended without a status (a cut connection, a timeout,
-// a cancelled long poll), or its 2xx answer could not be read. An error
-// status means SQS answered the call and took nothing.
+// a cancelled long poll), its 2xx answer could not be read, or a gateway
+// between answered 502 or 504 (viaGateway: SQS never does, and may have
+// had the request). SQS's own error status means it took nothing.
 func lostAttempt(err error) bool {
 	var re *smithyhttp.ResponseError
 	if errors.As(err, &re) && re.Response != nil && re.Response.Response != nil {
-		return re.Response.StatusCode < 300
+		return re.Response.StatusCode < 300 || viaGateway(err)
 	}
 	return true
 }
