@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -29,7 +30,7 @@ type ackEntry struct {
 	queue  string
 	id     string // berth message ID, for errors
 	handle string
-	done   chan error // nil: nobody waits; the result goes to surfaced
+	w      *ackWaiter // nil: nobody waits; the result goes to surfaced
 	tries  int
 	gen    uint64 // the acker's generation when it was added (see flush)
 	// deadline is when the delivery's lease ends by its own count (at the
@@ -37,6 +38,40 @@ type ackEntry struct {
 	// ceiling): a delete sent after the deadline is checked first (confirm).
 	deadline time.Time
 	received time.Time
+}
+
+// ackWaiter is a caller waiting for its delete's result (a SyncAck Ack, a
+// DeadLetter). A caller that stops waiting (its ctx ended) leaves the
+// result to the acker, which then logs a failure and returns it from the
+// next Flush, as for a buffered delete: a refused delete means the message
+// runs again, and someone must hear of it.
+type ackWaiter struct {
+	done  chan error   // holds the result once finish claimed it
+	state atomic.Int32 // waiterWaiting, then waiterAnswered (finish) or waiterGone (wait)
+}
+
+// The states of an ackWaiter.
+const (
+	waiterWaiting = iota
+	waiterAnswered
+	waiterGone
+)
+
+func newAckWaiter() *ackWaiter { return &ackWaiter{done: make(chan error, 1)} }
+
+// wait returns the delete's result, or ctx's error once ctx ends first —
+// unless the result was claimed meanwhile: it is then on its way, and
+// returned.
+func (w *ackWaiter) wait(ctx context.Context) error {
+	select {
+	case err := <-w.done:
+		return err
+	case <-ctx.Done():
+		if w.state.CompareAndSwap(waiterWaiting, waiterGone) {
+			return ctx.Err()
+		}
+		return <-w.done
+	}
 }
 
 // ackBatch is the deletes of one DeleteMessageBatch call.
@@ -429,8 +464,9 @@ func (a *acker) finish(e ackEntry, err error) {
 	if err != nil {
 		err = &AckError{Queue: e.queue, ID: e.id, Err: err}
 	}
+	answer := e.w != nil && e.w.state.CompareAndSwap(waiterWaiting, waiterAnswered)
 	a.mu.Lock()
-	if e.done == nil && err != nil {
+	if !answer && err != nil { // nobody waits, or the waiter gave up
 		a.log.Warn("berth/sqs: delete failed; the message will be delivered again",
 			slog.String("queue", e.queue), slog.String("message_id", e.id), slog.Any("error", err))
 		if len(a.surfaced) < maxSurfaced {
@@ -446,8 +482,8 @@ func (a *acker) finish(e ackEntry, err error) {
 		}
 	}
 	a.mu.Unlock()
-	if e.done != nil {
-		e.done <- err
+	if answer {
+		e.w.done <- err
 	}
 }
 

@@ -71,7 +71,10 @@ type Options struct {
 	// checks, and lost leases, frequent.
 	AckInterval time.Duration
 	// SyncAck makes Ack wait until its delete was sent and return its error.
-	// Default false: Ack returns once the delete is buffered.
+	// Default false: Ack returns once the delete is buffered. An Ack whose
+	// ctx ends first returns ctx's error and leaves the delete under way; a
+	// failure of it is then logged and returned by the next Flush, as for a
+	// buffered delete.
 	SyncAck bool
 	// MaxMessageSize bounds [sdk.Message.Size] at publish. Default 256 KiB;
 	// at most MaxWireSize.

@@ -194,26 +194,22 @@ func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.checkLease(ctx); err != nil {
 		return err
 	}
-	var done chan error
+	var w *ackWaiter
 	if d.b.opts.SyncAck {
-		done = make(chan error, 1)
+		w = newAckWaiter()
 	}
-	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done, deadline: d.deadline, received: d.received}); err != nil {
+	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, w: w, deadline: d.deadline, received: d.received}); err != nil {
 		return sdk.ErrClosed
 	}
 	d.state = stateSettled
-	if done == nil {
+	if w == nil {
 		return nil
 	}
-	select {
-	case err := <-done:
-		if errors.Is(err, sdk.ErrLeaseLost) {
-			d.state = stateLost // nothing was deleted: another receipt holds it
-		}
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
+	err := w.wait(ctx)
+	if errors.Is(err, sdk.ErrLeaseLost) {
+		d.state = stateLost // nothing was deleted: another receipt holds it
 	}
+	return err
 }
 
 // Retry makes the message visible again after delay (rounded up to whole
@@ -307,16 +303,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	// settled, even if the delete fails (the original would then come back
 	// and be dead-lettered again).
 	d.state = stateSettled
-	done := make(chan error, 1)
-	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, done: done, deadline: d.deadline, received: d.received}); err != nil {
+	w := newAckWaiter()
+	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, w: w, deadline: d.deadline, received: d.received}); err != nil {
 		return sdk.ErrClosed
 	}
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return w.wait(ctx)
 }
 
 // checkLease makes sure, once the lease may have run out, that the receipt

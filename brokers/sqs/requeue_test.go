@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -340,5 +342,55 @@ func TestSyncAckDroppedAtCloseIsErrClosed(t *testing.T) {
 		if h := "h" + strings.TrimPrefix(d.Message().ID, "m"); deleted[h] {
 			t.Errorf("%s deleted, though its Ack reported it dropped", h)
 		}
+	}
+}
+
+// TestSyncAckGivenUpStillReported: a SyncAck Ack whose ctx ends while its
+// delete is in flight returns ctx's error; when SQS then refuses the
+// delete, the message will be delivered again. That failure went nowhere:
+// the buffered-ack path logs it and returns it from the next Flush, but a
+// delete someone had waited for was only handed to that (gone) waiter. It
+// is now logged and surfaced like a buffered one.
+func TestSyncAckGivenUpStillReported(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		if op == "DeleteMessageBatch" {
+			entered <- struct{}{}
+			<-release
+			var failed []string
+			for _, e := range req["Entries"].([]any) {
+				id := e.(map[string]any)["Id"].(string)
+				failed = append(failed, fmt.Sprintf(`{"Id":%q,"Code":"AccessDenied","Message":"not allowed","SenderFault":true}`, id))
+			}
+			return `{"Successful":[],"Failed":[` + strings.Join(failed, ",") + `]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	var logs syncbuf.Buffer
+	opts := sqs.Options{WaitTime: time.Second, SyncAck: true, AckInterval: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	b, ctx, ds := fakeReceive(t, client, opts, 1, 2)
+	actx, cancel := context.WithCancel(ctx)
+	acked := make(chan error, 1)
+	go func() { acked <- ds[0].Ack(actx) }()
+	<-entered
+	cancel()
+	if err := <-acked; !errors.Is(err, context.Canceled) {
+		t.Fatalf("SyncAck Ack whose ctx ended while its delete was in flight: %v, want context.Canceled", err)
+	}
+	close(release)
+	id := ds[0].Message().ID
+	err := b.Flush(ctx)
+	var ae *sqs.AckError
+	if !errors.As(err, &ae) || ae.ID != id {
+		t.Errorf("Flush after the given-up Ack's delete was refused: %v, want an *sqs.AckError for %s", err, id)
+	}
+	if !strings.Contains(logs.String(), "delete failed") || !strings.Contains(logs.String(), id) {
+		t.Errorf("the refused delete of %s was not logged; log:\n%s", id, logs.String())
 	}
 }
