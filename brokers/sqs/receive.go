@@ -3,6 +3,7 @@ package sqs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -37,7 +38,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 	if lost != nil {
 		// What the lost attempt took comes back after its visibility
 		// timeout, one receive further on, as any unsettled delivery does.
-		b.opts.Logger.Warn("berth/sqs: a receive was retried after an attempt whose answer was lost; messages it took return after the visibility timeout",
+		b.opts.Logger.Warn("berth/sqs: a receive attempt's answer was lost; messages it took return after the visibility timeout",
 			"queue", q.name, "visibility", b.opts.VisibilityTimeout, "err", lost)
 	}
 	if err != nil {
@@ -52,11 +53,14 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 
 // receive calls ReceiveMessage once, asking for every attribute. at is when
 // the call started: the leases run from no later than that. lost is the
-// error of an attempt the SDK retried that may have reached SQS and taken
-// messages whose answer never arrived (see [lostAttempt]): they stay hidden
-// for visibility.
+// error of an attempt that may have reached SQS and taken messages whose
+// answer never arrived (see [lostAttempt]) — one the SDK retried — or the
+// call's own error when SQS answered success and a check the SDK makes
+// after its retries failed (the MD5 check of the bodies): those messages
+// stay hidden for visibility. That error wraps [sdk.ErrUnavailable].
 func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) (msgs []sqstypes.Message, at time.Time, lost, err error) {
 	at = time.Now()
+	var seen attempts
 	out, err := b.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(q.url),
 		MaxNumberOfMessages:         int32(n),
@@ -64,9 +68,14 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 		WaitTimeSeconds:             ceilSeconds(wait),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
-	})
+	}, watchAttempts(&seen))
 	if err != nil {
-		return nil, at, nil, b.wrap(ctx, "receive from "+q.name, err)
+		err = b.wrap(ctx, "receive from "+q.name, err)
+		if !uncertain(err) && seen.answered.Load() {
+			err = fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
+			return nil, at, err, err
+		}
+		return nil, at, nil, err
 	}
 	return out.Messages, at, lostIn(out), nil
 }

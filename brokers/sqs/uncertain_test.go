@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/berthq/berth/brokers/sqs"
+	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -417,4 +419,39 @@ func TestGatewayAnswerIsUncertain(t *testing.T) {
 		}
 		checkUncertainOutcome(t, err, srv, msgs)
 	})
+}
+
+// TestReceiveChecksumMismatchIsLost: SQS answered a ReceiveMessage with
+// messages, which it now keeps hidden for the visibility timeout, and the
+// SDK's MD5 check of the bodies, made after its retries, failed. Receive
+// returned that as a plain error, as if nothing had been taken, and logged
+// nothing of the messages that would come back late, an attempt further
+// on. It now wraps sdk.ErrUnavailable and warns as for a lost answer.
+func TestReceiveChecksumMismatchIsLost(t *testing.T) {
+	client := newFakeSQS(t, func(op string, _ int, _ map[string]any) string {
+		if op == "ReceiveMessage" {
+			return `{"Messages":[{"MessageId":"m0","ReceiptHandle":"h0","Body":"a","MD5OfBody":"00000000000000000000000000000000","Attributes":{"ApproximateReceiveCount":"1"}}]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	client = awssqs.New(client.Options(), func(o *awssqs.Options) { o.DisableMessageChecksumValidation = false })
+	var logs syncbuf.Buffer
+	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ds, err := b.Receive(testCtx(t), "q", 10)
+	if err == nil || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("Receive = %d deliveries, %v; want the SDK's checksum error: the scenario did not happen", len(ds), err)
+	}
+	if !errors.Is(err, sdk.ErrUnavailable) {
+		t.Errorf("Receive: %v, want sdk.ErrUnavailable: SQS took the messages", err)
+	}
+	if !strings.Contains(logs.String(), "answer was lost") || !strings.Contains(logs.String(), "visibility") {
+		t.Errorf("no warning that the messages come back after the visibility timeout; log:\n%s", logs.String())
+	}
 }
