@@ -40,6 +40,13 @@ type ackEntry struct {
 	received time.Time
 }
 
+// unanswered is the error of an entry that SQS's answer to a batch call
+// names neither among the successful nor among the failed ones: what SQS
+// did with it is unknown, as with a lost answer, hence sdk.ErrUnavailable.
+func unanswered(what string) error {
+	return fmt.Errorf("berth/sqs: SQS reported neither success nor failure for %s: %w", what, sdk.ErrUnavailable)
+}
+
 // ackWaiter is a caller waiting for its delete's result (a SyncAck Ack, a
 // DeadLetter). A caller that stops waiting (its ctx ended) leaves the
 // result to the acker, which then logs a failure and returns it from the
@@ -377,7 +384,7 @@ func (a *acker) confirm(ctx context.Context, url string, entries []ackEntry) (se
 	}
 	for j, ok := range answered {
 		if !ok {
-			a.finish(entries[check[j]], errors.New("berth/sqs: SQS reported neither success nor failure for the lease check of this delete"))
+			a.finish(entries[check[j]], unanswered("the lease check of this delete"))
 		}
 	}
 	return send, again
@@ -453,7 +460,7 @@ func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ack
 	}
 	for i, ok := range answered {
 		if !ok {
-			a.finish(entries[i], errors.New("berth/sqs: SQS reported neither success nor failure for this delete"))
+			a.finish(entries[i], unanswered("this delete"))
 		}
 	}
 	return again

@@ -461,8 +461,8 @@ func (b *Broker) remove(ctx context.Context, dlq *queueRef, ls []*letter) ([]*le
 		}
 		for i, ok := range answered {
 			if !ok { // in neither list: never silently assume either outcome
-				errs = append(errs, fmt.Errorf("berth/sqs: delete dead letter %s of %s: SQS reported neither success nor failure",
-					chunk[i].sqsID, dlq.name))
+				errs = append(errs, fmt.Errorf("berth/sqs: delete dead letter %s of %s: SQS reported neither success nor failure: %w",
+					chunk[i].sqsID, dlq.name, sdk.ErrUnavailable))
 			}
 		}
 	}

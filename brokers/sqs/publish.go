@@ -353,7 +353,7 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 	}
 	for i, done := range ok {
 		if !done { // in neither list: never silently assume success, nor failure
-			refused[i] = fmt.Errorf("berth/sqs: SQS reported neither success nor failure for this entry: %w", sdk.ErrUnavailable)
+			refused[i] = unanswered("this entry")
 		}
 	}
 	return refused, nil

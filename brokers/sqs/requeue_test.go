@@ -394,3 +394,27 @@ func TestSyncAckGivenUpStillReported(t *testing.T) {
 		t.Errorf("the refused delete of %s was not logged; log:\n%s", id, logs.String())
 	}
 }
+
+// TestUnansweredDeleteIsUncertain: SQS answered a DeleteMessageBatch
+// without naming an entry among the successful or the failed ones. What it
+// did with that delete is unknown, as with a lost answer; the error said
+// nothing of the kind. It now wraps sdk.ErrUnavailable, as the same answer
+// to a Publish's entry does.
+func TestUnansweredDeleteIsUncertain(t *testing.T) {
+	t.Parallel()
+	client := newFakeSQS(t, func(op string, _ int, _ map[string]any) string {
+		if op == "DeleteMessageBatch" {
+			return `{"Successful":[],"Failed":[]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	_, ctx, ds := fakeReceive(t, client, sqs.Options{WaitTime: time.Second, SyncAck: true}, 1, 2)
+	err := ds[0].Ack(ctx)
+	var ae *sqs.AckError
+	if !errors.As(err, &ae) || !errors.Is(err, sdk.ErrUnavailable) {
+		t.Errorf("SyncAck Ack of a delete SQS's answer left out: %v, want an *sqs.AckError wrapping sdk.ErrUnavailable", err)
+	}
+}
