@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/sdk"
@@ -31,48 +33,18 @@ func TestFlushSendsDeletesPutBackWhileItWaits(t *testing.T) {
 
 func putBackWhileFlushing(t *testing.T, how string) {
 	const senders = 4 // ackSenders
-	release := make(chan struct{})
-	var once sync.Once
-	entered := make(chan struct{}, senders)
-	var mu sync.Mutex
-	deleted := map[string]bool{}
-	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
-		switch op {
-		case "ReceiveMessage": // 10 messages of distinct receipt handles a call
-			var ms []string
-			for i := range 10 {
-				ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, n, i, n, i))
-			}
-			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
-		case "DeleteMessageBatch":
-			if n <= senders { // hold every sender
-				entered <- struct{}{}
-				<-release
-			}
-			return answerDeletes(req, &mu, deleted)
-		}
-		if s, ok := fakeCommon(op); ok {
-			return s
-		}
-		return `{}`
-	})
+	fake := newHeldDeletes(t, senders)
+	client, entered := fake.client, fake.entered
 	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		once.Do(func() { close(release) })
+		fake.release()
 		_ = b.Close()
 	}()
 	ctx := testCtx(t)
-	var ds []sdk.Delivery
-	for len(ds) < (senders+1)*10 {
-		got, err := b.Receive(ctx, "q", 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, got...)
-	}
+	ds := receiveFake(ctx, t, b, (senders+1)*10)
 	for _, d := range ds[:senders*10] { // a full batch for every sender
 		if err := d.Ack(ctx); err != nil {
 			t.Fatal(err)
@@ -121,17 +93,14 @@ func putBackWhileFlushing(t *testing.T, how string) {
 	if err := <-acked; err != nil {
 		t.Fatalf("Ack whose ctx ended while the senders were busy: %v, want nil (buffered)", err)
 	}
-	once.Do(func() { close(release) })
+	fake.release()
 	if err := <-finished; err != nil {
 		t.Errorf("%s: %v", how, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	var missing []string
 	for _, d := range ds {
-		h := "h" + strings.TrimPrefix(d.Message().ID, "m")
-		if !deleted[h] {
-			missing = append(missing, h)
+		if !fake.wasDeleted(d) {
+			missing = append(missing, d.Message().ID)
 		}
 	}
 	if len(missing) > 0 {
@@ -158,11 +127,7 @@ func TestFlushDoesNotWaitForLaterDeletes(t *testing.T) {
 			nextReceive++
 			r := nextReceive
 			receives.Unlock()
-			var ms []string
-			for i := range 10 {
-				ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, r, i, r, i))
-			}
-			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
+			return tenMessages(r)
 		case "DeleteMessageBatch":
 			time.Sleep(5 * time.Millisecond) // a round trip: deletes are always under way
 			return answerDeletes(req, &mu, deleted)
@@ -235,6 +200,76 @@ func TestFlushDoesNotWaitForLaterDeletes(t *testing.T) {
 	}
 }
 
+// heldDeletes is a fake SQS for the acker's tests: each ReceiveMessage
+// answers ten messages (tenMessages), the first held DeleteMessageBatch
+// calls each signal entered and wait for release, and every delete
+// answers success, noted for wasDeleted.
+type heldDeletes struct {
+	client  *awssqs.Client
+	entered chan struct{}
+	release func() // lets the held calls answer; idempotent, also run at cleanup
+
+	mu      sync.Mutex
+	deleted map[string]bool // receipt handles
+}
+
+func newHeldDeletes(t *testing.T, held int) *heldDeletes {
+	t.Helper()
+	h := &heldDeletes{entered: make(chan struct{}, held), deleted: map[string]bool{}}
+	gate := make(chan struct{})
+	var once sync.Once
+	h.release = func() { once.Do(func() { close(gate) }) }
+	h.client = newFakeSQS(t, func(op string, n int, req map[string]any) string {
+		switch op {
+		case "ReceiveMessage":
+			return tenMessages(n)
+		case "DeleteMessageBatch":
+			if n <= held {
+				h.entered <- struct{}{}
+				<-gate
+			}
+			return answerDeletes(req, &h.mu, h.deleted)
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
+		}
+		return `{}`
+	})
+	t.Cleanup(h.release) // before the fake server's Close, which waits for held calls
+	return h
+}
+
+// wasDeleted reports whether d's delete reached the fake.
+func (h *heldDeletes) wasDeleted(d sdk.Delivery) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.deleted["h"+strings.TrimPrefix(d.Message().ID, "m")]
+}
+
+// tenMessages is a ReceiveMessage answer of ten messages of distinct
+// receipt handles: m<r>-<i> held by h<r>-<i>.
+func tenMessages(r int) string {
+	var ms []string
+	for i := range 10 {
+		ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, r, i, r, i))
+	}
+	return `{"Messages":[` + strings.Join(ms, ",") + `]}`
+}
+
+// receiveFake receives n deliveries of queue "q" from b.
+func receiveFake(ctx context.Context, t *testing.T, b *sqs.Broker, n int) []sdk.Delivery {
+	t.Helper()
+	var ds []sdk.Delivery
+	for len(ds) < n {
+		got, err := b.Receive(ctx, "q", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, got...)
+	}
+	return ds
+}
+
 // answerDeletes answers a DeleteMessageBatch request req with success for
 // every entry, noting each receipt handle in deleted under mu.
 func answerDeletes(req map[string]any, mu *sync.Mutex, deleted map[string]bool) string {
@@ -257,46 +292,14 @@ func answerDeletes(req map[string]any, mu *sync.Mutex, deleted map[string]bool) 
 func TestSyncAckDroppedAtCloseIsErrClosed(t *testing.T) {
 	t.Parallel()
 	const senders = 4 // ackSenders
-	release := make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(free)
-	entered := make(chan struct{}, senders)
-	var mu sync.Mutex
-	deleted := map[string]bool{}
-	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
-		switch op {
-		case "ReceiveMessage": // 10 messages of distinct receipt handles a call
-			var ms []string
-			for i := range 10 {
-				ms = append(ms, fmt.Sprintf(`{"MessageId":"m%d-%d","ReceiptHandle":"h%d-%d","Body":"x","Attributes":{"ApproximateReceiveCount":"1"}}`, n, i, n, i))
-			}
-			return `{"Messages":[` + strings.Join(ms, ",") + `]}`
-		case "DeleteMessageBatch":
-			if n <= senders { // hold every sender
-				entered <- struct{}{}
-				<-release
-			}
-			return answerDeletes(req, &mu, deleted)
-		}
-		if s, ok := fakeCommon(op); ok {
-			return s
-		}
-		return `{}`
-	})
+	fake := newHeldDeletes(t, senders)
+	client, entered := fake.client, fake.entered
 	b, err := sqs.New(client, sqs.Options{WaitTime: time.Second, AckInterval: time.Hour, SyncAck: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := testCtx(t)
-	var ds []sdk.Delivery
-	for len(ds) < (senders+1)*10 {
-		got, err := b.Receive(ctx, "q", 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, got...)
-	}
+	ds := receiveFake(ctx, t, b, (senders+1)*10)
 	// SyncAck: every Ack waits for its delete, so each runs on its own
 	// goroutine. The first 40 fill a batch for each sender, which the fake
 	// server holds; the last 10 make a batch that waits for a sender.
@@ -329,18 +332,16 @@ func TestSyncAckDroppedAtCloseIsErrClosed(t *testing.T) {
 			t.Errorf("SyncAck Ack %d dropped at Close: %v, want an *sqs.AckError wrapping sdk.ErrClosed", i, err)
 		}
 	}
-	free() // the held deletes go through; Close returns once they have
+	fake.release() // the held deletes go through; Close returns once they have
 	<-closed
 	for i := range senders * 10 {
 		if err := <-errs[i]; err != nil {
 			t.Errorf("SyncAck Ack %d, deleted once its sender was free: %v", i, err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for _, d := range ds[senders*10:] {
-		if h := "h" + strings.TrimPrefix(d.Message().ID, "m"); deleted[h] {
-			t.Errorf("%s deleted, though its Ack reported it dropped", h)
+		if fake.wasDeleted(d) {
+			t.Errorf("%s deleted, though its Ack reported it dropped", d.Message().ID)
 		}
 	}
 }
