@@ -124,6 +124,9 @@ type acker struct {
 	surfaced []error
 	dropped  int // failures beyond maxSurfaced since the last flush
 	closed   bool
+	// drained is set by close once its senders stopped and it took what was
+	// left: a batch put back later (requeue) would wait for nobody.
+	drained bool
 }
 
 // ackGen counts the deletes of one generation not finished yet; done is
@@ -134,6 +137,12 @@ type ackGen struct {
 }
 
 func newAcker(client *awssqs.Client, interval, visibility time.Duration, log *slog.Logger, wrap func(ctx context.Context, what string, err error) error) *acker {
+	return startAcker(client, interval, visibility, log, wrap, ackSenders)
+}
+
+// startAcker is newAcker with senders sender goroutines (tests start none,
+// to hold every batch as busy senders would).
+func startAcker(client *awssqs.Client, interval, visibility time.Duration, log *slog.Logger, wrap func(ctx context.Context, what string, err error) error, senders int) *acker {
 	a := &acker{
 		client:     client,
 		interval:   interval,
@@ -149,9 +158,9 @@ func newAcker(client *awssqs.Client, interval, visibility time.Duration, log *sl
 		pending:    make(map[string][]ackEntry),
 		live:       make(map[uint64]*ackGen),
 	}
-	a.wg.Add(1 + ackSenders)
+	a.wg.Add(1 + senders)
 	go a.timer()
-	for range ackSenders {
+	for range senders {
 		go a.sender()
 	}
 	return a
@@ -263,6 +272,13 @@ func (a *acker) timer() {
 // wait out its ctx (Close then dropped the deletes).
 func (a *acker) requeue(b ackBatch) {
 	a.mu.Lock()
+	if a.drained { // nobody sends it any more: the message was not deleted
+		a.mu.Unlock()
+		for _, e := range b.entries {
+			a.finish(e, errClosedAcker)
+		}
+		return
+	}
 	a.pending[b.url] = append(a.pending[b.url], b.entries...)
 	a.mu.Unlock()
 	select {
@@ -474,8 +490,11 @@ func (a *acker) finish(e ackEntry, err error) {
 	answer := e.w != nil && e.w.state.CompareAndSwap(waiterWaiting, waiterAnswered)
 	a.mu.Lock()
 	if !answer && err != nil { // nobody waits, or the waiter gave up
-		a.log.Warn("berth/sqs: delete failed; the message will be delivered again",
-			slog.String("queue", e.queue), slog.String("message_id", e.id), slog.Any("error", err))
+		msg := "berth/sqs: delete failed; the message will be delivered again"
+		if errors.Is(err, sdk.ErrUnavailable) { // SQS's answer was lost or left it out
+			msg = "berth/sqs: delete's outcome unknown; the message may be delivered again"
+		}
+		a.log.Warn(msg, slog.String("queue", e.queue), slog.String("message_id", e.id), slog.Any("error", err))
 		if len(a.surfaced) < maxSurfaced {
 			a.surfaced = append(a.surfaced, err)
 		} else {
@@ -498,7 +517,9 @@ func (a *acker) finish(e ackEntry, err error) {
 // it began are sent (those added meanwhile are not waited for: under a
 // steady stream of acks from other callers the acker is never idle), then
 // returns the failures since the last flush. A batch put back meanwhile by
-// an Ack whose ctx ended (requeue) is sent when it is put back.
+// an Ack whose ctx ended (requeue) is sent when it is put back. A flush
+// still handing batches over when close stops the senders finishes their
+// deletes with errClosedAcker and returns sdk.ErrClosed.
 func (a *acker) flush(ctx context.Context) error {
 	a.mu.Lock()
 	waits := make([]chan struct{}, 0, len(a.live))
@@ -513,6 +534,13 @@ func (a *acker) flush(ctx context.Context) error {
 			for i, b := range batches {
 				select {
 				case a.batches <- b:
+				case <-a.quit: // close gave up waiting for the senders, which stopped
+					for _, rest := range batches[i:] {
+						for _, e := range rest.entries {
+							a.finish(e, errClosedAcker)
+						}
+					}
+					return sdk.ErrClosed
 				case <-ctx.Done():
 					for _, rest := range batches[i:] {
 						a.requeue(rest)
@@ -558,6 +586,9 @@ func (a *acker) close(ctx context.Context) error {
 	err := a.flush(ctx)
 	close(a.quit)
 	a.wg.Wait()
+	a.mu.Lock()
+	a.drained = true // a batch put back from now on is finished by requeue
+	a.mu.Unlock()
 	for _, b := range a.takeAll() { // left over when ctx ran out
 		for _, e := range b.entries {
 			a.finish(e, errClosedAcker)

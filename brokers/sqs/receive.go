@@ -55,9 +55,10 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 // the call started: the leases run from no later than that. lost is the
 // error of an attempt that may have reached SQS and taken messages whose
 // answer never arrived (see [lostAttempt]) — one the SDK retried — or the
-// call's own error when SQS answered success and a check the SDK makes
-// after its retries failed (the MD5 check of the bodies): those messages
-// stay hidden for visibility. That error wraps [sdk.ErrUnavailable].
+// call's own error when SQS refused the retries of such an attempt, or
+// answered success and a check the SDK makes after its retries failed (the
+// MD5 check of the bodies): those messages stay hidden for visibility.
+// That error wraps [sdk.ErrUnavailable].
 func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) (msgs []sqstypes.Message, at time.Time, lost, err error) {
 	at = time.Now()
 	var seen attempts
@@ -71,7 +72,14 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 	}, watchAttempts(&seen))
 	if err != nil {
 		err = b.wrap(ctx, "receive from "+q.name, err)
-		if !uncertain(err) && seen.answered.Load() {
+		switch {
+		case uncertain(err): // cut short (ctx, Close), or SQS unreachable
+		case seen.lost.Load():
+			// The SDK retried after an attempt whose answer was lost, and
+			// SQS refused the retries: what that attempt took stays hidden.
+			err = fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
+			return nil, at, err, err
+		case seen.answered.Load():
 			err = fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
 			return nil, at, err, err
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -450,6 +451,47 @@ func TestReceiveChecksumMismatchIsLost(t *testing.T) {
 	}
 	if !errors.Is(err, sdk.ErrUnavailable) {
 		t.Errorf("Receive: %v, want sdk.ErrUnavailable: SQS took the messages", err)
+	}
+	if !strings.Contains(logs.String(), "answer was lost") || !strings.Contains(logs.String(), "visibility") {
+		t.Errorf("no warning that the messages come back after the visibility timeout; log:\n%s", logs.String())
+	}
+}
+
+// TestReceiveRefusedAfterALostAnswerIsLost: a ReceiveMessage attempt was
+// answered 504 by a gateway after SQS took the messages, and SQS refused
+// the SDK's retries (500). The call's error was the last refusal, which says
+// SQS took nothing: Receive returned it plain and logged nothing of the
+// messages that come back only after the visibility timeout. It now wraps
+// sdk.ErrUnavailable and warns as for a lost answer.
+func TestReceiveRefusedAfterALostAnswerIsLost(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		op := strings.TrimPrefix(r.Header.Get("X-Amz-Target"), "AmazonSQS.")
+		if op != "ReceiveMessage" {
+			s, _ := fakeCommon(op)
+			_, _ = io.WriteString(w, s)
+			return
+		}
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusGatewayTimeout)
+			return
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"__type":"com.amazonaws.sqs#InternalError","message":"internal failure"}`)
+	}))
+	var logs syncbuf.Buffer
+	b, err := sqs.New(retrying(fakeClient(t, srv), 3), sqs.Options{WaitTime: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, err = b.Receive(testCtx(t), "q", 10)
+	if n := calls.Load(); n != 3 || err == nil {
+		t.Fatalf("%d ReceiveMessage calls, Receive = %v; want 3 calls (the SDK's retries) and an error: the scenario did not happen", n, err)
+	}
+	if !errors.Is(err, sdk.ErrUnavailable) {
+		t.Errorf("Receive: %v, want sdk.ErrUnavailable: the first attempt may have taken the messages", err)
 	}
 	if !strings.Contains(logs.String(), "answer was lost") || !strings.Contains(logs.String(), "visibility") {
 		t.Errorf("no warning that the messages come back after the visibility timeout; log:\n%s", logs.String())

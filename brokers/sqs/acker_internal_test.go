@@ -1,0 +1,126 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/internal/syncbuf"
+	"github.com/berthq/berth/sdk"
+)
+
+// idleAcker is an acker with no senders: every batch handed over waits, as
+// when every sender is stuck on a slow SQS. It needs no client.
+func idleAcker(t *testing.T) *acker {
+	t.Helper()
+	wrap := func(_ context.Context, _ string, err error) error { return err }
+	return startAcker(nil, time.Hour, 30*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), wrap, 0)
+}
+
+// TestFlushRacingCloseFinishesItsDeletes: a Flush that took the buffered
+// deletes and waits for a sender while Close gives up on the senders and
+// stops them. The Flush's hand-over had no case for that: it waited out its
+// own ctx (forever with context.Background), then put the deletes back in a
+// buffer nobody sends any more, so a SyncAck Ack or DeadLetter waiting for
+// one was never answered, and a failure nobody was told of: the message ran
+// again. The Flush now finishes them (the broker closed) and returns
+// ErrClosed at once.
+func TestFlushRacingCloseFinishesItsDeletes(t *testing.T) {
+	a := idleAcker(t)
+	w := newAckWaiter()
+	if err := a.add(context.Background(), "u", ackEntry{queue: "q", id: "m1", handle: "h1", w: w}); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	flushed := make(chan error, 1)
+	go func() { flushed <- a.flush(fctx) }()
+	for { // the Flush took the delete and waits for a sender
+		a.mu.Lock()
+		n := len(a.pending["u"])
+		a.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer ccancel()
+	if err := a.close(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("close = %v, want its ctx's end (the delete is still held)", err)
+	}
+	select {
+	case err := <-flushed:
+		if !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("Flush racing Close = %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second): // a hang, not a timing: it answers at once
+		t.Fatal("Flush still waits for a sender after Close stopped them")
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.wait(fctx) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("the waiter got %v, want an error wrapping ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second): // a hang, not a timing: it answers at once
+		t.Fatal("the delete's waiter was never answered")
+	}
+}
+
+// TestRequeueAfterCloseFinishes: a batch put back (an Ack's or a Flush's
+// ctx ended while it waited for a sender) after Close took the last of the
+// buffer went to a buffer nobody sends any more: its deletes were never
+// finished, so their waiters were never answered and their failure was
+// neither logged nor counted. They are now finished with errClosedAcker.
+func TestRequeueAfterCloseFinishes(t *testing.T) {
+	a := idleAcker(t)
+	if err := a.close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w := newAckWaiter()
+	a.requeue(ackBatch{url: "u", entries: []ackEntry{{queue: "q", id: "m1", handle: "h1", w: w}}})
+	select {
+	case err := <-w.done:
+		if !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("the waiter got %v, want an error wrapping ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second): // a hang, not a timing: it answers at once
+		t.Fatal("a delete put back after Close was never finished")
+	}
+}
+
+// TestUncertainDeleteFailureLogsMaybe: a delete whose outcome is unknown
+// (SQS's answer left it out, or was lost: sdk.ErrUnavailable) may have
+// deleted the message; the warning said it "will be delivered again". It
+// now says it may be; a refused delete still says it will.
+func TestUncertainDeleteFailureLogsMaybe(t *testing.T) {
+	a := idleAcker(t)
+	var logs syncbuf.Buffer
+	a.log = slog.New(slog.NewTextHandler(&logs, nil))
+	a.finish(ackEntry{queue: "q", id: "m1"}, unanswered("this delete"))
+	a.finish(ackEntry{queue: "q", id: "m2"}, &EntryError{Code: "AccessDenied", SenderFault: true})
+	if err := a.close(context.Background()); err == nil {
+		t.Error("close returned no error for the failed deletes")
+	}
+	var uncertain, refused string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		switch {
+		case strings.Contains(l, "message_id=m1"):
+			uncertain = l
+		case strings.Contains(l, "message_id=m2"):
+			refused = l
+		}
+	}
+	if !strings.Contains(uncertain, "may be delivered again") {
+		t.Errorf("the warning of a delete whose outcome is unknown: %q, want it to say the message may be delivered again", uncertain)
+	}
+	if !strings.Contains(refused, "will be delivered again") {
+		t.Errorf("the warning of a refused delete: %q, want it to say the message will be delivered again", refused)
+	}
+}
