@@ -53,23 +53,24 @@ func TestFlushRacingCloseFinishesItsDeletes(t *testing.T) {
 	if err := a.close(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("close = %v, want its ctx's end (the delete is still held)", err)
 	}
-	select {
-	case err := <-flushed:
-		if !errors.Is(err, sdk.ErrClosed) {
-			t.Errorf("Flush racing Close = %v, want ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second): // a hang, not a timing: it answers at once
-		t.Fatal("Flush still waits for a sender after Close stopped them")
-	}
+	expectClosed(t, flushed, "Flush racing Close", "Flush still waits for a sender after Close stopped them")
 	done := make(chan error, 1)
 	go func() { done <- w.wait(fctx) }()
+	expectClosed(t, done, "the delete's waiter", "the delete's waiter was never answered")
+}
+
+// expectClosed waits for an error on c that wraps sdk.ErrClosed, failing t
+// with hung when none comes: the wait guards against a hang, it times
+// nothing (the answer comes at once when the code is right).
+func expectClosed(t *testing.T, c <-chan error, what, hung string) {
+	t.Helper()
 	select {
-	case err := <-done:
+	case err := <-c:
 		if !errors.Is(err, sdk.ErrClosed) {
-			t.Errorf("the waiter got %v, want an error wrapping ErrClosed", err)
+			t.Errorf("%s got %v, want an error wrapping ErrClosed", what, err)
 		}
-	case <-time.After(10 * time.Second): // a hang, not a timing: it answers at once
-		t.Fatal("the delete's waiter was never answered")
+	case <-time.After(10 * time.Second):
+		t.Fatal(hung)
 	}
 }
 
@@ -85,14 +86,7 @@ func TestRequeueAfterCloseFinishes(t *testing.T) {
 	}
 	w := newAckWaiter()
 	a.requeue(ackBatch{url: "u", entries: []ackEntry{{queue: "q", id: "m1", handle: "h1", w: w}}})
-	select {
-	case err := <-w.done:
-		if !errors.Is(err, sdk.ErrClosed) {
-			t.Errorf("the waiter got %v, want an error wrapping ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second): // a hang, not a timing: it answers at once
-		t.Fatal("a delete put back after Close was never finished")
-	}
+	expectClosed(t, w.done, "the waiter", "a delete put back after Close was never finished")
 }
 
 // TestUncertainDeleteFailureLogsMaybe: a delete whose outcome is unknown

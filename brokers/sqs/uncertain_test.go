@@ -280,25 +280,7 @@ func retrying(client *awssqs.Client, n int) *awssqs.Client {
 // again. It now says that they may have been (sdk.ErrUnavailable). A call
 // whose every attempt SQS refused still returns the refusal.
 func TestRetriedPublishDoesNotHideALostAnswer(t *testing.T) {
-	t.Run("lost then refused", func(t *testing.T) {
-		client, srv := newBatchServer(t, func(n int, bodies []string) int {
-			if n == 1 {
-				return dropAnswer
-			}
-			return refuseBatch
-		})
-		b, err := sqs.New(retrying(client, 3), sqs.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		msgs := bodied("retried", 2)
-		err = b.Publish(testCtx(t), "q", msgs...)
-		if n := srv.callCount(); n != 3 {
-			t.Fatalf("%d SendMessageBatch calls, want 3 (the SDK's retries)", n)
-		}
-		checkUncertainOutcome(t, err, srv, msgs)
-	})
+	t.Run("lost then refused", func(t *testing.T) { publishThenRefused(t, dropAnswer, "retried") })
 	t.Run("refused every time", func(t *testing.T) {
 		client, srv := newBatchServer(t, func(int, []string) int { return refuseBatch })
 		b, err := sqs.New(retrying(client, 3), sqs.Options{})
@@ -314,6 +296,32 @@ func TestRetriedPublishDoesNotHideALostAnswer(t *testing.T) {
 			t.Fatalf("Publish: %v, want SQS's refusal (nothing was published)", err)
 		}
 	})
+}
+
+// publishThenRefused publishes two messages (bodies prefix-0, prefix-1)
+// through a client that tries three times, to a server that answers the
+// first attempt with first (after taking the messages) and refuses the
+// two retries; the Publish's error must say the messages may have been
+// published.
+func publishThenRefused(t *testing.T, first int, prefix string) {
+	t.Helper()
+	client, srv := newBatchServer(t, func(n int, _ []string) int {
+		if n == 1 {
+			return first
+		}
+		return refuseBatch
+	})
+	b, err := sqs.New(retrying(client, 3), sqs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	msgs := bodied(prefix, 2)
+	err = b.Publish(testCtx(t), "q", msgs...)
+	if n := srv.callCount(); n != 3 {
+		t.Fatalf("%d SendMessageBatch calls, want 3 (the SDK's retries)", n)
+	}
+	checkUncertainOutcome(t, err, srv, msgs)
 }
 
 // TestCutAnswerIsUnavailable: SQS took the messages and its 200 answer was
@@ -401,25 +409,7 @@ func TestGatewayAnswerIsUncertain(t *testing.T) {
 		err = b.Publish(testCtx(t), "q", msgs...)
 		checkUncertainOutcome(t, err, srv, msgs)
 	})
-	t.Run("then refused", func(t *testing.T) {
-		client, srv := newBatchServer(t, func(n int, _ []string) int {
-			if n == 1 {
-				return gatewayTimeout
-			}
-			return refuseBatch
-		})
-		b, err := sqs.New(retrying(client, 3), sqs.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		msgs := bodied("gateway-retried", 2)
-		err = b.Publish(testCtx(t), "q", msgs...)
-		if n := srv.callCount(); n != 3 {
-			t.Fatalf("%d SendMessageBatch calls, want 3 (the SDK's retries)", n)
-		}
-		checkUncertainOutcome(t, err, srv, msgs)
-	})
+	t.Run("then refused", func(t *testing.T) { publishThenRefused(t, gatewayTimeout, "gateway-retried") })
 }
 
 // TestReceiveChecksumMismatchIsLost: SQS answered a ReceiveMessage with
