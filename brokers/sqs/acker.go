@@ -194,9 +194,7 @@ func (a *acker) add(ctx context.Context, url string, e ackEntry) error {
 		select {
 		case a.batches <- ackBatch{url: url, entries: full}:
 		case <-a.quit: // close gave up waiting for the sender
-			for _, e := range full {
-				a.finish(e, errClosedAcker)
-			}
+			a.finishAll(full, errClosedAcker)
 		case <-ctx.Done(): // SQS is slow: do not hold the caller past its ctx
 			a.requeue(ackBatch{url: url, entries: full})
 		}
@@ -274,9 +272,7 @@ func (a *acker) requeue(b ackBatch) {
 	a.mu.Lock()
 	if a.drained { // nobody sends it any more: the message was not deleted
 		a.mu.Unlock()
-		for _, e := range b.entries {
-			a.finish(e, errClosedAcker)
-		}
+		a.finishAll(b.entries, errClosedAcker)
 		return
 	}
 	a.pending[b.url] = append(a.pending[b.url], b.entries...)
@@ -513,6 +509,13 @@ func (a *acker) finish(e ackEntry, err error) {
 	}
 }
 
+// finishAll delivers err as the result of every delete of entries.
+func (a *acker) finishAll(entries []ackEntry, err error) {
+	for _, e := range entries {
+		a.finish(e, err)
+	}
+}
+
 // flush sends every partial batch and waits until the deletes added before
 // it began are sent (those added meanwhile are not waited for: under a
 // steady stream of acks from other callers the acker is never idle), then
@@ -536,9 +539,7 @@ func (a *acker) flush(ctx context.Context) error {
 				case a.batches <- b:
 				case <-a.quit: // close gave up waiting for the senders, which stopped
 					for _, rest := range batches[i:] {
-						for _, e := range rest.entries {
-							a.finish(e, errClosedAcker)
-						}
+						a.finishAll(rest.entries, errClosedAcker)
 					}
 					return sdk.ErrClosed
 				case <-ctx.Done():
@@ -590,9 +591,7 @@ func (a *acker) close(ctx context.Context) error {
 	a.drained = true // a batch put back from now on is finished by requeue
 	a.mu.Unlock()
 	for _, b := range a.takeAll() { // left over when ctx ran out
-		for _, e := range b.entries {
-			a.finish(e, errClosedAcker)
-		}
+		a.finishAll(b.entries, errClosedAcker)
 	}
 	return err
 }

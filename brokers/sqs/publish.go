@@ -317,20 +317,7 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		if sizeRefused(err) {
 			q.size.stale() // the queue's MaximumMessageSize may have been lowered
 		}
-		err = b.wrap(ctx, "publish to "+q.name, err)
-		switch {
-		case uncertain(err):
-		case seen.lost.Load():
-			// The SDK retried after an attempt whose answer was lost: SQS
-			// may have taken the messages then, whatever the last attempt's
-			// answer says.
-			err = fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
-		case seen.answered.Load():
-			// SQS answered success and a check of that answer outside the
-			// retry loop failed (the SDK's MD5 check of the bodies): SQS
-			// took the messages, or some of them.
-			err = fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
-		}
+		_, err = seen.uncertain(b.wrap(ctx, "publish to "+q.name, err))
 		return nil, err
 	}
 	refused = make([]error, len(chunk))
@@ -363,6 +350,25 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 type attempts struct {
 	lost     atomic.Bool // an attempt failed without SQS's answer
 	answered atomic.Bool // an attempt got SQS's success answer
+}
+
+// uncertain reports whether an attempt may have reached SQS although the
+// call failed, and returns err, the call's wrapped error, wrapping
+// sdk.ErrUnavailable when one did: an attempt whose answer
+// was lost (the SDK retried; SQS may have acted on it, whatever the last
+// attempt's answer says) or one with SQS's success answer (a check made
+// after the retry loop failed — the SDK's MD5 check of the bodies: SQS
+// acted). An err already uncertain (cut short, Close, SQS unreachable) is
+// returned as it is.
+func (seen *attempts) uncertain(err error) (bool, error) {
+	switch {
+	case uncertain(err):
+	case seen.lost.Load():
+		return true, fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
+	case seen.answered.Load():
+		return true, fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
+	}
+	return false, err
 }
 
 // watchAttempts is a call option that notes in seen each attempt of the

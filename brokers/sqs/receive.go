@@ -3,7 +3,6 @@ package sqs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -71,16 +70,10 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
 	}, watchAttempts(&seen))
 	if err != nil {
-		err = b.wrap(ctx, "receive from "+q.name, err)
-		switch {
-		case uncertain(err): // cut short (ctx, Close), or SQS unreachable
-		case seen.lost.Load():
-			// The SDK retried after an attempt whose answer was lost, and
-			// SQS refused the retries: what that attempt took stays hidden.
-			err = fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
-			return nil, at, err, err
-		case seen.answered.Load():
-			err = fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
+		// An attempt that may have taken messages (seen.uncertain): they
+		// stay hidden for visibility, reported as lost.
+		took, err := seen.uncertain(b.wrap(ctx, "receive from "+q.name, err))
+		if took {
 			return nil, at, err, err
 		}
 		return nil, at, nil, err
