@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,13 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.Cleanup(func(code int) {
+			if err := dropDB(); err != nil {
+				fmt.Fprintf(os.Stderr, "doctor tests: dropping their database: %v\n", err)
+				code = 1
+			}
+			os.Exit(code)
+		}),
 	)
 }
 

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/doctor"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger/pgledger"
 )
 
@@ -32,7 +31,7 @@ func readerPool(t *testing.T, pool *pgxpool.Pool, schema string) *pgxpool.Pool {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	u, err := url.Parse(integration.PostgresDSN(t))
+	u, err := url.Parse(postgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}

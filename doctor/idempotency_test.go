@@ -48,7 +48,7 @@ func resultsTable(t *testing.T, pool *pgxpool.Pool, retention time.Duration, cac
 
 func pgPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(testCtx(t), integration.PostgresDSN(t))
+	pool, err := pgxpool.New(testCtx(t), postgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}

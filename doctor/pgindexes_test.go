@@ -11,7 +11,6 @@ import (
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/doctor"
-	"github.com/berthq/berth/integration"
 )
 
 // TestPostgresIndexDefinitions: an index of the jobs table with the right
@@ -162,7 +161,7 @@ func TestPostgresIndexFailureIsAFinding(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}

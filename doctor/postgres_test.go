@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/doctor"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -20,7 +19,7 @@ import (
 // a pool to misconfigure it with. The schema is dropped when the test ends.
 func pgURL(t *testing.T, params url.Values) (string, *pgxpool.Pool, string) {
 	t.Helper()
-	dsn := integration.PostgresDSN(t)
+	dsn := postgresDSN(t)
 	ctx := testCtx(t)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {

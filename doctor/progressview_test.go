@@ -9,7 +9,6 @@ import (
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/doctor"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger/pgledger"
 )
 
@@ -37,7 +36,7 @@ func progressRefused(t *testing.T, pool *pgxpool.Pool, schema string) *pgxpool.P
 // configure, closed when the test ends.
 func configuredPool(t *testing.T, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	cfg, err := pgxpool.ParseConfig(postgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
