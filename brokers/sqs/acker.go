@@ -590,8 +590,15 @@ func (a *acker) close(ctx context.Context) error {
 	a.mu.Lock()
 	a.drained = true // a batch put back from now on is finished by requeue
 	a.mu.Unlock()
+	unsent := 0
 	for _, b := range a.takeAll() { // left over when ctx ran out
+		unsent += len(b.entries)
 		a.finishAll(b.entries, errClosedAcker)
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		// Said in Close's error, not only in the log: a bare deadline
+		// error names neither what Close gave up on nor what follows.
+		err = fmt.Errorf("berth/sqs: close gave up waiting for the deletes being sent (%d buffered deletes not sent: their messages come back after the visibility timeout): %w", unsent, err)
 	}
 	return err
 }

@@ -118,3 +118,26 @@ func TestUncertainDeleteFailureLogsMaybe(t *testing.T) {
 		t.Errorf("the warning of a refused delete: %q, want it to say the message will be delivered again", refused)
 	}
 }
+
+// TestCloseGivingUpSaysSo: a Close whose ctx ends before its buffered
+// deletes reach a sender returns an error that says it gave up and how many
+// deletes it did not send (still matching the ctx's error). Before, it
+// returned the bare "context deadline exceeded", the deletes named only in
+// the log.
+func TestCloseGivingUpSaysSo(t *testing.T) {
+	a := idleAcker(t)
+	for _, id := range []string{"m1", "m2"} {
+		if err := a.add(context.Background(), "u", ackEntry{queue: "q", id: id, handle: "h-" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := a.close(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("close = %v, want its ctx's end", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "close gave up") || !strings.Contains(msg, "2 buffered deletes not sent") {
+		t.Errorf("close = %q, want it to say it gave up and that 2 deletes were not sent", msg)
+	}
+}

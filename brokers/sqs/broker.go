@@ -252,8 +252,10 @@ func (b *Broker) Client() *awssqs.Client { return b.client }
 // SQS hangs, the rest of the 30 s timeout of a delete call in flight), stops
 // the broker's goroutines and unblocks every Receive in progress, which returns
 // [sdk.ErrClosed], as does every later call. Unsettled deliveries come back
-// after their visibility timeout. Close is safe to call twice; the second
-// call returns nil.
+// after their visibility timeout. If the 10 s run out, Close's error says so
+// and how many buffered deletes it did not send (it matches
+// [context.DeadlineExceeded]); their messages come back too. Close is safe to
+// call twice; the second call returns nil.
 func (b *Broker) Close() error {
 	var err error
 	b.once.Do(func() {
