@@ -362,6 +362,7 @@ func (r *billingRun) killChildAfter(after int) int {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"=1", envBroker+"="+r.kind, envQueue+"="+r.queue, envSchema+"="+r.schema)
 	cmd.Env = append(cmd.Env, r.ep.env()...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // killed below; not beyond this process
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()

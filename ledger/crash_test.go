@@ -88,6 +88,9 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 	cmd.Env = append(os.Environ(), helperEnv+"=worker", helperURL+"="+integration.RabbitMQURL(t),
 		helperDSN+"="+integration.PostgresDSN(t), helperQueue+"="+e.queue, helperSchema+"="+schemaOf(t, store))
 	cmd.Stderr = os.Stderr
+	// The child hangs in its handler until killed: not beyond this test
+	// (a t.Fatal before the SIGKILL below), nor beyond this process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +98,7 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	lines := make(chan []string, 16)
 	go func() {
 		defer close(lines)

@@ -83,6 +83,7 @@ func killChildAt(t *testing.T, mode, schema, queue string, count int, marker str
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
 		"BERTH_PG_SCHEMA="+schema, "BERTH_PG_QUEUE="+queue, "BERTH_PG_COUNT="+strconv.Itoa(count), "BERTH_PG_LEASE=1s")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // it sleeps an hour: not beyond this process
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -218,6 +218,11 @@ func killChildAt(t *testing.T, e *env, role, marker, key string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"="+role, envSchema+"="+e.schema, envKey+"="+key, "BERTH_POSTGRES_DSN="+e.dsn)
+	// The child blocks forever at its marker, the "before-commit" one
+	// inside its open transaction (row locks held, its Worker extending the
+	// lease): it must not outlive this test, nor this process if it dies
+	// (a -timeout panic runs no cleanup).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +230,10 @@ func killChildAt(t *testing.T, e *env, role, marker, key string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// A child that never reaches its marker is killed, which ends the scan.
+	stuck := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Kill() })
+	defer stuck.Stop()
 	sc := bufio.NewScanner(out)
 	seen := false
 	for sc.Scan() {
