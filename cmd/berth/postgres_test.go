@@ -172,11 +172,14 @@ func TestSignalStopsARedrive(t *testing.T) {
 	cmd.Env = append(os.Environ(), "BERTH_CLI_ARGS="+strings.Join([]string{"dlq", "redrive", "billing", "-yes", "-json", "-page-size", "200", "-url", u}, "\x1f"))
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // not beyond this process either
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited, waited := make(chan error, 1), make(chan struct{})
+	go func() { exited <- cmd.Wait(); close(waited) }()
+	// A t.Fatal below, or the 60 s guard, must not leave berth redriving.
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-waited })
 	for {
 		var queued int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE status = 'queued'`).Scan(&queued); err != nil {
