@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.Cleanup(func(code int) {
+			if code != 0 {
+				reportSnapshots()
+			}
 			if err := dropDB(); err != nil {
 				fmt.Fprintf(os.Stderr, "doctor tests: dropping their database: %v\n", err)
 				code = 1

@@ -78,6 +78,48 @@ func createDB(base string) (dsn, name string, err error) {
 	return u.String(), name, nil
 }
 
+// reportSnapshots prints to stderr the server's sessions that hold a
+// snapshot or a transaction open for more than 30 s, in any database: what
+// a CREATE INDEX CONCURRENTLY that ran out of time may have waited for.
+// TestMain calls it when a test failed, so that a failed run says who held
+// the builds up.
+func reportSnapshots() {
+	if pgDB.base == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgDB.base)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "doctor tests: reading pg_stat_activity: %v\n", err)
+		return
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT pid, coalesce(datname, ''), coalesce(usename, ''), coalesce(application_name, ''),
+		coalesce(state, ''), coalesce(backend_xmin::text, ''), coalesce((now() - xact_start)::text, ''),
+		coalesce(wait_event_type || ':' || wait_event, ''), left(coalesce(query, ''), 200)
+		FROM pg_stat_activity
+		WHERE pid <> pg_backend_pid() AND (now() - xact_start > interval '30 seconds' OR backend_xmin IS NOT NULL AND now() - query_start > interval '30 seconds')`)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "doctor tests: reading pg_stat_activity: %v\n", err)
+		return
+	}
+	defer rows.Close()
+	fmt.Fprintln(os.Stderr, "doctor tests failed; sessions with a transaction or snapshot older than 30 s:")
+	for rows.Next() {
+		var pid int32
+		var db, user, app, state, xmin, age, wait, query string
+		if err := rows.Scan(&pid, &db, &user, &app, &state, &xmin, &age, &wait, &query); err != nil {
+			fmt.Fprintf(os.Stderr, "  %v\n", err)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "  pid %d db %q user %q app %q %s xmin %s for %s wait %s: %q\n", pid, db, user, app, state, xmin, age, wait, query)
+	}
+	if err := rows.Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "  %v\n", err)
+	}
+}
+
 // dropDB drops the doctor tests' own database, if one was created; its
 // connections are ended (WITH (FORCE)), the tests being over.
 func dropDB() error {
