@@ -127,6 +127,10 @@ type acker struct {
 	// drained is set by close once its senders stopped and it took what was
 	// left: a batch put back later (requeue) would wait for nobody.
 	drained bool
+	// abandoned counts the deletes finished with errClosedAcker: given up
+	// on by close (buffered, or held by an Ack or Flush waiting for a
+	// sender when close stopped the senders), never sent.
+	abandoned int
 }
 
 // ackGen counts the deletes of one generation not finished yet; done is
@@ -480,11 +484,15 @@ func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ack
 
 // finish delivers the result of one delete.
 func (a *acker) finish(e ackEntry, err error) {
+	closedAcker := err == errClosedAcker
 	if err != nil {
 		err = &AckError{Queue: e.queue, ID: e.id, Err: err}
 	}
 	answer := e.w != nil && e.w.state.CompareAndSwap(waiterWaiting, waiterAnswered)
 	a.mu.Lock()
+	if closedAcker {
+		a.abandoned++
+	}
 	if !answer && err != nil { // nobody waits, or the waiter gave up
 		msg := "berth/sqs: delete failed; the message will be delivered again"
 		if errors.Is(err, sdk.ErrUnavailable) { // SQS's answer was lost or left it out
@@ -589,13 +597,21 @@ func (a *acker) close(ctx context.Context) error {
 	a.wg.Wait()
 	a.mu.Lock()
 	a.drained = true // a batch put back from now on is finished by requeue
+	// The senders have stopped: no delete is in flight. Every delete not
+	// yet finished is buffered or held by an Ack or Flush that will finish
+	// it with errClosedAcker; those already finished so are counted.
+	unsent := a.abandoned
+	for _, g := range a.live {
+		unsent += g.n
+	}
 	a.mu.Unlock()
-	unsent := 0
 	for _, b := range a.takeAll() { // left over when ctx ran out
-		unsent += len(b.entries)
 		a.finishAll(b.entries, errClosedAcker)
 	}
-	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+	// flush returns ctx.Err() itself when it gives up; an error it returns
+	// otherwise (the deletes that failed, an AckError of a delete call that
+	// timed out among them) is not Close giving up, even if ctx ended since.
+	if err != nil && err == ctx.Err() {
 		// Said in Close's error, not only in the log: a bare deadline
 		// error names neither what Close gave up on nor what follows.
 		err = fmt.Errorf("berth/sqs: close gave up waiting for the deletes being sent (%d buffered deletes not sent: their messages come back after the visibility timeout): %w", unsent, err)

@@ -141,3 +141,53 @@ func TestCloseGivingUpSaysSo(t *testing.T) {
 		t.Errorf("close = %q, want it to say it gave up and that 2 deletes were not sent", msg)
 	}
 }
+
+// TestCloseGivingUpCountsHeldDeletes: a delete held by a Flush waiting for a
+// sender when Close gives up is not sent either, and Close's count says so.
+// Before, Close counted only what was left in its buffer: "0 buffered
+// deletes not sent".
+func TestCloseGivingUpCountsHeldDeletes(t *testing.T) {
+	a := idleAcker(t)
+	if err := a.add(context.Background(), "u", ackEntry{queue: "q", id: "m1", handle: "h1"}); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	flushed := make(chan error, 1)
+	go func() { flushed <- a.flush(fctx) }()
+	for { // the Flush took the delete and waits for a sender
+		a.mu.Lock()
+		n := len(a.pending["u"])
+		a.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer ccancel()
+	err := a.close(cctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 buffered deletes not sent") {
+		t.Errorf("close = %v, want it to count the delete the Flush held", err)
+	}
+	<-flushed
+}
+
+// TestCloseWithTimedOutDeleteDoesNotSayItGaveUp: a delete call that timed
+// out (its AckError wraps context.DeadlineExceeded) is a failed delete, not
+// Close giving up, even when Close's own ctx has ended too. Before, Close
+// then said it gave up, with "0 buffered deletes not sent".
+func TestCloseWithTimedOutDeleteDoesNotSayItGaveUp(t *testing.T) {
+	a := idleAcker(t)
+	a.finish(ackEntry{queue: "q", id: "m1"}, context.DeadlineExceeded) // nobody waits: surfaced
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := a.close(ctx)
+	var ae *AckError
+	if !errors.As(err, &ae) || ae.ID != "m1" {
+		t.Fatalf("close = %v, want the failed delete's AckError", err)
+	}
+	if strings.Contains(err.Error(), "gave up") {
+		t.Errorf("close = %q, want no claim that it gave up: every delete was answered", err)
+	}
+}
