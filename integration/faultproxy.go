@@ -31,7 +31,11 @@ type Proxy struct {
 	replies   bool          // frozen: only the server-to-client direction
 	thaw      chan struct{} // closed and replaced by Thaw
 	closed    bool
-	wg        sync.WaitGroup
+	// resets counts the calls of Reset: a connection accepted before one
+	// and registered after (its dial to the target under way) is reset
+	// too, as an open one is.
+	resets int
+	wg     sync.WaitGroup
 }
 
 // link is one proxied connection: the client's side and the server's.
@@ -103,6 +107,7 @@ func (p *Proxy) SetBandwidth(bytesPerSecond int) {
 // failing router or a restarted load balancer would. New connections pass.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
+	p.resets++
 	links := make([]*link, 0, len(p.conns))
 	for l := range p.conns {
 		links = append(links, l)
@@ -190,6 +195,10 @@ func (l *link) reset() {
 	}
 }
 
+// proxyDialed, when set (by this package's tests only), runs in the accept
+// loop between a connection's dial to the target and its registration.
+var proxyDialed func(*Proxy)
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -198,7 +207,7 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		refuse, closed := p.refuse, p.closed
+		refuse, closed, resets := p.refuse, p.closed, p.resets
 		p.mu.Unlock()
 		if refuse || closed {
 			_ = c.Close()
@@ -209,8 +218,20 @@ func (p *Proxy) accept() {
 			_ = c.Close()
 			continue
 		}
+		if proxyDialed != nil {
+			proxyDialed(p)
+		}
 		l := &link{client: c, server: s, dead: make(chan struct{})}
 		p.mu.Lock()
+		if p.resets != resets || p.closed {
+			// Reset (or Close) ran while this connection was being set up:
+			// the client had it open, so it is reset too. Before, it
+			// survived, and a test that took the server away (Refuse,
+			// then Reset) kept a working connection.
+			p.mu.Unlock()
+			l.reset()
+			continue
+		}
 		p.conns[l] = struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(1)
