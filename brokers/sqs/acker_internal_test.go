@@ -32,22 +32,9 @@ func idleAcker(t *testing.T) *acker {
 func TestFlushRacingCloseFinishesItsDeletes(t *testing.T) {
 	a := idleAcker(t)
 	w := newAckWaiter()
-	if err := a.add(context.Background(), "u", ackEntry{queue: "q", id: "m1", handle: "h1", w: w}); err != nil {
-		t.Fatal(err)
-	}
 	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	flushed := make(chan error, 1)
-	go func() { flushed <- a.flush(fctx) }()
-	for { // the Flush took the delete and waits for a sender
-		a.mu.Lock()
-		n := len(a.pending["u"])
-		a.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	flushed := flushHolding(t, fctx, a, ackEntry{queue: "q", id: "m1", handle: "h1", w: w})
 	cctx, ccancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer ccancel()
 	if err := a.close(cctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -57,6 +44,27 @@ func TestFlushRacingCloseFinishesItsDeletes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.wait(fctx) }()
 	expectClosed(t, done, "the delete's waiter", "the delete's waiter was never answered")
+}
+
+// flushHolding adds e to a's queue "u" and starts a Flush under ctx, and
+// returns once that Flush took it (and, with no sender free, holds it);
+// the Flush's result arrives on the channel.
+func flushHolding(t *testing.T, ctx context.Context, a *acker, e ackEntry) <-chan error {
+	t.Helper()
+	if err := a.add(context.Background(), "u", e); err != nil {
+		t.Fatal(err)
+	}
+	flushed := make(chan error, 1)
+	go func() { flushed <- a.flush(ctx) }()
+	for {
+		a.mu.Lock()
+		n := len(a.pending["u"])
+		a.mu.Unlock()
+		if n == 0 {
+			return flushed
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // expectClosed waits for an error on c that wraps sdk.ErrClosed, failing t
@@ -148,22 +156,9 @@ func TestCloseGivingUpSaysSo(t *testing.T) {
 // deletes not sent".
 func TestCloseGivingUpCountsHeldDeletes(t *testing.T) {
 	a := idleAcker(t)
-	if err := a.add(context.Background(), "u", ackEntry{queue: "q", id: "m1", handle: "h1"}); err != nil {
-		t.Fatal(err)
-	}
 	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	flushed := make(chan error, 1)
-	go func() { flushed <- a.flush(fctx) }()
-	for { // the Flush took the delete and waits for a sender
-		a.mu.Lock()
-		n := len(a.pending["u"])
-		a.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	flushed := flushHolding(t, fctx, a, ackEntry{queue: "q", id: "m1", handle: "h1"})
 	cctx, ccancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer ccancel()
 	err := a.close(cctx)
