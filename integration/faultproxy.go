@@ -35,7 +35,12 @@ type Proxy struct {
 	// and registered after (its dial to the target under way) is reset
 	// too, as an open one is.
 	resets int
-	wg     sync.WaitGroup
+	// events numbers the calls of FreezeOpen and Thaw; frozeAt and thawedAt
+	// are the numbers of the last of each. A connection accepted before a
+	// FreezeOpen and registered after it, with no Thaw since, is held too,
+	// as an open one is.
+	events, frozeAt, thawedAt uint64
+	wg                        sync.WaitGroup
 }
 
 // link is one proxied connection: the client's side and the server's.
@@ -140,6 +145,8 @@ func (p *Proxy) Freeze() {
 // around. Thaw ends it.
 func (p *Proxy) FreezeOpen() {
 	p.mu.Lock()
+	p.events++
+	p.frozeAt = p.events
 	for l := range p.conns {
 		l.held = true
 	}
@@ -160,6 +167,8 @@ func (p *Proxy) FreezeReplies() {
 // delivered.
 func (p *Proxy) Thaw() {
 	p.mu.Lock()
+	p.events++
+	p.thawedAt = p.events
 	for l := range p.conns {
 		l.held = false
 	}
@@ -207,7 +216,7 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		refuse, closed, resets := p.refuse, p.closed, p.resets
+		refuse, closed, resets, events := p.refuse, p.closed, p.resets, p.events
 		p.mu.Unlock()
 		if refuse || closed {
 			_ = c.Close()
@@ -232,6 +241,9 @@ func (p *Proxy) accept() {
 			l.reset()
 			continue
 		}
+		// A FreezeOpen that ran meanwhile, not yet thawed, holds it: the
+		// client had it open then. Before, it passed as a new one.
+		l.held = p.frozeAt > events && p.frozeAt > p.thawedAt
 		p.conns[l] = struct{}{}
 		p.mu.Unlock()
 		p.wg.Add(1)
