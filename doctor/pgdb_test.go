@@ -4,9 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,20 +59,22 @@ func postgresDSN(t *testing.T) string {
 }
 
 // createDB creates a database beside base's and returns its DSN and name.
+// First it drops the databases that earlier doctor test binaries on this
+// machine left behind (sweepStale).
 func createDB(base string) (dsn, name string, err error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return "", "", fmt.Errorf("BERTH_POSTGRES_DSN must be a postgres:// URL for the doctor tests (%q)", base)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, base)
+	name = fmt.Sprintf("%s%d_%s", dbPrefix, os.Getpid(), suffix())
+	err = withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		if loopback(u.Hostname()) {
+			sweepStale(ctx, conn)
+		}
+		_, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
+		return err
+	})
 	if err != nil {
-		return "", "", err
-	}
-	defer conn.Close(context.Background())
-	name = "berth_doctor_" + suffix()
-	if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			fmt.Fprintf(os.Stderr, "doctor tests: cannot create a database of their own (%v); using the shared one, where another package's long transaction can stall CREATE INDEX CONCURRENTLY\n", err)
@@ -78,6 +86,85 @@ func createDB(base string) (dsn, name string, err error) {
 	return u.String(), name, nil
 }
 
+// dbPrefix starts the name of every doctor test database; the test
+// binary's process ID and a random suffix follow.
+const dbPrefix = "berth_doctor_"
+
+// sweepStale drops the doctor test databases whose test binary, a process
+// of this machine, is gone: one killed (SIGKILL, a -timeout panic) before
+// its TestMain dropped its database. A database whose process still runs
+// (another run beside this one) is left alone, and so is one whose name
+// carries no process ID. Failures are reported and ignored: a leftover
+// database costs disk, not correctness.
+func sweepStale(ctx context.Context, conn *pgx.Conn) {
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE starts_with(datname, $1)`, dbPrefix)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "doctor tests: listing leftover databases: %v\n", err)
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "doctor tests: listing leftover databases: %v\n", err)
+		return
+	}
+	for _, name := range names {
+		pid, ok := ownerPID(name)
+		if !ok || processAlive(pid) {
+			continue
+		}
+		if _, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil {
+			fmt.Fprintf(os.Stderr, "doctor tests: dropping leftover database %s: %v\n", name, err)
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "doctor tests: dropped %s, left by test process %d, which is gone\n", name, pid)
+	}
+}
+
+// ownerPID is the process ID in a doctor test database's name.
+func ownerPID(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, dbPrefix)
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := strings.Cut(rest, "_")
+	if !ok {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(digits)
+	return pid, err == nil && pid > 0
+}
+
+// processAlive reports whether process pid exists on this machine. A
+// process of another user counts (EPERM): it is not ours to judge.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// loopback reports whether host names this machine: only then are the
+// process IDs in database names this machine's. A Unix socket directory
+// ("/var/run/postgresql") or no host at all is local too.
+func loopback(host string) bool {
+	if host == "" || host == "localhost" || strings.HasPrefix(host, "/") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// withBase runs f on a connection to the shared database base, which it
+// closes after; timeout bounds both.
+func withBase(base string, timeout time.Duration, f func(context.Context, *pgx.Conn) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return f(ctx, conn)
+}
+
 // reportSnapshots prints to stderr the server's sessions that hold a
 // snapshot or a transaction open for more than 30 s, in any database: what
 // a CREATE INDEX CONCURRENTLY that ran out of time may have waited for.
@@ -87,36 +174,29 @@ func reportSnapshots() {
 	if pgDB.base == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pgDB.base)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "doctor tests: reading pg_stat_activity: %v\n", err)
-		return
-	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT pid, coalesce(datname, ''), coalesce(usename, ''), coalesce(application_name, ''),
-		coalesce(state, ''), coalesce(backend_xmin::text, ''), coalesce((now() - xact_start)::text, ''),
-		coalesce(wait_event_type || ':' || wait_event, ''), left(coalesce(query, ''), 200)
-		FROM pg_stat_activity
-		WHERE pid <> pg_backend_pid() AND (now() - xact_start > interval '30 seconds' OR backend_xmin IS NOT NULL AND now() - query_start > interval '30 seconds')`)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "doctor tests: reading pg_stat_activity: %v\n", err)
-		return
-	}
-	defer rows.Close()
-	fmt.Fprintln(os.Stderr, "doctor tests failed; sessions with a transaction or snapshot older than 30 s:")
-	for rows.Next() {
-		var pid int32
-		var db, user, app, state, xmin, age, wait, query string
-		if err := rows.Scan(&pid, &db, &user, &app, &state, &xmin, &age, &wait, &query); err != nil {
-			fmt.Fprintf(os.Stderr, "  %v\n", err)
-			return
+	err := withBase(pgDB.base, 10*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, `SELECT pid, coalesce(datname, ''), coalesce(usename, ''), coalesce(application_name, ''),
+			coalesce(state, ''), coalesce(backend_xmin::text, ''), coalesce((now() - xact_start)::text, ''),
+			coalesce(wait_event_type || ':' || wait_event, ''), left(coalesce(query, ''), 200)
+			FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND (now() - xact_start > interval '30 seconds' OR backend_xmin IS NOT NULL AND now() - query_start > interval '30 seconds')`)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(os.Stderr, "  pid %d db %q user %q app %q %s xmin %s for %s wait %s: %q\n", pid, db, user, app, state, xmin, age, wait, query)
-	}
-	if err := rows.Err(); err != nil {
-		fmt.Fprintf(os.Stderr, "  %v\n", err)
+		defer rows.Close()
+		fmt.Fprintln(os.Stderr, "doctor tests failed; sessions with a transaction or snapshot older than 30 s:")
+		for rows.Next() {
+			var pid int32
+			var db, user, app, state, xmin, age, wait, query string
+			if err := rows.Scan(&pid, &db, &user, &app, &state, &xmin, &age, &wait, &query); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "  pid %d db %q user %q app %q %s xmin %s for %s wait %s: %q\n", pid, db, user, app, state, xmin, age, wait, query)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "doctor tests: reading pg_stat_activity: %v\n", err)
 	}
 }
 
@@ -126,15 +206,10 @@ func dropDB() error {
 	if pgDB.name == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pgDB.base)
-	if err != nil {
+	return withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{pgDB.name}.Sanitize()+` WITH (FORCE)`)
 		return err
-	}
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{pgDB.name}.Sanitize()+` WITH (FORCE)`)
-	return err
+	})
 }
 
 // TestOwnDatabaseIgnoresSharedSnapshots: a transaction holding a snapshot in
@@ -177,5 +252,66 @@ func TestOwnDatabaseIgnoresSharedSnapshots(t *testing.T) {
 	defer cancel()
 	if _, err := own.Exec(built, `CREATE INDEX CONCURRENTLY ON `+table+` (id) WHERE id > 0`); err != nil {
 		t.Fatalf("CREATE INDEX CONCURRENTLY beside a snapshot held in the shared database: %v", err)
+	}
+}
+
+// TestSweepDropsDatabasesOfGoneProcesses: the sweep at the doctor tests'
+// start drops a database left by a test binary that is gone (killed before
+// its TestMain could drop it), and leaves one whose process runs and one
+// whose name carries no process ID. Before, a killed binary's database
+// stayed on the server for good.
+func TestSweepDropsDatabasesOfGoneProcesses(t *testing.T) {
+	postgresDSN(t)
+	if pgDB.name == "" {
+		t.Skip("the server refused to create a database for these tests: nothing to sweep")
+	}
+	gone := exec.Command("true") // a process that has ended: its PID names no process now
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := fmt.Sprintf("%s%d_%s", dbPrefix, gone.Process.Pid, suffix())
+	alive := fmt.Sprintf("%s%d_%s", dbPrefix, os.Getpid(), suffix())
+	foreign := dbPrefix + "nopid" + suffix()
+	names := []string{dead, alive, foreign}
+	err := withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		for _, name := range names {
+			if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		_ = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+			for _, name := range names {
+				_, _ = conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	err = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		sweepStale(ctx, conn)
+		rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname = ANY($1) ORDER BY datname`, names)
+		if err != nil {
+			return err
+		}
+		left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{alive, foreign}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Fatalf("after the sweep %q remain, want %q (only the gone process's %s dropped)", left, want, dead)
+	}
+	// This binary's own database survives its own sweep (its process runs).
+	if pid, ok := ownerPID(pgDB.name); !ok || pid != os.Getpid() {
+		t.Fatalf("own database %q: owner %d, %v; want this process, %d", pgDB.name, pid, ok, os.Getpid())
 	}
 }
