@@ -348,8 +348,17 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 
 // attempts is what watchAttempts saw of a call's attempts.
 type attempts struct {
-	lost     atomic.Bool // an attempt failed without SQS's answer
-	answered atomic.Bool // an attempt got SQS's success answer
+	lost     atomic.Pointer[error] // the first attempt that failed without SQS's answer (lostAttempt)
+	answered atomic.Bool           // an attempt got SQS's success answer
+}
+
+// lostErr is the error of the call's first attempt whose answer was lost, or
+// nil.
+func (seen *attempts) lostErr() error {
+	if p := seen.lost.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // uncertain reports whether an attempt may have reached SQS although the
@@ -363,7 +372,7 @@ type attempts struct {
 func (seen *attempts) uncertain(err error) (bool, error) {
 	switch {
 	case uncertain(err):
-	case seen.lost.Load():
+	case seen.lost.Load() != nil:
 		return true, fmt.Errorf("%w (an earlier attempt's answer was lost): %w", err, sdk.ErrUnavailable)
 	case seen.answered.Load():
 		return true, fmt.Errorf("%w (after SQS's success answer): %w", err, sdk.ErrUnavailable)
@@ -371,11 +380,10 @@ func (seen *attempts) uncertain(err error) (bool, error) {
 	return false, err
 }
 
-// watchAttempts is a call option that notes in seen each attempt of the
-// call (the SDK's retries make several) that fails without SQS's answer (a
-// transport failure, an answer cut short, a gateway's 502 or 504, the
-// attempt's ctx) and one that
-// gets SQS's success answer. The call's own error is only its last
+// watchAttempts is a call option that notes in seen the first attempt of
+// the call (the SDK's retries make several) that fails without SQS's answer
+// ([lostAttempt]: a transport failure, an answer cut short, a gateway's 502
+// or 504, the attempt's ctx) and whether one gets SQS's success answer. The call's own error is only its last
 // attempt's, which may be a refusal that says nothing of what an earlier
 // attempt published, or that of a check made after the retry loop (the
 // SDK's MD5 check of the answer), which says nothing of what SQS took.
@@ -387,9 +395,8 @@ func watchAttempts(seen *attempts) func(*awssqs.Options) {
 				switch {
 				case err == nil:
 					seen.answered.Store(true)
-				case isTransport(err) || answerCut(err) || viaGateway(err) ||
-					errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-					seen.lost.Store(true)
+				case lostAttempt(err):
+					seen.lost.CompareAndSwap(nil, &err)
 				}
 				return out, md, err
 			}), middleware.After) // inside the SDK's retry loop: once an attempt

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
@@ -78,26 +77,17 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 		}
 		return nil, at, nil, err
 	}
-	return out.Messages, at, lostIn(out), nil
-}
-
-// lostIn returns the first lost attempt's error of a ReceiveMessage call,
-// or nil.
-func lostIn(out *awssqs.ReceiveMessageOutput) error {
-	attempts, _ := retry.GetAttemptResults(out.ResultMetadata)
-	for _, a := range attempts.Results {
-		if a.Err != nil && lostAttempt(a.Err) {
-			return a.Err
-		}
-	}
-	return nil
+	return out.Messages, at, seen.lostErr(), nil
 }
 
 // lostAttempt reports whether a failed attempt may have reached SQS and
-// taken messages: it ended without a status (a cut connection, a timeout,
-// a cancelled long poll), its 2xx answer could not be read, or a gateway
-// between answered 502 or 504 (viaGateway: SQS never does, and may have
-// had the request). SQS's own error status means it took nothing.
+// acted (taken messages, published, deleted) with its answer lost: it
+// ended without a status (a cut connection, a timeout, a cancelled long
+// poll), its 2xx answer could not be read (answerCut), or a gateway between
+// answered 502 or 504 (viaGateway: SQS never does, and may have had the
+// request). SQS's own error status means it did nothing. It is the one
+// definition of a lost answer: watchAttempts applies it to every attempt of
+// a receive or a send.
 func lostAttempt(err error) bool {
 	var re *smithyhttp.ResponseError
 	if errors.As(err, &re) && re.Response != nil && re.Response.Response != nil {
