@@ -362,18 +362,11 @@ func (r *billingRun) killChildAfter(after int) int {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"=1", envBroker+"="+r.kind, envQueue+"="+r.queue, envSchema+"="+r.schema)
 	cmd.Env = append(cmd.Env, r.ep.env()...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // killed below; not beyond this process
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	child, out := StartChildStdout(t, cmd) // killed below; not beyond this test
 	lines := make(chan string)
-	go func() {
+	go func() { // ends when the child dies: drained below
 		defer close(lines)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -396,10 +389,10 @@ wait:
 			break wait
 		}
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = child.Cmd.Process.Signal(syscall.SIGKILL)
 	for range lines { // drain what the child wrote before it died
 	}
-	err = cmd.Wait()
+	err := child.Wait()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("child did not die by SIGKILL: %v\nstderr:\n%s", err, stderr.String())

@@ -108,11 +108,8 @@ func startProc(cmd *exec.Cmd, logPath string) (*proc, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = f, f
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
+	dieWithParent(cmd) // the test binary died: do not outlive it
 	cmd.SysProcAttr.Setpgid = true
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL // the test binary died: do not outlive it
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, err

@@ -90,17 +90,9 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 	cmd.Stderr = os.Stderr
 	// The child hangs in its handler until killed: not beyond this test
 	// (a t.Fatal before the SIGKILL below), nor beyond this process.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	child, out := integration.StartChildStdout(t, cmd)
 	lines := make(chan []string, 16)
-	go func() {
+	go func() { // ends when the child dies
 		defer close(lines)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -108,28 +100,24 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, out)
 	}()
-	var child string
+	var worker string // the child's ledger worker ID
 	select {
 	case f := <-lines:
 		if len(f) != 4 || f[0] != "STARTED" || f[1] != m.ID || f[2] != "1" {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
 			t.Fatalf("child said %q, want STARTED %s 1 <worker>", f, m.ID)
 		}
-		child = f[3]
+		worker = f[3]
 	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
 		t.Fatal("the child never started the job")
 	}
 	j := waitJob(t, ctx, store, m.ID, "running in the child", func(j *ledger.Job) bool { return j.Status == ledger.StatusRunning })
-	if j.Worker != child || j.Attempts != 1 {
-		t.Errorf("running job: worker %q attempt %d, want %q 1", j.Worker, j.Attempts, child)
+	if j.Worker != worker || j.Attempts != 1 {
+		t.Errorf("running job: worker %q attempt %d, want %q 1", j.Worker, j.Attempts, worker)
 	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := child.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
+	_ = child.Wait()
 	for range lines {
 	}
 
@@ -142,9 +130,9 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 		t.Fatalf("history %+v, want the crashed attempt and the one that succeeded", j.History)
 	}
 	crashed, ok := j.History[0], j.History[1]
-	if crashed.Attempt != 1 || crashed.Status != ledger.StatusRunning || !crashed.Abandoned || crashed.Worker != child ||
+	if crashed.Attempt != 1 || crashed.Status != ledger.StatusRunning || !crashed.Abandoned || crashed.Worker != worker ||
 		crashed.StartedAt.IsZero() || !crashed.FinishedAt.IsZero() {
-		t.Errorf("crashed attempt %+v: want attempt 1, running, abandoned, by %s, started, never finished", crashed, child)
+		t.Errorf("crashed attempt %+v: want attempt 1, running, abandoned, by %s, started, never finished", crashed, worker)
 	}
 	if ok.Attempt != 2 || ok.Status != ledger.StatusSucceeded || ok.Abandoned || ok.Worker != e.led.WorkerID() {
 		t.Errorf("second attempt %+v: want attempt 2 succeeded by %s", ok, e.led.WorkerID())

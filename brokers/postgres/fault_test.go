@@ -83,17 +83,10 @@ func killChildAt(t *testing.T, mode, schema, queue string, count int, marker str
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
 		"BERTH_PG_SCHEMA="+schema, "BERTH_PG_QUEUE="+queue, "BERTH_PG_COUNT="+strconv.Itoa(count), "BERTH_PG_LEASE=1s")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // it sleeps an hour: not beyond this process
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	child, stdout := integration.StartChildStdout(t, cmd) // it sleeps an hour: not beyond this test
 	lines := make(chan []string, 1)
-	go func() {
+	go func() { // ends when the child dies: killed below, or by the cleanup after a t.Fatal
 		defer close(lines)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -109,14 +102,17 @@ func killChildAt(t *testing.T, mode, schema, queue string, count int, marker str
 	select {
 	case ids = <-lines:
 	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = child.Kill()
+		for range lines { // the reader logs: it must end before the test does
+		}
 		t.Fatalf("child %s never printed %s", mode, marker)
 	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := child.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
+	_ = child.Wait()
+	for range lines {
+	}
 	return ids
 }
 

@@ -172,14 +172,8 @@ func TestSignalStopsARedrive(t *testing.T) {
 	cmd.Env = append(os.Environ(), "BERTH_CLI_ARGS="+strings.Join([]string{"dlq", "redrive", "billing", "-yes", "-json", "-page-size", "200", "-url", u}, "\x1f"))
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // not beyond this process either
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited, waited := make(chan error, 1), make(chan struct{})
-	go func() { exited <- cmd.Wait(); close(waited) }()
 	// A t.Fatal below, or the 60 s guard, must not leave berth redriving.
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-waited })
+	child := integration.StartChild(t, cmd)
 	for {
 		var queued int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE status = 'queued'`).Scan(&queued); err != nil {
@@ -189,8 +183,8 @@ func TestSignalStopsARedrive(t *testing.T) {
 			break
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("berth exited before the signal: %v\n%s%s", err, out.String(), errOut.String())
+		case <-child.Done():
+			t.Fatalf("berth exited before the signal: %v\n%s%s", child.Wait(), out.String(), errOut.String())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -199,13 +193,12 @@ func TestSignalStopsARedrive(t *testing.T) {
 	}
 	var code int
 	select {
-	case err := <-exited:
+	case <-child.Done():
 		var ee *exec.ExitError
-		if errors.As(err, &ee) {
+		if errors.As(child.Wait(), &ee) {
 			code = ee.ExitCode()
 		}
 	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Kill()
 		t.Fatal("berth did not stop after SIGTERM")
 	}
 	var rep jsonChange

@@ -17,6 +17,7 @@ import (
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -222,15 +223,7 @@ func killChildAt(t *testing.T, e *env, role, marker, key string) {
 	// inside its open transaction (row locks held, its Worker extending the
 	// lease): it must not outlive this test, nor this process if it dies
 	// (a -timeout panic runs no cleanup).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	child, out := integration.StartChildStdout(t, cmd)
 	// A child that never reaches its marker is killed, which ends the scan.
 	stuck := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Kill() })
 	defer stuck.Stop()
@@ -239,8 +232,6 @@ func killChildAt(t *testing.T, e *env, role, marker, key string) {
 	for sc.Scan() {
 		line := sc.Text()
 		if strings.HasPrefix(line, "ERR") {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
 			t.Fatalf("child: %s", line)
 		}
 		if line == marker {
@@ -249,12 +240,10 @@ func killChildAt(t *testing.T, e *env, role, marker, key string) {
 		}
 	}
 	if !seen {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
 		t.Fatalf("child exited before %s", marker)
 	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
+	_ = child.Wait()
 }
