@@ -204,8 +204,8 @@ func (l *link) reset() {
 	}
 }
 
-// proxyDialed, when set (by this package's tests only), runs in the accept
-// loop between a connection's dial to the target and its registration.
+// proxyDialed, when set (by this package's tests only), runs in a
+// connection's set-up between its dial to the target and its registration.
 var proxyDialed func(*Proxy)
 
 func (p *Proxy) accept() {
@@ -222,42 +222,53 @@ func (p *Proxy) accept() {
 			_ = c.Close()
 			continue
 		}
-		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		if proxyDialed != nil {
-			proxyDialed(p)
-		}
-		l := &link{client: c, server: s, dead: make(chan struct{})}
-		p.mu.Lock()
-		if p.resets != resets || p.closed {
-			// Reset (or Close) ran while this connection was being set up:
-			// the client had it open, so it is reset too. Before, it
-			// survived, and a test that took the server away (Refuse,
-			// then Reset) kept a working connection.
-			p.mu.Unlock()
-			l.reset()
-			continue
-		}
-		// A FreezeOpen that ran meanwhile, not yet thawed, holds it: the
-		// client had it open then. Before, it passed as a new one.
-		l.held = p.frozeAt > events && p.frozeAt > p.thawedAt
-		p.conns[l] = struct{}{}
-		p.mu.Unlock()
+		// Each connection is set up on its own, so that the next is taken
+		// at once: one left in the listen backlog while this one's dial
+		// runs is open for its client already, yet its snapshot of resets
+		// and events, taken only once it is accepted, would miss a Reset
+		// or FreezeOpen made meanwhile.
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			var dirs sync.WaitGroup
-			dirs.Go(func() { p.pipe(l, s, c) })
-			dirs.Go(func() { p.pipe(l, c, s) })
-			dirs.Wait()
-			p.mu.Lock()
-			delete(p.conns, l)
-			p.mu.Unlock()
+			p.serve(c, resets, events)
 		}()
 	}
+}
+
+// serve sets up and runs the link of c, a client connection accepted when
+// the proxy had counted resets Resets and events FreezeOpen and Thaw calls.
+func (p *Proxy) serve(c net.Conn, resets int, events uint64) {
+	s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	if proxyDialed != nil {
+		proxyDialed(p)
+	}
+	l := &link{client: c, server: s, dead: make(chan struct{})}
+	p.mu.Lock()
+	if p.resets != resets || p.closed {
+		// Reset (or Close) ran while this connection was being set up:
+		// the client had it open, so it is reset too. Before, it
+		// survived, and a test that took the server away (Refuse,
+		// then Reset) kept a working connection.
+		p.mu.Unlock()
+		l.reset()
+		return
+	}
+	// A FreezeOpen that ran meanwhile, not yet thawed, holds it: the
+	// client had it open then. Before, it passed as a new one.
+	l.held = p.frozeAt > events && p.frozeAt > p.thawedAt
+	p.conns[l] = struct{}{}
+	p.mu.Unlock()
+	var dirs sync.WaitGroup
+	dirs.Go(func() { p.pipe(l, s, c) })
+	dirs.Go(func() { p.pipe(l, c, s) })
+	dirs.Wait()
+	p.mu.Lock()
+	delete(p.conns, l)
+	p.mu.Unlock()
 }
 
 // chunk is bytes read from one side, due for the other at a time.

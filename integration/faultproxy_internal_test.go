@@ -79,7 +79,7 @@ func TestProxyFreezeOpenHoldsAConnectionBeingSetUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	p.FreezeOpen() // holds c and c2, both open now
+	p.FreezeOpen() // holds c, and c2 whether open or still being set up
 	p.Thaw()
 	_ = c2.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c2.Write([]byte("y")); err != nil {
@@ -87,5 +87,99 @@ func TestProxyFreezeOpenHoldsAConnectionBeingSetUp(t *testing.T) {
 	}
 	if _, err := io.ReadFull(c2, b[:]); err != nil || b[0] != 'y' {
 		t.Fatalf("after FreezeOpen and Thaw: read %q, %v; want the echo", b[:], err)
+	}
+	// A connection opened after a FreezeOpen, not thawed, passes: only the
+	// connections open then are held.
+	p.FreezeOpen()
+	c3, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	_ = c3.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c3.Write([]byte("z")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c3, b[:]); err != nil || b[0] != 'z' {
+		t.Fatalf("a connection opened after FreezeOpen: read %q, %v; want the echo", b[:], err)
+	}
+}
+
+// TestProxyFreezeOpenHoldsAConnectionWaitingToBeAccepted: a connection its
+// client has open (the handshake done, in the listen backlog) while the
+// proxy sets up another is held by a FreezeOpen made then, as an open one
+// is. Before, the accept loop set connections up one at a time: the waiting
+// one was taken only after the FreezeOpen and passed as a new one.
+func TestProxyFreezeOpenHoldsAConnectionWaitingToBeAccepted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialed := make(chan struct{}, 2) // a dial of the proxy to the target
+	var served sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); served.Wait() })
+	served.Go(func() { // an echo server that reports each connection
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+			dialed <- struct{}{}
+			served.Go(func() { _, _ = io.Copy(c, c) })
+		}
+	})
+	c2 := make(chan net.Conn, 1)
+	var once sync.Once
+	proxyDialed = func(p *Proxy) {
+		once.Do(func() { // the first connection's set-up
+			c, err := net.Dial("tcp", p.Addr()) // open for its client now
+			if err != nil {
+				t.Error(err)
+				close(c2)
+				return
+			}
+			<-dialed // the first connection's dial
+			select {
+			case <-dialed: // the second one accepted, its set-up under way
+			case <-time.After(2 * time.Second):
+				t.Error("the proxy did not take the second connection while it set up the first")
+			}
+			p.FreezeOpen()
+			c2 <- c
+		})
+	}
+	t.Cleanup(func() { proxyDialed = nil })
+	p := StartProxy(t, ln.Addr().String())
+	c1, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	c, ok := <-c2
+	if !ok {
+		t.FailNow()
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	var b [1]byte
+	if n, err := c.Read(b[:]); err == nil {
+		t.Fatalf("read %q through a connection open before the FreezeOpen", b[:n])
+	} else if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read: %v, want a timeout (held, not closed)", err)
+	}
+	p.Thaw()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != 'y' {
+		t.Fatalf("after Thaw: read %q, %v; want the held echo", b[:], err)
 	}
 }
