@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +37,10 @@ var pgDB struct {
 	name string // the private database; "" if the shared one is used
 	dsn  string
 	err  error
+	// holder is a session on the private database for as long as this
+	// binary runs: it marks the database in use, so that another binary's
+	// sweep (sweepStale) leaves it.
+	holder *pgx.Conn
 }
 
 // postgresDSN returns the DSN of the doctor tests' own database (see pgDB).
@@ -58,19 +59,19 @@ func postgresDSN(t *testing.T) string {
 	return pgDB.dsn
 }
 
-// createDB creates a database beside base's and returns its DSN and name.
-// First it drops the databases that earlier doctor test binaries on this
-// machine left behind (sweepStale).
+// createDB creates a database beside base's and returns its DSN and name,
+// holding a session on it (pgDB.holder) until dropDB. First it drops the
+// doctor test databases that earlier binaries left behind (sweepStale).
 func createDB(base string) (dsn, name string, err error) {
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		return "", "", fmt.Errorf("BERTH_POSTGRES_DSN must be a postgres:// URL for the doctor tests (%q)", base)
 	}
-	name = fmt.Sprintf("%s%d_%s", dbPrefix, os.Getpid(), suffix())
+	name = dbName(time.Now())
 	err = withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-		if loopback(u.Hostname()) {
-			sweepStale(ctx, conn)
-		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a slow sweep leaves the CREATE its time
+		sweepStale(sctx, conn, time.Now())
+		cancel()
 		_, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
 		return err
 	})
@@ -83,21 +84,48 @@ func createDB(base string) (dsn, name string, err error) {
 		return "", "", fmt.Errorf("CREATE DATABASE %s: %w", name, err)
 	}
 	u.Path = "/" + name
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if pgDB.holder, err = pgx.Connect(ctx, u.String()); err != nil {
+		_ = withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+			return err
+		})
+		return "", "", fmt.Errorf("connecting to %s: %w", name, err)
+	}
 	return u.String(), name, nil
 }
 
-// dbPrefix starts the name of every doctor test database; the test
-// binary's process ID and a random suffix follow.
+// dbPrefix starts the name of every doctor test database; the Unix time of
+// its creation and a random suffix follow (dbName).
 const dbPrefix = "berth_doctor_"
 
-// sweepStale drops the doctor test databases whose test binary, a process
-// of this machine, is gone: one killed (SIGKILL, a -timeout panic) before
-// its TestMain dropped its database. A database whose process still runs
-// (another run beside this one) is left alone, and so is one whose name
-// carries no process ID. Failures are reported and ignored: a leftover
-// database costs disk, not correctness.
-func sweepStale(ctx context.Context, conn *pgx.Conn) {
-	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE starts_with(datname, $1)`, dbPrefix)
+// dbName is the name of a doctor test database created at t.
+func dbName(t time.Time) string { return fmt.Sprintf("%s%d_%s", dbPrefix, t.Unix(), suffix()) }
+
+// staleAfter is how old an unused doctor test database must be before a
+// sweep drops it: older than any gap between its CREATE and its holder's
+// connection.
+const staleAfter = 10 * time.Minute
+
+// sweepStale drops, as of now, the doctor test databases that are older
+// than staleAfter and that no session uses: those of test binaries killed
+// (SIGKILL, a -timeout panic) before their TestMain dropped them. A live
+// binary, on this machine or another, in a container or not, keeps a
+// session on its database (pgDB.holder), and DROP DATABASE without FORCE
+// refuses a database in use; a name without a creation time is left
+// alone. Failures are reported and ignored: a leftover database costs
+// disk, not correctness.
+//
+// Liveness is the server's own view, not a process ID: a PID means
+// nothing to a run in another PID namespace or on another machine that
+// uses the same server.
+func sweepStale(ctx context.Context, conn *pgx.Conn, now time.Time) {
+	// Databases with a session are passed over here: a DROP of one in use
+	// waits 5 s before it refuses. One whose session comes after this
+	// query is still refused by the DROP.
+	rows, err := conn.Query(ctx, `SELECT d.datname FROM pg_database d WHERE starts_with(d.datname, $1)
+		AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, dbPrefix)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "doctor tests: listing leftover databases: %v\n", err)
 		return
@@ -108,48 +136,37 @@ func sweepStale(ctx context.Context, conn *pgx.Conn) {
 		return
 	}
 	for _, name := range names {
-		pid, ok := ownerPID(name)
-		if !ok || processAlive(pid) {
+		created, ok := createdAt(name)
+		if !ok || now.Sub(created) < staleAfter {
 			continue
 		}
-		if _, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil {
+		_, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize())
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "55006": // object_in_use: its binary runs
+		case err != nil:
 			fmt.Fprintf(os.Stderr, "doctor tests: dropping leftover database %s: %v\n", name, err)
-			continue
+		default:
+			fmt.Fprintf(os.Stderr, "doctor tests: dropped %s, created %s and used by nobody\n", name, created.UTC().Format(time.RFC3339))
 		}
-		fmt.Fprintf(os.Stderr, "doctor tests: dropped %s, left by test process %d, which is gone\n", name, pid)
 	}
 }
 
-// ownerPID is the process ID in a doctor test database's name.
-func ownerPID(name string) (int, bool) {
+// createdAt is the creation time in a doctor test database's name.
+func createdAt(name string) (time.Time, bool) {
 	rest, ok := strings.CutPrefix(name, dbPrefix)
 	if !ok {
-		return 0, false
+		return time.Time{}, false
 	}
 	digits, _, ok := strings.Cut(rest, "_")
 	if !ok {
-		return 0, false
+		return time.Time{}, false
 	}
-	pid, err := strconv.Atoi(digits)
-	return pid, err == nil && pid > 0
-}
-
-// processAlive reports whether process pid exists on this machine. A
-// process of another user counts (EPERM): it is not ours to judge.
-func processAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
-}
-
-// loopback reports whether host names this machine: only then are the
-// process IDs in database names this machine's. A Unix socket directory
-// ("/var/run/postgresql") or no host at all is local too.
-func loopback(host string) bool {
-	if host == "" || host == "localhost" || strings.HasPrefix(host, "/") {
-		return true
+	sec, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || sec <= 0 {
+		return time.Time{}, false
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return time.Unix(sec, 0), true
 }
 
 // withBase runs f on a connection to the shared database base, which it
@@ -206,6 +223,9 @@ func dropDB() error {
 	if pgDB.name == "" {
 		return nil
 	}
+	if pgDB.holder != nil {
+		_ = pgDB.holder.Close(context.Background())
+	}
 	return withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
 		_, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{pgDB.name}.Sanitize()+` WITH (FORCE)`)
 		return err
@@ -255,24 +275,24 @@ func TestOwnDatabaseIgnoresSharedSnapshots(t *testing.T) {
 	}
 }
 
-// TestSweepDropsDatabasesOfGoneProcesses: the sweep at the doctor tests'
-// start drops a database left by a test binary that is gone (killed before
-// its TestMain could drop it), and leaves one whose process runs and one
-// whose name carries no process ID. Before, a killed binary's database
-// stayed on the server for good.
-func TestSweepDropsDatabasesOfGoneProcesses(t *testing.T) {
+// TestSweepDropsDatabasesNobodyUses: the sweep at the doctor tests' start
+// drops a database older than staleAfter that no session uses (left by a
+// test binary killed before its TestMain could drop it), and leaves one in
+// use (a binary that runs, anywhere), one younger than staleAfter (a binary
+// between its CREATE and its first session) and one whose name carries no
+// creation time. Before, a killed binary's database stayed for good.
+func TestSweepDropsDatabasesNobodyUses(t *testing.T) {
 	postgresDSN(t)
 	if pgDB.name == "" {
 		t.Skip("the server refused to create a database for these tests: nothing to sweep")
 	}
-	gone := exec.Command("true") // a process that has ended: its PID names no process now
-	if err := gone.Run(); err != nil {
-		t.Fatal(err)
-	}
-	dead := fmt.Sprintf("%s%d_%s", dbPrefix, gone.Process.Pid, suffix())
-	alive := fmt.Sprintf("%s%d_%s", dbPrefix, os.Getpid(), suffix())
-	foreign := dbPrefix + "nopid" + suffix()
-	names := []string{dead, alive, foreign}
+	ctx := testCtx(t)
+	now := time.Now()
+	old := now.Add(-2 * staleAfter)
+	stale, inUse := dbName(old), dbName(old)
+	fresh := dbName(now.Add(-staleAfter / 2))
+	foreign := dbPrefix + "notime_" + suffix()
+	names := []string{stale, inUse, fresh, foreign}
 	err := withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
 		for _, name := range names {
 			if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
@@ -292,10 +312,21 @@ func TestSweepDropsDatabasesOfGoneProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	u, err := url.Parse(pgDB.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + inUse
+	user, err := pgx.Connect(ctx, u.String()) // the session of a binary that runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer user.Close(context.Background())
+
 	var left []string
 	err = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-		sweepStale(ctx, conn)
-		rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname = ANY($1) ORDER BY datname`, names)
+		sweepStale(ctx, conn, now)
+		rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname = ANY($1) OR datname = $2 ORDER BY datname`, names, pgDB.name)
 		if err != nil {
 			return err
 		}
@@ -305,13 +336,20 @@ func TestSweepDropsDatabasesOfGoneProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{alive, foreign}
+	want := []string{inUse, fresh, foreign, pgDB.name} // this binary's own: young, and held
 	slices.Sort(want)
 	if !slices.Equal(left, want) {
-		t.Fatalf("after the sweep %q remain, want %q (only the gone process's %s dropped)", left, want, dead)
+		t.Fatalf("after the sweep %q remain, want %q (only the unused old %s dropped)", left, want, stale)
 	}
-	// This binary's own database survives its own sweep (its process runs).
-	if pid, ok := ownerPID(pgDB.name); !ok || pid != os.Getpid() {
-		t.Fatalf("own database %q: owner %d, %v; want this process, %d", pgDB.name, pid, ok, os.Getpid())
+	// Even once old, this binary's own database is in use (its holder).
+	err = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		sweepStale(ctx, conn, now.Add(2*staleAfter))
+		return conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, pgDB.name).Scan(new(int))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgDB.holder.Ping(ctx); err != nil {
+		t.Fatalf("own database after a sweep that judged it old: %v", err)
 	}
 }
