@@ -383,10 +383,11 @@ func (seen *attempts) uncertain(err error) (bool, error) {
 // watchAttempts is a call option that notes in seen the first attempt of
 // the call (the SDK's retries make several) that fails without SQS's answer
 // ([lostAttempt]: a transport failure, an answer cut short, a gateway's 502
-// or 504, the attempt's ctx) and whether one gets SQS's success answer. The call's own error is only its last
-// attempt's, which may be a refusal that says nothing of what an earlier
-// attempt published, or that of a check made after the retry loop (the
-// SDK's MD5 check of the answer), which says nothing of what SQS took.
+// or 504, the attempt's ctx) and whether one gets SQS's success answer.
+// The call's own error is only its last attempt's, which may be a refusal
+// that says nothing of what an earlier attempt published, or that of a
+// check made after the retry loop (the SDK's MD5 check of the answer),
+// which says nothing of what SQS took.
 func watchAttempts(seen *attempts) func(*awssqs.Options) {
 	return awssqs.WithAPIOptions(func(s *middleware.Stack) error {
 		return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthAttemptLost",

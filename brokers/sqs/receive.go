@@ -81,19 +81,31 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 }
 
 // lostAttempt reports whether a failed attempt may have reached SQS and
-// acted (taken messages, published, deleted) with its answer lost: it
-// ended without a status (a cut connection, a timeout, a cancelled long
-// poll), its 2xx answer could not be read (answerCut), or a gateway between
-// answered 502 or 504 (viaGateway: SQS never does, and may have had the
-// request). SQS's own error status means it did nothing. It is the one
-// definition of a lost answer: watchAttempts applies it to every attempt of
-// a receive or a send.
+// acted (taken messages, published) with its answer lost: it ended without
+// SQS's status (a cut connection, a timeout, a cancelled long poll), its
+// 2xx answer could not be read (answerCut), or a gateway between answered
+// 502 or 504 (viaGateway: SQS never does, and may have had the request).
+// SQS's own error status means it did nothing. It is the one definition of
+// a lost answer: watchAttempts applies it to every attempt of a receive or
+// a send.
 func lostAttempt(err error) bool {
 	var re *smithyhttp.ResponseError
-	if errors.As(err, &re) && re.Response != nil && re.Response.Response != nil {
-		return re.Response.StatusCode < 300 || viaGateway(err)
+	if !errors.As(err, &re) || re.Response == nil || re.Response.Response == nil {
+		// No response at all: a failure before the request left (none
+		// reaches watchAttempts' place past signing but a transport one or
+		// the attempt's context) counts only if it is one of those.
+		return isTransport(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 	}
-	return true
+	switch code := re.HTTPStatusCode(); {
+	case code == 0:
+		// smithy's stand-in response for a transport failure or the
+		// attempt's context ending: no status came.
+		return true
+	case code < 300:
+		return true // answerCut: SQS's success answer, unreadable
+	default:
+		return viaGateway(err)
+	}
 }
 
 // message decodes m; a message whose berth attribute does not decode is
