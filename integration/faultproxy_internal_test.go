@@ -56,23 +56,7 @@ func TestProxyFreezeOpenHoldsAConnectionBeingSetUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Write([]byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	// Held bytes never come; 300 ms is ample for an echo on loopback that
-	// is not held (the old code answered in microseconds).
-	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	var b [1]byte
-	if n, err := c.Read(b[:]); err == nil {
-		t.Fatalf("read %q through a connection frozen while it was set up", b[:n])
-	} else if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
-		t.Fatalf("read: %v, want a timeout (held, not closed)", err)
-	}
-	p.Thaw()
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a guard against a hang, not a timing
-	if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != 'x' {
-		t.Fatalf("after Thaw: read %q, %v; want the held echo", b[:], err)
-	}
+	heldUntilThaw(t, p, c, 'x', "a connection frozen while it was set up")
 	// A connection opened after the FreezeOpen's set-up passes at once.
 	c2, err := net.Dial("tcp", p.Addr())
 	if err != nil {
@@ -81,12 +65,9 @@ func TestProxyFreezeOpenHoldsAConnectionBeingSetUp(t *testing.T) {
 	defer c2.Close()
 	p.FreezeOpen() // holds c, and c2 whether open or still being set up
 	p.Thaw()
-	_ = c2.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c2.Write([]byte("y")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c2, b[:]); err != nil || b[0] != 'y' {
-		t.Fatalf("after FreezeOpen and Thaw: read %q, %v; want the echo", b[:], err)
+	_ = c2.SetDeadline(time.Now().Add(10 * time.Second)) // a guard against a hang, not a timing
+	if err := roundTrip(c2, []byte("y")); err != nil {
+		t.Fatalf("after FreezeOpen and Thaw: %v; want the echo", err)
 	}
 	// A connection opened after a FreezeOpen, not thawed, passes: only the
 	// connections open then are held.
@@ -97,11 +78,8 @@ func TestProxyFreezeOpenHoldsAConnectionBeingSetUp(t *testing.T) {
 	}
 	defer c3.Close()
 	_ = c3.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c3.Write([]byte("z")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c3, b[:]); err != nil || b[0] != 'z' {
-		t.Fatalf("a connection opened after FreezeOpen: read %q, %v; want the echo", b[:], err)
+	if err := roundTrip(c3, []byte("z")); err != nil {
+		t.Fatalf("a connection opened after FreezeOpen: %v; want the echo", err)
 	}
 }
 
@@ -167,19 +145,28 @@ func TestProxyFreezeOpenHoldsAConnectionWaitingToBeAccepted(t *testing.T) {
 		t.FailNow()
 	}
 	defer c.Close()
-	if _, err := c.Write([]byte("y")); err != nil {
+	heldUntilThaw(t, p, c, 'y', "a connection open before the FreezeOpen")
+}
+
+// heldUntilThaw writes one byte to c, a connection to p's echo server, and
+// checks that its echo is held (not answered, not closed) until p.Thaw.
+func heldUntilThaw(t *testing.T, p *Proxy, c net.Conn, x byte, what string) {
+	t.Helper()
+	if _, err := c.Write([]byte{x}); err != nil {
 		t.Fatal(err)
 	}
+	// Held bytes never come; 300 ms is ample for an echo on loopback that
+	// is not held (the old code answered in microseconds).
 	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 	var b [1]byte
 	if n, err := c.Read(b[:]); err == nil {
-		t.Fatalf("read %q through a connection open before the FreezeOpen", b[:n])
+		t.Fatalf("read %q through %s", b[:n], what)
 	} else if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("read: %v, want a timeout (held, not closed)", err)
 	}
 	p.Thaw()
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != 'y' {
-		t.Fatalf("after Thaw: read %q, %v; want the held echo", b[:], err)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a guard against a hang, not a timing
+	if _, err := io.ReadFull(c, b[:]); err != nil || b[0] != x {
+		t.Fatalf("after Thaw: read %q, %v; want the held echo %q", b[:], err, x)
 	}
 }
