@@ -87,10 +87,7 @@ func createDB(base string) (dsn, name string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if pgDB.holder, err = pgx.Connect(ctx, u.String()); err != nil {
-		_ = withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
-			return err
-		})
+		_ = forceDrop(base, name)
 		return "", "", fmt.Errorf("connecting to %s: %w", name, err)
 	}
 	return u.String(), name, nil
@@ -231,9 +228,20 @@ func dropDB() error {
 	if pgDB.holder != nil {
 		_ = pgDB.holder.Close(context.Background())
 	}
-	return withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{pgDB.name}.Sanitize()+` WITH (FORCE)`)
-		return err
+	return forceDrop(pgDB.base, pgDB.name)
+}
+
+// forceDrop drops the databases names on base's server, ending their
+// sessions (WITH (FORCE)); it returns the first failure.
+func forceDrop(base string, names ...string) error {
+	return withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		var first error
+		for _, name := range names {
+			if _, err := conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
 	})
 }
 
@@ -314,12 +322,7 @@ func TestSweepDropsDatabasesNobodyUses(t *testing.T) {
 		return nil
 	})
 	t.Cleanup(func() {
-		_ = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-			for _, name := range names {
-				_, _ = conn.Exec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
-			}
-			return nil
-		})
+		_ = forceDrop(pgDB.base, names...)
 	})
 	if err != nil {
 		t.Fatal(err)
