@@ -23,7 +23,7 @@ import (
 // alone (berthbench's SQS table) the emulator's CPU is the cost and fewer,
 // fuller calls win; here the calls in flight together are what counts. The
 // two settings weigh the coalescer's rules against each other (see
-// BENCHMARKS.md, "SQS: sharing calls among single-message callers").
+// BENCHMARKS.md, "Issue 19, 2026-12-04").
 //
 //	.ci/start-sqs && go test -run '^$' -bench PublishCallers -benchtime 2000x ./brokers/sqs/
 func BenchmarkPublishCallers(b *testing.B) {
