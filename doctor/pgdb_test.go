@@ -70,7 +70,7 @@ func createDB(base string) (dsn, name string, err error) {
 	name = dbName(time.Now())
 	err = withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a slow sweep leaves the CREATE its time
-		sweepStale(sctx, conn, time.Now(), nil)
+		sweepStale(sctx, conn, dbPrefix, time.Now(), nil)
 		cancel()
 		_, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
 		return err
@@ -86,11 +86,31 @@ func createDB(base string) (dsn, name string, err error) {
 	u.Path = "/" + name
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if pgDB.holder, err = pgx.Connect(ctx, u.String()); err != nil {
+	if pgDB.holder, err = holdSession(ctx, u.String()); err != nil {
 		_ = forceDrop(base, name)
 		return "", "", fmt.Errorf("connecting to %s: %w", name, err)
 	}
 	return u.String(), name, nil
+}
+
+// holdSession opens the session that marks a doctor test database in use
+// (pgDB.holder) for as long as its binary runs. The session sits idle, so
+// it turns the server's idle_session_timeout off for itself: with one set
+// (PostgreSQL 14 on), the server would end it after that long, and a sweep
+// of another binary could then drop the database under the running tests.
+// A server older than 14 has no such timeout (undefined_object).
+func holdSession(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	_, err = conn.Exec(ctx, `SET idle_session_timeout = 0`)
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42704") {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("turning idle_session_timeout off: %w", err)
+	}
+	return conn, nil
 }
 
 // dbPrefix starts the name of every doctor test database; the Unix time of
@@ -121,13 +141,16 @@ const staleAfter = 10 * time.Minute
 // only, if not nil, limits the sweep to those names: a test that sweeps
 // as of a later time than now must not judge old, and drop, another
 // binary's database between its CREATE and its holder's connection.
-func sweepStale(ctx context.Context, conn *pgx.Conn, now time.Time, only []string) {
+//
+// prefix is dbPrefix for the tests' databases; TestSweepDropsDatabasesNobodyUses
+// sweeps its own timeless ones under a longer prefix (see timelessPrefix).
+func sweepStale(ctx context.Context, conn *pgx.Conn, prefix string, now time.Time, only []string) {
 	// Databases with a session are passed over here: a DROP of one in use
 	// waits 5 s before it refuses. One whose session comes after this
 	// query is still refused by the DROP.
 	rows, err := conn.Query(ctx, `SELECT d.datname FROM pg_database d WHERE starts_with(d.datname, $1)
 		AND ($2::text[] IS NULL OR d.datname = ANY($2))
-		AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, dbPrefix, only)
+		AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)`, prefix, only)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "doctor tests: listing leftover databases: %v\n", err)
 		return
@@ -138,7 +161,7 @@ func sweepStale(ctx context.Context, conn *pgx.Conn, now time.Time, only []strin
 		return
 	}
 	for _, name := range names {
-		created, ok := createdAt(name)
+		created, ok := createdAt(name, prefix)
 		if !ok || now.Sub(created) < staleAfter {
 			continue
 		}
@@ -154,9 +177,10 @@ func sweepStale(ctx context.Context, conn *pgx.Conn, now time.Time, only []strin
 	}
 }
 
-// createdAt is the creation time in a doctor test database's name.
-func createdAt(name string) (time.Time, bool) {
-	rest, ok := strings.CutPrefix(name, dbPrefix)
+// createdAt is the creation time in the name of a doctor test database
+// named prefix, Unix time, "_", suffix.
+func createdAt(name, prefix string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(name, prefix)
 	if !ok {
 		return time.Time{}, false
 	}
@@ -310,10 +334,14 @@ func TestSweepDropsDatabasesNobodyUses(t *testing.T) {
 	later := now.Add(2 * staleAfter) // this binary's own database is old then too
 	stale, inUse, bystander := dbName(now), dbName(now), dbName(now)
 	fresh := dbName(later.Add(-staleAfter / 2))
-	foreign := dbPrefix + "notime_" + suffix()
+	// foreign has no creation time where sweepStale looks for one (after
+	// dbPrefix); it carries one after timelessPrefix, for the sweep below
+	// that drops those of runs of this test killed before their cleanup.
+	foreign := fmt.Sprintf("%s%d_%s", timelessPrefix, now.Unix(), suffix())
 	names := []string{stale, inUse, fresh, foreign, bystander}
 	swept := []string{stale, inUse, fresh, foreign, pgDB.name}
 	err := withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		sweepStale(ctx, conn, timelessPrefix, now, nil) // earlier runs' leftovers
 		for _, name := range names {
 			if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
 				return err
@@ -340,12 +368,8 @@ func TestSweepDropsDatabasesNobodyUses(t *testing.T) {
 
 	var left []string
 	err = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-		sweepStale(ctx, conn, later, swept)
-		rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname = ANY($1) OR datname = $2 ORDER BY datname`, names, pgDB.name)
-		if err != nil {
-			return err
-		}
-		left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		sweepStale(ctx, conn, dbPrefix, later, swept)
+		left, err = existing(ctx, conn, append([]string{pgDB.name}, names...))
 		return err
 	})
 	if err != nil {
@@ -358,5 +382,82 @@ func TestSweepDropsDatabasesNobodyUses(t *testing.T) {
 	}
 	if err := pgDB.holder.Ping(ctx); err != nil {
 		t.Fatalf("own database after a sweep that judged it old: %v", err)
+	}
+
+	// The sweep of timeless databases this test runs first drops foreign
+	// once it is old, as it would a killed run's: leftovers of this test
+	// do not pile up either.
+	err = withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		sweepStale(ctx, conn, timelessPrefix, later, []string{foreign})
+		left, err = existing(ctx, conn, []string{foreign})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 {
+		t.Fatalf("%s, old and unused, left by the sweep of timeless databases", foreign)
+	}
+}
+
+// timelessPrefix names the database of TestSweepDropsDatabasesNobodyUses
+// that has no creation time as the sweep at start-up reads one (see
+// createdAt): its time follows this longer prefix instead.
+const timelessPrefix = dbPrefix + "notime_"
+
+// existing returns those of names that are databases on conn's server,
+// sorted.
+func existing(ctx context.Context, conn *pgx.Conn, names []string) ([]string, error) {
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname = ANY($1) ORDER BY datname`, names)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// TestHolderOutlivesIdleSessionTimeout: the session that marks a doctor test
+// database in use stays while it idles on a server that ends idle sessions
+// (idle_session_timeout). Before, the server ended it, and another binary's
+// sweep could then drop the database under the running tests.
+func TestHolderOutlivesIdleSessionTimeout(t *testing.T) {
+	postgresDSN(t)
+	if pgDB.name == "" {
+		t.Skip("the server refused to create a database for these tests")
+	}
+	ctx := testCtx(t)
+	name := dbName(time.Now())
+	err := withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+			return err
+		}
+		// As a server-wide setting would, for every session on it.
+		_, err := conn.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET idle_session_timeout = '200ms'`)
+		return err
+	})
+	t.Cleanup(func() { _ = forceDrop(pgDB.base, name) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(pgDB.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	plain, err := pgx.Connect(ctx, u.String()) // the check has teeth: this one is ended
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close(context.Background())
+	holder, err := holdSession(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	time.Sleep(time.Second) // five timeouts
+	if err := plain.Ping(ctx); err == nil {
+		t.Fatal("a plain session outlived idle_session_timeout: the server does not end idle sessions, nothing is tested")
+	}
+	if err := holder.Ping(ctx); err != nil {
+		t.Fatalf("holder after idling past idle_session_timeout: %v", err)
 	}
 }
