@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/berthq/berth/brokers/sqs"
@@ -70,19 +69,14 @@ func benchCallers(b *testing.B, k int) {
 // delaySends is an API option that holds every SendMessageBatch for d
 // before it is sent: a network round trip.
 func delaySends(d time.Duration) func(*middleware.Stack) error {
-	return func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthDelaySends",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
-					t := time.NewTimer(d)
-					select {
-					case <-t.C:
-					case <-ctx.Done():
-						t.Stop()
-						return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
-					}
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
+	return onOperation("SendMessageBatch", func(ctx context.Context) error {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	})
 }

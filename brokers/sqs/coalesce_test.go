@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/berthq/berth/brokers/sqs"
@@ -23,18 +22,15 @@ type gate struct {
 func newGate() *gate { return &gate{open: make(chan struct{}), arrived: make(chan struct{}, 100)} }
 
 func (g *gate) option(st *middleware.Stack) error {
-	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthGate",
-		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-			if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
-				g.arrived <- struct{}{}
-				select {
-				case <-g.open:
-				case <-ctx.Done():
-					return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
-				}
-			}
-			return next.HandleInitialize(ctx, in)
-		}), middleware.Before)
+	return onOperation("SendMessageBatch", func(ctx context.Context) error {
+		g.arrived <- struct{}{}
+		select {
+		case <-g.open:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})(st)
 }
 
 // waitQueued waits until n entries wait in b's coalescer.

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
@@ -37,31 +36,27 @@ func newLookupHold(want int64, hold bool) *lookupHold {
 }
 
 func (h *lookupHold) option(st *middleware.Stack) error {
-	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthLookupHold",
-		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-			if awsmiddleware.GetOperationName(ctx) != "GetQueueUrl" {
-				return next.HandleInitialize(ctx, in)
+	return onOperation("GetQueueUrl", func(ctx context.Context) error {
+		n := h.calls.Add(1)
+		if n == 1 {
+			close(h.first)
+		}
+		if n == h.want {
+			close(h.full)
+		}
+		switch {
+		case h.hold && n == 1:
+			<-ctx.Done()
+			return ctx.Err()
+		case !h.hold:
+			select {
+			case <-h.full:
+			case <-time.After(300 * time.Millisecond):
+			case <-ctx.Done():
 			}
-			n := h.calls.Add(1)
-			if n == 1 {
-				close(h.first)
-			}
-			if n == h.want {
-				close(h.full)
-			}
-			switch {
-			case h.hold && n == 1:
-				<-ctx.Done()
-				return middleware.InitializeOutput{}, middleware.Metadata{}, ctx.Err()
-			case !h.hold:
-				select {
-				case <-h.full:
-				case <-time.After(300 * time.Millisecond):
-				case <-ctx.Done():
-				}
-			}
-			return next.HandleInitialize(ctx, in)
-		}), middleware.Before)
+		}
+		return nil
+	})(st)
 }
 
 // TestFirstPublishesShareOneLookup: many goroutines publishing to a queue
@@ -195,15 +190,7 @@ func TestLookupTimeoutIsItsError(t *testing.T) {
 // recovered, not in a goroutine of the broker's, where it would end the
 // process.
 func TestLookupPanicReachesCaller(t *testing.T) {
-	boom := func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthBoom",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) == "GetQueueUrl" {
-					panic("boom")
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
+	boom := onOperation("GetQueueUrl", func(context.Context) error { panic("boom") })
 	b := newBroker(t, sqs.Options{}, boom)
 	got := func() (p any) {
 		defer func() { p = recover() }()

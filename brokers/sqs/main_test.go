@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,6 +111,72 @@ func deleteQueue(t testing.TB, name string) {
 	}
 }
 
+// opStep is where in the SDK's middleware stack an onOperationAt hook runs.
+type opStep int
+
+const (
+	// callStart is the start of the Initialize step: once per operation
+	// call, before the SDK's own initialize middleware (input validation)
+	// and outside its retry loop.
+	callStart opStep = iota
+	// callValidated is the end of the Initialize step: once per operation
+	// call that got past the SDK's initialize middleware, outside its retry
+	// loop.
+	callValidated
+	// eachAttempt is the end of the Finalize step: inside the retry loop,
+	// after signing, so once per HTTP attempt, retries included.
+	eachAttempt
+)
+
+// opHooks numbers onOperationAt's middleware, whose IDs must differ on
+// one stack.
+var opHooks atomic.Int64
+
+// onOperation is an APIOptions entry that runs fn at the start of every
+// call of the SQS operation name ("SendMessageBatch", "GetQueueUrl",
+// "ReceiveMessage"...; "" for every operation): once per call, before
+// the SDK validates its input and before any retry (callStart). A non-nil
+// error from fn ends the call with that error, unsent; nil lets it go on.
+// fn runs on the goroutine making the call, as any middleware of it: it
+// may count, block (giving up when ctx ends), panic or exit the goroutine.
+func onOperation(name string, fn func(ctx context.Context) error) func(*middleware.Stack) error {
+	return onOperationAt(callStart, name, fn)
+}
+
+// onOperationAt is onOperation with fn run at step of the stack instead:
+// eachAttempt runs it once per HTTP attempt, retries included.
+func onOperationAt(step opStep, name string, fn func(ctx context.Context) error) func(*middleware.Stack) error {
+	id := "berthOnOperation" + strconv.FormatInt(opHooks.Add(1), 10)
+	hook := func(ctx context.Context) error {
+		if name != "" && awsmiddleware.GetOperationName(ctx) != name {
+			return nil
+		}
+		return fn(ctx)
+	}
+	return func(st *middleware.Stack) error {
+		if step == eachAttempt {
+			return st.Finalize.Add(middleware.FinalizeMiddlewareFunc(id,
+				func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+					if err := hook(ctx); err != nil {
+						return middleware.FinalizeOutput{}, middleware.Metadata{}, err
+					}
+					return next.HandleFinalize(ctx, in)
+				}), middleware.After)
+		}
+		pos := middleware.Before
+		if step == callValidated {
+			pos = middleware.After
+		}
+		return st.Initialize.Add(middleware.InitializeMiddlewareFunc(id,
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				if err := hook(ctx); err != nil {
+					return middleware.InitializeOutput{}, middleware.Metadata{}, err
+				}
+				return next.HandleInitialize(ctx, in)
+			}), pos)
+	}
+}
+
 // calls counts SQS API operations by name, through the SDK's middleware
 // stack: one per operation call, whatever its HTTP retries.
 type calls struct {
@@ -121,23 +189,23 @@ func newCalls() *calls { return &calls{n: map[string]int{}} }
 // option is the APIOptions entry that counts into c: operations by name,
 // and HTTP attempts (retries included) under "attempts".
 func (c *calls) option(st *middleware.Stack) error {
-	err := st.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthCountAttempts",
-		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
-			c.mu.Lock()
-			c.n["attempts"]++
-			c.mu.Unlock()
-			return next.HandleFinalize(ctx, in)
-		}), middleware.After)
-	if err != nil {
+	if err := onOperationAt(eachAttempt, "", func(context.Context) error {
+		c.add("attempts")
+		return nil
+	})(st); err != nil {
 		return err
 	}
-	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthCountCalls",
-		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-			c.mu.Lock()
-			c.n[awsmiddleware.GetOperationName(ctx)]++
-			c.mu.Unlock()
-			return next.HandleInitialize(ctx, in)
-		}), middleware.After)
+	return onOperationAt(callValidated, "", func(ctx context.Context) error {
+		c.add(awsmiddleware.GetOperationName(ctx))
+		return nil
+	})(st)
+}
+
+// add counts one under key.
+func (c *calls) add(key string) {
+	c.mu.Lock()
+	c.n[key]++
+	c.mu.Unlock()
 }
 
 // get returns the count of operation op.

@@ -63,35 +63,26 @@ func TestSharedSendPanicWithdrawsCallersEntries(t *testing.T) {
 	releaseF, releaseH := make(chan struct{}), make(chan struct{})
 	arrived := make(chan struct{}, 2)
 	var n atomic.Int32
-	boom := func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthSendBoom",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
-					hold := func(release chan struct{}) error {
-						arrived <- struct{}{}
-						select {
-						case <-release:
-							return nil
-						case <-ctx.Done():
-							return ctx.Err()
-						}
-					}
-					var err error
-					switch n.Add(1) {
-					case 1:
-						err = hold(releaseF)
-					case 2:
-						err = hold(releaseH)
-					case 3:
-						panic("boom")
-					}
-					if err != nil {
-						return middleware.InitializeOutput{}, middleware.Metadata{}, err
-					}
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
+	boom := onOperation("SendMessageBatch", func(ctx context.Context) error {
+		hold := func(release chan struct{}) error {
+			arrived <- struct{}{}
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		switch n.Add(1) {
+		case 1:
+			return hold(releaseF)
+		case 2:
+			return hold(releaseH)
+		case 3:
+			panic("boom")
+		}
+		return nil
+	})
 	b := newBroker(t, sqs.Options{PublishSenders: 2}, boom)
 	q := declare(t, b, "sendpanicw", false, sqs.QueueConfig{})
 	ctx := testCtx(t)
@@ -159,15 +150,12 @@ func TestChunkPanicReachesCaller(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var n atomic.Int32
-			end := func(st *middleware.Stack) error {
-				return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthChunkEnd",
-					func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-						if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" && n.Add(1) == 1 {
-							tc.end()
-						}
-						return next.HandleInitialize(ctx, in)
-					}), middleware.Before)
-			}
+			end := onOperation("SendMessageBatch", func(context.Context) error {
+				if n.Add(1) == 1 {
+					tc.end()
+				}
+				return nil
+			})
 			b := newBroker(t, sqs.Options{}, end)
 			q := declare(t, b, "chunkpanic", false, sqs.QueueConfig{})
 			ctx := testCtx(t)
@@ -219,15 +207,12 @@ func TestChunkPanicReachesCaller(t *testing.T) {
 // 30 s by default), and a scan right after could not see them.
 func TestRedrivePanicReleasesHeldLetters(t *testing.T) {
 	var armed atomic.Bool
-	boom := func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthRedriveBoom",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" && armed.Load() {
-					panic("boom")
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
+	boom := onOperation("SendMessageBatch", func(context.Context) error {
+		if armed.Load() {
+			panic("boom")
+		}
+		return nil
+	})
 	b := newBroker(t, fastOptions(), boom)
 	sqs.SetScanLimits(b, 10*time.Minute, 10000)
 	q := declare(t, b, "redrivepanic", false, sqs.QueueConfig{})
@@ -264,38 +249,31 @@ func TestRedrivePanicReleasesHeldLetters(t *testing.T) {
 func TestChunkPanicStopsFurtherChunks(t *testing.T) {
 	release, allIn := make(chan struct{}), make(chan struct{})
 	var n atomic.Int32
-	boom := func(st *middleware.Stack) error {
-		return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthChunkStop",
-			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
-				if awsmiddleware.GetOperationName(ctx) == "SendMessageBatch" {
-					k := n.Add(1)
-					if k == 10 {
-						close(allIn)
-					}
-					hold := func(c chan struct{}) error {
-						select {
-						case <-c:
-							return nil
-						case <-ctx.Done():
-							return ctx.Err()
-						}
-					}
-					var err error
-					switch {
-					case k == 1: // once the ten are all in flight
-						if err = hold(allIn); err == nil {
-							panic("boom")
-						}
-					case k <= 10:
-						err = hold(release)
-					}
-					if err != nil {
-						return middleware.InitializeOutput{}, middleware.Metadata{}, err
-					}
-				}
-				return next.HandleInitialize(ctx, in)
-			}), middleware.Before)
-	}
+	boom := onOperation("SendMessageBatch", func(ctx context.Context) error {
+		k := n.Add(1)
+		if k == 10 {
+			close(allIn)
+		}
+		hold := func(c chan struct{}) error {
+			select {
+			case <-c:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		switch {
+		case k == 1: // once the ten are all in flight
+			err := hold(allIn)
+			if err == nil {
+				panic("boom")
+			}
+			return err
+		case k <= 10:
+			return hold(release)
+		}
+		return nil
+	})
 	b := newBroker(t, sqs.Options{}, boom)
 	q := declare(t, b, "chunkstop", false, sqs.QueueConfig{})
 	ctx := testCtx(t)
