@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -364,15 +363,7 @@ func (r *billingRun) killChildAfter(after int) int {
 	cmd.Env = append(cmd.Env, r.ep.env()...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	child, out := StartChildStdout(t, cmd) // killed below; not beyond this test
-	lines := make(chan string)
-	go func() { // ends when the child dies: drained below
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
+	child, lines := StartChildLines(t, cmd) // killed below; not beyond this test
 	committed := 0
 	timeout := time.After(60 * time.Second)
 wait:
@@ -390,8 +381,6 @@ wait:
 		}
 	}
 	_ = child.Cmd.Process.Signal(syscall.SIGKILL)
-	for range lines { // drain what the child wrote before it died
-	}
 	err := child.Wait()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"io"
 	"os"
 	"os/exec"
@@ -53,6 +54,68 @@ func StartChild(t testing.TB, cmd *exec.Cmd) *Child {
 // the test's cleanup closes it. Read it as long as the child runs: a
 // child that fills the pipe blocks.
 func StartChildStdout(t testing.TB, cmd *exec.Cmd) (*Child, io.Reader) {
+	t.Helper()
+	return startChildStdout(t, cmd)
+}
+
+// StartChildLines is [StartChildStdout] with the child's standard output
+// read line by line on a goroutine of its own: each line, without its
+// newline, is sent on the returned channel, which is closed when the
+// output ends: at EOF, once the child has exited or been killed. The test
+// reads the lines it needs, and may stop at any point; a child that goes on
+// writing then blocks once the pipe is full (64 KiB on Linux), so a test
+// stops reading only a child it is about to kill or that has little left
+// to say.
+//
+// A line longer than [bufio.MaxScanTokenSize], or a read error, fails the
+// test (t.Errorf) and ends the lines: the channel is closed, and what the
+// child writes after it is read and discarded, so that the child never
+// blocks on a full pipe.
+//
+// The goroutine is owned by the test: its cleanup kills the child, closes
+// the pipe and waits for the goroutine to end, so none outlives the test,
+// even one whose lines were never all read.
+func StartChildLines(t testing.TB, cmd *exec.Cmd) (*Child, <-chan string) {
+	t.Helper()
+	c, out := startChildStdout(t, cmd)
+	lines := make(chan string)
+	stop := make(chan struct{}) // closed by the cleanup: nobody reads any more
+	done := make(chan struct{}) // closed when the goroutine has ended
+	go func() {                 // owned by the cleanup below, which ends it and waits for it
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-stop:
+				close(lines)
+				return
+			}
+		}
+		if err := sc.Err(); err != nil {
+			select {
+			case <-stop: // the cleanup closed the pipe: no fault of the child's
+			default:
+				t.Errorf("%s: reading its standard output: %v", cmd.Path, err)
+			}
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, out) // after a scan error: up to EOF
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		_ = c.Kill()
+		// A process the child started could still hold the pipe open:
+		// closing the read end ends the goroutine's read all the same.
+		out.Close()
+		<-done
+	})
+	return c, lines
+}
+
+// startChildStdout is [StartChildStdout], returning the pipe's read end
+// as the *os.File it is.
+func startChildStdout(t testing.TB, cmd *exec.Cmd) (*Child, *os.File) {
 	t.Helper()
 	if cmd.Stdout != nil {
 		t.Fatal("StartChildStdout: cmd.Stdout already set")

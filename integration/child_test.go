@@ -1,12 +1,19 @@
 package integration
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"os/exec"
+	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // killedBySIGKILL reports whether err is cmd.Wait's for a death by SIGKILL.
@@ -47,6 +54,20 @@ func TestStartChildDiesWithItsTest(t *testing.T) {
 	}
 }
 
+// exitsCleanly fails the test, with the message stuck, unless c exits
+// within 30 seconds (a guard, not a measure), and unless it exits 0.
+func exitsCleanly(t *testing.T, c *Child, stuck string) {
+	t.Helper()
+	select {
+	case <-c.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal(stuck)
+	}
+	if err := c.Wait(); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+}
+
 // TestStartChildKillTwice: Kill, Wait and the cleanup may all come after
 // one another and give the same answer.
 func TestStartChildKillTwice(t *testing.T) {
@@ -67,16 +88,101 @@ func TestStartChildKillTwice(t *testing.T) {
 // is still read after Wait, which cmd.StdoutPipe would have closed.
 func TestStartChildStdoutOutlivesWait(t *testing.T) {
 	c, out := StartChildStdout(t, exec.Command("sh", "-c", "echo one; echo two"))
-	select {
-	case <-c.Done():
-	case <-time.After(30 * time.Second): // a guard, not a measure
-		t.Fatal("sh did not exit")
-	}
-	if err := c.Wait(); err != nil {
-		t.Fatalf("Wait: %v", err)
-	}
+	exitsCleanly(t, c, "sh did not exit")
 	b, err := io.ReadAll(out)
 	if err != nil || string(b) != "one\ntwo\n" {
 		t.Fatalf("read %q, %v; want \"one\\ntwo\\n\"", b, err)
 	}
+}
+
+// TestStartChildLinesInOrder: every line the child wrote arrives, in
+// order and without its newline, the last one too when it has none, and
+// the channel is closed at EOF, once the child has exited.
+func TestStartChildLinesInOrder(t *testing.T) {
+	c, lines := StartChildLines(t, exec.Command("sh", "-c", "seq 1 2000; printf last"))
+	var got []string
+	timeout := time.After(30 * time.Second) // a guard, not a measure
+	for done := false; !done; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				done = true
+				break
+			}
+			got = append(got, l)
+		case <-timeout:
+			t.Fatalf("the lines were not closed; %d read", len(got))
+		}
+	}
+	var want []string
+	for i := range 2000 {
+		want = append(want, fmt.Sprint(i+1))
+	}
+	if want = append(want, "last"); !slices.Equal(got, want) {
+		t.Errorf("read %d lines, want %d: 1 to 2000 and \"last\", in order", len(got), len(want))
+	}
+	if err := c.Wait(); err != nil {
+		t.Errorf("Wait: %v", err)
+	}
+}
+
+// errorRecorder is a testing.TB whose Errorf records, rather than fails.
+type errorRecorder struct {
+	testing.TB
+	mu   sync.Mutex
+	errs []string
+}
+
+func (r *errorRecorder) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// TestStartChildLinesLongLine: a line longer than the scanner takes fails
+// the test, with the scanner's error, and ends the lines; what follows it
+// is read and dropped, so the child, which writes more than a pipe holds,
+// does not block but exits.
+func TestStartChildLinesLongLine(t *testing.T) {
+	rec := &errorRecorder{TB: t}
+	long := bufio.MaxScanTokenSize + 1
+	script := fmt.Sprintf("echo first; head -c %d /dev/zero | tr '\\0' x; echo; head -c 200000 /dev/zero; echo after", long)
+	c, lines := StartChildLines(rec, exec.Command("sh", "-c", script))
+	var got []string
+	for l := range lines {
+		got = append(got, l)
+	}
+	if !slices.Equal(got, []string{"first"}) {
+		t.Errorf("read %q before the end, want only \"first\"", got)
+	}
+	exitsCleanly(t, c, "the child did not exit: is the rest of its output read?")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], bufio.ErrTooLong.Error()) {
+		t.Errorf("errors %q, want one with %q", rec.errs, bufio.ErrTooLong)
+	}
+}
+
+// TestStartChildLinesNoLeak: a test that reads one line of a child that
+// writes more and never exits leaves no goroutine behind: its cleanup
+// kills the child and ends the reader, which was blocked on a send.
+func TestStartChildLinesNoLeak(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	var c *Child
+	t.Run("sub", func(t *testing.T) {
+		var lines <-chan string
+		c, lines = StartChildLines(t, exec.Command("sh", "-c", "echo one; echo two; echo three; exec sleep 60"))
+		select {
+		case l := <-lines:
+			if l != "one" {
+				t.Errorf("first line %q, want \"one\"", l)
+			}
+		case <-time.After(30 * time.Second): // a guard, not a measure
+			t.Fatal("no line from the child")
+		}
+	})
+	if err := c.Wait(); !killedBySIGKILL(err) {
+		t.Errorf("Wait = %v, want a death by SIGKILL", err)
+	}
+	goleak.VerifyNone(t, before)
 }

@@ -1,10 +1,8 @@
 package ledger_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -90,19 +88,11 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 	cmd.Stderr = os.Stderr
 	// The child hangs in its handler until killed: not beyond this test
 	// (a t.Fatal before the SIGKILL below), nor beyond this process.
-	child, out := integration.StartChildStdout(t, cmd)
-	lines := make(chan []string, 16)
-	go func() { // ends when the child dies
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- strings.Fields(sc.Text())
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
+	child, lines := integration.StartChildLines(t, cmd)
 	var worker string // the child's ledger worker ID
 	select {
-	case f := <-lines:
+	case l := <-lines:
+		f := strings.Fields(l)
 		if len(f) != 4 || f[0] != "STARTED" || f[1] != m.ID || f[2] != "1" {
 			t.Fatalf("child said %q, want STARTED %s 1 <worker>", f, m.ID)
 		}
@@ -118,8 +108,6 @@ func TestCrashedWorkerRabbitMQ(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = child.Wait()
-	for range lines {
-	}
 
 	startWorker(t, e, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }), sdk.WorkerOptions{})
 	j = waitJob(t, ctx, store, m.ID, "succeeded after the crash", func(j *ledger.Job) bool { return j.Status == ledger.StatusSucceeded })

@@ -1,11 +1,9 @@
 package postgres_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -84,35 +82,29 @@ func killChildAt(t *testing.T, mode, schema, queue string, count int, marker str
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "BERTH_POSTGRES_DSN="+integration.PostgresDSN(t),
 		"BERTH_PG_SCHEMA="+schema, "BERTH_PG_QUEUE="+queue, "BERTH_PG_COUNT="+strconv.Itoa(count), "BERTH_PG_LEASE=1s")
 	cmd.Stderr = os.Stderr
-	child, stdout := integration.StartChildStdout(t, cmd) // it sleeps an hour: not beyond this test
-	lines := make(chan []string, 1)
-	go func() { // ends when the child dies: killed below, or by the cleanup after a t.Fatal
-		defer close(lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), marker+" "); ok {
-				lines <- strings.Fields(rest)
-				break
-			}
-			t.Logf("child: %s", sc.Text())
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
+	child, lines := integration.StartChildLines(t, cmd) // it sleeps an hour: not beyond this test
 	var ids []string
-	select {
-	case ids = <-lines:
-	case <-time.After(30 * time.Second):
-		_ = child.Kill()
-		for range lines { // the reader logs: it must end before the test does
+	timeout := time.After(30 * time.Second)
+scan:
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok { // the child exited: ids stays nil
+				break scan
+			}
+			if rest, ok := strings.CutPrefix(l, marker+" "); ok {
+				ids = strings.Fields(rest)
+				break scan
+			}
+			t.Logf("child: %s", l)
+		case <-timeout:
+			t.Fatalf("child %s never printed %s", mode, marker)
 		}
-		t.Fatalf("child %s never printed %s", mode, marker)
 	}
 	if err := child.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = child.Wait()
-	for range lines {
-	}
 	return ids
 }
 

@@ -1,7 +1,6 @@
 package pgstore_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -223,14 +222,12 @@ func killChildAt(t *testing.T, e *env, role, marker, key string) {
 	// inside its open transaction (row locks held, its Worker extending the
 	// lease): it must not outlive this test, nor this process if it dies
 	// (a -timeout panic runs no cleanup).
-	child, out := integration.StartChildStdout(t, cmd)
-	// A child that never reaches its marker is killed, which ends the scan.
+	child, lines := integration.StartChildLines(t, cmd)
+	// A child that never reaches its marker is killed, which ends the lines.
 	stuck := time.AfterFunc(time.Minute, func() { _ = cmd.Process.Kill() })
 	defer stuck.Stop()
-	sc := bufio.NewScanner(out)
 	seen := false
-	for sc.Scan() {
-		line := sc.Text()
+	for line := range lines {
 		if strings.HasPrefix(line, "ERR") {
 			t.Fatalf("child: %s", line)
 		}
