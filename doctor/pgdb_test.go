@@ -98,19 +98,29 @@ func createDB(base string) (dsn, name string, err error) {
 // it turns the server's idle_session_timeout off for itself: with one set
 // (PostgreSQL 14 on), the server would end it after that long, and a sweep
 // of another binary could then drop the database under the running tests.
-// A server older than 14 has no such timeout (undefined_object).
+// The setting goes in the start-up packet, not in a SET after connecting,
+// which a short timeout can beat. A server older than 14, which has no such
+// timeout, refuses the setting (undefined_object): the session is opened
+// without it.
 func holdSession(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
-	_, err = conn.Exec(ctx, `SET idle_session_timeout = 0`)
-	var pgErr *pgconn.PgError
-	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42704") {
-		_ = conn.Close(context.Background())
-		return nil, fmt.Errorf("turning idle_session_timeout off: %w", err)
+	cfg.RuntimeParams["idle_session_timeout"] = "0"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if undefinedObject(err) {
+		delete(cfg.RuntimeParams, "idle_session_timeout")
+		conn, err = pgx.ConnectConfig(ctx, cfg)
 	}
-	return conn, nil
+	return conn, err
+}
+
+// undefinedObject reports whether err is PostgreSQL's undefined_object, its
+// answer to a setting it does not have.
+func undefinedObject(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42704"
 }
 
 // dbPrefix starts the name of every doctor test database; the Unix time of
@@ -417,47 +427,75 @@ func existing(ctx context.Context, conn *pgx.Conn, names []string) ([]string, er
 
 // TestHolderOutlivesIdleSessionTimeout: the session that marks a doctor test
 // database in use stays while it idles on a server that ends idle sessions
-// (idle_session_timeout). Before, the server ended it, and another binary's
-// sweep could then drop the database under the running tests.
+// (idle_session_timeout), however short the timeout. Before, the server
+// ended it, and another binary's sweep could then drop the database under
+// the running tests; and a SET sent after connecting could be beaten by a
+// short timeout.
 func TestHolderOutlivesIdleSessionTimeout(t *testing.T) {
 	postgresDSN(t)
 	if pgDB.name == "" {
 		t.Skip("the server refused to create a database for these tests")
 	}
 	ctx := testCtx(t)
-	name := dbName(time.Now())
-	err := withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
-		if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+	idleFor := func(t *testing.T, timeout string) string {
+		name := dbName(time.Now())
+		err := withBase(pgDB.base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+			if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize()); err != nil {
+				return err
+			}
+			// As a server-wide setting would, for every session on it.
+			_, err := conn.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET idle_session_timeout = '`+timeout+`'`)
 			return err
+		})
+		t.Cleanup(func() { _ = forceDrop(pgDB.base, name) })
+		if undefinedObject(err) {
+			t.Skip("the server has no idle_session_timeout (PostgreSQL before 14)")
 		}
-		// As a server-wide setting would, for every session on it.
-		_, err := conn.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{name}.Sanitize()+` SET idle_session_timeout = '200ms'`)
-		return err
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := url.Parse(pgDB.base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Path = "/" + name
+		return u.String()
+	}
+
+	t.Run("idle", func(t *testing.T) {
+		dsn := idleFor(t, "200ms")
+		plain, err := pgx.Connect(ctx, dsn) // the check has teeth: this one is ended
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer plain.Close(context.Background())
+		holder, err := holdSession(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Close(context.Background())
+		time.Sleep(time.Second) // five timeouts
+		if err := plain.Ping(ctx); err == nil {
+			t.Fatal("a plain session outlived idle_session_timeout: the server does not end idle sessions, nothing is tested")
+		}
+		if err := holder.Ping(ctx); err != nil {
+			t.Fatalf("holder after idling past idle_session_timeout: %v", err)
+		}
 	})
-	t.Cleanup(func() { _ = forceDrop(pgDB.base, name) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(pgDB.base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	plain, err := pgx.Connect(ctx, u.String()) // the check has teeth: this one is ended
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close(context.Background())
-	holder, err := holdSession(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	time.Sleep(time.Second) // five timeouts
-	if err := plain.Ping(ctx); err == nil {
-		t.Fatal("a plain session outlived idle_session_timeout: the server does not end idle sessions, nothing is tested")
-	}
-	if err := holder.Ping(ctx); err != nil {
-		t.Fatalf("holder after idling past idle_session_timeout: %v", err)
-	}
+	t.Run("opening", func(t *testing.T) {
+		// A millisecond: a session that turned it off only once connected
+		// was ended before its SET in a few openings of fifty.
+		dsn := idleFor(t, "1ms")
+		for i := range 50 {
+			holder, err := holdSession(ctx, dsn)
+			if err != nil {
+				t.Fatalf("opening %d: %v", i, err)
+			}
+			err = holder.Ping(ctx)
+			_ = holder.Close(context.Background())
+			if err != nil {
+				t.Fatalf("opening %d: %v", i, err)
+			}
+		}
+	})
 }
