@@ -7,8 +7,10 @@ import (
 	"io"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -185,4 +187,48 @@ func TestStartChildLinesNoLeak(t *testing.T) {
 		t.Errorf("Wait = %v, want a death by SIGKILL", err)
 	}
 	goleak.VerifyNone(t, before)
+}
+
+// TestStartChildLinesGrandchildHoldsThePipe: a process the child started
+// that keeps the pipe's write end open does not hold up the test's
+// cleanup, which closes the read end and so ends the reader blocked in
+// Read; and that closing is reported as no fault of the child's.
+func TestStartChildLinesGrandchildHoldsThePipe(t *testing.T) {
+	var grandchild atomic.Int64
+	t.Cleanup(func() {
+		if pid := grandchild.Load(); pid > 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGKILL)
+		}
+	})
+	var rec *errorRecorder
+	ran := make(chan struct{})
+	go func() { // waited for below, or ended by killing the grandchild
+		defer close(ran)
+		t.Run("sub", func(st *testing.T) {
+			rec = &errorRecorder{TB: st}
+			_, lines := StartChildLines(rec, exec.Command("sh", "-c", "sleep 60 & echo $!; echo ready; exec sleep 60"))
+			pid, err := strconv.Atoi(<-lines)
+			if err != nil {
+				st.Fatalf("the grandchild's PID: %v", err)
+			}
+			grandchild.Store(int64(pid))
+			if l := <-lines; l != "ready" {
+				st.Fatalf("second line %q, want \"ready\"", l)
+			}
+		})
+	}()
+	select {
+	case <-ran:
+	case <-time.After(30 * time.Second): // a guard, not a measure: the grandchild sleeps 60 s
+		if pid := grandchild.Load(); pid > 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGKILL)
+		}
+		<-ran
+		t.Fatal("the cleanup waited for the grandchild that holds the pipe")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.errs) > 0 {
+		t.Errorf("closing the pipe at the cleanup was reported: %q", rec.errs)
+	}
 }
