@@ -50,23 +50,15 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	out := bufio.NewScanner(stdout)
+	child, lines := integration.StartChildLines(t, cmd) // dies with this test, and with this process
 	line := func() string {
-		for out.Scan() {
-			if s := out.Text(); strings.HasPrefix(s, "CHILD ") {
-				return strings.TrimPrefix(s, "CHILD ")
+		for l := range lines {
+			if s, ok := strings.CutPrefix(l, "CHILD "); ok {
+				return s
 			}
 		}
-		t.Fatalf("child exited early: %v", out.Err())
+		t.Fatal("child exited early")
 		return ""
 	}
 	var childToken int64
@@ -116,7 +108,7 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 	if got := line(); got != "REFUSED" {
 		t.Errorf("paused holder's write: %s, want REFUSED", got)
 	}
-	if err := cmd.Wait(); err != nil {
+	if err := child.Wait(); err != nil {
 		t.Errorf("child: %v", err)
 	}
 	var balance, token int64

@@ -5,8 +5,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Child is a process started by [StartChild] or [StartChildStdout]: one
@@ -111,6 +113,35 @@ func StartChildLines(t testing.TB, cmd *exec.Cmd) (*Child, <-chan string) {
 		<-done
 	})
 	return c, lines
+}
+
+// NextFields returns the fields of the next line on lines (from
+// [StartChildLines]) that has any, or nil once lines is closed: the child
+// exited. A line whose first field is ERROR fails the test with it, as
+// does timeout passing with no such line: the marker protocol of the
+// brokers' fault-test children.
+func NextFields(t testing.TB, lines <-chan string, timeout time.Duration) []string {
+	t.Helper()
+	expired := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return nil
+			}
+			f := strings.Fields(l)
+			if len(f) == 0 {
+				continue
+			}
+			if f[0] == "ERROR" {
+				t.Fatalf("child: %s", strings.Join(f, " "))
+			}
+			return f
+		case <-expired:
+			t.Fatalf("child said nothing for %s", timeout)
+			return nil
+		}
+	}
 }
 
 // startChildStdout is [StartChildStdout], returning the pipe's read end

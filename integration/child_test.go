@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -230,5 +231,53 @@ func TestStartChildLinesGrandchildHoldsThePipe(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.errs) > 0 {
 		t.Errorf("closing the pipe at the cleanup was reported: %q", rec.errs)
+	}
+}
+
+// fatalRecorder is a testing.TB whose Fatalf records and ends its
+// goroutine, as the real one does, without failing the test.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestNextFields: the fields of the next line with any (blank lines
+// skipped), nil once the lines end; an ERROR line, or no line within the
+// timeout, fails the test.
+func TestNextFields(t *testing.T) {
+	lines := make(chan string, 4)
+	lines <- ""
+	lines <- "  "
+	lines <- "READY a b"
+	close(lines)
+	if got := NextFields(t, lines, 30*time.Second); !slices.Equal(got, []string{"READY", "a", "b"}) {
+		t.Errorf("NextFields = %q, want [READY a b]", got)
+	}
+	if got := NextFields(t, lines, 30*time.Second); got != nil {
+		t.Errorf("NextFields after the end = %q, want nil", got)
+	}
+
+	fails := func(lines <-chan string, timeout time.Duration) string {
+		rec := &fatalRecorder{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			NextFields(rec, lines, timeout)
+		}()
+		<-done
+		return rec.msg
+	}
+	errLine := make(chan string, 1)
+	errLine <- "ERROR the broker refused"
+	if msg := fails(errLine, 30*time.Second); msg != "child: ERROR the broker refused" {
+		t.Errorf("an ERROR line: Fatalf %q, want the line", msg)
+	}
+	if msg := fails(make(chan string), time.Millisecond); !strings.Contains(msg, "said nothing") {
+		t.Errorf("no line: Fatalf %q, want a timeout", msg)
 	}
 }

@@ -72,13 +72,7 @@ func privateServer(t *testing.T, user, pass string) (string, *tls.Config) {
 	_ = ln.Close()
 	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(dir, "js"),
 		"--tls", "--tlscert", certFile, "--tlskey", keyFile, "--user", user, "--pass", pass)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
+	integration.StartChild(t, cmd) // a private server: it dies with this test, and with this process
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
 			_ = c.Close()

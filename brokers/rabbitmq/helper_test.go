@@ -1,21 +1,19 @@
 package rabbitmq
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -98,67 +96,34 @@ func helperProcess(role string) {
 	os.Exit(0)
 }
 
-// child is a running helper process.
+// child is a running helper process; it dies with its test (and with
+// this process).
 type child struct {
-	cmd   *exec.Cmd
-	lines chan []string // marker lines, split into fields; closed at exit
+	*integration.Child
+	lines <-chan string // its output lines; closed at exit
 }
 
+// startChild runs this test binary as a helper in role, on queue.
 func startChild(t *testing.T, role, url, queue string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+role, helperURL+"="+url, helperQueue+"="+queue)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, lines: make(chan []string, 1024)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(c.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if f := strings.Fields(sc.Text()); len(f) > 0 {
-				c.lines <- f
-			}
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-		_ = cmd.Wait()
-	})
-	return c
+	c, lines := integration.StartChildLines(t, cmd)
+	return &child{Child: c, lines: lines}
 }
 
-// next returns the child's next marker line, or nil when it exited.
+// next returns the child's next marker line split into fields, or nil
+// when it exited (see integration.NextFields).
 func (c *child) next(t *testing.T, timeout time.Duration) []string {
 	t.Helper()
-	select {
-	case f, ok := <-c.lines:
-		if !ok {
-			return nil
-		}
-		if f[0] == "ERROR" {
-			t.Fatalf("child: %s", strings.Join(f, " "))
-		}
-		return f
-	case <-time.After(timeout):
-		t.Fatalf("child said nothing for %s", timeout)
-		return nil
-	}
+	return integration.NextFields(t, c.lines, timeout)
 }
 
 func (c *child) kill(t *testing.T) {
 	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := c.Cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		t.Fatalf("SIGKILL: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package sqs_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -97,44 +96,30 @@ func TestCrashedConsumer(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperRole+"=consumer", helperQueue+"="+q,
 		"BERTH_SQS_ENDPOINT="+integration.SQSEndpoint(t))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
-				lines <- rest
-				return
-			}
-		}
-	}()
+	// Killed below, or by the cleanup after a t.Fatal; not beyond this
+	// process either.
+	child, lines := integration.StartChildLines(t, cmd)
 	var ready string
-	select {
-	case l, ok := <-lines:
-		if !ok {
-			_ = cmd.Wait()
-			t.Fatal("the consumer exited before it was ready")
+wait:
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the consumer exited before it was ready")
+			}
+			if rest, ok := strings.CutPrefix(l, "READY "); ok {
+				ready = rest
+				break wait
+			}
+		case <-ctx.Done():
+			t.Fatal("the consumer never got ready")
 		}
-		ready = l
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal("the consumer never got ready")
 	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no Close, no flush
+	if err := child.Cmd.Process.Kill(); err != nil { // SIGKILL: no Close, no flush
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
-	for range lines { // the reader ends with the pipe
-	}
+	_ = child.Wait()
 
 	flushed := map[string]bool{}
 	for _, id := range strings.Split(ready, ",") {
