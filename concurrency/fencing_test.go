@@ -62,8 +62,9 @@ func TestPausedLockHolderIsFenced(t *testing.T) {
 		return ""
 	}
 	var childToken int64
-	if _, err := fmt.Sscanf(line(), "LOCKED %d", &childToken); err != nil {
-		t.Fatal(err)
+	said := line()
+	if _, err := fmt.Sscanf(said, "LOCKED %d", &childToken); err != nil {
+		t.Fatalf("child said %q, want LOCKED <token>: %v", said, err)
 	}
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)

@@ -72,11 +72,16 @@ func privateServer(t *testing.T, user, pass string) (string, *tls.Config) {
 	_ = ln.Close()
 	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", filepath.Join(dir, "js"),
 		"--tls", "--tlscert", certFile, "--tlskey", keyFile, "--user", user, "--pass", pass)
-	integration.StartChild(t, cmd) // a private server: it dies with this test, and with this process
+	srv := integration.StartChild(t, cmd) // a private server: it dies with this test, and with this process
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
 			_ = c.Close()
 			break
+		}
+		select {
+		case <-srv.Done(): // a bad flag, the port taken meanwhile: its stderr says which
+			t.Fatalf("private nats-server exited: %v", srv.Wait())
+		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("private nats-server did not start")

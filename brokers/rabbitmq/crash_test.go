@@ -30,7 +30,13 @@ func TestWorkerKilledMidBatch(t *testing.T) {
 
 	c := startChild(t, "hold", url, q, helperHold+"="+strconv.Itoa(batch))
 	acked, held := map[string]bool{}, map[string]bool{}
-	for f := c.next(t, 30*time.Second); f[0] != "READY"; f = c.next(t, 30*time.Second) {
+	for f := c.next(t, 30*time.Second); ; f = c.next(t, 30*time.Second) {
+		if f == nil {
+			t.Fatal("the child exited before READY")
+		}
+		if f[0] == "READY" {
+			break
+		}
 		switch f[0] {
 		case "ACKED":
 			acked[f[1]] = true

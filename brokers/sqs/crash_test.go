@@ -108,6 +108,9 @@ wait:
 			if !ok {
 				t.Fatal("the consumer exited before it was ready")
 			}
+			if strings.HasPrefix(l, "ERROR") {
+				t.Fatalf("consumer: %s", l)
+			}
 			if rest, ok := strings.CutPrefix(l, "READY "); ok {
 				ready = rest
 				break wait
