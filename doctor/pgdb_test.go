@@ -63,9 +63,8 @@ func postgresDSN(t *testing.T) string {
 // holding a session on it (pgDB.holder) until dropDB. First it drops the
 // doctor test databases that earlier binaries left behind (sweepStale).
 func createDB(base string) (dsn, name string, err error) {
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "", "", fmt.Errorf("BERTH_POSTGRES_DSN must be a postgres:// URL for the doctor tests (%q)", base)
+	if _, err := dsnFor(base, ""); err != nil {
+		return "", "", err
 	}
 	name = dbName(time.Now())
 	err = withBase(base, 30*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
@@ -83,14 +82,25 @@ func createDB(base string) (dsn, name string, err error) {
 		}
 		return "", "", fmt.Errorf("CREATE DATABASE %s: %w", name, err)
 	}
-	u.Path = "/" + name
+	dsn, _ = dsnFor(base, name) // base parsed above
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if pgDB.holder, err = holdSession(ctx, u.String()); err != nil {
+	if pgDB.holder, err = holdSession(ctx, dsn); err != nil {
 		_ = forceDrop(base, name)
 		return "", "", fmt.Errorf("connecting to %s: %w", name, err)
 	}
-	return u.String(), name, nil
+	return dsn, name, nil
+}
+
+// dsnFor returns the DSN of the database name on base's server, with base's
+// user and parameters; an error when base is not a postgres:// URL.
+func dsnFor(base, name string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", fmt.Errorf("BERTH_POSTGRES_DSN must be a postgres:// URL for the doctor tests (%q)", base)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
 }
 
 // holdSession opens the session that marks a doctor test database in use
@@ -365,12 +375,11 @@ func TestSweepDropsDatabasesNobodyUses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(pgDB.base)
+	dsn, err := dsnFor(pgDB.base, inUse)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.Path = "/" + inUse
-	user, err := pgx.Connect(ctx, u.String()) // the session of a binary that runs
+	user, err := pgx.Connect(ctx, dsn) // the session of a binary that runs
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,12 +463,11 @@ func TestHolderOutlivesIdleSessionTimeout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u, err := url.Parse(pgDB.base)
+		dsn, err := dsnFor(pgDB.base, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		u.Path = "/" + name
-		return u.String()
+		return dsn
 	}
 
 	t.Run("idle", func(t *testing.T) {
