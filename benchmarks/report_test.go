@@ -1,0 +1,236 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain runs berthbench's main instead of the tests when
+// BERTHBENCH_MAIN is set, so that tests can run the command as a child
+// process and see its exit status, output and effect on files.
+func TestMain(m *testing.M) {
+	if os.Getenv("BERTHBENCH_MAIN") != "" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// doc is a BENCHMARKS.md with a generated block of three sections.
+const doc = "# Benchmarks\n\nhand-written text\n\n" + beginMark + "\n\nold preamble\n\n" +
+	"<!-- berthbench:scenario memory -->\n\nMeasured A.\n\n### memory table\n\n" +
+	"<!-- berthbench:scenario sqs -->\n\nMeasured B.\n\n### sqs table\n\n" +
+	"<!-- berthbench:scenario gone -->\n\nMeasured C.\n\n### a scenario since removed\n\n" +
+	endMark + "\n\nmore hand-written text\n"
+
+func inner(t *testing.T, d string) string {
+	t.Helper()
+	i, j := strings.Index(d, beginMark), strings.Index(d, endMark)
+	if i < 0 || j < i {
+		t.Fatalf("no markers in %q", d)
+	}
+	return d[i+len(beginMark) : j]
+}
+
+func names(b block) []string {
+	var out []string
+	for _, s := range b.sections {
+		out = append(out, s.name)
+	}
+	return out
+}
+
+func TestParseBlockRoundTrip(t *testing.T) {
+	in := inner(t, doc)
+	b := parseBlock(in)
+	if got := b.render(); got != in {
+		t.Fatalf("render(parse(x)) differs from x:\n%q\n%q", got, in)
+	}
+	if want := []string{"memory", "sqs", "gone"}; !slices.Equal(names(b), want) {
+		t.Fatalf("sections %v, want %v", names(b), want)
+	}
+	if b.preamble != "\n\nold preamble\n\n" {
+		t.Fatalf("preamble %q", b.preamble)
+	}
+	if s, _ := b.find("sqs"); s.text != "\nMeasured B.\n\n### sqs table\n\n" {
+		t.Fatalf("sqs section %q", s.text)
+	}
+}
+
+func TestPartialRunKeepsOtherSections(t *testing.T) {
+	order := []string{"memory", "rabbitmq", "sqs"}
+	r := run{preamble: "\n\nnew preamble\n\n", partial: true,
+		fresh: []section{{name: "sqs", text: "\n\nMeasured D.\n\n### new sqs table\n\n"}}}
+	out, err := rewriteBlock(doc, r, order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out, "# Benchmarks\n\nhand-written text\n\n"+beginMark) || !strings.HasSuffix(out, endMark+"\n\nmore hand-written text\n") {
+		t.Fatalf("text outside the markers changed:\n%s", out)
+	}
+	b := parseBlock(inner(t, out))
+	if want := []string{"memory", "sqs", "gone"}; !slices.Equal(names(b), want) {
+		t.Fatalf("sections %v, want %v (a partial run keeps what it does not know)", names(b), want)
+	}
+	if s, _ := b.find("memory"); !strings.Contains(s.text, "Measured A.") {
+		t.Fatalf("memory's section was not kept: %q", s.text)
+	}
+	if s, _ := b.find("sqs"); strings.Contains(s.text, "Measured B.") || !strings.Contains(s.text, "new sqs table") {
+		t.Fatalf("sqs's section was not replaced: %q", s.text)
+	}
+	if b.preamble != r.preamble {
+		t.Fatalf("preamble %q", b.preamble)
+	}
+}
+
+func TestFailedScenarioKeepsItsLastGoodSection(t *testing.T) {
+	order := []string{"memory", "rabbitmq", "sqs"}
+	r := run{preamble: "\n\np\n\n",
+		fresh: []section{{name: "memory", text: "\n\nMeasured E.\n\n"}},
+		failed: map[string]error{
+			"sqs":      errors.New("emulator down"),
+			"rabbitmq": errors.New("connection refused <b>"),
+		}}
+	out, err := merge(inner(t, doc), r, order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := parseBlock(out)
+	if want := []string{"memory", "rabbitmq", "sqs"}; !slices.Equal(names(b), want) {
+		t.Fatalf("sections %v, want %v (a full run drops removed scenarios)", names(b), want)
+	}
+	if s, _ := b.find("sqs"); !strings.Contains(s.text, "Measured B.") {
+		t.Fatalf("sqs failed and lost its last good section: %q", s.text)
+	}
+	if s, _ := b.find("rabbitmq"); !strings.Contains(s.text, "not measured: connection refused") {
+		t.Fatalf("rabbitmq failed with no earlier section; got %q", s.text)
+	}
+}
+
+func TestPartialRunRefusesABlockWithoutSections(t *testing.T) {
+	legacy := "\n\nGenerated long ago.\n\n### memory table\n\n### sqs table\n\n"
+	r := run{preamble: "\n\np\n\n", partial: true, fresh: []section{{name: "sqs", text: "\n\nx\n\n"}}}
+	if _, err := merge(legacy, r, []string{"memory", "sqs"}); !errors.Is(err, errLegacyBlock) {
+		t.Fatalf("partial run over a block without sections: err %v, want errLegacyBlock", err)
+	}
+	r.partial = false
+	out, err := merge(legacy, r, []string{"memory", "sqs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "long ago") || !strings.Contains(out, "<!-- berthbench:scenario sqs -->") {
+		t.Fatalf("a full run replaces the old block: %q", out)
+	}
+	// An empty block (a new document) takes a partial run.
+	if _, err := merge("\n\n", run{partial: true}, []string{"sqs"}); err != nil {
+		t.Fatalf("empty block: %v", err)
+	}
+}
+
+func TestRewriteBlockNeedsMarkers(t *testing.T) {
+	if _, err := rewriteBlock("no markers here", run{}, nil); err == nil {
+		t.Fatal("no error without markers")
+	}
+	if _, err := rewriteBlock(endMark+beginMark, run{}, nil); err == nil {
+		t.Fatal("no error with the markers out of order")
+	}
+}
+
+func TestShellQuote(t *testing.T) {
+	for in, want := range map[string]string{
+		"memory":     "memory",
+		"rabbitmq-p": "rabbitmq-p",
+		"^sqs$":      "'^sqs$'",
+		"a b":        "'a b'",
+		"it's":       `'it'\''s'`,
+		"":           "''",
+	} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestBenchmarksMDSections checks that the repository's BENCHMARKS.md has a
+// section for every scenario, in order, so that scripts/bench -only can
+// rewrite one without dropping the others.
+func TestBenchmarksMDSections(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, sc := range scenarios {
+		order = append(order, sc.name)
+	}
+	got := names(parseBlock(inner(t, string(b))))
+	if !slices.Equal(got, order) {
+		t.Fatalf("BENCHMARKS.md's generated sections are %v, want the scenarios %v", got, order)
+	}
+}
+
+// runMain runs berthbench with args as a child process and returns its
+// combined output and exit error.
+func runMain(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "BERTHBENCH_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestCommandRefusesBeforeMeasuring runs the command where it must stop
+// before measuring anything (these cases need no service) and leave the
+// document as it was.
+func TestCommandRefusesBeforeMeasuring(t *testing.T) {
+	dir := t.TempDir()
+	withSections := filepath.Join(dir, "sections.md")
+	legacy := filepath.Join(dir, "legacy.md")
+	legacyDoc := "x\n" + beginMark + "\n\nGenerated long ago.\n\n### memory table\n\n" + endMark + "\n"
+	for path, text := range map[string]string{withSections: doc, legacy: legacyDoc} {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name, path, only, want string
+	}{
+		{"no scenario matches", withSections, "^nosuch$", "matches no scenario"},
+		{"a partial run over a block without sections", legacy, "^memory$", errLegacyBlock.Error()},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before, err := os.ReadFile(c.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := runMain(t, "-only", c.only, "-write", c.path)
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
+			}
+			if !strings.Contains(out, c.want) {
+				t.Fatalf("output %q does not say %q", out, c.want)
+			}
+			if strings.Contains(out, "berthbench: memory...") {
+				t.Fatalf("it measured before refusing:\n%s", out)
+			}
+			after, err := os.ReadFile(c.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(after) != string(before) {
+				t.Fatalf("the document changed:\n%s", after)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "docs")); !os.IsNotExist(err) {
+				t.Fatalf("docs/bench made before refusing: %v", err)
+			}
+		})
+	}
+}
