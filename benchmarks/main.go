@@ -93,16 +93,6 @@ func main() {
 	write := flag.String("write", "", "the BENCHMARKS.md to rewrite between the berthbench markers (plots go to docs/bench beside it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fatal(err)
-		}
-		defer pprof.StopCPUProfile()
-	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	c := config{quick: *quick, rounds: 6, scale: 1}
 	if c.quick {
@@ -140,12 +130,29 @@ func main() {
 			fatal(err)
 		}
 	}
-	cmd := "scripts/bench"
+	if *cpuProfile != "" { // after the checks: a refused run leaves no profile behind
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	cmd := "scripts/bench" // which passes -write
+	if *write == "" {
+		cmd = "cd benchmarks && go run ."
+	}
 	if c.quick {
 		cmd += " -quick"
 	}
 	if *only != "" {
 		cmd += " -only " + shellQuote(*only)
+	}
+	if *cpuProfile != "" {
+		// Profiling costs CPU time: say so beside the figures.
+		cmd += " -cpuprofile " + shellQuote(*cpuProfile)
 	}
 	ctx := context.Background()
 	r := run{
@@ -192,7 +199,6 @@ func main() {
 				names = append(names, name)
 			}
 		}
-		pprof.StopCPUProfile() // fatal exits without running the deferred stop
 		fatal(fmt.Errorf("not measured: %s (their sections, if any, are those of their last good run)", strings.Join(names, ", ")))
 	}
 }
@@ -210,7 +216,11 @@ func rewrite(path string, r run, order []string) error {
 	return os.WriteFile(path, []byte(doc), 0o644)
 }
 
+// fatal reports err and exits with status 1. It stops a CPU profile first
+// (os.Exit skips main's deferred stop), so that a run failing after minutes of
+// measuring, or while writing BENCHMARKS.md, keeps its profile.
 func fatal(err error) {
+	pprof.StopCPUProfile() // a no-op when not profiling
 	fmt.Fprintln(os.Stderr, "berthbench:", err)
 	os.Exit(1)
 }

@@ -31,10 +31,14 @@ var errLegacyBlock = errors.New("the generated block has no per-scenario section
 // then text.
 type section struct {
 	name string
+	mark string // the marker line as parsed, newline included; empty for a new section
 	text string // without the marker line; starts and ends with a newline
 }
 
 func (s section) render() string {
+	if s.mark != "" {
+		return s.mark + s.text
+	}
 	return fmt.Sprintf(sectionMark, s.name) + "\n" + s.text
 }
 
@@ -45,35 +49,34 @@ type block struct {
 }
 
 // parseBlock splits the text between the markers into the preamble and the
-// scenario sections, in the order they appear.
+// scenario sections, in the order they appear. A marker counts only as a whole
+// line (a trailing \r is allowed), so a marker-like string inside a line of
+// text does not open a section; render(parseBlock(s)) == s for every s.
 func parseBlock(s string) block {
 	var b block
-	first := true
-	for rest := s; ; first = false {
-		i := strings.Index(rest, sectionPrefix)
-		if first {
-			if i < 0 {
-				b.preamble = rest
-				return b
-			}
-			b.preamble, rest = rest[:i], rest[i:]
+	cur := -1 // index in b.sections of the section being read, -1 for the preamble
+	for _, line := range strings.SplitAfter(s, "\n") {
+		if name, ok := markerName(line); ok {
+			b.sections = append(b.sections, section{name: name, mark: line})
+			cur = len(b.sections) - 1
 			continue
 		}
-		// rest starts with a marker.
-		eol := strings.IndexByte(rest, '\n')
-		if eol < 0 {
-			eol = len(rest)
+		if cur < 0 {
+			b.preamble += line
+		} else {
+			b.sections[cur].text += line
 		}
-		name := strings.TrimSuffix(strings.TrimPrefix(rest[:eol], sectionPrefix), " -->")
-		body := rest[min(eol+1, len(rest)):]
-		next := strings.Index(body, sectionPrefix)
-		if next < 0 {
-			b.sections = append(b.sections, section{name: name, text: body})
-			return b
-		}
-		b.sections = append(b.sections, section{name: name, text: body[:next]})
-		rest = body[next:]
 	}
+	return b
+}
+
+// markerName returns the scenario name of a section marker line.
+func markerName(line string) (string, bool) {
+	l := strings.TrimRight(line, "\r\n")
+	if !strings.HasPrefix(l, sectionPrefix) || !strings.HasSuffix(l, " -->") || len(l) < len(sectionPrefix)+len(" -->") {
+		return "", false
+	}
+	return l[len(sectionPrefix) : len(l)-len(" -->")], true
 }
 
 func (b block) render() string {
@@ -133,7 +136,7 @@ func merge(oldBlock string, r run, order []string) (string, error) {
 		}
 		if err, ok := r.failed[name]; ok {
 			out.sections = append(out.sections, section{name: name,
-				text: fmt.Sprintf("\n### %s\n\nnot measured: %v\n\n", name, err)})
+				text: fmt.Sprintf("\n### %s\n\nnot measured: %s\n\n", name, oneLine(err))})
 		}
 	}
 	if r.partial {
@@ -159,6 +162,12 @@ func rewriteBlock(doc string, r run, order []string) (string, error) {
 		return "", err
 	}
 	return doc[:i+len(beginMark)] + merged + doc[j:], nil
+}
+
+// oneLine makes err's text safe to put in the block: one line, and no HTML
+// comment opener that a later parse could take for a marker.
+func oneLine(err error) string {
+	return strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ", "<!--", "&lt;!--").Replace(err.Error())
 }
 
 // shellQuote quotes s for a POSIX shell, as a reader would type it.

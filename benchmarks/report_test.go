@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -180,7 +182,11 @@ func TestBenchmarksMDSections(t *testing.T) {
 // combined output and exit error.
 func runMain(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	// -quick and a deadline bound the damage should a regression make the
+	// child measure after all.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"-quick"}, args...)...)
 	cmd.Env = append(os.Environ(), "BERTHBENCH_MAIN=1")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -232,5 +238,73 @@ func TestCommandRefusesBeforeMeasuring(t *testing.T) {
 				t.Fatalf("docs/bench made before refusing: %v", err)
 			}
 		})
+	}
+}
+
+// TestParseBlockRoundTripOddInput checks that parsing and rendering give back
+// the text exactly for inputs a hand edit or a checkout can produce, and that a
+// CRLF block still matches its sections by name.
+func TestParseBlockRoundTripOddInput(t *testing.T) {
+	crlf := strings.ReplaceAll(inner(t, doc), "\n", "\r\n")
+	for _, in := range []string{
+		crlf,
+		"\n\np\n\n<!-- berthbench:scenario memory -->",                                       // marker last, no newline
+		"\n\np\n\n<!-- berthbench:scenario memory -->\nA `<!-- berthbench:scenario x -->`\n", // marker-like text inside a line
+		"",
+	} {
+		if got := parseBlock(in).render(); got != in {
+			t.Errorf("render(parse(x)) differs from x:\n%q\n%q", got, in)
+		}
+	}
+	if want := []string{"memory", "sqs", "gone"}; !slices.Equal(names(parseBlock(crlf)), want) {
+		t.Fatalf("CRLF sections %q, want %q", names(parseBlock(crlf)), want)
+	}
+}
+
+// TestFailureTextCannotOpenASection checks that an error's text, written into
+// a "not measured" section, reads back as that section's text only.
+func TestFailureTextCannotOpenASection(t *testing.T) {
+	r := run{preamble: "\n\np\n\n", failed: map[string]error{
+		"sqs": errors.New("bad body:\n<!-- berthbench:scenario x -->\n" + endMark)}}
+	out, err := merge("", r, []string{"memory", "sqs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(parseBlock(out)); !slices.Equal(got, []string{"sqs"}) {
+		t.Fatalf("sections %q, want [sqs]", got)
+	}
+	if strings.Contains(out, endMark) {
+		t.Fatalf("the end marker got into the block: %q", out)
+	}
+}
+
+// TestFailedScenarioExitsOneAndKeepsItsSection runs the command with the SQS
+// scenario pointed at a closed port: it must fail fast, exit with status 1,
+// and leave the document's sqs section (and every other) as it was.
+func TestFailedScenarioExitsOneAndKeepsItsSection(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "BENCHMARKS.md")
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("BERTH_SQS_ENDPOINT", "http://127.0.0.1:1") // nothing listens on port 1
+	out, err := runMain(t, "-only", "^sqs$", "-write", path)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit %v, want status 1; output:\n%s", err, out)
+	}
+	if !strings.Contains(out, "not measured: sqs") {
+		t.Fatalf("output does not name the failed scenario:\n%s", out)
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := parseBlock(inner(t, string(after)))
+	if s, _ := b.find("sqs"); !strings.Contains(s.text, "Measured B.") {
+		t.Fatalf("the failed scenario lost its last good section: %q", s.text)
+	}
+	if want := []string{"memory", "sqs", "gone"}; !slices.Equal(names(b), want) {
+		t.Fatalf("sections %v, want %v", names(b), want)
 	}
 }
