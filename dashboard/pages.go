@@ -467,6 +467,10 @@ func flash(q url.Values) string {
 		return "Queue paused: Workers that sync the pause table stop receiving from it within their interval."
 	case "resumed":
 		return "Queue resumed."
+	case "already-paused":
+		return "The queue was already paused: nothing changed."
+	case "not-paused":
+		return "The queue was not paused: nothing changed."
 	}
 	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[q.Get("done")]
 	if verb == "" {

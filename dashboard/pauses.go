@@ -62,6 +62,10 @@ func (d *Dashboard) setPause(paused, api bool) http.HandlerFunc {
 			writeJSON(w, http.StatusOK, map[string]any{"queue": queue, "paused": paused, "changed": changed})
 			return
 		}
-		http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?done="+action, http.StatusSeeOther)
+		done := action
+		if !changed { // the page says what happened: nothing
+			done = map[bool]string{true: "already-paused", false: "not-paused"}[paused]
+		}
+		http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?done="+done, http.StatusSeeOther)
 	}
 }

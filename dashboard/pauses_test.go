@@ -49,6 +49,13 @@ func TestPauses(t *testing.T) {
 	if err != nil || len(ps) != 1 || ps[0].Queue != "billing" {
 		t.Fatalf("table after pause: %+v %v", ps, err)
 	}
+	// Pausing a paused queue changes nothing, and the page says so rather
+	// than reporting a pause.
+	req = mustReq("POST", srv.URL+"/queues/billing/pause", "application/x-www-form-urlencoded", "")
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	if code, page = post(t, req); code != 200 || !strings.Contains(page, "already paused: nothing changed") || strings.Contains(page, "Queue paused") {
+		t.Fatalf("pause of a paused queue (%d): %s", code, page)
+	}
 	if _, page = get(t, http.DefaultClient, srv.URL+"/"); !strings.Contains(page, `class="badge paused"`) {
 		t.Error("overview shows no paused badge")
 	}
@@ -76,6 +83,11 @@ func TestPauses(t *testing.T) {
 	}
 	if ps, _ := s.Paused(context.Background()); len(ps) != 0 {
 		t.Errorf("still paused: %+v", ps)
+	}
+	req = mustReq("POST", srv.URL+"/queues/billing/resume", "application/x-www-form-urlencoded", "")
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	if code, page = post(t, req); code != 200 || !strings.Contains(page, "was not paused: nothing changed") || strings.Contains(page, "Queue resumed") {
+		t.Fatalf("resume of a queue not paused (%d): %s", code, page)
 	}
 	// Without a pause table the routes say so.
 	plain := serve(t, b, dashboard.Options{})
