@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -25,11 +27,15 @@ func TestLongBodyIsShownCut(t *testing.T) {
 		name string
 		body []byte
 		kind string
+		id   string // the message's ID; "" for one berth makes
 	}{
-		{"text", bytes.Repeat([]byte("<"), size), "text"},
-		{"binary", bytes.Repeat([]byte{0xff, 0x00}, size/2), "hex"},
+		{"text", bytes.Repeat([]byte("<"), size), "text", ""},
+		{"binary", bytes.Repeat([]byte{0xff, 0x00}, size/2), "hex", ""},
 		// A cut in the middle of a character still shows text.
-		{"utf8", append([]byte("x"), bytes.Repeat([]byte("é"), size/2)...), "text"},
+		{"utf8", append([]byte("x"), bytes.Repeat([]byte("é"), size/2)...), "text", ""},
+		// The page's link to the whole body works for an ID that cannot
+		// be a path segment (see TestDotIDMessageLinks).
+		{"dot ID", bytes.Repeat([]byte("a"), size), "text", ".."},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, err := memory.New(memory.Options{MaxMessageSize: -1}) // as RabbitMQ's 16 MiB, or more
@@ -38,7 +44,7 @@ func TestLongBodyIsShownCut(t *testing.T) {
 			}
 			t.Cleanup(func() { b.Close() })
 			ctx := context.Background()
-			m := &sdk.Message{Type: "big", Body: c.body}
+			m := &sdk.Message{ID: c.id, Type: "big", Body: c.body}
 			if err := b.Publish(ctx, "billing", m); err != nil {
 				t.Fatal(err)
 			}
@@ -54,7 +60,7 @@ func TestLongBodyIsShownCut(t *testing.T) {
 				t.Fatal(err)
 			}
 			rec := httptest.NewRecorder()
-			d.ServeHTTP(rec, httptest.NewRequest("GET", "/queues/billing/messages/"+m.ID, nil))
+			d.ServeHTTP(rec, httptest.NewRequest("GET", "/queues/billing/message?id="+url.QueryEscape(m.ID), nil))
 			page := rec.Body.String()
 			if rec.Code != 200 {
 				t.Fatalf("%d %.500s", rec.Code, page)
@@ -65,13 +71,22 @@ func TestLongBodyIsShownCut(t *testing.T) {
 			if !strings.Contains(page, `id="body-cut"`) || !strings.Contains(page, fmt.Sprintf("%d bytes, %s; the first ", len(c.body), c.kind)) {
 				t.Errorf("the page does not say the body is cut, or shows it as other than %s:\n%.2000s", c.kind, page)
 			}
+			// The note links to the API's copy of this dead letter.
+			_, href, _ := strings.Cut(page, `id="body-api" href="`)
+			href, _, _ = strings.Cut(href, `"`)
+			if !strings.HasPrefix(href, "/api/") {
+				t.Fatalf("the note has no link to the API: %q", href)
+			}
 			rec = httptest.NewRecorder()
-			d.ServeHTTP(rec, httptest.NewRequest("GET", "/api/queues/billing/dead-letters/"+m.ID, nil))
+			d.ServeHTTP(rec, httptest.NewRequest("GET", html.UnescapeString(href), nil))
 			var raw map[string]any
 			if err := json.Unmarshal(rec.Body.Bytes(), &raw); err != nil {
 				t.Fatalf("API: %d %v", rec.Code, err)
 			}
 			body, _ := raw["body"].(string)
+			if id, _ := raw["id"].(string); id != m.ID {
+				t.Errorf("the API's link gives dead letter %q, want %q", id, m.ID)
+			}
 			if rec.Code != 200 || len(body) < len(c.body) {
 				t.Errorf("the API gives %d of the body's %d bytes (%d)", len(body), len(c.body), rec.Code)
 			}

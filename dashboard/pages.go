@@ -65,7 +65,9 @@ var funcs = template.FuncMap{
 	"path": url.PathEscape,
 	// messageURL and jobURL link to a dead letter's and a job's page.
 	"messageURL": messageURL,
-	"jobURL":     jobURL,
+	// apiDeadLetterURL is the API's URL of a dead letter, whole body included.
+	"apiDeadLetterURL": apiDeadLetterURL,
+	"jobURL":           jobURL,
 	// idName and idValue put a dead letter's ID in a form field: as it
 	// is ("id"), or in base64 ("id64") when a browser would not send it
 	// back as it is (see plainID).
@@ -109,6 +111,16 @@ func messageURL(queue, id string) string {
 		return "/queues/" + url.PathEscape(queue) + "/message?id=" + url.QueryEscape(id)
 	}
 	return "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(id)
+}
+
+// apiDeadLetterURL is the API path of queue's dead letter id (the whole
+// message, body included): the ID as a path segment, or in the query (see
+// notSegment).
+func apiDeadLetterURL(queue, id string) string {
+	if notSegment(id) {
+		return "/api/queues/" + url.PathEscape(queue) + "/dead-letter?id=" + url.QueryEscape(id)
+	}
+	return "/api/queues/" + url.PathEscape(queue) + "/dead-letters/" + url.PathEscape(id)
 }
 
 // jobURL is the path of the page of job id: /jobs/ID, or the lookup by ID
