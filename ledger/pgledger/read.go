@@ -83,12 +83,23 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 	// Each attempt's newest state: a later rank, else a later time; the
 	// current attempt is the row itself.
 	type key struct{ gen, att int }
+	// The start and worker come from any state of the attempt that has
+	// them: a settlement may say neither, and its running state may have
+	// been written after it.
 	best := map[key]historyEntry{}
 	for _, e := range entries {
 		k := key{e.Generation, e.Attempt}
-		if b, ok := best[k]; !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.Before(b.UpdatedAt) {
-			best[k] = e
+		b, ok := best[k]
+		if !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.Before(b.UpdatedAt) {
+			b, e = e, b
 		}
+		if b.StartedAt == nil {
+			b.StartedAt = e.StartedAt
+		}
+		if b.WorkerID == nil {
+			b.WorkerID = e.WorkerID
+		}
+		best[k] = b
 	}
 	for k, e := range best {
 		if j.Attempts > 0 && j.Status.Rank() >= 1 && k == (key{j.Generation, j.Attempts}) {

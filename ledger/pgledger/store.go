@@ -111,6 +111,17 @@ func attemptJSON(r string) string {
 	'worker_id', ` + r + `.worker_id, 'updated_at', ` + r + `.updated_at))`
 }
 
+// attemptField is the SQL setting col, a fact of one attempt that not
+// every event of it carries (its start, its worker): an event of a later
+// attempt says it or leaves it unknown; one of the row's attempt fills it
+// where the row has none, whether or not it is newer (the guard newer).
+func attemptField(col, newer string) string {
+	return col + ` = CASE WHEN (EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts) THEN EXCLUDED.` + col + `
+		WHEN (EXCLUDED.generation, EXCLUDED.attempts) < (j.generation, j.attempts) THEN j.` + col + `
+		WHEN ` + newer + ` THEN COALESCE(EXCLUDED.` + col + `, j.` + col + `)
+		ELSE COALESCE(j.` + col + `, EXCLUDED.` + col + `) END`
+}
+
 // New returns a store on db. It does not touch the database; call
 // [Store.Migrate] to create the table.
 func New(db DB, opts Options) (*Store, error) {
@@ -126,7 +137,10 @@ func New(db DB, opts Options) (*Store, error) {
 	// row's state only when it is of a later generation or attempt, or of
 	// the same attempt, not final yet, with a rank and time at least the
 	// row's. Fields that describe the message (queue, type, keys, first
-	// seen) are merged whatever the order.
+	// seen) are merged whatever the order, and so is the attempt's start:
+	// a settlement may carry none (a run time of zero, a dead letter found
+	// by a sync), and the attempt's running event landing after it must
+	// not lose it.
 	const newer = `((EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts)
 	OR ((EXCLUDED.generation, EXCLUDED.attempts) = (j.generation, j.attempts) AND j.rank < 3
 		AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at)))`
@@ -161,10 +175,10 @@ ON CONFLICT (message_id) DO UPDATE SET
 	` + when("last_error", "COALESCE(EXCLUDED.last_error, j.last_error)") + `,
 	` + when("error_class", "COALESCE(EXCLUDED.error_class, j.error_class)") + `,
 	` + when("next_attempt_at", "EXCLUDED.next_attempt_at") + `,
-	` + when("started_at", "COALESCE(EXCLUDED.started_at, j.started_at)") + `,
+	` + attemptField("started_at", newer) + `,
 	` + when("finished_at", "EXCLUDED.finished_at") + `,
 	` + when("duration_us", "EXCLUDED.duration_us") + `,
-	` + when("worker_id", "COALESCE(EXCLUDED.worker_id, j.worker_id)") + `,
+	` + attemptField("worker_id", newer) + `,
 	` + when("rank", "EXCLUDED.rank") + `,
 	` + when("generation", "EXCLUDED.generation") + `,
 	` + when("attempts", "EXCLUDED.attempts") + `,
@@ -509,7 +523,8 @@ func toRow(e ledger.Event) row {
 func merge(r *row, e ledger.Event) {
 	n := toRow(e)
 	other := e
-	if old := r.Event; newer(e, old) {
+	old := r.Event
+	if newer(e, old) {
 		r.Event, r.finished, other = e, n.finished, old
 		if r.Error == "" {
 			r.Error = old.Error
@@ -517,11 +532,14 @@ func merge(r *row, e ledger.Event) {
 		if r.Class == "" {
 			r.Class = old.Class
 		}
+	}
+	// The attempt's start and worker, as attemptField.
+	if e.Generation == old.Generation && e.Attempt == old.Attempt {
 		if r.Worker == "" {
-			r.Worker = old.Worker
+			r.Worker = other.Worker
 		}
 		if r.StartedAt.IsZero() {
-			r.StartedAt = old.StartedAt
+			r.StartedAt = other.StartedAt
 		}
 	}
 	fill := func(dst *string, v string) {
@@ -624,6 +642,15 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 			}
 			if a.Worker == "" {
 				a.Worker = worker
+			}
+		} else {
+			// An older state of the attempt, written after its final one:
+			// keep what the final one does not say.
+			if a.StartedAt.IsZero() {
+				a.StartedAt = e.StartedAt
+			}
+			if a.Worker == "" {
+				a.Worker = e.Worker
 			}
 		}
 	}
