@@ -576,9 +576,24 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 	if len(m.Headers) == 0 {
 		m.Headers = nil
 	}
-	m.Delay = time.Duration(delayMS) * time.Millisecond
+	m.Delay = msDuration(delayMS)
 	r.msg = m
 	return r, nil
+}
+
+// msDuration is ms milliseconds as a Duration, saturated at the Duration's
+// range: a delay_ms written into the table directly may be any bigint, and
+// multiplying wraps past some 292 years (a delay of centuries would become
+// one of a second, and pass the check against sdk.MaxDelay).
+func msDuration(ms int64) time.Duration {
+	const per = int64(time.Millisecond)
+	switch {
+	case ms > math.MaxInt64/per:
+		return math.MaxInt64
+	case ms < math.MinInt64/per:
+		return math.MinInt64
+	}
+	return time.Duration(ms * per)
 }
 
 // RelayOnce publishes one batch of due rows and deletes them, in one
@@ -661,7 +676,7 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 			return 0, &dbError{err}
 		}
 		r.refusals = refusals
-		r.msg.Delay = time.Duration(remainingMS) * time.Millisecond
+		r.msg.Delay = msDuration(remainingMS)
 		batch = append(batch, &r)
 	}
 	rows.Close()

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +143,40 @@ func TestRelayErrorEscapesTheCause(t *testing.T) {
 	}
 	if text := err.Error(); strings.ContainsAny(text, "\x1b\n") {
 		t.Fatalf("error %q: the cause carries the message ID unescaped", text)
+	}
+}
+
+// TestHugeDelayIsSetAside: a row written into the table directly with a
+// delay_ms far beyond sdk.MaxDelay is set aside, whatever its size. Before,
+// the relay made a time.Duration of it by multiplying the milliseconds,
+// which wraps past int64 for delays of some 292 years or more: 18446744074709
+// ms (about 584 years) became a delay of under a second and the row was
+// published almost at once instead of being parked.
+func TestHugeDelayIsSetAside(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b, schema := setupSchema(t, outbox.Options{})
+	table := pgx.Identifier{schema, "berth_outbox"}.Sanitize()
+	const wraps = 18446744074709 // × 1e6 ns is 2^64 + 999448384 ns
+	var rowID int64
+	if err := pool.QueryRow(ctx, `INSERT INTO `+table+` (queue, message_id, job_type, delay_ms) VALUES ('q', 'huge-delay', 'x', $1) RETURNING id`,
+		int64(wraps)).Scan(&rowID); err != nil {
+		t.Fatal(err)
+	}
+	pub := &delays{Publisher: b, got: map[string]time.Duration{}}
+	if _, err := box.RelayOnce(ctx, pub, outbox.RelayOptions{Logger: slog.New(&records{})}); err != nil {
+		t.Fatalf("RelayOnce: %v", err)
+	}
+	if d, ok := pub.got["huge-delay"]; ok {
+		t.Fatalf("a row with a delay of %d ms was published with delay %s; want it set aside", int64(wraps), d)
+	}
+	parked, err := box.Parked(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parked) != 1 || parked[0].ID != rowID || !strings.HasPrefix(parked[0].LastError, "outbox: set aside") {
+		t.Fatalf("parked %+v; want row %d set aside", parked, rowID)
+	}
+	if d := parked[0].Message.Delay; d <= sdk.MaxDelay {
+		t.Errorf("Parked lists the row's delay as %s; want more than sdk.MaxDelay", d)
 	}
 }
