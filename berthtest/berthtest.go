@@ -74,8 +74,10 @@ func WithoutRelease() Option { return func(c *config) { c.noRelease = true } }
 
 // WorkerOptions makes [Work] settle with these options: the retry policy
 // (Retry, RetryByType), Timeout, Middleware, Observers, Logger. Queue
-// defaults to the delivery's queue, Logger to one that discards, Rand to a
-// fixed seed (so backoff delays are the same on every run).
+// defaults to the delivery's queue (unless Queues is set: the options of a
+// Worker that consumes several queues are taken as they are), Logger to one
+// that discards, Rand to a fixed seed (so backoff delays are the same on
+// every run).
 func WorkerOptions(o sdk.WorkerOptions) Option { return func(c *config) { c.worker = o } }
 
 // Result is what the Worker did with one delivery in [Work].
@@ -122,7 +124,7 @@ func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 		sd = d.WithoutRelease()
 	}
 	o := c.worker
-	if o.Queue == "" {
+	if o.Queue == "" && len(o.Queues) == 0 { // both set: NewWorker refuses them
 		o.Queue = c.queue
 	}
 	if o.Logger == nil {

@@ -320,3 +320,26 @@ func TestWaitTimeoutQuotesMessageText(t *testing.T) {
 		t.Fatalf("timeout message %q: want the ID quoted, no raw control characters", msg)
 	}
 }
+
+// TestWorkWithSeveralQueues: Work settles with the WorkerOptions of a
+// Worker that consumes several queues (Queues), as the application runs
+// it. Before, Work set Queue to the delivery's queue on top of Queues and
+// the Worker refused the options ("set Queue or Queues, not both"): the
+// test failed before the handler ran.
+func TestWorkWithSeveralQueues(t *testing.T) {
+	opts := sdk.WorkerOptions{
+		Queues: []sdk.WorkerQueue{{Name: "orders", Weight: 3}, {Name: "emails"}},
+		Retry:  sdk.RetryPolicy{MaxAttempts: 2, Backoff: sdk.Backoff{Base: time.Second, Jitter: -1}},
+	}
+	var res berthtest.Result
+	msg := fatalMessage(t, func(tb testing.TB) {
+		res = berthtest.Work(tb, handler(errors.New("flaky")), &sdk.Message{Type: "job"},
+			berthtest.Queue("emails"), berthtest.WorkerOptions(opts))
+	})
+	if msg != "" {
+		t.Fatalf("Work with Queues failed the test: %s", msg)
+	}
+	if res.Action != sdk.ActionRetry || res.Delay != time.Second || res.Delivery.Queue() != "emails" {
+		t.Fatalf("got %s after %s on %q, want a retry after 1s on emails", res.Action, res.Delay, res.Delivery.Queue())
+	}
+}
