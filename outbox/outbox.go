@@ -557,7 +557,7 @@ type row struct {
 const rowColumns = `id, queue, message_id, job_type, idempotency_key, ordering_key, correlation_id, headers, body, delay_ms, attempts`
 
 // scanRow reads rowColumns, then the extra columns into extra. Headers that
-// do not decode (a row written by hand or by another tool: a number for a
+// do not decode (a row written by hand or by another tool: a number or null for a
 // value, an array) do not fail the scan: the row comes back with no headers
 // and bad set, so that one such row cannot stall every read of the table.
 func scanRow(rows pgx.Rows, extra ...any) (row, error) {
@@ -569,16 +569,34 @@ func scanRow(rows pgx.Rows, extra ...any) (row, error) {
 	if err := rows.Scan(dest...); err != nil {
 		return r, err
 	}
-	if err := json.Unmarshal(headers, &m.Headers); err != nil {
-		m.Headers = nil
+	if err := decodeHeaders(headers, m); err != nil {
 		r.bad = fmt.Errorf("headers are not a JSON object of strings: %w", err)
-	}
-	if len(m.Headers) == 0 {
-		m.Headers = nil
 	}
 	m.Delay = msDuration(delayMS)
 	r.msg = m
 	return r, nil
+}
+
+// decodeHeaders sets m.Headers from the headers column, nil when it holds
+// none. A value that is not a string is an error, null included (decoding
+// into a map of strings would make it ""), and leaves m.Headers nil.
+func decodeHeaders(col []byte, m *sdk.Message) error {
+	var h map[string]*string
+	if err := json.Unmarshal(col, &h); err != nil {
+		return err
+	}
+	if len(h) == 0 {
+		return nil
+	}
+	m.Headers = make(map[string]string, len(h))
+	for k, v := range h {
+		if v == nil {
+			m.Headers = nil
+			return fmt.Errorf("header %q is null", k)
+		}
+		m.Headers[k] = *v
+	}
+	return nil
 }
 
 // msDuration is ms milliseconds as a Duration, saturated at the Duration's

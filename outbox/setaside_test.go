@@ -77,6 +77,7 @@ func TestBadRowsAreSetAside(t *testing.T) {
 		return rowID
 	}
 	notJSONObject := insert("bad-number\x1b[31m\nforged", "", `{"a": 1}`)
+	null := insert("bad-null", "", `{"a": "x", "b": null}`)
 	reserved := insert("bad-reserved", "", `{"berth-attempt": "9"}`)
 	emptyName := insert("bad-empty", "k", `{"": "v"}`)
 	good := &sdk.Message{Type: "x"}
@@ -98,7 +99,7 @@ func TestBadRowsAreSetAside(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Parked with an undecodable row: %v", err)
 	}
-	want := map[int64]string{notJSONObject: "JSON object of strings", reserved: "reserved", emptyName: "non-empty"}
+	want := map[int64]string{notJSONObject: "JSON object of strings", null: `header "b" is null`, reserved: "reserved", emptyName: "non-empty"}
 	if len(parked) != len(want) {
 		t.Fatalf("parked %d rows, want %d: %+v", len(parked), len(want), parked)
 	}
