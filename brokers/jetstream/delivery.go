@@ -138,11 +138,14 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, _ error) erro
 	return d.end(d.send(ctx, "nak", nakDelay(delay)))
 }
 
-// ExtendLease sends +WPI (in progress): JetStream restarts the delivery's
-// AckWait. JetStream has no lease of another length, so when d is longer
-// than AckWait berth sends +WPI again every AckWait/2 until d has passed
-// (from a timer, stopped when the delivery is settled or the Broker closed).
-// The lease then ends between d and d+AckWait from now.
+// ExtendLease sends +WPI (in progress) and, unless [Options.AsyncAck], waits
+// for JetStream's answer: JetStream restarts the delivery's AckWait. An
+// answer that comes only after the lease has ended renews nothing:
+// ExtendLease then returns a [*LeaseLostError]. JetStream has no lease of
+// another length, so when d is longer than AckWait berth sends +WPI again
+// every AckWait/2 until d has passed (from a timer, stopped when the
+// delivery is settled or the Broker closed). The lease then ends between d
+// and d+AckWait from now.
 func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -155,7 +158,23 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 		return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
 	}
 	start := time.Now()
-	if err := d.send(ctx, "in progress", ackProgress); err != nil {
+	// The answer must come within the lease held now, as the lease timer's
+	// (renewLease): one that comes after its end may answer a +WPI that
+	// reached the server after it had redelivered the message (restarting
+	// the other holder's AckWait), and renews nothing of this delivery.
+	until := d.deadline
+	if _, ok := ctx.Deadline(); !ok && start.Add(settleTimeout).Before(until) {
+		until = start.Add(settleTimeout)
+	}
+	rctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	if err := d.send(rctx, "in progress", ackProgress); err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			if !time.Now().Before(d.deadline) {
+				return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
+			}
+			return fmt.Errorf("berth/jetstream: in progress: %w: no answer within %s", sdk.ErrUnavailable, settleTimeout)
+		}
 		return err
 	}
 	d.deadline = start.Add(d.b.leaseFor())

@@ -1,0 +1,61 @@
+package jetstream_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestExtendLeaseAnsweredAfterLeaseEnd: a heartbeat's ExtendLease sent
+// shortly before the lease ends, on a connection that stalls (frozen) until
+// the server has redelivered the message to another consumer. The +WPI then
+// reaches the server late (it restarts the AckWait of the other holder's
+// delivery) and is answered; ExtendLease returned nil and moved berth's
+// lease to a full AckWait from its send, so the first holder's Ack was
+// accepted and removed the message under the second holder. As with the
+// lease timer's renewals, an answer that comes after the lease's end
+// renews nothing: ExtendLease reports ErrLeaseLost, and so does the Ack.
+func TestExtendLeaseAnsweredAfterLeaseEnd(t *testing.T) {
+	const ackWait = 2 * time.Second
+	opts := jetstream.Options{AckWait: ackWait, WaitTime: 300 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet}
+	ctx, p, direct, _, q, first := proxiedDelivery(t, opts, "leaselate")
+	t0 := time.Now()
+	time.Sleep(ackWait * 3 / 4) // late in the lease, as a heartbeat may be
+
+	p.Freeze()
+	extended := make(chan error, 1)
+	go func() { extended <- first.ExtendLease(ctx, ackWait) }()
+
+	var second sdk.Delivery
+	for second == nil && time.Since(t0) < 3*ackWait {
+		got, err := direct.Receive(ctx, q, 1)
+		if err != nil {
+			p.Thaw()
+			t.Fatal(err)
+		}
+		if len(got) > 0 {
+			second = got[0]
+		}
+	}
+	p.Thaw()
+	if second == nil {
+		t.Fatal("not redelivered while the first holder's connection stalled")
+	}
+	t.Logf("redelivered after %v, attempt %d", time.Since(t0), second.Attempt())
+
+	err := <-extended
+	t.Logf("ExtendLease answered after %v: %v", time.Since(t0), err)
+	ackErr := first.Ack(ctx)
+	if !errors.Is(ackErr, sdk.ErrLeaseLost) {
+		t.Errorf("first holder's Ack while another consumer holds the message = %v; want ErrLeaseLost (ExtendLease returned %v)", ackErr, err)
+	}
+	if err == nil {
+		t.Errorf("ExtendLease answered only after the server redelivered the message: nil, want ErrLeaseLost")
+	}
+	if err := second.Ack(ctx); err != nil {
+		t.Errorf("second holder's Ack: %v", err)
+	}
+}
