@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,10 +79,13 @@ func (b *Broker) moveOne(ctx context.Context, q *queueState, m *nats.Msg) {
 		}
 	}
 	// Due (or undecodable: the ready side dead-letters it): store it as it
-	// is on the ready subject.
+	// is on the ready subject, without JetStream's own headers (Nats-*), as
+	// every copy berth stores: its Nats-Msg-Id is the move's, and a publish
+	// expectation (Nats-Expected-Last-Sequence, ...) another producer set
+	// held when it was stored, and would refuse this copy for ever.
 	w := &nats.Msg{Subject: q.ready, Header: nats.Header{}, Data: m.Data}
 	for k, v := range m.Header {
-		if k != nats.MsgIdHdr && k != "Nats-Expected-Stream" {
+		if !strings.HasPrefix(k, "Nats-") {
 			w.Header[k] = v
 		}
 	}
