@@ -35,6 +35,14 @@ type Options struct {
 	// AckWait is the lease of every delivery: JetStream redelivers a
 	// message not acknowledged within it. ExtendLease (InProgress) restarts
 	// it. Default 30 s. Set WorkerOptions.Lease to at most this.
+	//
+	// It is the ready consumer's AckWait, which the queue's Brokers share:
+	// declaring a queue lengthens the consumer's to this one but never
+	// shortens it, since a Broker still receiving with a longer one counts
+	// its leases by it. A Broker with a shorter one counts its own, shorter
+	// leases (safe; a crashed holder's message comes back after the
+	// consumer's AckWait). To lower it, edit the consumer (nats consumer
+	// edit) once no Broker uses the longer one.
 	AckWait time.Duration
 	// WaitTime is how long one Receive long-polls an empty queue before it
 	// returns no deliveries. Default 7 s. Choose one that does not divide
@@ -63,7 +71,10 @@ type Options struct {
 	// berth.q.billing (ready) and berth.d.billing (delayed), its dead letters
 	// in stream BERTH_DLQ_billing. Letters, digits, '-' and '_' only.
 	Prefix string
-	// Duplicates is the stream's deduplication window (Nats-Msg-Id). Default 2 min.
+	// Duplicates is the stream's deduplication window (Nats-Msg-Id). Default
+	// 2 min. Declaring a queue lengthens its streams' windows to this one but
+	// never shortens them (another Broker of the queue may count on a longer
+	// one); to shorten one, edit the stream.
 	Duplicates time.Duration
 	// Storage is where streams keep messages. Default jetstream.FileStorage.
 	Storage jetstream.StorageType

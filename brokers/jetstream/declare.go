@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,6 +30,9 @@ type queueState struct {
 	delayed  string // berth.d.<esc>
 	dead     string // berth.dlq.<esc> (a dead letter's subject adds .<id token>)
 	moverRun bool   // guarded by Broker.mu
+	// ackWaitOK is set once Receive (with NoDeclare) has found the ready
+	// consumer's AckWait no shorter than the Broker's.
+	ackWaitOK atomic.Bool
 }
 
 // escape maps a queue name (letters, digits, '_', '-', '.') onto the
@@ -116,7 +120,9 @@ func (b *Broker) Subject(queue string) string { return b.names(queue).ready }
 
 // DeclareQueue creates (or updates to this Broker's options) the queue's
 // work-queue stream with its ready and delayed subjects, the two durable pull
-// consumers on them, and the dead-letter stream. It is idempotent.
+// consumers on them, and the dead-letter stream. It is idempotent. It never
+// shortens the ready consumer's AckWait nor the streams' dedupe windows (see
+// [Options.AckWait] and [Options.Duplicates]).
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -153,14 +159,18 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error) {
 	q := b.names(queue)
 	o := b.opts
-	_, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	dups, err := b.longerDuplicates(ctx, q.stream)
+	if err != nil {
+		return nil, err
+	}
+	_, err = b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        q.stream,
 		Description: "berth queue " + queue,
 		Subjects:    []string{q.ready, q.delayed},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     o.Storage,
 		Replicas:    o.Replicas,
-		Duplicates:  o.Duplicates,
+		Duplicates:  dups,
 		MaxMsgSize:  -1,
 		Discard:     jetstream.DiscardOld,
 	})
@@ -177,9 +187,24 @@ func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error)
 		c.MaxAckPending = -1
 		c.MaxWaiting = 4096
 		c.Description = "berth " + c.Durable + " " + queue
+		if c.Durable == consumerName {
+			// Never shorten the AckWait: every Broker counts its leases by
+			// its own, and one still receiving with a longer one would
+			// settle deliveries the server has handed to another consumer.
+			cur, err := b.js.Consumer(ctx, q.stream, c.Durable)
+			switch {
+			case err == nil:
+				c.AckWait = max(c.AckWait, cur.CachedInfo().Config.AckWait)
+			case !errors.Is(err, jetstream.ErrConsumerNotFound):
+				return nil, b.wrapErr(ctx, "look up consumer "+c.Durable+" on "+q.stream, err)
+			}
+		}
 		if _, err := b.js.CreateOrUpdateConsumer(ctx, q.stream, c); err != nil {
 			return nil, b.wrapErr(ctx, "declare consumer "+c.Durable+" on "+q.stream, err)
 		}
+	}
+	if dups, err = b.longerDuplicates(ctx, q.dlq); err != nil {
+		return nil, err
 	}
 	_, err = b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        q.dlq,
@@ -188,7 +213,7 @@ func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error)
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     o.Storage,
 		Replicas:    o.Replicas,
-		Duplicates:  o.Duplicates,
+		Duplicates:  dups,
 		MaxMsgSize:  -1,
 	})
 	if err != nil {
@@ -196,6 +221,60 @@ func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error)
 	}
 	actual, _ := b.declared.LoadOrStore(queue, q)
 	return actual.(*queueState), nil
+}
+
+// AckWaitError reports a queue whose ready consumer has a shorter AckWait
+// than the Broker's: the server would redeliver jobs the Broker still holds
+// by its clock, and their settlements would not report the lost lease. A
+// Broker with [Options.NoDeclare] returns it from Receive (DeclareQueue
+// lengthens the consumer's AckWait instead). Give the Broker the consumer's
+// AckWait, or lengthen the consumer's.
+type AckWaitError struct {
+	Queue    string
+	Consumer time.Duration // the consumer's AckWait
+	Broker   time.Duration // [Options.AckWait]
+}
+
+// Error names the queue and both AckWaits.
+func (e *AckWaitError) Error() string {
+	return fmt.Sprintf("berth/jetstream: queue %s: consumer %q has AckWait %s, shorter than the broker's %s: the server would redeliver jobs the broker still holds",
+		e.Queue, consumerName, e.Consumer, e.Broker)
+}
+
+// checkAckWait returns an [*AckWaitError] when, with NoDeclare, q's ready
+// consumer has a shorter AckWait than the Broker's. It reads the consumer
+// until it has once found it fine; a consumer not found is left to the pull.
+func (b *Broker) checkAckWait(ctx context.Context, q *queueState) error {
+	if !b.opts.NoDeclare || q.ackWaitOK.Load() {
+		return nil
+	}
+	c, err := b.js.Consumer(ctx, q.stream, consumerName)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return b.wrapErr(ctx, "look up consumer "+consumerName+" on "+q.stream, err)
+	}
+	if w := c.CachedInfo().Config.AckWait; w < b.opts.AckWait {
+		return &AckWaitError{Queue: q.name, Consumer: w, Broker: b.opts.AckWait}
+	}
+	q.ackWaitOK.Store(true)
+	return nil
+}
+
+// longerDuplicates returns the dedupe window to declare stream with: the
+// Broker's [Options.Duplicates], or the stream's own when it is longer.
+// Never shortened: another Broker of the queue promises its callers that a
+// retried Publish within its own window stores nothing twice.
+func (b *Broker) longerDuplicates(ctx context.Context, stream string) (time.Duration, error) {
+	s, err := b.js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return b.opts.Duplicates, nil
+	}
+	if err != nil {
+		return 0, b.wrapErr(ctx, "look up stream "+stream, err)
+	}
+	return max(b.opts.Duplicates, s.CachedInfo().Config.Duplicates), nil
 }
 
 // DeleteQueue deletes queue's streams (messages, consumers and dead

@@ -50,7 +50,11 @@
 //     from the message's arrival, less a small margin) and refuses to settle
 //     once it is over ([*LeaseLostError], [sdk.ErrLeaseLost]): JetStream
 //     itself would accept a late ack from the first holder of a message it
-//     has redelivered.
+//     has redelivered. That clock holds only while the consumer's AckWait
+//     is no shorter than the Broker's: declaring a queue never shortens it
+//     (Brokers of a queue with different AckWaits leave it at the longest),
+//     and with [Options.NoDeclare] Receive refuses a shorter one
+//     ([*AckWaitError]).
 //   - Every settlement (+ACK, -NAK, +WPI) is sent as a request and waits for
 //     JetStream's answer (a "double ack"): a settlement only buffered by
 //     nats.go is lost when the connection drops, and the message would come

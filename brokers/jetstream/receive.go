@@ -23,6 +23,9 @@ const maxBatch = 256
 // waits for a batch to fill. It returns no deliveries and a nil error when
 // the long poll ends empty.
 //
+// With [Options.NoDeclare], a queue whose consumer has a shorter AckWait
+// than the Broker's is an [*AckWaitError].
+//
 // A message delivered more than [Options.MaxDeliveries] times is not
 // returned: Receive moves it to the dead-letter stream with the cause
 // [sdk.ErrMaxDeliveries]. A message whose berth headers do not decode is
@@ -46,6 +49,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	max = min(maxInt(max, 1), maxBatch)
 	q, err := b.queue(ctx, queue)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.checkAckWait(ctx, q); err != nil {
 		return nil, err
 	}
 	b.startMover(q)
@@ -161,7 +167,7 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 			b.untrack(sub) // request lost (reconnect): the caller asks again
 			return msgs, nil
 		}
-		if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
+		if status := serverStatus(m); status != "" {
 			switch status {
 			case "100": // idle heartbeat
 				continue
@@ -182,6 +188,18 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 	}
 	b.untrack(sub)
 	return msgs, nil
+}
+
+// serverStatus returns the status of m when it is the server's answer to a
+// pull (404 no messages, 408 expired, 409 ..., 100 heartbeat), else "". A
+// stored message may carry a Status header and no body too (any producer
+// can write one): a delivered message always has its ack subject as reply,
+// a status never has a reply.
+func serverStatus(m *nats.Msg) string {
+	if m.Reply != "" || len(m.Data) > 0 {
+		return ""
+	}
+	return m.Header.Get("Status")
 }
 
 // QueueDeletedError reports that a queue's stream or consumer was deleted
@@ -215,8 +233,8 @@ func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, c
 			case <-b.closing:
 				return
 			}
-			if m.Header.Get("Status") != "" && len(m.Data) == 0 {
-				if s := m.Header.Get("Status"); s != "100" {
+			if status := serverStatus(m); status != "" {
+				if status != "100" {
 					return
 				}
 				continue
