@@ -74,7 +74,7 @@ type Store struct {
 var _ idempotency.TxStore = (*Store)(nil)
 
 type queries struct {
-	insertTx, claim, selectRow, complete, release, extend, setResult, deleteExpired string
+	insertTx, claim, selectRow, complete, release, extend, finishTx, deleteExpired string
 }
 
 // New returns a store on db. It does not touch the database; call
@@ -112,7 +112,11 @@ SELECT EXISTS (SELECT 1 FROM done) OR EXISTS (SELECT 1 FROM ` + t + ` WHERE idem
 		release: `DELETE FROM ` + t + ` WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'in_progress'`,
 		extend: `UPDATE ` + t + ` SET locked_until = now() + make_interval(secs => $3)
 WHERE idempotency_key = $1 AND owner_token = $2 AND status = 'in_progress'`,
-		setResult: `UPDATE ` + t + ` SET resource_type = $2, resource_id = $3, result_json = $4::jsonb WHERE idempotency_key = $1`,
+		// A transactional key row completes at the commit, not at the
+		// transaction's start (now()): its retention counts from then.
+		finishTx: `UPDATE ` + t + ` SET resource_type = $2, resource_id = $3, result_json = $4::jsonb,
+completed_at = c.at, expires_at = c.at + make_interval(secs => $5)
+FROM (SELECT clock_timestamp() AS at) c WHERE idempotency_key = $1`,
 		deleteExpired: `DELETE FROM ` + t + ` WHERE idempotency_key IN (
 SELECT idempotency_key FROM ` + t + ` WHERE expires_at < now() AND (status = 'completed' OR locked_until < now())
 LIMIT $1 FOR UPDATE SKIP LOCKED)`,
@@ -187,20 +191,21 @@ func TxFrom(ctx context.Context) (pgx.Tx, bool) {
 }
 
 type tx struct {
-	s   *Store
-	tx  pgx.Tx
-	key string
+	s         *Store
+	tx        pgx.Tx
+	key       string
+	retention time.Duration
 }
 
 func (t *tx) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, t.tx)
 }
 
+// Commit stores r and the completion time with the key, then commits: the
+// row's retention counts from the completion, however long the handler ran.
 func (t *tx) Commit(ctx context.Context, r idempotency.Result) error {
-	if r.ResourceType != "" || r.ResourceID != "" || r.JSON != nil {
-		if _, err := t.tx.Exec(ctx, t.s.q.setResult, t.key, nullable(r.ResourceType), nullable(r.ResourceID), jsonArg(r.JSON)); err != nil {
-			return err
-		}
+	if _, err := t.tx.Exec(ctx, t.s.q.finishTx, t.key, nullable(r.ResourceType), nullable(r.ResourceID), jsonArg(r.JSON), t.retention.Seconds()); err != nil {
+		return err
 	}
 	return t.tx.Commit(ctx)
 }
@@ -237,7 +242,7 @@ func (s *Store) Begin(ctx context.Context, c idempotency.Claim) (idempotency.Tx,
 			return nil, 0, nil, unstorable(fmt.Errorf("pgstore: insert key: %w", err), c.Key)
 		}
 		if tag.RowsAffected() == 1 {
-			return &tx{s: s, tx: ptx, key: c.Key}, idempotency.Acquired, nil, nil
+			return &tx{s: s, tx: ptx, key: c.Key, retention: c.Retention}, idempotency.Acquired, nil, nil
 		}
 		rec, err := s.get(ctx, ptx, c.Key)
 		if errors.Is(err, idempotency.ErrNotFound) {
