@@ -164,3 +164,43 @@ func lookupCalls(t *testing.T, pool *pgxpool.Pool, key any) []lookupCall {
 		}},
 	}
 }
+
+// orderID is a row key of a type of its own, as applications declare them.
+type orderID string
+
+// TestUnstorableNamedStringKeyIsNotFound: a key of a named string type
+// (type OrderID string), which pgx sends as text like a string, names no row
+// when PostgreSQL text cannot hold it, as a plain string key does. Before,
+// only a plain string was checked: such a key was sent, refused with SQLSTATE
+// 22021 as a transient error, and rowlock's refusal aborted the caller's
+// transaction.
+func TestUnstorableNamedStringKeyIsNotFound(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
+		`CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint)`,
+		`INSERT INTO items (id, status) VALUES ('a', 'pending')`)
+	bad := orderID("a\x00")
+	for _, key := range []any{bad, &bad} {
+		for _, c := range lookupCalls(t, pool, key) {
+			err := c.call()
+			if !errors.Is(err, c.sentinel) || sdk.Classify(err) != sdk.ClassPermanent {
+				t.Errorf("%s(%T %q): %v, want the package's permanent ErrNotFound", c.name, key, bad, err)
+			} else if !strings.Contains(err.Error(), strconv.Quote(string(bad))) {
+				t.Errorf("%s(%T %q): error %q does not quote the key", c.name, key, bad, err)
+			}
+		}
+	}
+	locker, _, _, _ := itemsTools(t)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var n int64
+		if _, err := locker.Lock(ctx, tx, bad, &n); !errors.Is(err, rowlock.ErrNotFound) {
+			t.Errorf("rowlock.Lock(%q): %v, want ErrNotFound", bad, err)
+		}
+		_, err := locker.Lock(ctx, tx, orderID("a"), &n)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the transaction after rowlock.Lock(%q): %v, want it usable", bad, err)
+	}
+}

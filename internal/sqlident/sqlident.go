@@ -5,14 +5,17 @@
 package sqlident
 
 import (
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // ErrInvalid reports a table or column name that is not a plain identifier.
@@ -99,22 +102,55 @@ func StorableText(s string) bool {
 // UnstorableKey reports whether key is a string that PostgreSQL refuses as
 // a parameter (see [StorableText]): no row has it, so a lookup by it is a
 // missing row, decided without sending the statement (which would fail with
-// SQLSTATE 22021 and abort the caller's transaction).
+// SQLSTATE 22021 and abort the caller's transaction). A string is also a
+// value of a named string type (type OrderID string) or a pointer to one,
+// which pgx sends as its text.
 func UnstorableKey(key any) bool {
-	s, ok := key.(string)
+	s, ok := stringKey(key)
 	return ok && !StorableText(s)
 }
 
+// stringKey returns the text pgx sends for key when key is a string, a value
+// of a named string type, or a non-nil pointer to one of these, and encodes
+// itself in no other way (a driver.Valuer or pgtype.TextValuer may).
+func stringKey(key any) (string, bool) {
+	if s, ok := key.(string); ok {
+		return s, true
+	}
+	v := reflect.ValueOf(key)
+	for {
+		if !v.IsValid() {
+			return "", false
+		}
+		switch v.Interface().(type) {
+		case driver.Valuer, pgtype.TextValuer:
+			return "", false
+		}
+		if v.Kind() != reflect.Pointer {
+			break
+		}
+		if v.IsNil() {
+			return "", false
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.String {
+		return "", false
+	}
+	return v.String(), true
+}
+
 // KeyText is key as error text: a string (a row key often comes from a
-// message, so it is untrusted) quoted with Go escapes, so that a NUL, a
-// newline or a terminal escape in it cannot forge or garble a log line or
-// a terminal; any other key as fmt prints it.
+// message, so it is untrusted; see stringKey for what counts as one) quoted
+// with Go escapes, so that a NUL, a newline or a terminal escape in it
+// cannot forge or garble a log line or a terminal; any other key as fmt
+// prints it.
 func KeyText(key any) string {
-	switch k := key.(type) {
-	case string:
-		return strconv.Quote(k)
-	case []byte:
+	if k, ok := key.([]byte); ok {
 		return strconv.Quote(string(k))
+	}
+	if s, ok := stringKey(key); ok {
+		return strconv.Quote(s)
 	}
 	return fmt.Sprint(key)
 }

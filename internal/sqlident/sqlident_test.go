@@ -1,7 +1,9 @@
 package sqlident_test
 
 import (
+	"database/sql/driver"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/berthq/berth/internal/sqlident"
@@ -56,5 +58,31 @@ func TestStorableText(t *testing.T) {
 		if got := sqlident.StorableText(s); got != want {
 			t.Errorf("StorableText(%q) = %v, want %v", s, got, want)
 		}
+	}
+}
+
+type namedKey string
+
+// hexKey encodes itself (as hex), so its raw text is not what is sent.
+type hexKey string
+
+func (k hexKey) Value() (driver.Value, error) { return strings.ToUpper(string(k)), nil }
+
+func TestUnstorableKey(t *testing.T) {
+	bad, good := namedKey("a\x00"), namedKey("a")
+	var nilKey *namedKey
+	for _, c := range []struct {
+		key  any
+		want bool
+	}{
+		{"a\x00", true}, {"a\xff", true}, {"a", false}, {bad, true}, {&bad, true}, {good, false}, {&good, false},
+		{nilKey, false}, {nil, false}, {42, false}, {[]byte("a\x00"), false}, {hexKey("a\x00"), false},
+	} {
+		if got := sqlident.UnstorableKey(c.key); got != c.want {
+			t.Errorf("UnstorableKey(%#v) = %v, want %v", c.key, got, c.want)
+		}
+	}
+	if got, want := sqlident.KeyText(&bad), `"a\x00"`; got != want {
+		t.Errorf("KeyText(&namedKey) = %s, want %s", got, want)
 	}
 }
