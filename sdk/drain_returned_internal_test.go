@@ -45,6 +45,7 @@ func TestDrainSparesHandlerThatReturned(t *testing.T) {
 		// before it reads the cause: the drain deadline passes now, and
 		// its cancel reaches b (held after a) once it is done with a.
 		if armed.CompareAndSwap(true, false) {
+			stopRun() // Run drains, with a deadline already passed
 			<-(<-bCtx).Done()
 		}
 	}
@@ -58,7 +59,9 @@ func TestDrainSparesHandlerThatReturned(t *testing.T) {
 			return ctx.Err()
 		}
 		<-bStarted
-		stopRun() // Run drains, with a deadline already passed
+		// Run is stopped once this handler has returned (onMessage): a
+		// stop from here would let the 1 ns deadline pass while it still
+		// runs, and interrupt it rightly.
 		armed.Store(true)
 		return Permanent(bad)
 	})
