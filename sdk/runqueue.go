@@ -57,6 +57,19 @@ func (r *runQueue) close() {
 	close(r.quit)
 }
 
+// take returns a queued task without waiting; false when none is queued.
+func (r *runQueue) take() (*task, bool) {
+	select {
+	case t, ok := <-r.jobs:
+		if ok {
+			r.queued.Add(-1)
+		}
+		return t, ok
+	default:
+		return nil, false
+	}
+}
+
 // taker is one handler goroutine's side of a runQueue.
 type taker struct {
 	r     *runQueue

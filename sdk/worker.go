@@ -318,10 +318,31 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				t.shutdown()
 			}
 		}
+		// Deliveries not started are handed back now, not when a handler
+		// goroutine comes free: one held by a handler that ignores its
+		// context may never, and after Run returns no heartbeat keeps
+		// their leases (they would come back with an attempt counted).
+		var late sync.WaitGroup
+		for t, ok := rq.take(); ok; t, ok = rq.take() {
+			late.Go(func() {
+				if t.lost.Load() {
+					w.logLeaseLost(base, t.d)
+				} else {
+					w.release(base, t.d, "not started before the drain deadline")
+				}
+				done(t)
+			})
+		}
+		settled := make(chan struct{})
+		go func() {
+			<-drained
+			late.Wait()
+			close(settled)
+		}()
 		grace := time.NewTimer(o.SettleTimeout + time.Second)
 		defer grace.Stop()
 		select {
-		case <-drained:
+		case <-settled:
 		case <-grace.C:
 			err = errors.Join(err, ErrDrainTimeout)
 		}
@@ -381,11 +402,18 @@ func (w *Worker) receive(ctx context.Context, q *queueState, src, free chan int,
 	// calls, which are then in flight together (with 16 slots and batches
 	// of 10, a loop that took 10 left the other 6, short of a batch, until
 	// its own call ended). It waits for a full batch while received work
-	// waits for a handler or another loop's Receive is in flight.
+	// waits for a handler or another loop's Receive is in flight. With
+	// several queues a Receive takes at most a batch too: a full batch is
+	// a queue with work, where a Receive given more slots than it can fill
+	// came back short and made the queue idle (a poll of one every other
+	// call).
 	take, need := cap(free), half
-	if w.recvBatch > 0 && !multi {
-		take = min(take, w.recvBatch, max(cap(free)/max(o.ReceiveLoops, 1), 1))
-		need = min(need, take)
+	if w.recvBatch > 0 {
+		take = min(take, w.recvBatch)
+		if !multi {
+			take = min(take, max(cap(free)/max(o.ReceiveLoops, 1), 1))
+			need = min(need, take)
+		}
 	}
 	jobs := rq.jobs
 	busy := func() bool {
@@ -964,6 +992,9 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 		s.Action, s.Err = ActionAck, d.Ack(ctx)
 	case errors.Is(context.Cause(hctx), ErrShutdown):
 		s.Action = ActionRelease
+		if _, ok := d.(Releaser); !ok {
+			s.Action = ActionRetry // handed back by Retry: an attempt is consumed
+		}
 		s.Err = releaseOrRetry(ctx, d, 0, err)
 	case errors.Is(context.Cause(hctx), ErrJobTimeout):
 		// The timeout wins over what the interrupted handler returned: it
@@ -975,7 +1006,7 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 		s.Action, s.Err = ActionDeadLetter, d.DeadLetter(ctx, err)
 	case s.Class == ClassRetryAfter: // not a panic's value (Classify)
 		ra := retryAfter(err)
-		s.Action, s.Delay = ActionRelease, ra.Delay
+		s.Action, s.Delay = ActionRelease, min(ra.Delay, MaxDelay) // what every broker applies
 		if _, ok := d.(Releaser); !ok {
 			if w.atBrokerCap(d) {
 				// A Retry would be the broker's last delivery spent: it
@@ -985,7 +1016,7 @@ func (w *Worker) settle(ctx, hctx context.Context, d Delivery, err error, lost b
 			}
 			s.Action = ActionRetry
 		}
-		s.Err = releaseOrRetry(ctx, d, ra.Delay, err)
+		s.Err = releaseOrRetry(ctx, d, s.Delay, err)
 	default:
 		s.Action, s.Delay, s.Err = w.retryOrDeadLetter(ctx, d, err)
 	}
@@ -1020,7 +1051,9 @@ func (w *Worker) retryOrDeadLetter(ctx context.Context, d Delivery, cause error)
 		p = tp
 	}
 	if d.Attempt() < p.MaxAttempts && !w.atBrokerCap(d) {
-		delay := p.Backoff.Delay(d.Attempt(), w.rand())
+		// At most MaxDelay, which every broker applies to a longer one: the
+		// Settlement reports the delay the broker keeps.
+		delay := min(p.Backoff.Delay(d.Attempt(), w.rand()), MaxDelay)
 		return ActionRetry, delay, d.Retry(ctx, delay, cause)
 	}
 	return ActionDeadLetter, 0, d.DeadLetter(ctx, cause)

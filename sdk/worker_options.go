@@ -317,7 +317,7 @@ const (
 // Settlement describes how one delivery was settled.
 type Settlement struct {
 	Action   Action
-	Delay    time.Duration // for ActionRetry and ActionRelease
+	Delay    time.Duration // for ActionRetry and ActionRelease; at most MaxDelay, as every broker applies it
 	Class    ErrorClass    // class of the handler's error
 	Cause    error         // the handler's error, nil on success
 	Err      error         // the settlement call's own error, if it failed
