@@ -43,7 +43,11 @@ type Job struct {
 	// that key, so every scheduler publishes the same message for a slot.
 	// Message must depend on the slot only (not on the time it is called or
 	// the process): it runs in every scheduler, and for a slot caught up
-	// after downtime, late.
+	// after downtime, late. A slot whose Message returns an error, or whose
+	// message the publisher refuses as invalid (an error wrapping
+	// sdk.ErrInvalidMessage, sdk.ErrInvalidHeader or sdk.ErrMessageTooLarge),
+	// is dropped and logged at Error rather than retried: it would be
+	// refused again, and would hold back the job's later slots.
 	Message func(slot time.Time) (*sdk.Message, error)
 }
 
@@ -361,6 +365,14 @@ func (s *Scheduler) publish(ctx context.Context, st *state) bool {
 		pctx, cancel := context.WithTimeout(ctx, s.o.PublishTimeout)
 		err = s.pub.Publish(pctx, st.job.Queue, m)
 		cancel()
+		if err != nil && refused(err) {
+			// The message itself is invalid (sdk.Prepare's refusal): it
+			// would be refused again, and retrying it, oldest first,
+			// would hold back every later slot of the job.
+			s.o.Logger.Error("berth/periodic: the publisher refused the slot's message; slot dropped", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
+			st.pending = st.pending[1:]
+			continue
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				s.o.Logger.Warn("berth/periodic: publish failed; will retry", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
@@ -373,6 +385,12 @@ func (s *Scheduler) publish(ctx context.Context, st *state) bool {
 		}
 	}
 	return true
+}
+
+// refused reports a Publish error that refuses the message itself (see
+// [sdk.Prepare]), which no retry changes.
+func refused(err error) bool {
+	return errors.Is(err, sdk.ErrInvalidMessage) || errors.Is(err, sdk.ErrInvalidHeader) || errors.Is(err, sdk.ErrMessageTooLarge)
 }
 
 // message builds the message of one slot (see Job.Message).

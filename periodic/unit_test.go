@@ -523,3 +523,33 @@ func TestSlotNotRepublishedAfterWallClockStepsBack(t *testing.T) {
 		t.Errorf("published slots %v, want %v: each once, the clock stepping back notwithstanding", slots, want)
 	}
 }
+
+// A slot whose message the publisher refuses as invalid (sdk.Prepare's
+// ErrInvalidMessage: here a delay beyond sdk.MaxDelay) will be refused
+// again: it is dropped, and the job's later slots go out when they come.
+// Before, it was retried with backoff, oldest first, holding back every
+// later slot of the job — with CatchUp until MaxCatchUp newer slots had
+// piled up behind it (ten days for a daily job).
+func TestRefusedSlotDoesNotHoldBackLaterSlots(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	r := &recorder{}
+	bad := t0.Add(20 * time.Second)
+	s, err := periodic.New(r, periodic.Options{Clock: c, Missed: periodic.CatchUp,
+		Retry: sdk.Backoff{Base: time.Hour, Max: time.Hour, Jitter: -1}},
+		periodic.Job{Name: "j", Schedule: every(t, 10*time.Second), Queue: "q",
+			Message: func(slot time.Time) (*sdk.Message, error) {
+				m := &sdk.Message{}
+				if slot.Equal(bad) {
+					m.Delay = sdk.MaxDelay + time.Hour
+				}
+				return m, nil
+			}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, c, 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second)
+	equal(t, "slots", r.slots(t), []string{"00:00:10", "00:00:30", "00:00:40"})
+	if r.calls != 4 { // :20 tried once, not retried
+		t.Errorf("publish calls: %d, want 4", r.calls)
+	}
+}
