@@ -10,6 +10,7 @@ import (
 
 	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/health"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
@@ -105,5 +106,74 @@ func TestReadinessFollowsJetStream(t *testing.T) {
 	}
 	if err := b.ConnectionError(); !errors.Is(err, sdk.ErrClosed) {
 		t.Errorf("ConnectionError after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestProbesAnswerWhileNATSReconnectHangs: with the NATS server behind a
+// black hole (new connections accepted, no byte answered), nats.go's
+// reconnect holds the connection's lock through its dial and handshake, for
+// its Timeout — here the Connect deadline, two minutes. /livez and /readyz
+// still answer at once: 200 and 503 naming the connection. Before,
+// ConnectionError waited for that lock (nc.Status), so every probe hung
+// until the handshake timed out, and a liveness probe's timeout would have
+// had the platform kill a process that was only waiting for its server.
+func TestProbesAnswerWhileNATSReconnectHangs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	proxy, u := viaProxy(t, integration.NATSURL(t), "4222")
+	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-health-test", ReconnectWait: 50 * time.Millisecond},
+		jetstream.Options{WaitTime: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	queue := "health_" + pgtest.Suffix()
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := b.DeleteQueue(context.Background(), queue); err != nil && !errors.Is(err, sdk.ErrNotFound) {
+			t.Errorf("delete queue: %v", err)
+		}
+	}()
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queue: queue, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, ready := server(t, w)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	defer func() { stop(); <-done }()
+	waitProbe(t, ready, http.StatusOK)
+
+	proxy.Freeze()     // new connections: accepted, never answered
+	defer proxy.Thaw() // first: the reconnect completes, Close does not wait for it
+	proxy.Reset()
+	// Probe for a few seconds: the reconnect's handshake, once it starts,
+	// holds the lock for the rest of the test.
+	for i := range 30 {
+		got := make(chan health.Report, 1)
+		go func() { got <- health.Check("ready", w) }()
+		select {
+		case r := <-got:
+			h := r.Workers[0]
+			if !h.Live || (i > 0 && h.Ready) { // the first may predate the reset's notice
+				t.Fatalf("check %d: %+v, want live and not ready", i, h)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("check %d did not answer in 20s while the reconnect hangs", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, _ := probe(t, live); code != http.StatusOK {
+		t.Errorf("live = %d, want 200", code)
+	}
+	if code, r := probe(t, ready); code != http.StatusServiceUnavailable || !strings.HasPrefix(r.Workers[0].Reason, "broker connection down") {
+		t.Errorf("ready = %d %+v, want 503 naming the connection", code, r)
+	}
+	if err := b.ConnectionError(); !errors.Is(err, sdk.ErrUnavailable) {
+		t.Errorf("ConnectionError = %v, want ErrUnavailable", err)
 	}
 }

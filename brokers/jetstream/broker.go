@@ -259,6 +259,14 @@ type Broker struct {
 
 	pendMu  sync.Mutex
 	pending map[*nats.Msg]*sdk.PublishResult // guarded by pendMu: published messages (Publish's and PublishAsync's) awaiting their outcome
+
+	// status is the connection's last nats.Status, kept by watchStatus
+	// from nats.go's status events: ConnectionError reads it without
+	// nc.Status, which waits for the connection's lock, held by nats.go
+	// through a reconnect's dial and handshake (up to its Timeout).
+	status     atomic.Int32
+	statusCh   chan nats.Status
+	statusDone chan struct{}
 }
 
 // New returns a Broker on the application's connection nc, which must have
@@ -293,7 +301,46 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("berth/jetstream: %w", err)
 	}
+	b.watchStatus()
 	return b, nil
+}
+
+// statusRefresh is how often watchStatus reads the connection's status
+// itself: nats.go drops a status event when the listener's buffer is full,
+// and the status kept would stay stale until the next change.
+const statusRefresh = 5 * time.Second
+
+// watchStatus keeps b.status up to date with the connection's status
+// events until the connection closes or Close removes the listener. Events
+// come in order, so the last one stored is the connection's status; every
+// statusRefresh the status is read again (in this goroutine, which may wait
+// for the connection's lock; a probe never does).
+func (b *Broker) watchStatus() {
+	b.statusCh = b.nc.StatusChanged(nats.DISCONNECTED, nats.CONNECTED, nats.CLOSED, nats.RECONNECTING,
+		nats.CONNECTING, nats.DRAINING_SUBS, nats.DRAINING_PUBS)
+	b.status.Store(int32(b.nc.Status())) // after registering: no change is missed
+	b.statusDone = make(chan struct{})
+	go func() {
+		defer close(b.statusDone)
+		tick := time.NewTicker(statusRefresh)
+		defer tick.Stop()
+		for {
+			var s nats.Status
+			select {
+			case ev, ok := <-b.statusCh:
+				if !ok {
+					return // Close removed the listener
+				}
+				s = ev
+			case <-tick.C:
+				s = b.nc.Status()
+			}
+			b.status.Store(int32(s))
+			if s == nats.CLOSED {
+				return // final: also when the application closes its nc without Close
+			}
+		}
+	}()
 }
 
 // Options returns the broker's options with defaults filled in.
@@ -354,6 +401,10 @@ func (b *Broker) Close() error {
 		b.failPending()
 		if b.ownsConn {
 			b.nc.Close()
+		}
+		if b.statusCh != nil {
+			b.nc.RemoveStatusListener(b.statusCh) // closes it: watchStatus ends
+			<-b.statusDone
 		}
 	})
 	return nil
@@ -447,11 +498,19 @@ var errNotConnected = errors.New("not connected to the NATS server")
 // connection is up, else an error wrapping [sdk.ErrUnavailable] with its
 // status (nats.go reconnects by itself); [sdk.ErrClosed] once the Broker is
 // closed. It makes no call to the server.
+//
+// It does not wait for the connection's lock, which nats.go holds through
+// a reconnect's dial and handshake (up to the connection's Timeout, the
+// whole Connect deadline when its ctx had one): a health probe answers at
+// once while a reconnection hangs on a black-holed server.
 func (b *Broker) ConnectionError() error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
 	}
-	return b.connected("connection")
+	if s := nats.Status(b.status.Load()); s != nats.CONNECTED {
+		return fmt.Errorf("berth/jetstream: connection: %w: %w (%s)", sdk.ErrUnavailable, errNotConnected, s)
+	}
+	return nil
 }
 
 // connected returns an error wrapping sdk.ErrUnavailable unless the
