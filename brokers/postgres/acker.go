@@ -47,7 +47,8 @@ type ackReq struct {
 	stop  func() bool // unregisters the caller's context watch, if any
 }
 
-// finish calls done with err, the first time only.
+// finish calls done with err, the first time only, and unregisters the
+// caller's context watch.
 func (r *ackReq) finish(err error) {
 	if !r.once.CompareAndSwap(false, true) {
 		return
@@ -56,6 +57,16 @@ func (r *ackReq) finish(err error) {
 		r.stop()
 	}
 	r.done(err)
+}
+
+// cut is finish for the caller's context watch itself: it does not read
+// stop, which ackAsync may still be assigning when a context already done
+// runs the watch at once (the watch has run: there is nothing to
+// unregister).
+func (r *ackReq) cut(err error) {
+	if r.once.CompareAndSwap(false, true) {
+		r.done(err)
+	}
 }
 
 func newAcker(b *Broker) *acker { return &acker{b: b, kick: make(chan struct{}, 1)} }
@@ -88,7 +99,7 @@ func (a *acker) ackAsync(ctx context.Context, id int64, token string, done func(
 		return
 	}
 	if ctx.Done() != nil {
-		r.stop = context.AfterFunc(ctx, func() { r.finish(ctx.Err()) })
+		r.stop = context.AfterFunc(ctx, func() { r.cut(ctx.Err()) })
 	}
 	a.pending = append(a.pending, r)
 	a.mu.Unlock()

@@ -144,3 +144,33 @@ func TestAckAsyncContextEnds(t *testing.T) {
 	default:
 	}
 }
+
+// TestAckAsyncWithContextAlreadyDone: AckAsync given a context already
+// done tells done of it once (or of the ack's outcome, should the batch
+// come first). The context watch, run at once by context.AfterFunc for a
+// done context, read the request's unregister function while AckAsync was
+// still assigning it: a data race the race detector reports.
+func TestAckAsyncWithContextAlreadyDone(t *testing.T) {
+	pool := newPool(t, "berth-ackdone-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{Lease: time.Minute})
+	q := "ackdone_" + suffix()
+	const n = 50
+	publishN(t, b, q, n)
+	ds := receiveN(t, b, q, n)
+	done, cancel := context.WithCancel(testCtx(t))
+	cancel()
+	outcomes := make(chan error, 2*n)
+	for _, d := range ds {
+		d.(sdk.AsyncAcker).AckAsync(done, func(err error) { outcomes <- err })
+	}
+	for range n {
+		if err := <-outcomes; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("AckAsync with a done context: %v; want nil or context.Canceled", err)
+		}
+	}
+	select {
+	case err := <-outcomes:
+		t.Errorf("AckAsync told its outcome twice (then %v)", err)
+	default:
+	}
+}
