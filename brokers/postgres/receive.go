@@ -95,11 +95,16 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 
 // nextDue returns how long to sleep before the next look at queue: until its
 // earliest due time (delayed job, retry, lease expiry), within
-// [minWait, PollInterval].
+// [minWait, PollInterval]. The due time is clamped to that range in SQL: a
+// row parked by hand at 'infinity' (which now() cannot be subtracted from)
+// or centuries ahead (more microseconds than a time.Duration holds) must
+// not fail every Receive of the queue, nor make it poll every minWait.
 func (b *Broker) nextDue(ctx context.Context, queue string) (time.Duration, error) {
 	var us *int64
-	err := b.pool.QueryRow(ctx, `SELECT (extract(epoch FROM min(available_at) - now()) * 1e6)::bigint
-		FROM `+b.table+` WHERE queue = $1 AND status IN ('queued', 'retry', 'processing')`, queue).Scan(&us)
+	err := b.pool.QueryRow(ctx, `SELECT (extract(epoch FROM
+			greatest(least(min(available_at), now() + $2 * interval '1 microsecond'), now()) - now()) * 1e6)::bigint
+		FROM `+b.table+` WHERE queue = $1 AND status IN ('queued', 'retry', 'processing')`,
+		queue, b.opts.PollInterval.Microseconds()).Scan(&us)
 	if err != nil {
 		return 0, b.wrap(ctx, "receive", err)
 	}

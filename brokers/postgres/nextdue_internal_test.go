@@ -1,0 +1,59 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestNextDueFarFutureRow: a job parked in SQL at 'infinity' or centuries
+// ahead (a common way to hold one back) is a due time beyond the poll
+// interval. nextDue failed on 'infinity' ("cannot subtract infinite
+// timestamps": every Receive of the queue returned the error), and for a
+// date past 2262 its microseconds overflowed time.Duration to a negative
+// wait: Receive looked at the table every minWait instead of every
+// PollInterval. A row at '-infinity' is due now.
+func TestNextDueFarFutureRow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := make([]byte, 6)
+	_, _ = rand.Read(p)
+	schema := "berth_test_" + hex.EncodeToString(p)
+	defer func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) }()
+	b, err := New(pool, Options{Schema: schema, PollInterval: 700 * time.Millisecond, DisableListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	for at, want := range map[string]time.Duration{
+		"infinity":   700 * time.Millisecond,
+		"2500-01-01": 700 * time.Millisecond,
+		"-infinity":  minWait,
+	} {
+		if _, err := pool.Exec(ctx, `UPDATE `+b.table+` SET available_at = $1::timestamptz`, at); err != nil {
+			t.Fatal(err)
+		}
+		got, err := b.nextDue(ctx, "q")
+		if err != nil || got != want {
+			t.Errorf("nextDue with a job at %s = %s, %v; want %s", at, got, err, want)
+		}
+	}
+}
