@@ -218,9 +218,12 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	// compared with = ANY($2): without table statistics a generic plan
 	// filters every dead letter through the array one element at a time
 	// (464 ms for 500 IDs among 70,000, against 33 ms joined).
-	from, chosen := ``, `$2::text[] IS NULL`
+	// A redrive of them all returns no IDs (RETURNING 1): the count is all
+	// it needs, and a queue of millions of dead letters must not have all
+	// their IDs read into memory to be counted.
+	from, chosen, returning := ``, `$2::text[] IS NULL`, `1`
 	if len(ids) > 0 {
-		from, chosen = `FROM unnest($2::text[]) AS chosen(id)`, `message_id = chosen.id`
+		from, chosen, returning = `FROM unnest($2::text[]) AS chosen(id)`, `message_id = chosen.id`, `message_id`
 	}
 	rows, err := tx.Query(ctx, `UPDATE `+b.table+` SET
 			status = 'queued', attempt_count = 0, available_at = now(), visibility_until = NULL,
@@ -230,28 +233,37 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 					THEN (headers->>'`+sdk.HeaderRedriveCount+`')::int ELSE 0 END + 1)::text)
 		`+from+`
 		WHERE queue = $1 AND status = 'dead_letter' AND `+chosen+`
-		RETURNING message_id`, queue, nilIfEmpty(ids), []string{
+		RETURNING `+returning, queue, nilIfEmpty(ids), []string{
 		sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
 		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt})
 	if err != nil {
 		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
-	redriven, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var (
+		n     int
+		found = make(map[string]bool, len(ids))
+		id    string
+	)
+	dest := []any{nil}
+	if len(ids) > 0 {
+		dest[0] = &id
+	}
+	_, err = pgx.ForEachRow(rows, dest, func() error {
+		n++
+		if len(ids) > 0 {
+			found[id] = true
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
-	if len(ids) > 0 {
-		found := make(map[string]bool, len(redriven))
-		for _, id := range redriven {
-			found[id] = true
-		}
-		for _, id := range ids {
-			if !found[id] {
-				return 0, fmt.Errorf("berth/postgres: redrive dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
-			}
+	for _, id := range ids {
+		if !found[id] {
+			return 0, fmt.Errorf("berth/postgres: redrive dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
 		}
 	}
-	if len(redriven) > 0 {
+	if n > 0 {
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, b.channel, queue); err != nil {
 			return 0, b.wrap(ctx, "redrive dead letters", err)
 		}
@@ -259,7 +271,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	if err := tx.Commit(ctx); err != nil {
 		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}
-	return len(redriven), nil
+	return n, nil
 }
 
 // PurgeDeadLetters deletes queue's dead letters and returns how many.
