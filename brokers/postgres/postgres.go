@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -21,7 +22,8 @@ import (
 var ErrInvalidSchema = errors.New("berth/postgres: invalid schema name")
 
 // ErrInvalidOptions reports Options that cannot work (a negative duration, a
-// MaxAttempts below zero or above PostgreSQL's integer range).
+// MaxAttempts below zero or above PostgreSQL's integer range, a WorkerID
+// PostgreSQL text cannot hold).
 var ErrInvalidOptions = errors.New("berth/postgres: invalid options")
 
 // Defaults of [Options].
@@ -53,7 +55,9 @@ type Options struct {
 	// (the column is a PostgreSQL integer).
 	MaxAttempts int
 	// WorkerID is written into worker_id of the rows this broker claims.
-	// Default "<hostname>-<pid>-<random>".
+	// Default "<hostname>-<pid>-<random>". It must be valid UTF-8 without
+	// NUL bytes (what PostgreSQL text holds): New refuses another with
+	// [ErrInvalidOptions], as every claim would fail.
 	WorkerID string
 	// PollInterval bounds how long Receive waits before querying the table
 	// again when no notification arrives (LISTEN/NOTIFY is the fast path;
@@ -104,6 +108,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxAttempts > math.MaxInt32 {
 		// max_attempts is an integer column: every Publish would fail.
 		return o, fmt.Errorf("%w: MaxAttempts %d above PostgreSQL's integer maximum %d", ErrInvalidOptions, o.MaxAttempts, math.MaxInt32)
+	}
+	if !sqlident.StorableText(o.WorkerID) {
+		// worker_id is text: every claim would fail (SQLSTATE 22021).
+		return o, fmt.Errorf("%w: WorkerID %q is not valid UTF-8 without NUL bytes", ErrInvalidOptions, o.WorkerID)
 	}
 	if o.Lease == 0 {
 		o.Lease = DefaultLease

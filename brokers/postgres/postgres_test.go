@@ -57,6 +57,23 @@ func TestInvalidSchemaRejected(t *testing.T) {
 	}
 }
 
+// TestInvalidWorkerIDRejected: a WorkerID PostgreSQL text cannot hold (a
+// NUL byte, invalid UTF-8) is refused by New. It was accepted, and every
+// claim, which writes it into worker_id, failed (SQLSTATE 22021): a broker
+// that could never receive a job.
+func TestInvalidWorkerIDRejected(t *testing.T) {
+	pool := newPool(t, "berth-invalid-worker-id", 1)
+	for _, w := range []string{"host\x00-1", "host\xff-1"} {
+		b, err := postgres.New(pool, postgres.Options{WorkerID: w})
+		if !errors.Is(err, postgres.ErrInvalidOptions) {
+			t.Errorf("New(WorkerID %q): %v, want ErrInvalidOptions", w, err)
+		}
+		if b != nil {
+			_ = b.Close()
+		}
+	}
+}
+
 // TestMigrateCreatesReferenceSchema checks the columns of the reference jobs
 // table (ARCHITECTURE.md, "Reference schema and the billing scenario") and the claim indexes, and that Migrate is idempotent
 // when run concurrently and again.
