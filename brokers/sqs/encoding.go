@@ -175,12 +175,14 @@ func decode(msg sqstypes.Message) (*sdk.Message, error) {
 }
 
 // foreign is the message of an SQS message that berth did not encode: its
-// SQS MessageId as ID, its body as it is, and its String and Number
-// attributes as headers, except those with a reserved name (berth-…), which
-// only berth writes: a foreign producer's berth-dlq-reason or
+// SQS MessageId as ID, its MessageGroupId (FIFO) as Key, so that its dead
+// letter and a redrive keep its group, its body as it is, and its String and
+// Number attributes as headers, except those with a reserved name (berth-…),
+// which only berth writes: a foreign producer's berth-dlq-reason or
 // berth-dlq-queue would otherwise pass for berth's own.
 func foreign(msg sqstypes.Message) *sdk.Message {
-	m := &sdk.Message{ID: aws.ToString(msg.MessageId), Body: []byte(aws.ToString(msg.Body))}
+	m := &sdk.Message{ID: aws.ToString(msg.MessageId), Body: []byte(aws.ToString(msg.Body)),
+		Key: msg.Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)]}
 	for name, v := range msg.MessageAttributes {
 		if v.StringValue != nil && !sdk.IsReservedHeader(name) {
 			m.SetHeader(name, *v.StringValue)

@@ -915,3 +915,49 @@ func TestDeadLetterScanLeavesMessages(t *testing.T) {
 		t.Fatalf("PurgeDeadLetters = %d, %v; want %d", n, err, len(msgs))
 	}
 }
+
+// TestForeignFIFOMessageKeepsGroup: a message another producer sent to a
+// FIFO queue is delivered with its MessageGroupId as Key (the contract's
+// Key is the FIFO message group), and its dead letter keeps that group. It
+// was delivered with an empty Key, and DeadLetter put the copy in
+// Options.DefaultGroup: every foreign dead letter in one group, which a
+// redrive then carried back to the queue.
+func TestForeignFIFOMessageKeepsGroup(t *testing.T) {
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "foreignfifo", true, sqs.QueueConfig{})
+	ctx := testCtx(t)
+	url, err := b.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(q)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Client().SendMessage(ctx, &awssqs.SendMessageInput{
+		QueueUrl:               url.QueueUrl,
+		MessageBody:            aws.String("from elsewhere"),
+		MessageGroupId:         aws.String("customer-7"),
+		MessageDeduplicationId: aws.String("dedup-" + q),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveN(t, b, q, 1)[0]
+	if got := d.Message().Key; got != "customer-7" {
+		t.Errorf("Key = %q, want the MessageGroupId %q", got, "customer-7")
+	}
+	if err := d.DeadLetter(ctx, errors.New("poison")); err != nil {
+		t.Fatal(err)
+	}
+	dlq, err := b.Client().GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(strings.TrimSuffix(q, ".fifo") + "-dlq.fifo")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := b.Client().ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+		QueueUrl:                    dlq.QueueUrl,
+		WaitTimeSeconds:             1,
+		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameMessageGroupId},
+	})
+	if err != nil || len(out.Messages) != 1 {
+		t.Fatalf("ReceiveMessage from the dead-letter queue: %d messages, %v; want 1", len(out.Messages), err)
+	}
+	if got := out.Messages[0].Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)]; got != "customer-7" {
+		t.Errorf("dead letter's MessageGroupId = %q, want %q", got, "customer-7")
+	}
+}
