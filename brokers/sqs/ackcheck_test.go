@@ -1,11 +1,15 @@
 package sqs_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
@@ -154,5 +158,67 @@ func TestBufferedAckPastLeaseChecked(t *testing.T) {
 	}
 	if got := calls.handles["DeleteMessageBatch"]; len(got) != 1 || len(got[0]) != 1 || got[0][0] != "h0" {
 		t.Errorf("DeleteMessageBatch calls %v, want one of h0 only", got)
+	}
+}
+
+// TestDeleteRetriedPastLeaseIsNotSuccess: a buffered delete sent well within
+// its lease whose first attempt fails (the connection, here) is sent again by
+// the SDK's retries, after the lease ran out and another receiver took the
+// message. SQS (and the emulator) answer success to the old receipt and
+// delete nothing: the lease check before the call does not cover an attempt
+// made that late, and Flush returned nil while the message ran again. Its
+// outcome is now unknown (sdk.ErrUnavailable), never success.
+func TestDeleteRetriedPastLeaseIsNotSuccess(t *testing.T) {
+	ctx := testCtx(t)
+	started, proceed := make(chan struct{}), make(chan struct{})
+	var attempts atomic.Int32
+	failFirst := onOperationAt(eachAttempt, "DeleteMessageBatch", func(ctx context.Context) error {
+		if attempts.Add(1) > 1 {
+			return nil
+		}
+		close(started)
+		select { // until the lease ran out and another receiver holds the message
+		case <-proceed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return &smithyhttp.RequestSendError{Err: errors.New("connection reset (injected)")}
+	})
+	b1 := newBroker(t, sqs.Options{VisibilityTimeout: time.Second, WaitTime: time.Second}, failFirst)
+	b2 := newBroker(t, sqs.Options{VisibilityTimeout: 30 * time.Second, WaitTime: time.Second, SyncAck: true})
+	q := declare(t, b1, "ackretry", false, sqs.QueueConfig{})
+	m := &sdk.Message{Body: []byte("x")}
+	if err := b1.Publish(ctx, q, m); err != nil {
+		t.Fatal(err)
+	}
+	d1 := receiveN(t, b1, q, 1)[0]
+	if err := d1.Ack(ctx); err != nil { // well within the lease: sent with no check
+		t.Fatalf("Ack: %v", err)
+	}
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the delete was not sent")
+	}
+	d2 := receiveN(t, b2, q, 1)[0] // comes once the first lease ran out
+	if d2.Message().ID != m.ID || d2.Attempt() < 2 {
+		t.Fatalf("second receive: message %s attempt %d, want %s attempt >= 2", d2.Message().ID, d2.Attempt(), m.ID)
+	}
+	close(proceed)
+	err := b1.Flush(ctx)
+	if n := attempts.Load(); n < 2 {
+		t.Fatalf("%d DeleteMessageBatch attempts, want the SDK's retry", n)
+	}
+	// The second receipt still holds the message: the retried delete
+	// deleted nothing.
+	if err := d2.ExtendLease(ctx, 0); err != nil {
+		t.Fatalf("ExtendLease of the second delivery: %v", err)
+	}
+	var ae *sqs.AckError
+	if !errors.As(err, &ae) || ae.ID != m.ID || !errors.Is(err, sdk.ErrUnavailable) {
+		t.Errorf("Flush = %v, want an AckError of %s wrapping ErrUnavailable (the message was not deleted)", err, m.ID)
+	}
+	if err := d2.Ack(ctx); err != nil {
+		t.Fatalf("Ack of the second delivery: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -438,7 +439,8 @@ func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ack
 	for i, e := range entries {
 		in.Entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)}
 	}
-	out, err := a.client.DeleteMessageBatch(ctx, in)
+	var sent lastAttempt
+	out, err := a.client.DeleteMessageBatch(ctx, in, sent.option())
 	if err != nil { // the SDK already retried what it could
 		err = a.wrap(ctx, "delete from "+entries[0].queue, err)
 		for _, e := range entries {
@@ -450,7 +452,13 @@ func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ack
 	for _, s := range out.Successful {
 		if i, err := strconv.Atoi(aws.ToString(s.Id)); err == nil && i >= 0 && i < len(entries) && !answered[i] {
 			answered[i] = true
-			a.finish(entries[i], nil)
+			if e := entries[i]; sent.late(e.deadline) {
+				// SQS answers success to a stale receipt and deletes
+				// nothing: this success says nothing.
+				a.finish(e, fmt.Errorf("berth/sqs: the delete was sent again (the SDK retried it) when its lease may have ended: %w", sdk.ErrUnavailable))
+			} else {
+				a.finish(e, nil)
+			}
 		}
 	}
 	for _, f := range out.Failed {
@@ -480,6 +488,42 @@ func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ack
 		}
 	}
 	return again
+}
+
+// lastAttempt is what lastAttempt.option saw of a call's attempts (the
+// SDK's retries make several): how many, and when the last one started.
+type lastAttempt struct {
+	n     int
+	start time.Time
+}
+
+// option is a call option that notes the call's attempts in l. The retry
+// loop runs its attempts one after another on the calling goroutine.
+func (l *lastAttempt) option() func(*awssqs.Options) {
+	return awssqs.WithAPIOptions(func(s *middleware.Stack) error {
+		mw := middleware.FinalizeMiddlewareFunc("berthLastAttempt",
+			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				l.n++
+				l.start = time.Now()
+				return next.HandleFinalize(ctx, in)
+			})
+		// Right inside the SDK's retry loop: once an attempt, also one
+		// that a client middleware further in ends.
+		if err := s.Finalize.Insert(mw, "Retry", middleware.After); err == nil {
+			return nil
+		}
+		return s.Finalize.Add(mw, middleware.After)
+	})
+}
+
+// late reports whether the call's answer may concern a receipt whose lease,
+// ending at deadline, had run out: the SDK retried it, and its last attempt
+// started within leaseMargin of deadline or after. confirm checks a delete
+// before its call, when the call's first attempt follows at once; a retry
+// may come after a backoff, and SQS answers success to a delete whose
+// receipt no longer holds the message and deletes nothing.
+func (l *lastAttempt) late(deadline time.Time) bool {
+	return l.n > 1 && !l.start.Before(deadline.Add(-leaseMargin))
 }
 
 // finish delivers the result of one delete.

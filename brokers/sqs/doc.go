@@ -24,7 +24,9 @@
 //     refuses is logged and returned by the next Flush ([AckError]). A delete
 //     sent when its lease has run out (or is about to) is checked first with
 //     ChangeMessageVisibilityBatch: SQS answers success to a stale receipt
-//     and deletes nothing, so a stale one is reported lost instead.
+//     and deletes nothing, so a stale one is reported lost instead; a
+//     delete the SDK retried once the lease had run out (or was about to)
+//     is reported with its outcome unknown ([sdk.ErrUnavailable]).
 //   - Retry(d) is ChangeMessageVisibility(d, rounded up to whole seconds, so
 //     never early); ExtendLease is ChangeMessageVisibility too. SQS caps a
 //     message's visibility at 12 hours from its receipt: longer leases fail
@@ -65,8 +67,9 @@
 // (see DeadLetter above); either refusal is an [*sdk.MessageTooLargeError]
 // and nothing of the batch is sent.
 // Messages without the "berth" attribute (sent by other
-// producers) are delivered with their SQS MessageId as ID, their body as it
-// is, and their String attributes as headers, except those with a reserved
+// producers) are delivered with their SQS MessageId as ID, their
+// MessageGroupId (FIFO) as Key, their body as it is, and their String
+// attributes as headers, except those with a reserved
 // name (berth-…), which are dropped: only berth writes them.
 //
 // A Receive cancelled in the middle of its long poll (ctx done, or Close)

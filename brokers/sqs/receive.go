@@ -193,7 +193,10 @@ func (d *delivery) usable() error {
 // holds the message, and deletes nothing): the delete of a stale receipt is
 // not sent, and its error, wrapping [sdk.ErrLeaseLost], is returned by the
 // next [Broker.Flush], or by Ack with SyncAck, as is a delete SQS refuses
-// because the receipt handle expired.
+// because the receipt handle expired. A delete whose call the SDK retried
+// when the lease had run out, or was about to, fails with an error wrapping
+// [sdk.ErrUnavailable]: SQS's success answer then says nothing, and the
+// message may come back.
 // A delete call that fails returns, like Publish, an error wrapping
 // [sdk.ErrUnavailable] (SQS unreachable), [sdk.ErrNotFound] (no such queue)
 // or [sdk.ErrClosed] (the broker closed).
