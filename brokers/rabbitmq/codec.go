@@ -247,15 +247,13 @@ func annotateBrokerDeath(m *sdk.Message, h amqp.Table, mainQueue string) {
 	if reason != "delivery_limit" {
 		cause = fmt.Errorf("rabbitmq: dead-lettered by the broker: %s", reason)
 	}
-	attempts := 0
-	if n, ok := toInt(h["x-delivery-count"]); ok {
-		attempts = n
-	}
 	if at.IsZero() {
 		at = time.Now()
 	}
-	sdk.AnnotateDeadLetter(m, q, attempts, cause, at, at)
-	if attempts == 0 {
-		delete(m.Headers, sdk.HeaderDeadLetterAttempts)
-	}
+	// The attempt it died at is not known: the x-delivery-count of a dead
+	// letter is the dead-letter queue's own count of its deliveries (0 on
+	// its first, 1 after a walk's channel died), not the main queue's, which
+	// the server does not keep when it dead-letters. So no attempts header.
+	sdk.AnnotateDeadLetter(m, q, 0, cause, at, at)
+	delete(m.Headers, sdk.HeaderDeadLetterAttempts)
 }
