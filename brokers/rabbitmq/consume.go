@@ -434,6 +434,16 @@ func (c *consumer) run() {
 			c.stop(fmt.Errorf("%w: rabbitmq: queue %q: %w", sdk.ErrNotFound, c.queue, err))
 			return
 		}
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			// The queue (or its dead-letter queue or exchange) exists with
+			// other arguments than this broker declares: no retry will
+			// change that. Report it to Receive, as above, rather than
+			// retry in the background while Receive waits for ever.
+			c.stop(fmt.Errorf("rabbitmq: queue %q: the server holds it, its dead-letter queue or exchange "+
+				"with other arguments than Options declare (make them match, or delete it; "+
+				"QueueArguments shows a queue's): %w", c.queue, err))
+			return
+		}
 		if err == nil { // the channel ran and died: reopen after the shortest backoff
 			attempt = 1
 		} else {
@@ -838,7 +848,11 @@ func redeliveries(qt QueueType, redelivered bool, deliveryCnt int) int {
 // busy looping while it is empty; it returns ctx.Err() when ctx is done
 // (already done: at once, taking nothing) and [sdk.ErrClosed] after Close.
 // With [Options.NoDeclare], a queue that does not exist gives an error
-// wrapping [sdk.ErrNotFound] and the server's *amqp.Error.
+// wrapping [sdk.ErrNotFound] and the server's *amqp.Error. A queue that
+// exists with other arguments than the broker declares (another queue type,
+// dead-letter exchange or delivery limit) gives an error holding the
+// server's *amqp.Error 406 (PRECONDITION_FAILED), at once rather than after
+// ctx; the next Receive declares again.
 //
 // The first Receive of a queue starts a consumer with [Options.Prefetch]
 // (default: this call's max, at most [DefaultPrefetch]); it keeps running
