@@ -235,7 +235,7 @@ func prefetch(o Options) []Finding {
 	switch {
 	case o.Prefetch == 0:
 		return []Finding{{ID: "rabbitmq.prefetch", Severity: OK, Summary: "automatic prefetch: the Worker's capacity",
-			Evidence: fmt.Sprintf("prefetch follows the first Receive (Concurrency %d + Prefetch %d), at most %d", o.Concurrency, o.Concurrency, rabbitmq.DefaultPrefetch)}}
+			Evidence: fmt.Sprintf("prefetch follows the Worker's capacity (Concurrency %d + Prefetch %d), at most %d", o.Concurrency, o.Concurrency, rabbitmq.DefaultPrefetch)}}
 	case o.Prefetch < o.Concurrency:
 		return []Finding{{ID: "rabbitmq.prefetch", Severity: Warn, Summary: "prefetch below the Worker's concurrency: handlers sit idle",
 			Evidence: fmt.Sprintf("prefetch %d < Concurrency %d", o.Prefetch, o.Concurrency), Fix: "drop the prefetch parameter (automatic) or raise it to Concurrency + Prefetch"}}

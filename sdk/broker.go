@@ -118,6 +118,30 @@ type ReceiveBatcher interface {
 	ReceiveBatch() int
 }
 
+type receiveCapacityKey struct{}
+
+// WithReceiveCapacity returns a copy of ctx telling the Receive calls made
+// under it that their caller holds up to n deliveries of a queue at once,
+// whatever max each call asks for. A [Worker] receives under its capacity
+// (Concurrency + Prefetch): with several [WorkerOptions.Queues] a Receive
+// asks only for the slots its queue was handed (an idle queue's, for one),
+// so max says little about how many the Worker will hold. Brokers that take
+// a queue's messages in ahead of Receive size that by it (RabbitMQ: the
+// consumer's prefetch); the others ignore it. Being a value of ctx, it
+// reaches the broker through any wrapper that passes ctx on.
+func WithReceiveCapacity(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, receiveCapacityKey{}, n)
+}
+
+// ReceiveCapacity returns the capacity [WithReceiveCapacity] put on ctx, or
+// 0 when none (or not above 0) was.
+func ReceiveCapacity(ctx context.Context) int {
+	if n, ok := ctx.Value(receiveCapacityKey{}).(int); ok && n > 0 {
+		return n
+	}
+	return 0
+}
+
 // LongPollGrace is how long a draining [Worker] lets a [LongPoller]'s
 // Receive in flight go on: an answer the server has already sent arrives
 // well within it.

@@ -301,6 +301,10 @@ func (w *Worker) receiveAll(ctx context.Context, free chan int, rq *runQueue, wa
 	// receiveBase); the loops stop taking slots when ctx is done.
 	base, release := w.receiveBase(ctx)
 	defer release()
+	// Every Receive tells the broker how many deliveries the Worker holds
+	// at most (a prefetch sized by one Receive's max was as small as the
+	// slots an idle queue holds).
+	base = WithReceiveCapacity(base, cap(free))
 	if len(w.queues) == 1 {
 		q := w.queues[0]
 		if w.opts.ReceiveLoops <= 1 {

@@ -393,8 +393,11 @@ func (s *chanState) isDead() bool {
 }
 
 // consumerFor returns the queue's consumer, starting it on first use with
-// the prefetch of Options.Prefetch, else max (capped at DefaultPrefetch).
-func (b *Broker) consumerFor(queue string, max int) (*consumer, error) {
+// the prefetch of Options.Prefetch, else the receive capacity ctx carries
+// ([sdk.ReceiveCapacity]: a Worker's, whatever max its Receive asks for),
+// else max; capped at DefaultPrefetch. The prefetch stays the consumer's
+// for good: the server ignores a later basic.qos for a running consumer.
+func (b *Broker) consumerFor(ctx context.Context, queue string, max int) (*consumer, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed() {
@@ -404,6 +407,9 @@ func (b *Broker) consumerFor(queue string, max int) (*consumer, error) {
 	if c == nil {
 		prefetch := b.opts.Prefetch
 		if prefetch == 0 {
+			if n := sdk.ReceiveCapacity(ctx); n > 0 {
+				max = n
+			}
 			prefetch = min(max, DefaultPrefetch)
 		}
 		c = &consumer{b: b, queue: queue, prefetch: prefetch, out: make(chan *delivery, prefetch),
@@ -855,7 +861,8 @@ func redeliveries(qt QueueType, redelivered bool, deliveryCnt int) int {
 // ctx; the next Receive declares again.
 //
 // The first Receive of a queue starts a consumer with [Options.Prefetch]
-// (default: this call's max, at most [DefaultPrefetch]); it keeps running
+// (default: the receive capacity ctx carries, [sdk.WithReceiveCapacity],
+// else this call's max; at most [DefaultPrefetch]); it keeps running
 // until Close, holding up to Prefetch messages for this process, and Close
 // hands back those no Receive returned without consuming an attempt. A
 // Receive that Close overtakes returns [sdk.ErrClosed], never deliveries:
@@ -873,7 +880,7 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	c, err := b.consumerFor(queue, max)
+	c, err := b.consumerFor(ctx, queue, max)
 	if err != nil {
 		return nil, err
 	}

@@ -91,8 +91,10 @@
 // The first Receive of a queue starts a consumer that keeps up to
 // [Options.Prefetch] messages in this process until they are settled or the
 // broker is closed, whether or not Receive is called again. By default the
-// prefetch is the first Receive's max, which for an [sdk.Worker] is its
-// capacity (Concurrency + Prefetch). Close hands back the deliveries that
+// prefetch is the receive capacity the first Receive's ctx carries
+// ([sdk.WithReceiveCapacity]), which for an [sdk.Worker] is its capacity
+// (Concurrency + Prefetch) however few slots that Receive asks for, else
+// that Receive's max. Close hands back the deliveries that
 // no Receive returned without consuming an attempt (a Receive that Close
 // overtakes returns [sdk.ErrClosed] and leaves what it had taken to this
 // hand-back, rather than return deliveries its caller could no longer
@@ -260,7 +262,7 @@ var DefaultDelayBuckets = []time.Duration{
 // Defaults of [Options].
 const (
 	// DefaultPrefetch caps the prefetch that follows the first Receive's
-	// max when [Options.Prefetch] is 0.
+	// receive capacity, or max, when [Options.Prefetch] is 0.
 	DefaultPrefetch           = 64
 	DefaultCloseTimeout       = 5 * time.Second
 	DefaultMaxDeliveries      = 10
@@ -281,12 +283,15 @@ type Options struct {
 	MaxDeliveries int
 	// Prefetch is the per-queue consumer prefetch (basic.qos): how many
 	// deliveries the broker hands this process before they are settled.
-	// Default: the max of the queue's first Receive, which for an
-	// [sdk.Worker] is its capacity (Concurrency + Prefetch), so the server
-	// hands this process no more than the Worker can hold (at most
-	// [DefaultPrefetch]). Set it when the first Receive asks for fewer than
-	// the caller will hold at once: with prefetch n, a caller holding n
-	// unsettled deliveries gets no more.
+	// Default: the receive capacity the queue's first Receive carries in
+	// its ctx ([sdk.WithReceiveCapacity]), else that Receive's max. An
+	// [sdk.Worker] receives under its capacity (Concurrency + Prefetch),
+	// also with several Queues, whose Receives ask for a queue's share of
+	// the slots only, so the server hands this process, for each queue, no
+	// more than the Worker can hold (at most [DefaultPrefetch]). Set it when a caller
+	// that declares no capacity asks for fewer in its first Receive than it
+	// will hold at once: with prefetch n, a caller holding n unsettled
+	// deliveries gets no more.
 	Prefetch int
 	// CloseTimeout bounds how long Close spends handing back deliveries
 	// that this process holds but no caller has received (they are
