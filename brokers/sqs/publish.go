@@ -29,7 +29,14 @@ import (
 // queue's own MaximumMessageSize when smaller, less 83 bytes kept for the
 // copies berth sends of it) and nothing is sent when one fails. Entries SQS
 // refuses, and the messages of chunks not sent after a failed call, are
-// named in an [*sdk.PublishError]; the other messages were published. When
+// named in an [*sdk.PublishError]; the other messages were published. On a
+// FIFO queue a message group stops at its first message not published:
+// once SQS refuses an entry (or leaves one unaccounted for), the group's
+// later messages in later calls of the Publish are not sent, and are named
+// in the PublishError with an error wrapping [ErrGroupHalted], so that none
+// is stored ahead of it; the other groups go on. Messages of the group in
+// the same call as the refused one (a call carries at most 10) are SQS's
+// to take or refuse: berth cannot hold them back. When
 // every call failed it returns a call's error instead: one that says the
 // messages may have been published all the same ([sdk.ErrUnavailable],
 // [sdk.ErrClosed], ctx's error) when any call's does. A call whose answer
@@ -171,7 +178,8 @@ const publishParallel = 10
 
 // send publishes entries to q in batches of at most 10 entries and
 // MaxWireSize bytes: one after another on a FIFO queue (they keep their
-// order), up to publishParallel at once on a standard queue. When every call
+// order, and a message group stops at its first entry not published: see
+// Publish), up to publishParallel at once on a standard queue. When every call
 // failed, send returns the first call's error, or the first that leaves its
 // messages perhaps published ([uncertain]) when there is one; otherwise the
 // entries of failed calls and those SQS refused are named in an
@@ -189,7 +197,13 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 	}
 	failed := map[string]error{}
 	if len(chunks) == 1 || q.fifo {
+		var halted map[string]error // FIFO message groups with an entry not published: why
 		for i, chunk := range chunks {
+			if len(halted) > 0 {
+				if chunk = holdBack(chunk, halted, failed); len(chunk) == 0 {
+					continue
+				}
+			}
 			refused, err := b.sendBatch(ctx, q, chunk)
 			if err != nil {
 				if len(failed) == 0 && i == 0 {
@@ -205,6 +219,9 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 				break
 			}
 			addRefused(failed, chunk, refused)
+			if q.fifo && i < len(chunks)-1 {
+				halted = haltGroups(halted, chunk, refused)
+			}
 		}
 	} else {
 		errs := make([]error, len(chunks))
@@ -266,6 +283,48 @@ func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) err
 		return &sdk.PublishError{Failed: failed}
 	}
 	return nil
+}
+
+// ErrGroupHalted is wrapped by the error a FIFO Publish gives, in its
+// [*sdk.PublishError], to a message it did not send because an earlier
+// message of the same message group, in an earlier SendMessageBatch call of
+// the same Publish, was not published (SQS refused its entry, or left it
+// unaccounted for): sending it would have stored it ahead of that one. It
+// was not published; publish it again after the earlier message.
+var ErrGroupHalted = errors.New("berth/sqs: not sent: an earlier message of its FIFO message group was not published")
+
+// haltGroups adds to halted (made when nil) the message groups of chunk's
+// entries that refused (as sendBatch returned it) says were not published,
+// with the first such entry's error, and returns it.
+func haltGroups(halted map[string]error, chunk []sendEntry, refused []error) map[string]error {
+	for i, err := range refused {
+		if err == nil {
+			continue
+		}
+		if halted == nil {
+			halted = map[string]error{}
+		}
+		g := aws.ToString(chunk[i].in.MessageGroupId)
+		if _, ok := halted[g]; !ok {
+			halted[g] = fmt.Errorf("%w (message %s: %v)", ErrGroupHalted, chunk[i].id, err)
+		}
+	}
+	return halted
+}
+
+// holdBack returns the entries of chunk whose message group is not halted,
+// adding the others to failed with their group's error. It does not change
+// chunk.
+func holdBack(chunk []sendEntry, halted, failed map[string]error) []sendEntry {
+	kept := make([]sendEntry, 0, len(chunk))
+	for _, e := range chunk {
+		if err, ok := halted[aws.ToString(e.in.MessageGroupId)]; ok {
+			failed[e.id] = err
+			continue
+		}
+		kept = append(kept, e)
+	}
+	return kept
 }
 
 // uncertain reports whether a failed call's messages may have been
