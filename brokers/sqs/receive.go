@@ -49,7 +49,8 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 	return out, nil
 }
 
-// receive calls ReceiveMessage once, asking for every attribute. at is when
+// receive calls ReceiveMessage once, asking for every attribute, with a
+// ReceiveRequestAttemptId of its own on a FIFO queue. at is when
 // the call started: the leases run from no later than that. lost is the
 // error of an attempt that may have reached SQS and taken messages whose
 // answer never arrived (see [lostAttempt]) — one the SDK retried — or the
@@ -60,14 +61,25 @@ func (b *Broker) Receive(ctx context.Context, queue string, n int) ([]sdk.Delive
 func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wait time.Duration) (msgs []sqstypes.Message, at time.Time, lost, err error) {
 	at = time.Now()
 	var seen attempts
-	out, err := b.client.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{
+	in := &awssqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(q.url),
 		MaxNumberOfMessages:         int32(n),
 		VisibilityTimeout:           ceilSeconds(visibility),
 		WaitTimeSeconds:             ceilSeconds(wait),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
-	}, watchAttempts(&seen))
+	}
+	if q.fifo {
+		// One attempt ID for the call, which the SDK's retries send
+		// again: SQS answers a retry of an attempt whose answer was lost
+		// with the messages that attempt took (and their receipt
+		// handles), rather than leaving them hidden for visibility and
+		// their message groups blocked. A server that ignores it (the
+		// emulator) leaves them hidden, so a lost attempt is still
+		// reported as one.
+		in.ReceiveRequestAttemptId = aws.String(sdk.NewID())
+	}
+	out, err := b.client.ReceiveMessage(ctx, in, watchAttempts(&seen))
 	if err != nil {
 		// An attempt that may have taken messages (seen.uncertain): they
 		// stay hidden for visibility, reported as lost.
