@@ -46,7 +46,10 @@
 //     queue by SQS's own redrive policy; berth reports it with the reason
 //     [sdk.ErrMaxDeliveries] when it lists it.
 //   - Publish uses SendMessageBatch in chunks of at most 10 messages; entries
-//     that SQS refuses are reported in an [*sdk.PublishError]. Delays are
+//     that SQS refuses are reported in an [*sdk.PublishError]. On a FIFO
+//     queue the later chunks of the Publish then carry no more messages of
+//     a refused entry's group ([ErrGroupHalted]), so none is stored ahead
+//     of it. Delays are
 //     limited to 15 minutes ([*DelayError]); FIFO queues take no per-message
 //     delay at all.
 //   - FIFO queues (names ending in ".fifo"): MessageGroupId is Message.Key
@@ -102,7 +105,10 @@
 // that long, and a scan that retried such a receive does not end before
 // then. A Worker's receive cannot do that without an extra call per batch:
 // what a lost answer took comes back after the visibility timeout, one
-// attempt further on, and Receive logs a warning naming the queue. Get and redrive by IDs
+// attempt further on, and Receive logs a warning naming the queue. On a
+// FIFO queue every receive carries a ReceiveRequestAttemptId, the same on
+// the SDK's retries, so that SQS answers the retry with what the lost
+// attempt took (the emulator ignores it; the warning stays). Get and redrive by IDs
 // hold what they pass over, at most 10,000 dead letters; a scan that reaches
 // that bound, or a redrive of all that sees dead letters come back while it
 // runs, returns a [*ScanError] saying how many remain. A receive cannot see

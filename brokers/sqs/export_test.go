@@ -58,3 +58,13 @@ func AcksHeld(b *Broker) int {
 	}
 	return n
 }
+
+// OnRedriveEnd makes every RedriveDeadLetters call fn, at its end, with how
+// many redriven IDs the call remembered then; nil stops it.
+func OnRedriveEnd(fn func(remembered int)) {
+	if fn == nil {
+		redriveMemo.Store(nil)
+		return
+	}
+	redriveMemo.Store(&fn)
+}

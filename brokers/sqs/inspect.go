@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -126,6 +127,11 @@ type letter struct {
 	sqsID  string
 	handle string       // the receipt that holds it; "" once its hold was lost
 	msg    *sdk.Message // nil once the scan no longer needs it
+	// sent is SQS's SentTimestamp: when the letter was sent to the
+	// dead-letter queue (berth's dead letters), or, moved there by SQS's
+	// redrive policy from a standard queue, to its source queue; zero when
+	// SQS did not say.
+	sent time.Time
 }
 
 // scan walks a dead-letter queue: each call of next receives the letters it
@@ -296,7 +302,7 @@ func (s *scan) receive(ctx context.Context) ([]*letter, error) {
 				taken = append(taken, l)
 				continue
 			}
-			l := &letter{sqsID: id, handle: aws.ToString(m.ReceiptHandle), msg: s.b.message(s.dlq, m)}
+			l := &letter{sqsID: id, handle: aws.ToString(m.ReceiptHandle), msg: s.b.message(s.dlq, m), sent: sentAt(m)}
 			s.b.annotate(ctx, s.q, s.dlq, l.msg, m)
 			s.held[id] = l
 			out = append(out, l)
@@ -313,6 +319,56 @@ func (s *scan) receive(ctx context.Context) ([]*letter, error) {
 	}
 	return nil, nil
 }
+
+// sentAt is m's SentTimestamp (Unix milliseconds), zero when it has none.
+func sentAt(m sqstypes.Message) time.Time {
+	ms, err := strconv.ParseInt(m.Attributes[string(sqstypes.MessageSystemAttributeNameSentTimestamp)], 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// recentIDs is the set of the last max IDs added (at least 1): a
+// redrive of all remembers the berth IDs it redrove in memory bounded as
+// its scan's held letters are, not by how many it redrives.
+type recentIDs struct {
+	max    int
+	ids    map[string]struct{}
+	ring   []string // in the order added; once full, next is the oldest
+	next   int
+	forgot bool // an ID was dropped to make room
+}
+
+func newRecentIDs(n int) *recentIDs {
+	return &recentIDs{max: max(n, 1), ids: map[string]struct{}{}}
+}
+
+// has reports whether id is one of the last r.max IDs added.
+func (r *recentIDs) has(id string) bool {
+	_, ok := r.ids[id]
+	return ok
+}
+
+// add adds id, dropping the oldest ID when r holds r.max already.
+func (r *recentIDs) add(id string) {
+	if r.has(id) {
+		return
+	}
+	if len(r.ring) < r.max {
+		r.ring = append(r.ring, id)
+	} else {
+		delete(r.ids, r.ring[r.next])
+		r.ring[r.next] = id
+		r.next = (r.next + 1) % r.max
+		r.forgot = true
+	}
+	r.ids[id] = struct{}{}
+}
+
+// redriveMemo, when set (by tests), is called at the end of every
+// RedriveDeadLetters with how many IDs the call remembered then.
+var redriveMemo atomic.Pointer[func(remembered int)]
 
 // full reports whether the scan holds as many letters as it may.
 func (s *scan) full() bool { return len(s.held) >= s.b.scanMax }
@@ -552,10 +608,16 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // could not send stay, with the errors returned. With no IDs, a dead letter
 // whose berth ID the call already redrove (it came back, dead-lettered again
 // by a consumer while the redrive ran, or it is a duplicate) stays too, so
-// that the call ends; it is reported by a [*ScanError], as is a scan that had
-// to hold more than 10,000 dead letters, and dead letters another reader
-// held invisible until the call gave up waiting for them (a hold, 30 s; see
-// the package doc): the error counts them, and they stay. On a FIFO
+// that the call ends. It remembers only the last 10,000 IDs it redrove
+// (bounded memory, however many it redrives): once it has redriven more, a
+// dead letter whose SentTimestamp (SQS's clock, against the caller's) is
+// not before the call began stays as well, as one it redrove that came
+// back would (one back within the clocks' skew of the start may be
+// redriven once more), and a duplicate of a letter redriven more than
+// 10,000 letters earlier is redriven too. Those that stay are reported by
+// a [*ScanError], as is a scan that had to hold more than 10,000 dead
+// letters, and dead letters another reader held invisible until the call
+// gave up waiting for them (a hold, 30 s; see the package doc): the error counts them, and they stay. On a FIFO
 // dead-letter queue a redrive by IDs cannot reach a letter queued in its
 // message group behind letters the scan holds (the first of the group, at
 // most 10 in one receive, or ones it could not send): SQS returns no more of a group while earlier
@@ -568,7 +630,11 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	found := map[string]bool{}
 	left := len(want)
-	sent := map[string]bool{} // berth IDs redriven by this call
+	began := time.Now()
+	sent := newRecentIDs(b.scanMax) // the last berth IDs redriven by this call
+	if memo := redriveMemo.Load(); memo != nil {
+		defer func() { (*memo)(len(sent.ids)) }()
+	}
 	again := 0
 	redriven := 0
 	var errs []error
@@ -589,7 +655,12 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 			for _, l := range ls {
 				switch {
 				case len(want) > 0 && !want[l.msg.ID] && !want[l.sqsID]:
-				case len(want) == 0 && (sent[l.msg.ID] || inPage[l.msg.ID]):
+				case len(want) == 0 && (sent.has(l.msg.ID) || inPage[l.msg.ID] || sent.forgot && !l.sent.Before(began)):
+					// Redriven by this call already (or a duplicate), or,
+					// once the call no longer remembers every ID it
+					// redrove, sent to the dead-letter queue since the call
+					// began: one it redrove that came back must not be
+					// redriven again, or the call might never end.
 					again++
 				default:
 					for _, k := range []string{l.msg.ID, l.sqsID} {
@@ -615,6 +686,9 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	if err == nil && again > 0 {
 		se := &ScanError{Queue: queue, Remaining: again,
 			Reason: "this call already redrove a message with the same ID (dead-lettered again while the redrive ran, or a duplicate)"}
+		if sent.forgot {
+			se.Reason += ", or the dead letter was sent to the dead-letter queue after the call began (the call redrove more letters than it remembers)"
+		}
 		if unseen != nil {
 			se.Remaining += unseen.Remaining
 			se.Reason += "; and " + unseen.Reason
@@ -641,7 +715,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 // redrive sends page's letters to s.q and deletes from the dead-letter queue
 // those whose copy was sent; it returns how many it deleted. A letter that
 // cannot be encoded for the queue, or that SQS refused, stays held.
-func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[string]bool) (int, error) {
+func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *recentIDs) (int, error) {
 	if len(page) == 0 {
 		return 0, nil
 	}
@@ -680,7 +754,7 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent map[
 	for _, l := range sendable {
 		if pe == nil || pe.Failed[l.msg.ID] == nil {
 			done = append(done, l)
-			sent[l.msg.ID] = true
+			sent.add(l.msg.ID)
 		}
 		l.msg = nil
 	}
