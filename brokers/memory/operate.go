@@ -65,10 +65,11 @@ func (b *Broker) DeadLetterMark(_ context.Context, queue string) (string, error)
 // letters at or before mark (from [Broker.DeadLetterMark]): a message
 // dead-lettered after the mark was taken, even one dead-lettered before
 // and redriven meanwhile, is not returned. The cursor of the next page is
-// "" after the last page that reaches the mark; the mark "" returns none.
+// "" after the last page that reaches the mark; the mark "" returns none
+// (after Close, [sdk.ErrClosed], as every call does).
 func (b *Broker) DeadLetterPageTo(_ context.Context, queue, cursor, mark string, limit int) ([]*sdk.Message, string, error) {
-	if mark == "" {
-		return nil, "", nil
+	if _, err := b.deadQueue(queue); err != nil || mark == "" {
+		return nil, "", err // closed, or a bad name, is an error whatever the mark
 	}
 	upTo, err := strconv.ParseUint(mark, 10, 64)
 	if err != nil {

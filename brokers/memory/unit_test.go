@@ -546,3 +546,39 @@ func TestPlantedDeadLetterIsPaged(t *testing.T) {
 		t.Errorf("DeadLetterPageTo(mark %q) = %s %q %v, want %s", mark, ids(ms), next, err, want)
 	}
 }
+
+// After Close every call but Close returns ErrClosed, as the Broker's doc
+// says, also those whose arguments name nothing to do (no message, no id,
+// the empty mark): a walk to an empty mark on a closed broker is not told
+// that there is nothing to walk.
+func TestEveryCallAfterCloseIsErrClosed(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	if err := b.Publish(ctx, "q", &sdk.Message{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Publish of no message", func() error { return b.Publish(ctx, "q") }},
+		{"Queues", func() error { _, err := b.Queues(ctx); return err }},
+		{"ListDeadLetters", func() error { _, err := b.ListDeadLetters(ctx, "q", 0); return err }},
+		{"GetDeadLetter", func() error { _, err := b.GetDeadLetter(ctx, "q", "x"); return err }},
+		{"RedriveDeadLetters", func() error { _, err := b.RedriveDeadLetters(ctx, "q"); return err }},
+		{"DeleteDeadLetters of no id", func() error { _, err := b.DeleteDeadLetters(ctx, "q"); return err }},
+		{"DeadLetterPage", func() error { _, _, err := b.DeadLetterPage(ctx, "q", "", 0); return err }},
+		{"DeadLetterMark", func() error { _, err := b.DeadLetterMark(ctx, "q"); return err }},
+		{"DeadLetterPageTo", func() error { _, _, err := b.DeadLetterPageTo(ctx, "q", "", "1", 0); return err }},
+		{"DeadLetterPageTo the empty mark", func() error { _, _, err := b.DeadLetterPageTo(ctx, "q", "", "", 0); return err }},
+		{"DeadLetterPageTo a bad mark", func() error { _, _, err := b.DeadLetterPageTo(ctx, "q", "", "x", 0); return err }},
+	}
+	for _, c := range calls {
+		if err := c.call(); !errors.Is(err, sdk.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", c.name, err)
+		}
+	}
+}
