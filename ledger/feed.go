@@ -252,6 +252,12 @@ func (l *Ledger) syncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue 
 	if err != nil {
 		return 0, fmt.Errorf("ledger: sync dead letters of %s: %w", queue, err)
 	}
+	return l.recordDeadLetters(msgs, queue, purged), nil
+}
+
+// recordDeadLetters records msgs, dead letters of queue, as syncDeadLetters
+// does, and returns how many events it recorded.
+func (l *Ledger) recordDeadLetters(msgs []*sdk.Message, queue string, purged time.Time) int {
 	n := 0
 	for _, m := range msgs {
 		if m == nil || m.ID == "" {
@@ -283,5 +289,5 @@ func (l *Ledger) syncDeadLetters(ctx context.Context, dl sdk.DeadLetters, queue 
 		l.Record(e)
 		n++
 	}
-	return n, nil
+	return n
 }

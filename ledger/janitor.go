@@ -68,7 +68,12 @@ type JanitorOptions struct {
 	Interval time.Duration
 	// Ledger, DeadLetters and DeadLetterQueues, when set, make each run
 	// call Ledger.SyncDeadLetters for every queue, listing at most
-	// DeadLetterLimit letters each (0: [sdk.DefaultListLimit]). With a
+	// DeadLetterLimit letters each (0: [sdk.DefaultListLimit]). Where
+	// DeadLetters pages with a cursor (a DeadLetterPage method: the
+	// memory, PostgreSQL and JetStream brokers), each run reads the page
+	// after the one the last run read, starting over after the last, so
+	// that letters past the first DeadLetterLimit are synced too; other
+	// brokers list the oldest DeadLetterLimit at every run. With a
 	// Purger, a letter that died before the retention cutoff only ends
 	// an attempt its row still shows open: a job the purge deleted is not
 	// made again from its letter at every run.
@@ -130,8 +135,9 @@ func RunJanitor(ctx context.Context, o JanitorOptions) error {
 	}
 	t := time.NewTicker(o.Interval)
 	defer t.Stop()
+	cursors := map[string]string{}
 	for {
-		r := janitorRun(ctx, o)
+		r := janitorRun(ctx, o, cursors)
 		if o.Report != nil && ctx.Err() == nil {
 			o.Report(r)
 		}
@@ -143,7 +149,16 @@ func RunJanitor(ctx context.Context, o JanitorOptions) error {
 	}
 }
 
-func janitorRun(ctx context.Context, o JanitorOptions) JanitorRun {
+// deadLetterPager is a dead-letter queue read page by page, oldest first:
+// up to limit letters after cursor ("" for the first page), and the next
+// page's cursor ("" after the last page).
+type deadLetterPager interface {
+	DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error)
+}
+
+// janitorRun is one run; cursors holds, per queue, where the next run's
+// page of dead letters starts (with a deadLetterPager).
+func janitorRun(ctx context.Context, o JanitorOptions, cursors map[string]string) JanitorRun {
 	var r JanitorRun
 	var errs []error
 	var cutoff time.Time
@@ -168,7 +183,26 @@ func janitorRun(ctx context.Context, o JanitorOptions) JanitorRun {
 		}
 		// Letters that died before the cutoff only end attempts still
 		// open: their jobs are the purge's, not to be made again.
-		n, err := o.Ledger.syncDeadLetters(ctx, o.DeadLetters, q, o.DeadLetterLimit, cutoff)
+		var n int
+		var err error
+		listed := o.DeadLetters
+		if w, ok := listed.(*deadLetters); ok { // Ledger.DeadLetters: listing is the broker's
+			listed = w.DeadLetters
+		}
+		if p, ok := listed.(deadLetterPager); ok {
+			var msgs []*sdk.Message
+			var next string
+			msgs, next, err = p.DeadLetterPage(ctx, q, cursors[q], o.DeadLetterLimit)
+			if err != nil {
+				// A cursor the queue no longer knows must not fail every
+				// run: the next one starts over.
+				next, err = "", fmt.Errorf("ledger: sync dead letters of %s: %w", q, err)
+			}
+			cursors[q] = next
+			n = o.Ledger.recordDeadLetters(msgs, q, cutoff)
+		} else {
+			n, err = o.Ledger.syncDeadLetters(ctx, o.DeadLetters, q, o.DeadLetterLimit, cutoff)
+		}
 		r.Synced += n
 		if err != nil {
 			errs = append(errs, err)
