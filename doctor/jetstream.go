@@ -99,12 +99,13 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 		sev := Warn
 		// Every ready job of the queue is on one subject: a per-subject
 		// limit drops the older ones unless discard new applies per
-		// subject too.
-		if cfg.Discard == jetstream.DiscardOld || (cfg.MaxMsgsPerSubject > 0 && !cfg.DiscardNewPerSubject) {
+		// subject too. MaxAge removes a job older than it whatever the
+		// discard policy, which governs only the count and size limits.
+		if cfg.Discard == jetstream.DiscardOld || (cfg.MaxMsgsPerSubject > 0 && !cfg.DiscardNewPerSubject) || cfg.MaxAge > 0 {
 			sev = Error
 		}
-		add(Finding{ID: "jetstream.stream-limits", Severity: sev, Summary: "the stream has limits: jobs past them are dropped (discard old) or publishes refused (discard new)",
-			Evidence: limits, Fix: "remove the limits (berth declares none) or size them far above the backlog, with discard new so producers see the refusal"})
+		add(Finding{ID: "jetstream.stream-limits", Severity: sev, Summary: "the stream has limits: jobs past them are dropped (MaxAge, discard old) or publishes refused (discard new)",
+			Evidence: limits, Fix: "remove the limits (berth declares none) or size them far above the backlog, with discard new so producers see the refusal; remove MaxAge, which deletes the jobs that wait longer whatever the discard policy"})
 	} else {
 		add(Finding{ID: "jetstream.stream-limits", Severity: OK, Summary: "no limit drops jobs", Evidence: limits})
 	}
