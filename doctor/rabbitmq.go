@@ -144,15 +144,28 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 			Evidence: ev, Fix: "use a quorum queue"})
 	}
 
-	dlx, _ := args["x-dead-letter-exchange"].(string)
-	if dlx == "" {
+	dlx, hasDLX := args["x-dead-letter-exchange"].(string)
+	rk, hasRK := args["x-dead-letter-routing-key"]
+	dlq := rabbitmq.DeadLetterQueue(q)
+	switch {
+	case hasDLX && dlx == "" && rk == dlq:
+		// The default exchange ("") routes by queue name: straight to
+		// <queue>.dlq.
+		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: OK, Summary: "dead letters go to " + dlq + " through the default exchange", Evidence: ev})
+	case dlx == "":
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: Error, Summary: "no dead-letter exchange: messages the server drops (delivery limit, rejection) are lost",
 			Evidence: ev + policyNote, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-exchange %s and x-dead-letter-routing-key %s (berth DeclareQueue), or set a policy", quoted(rabbitmq.DefaultDeadLetterExchange), quoted(q))})
-	} else {
+	case hasRK && rk != q:
+		// The dead-letter exchange routes to <queue>.dlq by the queue's
+		// name: the server's dead letters sent with another key reach no
+		// queue, or another queue's dead letters.
+		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: Error,
+			Summary:  fmt.Sprintf("the server's dead letters go to exchange %s with routing key %v, not the queue's name: they do not reach %s (dropped, or filed with another queue's)", dlx, rk, dlq),
+			Evidence: ev, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-routing-key %s (berth DeclareQueue; arguments cannot change on a queue that exists: declare a new one and shovel the messages)", quoted(q))})
+	default:
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: OK, Summary: "dead letters go to exchange " + dlx, Evidence: ev})
 	}
 
-	dlq := rabbitmq.DeadLetterQueue(q)
 	if _, err := b.QueueArguments(ctx, dlq); errors.Is(err, sdk.ErrNotFound) {
 		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: Error, Summary: "the dead-letter queue does not exist: dead letters are dropped",
 			Evidence: fmt.Sprintf("queue %s not found", quoted(dlq)), Fix: fmt.Sprintf("declare %s bound to the dead-letter exchange with routing key %s (berth DeclareQueue does)", quoted(dlq), quoted(q))})
