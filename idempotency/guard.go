@@ -85,7 +85,10 @@ type Options struct {
 	// [sdk.Releaser] (its broker counts every retry as a receive, e.g. SQS)
 	// and the key is a lease-mode claim, the middleware waits at least until
 	// the claim expires instead: earlier retries cannot take it over and
-	// would use up the receive limit of the message that must.
+	// would use up the receive limit of the message that must. The time the
+	// claim has left is the store's [Record.LockedFor] (by the store's
+	// clock), or LockedUntil by the worker's clock for a store that does
+	// not report it.
 	InProgressDelay time.Duration
 	// Retention is how long results are kept. Default 7 days.
 	Retention time.Duration
@@ -326,10 +329,17 @@ func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, re
 	case InProgress:
 		g.event(ctx, EventInProgress, c.JobType)
 		delay := g.o.InProgressDelay
-		if retryCosts && rec != nil && !rec.LockedUntil.IsZero() {
+		if retryCosts && rec != nil {
 			// Every retry counts an attempt: none before the claim
-			// expires, when this delivery may take it over.
-			delay = max(delay, time.Until(rec.LockedUntil))
+			// expires, when this delivery may take it over. The time it
+			// has left is the store's, by its own clock: LockedUntil
+			// against the worker's clock would retry too early when that
+			// clock runs ahead of the store's.
+			left := rec.LockedFor
+			if left == 0 && !rec.LockedUntil.IsZero() {
+				left = time.Until(rec.LockedUntil) // a store that does not report LockedFor
+			}
+			delay = max(delay, left)
 		}
 		return sdk.RetryAfter(fmt.Errorf("%w: %s", ErrInProgress, g.keyText(c.Key)), delay)
 	}

@@ -48,7 +48,14 @@ type Record struct {
 	Status      Status
 	Result      Result
 	Owner       string    // owner token of the current claim (in progress), or of the claim that completed it
-	LockedUntil time.Time // lease expiry (in progress)
+	LockedUntil time.Time // lease expiry (in progress), by the store's clock
+	// LockedFor is how long the in-progress claim had left when the record
+	// was read, measured by the store's own clock (PostgreSQL's now(), not
+	// the worker's): negative when the claim has expired without being
+	// taken over yet. Zero when the store does not report it (or there is no
+	// claim); the guard then falls back to LockedUntil against the worker's
+	// clock, which is wrong by however much the two clocks differ.
+	LockedFor   time.Duration
 	CompletedAt time.Time // zero while in progress
 	ExpiresAt   time.Time // retention deadline
 	Takeovers   int       // how many times an expired claim was taken over
@@ -101,7 +108,9 @@ func (o Outcome) String() string {
 // The guard also calls Release after a Claim that failed, in case the claim
 // was stored and only its answer lost; for a claim never stored it returns
 // ErrClaimLost.
-// Extend pushes a live claim's expiry to d from now. Get returns
+// Extend pushes a live claim's expiry to d from now. A Record of an
+// in-progress claim should carry LockedFor, the time the claim has left by
+// the store's clock. Get returns
 // [ErrNotFound] for an unknown key. DeleteExpired deletes at most limit rows
 // whose retention passed and returns how many it deleted.
 //

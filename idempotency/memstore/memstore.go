@@ -143,7 +143,7 @@ func (s *Store) Begin(ctx context.Context, c idempotency.Claim) (idempotency.Tx,
 			if rec.Status == idempotency.StatusInProgress {
 				out = idempotency.InProgress
 			}
-			cp := *rec
+			cp := s.read(rec)
 			s.mu.Unlock()
 			return nil, out, &cp, nil
 		}
@@ -179,7 +179,7 @@ func (s *Store) Claim(ctx context.Context, c idempotency.Claim) (idempotency.Out
 		rec.Takeovers++
 		return idempotency.TakenOver, nil, nil
 	}
-	cp := *rec
+	cp := s.read(rec)
 	if rec.Status == idempotency.StatusCompleted {
 		return idempotency.Completed, &cp, nil
 	}
@@ -245,9 +245,19 @@ func (s *Store) Get(ctx context.Context, key string) (*idempotency.Record, error
 	if rec == nil {
 		return nil, idempotency.ErrNotFound
 	}
-	cp := *rec
+	cp := s.read(rec)
 	cp.Result = copyResult(rec.Result)
 	return &cp, nil
+}
+
+// read returns a copy of rec as a caller sees it, with the time its claim
+// has left by the store's clock (LockedFor). s.mu is held.
+func (s *Store) read(rec *idempotency.Record) idempotency.Record {
+	cp := *rec
+	if rec.Status == idempotency.StatusInProgress && !rec.LockedUntil.IsZero() {
+		cp.LockedFor = rec.LockedUntil.Sub(s.now())
+	}
+	return cp
 }
 
 // DeleteExpired implements [idempotency.Store]: rows past their retention,

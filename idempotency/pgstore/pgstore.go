@@ -89,7 +89,10 @@ func New(db DB, opts Options) (*Store, error) {
 	}
 	t := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
 	s := &Store{db: db, opts: opts, table: t}
-	const cols = `idempotency_key, job_type, fingerprint, status, resource_type, resource_id, result_json::text, owner_token, locked_until, takeovers, completed_at, expires_at`
+	// The claim's time left (µs) comes from the database's clock, the one
+	// that decides its expiry, not the worker's.
+	const cols = `idempotency_key, job_type, fingerprint, status, resource_type, resource_id, result_json::text, owner_token, locked_until, takeovers, completed_at, expires_at,
+(extract(epoch FROM locked_until - now()) * 1000000)::bigint`
 	s.q = queries{
 		insertTx: `INSERT INTO ` + t + ` (idempotency_key, job_type, fingerprint, status, completed_at, expires_at)
 VALUES ($1, $2, $3, 'completed', now(), now() + make_interval(secs => $4))
@@ -337,8 +340,9 @@ func (s *Store) get(ctx context.Context, q rowQuerier, key string) (*idempotency
 		status                     string
 		rtype, rid, res, owner     *string
 		locked, completed, expires *time.Time
+		lockedFor                  *int64 // µs
 	)
-	err := q.QueryRow(ctx, s.q.selectRow, key).Scan(&r.Key, &r.JobType, &r.Fingerprint, &status, &rtype, &rid, &res, &owner, &locked, &r.Takeovers, &completed, &expires)
+	err := q.QueryRow(ctx, s.q.selectRow, key).Scan(&r.Key, &r.JobType, &r.Fingerprint, &status, &rtype, &rid, &res, &owner, &locked, &r.Takeovers, &completed, &expires, &lockedFor)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, idempotency.ErrNotFound
 	}
@@ -352,6 +356,9 @@ func (s *Store) get(ctx context.Context, q rowQuerier, key string) (*idempotency
 		r.Result.JSON = []byte(*res)
 	}
 	r.Owner = deref(owner)
+	if lockedFor != nil && r.Status == idempotency.StatusInProgress {
+		r.LockedFor = time.Duration(*lockedFor) * time.Microsecond
+	}
 	for _, p := range []struct {
 		dst *time.Time
 		src *time.Time

@@ -36,6 +36,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"ExpiredClaimTakenOverOnce", testTakeoverOnce},
 		{"NoTakeoverWithOtherFingerprint", testNoTakeoverOtherFingerprint},
 		{"ExtendKeepsClaim", testExtendKeepsClaim},
+		{"InProgressReportsLockedFor", testLockedFor},
 		{"GetUnknown", testGetUnknown},
 		{"DeleteExpiredBounded", testDeleteExpiredBounded},
 		{"TxCommitBlocksDuplicate", testTxCommit},
@@ -248,6 +249,44 @@ func testExtendKeepsClaim(t *testing.T, s idempotency.Store) {
 	}
 	waitExpired(a.Lease)
 	mustClaim(t, s, claim(key, "fp"), idempotency.InProgress)
+}
+
+// testLockedFor: the Record of an in-progress claim reports the time the
+// claim has left by the store's clock (at most its lease, and following an
+// Extend), which the guard trusts over LockedUntil and the worker's clock.
+// Skipped, with the reason, for a store that does not report it (zero).
+func testLockedFor(t *testing.T, s idempotency.Store) {
+	ctx := ctxT(t)
+	key := "k:" + token()
+	a := claim(key, "fp") // a one-minute lease
+	mustClaim(t, s, a, idempotency.Acquired)
+	rec := mustClaim(t, s, claim(key, "fp"), idempotency.InProgress)
+	if rec.LockedFor == 0 {
+		t.Skipf("unsupported: %T does not report Record.LockedFor", s)
+	}
+	if rec.LockedFor <= 0 || rec.LockedFor > a.Lease {
+		t.Fatalf("LockedFor of a fresh %s claim = %s, want within (0, %s]", a.Lease, rec.LockedFor, a.Lease)
+	}
+	const longer = 10 * time.Minute
+	if err := s.Extend(ctx, a, longer); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	got, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if got.LockedFor <= a.Lease || got.LockedFor > longer {
+		t.Fatalf("LockedFor after Extend(%s) = %s, want within (%s, %s]", longer, got.LockedFor, a.Lease, longer)
+	}
+	if err := s.Complete(ctx, a, idempotency.Result{}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if got, err = s.Get(ctx, key); err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if got.LockedFor != 0 {
+		t.Fatalf("LockedFor of a completed record = %s, want 0", got.LockedFor)
+	}
 }
 
 func testGetUnknown(t *testing.T, s idempotency.Store) {
