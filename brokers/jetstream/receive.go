@@ -334,11 +334,17 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []pulled) [
 }
 
 // attemptOf returns the attempt of a delivery: the copy's carried-over
-// attempt (base, bounded by the poison cap: a carried attempt is one berth
-// handed out, hence at most the cap) plus the deliveries of this copy
-// before it. It never overflows.
+// attempt (base) plus the deliveries of this copy before it. base is
+// bounded by the poison cap plus one: a carried attempt is one berth handed
+// out (Release), hence at most the cap, or that of a delivery no caller
+// received (a give-back), which is past the cap for a poison message and
+// must stay past it, so that the copy is dead-lettered rather than
+// delivered once more. It never overflows.
 func (b *Broker) attemptOf(base int, numDelivered uint64) int {
-	base = min(max(base, 1), b.opts.MaxDeliveries)
+	base = max(base, 1)
+	if base > b.opts.MaxDeliveries {
+		base = b.opts.MaxDeliveries + 1
+	}
 	n := int(min(max(numDelivered, 1), maxCarried))
 	return base + n - 1
 }
