@@ -74,7 +74,11 @@ type Options struct {
 	// Duplicates is the stream's deduplication window (Nats-Msg-Id). Default
 	// 2 min. Declaring a queue lengthens its streams' windows to this one but
 	// never shortens them (another Broker of the queue may count on a longer
-	// one); to shorten one, edit the stream.
+	// one); to shorten one, edit the stream. A window shorter than twice
+	// the delay mover's lease (its consumer's AckWait, 1 min) is raised to
+	// it: the mover acknowledges a move without waiting for the answer, and
+	// a move redelivered after a lost ack must still fall within the window
+	// of the first, or the delayed job is stored twice.
 	Duplicates time.Duration
 	// Storage is where streams keep messages. Default jetstream.FileStorage.
 	Storage jetstream.StorageType
@@ -119,6 +123,7 @@ func (o Options) withDefaults(maxPayload int64) (Options, error) {
 	if o.Duplicates == 0 {
 		o.Duplicates = DefaultDuplicates
 	}
+	o.Duplicates = max(o.Duplicates, 2*delayAckWait) // see Options.Duplicates
 	if o.Replicas == 0 {
 		o.Replicas = 1
 	}

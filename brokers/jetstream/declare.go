@@ -21,6 +21,10 @@ const (
 	delayConsumerName = "berth-delay"
 )
 
+// delayAckWait is the delay consumer's AckWait: the lease of the mover on
+// a delayed message. [Options.Duplicates] is at least twice it.
+const delayAckWait = time.Minute
+
 // queueState is what a Broker knows of a declared queue.
 type queueState struct {
 	name     string // berth queue name
@@ -179,7 +183,7 @@ func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error)
 	}
 	for _, c := range []jetstream.ConsumerConfig{
 		{Durable: consumerName, FilterSubject: q.ready, AckWait: o.AckWait},
-		{Durable: delayConsumerName, FilterSubject: q.delayed, AckWait: time.Minute},
+		{Durable: delayConsumerName, FilterSubject: q.delayed, AckWait: delayAckWait},
 	} {
 		c.AckPolicy = jetstream.AckExplicitPolicy
 		c.DeliverPolicy = jetstream.DeliverAllPolicy

@@ -15,7 +15,11 @@ import (
 // delayed messages to the ready subject when they are due. It runs until
 // Close. Several Brokers may move the same queue: the delay consumer hands
 // each message to one of them, and the move's Nats-Msg-Id makes a repeated
-// move store nothing twice.
+// move store nothing twice: a move repeated after a lost ack comes one
+// delay-consumer AckWait later, within the stream's dedupe window, which
+// [Options.Duplicates] keeps at least twice as long. (A move repeated only
+// after every mover was down for longer than the window is stored twice:
+// delivery is at least once.)
 func (b *Broker) startMover(q *queueState) {
 	b.mu.Lock()
 	if b.movers == nil {
