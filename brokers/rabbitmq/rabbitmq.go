@@ -518,9 +518,15 @@ var (
 
 // Flush sends the acks that wait for their interval now (see the package
 // doc, "Acknowledgements"); the Worker calls it when it drains. It returns
-// an error wrapping [sdk.ErrLeaseLost] when a consumer channel closed before
-// its acks went out (the server redelivers those messages), [sdk.ErrClosed]
-// after Close.
+// [sdk.ErrClosed] after Close, and an error wrapping [sdk.ErrLeaseLost]
+// only when it finds a consumer channel dead with acks waiting, or one
+// dies while Flush sends them (with [Options.SyncAck], also when the
+// server's answer to an earlier ack flush never came). Acks a channel's
+// death dropped before Flush ran are not reported by it: the consume loop
+// logs them, with their count, when it retires the channel, and the
+// server redelivers their messages (at least once, as when the process
+// dies within the interval). So a Worker that survived an outage does
+// not fail its Run for acks the outage took.
 func (b *Broker) Flush(ctx context.Context) error {
 	if b.closed() {
 		return sdk.ErrClosed
