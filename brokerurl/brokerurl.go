@@ -83,6 +83,7 @@ type Opener func(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error)
 // Options adjusts [Open]. The zero value opens the built-in schemes.
 type Options struct {
 	// Schemes adds openers, or replaces built-in ones, by lower-case scheme.
+	// A nil opener is an error when its scheme is opened.
 	Schemes map[string]Opener
 	// Defaults are query parameters used when the URL does not set them,
 	// for example the berth command's "no_declare=true" on amqp:// (it never
@@ -109,6 +110,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 	open, ok := opts.Schemes[scheme]
 	if !ok {
 		open, ok = schemes[scheme]
+	}
+	if ok && open == nil {
+		return nil, fmt.Errorf("brokerurl: Options.Schemes has a nil opener for scheme %q", scheme)
 	}
 	if !ok {
 		known := Schemes()

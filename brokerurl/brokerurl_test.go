@@ -185,6 +185,21 @@ func TestOpenerThatReturnsNothing(t *testing.T) {
 	}
 }
 
+// A nil opener in Options.Schemes is the caller's mistake: Open says so in
+// an error naming the scheme instead of calling it (a nil dereference).
+func TestNilOpenerIsAnError(t *testing.T) {
+	for _, scheme := range []string{"custom", "mem"} { // a new scheme, a built-in one replaced
+		raw := scheme + "://user:" + secret + "@host"
+		b, err := brokerurl.Open(context.Background(), raw, brokerurl.Options{Schemes: map[string]brokerurl.Opener{scheme: nil}})
+		if err == nil || b != nil {
+			t.Fatalf("%s: got broker %v, error %v; want an error", scheme, b, err)
+		}
+		if !strings.Contains(err.Error(), "nil opener") || !strings.Contains(err.Error(), strconv.Quote(scheme)) || strings.Contains(err.Error(), secret) {
+			t.Fatalf("%s: error %q does not name the nil opener and its scheme (or shows the password)", scheme, err)
+		}
+	}
+}
+
 func TestPostgres(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	ctx := context.Background()
