@@ -80,7 +80,9 @@ type Options struct {
 // concurrently. After Close every method but Close, and every settlement or
 // ExtendLease of a delivery, returns [sdk.ErrClosed].
 //
-// Queues exist from their first use (Publish, Receive or DeclareQueue).
+// Queues exist from their first use (a Publish of at least one message,
+// Receive or DeclareQueue); a Publish of no message creates nothing, as on
+// the other brokers.
 // Each queue's dead-letter queue is kept with it and is reached through the
 // [sdk.DeadLetters] methods with the queue's own name.
 type Broker struct {
@@ -169,7 +171,8 @@ func (b *Broker) DeclareQueue(_ context.Context, queue string) error {
 // it stores nothing and returns ctx.Err(), as the network brokers do. Under
 // [Options.MaxBacklog] it may wait for room; if ctx ends, or the broker
 // closes, while it waits, it stores nothing and returns an error wrapping
-// ctx.Err(), or [sdk.ErrClosed].
+// ctx.Err(), or [sdk.ErrClosed]. With no message it only validates the
+// queue name: it does not create the queue.
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed

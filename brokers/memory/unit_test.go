@@ -582,3 +582,31 @@ func TestEveryCallAfterCloseIsErrClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptyPublishCreatesNoQueue: a Publish of no message validates the
+// queue name and stores nothing, as on PostgreSQL (no row, so Stats finds
+// no queue) and RabbitMQ (nothing declared): the queue does not come into
+// being, and Stats of it still wraps ErrNotFound. A Publish of a message
+// does create it.
+func TestEmptyPublishCreatesNoQueue(t *testing.T) {
+	b := newBroker(t, memory.Options{})
+	ctx := ctxT(t)
+	if err := b.Publish(ctx, "empty"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, "bad name!"); err == nil {
+		t.Fatal("an empty Publish to an invalid queue name succeeded")
+	}
+	if s, err := b.Stats(ctx, "empty"); !errors.Is(err, sdk.ErrNotFound) {
+		t.Fatalf("Stats after an empty Publish = %+v, %v; want ErrNotFound", s, err)
+	}
+	if qs, err := b.Queues(ctx); err != nil || len(qs) != 0 {
+		t.Fatalf("Queues after an empty Publish = %v, %v; want none", qs, err)
+	}
+	if err := b.Publish(ctx, "empty", &sdk.Message{Type: "job"}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := b.Stats(ctx, "empty"); err != nil || s.Ready != 1 {
+		t.Fatalf("Stats after a Publish = %+v, %v; want one ready", s, err)
+	}
+}
