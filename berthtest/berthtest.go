@@ -31,9 +31,20 @@ import (
 // DefaultQueue is the queue of a [Delivery] made without the [Queue] option.
 const DefaultQueue = "berthtest"
 
-// WaitTimeout bounds how long the Wait helpers wait before failing the test.
-// A test may change it before it starts waiting.
+// WaitTimeout bounds how long the Wait helpers wait before failing the test
+// when no timeout of their own was set. Prefer [Recorder.SetWaitTimeout] and
+// [Delivery.SetWaitTimeout] to changing it: it is shared by every test of
+// the package, so a test that writes it races with tests running under
+// t.Parallel (and changes their timeouts). It is kept for compatibility.
 var WaitTimeout = 30 * time.Second
+
+// waitTimeout is d, or [WaitTimeout] when d is not positive.
+func waitTimeout(d time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return WaitTimeout
+}
 
 // Option configures [Work] and [NewDelivery].
 type Option func(*config)

@@ -247,7 +247,8 @@ func TestStartWorkerOnMemory(t *testing.T) {
 }
 
 // TestWaitTimesOut: waiting for settlements that never come fails the test
-// and names what it waited for.
+// and names what it waited for (WaitTimeout, the package-wide
+// default, still bounds the wait when no SetWaitTimeout was made).
 func TestWaitTimesOut(t *testing.T) {
 	saved := berthtest.WaitTimeout
 	berthtest.WaitTimeout = 20 * time.Millisecond
@@ -281,11 +282,10 @@ func TestWaitDoneIgnoresRefusedSettlements(t *testing.T) {
 		t.Fatalf("first settlement %s (%v), want a refused ack", rs[0].Action, rs[0].Err)
 	}
 
-	saved := berthtest.WaitTimeout
-	berthtest.WaitTimeout = 50 * time.Millisecond
+	rec.SetWaitTimeout(50 * time.Millisecond)
 	var got []berthtest.Record
 	msg := fatalMessage(t, func(tb testing.TB) { got = rec.WaitDone(tb, 1) })
-	berthtest.WaitTimeout = saved
+	rec.SetWaitTimeout(0)
 	if !strings.Contains(msg, "1 finished messages") {
 		t.Fatalf("WaitDone returned %+v after a refused ack, want it to wait (message %q)", got, msg)
 	}
@@ -312,9 +312,7 @@ func TestWaitTimeoutQuotesMessageText(t *testing.T) {
 	rec := berthtest.StartWorker(t, sub, handler(nil), sdk.WorkerOptions{Queue: "q"})
 	rec.Wait(t, 1)
 
-	saved := berthtest.WaitTimeout
-	berthtest.WaitTimeout = 20 * time.Millisecond
-	t.Cleanup(func() { berthtest.WaitTimeout = saved })
+	rec.SetWaitTimeout(20 * time.Millisecond)
 	msg := fatalMessage(t, func(tb testing.TB) { rec.Wait(tb, 2) })
 	if !strings.Contains(msg, `id\x1b[2J`) || strings.ContainsAny(msg, "\x1b\u202e") {
 		t.Fatalf("timeout message %q: want the ID quoted, no raw control characters", msg)
@@ -341,5 +339,92 @@ func TestWorkWithSeveralQueues(t *testing.T) {
 	}
 	if res.Action != sdk.ActionRetry || res.Delay != time.Second || res.Delivery.Queue() != "emails" {
 		t.Fatalf("got %s after %s on %q, want a retry after 1s on emails", res.Action, res.Delay, res.Delivery.Queue())
+	}
+}
+
+// TestSetWaitTimeoutIsPerRecorder: a test under t.Parallel bounds its own
+// waits (Recorder.SetWaitTimeout, Delivery.SetWaitTimeout) without writing
+// the package-wide WaitTimeout, which parallel tests would race on (the race
+// detector fails this test if a wait reads a timeout another test writes).
+func TestSetWaitTimeoutIsPerRecorder(t *testing.T) {
+	for _, d := range []time.Duration{20 * time.Millisecond, 30 * time.Millisecond} {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			rec := berthtest.NewRecorder()
+			rec.SetWaitTimeout(d)
+			msg := fatalMessage(t, func(tb testing.TB) { rec.Wait(tb, 1) })
+			if want := "timed out after " + d.String(); !strings.Contains(msg, want) {
+				t.Fatalf("recorder timeout message %q, want %q", msg, want)
+			}
+			del := berthtest.NewDelivery(&sdk.Message{ID: "m", Type: "job"})
+			del.SetWaitTimeout(d)
+			msg = fatalMessage(t, func(tb testing.TB) { del.Wait(tb) })
+			if want := "not settled within " + d.String(); !strings.Contains(msg, want) {
+				t.Fatalf("delivery timeout message %q, want %q", msg, want)
+			}
+		})
+	}
+}
+
+// TestSettlementAfterLostLeaseIsRefused: once ExtendLease refused the lease
+// (ErrLeaseLost, through OnExtend), a settlement returns an error wrapping
+// ErrLeaseLost and settles nothing, as on every broker; the refused call is
+// still recorded (with its error) so a test sees that it was made.
+func TestSettlementAfterLostLeaseIsRefused(t *testing.T) {
+	ctx := context.Background()
+	d := berthtest.NewDelivery(&sdk.Message{ID: "m1", Type: "job"},
+		berthtest.OnExtend(func(context.Context, time.Duration) error {
+			return fmt.Errorf("refused: %w", sdk.ErrLeaseLost)
+		}))
+	if err := d.ExtendLease(ctx, time.Second); !errors.Is(err, sdk.ErrLeaseLost) {
+		t.Fatalf("extension: %v, want ErrLeaseLost", err)
+	}
+	if err := d.Ack(ctx); !errors.Is(err, sdk.ErrLeaseLost) {
+		t.Fatalf("ack after the lease was lost: %v, want ErrLeaseLost", err)
+	}
+	if err := d.Retry(ctx, time.Second, errors.New("x")); !errors.Is(err, sdk.ErrLeaseLost) {
+		t.Fatalf("retry after the lease was lost: %v, want ErrLeaseLost", err)
+	}
+	if c, ok := d.Settlement(); ok {
+		t.Fatalf("settled by %s after the lease was lost", c.Action)
+	}
+	select {
+	case <-d.Done():
+		t.Fatal("Done closed by a refused settlement")
+	default:
+	}
+	calls := d.Calls()
+	if len(calls) != 2 || calls[0].Action != sdk.ActionAck || !errors.Is(calls[0].Err, sdk.ErrLeaseLost) ||
+		calls[1].Action != sdk.ActionRetry || !errors.Is(calls[1].Err, sdk.ErrLeaseLost) {
+		t.Fatalf("calls %+v, want the refused ack and retry", calls)
+	}
+	if err := d.ExtendLease(ctx, time.Second); !errors.Is(err, sdk.ErrLeaseLost) {
+		t.Fatalf("extension after the lease was lost: %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestWaitDoneCountsMessagesNotSettlements: a message delivered twice and
+// acked both times (an at-least-once duplicate) is one finished message:
+// WaitDone(2) must not return until a second message finishes, and returns
+// one record per message.
+func TestWaitDoneCountsMessagesNotSettlements(t *testing.T) {
+	m1 := &sdk.Message{ID: sdk.NewID(), Type: "job"}
+	m2 := &sdk.Message{ID: sdk.NewID(), Type: "job"}
+	sub := &oneShot{ch: make(chan sdk.Delivery, 3)}
+	sub.ch <- berthtest.NewDelivery(m1)
+	sub.ch <- berthtest.NewDelivery(m1, berthtest.Attempt(2))
+	rec := berthtest.StartWorker(t, sub, handler(nil), sdk.WorkerOptions{Queue: "q"})
+	rec.Wait(t, 2)
+	rec.SetWaitTimeout(20 * time.Millisecond)
+	var got []berthtest.Record
+	msg := fatalMessage(t, func(tb testing.TB) { got = rec.WaitDone(tb, 2) })
+	if !strings.Contains(msg, "2 finished messages") {
+		t.Fatalf("WaitDone(2) returned %+v after one message acked twice (message %q)", got, msg)
+	}
+	rec.SetWaitTimeout(0)
+	sub.ch <- berthtest.NewDelivery(m2)
+	got = rec.WaitDone(t, 2)
+	if len(got) != 2 || got[0].Message.ID != m1.ID || got[1].Message.ID != m2.ID {
+		t.Fatalf("WaitDone(2) = %+v, want one record of each message", got)
 	}
 }

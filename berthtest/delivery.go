@@ -2,6 +2,8 @@ package berthtest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -14,12 +16,18 @@ type Call struct {
 	Action sdk.Action    // ack, retry, dead_letter or release
 	Delay  time.Duration // for retry and release
 	Cause  error         // for retry and dead_letter
+	// Err is what the call returned: nil for the settlement,
+	// [sdk.ErrAlreadySettled] for a later call, an error wrapping
+	// [sdk.ErrLeaseLost] for one after the lease was lost.
+	Err error
 }
 
 // Delivery is an [sdk.Delivery] (and [sdk.Releaser]) that records how it was
 // settled instead of talking to a broker. It keeps the contract's rules: the
 // first settlement wins, a later one returns [sdk.ErrAlreadySettled] (and is
-// recorded, so a test can see that the Worker settled twice), and a
+// recorded, so a test can see that the Worker settled twice), a settlement
+// after ExtendLease returned an error wrapping [sdk.ErrLeaseLost] is refused
+// with such an error and settles nothing (it is recorded too), and a
 // dead-letter reason is what a broker would store ([sdk.SanitizeReason]).
 //
 // Use it to test handlers and middleware without a broker, and to force
@@ -33,8 +41,11 @@ type Delivery struct {
 
 	mu       sync.Mutex
 	calls    []Call
+	settled  bool
+	lost     error // the refusal that lost the lease, nil while it holds
 	extended int
 	done     chan struct{}
+	timeout  time.Duration // of Wait; 0: WaitTimeout
 }
 
 var (
@@ -79,64 +90,97 @@ func (d *Delivery) Release(_ context.Context, delay time.Duration) error {
 
 // ExtendLease counts the extension and returns what the [OnExtend] function
 // returns (nil without one); after the settlement it returns
-// [sdk.ErrAlreadySettled], as a broker does.
+// [sdk.ErrAlreadySettled], as a broker does. Once it returned an error
+// wrapping [sdk.ErrLeaseLost], the lease stays lost: later extensions and
+// settlements return an error wrapping it too.
 func (d *Delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 	d.mu.Lock()
 	d.extended++
-	settled := len(d.calls) > 0
+	settled, lost := d.settled, d.lost
 	fn := d.extend
 	d.mu.Unlock()
-	if settled {
+	switch {
+	case settled:
 		return sdk.ErrAlreadySettled
+	case lost != nil:
+		return lost
+	case fn == nil:
+		return nil
 	}
-	if fn != nil {
-		return fn(ctx, by)
+	err := fn(ctx, by)
+	if errors.Is(err, sdk.ErrLeaseLost) {
+		d.mu.Lock()
+		if !d.settled && d.lost == nil {
+			d.lost = err
+		}
+		d.mu.Unlock()
 	}
-	return nil
+	return err
 }
 
 func (d *Delivery) record(c Call) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.calls = append(d.calls, c)
-	if len(d.calls) > 1 {
-		return sdk.ErrAlreadySettled
+	switch {
+	case d.settled:
+		c.Err = sdk.ErrAlreadySettled
+	case d.lost != nil:
+		c.Err = fmt.Errorf("berthtest: %s of message %q after the lease was lost: %w", c.Action, d.msg.ID, d.lost)
+	default:
+		d.settled = true
+		close(d.done)
 	}
-	close(d.done)
-	return nil
+	d.calls = append(d.calls, c)
+	return c.Err
 }
 
-// Calls returns every settlement call received, in order; a correct Worker
-// makes at most one.
+// Calls returns every settlement call received, in order, refused ones
+// included (Call.Err); a correct Worker makes at most one, and none after
+// the lease was lost.
 func (d *Delivery) Calls() []Call {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]Call(nil), d.calls...)
 }
 
-// Settlement returns the first settlement call, and false while there is none.
+// Settlement returns the settlement call (the first one not refused), and
+// false while there is none.
 func (d *Delivery) Settlement() (Call, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.calls) == 0 {
-		return Call{}, false
+	for _, c := range d.calls {
+		if c.Err == nil {
+			return c, true
+		}
 	}
-	return d.calls[0], true
+	return Call{}, false
 }
 
-// Done is closed at the first settlement.
+// Done is closed at the settlement (not at a refused call).
 func (d *Delivery) Done() <-chan struct{} { return d.done }
 
-// Wait waits up to [WaitTimeout] for the first settlement and returns it;
-// it fails the test when none comes.
+// SetWaitTimeout makes [Delivery.Wait] wait up to d before failing the
+// test, instead of [WaitTimeout]; 0 goes back to WaitTimeout. Unlike a
+// change of WaitTimeout, it is safe in a test under t.Parallel.
+func (d *Delivery) SetWaitTimeout(timeout time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.timeout = timeout
+}
+
+// Wait waits up to [WaitTimeout] (or [Delivery.SetWaitTimeout]) for the
+// settlement and returns it; it fails the test when none comes.
 func (d *Delivery) Wait(t testing.TB) Call {
 	t.Helper()
-	timer := time.NewTimer(WaitTimeout)
+	d.mu.Lock()
+	timeout := waitTimeout(d.timeout)
+	d.mu.Unlock()
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
 	case <-d.done:
 	case <-timer.C:
-		t.Fatalf("berthtest: delivery %q not settled within %s", d.msg.ID, WaitTimeout)
+		t.Fatalf("berthtest: delivery %q not settled within %s", d.msg.ID, timeout)
 	}
 	c, _ := d.Settlement()
 	return c

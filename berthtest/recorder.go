@@ -26,6 +26,7 @@ type Recorder struct {
 	mu      sync.Mutex
 	records []Record
 	changed chan struct{} // closed and replaced at every settlement
+	timeout time.Duration // of the waits; 0: WaitTimeout
 }
 
 var _ sdk.Observer = (*Recorder)(nil)
@@ -45,6 +46,16 @@ func (r *Recorder) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) 
 	r.changed = make(chan struct{})
 }
 
+// SetWaitTimeout makes the recorder's waits ([Recorder.Wait],
+// [Recorder.WaitDone], [Recorder.WaitFor]) wait up to d before failing the
+// test, instead of [WaitTimeout]; 0 goes back to WaitTimeout. Unlike a
+// change of WaitTimeout, it is safe in a test under t.Parallel.
+func (r *Recorder) SetWaitTimeout(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.timeout = d
+}
+
 // Records returns the settlements so far, in order.
 func (r *Recorder) Records() []Record {
 	r.mu.Lock()
@@ -52,22 +63,28 @@ func (r *Recorder) Records() []Record {
 	return append([]Record(nil), r.records...)
 }
 
-// Wait waits up to [WaitTimeout] until n settlements were recorded and
-// returns them all; it fails the test if they do not come.
+// Wait waits up to [WaitTimeout] (or [Recorder.SetWaitTimeout]) until n
+// settlements were recorded and returns them all; it fails the test if they
+// do not come.
 func (r *Recorder) Wait(t testing.TB, n int) []Record {
 	t.Helper()
 	return r.WaitFor(t, fmt.Sprintf("%d settlements", n), func(rs []Record) bool { return len(rs) >= n })
 }
 
 // WaitDone waits until n messages were finished (acked or dead-lettered,
-// whatever retries came before) and returns their final settlements. An ack
-// or a dead letter the broker refused (Settlement.Err: the lease had run
-// out, the broker was closed) finished nothing: the job comes back, and
-// WaitDone waits for the settlement that does finish it. A message the
-// broker finished itself is not seen: one dead-lettered by the broker's
-// delivery cap when the lease of its last delivery ran out (the late ack is
-// refused, and no delivery follows) makes WaitDone time out; wait for such
-// a message with [Recorder.WaitFor] or the broker's statistics.
+// whatever retries came before) and returns their final settlements, one
+// per message, in the order they finished. Messages are told apart by ID: a
+// message finished twice (delivered again after its ack, as at-least-once
+// brokers may) counts once, and its first finishing settlement is returned;
+// see [Recorder.Records] for all of them. An ack or a dead letter the
+// broker refused (Settlement.Err: the lease had run out, the broker was
+// closed) finished nothing: the job comes back, and WaitDone waits for the
+// settlement that does finish it. A message the broker finished itself is
+// not seen: one dead-lettered by the broker's delivery cap when the lease of
+// its last delivery ran out (the late ack is refused, and no delivery
+// follows) makes WaitDone time out; wait for such a message with
+// [Recorder.WaitFor] or the broker's statistics. It waits as long as
+// [Recorder.WaitFor].
 //
 // The settlement of an earlier attempt may be recorded after the final one:
 // the Worker tells observers once the broker has taken a retry, and by then
@@ -80,21 +97,34 @@ func (r *Recorder) WaitDone(t testing.TB, n int) []Record {
 	return finished(all)
 }
 
+// finished returns the settlements that finished a message, the first of
+// each message ID (a message without an ID counts at each one).
 func finished(rs []Record) []Record {
 	var out []Record
+	seen := map[string]bool{}
 	for _, r := range rs {
 		if (r.Action == sdk.ActionAck || r.Action == sdk.ActionDeadLetter) && r.Err == nil {
+			if id := r.Message.ID; id != "" {
+				if seen[id] {
+					continue
+				}
+				seen[id] = true
+			}
 			out = append(out, r)
 		}
 	}
 	return out
 }
 
-// WaitFor waits up to [WaitTimeout] until cond holds on the settlements so
-// far and returns them; it fails the test, naming what, if cond never holds.
+// WaitFor waits up to [WaitTimeout] (or [Recorder.SetWaitTimeout]) until
+// cond holds on the settlements so far and returns them; it fails the test,
+// naming what, if cond never holds.
 func (r *Recorder) WaitFor(t testing.TB, what string, cond func([]Record) bool) []Record {
 	t.Helper()
-	timer := time.NewTimer(WaitTimeout)
+	r.mu.Lock()
+	timeout := waitTimeout(r.timeout)
+	r.mu.Unlock()
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
 		r.mu.Lock()
@@ -107,7 +137,7 @@ func (r *Recorder) WaitFor(t testing.TB, what string, cond func([]Record) bool) 
 		select {
 		case <-changed:
 		case <-timer.C:
-			t.Fatalf("berthtest: timed out after %s waiting for %s; %d settlements: %s", WaitTimeout, what, len(all), summary(all))
+			t.Fatalf("berthtest: timed out after %s waiting for %s; %d settlements: %s", timeout, what, len(all), summary(all))
 			return nil
 		}
 	}
