@@ -44,6 +44,11 @@ var (
 	// ErrDrainTimeout is returned by [Worker.Run] when handlers did not return
 	// within the drain deadline after their context was cancelled.
 	ErrDrainTimeout = errors.New("berth: drain deadline exceeded")
+	// ErrGoexit is the Value of the [*PanicError] a handler that called
+	// runtime.Goexit (directly or in a library it uses) fails with: the
+	// Worker settles its delivery as a panic, a transient failure, and
+	// replaces the handler goroutine that Goexit ended.
+	ErrGoexit = errors.New("berth: handler called runtime.Goexit")
 	// ErrMaxDeliveries is the cause recorded on a message that a broker
 	// dead-lettered because it was delivered too many times without being
 	// settled (a poison message that kills its workers).

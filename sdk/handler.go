@@ -10,7 +10,9 @@ import "context"
 // failure ([ClassPanic]), retried with backoff and dead-lettered at
 // MaxAttempts, whatever the panic value — panic(Permanent(err)) is not
 // dead-lettered at once, nor panic(RetryAfter(err, d)) released: only the
-// returned error is the handler's verdict.
+// returned error is the handler's verdict. A handler that calls
+// runtime.Goexit fails the same way, with a *PanicError whose Value is
+// [ErrGoexit], and the Worker replaces the goroutine it ended.
 type Handler interface {
 	Handle(ctx context.Context, d Delivery) error
 }

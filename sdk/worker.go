@@ -240,32 +240,49 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 	}()
 	var pool sync.WaitGroup
+	// handlers is one handler goroutine. One whose handler called
+	// runtime.Goexit ends (process has settled the task: see goexited); its
+	// deferred call frees the task's slot and starts a replacement, so that
+	// Concurrency goroutines keep running.
+	var handlers func()
+	handlers = func() {
+		var running *task // set while process runs it
+		defer func() {
+			if running != nil { // Goexit: a panic would end the process
+				done(running)
+				pool.Add(1) // before Done: a pool.Wait under way goes on waiting
+				go handlers()
+			}
+			pool.Done()
+		}()
+		k := taker{r: rq}
+		for {
+			t, ok := k.next()
+			if !ok {
+				return
+			}
+			if wake != nil && len(jobs) == 0 {
+				signal() // the prefetched work ran out: receive again
+			}
+			switch {
+			case t.lost.Load():
+				w.logLeaseLost(base, t.d)
+			case ctx.Err() != nil && !w.finishAtDrain(t.d, stopping):
+				w.release(base, t.d, "not started before shutdown")
+			default:
+				running = t
+				_, async := w.process(base, t, acked, &asyncs, stopping)
+				running = nil
+				if async {
+					continue // the slot is freed when the ack is back
+				}
+			}
+			done(t)
+		}
+	}
 	for range o.Concurrency {
 		pool.Add(1)
-		go func() {
-			defer pool.Done()
-			k := taker{r: rq}
-			for {
-				t, ok := k.next()
-				if !ok {
-					return
-				}
-				if wake != nil && len(jobs) == 0 {
-					signal() // the prefetched work ran out: receive again
-				}
-				switch {
-				case t.lost.Load():
-					w.logLeaseLost(base, t.d)
-				case ctx.Err() != nil && !w.finishAtDrain(t.d, stopping):
-					w.release(base, t.d, "not started before shutdown")
-				default:
-					if _, async := w.process(base, t, acked, &asyncs, stopping); async {
-						continue // the slot is freed when the ack is back
-					}
-				}
-				done(t)
-			}
-		}()
+		go handlers()
 	}
 
 	hbStop := make(chan struct{})
@@ -850,7 +867,17 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	if observed {
 		start = monoNow()
 	}
+	// A handler that calls runtime.Goexit ends this goroutine: recover sees
+	// nothing, and nothing after call runs. goexit is cleared once call
+	// returns, so the deferred goexited settles the delivery only then.
+	goexit := true
+	defer func() {
+		if goexit {
+			w.goexited(base, ctx, t, start, observed)
+		}
+	}()
 	err := w.call(ctx, d)
+	goexit = false
 	t.settling.Store(true) // an extension racing the settlement would only report a false loss
 	endMono := monoNow()
 	lost := t.lost.Load()
@@ -878,6 +905,29 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 		w.observeSettled(ctx, ob, d, s)
 	}
 	return s, false
+}
+
+// goexited settles t, whose handler called runtime.Goexit, as process
+// settles a handler panic: a *PanicError of [ErrGoexit], logged at ERROR
+// and reported to the observers. It runs in process's deferred calls while
+// Goexit ends the goroutine; Run's handler goroutine then frees t's slot and
+// starts its replacement.
+func (w *Worker) goexited(base, ctx context.Context, t *task, start time.Duration, observed bool) {
+	t.settling.Store(true)
+	endMono := monoNow()
+	d := t.d
+	m := d.Message()
+	err := &PanicError{Value: ErrGoexit, Stack: debug.Stack()}
+	w.opts.Logger.ErrorContext(ctx, "berth: handler called runtime.Goexit", "queue", w.opts.Queue, "id", m.ID,
+		"type", m.Type, "correlation_id", m.CorrelationID, "stack", string(err.Stack))
+	s := w.settle(w.settleContext(base, endMono), ctx, d, err, t.lost.Load())
+	if observed {
+		s.Duration = endMono - start
+		s.Received = time.Unix(0, t.received)
+	}
+	for _, ob := range w.opts.Observers {
+		w.observeSettled(ctx, ob, d, s)
+	}
 }
 
 // observeStart calls ob.Start. Observers are user code called on the
