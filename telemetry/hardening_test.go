@@ -241,3 +241,26 @@ type refuseAll struct{}
 func (refuseAll) Publish(context.Context, string, ...*sdk.Message) error {
 	return sdk.ErrInvalidMessage
 }
+
+// TestJobAttrsOwnTypeLimit: a guard event recorded by one Observer inside a
+// delivery started by another took the job-type label the other Observer
+// chose, so the other's MaxJobTypes applied instead of its own.
+func TestJobAttrsOwnTypeLimit(t *testing.T) {
+	wide, _ := newObserver(t, noop.NewTracerProvider(), telemetry.Options{MaxJobTypes: 100})
+	narrow, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{
+		JobTypes:    []string{"declared"},
+		MaxJobTypes: -1, // no job type of its own beyond the declared one
+	})
+	ctx := context.Background()
+	for _, typ := range []string{"a", "b", "declared"} {
+		fd := berthtest.NewDelivery(&sdk.Message{ID: "m", Type: typ})
+		hctx := wide.Start(ctx, fd)
+		narrow.Idempotency().Observe(hctx, idempotency.EventDuplicate, "")
+		wide.Settled(hctx, fd, sdk.Settlement{Action: sdk.ActionAck})
+	}
+	got := jobTypeValues(t, collect(t, reader), "berth.idempotency.events")
+	want := map[string]int64{telemetry.OtherJobType: 2, "declared": 1}
+	if len(got) != len(want) || got[telemetry.OtherJobType] != 2 || got["declared"] != 1 {
+		t.Errorf("berth.idempotency.events per berth.job.type = %v, want %v", got, want)
+	}
+}

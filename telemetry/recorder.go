@@ -140,13 +140,18 @@ func (o *Observer) VersionConflictHook(resource string) func(ctx context.Context
 }
 
 // jobAttrs labels a measurement with the delivery in ctx, or with jobType
-// alone outside a delivery.
+// alone outside a delivery. The job type label is always o's own
+// ([Observer.jobLabel]): a delivery started by another Observer carries the
+// label that Observer chose, under its own type limit.
 func (o *Observer) jobAttrs(ctx context.Context, jobType string) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 4)
 	if st := stateFrom(ctx); st != nil {
-		if jobType == "" {
-			jobType = st.l.key.jobType // already a label value
-		} else {
+		switch {
+		case jobType == "" && st.obs == o:
+			jobType = st.l.key.jobType // already o's label value
+		case jobType == "":
+			jobType = o.jobLabel(st.d.Message().Type)
+		default:
 			jobType = o.jobLabel(jobType)
 		}
 		attrs = append(attrs,
