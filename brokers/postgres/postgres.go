@@ -72,8 +72,9 @@ type Options struct {
 	// DedupeEnqueue makes the IdempotencyKey of published messages unique per
 	// queue: publishing a message whose key a job of that queue already has
 	// (in any status, until retention deletes it) inserts nothing, and
-	// Publish sets the message's ID to the existing job's. Messages without a
-	// key are unaffected. Default off: every publish is a new job and
+	// Publish sets the message's ID to the existing job's; within one batch
+	// the first message with a key wins, even among messages sharing an ID.
+	// Messages without a key are unaffected. Default off: every publish is a new job and
 	// duplicates are stopped by the idempotency middleware at consume time.
 	DedupeEnqueue bool
 	// Retention, when positive, runs a background loop owned by the broker

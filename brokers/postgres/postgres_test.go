@@ -423,6 +423,56 @@ func TestDedupeEnqueue(t *testing.T) {
 	}
 }
 
+// TestDedupeEnqueueSameIDInBatch: with DedupeEnqueue, two messages of one
+// batch with the same ID are told apart: the first wins, and one whose key is
+// already taken (by an earlier job or by an earlier message of the batch) is
+// reported as a duplicate, its ID set to the existing job's, as across
+// batches. Publish used to mark a message inserted by its ID, so the twin of
+// an inserted message passed for inserted and kept its own ID.
+func TestDedupeEnqueueSameIDInBatch(t *testing.T) {
+	pool := newPool(t, "berth-dedupe-sameid-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{DedupeEnqueue: true})
+	ctx := testCtx(t)
+	q := "dedupe_sameid_" + suffix()
+	old := &sdk.Message{IdempotencyKey: "old", Body: []byte("old")}
+	if err := b.Publish(ctx, q, old); err != nil {
+		t.Fatal(err)
+	}
+	batch := []*sdk.Message{
+		{ID: "same-1", IdempotencyKey: "new-1", Body: []byte("new-1")}, // inserted
+		{ID: "same-1", IdempotencyKey: "old", Body: []byte("dup old")}, // duplicate of old
+		{ID: "same-2", IdempotencyKey: "old", Body: []byte("dup old")}, // duplicate of old
+		{ID: "same-2", IdempotencyKey: "new-2", Body: []byte("new-2")}, // inserted
+		{ID: "twin", IdempotencyKey: "twin", Body: []byte("twin 1")},   // inserted: the first wins
+		{ID: "twin", IdempotencyKey: "twin", Body: []byte("twin 2")},   // duplicate of the first
+	}
+	if err := b.Publish(ctx, q, batch...); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"same-1", old.ID, old.ID, "same-2", "twin", "twin"}
+	for i, m := range batch {
+		if m.ID != want[i] {
+			t.Errorf("message %d (key %s) got ID %s, want %s", i, m.IdempotencyKey, m.ID, want[i])
+		}
+	}
+	bodies := map[string]bool{}
+	for _, d := range receiveN(t, b, q, 4) {
+		bodies[string(d.Message().Body)] = true
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, body := range []string{"old", "new-1", "new-2", "twin 1"} {
+		if !bodies[body] {
+			t.Errorf("stored jobs %v, want %q among them", bodies, body)
+		}
+	}
+	counts, err := b.CountByStatus(ctx, q)
+	if err != nil || counts[postgres.StatusCompleted] != 4 || len(counts) != 1 {
+		t.Errorf("CountByStatus = %v, %v; want 4 completed jobs only", counts, err)
+	}
+}
+
 func TestDeleteCompleted(t *testing.T) {
 	pool := newPool(t, "berth-retention-"+suffix(), 4)
 	b := newBroker(t, pool, postgres.Options{})

@@ -23,6 +23,10 @@ import (
 // [sdk.ErrInvalidHeader] or [sdk.ErrInvalidMessage]. With
 // Options.DedupeEnqueue, a message whose IdempotencyKey a job of queue
 // already has is not inserted, and its ID is set to the existing job's.
+// Within a batch the messages are inserted in order, so the first message
+// with a key wins and a later one with the same key is such a duplicate,
+// as across batches; this holds when messages share an ID too (each
+// message's outcome is its own, not its ID's).
 //
 // A batch is all or nothing (one statement). After Close it returns
 // [sdk.ErrClosed].
@@ -123,9 +127,11 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 	dedupe := b.opts.DedupeEnqueue
 	conflict := ""
 	if dedupe {
+		// In the batch's order, so that the first message with a key wins.
 		conflict = `
+		ORDER BY u.ord
 		ON CONFLICT (queue, idempotency_key) WHERE dedupe DO NOTHING
-		RETURNING message_id`
+		RETURNING message_id, coalesce(idempotency_key, '')`
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(`INSERT INTO `+b.table+` (queue, message_id, job_type, payload, payload_json, headers,
@@ -134,7 +140,7 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 			u.correlation_id, u.ordering_key, NULLIF(u.idem, ''), $2 AND u.idem <> '', $3,
 			statement_timestamp() + u.delay_us * interval '1 microsecond'
 		FROM unnest($4::text[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[])
-			AS u(message_id, job_type, payload, payload_json, headers, correlation_id, ordering_key, idem, delay_us)`+conflict,
+			WITH ORDINALITY AS u(message_id, job_type, payload, payload_json, headers, correlation_id, ordering_key, idem, delay_us, ord)`+conflict,
 		queue, dedupe, b.opts.MaxAttempts,
 		ids, types, bodies, payloadJSON, headers, corrs, keys, idems, delays)
 	// One notification per statement, delayed messages included: a
@@ -142,19 +148,22 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 	// earliest due time, instead of sleeping until its old deadline.
 	batch.Queue(`SELECT pg_notify($1, $2)`, b.channel, queue)
 	br := q.SendBatch(ctx, batch)
-	var inserted map[string]bool
+	// returned counts the inserted rows by message ID and idempotency key
+	// ("" for none): messages may share an ID, so that alone cannot say
+	// which of them were inserted.
+	var returned map[[2]string]int
 	var err error
 	if dedupe {
-		inserted = make(map[string]bool, n)
+		returned = make(map[[2]string]int, n)
 		var rows pgx.Rows
 		rows, err = br.Query()
 		if err == nil {
 			for rows.Next() {
-				var id string
-				if err = rows.Scan(&id); err != nil {
+				var idKey [2]string
+				if err = rows.Scan(&idKey[0], &idKey[1]); err != nil {
 					break
 				}
-				inserted[id] = true
+				returned[idKey]++
 			}
 			rows.Close()
 			if err == nil {
@@ -173,7 +182,24 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 	if err != nil {
 		return b.wrap(ctx, "publish", err)
 	}
-	if !b.opts.DedupeEnqueue || len(inserted) == n {
+	if !dedupe {
+		return nil
+	}
+	// Rows were inserted in the batch's order, and of messages with the
+	// same ID and key only the first can have been (the others conflict
+	// with it): the first ones take the returned rows.
+	inserted := make([]bool, n)
+	all := true
+	for i, m := range msgs {
+		idKey := [2]string{m.ID, m.IdempotencyKey}
+		if returned[idKey] > 0 {
+			returned[idKey]--
+			inserted[i] = true
+		} else {
+			all = false
+		}
+	}
+	if all {
 		return nil
 	}
 	return b.resolveDuplicates(ctx, q, queue, msgs, inserted)
@@ -207,11 +233,12 @@ func jsonCopyable(body []byte) bool {
 }
 
 // resolveDuplicates sets the ID of each message that dedupe did not insert to
-// the ID of the job holding its idempotency key.
-func (b *Broker) resolveDuplicates(ctx context.Context, q querier, queue string, msgs []*sdk.Message, inserted map[string]bool) error {
+// the ID of the job holding its idempotency key; inserted[i] says whether
+// msgs[i] was inserted.
+func (b *Broker) resolveDuplicates(ctx context.Context, q querier, queue string, msgs []*sdk.Message, inserted []bool) error {
 	var keys []string
-	for _, m := range msgs {
-		if !inserted[m.ID] && m.IdempotencyKey != "" {
+	for i, m := range msgs {
+		if !inserted[i] && m.IdempotencyKey != "" {
 			keys = append(keys, m.IdempotencyKey)
 		}
 	}
@@ -232,8 +259,8 @@ func (b *Broker) resolveDuplicates(ctx context.Context, q querier, queue string,
 	for _, kv := range existing {
 		byKey[kv[0]] = kv[1]
 	}
-	for _, m := range msgs {
-		if inserted[m.ID] || m.IdempotencyKey == "" {
+	for i, m := range msgs {
+		if inserted[i] || m.IdempotencyKey == "" {
 			continue
 		}
 		if id, ok := byKey[m.IdempotencyKey]; ok {
