@@ -30,7 +30,10 @@
 //   - Retry(d) is ChangeMessageVisibility(d, rounded up to whole seconds, so
 //     never early); ExtendLease is ChangeMessageVisibility too. SQS caps a
 //     message's visibility at 12 hours from its receipt: longer leases fail
-//     with a [*LeaseCeilingError]. SQS cannot hand a message back without
+//     with a [*LeaseCeilingError], while a longer retry delay is clamped to
+//     what the ceiling allows (whole seconds, at least 0), which is how SQS
+//     applies [sdk.MaxDelay]: Retry(sdk.MaxDelay) always ends past the
+//     ceiling, so its message comes back early by the time since its receipt. SQS cannot hand a message back without
 //     counting a receive, so deliveries do not implement [sdk.Releaser].
 //   - DeadLetter sends a copy carrying the reason headers to the dead-letter
 //     queue, then deletes the original. A copy over [Options.MaxWireSize]

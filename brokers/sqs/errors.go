@@ -52,8 +52,9 @@ func validateQueueName(name string) error {
 // ErrLeaseCeiling is wrapped by [LeaseCeilingError].
 var ErrLeaseCeiling = errors.New("berth/sqs: visibility beyond SQS's 12-hour ceiling")
 
-// LeaseCeilingError reports an ExtendLease or Retry that would keep a message
-// invisible more than 12 hours after it was received, which SQS refuses.
+// LeaseCeilingError reports an ExtendLease (or another lease extension) that
+// would keep a message invisible more than 12 hours after it was received,
+// which SQS refuses; Retry clamps its delay to the ceiling instead.
 // Nothing was changed: the lease ends when it would have. It wraps
 // [ErrLeaseCeiling].
 type LeaseCeilingError struct {

@@ -478,7 +478,7 @@ func (e *EntryError) Error() string {
 // ceilSeconds converts d to whole seconds, rounding up so that a delay or a
 // visibility is never shorter than asked. A d beyond SQS's int32 seconds
 // (about 68 years) gives math.MaxInt32, not a wrapped-around value, so that
-// the 12-hour ceiling check refuses it.
+// the 12-hour ceiling check refuses it (or, for Retry, clamps it).
 func ceilSeconds(d time.Duration) int32 {
 	if d <= 0 {
 		return 0

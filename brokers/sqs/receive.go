@@ -243,8 +243,12 @@ func (d *delivery) Ack(ctx context.Context) error {
 // seconds) with ChangeMessageVisibility; its next receipt counts one more
 // receive, hence Attempt()+1. cause is not kept: SQS cannot annotate a
 // message in place. A delay that would end more than 12 hours after the
-// receipt is refused with a [*LeaseCeilingError] and changes nothing: the
-// message then comes back when its current lease ends.
+// receipt (SQS's ceiling, [MaxVisibility]) is clamped to what the ceiling
+// allows, rounded down to whole seconds (0 once it has passed): this is how
+// SQS applies [sdk.MaxDelay], which always ends after the ceiling since the
+// receipt was earlier. Such a message comes back earlier than delay, by up
+// to the time since its receipt; Retry cannot report the delay kept (it
+// returns only an error), so a Worker's Settlement shows the delay asked for.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -252,7 +256,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 		return err
 	}
 	delay = max(delay, 0)
-	if err := d.changeVisibility(ctx, delay); err != nil {
+	if err := d.changeVisibility(ctx, delay, true); err != nil {
 		return err
 	}
 	d.state = stateSettled
@@ -273,7 +277,7 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 	if dur <= 0 {
 		dur = d.b.opts.VisibilityTimeout
 	}
-	return d.changeVisibility(ctx, dur)
+	return d.changeVisibility(ctx, dur, false)
 }
 
 // DeadLetter sends a copy of the message, with the reason headers
@@ -343,16 +347,21 @@ func (d *delivery) checkLease(ctx context.Context) error {
 	if time.Now().Before(d.deadline) {
 		return nil
 	}
-	return d.changeVisibility(ctx, d.b.opts.VisibilityTimeout)
+	return d.changeVisibility(ctx, d.b.opts.VisibilityTimeout, false)
 }
 
 // changeVisibility sets the message's visibility timeout to dur from now.
+// Beyond the 12-hour ceiling it returns a [*LeaseCeilingError], or with
+// clamp sets what the ceiling allows in whole seconds (at least 0) instead.
 // d.mu is held.
-func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration) error {
+func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration, clamp bool) error {
 	secs := ceilSeconds(dur)
 	now := time.Now()
 	if now.Add(time.Duration(secs)*time.Second).Sub(d.received) > MaxVisibility {
-		return &LeaseCeilingError{ID: d.msg.ID, Requested: dur, Received: d.received}
+		if !clamp {
+			return &LeaseCeilingError{ID: d.msg.ID, Requested: dur, Received: d.received}
+		}
+		secs = int32(max(d.received.Add(MaxVisibility).Sub(now)/time.Second, 0))
 	}
 	ctx, done := d.b.watch(ctx)
 	defer done()

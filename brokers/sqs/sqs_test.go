@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
 
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
@@ -334,10 +336,43 @@ func TestPublishChecks(t *testing.T) {
 	expectNone(t, b, q, 1500*time.Millisecond)
 }
 
-// TestLeaseCeiling: a lease or retry beyond 12 hours from receipt is refused
-// with a typed error and changes nothing.
+// visibilities records the VisibilityTimeout of every ChangeMessageVisibility
+// call the broker makes.
+type visibilities struct {
+	mu   sync.Mutex
+	secs []int32
+}
+
+// option is the APIOptions entry that records into v.
+func (v *visibilities) option(st *middleware.Stack) error {
+	return st.Initialize.Add(middleware.InitializeMiddlewareFunc("berthTestVisibilities",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			if p, ok := in.Parameters.(*awssqs.ChangeMessageVisibilityInput); ok {
+				v.mu.Lock()
+				v.secs = append(v.secs, p.VisibilityTimeout)
+				v.mu.Unlock()
+			}
+			return next.HandleInitialize(ctx, in)
+		}), middleware.After)
+}
+
+// get returns the timeouts recorded so far.
+func (v *visibilities) get() []int32 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.secs)
+}
+
+// ceilingSecs is SQS's 12-hour visibility ceiling in seconds.
+const ceilingSecs = int32(sqs.MaxVisibility / time.Second)
+
+// TestLeaseCeiling: a lease beyond 12 hours from receipt is refused with a
+// typed error and changes nothing; a retry delay beyond it is clamped to
+// what the ceiling allows (sdk.MaxDelay, which the Worker gives at most,
+// always ends after the ceiling, the receipt being earlier).
 func TestLeaseCeiling(t *testing.T) {
-	b := newBroker(t, fastOptions())
+	v := &visibilities{}
+	b := newBroker(t, fastOptions(), v.option)
 	q := declare(t, b, "ceiling", false, sqs.QueueConfig{})
 	ctx := testCtx(t)
 	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("x")}); err != nil {
@@ -348,27 +383,43 @@ func TestLeaseCeiling(t *testing.T) {
 	if err := d.ExtendLease(ctx, 13*time.Hour); !errors.As(err, &ce) || !errors.Is(err, sqs.ErrLeaseCeiling) {
 		t.Errorf("ExtendLease(13h): %v, want *sqs.LeaseCeilingError", err)
 	}
-	if err := d.Retry(ctx, 12*time.Hour, nil); !errors.Is(err, sqs.ErrLeaseCeiling) {
-		t.Errorf("Retry(12h) after the receipt: %v, want ErrLeaseCeiling", err)
+	if err := d.ExtendLease(ctx, 12*time.Hour); !errors.Is(err, sqs.ErrLeaseCeiling) {
+		t.Errorf("ExtendLease(12h) after the receipt: %v, want ErrLeaseCeiling", err)
+	}
+	if got := v.get(); len(got) != 0 {
+		t.Errorf("refused extensions sent ChangeMessageVisibility %v, want none", got)
 	}
 	if err := d.ExtendLease(ctx, 5*time.Second); err != nil {
 		t.Errorf("ExtendLease(5s): %v", err)
 	}
-	if err := d.Ack(ctx); err != nil {
-		t.Errorf("Ack after refused extensions: %v", err)
+	if err := d.Retry(ctx, sdk.MaxDelay, nil); err != nil {
+		t.Fatalf("Retry(MaxDelay) after the receipt: %v, want it clamped to the ceiling", err)
 	}
+	got := v.get()
+	if len(got) != 2 || got[0] != 5 {
+		t.Fatalf("ChangeMessageVisibility timeouts %v, want [5 <clamped>]", got)
+	}
+	// Clamped below 12 h (the receipt was earlier), and not to nothing.
+	if s := got[1]; s >= ceilingSecs || s < ceilingSecs-3600 {
+		t.Errorf("Retry(MaxDelay) sent VisibilityTimeout %d, want just under %d", s, ceilingSecs)
+	}
+	if err := d.Ack(ctx); !errors.Is(err, sdk.ErrAlreadySettled) {
+		t.Errorf("Ack after Retry: %v, want ErrAlreadySettled", err)
+	}
+	expectNone(t, b, q, 1500*time.Millisecond)
 }
 
-// TestLeaseCeilingHugeDuration: a lease or retry delay too long for SQS's
-// int32 seconds (a "forever" such as math.MaxInt64, or 100 years) is refused
-// like any other beyond the 12-hour ceiling, with a *LeaseCeilingError and no
-// call to SQS, rather than wrapping around to a negative VisibilityTimeout
-// that SQS refuses with InvalidParameterValue (which real SQS also uses for
-// stale receipts, so the delivery would pass for lost). The delivery stays
-// usable.
+// TestLeaseCeilingHugeDuration: a lease duration too long for SQS's int32
+// seconds (a "forever" such as math.MaxInt64, or 100 years) is refused like
+// any other beyond the 12-hour ceiling, with a *LeaseCeilingError and no call
+// to SQS, rather than wrapping around to a negative VisibilityTimeout that
+// SQS refuses with InvalidParameterValue (which real SQS also uses for stale
+// receipts, so the delivery would pass for lost). The delivery stays usable;
+// a retry with such a delay is clamped to the ceiling, never wrapped.
 func TestLeaseCeilingHugeDuration(t *testing.T) {
 	c := newCalls()
-	b := newBroker(t, fastOptions(), c.option)
+	v := &visibilities{}
+	b := newBroker(t, fastOptions(), c.option, v.option)
 	q := declare(t, b, "ceilinghuge", false, sqs.QueueConfig{})
 	ctx := testCtx(t)
 	if err := b.Publish(ctx, q, &sdk.Message{Body: []byte("x")}); err != nil {
@@ -380,15 +431,15 @@ func TestLeaseCeilingHugeDuration(t *testing.T) {
 		if err := d.ExtendLease(ctx, dur); !errors.Is(err, sqs.ErrLeaseCeiling) {
 			t.Errorf("ExtendLease(%s): %v, want ErrLeaseCeiling", dur, err)
 		}
-		if err := d.Retry(ctx, dur, nil); !errors.Is(err, sqs.ErrLeaseCeiling) {
-			t.Errorf("Retry(%s): %v, want ErrLeaseCeiling", dur, err)
-		}
 	}
 	if n := c.get("ChangeMessageVisibility"); n != 0 {
 		t.Errorf("%d ChangeMessageVisibility calls for leases beyond the ceiling, want none", n)
 	}
-	if err := d.Ack(ctx); err != nil {
-		t.Errorf("Ack after refused extensions: %v", err)
+	if err := d.Retry(ctx, math.MaxInt64, nil); err != nil {
+		t.Fatalf("Retry(MaxInt64): %v, want it clamped to the ceiling", err)
+	}
+	if got := v.get(); len(got) != 1 || got[0] <= 0 || got[0] >= ceilingSecs {
+		t.Errorf("Retry(MaxInt64) sent VisibilityTimeout %v, want one in (0, %d)", got, ceilingSecs)
 	}
 }
 
