@@ -22,17 +22,8 @@ import (
 func TestReadinessFollowsJetStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	proxy, u := viaProxy(t, integration.NATSURL(t), "4222")
-	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-health-test", ReconnectWait: 50 * time.Millisecond},
-		jetstream.Options{WaitTime: time.Second, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, b, queue := proxiedJetStream(ctx, t)
 	defer b.Close()
-	queue := "health_" + pgtest.Suffix()
-	if err := b.DeclareQueue(ctx, queue); err != nil {
-		t.Fatal(err)
-	}
 	deleted := false
 	deleteQueue := func() {
 		if !deleted {
@@ -120,17 +111,8 @@ func TestReadinessFollowsJetStream(t *testing.T) {
 func TestProbesAnswerWhileNATSReconnectHangs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	proxy, u := viaProxy(t, integration.NATSURL(t), "4222")
-	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-health-test", ReconnectWait: 50 * time.Millisecond},
-		jetstream.Options{WaitTime: time.Second, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+	proxy, b, queue := proxiedJetStream(ctx, t)
 	defer b.Close()
-	queue := "health_" + pgtest.Suffix()
-	if err := b.DeclareQueue(ctx, queue); err != nil {
-		t.Fatal(err)
-	}
 	defer func() {
 		if err := b.DeleteQueue(context.Background(), queue); err != nil && !errors.Is(err, sdk.ErrNotFound) {
 			t.Errorf("delete queue: %v", err)
@@ -176,4 +158,23 @@ func TestProbesAnswerWhileNATSReconnectHangs(t *testing.T) {
 	if err := b.ConnectionError(); !errors.Is(err, sdk.ErrUnavailable) {
 		t.Errorf("ConnectionError = %v, want ErrUnavailable", err)
 	}
+}
+
+// proxiedJetStream connects a broker to NATS through integration's fault
+// proxy and declares a new queue on it; the caller closes the broker and
+// deletes the queue.
+func proxiedJetStream(ctx context.Context, t *testing.T) (*integration.Proxy, *jetstream.Broker, string) {
+	t.Helper()
+	proxy, u := viaProxy(t, integration.NATSURL(t), "4222")
+	b, err := jetstream.Connect(ctx, u.String(), jetstream.ConnectOptions{Name: "berth-health-test", ReconnectWait: 50 * time.Millisecond},
+		jetstream.Options{WaitTime: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := "health_" + pgtest.Suffix()
+	if err := b.DeclareQueue(ctx, queue); err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	return proxy, b, queue
 }
