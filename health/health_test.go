@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,6 +83,33 @@ func server(t *testing.T, workers ...*sdk.Worker) (live, ready string) {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv.URL + "/livez", srv.URL + "/readyz"
+}
+
+// runServed serves w's probes (see server) and runs w until stop, which
+// cancels Run and returns its error (later calls return the same). A test
+// defers stop where the Worker must stop (before the broker closes); a
+// cleanup stops it too, should the test end before. With waitReady,
+// runServed returns once /readyz answers 200.
+func runServed(ctx context.Context, t *testing.T, w *sdk.Worker, waitReady bool) (live, ready string, stop func() error) {
+	t.Helper()
+	live, ready = server(t, w)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	if waitReady {
+		waitProbe(t, ready, http.StatusOK)
+	}
+	return live, ready, stop
 }
 
 // TestHandlersFollowTheWorkers serves two Workers on the memory broker: 503

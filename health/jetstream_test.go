@@ -43,12 +43,8 @@ func TestReadinessFollowsJetStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, ready := server(t, w)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	defer func() { stop(); <-done }()
-	waitProbe(t, ready, http.StatusOK)
+	live, ready, stop := runServed(ctx, t, w, true)
+	defer stop()
 
 	proxy.Refuse(true)
 	proxy.Reset()
@@ -86,11 +82,9 @@ func TestReadinessFollowsJetStream(t *testing.T) {
 		t.Fatalf("job published after the reconnection not handled; health %+v", w.Health())
 	}
 	waitProbe(t, ready, http.StatusOK)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("Run = %v", err)
 	}
-	done <- nil // for the deferred stop
 	deleteQueue()
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
@@ -123,12 +117,8 @@ func TestProbesAnswerWhileNATSReconnectHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, ready := server(t, w)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	defer func() { stop(); <-done }()
-	waitProbe(t, ready, http.StatusOK)
+	live, ready, stop := runServed(ctx, t, w, true)
+	defer stop()
 
 	proxy.Freeze()     // new connections: accepted, never answered
 	defer proxy.Thaw() // first: the reconnect completes, Close does not wait for it

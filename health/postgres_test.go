@@ -58,11 +58,8 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, ready := server(t, w)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	live, ready, stop := runServed(ctx, t, w, false)
+	defer stop()
 
 	publish := func() {
 		t.Helper()
@@ -103,10 +100,8 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 		t.Errorf("recovered: %+v", h)
 	}
 
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("Run = %v", err)
 	}
-	done <- nil // for the deferred stop
 	waitProbe(t, live, http.StatusServiceUnavailable)
 }

@@ -55,12 +55,8 @@ func TestReadinessFollowsRabbitMQ(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, ready := server(t, w)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(rctx) }()
-	defer func() { stop(); <-done }()
-	waitProbe(t, ready, http.StatusOK)
+	live, ready, stop := runServed(ctx, t, w, true)
+	defer stop()
 
 	proxy.Refuse(true)
 	proxy.Reset()
@@ -89,11 +85,9 @@ func TestReadinessFollowsRabbitMQ(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("job published after the reconnection not handled")
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("Run = %v", err)
 	}
-	done <- nil // for the deferred stop
 	deleteQueue()
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
