@@ -25,6 +25,9 @@ var sectionPrefix = strings.TrimSuffix(sectionMark, "%s -->")
 
 // errLegacyBlock is returned by merge when a run of some scenarios only
 // would rewrite a generated block that has no scenario sections to keep.
+// errDuplicateSection refuses a block in which two sections have one name.
+var errDuplicateSection = errors.New("the generated block has two sections for one scenario")
+
 var errLegacyBlock = errors.New("the generated block has no per-scenario sections to keep: run scripts/bench without -only once")
 
 // section is one scenario's part of the generated block: its marker line,
@@ -117,6 +120,15 @@ type run struct {
 // drop every table it did not regenerate.
 func merge(oldBlock string, r run, order []string) (string, error) {
 	old := parseBlock(oldBlock)
+	seen := map[string]bool{}
+	for _, s := range old.sections {
+		if seen[s.name] {
+			// A hand edit or a merge of two branches: keeping one would
+			// drop the other's text without a word.
+			return "", fmt.Errorf("%w: %q (remove one, then run again)", errDuplicateSection, s.name)
+		}
+		seen[s.name] = true
+	}
 	if r.partial && len(old.sections) == 0 && strings.TrimSpace(old.preamble) != "" {
 		return "", errLegacyBlock
 	}

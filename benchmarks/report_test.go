@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,6 +137,19 @@ func TestPartialRunRefusesABlockWithoutSections(t *testing.T) {
 	}
 }
 
+// TestMergeRefusesTwoSectionsForOneScenario: a block in which one scenario
+// has two sections (a hand edit, a merge of two branches) is refused, not
+// rewritten with the first kept and the second dropped.
+func TestMergeRefusesTwoSectionsForOneScenario(t *testing.T) {
+	old := "\n\np\n\n" + fmt.Sprintf(sectionMark, "sqs") + "\n\nfirst\n\n" + fmt.Sprintf(sectionMark, "sqs") + "\n\nsecond\n\n"
+	for _, partial := range []bool{false, true} {
+		_, err := merge(old, run{partial: partial}, []string{"memory", "sqs"})
+		if !errors.Is(err, errDuplicateSection) || !strings.Contains(err.Error(), `"sqs"`) {
+			t.Errorf("partial %v: err %v, want errDuplicateSection naming sqs", partial, err)
+		}
+	}
+}
+
 func TestRewriteBlockNeedsMarkers(t *testing.T) {
 	if _, err := rewriteBlock("no markers here", run{}, nil); err == nil {
 		t.Fatal("no error without markers")
@@ -200,7 +214,9 @@ func TestCommandRefusesBeforeMeasuring(t *testing.T) {
 	withSections := filepath.Join(dir, "sections.md")
 	legacy := filepath.Join(dir, "legacy.md")
 	legacyDoc := "x\n" + beginMark + "\n\nGenerated long ago.\n\n### memory table\n\n" + endMark + "\n"
-	for path, text := range map[string]string{withSections: doc, legacy: legacyDoc} {
+	twice := filepath.Join(dir, "twice.md")
+	twiceDoc := "x\n" + beginMark + "\n\np\n\n" + fmt.Sprintf(sectionMark, "sqs") + "\n\nold\n\n" + fmt.Sprintf(sectionMark, "sqs") + "\n\nnewer\n\n" + endMark + "\n"
+	for path, text := range map[string]string{withSections: doc, legacy: legacyDoc, twice: twiceDoc} {
 		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -210,6 +226,7 @@ func TestCommandRefusesBeforeMeasuring(t *testing.T) {
 	}{
 		{"no scenario matches", withSections, "^nosuch$", "matches no scenario"},
 		{"a partial run over a block without sections", legacy, "^memory$", errLegacyBlock.Error()},
+		{"a block with two sections for one scenario", twice, "^memory$", errDuplicateSection.Error()},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before, err := os.ReadFile(c.path)
