@@ -447,10 +447,12 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		return &partialError{msg: fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
 	case r.Incomplete != "":
 		return &partialError{msg: fmt.Sprintf("%s %d dead letter(s), but the scan stopped before the end of the dead-letter queue; more may match: run it again to continue", done, r.Done)}
+	case r.Matched == 0 && r.Done == 0:
+		// Named IDs none of which is a dead letter (listed above) are
+		// "nothing matched", as the confirmation and a dry run say.
+		return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 	case r.Missed > 0:
 		return &partialError{msg: fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
-	case r.Matched == 0 && r.Done == 0:
-		return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 	}
 	return nil
 }
@@ -525,6 +527,11 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 	}
 	if r.Matched == 0 {
 		return fmt.Errorf("no dead letter of %s matches: %w", r.Queue, errNothing)
+	}
+	if len(missing) > 0 {
+		// The change would exit 4 for them: a dry run answers as it would,
+		// so that a script can check before it changes anything.
+		return &partialError{msg: fmt.Sprintf("the dry run found %d of the named IDs not among the dead letters of %s (listed above): the change would not %s them", len(missing), r.Queue, verb)}
 	}
 	return nil
 }

@@ -346,10 +346,23 @@ func TestDryRun(t *testing.T) {
 	if r.code != exitOK || !strings.Contains(r.out, "would purge 2 dead letter(s) of billing; nothing changed") || !strings.Contains(r.out, "timeout 3") {
 		t.Fatalf("dry run: %d\n%s%s", r.code, r.out, r.err)
 	}
+	// A named ID that is not a dead letter: the change would exit 4 for
+	// it (TestExitCodes), and so does its dry run.
 	r = berth(t, b, "-json", "dlq", "redrive", "billing", ids[0], "gone", "-dry-run")
 	var rep jsonChange
-	if r.code != exitOK || json.Unmarshal([]byte(r.out), &rep) != nil || !rep.DryRun || rep.Matched != 1 || rep.Missed != 1 || rep.Failed[0].ID != "gone" || rep.Done != 0 {
+	if r.code != exitPartial || json.Unmarshal([]byte(r.out), &rep) != nil || !rep.DryRun || rep.Matched != 1 || rep.Missed != 1 || rep.Failed[0].ID != "gone" || rep.Done != 0 {
 		t.Fatalf("dry run json: %d %s", r.code, r.out)
+	}
+	r = berth(t, b, "dlq", "purge", "billing", ids[0], "gone", "-dry-run")
+	if r.code != exitPartial || !strings.Contains(r.out, "not a dead letter of billing: gone") || !strings.Contains(r.err, "not among the dead letters") {
+		t.Fatalf("dry run text: %d\n%s%s", r.code, r.out, r.err)
+	}
+	// Only IDs that are not dead letters: nothing matches (3), in a dry run
+	// as in the change.
+	for _, mode := range []string{"-dry-run", "-yes"} {
+		if r := berth(t, b, "dlq", "redrive", "billing", "gone", "gone-too", mode); r.code != exitNotFound {
+			t.Errorf("redrive of IDs none of which is a dead letter, %s: exit %d\n%s%s", mode, r.code, r.out, r.err)
+		}
 	}
 	if st := stats(t, b); st.DeadLettered != 6 {
 		t.Fatalf("a dry run changed something: %+v", st)
