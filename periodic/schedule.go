@@ -10,8 +10,15 @@ import (
 )
 
 // Schedule names the slots of a periodic job: Next returns the first slot
-// strictly after t. Every scheduler of a job must compute the same slots, so
-// a Schedule depends on t alone, never on when it was created.
+// strictly after t, or the zero time when there is none (the job is then
+// done). Every scheduler of a job must compute the same slots, so a Schedule
+// depends on t alone, never on when it was created.
+//
+// A Next that returns a non-zero time not after t (t itself, or an earlier
+// time) breaks this contract: it would name the same slot for ever. The
+// [Scheduler] stops such a job at the first broken answer, logging it at
+// Error with an error wrapping [ErrInvalidSchedule]; the slots it had already
+// found due are still published, and the other jobs go on.
 type Schedule interface {
 	Next(t time.Time) time.Time
 }

@@ -232,7 +232,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				st.retryAt = s.o.Clock.Now().Add(s.o.Retry.Delay(st.failures, s.rnd.Float64()))
 			}
 		}
-		next, ok := nextSlot(states)
+		next, ok := s.nextSlot(states)
 		for _, st := range states {
 			if len(st.pending) > 0 && (!ok || st.retryAt.Before(next)) {
 				next, ok = st.retryAt, true
@@ -258,15 +258,11 @@ func (s *Scheduler) Run(ctx context.Context) error {
 const maxSleep = time.Minute
 
 // nextSlot returns the earliest next slot of the jobs.
-func nextSlot(states []*state) (time.Time, bool) {
+func (s *Scheduler) nextSlot(states []*state) (time.Time, bool) {
 	var next time.Time
 	for _, st := range states {
-		if st.done {
-			continue
-		}
-		n := st.job.Schedule.Next(st.cursor)
-		if n.IsZero() {
-			st.done = true
+		n, ok := s.next(st)
+		if !ok {
 			continue
 		}
 		if next.IsZero() || n.Before(next) {
@@ -274,6 +270,31 @@ func nextSlot(states []*state) (time.Time, bool) {
 		}
 	}
 	return next, !next.IsZero()
+}
+
+// next returns st's first slot after its cursor, or false when the job has
+// no more slots: its Schedule returned the zero time, or broke its contract
+// by returning a time not after the cursor. Such a Next would name the same
+// slot (or an earlier one) for ever, and Run would spin on it at full CPU;
+// the job is stopped instead, and that is logged at Error once (the slots
+// already due are still published; the other jobs go on).
+func (s *Scheduler) next(st *state) (time.Time, bool) {
+	if st.done {
+		return time.Time{}, false
+	}
+	n := st.job.Schedule.Next(st.cursor)
+	if n.IsZero() {
+		st.done = true
+		return time.Time{}, false
+	}
+	if !n.After(st.cursor) {
+		st.done = true
+		s.o.Logger.Error("berth/periodic: the schedule's Next did not advance; job stopped", "schedule", st.job.Name,
+			"after", st.cursor.UTC(), "next", n.UTC(),
+			"err", fmt.Errorf("%w: Next must return a time after the one it is given, or the zero time", ErrInvalidSchedule))
+		return time.Time{}, false
+	}
+	return n, true
 }
 
 // maxScan bounds the slots collect walks in one call: a one-second schedule
@@ -300,9 +321,8 @@ func (s *Scheduler) collect(st *state, now time.Time) {
 	}
 	keep := s.keep()
 	for {
-		n := st.job.Schedule.Next(st.cursor)
-		if n.IsZero() {
-			st.done = true
+		n, ok := s.next(st)
+		if !ok {
 			break
 		}
 		if n.After(now) {

@@ -3,8 +3,12 @@ package periodic_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -552,4 +556,85 @@ func TestRefusedSlotDoesNotHoldBackLaterSlots(t *testing.T) {
 	if r.calls != 4 { // :20 tried once, not retried
 		t.Errorf("publish calls: %d, want 4", r.calls)
 	}
+}
+
+// stuckSchedule is a broken Schedule whose Next does not advance: it returns
+// t itself (same) or a time before t. It counts its calls and, past limit,
+// ends the schedule (the zero time), so that a scheduler that keeps calling
+// it — spinning at full CPU — stops and the test can fail rather than hang.
+type stuckSchedule struct {
+	calls   atomic.Int64
+	limit   int64
+	earlier bool
+}
+
+func (s *stuckSchedule) Next(t time.Time) time.Time {
+	if s.calls.Add(1) > s.limit {
+		return time.Time{}
+	}
+	if s.earlier {
+		return t.Add(-time.Hour)
+	}
+	return t
+}
+
+// A Schedule whose Next does not advance stops its job (logged at Error),
+// rather than spinning the scheduler; the other jobs keep their slots.
+func TestNonAdvancingScheduleStopsItsJob(t *testing.T) {
+	for _, earlier := range []bool{false, true} {
+		name := map[bool]string{false: "same", true: "earlier"}[earlier]
+		t.Run(name, func(t *testing.T) {
+			c := periodic.NewFakeClock(t0)
+			r := &recorder{}
+			stuck := &stuckSchedule{limit: 1_000_000, earlier: earlier}
+			var logs strings.Builder
+			var logMu sync.Mutex
+			logger := slog.New(slog.NewTextHandler(&lockedWriter{mu: &logMu, w: &logs}, nil))
+			s, err := periodic.New(r, periodic.Options{Clock: c, Logger: logger},
+				periodic.Job{Name: "stuck", Schedule: stuck, Queue: "q"},
+				periodic.Job{Name: "ok", Schedule: every(t, 10*time.Second), Queue: "q"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx) }()
+			wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer wcancel()
+			for range 2 {
+				if err := c.WaitSleepers(wctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				c.Advance(10 * time.Second)
+			}
+			if err := c.WaitSleepers(wctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if n := stuck.calls.Load(); n > 10 {
+				t.Fatalf("the broken schedule's Next was called %d times: the scheduler spun on it", n)
+			}
+			equal(t, "slots", r.slots(t), []string{"00:00:10", "00:00:20"})
+			logMu.Lock()
+			out := logs.String()
+			logMu.Unlock()
+			if strings.Count(out, "did not advance") != 1 || !strings.Contains(out, "schedule=stuck") || !strings.Contains(out, "level=ERROR") {
+				t.Fatalf("want one Error naming the stuck schedule, got:\n%s", out)
+			}
+		})
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
