@@ -795,7 +795,8 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 			done = append(done, r.id)
 		case r.err == errNotTried:
 		default:
-			attempts := r.attempts + 1
+			// Saturated like the columns (see the UPDATE below).
+			attempts := min(r.attempts+1, math.MaxInt32)
 			// Only refusals count towards parking: an outage postpones
 			// the row (its backoff grows with attempts) but must not use
 			// up its MaxAttempts.
@@ -842,8 +843,13 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		// clock_timestamp, not now(): now() is the start of this
 		// transaction, before the publish, which may have taken longer
 		// than the backoff itself.
-		if _, err := tx.Exec(rctx, `UPDATE `+o.table+` AS o SET attempts = o.attempts + 1, last_error = f.err,
-refusals = o.refusals + CASE WHEN f.refusal THEN 1 ELSE 0 END,
+		//
+		// The counts saturate at the integer maximum rather than overflow:
+		// a row whose count was written by hand at the maximum would
+		// otherwise fail this UPDATE, roll the pass back, and have the rows
+		// published with it published again on every pass.
+		if _, err := tx.Exec(rctx, `UPDATE `+o.table+` AS o SET attempts = LEAST(o.attempts::bigint + 1, 2147483647), last_error = f.err,
+refusals = LEAST(o.refusals::bigint + CASE WHEN f.refusal THEN 1 ELSE 0 END, 2147483647),
 available_at = clock_timestamp() + f.delay * interval '1 second',
 parked_at = CASE WHEN f.park THEN clock_timestamp() END
 FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[]) AS f(id, err, delay, park, refusal)
