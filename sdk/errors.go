@@ -58,8 +58,9 @@ var (
 	// or handler, a negative count or duration where zero means the default
 	// (Concurrency, Prefetch, ReceiveLoops, QueueIdleWait, Lease,
 	// DrainTimeout, SettleTimeout, a RetryPolicy's MaxAttempts, Backoff.Base
-	// or Backoff.Max), a HeartbeatInterval longer than half the Lease. Bad
-	// queue names wrap [ErrInvalidQueue] instead.
+	// or Backoff.Max), a HeartbeatInterval longer than half the Lease, queue
+	// weights adding up to more than [MaxQueueWeights] (that error wraps
+	// [ErrInvalidQueue] too). Bad queue names wrap [ErrInvalidQueue] instead.
 	ErrInvalidOptions = errors.New("berth: worker: invalid options")
 	// ErrUnavailable reports that the broker cannot be reached right now; the
 	// call may be retried. Brokers wrap it with the underlying cause.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,8 +18,16 @@ type WorkerQueue struct {
 	// Weight is the queue's share of the Worker's slots while several
 	// queues have work: with weights 3 and 1, three deliveries of the first
 	// for one of the second. Default 1. Ignored with WorkerOptions.Priority.
+	// The weights of a Worker's queues must add up to at most
+	// [MaxQueueWeights]; [NewWorker] refuses more (the allocator's sums
+	// would overflow and split the slots wrongly).
 	Weight int
 }
+
+// MaxQueueWeights bounds the sum of the weights of a Worker's queues
+// (WorkerQueue.Weight, 0 counting as 1): 2147483647, which the allocator's
+// running scores hold without overflow on every platform.
+const MaxQueueWeights = math.MaxInt32
 
 // ErrUnknownQueue is returned by [Worker.Pause] and [Worker.Resume] for a
 // queue the Worker does not consume. It wraps [ErrNotFound].
@@ -29,7 +38,10 @@ var ErrUnknownQueue = fmt.Errorf("berth: worker does not consume this queue: %w"
 type queueState struct {
 	name   string
 	weight int
-	cur    int // smooth weighted round robin: the allocator's running score
+	// cur is the smooth weighted round robin's running score: int64, so
+	// that with weights adding up to MaxQueueWeights it cannot overflow
+	// where int has 32 bits.
+	cur int64
 
 	slots chan int     // multi-queue: slots handed to this queue's receiver
 	want  atomic.Int64 // multi-queue: slots the receiver may hold waiting (1 while the queue is idle)
@@ -78,6 +90,7 @@ func (o *WorkerOptions) validateQueues() error {
 		return fmt.Errorf("%w: set Queue or Queues, not both", ErrInvalidQueue)
 	}
 	seen := make(map[string]bool, len(o.Queues))
+	var weights int64 // each weight is checked before it is added: no overflow
 	qs := make([]WorkerQueue, len(o.Queues))
 	names := make([]string, len(o.Queues))
 	for i, q := range o.Queues {
@@ -94,6 +107,10 @@ func (o *WorkerOptions) validateQueues() error {
 		if q.Weight == 0 {
 			q.Weight = 1
 		}
+		if int64(q.Weight) > MaxQueueWeights-weights {
+			return fmt.Errorf("%w: %w: the weights of Queues add up to more than %d (at %q)", ErrInvalidOptions, ErrInvalidQueue, MaxQueueWeights, q.Name)
+		}
+		weights += int64(q.Weight)
 		qs[i], names[i] = q, q.Name
 	}
 	o.Queues = qs
@@ -442,7 +459,7 @@ func (w *Worker) allocate(ctx context.Context, free chan int) {
 // pick chooses the queue for the next slot, nil when none can take one.
 func (w *Worker) pick() *queueState {
 	var best, skipped *queueState
-	total := 0
+	var total int64
 	for _, q := range w.queues {
 		if q.paused.Load() {
 			continue
@@ -467,8 +484,8 @@ func (w *Worker) pick() *queueState {
 		if int64(len(q.slots)) >= q.want.Load() {
 			continue
 		}
-		q.cur += q.weight
-		total += q.weight
+		q.cur += int64(q.weight)
+		total += int64(q.weight)
 		if best == nil || q.cur > best.cur {
 			best = q
 		}
