@@ -257,8 +257,13 @@ const DefaultListLimit = 100
 
 // AnnotateDeadLetter sets the dead-letter headers on m (a copy the broker is
 // about to store): reason, class, attempts, original queue and failure times.
-// firstFailure may be zero, in which case the header already on m is kept or,
-// if none, now is used. Every broker uses it so dead letters look alike.
+// firstFailure may be zero, in which case the [HeaderFirstFailure] already on
+// m is kept (a broker's own record, e.g. on RabbitMQ's retry copies) or, if
+// none, now is used. A header already on m may also come from a producer
+// outside berth, so it is not trusted as it is: it is kept only when it is an
+// RFC 3339 time not after now (rewritten in UTC); a value that does not
+// parse, or a first failure after the last, is replaced with now. Every
+// broker uses it so dead letters look alike.
 //
 // The reason is the cause's text made valid UTF-8 and cut to
 // [MaxReasonLength] bytes: an error may carry any bytes, and a dead letter
@@ -275,10 +280,26 @@ func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firs
 	ts := now.UTC().Format(time.RFC3339Nano)
 	if !firstFailure.IsZero() {
 		m.SetHeader(HeaderFirstFailure, firstFailure.UTC().Format(time.RFC3339Nano))
-	} else if m.Header(HeaderFirstFailure) == "" {
+	} else if first, ok := parseFirstFailure(m.Header(HeaderFirstFailure), now); ok {
+		m.SetHeader(HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
+	} else {
 		m.SetHeader(HeaderFirstFailure, ts)
 	}
 	m.SetHeader(HeaderLastFailure, ts)
+}
+
+// parseFirstFailure reads a [HeaderFirstFailure] found on a message: an RFC
+// 3339 time not after now (a zero now checks no order). Anything else —
+// empty, not a time, a first failure after the last — is not one.
+func parseFirstFailure(v string, now time.Time) (time.Time, bool) {
+	if v == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || (!now.IsZero() && t.After(now)) {
+		return time.Time{}, false
+	}
+	return t, true
 }
 
 // MaxReasonLength bounds the [HeaderDeadLetterReason] header, in bytes.
