@@ -87,7 +87,9 @@ type Options struct {
 	Schemes map[string]Opener
 	// Defaults are query parameters used when the URL does not set them,
 	// for example the berth command's "no_declare=true" on amqp:// (it never
-	// changes topology). A default a scheme does not know is ignored.
+	// changes topology). A default a scheme does not know is ignored. A
+	// default with more than one value is refused, like a parameter given
+	// twice in the URL, with a [*ParamError] — when the scheme reads it.
 	Defaults url.Values
 }
 

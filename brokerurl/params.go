@@ -1,6 +1,7 @@
 package brokerurl
 
 import (
+	"maps"
 	"net/url"
 	"slices"
 	"strconv"
@@ -29,6 +30,11 @@ func (p *Params) get(name string) (string, bool) {
 		return vs[0], true
 	}
 	if vs, ok := p.defaults[name]; ok && len(vs) > 0 {
+		if len(vs) > 1 {
+			// Refused as in the URL: which of the values was meant is
+			// not known, and using the first silently hides the others.
+			p.fail(name, "given more than once in Options.Defaults")
+		}
 		return vs[0], true
 	}
 	return "", false
@@ -67,6 +73,22 @@ func (p *Params) String(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// signedInt returns the parameter name as an integer of any sign, or def
+// when unset: for options where a negative value means "off" (the memory
+// broker's max_deliveries and max_message_size).
+func (p *Params) signedInt(name string, def int) int {
+	v, ok := p.get(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		p.fail(name, "want an integer (negative: no limit)")
+		return def
+	}
+	return n
 }
 
 // Int returns the parameter name as an integer >= 0, or def when unset.
@@ -128,11 +150,16 @@ func (p *Params) Enum(name, def string, allowed ...string) string {
 }
 
 // Rest returns the parameters no one has read yet and marks them read: an
-// opener passes them on to the driver (PostgreSQL's sslmode, for one).
+// opener passes them on to the driver (PostgreSQL's sslmode, for one). A
+// parameter given more than once is refused (Done reports it), as for the
+// parameters read one by one: a driver would silently use one of the values.
 func (p *Params) Rest() url.Values {
 	rest := url.Values{}
-	for k, vs := range p.query {
-		if !p.used[k] {
+	for _, k := range slices.Sorted(maps.Keys(p.query)) {
+		if vs := p.query[k]; !p.used[k] {
+			if len(vs) > 1 {
+				p.fail(k, "given more than once")
+			}
 			rest[k] = vs
 			p.used[k] = true
 		}

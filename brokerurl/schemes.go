@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -81,12 +83,14 @@ func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, erro
 // or path).
 //
 // Parameters: lease (duration), max_deliveries, max_message_size,
-// max_backlog — the fields of [memory.Options].
+// max_backlog — the fields of [memory.Options], with their meanings:
+// max_deliveries and max_message_size take a negative integer for "no
+// limit", as those fields do.
 func openMemory(_ context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := memory.Options{
 		Lease:          p.Duration("lease", 0),
-		MaxDeliveries:  p.Int("max_deliveries", 0),
-		MaxMessageSize: p.Int("max_message_size", 0),
+		MaxDeliveries:  p.signedInt("max_deliveries", 0),
+		MaxMessageSize: p.signedInt("max_message_size", 0),
 		MaxBacklog:     p.Int("max_backlog", 0),
 	}
 	if err := p.Done(); err != nil {
@@ -143,7 +147,13 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 // poll_interval (duration), listen (default true; false for poolers in
 // transaction mode), dedupe_enqueue, migrate (true: create or upgrade the
 // table on open). Every other parameter (sslmode, application_name, …) goes
-// to pgx. The broker owns the pool it opens and closes it.
+// to pgx, except a name with a dot ("foo.bar"), which is refused: pgx sends
+// an unknown name to the server as a setting, and PostgreSQL takes a dotted
+// one as a custom setting without checking it (where it refuses an unknown
+// plain name), so a misspelt parameter would be accepted silently. Set such
+// a setting on purpose with options ("options=-c foo.bar=1"). A parameter
+// given more than once is refused. The broker owns the pool it opens and
+// closes it.
 func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := postgres.Options{
 		Schema:        p.String("schema", ""),
@@ -157,6 +167,9 @@ func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	p.check("lease", o.Lease == 0 || o.Lease >= time.Millisecond, "want a duration of at least 1ms")
 	p.check("max_attempts", o.MaxAttempts >= 0 && o.MaxAttempts <= math.MaxInt32, "want an integer from 0 (the default) to 2147483647")
 	rest := p.Rest()
+	for _, k := range slices.Sorted(maps.Keys(rest)) {
+		p.check(k, !strings.Contains(k, "."), "unknown parameter (PostgreSQL would take a dotted name as a custom setting, unchecked; to set one on purpose, use options=-c name=value)")
+	}
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
@@ -296,10 +309,13 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	return sqs.NewFromConfig(cfg, o, optFns...)
 }
 
-// withQuery returns u as a string with its query replaced by q.
+// withQuery returns u as a string with its query replaced by q. A space is
+// written %20, not '+': pgx decodes a connection URI as libpq does, where
+// '+' is a plus sign ("options=-c x=y" would reach the server as "-c+x=y").
+// Encode writes a '+' of a value as %2B, so every '+' it writes is a space.
 func withQuery(u *url.URL, q url.Values) string {
 	c := *u
-	c.RawQuery = q.Encode()
+	c.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	c.ForceQuery = false
 	return c.String()
 }
