@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/brokers/postgres"
@@ -213,11 +215,12 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 	rows, err := pool.Query(ctx, `SELECT queue,
 			count(*) FILTER (WHERE status = 'processing' AND visibility_until < now() - $1 * interval '1 microsecond'),
 			min(visibility_until) FILTER (WHERE status = 'processing' AND visibility_until < now() - $1 * interval '1 microsecond'),
-			(extract(epoch FROM now() - min(available_at) FILTER (WHERE status IN ('queued', 'retry') AND available_at <= now())) * 1e6)::bigint,
+			(extract(epoch FROM now() - min(greatest(available_at, now() - $3 * interval '1 microsecond'))
+				FILTER (WHERE status IN ('queued', 'retry') AND available_at <= now())) * 1e6)::bigint,
 			min(max_attempts) FILTER (WHERE status IN ('queued', 'retry', 'processing')),
 			count(*) FILTER (WHERE status IN ('queued', 'retry', 'processing') AND max_attempts < $2)
 		FROM `+qt+` WHERE status IN ('queued', 'retry', 'processing') GROUP BY queue ORDER BY queue`,
-		lease.Microseconds(), o.MaxAttempts)
+		lease.Microseconds(), o.MaxAttempts, maxAgeMicros)
 	if err != nil {
 		return nil, fmt.Errorf("doctor: postgres: queues: %w", err)
 	}
@@ -226,7 +229,7 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 		var (
 			q             string
 			stuck         int64
-			stuckSince    *time.Time
+			stuckSince    pgtype.Timestamptz
 			oldestUS      *int64
 			minAttempts   *int32
 			belowAttempts int64
@@ -239,9 +242,13 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 			continue
 		}
 		seen[q] = true
+		if oldestUS != nil {
+			// Clamped again: the interval arithmetic may round up by 1 µs.
+			*oldestUS = min(*oldestUS, maxAgeMicros)
+		}
 		if stuck > 0 {
 			add(Finding{ID: "postgres.stuck-processing", Severity: Warn, Queue: q, Summary: "jobs are processing past their lease and nobody reclaims them",
-				Evidence: fmt.Sprintf("%s with status processing and visibility_until more than a lease (%s) ago, the oldest since %s", plural(stuck, "row", "rows"), lease, when(stuckSince)),
+				Evidence: fmt.Sprintf("%s with status processing and visibility_until more than a lease (%s) ago, the oldest since %s", plural(stuck, "row", "rows"), lease, whenTS(stuckSince)),
 				Fix:      "start a Worker on this queue (a claim reclaims expired leases); if Workers run, check they consume this queue and schema"})
 		} else {
 			add(Finding{ID: "postgres.stuck-processing", Severity: OK, Queue: q, Summary: "no job is processing past its lease", Evidence: "lease " + lease.String()})
@@ -461,6 +468,27 @@ func clockSkew(ctx context.Context, pool *pgxpool.Pool, o Options) []Finding {
 			Fix: "run NTP (chrony, systemd-timesyncd) on both hosts"}}
 	}
 	return []Finding{{ID: "clock.skew", Severity: OK, Summary: "the worker's clock agrees with the database's", Evidence: ev}}
+}
+
+// maxAgeMicros is the longest age, in microseconds, of the oldest ready job
+// the queue checks report: the longest time.Duration. Each row's due time
+// is clamped to now() minus it before it is subtracted from now(): a row
+// due at '-infinity' (written by hand or by another tool), from which
+// now() cannot be subtracted, must not fail the whole check, nor one due
+// centuries ago overflow the Duration.
+const maxAgeMicros = int64(math.MaxInt64 / time.Microsecond)
+
+// whenTS is when for a timestamp that may be ±infinity.
+func whenTS(t pgtype.Timestamptz) string {
+	switch {
+	case !t.Valid:
+		return "never"
+	case t.InfinityModifier == pgtype.Infinity:
+		return "infinity"
+	case t.InfinityModifier == pgtype.NegativeInfinity:
+		return "-infinity"
+	}
+	return when(&t.Time)
 }
 
 func when(t *time.Time) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,7 +75,11 @@ func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
 // expired (claimable again); Delayed, the queued and retry jobs not yet due;
 // InFlight, the processing jobs whose lease runs; DeadLettered, the
 // dead_letter jobs. OldestAge is how long the longest-waiting ready job has
-// been due (now - available_at). Completed jobs are not counted (see
+// been due (now - available_at), at most the longest [time.Duration] (about
+// 292 years): a row due at '-infinity' or centuries ago, written by hand or
+// by another tool, gives that longest age rather than an error (now() cannot
+// be subtracted from '-infinity') or an overflowed Duration. A row due at
+// 'infinity' is counted as Delayed. Completed jobs are not counted (see
 // [Broker.CountByStatus]). A queue that was never declared and holds no job
 // of any status gives an error wrapping [sdk.ErrNotFound], as on every
 // broker.
@@ -92,14 +97,16 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 			count(*) FILTER (WHERE status IN ('queued', 'retry') AND available_at > now()),
 			count(*) FILTER (WHERE status = 'processing' AND available_at > now()),
 			count(*) FILTER (WHERE status = 'dead_letter'),
-			COALESCE((extract(epoch FROM now() - min(available_at)
+			COALESCE((extract(epoch FROM now() - min(greatest(available_at, now() - $2 * interval '1 microsecond'))
 				FILTER (WHERE status IN ('queued', 'retry', 'processing') AND available_at <= now())) * 1e6)::bigint, 0)
-		FROM `+b.table+` WHERE queue = $1 AND status <> 'completed'`, queue).
+		FROM `+b.table+` WHERE queue = $1 AND status <> 'completed'`, queue, maxAgeMicros).
 		Scan(&s.Ready, &s.Delayed, &s.InFlight, &s.DeadLettered, &oldestUS)
 	if err != nil {
 		return sdk.QueueStats{}, b.wrap(ctx, "stats", err)
 	}
-	s.OldestAge = time.Duration(oldestUS) * time.Microsecond
+	// Clamped again: PostgreSQL's interval arithmetic may round the clamped
+	// age up by a microsecond.
+	s.OldestAge = time.Duration(min(oldestUS, maxAgeMicros)) * time.Microsecond
 	if s.Ready+s.Delayed+s.InFlight+s.DeadLettered == 0 {
 		known, err := b.queueKnown(ctx, queue)
 		if err != nil {
@@ -111,6 +118,11 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 	}
 	return s, nil
 }
+
+// maxAgeMicros is the longest age Stats reports, in microseconds: the
+// longest time.Duration. Each row's due time is clamped to now() minus it
+// before it is subtracted from now(), which '-infinity' cannot be.
+const maxAgeMicros = int64(math.MaxInt64 / time.Microsecond)
 
 // CountByStatus returns queue's job count per status column value (statuses
 // with no job are absent).

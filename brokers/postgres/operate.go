@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -43,7 +44,9 @@ func (b *Broker) Queues(ctx context.Context) ([]string, error) {
 // started after the last of them was read. One that started earlier and
 // committed later (it waited for a row lock, or its transaction was slow)
 // may sort before the cursor: that walk misses it, and a new walk from the
-// empty cursor finds it. Each page is one statement.
+// empty cursor finds it. Each page is one statement. Any updated_at
+// PostgreSQL holds is a position: before 1970, and '-infinity' or
+// 'infinity' (rows written by hand or by another tool), too.
 func (b *Broker) DeadLetterPage(ctx context.Context, queue, cursor string, limit int) ([]*sdk.Message, string, error) {
 	return b.deadLetterPage(ctx, queue, cursor, "", false, limit)
 }
@@ -57,8 +60,8 @@ func (b *Broker) DeadLetterMark(ctx context.Context, queue string) (string, erro
 		return "", errClosed("dead letter mark")
 	}
 	var (
-		at *time.Time
-		id *int64
+		at pgtype.Timestamptz
+		id int64
 	)
 	err := b.pool.QueryRow(ctx, `SELECT updated_at, id FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' ORDER BY updated_at DESC, id DESC LIMIT 1`, queue).Scan(&at, &id)
@@ -68,7 +71,7 @@ func (b *Broker) DeadLetterMark(ctx context.Context, queue string) (string, erro
 	case err != nil:
 		return "", b.wrap(ctx, "dead letter mark", err)
 	}
-	return pagePosition(*at, *id), nil
+	return pagePosition(at, id), nil
 }
 
 // DeadLetterPageTo is [Broker.DeadLetterPage] restricted to the dead
@@ -89,20 +92,51 @@ func (b *Broker) DeadLetterPageTo(ctx context.Context, queue, cursor, mark strin
 	return b.deadLetterPage(ctx, queue, cursor, mark, true, limit)
 }
 
-// pagePosition is the cursor (or mark) of the dead letter at (at, id).
-func pagePosition(at time.Time, id int64) string {
-	return strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+// pagePosition is the cursor (or mark) of the dead letter at (at, id):
+// at's microseconds since the Unix epoch (negative before 1970), or
+// "infinity" or "-infinity" for a row written with one (by hand or by
+// another tool), a dash, and id.
+func pagePosition(at pgtype.Timestamptz, id int64) string {
+	var t string
+	switch at.InfinityModifier {
+	case pgtype.Infinity:
+		t = "infinity"
+	case pgtype.NegativeInfinity:
+		t = "-infinity"
+	default:
+		t = strconv.FormatInt(at.Time.UnixMicro(), 10)
+	}
+	return t + "-" + strconv.FormatInt(id, 10)
 }
 
-// parsePosition parses a cursor or mark of pagePosition.
-func parsePosition(s, what string) (time.Time, int64, error) {
-	us, id, ok := strings.Cut(s, "-")
-	u, err1 := strconv.ParseInt(us, 10, 64)
-	n, err2 := strconv.ParseInt(id, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return time.Time{}, 0, errors.New("berth/postgres: invalid dead-letter page " + what)
+// parsePosition parses a cursor or mark of pagePosition. The time and the id
+// are split at the first dash after the first character, which is the time's
+// sign when it is negative.
+func parsePosition(s, what string) (pgtype.Timestamptz, int64, error) {
+	bad := errors.New("berth/postgres: invalid dead-letter page " + what)
+	i := -1
+	if len(s) > 1 {
+		i = strings.IndexByte(s[1:], '-')
 	}
-	return time.UnixMicro(u), n, nil
+	if i < 0 {
+		return pgtype.Timestamptz{}, 0, bad
+	}
+	us, id := s[:i+1], s[i+2:]
+	n, err := strconv.ParseInt(id, 10, 64)
+	if err != nil {
+		return pgtype.Timestamptz{}, 0, bad
+	}
+	switch us {
+	case "infinity":
+		return pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, n, nil
+	case "-infinity":
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, n, nil
+	}
+	u, err := strconv.ParseInt(us, 10, 64)
+	if err != nil {
+		return pgtype.Timestamptz{}, 0, bad
+	}
+	return pgtype.Timestamptz{Time: time.UnixMicro(u), Valid: true}, n, nil
 }
 
 // deadLetterPage is DeadLetterPage, restricted to the dead letters at or
@@ -117,14 +151,14 @@ func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string,
 	// One more than asked tells whether another page follows: a limit of
 	// "everything" (math.MaxInt) must not wrap round to a negative LIMIT.
 	limit = min(limit, math.MaxInt32)
-	after, afterID := time.Time{}, int64(0)
+	after, afterID := pgtype.Timestamptz{}, int64(0)
 	if cursor != "" {
 		var err error
 		if after, afterID, err = parsePosition(cursor, "cursor"); err != nil {
 			return nil, "", err
 		}
 	}
-	upTo, upToID := time.Time{}, int64(0)
+	upTo, upToID := pgtype.Timestamptz{}, int64(0)
 	if toMark {
 		var err error
 		if upTo, upToID, err = parsePosition(mark, "mark"); err != nil {
@@ -155,7 +189,7 @@ func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string,
 		m := &sdk.Message{}
 		var (
 			headers []byte
-			at      time.Time
+			at      pgtype.Timestamptz
 			id      int64
 		)
 		if err := r.Scan(&m.ID, &m.Type, &m.Body, &headers, &m.CorrelationID, &m.Key, &m.IdempotencyKey, &at, &id); err != nil {
