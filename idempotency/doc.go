@@ -24,7 +24,8 @@
 //     extends the claim for as long as the handler runs, even after its ctx
 //     is done (a handler may finish its call and return nil). The handler's
 //     ctx is cancelled with [ErrClaimLost] when the claim is taken over or
-//     cannot be extended before it expires.
+//     cannot be extended before it expires (with the heartbeat disabled,
+//     when it expires).
 //
 // Lease mode cannot make an external effect atomic with its record: a worker
 // that dies after the effect and before the result is stored leaves a claim

@@ -70,7 +70,12 @@ type Options struct {
 	// ClaimLease. Default ClaimLease/3; at most ClaimLease/2; negative
 	// disables it. When the claim is lost, or extensions fail until the
 	// next one would come after the claim's expiry, the handler's ctx is
-	// cancelled with [ErrClaimLost]. The heartbeat lasts as long as the
+	// cancelled with [ErrClaimLost]. With the heartbeat disabled nothing
+	// extends the claim: the handler's ctx is cancelled with ErrClaimLost
+	// when the claim expires, ClaimLease after it was taken (counted from
+	// before the claim was sent, so no later than the store's expiry),
+	// since another worker may then take the key over; set ClaimLease above
+	// the longest run of the handler. The heartbeat lasts as long as the
 	// handler runs, even after its ctx is done (shutdown, a lost delivery
 	// lease, a job timeout): a handler that finishes its call anyway and
 	// returns nil has applied its effect, which the guard records, and a
@@ -484,7 +489,7 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 // it. stop cancels an Extend under way and waits for the goroutine.
 func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel context.CancelCauseFunc) (stop func()) {
 	if g.o.Heartbeat < 0 {
-		return func() {}
+		return g.expiry(c, held, cancel)
 	}
 	hbctx, done := context.WithCancel(context.WithoutCancel(ctx))
 	exited := make(chan struct{})
@@ -521,6 +526,34 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 		}
 	}()
 	return func() {
+		done()
+		<-exited
+	}
+}
+
+// expiry stands in for the heartbeat when it is disabled: nothing extends
+// the claim, so it expires ClaimLease after it was taken, and another worker
+// may then take it over and run the operation beside fn. expiry cancels fn's
+// context with ErrClaimLost then, as the heartbeat does when it cannot
+// extend the claim in time. The time is counted on this process's monotonic
+// clock from held, taken before the claim was sent, so it comes no later
+// than the store's expiry (the store counts from when it wrote the claim),
+// whatever the two wall clocks read. Like the heartbeat it goes on after
+// ctx is done, until stop, which waits for its goroutine.
+func (g *Guard) expiry(c Claim, held time.Time, cancel context.CancelCauseFunc) (stop func()) {
+	t := time.NewTimer(time.Until(held.Add(g.o.ClaimLease)))
+	stopped, done := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-stopped.Done():
+		case <-t.C:
+			cancel(fmt.Errorf("%w: %s: the claim expired (ClaimLease %s; the heartbeat is disabled)", ErrClaimLost, g.keyText(c.Key), g.o.ClaimLease))
+		}
+	}()
+	return func() {
+		t.Stop()
 		done()
 		<-exited
 	}
