@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/berthq/berth/internal/notfound"
 	"github.com/berthq/berth/sdk"
@@ -99,16 +100,33 @@ func MessageKey(m *sdk.Message) string { return m.IdempotencyKey }
 // with the same key and different fingerprints conflict.
 type FingerprintFunc func(m *sdk.Message) string
 
-// Fingerprint is the default [FingerprintFunc]: the hex SHA-256 of the job
-// type, a zero byte and the body. Headers, IDs and correlation IDs are not
-// part of it: they differ between two publishes of one operation.
+// Fingerprint is the default [FingerprintFunc]: [FingerprintOf] the job
+// type and the body. Headers, IDs and correlation IDs are not part of it:
+// they differ between two publishes of one operation.
 func Fingerprint(m *sdk.Message) string {
 	return FingerprintOf(m.Type, m.Body)
 }
 
-// FingerprintOf is the fingerprint of a job type and a payload.
+// FingerprintOf is the fingerprint of a job type and a payload: the hex
+// SHA-256 of the job type, a zero byte and the body. Two different (type,
+// body) pairs never share a fingerprint (short of a SHA-256 collision): a
+// job type holding a zero byte itself, which that input would not delimit
+// ("a\x00b" with "c" and "a" with "b\x00c"), is hashed in another form
+// instead — a domain tag, the type in hex, and the SHA-256 of the body —
+// which holds no zero byte, so it is no input of the first form. Fingerprints
+// are stored with their keys (pgstore's fingerprint column, memstore, the
+// redisstore cache), so those of every other job type are what they always
+// were; pgstore refuses job types with a zero byte anyway ([ErrInvalidKey]).
 func FingerprintOf(jobType string, body []byte) string {
 	h := sha256.New()
+	if strings.IndexByte(jobType, 0) >= 0 {
+		sum := sha256.Sum256(body)
+		h.Write([]byte("berth-fingerprint-nul-type:"))
+		h.Write([]byte(hex.EncodeToString([]byte(jobType))))
+		h.Write([]byte{':'})
+		h.Write([]byte(hex.EncodeToString(sum[:])))
+		return hex.EncodeToString(h.Sum(nil))
+	}
 	h.Write([]byte(jobType))
 	h.Write([]byte{0})
 	h.Write(body)
