@@ -19,6 +19,7 @@ import (
 
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/internal/pgretry"
+	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -314,8 +315,16 @@ func (s *Store) Extend(ctx context.Context, c idempotency.Claim, d time.Duration
 	return fenced(tag, err, "extend", c.Key)
 }
 
-// Get implements [idempotency.Store].
+// Get implements [idempotency.Store]. A key PostgreSQL's text cannot hold
+// (a NUL byte, invalid UTF-8), which [Store.Claim] and [Store.Begin] refuse
+// with [idempotency.ErrInvalidKey], is in no row: Get returns an error
+// wrapping both [idempotency.ErrNotFound] and ErrInvalidKey without sending
+// the statement, which PostgreSQL would fail (SQLSTATE 22021, aborting the
+// transaction when the Store's DB is one).
 func (s *Store) Get(ctx context.Context, key string) (*idempotency.Record, error) {
+	if !sqlident.StorableText(key) {
+		return nil, fmt.Errorf("pgstore: get key_sha256 %s: %w (%w)", idempotency.KeyDigest(key), idempotency.ErrNotFound, idempotency.ErrInvalidKey)
+	}
 	return s.get(ctx, s.db, key)
 }
 

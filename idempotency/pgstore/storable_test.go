@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/idempotency"
+	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -170,5 +171,42 @@ func TestUnstorableKeyIsPermanent(t *testing.T) {
 	_, err = g.Do(ctx, idempotency.Operation{Key: "secret-customer\x00", JobType: "t"}, func(context.Context) error { return nil })
 	if err == nil || strings.Contains(err.Error(), "secret-customer") {
 		t.Errorf("error = %v, want one that names the key by its digest", err)
+	}
+}
+
+// TestGetUnstorableKeyNotFound: Get of a key PostgreSQL cannot hold (a NUL
+// byte, invalid UTF-8), which Claim and Begin refuse with ErrInvalidKey, is
+// not found — no row holds it — as Get of any other key that was never
+// stored, and says why (ErrInvalidKey). It was an untyped error from the
+// failed statement (SQLSTATE 22021), which a caller told transient from not
+// found only by its text, and which aborted the transaction of a Store
+// whose DB is a pgx.Tx.
+func TestGetUnstorableKeyNotFound(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, key := range []string{"charge:\x00" + randSuffix(), "charge:\xff" + randSuffix()} {
+		_, err := e.store.Get(ctx, key)
+		if !errors.Is(err, idempotency.ErrNotFound) || !errors.Is(err, sdk.ErrNotFound) || !errors.Is(err, idempotency.ErrInvalidKey) {
+			t.Errorf("Get(%q) = %v; want ErrNotFound and ErrInvalidKey", key, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "charge:") {
+			t.Errorf("Get(%q) = %v; want the key named by its digest", key, err)
+		}
+	}
+	// On a store whose DB is a transaction: the transaction is not aborted.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	ts, err := pgstore.New(tx, pgstore.Options{Schema: e.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.Get(ctx, "k\x00"); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Get in a transaction = %v; want ErrNotFound", err)
+	}
+	if _, err := ts.Get(ctx, "absent-"+randSuffix()); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Get after it, in the same transaction = %v; want ErrNotFound (the transaction usable)", err)
 	}
 }
