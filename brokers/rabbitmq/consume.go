@@ -719,12 +719,11 @@ drain:
 	for i, d := range unseen {
 		out[i] = outgoing{id: d.msg.ID, key: c.queue, pub: d.keep.apply(encode(d.msg, d.attempt, now))}
 	}
-	err := b.sendAll(ctx, out)
-	var pe *sdk.PublishError
-	copied := err == nil || errors.As(err, &pe)
-	for _, d := range unseen {
+	// By position: the IDs of foreign messages may repeat (see sendEach).
+	failed, err := b.sendEach(ctx, out)
+	for i, d := range unseen {
 		switch {
-		case copied && (pe == nil || pe.Failed[d.msg.ID] == nil):
+		case err == nil && (failed == nil || failed[i] == nil):
 			_ = st.ack(d.tag)
 		case !closing:
 			// Not copied: requeued now rather than held for the whole

@@ -254,14 +254,11 @@ func (m *mover) move(ch *amqp.Channel, batch []heldMsg) error {
 	for i, h := range batch {
 		out[i] = outgoing{id: h.d.MessageId, key: m.queue, pub: forwardPublishing(h.d)}
 	}
-	err := b.sendAll(ctx, out)
-	var pe *sdk.PublishError
-	if err != nil && !errors.As(err, &pe) {
-		pe = nil
-	}
-	for _, h := range batch {
+	// By position: the IDs of foreign messages may repeat (see sendEach).
+	failed, err := b.sendEach(ctx, out)
+	for i, h := range batch {
 		var aerr error
-		if err != nil && (pe == nil || pe.Failed[h.d.MessageId] != nil) {
+		if err != nil || failed != nil && failed[i] != nil {
 			aerr = ch.Nack(h.d.DeliveryTag, false, true)
 		} else {
 			aerr = ch.Ack(h.d.DeliveryTag, false)
@@ -270,8 +267,8 @@ func (m *mover) move(ch *amqp.Channel, batch []heldMsg) error {
 			return aerr
 		}
 	}
-	if err != nil {
-		b.forgetUnroutable(err, m.queue)
+	if failed != nil {
+		b.forgetUnroutable(errors.Join(failed...), m.queue)
 	}
 	return nil
 }

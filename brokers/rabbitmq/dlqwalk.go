@@ -283,19 +283,27 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 	now := time.Now()
 	dlq := DeadLetterQueue(queue)
 	out := make([]outgoing, 0, len(page)+len(own))
-	for _, l := range page {
+	// at[i] is the position in out of page[i]'s copy (-1: deleted, none).
+	// Outcomes are read by position, never by ID: letters without an ID,
+	// or with one ID, are common (see sendEach).
+	at := make([]int, len(page))
+	for i, l := range page {
+		at[i] = -1
 		switch l.v {
 		case keepIt:
 			l.raw.Headers[walkStampHeader] = stamp
+			at[i] = len(out)
 			out = append(out, outgoing{id: l.msg.ID, key: dlq, pub: l.raw})
 		case redriveIt:
 			// The target is the queue whose dead-letter queue this is,
 			// never the berth-dlq-queue header: a message can carry a
 			// forged one.
 			sdk.PrepareRedrive(l.msg, queue)
+			at[i] = len(out)
 			out = append(out, outgoing{id: l.msg.ID, key: queue, pub: l.keep.apply(encode(l.msg, 1, now))})
 		}
 	}
+	ownAt := len(out)
 	for _, d := range own {
 		out = append(out, outgoing{id: d.MessageId, key: dlq, pub: b.walkLetter(d, queue).raw})
 	}
@@ -307,23 +315,33 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 		}
 		r.failed[id] = err
 	}
-	var failed map[string]error
+	var failed []error
 	if len(out) > 0 {
-		err := b.sendAll(pctx, out)
-		var pe *sdk.PublishError
-		if err != nil && !errors.As(err, &pe) {
-			// Nothing of the page was sent (sendAll found no channel):
-			// its letters all go back, and those to redrive say so.
+		var err error
+		failed, err = b.sendEach(pctx, out)
+		if errors.Is(err, sdk.ErrClosed) {
+			// Nothing of the page was sent (Close took the channel): its
+			// letters all go back, and those to redrive say so.
 			for _, l := range page {
 				if l.v == redriveIt {
-					fail(l.msg.ID, err)
+					fail(l.msg.ID, sdk.ErrClosed)
 				}
 			}
-			return err
+			return sdk.ErrClosed
 		}
-		if pe != nil {
-			failed = pe.Failed
+		if err != nil { // no channel: every copy failed
+			failed = make([]error, len(out))
+			for i := range failed {
+				failed[i] = err
+			}
 		}
+	}
+	// copyErr is the failure of out[i]'s copy, nil when confirmed.
+	copyErr := func(i int) error {
+		if i < 0 || failed == nil {
+			return nil
+		}
+		return failed[i]
 	}
 	ack := func(tag uint64, id string) error {
 		if err := ch.Ack(tag, false); err != nil {
@@ -333,9 +351,9 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 		return nil
 	}
 	for i, l := range page {
-		if l.v != dropIt && failed[l.msg.ID] != nil {
+		if cerr := copyErr(at[i]); cerr != nil {
 			if l.v == redriveIt {
-				fail(l.msg.ID, failed[l.msg.ID])
+				fail(l.msg.ID, cerr)
 			}
 			continue
 		}
@@ -343,11 +361,11 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 			// This letter and the rest of the page go back to the
 			// dead-letter queue: those to redrive whose copy is out are
 			// now on both queues, and say so.
-			for _, l := range page[i:] {
-				switch {
+			for j, l := range page[i:] {
+				switch cerr := copyErr(at[i+j]); {
 				case l.v != redriveIt:
-				case failed[l.msg.ID] != nil:
-					fail(l.msg.ID, failed[l.msg.ID])
+				case cerr != nil:
+					fail(l.msg.ID, cerr)
 				default:
 					fail(l.msg.ID, fmt.Errorf("%w: rabbitmq: redriven, but the dead letter could not be removed (it is on both queues): %w", sdk.ErrUnavailable, err))
 				}
@@ -361,8 +379,8 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 			r.dropped++
 		}
 	}
-	for _, d := range own {
-		if failed[d.MessageId] == nil {
+	for i, d := range own {
+		if copyErr(ownAt+i) == nil {
 			if err := ack(d.DeliveryTag, d.MessageId); err != nil {
 				return err
 			}

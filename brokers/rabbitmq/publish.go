@@ -373,10 +373,38 @@ type outgoing struct {
 	pub      amqp.Publishing
 }
 
-// sendAll publishes out pipelined: every message is written, then every
-// confirm awaited. It returns nil or a *sdk.PublishError naming the failed
-// messages.
+// sendAll publishes out pipelined (see sendEach). It returns nil or a
+// *sdk.PublishError naming the failed messages by ID: for Publish, whose
+// messages sdk.Prepare gave IDs. Copies of delivered messages, whose IDs
+// may repeat, go through sendEach.
 func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
+	failed, err := b.sendEach(ctx, out)
+	if err != nil {
+		return failAll(out, err)
+	}
+	if failed == nil {
+		return nil
+	}
+	byID := make(map[string]error)
+	for i, ferr := range failed {
+		if ferr != nil {
+			byID[out[i].id] = ferr
+		}
+	}
+	return &sdk.PublishError{Failed: byID}
+}
+
+// sendEach publishes out pipelined: every message is written, then every
+// confirm awaited. It returns nil, nil when the server confirmed every
+// message; else failed holds the cause of each failure by position
+// (failed[i] is out[i]'s, nil when confirmed), or err says that no channel
+// could be had and nothing was sent. Messages are told apart by position,
+// never by ID: the copies berth makes of delivered messages (Close's and a
+// pause's hand-back, a delay queue's mover, a dead-letter walk) carry the
+// IDs their producers gave, which may repeat — a producer outside berth
+// often sets none, so that many share the empty ID — and one message's
+// outcome must not be taken for another's.
+func (b *Broker) sendEach(ctx context.Context, out []outgoing) (failed []error, err error) {
 	exchange := ""
 	for _, o := range out {
 		if o.exchange != "" {
@@ -385,14 +413,13 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 	}
 	pc, err := b.publisher(ctx, exchange)
 	if err != nil {
-		return failAll(out, err)
+		return nil, err
 	}
-	var failed map[string]error // allocated on the first failure
-	fail := func(id string, err error) {
-		if failed == nil {
-			failed = make(map[string]error)
+	fail := func(i int, err error) {
+		if failed == nil { // allocated on the first failure
+			failed = make([]error, len(out))
 		}
-		failed[id] = err
+		failed[i] = err
 	}
 	var one [1]*pending // a single message, the common case, allocates no slice
 	waits := one[:]
@@ -402,7 +429,7 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 	for i, o := range out {
 		pd, err := pc.send(ctx, o.exchange, o.key, o.id, o.pub)
 		if err != nil {
-			fail(o.id, err)
+			fail(i, err)
 			continue
 		}
 		waits[i] = pd
@@ -414,25 +441,22 @@ func (b *Broker) sendAll(ctx context.Context, out []outgoing) error {
 		select {
 		case err := <-pd.done:
 			if err != nil {
-				fail(out[i].id, err)
+				fail(i, err)
 			}
 		case <-ctx.Done():
-			fail(out[i].id, fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err()))
+			fail(i, fmt.Errorf("%w: rabbitmq: waiting for the confirm: %w", sdk.ErrUnavailable, ctx.Err()))
 		}
 	}
-	if len(failed) > 0 && b.stopped() {
+	if failed != nil && b.stopped() {
 		// Close cut the channel under these messages: a retry would get
 		// ErrClosed, so they say ErrClosed rather than ErrUnavailable.
-		for id, err := range failed {
-			if !errors.Is(err, sdk.ErrClosed) {
-				failed[id] = fmt.Errorf("%w: rabbitmq: closed during the publish (%v)", sdk.ErrClosed, err)
+		for i, err := range failed {
+			if err != nil && !errors.Is(err, sdk.ErrClosed) {
+				failed[i] = fmt.Errorf("%w: rabbitmq: closed during the publish (%v)", sdk.ErrClosed, err)
 			}
 		}
 	}
-	if len(failed) > 0 {
-		return &sdk.PublishError{Failed: failed}
-	}
-	return nil
+	return failed, nil
 }
 
 func failAll(out []outgoing, err error) error {
