@@ -94,8 +94,16 @@ type Options struct {
 	LongestJob time.Duration
 	// Concurrency is the Workers' WorkerOptions.Concurrency. Default 8.
 	Concurrency int
+	// WorkerPrefetch is the Workers' WorkerOptions.Prefetch: how many
+	// deliveries wait, received but not started, beyond the running ones.
+	// A Worker holds up to Concurrency + WorkerPrefetch (its capacity).
+	// Default (zero) Concurrency, as the Worker's; a negative one, which
+	// [sdk.NewWorker] refuses, is reported as such (the other checks take
+	// the default).
+	WorkerPrefetch int
 	// Prefetch is the RabbitMQ consumer prefetch the Workers use (the
-	// broker URL's prefetch); 0 is berth's automatic prefetch.
+	// broker URL's prefetch); 0 is berth's automatic prefetch: the Worker's
+	// capacity, at most rabbitmq.DefaultPrefetch (64).
 	Prefetch int
 	// OldestReady is the age of the oldest ready job above which it is
 	// reported as waiting too long. Default 5 min.
@@ -164,6 +172,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
+	}
+	if o.WorkerPrefetch <= 0 {
+		o.WorkerPrefetch = o.Concurrency
 	}
 	if o.OldestReady <= 0 {
 		o.OldestReady = 5 * time.Minute
@@ -286,10 +297,10 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 
 // workerConfig runs sdk.CheckConfig for the Worker the options describe:
 // o with doctor's defaults, raw as given, so that a value NewWorker
-// refuses (a negative MaxAttempts, DrainTimeout or SettleTimeout) is
-// reported rather than taken for the default.
+// refuses (a negative MaxAttempts, WorkerPrefetch, DrainTimeout or
+// SettleTimeout) is reported rather than taken for the default.
 func workerConfig(b sdk.Broker, o, raw Options) []Finding {
-	wo := sdk.WorkerOptions{Queue: "doctor", Concurrency: o.Concurrency, Timeout: o.LongestJob,
+	wo := sdk.WorkerOptions{Queue: "doctor", Concurrency: o.Concurrency, Prefetch: raw.WorkerPrefetch, Timeout: o.LongestJob,
 		Retry: sdk.RetryPolicy{MaxAttempts: raw.MaxAttempts}, DrainTimeout: raw.DrainTimeout, SettleTimeout: raw.SettleTimeout}
 	conflicts, err := sdk.CheckConfig(b, wo)
 	if err != nil {

@@ -242,22 +242,34 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 // not the policies that may set the same thing.
 const policyNote = " (queue arguments only: a policy may set it, which AMQP cannot see; rabbitmqctl list_policies tells)"
 
-// prefetch compares the consumer prefetch with the Workers' capacity.
+// prefetch compares the consumer prefetch with the Workers' capacity,
+// Concurrency + their Prefetch (o.WorkerPrefetch), which an sdk.Worker
+// tells its Receives (sdk.WithReceiveCapacity). With no prefetch in the URL
+// the broker's consumer takes that capacity, at most
+// rabbitmq.DefaultPrefetch; a URL's prefetch is taken as it is.
 func prefetch(o Options) []Finding {
-	capacity := 2 * o.Concurrency // Concurrency + the default Prefetch (= Concurrency)
+	capacity := o.Concurrency + o.WorkerPrefetch
+	sum := fmt.Sprintf("Concurrency %d + Prefetch %d = %d", o.Concurrency, o.WorkerPrefetch, capacity)
 	switch {
+	case o.Prefetch == 0 && o.Concurrency > rabbitmq.DefaultPrefetch:
+		return []Finding{{ID: "rabbitmq.prefetch", Severity: Warn, Summary: "automatic prefetch capped below the Worker's concurrency: handlers sit idle",
+			Evidence: fmt.Sprintf("prefetch follows the Worker's capacity (%s), capped at %d < Concurrency %d", sum, rabbitmq.DefaultPrefetch, o.Concurrency),
+			Fix:      fmt.Sprintf("set the URL's prefetch between Concurrency (%d) and Concurrency + Prefetch (%d), or lower Concurrency to %d", o.Concurrency, capacity, rabbitmq.DefaultPrefetch)}}
+	case o.Prefetch == 0 && capacity > rabbitmq.DefaultPrefetch:
+		return []Finding{{ID: "rabbitmq.prefetch", Severity: OK, Summary: "automatic prefetch: the Worker's capacity",
+			Evidence: fmt.Sprintf("prefetch follows the Worker's capacity (%s), capped at %d", sum, rabbitmq.DefaultPrefetch)}}
 	case o.Prefetch == 0:
 		return []Finding{{ID: "rabbitmq.prefetch", Severity: OK, Summary: "automatic prefetch: the Worker's capacity",
-			Evidence: fmt.Sprintf("prefetch follows the Worker's capacity (Concurrency %d + Prefetch %d), at most %d", o.Concurrency, o.Concurrency, rabbitmq.DefaultPrefetch)}}
+			Evidence: fmt.Sprintf("prefetch follows the Worker's capacity (%s), at most %d", sum, rabbitmq.DefaultPrefetch)}}
 	case o.Prefetch < o.Concurrency:
 		return []Finding{{ID: "rabbitmq.prefetch", Severity: Warn, Summary: "prefetch below the Worker's concurrency: handlers sit idle",
-			Evidence: fmt.Sprintf("prefetch %d < Concurrency %d", o.Prefetch, o.Concurrency), Fix: "drop the prefetch parameter (automatic) or raise it to Concurrency + Prefetch"}}
+			Evidence: fmt.Sprintf("prefetch %d < Concurrency %d", o.Prefetch, o.Concurrency), Fix: fmt.Sprintf("drop the prefetch parameter (automatic) or raise it to Concurrency + Prefetch (%d)", capacity)}}
 	case o.Prefetch > capacity:
 		return []Finding{{ID: "rabbitmq.prefetch", Severity: Warn, Summary: "prefetch above the Worker's capacity: messages wait in one process while others idle, and count against consumer_timeout",
-			Evidence: fmt.Sprintf("prefetch %d > Concurrency + Prefetch %d", o.Prefetch, capacity), Fix: "drop the prefetch parameter (automatic) or lower it to Concurrency + Prefetch"}}
+			Evidence: fmt.Sprintf("prefetch %d > %s", o.Prefetch, sum), Fix: fmt.Sprintf("drop the prefetch parameter (automatic) or lower it to Concurrency + Prefetch (%d)", capacity)}}
 	}
 	return []Finding{{ID: "rabbitmq.prefetch", Severity: OK, Summary: "prefetch fits the Worker's capacity",
-		Evidence: fmt.Sprintf("Concurrency %d ≤ prefetch %d ≤ %d", o.Concurrency, o.Prefetch, capacity)}}
+		Evidence: fmt.Sprintf("Concurrency %d ≤ prefetch %d ≤ Concurrency + Prefetch %d", o.Concurrency, o.Prefetch, capacity)}}
 }
 
 func argsText(args map[string]any) string {

@@ -104,8 +104,8 @@ type jsonDoctor struct {
 }
 
 func runDoctor(ctx context.Context, c *cli, args []string) error {
-	if c.maxAttempts < 0 || c.concurrency < 0 {
-		return usagef("-max-attempts and -concurrency must not be negative")
+	if c.maxAttempts < 0 || c.concurrency < 0 || c.workerPrefetch < 0 {
+		return usagef("-max-attempts, -concurrency and -worker-prefetch must not be negative")
 	}
 	if c.checkTimeout <= 0 {
 		return usagef("-check-timeout must be positive")
@@ -116,7 +116,7 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	}
 	defer b.Close()
 	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency,
-		DrainTimeout: c.drainTimeout, GracePeriod: c.grace, CheckTimeout: c.checkTimeout}
+		WorkerPrefetch: c.workerPrefetch, DrainTimeout: c.drainTimeout, GracePeriod: c.grace, CheckTimeout: c.checkTimeout}
 	if u, err := url.Parse(c.url); err == nil { // the workers' RabbitMQ prefetch, from the URL they use
 		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
 			opts.Prefetch = p

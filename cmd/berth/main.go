@@ -190,12 +190,12 @@ func commands() []*command {
 		{name: "doctor", args: "[QUEUE...]", short: "check the broker, its queues and the Workers' settings for misconfigurations (exit 1 on an error finding)",
 			long: "Each finding has a stable ID (README.md, \"berth doctor\"), a severity (ok, info, warn, error), the evidence and the fix.\n" +
 				"Name the queues on RabbitMQ and SQS; PostgreSQL and JetStream check every queue they list.\n" +
-				"-max-attempts, -longest-job and -concurrency describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.\n" +
+				"-max-attempts, -longest-job, -concurrency and -worker-prefetch describe the Workers (defaults: berth's); RabbitMQ's prefetch is read from the URL.\n" +
 				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
 				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.\n" +
 				"Each check (one queue's, the ledger's, …) has -check-timeout (default 10s) to answer, else it is reported as doctor.check-timeout\n" +
 				"and the others still run; the whole run has -timeout (default 1m; -timeout 0: no limit).",
-			flags:   []string{"max-attempts", "longest-job", "concurrency", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis", "check-timeout"},
+			flags:   []string{"max-attempts", "longest-job", "concurrency", "worker-prefetch", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis", "check-timeout"},
 			run:     runDoctor,
 			timeout: doctorTimeout},
 		{name: "queue pause", args: "QUEUE...", short: "pause queues for every Worker that runs pause.Sync on -db (held jobs finish; the broker is untouched)",
@@ -248,6 +248,7 @@ type cli struct {
 	since                 time.Duration
 	maxAttempts           int
 	concurrency           int
+	workerPrefetch        int
 	longestJob            time.Duration
 	resultsTable, redis   string
 	drainTimeout, grace   time.Duration
@@ -297,6 +298,7 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.after, "after", "", "jobs: the next page, as printed after the previous one (with -since, it keeps the first page's window: the pages neither skip nor repeat a job)")
 	fs.IntVar(&c.maxAttempts, "max-attempts", 0, "doctor: the Workers' RetryPolicy.MaxAttempts (default 5)")
 	fs.IntVar(&c.concurrency, "concurrency", 0, "doctor: the Workers' Concurrency (default 8)")
+	fs.IntVar(&c.workerPrefetch, "worker-prefetch", 0, "doctor: the Workers' Prefetch, received deliveries waiting beyond the running ones (default: Concurrency)")
 	fs.DurationVar(&c.longestJob, "longest-job", 0, "doctor: the longest a handler may run, its WorkerOptions.Timeout (default 30m)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 0, "doctor: the Workers' DrainTimeout (default 15s)")
 	fs.DurationVar(&c.grace, "grace-period", 0, "doctor: the platform's grace period between SIGTERM and SIGKILL (default 30s)")

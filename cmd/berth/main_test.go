@@ -222,6 +222,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"stats", "-yes"}, `-yes does not apply to "stats"`},
 		{[]string{"dlq", "list", "billing", "-reason", "/([/"}, "-reason"},
 		{[]string{"dlq", "list", "billing", "-limit", "-3"}, "must not be negative"},
+		{[]string{"doctor", "billing", "-worker-prefetch", "-1"}, "-worker-prefetch must not be negative"},
 		{[]string{"dlq", "redrive", "billing"}, "without -yes"},
 		{[]string{"stats", "-interval", "0s"}, "-interval"},
 	} {
