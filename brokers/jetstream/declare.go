@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -27,13 +30,16 @@ const delayAckWait = time.Minute
 
 // queueState is what a Broker knows of a declared queue.
 type queueState struct {
-	name     string // berth queue name
-	stream   string // BERTH_Q_<esc>
-	dlq      string // BERTH_DLQ_<esc>
-	ready    string // berth.q.<esc>
-	delayed  string // berth.d.<esc>
-	dead     string // berth.dlq.<esc> (a dead letter's subject adds .<id token>)
-	moverRun bool   // guarded by Broker.mu
+	name    string // berth queue name
+	stream  string // BERTH_Q_<esc>
+	dlq     string // BERTH_DLQ_<esc>
+	ready   string // berth.q.<esc>
+	delayed string // berth.d.<esc>
+	dead    string // berth.dlq.<esc> (a dead letter's subject adds .<id token>)
+	lock    string // BERTH_LOCK_<esc>: the lock of declarations (declareLock)
+	// lockSubject is the lock stream's subject, berth.lock.<esc>.
+	lockSubject string
+	moverRun    bool // guarded by Broker.mu
 	// ackWaitOK is set once Receive (with NoDeclare) has found the ready
 	// consumer's AckWait no shorter than the Broker's.
 	ackWaitOK atomic.Bool
@@ -92,12 +98,14 @@ func (b *Broker) names(queue string) *queueState {
 	esc := escape(queue)
 	up := strings.ToUpper(b.opts.Prefix)
 	return &queueState{
-		name:    queue,
-		stream:  up + "_Q_" + esc,
-		dlq:     up + "_DLQ_" + esc,
-		ready:   b.opts.Prefix + ".q." + esc,
-		delayed: b.opts.Prefix + ".d." + esc,
-		dead:    b.opts.Prefix + ".dlq." + esc,
+		name:        queue,
+		stream:      up + "_Q_" + esc,
+		dlq:         up + "_DLQ_" + esc,
+		ready:       b.opts.Prefix + ".q." + esc,
+		delayed:     b.opts.Prefix + ".d." + esc,
+		dead:        b.opts.Prefix + ".dlq." + esc,
+		lock:        up + "_LOCK_" + esc,
+		lockSubject: b.opts.Prefix + ".lock." + esc,
 	}
 }
 
@@ -124,9 +132,14 @@ func (b *Broker) Subject(queue string) string { return b.names(queue).ready }
 
 // DeclareQueue creates (or updates to this Broker's options) the queue's
 // work-queue stream with its ready and delayed subjects, the two durable pull
-// consumers on them, and the dead-letter stream. It is idempotent. It never
-// shortens the ready consumer's AckWait nor the streams' dedupe windows (see
-// [Options.AckWait] and [Options.Duplicates]).
+// consumers on them, and the dead-letter stream. It is idempotent, and
+// writes nothing when they already hold what it would; settings berth does
+// not declare (limits an operator set) are kept. It never shortens the ready
+// consumer's AckWait nor the streams' dedupe windows (see [Options.AckWait]
+// and [Options.Duplicates]), also when several Brokers declare the queue at
+// once: they create and lengthen them one at a time, under a lock (a
+// short-lived memory stream, <PREFIX>_LOCK_<queue>), so that they end with
+// the longest each needs.
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -163,23 +176,30 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error) {
 	q := b.names(queue)
 	o := b.opts
-	dups, err := b.longerDuplicates(ctx, q.stream)
-	if err != nil {
-		return nil, err
+	dlq := jetstream.StreamConfig{
+		Name:        q.dlq,
+		Description: "berth dead letters of queue " + queue,
+		Subjects:    []string{q.dead + ".*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     o.Storage,
+		Replicas:    o.Replicas,
+		Duplicates:  o.Duplicates,
+		MaxMsgSize:  -1,
 	}
-	_, err = b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	lock := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: strconv.FormatUint(rand.Uint64(), 36)}
+	defer lock.release(ctx)
+	if err := b.ensureStream(ctx, lock, jetstream.StreamConfig{
 		Name:        q.stream,
 		Description: "berth queue " + queue,
 		Subjects:    []string{q.ready, q.delayed},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     o.Storage,
 		Replicas:    o.Replicas,
-		Duplicates:  dups,
+		Duplicates:  o.Duplicates,
 		MaxMsgSize:  -1,
 		Discard:     jetstream.DiscardOld,
-	})
-	if err != nil {
-		return nil, b.wrapErr(ctx, "declare stream "+q.stream, err)
+	}); err != nil {
+		return nil, err
 	}
 	for _, c := range []jetstream.ConsumerConfig{
 		{Durable: consumerName, FilterSubject: q.ready, AckWait: o.AckWait},
@@ -191,40 +211,266 @@ func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error)
 		c.MaxAckPending = -1
 		c.MaxWaiting = 4096
 		c.Description = "berth " + c.Durable + " " + queue
-		if c.Durable == consumerName {
-			// Never shorten the AckWait: every Broker counts its leases by
-			// its own, and one still receiving with a longer one would
-			// settle deliveries the server has handed to another consumer.
-			cur, err := b.js.Consumer(ctx, q.stream, c.Durable)
-			switch {
-			case err == nil:
-				c.AckWait = max(c.AckWait, cur.CachedInfo().Config.AckWait)
-			case !errors.Is(err, jetstream.ErrConsumerNotFound):
-				return nil, b.wrapErr(ctx, "look up consumer "+c.Durable+" on "+q.stream, err)
-			}
-		}
-		if _, err := b.js.CreateOrUpdateConsumer(ctx, q.stream, c); err != nil {
-			return nil, b.wrapErr(ctx, "declare consumer "+c.Durable+" on "+q.stream, err)
+		if err := b.ensureConsumer(ctx, lock, q.stream, c); err != nil {
+			return nil, err
 		}
 	}
-	if dups, err = b.longerDuplicates(ctx, q.dlq); err != nil {
+	if err := b.ensureStream(ctx, lock, dlq); err != nil {
 		return nil, err
-	}
-	_, err = b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        q.dlq,
-		Description: "berth dead letters of queue " + queue,
-		Subjects:    []string{q.dead + ".*"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     o.Storage,
-		Replicas:    o.Replicas,
-		Duplicates:  dups,
-		MaxMsgSize:  -1,
-	})
-	if err != nil {
-		return nil, b.wrapErr(ctx, "declare stream "+q.dlq, err)
 	}
 	actual, _ := b.declared.LoadOrStore(queue, q)
 	return actual.(*queueState), nil
+}
+
+// maxDeclareRounds bounds the read-and-write rounds of ensureStream and
+// ensureConsumer: each round that writes is followed by one that reads the
+// result, and a write is needed again only when another declaration
+// changed the object meanwhile.
+const maxDeclareRounds = 16
+
+// ensureStream makes stream want.Name hold want: created when absent,
+// else updated to want's settings with the longer of want's Duplicates and
+// the stream's (never shortened: another Broker of the queue promises its
+// callers that a retried Publish within its own window stores nothing
+// twice). Settings berth does not set (limits an operator gave it) are kept.
+//
+// Other Brokers may declare the queue at the same time, with other
+// windows, and JetStream has no conditional update: a write made from a
+// read that another's write has since made stale would shorten the
+// window, and that Broker, done already, would never know. So the stream
+// is created only when absent (a create that finds it made meanwhile fails
+// and is not retried as an update: JetStream's create is conditional), and
+// updated only under the queue's declareLock, from a read made under it,
+// and read again after, until a read finds it holding what is needed.
+// berth's other settings are written at most once: two Brokers that
+// disagree on them (Replicas, say) end with the last one's, as before,
+// rather than overwriting each other for ever.
+func (b *Broker) ensureStream(ctx context.Context, lock *declareLock, want jetstream.StreamConfig) error {
+	wroteSettings := false
+	for range maxDeclareRounds {
+		s, err := b.js.Stream(ctx, want.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			if _, err := b.createIfAbsent(ctx, want); err != nil {
+				return b.wrapErr(ctx, "declare stream "+want.Name, err)
+			}
+			continue // read what is there now
+		}
+		if err != nil {
+			return b.wrapErr(ctx, "look up stream "+want.Name, err)
+		}
+		cur := s.CachedInfo().Config
+		same := streamSettingsEqual(cur, want)
+		if cur.Duplicates >= want.Duplicates && (same || wroteSettings) {
+			return nil
+		}
+		if !lock.held {
+			if err := lock.acquire(ctx); err != nil {
+				return err
+			}
+			continue // read again under the lock
+		}
+		upd := cur
+		if !same {
+			upd.Description, upd.Subjects, upd.Retention, upd.Storage = want.Description, want.Subjects, want.Retention, want.Storage
+			upd.Replicas, upd.MaxMsgSize, upd.Discard = want.Replicas, want.MaxMsgSize, want.Discard
+			wroteSettings = true
+		}
+		upd.Duplicates = max(cur.Duplicates, want.Duplicates)
+		if _, err := b.js.UpdateStream(ctx, upd); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return b.wrapErr(ctx, "declare stream "+want.Name, err)
+		}
+	}
+	return fmt.Errorf("berth/jetstream: declare stream %s: its settings changed under every one of %d updates (other declarations)", want.Name, maxDeclareRounds)
+}
+
+// errSubjectsOverlap is JetStream's error code for a stream whose subjects
+// overlap another's.
+const errSubjectsOverlap jetstream.ErrorCode = 10065
+
+// createIfAbsent creates the stream cfg describes unless one of its name
+// exists: created reports that this call created it (or found it with cfg
+// already). JetStream's create is conditional, unlike its update.
+func (b *Broker) createIfAbsent(ctx context.Context, cfg jetstream.StreamConfig) (created bool, err error) {
+	_, err = b.js.CreateStream(ctx, cfg)
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse):
+		return false, nil
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == errSubjectsOverlap:
+		// Two creates of one stream at once: the server may tell the
+		// second that its subjects overlap those of the first.
+		if _, serr := b.js.Stream(ctx, cfg.Name); serr == nil {
+			return false, nil
+		}
+	}
+	return false, err
+}
+
+// streamSettingsEqual reports whether cur has the settings berth declares
+// in want, the dedupe window aside.
+func streamSettingsEqual(cur, want jetstream.StreamConfig) bool {
+	return cur.Description == want.Description && slices.Equal(cur.Subjects, want.Subjects) &&
+		cur.Retention == want.Retention && cur.Storage == want.Storage && cur.Replicas == want.Replicas &&
+		cur.MaxMsgSize == want.MaxMsgSize && cur.Discard == want.Discard
+}
+
+// ensureConsumer makes durable consumer want.Durable of stream hold want,
+// as ensureStream does a stream, but created under the queue's declareLock
+// too: created when absent, else updated when what was read falls short,
+// and read again. The ready consumer's AckWait is never shortened (every
+// Broker counts its leases by its own, and one still receiving with a
+// longer one would settle deliveries the server has handed to another
+// consumer); the delay consumer's is berth's own.
+func (b *Broker) ensureConsumer(ctx context.Context, lock *declareLock, stream string, want jetstream.ConsumerConfig) error {
+	raise := want.Durable == consumerName
+	wroteSettings := false
+	for range maxDeclareRounds {
+		c, err := b.js.Consumer(ctx, stream, want.Durable)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			// Under the lock too: before 2.10, the server's create updates
+			// a consumer another declaration has just created.
+			if !lock.held {
+				if err := lock.acquire(ctx); err != nil {
+					return err
+				}
+				continue // read again under the lock
+			}
+			_, err = b.js.CreateConsumer(ctx, stream, want)
+			if err == nil || errors.Is(err, jetstream.ErrConsumerExists) {
+				continue // read what is there now
+			}
+			return b.wrapErr(ctx, "declare consumer "+want.Durable+" on "+stream, err)
+		}
+		if err != nil {
+			return b.wrapErr(ctx, "look up consumer "+want.Durable+" on "+stream, err)
+		}
+		cur := c.CachedInfo().Config
+		same := consumerSettingsEqual(cur, want, raise)
+		ackWaitOK := !raise || cur.AckWait >= want.AckWait
+		if ackWaitOK && (same || wroteSettings) {
+			return nil
+		}
+		if !lock.held {
+			if err := lock.acquire(ctx); err != nil {
+				return err
+			}
+			continue // read again under the lock
+		}
+		upd := cur
+		if !same {
+			upd.Description, upd.FilterSubject, upd.AckPolicy, upd.DeliverPolicy = want.Description, want.FilterSubject, want.AckPolicy, want.DeliverPolicy
+			upd.MaxDeliver, upd.MaxAckPending, upd.MaxWaiting = want.MaxDeliver, want.MaxAckPending, want.MaxWaiting
+			if !raise {
+				upd.AckWait = want.AckWait
+			}
+			wroteSettings = true
+		}
+		if raise {
+			upd.AckWait = max(cur.AckWait, want.AckWait)
+		}
+		if _, err := b.js.UpdateConsumer(ctx, stream, upd); err != nil && !errors.Is(err, jetstream.ErrConsumerDoesNotExist) {
+			return b.wrapErr(ctx, "declare consumer "+want.Durable+" on "+stream, err)
+		}
+	}
+	return fmt.Errorf("berth/jetstream: declare consumer %s on %s: its settings changed under every one of %d updates (other declarations)", want.Durable, stream, maxDeclareRounds)
+}
+
+// declareLockTTL is how long a lock whose holder died (see declareLock)
+// stays: a declaration that finds one older breaks it.
+const declareLockTTL = 30 * time.Second
+
+// declareLock serialises the writes that declarations of one queue make:
+// JetStream's updates are unconditional, and so is a consumer's creation on
+// servers before 2.10 (it updates one that exists), so a write made from a
+// read that another's write has since made stale would shorten an AckWait
+// or a window, and the Broker that needed it, done already, would never
+// know. Creating a stream is conditional (it fails when one with another
+// configuration exists): the lock is a memory stream, <PREFIX>_LOCK_<q>,
+// whose description names its holder, deleted by its holder at the end of
+// its declaration, or by another declaration once it is declareLockTTL old
+// (its holder died). The common declaration, which finds everything as it
+// needs it, does not take it.
+type declareLock struct {
+	b       *Broker
+	stream  string // the lock's
+	subject string // its subject: no message is stored on it
+	token   string // this holder's
+	held    bool
+}
+
+func (l *declareLock) config() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        l.stream,
+		Description: "berth declaration lock, held by " + l.token,
+		Subjects:    []string{l.subject},
+		Storage:     jetstream.MemoryStorage,
+		MaxMsgs:     1,
+	}
+}
+
+// acquire waits until the lock is this declaration's, or ctx ends.
+func (l *declareLock) acquire(ctx context.Context) error {
+	cfg := l.config()
+	for {
+		created, err := l.b.createIfAbsent(ctx, cfg)
+		if err != nil {
+			return l.b.wrapErr(ctx, "lock declarations ("+l.stream+")", err)
+		}
+		if created {
+			l.held = true
+			return nil
+		}
+		if s, err := l.b.js.Stream(ctx, l.stream); err == nil {
+			if info := s.CachedInfo(); time.Since(info.Created) > declareLockTTL {
+				// Its holder died: break it (unless taken again since).
+				l.b.opts.Logger.Warn("berth/jetstream: breaking a stale declaration lock", "stream", l.stream, "holder", info.Config.Description, "created", info.Created)
+				l.deleteIf(ctx, info.Config.Description)
+				continue
+			}
+		}
+		t := time.NewTimer(10*time.Millisecond + rand.N(20*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-l.b.closing:
+			t.Stop()
+			return sdk.ErrClosed
+		case <-t.C:
+		}
+	}
+}
+
+// release deletes the lock when this declaration holds it (a failure
+// leaves it to be broken after declareLockTTL).
+func (l *declareLock) release(ctx context.Context) {
+	if !l.held {
+		return
+	}
+	l.held = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	l.deleteIf(ctx, l.config().Description)
+}
+
+// deleteIf deletes the lock when its description is desc.
+func (l *declareLock) deleteIf(ctx context.Context, desc string) {
+	s, err := l.b.js.Stream(ctx, l.stream)
+	if err != nil || s.CachedInfo().Config.Description != desc {
+		return // gone, or another's
+	}
+	_ = l.b.js.DeleteStream(ctx, l.stream)
+}
+
+// consumerSettingsEqual reports whether cur has the settings berth declares
+// in want, the AckWait aside when it is raised rather than set.
+func consumerSettingsEqual(cur, want jetstream.ConsumerConfig, raise bool) bool {
+	return cur.Description == want.Description && cur.FilterSubject == want.FilterSubject &&
+		cur.AckPolicy == want.AckPolicy && cur.DeliverPolicy == want.DeliverPolicy &&
+		cur.MaxDeliver == want.MaxDeliver && cur.MaxAckPending == want.MaxAckPending &&
+		cur.MaxWaiting == want.MaxWaiting && (raise || cur.AckWait == want.AckWait)
 }
 
 // AckWaitError reports a queue whose ready consumer has a shorter AckWait
@@ -266,21 +512,6 @@ func (b *Broker) checkAckWait(ctx context.Context, q *queueState) error {
 	return nil
 }
 
-// longerDuplicates returns the dedupe window to declare stream with: the
-// Broker's [Options.Duplicates], or the stream's own when it is longer.
-// Never shortened: another Broker of the queue promises its callers that a
-// retried Publish within its own window stores nothing twice.
-func (b *Broker) longerDuplicates(ctx context.Context, stream string) (time.Duration, error) {
-	s, err := b.js.Stream(ctx, stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return b.opts.Duplicates, nil
-	}
-	if err != nil {
-		return 0, b.wrapErr(ctx, "look up stream "+stream, err)
-	}
-	return max(b.opts.Duplicates, s.CachedInfo().Config.Duplicates), nil
-}
-
 // DeleteQueue deletes queue's streams (messages, consumers and dead
 // letters). Deleting a queue that does not exist succeeds.
 func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
@@ -292,7 +523,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string) error {
 	}
 	q := b.names(queue)
 	b.declared.Delete(queue)
-	for _, s := range []string{q.stream, q.dlq} {
+	for _, s := range []string{q.stream, q.dlq, q.lock} {
 		if err := b.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return b.wrapErr(ctx, "delete stream "+s, err)
 		}

@@ -22,7 +22,12 @@
 // queue shares. Dead letters live in a second stream, BERTH_DLQ_q (limits
 // retention), one subject per message: berth.dlq.q.<id>. Queue names are
 // escaped into stream names and subject tokens one to one ('_' → "__",
-// '.' → "_D"). Publish and Receive declare a queue on first use.
+// '.' → "_D"). Publish and Receive declare a queue on first use. A
+// declaration that creates a consumer or lengthens an AckWait or a dedupe
+// window does so under a lock shared by the queue's Brokers, a memory stream
+// BERTH_LOCK_q that it deletes when done (one left by a process that died
+// is broken after 30 s): JetStream's updates are unconditional, and
+// concurrent declarations would otherwise overwrite each other's.
 //
 // # How the berth contract maps onto JetStream
 //
@@ -52,7 +57,8 @@
 //     itself would accept a late ack from the first holder of a message it
 //     has redelivered. That clock holds only while the consumer's AckWait
 //     is no shorter than the Broker's: declaring a queue never shortens it
-//     (Brokers of a queue with different AckWaits leave it at the longest),
+//     (Brokers of a queue with different AckWaits leave it at the longest,
+//     also when they declare it at the same time),
 //     and with [Options.NoDeclare] Receive refuses a shorter one
 //     ([*AckWaitError]).
 //   - Every settlement (+ACK, -NAK, +WPI) is sent as a request and waits for
