@@ -97,7 +97,7 @@ func TestReadinessFollowsJetStream(t *testing.T) {
 // TestProbesAnswerWhileNATSReconnectHangs: with the NATS server behind a
 // black hole (new connections accepted, no byte answered), nats.go's
 // reconnect holds the connection's lock through its dial and handshake, for
-// its Timeout — here the Connect deadline, two minutes. /livez and /readyz
+// its Timeout (nats.go's 2 s here; each attempt holds it again). /livez and /readyz
 // still answer at once: 200 and 503 naming the connection. Before,
 // ConnectionError waited for that lock (nc.Status), so every probe hung
 // until the handshake timed out, and a liveness probe's timeout would have

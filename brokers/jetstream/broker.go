@@ -177,6 +177,13 @@ type ConnectOptions struct {
 // Connect dials url (nats://, tls://; several separated by commas) and
 // returns a Broker that owns the connection: Close closes it. The connection
 // reconnects for ever and logs disconnects and reconnects on opts.Logger.
+//
+// ctx bounds the first connect only: its dials and handshakes end at ctx's
+// deadline (each at the connection's Timeout when ctx has none) or when ctx
+// is cancelled. Each later reconnect's dial and handshake is bounded by the
+// connection's Timeout: nats.go's default (2 s), or nats.Timeout in
+// co.Extra. With a custom dialer in co.Extra (nats.SetCustomDialer), that
+// dialer and the Timeout bound the first connect too, not ctx.
 func Connect(ctx context.Context, url string, co ConnectOptions, opts Options) (*Broker, error) {
 	logger := opts.Logger
 	if logger == nil {
@@ -227,11 +234,19 @@ func Connect(ctx context.Context, url string, co ConnectOptions, opts Options) (
 		nopts = append(nopts, nats.Token(co.Token))
 	}
 	nopts = append(nopts, co.Extra...)
-	if dl, ok := ctx.Deadline(); ok {
-		nopts = append(nopts, nats.Timeout(time.Until(dl)))
-	}
+	dialer := &connectDialer{ctx: ctx}
+	nopts = append(nopts, dialer.option)
 	nc, err := nats.Connect(url, nopts...)
+	if dialer.done() && err == nil {
+		// ctx ended as the connect completed: its handshake deadline
+		// may have been cut on the connection now open.
+		nc.Close()
+		err = ctx.Err()
+	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("berth/jetstream: connect: %w: %w", sdk.ErrUnavailable, context.Cause(ctx))
+		}
 		return nil, fmt.Errorf("berth/jetstream: connect: %w: %w", sdk.ErrUnavailable, err)
 	}
 	b, err := New(nc, opts)
@@ -241,6 +256,129 @@ func Connect(ctx context.Context, url string, co ConnectOptions, opts Options) (
 	}
 	b.ownsConn = true
 	return b, nil
+}
+
+// connectDialer dials the servers of Connect's connection. Until done, it
+// dials under Connect's ctx, and each connection it opens takes ctx's
+// deadline for its handshake in place of the connection's Timeout (nats.go
+// sets that with SetDeadline) and has it cut short when ctx is cancelled.
+// After done, for the reconnects, it dials as nats.go's own dialer does,
+// with the connection's Timeout, and the handshake keeps it too. Before,
+// Connect made its ctx's time left the connection's Timeout: a short one
+// failed every later reconnect's handshake, a long one held nats.go's
+// connection lock (every call on the connection) through a reconnect to a
+// silent server for all of it.
+type connectDialer struct {
+	ctx  context.Context // Connect's
+	base net.Dialer      // set by option
+
+	mu    sync.Mutex
+	ended bool          // done was called: the first connect is over
+	stops []func() bool // of the cancellations armed on the connections the first connect opened
+}
+
+// option installs d as the connection's dialer, unless the application
+// set one of its own (or an in-process server) in ConnectOptions.Extra.
+// It runs after every other option, so it sees their Timeout and Dialer.
+func (d *connectDialer) option(o *nats.Options) error {
+	if o.CustomDialer != nil || o.InProcessServer != nil {
+		return nil
+	}
+	if o.Dialer != nil {
+		d.base = *o.Dialer
+	} else {
+		d.base = net.Dialer{Timeout: o.Timeout}
+		if o.Timeout == 0 {
+			d.base.Timeout = nats.DefaultTimeout
+		}
+	}
+	if o.AllowMultipathTCP != nil {
+		d.base.SetMultipathTCP(*o.AllowMultipathTCP)
+	}
+	o.CustomDialer = d
+	return nil
+}
+
+// Dial implements nats.CustomDialer; nats.go calls it holding the
+// connection's lock, one dial at a time.
+func (d *connectDialer) Dial(network, address string) (net.Conn, error) {
+	d.mu.Lock()
+	first := !d.ended
+	d.mu.Unlock()
+	if !first {
+		return d.base.Dial(network, address)
+	}
+	dialer := d.base
+	if _, ok := d.ctx.Deadline(); ok {
+		dialer.Timeout = 0 // ctx's deadline bounds it
+	}
+	c, err := dialer.DialContext(d.ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	fc := &firstConnectConn{Conn: c, d: d}
+	stop := context.AfterFunc(d.ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) }) // cancelled: the handshake's reads fail now
+	d.mu.Lock()
+	d.stops = append(d.stops, stop)
+	d.mu.Unlock()
+	return fc, nil
+}
+
+// done ends the first connect: later dials and handshakes keep the
+// connection's Timeout. It reports whether a cancellation of ctx cut the
+// deadline of a connection the first connect opened (perhaps the one now
+// open).
+func (d *connectDialer) done() (cut bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ended = true
+	for _, stop := range d.stops {
+		if !stop() {
+			cut = true
+		}
+	}
+	d.stops = nil
+	return cut
+}
+
+// handshaking reports whether the first connect is under way.
+func (d *connectDialer) handshaking() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.ended
+}
+
+// firstConnectConn is a connection the first connect opened: while that
+// connect runs, the deadline nats.go sets for the handshake (now plus the
+// connection's Timeout) is replaced by Connect's ctx's, when it has one.
+// It stays the connection's until it is lost.
+type firstConnectConn struct {
+	net.Conn
+	d *connectDialer
+}
+
+// SetDeadline implements net.Conn.
+func (c *firstConnectConn) SetDeadline(t time.Time) error {
+	return c.Conn.SetDeadline(c.deadline(t))
+}
+
+// SetReadDeadline implements net.Conn (nats.go's websocket handshake sets
+// its deadline so).
+func (c *firstConnectConn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.deadline(t))
+}
+
+func (c *firstConnectConn) deadline(t time.Time) time.Time {
+	if t.IsZero() || !c.d.handshaking() {
+		return t
+	}
+	if c.d.ctx.Err() != nil {
+		return time.Unix(1, 0) // as the cancellation set it
+	}
+	if dl, ok := c.d.ctx.Deadline(); ok {
+		return dl
+	}
+	return t
 }
 
 // Broker is the berth broker on NATS JetStream. Its methods may be called
@@ -272,6 +410,10 @@ type Broker struct {
 	status     atomic.Int32
 	statusCh   chan nats.Status
 	statusDone chan struct{}
+	// maxPayload is the server's max_payload, kept by watchStatus (read
+	// at each connect) for the same reason: nc.MaxPayload waits for the
+	// connection's lock too.
+	maxPayload atomic.Int64
 }
 
 // New returns a Broker on the application's connection nc, which must have
@@ -323,6 +465,7 @@ const statusRefresh = 5 * time.Second
 func (b *Broker) watchStatus() {
 	b.statusCh = b.nc.StatusChanged(nats.DISCONNECTED, nats.CONNECTED, nats.CLOSED, nats.RECONNECTING,
 		nats.CONNECTING, nats.DRAINING_SUBS, nats.DRAINING_PUBS)
+	b.maxPayload.Store(b.nc.MaxPayload())
 	b.status.Store(int32(b.nc.Status())) // after registering: no change is missed
 	b.statusDone = make(chan struct{})
 	go func() {
@@ -340,6 +483,14 @@ func (b *Broker) watchStatus() {
 			case <-tick.C:
 				s = b.nc.Status()
 			}
+			if s == nats.CONNECTED {
+				// Another server may have another max_payload; stored
+				// first, so that a call that finds the connection up
+				// finds its server's.
+				if mp := b.nc.MaxPayload(); mp > 0 {
+					b.maxPayload.Store(mp)
+				}
+			}
 			b.status.Store(int32(s))
 			if s == nats.CLOSED {
 				return // final: also when the application closes its nc without Close
@@ -347,6 +498,9 @@ func (b *Broker) watchStatus() {
 		}
 	}()
 }
+
+// payloadLimit returns the server's max_payload (see maxPayload).
+func (b *Broker) payloadLimit() int { return int(b.maxPayload.Load()) }
 
 // Options returns the broker's options with defaults filled in.
 func (b *Broker) Options() Options { return b.opts }
@@ -505,9 +659,9 @@ var errNotConnected = errors.New("not connected to the NATS server")
 // closed. It makes no call to the server.
 //
 // It does not wait for the connection's lock, which nats.go holds through
-// a reconnect's dial and handshake (up to the connection's Timeout, the
-// whole Connect deadline when its ctx had one): a health probe answers at
-// once while a reconnection hangs on a black-holed server.
+// a reconnect's dial and handshake (up to the connection's Timeout): a
+// health probe answers at once while a reconnection hangs on a black-holed
+// server.
 func (b *Broker) ConnectionError() error {
 	if b.closed.Load() {
 		return sdk.ErrClosed
@@ -519,9 +673,15 @@ func (b *Broker) ConnectionError() error {
 }
 
 // connected returns an error wrapping sdk.ErrUnavailable unless the
-// connection is up.
+// connection is up. Like ConnectionError, it reads the status watchStatus
+// keeps, not nc.Status, which waits for the connection's lock: a Publish,
+// Receive or settlement made while a reconnect's handshake hangs is refused
+// at once rather than held for the handshake's Timeout whatever its ctx.
+// (The status is that of the last event: a call made in the instant
+// between a connection's loss and its event goes on, and is bounded by
+// nats.go as before.)
 func (b *Broker) connected(op string) error {
-	if s := b.nc.Status(); s != nats.CONNECTED {
+	if s := nats.Status(b.status.Load()); s != nats.CONNECTED {
 		if b.closed.Load() {
 			return sdk.ErrClosed
 		}

@@ -301,7 +301,7 @@ var deadLetterNotes = [...]string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLett
 // It costs nothing more while the copy fits (the size check Publish also
 // makes); a copy that does not is encoded a few more times.
 func (b *Broker) fitDeadLetter(m *sdk.Message, extra nats.Header, subject, id string) (*nats.Msg, error) {
-	limit := int(b.nc.MaxPayload())
+	limit := b.payloadLimit()
 	w, err := encode(m, extra, subject, 1, time.Time{})
 	if err != nil {
 		return nil, err

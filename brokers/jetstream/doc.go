@@ -166,4 +166,13 @@
 // 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once
 // the connection is closed for good, calls fail with an error wrapping
 // [sdk.ErrUnavailable] (or [sdk.ErrClosed] after Close).
+//
+// [Connect]'s ctx bounds only the first connect; each reconnect's dial and
+// handshake is bounded by the connection's Timeout (nats.go's 2 s, or
+// nats.Timeout in [ConnectOptions.Extra]), during which nats.go holds the
+// connection's lock. Publish, PublishAsync, Receive and the settlements do
+// not wait for that lock to learn the connection is down (they read the
+// status the Broker keeps from nats.go's status events, as
+// [Broker.ConnectionError] does): made while a reconnect hangs on a silent
+// server, they are refused at once.
 package jetstream

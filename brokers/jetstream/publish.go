@@ -59,7 +59,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		if err != nil {
 			return err
 		}
-		if n, limit := wireSize(w, msgID(m.ID)), int(b.nc.MaxPayload())-copyReserve(q.stream); n > limit {
+		if n, limit := wireSize(w, msgID(m.ID)), b.payloadLimit()-copyReserve(q.stream); n > limit {
 			return &sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit}
 		}
 		wire[i] = w
@@ -278,7 +278,7 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if err != nil {
 		return nil, err
 	}
-	if n, limit := wireSize(w, msgID(msg.ID)), int(b.nc.MaxPayload())-copyReserve(q.stream); n > limit {
+	if n, limit := wireSize(w, msgID(msg.ID)), b.payloadLimit()-copyReserve(q.stream); n > limit {
 		return nil, &sdk.MessageTooLargeError{ID: msg.ID, Size: n, Limit: limit}
 	}
 	if err := b.connected("publish"); err != nil {

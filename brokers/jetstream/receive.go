@@ -143,9 +143,9 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 	limit := time.Now().Add(wait + time.Second)
 	if wait == 0 {
 		// A no_wait answer takes a round trip. Bounded by WaitTime too: the
-		// connection's Timeout may be long (Connect sets it from its ctx's
-		// deadline), and a request lost in a reconnect held Receive, and a
-		// Worker's receive loop, for all of it.
+		// connection's Timeout may be long (an application's nats.Timeout),
+		// and a request lost in a reconnect held Receive, and a Worker's
+		// receive loop, for all of it.
 		limit = time.Now().Add(min(b.nc.Opts.Timeout, b.opts.WaitTime) + time.Second)
 	}
 	timer := time.NewTimer(time.Until(limit))
