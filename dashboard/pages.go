@@ -19,6 +19,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -52,6 +53,10 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%dd ago", int(d.Hours()/24))
 	},
+	// at shows a job's time with layout, or "infinity" and "-infinity"
+	// for what a ledger reader gives for those (ledger.Infinity, also a
+	// time after 9999, and ledger.NegativeInfinity).
+	"at":    showTime,
 	"plus":  func(a, b int) int { return a + b },
 	"minus": func(a, b int) int { return a - b },
 	"list":  func(s ...string) []string { return s },
@@ -785,4 +790,15 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// showTime is the template function "at".
+func showTime(t time.Time, layout string) string {
+	switch {
+	case t.Equal(ledger.Infinity):
+		return "infinity"
+	case t.Equal(ledger.NegativeInfinity):
+		return "-infinity"
+	}
+	return t.Format(layout)
 }

@@ -155,10 +155,36 @@ func (f Filter) Check() (Filter, error) {
 	return f, nil
 }
 
+// Infinity and NegativeInfinity are the times a [Reader] gives for a
+// timestamp PostgreSQL holds as 'infinity' or '-infinity' (a row written by
+// hand or by another tool: PostgreSQL allows them), and for any time it
+// holds after 9999 or before year 0, which RFC 3339, and so JSON, cannot
+// write (time.Time.MarshalJSON fails on them): every time of a [Job] or an
+// [Attempt] a Reader returns is one JSON can carry. They are the latest and
+// almost the earliest times RFC 3339 writes: 9999-12-31T23:59:59.999999999Z
+// and 0000-01-01T00:00:00.000000001Z. Both have nanoseconds, which no time
+// PostgreSQL holds (it keeps microseconds) has, so that a reader, or a
+// [Cursor], tells them from a time stored: compare with Equal. Tools showing
+// a job may print them as "infinity" and "-infinity" (berth and the
+// dashboard do).
+var (
+	Infinity         = time.Date(9999, time.December, 31, 23, 59, 59, 999999999, time.UTC)
+	NegativeInfinity = time.Date(0, time.January, 1, 0, 0, 0, 1, time.UTC)
+)
+
 // Cursor encodes the keyset position after a job first seen at t with id.
-// Reader implementations use it to build [Page.Next].
+// Reader implementations use it to build [Page.Next]. t may be any time
+// PostgreSQL holds (before 1970 too, up to year 294246), or [Infinity] or
+// [NegativeInfinity] for 'infinity' and '-infinity'.
 func Cursor(t time.Time, id string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + ":" + id))
+	ts := strconv.FormatInt(t.UnixMicro(), 10)
+	switch {
+	case t.Equal(Infinity):
+		ts = "infinity"
+	case t.Equal(NegativeInfinity):
+		ts = "-infinity"
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(ts + ":" + id))
 }
 
 // minCursorMicros is the earliest time a cursor may hold, in microseconds
@@ -168,13 +194,20 @@ func Cursor(t time.Time, id string) string {
 // [ErrInvalidFilter]), or wrap around when encoded.
 const minCursorMicros = -210866803200000000
 
-// DecodeCursor reverses [Cursor]. A cursor comes from whoever sends it (a
-// URL, a command line): a malformed one, or one holding a time before
+// DecodeCursor reverses [Cursor]; a cursor of 'infinity' or '-infinity'
+// gives [Infinity] or [NegativeInfinity]. A cursor comes from whoever sends
+// it (a URL, a command line): a malformed one, or one holding a time before
 // 4713 BC, gives [ErrInvalidFilter].
 func DecodeCursor(c string) (time.Time, string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err == nil {
 		ts, id, ok := strings.Cut(string(b), ":")
+		switch {
+		case ok && ts == "infinity":
+			return Infinity, id, nil
+		case ok && ts == "-infinity":
+			return NegativeInfinity, id, nil
+		}
 		if us, perr := strconv.ParseInt(ts, 10, 64); ok && perr == nil && us >= minCursorMicros {
 			return time.UnixMicro(us), id, nil
 		}

@@ -131,9 +131,18 @@ func viewJob(j *ledger.Job) jsonJob {
 	return v
 }
 
+// when shows a job's time: "-" when unset, "infinity" and "-infinity" for
+// what a ledger reader gives for those (ledger.Infinity, also a time after
+// 9999, and ledger.NegativeInfinity), else RFC 3339 in UTC. (-json writes
+// those two as the times they are.)
 func when(t time.Time) string {
-	if t.IsZero() {
+	switch {
+	case t.IsZero():
 		return "-"
+	case t.Equal(ledger.Infinity):
+		return "infinity"
+	case t.Equal(ledger.NegativeInfinity):
+		return "-infinity"
 	}
 	return t.UTC().Format(time.RFC3339Nano)
 }

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/ledger"
@@ -29,6 +29,10 @@ import (
 //	dead_letter, failed         dead, ErrorClass from the berth-dlq-class header
 //	attempt_count               Attempts; Generation from berth-redrive-count
 //	created_at, updated_at      FirstSeenAt, UpdatedAt (and FinishedAt once settled)
+//
+// Any time the table holds reads: 'infinity' and '-infinity' (a row another
+// tool wrote), and a time after 9999 or before year 0, read as
+// [ledger.Infinity] and [ledger.NegativeInfinity].
 //
 // The table keeps no attempt history, start time or handler duration: Job
 // returns no History, and StartedAt and Duration are zero. Released is never
@@ -87,14 +91,17 @@ const jobsCols = `id, message_id, queue, job_type, COALESCE(idempotency_key, '')
 
 func scanJobsRow(r pgx.Row) (ledger.Job, int64, error) {
 	var (
-		j              ledger.Job
-		id             int64
-		status, class  string
-		next, finished *time.Time
+		j                                ledger.Job
+		id                               int64
+		status, class                    string
+		next, created, finished, updated pgtype.Timestamptz
 	)
+	// Times read as readTime says: a row another tool wrote may hold
+	// 'infinity' (available_at, say), which is no scan error.
 	err := r.Scan(&id, &j.MessageID, &j.Queue, &j.Type, &j.IdempotencyKey, &j.CorrelationID, &status, &j.Generation,
-		&j.Attempts, &j.LastError, &class, &next, &j.FirstSeenAt, &finished, &j.Worker, &j.UpdatedAt)
-	j.Status, j.ErrorClass, j.NextAttemptAt, j.FinishedAt = ledger.Status(status), sdk.ErrorClass(class), deref(next), deref(finished)
+		&j.Attempts, &j.LastError, &class, &next, &created, &finished, &j.Worker, &updated)
+	j.Status, j.ErrorClass = ledger.Status(status), sdk.ErrorClass(class)
+	j.NextAttemptAt, j.FirstSeenAt, j.FinishedAt, j.UpdatedAt = readTime(next), readTime(created), readTime(finished), readTime(updated)
 	return j, id, err
 }
 

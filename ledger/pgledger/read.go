@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
@@ -19,30 +20,26 @@ const jobCols = `message_id, queue, job_type, COALESCE(idempotency_key, ''), cor
 	attempts, COALESCE(last_error, ''), COALESCE(error_class, ''), next_attempt_at, first_seen_at, started_at,
 	finished_at, duration_us, COALESCE(worker_id, ''), updated_at`
 
-// scanJob reads jobCols and, when hist is not nil, the history column.
-func scanJob(r pgx.Row, hist *[]byte) (ledger.Job, error) {
+// scanJob reads jobCols and, when hist is not nil, the history column. It
+// returns the row's first_seen_at as stored too, the position of a cursor.
+// Times read as readTime says: 'infinity' is no scan error.
+func scanJob(r pgx.Row, hist *[]byte) (ledger.Job, pgtype.Timestamptz, error) {
 	var (
-		j                       ledger.Job
-		status, class           string
-		next, started, finished *time.Time
-		dur                     *int64
+		j                                           ledger.Job
+		status, class                               string
+		next, firstSeen, started, finished, updated pgtype.Timestamptz
+		dur                                         *int64
 	)
 	dest := []any{&j.MessageID, &j.Queue, &j.Type, &j.IdempotencyKey, &j.CorrelationID, &status, &j.Generation,
-		&j.Attempts, &j.LastError, &class, &next, &j.FirstSeenAt, &started, &finished, &dur, &j.Worker, &j.UpdatedAt}
+		&j.Attempts, &j.LastError, &class, &next, &firstSeen, &started, &finished, &dur, &j.Worker, &updated}
 	if hist != nil {
 		dest = append(dest, hist)
 	}
 	err := r.Scan(dest...)
 	j.Status, j.ErrorClass = ledger.Status(status), sdk.ErrorClass(class)
-	j.NextAttemptAt, j.StartedAt, j.FinishedAt, j.Duration = deref(next), deref(started), deref(finished), micros(dur)
-	return j, err
-}
-
-func deref(t *time.Time) time.Time {
-	if t == nil {
-		return time.Time{}
-	}
-	return *t
+	j.NextAttemptAt, j.FirstSeenAt, j.StartedAt, j.FinishedAt = readTime(next), readTime(firstSeen), readTime(started), readTime(finished)
+	j.UpdatedAt, j.Duration = readTime(updated), micros(dur)
+	return j, firstSeen, err
 }
 
 func micros(us *int64) time.Duration {
@@ -53,7 +50,9 @@ func micros(us *int64) time.Duration {
 }
 
 // Job returns the job with message ID id and its attempts. An unknown id
-// gives an error wrapping [sdk.ErrNotFound].
+// gives an error wrapping [sdk.ErrNotFound]. Any time the row holds reads,
+// 'infinity' and '-infinity' (written by hand or by another tool) as
+// [ledger.Infinity] and [ledger.NegativeInfinity] (see there).
 func (s *Store) Job(ctx context.Context, id string) (*ledger.Job, error) {
 	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE message_id = $1`, "job "+id, id)
 }
@@ -69,7 +68,7 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 	var hist []byte
 	// Text is stored with NUL and invalid UTF-8 replaced (storable), and
 	// PostgreSQL would refuse the query with them: look it up likewise.
-	j, err := scanJob(s.db.QueryRow(ctx, q, storableText(arg)), &hist)
+	j, _, err := scanJob(s.db.QueryRow(ctx, q, storableText(arg)), &hist)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
 	}
@@ -90,7 +89,7 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 	for _, e := range entries {
 		k := key{e.Generation, e.Attempt}
 		b, ok := best[k]
-		if !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.Before(b.UpdatedAt) {
+		if !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.t.Before(b.UpdatedAt.t) {
 			b, e = e, b
 		}
 		if b.StartedAt == nil {
@@ -105,8 +104,8 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 		if j.Attempts > 0 && j.Status.Rank() >= 1 && k == (key{j.Generation, j.Attempts}) {
 			continue
 		}
-		a := ledger.Attempt{Generation: e.Generation, Attempt: e.Attempt, Status: ledger.Status(e.Status), StartedAt: deref(e.StartedAt),
-			FinishedAt: deref(e.FinishedAt), Duration: micros(e.DurationUS), NextAttemptAt: deref(e.NextAttemptAt)}
+		a := ledger.Attempt{Generation: e.Generation, Attempt: e.Attempt, Status: ledger.Status(e.Status), StartedAt: e.StartedAt.time(),
+			FinishedAt: e.FinishedAt.time(), Duration: micros(e.DurationUS), NextAttemptAt: e.NextAttemptAt.time()}
 		if e.Error != nil {
 			a.Error = *e.Error
 		}
@@ -144,11 +143,11 @@ func (s *Store) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) 
 	for _, st := range f.Statuses {
 		statuses = append(statuses, string(st))
 	}
-	var afterT *time.Time
+	var afterT pgtype.Timestamptz // NULL: the first page
 	var afterID string
 	if f.After != "" {
 		t, id, _ := ledger.DecodeCursor(f.After)
-		afterT, afterID = &t, id
+		afterT, afterID = queryTime(t), id
 	}
 	rows, err := s.db.Query(ctx, `SELECT `+jobCols+` FROM `+s.jobs+`
 WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND ($3 = '' OR job_type = $3)
@@ -159,21 +158,30 @@ ORDER BY first_seen_at DESC, message_id DESC LIMIT $8`,
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Job, error) { return scanJob(r, nil) })
-	if err != nil {
+	defer rows.Close()
+	var (
+		jobs  []ledger.Job
+		first []pgtype.Timestamptz
+	)
+	for rows.Next() {
+		j, fs, err := scanJob(rows, nil)
+		if err != nil {
+			return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
+		}
+		jobs, first = append(jobs, j), append(first, fs)
+	}
+	if err := rows.Err(); err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
-	return page(jobs, f.Limit, func(j ledger.Job) string { return ledger.Cursor(j.FirstSeenAt, j.MessageID) }), nil
-}
-
-// page cuts jobs (fetched with limit+1) to limit and sets the cursor.
-func page(jobs []ledger.Job, limit int, cursor func(ledger.Job) string) ledger.Page {
 	p := ledger.Page{Jobs: jobs}
-	if len(jobs) > limit {
-		p.Jobs = jobs[:limit]
-		p.Next = cursor(jobs[limit-1])
+	if len(jobs) > f.Limit {
+		// The position of the last row shown as stored: its first seen
+		// read clamped (a year after 9999, say) would end the page
+		// elsewhere.
+		p.Jobs = jobs[:f.Limit]
+		p.Next = ledger.Cursor(cursorTime(first[f.Limit-1]), jobs[f.Limit-1].MessageID)
 	}
-	return p
+	return p, nil
 }
 
 // Counts counts the jobs updated in w by status and, for those with an

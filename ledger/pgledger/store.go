@@ -570,18 +570,18 @@ func attemptNewer(e, r ledger.Event) bool {
 
 // historyEntry is one attempt state in the history column.
 type historyEntry struct {
-	Generation    int        `json:"generation"`
-	Attempt       int        `json:"attempt"`
-	Status        string     `json:"status"`
-	Rank          int        `json:"rank"`
-	StartedAt     *time.Time `json:"started_at"`
-	FinishedAt    *time.Time `json:"finished_at"`
-	DurationUS    *int64     `json:"duration_us"`
-	Error         *string    `json:"error"`
-	ErrorClass    *string    `json:"error_class"`
-	NextAttemptAt *time.Time `json:"next_attempt_at"`
-	WorkerID      *string    `json:"worker_id"`
-	UpdatedAt     time.Time  `json:"updated_at"`
+	Generation    int          `json:"generation"`
+	Attempt       int          `json:"attempt"`
+	Status        string       `json:"status"`
+	Rank          int          `json:"rank"`
+	StartedAt     *historyTime `json:"started_at"`
+	FinishedAt    *historyTime `json:"finished_at"`
+	DurationUS    *int64       `json:"duration_us"`
+	Error         *string      `json:"error"`
+	ErrorClass    *string      `json:"error_class"`
+	NextAttemptAt *historyTime `json:"next_attempt_at"`
+	WorkerID      *string      `json:"worker_id"`
+	UpdatedAt     historyTime  `json:"updated_at"`
 }
 
 // Write applies batch in one statement per kind: the job rows (with the
@@ -661,9 +661,9 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 			e, c = nonEmpty(a.Error), nonEmpty(string(a.Class))
 		}
 		history[a.MessageID] = append(history[a.MessageID], historyEntry{Generation: a.Generation, Attempt: a.Attempt,
-			Status: string(a.Status), Rank: a.Status.Rank(), StartedAt: nonZero(a.StartedAt), FinishedAt: nonZero(a.finished),
-			DurationUS: duration(a.Status, a.Duration), Error: e, ErrorClass: c, NextAttemptAt: nonZero(a.NextAttemptAt),
-			WorkerID: nonEmpty(a.Worker), UpdatedAt: a.At})
+			Status: string(a.Status), Rank: a.Status.Rank(), StartedAt: newHistoryTime(a.StartedAt), FinishedAt: newHistoryTime(a.finished),
+			DurationUS: duration(a.Status, a.Duration), Error: e, ErrorClass: c, NextAttemptAt: newHistoryTime(a.NextAttemptAt),
+			WorkerID: nonEmpty(a.Worker), UpdatedAt: historyTime{a.At}})
 	}
 	b := &pgx.Batch{}
 	if !s.opts.SynchronousCommit {
