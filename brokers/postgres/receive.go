@@ -23,6 +23,27 @@ const minWait = 10 * time.Millisecond
 // RFC 3339 with fraction).
 const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`
 
+// headerFirstFailureSQL is the berth-first-failure header of row j as a
+// timestamptz when it is an RFC 3339 time as sdk.AnnotateDeadLetter reads one
+// (time.Parse with time.RFC3339Nano: "T" and "Z" in capitals, a fraction of
+// any length after "." or ",", an offset of at most 24:60, every date and
+// time field in range), else NULL. The fraction is cut to microseconds, as
+// PostgreSQL keeps them; a time before year 1 (UTC), which to_char cannot
+// write, is NULL too. It never fails: a header the claim cannot read must
+// not fail the claim of every row with it. The caller checks it is not after
+// now().
+const headerFirstFailureSQL = `(SELECT CASE
+	WHEN m IS NULL THEN NULL
+	WHEN m[1]::int < 1 OR m[2]::int NOT BETWEEN 1 AND 12 OR m[3]::int < 1 OR m[4]::int > 23 OR m[5]::int > 59
+		OR m[6]::int > 59 OR COALESCE(m[10]::int > 24 OR m[11]::int > 60, false) THEN NULL
+	WHEN m[3]::int > extract(day FROM make_date(m[1]::int, m[2]::int, 1) + interval '1 month - 1 day') THEN NULL
+	ELSE NULLIF(GREATEST(make_timestamp(m[1]::int, m[2]::int, m[3]::int, m[4]::int, m[5]::int,
+			(m[6] || '.' || rpad(COALESCE(left(m[7], 6), ''), 6, '0'))::float8) AT TIME ZONE 'UTC'
+		- CASE m[9] WHEN '-' THEN -1 ELSE 1 END * make_interval(hours => COALESCE(m[10]::int, 0), mins => COALESCE(m[11]::int, 0)),
+		'0001-01-01 00:00:00+00'::timestamptz - interval '1 microsecond'), '0001-01-01 00:00:00+00'::timestamptz - interval '1 microsecond')
+	END FROM (SELECT regexp_match(j.headers->>'` + sdk.HeaderFirstFailure + `',
+		'^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:[.,]([0-9]+))?(Z|([+-])([0-9]{2}):([0-9]{2}))$') AS m) r)`
+
 // Receive claims between 1 and max jobs of queue, waiting while none is
 // available: it wakes on a NOTIFY from Publish, Retry or Release (delayed
 // ones too: a Receive woken looks at the table and sleeps again until the
@@ -157,9 +178,10 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	// The first failure is the row's own first_failure_at when set: a
 	// berth-first-failure header already on the row (written by hand or by
 	// another tool; Publish refuses berth- headers) only fills in for a row
-	// that has none, and may be stale or forged.
-	first := `COALESCE(` + fmt.Sprintf(rfc3339SQL, "j.first_failure_at") + `, j.headers->>'` + sdk.HeaderFirstFailure +
-		`', ` + fmt.Sprintf(rfc3339SQL, "now()") + `)`
+	// that has none, and may be stale or forged, so it is kept only as
+	// sdk.AnnotateDeadLetter keeps one (see headerFirstFailureSQL), else now.
+	first := `COALESCE(` + fmt.Sprintf(rfc3339SQL, "j.first_failure_at") + `, (SELECT ` + fmt.Sprintf(rfc3339SQL, "h.t") +
+		` FROM (SELECT ` + headerFirstFailureSQL + ` AS t) h WHERE h.t <= now()), ` + fmt.Sprintf(rfc3339SQL, "now()") + `)`
 	q := `WITH c AS (
 		SELECT id, attempt_count >= max_attempts AS poison
 		FROM ` + b.table + `
