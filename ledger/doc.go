@@ -9,7 +9,9 @@
 // touching handlers:
 //
 //   - [Ledger.Publisher] wraps any [sdk.Publisher] (a broker, the outbox
-//     relay's publisher, a telemetry publisher) and records `enqueued`;
+//     relay's publisher, a telemetry publisher) and records `enqueued`; it
+//     keeps the broker's asynchronous publish ([sdk.AsyncPublisher]),
+//     recording a message once the broker confirms it;
 //   - the [Ledger] itself is an [sdk.Observer]: put it in
 //     WorkerOptions.Observers (beside telemetry's) and it records each
 //     attempt's start and settlement;

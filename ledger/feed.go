@@ -137,12 +137,33 @@ func reason(err error) string {
 // publisher; inside or outside [sdk.LongDelay]. A batch that fails is
 // recorded for the messages that [sdk.PublishError] says were published;
 // the error is returned unchanged.
-func (l *Ledger) Publisher(p sdk.Publisher) sdk.Publisher { return &publisher{l: l, p: p} }
+//
+// When p is an [sdk.AsyncPublisher] (RabbitMQ, JetStream, an
+// [sdk.AsyncPool]), so is the returned publisher, and only then: the outbox
+// relay and [sdk.NewAsyncPublisher] keep using the broker's own
+// asynchronous publish through it. PublishAsync records a message when the
+// broker confirms it, not when it fails, before the result it returns
+// resolves; the event is recorded on the broker's confirming goroutine
+// without waiting for room in the buffer (an event that finds the buffer
+// full is dropped and counted, see Options.BlockTimeout), so that a slow
+// ledger never holds up the broker's confirmations. p's other optional
+// interfaces are reached through the returned publisher's
+// Unwrap() sdk.Publisher method.
+func (l *Ledger) Publisher(p sdk.Publisher) sdk.Publisher {
+	pub := &publisher{l: l, p: p}
+	if ap, ok := p.(sdk.AsyncPublisher); ok {
+		return &asyncPublisher{publisher: pub, ap: ap}
+	}
+	return pub
+}
 
 type publisher struct {
 	l *Ledger
 	p sdk.Publisher
 }
+
+// Unwrap returns the wrapped publisher, for its optional interfaces.
+func (p *publisher) Unwrap() sdk.Publisher { return p.p }
 
 func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
 	err := p.p.Publish(ctx, queue, msgs...)
@@ -162,11 +183,42 @@ func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		if _, ok := failed[m.ID]; ok {
 			continue
 		}
-		e := base(m, queue)
-		e.Status, e.At, e.NextAttemptAt = StatusEnqueued, now, dueAt(m, now)
-		p.l.Record(e)
+		p.l.Record(enqueued(m, queue, now))
 	}
 	return err
+}
+
+// asyncPublisher is the publisher of a broker that publishes
+// asynchronously: it keeps that capability visible (see Ledger.Publisher).
+type asyncPublisher struct {
+	*publisher
+	ap sdk.AsyncPublisher
+}
+
+// PublishAsync publishes msg through the broker's PublishAsync and records
+// it as enqueued once the broker confirms it; the result it returns
+// resolves after that, with the broker's outcome.
+func (p *asyncPublisher) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
+	res, err := p.ap.PublishAsync(ctx, queue, msg)
+	if err != nil || res == nil {
+		return res, err
+	}
+	out := sdk.NewPublishResult(res.ID())
+	res.AfterResolve(func(err error) {
+		// msg is the caller's until out resolves: reading it here is safe.
+		if err == nil && msg.ID != "" {
+			p.l.record(enqueued(msg, queue, time.Now()), false)
+		}
+		out.Resolve(err)
+	})
+	return out, nil
+}
+
+// enqueued is the event of m published to queue at now.
+func enqueued(m *sdk.Message, queue string, now time.Time) Event {
+	e := base(m, queue)
+	e.Status, e.At, e.NextAttemptAt = StatusEnqueued, now, dueAt(m, now)
+	return e
 }
 
 // dueAt is when m, published at now, is due: after its Delay, or at its

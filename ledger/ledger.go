@@ -357,7 +357,12 @@ func (l *Ledger) Stats() Stats {
 // is dropped too, at once. A Record racing Close is written or dropped,
 // and counted either way. The feeds call it; applications may record
 // events of their own (a custom publisher).
-func (l *Ledger) Record(e Event) {
+func (l *Ledger) Record(e Event) { l.record(e, true) }
+
+// record is Record; wait false drops the event at once when the buffer is
+// full, whatever BlockTimeout says (a caller that must not block: a
+// broker's confirmation callback).
+func (l *Ledger) record(e Event, wait bool) {
 	l.recorded.Add(1)
 	if l.closed.Load() {
 		l.dropClosed(e)
@@ -370,7 +375,7 @@ func (l *Ledger) Record(e Event) {
 		return
 	default:
 	}
-	if l.opts.BlockTimeout > 0 {
+	if wait && l.opts.BlockTimeout > 0 {
 		t := time.NewTimer(l.opts.BlockTimeout)
 		defer t.Stop()
 		select {

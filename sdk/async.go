@@ -21,6 +21,10 @@ type PublishResult struct {
 	done     chan struct{}
 	err      error
 	resolved atomic.Bool
+
+	mu    sync.Mutex
+	fired bool          // the callbacks ran (or are running); later ones run at once
+	after []func(error) // AfterResolve's callbacks, waiting for Resolve
 }
 
 // NewPublishResult returns an unresolved result for the message with id.
@@ -69,7 +73,33 @@ func (r *PublishResult) Resolve(err error) bool {
 	}
 	r.err = err
 	close(r.done)
+	r.mu.Lock()
+	r.fired = true
+	after := r.after
+	r.after = nil
+	r.mu.Unlock()
+	for _, fn := range after {
+		fn(err)
+	}
 	return true
+}
+
+// AfterResolve arranges for fn to be called with the outcome (nil:
+// published) once r resolves: on the goroutine that resolves it, after Done
+// is closed, or at once on the caller's when r has already resolved. fn
+// runs on the broker's confirmation path: it must be quick and must not
+// block. It lets a wrapper of an [AsyncPublisher] act on each outcome (and
+// resolve a result of its own after it) without a goroutine per message.
+func (r *PublishResult) AfterResolve(fn func(err error)) {
+	r.mu.Lock()
+	if !r.fired {
+		r.after = append(r.after, fn)
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	<-r.done // fired is set after done closes and err is written
+	fn(r.err)
 }
 
 // AsyncPublisher is implemented by publishers that keep many messages in

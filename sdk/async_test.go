@@ -235,3 +235,52 @@ func ExampleNewAsyncPublisher() {
 	fmt.Println("failed:", failed)
 	// Output: failed: 0
 }
+
+// TestPublishResultAfterResolve: a callback registered before Resolve runs
+// once Done is closed, with the outcome; one registered after runs at once.
+func TestPublishResultAfterResolve(t *testing.T) {
+	r := sdk.NewPublishResult("id")
+	boom := errors.New("boom")
+	var got []error
+	r.AfterResolve(func(err error) {
+		select {
+		case <-r.Done():
+		default:
+			t.Error("callback ran before Done closed")
+		}
+		got = append(got, err)
+	})
+	if len(got) != 0 {
+		t.Fatal("callback ran before Resolve")
+	}
+	r.Resolve(boom)
+	r.Resolve(nil)
+	r.AfterResolve(func(err error) { got = append(got, err) })
+	if len(got) != 2 || got[0] != boom || got[1] != boom {
+		t.Fatalf("callbacks got %v, want boom twice", got)
+	}
+	// Racing Resolve: every callback runs exactly once.
+	for range 100 {
+		r := sdk.NewPublishResult("id")
+		var n sync.WaitGroup
+		var calls sync.Map
+		n.Add(2)
+		go func() { defer n.Done(); r.Resolve(nil) }()
+		go func() {
+			defer n.Done()
+			for i := range 10 {
+				r.AfterResolve(func(error) {
+					if _, dup := calls.LoadOrStore(i, true); dup {
+						t.Error("callback ran twice")
+					}
+				})
+			}
+		}()
+		n.Wait()
+		for i := range 10 {
+			if _, ok := calls.Load(i); !ok {
+				t.Fatalf("callback %d never ran", i)
+			}
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/ledger"
+	"github.com/berthq/berth/sdk"
+)
+
+// manualAsync is a broker with an asynchronous publish whose results the
+// test resolves by hand; its synchronous Publish must not be used.
+type manualAsync struct {
+	mu       sync.Mutex
+	results  map[string]*sdk.PublishResult
+	syncUsed bool
+}
+
+func (m *manualAsync) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	m.mu.Lock()
+	m.syncUsed = true
+	m.mu.Unlock()
+	return sdk.PrepareAll(ctx, queue, msgs, 0)
+}
+
+func (m *manualAsync) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
+	if err := sdk.Prepare(ctx, queue, msg, 0); err != nil {
+		return nil, err
+	}
+	r := sdk.NewPublishResult(msg.ID)
+	m.mu.Lock()
+	m.results[msg.ID] = r
+	m.mu.Unlock()
+	return r, nil
+}
+
+func (m *manualAsync) resolve(t *testing.T, id string, err error) {
+	t.Helper()
+	m.mu.Lock()
+	r := m.results[id]
+	m.mu.Unlock()
+	if r == nil {
+		t.Fatalf("%s was not published through PublishAsync", id)
+	}
+	r.Resolve(err)
+}
+
+// TestPublisherKeepsAsyncPublish: the ledger's publisher hid the broker's
+// PublishAsync, so the outbox relay and sdk.NewAsyncPublisher fell back to
+// the synchronous path through it. It is an sdk.AsyncPublisher exactly
+// when the wrapped publisher is; it records a message when the broker
+// confirms it (before its result resolves), never one the broker failed,
+// and hands back the broker's outcome.
+func TestPublisherKeepsAsyncPublish(t *testing.T) {
+	c := &capture{}
+	l := newLedger(t, c, ledger.Options{})
+	if _, ok := l.Publisher(partial{}).(sdk.AsyncPublisher); ok {
+		t.Error("the publisher of a broker without PublishAsync claims to have it")
+	}
+	b := &manualAsync{results: map[string]*sdk.PublishResult{}}
+	pub, ok := l.Publisher(b).(sdk.AsyncPublisher)
+	if !ok {
+		t.Fatal("the publisher of a broker with PublishAsync hides it")
+	}
+	if u, ok := pub.(interface{ Unwrap() sdk.Publisher }); !ok || u.Unwrap() != b {
+		t.Error("Unwrap does not return the wrapped publisher")
+	}
+	ctx := context.Background()
+	good := &sdk.Message{ID: "good", Type: "t", IdempotencyKey: "k", Delay: time.Hour}
+	bad := &sdk.Message{ID: "bad", Type: "t"}
+	rg, err := pub.PublishAsync(ctx, "q", good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := pub.PublishAsync(ctx, "q", bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rg.ID() != "good" || rb.ID() != "bad" {
+		t.Errorf("result IDs %q, %q", rg.ID(), rb.ID())
+	}
+	if _, err := pub.PublishAsync(ctx, "bad queue!", &sdk.Message{}); !errors.Is(err, sdk.ErrInvalidQueue) {
+		t.Errorf("PublishAsync to a bad queue = %v, want ErrInvalidQueue", err)
+	}
+	if err := l.Flush(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.all()); n != 0 {
+		t.Fatalf("%d events before the broker confirmed anything, want none", n)
+	}
+	select {
+	case <-rg.Done():
+		t.Fatal("the result resolved before the broker's")
+	default:
+	}
+	nacked := errors.New("nacked")
+	b.resolve(t, "good", nil)
+	b.resolve(t, "bad", nacked)
+	if err := rg.Wait(testCtx(t, 10*time.Second)); err != nil {
+		t.Errorf("confirmed publish: %v", err)
+	}
+	// Recorded before the result resolved.
+	if s := l.Stats(); s.Recorded != 1 {
+		t.Errorf("%d events recorded when the confirmed result resolved, want 1", s.Recorded)
+	}
+	if err := rb.Wait(testCtx(t, 10*time.Second)); !errors.Is(err, nacked) {
+		t.Errorf("failed publish: %v, want the broker's error", err)
+	}
+	if err := l.Flush(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got := c.all()
+	if len(got) != 1 {
+		t.Fatalf("recorded %+v, want the confirmed message only", got)
+	}
+	e := got[0]
+	if e.MessageID != "good" || e.Status != ledger.StatusEnqueued || e.Queue != "q" || e.IdempotencyKey != "k" || e.CorrelationID != "good" {
+		t.Errorf("event %+v", e)
+	}
+	if d := e.NextAttemptAt.Sub(e.At); d != time.Hour {
+		t.Errorf("NextAttemptAt %v after At, want the delay (1h)", d)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.syncUsed {
+		t.Error("the synchronous Publish was used")
+	}
+}
+
+// TestPublisherAsyncThroughPool: sdk.NewAsyncPublisher over the ledger's
+// publisher passes calls to the broker's own PublishAsync (no batching
+// pool in between), and a result that resolved before the ledger's
+// publisher saw it is recorded too.
+func TestPublisherAsyncThroughPool(t *testing.T) {
+	c := &capture{}
+	l := newLedger(t, c, ledger.Options{})
+	b := &manualAsync{results: map[string]*sdk.PublishResult{}}
+	pool := sdk.NewAsyncPublisher(l.Publisher(b), sdk.AsyncOptions{})
+	t.Cleanup(func() { _ = pool.Close() })
+	r, err := pool.PublishAsync(context.Background(), "q", &sdk.Message{ID: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.resolve(t, "m", nil)
+	if err := r.Wait(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Flush(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.all(); len(got) != 1 || got[0].MessageID != "m" || got[0].Status != ledger.StatusEnqueued {
+		t.Errorf("recorded %+v, want m enqueued", got)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.syncUsed {
+		t.Error("the pool published through the synchronous path")
+	}
+}
