@@ -103,6 +103,17 @@ func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Opt
 	return fs, nil
 }
 
+// The bounds of the dedupe check's scan (see [Dedupe]); variables so that
+// tests can lower them.
+var (
+	// dedupeSample is how many keys under the prefix the check samples.
+	dedupeSample = 200
+	// dedupeScanCalls bounds the SCAN calls made to find them.
+	dedupeScanCalls = 1000
+	// dedupeScanCount is each SCAN call's COUNT.
+	dedupeScanCount = int64(100)
+)
+
 func retentionOr(d time.Duration) string {
 	if d <= 0 {
 		return defaultQueueRetention.String() + " assumed"
@@ -115,6 +126,13 @@ func retentionOr(d time.Duration) string {
 // keys must carry a TTL (the cache must not grow forever); a TTL shorter
 // than the redelivery window is reported as info (the cache is a fast path:
 // the result store decides, so a miss costs a query, never a duplicate).
+//
+// The sample is the first 200 keys under prefix that SCAN finds, within at
+// most 1000 SCAN calls (COUNT 100: about 100,000 keys of the whole
+// keyspace examined, whatever their prefix), so that a large Redis gets a
+// result, not a check timeout. When the scan stops there, the finding says
+// so: what it found is a sample ("at least" that many dedupe keys; none
+// found is not none there), and its severity is that of the sample.
 func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
 	if prefix == "" {
@@ -122,16 +140,36 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 	}
 	window := o.redeliveryWindow()
 	var keys []string
-	iter := rdb.Scan(ctx, 0, prefix+"*", 100).Iterator()
-	for len(keys) < 200 && iter.Next(ctx) {
-		keys = append(keys, iter.Val())
+	var cursor uint64
+	calls, complete := 0, false
+	for len(keys) < dedupeSample && calls < dedupeScanCalls {
+		page, next, err := rdb.Scan(ctx, cursor, prefix+"*", dedupeScanCount).Result()
+		if err != nil {
+			return nil, redisErr(rdb, err)
+		}
+		calls++
+		keys = append(keys, page...)
+		if cursor = next; cursor == 0 {
+			complete = true
+			break
+		}
 	}
-	if err := iter.Err(); err != nil {
-		return nil, redisErr(rdb, err)
+	keys = keys[:min(len(keys), dedupeSample)]
+	// stopped says where a scan that did not reach the end of the keyspace
+	// stopped; only a scan that found too few keys to fill the sample says
+	// it (a full sample is a sample whatever the keyspace holds).
+	stopped := ""
+	if !complete && len(keys) < dedupeSample {
+		stopped = fmt.Sprintf("SCAN stopped after %d calls (COUNT %d, about %d keys of the keyspace examined) before the end of the keyspace", calls, dedupeScanCount, int64(calls)*dedupeScanCount)
 	}
 	f := Finding{ID: "idempotency.dedupe-ttl", Queue: prefix + "*"}
 	if len(keys) == 0 {
 		f.Severity, f.Summary, f.Evidence, f.Fix = Info, "no dedupe key in Redis: nothing to check", "SCAN "+prefix+"*: none", "run again once jobs completed"
+		if stopped != "" {
+			f.Summary = "no dedupe key found in the part of Redis scanned: nothing checked"
+			f.Evidence = "SCAN " + prefix + "*: none; " + stopped
+			f.Fix = "run again once jobs completed; on a Redis holding many other keys, check a sample of " + prefix + "* by hand (redis-cli --scan --pattern '" + prefix + "*' | head, then PTTL)"
+		}
 		return []Finding{f}, nil
 	}
 	var forever int
@@ -149,6 +187,9 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 		}
 	}
 	ev := fmt.Sprintf("%d keys sampled: %d without a TTL, the longest remaining TTL %s; redelivery window %s", len(keys), forever, longest.Round(time.Second), window.Round(time.Second))
+	if stopped != "" {
+		ev = fmt.Sprintf("at least %d dedupe keys, %d sampled: %d without a TTL, the longest remaining TTL %s; redelivery window %s; %s", len(keys), len(keys), forever, longest.Round(time.Second), window.Round(time.Second), stopped)
+	}
 	switch {
 	case forever > 0:
 		f.Severity, f.Summary, f.Fix = Warn, "dedupe keys without a TTL: the cache grows forever", "set idempotency.Options.CacheTTL (default: Retention), or EXPIRE the keys"
