@@ -105,8 +105,11 @@ type Options struct {
 	// instead of making one each. Larger Publish calls and FIFO queues do not
 	// take part. Default [DefaultPublishSenders] (16).
 	PublishSenders int
-	// DefaultGroup is the FIFO MessageGroupId of messages without a Key.
-	// Default "berth".
+	// DefaultGroup is the FIFO MessageGroupId of messages published
+	// without a Key. Default "berth". A dead letter and a redrive do not
+	// use it: they keep the group the message was received with, so that
+	// Brokers with different DefaultGroups (other services, other
+	// deployments) do not move a message out of its group.
 	DefaultGroup string
 	// Logger receives the broker's logs (failed deletes). Default slog.Default().
 	Logger *slog.Logger

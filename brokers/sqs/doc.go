@@ -56,7 +56,9 @@
 //     limited to 15 minutes ([*DelayError]); FIFO queues take no per-message
 //     delay at all.
 //   - FIFO queues (names ending in ".fifo"): MessageGroupId is Message.Key
-//     (or [Options.DefaultGroup]); MessageDeduplicationId is the
+//     (or [Options.DefaultGroup]) at Publish; a dead letter and a redrive
+//     keep the group the message was received with, whatever the
+//     DefaultGroup of the Broker that sends them; MessageDeduplicationId is the
 //     IdempotencyKey, else the message ID, hashed when it does not fit SQS's
 //     128-character alphabet.
 //

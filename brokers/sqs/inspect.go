@@ -125,6 +125,7 @@ func (e *ScanError) Unwrap() error { return ErrScanIncomplete }
 // letter is a dead letter a scan received and holds invisible.
 type letter struct {
 	sqsID  string
+	group  string       // the FIFO message group it was received with (see receivedGroup)
 	handle string       // the receipt that holds it; "" once its hold was lost
 	msg    *sdk.Message // nil once the scan no longer needs it
 	// sent is SQS's SentTimestamp: when the letter was sent to the
@@ -302,7 +303,7 @@ func (s *scan) receive(ctx context.Context) ([]*letter, error) {
 				taken = append(taken, l)
 				continue
 			}
-			l := &letter{sqsID: id, handle: aws.ToString(m.ReceiptHandle), msg: s.b.message(s.dlq, m), sent: sentAt(m)}
+			l := &letter{sqsID: id, group: receivedGroup(m), handle: aws.ToString(m.ReceiptHandle), msg: s.b.message(s.dlq, m), sent: sentAt(m)}
 			s.b.annotate(ctx, s.q, s.dlq, l.msg, m)
 			s.held[id] = l
 			out = append(out, l)
@@ -600,7 +601,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // messages (so their receive count, Attempt(), starts again) with the reason
 // headers removed and [sdk.HeaderRedriveCount] incremented, and deletes them
 // from the dead-letter queue. The target is always queue, whose dead-letter
-// queue is being read, never a header's value.
+// queue is being read, never a header's value. On a FIFO queue each keeps
+// the message group it has in the dead-letter queue (the group it was
+// published to), not this Broker's [Options.DefaultGroup].
 //
 // It pages through the dead-letter queue, redriving each page as it goes,
 // until receives find it empty. It returns how many it redrove, and an error
@@ -730,7 +733,7 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 		m := l.msg.Clone()
 		delete(m.Headers, HeaderDeadLetterTruncated)
 		sdk.PrepareRedrive(m, s.q.name)
-		e, err := b.entry(m, s.q.fifo, "", limit)
+		e, err := b.entry(m, s.q.fifo, l.group, "", limit)
 		if err != nil {
 			errs = append(errs, err)
 			l.msg = nil

@@ -64,7 +64,7 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	fifo := isFIFOName(queue)
 	entries := make([]sendEntry, len(msgs))
 	for i, m := range msgs {
-		e, err := b.entry(m, fifo, "", b.opts.MaxWireSize-copyReserve)
+		e, err := b.entry(m, fifo, "", "", b.opts.MaxWireSize-copyReserve)
 		if err != nil {
 			return err
 		}
@@ -126,8 +126,11 @@ type sendEntry struct {
 // passes [Options.MaxWireSize] less [copyReserve], the copies berth sends
 // of a message (dead letter, redrive) MaxWireSize itself. dedupSalt, when
 // not empty, makes the FIFO deduplication ID differ from an earlier send of
-// the same message (dead-lettering, redrive).
-func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string, limit int) (sendEntry, error) {
+// the same message (dead-lettering, redrive). group, when not empty, is the
+// FIFO message group the message was received with, which a copy of it
+// keeps (see [receivedGroup]); when empty, the group is m.Key, or
+// [Options.DefaultGroup] when m has no Key.
+func (b *Broker) entry(m *sdk.Message, fifo bool, group, dedupSalt string, limit int) (sendEntry, error) {
 	if m.Delay > 0 {
 		if fifo {
 			return sendEntry{}, &DelayError{ID: m.ID, Delay: m.Delay}
@@ -151,7 +154,9 @@ func (b *Broker) entry(m *sdk.Message, fifo bool, dedupSalt string, limit int) (
 		in.DelaySeconds = ceilSeconds(m.Delay)
 	}
 	if fifo {
-		group := m.Key
+		if group == "" {
+			group = m.Key
+		}
 		if group == "" {
 			group = b.opts.DefaultGroup
 		}

@@ -133,6 +133,17 @@ func (b *Broker) message(q *queueRef, m sqstypes.Message) *sdk.Message {
 	return msg
 }
 
+// receivedGroup is m's MessageGroupId: on a FIFO queue the group it was
+// sent to, "" on a standard queue. A copy berth sends of m (its dead letter,
+// its redrive) keeps that group rather than computing it again from the Key
+// and this Broker's [Options.DefaultGroup], which another Broker (another
+// service, another deployment) may have set differently: a message
+// published without a Key would otherwise change group, and lose its FIFO
+// order relative to the messages of the group it was published to.
+func receivedGroup(m sqstypes.Message) string {
+	return m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)]
+}
+
 // receiveCount is m's ApproximateReceiveCount, at least 1.
 func receiveCount(m sqstypes.Message) int {
 	n, err := strconv.Atoi(m.Attributes[string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount)])
@@ -148,6 +159,7 @@ func (b *Broker) delivery(q *queueRef, m sqstypes.Message, at time.Time) *delive
 		q:        q,
 		msg:      b.message(q, m),
 		sqsID:    aws.ToString(m.MessageId),
+		group:    receivedGroup(m),
 		handle:   aws.ToString(m.ReceiptHandle),
 		attempt:  receiveCount(m),
 		received: at,
@@ -168,6 +180,7 @@ type delivery struct {
 	q        *queueRef
 	msg      *sdk.Message
 	sqsID    string
+	group    string // the FIFO message group it was received with, "" on a standard queue
 	handle   string
 	attempt  int
 	received time.Time
@@ -282,7 +295,8 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 
 // DeadLetter sends a copy of the message, with the reason headers
 // ([sdk.AnnotateDeadLetter]), to the dead-letter queue, then deletes the
-// original. On a FIFO queue the copy keeps its group. A copy over
+// original. On a FIFO queue the copy keeps the message group the message
+// was received with, whatever this Broker's [Options.DefaultGroup]. A copy over
 // [Options.MaxWireSize], or over the dead-letter queue's own
 // MaximumMessageSize when that is smaller, has its annotations shortened,
 // never the message, and is marked [HeaderDeadLetterTruncated]; only a
@@ -317,11 +331,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		return err
 	}
 	salt := "dlq-" + d.sqsID + "-" + strconv.Itoa(d.attempt)
-	e, err := d.b.entry(m, dlq.fifo, salt, limit)
+	e, err := d.b.entry(m, dlq.fifo, d.group, salt, limit)
 	if tooLarge := (*sdk.MessageTooLargeError)(nil); errors.As(err, &tooLarge) {
 		// Shorten the annotations, never the message (see fitDeadLetter).
 		if err = fitDeadLetter(m, limit); err == nil {
-			e, err = d.b.entry(m, dlq.fifo, salt, limit)
+			e, err = d.b.entry(m, dlq.fifo, d.group, salt, limit)
 		}
 	}
 	if err != nil {
