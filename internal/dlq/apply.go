@@ -231,18 +231,37 @@ func (r *Result) missPage(ids []string, n int, err error) {
 // less than it did. The letters a *sdk.PublishError names were refused one
 // by one: missed, with their reasons. The others of ids are left as the
 // letters the Apply never reached: not done, and the error says why.
+//
+// The refused letters are counted by the PublishError's entries, one each,
+// never by looking each of ids up in it: letters may share an ID (foreign
+// messages often have none, so share the empty one), and a letter moved
+// (counted in n) whose ID a refused one shares would be counted missed too.
+// Its map holds one entry per ID, so letters sharing an ID that were all
+// refused count as one: the broker does not say how many there were.
 func (r *Result) cut(ids []string, n int, err error) {
 	r.Done += n
 	var pe *sdk.PublishError
 	if !errors.As(err, &pe) {
 		return
 	}
+	miss := func(id string) {
+		r.Missed++
+		if len(r.Failed) < MaxFailures {
+			r.Failed = append(r.Failed, Failure{ID: id, Err: pe.Failed[id]})
+		}
+	}
+	// In the order of ids, each entry once; then any the broker named by
+	// another ID (one it knows the letter by, e.g. SQS's MessageId).
+	named := make(map[string]bool, len(pe.Failed))
 	for _, id := range ids {
-		if e, ok := pe.Failed[id]; ok {
-			r.Missed++
-			if len(r.Failed) < MaxFailures {
-				r.Failed = append(r.Failed, Failure{ID: id, Err: e})
-			}
+		if _, ok := pe.Failed[id]; ok && !named[id] {
+			named[id] = true
+			miss(id)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(pe.Failed)) {
+		if !named[id] {
+			miss(id)
 		}
 	}
 }
