@@ -2,16 +2,10 @@ package pgledger_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/berthq/berth/brokers/postgres"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
@@ -145,25 +139,7 @@ func TestStoreReadsAnyTime(t *testing.T) {
 // whose available_at, created_at and updated_at another tool may set to
 // any time PostgreSQL holds.
 func TestJobsReadsAnyTime(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var p [6]byte
-	_, _ = rand.Read(p[:])
-	schema := "berth_pgledgertest_" + hex.EncodeToString(p[:])
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
-	b, err := postgres.New(pool, postgres.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	if err := b.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx, pool, b, schema := jobsBroker(t)
 	var ids []string
 	for range 4 {
 		m := &sdk.Message{Type: "t", Body: []byte(`{}`)}

@@ -2,16 +2,10 @@ package pgledger_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/berthq/berth/brokers/postgres"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
@@ -101,25 +95,7 @@ func TestStoreListPagingWhileUpdated(t *testing.T) {
 
 // The same on the PostgreSQL broker's jobs table (Jobs).
 func TestJobsListPagingWhileUpdated(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var p [6]byte
-	_, _ = rand.Read(p[:])
-	schema := "berth_pgledgertest_" + hex.EncodeToString(p[:])
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
-	b, err := postgres.New(pool, postgres.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	if err := b.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx, pool, b, schema := jobsBroker(t)
 	const queue = "paging"
 	var ids []string
 	for range 7 {

@@ -39,7 +39,10 @@ func TestOptionsValidated(t *testing.T) {
 	}
 }
 
-func setup(t *testing.T) (*pgxpool.Pool, *pgledger.Store, context.Context) {
+// testSchema returns a ctx bounding the test, a pool and the name of a new
+// schema, dropped when the test ends.
+func testSchema(t *testing.T) (context.Context, *pgxpool.Pool, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
@@ -51,6 +54,27 @@ func setup(t *testing.T) (*pgxpool.Pool, *pgledger.Store, context.Context) {
 	_, _ = rand.Read(p[:])
 	schema := "berth_pgledgertest_" + hex.EncodeToString(p[:])
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	return ctx, pool, schema
+}
+
+// jobsBroker returns a migrated PostgreSQL broker in a new schema (see
+// testSchema), whose jobs table a Jobs reader reads.
+func jobsBroker(t *testing.T) (context.Context, *pgxpool.Pool, *postgres.Broker, string) {
+	t.Helper()
+	ctx, pool, schema := testSchema(t)
+	b, err := postgres.New(pool, postgres.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, pool, b, schema
+}
+
+func setup(t *testing.T) (*pgxpool.Pool, *pgledger.Store, context.Context) {
+	ctx, pool, schema := testSchema(t)
 	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
