@@ -716,8 +716,10 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 }
 
 // redrive sends page's letters to s.q and deletes from the dead-letter queue
-// those whose copy was sent; it returns how many it deleted. A letter that
-// cannot be encoded for the queue, or that SQS refused, stays held.
+// those whose copy was sent, each by its own copy's outcome (never by its
+// berth ID, which letters may share); it returns how many it deleted. A
+// letter that cannot be encoded for the queue, or whose copy SQS refused,
+// stays held; the refused are named by berth ID in an [*sdk.PublishError].
 func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *recentIDs) (int, error) {
 	if len(page) == 0 {
 		return 0, nil
@@ -745,17 +747,20 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 	if len(entries) == 0 {
 		return 0, errors.Join(errs...)
 	}
-	err = b.send(ctx, s.q, entries)
-	var pe *sdk.PublishError
+	// Each letter's outcome is its own entry's, by position: letters may
+	// share a berth ID (a message dead-lettered twice), and the refusal of
+	// one copy must not keep a letter whose copy was sent (it would be
+	// redriven again: a duplicate job).
+	failed, err := b.sendEach(ctx, s.q, entries)
 	if err != nil {
-		errs = append(errs, err)
-		if !errors.As(err, &pe) {
-			return 0, errors.Join(errs...) // nothing was sent
-		}
+		return 0, errors.Join(append(errs, err)...) // nothing was sent, unless err says it may have been
+	}
+	if failed != nil {
+		errs = append(errs, &sdk.PublishError{Failed: byID(entries, failed)})
 	}
 	var done []*letter
-	for _, l := range sendable {
-		if pe == nil || pe.Failed[l.msg.ID] == nil {
+	for i, l := range sendable {
+		if failed == nil || failed[i] == nil {
 			done = append(done, l)
 			sent.add(l.msg.ID)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"strconv"
 	"sync"
@@ -181,113 +180,168 @@ func (b *Broker) entry(m *sdk.Message, fifo bool, group, dedupSalt string, limit
 // round trip, not ten.
 const publishParallel = 10
 
-// send publishes entries to q in batches of at most 10 entries and
+// send publishes entries to q (see sendEach). When every call failed, send
+// returns the first call's error, or the first that leaves its messages
+// perhaps published ([uncertain]) when there is one; otherwise the entries
+// of failed calls and those SQS refused are named by message ID in an
+// [*sdk.PublishError]: for Publish, whose messages [sdk.Prepare] gave IDs.
+// Copies of received messages, whose IDs may repeat, go through sendEach.
+func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) error {
+	failed, err := b.sendEach(ctx, q, entries)
+	if err != nil {
+		return err
+	}
+	if failed == nil {
+		return nil
+	}
+	return &sdk.PublishError{Failed: byID(entries, failed)}
+}
+
+// byID is failed (by position in entries, as sendEach returns it) keyed by
+// the entries' message IDs.
+func byID(entries []sendEntry, failed []error) map[string]error {
+	m := map[string]error{}
+	for i, err := range failed {
+		if err != nil {
+			m[entries[i].id] = err
+		}
+	}
+	return m
+}
+
+// sendEach publishes entries to q in batches of at most 10 entries and
 // MaxWireSize bytes: one after another on a FIFO queue (they keep their
 // order, and a message group stops at its first entry not published: see
-// Publish), up to publishParallel at once on a standard queue. When every call
-// failed, send returns the first call's error, or the first that leaves its
-// messages perhaps published ([uncertain]) when there is one; otherwise the
-// entries of failed calls and those SQS refused are named in an
-// [*sdk.PublishError].
-func (b *Broker) send(ctx context.Context, q *queueRef, entries []sendEntry) error {
-	var chunks [][]sendEntry
+// Publish), up to publishParallel at once on a standard queue. It returns
+// nil, nil when every entry was published. When every call failed, err is
+// the first call's error, or the first that leaves its messages perhaps
+// published ([uncertain]) when there is one, and failed is nil; otherwise
+// failed holds, by position, why each entry was not published (failed[i]
+// is entries[i]'s, nil when published). Entries are told apart by
+// position, never by message ID: the copies berth sends of received
+// messages (a redrive of dead letters) carry the IDs their producers gave,
+// which may repeat (a message dead-lettered twice), and one copy's outcome
+// must not be taken for another's.
+func (b *Broker) sendEach(ctx context.Context, q *queueRef, entries []sendEntry) (failed []error, err error) {
+	type span struct{ start, end int } // a chunk: entries[start:end]
+	var chunks []span
 	for start := 0; start < len(entries); {
 		end, size := start, 0
 		for end < len(entries) && end-start < batchSize && size+entries[end].enc.size <= b.opts.MaxWireSize {
 			size += entries[end].enc.size
 			end++
 		}
-		chunks = append(chunks, entries[start:end])
+		chunks = append(chunks, span{start, end})
 		start = end
 	}
-	failed := map[string]error{}
+	fail := func(i int, err error) {
+		if failed == nil { // allocated on the first failure
+			failed = make([]error, len(entries))
+		}
+		failed[i] = err
+	}
 	if len(chunks) == 1 || q.fifo {
 		var halted map[string]error // FIFO message groups with an entry not published: why
-		for i, chunk := range chunks {
+		for ci, c := range chunks {
+			chunk := entries[c.start:c.end]
+			var at []int // the positions of chunk's entries, when some are held back
 			if len(halted) > 0 {
-				if chunk = holdBack(chunk, halted, failed); len(chunk) == 0 {
+				chunk = nil
+				for i := c.start; i < c.end; i++ {
+					if err, ok := halted[aws.ToString(entries[i].in.MessageGroupId)]; ok {
+						fail(i, err)
+						continue
+					}
+					at = append(at, i)
+					chunk = append(chunk, entries[i])
+				}
+				if len(chunk) == 0 {
 					continue
 				}
 			}
 			refused, err := b.sendBatch(ctx, q, chunk)
 			if err != nil {
-				if len(failed) == 0 && i == 0 {
-					return err // nothing was published
+				if failed == nil && ci == 0 {
+					return nil, err // nothing was published
 				}
-				for _, rest := range chunks[i:] {
-					for _, e := range rest {
-						if _, ok := failed[e.id]; !ok {
-							failed[e.id] = err
-						}
+				for i := c.start; i < len(entries); i++ {
+					if failed == nil || failed[i] == nil {
+						fail(i, err)
 					}
 				}
 				break
 			}
-			addRefused(failed, chunk, refused)
-			if q.fifo && i < len(chunks)-1 {
+			for j, rerr := range refused {
+				switch {
+				case rerr == nil:
+				case at != nil:
+					fail(at[j], rerr)
+				default:
+					fail(c.start+j, rerr)
+				}
+			}
+			if q.fifo && ci < len(chunks)-1 {
 				halted = haltGroups(halted, chunk, refused)
 			}
 		}
-	} else {
-		errs := make([]error, len(chunks))
-		fails := make([]map[string]error, len(chunks))
-		// A call that panicked (a client middleware's) or exited its
-		// goroutine: raised again here, in the Publish caller's goroutine,
-		// where it can be recovered (on the chunk's it would end the
-		// process), as a shared call's is (senderPool).
-		// Once one has, no further chunk is sent: the caller is not told
-		// which were (a panic carries no PublishError), so as few as
-		// possible go out, as when a call panics on a FIFO queue.
-		ends := make([]abend, len(chunks))
-		var ended atomic.Bool
-		sem := make(chan struct{}, publishParallel)
-		var wg sync.WaitGroup
-		for i, chunk := range chunks {
-			fails[i] = map[string]error{}
-			sem <- struct{}{}
-			if ended.Load() { // set before the ended call's token went
+		return failed, nil
+	}
+	errs := make([]error, len(chunks))
+	outcome := make([]error, len(entries)) // each chunk's goroutine writes its own span
+	// A call that panicked (a client middleware's) or exited its
+	// goroutine: raised again here, in the Publish caller's goroutine,
+	// where it can be recovered (on the chunk's it would end the
+	// process), as a shared call's is (senderPool).
+	// Once one has, no further chunk is sent: the caller is not told
+	// which were (a panic carries no PublishError), so as few as
+	// possible go out, as when a call panics on a FIFO queue.
+	ends := make([]abend, len(chunks))
+	var ended atomic.Bool
+	sem := make(chan struct{}, publishParallel)
+	var wg sync.WaitGroup
+	for ci, c := range chunks {
+		sem <- struct{}{}
+		if ended.Load() { // set before the ended call's token went
+			<-sem
+			break
+		}
+		wg.Go(func() {
+			defer func() {
+				if ends[ci].panicked || ends[ci].exited {
+					ended.Store(true)
+				}
 				<-sem
-				break
-			}
-			wg.Go(func() {
-				defer func() {
-					if ends[i].panicked || ends[i].exited {
-						ended.Store(true)
+			}()
+			guard(&ends[ci], func() {
+				refused, err := b.sendBatch(ctx, q, entries[c.start:c.end])
+				if err != nil {
+					errs[ci] = err
+					for i := c.start; i < c.end; i++ {
+						outcome[i] = err
 					}
-					<-sem
-				}()
-				guard(&ends[i], func() {
-					refused, err := b.sendBatch(ctx, q, chunk)
-					if err != nil {
-						errs[i] = err
-						for _, e := range chunk {
-							fails[i][e.id] = err
-						}
-						return
-					}
-					addRefused(fails[i], chunk, refused)
-				})
+					return
+				}
+				copy(outcome[c.start:c.end], refused)
 			})
-		}
-		wg.Wait()
-		for _, end := range ends {
-			end.raise()
-		}
-		allFailed := true
-		for _, err := range errs {
-			allFailed = allFailed && err != nil
-		}
-		if allFailed {
-			return firstUncertain(errs) // nothing was published, unless it says so
-		}
-		for _, f := range fails {
-			maps.Copy(failed, f)
+		})
+	}
+	wg.Wait()
+	for _, end := range ends {
+		end.raise()
+	}
+	allFailed := true
+	for _, err := range errs {
+		allFailed = allFailed && err != nil
+	}
+	if allFailed {
+		return nil, firstUncertain(errs) // nothing was published, unless it says so
+	}
+	for i, err := range outcome {
+		if err != nil {
+			fail(i, err)
 		}
 	}
-	if len(failed) > 0 {
-		return &sdk.PublishError{Failed: failed}
-	}
-	return nil
+	return failed, nil
 }
 
 // ErrGroupHalted is wrapped by the error a FIFO Publish gives, in its
@@ -317,21 +371,6 @@ func haltGroups(halted map[string]error, chunk []sendEntry, refused []error) map
 	return halted
 }
 
-// holdBack returns the entries of chunk whose message group is not halted,
-// adding the others to failed with their group's error. It does not change
-// chunk.
-func holdBack(chunk []sendEntry, halted, failed map[string]error) []sendEntry {
-	kept := make([]sendEntry, 0, len(chunk))
-	for _, e := range chunk {
-		if err, ok := halted[aws.ToString(e.in.MessageGroupId)]; ok {
-			failed[e.id] = err
-			continue
-		}
-		kept = append(kept, e)
-	}
-	return kept
-}
-
 // uncertain reports whether a failed call's messages may have been
 // published all the same: the call was cut short (its ctx, Close) or its
 // answer was lost (a transport failure, [sdk.ErrUnavailable]). The error of
@@ -352,16 +391,6 @@ func firstUncertain(errs []error) error {
 		}
 	}
 	return errs[0]
-}
-
-// addRefused adds to failed, by message ID, the entries of chunk that
-// refused (as sendBatch returned it) says were not published.
-func addRefused(failed map[string]error, chunk []sendEntry, refused []error) {
-	for i, err := range refused {
-		if err != nil {
-			failed[chunk[i].id] = err
-		}
-	}
 }
 
 // sendBatch sends one SendMessageBatch call. refused holds, by position in
