@@ -211,9 +211,12 @@ func (r Result) all(n int, err error, progress func(int)) (Result, error) {
 }
 
 // missPage counts the len(ids)-n of a page that a broker call did not do,
-// naming them when it did none (a partial call does not say which).
+// naming them when it did none (a partial call does not say which). A
+// broker may move more letters than it was given IDs (the SQS broker
+// redrives every letter holding a requested ID: duplicates share one), so
+// n may exceed len(ids): none is counted then, never a negative number.
 func (r *Result) missPage(ids []string, n int, err error) {
-	r.Missed += len(ids) - n
+	r.Missed += max(len(ids)-n, 0)
 	if n > 0 {
 		return
 	}
