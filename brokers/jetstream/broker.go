@@ -395,7 +395,7 @@ type Broker struct {
 	closed    atomic.Bool
 	closing   chan struct{}
 	closeOnce sync.Once
-	wg        sync.WaitGroup // movers and drains
+	wg        sync.WaitGroup // movers, drains and declarations
 	mu        sync.Mutex     // guards subs
 	subs      map[*nats.Subscription]struct{}
 	movers    map[string]bool // guarded by mu: streams this Broker moves delayed messages of
@@ -414,6 +414,11 @@ type Broker struct {
 	// at each connect) for the same reason: nc.MaxPayload waits for the
 	// connection's lock too.
 	maxPayload atomic.Int64
+
+	// closeCtx is cancelled by Close, with closing: it cuts short the
+	// declarations under way (see declare).
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
 }
 
 // New returns a Broker on the application's connection nc, which must have
@@ -434,6 +439,7 @@ func New(nc *nats.Conn, opts Options) (*Broker, error) {
 		subs:    map[*nats.Subscription]struct{}{},
 		pending: map[*nats.Msg]*sdk.PublishResult{},
 	}
+	b.closeCtx, b.closeCancel = context.WithCancel(context.Background())
 	b.js, err = jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(o.MaxInFlight*4),
 		// A publish whose ack was lost with the connection fails after
@@ -544,6 +550,7 @@ func (b *Broker) Close() error {
 		b.subs = map[*nats.Subscription]struct{}{}
 		b.mu.Unlock()
 		close(b.closing)
+		b.closeCancel()
 		for s := range subs {
 			_ = s.Unsubscribe()
 		}

@@ -173,7 +173,23 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 	return b.declare(ctx, queue)
 }
 
-func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error) {
+// declare declares queue (see DeclareQueue). Close waits for it: a
+// declaration may hold the queue's declareLock, and must release it before
+// Close closes the connection, else every other Broker that declares the
+// queue waits declareLockTTL to break it. Close cuts it short (sdk.ErrClosed).
+func (b *Broker) declare(ctx context.Context, queue string) (qs *queueState, err error) {
+	if !b.declaring() {
+		return nil, sdk.ErrClosed
+	}
+	defer b.wg.Done()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(b.closeCtx, func() { cancel(sdk.ErrClosed) })()
+	defer func() {
+		if err != nil && errors.Is(context.Cause(ctx), sdk.ErrClosed) {
+			err = sdk.ErrClosed
+		}
+	}()
 	q := b.names(queue)
 	o := b.opts
 	dlq := jetstream.StreamConfig{
@@ -220,6 +236,18 @@ func (b *Broker) declare(ctx context.Context, queue string) (*queueState, error)
 	}
 	actual, _ := b.declared.LoadOrStore(queue, q)
 	return actual.(*queueState), nil
+}
+
+// declaring registers a declaration that Close waits for; it returns false
+// after Close.
+func (b *Broker) declaring() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.wg.Add(1)
+	return true
 }
 
 // maxDeclareRounds bounds the read-and-write rounds of ensureStream and
@@ -377,9 +405,18 @@ func (b *Broker) ensureConsumer(ctx context.Context, lock *declareLock, stream s
 	return fmt.Errorf("berth/jetstream: declare consumer %s on %s: its settings changed under every one of %d updates (other declarations)", want.Durable, stream, maxDeclareRounds)
 }
 
+// declareLockHook, when set (by tests), runs with the lock stream's name
+// before each attempt to create it (held false) and once a declaration
+// holds it (held true).
+var declareLockHook func(lockStream string, held bool)
+
+// lockClock is the clock acquire reads first to tell a stale lock, before
+// it asks the server's (tests set it).
+var lockClock = time.Now
+
 // declareLockTTL is how long a lock whose holder died (see declareLock)
 // stays: a declaration that finds one older breaks it.
-const declareLockTTL = 30 * time.Second
+var declareLockTTL = 30 * time.Second // a variable for tests
 
 // declareLock serialises the writes that declarations of one queue make:
 // JetStream's updates are unconditional, and so is a consumer's creation on
@@ -395,9 +432,11 @@ const declareLockTTL = 30 * time.Second
 type declareLock struct {
 	b       *Broker
 	stream  string // the lock's
-	subject string // its subject: no message is stored on it
+	subject string // its subject: a waiter stores a message on it to read the server's clock (serverAge)
 	token   string // this holder's
 	held    bool
+	// maybe: a create of the lock failed, and may have been applied.
+	maybe bool
 }
 
 func (l *declareLock) config() jetstream.StreamConfig {
@@ -414,16 +453,29 @@ func (l *declareLock) config() jetstream.StreamConfig {
 func (l *declareLock) acquire(ctx context.Context) error {
 	cfg := l.config()
 	for {
+		if declareLockHook != nil {
+			declareLockHook(l.stream, false)
+		}
 		created, err := l.b.createIfAbsent(ctx, cfg)
 		if err != nil {
+			// The server may have created it all the same (ctx ended, or
+			// the answer was lost, as the create went through): release
+			// deletes it if it is this declaration's.
+			l.maybe = true
 			return l.b.wrapErr(ctx, "lock declarations ("+l.stream+")", err)
 		}
 		if created {
 			l.held = true
+			if declareLockHook != nil {
+				declareLockHook(l.stream, true)
+			}
 			return nil
 		}
 		if s, err := l.b.js.Stream(ctx, l.stream); err == nil {
-			if info := s.CachedInfo(); time.Since(info.Created) > declareLockTTL {
+			// Created is on the server's clock: a lock that looks stale
+			// on this one is broken only if it is stale on the server's
+			// too (a clock ahead of the server's would break live locks).
+			if info := s.CachedInfo(); lockClock().Sub(info.Created) > declareLockTTL && l.serverAge(ctx, s, info.Created) > declareLockTTL {
 				// Its holder died: break it (unless taken again since).
 				l.b.opts.Logger.Warn("berth/jetstream: breaking a stale declaration lock", "stream", l.stream, "holder", info.Config.Description, "created", info.Created)
 				l.deleteIf(ctx, info.Config.Description)
@@ -443,13 +495,28 @@ func (l *declareLock) acquire(ctx context.Context) error {
 	}
 }
 
-// release deletes the lock when this declaration holds it (a failure
-// leaves it to be broken after declareLockTTL).
+// serverAge returns how long ago, on the server's clock, the lock s was
+// created: a message stored on its subject now (the lock holds at most
+// one) carries the server's time. It returns 0 when it cannot tell.
+func (l *declareLock) serverAge(ctx context.Context, s jetstream.Stream, created time.Time) time.Duration {
+	if _, err := l.b.js.Publish(ctx, l.subject, nil); err != nil {
+		return 0 // the lock is gone, or the server does not answer
+	}
+	m, err := s.GetLastMsgForSubject(ctx, l.subject)
+	if err != nil {
+		return 0
+	}
+	return m.Time.Sub(created)
+}
+
+// release deletes the lock when this declaration holds it, or may hold
+// it (a create whose outcome it does not know); a failure leaves it to be
+// broken after declareLockTTL.
 func (l *declareLock) release(ctx context.Context) {
-	if !l.held {
+	if !l.held && !l.maybe {
 		return
 	}
-	l.held = false
+	l.held, l.maybe = false, false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	l.deleteIf(ctx, l.config().Description)

@@ -26,8 +26,10 @@
 // declaration that creates a consumer or lengthens an AckWait or a dedupe
 // window does so under a lock shared by the queue's Brokers, a memory stream
 // BERTH_LOCK_q that it deletes when done (one left by a process that died
-// is broken after 30 s): JetStream's updates are unconditional, and
-// concurrent declarations would otherwise overwrite each other's.
+// is broken once 30 s old on the server's clock): JetStream's updates are
+// unconditional, and concurrent declarations would otherwise overwrite
+// each other's. Close waits for the declarations under way, cut short, to
+// release it.
 //
 // # How the berth contract maps onto JetStream
 //

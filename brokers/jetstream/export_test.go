@@ -24,3 +24,20 @@ func SetPurgeHook(f func()) (restore func()) {
 // DeadSubject returns the prefix of queue's dead-letter subjects: a dead
 // letter of it is stored on DeadSubject(queue) + "." + a token.
 func (b *Broker) DeadSubject(queue string) string { return b.names(queue).dead }
+
+// SetDeclareLockHook sets the hook a declaration runs with the name of the
+// queue's lock stream before each attempt to create it (held false) and
+// once it holds it (held true); the returned func restores it.
+func SetDeclareLockHook(f func(lockStream string, held bool)) (restore func()) {
+	old := declareLockHook
+	declareLockHook = f
+	return func() { declareLockHook = old }
+}
+
+// SetLockClock sets the clock a declaration reads to tell a stale
+// declaration lock; the returned func restores it.
+func SetLockClock(now func() time.Time) (restore func()) {
+	old := lockClock
+	lockClock = now
+	return func() { lockClock = old }
+}
