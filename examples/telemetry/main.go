@@ -222,7 +222,7 @@ func printTraces(spans tracetest.SpanStubs) {
 		for _, a := range s.Attributes {
 			switch a.Key {
 			case "messaging.message.conversation_id", "berth.delivery.attempt", "berth.settlement.action", "error.type", "berth.retry.delay":
-				line += fmt.Sprintf(" %s=%s", a.Key, a.Value.Emit())
+				line += fmt.Sprintf(" %s=%s", a.Key, a.Value.String())
 			}
 		}
 		fmt.Println(line)

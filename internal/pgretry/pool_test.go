@@ -104,7 +104,9 @@ func TestPoolProbeKeepsConnectionsOfSlowHooks(t *testing.T) {
 	cfg.AfterConnect = func(context.Context, *pgx.Conn) error { connects.Add(1); return nil }
 	cfg.BeforeClose = func(*pgx.Conn) { closes.Add(1) }
 	// A hook as applications write them: a round trip to check the
-	// connection (or to set a role) before it is handed out.
+	// connection (or to set a role) before it is handed out. Deprecated in
+	// pgx for PrepareConn, but still what many applications set.
+	//lint:ignore SA1019 the deprecated hook is the one under test
 	cfg.BeforeAcquire = func(ctx context.Context, conn *pgx.Conn) bool {
 		_, err := conn.Exec(ctx, "SELECT 1")
 		return err == nil
