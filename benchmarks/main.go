@@ -258,7 +258,6 @@ type variant struct {
 	name   string
 	config string
 	round  func(ctx context.Context, n int) (time.Duration, error)
-	close  func()
 }
 
 // result is a variant's rate over all its rounds.
