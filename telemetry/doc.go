@@ -15,6 +15,8 @@
 //	})
 //	defer tel.Close()
 //	pub := tel.Publisher(broker) // publish through pub: producer spans, trace headers, correlation IDs
+//	// pub is an sdk.AsyncPublisher when broker is one (RabbitMQ, JetStream):
+//	// an outbox relay or sdk.NewAsyncPublisher through it keeps PublishAsync.
 //	w, err := sdk.NewWorker(broker, handler, sdk.WorkerOptions{
 //		Queue:     "billing",
 //		Observers: []sdk.Observer{tel}, // consumer spans, metrics, correlation ID in the handler's context

@@ -15,16 +15,17 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// Publisher is an [sdk.Publisher] that traces what it publishes and writes
-// the trace context into the messages. Create it with [Observer.Publisher].
+// Publisher returns p decorated with tracing, header propagation,
+// correlation IDs and the sent-messages counter.
 //
-// For each message it fills an empty ID (a UUIDv7, as [sdk.Prepare] would)
-// and an empty CorrelationID (from the context, see [sdk.WithCorrelationID],
-// else the message's own ID, as sdk.Prepare does), starts the producer span,
-// replaces Headers by a copy with "traceparent" (and "tracestate", "baggage"
-// when set) added, and the "tracestate" of the trace context the message
-// carried before removed — when the propagator writes nothing (a no-op tracer, no
-// baggage) Headers are left as they are — then calls the wrapped Publisher. A single message gets a PRODUCER span "send <queue>"; a
+// For each message the returned publisher fills an empty ID (a UUIDv7, as
+// [sdk.Prepare] would) and an empty CorrelationID (from the context, see
+// [sdk.WithCorrelationID], else the message's own ID, as sdk.Prepare does),
+// starts the producer span, replaces Headers by a copy with "traceparent"
+// (and "tracestate", "baggage" when set) added, and the "tracestate" of the
+// trace context the message carried before removed — when the propagator
+// writes nothing (a no-op tracer, no baggage) Headers are left as they are —
+// then calls p. A single message gets a PRODUCER span "send <queue>"; a
 // batch gets a PRODUCER span "create <queue>" per message (each message's
 // creation context) and a CLIENT span "send <queue>" linked to all of them.
 //
@@ -33,34 +34,92 @@ import (
 // written, for instance) gets its send span under that context, so the
 // trace continues across the outbox.
 //
-// Publish may be called concurrently, like the wrapped Publisher's. The
-// wrapped broker's optional interfaces ([sdk.Inspector], [sdk.DeadLetters],
-// …) are reached through [Publisher.Unwrap]: Publisher does not pretend to
+// When p is an [sdk.AsyncPublisher] (RabbitMQ, JetStream, an
+// [sdk.AsyncPool]), so is the returned publisher, and only then: the outbox
+// relay and [sdk.NewAsyncPublisher] keep using the broker's own asynchronous
+// publish through it. Its PublishAsync gives each message the PRODUCER span
+// "send <queue>" and the headers of a single-message Publish before handing
+// it to p; the span ends, with the error recorded when the broker failed the
+// message, and the message is counted, when the broker confirms or fails it,
+// before the result PublishAsync returned resolves (a message p refuses at
+// once is recorded then). That is done on the broker's confirming goroutine,
+// without a goroutine per message and without waiting: the span ends there,
+// so export spans with a batching span processor (sdktrace.WithBatcher, as
+// in production), not a synchronous one.
+//
+// The returned publisher may be called concurrently, like p. p's optional
+// interfaces ([sdk.Inspector], [sdk.DeadLetters], …) are reached through its
+// Unwrap() sdk.Publisher method, which returns p: it does not pretend to
 // implement them.
-type Publisher struct {
+func (o *Observer) Publisher(p sdk.Publisher) sdk.Publisher {
+	pub := &publisher{obs: o, next: p}
+	if ap, ok := p.(sdk.AsyncPublisher); ok {
+		return &asyncPublisher{publisher: pub, ap: ap}
+	}
+	return pub
+}
+
+// publisher is the publisher [Observer.Publisher] returns.
+type publisher struct {
 	obs  *Observer
 	next sdk.Publisher
 }
 
-var _ sdk.Publisher = (*Publisher)(nil)
+// Unwrap returns the wrapped Publisher.
+func (p *publisher) Unwrap() sdk.Publisher { return p.next }
 
-// Publisher returns p decorated with tracing, header propagation,
-// correlation IDs and the sent-messages counter.
-func (o *Observer) Publisher(p sdk.Publisher) *Publisher {
-	return &Publisher{obs: o, next: p}
+// Publish traces and publishes msgs to queue. See [Observer.Publisher].
+func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	return p.obs.publish(ctx, p.next, queue, msgs, func() error { return p.next.Publish(ctx, queue, msgs...) })
 }
 
-// Unwrap returns the wrapped Publisher.
-func (p *Publisher) Unwrap() sdk.Publisher { return p.next }
+// asyncPublisher is the publisher of a broker that publishes
+// asynchronously: it keeps that capability visible (see
+// [Observer.Publisher]).
+type asyncPublisher struct {
+	*publisher
+	ap sdk.AsyncPublisher
+}
 
-// Publish traces and publishes msgs to queue. See [Publisher].
-func (p *Publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
-	return p.obs.publish(ctx, p.next, queue, msgs, func() error { return p.next.Publish(ctx, queue, msgs...) })
+// PublishAsync traces msg and publishes it through the broker's
+// PublishAsync; its span ends when the broker confirms or fails it, before
+// the result returned resolves with the broker's outcome.
+func (p *asyncPublisher) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
+	if msg == nil {
+		return p.ap.PublishAsync(ctx, queue, msg) // the broker reports the invalid message
+	}
+	pl := p.obs.publishLabels(labelKey{system: p.obs.systemOf(p.next), queue: queue})
+	span := p.obs.startMessage(ctx, msg, sdk.CorrelationID(ctx), pl, false)
+	res, err := p.ap.PublishAsync(ctx, queue, msg)
+	if err != nil || res == nil {
+		endSend(span, pl, err)
+		return res, err
+	}
+	out := sdk.NewPublishResult(res.ID())
+	res.AfterResolve(func(err error) {
+		// On the broker's confirming goroutine: nothing here waits.
+		endSend(span, pl, err)
+		out.Resolve(err)
+	})
+	return out, nil
+}
+
+// endSend ends the send span of one message with the outcome of its
+// publish, err, and counts the message.
+func endSend(span trace.Span, pl *pubLabels, err error) {
+	failed := 0
+	if err != nil {
+		failed = 1
+		recordPublishError(span, err)
+	}
+	span.End()
+	pl.count(1, failed, err)
 }
 
 // publish traces and counts the publishing of msgs to queue by send, which
 // target (a Publisher, a TxPublisher) does: the spans and headers of
-// [Publisher], the sent-messages counter under target's messaging.system.
+// [Observer.Publisher], the sent-messages counter under target's
+// messaging.system.
 func (o *Observer) publish(ctx context.Context, target any, queue string, msgs []*sdk.Message, send func() error) error {
 	for _, m := range msgs {
 		if m == nil {
@@ -72,13 +131,7 @@ func (o *Observer) publish(ctx context.Context, target any, queue string, msgs [
 	if len(msgs) == 1 {
 		span := o.startMessage(ctx, msgs[0], corr, pl, false)
 		err := send()
-		failed := 0
-		if err != nil {
-			failed = 1
-			recordPublishError(span, err)
-		}
-		span.End()
-		pl.count(1, failed, err)
+		endSend(span, pl, err)
 		return err
 	}
 	spans := make([]trace.Span, len(msgs))
@@ -361,10 +414,10 @@ func (c *pairCarrier) merge(h map[string]string, always bool) map[string]string 
 }
 
 // TxPublisher is an [sdk.TxPublisher] that traces and counts what it
-// publishes inside the caller's transaction exactly as [Publisher] does for
-// Publish: a producer span per message (and a send span for a batch), the
-// trace context and correlation ID written into the messages (so the
-// consumer, or the outbox relay, continues the trace), and the
+// publishes inside the caller's transaction exactly as [Observer.Publisher]
+// does for Publish: a producer span per message (and a send span for a
+// batch), the trace context and correlation ID written into the messages
+// (so the consumer, or the outbox relay, continues the trace), and the
 // sent-messages counter, under the messaging.system of the wrapped
 // publisher ("postgres" for the PostgreSQL broker, "outbox" for the
 // outbox). A message counts as sent when PublishTx returns nil: it is

@@ -171,6 +171,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, schema string, cfg Config) (Re
 	go func() { defer wg.Done(); errs <- w.Run(wctx) }()
 	go func() {
 		defer wg.Done()
+		// Through tel.Publisher the relay keeps a broker's own asynchronous
+		// publish (RabbitMQ, JetStream: every row of a pass in flight); the
+		// memory broker has none, so it publishes each pass in batches.
 		err := shop.Outbox().Relay(wctx, tel.Publisher(broker), outbox.RelayOptions{PollInterval: 10 * time.Millisecond, Logger: quiet})
 		if errors.Is(err, context.Canceled) {
 			err = nil
