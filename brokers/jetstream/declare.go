@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/berthq/berth/sdk"
@@ -39,7 +40,6 @@ type queueState struct {
 	lock    string // BERTH_LOCK_<esc>: the lock of declarations (declareLock)
 	// lockSubject is the lock stream's subject, berth.lock.<esc>.
 	lockSubject string
-	moverRun    bool // guarded by Broker.mu
 	// ackWaitOK is set once Receive (with NoDeclare) has found the ready
 	// consumer's AckWait no shorter than the Broker's.
 	ackWaitOK atomic.Bool
@@ -138,7 +138,7 @@ func (b *Broker) Subject(queue string) string { return b.names(queue).ready }
 // consumer's AckWait nor the streams' dedupe windows (see [Options.AckWait]
 // and [Options.Duplicates]), also when several Brokers declare the queue at
 // once: they create and lengthen them one at a time, under a lock (a
-// short-lived memory stream, <PREFIX>_LOCK_<queue>), so that they end with
+// message in a memory stream, <PREFIX>_LOCK_<queue>), so that they end with
 // the longest each needs.
 func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 	if b.closed.Load() {
@@ -176,7 +176,8 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 // declare declares queue (see DeclareQueue). Close waits for it: a
 // declaration may hold the queue's declareLock, and must release it before
 // Close closes the connection, else every other Broker that declares the
-// queue waits declareLockTTL to break it. Close cuts it short (sdk.ErrClosed).
+// queue waits declareLockTTL for it to expire. Close cuts it short
+// (sdk.ErrClosed).
 func (b *Broker) declare(ctx context.Context, queue string) (qs *queueState, err error) {
 	if !b.declaring() {
 		return nil, sdk.ErrClosed
@@ -406,87 +407,103 @@ func (b *Broker) ensureConsumer(ctx context.Context, lock *declareLock, stream s
 }
 
 // declareLockHook, when set (by tests), runs with the lock stream's name
-// before each attempt to create it (held false) and once a declaration
+// before each attempt to take it (held false) and once a declaration
 // holds it (held true).
 var declareLockHook func(lockStream string, held bool)
 
-// lockClock is the clock acquire reads first to tell a stale lock, before
-// it asks the server's (tests set it).
-var lockClock = time.Now
-
 // declareLockTTL is how long a lock whose holder died (see declareLock)
-// stays: a declaration that finds one older breaks it.
+// stays: the lock stream's MaxAge, on the server's clock.
 var declareLockTTL = 30 * time.Second // a variable for tests
+
+// declareLockFailFor is how long acquire goes on when every attempt to
+// read or take the lock fails (not when another holds it) before it gives
+// up with the last failure, also under a ctx without a deadline.
+var declareLockFailFor = 30 * time.Second // a variable for tests
 
 // declareLock serialises the writes that declarations of one queue make:
 // JetStream's updates are unconditional, and so is a consumer's creation on
 // servers before 2.10 (it updates one that exists), so a write made from a
 // read that another's write has since made stale would shorten an AckWait
 // or a window, and the Broker that needed it, done already, would never
-// know. Creating a stream is conditional (it fails when one with another
-// configuration exists): the lock is a memory stream, <PREFIX>_LOCK_<q>,
-// whose description names its holder, deleted by its holder at the end of
-// its declaration, or by another declaration once it is declareLockTTL old
-// (its holder died). The common declaration, which finds everything as it
-// needs it, does not take it.
+// know. The common declaration, which finds everything as it needs it,
+// does not take it.
+//
+// The lock is a message: a memory stream, <PREFIX>_LOCK_<q> (created when
+// absent, and kept), is held while it stores one, whose body is its
+// holder's token. A declaration takes it by publishing its token with
+// Nats-Expected-Last-Sequence set to the stream's last sequence, read with
+// the stream empty: JetStream stores the message only if nothing was
+// stored since that read, so of the declarations that read the same empty
+// stream only one takes it, and the others' publishes fail (wrong last
+// sequence) and they wait. A stream's messages are added only by
+// publishes, each of which moves the last sequence, so a publish that
+// succeeds found the stream as empty as the read did. The holder releases
+// the lock by deleting its message (by its sequence, which no other
+// message shares, so never another's lock; only a DeleteQueue that
+// deletes the stream meanwhile, sequences starting again, could make it
+// so, and release checks the message's token first). One whose holder died expires
+// after declareLockTTL (the stream's MaxAge) on the server's clock; the
+// stream is then empty, and taking it over is an ordinary take: no delete
+// of a stale lock, which JetStream could not make conditional, and no
+// client clock. A holder that held it longer than declareLockTTL would
+// share it: declarations hold it for a few requests.
 type declareLock struct {
 	b       *Broker
 	stream  string // the lock's
-	subject string // its subject: a waiter stores a message on it to read the server's clock (serverAge)
+	subject string // its subject: a holder's message is stored on it
 	token   string // this holder's
 	held    bool
-	// maybe: a create of the lock failed, and may have been applied.
+	seq     uint64 // the sequence of this holder's message, when held
+	// maybe: a take of the lock failed, and may have been applied.
 	maybe bool
+	s     jetstream.Stream // the lock stream, once read
 }
 
 func (l *declareLock) config() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        l.stream,
-		Description: "berth declaration lock, held by " + l.token,
+		Description: "berth declaration lock: held while it stores a message, its holder's",
 		Subjects:    []string{l.subject},
 		Storage:     jetstream.MemoryStorage,
-		MaxMsgs:     1,
+		MaxAge:      declareLockTTL,
 	}
 }
 
-// acquire waits until the lock is this declaration's, or ctx ends.
+// acquire waits until the lock is this declaration's, or ctx ends. A
+// failed attempt (the server refused or did not answer) waits as one that
+// found the lock held does; the error acquire returns when ctx ends names
+// the last failure.
 func (l *declareLock) acquire(ctx context.Context) error {
-	cfg := l.config()
+	var failure error // the last attempt's, nil when it did not fail
+	var failingSince time.Time
 	for {
-		if declareLockHook != nil {
-			declareLockHook(l.stream, false)
-		}
-		created, err := l.b.createIfAbsent(ctx, cfg)
-		if err != nil {
-			// The server may have created it all the same (ctx ended, or
-			// the answer was lost, as the create went through): release
-			// deletes it if it is this declaration's.
-			l.maybe = true
-			return l.b.wrapErr(ctx, "lock declarations ("+l.stream+")", err)
-		}
-		if created {
-			l.held = true
+		took, err := l.attempt(ctx)
+		if took {
+			l.held, l.maybe = true, false
 			if declareLockHook != nil {
 				declareLockHook(l.stream, true)
 			}
 			return nil
 		}
-		if s, err := l.b.js.Stream(ctx, l.stream); err == nil {
-			// Created is on the server's clock: a lock that looks stale
-			// on this one is broken only if it is stale on the server's
-			// too (a clock ahead of the server's would break live locks).
-			if info := s.CachedInfo(); lockClock().Sub(info.Created) > declareLockTTL && l.serverAge(ctx, s, info.Created) > declareLockTTL {
-				// Its holder died: break it (unless taken again since).
-				l.b.opts.Logger.Warn("berth/jetstream: breaking a stale declaration lock", "stream", l.stream, "holder", info.Config.Description, "created", info.Created)
-				l.deleteIf(ctx, info.Config.Description)
-				continue
+		if err != nil && ctx.Err() != nil {
+			return l.ended(ctx, err)
+		}
+		switch {
+		case err == nil:
+			failure, failingSince = nil, time.Time{}
+		case failure == nil:
+			failure, failingSince = err, time.Now()
+		default:
+			failure = err
+			if time.Since(failingSince) > declareLockFailFor {
+				return fmt.Errorf("berth/jetstream: waiting for declaration lock %s: every attempt failed for %s, the last: %w", l.stream, declareLockFailFor, failure)
 			}
 		}
 		t := time.NewTimer(10*time.Millisecond + rand.N(20*time.Millisecond))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
+			return l.ended(ctx, failure)
 		case <-l.b.closing:
 			t.Stop()
 			return sdk.ErrClosed
@@ -495,40 +512,94 @@ func (l *declareLock) acquire(ctx context.Context) error {
 	}
 }
 
-// serverAge returns how long ago, on the server's clock, the lock s was
-// created: a message stored on its subject now (the lock holds at most
-// one) carries the server's time. It returns 0 when it cannot tell.
-func (l *declareLock) serverAge(ctx context.Context, s jetstream.Stream, created time.Time) time.Duration {
-	if _, err := l.b.js.Publish(ctx, l.subject, nil); err != nil {
-		return 0 // the lock is gone, or the server does not answer
+// ended returns the error of an acquire whose ctx ended, naming the last
+// failure (if any).
+func (l *declareLock) ended(ctx context.Context, failure error) error {
+	if failure == nil || errors.Is(failure, ctx.Err()) {
+		return ctx.Err()
 	}
-	m, err := s.GetLastMsgForSubject(ctx, l.subject)
-	if err != nil {
-		return 0
-	}
-	return m.Time.Sub(created)
+	return fmt.Errorf("berth/jetstream: waiting for declaration lock %s: %w; last attempt failed: %w", l.stream, ctx.Err(), failure)
 }
 
-// release deletes the lock when this declaration holds it, or may hold
-// it (a create whose outcome it does not know); a failure leaves it to be
-// broken after declareLockTTL.
+// attempt reads the lock and takes it when it is free: took reports that
+// this declaration holds it. A lock held by another is took false, err nil.
+func (l *declareLock) attempt(ctx context.Context) (took bool, err error) {
+	s, err := l.b.js.Stream(ctx, l.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := l.b.createIfAbsent(ctx, l.config()); err != nil {
+			return false, l.b.wrapErr(ctx, "create declaration lock "+l.stream, err)
+		}
+		s, err = l.b.js.Stream(ctx, l.stream)
+	}
+	if err != nil {
+		return false, l.b.wrapErr(ctx, "look up declaration lock "+l.stream, err)
+	}
+	info := s.CachedInfo()
+	if info.Config.MaxAge <= 0 {
+		// The lock stream of an earlier berth, held while it existed and
+		// deleted by its holder: never to expire. Made one of these.
+		l.b.opts.Logger.Warn("berth/jetstream: converting a declaration lock of an earlier berth", "stream", l.stream, "description", info.Config.Description)
+		if s, err = l.b.js.UpdateStream(ctx, l.config()); err != nil {
+			return false, l.b.wrapErr(ctx, "convert declaration lock "+l.stream, err)
+		}
+		info = s.CachedInfo()
+	}
+	l.s = s
+	if info.State.Msgs > 0 {
+		if l.maybe {
+			// An earlier take of this declaration's whose answer was
+			// lost may be the one stored (a read after it, on the same
+			// connection, sees it).
+			if m, err := s.GetLastMsgForSubject(ctx, l.subject); err == nil && string(m.Data) == l.token {
+				l.seq = m.Sequence
+				return true, nil
+			}
+		}
+		return false, nil // held
+	}
+	if declareLockHook != nil {
+		declareLockHook(l.stream, false)
+	}
+	ack, err := l.b.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: []byte(l.token)},
+		jetstream.WithExpectLastSequence(info.State.LastSeq))
+	if err == nil {
+		l.seq = ack.Sequence
+		return true, nil
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return false, nil // another took it first
+	}
+	// The server may have stored it all the same (ctx ended, or the
+	// answer was lost, as the publish went through): the next attempt, or
+	// release, finds out.
+	l.maybe = true
+	return false, l.b.wrapErr(ctx, "take declaration lock "+l.stream, err)
+}
+
+// release deletes this declaration's message from the lock when it holds
+// it, or may hold it (a take whose outcome it does not know); a failure
+// leaves the lock to expire after declareLockTTL.
 func (l *declareLock) release(ctx context.Context) {
-	if !l.held && !l.maybe {
+	if (!l.held && !l.maybe) || l.s == nil {
 		return
 	}
-	l.held, l.maybe = false, false
+	held, seq := l.held, l.seq
+	l.held, l.maybe, l.seq = false, false, 0
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	l.deleteIf(ctx, l.config().Description)
-}
-
-// deleteIf deletes the lock when its description is desc.
-func (l *declareLock) deleteIf(ctx context.Context, desc string) {
-	s, err := l.b.js.Stream(ctx, l.stream)
-	if err != nil || s.CachedInfo().Config.Description != desc {
-		return // gone, or another's
+	var m *jetstream.RawStreamMsg
+	var err error
+	if held {
+		m, err = l.s.GetMsg(ctx, seq)
+	} else {
+		m, err = l.s.GetLastMsgForSubject(ctx, l.subject)
 	}
-	_ = l.b.js.DeleteStream(ctx, l.stream)
+	if err != nil || string(m.Data) != l.token {
+		return // gone (expired, or the stream deleted), or another's
+	}
+	_ = l.s.DeleteMsg(ctx, m.Sequence)
 }
 
 // consumerSettingsEqual reports whether cur has the settings berth declares

@@ -5,71 +5,261 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/berthq/berth/integration"
 )
 
 // TestStaleDeclareLockBroken: a declaration lock left by a holder that
-// died is broken once it is declareLockTTL old on the server's clock (here
-// shortened), and the declaration that waited for it goes on; one younger
-// than that, on the server's clock, is not broken even when the local
-// clock says it is older.
+// died is given up once it is declareLockTTL old on the server's clock
+// (here shortened: the lock stream's MaxAge), and the declaration that
+// waited for it goes on; one younger than that is not, whatever the local
+// clock says (it is not read).
 func TestStaleDeclareLockBroken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	b, err := Connect(ctx, integration.NATSURL(t), ConnectOptions{Name: "berth-test-stalelock"},
-		Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := lockTestBroker(t, ctx)
 	var sfx [6]byte
 	_, _ = rand.Read(sfx[:])
 	queue := "stalelock-" + hex.EncodeToString(sfx[:])
 	defer func() { _ = b.DeleteQueue(context.Background(), queue) }()
 	q := b.names(queue)
 
-	oldTTL, oldClock := declareLockTTL, lockClock
-	defer func() { declareLockTTL, lockClock = oldTTL, oldClock }()
+	oldTTL := declareLockTTL
+	defer func() { declareLockTTL = oldTTL }()
 	declareLockTTL = 2 * time.Second
 
 	dead := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: "dead"}
 	if err := dead.acquire(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Its holder dies: never released. Young on the server's clock, old
-	// on a clock running ahead: it stays.
-	lockClock = func() time.Time { return time.Now().Add(time.Minute) }
+	// Its holder dies: never released. Young: it stays.
 	wctx, wcancel := context.WithTimeout(ctx, 700*time.Millisecond)
 	waiter := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: "waiter"}
-	err = waiter.acquire(wctx)
+	err := waiter.acquire(wctx)
 	wcancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("acquire of a young lock (on the server's clock): %v, want it to wait until its ctx ends", err)
+		t.Fatalf("acquire of a young lock: %v, want it to wait until its ctx ends", err)
 	}
-	lockClock = time.Now
-	start := time.Now()
 	if err := waiter.acquire(ctx); err != nil {
 		t.Fatalf("acquire of a stale lock: %v", err)
-	}
-	if el := time.Since(start); el > 5*time.Second {
-		t.Errorf("stale lock broken after %s", el)
 	}
 	s, err := b.js.Stream(ctx, q.lock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := s.CachedInfo().Config.Description; d != waiter.config().Description {
-		t.Errorf("lock description %q, want the waiter's", d)
+	if m, err := s.GetLastMsgForSubject(ctx, q.lockSubject); err != nil || string(m.Data) != "waiter" {
+		t.Errorf("lock holder after a takeover: %v, %v, want the waiter's", m, err)
 	}
 	waiter.release(ctx)
-	if _, err := b.js.Stream(ctx, q.lock); !errors.Is(err, jetstream.ErrStreamNotFound) {
-		t.Errorf("lock after release: %v, want it deleted", err)
+	if s, err = b.js.Stream(ctx, q.lock); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 0 {
+		t.Errorf("lock after release: %d messages, want none (free)", n)
+	}
+}
+
+// TestLegacyDeclareLockConverted: the lock stream an earlier berth made
+// (held while it exists, with no MaxAge) would never expire: a declaration
+// that finds one converts it into the lock it takes.
+func TestLegacyDeclareLockConverted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	b := lockTestBroker(t, ctx)
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	queue := "legacylock-" + hex.EncodeToString(sfx[:])
+	defer func() { _ = b.DeleteQueue(context.Background(), queue) }()
+	q := b.names(queue)
+	if _, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: q.lock, Description: "berth declaration lock, held by gone", Subjects: []string{q.lockSubject},
+		Storage: jetstream.MemoryStorage, MaxMsgs: 1,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: "new"}
+	if err := l.acquire(ctx); err != nil {
+		t.Fatalf("acquire with an earlier berth's lock stream: %v", err)
+	}
+	l.release(ctx)
+	s, err := b.js.Stream(ctx, q.lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := s.CachedInfo().Config; cfg.MaxAge != declareLockTTL || cfg.Description != l.config().Description {
+		t.Errorf("lock stream after acquire: MaxAge %s, description %q, want converted", cfg.MaxAge, cfg.Description)
+	}
+}
+
+// lockTestBroker connects a Broker for the internal lock tests, closed
+// with the test.
+func lockTestBroker(t *testing.T, ctx context.Context) *Broker {
+	t.Helper()
+	b, err := Connect(ctx, integration.NATSURL(t), ConnectOptions{Name: "berth-test-lock"},
+		Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// TestStaleDeclareLockTakenOverOnce: many waiters, on several Brokers,
+// find one stale lock (its holder died) at once. Each judged it stale,
+// deleted the lock stream and created its own: one could delete the lock
+// another had just created, and two held it at once. Taking over a stale
+// lock must succeed for exactly one of them: at most one holder at a time.
+func TestStaleDeclareLockTakenOverOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	const brokers, perBroker, rounds = 3, 5, 3
+	bs := make([]*Broker, brokers)
+	for i := range bs {
+		bs[i] = lockTestBroker(t, ctx)
+	}
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	queue := "lockrace-" + hex.EncodeToString(sfx[:])
+	defer func() { _ = bs[0].DeleteQueue(context.Background(), queue) }()
+	q := bs[0].names(queue)
+
+	oldTTL := declareLockTTL
+	defer func() { declareLockTTL = oldTTL }()
+	declareLockTTL = time.Second
+
+	var holders, overlaps, taken atomic.Int32
+	for round := range rounds {
+		dead := &declareLock{b: bs[0], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("dead%d", round)}
+		if err := dead.acquire(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Its holder dies (never released) and the lock goes stale.
+		time.Sleep(declareLockTTL + 300*time.Millisecond)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range brokers * perBroker {
+			l := &declareLock{b: bs[i%brokers], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("w%d-%d", round, i)}
+			wg.Go(func() {
+				<-start
+				if err := l.acquire(ctx); err != nil {
+					t.Errorf("round %d: acquire: %v", round, err)
+					return
+				}
+				taken.Add(1)
+				if n := holders.Add(1); n > 1 {
+					overlaps.Add(1)
+				}
+				time.Sleep(5 * time.Millisecond) // the critical section
+				holders.Add(-1)
+				l.release(ctx)
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+	if n := overlaps.Load(); n > 0 {
+		t.Errorf("%d of %d acquisitions found another holder in the critical section (a stale lock taken over by more than one waiter)", n, taken.Load())
+	}
+}
+
+// lockFaultJS refuses every write that takes over queue's lock (the
+// delete of a stale lock stream, a publish on the lock's subject), as a
+// server without the permission would, and counts them.
+type lockFaultJS struct {
+	jetstream.JetStream
+	stream, subject string
+	refused         atomic.Int64
+}
+
+var errLockRefused = errors.New("injected: permissions violation")
+
+func (f *lockFaultJS) DeleteStream(ctx context.Context, name string) error {
+	if name == f.stream {
+		f.refused.Add(1)
+		return errLockRefused
+	}
+	return f.JetStream.DeleteStream(ctx, name)
+}
+
+func (f *lockFaultJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if m.Subject == f.subject {
+		f.refused.Add(1)
+		return nil, errLockRefused
+	}
+	return f.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// TestStaleDeclareLockRefusedWaits: a waiter finds a stale lock (its
+// holder died) but cannot take it over (the server refuses the write).
+// acquire retried at once, with no pause: a busy loop against the server
+// until its ctx ended, which it then reported without the refusal. Each
+// failed takeover must be followed by the wait a held lock gets (at least
+// 10 ms), and the error at the end must name the refusal.
+func TestStaleDeclareLockRefusedWaits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	holder, waiter := lockTestBroker(t, ctx), lockTestBroker(t, ctx)
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	queue := "lockrefused-" + hex.EncodeToString(sfx[:])
+	defer func() { _ = holder.DeleteQueue(context.Background(), queue) }()
+	q := holder.names(queue)
+
+	oldTTL := declareLockTTL
+	defer func() { declareLockTTL = oldTTL }()
+	declareLockTTL = time.Second
+
+	dead := &declareLock{b: holder, stream: q.lock, subject: q.lockSubject, token: "dead"}
+	if err := dead.acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(declareLockTTL + 300*time.Millisecond) // stale
+	fake := &lockFaultJS{JetStream: waiter.js, stream: q.lock, subject: q.lockSubject}
+	waiter.js = fake
+	const window = 3 * time.Second
+	wctx, wcancel := context.WithTimeout(ctx, window)
+	l := &declareLock{b: waiter, stream: q.lock, subject: q.lockSubject, token: "waiter"}
+	err := l.acquire(wctx)
+	wcancel()
+	l.release(ctx)
+	// Every refused takeover is followed by a wait of at least 10 ms: no
+	// more than window/10ms of them fit in the window (a busy loop makes
+	// many times that).
+	t.Logf("acquire: %v", err)
+	refused, most := fake.refused.Load(), int64(window/(10*time.Millisecond))+2
+	if refused == 0 {
+		t.Fatalf("no takeover of the stale lock was tried (err %v)", err)
+	}
+	if refused > most {
+		t.Errorf("%d refused takeovers of a stale lock within %s, want at most %d (a wait after each)", refused, window, most)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("acquire: %v, want it to end with its ctx (context.DeadlineExceeded)", err)
+	}
+	if err == nil || !strings.Contains(err.Error(), errLockRefused.Error()) {
+		t.Errorf("acquire: %v, want the error to name the refused takeover (%v)", err, errLockRefused)
+	}
+
+	// Under a ctx with no end near, it gives up once every attempt has
+	// failed for declareLockFailFor, with the failure.
+	oldFailFor := declareLockFailFor
+	defer func() { declareLockFailFor = oldFailFor }()
+	declareLockFailFor = 300 * time.Millisecond
+	l = &declareLock{b: waiter, stream: q.lock, subject: q.lockSubject, token: "waiter2"}
+	err = l.acquire(ctx)
+	l.release(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), errLockRefused.Error()) {
+		t.Errorf("acquire refused for longer than declareLockFailFor: %v, want it to give up with the refusal", err)
 	}
 }

@@ -65,9 +65,8 @@ func TestCloseMidDeclareReleasesLock(t *testing.T) {
 		t.Errorf("DeclareQueue during Close: %v", err)
 	}
 
-	js := rawJetStream(t)
-	if _, err := js.Stream(ctx, lockName); !errors.Is(err, njs.ErrStreamNotFound) {
-		t.Errorf("lock stream %s after Close mid-declare: err %v, want it deleted", lockName, err)
+	if n, err := lockMsgs(ctx, t, lockName); err != nil || n != 0 {
+		t.Errorf("lock %s after Close mid-declare: %d messages (err %v), want it released", lockName, n, err)
 	}
 	b2 := newBroker(t, jetstream.Options{Logger: quiet})
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -79,11 +78,11 @@ func TestCloseMidDeclareReleasesLock(t *testing.T) {
 }
 
 // TestDeclareLockCreateLostReplyReleases: a declaration's ctx ends while
-// its create of the queue's lock stream is under way, and the server
-// creates it (its answer lost or late). The declaration did not know it
-// held the lock and left it: every other Broker that declared the queue
-// waited declareLockTTL (30 s) to break it. A declaration whose create of
-// the lock failed must delete the lock when it turns out to be its own.
+// its take of the queue's lock is under way, and the server applies it
+// (its answer lost or late). The declaration did not know it held the lock
+// and left it: every other Broker that declared the queue waited
+// declareLockTTL (30 s) for it. A declaration whose take of the lock
+// failed must release the lock when it turns out to be its own.
 func TestDeclareLockCreateLostReplyReleases(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -121,9 +120,8 @@ func TestDeclareLockCreateLostReplyReleases(t *testing.T) {
 	restore()
 	time.Sleep(2 * time.Second) // thawed: nothing of b1's is still on its way
 
-	js := rawJetStream(t)
-	if _, err := js.Stream(ctx, lockName); !errors.Is(err, njs.ErrStreamNotFound) {
-		t.Errorf("lock stream %s after a declaration whose lock create timed out: err %v, want it deleted", lockName, err)
+	if n, err := lockMsgs(ctx, t, lockName); err != nil || n != 0 {
+		t.Errorf("lock %s after a declaration whose take of it timed out: %d messages (err %v), want it released", lockName, n, err)
 	}
 	b2 := newBroker(t, jetstream.Options{Logger: quiet})
 	d2ctx, d2cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -134,12 +132,13 @@ func TestDeclareLockCreateLostReplyReleases(t *testing.T) {
 	}
 }
 
-// TestDeclareLockClockAheadKeepsLiveLock: a Broker whose clock runs a
-// minute ahead of the server's declares a queue while another declaration
-// holds its lock. It compared the lock stream's creation time (the
-// server's clock) with its own clock, found the live lock older than
-// declareLockTTL and broke it: two declarations held the lock at once.
-// The age of a lock must be read on the server's clock.
+// TestDeclareLockClockAheadKeepsLiveLock: a Broker declares a queue while
+// another declaration holds its lock. One whose clock ran a minute ahead of
+// the server's compared the lock stream's creation time (the server's
+// clock) with its own clock, found the live lock older than declareLockTTL
+// and broke it: two declarations held the lock at once. The age of a lock
+// is now the server's alone (the lock stream's MaxAge), and no client
+// clock is read: the second declaration must wait.
 func TestDeclareLockClockAheadKeepsLiveLock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -175,8 +174,6 @@ func TestDeclareLockClockAheadKeepsLiveLock(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the first declaration never took the lock")
 	}
-	restoreClock := jetstream.SetLockClock(func() time.Time { return time.Now().Add(time.Minute) })
-	defer restoreClock()
 	d2ctx, d2cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	err := b2.DeclareQueue(d2ctx, q)
 	d2cancel()
@@ -190,4 +187,17 @@ func TestDeclareLockClockAheadKeepsLiveLock(t *testing.T) {
 	if err := b2.DeclareQueue(ctx, q); err != nil {
 		t.Errorf("second DeclareQueue once the lock is released: %v", err)
 	}
+}
+
+// lockMsgs returns how many messages the lock stream lockName stores: 0
+// when it is free (or absent), 1 while a declaration holds it.
+func lockMsgs(ctx context.Context, t *testing.T, lockName string) (uint64, error) {
+	s, err := rawJetStream(t).Stream(ctx, lockName)
+	if errors.Is(err, njs.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return s.CachedInfo().State.Msgs, nil
 }

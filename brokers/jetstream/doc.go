@@ -24,12 +24,39 @@
 // escaped into stream names and subject tokens one to one ('_' → "__",
 // '.' → "_D"). Publish and Receive declare a queue on first use. A
 // declaration that creates a consumer or lengthens an AckWait or a dedupe
-// window does so under a lock shared by the queue's Brokers, a memory stream
-// BERTH_LOCK_q that it deletes when done (one left by a process that died
-// is broken once 30 s old on the server's clock): JetStream's updates are
-// unconditional, and concurrent declarations would otherwise overwrite
-// each other's. Close waits for the declarations under way, cut short, to
-// release it.
+// window does so under a lock shared by the queue's Brokers: JetStream's
+// updates are unconditional, and concurrent declarations would otherwise
+// overwrite each other's. The lock is a message in a memory stream,
+// BERTH_LOCK_q (subject berth.lock.q), created on first need and kept
+// (DeleteQueue deletes it): a declaration takes it by publishing its token
+// there with Nats-Expected-Last-Sequence set to the last sequence of the
+// stream it read empty, so of several that find it free exactly one stores
+// its message, and it releases the lock by deleting that message (by its
+// sequence). One left by a process that died expires after 30 s (the
+// stream's MaxAge), on the server's clock. Close waits for the
+// declarations under way, cut short, to release it. A declaration that
+// finds everything as it needs takes no lock and writes nothing. Brokers
+// of a berth that made the lock a stream of its own (deleted to release
+// it) do not exclude this one's declarations, nor it theirs: upgrade the
+// Brokers of a queue together, or let declarations of a queue not overlap
+// meanwhile (a lock stream of theirs found by this berth is converted).
+//
+// # Permissions
+//
+// A NATS user whose Brokers declare queues needs, besides the JetStream
+// API of the queue's streams, for the lock streams (Prefix BERTH shown;
+// the queue's escaped name for *): publish on berth.lock.* (taking the
+// lock), and publish to $JS.API.STREAM.INFO.BERTH_LOCK_*,
+// $JS.API.STREAM.CREATE.BERTH_LOCK_* (first need),
+// $JS.API.STREAM.MSG.GET.BERTH_LOCK_* and
+// $JS.API.STREAM.MSG.DELETE.BERTH_LOCK_* (release),
+// $JS.API.STREAM.UPDATE.BERTH_LOCK_* (converting an earlier berth's lock
+// stream) and, for DeleteQueue, $JS.API.STREAM.DELETE.BERTH_LOCK_*; and to
+// subscribe to its inboxes (_INBOX.>, or its custom inbox prefix) for the
+// answers. Without them a declaration that needs the lock retries it, each
+// attempt spaced as when the lock is held, and fails when its ctx ends (or
+// after 30 s of failures), naming the last one. A user whose Brokers run
+// with [Options.NoDeclare] needs none of them.
 //
 // # How the berth contract maps onto JetStream
 //

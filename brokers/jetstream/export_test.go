@@ -26,18 +26,10 @@ func SetPurgeHook(f func()) (restore func()) {
 func (b *Broker) DeadSubject(queue string) string { return b.names(queue).dead }
 
 // SetDeclareLockHook sets the hook a declaration runs with the name of the
-// queue's lock stream before each attempt to create it (held false) and
+// queue's lock stream before each attempt to take it (held false) and
 // once it holds it (held true); the returned func restores it.
 func SetDeclareLockHook(f func(lockStream string, held bool)) (restore func()) {
 	old := declareLockHook
 	declareLockHook = f
 	return func() { declareLockHook = old }
-}
-
-// SetLockClock sets the clock a declaration reads to tell a stale
-// declaration lock; the returned func restores it.
-func SetLockClock(now func() time.Time) (restore func()) {
-	old := lockClock
-	lockClock = now
-	return func() { lockClock = old }
 }
