@@ -173,6 +173,11 @@ type asyncItem struct {
 	res *PublishResult
 }
 
+// Unwrap returns the Publisher the pool publishes through, so that its
+// optional interfaces ([Inspector], [DeadLetters], …) and its name (a
+// telemetry label) stay reachable through the pool.
+func (p *AsyncPool) Unwrap() Publisher { return p.pub }
+
 // NewAsyncPublisher returns an AsyncPool publishing through p.
 func NewAsyncPublisher(p Publisher, opts AsyncOptions) *AsyncPool {
 	if opts.MaxInFlight <= 0 {

@@ -326,10 +326,24 @@ func (o *Observer) observeQueues(ctx context.Context, obs metric.Observer) error
 }
 
 // systemOf names the messaging system of a broker's value (a Delivery or a
-// Publisher) from its package path.
+// Publisher) from its package path. A publishing wrapper (one with an
+// Unwrap() sdk.Publisher method: the ledger's, an sdk.AsyncPool, this
+// package's own) is looked through to the publisher it wraps, so that
+// Publisher(l.Publisher(rabbit)) counts under "rabbitmq", not "ledger".
 func (o *Observer) systemOf(v any) string {
 	if o.system != "" {
 		return o.system
+	}
+	for range maxUnwrap {
+		u, ok := v.(interface{ Unwrap() sdk.Publisher })
+		if !ok {
+			break
+		}
+		next := u.Unwrap()
+		if next == nil {
+			break
+		}
+		v = next
 	}
 	t := reflect.TypeOf(v)
 	if last := o.lastSystem.Load(); last != nil && last.t == t { // one broker type, usually
@@ -357,6 +371,9 @@ func (o *Observer) systemOf(v any) string {
 	o.systems.Store(t, name)
 	return name
 }
+
+// maxUnwrap bounds how many publishing wrappers systemOf looks through.
+const maxUnwrap = 16
 
 // labelKey identifies the attribute set of one queue and job type.
 type labelKey struct {
