@@ -2,8 +2,9 @@
 // through the Worker's real settlement rules without a broker ([Work]), fake
 // a delivery that records its settlement ([Delivery]), run a Worker on an
 // in-memory broker and wait for its settlements ([Memory], [StartWorker],
-// [Recorder]). Package berthtest/pgtest gives each test its own PostgreSQL
-// schema.
+// [Recorder]), and test code that publishes asynchronously against a
+// publisher whose confirms the test gives ([AsyncPublisher]). Package
+// berthtest/pgtest gives each test its own PostgreSQL schema.
 //
 // It imports only package sdk and the in-memory broker, so a test binary
 // that uses it pulls in no network client and no container library.

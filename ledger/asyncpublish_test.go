@@ -3,49 +3,20 @@ package ledger_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
 
-// manualAsync is a broker with an asynchronous publish whose results the
-// test resolves by hand; its synchronous Publish must not be used.
-type manualAsync struct {
-	mu       sync.Mutex
-	results  map[string]*sdk.PublishResult
-	syncUsed bool
-}
-
-func (m *manualAsync) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
-	m.mu.Lock()
-	m.syncUsed = true
-	m.mu.Unlock()
-	return sdk.PrepareAll(ctx, queue, msgs, 0)
-}
-
-func (m *manualAsync) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
-	if err := sdk.Prepare(ctx, queue, msg, 0); err != nil {
-		return nil, err
-	}
-	r := sdk.NewPublishResult(msg.ID)
-	m.mu.Lock()
-	m.results[msg.ID] = r
-	m.mu.Unlock()
-	return r, nil
-}
-
-func (m *manualAsync) resolve(t *testing.T, id string, err error) {
+// resolve resolves the pending result of id on the test's broker.
+func resolve(t *testing.T, b *berthtest.AsyncPublisher, id string, err error) {
 	t.Helper()
-	m.mu.Lock()
-	r := m.results[id]
-	m.mu.Unlock()
-	if r == nil {
-		t.Fatalf("%s was not published through PublishAsync", id)
+	if !b.Resolve(id, err) {
+		t.Fatalf("%s is not pending on the broker", id)
 	}
-	r.Resolve(err)
 }
 
 // TestPublisherKeepsAsyncPublish: the ledger's publisher hid the broker's
@@ -60,7 +31,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	if _, ok := l.Publisher(partial{}).(sdk.AsyncPublisher); ok {
 		t.Error("the publisher of a broker without PublishAsync claims to have it")
 	}
-	b := &manualAsync{results: map[string]*sdk.PublishResult{}}
+	b := berthtest.NewAsyncPublisher()
 	pub, ok := l.Publisher(b).(sdk.AsyncPublisher)
 	if !ok {
 		t.Fatal("the publisher of a broker with PublishAsync hides it")
@@ -97,8 +68,8 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	default:
 	}
 	nacked := errors.New("nacked")
-	b.resolve(t, "good", nil)
-	b.resolve(t, "bad", nacked)
+	resolve(t, b, "good", nil)
+	resolve(t, b, "bad", nacked)
 	if err := rg.Wait(testCtx(t, 10*time.Second)); err != nil {
 		t.Errorf("confirmed publish: %v", err)
 	}
@@ -123,9 +94,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	if d := e.NextAttemptAt.Sub(e.At); d != time.Hour {
 		t.Errorf("NextAttemptAt %v after At, want the delay (1h)", d)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.syncUsed {
+	if b.SyncCalls() > 0 {
 		t.Error("the synchronous Publish was used")
 	}
 }
@@ -137,14 +106,14 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 func TestPublisherAsyncThroughPool(t *testing.T) {
 	c := &capture{}
 	l := newLedger(t, c, ledger.Options{})
-	b := &manualAsync{results: map[string]*sdk.PublishResult{}}
+	b := berthtest.NewAsyncPublisher()
 	pool := sdk.NewAsyncPublisher(l.Publisher(b), sdk.AsyncOptions{})
 	t.Cleanup(func() { _ = pool.Close() })
 	r, err := pool.PublishAsync(context.Background(), "q", &sdk.Message{ID: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.resolve(t, "m", nil)
+	resolve(t, b, "m", nil)
 	if err := r.Wait(testCtx(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -154,9 +123,7 @@ func TestPublisherAsyncThroughPool(t *testing.T) {
 	if got := c.all(); len(got) != 1 || got[0].MessageID != "m" || got[0].Status != ledger.StatusEnqueued {
 		t.Errorf("recorded %+v, want m enqueued", got)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.syncUsed {
+	if b.SyncCalls() > 0 {
 		t.Error("the pool published through the synchronous path")
 	}
 }

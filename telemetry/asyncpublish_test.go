@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,70 +12,18 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
 )
 
-// manualAsync is a broker with an asynchronous publish whose results the
-// test resolves by hand (or at once, with a non-nil now); its synchronous
-// Publish must not be used. It keeps a copy of each message as it was
-// handed over.
-type manualAsync struct {
-	now      func(id string) error // when set, PublishAsync resolves each result with it before returning
-	mu       sync.Mutex
-	results  map[string]*sdk.PublishResult
-	seen     map[string]*sdk.Message
-	syncUsed int
-}
-
-func newManualAsync() *manualAsync {
-	return &manualAsync{results: map[string]*sdk.PublishResult{}, seen: map[string]*sdk.Message{}}
-}
-
-func (m *manualAsync) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
-	m.mu.Lock()
-	m.syncUsed++
-	m.mu.Unlock()
-	return sdk.PrepareAll(ctx, queue, msgs, 0)
-}
-
-func (m *manualAsync) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
-	if err := sdk.Prepare(ctx, queue, msg, 0); err != nil {
-		return nil, err
-	}
-	r := sdk.NewPublishResult(msg.ID)
-	m.mu.Lock()
-	m.results[msg.ID] = r
-	m.seen[msg.ID] = msg.Clone()
-	m.mu.Unlock()
-	if m.now != nil {
-		r.Resolve(m.now(msg.ID))
-	}
-	return r, nil
-}
-
-func (m *manualAsync) resolve(t *testing.T, id string, err error) {
+// resolve resolves the pending result of id on the test's broker.
+func resolve(t *testing.T, b *berthtest.AsyncPublisher, id string, err error) {
 	t.Helper()
-	m.mu.Lock()
-	r := m.results[id]
-	m.mu.Unlock()
-	if r == nil {
-		t.Fatalf("%s was not published through PublishAsync", id)
+	if !b.Resolve(id, err) {
+		t.Fatalf("%s is not pending on the broker", id)
 	}
-	r.Resolve(err)
-}
-
-func (m *manualAsync) handed(id string) *sdk.Message {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.seen[id]
-}
-
-func (m *manualAsync) syncCalls() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.syncUsed
 }
 
 func waitCtx(t *testing.T) context.Context {
@@ -129,7 +76,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 		t.Error("Unwrap does not return the wrapped publisher")
 	}
 
-	b := newManualAsync()
+	b := berthtest.NewAsyncPublisher()
 	var wrapped sdk.Publisher = obs.Publisher(b)
 	pub, ok := wrapped.(sdk.AsyncPublisher)
 	if !ok {
@@ -159,7 +106,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	}
 	// The trace context was in the headers the broker was handed.
 	for _, m := range []*sdk.Message{good, bad} {
-		h := b.handed(m.ID)
+		h := b.Message(m.ID)
 		if h == nil {
 			t.Fatalf("%s not handed to PublishAsync", m.ID)
 		}
@@ -177,7 +124,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	}
 
 	nacked := fmt.Errorf("nacked: %w", sdk.ErrUnavailable)
-	b.resolve(t, good.ID, nil)
+	resolve(t, b, good.ID, nil)
 	if err := rg.Wait(waitCtx(t)); err != nil {
 		t.Errorf("confirmed publish: %v", err)
 	}
@@ -186,7 +133,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	if len(sends) != 1 {
 		t.Fatalf("%d send spans ended when the confirmed result resolved, want 1", len(sends))
 	}
-	b.resolve(t, bad.ID, nacked)
+	resolve(t, b, bad.ID, nacked)
 	if err := rb.Wait(waitCtx(t)); !errors.Is(err, nacked) {
 		t.Errorf("failed publish: %v, want the broker's error", err)
 	}
@@ -238,7 +185,7 @@ func TestPublisherKeepsAsyncPublish(t *testing.T) {
 	if got := ms.sum("messaging.client.sent.messages", telemetryErrorType("invalid_queue")); got != 1 {
 		t.Errorf("refused sends counted %v, want 1", got)
 	}
-	if n := b.syncCalls(); n != 0 {
+	if n := b.SyncCalls(); n != 0 {
 		t.Errorf("%d synchronous Publish calls, want none", n)
 	}
 }
@@ -252,13 +199,13 @@ func TestPublisherAsyncThroughPoolAndLedger(t *testing.T) {
 	tp, rec := newTracing(t)
 	obs, _ := newObserver(t, tp, telemetry.Options{})
 	refused := errors.New("refused")
-	b := newManualAsync()
-	b.now = func(id string) error {
-		if id == "no" {
+	b := berthtest.NewAsyncPublisher()
+	b.ResolveAtOnce(func(m *sdk.Message) error {
+		if m.ID == "no" {
 			return refused
 		}
 		return nil
-	}
+	})
 	pool := sdk.NewAsyncPublisher(obs.Publisher(b), sdk.AsyncOptions{})
 	t.Cleanup(func() { _ = pool.Close() })
 
@@ -296,7 +243,7 @@ func TestPublisherAsyncThroughPoolAndLedger(t *testing.T) {
 			t.Errorf("span of %s: status %v, want %v", attrsOf(s)["messaging.message.id"].AsString(), s.Status().Code, want)
 		}
 	}
-	if n := b.syncCalls(); n != 0 {
+	if n := b.SyncCalls(); n != 0 {
 		t.Errorf("%d synchronous Publish calls, want none", n)
 	}
 }
@@ -313,7 +260,7 @@ func (ledgerEvents) Write(context.Context, []ledger.Event) error { return nil }
 func TestAsyncPublishDoesNotWaitOnTheConfirmingGoroutine(t *testing.T) {
 	tp, rec := newTracing(t)
 	obs, _ := newObserver(t, tp, telemetry.Options{})
-	b := newManualAsync()
+	b := berthtest.NewAsyncPublisher()
 	pub := asyncOf(t, obs.Publisher(b))
 	const n = 200
 	results := make([]*sdk.PublishResult, n)
@@ -328,10 +275,9 @@ func TestAsyncPublishDoesNotWaitOnTheConfirmingGoroutine(t *testing.T) {
 	go func() {
 		defer close(confirmed)
 		for i := range n {
-			b.mu.Lock()
-			r := b.results[fmt.Sprint("m", i)]
-			b.mu.Unlock()
-			r.Resolve(nil)
+			if !b.Resolve(fmt.Sprint("m", i), nil) {
+				t.Errorf("m%d is not pending on the broker", i)
+			}
 		}
 	}()
 	select {
