@@ -45,3 +45,31 @@ func TestAnnotateDeadLetterValidatesForeignFirstFailure(t *testing.T) {
 		t.Errorf("known first failure: header %q, want %q", got, known.Format(time.RFC3339Nano))
 	}
 }
+
+// SetFirstFailure applies AnnotateDeadLetter's rule alone (RabbitMQ's
+// Retry uses it for the first failure its copy carries): a header that is
+// no RFC 3339 time, or one after now, becomes now; a valid earlier time is
+// kept, in UTC; a known first failure wins.
+func TestSetFirstFailure(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		header string
+		known  time.Time
+		want   string
+	}{
+		{"", time.Time{}, "2026-12-04T12:00:00Z"},
+		{"garbage", time.Time{}, "2026-12-04T12:00:00Z"},
+		{"2026-12-04T12:00:01Z", time.Time{}, "2026-12-04T12:00:00Z"},
+		{"2026-12-04T12:30:00.5+01:00", time.Time{}, "2026-12-04T11:30:00.5Z"},
+		{"garbage", now.Add(-time.Hour), "2026-12-04T11:00:00Z"},
+	} {
+		m := &sdk.Message{}
+		if c.header != "" {
+			m.SetHeader(sdk.HeaderFirstFailure, c.header)
+		}
+		sdk.SetFirstFailure(m, c.known, now)
+		if got := m.Header(sdk.HeaderFirstFailure); got != c.want {
+			t.Errorf("header %q, known %s: %q; want %q", c.header, c.known, got, c.want)
+		}
+	}
+}

@@ -277,15 +277,27 @@ func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firs
 	m.SetHeader(HeaderDeadLetterClass, string(class))
 	m.SetHeader(HeaderDeadLetterAttempts, strconv.Itoa(attempt))
 	m.SetHeader(HeaderDeadLetterQueue, queue)
-	ts := now.UTC().Format(time.RFC3339Nano)
+	SetFirstFailure(m, firstFailure, now)
+	m.SetHeader(HeaderLastFailure, now.UTC().Format(time.RFC3339Nano))
+}
+
+// SetFirstFailure sets [HeaderFirstFailure] on m, a copy a broker stores
+// after a failure at now, by the rule of [AnnotateDeadLetter]: firstFailure
+// when it is not zero; else the header already on m when it is an RFC 3339
+// time not after now (a broker's own record, e.g. on RabbitMQ's retry
+// copies; it may also come from a producer outside berth, so it is not
+// trusted as it is), rewritten in UTC; else now. Times are written as
+// [time.RFC3339Nano] writes them. Brokers that carry the first failure on
+// the message from one attempt to the next (RabbitMQ's Retry) use it, so
+// that a forged or garbage header is not passed on as berth's.
+func SetFirstFailure(m *Message, firstFailure, now time.Time) {
+	first := now
 	if !firstFailure.IsZero() {
-		m.SetHeader(HeaderFirstFailure, firstFailure.UTC().Format(time.RFC3339Nano))
-	} else if first, ok := parseFirstFailure(m.Header(HeaderFirstFailure), now); ok {
-		m.SetHeader(HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
-	} else {
-		m.SetHeader(HeaderFirstFailure, ts)
+		first = firstFailure
+	} else if t, ok := parseFirstFailure(m.Header(HeaderFirstFailure), now); ok {
+		first = t
 	}
-	m.SetHeader(HeaderLastFailure, ts)
+	m.SetHeader(HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
 }
 
 // parseFirstFailure reads a [HeaderFirstFailure] found on a message: an RFC

@@ -1066,9 +1066,12 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) 
 		return err
 	}
 	m := d.msg.Clone()
-	if m.Header(sdk.HeaderFirstFailure) == "" {
-		m.SetHeader(sdk.HeaderFirstFailure, time.Now().UTC().Format(time.RFC3339Nano))
-	}
+	// The copy carries the first failure to the next attempt and, at last,
+	// to the dead letter. A berth-first-failure already on the message is
+	// this broker's own from an earlier Retry, or a producer's outside
+	// berth (forged, garbage): it is kept only as AnnotateDeadLetter keeps
+	// one, an RFC 3339 time not after now (in UTC), else now.
+	sdk.SetFirstFailure(m, time.Time{}, time.Now())
 	return d.republish(ctx, m, d.attempt+1, delay)
 }
 
