@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -38,3 +39,7 @@ func (b *Broker) SetInternalTimeouts(claim, ack time.Duration) {
 func (b *Broker) DeadLetterPageSQL(cursor, mark bool) string {
 	return b.deadLetterPageSQL(cursor, mark)
 }
+
+// RFC3339SQL is the SQL that writes the timestamptz expr as a failure-time
+// header.
+func RFC3339SQL(expr string) string { return fmt.Sprintf(rfc3339SQL, expr) }

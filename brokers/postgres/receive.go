@@ -20,8 +20,11 @@ import (
 const minWait = 10 * time.Millisecond
 
 // rfc3339SQL formats a timestamptz the way sdk.AnnotateDeadLetter does (UTC,
-// RFC 3339 with fraction).
-const rfc3339SQL = `to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`
+// time.RFC3339Nano: the fraction without its trailing zeros, none for a
+// whole second), so that one instant reads as one header string whichever
+// path wrote it (the claim's SQL, DeadLetter's Go and SQL, other brokers).
+// It is NULL for NULL.
+const rfc3339SQL = `(rtrim(rtrim(to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '0'), '.') || 'Z')`
 
 // headerFirstFailureSQL is the berth-first-failure header of row j as a
 // timestamptz when it is an RFC 3339 time as sdk.AnnotateDeadLetter reads one
