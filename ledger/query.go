@@ -61,7 +61,8 @@ type Filter struct {
 	Statuses []Status
 	Type     string
 	// Since and Until bound the jobs' last update (Since inclusive, Until
-	// exclusive).
+	// exclusive); zero is no bound. [Infinity] and [NegativeInfinity]
+	// stand for 'infinity' and '-infinity', as a Reader gives them.
 	Since, Until time.Time
 	// Limit bounds the page. Default 100, at most 1000.
 	Limit int
@@ -144,7 +145,9 @@ func (f Filter) Check() (Filter, error) {
 		f.Limit = DefaultLimit
 	}
 	f.Limit = min(f.Limit, MaxLimit)
-	if !f.Until.IsZero() && f.Until.Before(f.Since) {
+	// A zero Since is no bound (not year 1): an Until before it, such as
+	// NegativeInfinity, selects what it says.
+	if !f.Until.IsZero() && !f.Since.IsZero() && f.Until.Before(f.Since) {
 		return f, fmt.Errorf("%w: until %s before since %s", ErrInvalidFilter, f.Until, f.Since)
 	}
 	if f.After != "" {
@@ -174,15 +177,24 @@ var (
 
 // Cursor encodes the keyset position after a job first seen at t with id.
 // Reader implementations use it to build [Page.Next]. t may be any time
-// PostgreSQL holds (before 1970 too, up to year 294246), or [Infinity] or
-// [NegativeInfinity] for 'infinity' and '-infinity'.
+// PostgreSQL holds (before 1970 too, up to its latest, in year 294276), or
+// [Infinity] or [NegativeInfinity] for 'infinity' and '-infinity'. The time
+// is written as microseconds since the Unix epoch, in decimal: after year
+// 294247 that number no longer fits an int64, and it is written out all
+// the same (computing it as one wrapped round to a time before 1970, a
+// cursor DecodeCursor refused: paging over such a row failed).
 func Cursor(t time.Time, id string) string {
-	ts := strconv.FormatInt(t.UnixMicro(), 10)
-	switch {
+	var ts string
+	switch sec := t.Unix(); {
 	case t.Equal(Infinity):
 		ts = "infinity"
 	case t.Equal(NegativeInfinity):
 		ts = "-infinity"
+	case sec > 0:
+		// sec*1e6 + µs, digit by digit: it may not fit an int64.
+		ts = strconv.FormatInt(sec, 10) + fmt.Sprintf("%06d", t.Nanosecond()/1000)
+	default:
+		ts = strconv.FormatInt(t.UnixMicro(), 10)
 	}
 	return base64.RawURLEncoding.EncodeToString([]byte(ts + ":" + id))
 }
@@ -194,10 +206,15 @@ func Cursor(t time.Time, id string) string {
 // [ErrInvalidFilter]), or wrap around when encoded.
 const minCursorMicros = -210866803200000000
 
+// maxCursorTime is the latest finite time PostgreSQL holds (its timestamps
+// end before 294277-01-01 UTC), and so the latest a [Cursor] holds.
+var maxCursorTime = time.Date(294276, time.December, 31, 23, 59, 59, 999999000, time.UTC)
+
 // DecodeCursor reverses [Cursor]; a cursor of 'infinity' or '-infinity'
 // gives [Infinity] or [NegativeInfinity]. A cursor comes from whoever sends
-// it (a URL, a command line): a malformed one, or one holding a time before
-// 4713 BC, gives [ErrInvalidFilter].
+// it (a URL, a command line): a malformed one, or one holding a time
+// PostgreSQL cannot (before 4713 BC, after year 294276), gives
+// [ErrInvalidFilter].
 func DecodeCursor(c string) (time.Time, string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err == nil {
@@ -208,11 +225,32 @@ func DecodeCursor(c string) (time.Time, string, error) {
 		case ok && ts == "-infinity":
 			return NegativeInfinity, id, nil
 		}
-		if us, perr := strconv.ParseInt(ts, 10, 64); ok && perr == nil && us >= minCursorMicros {
-			return time.UnixMicro(us), id, nil
+		if t, tok := cursorMicros(ts); ok && tok {
+			return t, id, nil
 		}
 	}
 	return time.Time{}, "", fmt.Errorf("%w: malformed cursor", ErrInvalidFilter)
+}
+
+// cursorMicros reads a cursor's time, microseconds since the Unix epoch in
+// decimal: in an int64 up to year 294247, past it as all digits, the last
+// six the microseconds. It is a time PostgreSQL holds, or not ok.
+func cursorMicros(ts string) (time.Time, bool) {
+	us, err := strconv.ParseInt(ts, 10, 64)
+	if err == nil {
+		return time.UnixMicro(us), us >= minCursorMicros
+	}
+	n := len(ts)
+	if n <= 6 || strings.Trim(ts, "0123456789") != "" {
+		return time.Time{}, false
+	}
+	sec, err := strconv.ParseInt(ts[:n-6], 10, 64)
+	if err != nil || sec > maxCursorTime.Unix() { // also keeps time.Unix from wrapping round
+		return time.Time{}, false
+	}
+	frac, _ := strconv.Atoi(ts[n-6:])
+	t := time.Unix(sec, int64(frac)*1000)
+	return t, !t.After(maxCursorTime)
 }
 
 // MarkAbandoned sets Abandoned on the attempts of h that never settled

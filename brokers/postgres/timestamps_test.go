@@ -73,6 +73,14 @@ func TestDeadLetterPagesBefore1970AndInfinite(t *testing.T) {
 		walkDeadLetters(t, pool, []string{"-infinity", "1900-01-01 00:00:00+00", "1969-12-31 23:59:59.5+00", "1970-01-01 00:00:00+00",
 			"1970-01-01 00:00:00+00", "2001-02-03 04:05:06.789+00", "infinity"})
 	})
+	// Past the microseconds since 1970 an int64 holds (year 294247), up to
+	// the latest time PostgreSQL holds: the position wraps round to a
+	// negative number, and back again when pgx sends it (as microseconds
+	// since 2000, which fit), so the walk goes on in order.
+	t.Run("after year 294247", func(t *testing.T) {
+		walkDeadLetters(t, pool, []string{"2001-02-03 04:05:06.789+00", "294247-01-10 04:00:54.775807+00", "294247-01-10 04:00:54.775808+00",
+			"294260-06-01 12:00:00.5+00", "294260-06-01 12:00:00.5+00", "294276-12-31 23:59:59.999999+00", "infinity"})
+	})
 }
 
 // walkDeadLetters dead-letters one job per time (updated_at, ascending) and

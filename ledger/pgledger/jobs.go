@@ -159,7 +159,7 @@ func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	}
 	rows, err := s.db.Query(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE `+strings.Join(where, " AND ")+`
 ORDER BY id DESC LIMIT $6`,
-		storableText(f.Queue), storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterID, f.Limit+1)
+		storableText(f.Queue), storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterID, f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
@@ -193,7 +193,7 @@ func (s *Jobs) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, erro
 	rows, err := s.db.Query(ctx, `SELECT `+statusSQL+`,
 	CASE WHEN status IN ('dead_letter', 'failed') THEN COALESCE(`+hClass+`, '') ELSE '' END, count(*) FROM `+s.table+`
 WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
-GROUP BY 1, 2`, storableText(w.Queue), nonZero(w.Since), nonZero(w.Until))
+GROUP BY 1, 2`, storableText(w.Queue), filterTime(w.Since), filterTime(w.Until))
 	if err != nil {
 		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
 	}

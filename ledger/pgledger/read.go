@@ -154,7 +154,7 @@ WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND (
 	AND ($4::timestamptz IS NULL OR updated_at >= $4) AND ($5::timestamptz IS NULL OR updated_at < $5)
 	AND ($6::timestamptz IS NULL OR (first_seen_at, message_id) < ($6, $7))
 ORDER BY first_seen_at DESC, message_id DESC LIMIT $8`,
-		storableText(f.Queue), statuses, storableText(f.Type), nonZero(f.Since), nonZero(f.Until), afterT, storableText(afterID), f.Limit+1)
+		storableText(f.Queue), statuses, storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterT, storableText(afterID), f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
@@ -193,7 +193,7 @@ func (s *Store) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, err
 	rows, err := s.db.Query(ctx, `SELECT status, CASE WHEN status IN ('retrying', 'dead', 'released') THEN COALESCE(error_class, '') ELSE '' END,
 	count(*) FROM `+s.jobs+`
 WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
-GROUP BY 1, 2`, storableText(w.Queue), nonZero(w.Since), nonZero(w.Until))
+GROUP BY 1, 2`, storableText(w.Queue), filterTime(w.Since), filterTime(w.Until))
 	if err != nil {
 		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
 	}
@@ -201,7 +201,7 @@ GROUP BY 1, 2`, storableText(w.Queue), nonZero(w.Since), nonZero(w.Until))
 }
 
 func checkWindow(w ledger.Window) error {
-	if !w.Until.IsZero() && w.Until.Before(w.Since) {
+	if !w.Until.IsZero() && !w.Since.IsZero() && w.Until.Before(w.Since) {
 		return fmt.Errorf("%w: until %s before since %s", ledger.ErrInvalidFilter, w.Until, w.Since)
 	}
 	return nil

@@ -64,7 +64,11 @@ func cursorTime(ts pgtype.Timestamptz) time.Time {
 	return ts.Time
 }
 
-// queryTime reverses cursorTime, for a query's parameter.
+// queryTime reverses cursorTime, for a query's parameter: ledger.Infinity
+// and ledger.NegativeInfinity are 'infinity' and '-infinity'. Any finite
+// time PostgreSQL holds goes as it is, after year 294247 too: pgx computes
+// its microseconds since 2000 through those since 1970, which overflow an
+// int64 there, but wrap back into range when the difference is taken.
 func queryTime(t time.Time) pgtype.Timestamptz {
 	switch {
 	case t.Equal(ledger.Infinity):
@@ -73,6 +77,35 @@ func queryTime(t time.Time) pgtype.Timestamptz {
 		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
 	return pgtype.Timestamptz{Time: t, Valid: true}
+}
+
+// The finite times PostgreSQL holds: from 4714-11-24 BC (Julian day 0) to
+// the end of year 294276, UTC.
+var (
+	minStored = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	maxStored = time.Date(294276, time.December, 31, 23, 59, 59, 999999000, time.UTC)
+)
+
+// filterTime is a bound of a [ledger.Filter] or [ledger.Window] (Since,
+// Until) as a query parameter: NULL when zero (no bound), and else a bound
+// that selects the rows t selects. ledger.Infinity and
+// ledger.NegativeInfinity are 'infinity' and '-infinity' (what a reader
+// gives for them: a bound taken from a job it returned selects as the
+// job's time; sent as the finite times they also are, they put rows
+// holding 'infinity' or '-infinity' on the wrong side). A time after the
+// latest PostgreSQL holds is beyond every finite one, as 'infinity' is; one
+// before the earliest is before every finite one, as the earliest is (but
+// not '-infinity', which is before it): PostgreSQL would refuse either.
+func filterTime(t time.Time) pgtype.Timestamptz {
+	switch {
+	case t.IsZero():
+		return pgtype.Timestamptz{} // NULL
+	case t.After(maxStored):
+		return queryTime(ledger.Infinity)
+	case t.Before(minStored):
+		return queryTime(minStored)
+	}
+	return queryTime(t)
 }
 
 // historyTime is a time of the history column. It is written as time.Time

@@ -3,6 +3,7 @@ package pgledger
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"testing"
 	"time"
 
@@ -74,6 +75,9 @@ func TestCursorAnyPosition(t *testing.T) {
 		{Time: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC), Valid: true},
 		{Time: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC), Valid: true},
 		{Time: time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), Valid: true},
+		{Time: time.UnixMicro(math.MaxInt64), Valid: true},
+		{Time: time.Date(294250, 6, 1, 12, 0, 0, 123456000, time.UTC), Valid: true},
+		{Time: time.Date(294276, 12, 31, 23, 59, 59, 999999000, time.UTC), Valid: true},
 	} {
 		at, id, err := ledger.DecodeCursor(ledger.Cursor(cursorTime(ts), "x:y"))
 		if err != nil || id != "x:y" {
