@@ -72,3 +72,45 @@ func TestFailureTimesOneText(t *testing.T) {
 		t.Errorf("a whole second reads %q", whole)
 	}
 }
+
+// TestDeadLetterForeignFirstFailureOnServerClock: a job that never failed
+// before, carrying a berth-first-failure from outside berth that is no
+// first failure (garbage, a time to come), is dead-lettered with its first
+// failure on the database server's clock, as its last: the statement's
+// now() for both. DeadLetter counted any such header as a first failure
+// already known, so AnnotateDeadLetter's replacement — the application
+// host's clock — stayed in the header, and a host clock ahead of the
+// server's put the first failure after the last.
+func TestDeadLetterForeignFirstFailureOnServerClock(t *testing.T) {
+	pool := newPool(t, "berth-foreignfirst-"+suffix(), 4)
+	b := newBroker(t, pool, postgres.Options{Lease: time.Minute, PollInterval: 20 * time.Millisecond})
+	ctx := testCtx(t)
+	q := "foreignfirst_" + suffix()
+	for _, v := range []string{"garbage", "<script>", "2999-01-01T00:00:00Z"} {
+		// Publish refuses berth- headers: another tool writes the row.
+		m := &sdk.Message{Body: []byte("x")}
+		if err := b.Publish(ctx, q, m); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE `+b.Schema()+`.jobs SET headers = COALESCE(headers, '{}'::jsonb) || jsonb_build_object($2::text, $3::text) WHERE message_id = $1`,
+			m.ID, sdk.HeaderFirstFailure, v); err != nil {
+			t.Fatal(err)
+		}
+		d := receiveN(t, b, q, 1)[0]
+		if err := d.DeadLetter(ctx, errors.New("boom")); err != nil {
+			t.Fatal(err)
+		}
+		var first, last string
+		var column time.Time
+		if err := pool.QueryRow(ctx, `SELECT headers->>$2, headers->>$3, first_failure_at FROM `+b.Schema()+`.jobs WHERE message_id = $1`,
+			m.ID, sdk.HeaderFirstFailure, sdk.HeaderLastFailure).Scan(&first, &last, &column); err != nil {
+			t.Fatal(err)
+		}
+		if first != last {
+			t.Errorf("header %q: first failure %q, last %q; want both the statement's now()", v, first, last)
+		}
+		if want := column.UTC().Format(time.RFC3339Nano); first != want {
+			t.Errorf("header %q: first failure %q; want first_failure_at %q", v, first, want)
+		}
+	}
+}

@@ -500,8 +500,18 @@ func (b *Broker) handBack(ctx context.Context, conn *pgxpool.Conn, queue, token 
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return d.settle(ctx, "dead-letter", func(ctx context.Context) error {
 		m := d.msg.Clone()
-		knownFirst := !d.firstFailure.IsZero() || m.Header(sdk.HeaderFirstFailure) != ""
-		sdk.AnnotateDeadLetter(m, d.queue, d.attempt, cause, d.firstFailure, time.Now())
+		// A first failure is known when the row has one, or the message
+		// carries one AnnotateDeadLetter keeps (an RFC 3339 time not
+		// after now). A header it replaces (garbage, a time to come,
+		// written by another tool) is no record: the server's clock gives
+		// the first failure, as it gives the last.
+		now := time.Now()
+		knownFirst := !d.firstFailure.IsZero()
+		if h := m.Header(sdk.HeaderFirstFailure); !knownFirst && h != "" {
+			t, err := time.Parse(time.RFC3339Nano, h)
+			knownFirst = err == nil && !t.After(now)
+		}
+		sdk.AnnotateDeadLetter(m, d.queue, d.attempt, cause, d.firstFailure, now)
 		m.SetHeader(sdk.HeaderDeadLetterReason, stripNUL(m.Header(sdk.HeaderDeadLetterReason)))
 		headers, err := json.Marshal(m.Headers)
 		if err != nil {
