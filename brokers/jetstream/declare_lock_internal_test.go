@@ -263,3 +263,159 @@ func TestStaleDeclareLockRefusedWaits(t *testing.T) {
 		t.Errorf("acquire refused for longer than declareLockFailFor: %v, want it to give up with the refusal", err)
 	}
 }
+
+// TestDeclareLockFirstTakeOnce: waiters on several Brokers race for a lock
+// no declaration has taken yet: its stream absent (created on first need,
+// its last sequence 0), or an earlier berth's lock stream that each of them
+// converts. Nats-Expected-Last-Sequence 0 must hold as any other (the
+// stream stores nothing since the read), and two conversions of one stream
+// must not let two take it: at most one holder at a time.
+func TestDeclareLockFirstTakeOnce(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			const brokers, perBroker = 3, 5
+			bs := make([]*Broker, brokers)
+			for i := range bs {
+				bs[i] = lockTestBroker(t, ctx)
+			}
+			var sfx [6]byte
+			_, _ = rand.Read(sfx[:])
+			queue := "lockfirst-" + hex.EncodeToString(sfx[:])
+			defer func() { _ = bs[0].DeleteQueue(context.Background(), queue) }()
+			q := bs[0].names(queue)
+			if legacy {
+				if _, err := bs[0].js.CreateStream(ctx, jetstream.StreamConfig{
+					Name: q.lock, Description: "berth declaration lock, held by gone", Subjects: []string{q.lockSubject},
+					Storage: jetstream.MemoryStorage, MaxMsgs: 1,
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var holders, overlaps, taken atomic.Int32
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range brokers * perBroker {
+				l := &declareLock{b: bs[i%brokers], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("w%d", i)}
+				wg.Go(func() {
+					<-start
+					if err := l.acquire(ctx); err != nil {
+						t.Errorf("acquire: %v", err)
+						return
+					}
+					taken.Add(1)
+					if n := holders.Add(1); n > 1 {
+						overlaps.Add(1)
+					}
+					time.Sleep(5 * time.Millisecond) // the critical section
+					holders.Add(-1)
+					l.release(ctx)
+				})
+			}
+			close(start)
+			wg.Wait()
+			if n := overlaps.Load(); n > 0 {
+				t.Errorf("%d of %d acquisitions found another holder in the critical section (a first take by more than one waiter)", n, taken.Load())
+			}
+		})
+	}
+}
+
+// lostTakeJS stores the takes of the lock (publishes on its subject) but
+// reports each failed, as when the answer is lost on its way back.
+type lostTakeJS struct {
+	jetstream.JetStream
+	subject string
+	lost    atomic.Int64
+}
+
+func (f *lostTakeJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := f.JetStream.PublishMsg(ctx, m, opts...)
+	if err == nil && m.Subject == f.subject {
+		f.lost.Add(1)
+		return nil, nats.ErrTimeout
+	}
+	return ack, err
+}
+
+// TestDeclareLockLostTakeRecognised: a take of the lock is stored but its
+// answer is lost (the declaration's ctx goes on). The next attempt finds
+// the lock held, and must recognise its own token there and hold it,
+// rather than wait declareLockTTL for its own message to expire; release
+// then frees it.
+func TestDeclareLockLostTakeRecognised(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	b := lockTestBroker(t, ctx)
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	queue := "locklost-" + hex.EncodeToString(sfx[:])
+	defer func() { _ = b.DeleteQueue(context.Background(), queue) }()
+	q := b.names(queue)
+	fake := &lostTakeJS{JetStream: b.js, subject: q.lockSubject}
+	b.js = fake
+
+	// declareLockTTL (30 s) is well past this ctx: only a declaration that
+	// recognises its message holds the lock within it.
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	l := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: "mine"}
+	err := l.acquire(actx)
+	acancel()
+	if err != nil {
+		t.Fatalf("acquire after its take's answer was lost: %v (%d takes)", err, fake.lost.Load())
+	}
+	if n := fake.lost.Load(); n != 1 {
+		t.Errorf("%d takes stored, want 1", n)
+	}
+	s, err := fake.JetStream.Stream(ctx, q.lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetLastMsgForSubject(ctx, q.lockSubject); err != nil || string(m.Data) != "mine" || m.Sequence != l.seq {
+		t.Errorf("lock message: %v, %v; want the declaration's, at its sequence %d", m, err, l.seq)
+	}
+	l.release(ctx)
+	if s, err = fake.JetStream.Stream(ctx, q.lock); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 0 {
+		t.Errorf("lock after release: %d messages, want none (free)", n)
+	}
+}
+
+// TestDeclareLockMaybeReleaseKeepsAnothers: a declaration whose take failed
+// with an unknown outcome (maybe) releases the lock at its end; when its
+// take was not stored and another declaration holds the lock, the
+// message there (the last one) is the other's, and must stay.
+func TestDeclareLockMaybeReleaseKeepsAnothers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	b := lockTestBroker(t, ctx)
+	var sfx [6]byte
+	_, _ = rand.Read(sfx[:])
+	queue := "lockmaybe-" + hex.EncodeToString(sfx[:])
+	defer func() { _ = b.DeleteQueue(context.Background(), queue) }()
+	q := b.names(queue)
+
+	holder := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: "holder"}
+	if err := holder.acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.js.Stream(ctx, q.lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &declareLock{b: b, stream: q.lock, subject: q.lockSubject, token: "other", maybe: true, s: s}
+	other.release(ctx)
+	if m, err := s.GetLastMsgForSubject(ctx, q.lockSubject); err != nil || string(m.Data) != "holder" {
+		t.Fatalf("lock after the release of a take that was not stored: %v, %v; want the holder's message", m, err)
+	}
+	holder.release(ctx)
+	if s, err = b.js.Stream(ctx, q.lock); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 0 {
+		t.Errorf("lock after the holder's release: %d messages, want none (free)", n)
+	}
+}
