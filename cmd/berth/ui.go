@@ -424,7 +424,9 @@ func isLoopback(host string) bool {
 }
 
 // redactedURL is the broker URL to show: scheme, user, host and path; no
-// password and no query (which may hold one).
+// password and no query (which may hold one). On nats:// a user without a
+// password is no user but a token (nats.go authenticates with it as one),
+// so it is left out too.
 func redactedURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -432,7 +434,9 @@ func redactedURL(raw string) string {
 	}
 	r := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
 	if u.User != nil {
-		r.User = url.User(u.User.Username())
+		if _, pw := u.User.Password(); pw || !strings.EqualFold(u.Scheme, "nats") {
+			r.User = url.User(u.User.Username())
+		}
 	}
 	if r.Host == "" && r.Path == "" {
 		return r.Scheme + "://"
