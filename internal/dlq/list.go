@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"context"
+	"math"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -30,7 +31,12 @@ type Listing struct {
 // counts them, the count comes from sdk.Inspector and the walk stops after
 // the page).
 func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offset, limit int, o Options) (Listing, error) {
+	offset, limit = max(offset, 0), max(limit, 0) // callers refuse negatives; the sums below need it
 	l := Listing{Total: -1, Offset: offset, Next: -1}
+	// end is the match past the page: offset+limit, or math.MaxInt when
+	// that sum would wrap round (a limit or offset that large is no bound),
+	// which showed nothing and named the same offset as the next page.
+	end := offset + min(limit, math.MaxInt-offset)
 	if in, ok := dl.(sdk.Inspector); ok {
 		st, err := in.Stats(ctx, queue)
 		if err != nil {
@@ -44,13 +50,13 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 		// than that either, and never more than ScanLimit (its default
 		// too), whatever the offset: such a broker holds every letter its
 		// one call reads.
-		o.Limit = offset + limit
-		o.ScanLimit = min(o.withDefaults().ScanLimit, offset+limit)
+		o.Limit = end
+		o.ScanLimit = min(o.withDefaults().ScanLimit, end)
 	}
 	i := 0
 	s, err := Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
 		for _, m := range page {
-			if i >= offset && i < offset+limit {
+			if i >= offset && i < end {
 				l.Messages = append(l.Messages, m)
 			}
 			i++
@@ -66,7 +72,7 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 	// page it was to read was full: the page is then short, and the
 	// letters past the scan cannot be reached, so the listing stays
 	// incomplete, with the scan's count, and no next page.
-	short := s.Incomplete != "" && int64(offset+len(l.Messages)) < min(int64(offset+limit), l.Total)
+	short := s.Incomplete != "" && int64(offset+len(l.Messages)) < min(int64(end), l.Total)
 	if counted && !short {
 		l.Matched, l.Complete, l.Incomplete = int(l.Total), true, ""
 	}
