@@ -127,7 +127,10 @@ type jsonPausedList struct {
 	Queues []pause.Paused `json:"queues"`
 }
 
-func runQueuePaused(ctx context.Context, c *cli, _ []string) error {
+func runQueuePaused(ctx context.Context, c *cli, args []string) error {
+	if len(args) != 0 {
+		return usagef("queue paused takes no arguments (it lists every paused queue)")
+	}
 	s, closeDB, err := c.openPause(ctx, false)
 	if err != nil {
 		return err
