@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -119,10 +120,12 @@ type WorkerOptions struct {
 	// Concurrency. On a ReceiveBatcher each Receive takes at most its batch
 	// of the free slots, so that the loops' calls are in flight together
 	// and full. With several Queues each queue has its own loop and
-	// ReceiveLoops is unused. Negative is refused.
+	// ReceiveLoops is unused. Negative is refused; more than Concurrency +
+	// Prefetch counts as that many (a loop beyond the slots never holds one).
 	ReceiveLoops int
 	// Concurrency is how many handlers run at once. Default (zero) 8;
-	// negative is refused. Deliveries of one Receive run concurrently, so
+	// negative is refused, and so is a Concurrency + Prefetch above
+	// 2147483647 (math.MaxInt32). Deliveries of one Receive run concurrently, so
 	// order within an ordering key (an SQS FIFO message group) holds only
 	// with Concurrency 1 and Prefetch 1.
 	Concurrency int
@@ -184,7 +187,8 @@ type WorkerOptions struct {
 	// negative is refused.
 	DrainTimeout time.Duration
 	// SettleTimeout bounds each settlement call. Default (zero)
-	// [DefaultSettleTimeout]; negative is refused.
+	// [DefaultSettleTimeout]; negative is refused; one above about 73 years
+	// (math.MaxInt64/4) is taken as that.
 	SettleTimeout time.Duration
 	// Middleware wraps the handler, the first outermost.
 	Middleware []Middleware
@@ -206,6 +210,13 @@ type WorkerOptions struct {
 	// tests. Default: a random source. Used under a lock.
 	Rand *rand.Rand
 }
+
+// maxCapacity bounds Concurrency + Prefetch: a slot's index is an int32.
+const maxCapacity = math.MaxInt32
+
+// maxSettleTimeout bounds SettleTimeout (about 73 years), so that the
+// deadlines the Worker computes from it cannot overflow.
+const maxSettleTimeout = time.Duration(math.MaxInt64 / 4)
 
 // MaxDefaultReceiveLoops bounds the ReceiveLoops a Worker picks for itself on
 // a [ReceiveBatcher] when [WorkerOptions.ReceiveLoops] is unset.
@@ -250,6 +261,12 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 	if o.Prefetch == 0 {
 		o.Prefetch = o.Concurrency
 	}
+	if o.Concurrency > maxCapacity-o.Prefetch {
+		// The slots are indexed by an int32, and their sum must not wrap.
+		return o, fmt.Errorf("%w: Concurrency (%d) + Prefetch (%d) above %d", ErrInvalidOptions, o.Concurrency, o.Prefetch, maxCapacity)
+	}
+	// A loop beyond the slots could never hold one.
+	o.ReceiveLoops = min(o.ReceiveLoops, o.Concurrency+o.Prefetch)
 	o.Retry = o.Retry.withDefaults()
 	if o.RetryByType != nil {
 		m := make(map[string]RetryPolicy, len(o.RetryByType))
@@ -286,6 +303,10 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 	if o.SettleTimeout == 0 {
 		o.SettleTimeout = DefaultSettleTimeout
 	}
+	// A longer bound is no bound in practice, and the Worker adds it to
+	// clock readings (a settlement's deadline, the drain's grace): near
+	// math.MaxInt64 the sums wrapped to deadlines in the past.
+	o.SettleTimeout = min(o.SettleTimeout, maxSettleTimeout)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
