@@ -230,15 +230,34 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	var asyncs sync.WaitGroup
 	acked := make(chan *asyncAck, capacity)
 	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
+	// reportAcks is that goroutine. An observer that calls runtime.Goexit
+	// while an ack is reported ends it (recover sees nothing): its deferred
+	// call frees that ack's slot and starts a replacement, as handlers does,
+	// so that the acks after it are still reported and their slots freed.
+	var reportAcks func()
+	reportAcks = func() {
+		var reporting *asyncAck // set while finishAsync reports it
+		defer func() {
+			if reporting == nil {
+				close(finished)
+				return
+			}
+			reporting.t.hc.cancel(nil)
+			w.acking.Add(-1)
+			done(reporting.t)
+			asyncs.Done()
+			go reportAcks()
+		}()
 		for a := range acked {
+			reporting = a
 			w.finishAsync(a)
+			reporting = nil
 			w.acking.Add(-1) // before its slot is back: receive sees both at once
 			done(a.t)
 			asyncs.Done()
 		}
-	}()
+	}
+	go reportAcks()
 	var pool sync.WaitGroup
 	// handlers is one handler goroutine. One whose handler called
 	// runtime.Goexit ends (process has settled the task: see goexited); its
@@ -309,11 +328,39 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	defer unwatch()
 	err = w.receiveAll(ctx, free, rq, wake, held)
 	w.health.state.Store(hDraining)
+	// Deliveries not started are handed back now, not when a handler
+	// goroutine comes free: every one may be busy with a long job until the
+	// drain deadline, and meanwhile another consumer could run them. Those
+	// that cannot be handed back without consuming an attempt (no
+	// Releaser: see finishAtDrain) stay queued for the handlers to run.
+	var early sync.WaitGroup
+	var keep []*task
+	for t, ok := rq.take(); ok; t, ok = rq.take() {
+		if _, rel := t.d.(Releaser); !rel && !t.lost.Load() {
+			keep = append(keep, t)
+			continue
+		}
+		early.Go(func() {
+			if t.lost.Load() {
+				w.logLeaseLost(base, t.d)
+			} else {
+				w.release(base, t.d, "not started before shutdown")
+			}
+			done(t)
+		})
+	}
+	for _, t := range keep {
+		rq.push(t)
+	}
+	if len(keep) > 0 {
+		rq.wakeOne()
+	}
 	rq.close()
 
 	drained := make(chan struct{})
 	go func() {
 		pool.Wait()
+		early.Wait()
 		asyncs.Wait() // bounded by SettleTimeout: AckAsync reports by its ctx's end
 		close(acked)
 		<-finished
@@ -367,9 +414,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	close(hbStop)
 	hb.Wait()
 	w.endStopReceiving()
-	if sc := w.shared.Swap(nil); sc != nil {
-		sc.cancel()
-	}
+	// The next Run's settlements start a context of their own. This one is
+	// not cancelled: a concurrent Process, or a handler abandoned at the
+	// drain deadline, may be settling under it; its timer releases it at
+	// its deadline.
+	w.shared.Store(nil)
 
 	if f, ok := w.sub.(Flusher); ok {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.SettleTimeout)
@@ -851,6 +900,18 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	if stopping != nil && stopping.Load() {
 		t.hc.cancel(ErrShutdown)
 	}
+	// A handler (or an observer's Start) that calls runtime.Goexit ends
+	// this goroutine: recover sees nothing, and nothing after call runs.
+	// goexit is cleared once call returns, so the deferred goexited
+	// settles the delivery only then.
+	observed := len(w.opts.Observers) > 0
+	var start time.Duration
+	goexit := true
+	defer func() {
+		if goexit {
+			w.goexited(base, ctx, t, start, observed)
+		}
+	}()
 	for _, ob := range w.opts.Observers {
 		ctx = w.observeStart(ctx, ob, d)
 	}
@@ -862,20 +923,9 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 
 	// Duration is for observers, read on the monotonic clock alone (see
 	// monoNow): two wall-clock reads a message cost 50 ns more on kvm-clock.
-	observed := len(w.opts.Observers) > 0
-	var start time.Duration
 	if observed {
 		start = monoNow()
 	}
-	// A handler that calls runtime.Goexit ends this goroutine: recover sees
-	// nothing, and nothing after call runs. goexit is cleared once call
-	// returns, so the deferred goexited settles the delivery only then.
-	goexit := true
-	defer func() {
-		if goexit {
-			w.goexited(base, ctx, t, start, observed)
-		}
-	}()
 	err := w.call(ctx, d)
 	goexit = false
 	t.settling.Store(true) // an extension racing the settlement would only report a false loss
@@ -907,7 +957,8 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 	return s, false
 }
 
-// goexited settles t, whose handler called runtime.Goexit, as process
+// goexited settles t, whose handler (or an observer's Start) called
+// runtime.Goexit, as process
 // settles a handler panic: a *PanicError of [ErrGoexit], logged at ERROR
 // and reported to the observers. It runs in process's deferred calls while
 // Goexit ends the goroutine; Run's handler goroutine then frees t's slot and
@@ -922,7 +973,9 @@ func (w *Worker) goexited(base, ctx context.Context, t *task, start time.Duratio
 		"type", m.Type, "correlation_id", m.CorrelationID, "stack", string(err.Stack))
 	s := w.settle(w.settleContext(base, endMono), ctx, d, err, t.lost.Load())
 	if observed {
-		s.Duration = endMono - start
+		if start != 0 { // 0: an observer's Start called Goexit, the handler never ran
+			s.Duration = endMono - start
+		}
 		s.Received = time.Unix(0, t.received)
 	}
 	for _, ob := range w.opts.Observers {

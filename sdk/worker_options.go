@@ -360,7 +360,10 @@ type Settlement struct {
 // was given), and the observers after it are still called: an observer's bug
 // changes no settlement and frees every slot. A Start that returns a nil
 // context is the same kind of bug: the context it was given is used, and it
-// is logged once per Worker.
+// is logged once per Worker. One that calls runtime.Goexit (t.FailNow) ends
+// the Worker's goroutine, which is replaced: a Goexit in Start settles the
+// delivery as a handler's Goexit does ([ErrGoexit]), and one in Settled
+// still frees the delivery's slot.
 type Observer interface {
 	Start(ctx context.Context, d Delivery) context.Context
 	Settled(ctx context.Context, d Delivery, s Settlement)
