@@ -54,7 +54,7 @@ func (b *Broker) queues() string { return quoteIdent(b.schema) + ".queues" }
 // queueKnown reports whether queue was declared or holds a job of any status.
 // Stats asks only when it counted nothing, so the scan for completed jobs
 // runs for idle or unknown queues; a queue found that way is recorded, so
-// that the next call finds it by its key.
+// that the next call finds it by its key, when the session can write.
 func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
 	var declared, used bool
 	err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.queues()+` WHERE name = $1),
@@ -63,8 +63,11 @@ func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
 		return false, err
 	}
 	if used && !declared {
+		// Only a shortcut for the next call: the answer is known, so a
+		// session that cannot write (a read-only role, a standby) or a
+		// failed INSERT does not fail the read.
 		if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.queues()+` (name) VALUES ($1) ON CONFLICT DO NOTHING`, queue); err != nil {
-			return false, err
+			b.opts.Logger.Debug("berth/postgres: queue holding jobs not recorded in the queues table", "queue", queue, "err", err)
 		}
 	}
 	return declared || used, nil
