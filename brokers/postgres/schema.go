@@ -52,7 +52,10 @@ func quoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }
 // Migrate creates the broker's schema, jobs table and indexes when they do not
 // exist. It is idempotent and safe to run from many processes at once: it
 // takes a transaction-scoped advisory lock so concurrent runs do not race on
-// CREATE ... IF NOT EXISTS. Teams who manage migrations themselves apply
+// CREATE ... IF NOT EXISTS. When the tables and every index (by name) are
+// there, it runs no DDL, so it takes no lock on the jobs table: a process
+// starting during work does not stall the queues behind a writing
+// transaction. Teams who manage migrations themselves apply
 // [SchemaSQL] instead.
 func (b *Broker) Migrate(ctx context.Context) error {
 	if b.isClosed() {
@@ -69,6 +72,27 @@ func (b *Broker) Migrate(ctx context.Context) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.migrate."+b.schema); err != nil {
 		return b.wrap(ctx, "migrate", err)
+	}
+	// Done already (every process that starts runs Migrate): the DDL is
+	// not run again. CREATE INDEX IF NOT EXISTS takes its SHARE lock on
+	// the jobs table before it finds the index there: it waits for every
+	// transaction that wrote to the table (a PublishTx in a long business
+	// transaction), and every claim, ack and publish queues behind it.
+	// The DDL is CREATE ... IF NOT EXISTS of these names alone: a later
+	// version that alters what exists (a column added) must check for
+	// that here too, or it would be skipped on migrated schemas.
+	names := []string{"jobs", "queues"}
+	for _, ix := range jobIndexes {
+		names = append(names, ix.Name)
+	}
+	var present int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = ANY($2::text[])`, b.schema, names).Scan(&present); err != nil {
+		return b.wrap(ctx, "migrate", err)
+	}
+	if present == len(names) {
+		return nil
 	}
 	// Simple protocol: the DDL is several statements.
 	if _, err := tx.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
