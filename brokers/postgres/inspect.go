@@ -243,7 +243,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	rows, err := tx.Query(ctx, `UPDATE `+b.table+` SET
 			status = 'queued', attempt_count = 0, available_at = now(), visibility_until = NULL,
 			lease_token = NULL, first_failure_at = NULL, updated_at = now(),
-			headers = (COALESCE(headers, '{}'::jsonb) - $3::text[]) || jsonb_build_object('`+sdk.HeaderRedriveCount+`',
+			headers = (`+fmt.Sprintf(objectHeadersSQL, "headers", "headers")+` - $3::text[]) || jsonb_build_object('`+sdk.HeaderRedriveCount+`',
 				(CASE WHEN headers->>'`+sdk.HeaderRedriveCount+`' ~ '^[0-9]{1,9}$'
 					THEN (headers->>'`+sdk.HeaderRedriveCount+`')::int ELSE 0 END + 1)::text)
 		`+from+`

@@ -182,6 +182,10 @@ type Broker struct {
 	// bounds one flush of the acker, which no caller's ctx cuts. Both
 	// are defaultInternalTimeout; tests shorten them (export_test.go).
 	claimTimeout, ackTimeout time.Duration
+
+	// now is the application host's clock (time.Now; a test sets one
+	// ahead of the server's).
+	now func() time.Time
 }
 
 // defaultInternalTimeout bounds the statements that run without a caller's
@@ -226,6 +230,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Broker, error) {
 
 		claimTimeout: defaultInternalTimeout,
 		ackTimeout:   defaultInternalTimeout,
+		now:          time.Now,
 	}
 	b.acks = newAcker(b)
 	b.goOwned(func() { b.acks.run(ctx) })

@@ -139,6 +139,15 @@ func (b *Broker) nextDue(ctx context.Context, queue string) (time.Duration, erro
 	return max(wait, minWait), nil
 }
 
+// objectHeadersSQL is the headers column (the expression given twice) when
+// it holds a JSON object, else an empty object: the headers of a row written
+// by hand or by another tool may be any JSON (null, which a Go tool writes
+// for a nil map, a string, a number, an array), which the broker delivers
+// and lists without headers (parseHeaders). Headers added with || to such a
+// value would make an array of it, which reads as no headers at all, and
+// jsonb - text[] fails on a scalar.
+const objectHeadersSQL = `(CASE WHEN jsonb_typeof(%s) = 'object' THEN %s ELSE '{}'::jsonb END)`
+
 // poisonReason is the dead-letter reason of a job the claim finds past
 // max_attempts: "max deliveries exceeded", then the last Retry's cause, so
 // the real error is not lost; at most 256 characters (1024 bytes, as
@@ -202,7 +211,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		worker_id        = $4,
 		last_error       = CASE WHEN c.poison THEN ` + poisonReason + ` ELSE j.last_error END,
 		first_failure_at = CASE WHEN c.poison THEN COALESCE(j.first_failure_at, now()) ELSE j.first_failure_at END,
-		headers          = CASE WHEN c.poison THEN COALESCE(j.headers, '{}'::jsonb) || jsonb_build_object(
+		headers          = CASE WHEN c.poison THEN ` + fmt.Sprintf(objectHeadersSQL, "j.headers", "j.headers") + ` || jsonb_build_object(
 			'` + sdk.HeaderDeadLetterReason + `', ` + poisonReason + `,
 			'` + sdk.HeaderDeadLetterClass + `', $6::text,
 			'` + sdk.HeaderDeadLetterAttempts + `', j.attempt_count::text,
@@ -505,11 +514,25 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		// after now). A header it replaces (garbage, a time to come,
 		// written by another tool) is no record: the server's clock gives
 		// the first failure, as it gives the last.
-		now := time.Now()
+		// A header AnnotateDeadLetter keeps is checked again in SQL
+		// (headerFirst), against the server's clock: one after the
+		// statement's now() (the last failure) is no record either, when
+		// the application host's clock is ahead of the server's.
+		now := d.b.now()
 		knownFirst := !d.firstFailure.IsZero()
+		var headerFirst *time.Time
 		if h := m.Header(sdk.HeaderFirstFailure); !knownFirst && h != "" {
 			t, err := time.Parse(time.RFC3339Nano, h)
 			knownFirst = err == nil && !t.After(now)
+			if knownFirst {
+				// Rounded up to the microsecond, as the server keeps
+				// times: not after now() means not after it at all.
+				up := t.Truncate(time.Microsecond)
+				if up.Before(t) {
+					up = up.Add(time.Microsecond)
+				}
+				headerFirst = &up
+			}
 		}
 		sdk.AnnotateDeadLetter(m, d.queue, d.attempt, cause, d.firstFailure, now)
 		m.SetHeader(sdk.HeaderDeadLetterReason, stripNUL(m.Header(sdk.HeaderDeadLetterReason)))
@@ -519,11 +542,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		}
 		return d.exec(ctx, "dead-letter", false, `SET status = 'dead_letter',
 			headers = $3::jsonb || jsonb_build_object('`+sdk.HeaderLastFailure+`', `+fmt.Sprintf(rfc3339SQL, "now()")+`)
-				|| CASE WHEN $5 THEN '{}'::jsonb ELSE jsonb_build_object('`+sdk.HeaderFirstFailure+`', `+
+				|| CASE WHEN $5 AND COALESCE($6::timestamptz <= now(), true) THEN '{}'::jsonb ELSE jsonb_build_object('`+sdk.HeaderFirstFailure+`', `+
 			fmt.Sprintf(rfc3339SQL, "COALESCE(first_failure_at, now())")+`) END,
 			last_error = $4, visibility_until = NULL,
 			first_failure_at = COALESCE(first_failure_at, now()), updated_at = now()`,
-			string(headers), m.Header(sdk.HeaderDeadLetterReason), knownFirst)
+			string(headers), m.Header(sdk.HeaderDeadLetterReason), knownFirst, headerFirst)
 	})
 }
 
