@@ -175,6 +175,82 @@ func decode(h amqp.Table, id, typ, corr string, body []byte) decoded {
 	return d
 }
 
+// frameOverhead is what a frame adds to its payload: type, channel and size
+// (7 bytes) and the frame-end octet.
+const frameOverhead = 8
+
+// deadLetterRoom is the room Publish leaves in the content header frame for
+// what berth adds to a message's copies: the dead-letter annotations (a
+// reason of up to sdk.MaxReasonLength bytes, class, attempts, queue, first
+// and last failure), the attempt and redrive count headers.
+const deadLetterRoom = 2048
+
+// contentHeaderSize is the size, at most, of the payload of p's content
+// header frame: its properties and headers, which AMQP carries in one frame
+// that cannot be split. A frame over the connection's frame_max is a
+// connection error (501 FRAME_ERROR): the server closes the whole
+// connection, failing every publish, settlement copy and declaration on it.
+func contentHeaderSize(p amqp.Publishing) int {
+	n := 2 + 2 + 8 + 2 + 1 + 1 + 8 // class, weight, body size, flags, delivery mode, priority, timestamp
+	for _, s := range [...]string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo,
+		p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	if len(p.Headers) > 0 {
+		n += fieldSize(p.Headers) - 1 // a table property has no type octet
+	}
+	return n
+}
+
+// fieldSize is the encoded size, at most, of an AMQP field value with its
+// type octet, as amqp091 writes it.
+func fieldSize(v any) int {
+	switch v := v.(type) {
+	case nil:
+		return 1
+	case string:
+		return 5 + len(v)
+	case []byte:
+		return 5 + len(v)
+	case []any:
+		n := 5
+		for _, e := range v {
+			n += fieldSize(e)
+		}
+		return n
+	case amqp.Table:
+		n := 5
+		for k, e := range v {
+			n += 1 + len(k) + fieldSize(e)
+		}
+		return n
+	}
+	return 9 // a number, boolean, decimal or timestamp: 9 bytes at most
+}
+
+// messageHeaderSize is contentHeaderSize of m as encode writes it (with an
+// attempt header of any value), without building the publishing.
+func messageHeaderSize(m *sdk.Message) int {
+	n := 2 + 2 + 8 + 2 + 1 + 8 + 4 // class, weight, body size, flags, delivery mode, timestamp, table length
+	for _, s := range [...]string{m.ID, m.Type, m.CorrelationID} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	for k, v := range m.Headers {
+		n += 1 + len(k) + 5 + len(v)
+	}
+	if m.IdempotencyKey != "" {
+		n += 1 + len(headerIdempotencyKey) + 5 + len(m.IdempotencyKey)
+	}
+	if m.Key != "" {
+		n += 1 + len(headerKey) + 5 + len(m.Key)
+	}
+	return n + 1 + len(sdk.HeaderAttempt) + 5 + 10
+}
+
 // maxAttempt bounds Attempt(): the attempt header can be set to any number
 // by a producer outside berth, and Attempt()+1 (a Retry's copy) or the
 // attempt header plus x-delivery-count must not wrap round to a negative

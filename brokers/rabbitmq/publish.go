@@ -74,6 +74,8 @@ type pubChannel struct {
 	returned map[returnKey][]amqp.Return // until their confirms, oldest first
 	dead     error                       // set when the channel closed
 	gone     atomic.Bool                 // dead != nil, readable without mu
+
+	maxHeader int // the largest content header frame payload of its connection (0: no limit)
 }
 
 // returnKey identifies the publish a basic.return belongs to.
@@ -230,6 +232,9 @@ func openConfirmChannel(conn *amqp.Connection) (*pubChannel, chan amqp.Confirmat
 		return nil, nil, nil, nil, fmt.Errorf("%w: rabbitmq: confirm mode: %w", sdk.ErrUnavailable, err)
 	}
 	pc := &pubChannel{ch: ch, pending: make(map[uint64]*pending), returned: make(map[returnKey][]amqp.Return)}
+	if fm := conn.Config.FrameSize; fm > 0 {
+		pc.maxHeader = fm - frameOverhead
+	}
 	// Returns unbuffered, confirms buffered: the reader goroutine blocks
 	// until confirmLoop has taken a return, and confirmLoop records it before
 	// it reads anything else, so the confirm of a returned message, which
@@ -342,6 +347,17 @@ func (pc *pubChannel) send(ctx context.Context, exchange, key, id string, p amqp
 
 // write registers pd under the next delivery tag and publishes p.
 func (pc *pubChannel) write(ctx context.Context, exchange, key string, pd *pending, p amqp.Publishing) error {
+	// A content header frame over frame_max is a connection error: the
+	// server would close the connection under every publish, settlement
+	// copy and declaration on it, and a retry would do it again. Publish
+	// refuses such a message up front (checkFrame); this catches the copies
+	// berth makes (a dead letter's annotations, a walk's stamp).
+	if pc.maxHeader > 0 {
+		if n := contentHeaderSize(p); n > pc.maxHeader {
+			return fmt.Errorf("rabbitmq: message %s: its properties and headers take %d bytes, over the %d one content header frame holds on this connection: %w",
+				pd.id, n, pc.maxHeader, &sdk.MessageTooLargeError{ID: pd.id, Size: n, Limit: pc.maxHeader})
+		}
+	}
 	pc.pubMu.Lock()
 	defer pc.pubMu.Unlock()
 	tag := pc.ch.GetNextPublishSeqNo()
@@ -470,11 +486,35 @@ func failAll(out []outgoing, err error) error {
 	return &sdk.PublishError{Failed: failed}
 }
 
+// checkFrame refuses, before anything is published, a message whose
+// properties and headers do not fit in one content header frame of the
+// publishing connection (AMQP cannot split one; the server's frame_max,
+// 128 KiB by default) with room for the headers berth adds to its copies
+// (deadLetterRoom): sent, it would make the server close the whole
+// connection (501 FRAME_ERROR), failing every publish and settlement on it,
+// and a producer retrying the ErrUnavailable it got would do so again. The
+// error wraps a *[sdk.MessageTooLargeError].
+func (b *Broker) checkFrame(m *sdk.Message) error {
+	fm := int(b.frameMax.Load())
+	if fm <= 0 {
+		return nil
+	}
+	limit := fm - frameOverhead - deadLetterRoom
+	if n := messageHeaderSize(m); n > limit {
+		return fmt.Errorf("rabbitmq: message %s: its properties and headers take %d bytes; one content header frame holds %d "+
+			"with room for the dead-letter headers (frame_max %d): %w", m.ID, n, limit, fm,
+			&sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit})
+	}
+	return nil
+}
+
 // Publish sends msgs to queue with publisher confirms, pipelined, and
 // returns once the server has confirmed every one of them. Messages with a
 // Delay go through the delay queue of the next bucket up (see the package
 // doc). Validation errors publish nothing (a Delay beyond the largest delay
-// bucket is one: [*DelayError]); a failure at the broker returns a
+// bucket is one: [*DelayError]; properties and headers that do not fit in
+// one frame of the connection, with room for the dead-letter headers, are
+// another: an error wrapping [*sdk.MessageTooLargeError]); a failure at the broker returns a
 // *[sdk.PublishError] whose causes wrap [sdk.ErrUnavailable] (connection or
 // channel lost, or the server refused the message: retry) or
 // [sdk.ErrNotFound] ([*UnroutableError]: no such queue, with NoDeclare). During an
@@ -493,6 +533,9 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	longest := b.opts.DelayBuckets[len(b.opts.DelayBuckets)-1]
 	for _, m := range msgs {
 		if err := validate(m); err != nil {
+			return err
+		}
+		if err := b.checkFrame(m); err != nil {
 			return err
 		}
 		if m.Delay > longest {
@@ -553,6 +596,9 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 		return nil, err
 	}
 	if err := validate(msg); err != nil {
+		return nil, err
+	}
+	if err := b.checkFrame(msg); err != nil {
 		return nil, err
 	}
 	if longest := b.opts.DelayBuckets[len(b.opts.DelayBuckets)-1]; msg.Delay > longest {

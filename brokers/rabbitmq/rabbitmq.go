@@ -484,6 +484,11 @@ type Broker struct {
 
 	pcCur [pubKinds]atomic.Pointer[pubChannel] // the confirm channels (see publisher)
 
+	// frameMax is the frame_max the publishing connection negotiated (0:
+	// none yet, or no limit): a message's properties and headers travel in
+	// one content header frame, which cannot be split (see checkFrame).
+	frameMax atomic.Int64
+
 	mu        sync.Mutex          // never held across a server round trip (see publisher)
 	pcOpening [pubKinds]*chanOpen // each kind's confirm channel being opened, under mu (see publisher)
 	consumers map[string]*consumer
@@ -848,6 +853,9 @@ func (l *link) set(c *amqp.Connection, w *batchConn) {
 	l.conn = c
 	l.w = w
 	l.downErr = nil
+	if l == l.b.pub {
+		l.b.frameMax.Store(int64(c.Config.FrameSize))
+	}
 	close(l.up)
 }
 
