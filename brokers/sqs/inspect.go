@@ -425,7 +425,9 @@ func (b *Broker) annotate(ctx context.Context, q, dlq *queueRef, msg *sdk.Messag
 	switch {
 	case (msg.Header(sdk.HeaderDeadLetterReason) != "" || truncated == "reason") && b.feeds(ctx, q, source, dlq):
 		return
-	case truncated == "all" && source == "":
+	case truncated == "all" && !hasDeadLetterNote(msg):
+		// fitDeadLetter's "all" leaves out every annotation: one that
+		// carries any (a forged envelope's) is not berth's.
 		return
 	}
 	for _, h := range []string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
@@ -437,6 +439,17 @@ func (b *Broker) annotate(ctx context.Context, q, dlq *queueRef, msg *sdk.Messag
 		attempts = max(receiveCount(raw)-1, 1)
 	}
 	sdk.AnnotateDeadLetter(msg, q.name, attempts, sdk.ErrMaxDeliveries, time.Time{}, time.Now())
+}
+
+// hasDeadLetterNote reports whether msg carries any of the annotations
+// that fitDeadLetter leaves out with "all".
+func hasDeadLetterNote(msg *sdk.Message) bool {
+	for _, h := range deadLetterNotes {
+		if _, ok := msg.Headers[h]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // feeds reports whether queue name's dead letters go to dlq: it is q (whose
