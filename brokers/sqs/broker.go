@@ -206,7 +206,11 @@ type queueRef struct {
 	url  string
 	fifo bool
 
-	dlqOnce    sync.Mutex
+	// dlqLock (one slot) guards dlq and maxReceive: a lookup holds it
+	// across its calls, and a caller waiting for it stops when its ctx
+	// ends (a sync.Mutex would hold it for as long as the other caller's
+	// calls take).
+	dlqLock    chan struct{}
 	dlq        *queueRef
 	maxReceive int // the redrive policy's maxReceiveCount, 0 when unknown
 
@@ -375,6 +379,7 @@ func (b *Broker) remember(name, url string) *queueRef {
 	}
 	q := &queueRef{name: name, url: url, fifo: strings.HasSuffix(name, fifoSuffix)}
 	q.size.read = make(chan struct{}, 1)
+	q.dlqLock = make(chan struct{}, 1)
 	b.queues[name] = q
 	return q
 }
@@ -389,8 +394,12 @@ func (b *Broker) forget(name string) {
 // deadLetterQueue returns q's dead-letter queue: the target of its redrive
 // policy, else q's name with the dead-letter suffix.
 func (b *Broker) deadLetterQueue(ctx context.Context, q *queueRef) (*queueRef, error) {
-	q.dlqOnce.Lock()
-	defer q.dlqOnce.Unlock()
+	select {
+	case q.dlqLock <- struct{}{}:
+	case <-ctx.Done():
+		return nil, b.wrap(ctx, "read redrive policy of "+q.name, ctx.Err())
+	}
+	defer func() { <-q.dlqLock }()
 	if q.dlq != nil {
 		return q.dlq, nil
 	}

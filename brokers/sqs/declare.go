@@ -99,9 +99,13 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 	if err != nil {
 		return err
 	}
-	q.dlqOnce.Lock()
+	select {
+	case q.dlqLock <- struct{}{}:
+	case <-ctx.Done():
+		return b.wrap(ctx, "declare queue "+queue, ctx.Err())
+	}
 	q.dlq, q.maxReceive = dlq, cfg.MaxReceiveCount
-	q.dlqOnce.Unlock()
+	<-q.dlqLock
 	// Both queues' MaximumMessageSize is now MaxWireSize: no need to read it.
 	q.size.set(b.opts.MaxWireSize)
 	dlq.size.set(b.opts.MaxWireSize)
