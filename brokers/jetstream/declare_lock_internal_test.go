@@ -147,7 +147,7 @@ func TestStaleDeclareLockTakenOverOnce(t *testing.T) {
 	defer func() { declareLockTTL = oldTTL }()
 	declareLockTTL = time.Second
 
-	var holders, overlaps, taken atomic.Int32
+	var overlaps, taken int32
 	for round := range rounds {
 		dead := &declareLock{b: bs[0], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("dead%d", round)}
 		if err := dead.acquire(ctx); err != nil {
@@ -155,31 +155,43 @@ func TestStaleDeclareLockTakenOverOnce(t *testing.T) {
 		}
 		// Its holder dies (never released) and the lock goes stale.
 		time.Sleep(declareLockTTL + 300*time.Millisecond)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i := range brokers * perBroker {
-			l := &declareLock{b: bs[i%brokers], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("w%d-%d", round, i)}
-			wg.Go(func() {
-				<-start
-				if err := l.acquire(ctx); err != nil {
-					t.Errorf("round %d: acquire: %v", round, err)
-					return
-				}
-				taken.Add(1)
-				if n := holders.Add(1); n > 1 {
-					overlaps.Add(1)
-				}
-				time.Sleep(5 * time.Millisecond) // the critical section
-				holders.Add(-1)
-				l.release(ctx)
-			})
-		}
-		close(start)
-		wg.Wait()
+		o, n := raceForLock(t, ctx, bs, q, perBroker, fmt.Sprintf("w%d-", round))
+		overlaps, taken = overlaps+o, taken+n
 	}
-	if n := overlaps.Load(); n > 0 {
-		t.Errorf("%d of %d acquisitions found another holder in the critical section (a stale lock taken over by more than one waiter)", n, taken.Load())
+	if overlaps > 0 {
+		t.Errorf("%d of %d acquisitions found another holder in the critical section (a stale lock taken over by more than one waiter)", overlaps, taken)
 	}
+}
+
+// raceForLock starts perBroker waiters on each of bs at once, each taking
+// q's lock, holding it for a short critical section and releasing it, and
+// returns how many found another holder in the critical section (overlaps)
+// out of how many took it.
+func raceForLock(t *testing.T, ctx context.Context, bs []*Broker, q *queueState, perBroker int, tokenPrefix string) (overlaps, taken int32) {
+	t.Helper()
+	var holders, over, took atomic.Int32
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range len(bs) * perBroker {
+		l := &declareLock{b: bs[i%len(bs)], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("%s%d", tokenPrefix, i)}
+		wg.Go(func() {
+			<-start
+			if err := l.acquire(ctx); err != nil {
+				t.Errorf("%s: acquire: %v", l.token, err)
+				return
+			}
+			took.Add(1)
+			if n := holders.Add(1); n > 1 {
+				over.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond) // the critical section
+			holders.Add(-1)
+			l.release(ctx)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return over.Load(), took.Load()
 }
 
 // lockFaultJS refuses every write that takes over queue's lock (the
@@ -302,30 +314,8 @@ func TestDeclareLockFirstTakeOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var holders, overlaps, taken atomic.Int32
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range brokers * perBroker {
-				l := &declareLock{b: bs[i%brokers], stream: q.lock, subject: q.lockSubject, token: fmt.Sprintf("w%d", i)}
-				wg.Go(func() {
-					<-start
-					if err := l.acquire(ctx); err != nil {
-						t.Errorf("acquire: %v", err)
-						return
-					}
-					taken.Add(1)
-					if n := holders.Add(1); n > 1 {
-						overlaps.Add(1)
-					}
-					time.Sleep(5 * time.Millisecond) // the critical section
-					holders.Add(-1)
-					l.release(ctx)
-				})
-			}
-			close(start)
-			wg.Wait()
-			if n := overlaps.Load(); n > 0 {
-				t.Errorf("%d of %d acquisitions found another holder in the critical section (a first take by more than one waiter)", n, taken.Load())
+			if overlaps, taken := raceForLock(t, ctx, bs, q, perBroker, "w"); overlaps > 0 {
+				t.Errorf("%d of %d acquisitions found another holder in the critical section (a first take by more than one waiter)", overlaps, taken)
 			}
 		})
 	}
