@@ -2,15 +2,10 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -24,25 +19,9 @@ import (
 func TestDeadLetterForeignFirstFailureHostClockAhead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	p := make([]byte, 6)
-	_, _ = rand.Read(p)
-	schema := "berth_test_" + hex.EncodeToString(p)
-	defer func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) }()
-	b, err := New(pool, Options{Schema: schema, Lease: time.Minute, PollInterval: 20 * time.Millisecond, DisableListen: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if err := b.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b, pool := internalBroker(t, ctx, Options{Lease: time.Minute, PollInterval: 20 * time.Millisecond, DisableListen: true})
 	b.now = func() time.Time { return time.Now().Add(2 * time.Hour) } // the host's clock, ahead
-	q := "clockahead_" + hex.EncodeToString(p)
+	q := "clockahead"
 	m := &sdk.Message{Body: []byte("x")}
 	if err := b.Publish(ctx, q, m); err != nil {
 		t.Fatal(err)

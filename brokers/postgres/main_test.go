@@ -26,9 +26,19 @@ func TestMain(m *testing.M) {
 // test can find its connections in pg_stat_activity), closed at cleanup.
 func newPool(t testing.TB, appName string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	return newPoolWith(t, appName, maxConns, nil)
+}
+
+// newPoolWith is newPool whose sessions start with params (run-time
+// settings such as lock_timeout or default_transaction_read_only).
+func newPoolWith(t testing.TB, appName string, maxConns int32, params map[string]string) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
 	if err != nil {
 		t.Fatalf("parse DSN: %v", err)
+	}
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	if maxConns > 0 {

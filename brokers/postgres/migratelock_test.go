@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/berthq/berth/brokers/postgres"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -33,17 +30,7 @@ func TestMigrateAgainTakesNoTableLock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "500ms"
-	cfg.MaxConns = 2
-	other, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(other.Close)
+	other := newPoolWith(t, "berth-migratelock-other", 2, map[string]string{"lock_timeout": "500ms"})
 	again, err := postgres.New(other, postgres.Options{Schema: b.Schema(), DisableListen: true})
 	if err != nil {
 		t.Fatal(err)

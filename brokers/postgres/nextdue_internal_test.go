@@ -2,14 +2,9 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -23,23 +18,7 @@ import (
 func TestNextDueFarFutureRow(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	p := make([]byte, 6)
-	_, _ = rand.Read(p)
-	schema := "berth_test_" + hex.EncodeToString(p)
-	defer func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) }()
-	b, err := New(pool, Options{Schema: schema, PollInterval: 700 * time.Millisecond, DisableListen: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	if err := b.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b, pool := internalBroker(t, ctx, Options{PollInterval: 700 * time.Millisecond, DisableListen: true})
 	if err := b.Publish(ctx, "q", &sdk.Message{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}

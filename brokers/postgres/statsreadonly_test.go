@@ -1,14 +1,10 @@
 package postgres_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/berthq/berth/brokers/postgres"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -31,19 +27,7 @@ func TestStatsOnReadOnlySession(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
-	cfg.MaxConns = 2
-	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	ro, err := pgxpool.NewWithConfig(pctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ro.Close)
+	ro := newPoolWith(t, "berth-statsreadonly-ro", 2, map[string]string{"default_transaction_read_only": "on"})
 	reader, err := postgres.New(ro, postgres.Options{Schema: b.Schema(), DisableListen: true})
 	if err != nil {
 		t.Fatal(err)
