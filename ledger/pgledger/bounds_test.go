@@ -166,14 +166,7 @@ func TestStorePagesPastYear294247(t *testing.T) {
 	if err := s.Write(ctx, events); err != nil {
 		t.Fatal(err)
 	}
-	for id, fs := range firstSeen {
-		if fs == "" {
-			continue
-		}
-		if _, err := pool.Exec(ctx, `UPDATE `+s.Table()+` SET first_seen_at = $2::timestamptz WHERE message_id = $1`, id, fs); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setFirstSeen(t, ctx, pool, s, firstSeen)
 	ids := listAll(t, ctx, s, "far")
 	want := []string{"last", "y294260b", "y294260", "y294247", "now"}
 	if !slices.Equal(ids, want) {

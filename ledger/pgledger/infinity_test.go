@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
@@ -87,14 +89,7 @@ func TestStoreReadsAnyTime(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE `+s.Table()+` SET next_attempt_at = '-infinity', updated_at = 'infinity' WHERE message_id = 'inf'`); err != nil {
 		t.Fatal(err)
 	}
-	for id, fs := range firstSeen {
-		if fs == "" {
-			continue
-		}
-		if _, err := pool.Exec(ctx, `UPDATE `+s.Table()+` SET first_seen_at = $2::timestamptz WHERE message_id = $1`, id, fs); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setFirstSeen(t, ctx, pool, s, firstSeen)
 	j, err := s.Job(ctx, "inf")
 	if err != nil {
 		t.Fatalf("Job of a row holding infinity: %v", err)
@@ -181,5 +176,20 @@ func TestJobsReadsAnyTime(t *testing.T) {
 	}
 	if got := listAll(t, ctx, r, "anytime"); len(got) != len(ids) {
 		t.Errorf("List pages show %v; want the %d jobs", got, len(ids))
+	}
+}
+
+// setFirstSeen sets the first_seen_at of each job of firstSeen (by message
+// ID) to the time it maps to, in PostgreSQL's text ('infinity' and far
+// times included, which no Go time.Time writes); "" leaves one as it is.
+func setFirstSeen(t *testing.T, ctx context.Context, pool *pgxpool.Pool, s *pgledger.Store, firstSeen map[string]string) {
+	t.Helper()
+	for id, fs := range firstSeen {
+		if fs == "" {
+			continue
+		}
+		if _, err := pool.Exec(ctx, `UPDATE `+s.Table()+` SET first_seen_at = $2::timestamptz WHERE message_id = $1`, id, fs); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
