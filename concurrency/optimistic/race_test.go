@@ -58,6 +58,26 @@ func raceOnce(t *testing.T, pool *pgxpool.Pool, hold, then string, commit bool, 
 			<-done // run's statement ends once the transaction does
 		}
 	}()
+	// The statement under test must be the deadlock's victim: PostgreSQL
+	// aborts the waiter whose deadlock_timeout runs out first, and the
+	// holder starts waiting after it, but on a loaded machine its check
+	// could still come first. A retry after the holder lost cannot undo a
+	// statement under test that ran in the caller's transaction (it keeps
+	// the locks it took, the trigger's advisory lock among them), and the
+	// next hold then waited on that transaction for ever. The holder's
+	// deadlock_timeout is made long (superuser only: where it cannot be
+	// set, staging retries as before), and its lock_timeout turns such a
+	// wait into an error instead of a hang.
+	if sp, err := tx.Begin(ctx); err == nil {
+		if _, err := sp.Exec(ctx, `SET LOCAL deadlock_timeout = '60s'`); err == nil {
+			_ = sp.Commit(ctx)
+		} else {
+			_ = sp.Rollback(ctx)
+		}
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '30s'`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tx.Exec(ctx, hold); err != nil {
 		t.Fatal(err)
 	}
