@@ -824,7 +824,9 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 // slot; it is meant for tests (package berthtest) and for programs that
 // receive deliveries themselves. When ctx ends before or while the handler
 // runs, the handler's context is cancelled with cause [ErrShutdown] and the
-// delivery released, as Run does at its drain deadline.
+// delivery released, as Run does at its drain deadline. The settlement
+// call gets a context of its own, bounded by SettleTimeout, that carries
+// ctx's values but not its cancellation.
 func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 	t := &task{d: d, received: time.Now().UnixNano()}
 	t.extended.Store(t.received)
@@ -845,8 +847,24 @@ func (w *Worker) Process(ctx context.Context, d Delivery) Settlement {
 		})
 		defer timer.Stop()
 	}
-	s, _ := w.process(detach(ctx), t, nil, nil, nil)
+	base := &processCtx{detachedCtx: detachedCtx{parent: ctx}}
+	defer func() {
+		if base.cancel != nil {
+			base.cancel()
+		}
+	}()
+	s, _ := w.process(base, t, nil, nil, nil)
 	return s
+}
+
+// processCtx is the base context of one [Worker.Process] call: its
+// settlement gets a context of its own, with the call's values, where Run's
+// settlements share one (see settleCtx) — Process calls with different
+// values (a trace, a tenant) must not settle under each other's.
+type processCtx struct {
+	detachedCtx
+	settle context.Context // made at the settlement, by settleContext
+	cancel context.CancelFunc
 }
 
 // asyncAck is a successful job whose ack finishes in the background
@@ -1069,6 +1087,12 @@ func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
 // monoNow clock), bounded by
 // about SettleTimeout (see settleCtx).
 func (w *Worker) settleContext(base context.Context, now time.Duration) context.Context {
+	if pc, ok := base.(*processCtx); ok {
+		if pc.settle == nil { // Process settles once, on its own goroutine
+			pc.settle, pc.cancel = context.WithDeadline(context.WithoutCancel(base), clockEpoch.Add(now+w.opts.SettleTimeout))
+		}
+		return pc.settle
+	}
 	if sc := w.shared.Load(); sc != nil && now < sc.refreshAfter {
 		return sc.ctx
 	}

@@ -231,3 +231,42 @@ func TestObserverSettledGoexitOnAckReporterFreesSlots(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// tenantKey is a context key of TestProcessSettlesUnderItsOwnContextValues.
+type tenantKey struct{}
+
+// valueAck is a recording delivery whose Ack records the tenant its
+// settlement context carries.
+type valueAck struct {
+	*berthtest.Delivery
+	got any
+}
+
+func (d *valueAck) Ack(ctx context.Context) error {
+	d.got = ctx.Value(tenantKey{})
+	return d.Delivery.Ack(ctx)
+}
+
+// TestProcessSettlesUnderItsOwnContextValues: each Process call settles
+// under its own context's values (a trace, a tenant). The Worker shared one
+// settlement context among the settlements of a short window, made from the
+// first call's context: a second call's Ack saw the first call's tenant.
+// Its settlement context is still detached from the call's cancellation and
+// bounded by SettleTimeout.
+func TestProcessSettlesUnderItsOwnContextValues(t *testing.T) {
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	w, err := sdk.NewWorker(newFakeSub(), h, sdk.WorkerOptions{Queue: "q", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"a", "b", "c"} {
+		d := &valueAck{Delivery: newFake(1, "job")}
+		ctx := context.WithValue(context.Background(), tenantKey{}, tenant)
+		if s := w.Process(ctx, d); s.Action != sdk.ActionAck || s.Err != nil {
+			t.Fatalf("tenant %s: settlement %s, err %v; want ack", tenant, s.Action, s.Err)
+		}
+		if d.got != tenant {
+			t.Errorf("Process under tenant %q settled under tenant %v", tenant, d.got)
+		}
+	}
+}
