@@ -273,6 +273,7 @@ func AnnotateDeadLetter(m *Message, queue string, attempt int, cause error, firs
 	if cause != nil {
 		reason, class = cause.Error(), Classify(cause)
 	}
+	delete(m.Headers, HeaderDeadLetterTruncated) // only FitDeadLetter writes it, after this
 	m.SetHeader(HeaderDeadLetterReason, SanitizeReason(reason))
 	m.SetHeader(HeaderDeadLetterClass, string(class))
 	m.SetHeader(HeaderDeadLetterAttempts, strconv.Itoa(attempt))
@@ -343,7 +344,7 @@ func SanitizeReason(s string) string {
 func PrepareRedrive(m *Message, queue string) string {
 	n, _ := strconv.Atoi(m.Header(HeaderRedriveCount))
 	for _, h := range []string{HeaderDeadLetterReason, HeaderDeadLetterClass, HeaderDeadLetterAttempts,
-		HeaderDeadLetterQueue, HeaderFirstFailure, HeaderLastFailure, HeaderAttempt} {
+		HeaderDeadLetterQueue, HeaderFirstFailure, HeaderLastFailure, HeaderAttempt, HeaderDeadLetterTruncated} {
 		delete(m.Headers, h)
 	}
 	m.SetHeader(HeaderRedriveCount, strconv.Itoa(n+1))

@@ -106,6 +106,14 @@ const (
 	// HeaderAttempt carries the attempt number on brokers that republish
 	// retries as new messages (RabbitMQ).
 	HeaderAttempt = "berth-attempt"
+	// HeaderDeadLetterTruncated marks a dead letter whose annotations the
+	// broker shortened so that it fits the broker's size limit
+	// ([FitDeadLetter]): "reason" when [HeaderDeadLetterReason] was cut (or
+	// left out), "all" when every dead-letter annotation was left out. The
+	// message itself (ID, fields, headers, body) is stored as it was. A
+	// redrive ([PrepareRedrive]) and a new annotation ([AnnotateDeadLetter])
+	// remove it.
+	HeaderDeadLetterTruncated = "berth-dlq-truncated"
 )
 
 // MaxDelay bounds delays given to Publish and Retry on every broker, so that

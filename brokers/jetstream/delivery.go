@@ -3,10 +3,8 @@ package jetstream
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -277,86 +275,34 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 }
 
 // HeaderDeadLetterTruncated marks a dead letter whose annotations berth
-// shortened so that it fits the server's max_payload: "reason" when the
-// [sdk.HeaderDeadLetterReason] was cut (or left out), "all" when every
-// dead-letter annotation was left out. The message itself (ID, fields,
-// headers, body) is always stored as it was. A redrive removes it.
-const HeaderDeadLetterTruncated = "berth-dlq-truncated"
-
-// deadLetterNotes are the annotations [sdk.AnnotateDeadLetter] writes,
-// which fitDeadLetter leaves out when even an empty reason does not fit.
-var deadLetterNotes = [...]string{sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
-	sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure}
+// shortened so that it fits the server's max_payload (see
+// [sdk.HeaderDeadLetterTruncated]). A redrive removes it.
+const HeaderDeadLetterTruncated = sdk.HeaderDeadLetterTruncated
 
 // fitDeadLetter encodes m, annotated as a dead letter, on subject, as it is
 // stored with Nats-Msg-Id id. When it is over the server's max_payload it
-// shortens the annotations berth added, never the message: first the reason
-// (cut to fit, or left out), then every annotation, and marks the copy with
-// [HeaderDeadLetterTruncated]. A dead letter with a short reason is better
-// than one that cannot be stored, whose message would be delivered again
-// for ever. Publish keeps room for the shortest form ([copyReserve]), so
-// only a foreign producer's message can still be too large: a
-// [*sdk.MessageTooLargeError], and the message stays where it is.
+// shortens the annotations berth added, never the message
+// ([sdk.FitDeadLetter]): first the reason (cut to fit, or left out), then
+// every annotation, and marks the copy with [HeaderDeadLetterTruncated]. A
+// dead letter with a short reason is better than one that cannot be
+// stored, whose message would be delivered again for ever. Publish keeps
+// room for the shortest form ([copyReserve]), so only a foreign producer's
+// message can still be too large: a [*sdk.MessageTooLargeError], and the
+// message stays where it is.
 //
 // It costs nothing more while the copy fits (the size check Publish also
 // makes); a copy that does not is encoded a few more times.
 func (b *Broker) fitDeadLetter(m *sdk.Message, extra nats.Header, subject, id string) (*nats.Msg, error) {
-	limit := b.payloadLimit()
-	w, err := encode(m, extra, subject, 1, time.Time{})
+	var w *nats.Msg // the last encoding: m's as FitDeadLetter leaves it
+	err := sdk.FitDeadLetter(m, b.payloadLimit(), func(m *sdk.Message) (int, error) {
+		var err error
+		if w, err = encode(m, extra, subject, 1, time.Time{}); err != nil {
+			return 0, err
+		}
+		return wireSize(w, id), nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	if wireSize(w, id) <= limit {
-		return w, nil
-	}
-	// The reason, cut to the longest prefix with which the copy fits (by
-	// bisection: JSON escapes make a byte of it one to six on the wire).
-	// Its full length does not fit: that is the copy above, or longer.
-	reason := strings.TrimSuffix(m.Header(sdk.HeaderDeadLetterReason), "…")
-	m.SetHeader(HeaderDeadLetterTruncated, "reason")
-	fits := func(k int) (*nats.Msg, bool, error) {
-		for k > 0 && k < len(reason) && !utf8.RuneStart(reason[k]) {
-			k--
-		}
-		if k == 0 {
-			delete(m.Headers, sdk.HeaderDeadLetterReason)
-		} else {
-			m.SetHeader(sdk.HeaderDeadLetterReason, reason[:k]+"…")
-		}
-		w, err := encode(m, extra, subject, 1, time.Time{})
-		if err != nil {
-			return nil, false, err
-		}
-		return w, wireSize(w, id) <= limit, nil
-	}
-	w, ok, err := fits(0)
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		lo, hi := 0, len(reason) // lo fits, hi does not
-		for hi-lo > 1 {
-			mid := lo + (hi-lo)/2
-			if _, ok, err := fits(mid); err != nil {
-				return nil, err
-			} else if ok {
-				lo = mid
-			} else {
-				hi = mid
-			}
-		}
-		w, _, err = fits(lo) // as it did in the bisection
-		return w, err
-	}
-	for _, h := range deadLetterNotes {
-		delete(m.Headers, h)
-	}
-	m.SetHeader(HeaderDeadLetterTruncated, "all")
-	if w, err = encode(m, extra, subject, 1, time.Time{}); err != nil {
-		return nil, err
-	}
-	if n := wireSize(w, id); n > limit {
-		return nil, &sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit}
 	}
 	return w, nil
 }
