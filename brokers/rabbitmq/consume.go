@@ -1160,7 +1160,11 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	m := d.msg.Clone()
 	now := time.Now()
 	sdk.AnnotateDeadLetter(m, d.c.queue, d.attempt, cause, time.Time{}, now)
-	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: d.keep.apply(encode(m, 1, now))}}
+	pub, err := b.deadLetterCopy(m, d.keep, now)
+	if err != nil {
+		return d.requeue(err)
+	}
+	out := []outgoing{{id: m.ID, exchange: b.opts.DeadLetterExchange, key: d.c.queue, pub: pub}}
 	if err := b.sendSettlement(ctx, out); err != nil {
 		b.forgetUnroutable(err, d.c.queue)
 		if errors.Is(err, sdk.ErrNotFound) && !errors.As(err, new(*UnroutableError)) {
@@ -1174,6 +1178,45 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	return d.ack()
 }
+
+// deadLetterCopy is the publishing of m, a dead letter annotated at now,
+// with what its delivery keeps for its copies. When its properties and
+// headers do not fit one content header frame of the publishing connection
+// (frame_max) it shortens the annotations, never the message
+// ([sdk.FitDeadLetter]): first the reason, then every annotation, marked
+// [HeaderDeadLetterTruncated]. It keeps room for the stamp a walk of the
+// dead-letter queue adds (walkStampRoom): a letter it could not stamp could
+// be neither listed past nor redriven. Publish leaves room for the annotations
+// (checkFrame), so only another producer's message near the frame gets
+// here; before, its copy was refused and the message requeued for ever on a
+// classic queue. One within a few dozen bytes of the frame still cannot be
+// copied: an error wrapping a [*sdk.MessageTooLargeError], and the
+// delivery is requeued.
+func (b *Broker) deadLetterCopy(m *sdk.Message, keep carried, now time.Time) (amqp.Publishing, error) {
+	fm := int(b.frameMax.Load())
+	if fm <= 0 { // no connection yet: its publish checks the frame (write)
+		return keep.apply(encode(m, 1, now)), nil
+	}
+	var p amqp.Publishing // the last encoding: m's as FitDeadLetter leaves it
+	err := sdk.FitDeadLetter(m, fm-frameOverhead-walkStampRoom, func(m *sdk.Message) (int, error) {
+		p = keep.apply(encode(m, 1, now))
+		return contentHeaderSize(p), nil
+	})
+	if err != nil {
+		return amqp.Publishing{}, fmt.Errorf("rabbitmq: dead letter of message %s: its properties and headers do not fit one content header frame (frame_max %d) even without the annotations: %w",
+			m.ID, fm, err)
+	}
+	return p, nil
+}
+
+// walkStampRoom is what a walk's stamp (walkStampHeader, an ID of up to
+// 64 bytes) takes in a letter's content header frame.
+const walkStampRoom = 1 + len(walkStampHeader) + 5 + 64
+
+// HeaderDeadLetterTruncated marks a dead letter whose annotations berth
+// shortened so that it fits one content header frame (see
+// [sdk.HeaderDeadLetterTruncated]). A redrive removes it.
+const HeaderDeadLetterTruncated = sdk.HeaderDeadLetterTruncated
 
 // forgetUnroutable makes the next use of name declare it again when err says
 // a copy sent to it was returned unroutable: a delay queue, or the

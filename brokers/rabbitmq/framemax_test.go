@@ -66,9 +66,13 @@ func TestHeadersOverFrameMaxRefused(t *testing.T) {
 // with the reason headers added, no longer fits in one frame. The copy was
 // written all the same: the server closed the publishing connection, the
 // settlement sent it again after each reconnection until its ctx ended,
-// taking the connection down each time, and failed with ErrUnavailable. The
-// copy is refused before it is written now: the connection stays up and the
-// delivery is requeued at once.
+// taking the connection down each time. Then it was refused before it was
+// written, and the delivery requeued — for ever on a classic queue. Now its
+// annotations are shortened to fit ([sdk.FitDeadLetter]), leaving room for
+// a walk's stamp: the reason is cut when that is enough, every annotation
+// left out when not, and the letter can be listed and redriven. Only a
+// message with no room even for the marker is still refused and requeued,
+// the connection staying up.
 func TestSettlementCopyOverFrameMax(t *testing.T) {
 	url, q, b := brokerOnQueue(t, Options{Logger: quiet})
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -78,41 +82,95 @@ func TestSettlementCopyOverFrameMax(t *testing.T) {
 	}
 	fm := int(b.frameMax.Load())
 	if fm <= 0 {
-		t.Skip("no frame_max negotiated")
+		t.Fatal("no frame_max negotiated")
 	}
-	p := amqp.Publishing{MessageId: "foreign-big", Type: "t", DeliveryMode: amqp.Persistent, Headers: amqp.Table{"h": ""}, Body: []byte("x")}
-	p.Headers["h"] = strings.Repeat("a", fm-frameOverhead-contentHeaderSize(p)-200)
 	ch := ownChannel(t, url, true)
-	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, p)
-	if err != nil {
-		t.Fatal(err)
+	// publish sends, outside berth, a message whose content header frame
+	// is room bytes under the limit, and returns its header h.
+	publish := func(id string, room int) string {
+		t.Helper()
+		p := amqp.Publishing{MessageId: id, Type: "t", DeliveryMode: amqp.Persistent, Headers: amqp.Table{"h": ""}, Body: []byte("x")}
+		p.Headers["h"] = strings.Repeat("a", fm-frameOverhead-contentHeaderSize(p)-room)
+		confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := confirm.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("confirm: %v %v", ok, err)
+		}
+		return p.Headers["h"].(string)
 	}
-	if ok, err := confirm.WaitContext(ctx); !ok || err != nil {
-		t.Fatalf("confirm: %v %v", ok, err)
-	}
-	ds, err := b.Receive(ctx, q, 1)
-	if err != nil {
-		t.Fatal(err)
+	// receive receives one delivery, of message id unless id is "".
+	receive := func(id string) sdk.Delivery {
+		t.Helper()
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ds[0].Message().ID; id != "" && got != id {
+			t.Fatalf("received %s, want %s", got, id)
+		}
+		return ds[0]
 	}
 	conn := pubConn(b)
+	reason := strings.Repeat("r", 1000)
+	for _, tc := range []struct {
+		id        string
+		room      int
+		truncated string
+	}{{"foreign-reason", 400, "reason"}, {"foreign-all", 150, "all"}} {
+		h := publish(tc.id, tc.room)
+		if err := receive(tc.id).DeadLetter(ctx, errors.New(reason)); err != nil {
+			t.Fatalf("%s: DeadLetter: %v", tc.id, err)
+		}
+		dl, err := b.GetDeadLetter(ctx, q, tc.id)
+		if err != nil {
+			t.Fatalf("%s: GetDeadLetter: %v", tc.id, err)
+		}
+		if got := dl.Header(HeaderDeadLetterTruncated); got != tc.truncated {
+			t.Errorf("%s: %s = %q, want %q", tc.id, HeaderDeadLetterTruncated, got, tc.truncated)
+		}
+		r := dl.Header(sdk.HeaderDeadLetterReason)
+		switch tc.truncated {
+		case "reason":
+			if !strings.HasSuffix(r, "…") || len(r) >= len(reason) || dl.Header(sdk.HeaderDeadLetterClass) == "" {
+				t.Errorf("%s: reason %d bytes %q…, class %q; want the reason cut, the other annotations kept",
+					tc.id, len(r), r[:min(len(r), 20)], dl.Header(sdk.HeaderDeadLetterClass))
+			}
+		case "all":
+			if r != "" || dl.Header(sdk.HeaderDeadLetterQueue) != "" {
+				t.Errorf("%s: annotations kept: %v", tc.id, dl.Headers)
+			}
+		}
+		if dl.Header("h") != h || string(dl.Body) != "x" {
+			t.Errorf("%s: the message's own header or body changed", tc.id)
+		}
+	}
+	// Both letters can be walked past and redriven: the redriven messages
+	// carry no marker.
+	if n, err := b.RedriveDeadLetters(ctx, q, "foreign-reason", "foreign-all"); err != nil || n != 2 {
+		t.Fatalf("redrive: %d, %v; want 2", n, err)
+	}
+	for range 2 {
+		d := receive("")
+		if v := d.Message().Header(HeaderDeadLetterTruncated); v != "" {
+			t.Errorf("redriven %s keeps %s = %q", d.Message().ID, HeaderDeadLetterTruncated, v)
+		}
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No room even for the marker: refused before it is written, requeued.
+	publish("foreign-full", 20)
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
 	defer scancel()
-	err = ds[0].DeadLetter(sctx, errors.New(strings.Repeat("r", 1000)))
-	if !errors.Is(err, sdk.ErrMessageTooLarge) {
+	if err := receive("foreign-full").DeadLetter(sctx, errors.New(reason)); !errors.Is(err, sdk.ErrMessageTooLarge) {
 		t.Fatalf("DeadLetter of a copy over frame_max: %v, want ErrMessageTooLarge", err)
 	}
 	if c := pubConn(b); c != conn || c.IsClosed() {
 		t.Fatal("the publishing connection was lost")
 	}
-	// Requeued: delivered again.
-	ds, err = b.Receive(ctx, q, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ds[0].Message().ID != "foreign-big" {
-		t.Fatalf("got %s", ds[0].Message().ID)
-	}
-	if err := ds[0].Ack(ctx); err != nil {
+	if err := receive("foreign-full").Ack(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
