@@ -52,17 +52,24 @@ func (b *Broker) DeclareQueue(ctx context.Context, queue string) error {
 func (b *Broker) queues() string { return quoteIdent(b.schema) + ".queues" }
 
 // queueKnown reports whether queue was declared or holds a job of any status.
-// Stats asks only when it counted nothing, so the scan for completed jobs
-// runs for idle or unknown queues; a queue found that way is recorded, so
-// that the next call finds it by its key, when the session can write.
+// Stats asks only when it counted nothing. The queues table is read first,
+// by its key: a declared queue (or one recorded here before) costs that
+// lookup alone. Only for a queue not recorded is the jobs table read, for
+// a row of any status: no index has every status of a queue (completed
+// rows are indexed by updated_at alone), so that read may scan the table,
+// for an idle queue that was never declared (once: it is recorded then,
+// when the session can write) or an unknown one (at every call).
 func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
-	var declared, used bool
-	err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.queues()+` WHERE name = $1),
-			EXISTS (SELECT 1 FROM `+b.table+` WHERE queue = $1)`, queue).Scan(&declared, &used)
-	if err != nil {
+	var declared bool
+	err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.queues()+` WHERE name = $1)`, queue).Scan(&declared)
+	if err != nil || declared {
+		return declared, err
+	}
+	var used bool
+	if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.table+` WHERE queue = $1)`, queue).Scan(&used); err != nil {
 		return false, err
 	}
-	if used && !declared {
+	if used {
 		// Only a shortcut for the next call: the answer is known, so a
 		// session that cannot write (a read-only role, a standby) or a
 		// failed INSERT does not fail the read.
@@ -70,7 +77,7 @@ func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
 			b.opts.Logger.Debug("berth/postgres: queue holding jobs not recorded in the queues table", "queue", queue, "err", err)
 		}
 	}
-	return declared || used, nil
+	return used, nil
 }
 
 // Stats reports queue's counts, exactly, in one statement: Ready counts
@@ -86,6 +93,16 @@ func (b *Broker) queueKnown(ctx context.Context, queue string) (bool, error) {
 // [Broker.CountByStatus]). A queue that was never declared and holds no job
 // of any status gives an error wrapping [sdk.ErrNotFound], as on every
 // broker.
+//
+// The counts read the queue's rows through the claim index and the
+// dead-letter index (the statuses counted are exactly those the two
+// partial indexes hold, so the WHERE names them that way: a condition such
+// as status <> 'completed' matches neither, and read the whole table), not
+// the table's completed rows. When nothing is counted, a declared queue is
+// found in the queues table by its key; only a queue never declared (nor
+// recorded by an earlier Stats that found it holding jobs) is looked for
+// among the jobs of every status, which no index covers, so that look may
+// read the whole table.
 func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error) {
 	if b.isClosed() {
 		return sdk.QueueStats{}, errClosed("stats")
@@ -102,7 +119,7 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 			count(*) FILTER (WHERE status = 'dead_letter'),
 			COALESCE((extract(epoch FROM now() - min(greatest(available_at, now() - $2 * interval '1 microsecond'))
 				FILTER (WHERE status IN ('queued', 'retry', 'processing') AND available_at <= now())) * 1e6)::bigint, 0)
-		FROM `+b.table+` WHERE queue = $1 AND status <> 'completed'`, queue, maxAgeMicros).
+		FROM `+b.table+` WHERE queue = $1 AND (status IN ('queued', 'retry', 'processing') OR status = 'dead_letter')`, queue, maxAgeMicros).
 		Scan(&s.Ready, &s.Delayed, &s.InFlight, &s.DeadLettered, &oldestUS)
 	if err != nil {
 		return sdk.QueueStats{}, b.wrap(ctx, "stats", err)
