@@ -30,7 +30,8 @@
 //	Retry(d)    status = 'retry', available_at = now()+d, last_error
 //	Release(d)  back to queued/retry with attempt_count-1: no attempt consumed
 //	DeadLetter  status = 'dead_letter', last_error, the sdk.AnnotateDeadLetter headers
-//	ExtendLease visibility_until = now()+d
+//	            (a NUL byte a handler put in a header is written as U+FFFD)
+//	ExtendLease visibility_until = now()+d, d at most Broker.MaxLease (12 h, or Lease when longer)
 //
 // Every settlement is fenced by the lease token: it changes the row only if the
 // token still matches, so a worker whose lease expired and was taken over
@@ -113,6 +114,11 @@
 // Deliveries also have a JobID() int64 method (the row's id), reachable with
 // a type assertion to interface{ JobID() int64 }, to join the jobs table with
 // your own tables in SQL.
+//
+// Every method taking a queue name validates it first, as Publish and
+// Receive do ([sdk.ValidateQueueName]): an invalid name (one holding a NUL
+// byte, which PostgreSQL text cannot hold, among others) is refused with an
+// error wrapping [sdk.ErrInvalidQueue] and no statement is sent.
 //
 // Status 'failed' is in the reference schema's check constraint but berth
 // never writes it: a job that cannot succeed is 'dead_letter'.

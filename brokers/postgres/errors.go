@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -123,4 +124,39 @@ func stripNUL(s string) string {
 		return s
 	}
 	return strings.ReplaceAll(s, "\x00", "")
+}
+
+// storableHeaders returns h with every NUL byte of its names and values
+// replaced with U+FFFD: jsonb cannot hold \u0000 (SQLSTATE 22P05), and
+// json.Marshal already writes invalid UTF-8 as U+FFFD. It returns h itself
+// when no header holds a NUL, else a new map (h is not modified); every
+// other header is kept as it is. A name so made that h already has keeps
+// h's value (the header without NUL wins), and among NUL names made alike
+// the first in byte order wins, so that the outcome does not depend on the
+// map's order.
+func storableHeaders(h map[string]string) map[string]string {
+	var nul []string
+	for k, v := range h {
+		if strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
+			nul = append(nul, k)
+		}
+	}
+	if len(nul) == 0 {
+		return h
+	}
+	slices.Sort(nul)
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if strings.IndexByte(k, 0) < 0 && strings.IndexByte(v, 0) < 0 {
+			out[k] = v
+		}
+	}
+	for _, k := range nul {
+		name := strings.ReplaceAll(k, "\x00", "\uFFFD")
+		if _, taken := out[name]; taken && name != k {
+			continue
+		}
+		out[name] = strings.ReplaceAll(h[k], "\x00", "\uFFFD")
+	}
+	return out
 }

@@ -150,6 +150,9 @@ func (b *Broker) CountByStatus(ctx context.Context, queue string) (map[string]in
 	if b.isClosed() {
 		return nil, errClosed("count by status")
 	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
 	rows, err := b.pool.Query(ctx, `SELECT status, count(*) FROM `+b.table+` WHERE queue = $1 GROUP BY status`, queue)
 	if err != nil {
 		return nil, b.wrap(ctx, "count by status", err)
@@ -186,6 +189,9 @@ func scanMessage(row pgx.Row) (*sdk.Message, error) {
 func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
 	if b.isClosed() {
 		return nil, errClosed("list dead letters")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
 	}
 	if limit <= 0 {
 		limit = sdk.DefaultListLimit
@@ -234,6 +240,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	if b.isClosed() {
 		return 0, errClosed("redrive dead letters")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return 0, err
 	}
 	if id, bad := unstorableID(ids...); bad {
 		return 0, fmt.Errorf("berth/postgres: redrive dead letter \"%s\" of %s: %w", id, queue, sdk.ErrNotFound)
@@ -310,6 +319,9 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
 	if b.isClosed() {
 		return 0, errClosed("purge dead letters")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return 0, err
 	}
 	tag, err := b.pool.Exec(ctx, `DELETE FROM `+b.table+` WHERE queue = $1 AND status = 'dead_letter'`, queue)
 	if err != nil {

@@ -59,6 +59,9 @@ func (b *Broker) DeadLetterMark(ctx context.Context, queue string) (string, erro
 	if b.isClosed() {
 		return "", errClosed("dead letter mark")
 	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return "", err
+	}
 	var (
 		at pgtype.Timestamptz
 		id int64
@@ -86,6 +89,9 @@ func (b *Broker) DeadLetterPageTo(ctx context.Context, queue, cursor, mark strin
 	if mark == "" {
 		if b.isClosed() {
 			return nil, "", errClosed("dead letter page")
+		}
+		if err := sdk.ValidateQueueName(queue); err != nil {
+			return nil, "", err
 		}
 		return nil, "", nil
 	}
@@ -144,6 +150,9 @@ func parsePosition(s, what string) (pgtype.Timestamptz, int64, error) {
 func (b *Broker) deadLetterPage(ctx context.Context, queue, cursor, mark string, toMark bool, limit int) ([]*sdk.Message, string, error) {
 	if b.isClosed() {
 		return nil, "", errClosed("dead letter page")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, "", err
 	}
 	if limit <= 0 {
 		limit = sdk.DefaultListLimit
@@ -237,6 +246,9 @@ func (b *Broker) deadLetterPageSQL(cursor, mark bool) string {
 func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	if b.isClosed() {
 		return 0, errClosed("delete dead letters")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return 0, err
 	}
 	if len(ids) == 0 {
 		return 0, nil

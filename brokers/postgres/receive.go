@@ -506,6 +506,12 @@ func (b *Broker) handBack(ctx context.Context, conn *pgxpool.Conn, queue, token 
 // failure not known before is first_failure_at, so that an application host
 // whose clock is off does not stamp a last failure before the first, or
 // one out of order with the dead-letter listing (ordered by updated_at).
+// The headers are the delivered message's, as the handler left them: a NUL
+// byte in a header's name or value (which Publish refuses, but a handler
+// may set on the delivered message), which jsonb cannot hold, is written
+// as U+FFFD, the rest of the headers unchanged (see storableHeaders), so
+// that such a job can still be dead-lettered. The reason has its NUL bytes
+// removed, as Retry's last_error.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return d.settle(ctx, "dead-letter", func(ctx context.Context) error {
 		m := d.msg.Clone()
@@ -536,6 +542,9 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 		}
 		sdk.AnnotateDeadLetter(m, d.queue, d.attempt, cause, d.firstFailure, now)
 		m.SetHeader(sdk.HeaderDeadLetterReason, stripNUL(m.Header(sdk.HeaderDeadLetterReason)))
+		// A NUL in a header the handler set (Publish refuses one) would fail
+		// the statement, and so every DeadLetter of the job, for ever.
+		m.Headers = storableHeaders(m.Headers)
 		headers, err := json.Marshal(m.Headers)
 		if err != nil {
 			return fmt.Errorf("berth/postgres: dead-letter job %d: %w", d.id, err)
@@ -550,11 +559,19 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	})
 }
 
-// ExtendLease pushes the lease to d from now, if this delivery still holds it.
+// ExtendLease pushes the lease to by from now, if this delivery still holds
+// it. A by longer than [Broker.MaxLease] (12 h, or Options.Lease when
+// longer) is clamped to it, as Retry and Release clamp their delay to
+// [sdk.MaxDelay]: a job whose worker dies comes back within that time
+// rather than being parked for centuries (math.MaxInt64 is 292 years).
+// The Worker's heartbeat extends by its Lease, the broker's by default,
+// which is never clamped. A by of zero or less is refused with an error
+// wrapping [sdk.ErrInvalidMessage].
 func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 	if by <= 0 {
 		return fmt.Errorf("berth/postgres: extend lease by %s: %w", by, sdk.ErrInvalidMessage)
 	}
+	by = min(by, d.b.MaxLease())
 	d.mu.Lock()
 	settled := d.settled || d.acking
 	d.mu.Unlock()
