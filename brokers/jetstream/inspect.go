@@ -359,7 +359,6 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	n, call := 0, rand.Uint64()
 	for _, dl := range picked {
-		delete(dl.msg.Headers, HeaderDeadLetterTruncated)
 		sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
 		took, err := b.redriveOne(ctx, q, s, target, ts, dl, call)
 		if took {

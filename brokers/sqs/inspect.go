@@ -746,7 +746,6 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 	sendable := make([]*letter, 0, len(page))
 	for _, l := range page {
 		m := l.msg.Clone()
-		delete(m.Headers, HeaderDeadLetterTruncated)
 		sdk.PrepareRedrive(m, s.q.name)
 		e, err := b.entry(m, s.q.fifo, l.group, "", limit)
 		if err != nil {

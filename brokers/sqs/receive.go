@@ -322,7 +322,6 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	}
 	m := d.msg.Clone()
 	m.Delay = 0
-	delete(m.Headers, HeaderDeadLetterTruncated) // only fitDeadLetter writes it
 	sdk.AnnotateDeadLetter(m, d.q.name, d.attempt, cause, time.Time{}, time.Now())
 	// The dead-letter queue's own limit when it is below MaxWireSize (a
 	// queue made outside berth, or by a broker with a smaller MaxWireSize).
