@@ -229,11 +229,15 @@ func runList(ctx context.Context, c *cli, args []string) error {
 func printTable(w io.Writer, msgs []*sdk.Message) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTYPE\tATTEMPTS\tCLASS\tLAST FAILURE\tREASON")
+	var cut bool
 	for _, m := range msgs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", esc(m.ID), oneLine(m.Type, 40), oneLine(m.Header(sdk.HeaderDeadLetterAttempts), 6),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", idCell(m.ID, &cut), oneLine(m.Type, 40), oneLine(m.Header(sdk.HeaderDeadLetterAttempts), 6),
 			oneLine(m.Header(sdk.HeaderDeadLetterClass), 12), oneLine(m.Header(sdk.HeaderLastFailure), 35), oneLine(m.Header(sdk.HeaderDeadLetterReason), 80))
 	}
 	_ = tw.Flush()
+	if cut {
+		fmt.Fprintln(w, cutIDsNote)
+	}
 }
 
 func runShow(ctx context.Context, c *cli, args []string) error {

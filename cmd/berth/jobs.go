@@ -303,11 +303,15 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 		if len(p.Jobs) > 0 {
 			tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tQUEUE\tTYPE\tSTATUS\tATTEMPTS\tUPDATED\tNEXT ATTEMPT\tLAST ERROR")
+			var cut bool
 			for _, j := range p.Jobs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", esc(j.MessageID), oneLine(j.Queue, 30), oneLine(j.Type, 40), j.Status,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", idCell(j.MessageID, &cut), oneLine(j.Queue, 30), oneLine(j.Type, 40), j.Status,
 					j.Attempts, when(j.UpdatedAt), when(j.NextAttemptAt), oneLine(j.LastError, 80))
 			}
 			_ = tw.Flush()
+			if cut {
+				fmt.Fprintln(c.stdout, cutIDsNote)
+			}
 		}
 		fmt.Fprintf(c.stdout, "%d job(s) shown", len(p.Jobs))
 		if total != nil {

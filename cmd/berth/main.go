@@ -41,7 +41,11 @@
 // bidirectional-text controls, invisible characters (zero-width, tag
 // characters, …) and invalid UTF-8 from messages as Go-style escapes, and
 // a backslash as \\, so that an escape always means the character it names
-// (a JSON body is shown as JSON, its escapes as they are). -json prints one JSON
+// (a JSON body is shown as JSON, its escapes as they are). In a table, each
+// column of such text is cut at a fixed width with a visible "…" (an ID at
+// 40 characters, as the dashboard does, with a line under the table saying
+// so), so that no message widens every row; -json, dlq show and job show
+// give it whole. -json prints one JSON
 // document per line (with -watch, one per refresh), with DEL, C1 and
 // bidirectional-text controls and invisible characters as \u escapes; its fields are documented in README.md
 // ("Operating berth") and only ever gain new fields.

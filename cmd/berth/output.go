@@ -21,6 +21,25 @@ func escBlock(s string) string { return dlq.EscapeText(s, true) }
 // dlq.EscapeTextShort).
 func oneLine(s string, n int) string { return dlq.EscapeTextShort(s, n) }
 
+// idWidth bounds the ID column of a table, in runes, as the dashboard's: a
+// tabwriter pads each row to its column's widest cell, so one forged 200 KB
+// ID made every row of a listing 200 KB wide. Every other column of text
+// from a message is cut too (oneLine). A UUID (36) fits whole.
+const idWidth = 40
+
+// idCell is an ID for a table column: oneLine at idWidth, with *cut set
+// when that shortened it (the table then says where to read it whole).
+func idCell(id string, cut *bool) string {
+	s := oneLine(id, idWidth)
+	if s != esc(id) {
+		*cut = true
+	}
+	return s
+}
+
+// cutIDsNote is printed under a table when idCell cut an ID.
+const cutIDsNote = "an ID ending in \"…\" is cut: -json prints every ID whole"
+
 // writeJSON prints v as one line of JSON, with the characters that would
 // act on a terminal or reorder the text written as \u escapes (see
 // dlq.EscapeJSON): encoding/json escapes only the C0 controls.
