@@ -195,7 +195,7 @@ func operate(t *testing.T, b broker, shots bool) {
 	if st := stats(t, b); st.DeadLettered != 12 {
 		t.Fatalf("changed before the confirmation: %+v", st)
 	}
-	run(t, ctx, clickNav(`#confirm`, "done=redrive", "#flash"))
+	run(t, ctx, clickNav(`#confirm`, "result=", "#flash"))
 	if got := text(t, ctx, "#flash"); got != "redriven 2 dead letter(s)" {
 		t.Fatalf("flash %q", got)
 	}
@@ -225,7 +225,7 @@ func operate(t *testing.T, b broker, shots bool) {
 	if got := number(t, ctx, "#confirm-count"); got != matched {
 		t.Fatalf("confirmation states %d, want %d", got, matched)
 	}
-	run(t, ctx, clickNav(`#confirm`, "done=purge", "#flash"))
+	run(t, ctx, clickNav(`#confirm`, "result=", "#flash"))
 	if got := text(t, ctx, "#flash"); got != fmt.Sprintf("purged %d dead letter(s)", matched) {
 		t.Fatalf("flash %q", got)
 	}

@@ -15,7 +15,10 @@
 // requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
 // and refuses every change; every answer, the 401 too, forbids framing
 // (CSP frame-ancestors 'none' and X-Frame-Options: DENY), inline scripts and
-// caching; message text is escaped by html/template, and
+// caching; the banner a page shows after a change or a pause is the
+// server's record of what it did, under a single-use token in the redirect
+// (a crafted link cannot make it claim a count); message text is escaped
+// by html/template, and
 // control characters, bidirectional-text controls and invisible characters
 // (zero-width, tag characters, …) are shown as escapes, and a backslash
 // as \\ (a JSON body is shown as JSON) so that no text reads as an escape
@@ -92,6 +95,7 @@ type Dashboard struct {
 	o       Options
 	pages   map[string]*template.Template
 	handler http.Handler
+	results *results // the banners of changes, until their page shows them
 }
 
 // ErrNoDeadLetters is returned by [New] for a broker without the
@@ -112,7 +116,7 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	d := &Dashboard{b: b, o: o, pages: map[string]*template.Template{}}
+	d := &Dashboard{b: b, o: o, pages: map[string]*template.Template{}, results: newResults()}
 	for _, name := range []string{"overview", "queue", "message", "confirm", "jobs", "job", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {

@@ -435,7 +435,9 @@ type queuePage struct {
 	Listing dlq.Listing
 	First   int // 1-based number of the first row
 	Prev    int // offset of the previous page, -1 on the first
-	Flash   string
+	// Flash is the banner of the change or pause that redirected here,
+	// from the server's record of it (see results), or "".
+	Flash string
 	// Pauses: the dashboard has a pause table; PausedSince is set when the
 	// queue is paused.
 	Pauses      bool
@@ -464,7 +466,7 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 	if offset > 0 {
 		prev = max(0, offset-d.o.PageSize)
 	}
-	page := queuePage{Queue: queue, Filter: ff, Listing: l, First: offset + 1, Prev: prev, Flash: flash(q), Pauses: d.o.Pauses != nil}
+	page := queuePage{Queue: queue, Filter: ff, Listing: l, First: offset + 1, Prev: prev, Flash: d.results.take(queue, q.Get("result")), Pauses: d.o.Pauses != nil}
 	paused, err := d.pausedSince(r.Context())
 	if err != nil {
 		d.fail(w, r, err)
@@ -474,35 +476,6 @@ func (d *Dashboard) queue(w http.ResponseWriter, r *http.Request) {
 		page.PausedSince = &since
 	}
 	d.render(w, "queue", http.StatusOK, page)
-}
-
-// flash is the result message of a change, carried in the redirect's query
-// (numbers and a fixed verb only, so nothing is reflected).
-func flash(q url.Values) string {
-	switch q.Get("done") {
-	case "paused":
-		return "Queue paused: Workers that sync the pause table stop receiving from it within their interval."
-	case "resumed":
-		return "Queue resumed."
-	case "already-paused":
-		return "The queue was already paused: nothing changed."
-	case "not-paused":
-		return "The queue was not paused: nothing changed."
-	}
-	verb := map[string]string{"redrive": "redriven", "purge": "purged"}[q.Get("done")]
-	if verb == "" {
-		return ""
-	}
-	n, _ := strconv.Atoi(q.Get("n"))
-	missed, _ := strconv.Atoi(q.Get("missed"))
-	s := fmt.Sprintf("%s %d dead letter(s)", verb, n)
-	if missed > 0 {
-		s += fmt.Sprintf("; %d of the chosen were not %s (%s)", missed, verb, whyMissed(q.Get("gone") != ""))
-	}
-	if q.Get("incomplete") != "" {
-		s += "; the broker's scan stopped before the end of the dead-letter queue, so more may match: do it again"
-	}
-	return s
 }
 
 // selection is what a change applies to: IDs, or every match of a filter,
@@ -609,15 +582,7 @@ func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := sel.Filter.values()
-	v.Set("done", sel.Action)
-	v.Set("n", strconv.Itoa(res.Done))
-	v.Set("missed", strconv.Itoa(res.Missed))
-	if res.Missed > 0 && allGone(res) {
-		v.Set("gone", "1")
-	}
-	if res.Incomplete != "" {
-		v.Set("incomplete", "1")
-	}
+	v.Set("result", d.results.put(queue, changeBanner(sel.Action, res)))
 	http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?"+v.Encode(), http.StatusSeeOther)
 }
 

@@ -62,10 +62,8 @@ func (d *Dashboard) setPause(paused, api bool) http.HandlerFunc {
 			writeJSON(w, http.StatusOK, map[string]any{"queue": queue, "paused": paused, "changed": changed})
 			return
 		}
-		done := action
-		if !changed { // the page says what happened: nothing
-			done = map[bool]string{true: "already-paused", false: "not-paused"}[paused]
-		}
-		http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?done="+done, http.StatusSeeOther)
+		// The page says what happened, nothing included.
+		token := d.results.put(queue, pauseBanner(paused, changed))
+		http.Redirect(w, r, "/queues/"+url.PathEscape(queue)+"?result="+token, http.StatusSeeOther)
 	}
 }

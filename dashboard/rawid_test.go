@@ -114,8 +114,12 @@ func TestRawIDsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || !strings.Contains(loc, "missed=0&n=1") {
+	loc := resp.Header.Get("Location")
+	if resp.StatusCode != http.StatusSeeOther || !strings.Contains(loc, "result=") {
 		t.Fatalf("redrive of %v: %d %s", vals, resp.StatusCode, loc)
+	}
+	if _, page := get(t, http.DefaultClient, srv.URL+loc); !strings.Contains(page, "redriven 1 dead letter(s)<") {
+		t.Fatalf("redrive of %v: the page it redirects to does not say redriven 1:\n%s", vals, page)
 	}
 	if st := stats(t, mb); st.DeadLettered != 1 || st.Ready != 1 {
 		t.Fatalf("after the redrive: %+v", st)
