@@ -383,13 +383,22 @@ func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration, clam
 		ReceiptHandle:     aws.String(d.handle),
 		VisibilityTimeout: secs,
 	})
+	next := now.Add(time.Duration(secs) * time.Second)
 	if err != nil {
 		if isStaleReceipt(err) {
 			d.state = stateLost
 			return leaseLost(d.msg.ID, err)
 		}
+		// A failed call may have been applied all the same (its answer
+		// lost): a shorter visibility may hold from now on, and an Ack
+		// trusting the longer deadline would send the delete of a receipt
+		// another receive may have replaced, which SQS answers with success
+		// and ignores. The earlier of the two is the deadline now.
+		if next.Before(d.deadline) {
+			d.deadline = next
+		}
 		return d.b.wrap(ctx, "change visibility of message "+d.msg.ID, err)
 	}
-	d.deadline = now.Add(time.Duration(secs) * time.Second)
+	d.deadline = next
 	return nil
 }
