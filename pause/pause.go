@@ -62,7 +62,7 @@ type PG struct {
 // ErrInvalidSchema reports a schema name that is not a plain identifier.
 var ErrInvalidSchema = errors.New("berth/pause: invalid schema name")
 
-// NewPG returns the pause table of pool. Call Migrate once to create it.
+// NewPG returns the pause table of pool. Call Migrate to create it.
 func NewPG(pool *pgxpool.Pool, opts PGOptions) (*PG, error) {
 	if pool == nil {
 		return nil, errors.New("berth/pause: nil pool")
@@ -77,14 +77,30 @@ func NewPG(pool *pgxpool.Pool, opts PGOptions) (*PG, error) {
 	return &PG{pool: pool, schema: schema, table: schema + ".paused_queues"}, nil
 }
 
-// Migrate creates the schema and the table if they do not exist.
+// Migrate creates the schema and the table if they do not exist. It is
+// safe to run from many processes at once (every Worker's process may run
+// it as it starts): concurrent runs are serialised by a transaction-scoped
+// advisory lock, since PostgreSQL's CREATE ... IF NOT EXISTS fails with a
+// unique violation when another session creates the same object meanwhile.
 func (s *PG) Migrate(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s.schema+`;
-CREATE TABLE IF NOT EXISTS `+s.table+` (
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.pause.migrate."+s.schema); err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s.schema); err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
 	queue     text        PRIMARY KEY,
 	paused_at timestamptz NOT NULL DEFAULT now()
-)`)
-	if err != nil {
+)`); err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("berth/pause: migrate: %w", err)
 	}
 	return nil
@@ -117,9 +133,12 @@ func (s *PG) Resume(ctx context.Context, queue string) (bool, error) {
 	return tag.RowsAffected() == 1, nil
 }
 
-// Paused lists the paused queues, by name.
+// Paused lists the paused queues, by name. A row whose paused_at is not a
+// finite time (written by hand: 'infinity') is listed with a zero Since:
+// the pause is what counts, and one such row must not fail every read (and
+// with it every Sync).
 func (s *PG) Paused(ctx context.Context) ([]Paused, error) {
-	rows, err := s.pool.Query(ctx, `SELECT queue, paused_at FROM `+s.table+` ORDER BY queue`)
+	rows, err := s.pool.Query(ctx, `SELECT queue, CASE WHEN isfinite(paused_at) THEN paused_at END FROM `+s.table+` ORDER BY queue`)
 	if err != nil {
 		return nil, fmt.Errorf("berth/pause: list: %w", err)
 	}
@@ -127,8 +146,12 @@ func (s *PG) Paused(ctx context.Context) ([]Paused, error) {
 	var out []Paused
 	for rows.Next() {
 		var p Paused
-		if err := rows.Scan(&p.Queue, &p.Since); err != nil {
+		var since *time.Time
+		if err := rows.Scan(&p.Queue, &since); err != nil {
 			return nil, fmt.Errorf("berth/pause: list: %w", err)
+		}
+		if since != nil {
+			p.Since = *since
 		}
 		out = append(out, p)
 	}

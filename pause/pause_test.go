@@ -218,3 +218,60 @@ func (f *failing) Paused(context.Context) ([]pause.Paused, error) {
 	}
 	return nil, errors.New("database down")
 }
+
+// Every process of a deployment may run Migrate as it starts: runs at the
+// same moment must all succeed. PostgreSQL's CREATE SCHEMA/TABLE IF NOT
+// EXISTS fail with a unique violation (pg_namespace, pg_type) when another
+// session creates the object meanwhile, so unserialised runs failed.
+func TestMigrateConcurrently(t *testing.T) {
+	pool, schema := pgtest.Schema(t, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for round := range 5 {
+		// A schema that does not exist yet, as in a new deployment.
+		fresh := schema + "_" + pgtest.Suffix()
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+fresh+` CASCADE`) })
+		s, err := pause.NewPG(pool, pause.PGOptions{Schema: fresh})
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 8)
+		var wg sync.WaitGroup
+		for range cap(errs) {
+			wg.Go(func() { errs <- s.Migrate(ctx) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: concurrent Migrate: %v", round, err)
+			}
+		}
+		if _, err := s.Pause(ctx, "emails"); err != nil {
+			t.Fatalf("round %d: Pause after Migrate: %v", round, err)
+		}
+	}
+}
+
+// A row whose paused_at is not a finite time (an operator's hand-written
+// 'infinity', meaning "for good") is still a pause. Scanning it into a
+// time.Time failed the whole read, so every Sync kept its last state for
+// ever (no queue paused or resumed any more) and a Worker starting held
+// all its queues.
+func TestPausedListsRowsWithInfiniteTime(t *testing.T) {
+	s, pool, schema := newStore(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.paused_queues VALUES ('emails', 'infinity'), ('old', '-infinity')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pause(ctx, "reports"); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := s.Paused(ctx)
+	if err != nil {
+		t.Fatalf("Paused: %v", err)
+	}
+	if len(ps) != 3 || ps[0].Queue != "emails" || !ps[0].Since.IsZero() || ps[1].Queue != "old" || ps[2].Queue != "reports" || ps[2].Since.IsZero() {
+		t.Fatalf("Paused = %+v; want emails and old (zero Since), reports", ps)
+	}
+}
