@@ -74,6 +74,7 @@ import (
 
 	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/internal/pgretry"
+	"github.com/berthq/berth/internal/pgschema"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
@@ -188,6 +189,9 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := pgschema.Lock(ctx, tx, o.ident[0]); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.outbox."+o.ident[0]+"."+o.ident[1]); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}

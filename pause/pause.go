@@ -28,6 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/berthq/berth/internal/pgschema"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 )
@@ -55,7 +56,8 @@ type PGOptions struct {
 // PG keeps the paused queues in a PostgreSQL table, <schema>.paused_queues.
 type PG struct {
 	pool   *pgxpool.Pool
-	schema string
+	name   string // the schema's name, for its migration lock (pgschema.Lock)
+	schema string // quoted
 	table  string
 }
 
@@ -74,7 +76,7 @@ func NewPG(pool *pgxpool.Pool, opts PGOptions) (*PG, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidSchema, err)
 	}
-	return &PG{pool: pool, schema: schema, table: schema + ".paused_queues"}, nil
+	return &PG{pool: pool, name: opts.Schema, schema: schema, table: schema + ".paused_queues"}, nil
 }
 
 // Migrate creates the schema and the table if they do not exist. It is
@@ -88,6 +90,9 @@ func (s *PG) Migrate(ctx context.Context) error {
 		return fmt.Errorf("berth/pause: migrate: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := pgschema.Lock(ctx, tx, s.name); err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.pause.migrate."+s.schema); err != nil {
 		return fmt.Errorf("berth/pause: migrate: %w", err)
 	}

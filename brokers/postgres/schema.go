@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/berthq/berth/internal/pgschema"
 )
 
 // DefaultSchema is the schema the jobs table lives in when Options.Schema is empty.
@@ -70,6 +72,9 @@ func (b *Broker) Migrate(ctx context.Context) error {
 		return b.wrap(ctx, "migrate", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := pgschema.Lock(ctx, tx, b.schema); err != nil {
+		return b.wrap(ctx, "migrate", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.migrate."+b.schema); err != nil {
 		return b.wrap(ctx, "migrate", err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/berthq/berth/idempotency"
 	"github.com/berthq/berth/internal/pgretry"
+	"github.com/berthq/berth/internal/pgschema"
 	"github.com/berthq/berth/internal/sqlident"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
@@ -172,6 +173,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := pgschema.Lock(ctx, tx, s.opts.Schema); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.idempotency."+s.table); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}

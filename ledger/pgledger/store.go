@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/berthq/berth/internal/pgindex"
+	"github.com/berthq/berth/internal/pgschema"
 	"github.com/berthq/berth/ledger"
 	"github.com/berthq/berth/sdk"
 )
@@ -475,6 +476,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgledger: migrate: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := pgschema.Lock(ctx, tx, s.opts.Schema); err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.ledger.migrate."+s.jobs); err != nil {
 		return fmt.Errorf("pgledger: migrate: %w", err)
 	}
