@@ -66,9 +66,10 @@ ORDER BY first_seen_at DESC, message_id DESC LIMIT 1`, "job with key "+key, key)
 
 func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Job, error) {
 	var hist []byte
-	// Text is stored with NUL and invalid UTF-8 replaced (storable), and
-	// PostgreSQL would refuse the query with them: look it up likewise.
-	j, _, err := scanJob(s.db.QueryRow(ctx, q, storableText(arg)), &hist)
+	// Text is stored with NUL and invalid UTF-8 replaced and a value too
+	// long for its index shortened (storable), and PostgreSQL would refuse
+	// the query with them: look it up likewise.
+	j, _, err := scanJob(s.db.QueryRow(ctx, q, indexedText(arg)), &hist)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("pgledger: %s: %w", what, sdk.ErrNotFound)
 	}
@@ -154,7 +155,7 @@ WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND (
 	AND ($4::timestamptz IS NULL OR updated_at >= $4) AND ($5::timestamptz IS NULL OR updated_at < $5)
 	AND ($6::timestamptz IS NULL OR (first_seen_at, message_id) < ($6, $7))
 ORDER BY first_seen_at DESC, message_id DESC LIMIT $8`,
-		storableText(f.Queue), statuses, storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterT, storableText(afterID), f.Limit+1)
+		indexedText(f.Queue), statuses, storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterT, indexedText(afterID), f.Limit+1)
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
@@ -193,7 +194,7 @@ func (s *Store) Counts(ctx context.Context, w ledger.Window) (ledger.Counts, err
 	rows, err := s.db.Query(ctx, `SELECT status, CASE WHEN status IN ('retrying', 'dead', 'released') THEN COALESCE(error_class, '') ELSE '' END,
 	count(*) FROM `+s.jobs+`
 WHERE ($1 = '' OR queue = $1) AND ($2::timestamptz IS NULL OR updated_at >= $2) AND ($3::timestamptz IS NULL OR updated_at < $3)
-GROUP BY 1, 2`, storableText(w.Queue), filterTime(w.Since), filterTime(w.Until))
+GROUP BY 1, 2`, indexedText(w.Queue), filterTime(w.Since), filterTime(w.Until))
 	if err != nil {
 		return ledger.Counts{}, fmt.Errorf("pgledger: counts: %w", err)
 	}

@@ -11,6 +11,8 @@ package pgledger
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -593,8 +595,9 @@ type historyEntry struct {
 // trip and one transaction. It does not retain batch.
 func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 	// Text from messages is untrusted: PostgreSQL refuses NUL and invalid
-	// UTF-8 in text, and one such event would fail the whole batch's
-	// statement, losing the other jobs' events with it.
+	// UTF-8 in text, and an index row too long, and one such event would
+	// fail the whole batch's statement, losing the other jobs' events with
+	// it.
 	batch = storable(batch)
 	jobs := map[string]*row{}
 	var redrives, deadAny []ledger.Event
@@ -739,15 +742,21 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 const maxGeneration = 1 << 30
 
 // storable returns batch with every text field PostgreSQL can store (NUL and
-// invalid UTF-8 replaced by U+FFFD), generations within maxGeneration and
+// invalid UTF-8 replaced by U+FFFD; an indexed one longer than
+// maxIndexedText shortened, see indexedText), generations within maxGeneration and
 // attempts within the integer column;
 // batch itself when nothing needs it (the common case: no copy).
 func storable(batch []ledger.Event) []ledger.Event {
 	var out []ledger.Event
 	for i, e := range batch {
 		c := e
-		for _, f := range []*string{&c.MessageID, &c.Queue, &c.Type, &c.IdempotencyKey, &c.CorrelationID, &c.Error, &c.Worker} {
+		for _, f := range []*string{&c.Type, &c.CorrelationID, &c.Error, &c.Worker} {
 			*f = storableText(*f)
+		}
+		// The indexed ones bounded too: a value too long for a btree
+		// index row would fail the statement like a NUL.
+		for _, f := range []*string{&c.MessageID, &c.Queue, &c.IdempotencyKey} {
+			*f = indexedText(*f)
 		}
 		// The class too: a dead letter's comes from its header.
 		c.Class = sdk.ErrorClass(storableText(string(c.Class)))
@@ -769,6 +778,35 @@ func storable(batch []ledger.Event) []ledger.Event {
 		return batch
 	}
 	return out
+}
+
+// maxIndexedText bounds, in bytes, the text stored in an indexed column
+// (message ID, queue, idempotency key). A btree index row holds at most
+// 2704 bytes, and ledger_jobs_queue_status_idx holds a queue and a message
+// ID together; PostgreSQL refuses a longer row (SQLSTATE 54000), failing
+// the whole batch's statement. These come from messages (a foreign
+// producer's key or ID, a dead letter's berth-dlq-queue header), which no
+// one bounds.
+const maxIndexedText = 1024
+
+// indexedText is s as an indexed column stores it, and as a lookup of that
+// column must send it: storableText, and when that is longer than
+// maxIndexedText, its start (whole runes) followed by "…sha256:" and the
+// SHA-256 of the whole text in hex, so that distinct long values stay
+// distinct and every event of one job names the same row. It leaves its
+// own results as they are.
+func indexedText(s string) string {
+	s = storableText(s)
+	if len(s) <= maxIndexedText {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	tail := "…sha256:" + hex.EncodeToString(sum[:])
+	head := s[:maxIndexedText-len(tail)]
+	for len(head) > 0 && !utf8.ValidString(head) {
+		head = head[:len(head)-1]
+	}
+	return head + tail
 }
 
 // storableText is s with NUL and invalid UTF-8 replaced by U+FFFD.

@@ -1,6 +1,7 @@
 package pgledger_test
 
 import (
+	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"math"
@@ -183,5 +184,74 @@ func TestUntrustedCursor(t *testing.T) {
 		if _, err := s.List(ctx, ledger.Filter{After: c}); err != nil {
 			t.Errorf("List(After %q) = %v, want a page", c, err)
 		}
+	}
+}
+
+// incompressible returns n bytes of random text: PostgreSQL compresses a
+// long index value before it checks its size, so a repetitive one would fit.
+func incompressible(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)[:n]
+}
+
+// A message ID, queue or idempotency key comes from a message (a foreign
+// producer's ID or key, which sdk.Prepare does not bound; a dead letter's
+// berth-dlq-queue header): one too long for a btree index row (2704 bytes)
+// must not fail the batch's statement and lose the other jobs' events, as
+// it did ("index row size exceeds btree version 4 maximum", SQLSTATE
+// 54000). The job is stored under a shortened value, found by the whole
+// one, and two long values sharing their start stay two jobs.
+func TestLongIndexedTextDoesNotPoisonBatch(t *testing.T) {
+	_, s, ctx := setup(t)
+	now := time.Now()
+	longID, longKey, longQueue := incompressible(t, 5000), incompressible(t, 5000), incompressible(t, 5000)
+	twinID := longID[:4000] + incompressible(t, 1000)
+	for _, evil := range []ledger.Event{
+		{MessageID: longID, Queue: "q", Status: ledger.StatusRunning, Attempt: 1, At: now},
+		{MessageID: "long-key", Queue: "q", IdempotencyKey: longKey, Status: ledger.StatusRunning, Attempt: 1, At: now},
+		{MessageID: "long-queue", Queue: longQueue, Status: ledger.StatusRunning, Attempt: 1, At: now},
+		{MessageID: twinID, Queue: longQueue, Status: ledger.StatusRetrying, Attempt: 2, At: now, Error: "e", Class: sdk.ClassTransient},
+	} {
+		good := ledger.Event{MessageID: "good-" + evil.MessageID[:8], Queue: "q", Status: ledger.StatusSucceeded, Attempt: 1, At: now}
+		if err := s.Write(ctx, []ledger.Event{good, evil}); err != nil {
+			t.Fatalf("%.20s…: Write = %v", evil.MessageID, err)
+		}
+		if _, err := s.Job(ctx, good.MessageID); err != nil {
+			t.Errorf("%.20s…: the other job's event: %v", evil.MessageID, err)
+		}
+	}
+	// The later events of the jobs land on their rows: a settlement, a
+	// broker's dead letter of unknown attempt, a redrive by ID.
+	if err := s.Write(ctx, []ledger.Event{
+		{MessageID: longID, Queue: "q", Status: ledger.StatusSucceeded, Attempt: 1, At: now.Add(time.Second)},
+		{MessageID: twinID, Queue: longQueue, Status: ledger.StatusDead, At: now.Add(time.Second)},
+		{MessageID: twinID, Queue: longQueue, Status: ledger.StatusRedriven, At: now.Add(2 * time.Second)},
+	}); err != nil {
+		t.Fatalf("later events: %v", err)
+	}
+	if j, err := s.Job(ctx, longID); err != nil || j.Status != ledger.StatusSucceeded || len(j.MessageID) > 1024 {
+		t.Errorf("Job(long ID) = %+v, %v; want succeeded, its ID shortened", j, err)
+	}
+	if j, err := s.Job(ctx, twinID); err != nil || j.Status != ledger.StatusRedriven || j.Generation != 1 {
+		t.Errorf("Job(the other long ID) = %+v, %v; want redriven in generation 1", j, err)
+	}
+	if j, err := s.JobByKey(ctx, longKey); err != nil || j.MessageID != "long-key" {
+		t.Errorf("JobByKey(long key) = %+v, %v", j, err)
+	}
+	p, err := s.List(ctx, ledger.Filter{Queue: longQueue})
+	if err != nil || len(p.Jobs) != 2 {
+		t.Errorf("List(long queue) = %d jobs, %v; want 2", len(p.Jobs), err)
+	}
+	if len(p.Jobs) > 0 {
+		if _, err := s.Job(ctx, p.Jobs[0].MessageID); err != nil {
+			t.Errorf("Job(a listed ID) = %v", err)
+		}
+	}
+	if c, err := s.Counts(ctx, ledger.Window{Queue: longQueue}); err != nil || c.ByStatus[ledger.StatusRunning] != 1 || c.ByStatus[ledger.StatusRedriven] != 1 {
+		t.Errorf("Counts(long queue) = %+v, %v", c, err)
 	}
 }
