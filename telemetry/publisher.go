@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -20,7 +21,8 @@ import (
 //
 // For each message the returned publisher fills an empty ID (a UUIDv7, as
 // [sdk.Prepare] would) and an empty CorrelationID (from the context, see
-// [sdk.WithCorrelationID], else the message's own ID, as sdk.Prepare does),
+// [sdk.WithCorrelationID], else the message's own ID, as sdk.Prepare does,
+// which also replaces an inherited ID that is not valid UTF-8 by a text one),
 // starts the producer span, replaces Headers by a copy with "traceparent"
 // (and "tracestate", "baggage" when set) added, and the "tracestate" of the
 // trace context the message carried before removed — when the propagator
@@ -268,7 +270,7 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 		m.ID = sdk.NewID()
 	}
 	if m.CorrelationID == "" {
-		m.CorrelationID = corr
+		m.CorrelationID = inheritedCorrelationID(corr)
 		if m.CorrelationID == "" {
 			// A message published outside any flow starts one: its own ID
 			// names the conversation, as sdk.Prepare does.
@@ -298,6 +300,24 @@ func (o *Observer) startMessage(ctx context.Context, m *sdk.Message, corr string
 	// empty map.
 	m.Headers = c.merge(m.Headers, false)
 	return span
+}
+
+// inheritedCorrelationID returns corr, the correlation ID of the publishing
+// context, as [sdk.Prepare] gives it to a message that leaves CorrelationID
+// empty: one that is not valid UTF-8 (a foreign producer's raw AMQP
+// correlation-id, a correlation header's bytes) becomes the text ID Prepare
+// derives from it. Written as it is, it would make Prepare refuse the
+// message (and the correlation header), where a publish without telemetry
+// succeeds.
+func inheritedCorrelationID(corr string) string {
+	if utf8.ValidString(corr) {
+		return corr
+	}
+	scratch := sdk.Message{ID: "scratch"}
+	if sdk.Prepare(sdk.WithCorrelationID(context.Background(), corr), "scratch", &scratch, 0) != nil {
+		return "" // cannot happen: nothing of scratch is invalid
+	}
+	return scratch.CorrelationID
 }
 
 // startSend starts the PRODUCER span of m under parent.
