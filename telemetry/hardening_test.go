@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -262,5 +263,59 @@ func TestJobAttrsOwnTypeLimit(t *testing.T) {
 	want := map[string]int64{telemetry.OtherJobType: 2, "declared": 1}
 	if len(got) != len(want) || got[telemetry.OtherJobType] != 2 || got["declared"] != 1 {
 		t.Errorf("berth.idempotency.events per berth.job.type = %v, want %v", got, want)
+	}
+}
+
+// TestRecordersOwnTypeLimit: as TestJobAttrsOwnTypeLimit, for the recorders
+// other packages call inside a handler (VersionConflict, LockWait,
+// DuplicateSuppressed). In a delivery started by another Observer they took
+// the job-type label that Observer chose: a version conflict or a lock wait
+// carried every type the starting Observer admitted, beyond the recording
+// Observer's own limit, and a duplicate of a type the recording Observer
+// declares was counted under OtherJobType when the starting Observer had
+// not admitted it.
+func TestRecordersOwnTypeLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		starting int // the starting Observer's MaxJobTypes
+	}{
+		{"starter admits every type", 100},
+		{"starter admits none", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			starter, _ := newObserver(t, noop.NewTracerProvider(), telemetry.Options{MaxJobTypes: tc.starting})
+			rec, reader := newObserver(t, noop.NewTracerProvider(), telemetry.Options{
+				JobTypes:    []string{"declared"},
+				MaxJobTypes: -1, // no job type of its own beyond the declared one
+			})
+			ctx := context.Background()
+			for _, typ := range []string{"a", "b", "declared"} {
+				fd := berthtest.NewDelivery(&sdk.Message{ID: "m", Type: typ})
+				hctx := starter.Start(ctx, fd)
+				rec.VersionConflict(hctx, "orders")
+				rec.LockWait(hctx, "orders", time.Millisecond, true)
+				rec.DuplicateSuppressed(hctx, "")
+				starter.Settled(hctx, fd, sdk.Settlement{Action: sdk.ActionAck})
+			}
+			ms := collect(t, reader)
+			want := map[string]int64{telemetry.OtherJobType: 2, "declared": 1}
+			for _, name := range []string{"berth.concurrency.version_conflicts", "berth.idempotency.duplicates"} {
+				if got := jobTypeValues(t, ms, name); !maps.Equal(got, want) {
+					t.Errorf("%s per berth.job.type = %v, want %v", name, got, want)
+				}
+			}
+			m, ok := ms.find("berth.concurrency.lock_wait.duration")
+			if !ok {
+				t.Fatal("no lock wait recorded")
+			}
+			got := map[string]int64{}
+			for _, p := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				v, _ := p.Attributes.Value(telemetry.AttrJobType)
+				got[v.AsString()] += int64(p.Count)
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("berth.concurrency.lock_wait.duration per berth.job.type = %v, want %v", got, want)
+			}
+		})
 	}
 }

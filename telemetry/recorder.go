@@ -72,12 +72,16 @@ func (o *Observer) LockWait(ctx context.Context, resource string, wait time.Dura
 }
 
 // jobOpts labels a job-level counter with the delivery in ctx, or with
-// jobType alone outside a delivery.
+// jobType alone outside a delivery. As in [Observer.jobAttrs], the job type
+// label is o's own.
 func (o *Observer) jobOpts(ctx context.Context, jobType string) []metric.AddOption {
 	if st := stateFrom(ctx); st != nil {
-		k := st.l.key
-		if jobType != "" {
+		k := st.l.key // its job type is the label of the Observer that started the delivery
+		switch {
+		case jobType != "":
 			k.jobType = jobType
+		case st.obs != o:
+			k.jobType = st.d.Message().Type
 		}
 		return o.labelsFor(k).add
 	}
@@ -85,13 +89,9 @@ func (o *Observer) jobOpts(ctx context.Context, jobType string) []metric.AddOpti
 }
 
 func (o *Observer) resourceAttrs(ctx context.Context, resource string) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, 5)
-	attrs = append(attrs, AttrResource.String(resource))
-	if st := stateFrom(ctx); st != nil {
-		attrs = append(attrs,
-			semconv.MessagingSystemKey.String(st.l.key.system),
-			semconv.MessagingDestinationName(st.l.key.queue),
-			AttrJobType.String(st.l.key.jobType))
+	attrs := []attribute.KeyValue{AttrResource.String(resource)}
+	if stateFrom(ctx) != nil {
+		attrs = append(attrs, o.jobAttrs(ctx, "")...) // o's own job type label
 	}
 	return attrs
 }
