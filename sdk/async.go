@@ -149,6 +149,15 @@ type AsyncOptions struct {
 // the pool owns: a PostgreSQL broker then inserts a batch in one transaction
 // and SQS sends it with SendMessageBatch.
 //
+// A batched Publish runs under the context of its first message's call,
+// not each message's own: a publisher that reads the context per message
+// (a tracing wrapper, such as package telemetry's, parenting each
+// message's span and trace headers) belongs outside the pool —
+// tel.Publisher(sdk.NewAsyncPublisher(broker)), whose PublishAsync stamps
+// each message under its own caller's context before the pool batches it.
+// Inside the pool, every message of a batch joined the first caller's
+// trace.
+//
 // Close waits for every accepted message to resolve; call it when done, as
 // the fallback's sender goroutines run until then.
 type AsyncPool struct {

@@ -16,7 +16,10 @@
 //	defer tel.Close()
 //	pub := tel.Publisher(broker) // publish through pub: producer spans, trace headers, correlation IDs
 //	// pub is an sdk.AsyncPublisher when broker is one (RabbitMQ, JetStream):
-//	// an outbox relay or sdk.NewAsyncPublisher through it keeps PublishAsync.
+//	// an outbox relay through it keeps PublishAsync. For other brokers put the
+//	// batching pool inside, never outside: tel.Publisher(sdk.NewAsyncPublisher(
+//	// broker, opts)) gives each message its own caller's trace, where a pool
+//	// around pub would publish a whole batch under its first caller's.
 //	w, err := sdk.NewWorker(broker, handler, sdk.WorkerOptions{
 //		Queue:     "billing",
 //		Observers: []sdk.Observer{tel}, // consumer spans, metrics, correlation ID in the handler's context
