@@ -8,7 +8,7 @@
 //	postgresql://...                                                  the same
 //	sqs://us-east-1                                                   AWS SQS in that region
 //	http://127.0.0.1:4566?region=eu-west-1                            an SQS endpoint (emulator)
-//	https://sqs.eu-west-1.amazonaws.com?region=eu-west-1              an SQS endpoint (its region is not read from the host)
+//	https://sqs.eu-west-1.amazonaws.com                               an SQS endpoint (its region read from the host)
 //	mem://                                                            a new in-memory broker
 //	nats://user:pass@host:4222?ack_wait=30s                           NATS JetStream
 //

@@ -242,8 +242,9 @@ func (b *pgBroker) As(target any) bool {
 // request's). Neither takes user info.
 //
 // Parameters: region (an AWS region such as eu-west-1; default: sqs://'s
-// host, which must be a region too, else the AWS configuration, else
-// us-east-1), visibility_timeout (duration, at most 12h), wait_time
+// host, which must be a region too, or the region an AWS endpoint's host
+// names (https://sqs.eu-west-1.amazonaws.com), else the AWS configuration,
+// else us-east-1), visibility_timeout (duration, at most 12h), wait_time
 // (duration, at most 20s), max_receive_count (at most 1000), dlq_suffix
 // (letters, digits, '-' and '_'). Credentials come from the AWS default chain;
 // for an endpoint on a loopback address (an emulator) static dummy
@@ -288,6 +289,11 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 			return nil, fmt.Errorf("%w: sqs: an http(s) URL must name the endpoint's host", ErrInvalidURL)
 		}
 		endpoint = withQuery(u, nil)
+		if region == "" {
+			// An AWS endpoint names its region; requests signed for
+			// another (the configuration's, us-east-1) are refused.
+			region = endpointRegion(u.Hostname())
+		}
 	}
 	cfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {
@@ -318,6 +324,27 @@ func withQuery(u *url.URL, q url.Values) string {
 	c.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	c.ForceQuery = false
 	return c.String()
+}
+
+// endpointRegion returns the region an AWS SQS endpoint's host name holds —
+// sqs.REGION.amazonaws.com (.amazonaws.com.cn in China), a VPC endpoint's
+// vpce-ID.sqs.REGION.vpce.amazonaws.com, the legacy REGION.queue.amazonaws.com
+// — or "" for any other host (an emulator, a proxy).
+func endpointRegion(host string) string {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if !strings.HasSuffix(host, ".amazonaws.com") && !strings.HasSuffix(host, ".amazonaws.com.cn") {
+		return ""
+	}
+	labels := strings.Split(host, ".")
+	for i := 0; i+1 < len(labels); i++ {
+		switch {
+		case labels[i] == "sqs" && awsRegion(labels[i+1]) && labels[i+1] != "amazonaws":
+			return labels[i+1]
+		case labels[i+1] == "queue" && awsRegion(labels[i]):
+			return labels[i]
+		}
+	}
+	return ""
 }
 
 // awsRegion reports whether s can be an AWS region: the SDK puts it in the
