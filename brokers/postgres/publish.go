@@ -20,7 +20,8 @@ import (
 // server's clock.
 // Messages are validated by [sdk.PrepareAll] first (nothing is inserted when
 // one fails); values PostgreSQL text cannot hold (NUL bytes) are refused with
-// [sdk.ErrInvalidHeader] or [sdk.ErrInvalidMessage]. With
+// [sdk.ErrInvalidHeader] or [sdk.ErrInvalidMessage], as is an ID or
+// IdempotencyKey over [MaxIndexedLength] bytes. With
 // Options.DedupeEnqueue, a message whose IdempotencyKey a job of queue
 // already has is not inserted, and its ID is set to the existing job's.
 // Within a batch the messages are inserted in order, so the first message
@@ -81,9 +82,24 @@ func (b *Broker) prepare(ctx context.Context, queue string, msgs []*sdk.Message)
 					sdk.ErrInvalidMessage, stripNUL(m.ID))
 			}
 		}
+		if len(m.ID) > MaxIndexedLength || len(m.IdempotencyKey) > MaxIndexedLength {
+			return fmt.Errorf("%w: message %.64s…: its ID (%d bytes) or IdempotencyKey (%d bytes) is over the %d an index of the jobs table holds",
+				sdk.ErrInvalidMessage, m.ID, len(m.ID), len(m.IdempotencyKey), MaxIndexedLength)
+		}
 	}
 	return nil
 }
+
+// MaxIndexedLength bounds, in bytes, a message's ID and IdempotencyKey on
+// this broker: the jobs table indexes them beside the queue name (80 bytes
+// at most) — the dead letters by (queue, message_id), the enqueue dedupe
+// by (queue, idempotency_key) — and PostgreSQL refuses a btree index row
+// over 2704 bytes (SQLSTATE 54000). Publish refuses a longer one with
+// [sdk.ErrInvalidMessage]: accepted, a longer ID made the job's
+// dead-lettering fail for ever (and the claim that dead-letters it at the
+// attempt cap, with it every claim of the queue), and a longer key with
+// DedupeEnqueue failed the whole batch with a raw database error.
+const MaxIndexedLength = 2048
 
 // querier is what insert needs from a pool or a transaction.
 type querier interface {
