@@ -308,8 +308,20 @@ func storable(m *sdk.Message) error {
 				sdk.ErrInvalidMessage, m.ID)
 		}
 	}
+	if len(m.Key) > MaxKeyLength {
+		return fmt.Errorf("%w: message %.64q: its Key takes %d bytes, over the %d the outbox's key index holds",
+			sdk.ErrInvalidMessage, m.ID, len(m.Key), MaxKeyLength)
+	}
 	return nil
 }
+
+// MaxKeyLength bounds, in bytes, a message's Key (its ordering key) in the
+// outbox: the table indexes it beside the queue name (80 bytes at most),
+// and PostgreSQL refuses a btree index row over 2704 bytes (SQLSTATE
+// 54000). Add refuses a longer one with [sdk.ErrInvalidMessage]; before,
+// the insert failed the caller's business transaction with that raw
+// database error.
+const MaxKeyLength = 2048
 
 // RelayOptions configures Relay.
 type RelayOptions struct {

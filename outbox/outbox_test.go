@@ -2,9 +2,12 @@ package outbox_test
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,5 +277,44 @@ func TestOnAddCarriesContextIntoTheRow(t *testing.T) {
 	got := drain(t, b, "q", 1)[m.ID]
 	if got == nil || got.Header("traceparent") != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
 		t.Fatalf("relayed message %+v lacks the header OnAdd wrote", got)
+	}
+}
+
+// TestLongKeyRefusedAtAdd: a Key over MaxKeyLength is refused by Add with
+// ErrInvalidMessage before any statement, so the business transaction goes
+// on. Before, the insert failed with a raw SQLSTATE 54000 (index row size
+// exceeds btree maximum 2704, the key index) and aborted the caller's
+// transaction. A Key at the bound is stored and relayed.
+func TestLongKeyRefusedAtAdd(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b := setup(t)
+	text := func(n int) string { // incompressible: PostgreSQL compresses a repetitive value
+		p := make([]byte, n)
+		_, _ = crand.Read(p)
+		return base64.RawURLEncoding.EncodeToString(p)[:n]
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, n := range []int{outbox.MaxKeyLength + 1, 4000} {
+		err = box.Add(ctx, tx, "q", &sdk.Message{Type: "t", Key: text(n)})
+		if !errors.Is(err, sdk.ErrInvalidMessage) || strings.Contains(err.Error(), "SQLSTATE") {
+			t.Fatalf("Key of %d bytes: %v, want ErrInvalidMessage", n, err)
+		}
+	}
+	m := &sdk.Message{Type: "t", Key: text(outbox.MaxKeyLength)}
+	if err := box.Add(ctx, tx, "q", m); err != nil {
+		t.Fatalf("Key at the bound, in the same transaction: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := box.RelayOnce(ctx, b, outbox.RelayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(t, b, "q", 1)[m.ID]; got == nil || got.Key != m.Key {
+		t.Fatalf("relayed %+v, want the message with its Key", got)
 	}
 }

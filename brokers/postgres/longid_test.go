@@ -34,6 +34,8 @@ func TestLongIDAndKeyRefusedAtPublish(t *testing.T) {
 	for name, m := range map[string]*sdk.Message{
 		"ID":             {ID: randomText(postgres.MaxIndexedLength + 1), Type: "t", Body: []byte("{}")},
 		"IdempotencyKey": {Type: "t", IdempotencyKey: randomText(postgres.MaxIndexedLength + 1), Body: []byte("{}")},
+		"4000-byte ID":   {ID: randomText(4000), Type: "t", Body: []byte("{}")},
+		"4000-byte key":  {Type: "t", IdempotencyKey: randomText(4000), Body: []byte("{}")},
 	} {
 		ok := &sdk.Message{Type: "t", Body: []byte("{}")}
 		err := b.Publish(ctx, "longid", ok, m)
