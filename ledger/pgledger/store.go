@@ -730,11 +730,28 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 	if b.Len() == 0 || b.Len() == 1 && !s.opts.SynchronousCommit {
 		return nil
 	}
-	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+	// The batch is one implicit transaction. Its upsert locks rows in one
+	// order, but the dead letters without an attempt and the redrives by ID
+	// that follow lock theirs after it: two writers (Options.Writers > 1)
+	// each upserting the job the other redrives can deadlock, and
+	// PostgreSQL then aborts one batch whole — every event of it lost.
+	// Rolled back whole, it is sent again (its events are idempotent).
+	for try := 1; ; try++ {
+		err := s.db.SendBatch(ctx, b).Close()
+		if err == nil {
+			return nil
+		}
+		var pe *pgconn.PgError
+		if try < deadlockTries && errors.As(err, &pe) && pe.Code == "40P01" && ctx.Err() == nil {
+			continue
+		}
 		return fmt.Errorf("pgledger: write %d events: %w", len(batch), err)
 	}
-	return nil
 }
+
+// deadlockTries bounds the sends of a batch that PostgreSQL aborted as a
+// deadlock victim (Write).
+const deadlockTries = 3
 
 // maxGeneration bounds a stored generation: it comes from a message's
 // redrive-count header, which any producer can set, and a redrive adds one
