@@ -124,13 +124,19 @@ func MustCron(expr string) Schedule {
 // Every returns a fixed-interval schedule whose slots are the multiples of
 // d since the Unix epoch (plus offset, for slots not on round times): every
 // scheduler computes the same slots whenever it starts. d must be at least a
-// second and offset in [0, d).
+// second and at most [MaxEvery], and offset in [0, d).
 func Every(d, offset time.Duration) (Schedule, error) {
-	if d < time.Second || offset < 0 || offset >= d {
-		return nil, fmt.Errorf("%w: every %s offset %s: the interval must be at least 1s and the offset in [0, interval)", ErrInvalidSchedule, d, offset)
+	if d < time.Second || d > MaxEvery || offset < 0 || offset >= d {
+		return nil, fmt.Errorf("%w: every %s offset %s: the interval must be from 1s to %s and the offset in [0, interval)",
+			ErrInvalidSchedule, d, offset, MaxEvery)
 	}
 	return every{d: int64(d), off: int64(offset)}, nil
 }
+
+// MaxEvery bounds the interval of [Every]: slots are computed in
+// nanoseconds since 1970, which a longer interval plus its offset would
+// overflow (the job then stopped at run time instead of being refused).
+const MaxEvery = 100 * 365 * 24 * time.Hour
 
 type every struct{ d, off int64 }
 

@@ -248,7 +248,11 @@ func TestCronAndEvery(t *testing.T) {
 	if got := every(t, 10*time.Second).Next(before); !got.Equal(time.Unix(0, 0).UTC()) {
 		t.Errorf("Every before the epoch: %s", got)
 	}
-	for _, d := range [][2]time.Duration{{time.Millisecond, 0}, {time.Minute, -1}, {time.Minute, time.Minute}} {
+	// An interval past MaxEvery (its slot plus offset overflowed
+	// nanoseconds since 1970: the job stopped at run time) is refused too.
+	const year = 365 * 24 * time.Hour
+	for _, d := range [][2]time.Duration{{time.Millisecond, 0}, {time.Minute, -1}, {time.Minute, time.Minute},
+		{200 * year, 150 * year}, {periodic.MaxEvery + 1, 0}} {
 		if _, err := periodic.Every(d[0], d[1]); !errors.Is(err, periodic.ErrInvalidSchedule) {
 			t.Errorf("Every(%s, %s) = %v", d[0], d[1], err)
 		}
