@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"time"
 )
 
@@ -193,6 +194,9 @@ type WorkerOptions struct {
 	// Middleware wraps the handler, the first outermost.
 	Middleware []Middleware
 	// Observers see every delivery start and settle (telemetry, tests).
+	// One listed twice (the same pointer) is refused ([ErrInvalidOptions]):
+	// it would see each delivery twice (two spans and in-flight counts, one
+	// of each never ended).
 	Observers []Observer
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
@@ -240,6 +244,9 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		return o, fmt.Errorf("%w: negative DrainTimeout %s", ErrInvalidOptions, o.DrainTimeout)
 	case o.SettleTimeout < 0:
 		return o, fmt.Errorf("%w: negative SettleTimeout %s", ErrInvalidOptions, o.SettleTimeout)
+	}
+	if first, again, ok := repeatedObserver(o.Observers); ok {
+		return o, fmt.Errorf("%w: Observers[%d] is Observers[%d] again (%T): it would see every delivery twice", ErrInvalidOptions, again, first, o.Observers[first])
 	}
 	if err := o.Retry.validate("Retry"); err != nil {
 		return o, err
@@ -375,4 +382,22 @@ type Observer interface {
 // recovered as Observer's are: the heartbeat acts on err regardless.
 type LeaseObserver interface {
 	LeaseExtended(ctx context.Context, d Delivery, by time.Duration, err error)
+}
+
+// repeatedObserver returns the indexes of the first Observer of obs listed
+// again, and of its repetition. Only pointers are compared (an Observer of
+// another type may not be comparable, and one with no pointer keeps no
+// per-delivery state of its own).
+func repeatedObserver(obs []Observer) (first, again int, ok bool) {
+	seen := make(map[Observer]int, len(obs))
+	for i, ob := range obs {
+		if ob == nil || reflect.TypeOf(ob).Kind() != reflect.Pointer {
+			continue
+		}
+		if j, dup := seen[ob]; dup {
+			return j, i, true
+		}
+		seen[ob] = i
+	}
+	return 0, 0, false
 }
