@@ -127,7 +127,21 @@ func (o *Observer) startProcess(parent context.Context, m *sdk.Message, d sdk.De
 
 // Settled implements [sdk.Observer]: it records the outcome on the process
 // span and ends it, and records the delivery metrics.
+//
+// A settlement whose call failed (s.Err) is counted in
+// berth.delivery.settlements under its action with
+// berth.settlement.error_type (see [settleErrorType]), and not as a retry or
+// dead letter: nothing was retried or dead-lettered, the broker delivers the
+// job again. A delivery handed back because the Worker shuts down (the
+// context's cause is [sdk.ErrShutdown]) is no handler error: it is counted as
+// its release (or retry, where the broker cannot release) without
+// error.type, in neither berth.job.errors nor berth.job.retries, and its span
+// gets no error.
 func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
+	shutdown := shutdownHandBack(ctx, s)
+	if shutdown {
+		s.Cause, s.Class = nil, sdk.ClassNone
+	}
 	var lb *labels
 	if st := o.stateOf(ctx); st != nil {
 		lb = st.l
@@ -149,40 +163,71 @@ func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement
 	if s.Action == sdk.ActionAck || s.Action == sdk.ActionLeaseLost {
 		settleClass = sdk.ClassNone // an ack has no error; a lost lease's error is the cancellation
 	}
-	lb.outcome(s.Action, settleClass).settled.Add(1)
+	lb.outcome(s.Action, settleClass, settleErrorType(s.Err)).settled.Add(1)
 	lc := lb
 	if class != sdk.ClassNone {
-		lc = lb.outcome("", class)
+		lc = lb.outcome("", class, "")
 		lc.errors.Add(1)
 	}
 	if s.Duration > 0 {
 		o.processDur.Record(ctx, s.Duration.Seconds(), lc.record...)
 	}
-	switch s.Action {
-	case sdk.ActionAck:
+	switch {
+	case s.Err != nil || shutdown:
+		// Not done (the call failed), or a shutdown's hand-back: no
+		// successful ack, retry or dead letter to count.
+	case s.Action == sdk.ActionAck:
 		// From the Receive that claimed the delivery (prefetch wait included).
 		// A settlement without Received (not from a Worker) falls back to the
 		// start of handling, Duration before now: Start reads no clock for it.
-		if s.Err == nil && (!s.Received.IsZero() || s.Duration > 0) {
+		if !s.Received.IsZero() || s.Duration > 0 {
 			since := s.Duration
 			if !s.Received.IsZero() {
 				since = time.Since(s.Received)
 			}
 			o.claimToAck.Record(ctx, since.Seconds(), lb.record...)
 		}
-	case sdk.ActionRetry:
+	case s.Action == sdk.ActionRetry:
 		lc.retries.Add(1)
 		o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
-	case sdk.ActionRelease:
+	case s.Action == sdk.ActionRelease:
 		if s.Delay > 0 {
 			o.retryDelay.Record(ctx, s.Delay.Seconds(), lb.record...)
 		}
-	case sdk.ActionDeadLetter:
+	case s.Action == sdk.ActionDeadLetter:
 		lc.deadLetters.Add(1)
 	}
 	if s.Action == sdk.ActionLeaseLost || errors.Is(s.Err, sdk.ErrLeaseLost) {
 		lb.leaseExp.Add(1)
 	}
+}
+
+// shutdownHandBack reports whether s hands back a delivery whose handler the
+// Worker's shutdown interrupted: a release (or a Retry where the delivery
+// cannot be released) of a handler that returned an error while its
+// context, ctx, was cancelled with cause [sdk.ErrShutdown] — the case the
+// Worker settles so (ARCHITECTURE.md, Settlement).
+func shutdownHandBack(ctx context.Context, s sdk.Settlement) bool {
+	if s.Cause == nil || (s.Action != sdk.ActionRelease && s.Action != sdk.ActionRetry) || ctx.Err() == nil {
+		return false
+	}
+	return errors.Is(context.Cause(ctx), sdk.ErrShutdown)
+}
+
+// settleErrorType is the berth.settlement.error_type of a settlement call's
+// error, "" for none: lease_lost, already_settled, or a publish's
+// error.type values ([errorType]: closed, unavailable, canceled, timeout,
+// _OTHER…), so that the label stays bounded whatever the broker answered.
+func settleErrorType(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, sdk.ErrLeaseLost):
+		return "lease_lost"
+	case errors.Is(err, sdk.ErrAlreadySettled):
+		return "already_settled"
+	}
+	return errorType(err)
 }
 
 func (o *Observer) recordSpan(span trace.Span, s sdk.Settlement) {

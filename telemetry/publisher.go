@@ -122,7 +122,13 @@ func endSend(span trace.Span, pl *pubLabels, err error) {
 // target (a Publisher, a TxPublisher) does: the spans and headers of
 // [Observer.Publisher], the sent-messages counter under target's
 // messaging.system.
+//
+// Publishing no message starts no span and counts nothing: send is called
+// as it is, for the broker's answer.
 func (o *Observer) publish(ctx context.Context, target any, queue string, msgs []*sdk.Message, send func() error) error {
+	if len(msgs) == 0 {
+		return send()
+	}
 	for _, m := range msgs {
 		if m == nil {
 			return send() // the broker reports the invalid message

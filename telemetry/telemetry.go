@@ -32,7 +32,8 @@ const (
 	AttrAction           = attribute.Key("berth.settlement.action")
 	AttrRetryDelay       = attribute.Key("berth.retry.delay") // seconds
 	AttrDeadLetterReason = attribute.Key("berth.dead_letter.reason")
-	AttrSettleError      = attribute.Key("berth.settlement.error")
+	AttrSettleError      = attribute.Key("berth.settlement.error")      // spans: the failed call's error text
+	AttrSettleErrorType  = attribute.Key("berth.settlement.error_type") // metrics: its bounded type
 	AttrQueueState       = attribute.Key("berth.queue.state")
 	AttrResource         = attribute.Key("berth.resource.type")
 	AttrLockAcquired     = attribute.Key("berth.lock.acquired")
@@ -66,6 +67,7 @@ type Options struct {
 	// Publisher writes it, and the Observer reads it when a message arrives
 	// without a CorrelationID (published by a producer outside berth).
 	// Default none: berth brokers carry Message.CorrelationID themselves.
+	// New refuses a name Publish could not write (see [New]).
 	CorrelationHeader string
 	// LinkOnly starts each delivery's process span as the root of a new trace,
 	// linked to the message's creation span, instead of as its child.
@@ -107,7 +109,7 @@ const defaultMaxJobTypes = 100
 //	messaging.process.duration            histogram s            handler run time, per berth.job.type
 //	berth.worker.in_flight                updown    {delivery}   deliveries being handled (observed)
 //	berth.delivery.redeliveries           counter   {delivery}   deliveries with attempt > 1
-//	berth.delivery.settlements            counter   {delivery}   per berth.settlement.action and error.type
+//	berth.delivery.settlements            counter   {delivery}   per berth.settlement.action and error.type, berth.settlement.error_type when the call failed
 //	berth.delivery.claim_to_ack.duration  histogram s            receive (claim) to successful ack
 //	berth.job.errors                      counter   {error}      handler errors per error.type (class)
 //	berth.job.retries                     counter   {retry}      retries per berth.job.type
@@ -175,7 +177,10 @@ var delayBuckets = []float64{0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600,
 
 // New creates the instruments and registers the callbacks that report the
 // delivery counters and the queue gauges. It returns an error for an invalid
-// InspectedQueue or when the meter refuses an instrument.
+// InspectedQueue, for a CorrelationHeader no publish could carry (a
+// [*sdk.HeaderError], matching [sdk.ErrInvalidHeader]: not valid UTF-8, a
+// reserved berth- name, or a header of the Propagator's), or when the meter
+// refuses an instrument.
 func New(opts Options) (*Observer, error) {
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = otel.GetTracerProvider()
@@ -196,6 +201,9 @@ func New(opts Options) (*Observer, error) {
 		if err := sdk.ValidateQueueName(q.Queue); err != nil {
 			return nil, fmt.Errorf("berth: telemetry: Queues[%d]: %w", i, err)
 		}
+	}
+	if err := checkCorrelationHeader(opts.CorrelationHeader, opts.Propagator); err != nil {
+		return nil, fmt.Errorf("berth: telemetry: CorrelationHeader: %w", err)
 	}
 	if opts.MaxJobTypes == 0 {
 		opts.MaxJobTypes = defaultMaxJobTypes
@@ -283,6 +291,31 @@ func New(opts Options) (*Observer, error) {
 		return nil, errors.Join(errs...)
 	}
 	return o, nil
+}
+
+// checkCorrelationHeader returns a [*sdk.HeaderError] (wrapping
+// [sdk.ErrInvalidHeader]) for a correlation header name h that every
+// publish would fail on or that would break tracing: one that is not
+// non-empty valid UTF-8 ([sdk.ValidateHeaders]), a reserved berth- name
+// ([sdk.IsReservedHeader], refused by [sdk.Prepare]), or a header the
+// propagator writes ("traceparent", "tracestate", "baggage"), which the
+// correlation ID would overwrite. "" (none) is valid.
+func checkCorrelationHeader(h string, prop propagation.TextMapPropagator) error {
+	if h == "" {
+		return nil
+	}
+	if err := sdk.ValidateHeaders(map[string]string{h: ""}); err != nil {
+		return err
+	}
+	if sdk.IsReservedHeader(h) {
+		return &sdk.HeaderError{Name: h, Reason: "names starting with " + sdk.ReservedHeaderPrefix + " are reserved for brokers"}
+	}
+	for _, f := range prop.Fields() {
+		if strings.EqualFold(h, f) {
+			return &sdk.HeaderError{Name: h, Reason: "written by the trace propagator"}
+		}
+	}
+	return nil
 }
 
 // Close unregisters the queue gauge callbacks (depth and oldest age, which
@@ -380,10 +413,12 @@ type labelKey struct {
 	system, queue, jobType string
 }
 
-// outcomeKey refines a labelKey with a settlement action and error class.
+// outcomeKey refines a labelKey with a settlement action, error class and
+// the settlement call's error type ([settleErrorType]).
 type outcomeKey struct {
-	action sdk.Action
-	class  sdk.ErrorClass
+	action    sdk.Action
+	class     sdk.ErrorClass
+	settleErr string
 }
 
 // labels caches what recording with one attribute set needs, so that the
@@ -501,21 +536,21 @@ func (o *Observer) lookupLabels(k labelKey) *labels {
 	return l
 }
 
-// outcome returns l refined with action and class (either may be empty).
-func (l *labels) outcome(action sdk.Action, class sdk.ErrorClass) *labels {
-	if action == sdk.ActionAck && class == sdk.ClassNone { // most settlements: no lock, no map
+// outcome returns l refined with action, class and settleErr (any may be
+// empty).
+func (l *labels) outcome(action sdk.Action, class sdk.ErrorClass, settleErr string) *labels {
+	if action == sdk.ActionAck && class == sdk.ClassNone && settleErr == "" { // most settlements: no lock, no map
 		if r := l.acked.Load(); r != nil {
 			return r
 		}
-		r := l.lookupOutcome(action, class)
+		r := l.lookupOutcome(outcomeKey{action, class, settleErr})
 		l.acked.Store(r)
 		return r
 	}
-	return l.lookupOutcome(action, class)
+	return l.lookupOutcome(outcomeKey{action, class, settleErr})
 }
 
-func (l *labels) lookupOutcome(action sdk.Action, class sdk.ErrorClass) *labels {
-	ok := outcomeKey{action, class}
+func (l *labels) lookupOutcome(ok outcomeKey) *labels {
 	l.mu.RLock()
 	r, found := l.outcomes[ok]
 	l.mu.RUnlock()
@@ -527,11 +562,14 @@ func (l *labels) lookupOutcome(action sdk.Action, class sdk.ErrorClass) *labels 
 		semconv.MessagingDestinationName(l.key.queue),
 		AttrJobType.String(l.key.jobType),
 	}
-	if action != "" {
-		attrs = append(attrs, AttrAction.String(string(action)))
+	if ok.action != "" {
+		attrs = append(attrs, AttrAction.String(string(ok.action)))
 	}
-	if class != sdk.ClassNone {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(string(class)))
+	if ok.class != sdk.ClassNone {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(ok.class)))
+	}
+	if ok.settleErr != "" {
+		attrs = append(attrs, AttrSettleErrorType.String(ok.settleErr))
 	}
 	opt := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	r = &labels{add: []metric.AddOption{opt}, record: []metric.RecordOption{opt}, observe: []metric.ObserveOption{opt}, key: l.key}

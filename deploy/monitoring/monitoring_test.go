@@ -135,7 +135,7 @@ func knownLabels() map[string]bool {
 		semconv.MessagingSystemKey, semconv.MessagingDestinationNameKey, semconv.ErrorTypeKey,
 		telemetry.AttrJobType, telemetry.AttrAction, telemetry.AttrQueueState, telemetry.AttrResource,
 		telemetry.AttrLockAcquired, telemetry.AttrLeaseResult, telemetry.AttrIdempotencyEvent,
-		ledger.AttrResult,
+		telemetry.AttrSettleErrorType, ledger.AttrResult,
 	}
 	m := map[string]bool{"le": true, "job": true, "instance": true, "otel_scope_name": true, "otel_scope_version": true}
 	for _, k := range keys {
