@@ -116,13 +116,51 @@ func (d *delivery) send(ctx context.Context, op string, body []byte) error {
 	return nil
 }
 
+// sendInLease is send for a delivery's settlement or +WPI (d.mu held),
+// which must be answered within d's lease: JetStream applies an
+// acknowledgement that reaches it after it redelivered the message to
+// another consumer to that consumer's delivery (a +ACK removes the message
+// under it, a -NAK has it delivered a third time, a +WPI extends its
+// lease), and answers it as any other. An answer that does not come before
+// the lease's end is therefore a [*LeaseLostError], as is a lease that
+// ended before the send (a Release's or DeadLetter's copy stored late):
+// the server may have redelivered the message, and the settlement may or
+// may not have been applied. Without [Options.AsyncAck] only: an
+// acknowledgement not waited for is not known to have been applied late.
+func (d *delivery) sendInLease(ctx context.Context, op string, body []byte) error {
+	start := time.Now()
+	if !start.Before(d.deadline) {
+		return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
+	}
+	if d.b.opts.AsyncAck {
+		return d.send(ctx, op, body)
+	}
+	until := d.deadline
+	if _, ok := ctx.Deadline(); !ok && start.Add(settleTimeout).Before(until) {
+		until = start.Add(settleTimeout)
+	}
+	rctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	if err := d.send(rctx, op, body); err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			if !time.Now().Before(d.deadline) {
+				return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
+			}
+			return fmt.Errorf("berth/jetstream: %s: %w: no answer within %s", op, sdk.ErrUnavailable, settleTimeout)
+		}
+		return err
+	}
+	return nil
+}
+
 // Ack sends +ACK and waits for JetStream's answer: the message is removed
-// (work-queue retention).
+// (work-queue retention). An answer that comes only after the lease ended
+// is a [*LeaseLostError] (see sendInLease).
 func (d *delivery) Ack(ctx context.Context) error {
 	if err := d.begin(); err != nil {
 		return err
 	}
-	return d.end(d.send(ctx, "ack", ackAck))
+	return d.end(d.sendInLease(ctx, "ack", ackAck))
 }
 
 // Retry sends -NAK with the delay: JetStream redelivers the message, with
@@ -133,7 +171,7 @@ func (d *delivery) Retry(ctx context.Context, delay time.Duration, _ error) erro
 		return err
 	}
 	delay = min(max(delay, 0), sdk.MaxDelay)
-	return d.end(d.send(ctx, "nak", nakDelay(delay)))
+	return d.end(d.sendInLease(ctx, "nak", nakDelay(delay)))
 }
 
 // ExtendLease sends +WPI (in progress) and, unless [Options.AsyncAck], waits
@@ -160,19 +198,7 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 	// (renewLease): one that comes after its end may answer a +WPI that
 	// reached the server after it had redelivered the message (restarting
 	// the other holder's AckWait), and renews nothing of this delivery.
-	until := d.deadline
-	if _, ok := ctx.Deadline(); !ok && start.Add(settleTimeout).Before(until) {
-		until = start.Add(settleTimeout)
-	}
-	rctx, cancel := context.WithDeadline(ctx, until)
-	defer cancel()
-	if err := d.send(rctx, "in progress", ackProgress); err != nil {
-		if ctx.Err() == nil && rctx.Err() != nil {
-			if !time.Now().Before(d.deadline) {
-				return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
-			}
-			return fmt.Errorf("berth/jetstream: in progress: %w: no answer within %s", sdk.ErrUnavailable, settleTimeout)
-		}
+	if err := d.sendInLease(ctx, "in progress", ackProgress); err != nil {
 		return err
 	}
 	d.deadline = start.Add(d.b.leaseFor())
@@ -244,7 +270,8 @@ func (d *delivery) renewLease() {
 }
 
 // DeadLetter stores a copy with the reason headers in the queue's
-// dead-letter stream (waiting for its ack), then acknowledges the original.
+// dead-letter stream (waiting for its ack), then acknowledges the original,
+// within the lease (see sendInLease).
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return d.deadLetter(ctx, cause, d.attempt)
 }
@@ -268,10 +295,22 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 	if err != nil {
 		return d.end(err)
 	}
-	if err := d.b.publishOne(ctx, d.q.dlq, w, id); err != nil {
+	err = d.b.publishOne(ctx, d.q.dlq, w, id)
+	if streamGone(err) {
+		// No stream answered: the dead-letter stream was deleted (by an
+		// operator, to empty it) after this Broker declared the queue.
+		// Declared again, as Publish does with the queue's stream; else
+		// every DeadLetter and every poison message failed until the
+		// Broker was replaced, the message delivered again for ever.
+		if _, derr := d.b.redeclare(ctx, d.q); derr != nil {
+			return d.end(derr)
+		}
+		err = d.b.publishOne(ctx, d.q.dlq, w, id)
+	}
+	if err != nil {
 		return d.end(err)
 	}
-	return d.end(d.send(ctx, "ack", ackAck))
+	return d.end(d.sendInLease(ctx, "ack", ackAck))
 }
 
 // HeaderDeadLetterTruncated marks a dead letter whose annotations berth
@@ -311,8 +350,9 @@ func (b *Broker) fitDeadLetter(m *sdk.Message, extra nats.Header, subject, id st
 // counts every delivery of a stored message (a nak would too), so berth
 // stores a new copy whose first delivery counts as this delivery's attempt
 // (on the delayed subject when delay > 0), waits for its ack, then
-// acknowledges this one. Should the ack be lost, both copies are delivered:
-// consumers dedupe by IdempotencyKey.
+// acknowledges this one, within the lease (see sendInLease). Should the ack
+// be lost, or the lease end first, both copies are delivered: consumers
+// dedupe by IdempotencyKey.
 func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
 	if err := d.begin(); err != nil {
 		return err
@@ -330,5 +370,5 @@ func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
 	if err := d.b.publishOne(ctx, d.q.stream, w, id); err != nil {
 		return d.end(err)
 	}
-	return d.end(d.send(ctx, "ack", ackAck))
+	return d.end(d.sendInLease(ctx, "ack", ackAck))
 }

@@ -84,8 +84,13 @@
 //     from the message's arrival, less a small margin) and refuses to settle
 //     once it is over ([*LeaseLostError], [sdk.ErrLeaseLost]): JetStream
 //     itself would accept a late ack from the first holder of a message it
-//     has redelivered. That clock holds only while the consumer's AckWait
-//     is no shorter than the Broker's: declaring a queue never shortens it
+//     has redelivered, and apply it to the second holder's delivery. A
+//     settlement or ExtendLease that JetStream has not answered by the
+//     lease's end is reported so too (it may or may not have been
+//     applied), and Release and DeadLetter do not ack the original once
+//     the lease has ended while their copy was being stored. That clock
+//     holds only while the consumer's AckWait is no shorter than the
+//     Broker's: declaring a queue never shortens it
 //     (Brokers of a queue with different AckWaits leave it at the longest,
 //     also when they declare it at the same time),
 //     and with [Options.NoDeclare] Receive refuses a shorter one

@@ -21,7 +21,8 @@ import (
 
 // Stats reads the queue's consumers and dead-letter stream:
 //
-//   - Ready is the ready consumer's NumPending (stored, never delivered);
+//   - Ready is the ready consumer's NumPending (stored, never delivered),
+//     or, while that consumer does not exist, the ready subject's count;
 //   - InFlight is its NumAckPending: deliveries not settled, and also
 //     messages waiting out a Retry delay (a nak with a delay) or waiting to
 //     be redelivered after a nak or an expired lease, which JetStream counts
@@ -47,14 +48,30 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 		// The same on every broker: an unknown queue is not an empty one.
 		return st, fmt.Errorf("jetstream: stats of queue %q: %w: %w", queue, sdk.ErrNotFound, err)
 	}
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return st, nil
-	}
-	if err != nil {
+	var from uint64 = 1 // the first stream sequence a never-delivered message may have
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		// Not declared yet, or deleted by an operator: every message on
+		// the ready subject waits for the consumer a declaration creates
+		// (it delivers them all), and the delayed subject and the
+		// dead-letter stream are counted as ever. Returning zeros here
+		// hid a stored backlog and every dead letter.
+		s, err := b.js.Stream(ctx, q.stream)
+		if err != nil {
+			return st, b.wrapErr(ctx, "stats", err)
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(q.ready))
+		if err != nil {
+			return st, b.wrapErr(ctx, "stats", err)
+		}
+		st.Ready = int64(info.State.Subjects[q.ready])
+	case err != nil:
 		return st, b.wrapErr(ctx, "stats", err)
+	default:
+		ci := ready.CachedInfo()
+		st.Ready, st.InFlight = int64(ci.NumPending), int64(ci.NumAckPending)
+		from = ci.Delivered.Stream + 1
 	}
-	ci := ready.CachedInfo()
-	st.Ready, st.InFlight = int64(ci.NumPending), int64(ci.NumAckPending)
 	if delayed, err := b.js.Consumer(ctx, q.stream, delayConsumerName); err == nil {
 		di := delayed.CachedInfo()
 		st.Delayed = int64(di.NumPending) + int64(di.NumAckPending)
@@ -71,7 +88,7 @@ func (b *Broker) Stats(ctx context.Context, queue string) (sdk.QueueStats, error
 		if err != nil {
 			return st, b.wrapErr(ctx, "stats", err)
 		}
-		raw, err := s.GetMsg(ctx, ci.Delivered.Stream+1, jetstream.WithGetMsgSubject(q.ready))
+		raw, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(q.ready))
 		if err == nil {
 			st.OldestAge = max(time.Since(raw.Time), 0)
 		} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -354,6 +371,16 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		return 0, err
 	}
 	ts, err := b.js.Stream(ctx, target.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The queue's stream was deleted by another process after this
+		// Broker declared it (its declared entry is stale): declared
+		// again, as Publish does, else every redrive failed until the
+		// Broker was replaced. With NoDeclare: ErrNotFound.
+		if target, err = b.redeclare(ctx, target); err != nil {
+			return 0, err
+		}
+		ts, err = b.js.Stream(ctx, target.stream)
+	}
 	if err != nil {
 		return 0, b.wrapErr(ctx, "redrive dead letters", err)
 	}

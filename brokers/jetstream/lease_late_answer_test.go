@@ -1,6 +1,7 @@
 package jetstream_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -57,5 +58,58 @@ func TestExtendLeaseAnsweredAfterLeaseEnd(t *testing.T) {
 	}
 	if err := second.Ack(ctx); err != nil {
 		t.Errorf("second holder's Ack: %v", err)
+	}
+}
+
+// TestSettlementAnsweredAfterLeaseEnd: a settlement sent shortly before the
+// lease ends, on a connection that stalls until the server has redelivered
+// the message to another consumer. JetStream applies the late +ACK or -NAK
+// to the other holder's delivery (removing the message under it, or
+// delivering it a third time) and answers it as any other; Release and
+// DeadLetter, whose copy is stored late, acked the original likewise. Each
+// returned nil, as if this delivery had been settled while it held the
+// message. An answer that does not come within the lease is ErrLeaseLost,
+// as ExtendLease's, and a copy stored after the lease's end is not
+// followed by an ack of the original.
+func TestSettlementAnsweredAfterLeaseEnd(t *testing.T) {
+	settle := map[string]func(context.Context, sdk.Delivery) error{
+		"Ack":        func(ctx context.Context, d sdk.Delivery) error { return d.Ack(ctx) },
+		"Retry":      func(ctx context.Context, d sdk.Delivery) error { return d.Retry(ctx, 0, errors.New("again")) },
+		"DeadLetter": func(ctx context.Context, d sdk.Delivery) error { return d.DeadLetter(ctx, errors.New("bad")) },
+		"Release":    func(ctx context.Context, d sdk.Delivery) error { return d.(sdk.Releaser).Release(ctx, 0) },
+	}
+	for _, name := range []string{"Ack", "Retry", "DeadLetter", "Release"} {
+		t.Run(name, func(t *testing.T) {
+			const ackWait = 2 * time.Second
+			opts := jetstream.Options{AckWait: ackWait, WaitTime: 300 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet}
+			ctx, p, direct, _, q, first := proxiedDelivery(t, opts, "settlelate")
+			t0 := time.Now()
+			time.Sleep(ackWait * 3 / 4) // late in the lease
+
+			p.Freeze()
+			settled := make(chan error, 1)
+			go func() { settled <- settle[name](ctx, first) }()
+			var second sdk.Delivery
+			for second == nil && time.Since(t0) < 3*ackWait {
+				got, err := direct.Receive(ctx, q, 1)
+				if err != nil {
+					p.Thaw()
+					t.Fatal(err)
+				}
+				if len(got) > 0 {
+					second = got[0]
+				}
+			}
+			p.Thaw()
+			if second == nil {
+				t.Fatal("not redelivered while the first holder's connection stalled")
+			}
+			if err := <-settled; !errors.Is(err, sdk.ErrLeaseLost) {
+				t.Errorf("%s answered only after the message was redelivered (attempt %d) = %v; want ErrLeaseLost", name, second.Attempt(), err)
+			}
+			if err := second.Ack(ctx); err != nil {
+				t.Errorf("second holder's Ack: %v", err)
+			}
+		})
 	}
 }

@@ -136,6 +136,14 @@ func streamGone(err error) bool {
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
+// redeclare declares q's queue again, whose declared entry q is stale: one
+// of its streams was deleted by another process (a publish no stream
+// answered). With [Options.NoDeclare] it creates nothing.
+func (b *Broker) redeclare(ctx context.Context, q *queueState) (*queueState, error) {
+	b.declared.CompareAndDelete(q.name, q)
+	return b.queue(ctx, q.name)
+}
+
 // forgetGone drops the declared entry of the queue whose subject a publish
 // went to when no stream answered it, so that the next call on the queue
 // declares it again (PublishAsync cannot retry: its result is already out).

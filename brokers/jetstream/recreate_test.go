@@ -126,3 +126,92 @@ func TestForeignIDAfterQueueStreamRecreated(t *testing.T) {
 		t.Fatalf("two messages delivered as %q", first)
 	}
 }
+
+// A dead-letter stream deleted (by an operator emptying it) after the
+// Broker declared the queue: no stream answered the dead letter's publish,
+// and as the Broker kept its declared entry, every DeadLetter, and the
+// dead-lettering of every poison message, failed with ErrUnavailable until
+// the Broker was replaced, the message delivered again for ever. As
+// Publish does with the queue's stream, DeadLetter declares the queue
+// again and stores the dead letter.
+func TestDeadLetterAfterDeadLetterStreamDeleted(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "dlqdeleted")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "gone-dlq"}); err != nil {
+		t.Fatal(err)
+	}
+	_, dlq := b.StreamNames(q)
+	if err := rawJetStream(t).DeleteStream(ctx, dlq); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveOne(ctx, t, b, q).DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		t.Fatalf("DeadLetter after the dead-letter stream was deleted: %v", err)
+	}
+	m, err := b.GetDeadLetter(ctx, q, "gone-dlq")
+	if err != nil {
+		t.Fatalf("GetDeadLetter: %v", err)
+	}
+	if m.ID != "gone-dlq" {
+		t.Errorf("dead letter %q, want gone-dlq", m.ID)
+	}
+}
+
+// Likewise the queue's stream deleted (its dead letters kept) after a
+// Broker that does not receive from the queue (an operator's tool, which
+// no pull tells of the deletion) declared it: every redrive failed with
+// JetStream's "stream not found" until the Broker was replaced.
+func TestRedriveAfterQueueStreamDeleted(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "qdeleted")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "gone-q"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveOne(ctx, t, b, q).DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+	admin := newBroker(t, testOpts) // declares the queue, never receives
+	if err := admin.DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	stream, _ := admin.StreamNames(q)
+	if err := rawJetStream(t).DeleteStream(ctx, stream); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := admin.RedriveDeadLetters(ctx, q, "gone-q"); n != 1 || err != nil {
+		t.Fatalf("RedriveDeadLetters after the queue's stream was deleted = %d, %v; want 1", n, err)
+	}
+	if d := receiveOne(ctx, t, b, q); d.Message().ID != "gone-q" {
+		t.Errorf("redriven %q, want gone-q", d.Message().ID)
+	}
+}
+
+// Stats of a queue whose ready consumer does not exist (deleted by an
+// operator, or a declaration cut short after the stream): it returned
+// zeros, hiding the stored backlog and every dead letter.
+func TestStatsWithoutReadyConsumer(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "noconsumer")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "a"}, &sdk.Message{ID: "b"}, &sdk.Message{ID: "c", Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveOne(ctx, t, b, q).DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+	stream, _ := b.StreamNames(q)
+	if err := rawJetStream(t).DeleteConsumer(ctx, stream, "berth"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := newBroker(t, testOpts).Stats(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Ready != 1 || st.Delayed != 1 || st.DeadLettered != 1 || st.OldestAge <= 0 {
+		t.Errorf("Stats without the ready consumer = %+v; want Ready 1, Delayed 1, DeadLettered 1, an OldestAge", st)
+	}
+}
