@@ -33,3 +33,11 @@ func SetDeclareLockHook(f func(lockStream string, held bool)) (restore func()) {
 	declareLockHook = f
 	return func() { declareLockHook = old }
 }
+
+// SetRedrivePage sets the page of RedriveDeadLetters with no ids; the
+// returned func restores it.
+func SetRedrivePage(n int) (restore func()) {
+	old := redrivePage
+	redrivePage = n
+	return func() { redrivePage = old }
+}

@@ -329,7 +329,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // failed delete of the letter, or of the held copy of a letter another
 // call took), and a redrive slower than the hold (a minute) from storing
 // the held copy to deleting it runs the job twice. While a redrive runs,
-// its held copies count as Delayed in Stats.
+// its held copies count as Delayed in Stats. With no ids it redrives the
+// letters stored when it starts, a page at a time (bounded memory, whatever
+// the dead-letter stream holds).
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	q, s, err := b.deadStream(ctx, queue)
 	if err != nil {
@@ -341,48 +343,28 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		}
 		return 0, nil
 	}
-	var picked []deadLetter
 	if len(ids) == 0 {
-		if picked, err = b.scan(ctx, s, q.dead+".*", 0); err != nil {
+		return b.redriveAll(ctx, queue, q, s)
+	}
+	var picked []deadLetter
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		dls, err := b.lookup(ctx, q, s, id)
+		if err != nil {
 			return 0, err
 		}
-	} else {
-		seen := map[string]bool{}
-		for _, id := range ids {
-			if seen[id] {
-				continue
-			}
-			seen[id] = true
-			dls, err := b.lookup(ctx, q, s, id)
-			if err != nil {
-				return 0, err
-			}
-			if len(dls) == 0 {
-				return 0, &NotFoundError{Queue: queue, ID: id}
-			}
-			picked = append(picked, dls...)
+		if len(dls) == 0 {
+			return 0, &NotFoundError{Queue: queue, ID: id}
 		}
+		picked = append(picked, dls...)
 	}
-	if len(picked) == 0 {
-		return 0, nil
-	}
-	target, err := b.queue(ctx, queue)
+	target, ts, err := b.redriveTarget(ctx, queue)
 	if err != nil {
 		return 0, err
-	}
-	ts, err := b.js.Stream(ctx, target.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// The queue's stream was deleted by another process after this
-		// Broker declared it (its declared entry is stale): declared
-		// again, as Publish does, else every redrive failed until the
-		// Broker was replaced. With NoDeclare: ErrNotFound.
-		if target, err = b.redeclare(ctx, target); err != nil {
-			return 0, err
-		}
-		ts, err = b.js.Stream(ctx, target.stream)
-	}
-	if err != nil {
-		return 0, b.wrapErr(ctx, "redrive dead letters", err)
 	}
 	n, call := 0, rand.Uint64()
 	for _, dl := range picked {
@@ -396,6 +378,78 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		}
 	}
 	return n, nil
+}
+
+// redrivePage bounds the dead letters RedriveDeadLetters with no ids holds
+// at once, bodies included: a dead-letter stream may hold more than the
+// process's memory.
+var redrivePage = 256
+
+// redriveAll redrives every dead letter of queue stored when it starts
+// (letters stored later, a redriven job failing again, are left for the
+// next call), a page of redrivePage letters at a time, oldest first.
+func (b *Broker) redriveAll(ctx context.Context, queue string, q *queueState, s jetstream.Stream) (int, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, b.wrapErr(ctx, "redrive dead letters", err)
+	}
+	upTo := info.State.LastSeq
+	var (
+		target *queueState
+		ts     jetstream.Stream
+		n      int
+		seq    uint64 = 1
+		call          = rand.Uint64()
+	)
+	for seq <= upTo {
+		page, err := b.scanRange(ctx, s, q.dead+".*", seq, upTo, redrivePage)
+		if err != nil {
+			return n, err
+		}
+		if len(page) == 0 {
+			break
+		}
+		if target == nil {
+			if target, ts, err = b.redriveTarget(ctx, queue); err != nil {
+				return n, err
+			}
+		}
+		for _, dl := range page {
+			sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
+			took, err := b.redriveOne(ctx, q, s, target, ts, dl, call)
+			if took {
+				n++
+			}
+			if err != nil {
+				return n, err
+			}
+		}
+		seq = page[len(page)-1].seq + 1
+	}
+	return n, nil
+}
+
+// redriveTarget returns queue's state and stream, for a redrive to it.
+func (b *Broker) redriveTarget(ctx context.Context, queue string) (*queueState, jetstream.Stream, error) {
+	target, err := b.queue(ctx, queue)
+	if err != nil {
+		return nil, nil, err
+	}
+	ts, err := b.js.Stream(ctx, target.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// The queue's stream was deleted by another process after this
+		// Broker declared it (its declared entry is stale): declared
+		// again, as Publish does, else every redrive failed until the
+		// Broker was replaced. With NoDeclare: ErrNotFound.
+		if target, err = b.redeclare(ctx, target); err != nil {
+			return nil, nil, err
+		}
+		ts, err = b.js.Stream(ctx, target.stream)
+	}
+	if err != nil {
+		return nil, nil, b.wrapErr(ctx, "redrive dead letters", err)
+	}
+	return target, ts, nil
 }
 
 // redriveHold is how long the held copy of a dead letter being redriven
