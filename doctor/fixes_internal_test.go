@@ -31,6 +31,8 @@ func (f argsRabbit) Info(context.Context, string) (rabbitmq.QueueInfo, error) {
 
 func (f argsRabbit) ServerVersion(context.Context) (string, error) { return f.version, nil }
 
+func (f argsRabbit) ExchangeExists(context.Context, string) (bool, error) { return true, nil }
+
 // Workers whose jobs have no time limit (LongestJob < 0) against a queue
 // whose consumer timeout is 30 min: a job running longer has its channel
 // closed, which is an Error, not OK.

@@ -33,7 +33,8 @@ func asJetStream(b sdk.Broker) *bjs.Broker {
 // queue the broker lists): jetstream.stream-missing, jetstream.retention
 // (a work-queue stream), jetstream.stream-limits (no MaxAge, MaxMsgs,
 // MaxBytes or MaxMsgsPerSubject, which drop jobs or refuse publishes),
-// jetstream.dead-letter-stream (present, keeping dead letters as long as the
+// jetstream.dead-letter-stream (present, not an interest stream, which drops
+// a dead letter no consumer waits for, keeping dead letters as long as the
 // queue keeps jobs) and jetstream.consumer (berth's durable consumer:
 // explicit acks, its AckWait the broker's, no server MaxDeliver below
 // MaxAttempts — an error — nor at or below the broker's poison cap
@@ -119,8 +120,14 @@ func jsQueue(ctx context.Context, js jetstream.JetStream, b *bjs.Broker, q strin
 		return nil, fmt.Errorf("doctor: jetstream: stream %s: %w", dlqName, err)
 	default:
 		dcfg := dst.CachedInfo().Config
-		ev := fmt.Sprintf("stream %s MaxAge %s, MaxMsgs %d, MaxBytes %d; queue stream MaxAge %s", dlqName, dcfg.MaxAge, dcfg.MaxMsgs, dcfg.MaxBytes, cfg.MaxAge)
-		if (dcfg.MaxAge > 0 && (cfg.MaxAge == 0 || dcfg.MaxAge < cfg.MaxAge)) || dcfg.MaxMsgs > 0 || dcfg.MaxBytes > 0 {
+		ev := fmt.Sprintf("stream %s retention %s, MaxAge %s, MaxMsgs %d, MaxBytes %d; queue stream MaxAge %s", dlqName, dcfg.Retention, dcfg.MaxAge, dcfg.MaxMsgs, dcfg.MaxBytes, cfg.MaxAge)
+		if dcfg.Retention == jetstream.InterestPolicy {
+			// An interest stream keeps a message only until every
+			// consumer acked it: with none, the rule on a dead-letter
+			// stream, each dead letter is dropped as it is stored.
+			add(Finding{ID: "jetstream.dead-letter-stream", Severity: Error, Summary: "the dead-letter stream has interest retention: a dead letter no consumer waits for is dropped as it is stored",
+				Evidence: ev, Fix: "set the dead-letter stream's retention to limits, as berth declares it (NATS 2.10 and later change it in place: nats stream edit --retention limits; before, delete the stream, which holds nothing, and let berth DeclareQueue recreate it)"})
+		} else if (dcfg.MaxAge > 0 && (cfg.MaxAge == 0 || dcfg.MaxAge < cfg.MaxAge)) || dcfg.MaxMsgs > 0 || dcfg.MaxBytes > 0 {
 			add(Finding{ID: "jetstream.dead-letter-stream", Severity: Warn, Summary: "dead letters expire or are dropped before anyone looks at them",
 				Evidence: ev, Fix: "remove the dead-letter stream's limits (berth declares none), or keep them longer than the queue keeps jobs"})
 		} else {

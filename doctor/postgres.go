@@ -166,10 +166,13 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 	add(f)
 
 	// Autovacuum, globally and on the table.
-	var global string
+	// Autovacuum acts on the dead tuples the server counts only with
+	// track_counts on (a server setting, or one of the database's): off,
+	// it never vacuums, and n_dead_tup stays 0 however bloated the table.
+	var global, counts string
 	var relopts []string
-	if err := pool.QueryRow(ctx, `SELECT current_setting('autovacuum'), COALESCE(c.reloptions, '{}')
-		FROM pg_class c WHERE c.oid = $1::regclass`, qt).Scan(&global, &relopts); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT current_setting('autovacuum'), current_setting('track_counts'), COALESCE(c.reloptions, '{}')
+		FROM pg_class c WHERE c.oid = $1::regclass`, qt).Scan(&global, &counts, &relopts); err != nil {
 		return nil, fmt.Errorf("doctor: postgres: autovacuum: %w", err)
 	}
 	tableOff := false
@@ -178,11 +181,16 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 			tableOff = true
 		}
 	}
-	if global != "on" {
+	settings := "autovacuum = " + global + ", track_counts = " + counts
+	switch {
+	case global != "on":
 		add(Finding{ID: "postgres.autovacuum-server", Severity: Error, Queue: table, Summary: "autovacuum is off on the server",
-			Evidence: "autovacuum = " + global, Fix: "set autovacuum = on (postgresql.conf, ALTER SYSTEM): every settled job leaves a dead tuple the claim query must skip; until then VACUUM the jobs table from cron"})
-	} else {
-		add(Finding{ID: "postgres.autovacuum-server", Severity: OK, Queue: table, Summary: "autovacuum is on on the server", Evidence: "autovacuum = on"})
+			Evidence: settings, Fix: "set autovacuum = on (postgresql.conf, ALTER SYSTEM): every settled job leaves a dead tuple the claim query must skip; until then VACUUM the jobs table from cron"})
+	case counts != "on":
+		add(Finding{ID: "postgres.autovacuum-server", Severity: Error, Queue: table, Summary: "track_counts is off: autovacuum has no dead-tuple counts to act on and never vacuums the jobs table",
+			Evidence: settings, Fix: "set track_counts = on (postgresql.conf, ALTER SYSTEM; and ALTER DATABASE ... RESET track_counts where a database sets it): every settled job leaves a dead tuple the claim query must skip; until then VACUUM the jobs table from cron"})
+	default:
+		add(Finding{ID: "postgres.autovacuum-server", Severity: OK, Queue: table, Summary: "autovacuum is on on the server", Evidence: settings})
 	}
 	if tableOff {
 		add(Finding{ID: "postgres.autovacuum", Severity: Error, Queue: table, Summary: "autovacuum is off for the jobs table",
@@ -200,10 +208,14 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 		return nil, fmt.Errorf("doctor: postgres: dead tuples: %w", err)
 	}
 	ev := fmt.Sprintf("%d live, %d dead tuples; last autovacuum %s, last vacuum %s", live, dead, when(lastAuto), when(lastManual))
-	if dead > o.DeadTuples && dead*5 > live+dead {
+	switch {
+	case counts != "on":
+		add(Finding{ID: "postgres.dead-tuples", Severity: Info, Queue: table, Summary: "dead tuples are not counted (track_counts off): not measurable",
+			Evidence: ev + "; track_counts = " + counts, Fix: "set track_counts = on (see postgres.autovacuum-server); meanwhile pgstattuple tells the table's dead tuples"})
+	case dead > o.DeadTuples && dead*5 > live+dead:
 		add(Finding{ID: "postgres.dead-tuples", Severity: Warn, Queue: table, Summary: "the jobs table is bloated with dead tuples",
 			Evidence: ev, Fix: fmt.Sprintf("VACUUM (ANALYZE) %s; make autovacuum keep up: lower autovacuum_vacuum_scale_factor for the table (e.g. 0.01) and delete completed rows (Options.Retention)", qt)})
-	} else {
+	default:
 		add(Finding{ID: "postgres.dead-tuples", Severity: OK, Queue: table, Summary: "dead tuples are under control", Evidence: ev})
 	}
 

@@ -18,6 +18,7 @@ type rabbitBroker interface {
 	QueueArguments(ctx context.Context, queue string) (map[string]any, error)
 	Info(ctx context.Context, queue string) (rabbitmq.QueueInfo, error)
 	ServerVersion(ctx context.Context) (string, error)
+	ExchangeExists(ctx context.Context, name string) (bool, error)
 }
 
 func asRabbit(b sdk.Broker) rabbitBroker {
@@ -36,7 +37,9 @@ func asRabbit(b sdk.Broker) rabbitBroker {
 // rabbitmq.dead-letter-queue, rabbitmq.delivery-limit,
 // rabbitmq.queue-limits, rabbitmq.consumer-timeout, rabbitmq.prefetch,
 // rabbitmq.delay-queues. Queue arguments are read without the management
-// plugin ([rabbitmq.Broker.QueueArguments]), so policies are not seen; the
+// plugin ([rabbitmq.Broker.QueueArguments]), so policies are not seen, nor
+// bindings (only that the dead-letter exchange exists,
+// [rabbitmq.Broker.ExchangeExists]); the
 // server's version comes from its connection properties
 // ([rabbitmq.Broker.ServerVersion]). Each queue's checks are bounded by
 // Options.CheckTimeout (doctor.check-timeout).
@@ -114,6 +117,11 @@ func (t *tracedRabbit) Info(ctx context.Context, queue string) (rabbitmq.QueueIn
 	return t.rabbitBroker.Info(ctx, queue)
 }
 
+func (t *tracedRabbit) ExchangeExists(ctx context.Context, name string) (bool, error) {
+	defer t.trace(fmt.Sprintf("the exchange %s (exchange.declare, passive)", quoted(name)))()
+	return t.rabbitBroker.ExchangeExists(ctx, name)
+}
+
 func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVersion, o Options) ([]Finding, error) {
 	var fs []Finding
 	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
@@ -163,6 +171,18 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 			Summary:  fmt.Sprintf("the server's dead letters go to exchange %s with routing key %v, not the queue's name: they do not reach %s (dropped, or filed with another queue's)", dlx, rk, dlq),
 			Evidence: ev, Fix: fmt.Sprintf("redeclare the queue with x-dead-letter-routing-key %s (berth DeclareQueue; arguments cannot change on a queue that exists: declare a new one and shovel the messages)", quoted(q))})
 	default:
+		// The server drops dead letters sent to an exchange that does
+		// not exist, and says nothing.
+		exists, err := b.ExchangeExists(ctx, dlx)
+		if err != nil {
+			return nil, fmt.Errorf("doctor: rabbitmq: %w", err)
+		}
+		if !exists {
+			add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: Error, Summary: "the dead-letter exchange does not exist: messages the server drops (delivery limit, rejection) are lost",
+				Evidence: ev + fmt.Sprintf("; exchange %s not found", quoted(dlx)),
+				Fix:      fmt.Sprintf("declare the exchange %s (direct, durable) and bind %s to it with routing key %s (berth DeclareQueue does both for the broker's dead-letter exchange)", quoted(dlx), quoted(dlq), quoted(q))})
+			break
+		}
 		add(Finding{ID: "rabbitmq.dead-letter-exchange", Severity: OK, Summary: "dead letters go to exchange " + dlx, Evidence: ev})
 	}
 

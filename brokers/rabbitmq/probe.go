@@ -72,6 +72,29 @@ func (b *Broker) QueueArguments(ctx context.Context, queue string) (map[string]a
 	return nil, fmt.Errorf("rabbitmq: probe arguments of %q: no answer after %d declares", queue, maxProbes)
 }
 
+// ExchangeExists reports whether the exchange name exists, with a passive
+// exchange.declare: it never creates one. The default exchange ("") always
+// exists. berth doctor uses it: the server drops the dead letters of a queue
+// whose x-dead-letter-exchange names no exchange, without a word.
+func (b *Broker) ExchangeExists(ctx context.Context, name string) (bool, error) {
+	if b.closed() {
+		return false, sdk.ErrClosed
+	}
+	if name == "" {
+		return true, nil
+	}
+	err := b.withChannel(ctx, func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclarePassive(name, amqp.ExchangeDirect, true, false, false, false, nil)
+	})
+	if errors.Is(err, sdk.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("rabbitmq: inspect exchange %q: %w", name, err)
+	}
+	return true, nil
+}
+
 // typedArg converts an argument's text to the AMQP type the server named.
 func typedArg(v, typ string) any {
 	switch typ {
