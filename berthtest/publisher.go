@@ -41,8 +41,13 @@ func (p *AsyncPublisher) ResolveAtOnce(fn func(m *sdk.Message) error) {
 
 // Publish validates msgs as a broker does ([sdk.PrepareAll]), records a
 // copy of each and counts the call ([AsyncPublisher.SyncCalls]): code
-// that should publish asynchronously can check it never came here.
+// that should publish asynchronously can check it never came here. With
+// ctx already done it records nothing and returns ctx.Err(), as a broker
+// does.
 func (p *AsyncPublisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := sdk.PrepareAll(ctx, queue, msgs, 0); err != nil {
 		return err
 	}
@@ -56,8 +61,13 @@ func (p *AsyncPublisher) Publish(ctx context.Context, queue string, msgs ...*sdk
 }
 
 // PublishAsync validates msg as a broker does ([sdk.Prepare]), records a
-// copy of it as it was handed over and returns its pending result.
+// copy of it as it was handed over and returns its pending result. With
+// ctx already done it records nothing and returns ctx.Err(), as
+// [sdk.AsyncPublisher] requires.
 func (p *AsyncPublisher) PublishAsync(ctx context.Context, queue string, msg *sdk.Message) (*sdk.PublishResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if err := sdk.Prepare(ctx, queue, msg, 0); err != nil {
 		return nil, err
 	}

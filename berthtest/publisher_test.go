@@ -117,3 +117,25 @@ func ExampleAsyncPublisher() {
 	// order-2: berth: broker unavailable
 	// synchronous calls: 0
 }
+
+// TestAsyncPublisherCancelledContext: with ctx already done, a broker
+// publishes nothing and returns ctx.Err() (sdk.AsyncPublisher, and every
+// broker's Publish); the fake must not accept the message.
+func TestAsyncPublisherCancelledContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p := berthtest.NewAsyncPublisher()
+	r, err := p.PublishAsync(ctx, "q", &sdk.Message{ID: "a"})
+	if !errors.Is(err, context.Canceled) || r != nil {
+		t.Errorf("PublishAsync with a cancelled ctx = %v, %v; want nil, context.Canceled", r, err)
+	}
+	if err := p.Publish(ctx, "q", &sdk.Message{ID: "b"}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Publish with a cancelled ctx = %v; want context.Canceled", err)
+	}
+	if got := p.Pending(); len(got) != 0 {
+		t.Errorf("Pending %v, want none", got)
+	}
+	if p.Message("a") != nil || p.Message("b") != nil || p.SyncCalls() != 0 {
+		t.Errorf("a message was recorded as published (sync calls %d)", p.SyncCalls())
+	}
+}
