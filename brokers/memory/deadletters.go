@@ -124,6 +124,7 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 			}
 			return false
 		})
+		q.releaseDead()
 	}
 	q.mu.Unlock()
 
@@ -139,6 +140,15 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 		q.mu.Unlock()
 	}
 	return len(picked), nil
+}
+
+// releaseDead lets the dead-letter list and its cursor map go once the
+// list is empty: a Go map never shrinks, and a burst's would be kept for
+// the life of the queue. Called with q.mu held.
+func (q *queue) releaseDead() {
+	if len(q.dead) == 0 {
+		q.dead, q.deadSeq = nil, nil
+	}
 }
 
 // PurgeDeadLetters deletes queue's dead letters and returns how many.

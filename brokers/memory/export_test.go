@@ -46,3 +46,19 @@ func MakeRoom(b *Broker, queue string, before func()) {
 	q.promote(now, b.maxDeliveries)
 	b.take(q, 1, now)
 }
+
+// HeapCaps returns the capacities of queue's delayed and in-flight heaps.
+func HeapCaps(b *Broker, queue string) (delayed, inFlight int) {
+	q := b.queue(queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return cap(q.delayed), cap(q.inFlight)
+}
+
+// ReadyCap returns the capacity of queue's ready FIFO.
+func ReadyCap(b *Broker, queue string) int {
+	q := b.queue(queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.ready.buf)
+}

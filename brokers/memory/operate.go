@@ -151,5 +151,6 @@ func (b *Broker) DeleteDeadLetters(_ context.Context, queue string, ids ...strin
 		}
 		return false
 	})
+	q.releaseDead()
 	return n, nil
 }

@@ -225,6 +225,15 @@ func (q *queue) deadLetter(e *entry, cause error, now time.Time) {
 	q.numberDead(m)
 }
 
+// The ready FIFO and the heaps let a burst's array go once it is under a
+// shrinkRatio-th full and above shrinkAbove entries: a queue that does not
+// empty after a burst would otherwise keep its arrays for its whole life.
+// The copies cost under a tenth of a pointer copied per message of the burst.
+const (
+	shrinkAbove = 4096
+	shrinkRatio = 16
+)
+
 // fifo is a growable ring buffer of entries.
 type fifo struct {
 	buf        []*entry
@@ -254,11 +263,25 @@ func (f *fifo) pop() *entry {
 	f.size--
 	if f.size == 0 {
 		f.head = 0
-		if len(f.buf) > 4096 { // let a burst's buffer go
-			f.buf = nil
-		}
+	}
+	if len(f.buf) > shrinkAbove && f.size < len(f.buf)/shrinkRatio { // let a burst's buffer go
+		f.shrink()
 	}
 	return e
+}
+
+// shrink moves the entries to a buffer of twice their number (none when
+// empty), keeping their order.
+func (f *fifo) shrink() {
+	if f.size == 0 {
+		f.buf, f.head = nil, 0
+		return
+	}
+	buf := make([]*entry, 2*f.size)
+	for i := range f.size {
+		buf[i] = f.buf[(f.head+i)%len(f.buf)]
+	}
+	f.buf, f.head = buf, 0
 }
 
 // timeHeap is a min-heap of entries by due, for container/heap.
@@ -282,6 +305,9 @@ func (h *timeHeap) Pop() any {
 	e := old[n-1]
 	old[n-1] = nil
 	*h = old[:n-1]
+	if c := cap(old); c > shrinkAbove && n-1 < c/shrinkRatio { // let a burst's array go
+		*h = append(make(timeHeap, 0, 2*(n-1)), old[:n-1]...)
+	}
 	e.index = -1
 	return e
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -608,5 +609,123 @@ func TestEmptyPublishCreatesNoQueue(t *testing.T) {
 	}
 	if s, err := b.Stats(ctx, "empty"); err != nil || s.Ready != 1 {
 		t.Fatalf("Stats after a Publish = %+v, %v; want one ready", s, err)
+	}
+}
+
+// TestHeapsShrinkAfterBurst: a burst of delayed or leased messages must not
+// keep its heaps' arrays for the life of the queue once they are gone.
+func TestHeapsShrinkAfterBurst(t *testing.T) {
+	ctx := ctxT(t)
+	b, _ := memory.New(memory.Options{})
+	defer b.Close()
+	const burst = 20000
+	msgs := make([]*sdk.Message, burst)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Delay: time.Millisecond}
+	}
+	if err := b.Publish(ctx, "q", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := memory.HeapCaps(b, "q"); d < burst {
+		t.Fatalf("delayed heap capacity %d with %d delayed", d, burst)
+	}
+	var ds []sdk.Delivery
+	for len(ds) < burst {
+		got, err := b.Receive(ctx, "q", burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, got...)
+	}
+	if d, _ := memory.HeapCaps(b, "q"); d > 4096 {
+		t.Errorf("delayed heap capacity %d after its %d messages left", d, burst)
+	}
+	// Keep one in flight: the heap is not empty, only small.
+	for _, d := range ds[1:] {
+		if err := d.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, f := memory.HeapCaps(b, "q"); f > 4096 {
+		t.Errorf("in-flight heap capacity %d with 1 in flight", f)
+	}
+}
+
+// TestDeadLettersReleasedWhenDeleted: once every dead letter of a burst
+// is deleted or redriven by id, the dead-letter list and its page-cursor
+// map must not keep their burst-sized memory.
+func TestDeadLettersReleasedWhenDeleted(t *testing.T) {
+	ctx := ctxT(t)
+	const burst = 100000
+	for _, redrive := range []bool{false, true} {
+		b, _ := memory.New(memory.Options{})
+		if err := b.DeclareQueue(ctx, "q"); err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]string, burst)
+		for i := range ids {
+			ids[i] = fmt.Sprint(i)
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		var m sdk.Message
+		for _, id := range ids {
+			m.ID = id
+			memory.PlantDeadLetter(b, "q", &m)
+		}
+		var err error
+		if redrive {
+			_, err = b.RedriveDeadLetters(ctx, "q", ids...)
+			for n := 0; err == nil && n < burst; { // take and ack them all
+				var ds []sdk.Delivery
+				ds, err = b.Receive(ctx, "q", burst)
+				for _, d := range ds {
+					_ = d.Ack(ctx)
+				}
+				n += len(ds)
+			}
+		} else {
+			_, err = b.DeleteDeadLetters(ctx, "q", ids...)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		// The list and the cursor map take some 30 bytes a letter.
+		kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+		if limit := int64(burst) * 5; kept > limit {
+			t.Errorf("redrive %v: %d bytes kept after all %d dead letters went, want at most %d", redrive, kept, burst, limit)
+		}
+		runtime.KeepAlive(b)
+		runtime.KeepAlive(ids)
+		b.Close()
+	}
+}
+
+// TestReadyBufferShrinksAfterBurst: a queue that never empties again after
+// a burst must not keep the burst's ready buffer.
+func TestReadyBufferShrinksAfterBurst(t *testing.T) {
+	ctx := ctxT(t)
+	b, _ := memory.New(memory.Options{})
+	defer b.Close()
+	const burst = 20000
+	msgs := make([]*sdk.Message, burst)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{}
+	}
+	if err := b.Publish(ctx, "q", msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Receive(ctx, "q", burst-10); err != nil {
+		t.Fatal(err)
+	}
+	if c := memory.ReadyCap(b, "q"); c > 4096 {
+		t.Errorf("ready buffer of %d with 10 ready", c)
+	}
+	ds, err := b.Receive(ctx, "q", burst) // the rest, in order
+	if err != nil || len(ds) != 10 || ds[0].Message().ID != msgs[burst-10].ID || ds[9].Message().ID != msgs[burst-1].ID {
+		t.Fatalf("last 10: %d deliveries, %v", len(ds), err)
 	}
 }
