@@ -9,6 +9,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/sdk"
@@ -116,14 +118,19 @@ func TestTablesCutLongIDs(t *testing.T) {
 
 // TestJobsTableCutsLongIDs: berth jobs printed each job's ID whole, so one
 // forged 200 KB ID padded every row of the listing to 200 KB. It is cut as
-// in dlq list; -json and job show keep it whole.
+// in dlq list; -json and job show keep it whole. Publish refuses an ID that
+// long (postgres.MaxIndexedLength): the forged one is written into the jobs
+// table directly, as a producer outside berth can.
 func TestJobsTableCutsLongIDs(t *testing.T) {
 	ctx := context.Background()
-	_, b, u := pgSchema(t, false)
-	for _, id := range []string{"plain-1", forgedID, "plain-2"} {
+	pool, b, u := pgSchema(t, false)
+	for _, id := range []string{"plain-1", "forged-placeholder", "plain-2"} {
 		if err := b.Publish(ctx, "billing", &sdk.Message{ID: id, Type: "billing.charge", Body: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{b.Schema(), "jobs"}.Sanitize()+` SET message_id = $1 WHERE message_id = 'forged-placeholder'`, forgedID); err != nil {
+		t.Fatal(err)
 	}
 	r := cliOn(t, u, "jobs", "-queue", "billing")
 	if r.code != exitOK {
