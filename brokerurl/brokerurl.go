@@ -25,6 +25,10 @@
 // user info on mem://, sqs:// or an SQS endpoint, and a fragment (#…) on
 // any built-in scheme. A lone "/" path names nothing and is allowed
 // ("sqs://eu-west-1/").
+// An '@' in the path or in a parameter's name wraps [ErrInvalidURL] too:
+// it ends a password whose '/' or '?' was not percent-encoded
+// ("nats://user:/secret@host" names the host "user:"); write %40 for an '@'
+// meant there.
 // An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
 // contains the URL's password.
 //
@@ -108,6 +112,13 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 		// url.Parse's error quotes the whole URL, password included.
 		return nil, fmt.Errorf("%w: want scheme://[user[:password]@]host[/path][?param=value]", ErrInvalidURL)
 	}
+	if atAfterHost(rawURL) {
+		// A '/' or '?' in a password ends the authority early: the rest of
+		// the password becomes the path or a parameter's name, which errors
+		// quote, and Open, finding no password, scrubs nothing.
+		return nil, fmt.Errorf("%w: an '@' follows the host: percent-encode a '/', '?' or '#' in the user or password (%%2F, %%3F, %%23), "+
+			"and an '@' in the path or in a parameter's name (%%40)", ErrInvalidURL)
+	}
 	scheme := strings.ToLower(u.Scheme)
 	open, ok := opts.Schemes[scheme]
 	if !ok {
@@ -159,6 +170,28 @@ func noAuthority(rawURL string, u *url.URL) bool {
 	rest, _, _ = strings.Cut(rest, "#")
 	rest, _, _ = strings.Cut(rest, "?")
 	return rest != ""
+}
+
+// atAfterHost reports whether rawURL has an '@' in its path or in a
+// parameter's name, as written: there it is the end of user info cut short
+// by a '/' or '?' of the password ("nats://user:/secret@host" has the host
+// "user:" and the path "/secret@host").
+func atAfterHost(rawURL string) bool {
+	rest, _, _ := strings.Cut(rawURL, "#")
+	_, rest, ok := strings.Cut(rest, "//")
+	if !ok {
+		return false
+	}
+	rest, query, _ := strings.Cut(rest, "?")
+	if i := strings.Index(rest, "/"); i >= 0 && strings.Contains(rest[i:], "@") {
+		return true
+	}
+	for pair := range strings.SplitSeq(query, "&") {
+		if name, _, _ := strings.Cut(pair, "="); strings.Contains(name, "@") {
+			return true
+		}
+	}
+	return false
 }
 
 // passwordForms returns the forms in which u's password can show in an

@@ -99,3 +99,45 @@ func TestURLWithoutAuthorityIsInvalid(t *testing.T) {
 		b.Close()
 	}
 }
+
+// A '/' or '?' in a password written without percent-encoding ends the
+// authority early: "nats://user:/secret@host" has the host "user:" and the
+// path "/secret@host", and no password Open could scrub. The errors quoted
+// the rest of the password as the path, a parameter's name, the redacted
+// URL or the database. Such a URL (an '@' in the path or in a parameter's
+// name) is an ErrInvalidURL that does not repeat it; an encoded '@' (%40)
+// and an '@' in a parameter's value still open.
+func TestPasswordCutShortByASlashIsInvalid(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, raw := range []string{
+		"nats://user:/" + secret + "@127.0.0.1:1",
+		"nats://user:?" + secret + "@127.0.0.1:1",
+		"amqp://guest:/" + secret + "@127.0.0.1:1/",
+		"amqp://guest:p@ss/" + secret + "@127.0.0.1:1/vh",
+		"postgres://postgres:/" + secret + "@127.0.0.1:1/postgres",
+		"sqs://user:?" + secret + "@eu-west-1",
+		"http://user:/" + secret + "@127.0.0.1:1",
+		"mem://u:/" + secret + "@x",
+	} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if b != nil {
+			b.Close()
+		}
+		if !errors.Is(err, brokerurl.ErrInvalidURL) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidURL", raw, err)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("Open(%q): the error shows the password: %v", raw, err)
+		}
+	}
+	for _, raw := range []string{"mem://?lease=1s#", "mem:///%40", "mem://?lease=1s&x=a@b"} {
+		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
+		if b != nil {
+			b.Close()
+		}
+		if err != nil && strings.Contains(err.Error(), "'@' follows the host") {
+			t.Errorf("Open(%q) = %v: refused as a password cut short", raw, err)
+		}
+	}
+}
