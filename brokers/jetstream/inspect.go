@@ -346,6 +346,20 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	if len(ids) == 0 {
 		return b.redriveAll(ctx, queue, q, s)
 	}
+	picked, err := b.pick(ctx, queue, q, s, ids)
+	if err != nil {
+		return 0, err
+	}
+	target, ts, err := b.redriveTarget(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
+	return b.redriveLetters(ctx, queue, q, s, target, ts, picked, rand.Uint64())
+}
+
+// pick returns the dead letters of queue (q, s) with ids, each id once,
+// or a [*NotFoundError] for the first id it has none of.
+func (b *Broker) pick(ctx context.Context, queue string, q *queueState, s jetstream.Stream, ids []string) ([]deadLetter, error) {
 	var picked []deadLetter
 	seen := map[string]bool{}
 	for _, id := range ids {
@@ -355,19 +369,21 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		seen[id] = true
 		dls, err := b.lookup(ctx, q, s, id)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		if len(dls) == 0 {
-			return 0, &NotFoundError{Queue: queue, ID: id}
+			return nil, &NotFoundError{Queue: queue, ID: id}
 		}
 		picked = append(picked, dls...)
 	}
-	target, ts, err := b.redriveTarget(ctx, queue)
-	if err != nil {
-		return 0, err
-	}
-	n, call := 0, rand.Uint64()
-	for _, dl := range picked {
+	return picked, nil
+}
+
+// redriveLetters redrives dls to queue (target, ts) with redriveOne, in
+// order, and returns how many this call took; it stops at the first error.
+func (b *Broker) redriveLetters(ctx context.Context, queue string, q *queueState, s jetstream.Stream, target *queueState, ts jetstream.Stream, dls []deadLetter, call uint64) (int, error) {
+	n := 0
+	for _, dl := range dls {
 		sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
 		took, err := b.redriveOne(ctx, q, s, target, ts, dl, call)
 		if took {
@@ -414,15 +430,10 @@ func (b *Broker) redriveAll(ctx context.Context, queue string, q *queueState, s 
 				return n, err
 			}
 		}
-		for _, dl := range page {
-			sdk.PrepareRedrive(dl.msg, queue) // the target is queue, whatever the header says
-			took, err := b.redriveOne(ctx, q, s, target, ts, dl, call)
-			if took {
-				n++
-			}
-			if err != nil {
-				return n, err
-			}
+		k, err := b.redriveLetters(ctx, queue, q, s, target, ts, page, call)
+		n += k
+		if err != nil {
+			return n, err
 		}
 		seq = page[len(page)-1].seq + 1
 	}
@@ -664,21 +675,9 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 	if s == nil {
 		return 0, &NotFoundError{Queue: queue, ID: ids[0]}
 	}
-	var picked []deadLetter
-	seen := map[string]bool{}
-	for _, id := range ids {
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		dls, err := b.lookup(ctx, q, s, id)
-		if err != nil {
-			return 0, err
-		}
-		if len(dls) == 0 {
-			return 0, &NotFoundError{Queue: queue, ID: id}
-		}
-		picked = append(picked, dls...)
+	picked, err := b.pick(ctx, queue, q, s, ids)
+	if err != nil {
+		return 0, err
 	}
 	n := 0
 	for _, dl := range picked {
