@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -211,7 +212,7 @@ func Connect(ctx context.Context, url string, co ConnectOptions, opts Options) (
 			logger.Warn("berth/jetstream: connection error", "err", err)
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			logger.Info("berth/jetstream: reconnected", "server", c.ConnectedUrlRedacted())
+			logger.Info("berth/jetstream: reconnected", "server", serverForLog(c.ConnectedUrl()))
 		}),
 	}
 	if co.TLS != nil {
@@ -730,4 +731,16 @@ func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("berth/jetstream: %s: %w: %w", op, sdk.ErrUnavailable, err)
 	}
 	return fmt.Errorf("berth/jetstream: %s: %w", op, err)
+}
+
+// serverForLog is the URL of the server a connection reached, for a log
+// line: scheme and host only. nats.go's ConnectedUrlRedacted hides a
+// password but not a token given as the URL's user (nats://TOKEN@host),
+// which it logged whole at every reconnection.
+func serverForLog(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable server URL)"
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host}).String()
 }
