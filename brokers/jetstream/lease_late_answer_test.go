@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -26,28 +27,8 @@ func TestExtendLeaseAnsweredAfterLeaseEnd(t *testing.T) {
 	t0 := time.Now()
 	time.Sleep(ackWait * 3 / 4) // late in the lease, as a heartbeat may be
 
-	p.Freeze()
-	extended := make(chan error, 1)
-	go func() { extended <- first.ExtendLease(ctx, ackWait) }()
-
-	var second sdk.Delivery
-	for second == nil && time.Since(t0) < 3*ackWait {
-		got, err := direct.Receive(ctx, q, 1)
-		if err != nil {
-			p.Thaw()
-			t.Fatal(err)
-		}
-		if len(got) > 0 {
-			second = got[0]
-		}
-	}
-	p.Thaw()
-	if second == nil {
-		t.Fatal("not redelivered while the first holder's connection stalled")
-	}
+	second, err := stalledCall(ctx, t, p, direct, q, t0, ackWait, func() error { return first.ExtendLease(ctx, ackWait) })
 	t.Logf("redelivered after %v, attempt %d", time.Since(t0), second.Attempt())
-
-	err := <-extended
 	t.Logf("ExtendLease answered after %v: %v", time.Since(t0), err)
 	ackErr := first.Ack(ctx)
 	if !errors.Is(ackErr, sdk.ErrLeaseLost) {
@@ -86,25 +67,8 @@ func TestSettlementAnsweredAfterLeaseEnd(t *testing.T) {
 			t0 := time.Now()
 			time.Sleep(ackWait * 3 / 4) // late in the lease
 
-			p.Freeze()
-			settled := make(chan error, 1)
-			go func() { settled <- settle[name](ctx, first) }()
-			var second sdk.Delivery
-			for second == nil && time.Since(t0) < 3*ackWait {
-				got, err := direct.Receive(ctx, q, 1)
-				if err != nil {
-					p.Thaw()
-					t.Fatal(err)
-				}
-				if len(got) > 0 {
-					second = got[0]
-				}
-			}
-			p.Thaw()
-			if second == nil {
-				t.Fatal("not redelivered while the first holder's connection stalled")
-			}
-			if err := <-settled; !errors.Is(err, sdk.ErrLeaseLost) {
+			second, err := stalledCall(ctx, t, p, direct, q, t0, ackWait, func() error { return settle[name](ctx, first) })
+			if !errors.Is(err, sdk.ErrLeaseLost) {
 				t.Errorf("%s answered only after the message was redelivered (attempt %d) = %v; want ErrLeaseLost", name, second.Attempt(), err)
 			}
 			if err := second.Ack(ctx); err != nil {
@@ -112,4 +76,31 @@ func TestSettlementAnsweredAfterLeaseEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stalledCall freezes the first holder's connection (p), runs call on it,
+// and receives on direct until the server redelivers the message (within
+// three AckWaits of t0), then thaws the connection. It returns the second
+// delivery and call's error, answered once the connection thawed.
+func stalledCall(ctx context.Context, t *testing.T, p *integration.Proxy, direct *jetstream.Broker, q string, t0 time.Time, ackWait time.Duration, call func() error) (sdk.Delivery, error) {
+	t.Helper()
+	p.Freeze()
+	answered := make(chan error, 1)
+	go func() { answered <- call() }()
+	var second sdk.Delivery
+	for second == nil && time.Since(t0) < 3*ackWait {
+		got, err := direct.Receive(ctx, q, 1)
+		if err != nil {
+			p.Thaw()
+			t.Fatal(err)
+		}
+		if len(got) > 0 {
+			second = got[0]
+		}
+	}
+	p.Thaw()
+	if second == nil {
+		t.Fatal("not redelivered while the first holder's connection stalled")
+	}
+	return second, <-answered
 }
