@@ -333,6 +333,16 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// drain deadline, and meanwhile another consumer could run them. Those
 	// that cannot be handed back without consuming an attempt (no
 	// Releaser: see finishAtDrain) stay queued for the handlers to run.
+	// handBack settles t, which no handler started, at shutdown: handed
+	// back (its lease still held) or logged as lost, then its slot freed.
+	handBack := func(t *task, why string) {
+		if t.lost.Load() {
+			w.logLeaseLost(base, t.d)
+		} else {
+			w.release(base, t.d, why)
+		}
+		done(t)
+	}
 	var early sync.WaitGroup
 	var keep []*task
 	for t, ok := rq.take(); ok; t, ok = rq.take() {
@@ -340,14 +350,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			keep = append(keep, t)
 			continue
 		}
-		early.Go(func() {
-			if t.lost.Load() {
-				w.logLeaseLost(base, t.d)
-			} else {
-				w.release(base, t.d, "not started before shutdown")
-			}
-			done(t)
-		})
+		early.Go(func() { handBack(t, "not started before shutdown") })
 	}
 	for _, t := range keep {
 		rq.push(t)
@@ -388,14 +391,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		// their leases (they would come back with an attempt counted).
 		var late sync.WaitGroup
 		for t, ok := rq.take(); ok; t, ok = rq.take() {
-			late.Go(func() {
-				if t.lost.Load() {
-					w.logLeaseLost(base, t.d)
-				} else {
-					w.release(base, t.d, "not started before the drain deadline")
-				}
-				done(t)
-			})
+			late.Go(func() { handBack(t, "not started before the drain deadline") })
 		}
 		settled := make(chan struct{})
 		go func() {
