@@ -38,6 +38,13 @@ const (
 	// returning it (raw loops and the Worker alike), and a round then waits
 	// for it to come back.
 	sqsVisibility = 10
+	// sqsRoundsX multiplies the configured rounds for the SQS tables: a
+	// round's rate swings by ±15 % on the emulator, on both sides alike,
+	// and with the usual six rounds a variant's total rate moved by as much
+	// from one run to the next (0.92–1.01× raw for one configuration in
+	// three runs). Three times the rounds cut that spread by √3, for
+	// about a minute more.
+	sqsRoundsX = 3
 )
 
 func sqsEndpoint() string {
@@ -334,13 +341,13 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 		}
 	}
 	n := msgs(c, 10000)
-	res, err := alternate(ctx, vs, c.rounds, n)
+	res, err := alternate(ctx, vs, sqsRoundsX*c.rounds, n)
 	if err != nil {
 		return table{}, err
 	}
 	return table{
 		title: "SQS publish (fauxqs emulator on loopback, 256 B text bodies)",
-		intro: fmt.Sprintf("%d messages a round per variant, each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute; the reference raw loop sends the same in the same shape, the second raw loop as three native attributes (which costs more: the client computes and checks an MD5 over every attribute). × is against raw with one JSON attribute. Per message sent: this process's CPU time (GC included), the emulator's, and this process's heap allocations.", n),
+		intro: fmt.Sprintf("%d rounds of %d messages per variant (three times the other scenarios' rounds: the emulator's rounds are noisy), each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute; the reference raw loop sends the same in the same shape, the second raw loop as three native attributes (which costs more: the client computes and checks an MD5 over every attribute). × is against raw with one JSON attribute. Per message sent: this process's CPU time (GC included), the emulator's, and this process's heap allocations.", sqsRoundsX*c.rounds, n),
 		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "emulator CPU/msg", "allocs/msg", "configuration"},
 		rows:  costRows(rows(res, 0), costs),
 	}, nil
@@ -456,13 +463,13 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 		return table{}, err
 	}
 	n := msgs(c, envInt("BERTH_BENCH_SQSN", 5000))
-	res, err := alternate(ctx, []variant{raw, raw4, par, par8, one}, c.rounds, n)
+	res, err := alternate(ctx, []variant{raw, raw4, par, par8, one}, sqsRoundsX*c.rounds, n)
 	if err != nil {
 		return table{}, err
 	}
 	return table{
 		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
-		intro: fmt.Sprintf("Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Now and then a ReceiveMessage answer is lost within a round (raw and berth alike): the emulator took the messages, then reading the 200 answer failed with \"use of closed network connection\" and the SDK retried, so those messages stay hidden for the 10 s visibility. Such a round shows as a minimum far below the others. × is against raw with %d loops. The drains are CPU-bound on this machine: the columns give, per message drained, this process's CPU time (the consumer, GC included), the emulator's, and this process's heap allocations; a variant that spends more client CPU per message leaves the emulator less.", n, 2*sqsLoops),
+		intro: fmt.Sprintf("%d rounds per variant (three times the other scenarios' rounds: the emulator's rounds are noisy). Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Now and then a ReceiveMessage answer is lost within a round (raw and berth alike): the emulator took the messages, then reading the 200 answer failed with \"use of closed network connection\" and the SDK retried, so those messages stay hidden for the 10 s visibility. Such a round shows as a minimum far below the others. × is against raw with %d loops. The drains are CPU-bound on this machine: the columns give, per message drained, this process's CPU time (the consumer, GC included), the emulator's, and this process's heap allocations; a variant that spends more client CPU per message leaves the emulator less.", sqsRoundsX*c.rounds, n, 2*sqsLoops),
 		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "emulator CPU/msg", "allocs/msg", "configuration"},
 		rows:  costRows(rows(res, 0), costs),
 	}, nil
