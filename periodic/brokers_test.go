@@ -2,14 +2,18 @@ package periodic_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/postgres"
+	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/periodic"
+	"github.com/berthq/berth/sdk"
 )
 
 // On the PostgreSQL broker with DedupeEnqueue, three schedulers of one job
@@ -134,5 +138,53 @@ func TestThreeSchedulersJetStreamDedupe(t *testing.T) {
 	}
 	if len(seen) != len(ds) {
 		t.Errorf("%d deliveries for %d distinct slot keys", len(ds), len(seen))
+	}
+}
+
+// A Name of more than 255 bytes (RabbitMQ carries the Type in an AMQP short
+// string) or with a NUL (PostgreSQL's text refuses it) made a job whose
+// every slot the broker refused at run time: New accepted it, and the
+// scheduler logged an error a slot, for ever, running nothing. The brokers
+// refuse such messages (checked here, so that the limits stay true), and
+// New refuses the job.
+func TestNewRefusesNameABrokerRefuses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool, schema := pgtest.Schema(t, 0)
+	pg, err := postgres.New(pool, postgres.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pg.Close() }()
+	if err := pg.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := rabbitmq.New(ctx, integration.RabbitMQURL(t), rabbitmq.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rb.Close() }()
+	queue := "periodic-names-" + pgtest.Suffix()[:8]
+	defer func() { _ = rb.DeleteQueue(context.WithoutCancel(ctx), queue) }()
+	long := strings.Repeat("n", periodic.MaxNameLength+1)
+	for _, c := range []struct {
+		name   string
+		broker sdk.Publisher
+	}{{long, rb}, {"report\x00daily", pg}} {
+		if err := c.broker.Publish(ctx, queue, &sdk.Message{Type: c.name}); err == nil {
+			t.Fatalf("%T took a message of Type %.40q: the limit New applies is not the broker's", c.broker, c.name)
+		}
+		_, err := periodic.New(c.broker, periodic.Options{}, periodic.Job{Name: c.name, Schedule: periodic.MustCron("* * * * *"), Queue: queue})
+		if !errors.Is(err, periodic.ErrInvalidJob) {
+			t.Errorf("New(job %.40q) = %v, want ErrInvalidJob", c.name, err)
+		}
+	}
+	// The longest Name a RabbitMQ broker takes is accepted.
+	ok := strings.Repeat("n", periodic.MaxNameLength)
+	if err := rb.Publish(ctx, queue, &sdk.Message{Type: ok}); err != nil {
+		t.Fatalf("a Type of %d bytes: %v", len(ok), err)
+	}
+	if _, err := periodic.New(rb, periodic.Options{}, periodic.Job{Name: ok, Schedule: periodic.MustCron("* * * * *"), Queue: queue}); err != nil {
+		t.Errorf("New(job of %d bytes) = %v", len(ok), err)
 	}
 }

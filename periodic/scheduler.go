@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -117,13 +118,21 @@ type Scheduler struct {
 // schedulers (one per process) for availability, not more Runs of one.
 var ErrRunning = errors.New("berth/periodic: scheduler already running")
 
+// MaxNameLength is the longest [Job] Name, in bytes, that New accepts. The
+// Name is each slot's message Type, which RabbitMQ carries in an AMQP short
+// string of at most 255 bytes: a longer one could be published to no
+// broker berth supports alike, and its every slot would be dropped at run
+// time instead of refused once at New.
+const MaxNameLength = 255
+
 // ErrInvalidJob reports a Job that cannot be scheduled.
 var ErrInvalidJob = errors.New("berth/periodic: invalid job")
 
 // New returns a Scheduler that publishes jobs through pub. It returns an
 // error wrapping [ErrInvalidJob] for a job without name, schedule or valid
-// queue, with a name that is not valid UTF-8 (no broker takes its
-// messages), or for two jobs with the same name.
+// queue, with a name that is not valid UTF-8, holds a NUL or is longer than
+// [MaxNameLength] (a broker would refuse every one of its slots), or for
+// two jobs with the same name.
 func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
 	if pub == nil {
 		return nil, fmt.Errorf("%w: nil publisher", ErrInvalidJob)
@@ -138,6 +147,16 @@ func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
 			// HeaderSchedule: no broker takes one that is not UTF-8
 			// (sdk.Prepare), so no slot could ever be published.
 			return nil, fmt.Errorf("%w: %q: the Name must be valid UTF-8", ErrInvalidJob, j.Name)
+		}
+		if len(j.Name) > MaxNameLength {
+			// RabbitMQ carries the Type in an AMQP short string: every
+			// slot would be refused at publish, logged, and never run.
+			return nil, fmt.Errorf("%w: %.32q…: a Name of %d bytes, above MaxNameLength (%d)", ErrInvalidJob, j.Name, len(j.Name), MaxNameLength)
+		}
+		if strings.IndexByte(j.Name, 0) >= 0 {
+			// PostgreSQL refuses NUL in text: the broker's row, the
+			// idempotency key's and the ledger's could never be written.
+			return nil, fmt.Errorf("%w: %q: the Name must not contain NUL", ErrInvalidJob, j.Name)
 		}
 		if err := sdk.ValidateQueueName(j.Queue); err != nil {
 			return nil, fmt.Errorf("%w: %q: %w", ErrInvalidJob, j.Name, err)
