@@ -743,10 +743,24 @@ func (s *Store) Write(ctx context.Context, batch []ledger.Event) error {
 		}
 		var pe *pgconn.PgError
 		if try < deadlockTries && errors.As(err, &pe) && pe.Code == "40P01" && ctx.Err() == nil {
+			b = requeued(b)
 			continue
 		}
 		return fmt.Errorf("pgledger: write %d events: %w", len(batch), err)
 	}
+}
+
+// requeued returns a new batch of b's statements and arguments. pgx keeps
+// in a batch it sent the statements the connection prepared for it, and
+// sends them by name again: a retry that a pool sends on another
+// connection, which has not prepared them, fails ("prepared statement ...
+// does not exist", SQLSTATE 26000).
+func requeued(b *pgx.Batch) *pgx.Batch {
+	out := &pgx.Batch{}
+	for _, q := range b.QueuedQueries {
+		out.Queue(q.SQL, q.Arguments...)
+	}
+	return out
 }
 
 // deadlockTries bounds the sends of a batch that PostgreSQL aborted as a
