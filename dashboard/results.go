@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/sdk"
 )
 
 // The banner a queue's page shows after a change or a pause ("redriven 12
@@ -42,8 +43,16 @@ func newResults() *results {
 	return &results{m: map[string]banner{}, now: time.Now}
 }
 
-// put keeps text for queue's page and returns its token.
+// put keeps text for queue's page and returns its token, or "" (no
+// banner) for a queue name no broker accepts: such a page shows no queue,
+// and the name comes from the request's path, whose length only the
+// server's header limit bounds (1 MiB by default) — a thousand kept would
+// hold a gigabyte. Resume answers a name no pause holds, any name, with
+// "nothing changed".
 func (r *results) put(queue, text string) string {
+	if sdk.ValidateQueueName(queue) != nil {
+		return ""
+	}
 	token := rand.Text()
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -30,5 +31,21 @@ func TestResultsExpireAndAreBounded(t *testing.T) {
 	tok := r.put("billing", "last")
 	if r.take("emails", tok) != "" || r.take("billing", tok) != "last" || r.take("billing", tok) != "" {
 		t.Error("a banner is shown once, on its own queue's page")
+	}
+}
+
+// A banner is kept only for a valid queue name: the name comes from the
+// request's path (up to the server's 1 MiB header limit), and a resume of
+// a made-up name is answered "nothing changed". Kept, a thousand such
+// names held a gigabyte for resultTTL.
+func TestResultsKeepNoInvalidQueueName(t *testing.T) {
+	r := newResults()
+	for _, q := range []string{strings.Repeat("q", 1<<20), "", "a b", ".x"} {
+		if tok := r.put(q, "The queue was not paused: nothing changed."); tok != "" {
+			t.Errorf("put(%.20q…) = %q, want no token", q, tok)
+		}
+	}
+	if n := len(r.m); n != 0 {
+		t.Errorf("%d banners kept for invalid queue names", n)
 	}
 }
