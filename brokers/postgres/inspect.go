@@ -232,7 +232,8 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 }
 
 // RedriveDeadLetters puts dead letters of queue back to 'queued' in place:
-// attempt_count reset to 0, due now, the dead-letter headers removed and
+// attempt_count reset to 0, due now, the dead-letter headers (the
+// berth-dlq-truncated marker too) removed and
 // berth-redrive-count incremented (as [sdk.PrepareRedrive] does); last_error
 // is kept for the record. With no ids it redrives them all. If any id is not
 // a dead letter of queue, nothing is redriven and the error wraps
@@ -276,7 +277,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		WHERE queue = $1 AND status = 'dead_letter' AND `+chosen+`
 		RETURNING `+returning, queue, nilIfEmpty(ids), []string{
 		sdk.HeaderDeadLetterReason, sdk.HeaderDeadLetterClass, sdk.HeaderDeadLetterAttempts,
-		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt})
+		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt, sdk.HeaderDeadLetterTruncated})
 	if err != nil {
 		return 0, b.wrap(ctx, "redrive dead letters", err)
 	}

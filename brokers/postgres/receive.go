@@ -211,7 +211,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		worker_id        = $4,
 		last_error       = CASE WHEN c.poison THEN ` + poisonReason + ` ELSE j.last_error END,
 		first_failure_at = CASE WHEN c.poison THEN COALESCE(j.first_failure_at, now()) ELSE j.first_failure_at END,
-		headers          = CASE WHEN c.poison THEN ` + fmt.Sprintf(objectHeadersSQL, "j.headers", "j.headers") + ` || jsonb_build_object(
+		headers          = CASE WHEN c.poison THEN (` + fmt.Sprintf(objectHeadersSQL, "j.headers", "j.headers") + ` - '` + sdk.HeaderDeadLetterTruncated + `') || jsonb_build_object(
 			'` + sdk.HeaderDeadLetterReason + `', ` + poisonReason + `,
 			'` + sdk.HeaderDeadLetterClass + `', $6::text,
 			'` + sdk.HeaderDeadLetterAttempts + `', j.attempt_count::text,
