@@ -145,11 +145,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Outbox, error) {
 
 // SchemaSQL returns the DDL that Migrate runs, for teams that apply
 // migrations themselves. It is idempotent, and upgrades a table made by an
-// older version (the parked_at column and the ordering index).
+// older version (the parked_at column, the ordering index and the index of
+// the rows not parked). On a large busy table, create a missing index
+// beforehand with CREATE INDEX CONCURRENTLY, as the statement here blocks
+// the table's writes while it builds.
 func (o *Outbox) SchemaSQL() string {
 	schema := pgx.Identifier{o.ident[0]}.Sanitize()
 	idx := pgx.Identifier{o.ident[1] + "_pending_idx"}.Sanitize()
 	keyIdx := pgx.Identifier{o.ident[1] + "_key_idx"}.Sanitize()
+	unparkedIdx := pgx.Identifier{o.ident[1] + "_unparked_idx"}.Sanitize()
 	return fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s;
 CREATE TABLE IF NOT EXISTS %[2]s (
     id             bigserial PRIMARY KEY,
@@ -176,13 +180,20 @@ CREATE INDEX IF NOT EXISTS %[3]s ON %[2]s (available_at, id);
 -- Rows of one ordering key in order: a failing or parked row holds back the
 -- later rows of its key.
 CREATE INDEX IF NOT EXISTS %[4]s ON %[2]s (queue, ordering_key, id) WHERE ordering_key <> '';
-`, schema, o.table, idx, keyIdx)
+-- The relay's read, in id order, of the rows not parked: parked rows stay
+-- until an operator requeues or discards them, and a pass must not walk
+-- them all (the primary key, or a scan of the table, did on every pass).
+CREATE INDEX IF NOT EXISTS %[5]s ON %[2]s (id) WHERE parked_at IS NULL;
+`, schema, o.table, idx, keyIdx, unparkedIdx)
 }
 
 // Migrate creates the outbox table if it does not exist, or upgrades it. It
 // holds a transaction-scoped advisory lock while it runs, so processes that
 // start together and all migrate do not race on the catalog (CREATE ... IF
 // NOT EXISTS is not safe against a concurrent CREATE of the same name).
+// When the table has every column and index of SchemaSQL, it runs no DDL,
+// so it takes no lock on the table: a process starting while producers add
+// rows (or a relay publishes) does not stall them.
 func (o *Outbox) Migrate(ctx context.Context) error {
 	tx, err := o.pool.Begin(ctx)
 	if err != nil {
@@ -195,6 +206,21 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.outbox."+o.ident[0]+"."+o.ident[1]); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
+	// Done already (every process that starts runs Migrate): the DDL is
+	// not run again. ALTER TABLE ... ADD COLUMN IF NOT EXISTS takes its
+	// ACCESS EXCLUSIVE lock on the table before it finds the column (and
+	// CREATE INDEX IF NOT EXISTS its SHARE lock before it finds the
+	// index): it waits for every open transaction that added a row (and
+	// for a relay's, held across its publish), and every Add and relay
+	// pass queues behind it. A later version that changes the table must
+	// check for its change here too, or it would be skipped.
+	done, err := o.migrated(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	if done {
+		return nil
+	}
 	if _, err := tx.Exec(ctx, o.SchemaSQL()); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
@@ -202,6 +228,25 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
 	return nil
+}
+
+// migrated reports whether the outbox table has what SchemaSQL makes: the
+// columns added since the first version and every index, by name.
+func (o *Outbox) migrated(ctx context.Context, tx pgx.Tx) (bool, error) {
+	table := o.ident[1]
+	indexes := []string{table + "_pending_idx", table + "_key_idx", table + "_unparked_idx"}
+	var ok bool
+	err := tx.QueryRow(ctx, `SELECT
+	(SELECT count(*) FROM pg_catalog.pg_attribute a
+		JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
+		AND a.attname IN ('parked_at', 'refusals') AND NOT a.attisdropped) = 2
+	AND (SELECT count(*) FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = ANY($3::text[]) AND c.relkind = 'i') = cardinality($3::text[])`,
+		o.ident[0], table, indexes).Scan(&ok)
+	return ok, err
 }
 
 // Add writes msgs for queue inside tx, the caller's business transaction.
