@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -187,7 +188,8 @@ type SyncOptions struct {
 }
 
 // Sync applies the paused queues of l to w now and then every Interval,
-// until ctx is done; it returns nil then. It owns the pause state of w's
+// until ctx is done; it returns nil then (see below for a ctx done
+// already). It owns the pause state of w's
 // queues: a queue paused with w.Pause but not in l is resumed at the next
 // sync. A failed read keeps the state last applied. Before its first
 // successful read Sync pauses every queue of w (failing closed, unless
@@ -196,6 +198,12 @@ type SyncOptions struct {
 // restarted on a running Worker during an outage stops it too): to have it
 // before w.Run's first receive, pause w's queues before starting both
 // (Sync's first read resumes them).
+//
+// A Sync whose ctx ends before any read succeeded never learnt what l
+// pauses: it resumes the queues it held itself (those the caller had
+// paused stay paused), leaving w as it found it. With ctx done already,
+// Sync does not start: it returns ctx's error (wrapped) at once, touching
+// nothing.
 func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error {
 	if w == nil || l == nil {
 		return errors.New("berth/pause: Sync needs a Worker and a Lister")
@@ -206,16 +214,24 @@ func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error 
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("berth/pause: Sync: %w", err)
+	}
 	// Until the table was read, hold every queue: what it pauses is unknown.
-	var held map[string]bool
+	// own are the queues the hold paused (not paused already): what a Sync
+	// ending before its first read resumes.
+	var held, own map[string]bool
 	if !opts.FailOpen {
-		held = map[string]bool{}
+		held, own = map[string]bool{}, map[string]bool{}
 		for _, q := range w.Queues() {
+			was := w.Paused(q)
 			if w.Pause(q) == nil {
 				held[q] = true
+				own[q] = !was
 			}
 		}
 	}
+	read := false
 	tick := time.NewTicker(opts.Interval)
 	defer tick.Stop()
 	// Each read is bounded: a read that never answers (a frozen database
@@ -235,10 +251,24 @@ func Sync(ctx context.Context, w *sdk.Worker, l Lister, opts SyncOptions) error 
 				opts.Logger.Warn("berth/pause: reading the paused queues failed; keeping the current state", "err", err)
 			}
 		} else {
-			held = nil
+			held, read = nil, true
 		}
 		select {
 		case <-ctx.Done():
+			if read {
+				return nil
+			}
+			// Never read: hand back the hold (see the doc comment).
+			var resumed []string
+			for q, mine := range own {
+				if mine && w.Resume(q) == nil {
+					resumed = append(resumed, q)
+				}
+			}
+			if len(resumed) > 0 {
+				slices.Sort(resumed)
+				opts.Logger.Info("berth/pause: Sync ended before reading the paused queues; the queues it held are resumed", "queues", resumed)
+			}
 			return nil
 		case <-tick.C:
 		}

@@ -152,3 +152,84 @@ func TestSyncFailOpen(t *testing.T) {
 		t.Error("reports paused, the table does not pause it")
 	}
 }
+
+// newHeldWorker is a Worker on queues reports and emails, with emails
+// paused by the caller before any Sync.
+func newHeldWorker(t *testing.T) *sdk.Worker {
+	t.Helper()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	w, err := sdk.NewWorker(b, sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil }),
+		sdk.WorkerOptions{Queues: []sdk.WorkerQueue{{Name: "reports"}, {Name: "emails"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Pause("emails"); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestSyncCancelledBeforeStart: a Sync whose ctx is done already returns
+// ctx's error at once, reads nothing, and leaves the Worker's queues as
+// they were. Before, it paused every queue, returned nil, and left them
+// paused: a Worker that ran nothing, silently.
+func TestSyncCancelledBeforeStart(t *testing.T) {
+	w := newHeldWorker(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l := &ctxLister{calls: make(chan struct{}, 1)}
+	err := pause.Sync(ctx, w, l, pause.SyncOptions{Logger: slog.New(slog.DiscardHandler)})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Sync with a cancelled ctx = %v, want context.Canceled", err)
+	}
+	if w.Paused("reports") || !w.Paused("emails") {
+		t.Errorf("after Sync: reports paused %v, emails paused %v; want false, true (as before Sync)", w.Paused("reports"), w.Paused("emails"))
+	}
+	select {
+	case <-l.calls:
+		t.Error("Sync read the table under a cancelled ctx")
+	default:
+	}
+}
+
+// TestSyncEndedBeforeFirstRead: a Sync whose ctx ends while the table
+// cannot be read hands back its hold (the queues the caller paused stay
+// paused) and returns nil, as any Sync whose ctx ends. Before, every
+// queue stayed held.
+func TestSyncEndedBeforeFirstRead(t *testing.T) {
+	w := newHeldWorker(t)
+	l := &down{calls: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- pause.Sync(ctx, w, l, pause.SyncOptions{Interval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	}()
+	<-l.calls // a read failed, with every queue held
+	if !w.Paused("reports") {
+		t.Error("reports not held while the table cannot be read")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Sync ended before any read = %v, want nil", err)
+	}
+	if w.Paused("reports") || !w.Paused("emails") {
+		t.Errorf("after Sync: reports paused %v, emails paused %v; want false, true (as before Sync)", w.Paused("reports"), w.Paused("emails"))
+	}
+}
+
+// ctxLister lists no paused queue, and fails as a database client does
+// once its ctx is done.
+type ctxLister struct{ calls chan struct{} }
+
+func (c *ctxLister) Paused(ctx context.Context) ([]pause.Paused, error) {
+	select {
+	case c.calls <- struct{}{}:
+	default:
+	}
+	return nil, ctx.Err()
+}
