@@ -20,6 +20,7 @@ package berthtest
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -33,7 +34,8 @@ import (
 const DefaultQueue = "berthtest"
 
 // WaitTimeout bounds how long the Wait helpers wait before failing the test
-// when no timeout of their own was set. Prefer [Recorder.SetWaitTimeout] and
+// when no timeout of their own was set, and how long [Work] lets a handler
+// run. Prefer [Recorder.SetWaitTimeout] and
 // [Delivery.SetWaitTimeout] to changing it: it is shared by every test of
 // the package, so a test that writes it races with tests running under
 // t.Parallel (and changes their timeouts). It is kept for compatibility.
@@ -123,10 +125,29 @@ func (r Result) DeadLettered() bool { return r.Action == sdk.ActionDeadLetter }
 // It needs no broker: the delivery is a [Delivery]. A Result's Delay for a
 // retry is the backoff the policy gives at the delivery's attempt; set
 // [Attempt] to test the last attempt.
+//
+// The handler runs under t.Context() (in a Cleanup function, under a
+// context of its own), bounded by [WaitTimeout]: a handler that waits on
+// its context for something the test never gives is stopped when the test
+// ends or at that bound, rather than at the job's timeout (30 minutes by
+// default) — as a Worker's shutdown stops it: its context is cancelled
+// with cause [sdk.ErrShutdown] and the delivery released. A handler
+// stopped at the bound fails the test (with t.Errorf; the Result is still
+// returned). The handler timeout of the WorkerOptions, when shorter,
+// applies first.
 func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 	t.Helper()
 	c := newConfig(opts)
-	ctx := context.Background()
+	parent := t.Context()
+	if parent == nil || parent.Err() != nil {
+		// nil: a testing.T not made by package testing (an Example's).
+		// Done: Work called from a Cleanup function, which runs after the
+		// test's context ends; WaitTimeout still bounds the handler.
+		parent = context.Background()
+	}
+	bound := WaitTimeout
+	ctx, cancel := context.WithTimeoutCause(parent, bound, errWorkBound)
+	defer cancel()
 	if err := sdk.Prepare(ctx, c.queue, m, 0); err != nil {
 		t.Fatalf("berthtest: Work: %v", err)
 	}
@@ -150,11 +171,17 @@ func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 		t.Fatalf("berthtest: Work: %v", err)
 	}
 	res := Result{Settlement: w.Process(ctx, sd), Delivery: d}
+	if res.Action == sdk.ActionRelease && errors.Is(context.Cause(ctx), errWorkBound) {
+		t.Errorf("berthtest: Work: the handler of a %q job still ran after %s (WaitTimeout): it was stopped, its delivery released", m.Type, bound)
+	}
 	if res.Action == sdk.ActionDeadLetter && res.Cause != nil {
 		res.Reason = sdk.SanitizeReason(res.Cause.Error())
 	}
 	return res
 }
+
+// errWorkBound is the cause of the end of [Work]'s context at WaitTimeout.
+var errWorkBound = errors.New("berthtest: Work: WaitTimeout reached")
 
 // noSubscriber is the Subscriber of the Worker that [Work] uses only to
 // process: it is never asked to receive.
