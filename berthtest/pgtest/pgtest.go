@@ -56,10 +56,11 @@ func Connect(t testing.TB, dsn, schema string, create bool, maxConns int32) *pgx
 		if err != nil {
 			t.Fatalf("pgtest: connect: %v", err)
 		}
-		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
+		_, err = admin.Exec(ctx, "CREATE SCHEMA "+quoted)
+		closeConn(admin) // before Fatalf, which ends the test's goroutine
+		if err != nil {
 			t.Fatalf("pgtest: create schema: %v", err)
 		}
-		_ = admin.Close(ctx)
 		t.Cleanup(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -93,11 +94,28 @@ func Connect(t testing.TB, dsn, schema string, create bool, maxConns int32) *pgx
 	return pool
 }
 
-// Exec runs statements on pool and fails the test on the first error.
+// closeConn closes c, bounded on its own: the context of the statement
+// that failed may have ended, and the connection must close anyway.
+func closeConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.Close(ctx)
+}
+
+// execTimeout bounds all the statements of one [Exec] call.
+var execTimeout = 30 * time.Second
+
+// Exec runs statements on pool and fails the test on the first error. The
+// statements run, all together, within 30s: a statement that waits on a
+// lock the test holds elsewhere fails the test instead of hanging it. (Not
+// under t.Context(): that ends before the test's Cleanup functions run,
+// which may call Exec.)
 func Exec(t testing.TB, pool *pgxpool.Pool, stmts ...string) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), execTimeout)
+	defer cancel()
 	for _, s := range stmts {
-		if _, err := pool.Exec(context.Background(), s); err != nil {
+		if _, err := pool.Exec(ctx, s); err != nil {
 			t.Fatalf("pgtest: %s: %v", s, err)
 		}
 	}
