@@ -538,24 +538,32 @@ func (b *Broker) Conn() *nats.Conn { return b.nc }
 const publishAckTimeout = 5 * time.Second
 
 // Close stops the broker's background work (delay movers, drains of
-// cancelled receives), flushes settlements already sent, waits for the acks
+// cancelled receives), ends the Receive calls under way (they return
+// [sdk.ErrClosed]) and gives back, without consuming an attempt, what
+// their pulls had read (see [Broker.Receive]), flushes settlements already
+// sent, waits for the acks
 // of publishes already sent (at most their 5 s ack timeout, so that a
 // PublishAsync result gets its real outcome rather than ErrClosed) and
 // closes the connection when the Broker owns it ([Connect]). Deliveries not
 // settled come back after their AckWait. Close twice is safe.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
-		b.mu.Lock() // goOwned and track check closed under mu
+		b.mu.Lock() // goOwned, enter and track check closed under mu
 		b.closed.Store(true)
-		subs := b.subs
-		b.subs = map[*nats.Subscription]struct{}{}
 		b.mu.Unlock()
 		close(b.closing)
 		b.closeCancel()
-		for s := range subs {
+		// Every pull runs in a Receive or a goroutine of the Broker's,
+		// which wg counts: at closing, each reads what the server sent it
+		// (see pull), gives it back and unsubscribes.
+		b.wg.Wait()
+		b.mu.Lock()
+		subs := b.subs
+		b.subs = map[*nats.Subscription]struct{}{}
+		b.mu.Unlock()
+		for s := range subs { // none left, unless a pull was not counted
 			_ = s.Unsubscribe()
 		}
-		b.wg.Wait()
 		if !b.nc.IsClosed() {
 			_ = b.nc.FlushTimeout(2 * time.Second)
 			// The acks of what was published are on their way: each result
@@ -638,6 +646,18 @@ func (b *Broker) untrack(s *nats.Subscription) {
 	delete(b.subs, s)
 	b.mu.Unlock()
 	_ = s.Unsubscribe()
+}
+
+// enter registers a call that Close waits for (the caller calls b.wg.Done
+// when it returns); it returns false after Close.
+func (b *Broker) enter() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return false
+	}
+	b.wg.Add(1)
+	return true
 }
 
 // goOwned runs fn on a goroutine that Close waits for; it returns false

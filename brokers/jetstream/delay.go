@@ -50,6 +50,10 @@ func (b *Broker) move(q *queueState) {
 	}()
 	for !b.closed.Load() {
 		msgs, err := b.fetch(ctx, q, delayConsumerName, 64)
+		if errors.Is(err, sdk.ErrClosed) { // nak'ed for the movers of Brokers still open
+			b.giveBackAll(q, delayConsumerName, msgs)
+			return
+		}
 		for _, p := range msgs {
 			b.moveOne(ctx, q, p.msg)
 		}

@@ -141,7 +141,9 @@
 //     answer to a no_wait pull arrives) returns at once.
 //     The pull request stays open on the server until it expires; a message
 //     it still delivers is handed back like a Release, without consuming an
-//     attempt, by a goroutine the Broker owns (stopped by Close).
+//     attempt, by a goroutine the Broker owns (stopped by Close). A Receive
+//     that Close interrupts returns [sdk.ErrClosed] and hands back likewise
+//     what its pull read or still had on its way; Close waits for that.
 //
 // A server defect to know of: on nats-server 2.9.10 (the version berth is
 // tested on) a redelivery that falls due at the moment a waiting pull

@@ -41,3 +41,14 @@ func SetRedrivePage(n int) (restore func()) {
 	redrivePage = n
 	return func() { redrivePage = old }
 }
+
+// SetPullHook sets the hook a pull runs after each message it reads; the
+// returned func restores it.
+func SetPullHook(f func(*Broker)) (restore func()) {
+	old := pullHook
+	pullHook = f
+	return func() { pullHook = old }
+}
+
+// Closing returns the channel Close closes once it has begun.
+func (b *Broker) Closing() <-chan struct{} { return b.closing }

@@ -3,12 +3,14 @@ package jetstream
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -35,11 +37,15 @@ const maxBatch = 256
 // once; the pull request stays open on the server until it expires, and a
 // message it still delivers is handed back without consuming an attempt (see
 // the package doc). So is a message of a no_wait answer still arriving when
-// ctx ends; those read before are returned.
+// ctx ends; those read before are returned. When Close is called during a
+// Receive, Receive returns [sdk.ErrClosed] and hands back, likewise, every
+// message it had read (it could not be settled on the closed Broker);
+// Close waits for that.
 func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Delivery, error) {
-	if b.closed.Load() {
+	if !b.enter() {
 		return nil, sdk.ErrClosed
 	}
+	defer b.wg.Done()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -57,6 +63,10 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	b.startMover(q)
 	for {
 		msgs, err := b.fetch(ctx, q, consumerName, max)
+		if errors.Is(err, sdk.ErrClosed) {
+			b.giveBackAll(q, consumerName, msgs)
+			return nil, err
+		}
 		if len(msgs) == 0 {
 			return nil, err
 		}
@@ -86,7 +96,9 @@ type pulled struct {
 
 // fetch pulls up to max messages of consumer: what is ready now, else the
 // first to come within WaitTime and what is ready after it. Messages come
-// with a nil error or an error with the messages taken before it.
+// with a nil error or an error with the messages taken before it; with
+// [sdk.ErrClosed] (Close during the pull), every message the pull read,
+// which the caller gives back.
 func (b *Broker) fetch(ctx context.Context, q *queueState, consumer string, max int) ([]pulled, error) {
 	msgs, err := b.pull(ctx, q, consumer, max, 0)
 	if len(msgs) > 0 || err != nil {
@@ -111,7 +123,9 @@ type pullRequest struct {
 // else open for wait. It reads the answers on a subscription of its own
 // until the batch is full or the server ends the request. When ctx ends
 // first (a long poll, or a no_wait answer on its way), the subscription is
-// handed to a drain that gives back what the server still delivers.
+// handed to a drain that gives back what the server still delivers. When
+// the Broker closes first, it returns with [sdk.ErrClosed] the messages read
+// and those the connection had buffered for it.
 func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]pulled, error) {
 	if err := b.connected("pull"); err != nil {
 		return nil, err
@@ -156,12 +170,15 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 		select {
 		case m = <-ch:
 		case <-b.closing:
+			rest := answered(ch, batch-len(msgs), wait, timer.C)
 			b.untrack(sub)
-			return msgs, sdk.ErrClosed
+			return append(msgs, rest...), sdk.ErrClosed
 		case <-ctx.Done():
 			// A no_wait answer may be arriving too: the server has
 			// counted a delivery of each message it sends.
-			b.drain(q, consumer, sub, ch, limit)
+			if !b.drain(q, consumer, sub, ch, limit) { // closed meanwhile
+				return append(msgs, buffered(ch)...), sdk.ErrClosed
+			}
 			return msgs, ctx.Err()
 		case <-timer.C:
 			b.untrack(sub) // request lost (reconnect): the caller asks again
@@ -185,10 +202,16 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 			}
 		}
 		msgs = append(msgs, pulled{msg: m, arrived: time.Now()})
+		if pullHook != nil {
+			pullHook(b)
+		}
 	}
 	b.untrack(sub)
 	return msgs, nil
 }
+
+// pullHook, set by the tests, runs in pull after each message it reads.
+var pullHook func(*Broker)
 
 // serverStatus returns the status of m when it is the server's answer to a
 // pull (404 no messages, 408 expired, 409 ..., 100 heartbeat), else "". A
@@ -216,10 +239,56 @@ func (e *QueueDeletedError) Error() string {
 // Unwrap returns [sdk.ErrNotFound].
 func (e *QueueDeletedError) Unwrap() error { return sdk.ErrNotFound }
 
+// answered returns the messages of a pull of a closing Broker still to
+// come, up to n: of a no_wait pull, the rest of its answer (it is on its
+// way, each message a delivery the server counted), until the server ends
+// it or expired fires; of a long poll, which could wait for its expiry,
+// only what ch holds.
+func answered(ch <-chan *nats.Msg, n int, wait time.Duration, expired <-chan time.Time) []pulled {
+	if wait > 0 {
+		return buffered(ch)
+	}
+	var out []pulled
+	for len(out) < n {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-expired:
+			return out
+		}
+		switch serverStatus(m) {
+		case "":
+			out = append(out, pulled{msg: m, arrived: time.Now()})
+		case "100":
+		default: // the end of the answer
+			return out
+		}
+	}
+	return out
+}
+
+// buffered returns, without waiting, the messages of a pull's subscription
+// that ch holds (the server's status answers left out).
+func buffered(ch <-chan *nats.Msg) []pulled {
+	var out []pulled
+	for {
+		select {
+		case m := <-ch:
+			if serverStatus(m) == "" {
+				out = append(out, pulled{msg: m, arrived: time.Now()})
+			}
+		default:
+			return out
+		}
+	}
+}
+
 // drain keeps reading a cancelled pull's subscription until the request
 // expires (limit) or the Broker closes, and gives back every message the
-// server still delivers to it.
-func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, ch <-chan *nats.Msg, limit time.Time) {
+// server still delivers to it (at Close, those already buffered). It
+// returns false, having unsubscribed, when the Broker is closed already:
+// the caller gives back what ch holds.
+func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, ch <-chan *nats.Msg, limit time.Time) bool {
 	if !b.goOwned(func() {
 		defer b.untrack(sub)
 		timer := time.NewTimer(time.Until(limit))
@@ -231,6 +300,8 @@ func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, c
 			case <-timer.C:
 				return
 			case <-b.closing:
+				b.untrack(sub)
+				b.giveBackAll(q, consumer, buffered(ch))
 				return
 			}
 			if status := serverStatus(m); status != "" {
@@ -239,18 +310,42 @@ func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, c
 				}
 				continue
 			}
-			b.giveBack(q, consumer, m)
+			ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+			b.giveBack(ctx, q, consumer, m)
+			cancel()
 		}
 	}) {
 		b.untrack(sub)
+		return false
+	}
+	return true
+}
+
+// giveBackTimeout bounds one give-back: of a message, or (giveBackAll) of
+// the messages of one pull.
+const giveBackTimeout = 10 * time.Second
+
+// giveBackAll gives back msgs, within giveBackTimeout for all of them.
+func (b *Broker) giveBackAll(q *queueState, consumer string, msgs []pulled) {
+	if len(msgs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+	defer cancel()
+	for _, p := range msgs {
+		b.giveBack(ctx, q, consumer, p.msg)
 	}
 }
 
 // giveBack returns a message that reached no caller without consuming an
 // attempt: a delayed-subject message is simply nak'ed (its deliveries are
 // not attempts); a ready one is stored again as a new copy whose first
-// delivery counts as this delivery's attempt, then acknowledged.
-func (b *Broker) giveBack(q *queueState, consumer string, m *nats.Msg) {
+// delivery counts as this delivery's attempt, then acknowledged. The copy
+// is published past the Broker's publish path, which Close shuts first:
+// the give-backs of a closing Broker run before Close closes the
+// connection (their goroutines are the Broker's, or a Receive that Close
+// waits for).
+func (b *Broker) giveBack(ctx context.Context, q *queueState, consumer string, m *nats.Msg) {
 	if consumer == delayConsumerName {
 		_ = b.nc.Publish(m.Reply, ackNak)
 		return
@@ -265,12 +360,13 @@ func (b *Broker) giveBack(q *queueState, consumer string, m *nats.Msg) {
 		return
 	}
 	attempt := b.attemptOf(dec.base, meta.NumDelivered)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	id := internalID(idGiveBack, q.stream, meta.Sequence.Stream, meta.NumDelivered)
 	w, err := encode(dec.msg, dec.extra, q.ready, attempt, time.Time{})
 	if err == nil {
-		err = b.publishOne(ctx, q.stream, w, id)
+		err = b.connected("give back")
+	}
+	if err == nil {
+		_, err = b.js.PublishMsg(ctx, w, jetstream.WithMsgID(id))
 	}
 	if err != nil {
 		b.opts.Logger.Warn("berth/jetstream: giving back an unclaimed delivery; it comes back after its AckWait",

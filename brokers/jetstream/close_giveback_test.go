@@ -1,0 +1,69 @@
+package jetstream_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/sdk"
+)
+
+// TestCloseDuringPullGivesBack: a Broker closed while a Receive's pull is
+// being answered gives back, without consuming an attempt, every message
+// that pull read or had on its way: it could not be settled on the closed
+// Broker. Before, the messages read were returned (unsettleable) and those
+// buffered dropped: all came back only after their AckWait, an attempt
+// spent.
+func TestCloseDuringPullGivesBack(t *testing.T) {
+	opts := jetstream.Options{AckWait: 20 * time.Second, WaitTime: 700 * time.Millisecond, Logger: quiet}
+	b := newBroker(t, opts)
+	other := newBroker(t, opts)
+	q := declare(t, b, "closeback")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	msgs := make([]*sdk.Message, 40)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Type: "closeback"}
+	}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var closed sync.WaitGroup
+	defer closed.Wait()
+	defer jetstream.SetPullHook(func(pb *jetstream.Broker) {
+		if pb != b {
+			return
+		}
+		once.Do(func() { // Close as the pull's answer arrives
+			closed.Go(func() { _ = b.Close() })
+			<-b.Closing()
+		})
+	})()
+	ds, err := b.Receive(ctx, q, len(msgs))
+	if !errors.Is(err, sdk.ErrClosed) || len(ds) != 0 {
+		t.Errorf("Receive during Close: %d deliveries, %v; want none, ErrClosed", len(ds), err)
+	}
+	closed.Wait()
+	got := map[string]int{}
+	for deadline := time.Now().Add(8 * time.Second); len(got) < len(msgs) && time.Now().Before(deadline); {
+		ds, err := other.Receive(ctx, q, len(msgs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			got[d.Message().ID] = d.Attempt()
+			if err := d.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, m := range msgs {
+		if a, ok := got[m.ID]; !ok || a != 1 {
+			t.Errorf("message %s: attempt %d (received %t), want attempt 1 well before its AckWait of 20 s", m.ID, a, ok)
+		}
+	}
+}
