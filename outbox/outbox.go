@@ -235,18 +235,16 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 func (o *Outbox) migrated(ctx context.Context, tx pgx.Tx) (bool, error) {
 	table := o.ident[1]
 	indexes := []string{table + "_pending_idx", table + "_key_idx", table + "_unparked_idx"}
-	var ok bool
-	err := tx.QueryRow(ctx, `SELECT
-	(SELECT count(*) FROM pg_catalog.pg_attribute a
+	if ok, err := pgschema.Present(ctx, tx, o.ident[0], indexes...); !ok || err != nil {
+		return false, err
+	}
+	var cols int
+	err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_attribute a
 		JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
 		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')
-		AND a.attname IN ('parked_at', 'refusals') AND NOT a.attisdropped) = 2
-	AND (SELECT count(*) FROM pg_catalog.pg_class c
-		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = ANY($3::text[]) AND c.relkind = 'i') = cardinality($3::text[])`,
-		o.ident[0], table, indexes).Scan(&ok)
-	return ok, err
+		AND a.attname IN ('parked_at', 'refusals') AND NOT a.attisdropped`, o.ident[0], table).Scan(&cols)
+	return cols == 2, err
 }
 
 // Add writes msgs for queue inside tx, the caller's business transaction.

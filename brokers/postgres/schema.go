@@ -90,13 +90,11 @@ func (b *Broker) Migrate(ctx context.Context) error {
 	for _, ix := range jobIndexes {
 		names = append(names, ix.Name)
 	}
-	var present int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_class c
-		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = ANY($2::text[])`, b.schema, names).Scan(&present); err != nil {
+	done, err := pgschema.Present(ctx, tx, b.schema, names...)
+	if err != nil {
 		return b.wrap(ctx, "migrate", err)
 	}
-	if present == len(names) {
+	if done {
 		return nil
 	}
 	// Simple protocol: the DDL is several statements.

@@ -162,7 +162,9 @@ CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + t + ` (expires_at);
 }
 
 // Migrate creates the table if it does not exist. Concurrent calls are
-// serialised by an advisory lock.
+// serialised by an advisory lock. On a table already made it runs no DDL
+// and takes no lock on the table: a process starting while handlers write
+// to it does not stall them.
 func (s *Store) Migrate(ctx context.Context) error {
 	ddl, err := SQL(s.opts)
 	if err != nil {
@@ -178,6 +180,17 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.idempotency."+s.table); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	// Done already (every process that starts runs Migrate): no DDL, so no
+	// lock on the table, which handlers write in their transactions
+	// (pgschema.Present). A later version that alters what exists must
+	// check for its change here too.
+	done, err := pgschema.Present(ctx, tx, s.opts.Schema, s.opts.Table, s.opts.Table+"_expires_at_idx")
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if done {
+		return nil
 	}
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)

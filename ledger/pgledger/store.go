@@ -484,6 +484,23 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.ledger.migrate."+s.jobs); err != nil {
 		return fmt.Errorf("pgledger: migrate: %w", err)
 	}
+	// Done already (every process that starts runs Migrate): no DDL, so no
+	// lock on the jobs table, which every Writer writes to
+	// (pgschema.Present). An index that exists but is invalid or defined
+	// otherwise is Indexes' and doctor's to report, as before: CREATE
+	// INDEX IF NOT EXISTS never replaced it. A later version that alters
+	// what exists must check for its change here too.
+	names := []string{s.opts.Prefix + "jobs"}
+	for _, ix := range indexes(s.opts) {
+		names = append(names, ix.Name)
+	}
+	done, err := pgschema.Present(ctx, tx, s.opts.Schema, names...)
+	if err != nil {
+		return fmt.Errorf("pgledger: migrate: %w", err)
+	}
+	if done {
+		return nil
+	}
 	if _, err := tx.Exec(ctx, ddl, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return fmt.Errorf("pgledger: migrate: %w", err)
 	}
