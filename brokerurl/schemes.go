@@ -241,12 +241,13 @@ func (b *pgBroker) As(target any) bool {
 // emulator such as fauxqs, or a VPC endpoint; a path prefixes every
 // request's). Neither takes user info.
 //
-// Parameters: region (an AWS region such as eu-west-1; default: sqs://'s
-// host, which must be a region too, or the region an AWS endpoint's host
-// names (https://sqs.eu-west-1.amazonaws.com), else the AWS configuration,
-// else us-east-1), visibility_timeout (duration, at most 12h), wait_time
-// (duration, at most 20s), max_receive_count (at most 1000), dlq_suffix
-// (letters, digits, '-' and '_'). Credentials come from the AWS default chain;
+// Parameters: region (an AWS region such as eu-west-1, in any case; default:
+// sqs://'s host, which must be a region too, or the region an AWS endpoint's
+// host names (https://sqs.eu-west-1.amazonaws.com), else the AWS
+// configuration, else us-east-1; the region is used in lower case),
+// visibility_timeout (duration, at most 12h), wait_time (duration, at most
+// 20s), max_receive_count (at most 1000), dlq_suffix (letters, digits, '-'
+// and '_'). Credentials come from the AWS default chain;
 // for an endpoint on a loopback address (an emulator) static dummy
 // credentials are used.
 func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
@@ -300,7 +301,11 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 		return nil, fmt.Errorf("brokerurl: sqs: AWS configuration: %w", err)
 	}
 	if region != "" {
-		cfg.Region = region
+		// Regions are lower case: the signer puts the region in the
+		// signature's scope as it is given, and AWS refuses requests
+		// signed for EU-WEST-1 (a URL's host is case-insensitive, and
+		// sqs://EU-WEST-1 names eu-west-1).
+		cfg.Region = strings.ToLower(region)
 	}
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1"
