@@ -214,6 +214,11 @@ type queueRef struct {
 	dlq        *queueRef
 	maxReceive int // the redrive policy's maxReceiveCount, 0 when unknown
 
+	// polls are this Broker's long polls of the queue, those given up that
+	// may still wait on the server among them: what the Broker makes
+	// visible waits for those to end.
+	polls polls
+
 	// size is the queue's MaximumMessageSize, read on first need and again
 	// every sizeRefresh ([Broker.maxSize]): Publish checks messages against
 	// it, DeadLetter and redrives their copies.

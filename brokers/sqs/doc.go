@@ -85,13 +85,19 @@
 // the abandoned poll, and those messages stay invisible for one visibility
 // timeout, with one more receive counted. Nothing is lost, but each such
 // poll adds an attempt; keep MaxReceiveCount above the Worker's
-// MaxAttempts. The Worker's drain adds none: the Broker is an
+// MaxAttempts. What the Broker hands back itself is kept from its own
+// abandoned polls: while one may still wait on the server, a Retry's
+// message stays hidden until that wait is over (at most [Options.WaitTime]
+// plus a second), rather than being the first thing the poll takes. The
+// Worker's drain adds no attempt: the Broker is an
 // [sdk.LongPoller], so a draining Worker gives its polls in flight
 // [sdk.LongPollGrace] (2 s) to return what the server already handed them
 // instead of cancelling them at once, and deliveries it received but had
 // not started are run within the drain deadline rather than retried, since
 // a Retry here counts a receive. An idle Worker's poll is cut off after the
-// grace: its drain lasts at most that much longer.
+// grace (or DrainTimeout, when shorter): its drain lasts at most that much
+// longer, and what its interrupted handlers hand back after that comes
+// back once the cut poll's wait is over.
 //
 // Inspection ([Broker.Stats]) reads the approximate counters of
 // GetQueueAttributes; SQS has no oldest-message age there (only CloudWatch

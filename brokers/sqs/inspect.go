@@ -469,10 +469,14 @@ func (b *Broker) feeds(ctx context.Context, q *queueRef, name string, dlq *queue
 	return err == nil && d.url == dlq.url
 }
 
-// changeVisibilityBatch sets the visibility of the letters to d. A letter
-// whose receipt no longer holds it loses its handle; other failures are
-// returned.
+// changeVisibilityBatch sets the visibility of the letters to d, or longer
+// while a poll of dlq this Broker gave up on may still wait on the server
+// (see polls). A letter whose receipt no longer holds it loses its handle;
+// other failures are returned.
 func (b *Broker) changeVisibilityBatch(ctx context.Context, dlq *queueRef, ls []*letter, d time.Duration) error {
+	// A letter released while a scan's poll this Broker gave up on may
+	// still wait on the server would be taken by it (see polls).
+	d = max(d, dlq.polls.hold(time.Now()))
 	var errs []error
 	for start := 0; start < len(ls); start += batchSize {
 		chunk := ls[start:min(start+batchSize, len(ls))]

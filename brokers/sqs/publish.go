@@ -443,6 +443,7 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 type attempts struct {
 	lost     atomic.Pointer[error] // the first attempt that failed without SQS's answer (lostAttempt)
 	answered atomic.Bool           // an attempt got SQS's success answer
+	started  atomic.Int64          // when the latest attempt started (Unix nanoseconds), 0 before the first
 }
 
 // lostErr is the error of the call's first attempt whose answer was lost, or
@@ -476,15 +477,17 @@ func (seen *attempts) uncertain(err error) (bool, error) {
 // watchAttempts is a call option that notes in seen the first attempt of
 // the call (the SDK's retries make several) that fails without SQS's answer
 // ([lostAttempt]: a transport failure, an answer cut short, a gateway's 502
-// or 504, the attempt's ctx) and whether one gets SQS's success answer.
-// The call's own error is only its last attempt's, which may be a refusal
-// that says nothing of what an earlier attempt published, or that of a
-// check made after the retry loop (the SDK's MD5 check of the answer),
-// which says nothing of what SQS took.
+// or 504, the attempt's ctx), whether one gets SQS's success answer, and
+// when the latest attempt started (see [polls]). The call's own error is
+// only its last attempt's, which may be a refusal that says nothing of what
+// an earlier attempt published, or that of a check made after the retry
+// loop (the SDK's MD5 check of the answer), which says nothing of what SQS
+// took.
 func watchAttempts(seen *attempts) func(*awssqs.Options) {
 	return awssqs.WithAPIOptions(func(s *middleware.Stack) error {
 		return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthAttemptLost",
 			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+				seen.started.Store(time.Now().UnixNano())
 				out, md, err := next.HandleFinalize(ctx, in)
 				switch {
 				case err == nil:

@@ -79,7 +79,15 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 		// reported as one.
 		in.ReceiveRequestAttemptId = aws.String(sdk.NewID())
 	}
+	// A poll given up (ctx done, Close, an answer lost) may go on waiting
+	// on the server, and take what this Broker hands back meanwhile: see
+	// polls. A call that panics, or whose goroutine exits, counts as given
+	// up.
+	givenUp := true
+	q.polls.begin(ctx, &seen, wait)
+	defer func() { q.polls.end(&seen, givenUp) }()
 	out, err := b.client.ReceiveMessage(ctx, in, watchAttempts(&seen))
+	givenUp = err != nil && lostAttempt(err)
 	if err != nil {
 		// An attempt that may have taken messages (seen.uncertain): they
 		// stay hidden for visibility, reported as lost.
@@ -262,13 +270,25 @@ func (d *delivery) Ack(ctx context.Context) error {
 // receipt was earlier. Such a message comes back earlier than delay, by up
 // to the time since its receipt; Retry cannot report the delay kept (it
 // returns only an error), so a Worker's Settlement shows the delay asked for.
+// While a long poll of the queue that this Broker gave up on (its Receive
+// cancelled, or cut by Close, in the middle of its wait) may still be
+// waiting on the server, the delay is at least what remains of that wait
+// (plus a second, for the request's way to the server): the abandoned
+// poll would otherwise take the message as soon as it is visible, counting
+// a receive nobody sees and hiding it for the visibility timeout. A
+// draining Worker cuts its idle polls before it hands back the work its
+// interrupted handlers leave, so what it hands back may come back up to
+// [Options.WaitTime] plus a second later than asked.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.usable(); err != nil {
 		return err
 	}
-	delay = max(delay, 0)
+	// Not while a long poll this Broker gave up on may still wait on the
+	// server: it would take the message at once, count a receive nobody
+	// sees and hide it for the visibility timeout (see polls).
+	delay = max(delay, d.q.polls.hold(time.Now()))
 	if err := d.changeVisibility(ctx, delay, true); err != nil {
 		return err
 	}
