@@ -478,9 +478,12 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 	}
 }
 
-// heartbeat extends c every Heartbeat while fn runs; when the claim is lost,
-// or extensions keep failing until the claim (extended last at held) would
-// expire before the next try, it cancels fn's context with ErrClaimLost.
+// heartbeat extends c while fn runs, one Heartbeat after the claim was taken
+// or last extended (at held), not after fn started: a claim whose answer came
+// late has less than ClaimLease left, and is extended at once if a Heartbeat
+// has passed. When the claim is lost, or extensions keep failing until the
+// claim (extended last at held) would expire before the next try, it cancels
+// fn's context with ErrClaimLost.
 // Each Extend is bounded by the time the claim has left: one that hangs (a
 // starved connection pool, a silently dropped link) must not outlast the
 // claim, which another worker would then take over while fn still runs.
@@ -495,7 +498,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		t := time.NewTicker(g.o.Heartbeat)
+		t := time.NewTimer(time.Until(held.Add(g.o.Heartbeat)))
 		defer t.Stop()
 		for {
 			select {
@@ -515,6 +518,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 				}
 				if err == nil {
 					held = sent
+					t.Reset(time.Until(held.Add(g.o.Heartbeat)))
 					continue
 				}
 				if time.Since(held)+g.o.Heartbeat >= g.o.ClaimLease { // the next try would come too late
@@ -522,6 +526,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 					return
 				}
 				g.o.Logger.WarnContext(ctx, "idempotency: claim extension failed", g.keyAttr(c.Key), "err", err)
+				t.Reset(g.o.Heartbeat)
 			}
 		}
 	}()
