@@ -246,14 +246,15 @@ func (s *Store) Get(ctx context.Context, key string) (*idempotency.Record, error
 		return nil, idempotency.ErrNotFound
 	}
 	cp := s.read(rec)
-	cp.Result = copyResult(rec.Result)
 	return &cp, nil
 }
 
 // read returns a copy of rec as a caller sees it, with the time its claim
-// has left by the store's clock (LockedFor). s.mu is held.
+// has left by the store's clock (LockedFor), and a result of its own: a
+// caller that changes it must not change the stored one. s.mu is held.
 func (s *Store) read(rec *idempotency.Record) idempotency.Record {
 	cp := *rec
+	cp.Result = copyResult(rec.Result)
 	if rec.Status == idempotency.StatusInProgress && !rec.LockedUntil.IsZero() {
 		cp.LockedFor = rec.LockedUntil.Sub(s.now())
 	}

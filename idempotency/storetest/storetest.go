@@ -33,6 +33,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idempotency.Store) {
 		{"ReleaseFreesKey", testReleaseFreesKey},
 		{"FencedByOwner", testFencedByOwner},
 		{"CompleteRepeatedByOwner", testCompleteRepeatedByOwner},
+		{"RecordsAreCopies", testRecordsAreCopies},
 		{"ExpiredClaimTakenOverOnce", testTakeoverOnce},
 		{"NoTakeoverWithOtherFingerprint", testNoTakeoverOtherFingerprint},
 		{"ExtendKeepsClaim", testExtendKeepsClaim},
@@ -169,6 +170,49 @@ func testCompleteRepeatedByOwner(t *testing.T, s idempotency.Store) {
 	}
 	if rec.Status != idempotency.StatusCompleted || rec.Result.ResourceID != "first" {
 		t.Fatalf("after the repeated Complete: status %q, resource %q; want completed, first", rec.Status, rec.Result.ResourceID)
+	}
+}
+
+// testRecordsAreCopies: a Record that Claim, Begin or Get returns is the
+// caller's own: changing its result's JSON does not change the stored result
+// that later duplicates are answered with.
+func testRecordsAreCopies(t *testing.T, s idempotency.Store) {
+	ctx := ctxT(t)
+	key := "k:" + token()
+	a := claim(key, "fp")
+	mustClaim(t, s, a, idempotency.Acquired)
+	if err := s.Complete(ctx, a, idempotency.Result{JSON: []byte(`[1]`)}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	scribble := func(from string, rec *idempotency.Record) {
+		t.Helper()
+		if rec == nil || string(rec.Result.JSON) != `[1]` {
+			t.Fatalf("%s: record %+v, want the result [1]", from, rec)
+		}
+		rec.Result.JSON[1] = '2'
+		got, err := s.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		if string(got.Result.JSON) != `[1]` {
+			t.Fatalf("stored result after changing the record %s returned = %s, want [1]", from, got.Result.JSON)
+		}
+	}
+	scribble("Claim", mustClaim(t, s, claim(key, "fp"), idempotency.Completed))
+	rec, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	scribble("Get", rec)
+	if ts, ok := s.(idempotency.TxStore); ok {
+		tx, out, rec, err := ts.Begin(ctx, claim(key, "fp"))
+		if tx != nil {
+			_ = tx.Rollback(ctx)
+		}
+		if err != nil || out != idempotency.Completed {
+			t.Fatalf("Begin of a completed key = %v, %v; want completed", out, err)
+		}
+		scribble("Begin", rec)
 	}
 }
 
