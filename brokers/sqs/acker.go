@@ -364,7 +364,7 @@ func (a *acker) confirm(ctx context.Context, url string, entries []ackEntry) (se
 			Id: aws.String(strconv.Itoa(j)), ReceiptHandle: aws.String(entries[i].handle), VisibilityTimeout: secs[j],
 		}
 	}
-	out, err := a.client.ChangeMessageVisibilityBatch(ctx, in)
+	out, err := a.client.ChangeMessageVisibilityBatch(ctx, in, withBody)
 	if err != nil { // the SDK already retried what it could
 		err = a.wrap(ctx, "check the leases of deletes from "+entries[check[0]].queue, err)
 		for _, i := range check {
@@ -440,7 +440,7 @@ func (a *acker) deleteOnce(ctx context.Context, url string, entries, again []ack
 		in.Entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)}
 	}
 	var sent lastAttempt
-	out, err := a.client.DeleteMessageBatch(ctx, in, sent.option())
+	out, err := a.client.DeleteMessageBatch(ctx, in, sent.option(), withBody)
 	if err != nil { // the SDK already retried what it could
 		err = a.wrap(ctx, "delete from "+entries[0].queue, err)
 		for _, e := range entries {

@@ -323,7 +323,7 @@ func (b *Broker) queue(ctx context.Context, name string) (*queueRef, error) {
 			if q := b.cached(name); q != nil {
 				return lookupOutcome{q: q}, nil
 			}
-			out, err := b.client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)})
+			out, err := b.client.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: aws.String(name)}, withBody)
 			if err != nil {
 				return lookupOutcome{starterGone: ctx.Err() != nil}, b.wrap(ctx, "resolve queue "+name, err)
 			}
@@ -412,7 +412,7 @@ func (b *Broker) deadLetterQueue(ctx context.Context, q *queueRef) (*queueRef, e
 	out, err := b.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
 		QueueUrl:       aws.String(q.url),
 		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameRedrivePolicy},
-	})
+	}, withBody)
 	if err != nil {
 		return nil, b.wrap(ctx, "read redrive policy of "+q.name, err)
 	}

@@ -80,7 +80,7 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 	out, err := b.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
 		QueueUrl:       aws.String(dlq.url),
 		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
-	})
+	}, withBody)
 	if err != nil {
 		return b.wrap(ctx, "read the ARN of "+dlqName, err)
 	}
@@ -115,7 +115,7 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 // create creates queue name with attrs, or, when it exists with other
 // attributes, sets attrs on it (FifoQueue cannot change and is left out).
 func (b *Broker) create(ctx context.Context, name string, attrs map[string]string) (*queueRef, error) {
-	out, err := b.client.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
+	out, err := b.client.CreateQueue(ctx, &awssqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs}, withBody)
 	if err == nil {
 		return b.remember(name, aws.ToString(out.QueueUrl)), nil
 	}
@@ -129,7 +129,7 @@ func (b *Broker) create(ctx context.Context, name string, attrs map[string]strin
 	}
 	set := clone(attrs)
 	delete(set, string(sqstypes.QueueAttributeNameFifoQueue))
-	if _, err := b.client.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: aws.String(q.url), Attributes: set}); err != nil {
+	if _, err := b.client.SetQueueAttributes(ctx, &awssqs.SetQueueAttributesInput{QueueUrl: aws.String(q.url), Attributes: set}, withBody); err != nil {
 		return nil, b.wrap(ctx, "update queue "+name, err)
 	}
 	return q, nil
@@ -153,7 +153,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string, deadLetters bool
 	var errs []error
 	if deadLetters {
 		if dlq, err := b.deadLetterQueue(ctx, q); err == nil {
-			if _, err := b.client.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(dlq.url)}); err != nil {
+			if _, err := b.client.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(dlq.url)}, withBody); err != nil {
 				errs = append(errs, b.wrap(ctx, "delete queue "+dlq.name, err))
 			}
 			b.forget(dlq.name)
@@ -161,7 +161,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, queue string, deadLetters bool
 			errs = append(errs, err)
 		}
 	}
-	if _, err := b.client.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(q.url)}); err != nil {
+	if _, err := b.client.DeleteQueue(ctx, &awssqs.DeleteQueueInput{QueueUrl: aws.String(q.url)}, withBody); err != nil {
 		errs = append(errs, b.wrap(ctx, "delete queue "+queue, err))
 	}
 	b.forget(queue)

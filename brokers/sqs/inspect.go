@@ -90,7 +90,7 @@ func (b *Broker) counts(ctx context.Context, q *queueRef) ([3]int64, error) {
 		sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
 		sqstypes.QueueAttributeNameApproximateNumberOfMessagesDelayed,
 	}
-	out, err := b.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(q.url), AttributeNames: names})
+	out, err := b.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(q.url), AttributeNames: names}, withBody)
 	if err != nil {
 		return c, b.wrap(ctx, "read counters of "+q.name, err)
 	}
@@ -486,7 +486,7 @@ func (b *Broker) changeVisibilityBatch(ctx context.Context, dlq *queueRef, ls []
 				Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(l.handle), VisibilityTimeout: ceilSeconds(d),
 			})
 		}
-		out, err := b.client.ChangeMessageVisibilityBatch(ctx, in)
+		out, err := b.client.ChangeMessageVisibilityBatch(ctx, in, withBody)
 		if err != nil {
 			errs = append(errs, b.wrap(ctx, "change the visibility of dead letters of "+dlq.name, err))
 			continue
@@ -514,7 +514,7 @@ func (b *Broker) remove(ctx context.Context, dlq *queueRef, ls []*letter) ([]*le
 		for i, l := range chunk {
 			in.Entries = append(in.Entries, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(l.handle)})
 		}
-		out, err := b.client.DeleteMessageBatch(ctx, in)
+		out, err := b.client.DeleteMessageBatch(ctx, in, withBody)
 		if err != nil {
 			errs = append(errs, b.wrap(ctx, "delete dead letters of "+dlq.name, err))
 			continue

@@ -76,7 +76,7 @@ func (b *Broker) maxSize(ctx context.Context, q *queueRef) (int, error) {
 	out, err := b.client.GetQueueAttributes(wctx, &awssqs.GetQueueAttributesInput{
 		QueueUrl:       aws.String(q.url),
 		AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameMaximumMessageSize},
-	})
+	}, withBody)
 	if err != nil {
 		err = b.wrap(wctx, "read the message size limit of "+q.name, err)
 		if wctx.Err() != nil || errors.Is(err, sdk.ErrClosed) || errors.Is(err, sdk.ErrUnavailable) || errors.Is(err, sdk.ErrNotFound) {

@@ -405,7 +405,7 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		in.Entries[i].Id = aws.String(strconv.Itoa(i))
 	}
 	var seen attempts
-	out, err := b.client.SendMessageBatch(ctx, in, watchAttempts(&seen))
+	out, err := b.client.SendMessageBatch(ctx, in, watchAttempts(&seen), withBody)
 	if err != nil {
 		if sizeRefused(err) {
 			q.size.stale() // the queue's MaximumMessageSize may have been lowered

@@ -86,7 +86,7 @@ func (b *Broker) receive(ctx context.Context, q *queueRef, n int, visibility, wa
 	givenUp := true
 	q.polls.begin(ctx, &seen, wait)
 	defer func() { q.polls.end(&seen, givenUp) }()
-	out, err := b.client.ReceiveMessage(ctx, in, watchAttempts(&seen))
+	out, err := b.client.ReceiveMessage(ctx, in, watchAttempts(&seen), withBody)
 	givenUp = err != nil && lostAttempt(err)
 	if err != nil {
 		// An attempt that may have taken messages (seen.uncertain): they
@@ -402,7 +402,7 @@ func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration, clam
 		QueueUrl:          aws.String(d.q.url),
 		ReceiptHandle:     aws.String(d.handle),
 		VisibilityTimeout: secs,
-	})
+	}, withBody)
 	next := now.Add(time.Duration(secs) * time.Second)
 	if err != nil {
 		if isStaleReceipt(err) {
