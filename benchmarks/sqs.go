@@ -220,7 +220,7 @@ func rawSQSSend(ctx context.Context, client *awssqs.Client, url string, n int, b
 				entries[j].MessageAttributes = map[string]sqstypes.MessageAttributeValue{"id": str(id), "type": str("bench"), "correlation-id": str(id)}
 			}
 		}
-		out, err := client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+		out, err := client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries}, sqs.SafeRequestBody())
 		if err != nil {
 			return err
 		}
@@ -347,7 +347,7 @@ func sqsPublish(ctx context.Context, c config) (table, error) {
 	}
 	return table{
 		title: "SQS publish (fauxqs emulator on loopback, 256 B text bodies)",
-		intro: fmt.Sprintf("%d rounds of %d messages per variant (three times the other scenarios' rounds: the emulator's rounds are noisy), each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute; the reference raw loop sends the same in the same shape, the second raw loop as three native attributes (which costs more: the client computes and checks an MD5 over every attribute). × is against raw with one JSON attribute. Per message sent: this process's CPU time (GC included), the emulator's, and this process's heap allocations.", sqsRoundsX*c.rounds, n),
+		intro: fmt.Sprintf("%d rounds of %d messages per variant (three times the other scenarios' rounds: the emulator's rounds are noisy), each variant its own queue and its own client (HTTP pool of up to 128 idle connections). berth carries ID, type and correlation ID in one JSON attribute; the reference raw loop sends the same in the same shape, the second raw loop as three native attributes (which costs more: the client computes and checks an MD5 over every attribute). × is against raw with one JSON attribute; the raw loops pass sqs.SafeRequestBody(), as the Broker does (see the consume table). Per message sent: this process's CPU time (GC included), the emulator's, and this process's heap allocations.", sqsRoundsX*c.rounds, n),
 		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "emulator CPU/msg", "allocs/msg", "configuration"},
 		rows:  costRows(rows(res, 0), costs),
 	}, nil
@@ -469,7 +469,7 @@ func sqsConsume(ctx context.Context, c config) (table, error) {
 	}
 	return table{
 		title: "SQS consume + delete (fauxqs emulator on loopback, 256 B)",
-		intro: fmt.Sprintf("%d rounds per variant (three times the other scenarios' rounds: the emulator's rounds are noisy). Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Now and then a ReceiveMessage answer is lost within a round (raw and berth alike): the emulator took the messages, then reading the 200 answer failed with \"use of closed network connection\" and the SDK retried, so those messages stay hidden for the 10 s visibility. Such a round shows as a minimum far below the others. × is against raw with %d loops. The drains are CPU-bound on this machine: the columns give, per message drained, this process's CPU time (the consumer, GC included), the emulator's, and this process's heap allocations; a variant that spends more client CPU per message leaves the emulator less.", sqsRoundsX*c.rounds, n, 2*sqsLoops),
+		intro: fmt.Sprintf("%d rounds per variant (three times the other scenarios' rounds: the emulator's rounds are noisy). Each round first fills the variant's queue with %d berth messages (untimed), then times draining them: from the start of the consumer to the last delete answered. Every round has a new queue (declared untimed): a long poll cut short when a consumer stops may still take messages on the server and hide them for the visibility timeout, which would stall a later round on the same queue. Both sides pass sqs.SafeRequestBody() to their calls (the Broker does on every call): without it, one round in four or so lost a ReceiveMessage answer to a race between net/http and smithy-go (\"use of closed network connection\" under a 200 answer, the SDK retried, the messages taken stayed hidden for the 10 s visibility: a round 10 s long). × is against raw with %d loops. The drains are CPU-bound on this machine: the columns give, per message drained, this process's CPU time (the consumer, GC included), the emulator's, and this process's heap allocations; a variant that spends more client CPU per message leaves the emulator less.", sqsRoundsX*c.rounds, n, 2*sqsLoops),
 		head:  []string{"variant", "msgs/s", "rounds (min–max)", "×", "client CPU/msg", "emulator CPU/msg", "allocs/msg", "configuration"},
 		rows:  costRows(rows(res, 0), costs),
 	}, nil
@@ -490,7 +490,7 @@ func rawSQSDrain(ctx context.Context, client *awssqs.Client, url string, n, loop
 					QueueUrl: aws.String(url), MaxNumberOfMessages: 10, VisibilityTimeout: sqsVisibility, WaitTimeSeconds: sqsWait,
 					MessageAttributeNames:       []string{"All"},
 					MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
-				})
+				}, sqs.SafeRequestBody())
 				if err != nil {
 					if ctx.Err() == nil {
 						errc <- err
@@ -505,7 +505,7 @@ func rawSQSDrain(ctx context.Context, client *awssqs.Client, url string, n, loop
 				for i, m := range out.Messages {
 					entries[i] = sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
 				}
-				del, err := client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+				del, err := client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: entries}, sqs.SafeRequestBody())
 				if err == nil && len(del.Failed) > 0 {
 					err = fmt.Errorf("DeleteMessageBatch: %d entries failed", len(del.Failed))
 				}
