@@ -648,8 +648,9 @@ func (b *Broker) untrack(s *nats.Subscription) {
 	_ = s.Unsubscribe()
 }
 
-// enter registers a call that Close waits for (the caller calls b.wg.Done
-// when it returns); it returns false after Close.
+// enter registers a call that Close waits for (a Receive, a declaration;
+// the caller calls b.wg.Done when it returns); it returns false after
+// Close.
 func (b *Broker) enter() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -663,12 +664,9 @@ func (b *Broker) enter() bool {
 // goOwned runs fn on a goroutine that Close waits for; it returns false
 // (and does not run fn) after Close.
 func (b *Broker) goOwned(fn func()) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed.Load() {
+	if !b.enter() {
 		return false
 	}
-	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
 		fn()

@@ -179,7 +179,7 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 // queue waits declareLockTTL for it to expire. Close cuts it short
 // (sdk.ErrClosed).
 func (b *Broker) declare(ctx context.Context, queue string) (qs *queueState, err error) {
-	if !b.declaring() {
+	if !b.enter() {
 		return nil, sdk.ErrClosed
 	}
 	defer b.wg.Done()
@@ -237,18 +237,6 @@ func (b *Broker) declare(ctx context.Context, queue string) (qs *queueState, err
 	}
 	actual, _ := b.declared.LoadOrStore(queue, q)
 	return actual.(*queueState), nil
-}
-
-// declaring registers a declaration that Close waits for; it returns false
-// after Close.
-func (b *Broker) declaring() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return false
-	}
-	b.wg.Add(1)
-	return true
 }
 
 // maxDeclareRounds bounds the read-and-write rounds of ensureStream and
