@@ -24,7 +24,9 @@ import (
 // on the table before it finds the index: a process starting waited for
 // every transaction that had written to the table (a handler's, in
 // transactional mode, holding its key row), and every write queued behind
-// it — handlers stalled during a rolling deploy. Here a transaction holds
+// it — handlers stalled during a rolling deploy (the outbox's ALTER TABLE
+// ... ADD COLUMN IF NOT EXISTS took an ACCESS EXCLUSIVE lock before it
+// found the column, stalling every Add). Here a transaction holds
 // the lock a write takes (ROW EXCLUSIVE) on each table, and Migrate runs
 // on a pool with a lock_timeout, so a wait shows as an error. A missing
 // index is still made again.
@@ -79,7 +81,7 @@ func TestMigrateAgainTakesNoTableLock(t *testing.T) {
 				t.Fatal(err)
 			}
 			return o.Migrate
-		}, "berth_outbox", ""},
+		}, "berth_outbox", "berth_outbox_unparked_idx"},
 		{"pause", func(p *pgxpool.Pool) func(context.Context) error {
 			s, err := pause.NewPG(p, pause.PGOptions{Schema: schema})
 			if err != nil {
