@@ -450,6 +450,14 @@ func (c *consumer) run() {
 				"QueueArguments shows a queue's): %w", c.queue, err))
 			return
 		}
+		if errors.As(err, &ae) && ae.Code == amqp.AccessRefused {
+			// The login may not use the queue (or its companions): no
+			// retry will change that either. Report it to Receive, as
+			// above; a Worker's Health shows it, where a connection that
+			// is up said ready while nothing was consumed.
+			c.stop(fmt.Errorf("rabbitmq: queue %q: the server refused access (check the login's permissions): %w", c.queue, err))
+			return
+		}
 		if err == nil { // the channel ran and died: reopen after the shortest backoff
 			attempt = 1
 		} else {
@@ -857,7 +865,8 @@ func redeliveries(qt QueueType, redelivered bool, deliveryCnt int) int {
 // exists with other arguments than the broker declares (another queue type,
 // dead-letter exchange or delivery limit) gives an error holding the
 // server's *amqp.Error 406 (PRECONDITION_FAILED), at once rather than after
-// ctx; the next Receive declares again.
+// ctx; the next Receive declares again. So does a queue the login may not
+// use (403 ACCESS_REFUSED, on the declaration or on basic.consume).
 //
 // The first Receive of a queue starts a consumer with [Options.Prefetch]
 // (default: the receive capacity ctx carries, [sdk.WithReceiveCapacity],
