@@ -167,6 +167,16 @@ type chanState struct {
 
 	flushMu sync.Mutex // one flush at a time: what a flush sends and the order it reaches the wire
 
+	// rpcMu serialises the synchronous calls made on the channel while it
+	// consumes: processed's basic.qos (from the Acks' flushes), and the
+	// basic.consume and basic.cancel of a pause and its resume. amqp091
+	// hands a reply to whichever call reads it first, so two in flight at
+	// once could take each other's replies: an Ack failed with
+	// ErrLeaseLost although its frame went out, or a resume's
+	// basic.consume failed and the channel was closed under every
+	// delivery in flight.
+	rpcMu sync.Mutex
+
 	hook func(tag uint64, multiple bool) // tests: sees every ack frame before it is sent
 }
 
@@ -177,7 +187,11 @@ func newChanState(ch *amqp.Channel, w *batchConn, o Options, prefetch int, hook 
 	st := &chanState{ch: ch, dead: make(chan struct{}), unacked: make(map[uint64]struct{}, prefetch), low: 1, flushAt: 1, crowdAt: 1, hook: hook}
 	if o.SyncAck && w != nil {
 		st.written = w.sync
-		st.processed = func() error { return ch.Qos(prefetch, 0, false) }
+		st.processed = func() error {
+			st.rpcMu.Lock()
+			defer st.rpcMu.Unlock()
+			return ch.Qos(prefetch, 0, false)
+		}
 	}
 	if !o.SyncAck {
 		st.interval = o.AckInterval
@@ -532,15 +546,25 @@ func (c *consumer) session() error {
 				_ = ch.Close()
 				return nil
 			case <-c.b.closing:
-				c.handBack(st, "", nil, nil, true)
+				c.handBack(st, nil, nil, nil, true)
 				_ = ch.Close()
 				return nil
 			}
 			continue
 		}
 		tag := "berth-" + sdk.NewID()
-		dels, err := ch.ConsumeWithContext(ctx, c.queue, tag, false, false, false, false, nil)
+		// Each basic.consume has a ctx of its own: amqp091 starts a
+		// goroutine per ConsumeWithContext that lives until its ctx ends
+		// (then sends the basic.cancel) or the channel closes. With the
+		// session's ctx every pause, which leaves the channel open, left
+		// one behind for the channel's life. A pause's hand-back cancels
+		// the consumer by ending it (see handBack).
+		cctx, stopConsume := context.WithCancel(ctx)
+		st.rpcMu.Lock()
+		dels, err := ch.ConsumeWithContext(cctx, c.queue, tag, false, false, false, false, nil)
+		st.rpcMu.Unlock()
 		if err != nil {
+			stopConsume()
 			_ = ch.Close()
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
@@ -548,7 +572,9 @@ func (c *consumer) session() error {
 			}
 			return err
 		}
-		if done, err := c.consume(st, ch, tag, dels, start, &delivered); done {
+		done, err := c.consume(st, ch, stopConsume, dels, start, &delivered)
+		stopConsume()
+		if done {
 			return err
 		}
 	}
@@ -558,7 +584,7 @@ func (c *consumer) session() error {
 // the channel dies or Close begins (done, with session's result), or a pause
 // (StopReceiving) cancelled the consumer and handed back what it held (not
 // done: the session waits for a resume on the same channel).
-func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-chan amqp.Delivery, start time.Time, delivered *bool) (done bool, err error) {
+func (c *consumer) consume(st *chanState, ch *amqp.Channel, stopConsume func(), dels <-chan amqp.Delivery, start time.Time, delivered *bool) (done bool, err error) {
 	// pause hands back (with pending, a delivery not yet in out) when a
 	// pause began; ok is false when it did not and consuming goes on.
 	pause := func(pending *delivery) (ok, done bool) {
@@ -566,7 +592,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-c
 		if !paused {
 			return false, false
 		}
-		alive := c.handBack(st, tag, dels, pending, false)
+		alive := c.handBack(st, stopConsume, dels, pending, false)
 		c.markHanded(handed)
 		if !alive {
 			// The channel died (its deliveries are requeued) or the server
@@ -604,7 +630,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-c
 				case <-st.dead:
 					return true, nil
 				case <-c.b.closing:
-					c.handBack(st, tag, dels, dv, true)
+					c.handBack(st, stopConsume, dels, dv, true)
 					_ = ch.Close()
 					return true, nil
 				case <-c.pauseReq:
@@ -617,7 +643,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-c
 			_ = ch.Close()
 			return true, nil
 		case <-c.b.closing:
-			c.handBack(st, tag, dels, nil, true)
+			c.handBack(st, stopConsume, dels, nil, true)
 			_ = ch.Close()
 			return true, nil
 		case <-c.pauseReq:
@@ -631,8 +657,8 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-c
 // handBack, when Close begins (closing) or a pause (StopReceiving), returns
 // the deliveries of st that no Receive has returned (those waiting in out,
 // pending, and those still arriving) without consuming an attempt: it
-// cancels the consumer tag (when dels is not nil: consuming) so that no
-// more come, publishes a copy of each carrying its attempt, like Release,
+// cancels the consumer (stopConsume, when dels is not nil: consuming) so
+// that no more come, publishes a copy of each carrying its attempt, like Release,
 // and acks the originals whose copies were confirmed. Requeueing them
 // instead would count a delivery (see the package doc). At Close, whatever
 // it cannot hand back goes back when the channel closes, its attempt
@@ -667,7 +693,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, tag string, dels <-c
 //     cancel, hence every command the channel sent before it. Single acks
 //     (a caller closed the broker holding deliveries) can still be held
 //     back; the pause (settleGrace) before the channel closes is for them.
-func (c *consumer) handBack(st *chanState, tag string, dels <-chan amqp.Delivery, pending *delivery, closing bool) bool {
+func (c *consumer) handBack(st *chanState, stopConsume func(), dels <-chan amqp.Delivery, pending *delivery, closing bool) bool {
 	b := c.b
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.CloseTimeout)
 	defer cancel()
@@ -710,13 +736,8 @@ drain:
 		if !c.awaitNoCredit(st, dels, take) {
 			return false // the channel is gone: the server has requeued them already
 		}
-		if err := st.ch.Cancel(tag, false); err != nil {
+		if !c.cancelConsumer(ctx, st, stopConsume, dels, take) {
 			return false // the channel is gone: the server has requeued them already
-		}
-		// After basic.cancel-ok amqp091 hands over what it buffered and
-		// closes dels.
-		for d := range dels {
-			take(c.wrap(d, st))
 		}
 	}
 	if len(unseen) == 0 {
@@ -753,6 +774,31 @@ drain:
 	case <-ctx.Done():
 	}
 	return true
+}
+
+// cancelConsumer cancels the consumer of dels by ending its consume's ctx:
+// amqp091 then sends basic.cancel (see session), and after basic.cancel-ok
+// hands over what it buffered and closes dels, which cancelConsumer takes.
+// It holds st.rpcMu until then: the basic.cancel is a call on the channel
+// that no other may overlap. It reports false when the channel died, or
+// no answer came before ctx ended (amqp091 leaves dels open when the
+// cancel fails other than by the channel's close): the caller closes the
+// channel, and the server requeues what it held.
+func (c *consumer) cancelConsumer(ctx context.Context, st *chanState, stopConsume func(), dels <-chan amqp.Delivery, take func(*delivery)) bool {
+	st.rpcMu.Lock()
+	defer st.rpcMu.Unlock()
+	stopConsume()
+	for {
+		select {
+		case d, ok := <-dels:
+			if !ok {
+				return !st.isDead()
+			}
+			take(c.wrap(d, st))
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // awaitNoCredit takes the deliveries arriving on dels until st holds
