@@ -36,13 +36,16 @@ var funcs = template.FuncMap{
 	},
 	// short is text cut to n runes, between whole escapes.
 	"short": dlq.EscapeTextShort,
-	// ago shows an RFC 3339 time as its age ("5m ago"), or the text as is.
+	// ago shows an RFC 3339 time as its age ("5m ago"), or the text as
+	// is, cut to 40 runes as the other cells of a row (the header may be
+	// forged, and of any length): so too a time in the future, which has
+	// no age (a forged header, or a worker's clock ahead of this one).
 	"ago": func(ts string) string {
 		t, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil {
-			return dlq.EscapeText(ts, false)
-		}
 		d := time.Since(t)
+		if err != nil || d < 0 {
+			return dlq.EscapeTextShort(ts, 40)
+		}
 		switch {
 		case d < time.Minute:
 			return fmt.Sprintf("%ds ago", int(d.Seconds()))
