@@ -388,6 +388,10 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionFullWidth(),
 			progressbar.OptionOnCompletion(func() { fmt.Fprintln(c.stderr) }),
+			// No spinner goroutine (an unknown count, total -1): it would
+			// redraw until the bar is finished, which Exit is not, over
+			// the report and after the command (see scanProgress).
+			progressbar.OptionSetSpinnerChangeInterval(0),
 		)
 	}
 	r, err := dlq.Apply(ctx, dl, queue, f, dact, o, func(n int) {

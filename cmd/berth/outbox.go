@@ -280,6 +280,9 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 			progressbar.OptionShowCount(),
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionFullWidth(),
+			// No spinner goroutine (all with -yes: the count is unknown,
+			// -1): see runChange.
+			progressbar.OptionSetSpinnerChangeInterval(0),
 		)
 	}
 	n, err := changeParked(ctx, box, ids, report.Matched, ceiling, discard, func(n int) {
