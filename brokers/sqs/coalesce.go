@@ -2,7 +2,9 @@ package sqs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -105,7 +107,8 @@ func (w *waiter) result() error {
 			// An entry SQS refused, or one its answer left unaccounted
 			// for (perhaps published) when the call's error says that
 			// nothing was: each is named with its own error.
-			if _, refused := err.(*EntryError); refused || uncertain(err) && !uncertain(w.callErr) {
+			var refused *EntryError
+			if errors.As(err, &refused) || uncertain(err) && !uncertain(w.callErr) {
 				allCalls = false
 				break
 			}
@@ -166,35 +169,19 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 				<-c.sem
 				continue
 			}
-			func() {
-				// Released also when the call panicked (run raises it
-				// here): the broker keeps its senders.
-				returned := false
-				defer func() {
-					if !returned {
-						// This Publish panics (or exits) with entries of
-						// its own maybe still queued, when the batch was
-						// others': a later Publish would send them, long
-						// after this one ended. Withdrawn before the
-						// tokens go, which would let another take them.
-						c.withdraw(q.url, w, fmt.Errorf("berth/sqs: publish to %s: the Publish panicked", q.name))
-					}
-					if isFull {
-						c.mu.Lock()
-						c.fulls[q.url]--
-						c.mu.Unlock()
-					}
-					<-c.sem
-					if tok != nil {
-						<-tok
-					}
-				}()
-				if len(batch) > 0 {
-					c.senders.run(func() { b.sendShared(q, batch) })
+			release := func() { // the tokens of the call, once it returned
+				if isFull {
+					c.mu.Lock()
+					c.fulls[q.url]--
+					c.mu.Unlock()
 				}
-				returned = true
-			}()
+				<-c.sem
+				if tok != nil {
+					<-tok
+				}
+			}
 			if len(batch) == 0 { // others took ours: they are being sent
+				release()
 				select {
 				case <-w.done:
 					return w.result()
@@ -204,6 +191,40 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 					return c.cut(ctx)
 				}
 			}
+			// The call may carry other Publish calls' entries, and goes on
+			// while any of them waits: this one stops waiting when its ctx
+			// ends (or the broker closes), and the call then releases its
+			// tokens itself.
+			h := &handoff{}
+			call := c.senders.start(func() { b.sendHandedOff(q, batch, h, release) })
+			select {
+			case <-call.done:
+			case <-ctx.Done():
+				if h.leave() {
+					// Its entries still queued are withdrawn; those in
+					// the call may be published.
+					c.withdraw(q.url, w, c.cut(ctx))
+					return c.cut(ctx)
+				}
+				<-call.done // the call ended meanwhile
+			case <-closing:
+				if h.leave() {
+					c.withdraw(q.url, w, c.cut(ctx))
+					return c.cut(ctx)
+				}
+				<-call.done
+			}
+			if call.panicked || call.exited {
+				// This Publish panics (or exits) with entries of its own
+				// maybe still queued, when the batch was others': a later
+				// Publish would send them, long after this one ended.
+				// Withdrawn before the tokens go, which would let another
+				// take them. The tokens go all the same: the broker keeps
+				// its senders.
+				c.withdraw(q.url, w, fmt.Errorf("berth/sqs: publish to %s: the Publish panicked", q.name))
+			}
+			release()
+			call.raise() // the call's panic, here where it can be recovered
 		case <-w.done:
 			if tok != nil {
 				<-tok
@@ -225,6 +246,53 @@ func (b *Broker) publishShared(ctx context.Context, q *queueRef, entries []sendE
 			return c.cut(ctx)
 		}
 	}
+}
+
+// handoff says who releases the tokens of a shared call: the Publish that
+// sent it, once the call returned, or the call itself when that Publish
+// stopped waiting first (its ctx ended, or the broker closed).
+type handoff struct {
+	mu    sync.Mutex
+	ended bool // the call returned (or panicked, or exited)
+	left  bool // the Publish stopped waiting
+}
+
+// leave is called by the Publish that stops waiting for its call: true
+// when the call is still under way, which then releases its tokens; false
+// when it has ended, and the Publish goes on as if it had waited.
+func (h *handoff) leave() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.left = !h.ended
+	return h.left
+}
+
+// end is called by the call once it ended: it reports whether the Publish
+// that sent it has left.
+func (h *handoff) end() (left bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ended = true
+	return h.left
+}
+
+// sendHandedOff runs sendShared for batch on a sender. When the Publish
+// that sent it has stopped waiting (h), the call releases the tokens
+// itself (release), and logs a panic of its, which no caller is left to
+// raise; otherwise the panic goes on to that Publish (senderPool.start).
+func (b *Broker) sendHandedOff(q *queueRef, batch []*shared, h *handoff, release func()) {
+	var end abend
+	defer func() {
+		if h.end() {
+			if end.panicked {
+				b.opts.Logger.Error("berth/sqs: a shared SendMessageBatch call panicked after its Publish stopped waiting",
+					slog.String("queue", q.name), slog.String("panic", fmt.Sprint(end.p)))
+			}
+			release()
+		}
+	}()
+	guard(&end, func() { b.sendShared(q, batch) })
+	end.raise() // recovered by the sender: its caller raises it again, when it waits
 }
 
 // What a sender may take: anything queued, or only a full call's worth.

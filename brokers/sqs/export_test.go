@@ -1,6 +1,7 @@
 package sqs
 
 import (
+	"context"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -67,4 +68,30 @@ func OnRedriveEnd(fn func(remembered int)) {
 		return
 	}
 	redriveMemo.Store(&fn)
+}
+
+// QueueShared queues m for queue in b's coalescer as a Publish with ctx
+// that waits for a sender does, and returns a func that waits for its
+// outcome as that Publish would. No goroutine takes a sender for it: the
+// next Publish that finds one free sends it.
+func QueueShared(ctx context.Context, b *Broker, queue string, m *sdk.Message) (func() error, error) {
+	if err := sdk.PrepareAll(ctx, queue, []*sdk.Message{m}, b.opts.MaxMessageSize); err != nil {
+		return nil, err
+	}
+	e, err := b.entry(m, false, "", "", b.opts.MaxWireSize-copyReserve)
+	if err != nil {
+		return nil, err
+	}
+	q, err := b.queue(ctx, queue)
+	if err != nil {
+		return nil, err
+	}
+	w := &waiter{ctx: ctx, done: make(chan struct{}), left: 1}
+	b.co.mu.Lock()
+	b.co.pending[q.url] = append(b.co.pending[q.url], &shared{e: e, w: w})
+	b.co.mu.Unlock()
+	return func() error {
+		<-w.done
+		return w.result()
+	}, nil
 }

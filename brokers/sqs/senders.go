@@ -97,11 +97,23 @@ func (a abend) raise() {
 // run calls f on a sender goroutine and returns when it has returned. After
 // close it calls f itself.
 func (p *senderPool) run(f func()) {
+	c := p.start(f)
+	<-c.done
+	c.raise()
+}
+
+// start hands f to a sender goroutine and returns its call: done is closed
+// once f has ended, and the call's abend says how. After close it calls f
+// itself (a runtime.Goexit of f then ends the caller), and returns the call
+// ended. The caller may stop waiting for done: the sender goes on.
+func (p *senderPool) start(f func()) *call {
+	c := &call{f: f, done: make(chan struct{})}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		f()
-		return
+		guard(&c.abend, f)
+		close(c.done)
+		return c
 	}
 	var s *sender
 	if n := len(p.idle); n > 0 {
@@ -114,10 +126,8 @@ func (p *senderPool) run(f func()) {
 		go p.loop(s)
 	}
 	p.mu.Unlock()
-	c := &call{f: f, done: make(chan struct{})}
 	s.work <- c
-	<-c.done
-	c.raise()
+	return c
 }
 
 // loop runs s's work until close finds s idle (or a call exits the
