@@ -43,10 +43,14 @@ import (
 // last attempt's answer — or whose success answer failed a check of the
 // client's (the SDK's MD5 check of the bodies) fails with
 // [sdk.ErrUnavailable], as does an entry SQS's answer leaves unaccounted
-// for: their messages may have been published. A panic in one of its
+// for, or refuses in its answer to the SDK's retry of an attempt whose
+// answer was lost: their messages may have been published. A panic in one of its
 // SendMessageBatch calls (a client middleware's) is raised in the caller's
 // goroutine, whichever goroutine made the call, as is a runtime.Goexit; no
-// further call of the Publish starts. Messages of the other calls (already
+// further call of the Publish starts. (A shared call that carries other
+// Publish calls' messages goes on when the caller's ctx ends, and the
+// caller returns ctx's error at once: a panic of that call after it
+// returned is logged.) Messages of the other calls (already
 // made, or in flight alongside it) may then have been published, and the
 // panic does not say which: a caller that recovers and publishes the
 // messages again may publish some of them twice.
@@ -396,8 +400,12 @@ func firstUncertain(errs []error) error {
 // sendBatch sends one SendMessageBatch call. refused holds, by position in
 // chunk, why each entry was not published (nil: published): outcomes are
 // kept by entry, not by message ID, since entries of different Publish calls
-// sharing a call may carry the same ID. err is that of the call itself
-// (refused is then nil).
+// sharing a call may carry the same ID. An entry SQS refused in its answer
+// to a retry of the call, after an attempt whose answer was lost, may have
+// been published by that attempt: its [*EntryError] is wrapped with
+// [sdk.ErrUnavailable], unless SQS said the entry itself was wrong
+// (SenderFault), which it was in the lost attempt too. err is that of the call itself (refused is then
+// nil).
 func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) (refused []error, err error) {
 	in := &awssqs.SendMessageBatchInput{QueueUrl: aws.String(q.url), Entries: make([]sqstypes.SendMessageBatchRequestEntry, len(chunk))}
 	for i, e := range chunk {
@@ -429,6 +437,13 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 		refused[i] = &EntryError{Code: aws.ToString(f.Code), Message: aws.ToString(f.Message), SenderFault: f.SenderFault}
 		if sizeRefused(refused[i]) {
 			q.size.stale() // the queue's MaximumMessageSize may have been lowered
+		}
+		if seen.lost.Load() != nil && !f.SenderFault {
+			// The refusal is the answer to a retry: the attempt whose
+			// answer was lost may have published the entry all the same.
+			// (Not when the entry itself was wrong: the lost attempt sent
+			// the same entry, and was refused too.)
+			refused[i] = fmt.Errorf("%w (an earlier attempt's answer was lost): %w", refused[i], sdk.ErrUnavailable)
 		}
 	}
 	for i, done := range ok {

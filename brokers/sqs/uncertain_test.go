@@ -42,6 +42,7 @@ const (
 	cutAnswer             // every entry taken, the 200 answer cut short
 	omitEntries           // every entry taken, a 200 answer naming none of them
 	gatewayTimeout        // every entry taken, then a load balancer's 504 page
+	failEntries           // nothing taken, a 200 answer naming every entry as failed on SQS's side
 )
 
 // newBatchServer returns a client of a batchServer; script picks the answer
@@ -107,6 +108,14 @@ func newBatchServer(t *testing.T, script func(n int, bodies []string) int) (*aws
 			}
 			_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: 500\r\n\r\n"+`{"Successful":[{"Id":"0"`)
 			_ = conn.Close()
+			return
+		}
+		if answer == failEntries {
+			failed := make([]string, len(req.Entries))
+			for i, e := range req.Entries {
+				failed[i] = fmt.Sprintf(`{"Id":%q,"Code":"InternalError","Message":"try again","SenderFault":false}`, e.Id)
+			}
+			_, _ = fmt.Fprintf(w, `{"Successful":[],"Failed":[%s]}`, strings.Join(failed, ","))
 			return
 		}
 		s.take(bodies)
