@@ -48,22 +48,5 @@ func TestCloseDuringPullGivesBack(t *testing.T) {
 		t.Errorf("Receive during Close: %d deliveries, %v; want none, ErrClosed", len(ds), err)
 	}
 	closed.Wait()
-	got := map[string]int{}
-	for deadline := time.Now().Add(8 * time.Second); len(got) < len(msgs) && time.Now().Before(deadline); {
-		ds, err := other.Receive(ctx, q, len(msgs))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range ds {
-			got[d.Message().ID] = d.Attempt()
-			if err := d.Ack(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, m := range msgs {
-		if a, ok := got[m.ID]; !ok || a != 1 {
-			t.Errorf("message %s: attempt %d (received %t), want attempt 1 well before its AckWait of 20 s", m.ID, a, ok)
-		}
-	}
+	ackAllAtFirstAttempt(ctx, t, other, q, msgs, map[string]int{})
 }
