@@ -187,7 +187,13 @@ func (a *acker) add(ctx context.Context, url string, e ackEntry) error {
 		a.live[e.gen] = g
 	}
 	g.n++
-	p := append(a.pending[url], e)
+	p := a.pending[url]
+	if p == nil {
+		// A batch's worth at once: appending from nil grew (and copied)
+		// it four times a batch.
+		p = make([]ackEntry, 0, batchSize)
+	}
+	p = append(p, e)
 	var full []ackEntry
 	if len(p) >= batchSize {
 		full, p = p, nil
