@@ -24,6 +24,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -92,6 +93,7 @@ func main() {
 	only := flag.String("only", "", "run only the scenarios matching this regexp")
 	write := flag.String("write", "", "the BENCHMARKS.md to rewrite between the berthbench markers (plots go to docs/bench beside it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	variants := flag.String("variants", "", "in every table, measure only the reference row and the variants matching this regexp (for profiling one path; refused with -write)")
 	flag.Parse()
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	c := config{quick: *quick, rounds: 6, scale: 1}
@@ -101,6 +103,14 @@ func main() {
 	re, err := regexp.Compile(*only)
 	if err != nil {
 		fatal(err)
+	}
+	if *variants != "" {
+		if *write != "" {
+			fatal(errors.New("-variants measures part of each table: it does not go with -write"))
+		}
+		if variantFilter, err = regexp.Compile(*variants); err != nil {
+			fatal(err)
+		}
 	}
 
 	var order []string
@@ -270,9 +280,25 @@ type result struct {
 
 func (r result) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
 
+// traceRounds (BERTH_BENCH_ROUNDS set) writes every timed round to stderr.
+var traceRounds = os.Getenv("BERTH_BENCH_ROUNDS") != ""
+
+// variantFilter (-variants), when set, picks the variants alternate
+// measures besides the reference (the first).
+var variantFilter *regexp.Regexp
+
 // alternate runs rounds of n messages through each variant in turn, the
 // order rotating each round, and returns their rates.
 func alternate(ctx context.Context, vs []variant, rounds, n int) ([]result, error) {
+	if variantFilter != nil && len(vs) > 0 {
+		picked := vs[:1:1]
+		for _, v := range vs[1:] {
+			if variantFilter.MatchString(v.name) {
+				picked = append(picked, v)
+			}
+		}
+		vs = picked
+	}
 	res := make([]result, len(vs))
 	for i, v := range vs {
 		res[i] = result{name: v.name, config: v.config}
@@ -293,6 +319,9 @@ func alternate(ctx context.Context, vs []variant, rounds, n int) ([]result, erro
 			res[i].msgs += n
 			res[i].elapsed += d
 			res[i].rates = append(res[i].rates, float64(n)/d.Seconds())
+			if traceRounds {
+				fmt.Fprintf(os.Stderr, "round %d %s: %v\n", r, vs[i].name, d.Round(time.Millisecond))
+			}
 		}
 	}
 	return res, nil
