@@ -143,7 +143,7 @@ func (g *Guard) keyText(key string) string {
 // keyAttr is key as a log attribute, hashed unless Options.LogKeys.
 func (g *Guard) keyAttr(key string) slog.Attr {
 	if g.o.LogKeys {
-		return slog.String("key", key)
+		return sdk.LogText("key", key)
 	}
 	return slog.String("key_sha256", KeyDigest(key))
 }
@@ -328,7 +328,7 @@ func (g *Guard) found(ctx context.Context, c Claim, out Outcome, rec *Record, re
 	switch out {
 	case Completed:
 		g.event(ctx, EventDuplicate, c.JobType)
-		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", g.keyAttr(c.Key), "job_type", c.JobType)
+		g.o.Logger.DebugContext(ctx, "idempotency: duplicate suppressed", g.keyAttr(c.Key), sdk.LogText("job_type", c.JobType))
 		g.remember(ctx, c)
 		return nil
 	case InProgress:

@@ -426,7 +426,7 @@ func (l *Ledger) dropClosed(e Event) {
 	l.dropped.Add(1)
 	if l.droppingClosed.CompareAndSwap(false, true) {
 		l.opts.Logger.Warn("berth/ledger: event recorded after Close; dropped (a feed still runs after the ledger was closed: close the Worker or publisher first)",
-			"id", e.MessageID, "status", string(e.Status))
+			sdk.LogText("id", e.MessageID), "status", string(e.Status))
 	}
 }
 
@@ -434,7 +434,7 @@ func (l *Ledger) drop(e Event) {
 	l.dropped.Add(1)
 	if l.dropping.CompareAndSwap(false, true) {
 		l.opts.Logger.Warn("berth/ledger: buffer full; dropping events until the writer catches up",
-			"buffer", l.opts.Buffer, "id", e.MessageID, "status", string(e.Status))
+			"buffer", l.opts.Buffer, sdk.LogText("id", e.MessageID), "status", string(e.Status))
 	}
 }
 

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Delivery is one receipt of a [Message]; the same Message can be delivered
@@ -324,15 +322,7 @@ const MaxReasonLength = 1024
 // uses it for the dead-letter reason; brokers use it wherever they record a
 // cause (a retry's last error), since an error may carry any bytes.
 func SanitizeReason(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= MaxReasonLength {
-		return s
-	}
-	cut := MaxReasonLength - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
+	return cutText(s, MaxReasonLength)
 }
 
 // PrepareRedrive readies a dead-lettered message for its original queue: it

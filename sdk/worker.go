@@ -787,12 +787,12 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 		if wait <= 0 {
 			// The next attempt would come when the lease may have ended and
 			// another consumer may hold the message: give up now.
-			o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, "id", t.d.Message().ID, "attempts", attempt+1, "err", err)
+			o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, LogText("id", t.d.Message().ID), "attempts", attempt+1, "err", err)
 			t.loseLease()
 			return
 		}
 		if attempt == 0 {
-			o.Logger.WarnContext(t.context(ctx), "berth: lease extension failed; will retry", "queue", o.Queue, "id", t.d.Message().ID, "err", err)
+			o.Logger.WarnContext(t.context(ctx), "berth: lease extension failed; will retry", "queue", o.Queue, LogText("id", t.d.Message().ID), "err", err)
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -983,8 +983,8 @@ func (w *Worker) goexited(base, ctx context.Context, t *task, start time.Duratio
 	d := t.d
 	m := d.Message()
 	err := &PanicError{Value: ErrGoexit, Stack: debug.Stack()}
-	w.opts.Logger.ErrorContext(ctx, "berth: handler called runtime.Goexit", "queue", w.opts.Queue, "id", m.ID,
-		"type", m.Type, "correlation_id", m.CorrelationID, "stack", string(err.Stack))
+	w.opts.Logger.ErrorContext(ctx, "berth: handler called runtime.Goexit", "queue", w.opts.Queue, LogText("id", m.ID),
+		LogText("type", m.Type), LogText("correlation_id", m.CorrelationID), "stack", string(err.Stack))
 	s := w.settle(w.settleContext(base, endMono), ctx, d, err, t.lost.Load())
 	if observed {
 		if start != 0 { // 0: an observer's Start called Goexit, the handler never ran
@@ -1017,7 +1017,7 @@ func (w *Worker) observeStart(ctx context.Context, ob Observer, d Delivery) (out
 		if w.nilStart.CompareAndSwap(false, true) {
 			m := d.Message()
 			w.opts.Logger.ErrorContext(ctx, "berth: observer Start returned a nil context; the context it was given is used (logged once)",
-				"queue", w.opts.Queue, "observer", fmt.Sprintf("%T", ob), "id", m.ID, "type", m.Type)
+				"queue", w.opts.Queue, "observer", fmt.Sprintf("%T", ob), LogText("id", m.ID), LogText("type", m.Type))
 		}
 		return ctx
 	}
@@ -1051,7 +1051,7 @@ func (w *Worker) observeLease(ctx context.Context, lo LeaseObserver, d Delivery,
 func (w *Worker) observerPanic(ctx context.Context, ob any, method string, d Delivery, r any) {
 	m := d.Message()
 	w.opts.Logger.ErrorContext(ctx, "berth: observer panic; ignored", "queue", w.opts.Queue, "observer", fmt.Sprintf("%T", ob),
-		"method", method, "id", m.ID, "type", m.Type, "panic", panicText(r), "stack", string(debug.Stack()))
+		"method", method, LogText("id", m.ID), LogText("type", m.Type), "panic", panicText(r), "stack", string(debug.Stack()))
 }
 
 // panicText is r as sanitized text. fmt.Sprint survives a String or Error
@@ -1072,8 +1072,8 @@ func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 			m := d.Message()
-			w.opts.Logger.ErrorContext(ctx, "berth: handler panic", "queue", w.opts.Queue, "id", m.ID,
-				"type", m.Type, "correlation_id", m.CorrelationID, "panic", panicText(r), "stack", string(err.(*PanicError).Stack))
+			w.opts.Logger.ErrorContext(ctx, "berth: handler panic", "queue", w.opts.Queue, LogText("id", m.ID),
+				LogText("type", m.Type), LogText("correlation_id", m.CorrelationID), "panic", panicText(r), "stack", string(err.(*PanicError).Stack))
 		}
 	}()
 	return w.handler.Handle(ctx, d)
@@ -1204,7 +1204,7 @@ func (w *Worker) release(base context.Context, d Delivery, why string) {
 	if err := releaseOrRetry(ctx, d, 0, ErrShutdown); err != nil {
 		m := d.Message()
 		w.opts.Logger.WarnContext(ctx, "berth: release failed; the delivery returns after its lease",
-			"queue", w.opts.Queue, "id", m.ID, "correlation_id", m.CorrelationID, "why", why, "err", err)
+			"queue", w.opts.Queue, LogText("id", m.ID), LogText("correlation_id", m.CorrelationID), "why", why, "err", err)
 	}
 }
 
@@ -1217,7 +1217,7 @@ func (w *Worker) rand() float64 {
 func (w *Worker) logLeaseLost(ctx context.Context, d Delivery) {
 	m := d.Message()
 	w.opts.Logger.WarnContext(ctx, "berth: lease lost; not settling (another consumer may own the delivery)",
-		"queue", w.opts.Queue, "id", m.ID, "type", m.Type, "correlation_id", m.CorrelationID, "attempt", d.Attempt())
+		"queue", w.opts.Queue, LogText("id", m.ID), LogText("type", m.Type), LogText("correlation_id", m.CorrelationID), "attempt", d.Attempt())
 }
 
 // log records a settlement with the handler's context, so that a context-aware
@@ -1238,14 +1238,14 @@ func (w *Worker) log(ctx context.Context, d Delivery, s Settlement) {
 	}
 	m := d.Message()
 	attrs := []slog.Attr{
-		slog.String("queue", w.opts.Queue), slog.String("id", m.ID), slog.String("type", m.Type),
+		slog.String("queue", w.opts.Queue), LogText("id", m.ID), LogText("type", m.Type),
 		slog.Int("attempt", d.Attempt()), slog.String("action", string(s.Action)),
 	}
 	if m.CorrelationID != "" {
-		attrs = append(attrs, slog.String("correlation_id", m.CorrelationID))
+		attrs = append(attrs, LogText("correlation_id", m.CorrelationID))
 	}
 	if s.Cause != nil {
-		attrs = append(attrs, slog.String("class", string(s.Class)), slog.Any("cause", s.Cause))
+		attrs = append(attrs, slog.String("class", string(s.Class)), LogCause("cause", s.Cause))
 	}
 	if s.Delay > 0 {
 		attrs = append(attrs, slog.Duration("delay", s.Delay))

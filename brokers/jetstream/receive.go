@@ -420,7 +420,7 @@ func (b *Broker) deliveries(ctx context.Context, q *queueState, msgs []pulled) [
 		d.attempt = b.attemptOf(dec.base, meta.NumDelivered)
 		if d.attempt > b.opts.MaxDeliveries {
 			if derr := d.deadLetter(ctx, sdk.ErrMaxDeliveries, d.attempt-1); derr != nil {
-				b.opts.Logger.Error("berth/jetstream: dead-lettering a poison message", "queue", q.name, "id", d.msg.ID, "err", derr)
+				b.opts.Logger.Error("berth/jetstream: dead-lettering a poison message", "queue", q.name, sdk.LogText("id", d.msg.ID), "err", derr)
 			}
 			continue
 		}
