@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -13,26 +12,8 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// allRecords is a slog.Handler keeping every record, attributes resolved
-// (LogValuers included) and flattened to strings.
-type allRecords struct {
-	mu   sync.Mutex
-	recs []map[string]string
-}
-
-func (l *allRecords) Enabled(context.Context, slog.Level) bool { return true }
-func (l *allRecords) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *allRecords) WithGroup(string) slog.Handler            { return l }
-func (l *allRecords) Handle(_ context.Context, r slog.Record) error {
-	m := map[string]string{"msg": r.Message}
-	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.Resolve().String(); return true })
-	l.mu.Lock()
-	l.recs = append(l.recs, m)
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *allRecords) find(msg string) []map[string]string {
+// find returns the records whose message contains msg.
+func (l *logRecords) find(msg string) []map[string]string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []map[string]string
@@ -88,7 +69,7 @@ func TestWorkerLogsBoundedMessageFields(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sub := newFakeSub()
-			logs := &allRecords{}
+			logs := &logRecords{all: true}
 			stop := runWorker(t, sub, tc.h, sdk.WorkerOptions{Concurrency: 1, Logger: slog.New(logs)})
 			f := berthtest.NewDelivery(&sdk.Message{ID: "id" + huge, Type: "type" + huge, CorrelationID: "corr" + huge, Body: []byte(huge)},
 				berthtest.Attempt(1), berthtest.Queue("q"))

@@ -47,19 +47,23 @@ func (o *panicky) LeaseExtended(context.Context, sdk.Delivery, time.Duration, er
 	}
 }
 
-// logRecords is a slog.Handler keeping the records at ERROR, attributes
-// flattened to strings.
+// logRecords is a slog.Handler keeping the records at ERROR (every record
+// with all set), attributes resolved (LogValuers included) and flattened to
+// strings.
 type logRecords struct {
+	all  bool
 	mu   sync.Mutex
 	recs []map[string]string
 }
 
-func (l *logRecords) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelError }
-func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler            { return l }
-func (l *logRecords) WithGroup(string) slog.Handler                 { return l }
+func (l *logRecords) Enabled(_ context.Context, lv slog.Level) bool {
+	return l.all || lv >= slog.LevelError
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
 func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
 	m := map[string]string{"msg": r.Message}
-	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.Resolve().String(); return true })
 	l.mu.Lock()
 	l.recs = append(l.recs, m)
 	l.mu.Unlock()
