@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/berthq/berth/internal/dlq"
+	"github.com/berthq/berth/sdk"
 )
 
 // The JSON API. Documents only ever gain fields; errors are
@@ -51,15 +52,65 @@ func (d *Dashboard) apiQueues(w http.ResponseWriter, r *http.Request) {
 const maxAPILimit = 1000
 
 type apiList struct {
-	Queue            string        `json:"queue"`
-	TotalDeadLetters *int64        `json:"total_dead_letters"`
-	Matched          int           `json:"matched"`
-	Complete         bool          `json:"complete"`
-	Incomplete       string        `json:"incomplete,omitempty"` // why complete is false
-	Offset           int           `json:"offset"`
-	Limit            int           `json:"limit"`
-	NextOffset       *int          `json:"next_offset"`
-	Messages         []dlq.Message `json:"messages"`
+	Queue            string       `json:"queue"`
+	TotalDeadLetters *int64       `json:"total_dead_letters"`
+	Matched          int          `json:"matched"`
+	Complete         bool         `json:"complete"`
+	Incomplete       string       `json:"incomplete,omitempty"` // why complete is false
+	Offset           int          `json:"offset"`
+	Limit            int          `json:"limit"`
+	NextOffset       *int         `json:"next_offset"`
+	Messages         []apiMessage `json:"messages"`
+}
+
+// maxListBody is the most of each body, in bytes, that a listing of the
+// API (GET /api/queues/{queue}/dead-letters) carries. Whole, a page of 100
+// dead letters of 256 KiB was a 25 MB answer built in memory for each
+// request (and a page may have 1,000). The dead letter's own document
+// (apiMessage.URL) gives the whole body.
+const maxListBody = 4 << 10
+
+// apiMessage is a dead letter as the API gives it: dlq.Message, whose Body
+// in a listing is the first maxListBody bytes of the body at most (cut
+// before a character, not inside it; in base64 when the whole body is not
+// UTF-8), and in the dead letter's own document all of it.
+type apiMessage struct {
+	dlq.Message
+	// BodySize is the length of the whole body in bytes (before base64).
+	BodySize int `json:"body_size"`
+	// BodyCut is set when Body is only the start of the body.
+	BodyCut bool `json:"body_cut"`
+	// URL is the API path of the dead letter, whole body included.
+	URL string `json:"url"`
+}
+
+// apiView returns the API's form of queue's dead letter m with at most limit
+// bytes of its body (all of it when limit < 0).
+func apiView(queue string, m *sdk.Message, limit int) apiMessage {
+	body, cut := cutBody(m.Body, limit)
+	short := *m // a shallow copy: dlq.View converts only the part shown
+	short.Body = body
+	v := apiMessage{Message: dlq.View(&short), BodySize: len(m.Body), BodyCut: cut, URL: apiDeadLetterURL(queue, m.ID)}
+	if cut && v.BodyEncoding == "text" && !utf8.Valid(m.Body) {
+		// The start of a body that is not UTF-8 can be: the encoding is
+		// the whole body's, as in the dead letter's own document.
+		v.Body, v.BodyEncoding = base64.StdEncoding.EncodeToString(body), "base64"
+	}
+	return v
+}
+
+// cutBody returns b whole when it has at most limit bytes (or limit < 0),
+// else its first limit bytes, fewer by up to utf8.UTFMax so as to cut
+// before a character rather than inside it, and true.
+func cutBody(b []byte, limit int) ([]byte, bool) {
+	if limit < 0 || len(b) <= limit {
+		return b, false
+	}
+	n := limit
+	for n > limit-utf8.UTFMax && n > 0 && !utf8.RuneStart(b[n]) {
+		n-- // cut before a character, not inside it
+	}
+	return b[:n], true
 }
 
 func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
@@ -86,7 +137,7 @@ func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, err)
 		return
 	}
-	v := apiList{Queue: queue, Matched: l.Matched, Complete: l.Complete, Incomplete: l.Incomplete, Offset: offset, Limit: limit, Messages: make([]dlq.Message, 0, len(l.Messages))}
+	v := apiList{Queue: queue, Matched: l.Matched, Complete: l.Complete, Incomplete: l.Incomplete, Offset: offset, Limit: limit, Messages: make([]apiMessage, 0, len(l.Messages))}
 	if l.Total >= 0 {
 		v.TotalDeadLetters = &l.Total
 	}
@@ -94,7 +145,7 @@ func (d *Dashboard) apiDeadLetters(w http.ResponseWriter, r *http.Request) {
 		v.NextOffset = &l.Next
 	}
 	for _, m := range l.Messages {
-		v.Messages = append(v.Messages, dlq.View(m))
+		v.Messages = append(v.Messages, apiView(queue, m, maxListBody))
 	}
 	writeJSON(w, http.StatusOK, v)
 }
@@ -105,12 +156,13 @@ func (d *Dashboard) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
 		d.apiFail(w, r, err)
 		return
 	}
-	m, err := d.getDeadLetter(r.Context(), r.PathValue("queue"), id)
+	queue := r.PathValue("queue")
+	m, err := d.getDeadLetter(r.Context(), queue, id)
 	if err != nil {
 		d.apiFail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, dlq.View(m))
+	writeJSON(w, http.StatusOK, apiView(queue, m, -1)) // the whole body
 }
 
 // apiChangeRequest is the body of POST /api/queues/{queue}/{redrive|purge}.

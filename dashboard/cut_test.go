@@ -24,3 +24,29 @@ func TestShortCutsBetweenEscapes(t *testing.T) {
 		}
 	}
 }
+
+// cutBody cuts a body between characters, by up to utf8.UTFMax bytes, and
+// leaves a body that is short enough, or a limit below 0, whole.
+func TestCutBody(t *testing.T) {
+	for _, c := range []struct {
+		b     string
+		limit int
+		want  string
+		cut   bool
+	}{
+		{"abc", 3, "abc", false},
+		{"abc", -1, "abc", false},
+		{"abcd", 3, "abc", true},
+		{"a€b", 2, "a", true},                 // inside "€" (3 bytes)
+		{"a€b", 3, "a", true},                 // inside "€"
+		{"a€b", 4, "a€", true},                // after it
+		{"a😀b", 4, "a", true},                 // inside a 4-byte character
+		{"😀😀", 2, "", true},                   // no character starts before the cut
+		{"\xff\xfe\xfd", 2, "\xff\xfe", true}, // not UTF-8: cut where asked
+	} {
+		got, cut := cutBody([]byte(c.b), c.limit)
+		if string(got) != c.want || cut != c.cut {
+			t.Errorf("cutBody(%q, %d) = %q, %v, want %q, %v", c.b, c.limit, got, cut, c.want, c.cut)
+		}
+	}
+}

@@ -26,8 +26,15 @@
 // encoding/json leaves raw, as \u escapes). Where to listen, TLS, refusing a
 // non-loopback address without a token, and, without a token, refusing a
 // request whose Host is not a loopback name (DNS rebinding), are the
-// caller's part (`berth ui` does them: -tls-cert and -tls-key). A dead
-// letter's page shows the first MiB of its body (the API gives all of it).
+// caller's part (`berth ui` does them: -tls-cert and -tls-key). The token
+// is compared as a SHA-256 digest, so that the time of a refusal does not
+// tell its length.
+//
+// Bodies: a dead letter's page shows the first MiB of its body; the API's
+// listing (GET /api/queues/{queue}/dead-letters) the first 4 KiB of each
+// (cut between characters; body_cut says it was cut, body_size is the whole
+// body's length in bytes), and a dead letter's own document (GET
+// /api/queues/{queue}/dead-letters/{id}, the listing's url) all of it.
 //
 // A broker that does not answer: each read (a page, a GET of the API, a
 // confirmation's count) and each pause has Options.Timeout, past which it

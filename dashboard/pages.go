@@ -611,7 +611,7 @@ func (d *Dashboard) apply(ctx context.Context, queue, action string, f dlq.Filte
 // (the pages give only their count).
 func (d *Dashboard) logFailed(action, queue string, res dlq.Result) {
 	for _, f := range res.Failed {
-		d.o.Logger.Warn("dashboard: dead letter not changed", "action", action, "queue", queue, "id", f.ID, "err", f.Err)
+		d.o.Logger.Warn("dashboard: dead letter not changed", "action", action, "queue", queue, sdk.LogText("id", f.ID), "err", f.Err)
 	}
 	if n := res.Missed - len(res.Failed); n > 0 {
 		d.o.Logger.Warn("dashboard: more dead letters not changed", "action", action, "queue", queue, "count", n)
@@ -726,14 +726,8 @@ func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 	for _, k := range sortedKeys(m.Headers) {
 		p.Headers = append(p.Headers, [2]string{k, m.Headers[k]})
 	}
-	body := m.Body
-	if len(body) > maxShownBody {
-		n := maxShownBody
-		for n > maxShownBody-utf8.UTFMax && !utf8.RuneStart(body[n]) {
-			n-- // cut before a character, not inside it
-		}
-		body, p.Cut = body[:n], true
-	}
+	var body []byte
+	body, p.Cut = cutBody(m.Body, maxShownBody)
 	p.Shown = len(body)
 	p.Body, p.Kind = renderBody(body)
 	d.render(w, "message", http.StatusOK, p)
