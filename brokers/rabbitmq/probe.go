@@ -20,6 +20,11 @@ var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for queue .* b
 // maxProbes bounds QueueArguments: one declare per argument the queue has.
 const maxProbes = 32
 
+// queueProperties are the names PRECONDITION_FAILED gives the properties of
+// queue.declare that are not arguments ("inequivalent arg 'durable' for
+// queue ... received 'true' but current is 'false'").
+var queueProperties = map[string]bool{"durable": true, "auto_delete": true, "exclusive": true}
+
 // QueueArguments returns the arguments queue was declared with (x-queue-type,
 // x-dead-letter-exchange, x-delivery-limit, x-message-ttl, …) as far as the
 // server checks them on a redeclare, without the management plugin: it
@@ -29,8 +34,10 @@ const maxProbes = 32
 // changes nothing. A queue that does not exist is never created: it is
 // checked with a passive declare first (an error wrapping [sdk.ErrNotFound]).
 // Arguments the server does not compare on a redeclare (x-delivery-limit of
-// a classic queue, which RabbitMQ ignores anyway) are not reported. berth
-// doctor uses it.
+// a classic queue, which RabbitMQ ignores anyway) are not reported. A
+// queue that is not durable, or is auto-delete, which berth never declares
+// (its declarations of such a queue fail with PRECONDITION_FAILED), gives
+// an error naming that property at the first probe. berth doctor uses it.
 func (b *Broker) QueueArguments(ctx context.Context, queue string) (map[string]any, error) {
 	if b.closed() {
 		return nil, sdk.ErrClosed
@@ -60,6 +67,15 @@ func (b *Broker) QueueArguments(ctx context.Context, queue string) (map[string]a
 			return nil, fmt.Errorf("rabbitmq: probe arguments of %q: unexpected answer: %w", queue, err)
 		}
 		name := m[1]
+		if queueProperties[name] {
+			// Not an argument: a property of queue.declare itself, which
+			// this probe, like every berth declaration, sends as durable,
+			// not auto-delete. Put in args, it would be answered the same
+			// way at every probe, until maxProbes.
+			return nil, fmt.Errorf("rabbitmq: probe arguments of %q: the queue is declared with %s %s, "+
+				"where berth declares its queues durable and not auto-delete: berth's declarations of it fail "+
+				"(delete it and let berth declare it): %w", queue, name, m[5], err)
+		}
 		switch {
 		case m[2] == "none":
 			delete(args, name)

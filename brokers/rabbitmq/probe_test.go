@@ -3,8 +3,11 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -41,6 +44,37 @@ func TestQueueArgumentsProbe(t *testing.T) {
 			}
 			if _, err := b.inspect(ctx, missing); !errors.Is(err, sdk.ErrNotFound) {
 				t.Errorf("the probe created %s: %v", missing, err)
+			}
+		})
+	}
+}
+
+// TestQueueArgumentsNotDurable: a queue declared not durable, or
+// auto-delete (properties of queue.declare, not arguments), makes
+// QueueArguments fail at the first probe with an error naming the
+// property and holding the server's 406, where it put the property among
+// the arguments, was answered the same way at every probe and failed
+// after maxProbes declares without saying why.
+func TestQueueArgumentsNotDurable(t *testing.T) {
+	url := serverURL(t)
+	b := newBroker(t, url, Options{Logger: quiet})
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		property            string
+		durable, autoDelete bool
+	}{{"durable", false, false}, {"auto_delete", true, true}} {
+		t.Run(c.property, func(t *testing.T) {
+			q := testQueue(t, url)
+			ch := ownChannel(t, url, false)
+			if _, err := ch.QueueDeclare(q, c.durable, c.autoDelete, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			_, err := b.QueueArguments(ctx, q)
+			var ae *amqp.Error
+			if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.Contains(err.Error(), c.property) {
+				t.Fatalf("QueueArguments of a queue declared with %s other than berth's: %v, "+
+					"want an error naming it, holding the server's 406", c.property, err)
 			}
 		})
 	}
