@@ -175,6 +175,15 @@ type chanState struct {
 	// ErrLeaseLost although its frame went out, or a resume's
 	// basic.consume failed and the channel was closed under every
 	// delivery in flight.
+	//
+	// The channel's close (channel.close, answered by close-ok) is such a
+	// call too, and is made under rpcMu ([chanState.close]): amqp091
+	// routes close-ok to the waiting calls like any reply, so a close in
+	// flight with a basic.qos could take the qos-ok (the Ack failed
+	// although the server processed it), or, sent before the basic.qos
+	// (which the server's closing channel then drops), leave its close-ok
+	// to the Qos and wait for a reply that never comes, until the
+	// connection dies.
 	rpcMu sync.Mutex
 
 	hook func(tag uint64, multiple bool) // tests: sees every ack frame before it is sent
@@ -386,6 +395,15 @@ func (s *chanState) flush(force, aged bool) error {
 	return err
 }
 
+// close closes the channel (channel.close and its close-ok) under rpcMu,
+// so that no other synchronous call on it is in flight (see rpcMu). It
+// must not be called with rpcMu held.
+func (s *chanState) close() error {
+	s.rpcMu.Lock()
+	defer s.rpcMu.Unlock()
+	return s.ch.Close()
+}
+
 func (s *chanState) kill() {
 	s.once.Do(func() {
 		close(s.dead)
@@ -517,7 +535,7 @@ func (c *consumer) session() error {
 	c.cur.Store(st)
 	defer c.retire(st)
 	if err := ch.Qos(c.prefetch, 0, false); err != nil {
-		_ = ch.Close()
+		_ = st.close()
 		return err
 	}
 	// While paused no basic.consume tells of the channel's death: this does.
@@ -543,11 +561,11 @@ func (c *consumer) session() error {
 				// at the resume.
 				return nil
 			case <-st.dead:
-				_ = ch.Close()
+				_ = st.close()
 				return nil
 			case <-c.b.closing:
 				c.handBack(st, nil, nil, nil, true)
-				_ = ch.Close()
+				_ = st.close()
 				return nil
 			}
 			continue
@@ -565,7 +583,7 @@ func (c *consumer) session() error {
 		st.rpcMu.Unlock()
 		if err != nil {
 			stopConsume()
-			_ = ch.Close()
+			_ = st.close()
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 				c.b.forget(c.queue) // deleted behind our back: declare again next time
@@ -597,7 +615,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, stopConsume func(), 
 		if !alive {
 			// The channel died (its deliveries are requeued) or the server
 			// cancelled the consumer: start over.
-			_ = ch.Close()
+			_ = st.close()
 			return true, true
 		}
 		return true, false
@@ -615,7 +633,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, stopConsume func(), 
 					c.b.forget(c.queue)
 				}
 				_ = st.flush(true, false)
-				_ = ch.Close()
+				_ = st.close()
 				if cancelled && !*delivered && time.Since(start) < c.b.opts.Reconnect.Max {
 					return true, fmt.Errorf("%w: queue %q", errCancelled, c.queue)
 				}
@@ -631,7 +649,7 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, stopConsume func(), 
 					return true, nil
 				case <-c.b.closing:
 					c.handBack(st, stopConsume, dels, dv, true)
-					_ = ch.Close()
+					_ = st.close()
 					return true, nil
 				case <-c.pauseReq:
 					if ok, done := pause(dv); ok {
@@ -640,11 +658,11 @@ func (c *consumer) consume(st *chanState, ch *amqp.Channel, stopConsume func(), 
 				}
 			}
 		case <-st.dead: // abandoned
-			_ = ch.Close()
+			_ = st.close()
 			return true, nil
 		case <-c.b.closing:
 			c.handBack(st, stopConsume, dels, nil, true)
-			_ = ch.Close()
+			_ = st.close()
 			return true, nil
 		case <-c.pauseReq:
 			if ok, done := pause(nil); ok {
@@ -1306,7 +1324,7 @@ func (d *delivery) requeue(cause error) error {
 // lived AckInterval longer; TestAckIntervalCrash covers a death within it.
 func (d *delivery) abandon() {
 	_ = d.st.flush(true, false)
-	_ = d.st.ch.Close()
+	_ = d.st.close()
 	d.st.kill()
 }
 
