@@ -1193,12 +1193,23 @@ func (d *delivery) republish(ctx context.Context, m *sdk.Message, attempt int, d
 // reached the delivery limit and was left to the server's dead-lettering,
 // which RabbitMQ 3.10 held for minutes (RELIABILITY.md). A copy returned
 // unroutable (its queue is missing) is not sent again here: the settlement
-// fails and the next one declares the queue.
+// fails and the next one declares the queue. A copy the login may not
+// publish (403, [refused]) is sent again like a nack, paced the same way,
+// so that the delivery is not redelivered and run again at once: the
+// settlement returns the refusal once ctx ends (with the last attempt's
+// error, when ctx cut that one short).
 func (b *Broker) sendSettlement(ctx context.Context, out []outgoing) error {
+	var refusal error // the last refusal, kept when a later attempt is cut short
 	for attempt := 1; ; attempt++ {
 		err := b.sendAll(ctx, out)
 		var ue *UnroutableError
-		if err == nil || !errors.Is(err, sdk.ErrUnavailable) || errors.As(err, &ue) || errors.Is(err, sdk.ErrClosed) {
+		again := errors.Is(err, sdk.ErrUnavailable) || refused(err)
+		if refused(err) {
+			refusal = err
+		} else if refusal != nil && err != nil {
+			err = errors.Join(refusal, err)
+		}
+		if err == nil || !again || errors.As(err, &ue) || errors.Is(err, sdk.ErrClosed) {
 			return err
 		}
 		t := time.NewTimer(b.backoff(attempt))

@@ -306,13 +306,22 @@ func (pc *pubChannel) confirmLoop(b *Broker, confirms <-chan amqp.Confirmation, 
 }
 
 // closeCause says why the publish channel closed: a missing exchange (the
-// server closes the channel with 404) wraps [sdk.ErrNotFound]; anything else,
-// a lost connection first of all, wraps [sdk.ErrUnavailable].
+// server closes the channel with 404) wraps [sdk.ErrNotFound]; a publish the
+// login may not make (403 ACCESS_REFUSED: no write permission on the
+// exchange) wraps the server's *amqp.Error and not [sdk.ErrUnavailable], as
+// a refused consume and a refused login do: the server is up and answered,
+// and a retry is refused the same way until the login's permissions change
+// (see [refused]); anything else, a lost connection first of all, wraps
+// [sdk.ErrUnavailable].
 func closeCause(closed <-chan *amqp.Error) error {
 	select {
 	case e := <-closed:
 		if e != nil && e.Code == amqp.NotFound {
 			return fmt.Errorf("%w: rabbitmq: publish channel closed by the server: %w", sdk.ErrNotFound, e)
+		}
+		if e != nil && e.Code == amqp.AccessRefused {
+			return fmt.Errorf("rabbitmq: publish refused by the server (check the login's write permission on the exchange; "+
+				"the default exchange is amq.default to permissions): %w", e)
 		}
 		if e != nil {
 			return fmt.Errorf("%w: rabbitmq: publish channel closed before the confirm: %w", sdk.ErrUnavailable, e)
@@ -372,13 +381,26 @@ func (pc *pubChannel) write(ctx context.Context, exchange, key string, pd *pendi
 	if err := pc.ch.PublishWithContext(ctx, exchange, key, true, false, p); err != nil {
 		pc.mu.Lock()
 		delete(pc.pending, tag)
+		dead := pc.dead
 		pc.mu.Unlock()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if refused(dead) {
+			// The server closed the channel refusing an earlier publish
+			// to the same exchange: this one would be refused too.
+			return dead
+		}
 		return fmt.Errorf("%w: rabbitmq: publish: %w", sdk.ErrUnavailable, err)
 	}
 	return nil
+}
+
+// refused reports whether err is the server's refusal of a publish the
+// login may not make (403 ACCESS_REFUSED, see closeCause).
+func refused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.AccessRefused
 }
 
 // outgoing is one message ready for the wire.
@@ -516,8 +538,13 @@ func (b *Broker) checkFrame(m *sdk.Message) error {
 // one frame of the connection, with room for the dead-letter headers, are
 // another: an error wrapping [*sdk.MessageTooLargeError]); a failure at the broker returns a
 // *[sdk.PublishError] whose causes wrap [sdk.ErrUnavailable] (connection or
-// channel lost, or the server refused the message: retry) or
-// [sdk.ErrNotFound] ([*UnroutableError]: no such queue, with NoDeclare). During an
+// channel lost, or the server refused the message with basic.nack: retry),
+// [sdk.ErrNotFound] ([*UnroutableError]: no such queue, with NoDeclare) or,
+// when the login may not publish to the exchange, the server's
+// *amqp.Error 403 (ACCESS_REFUSED) without [sdk.ErrUnavailable]: a retry is
+// refused the same way until the login's permissions change, as with a
+// refused consume or login; nothing of the call reached the queue unless
+// the server let earlier messages of the channel through. During an
 // outage Publish waits for the reconnection, bounded by ctx and
 // [Options.UnavailableAfter]. After Close it returns [sdk.ErrClosed].
 func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message) error {
@@ -574,7 +601,9 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 // PublishAsync publishes msg with a publisher confirm and returns at once:
 // the result resolves when the server confirms the message (nil), refuses
 // it, returns it unroutable ([*UnroutableError]) or the channel is lost
-// (an error wrapping [sdk.ErrUnavailable]; [sdk.ErrClosed] after Close).
+// (an error wrapping [sdk.ErrUnavailable]; [sdk.ErrClosed] after Close). A
+// publish the login may not make fails, as with Publish, with the server's
+// *amqp.Error 403 (ACCESS_REFUSED), not [sdk.ErrUnavailable].
 // At most [Options.MaxInFlight] messages wait for their confirm, a
 // sliding window shared by every caller: beyond it PublishAsync blocks
 // until a confirm frees a slot or ctx ends (ctx.Err(), nothing published).

@@ -164,7 +164,13 @@
 // logs carry the redacted URL (see [Redact]). amqps:// URLs use
 // [Options.TLS] (or the system roots when it is nil). Connection failures
 // wrap [sdk.ErrUnavailable]; a refused login, an unknown vhost or an
-// untrusted certificate do not, since waiting does not fix them.
+// untrusted certificate do not, since waiting does not fix them. Nor does
+// a refusal of what the login may do (403 ACCESS_REFUSED): Receive of a
+// queue it may not read, Publish or PublishAsync to an exchange it may not
+// write (the default exchange is amq.default to permissions) fail with the
+// server's *amqp.Error, not [sdk.ErrUnavailable]; the next call tries again.
+// A settlement's copy so refused is sent again, paced by Options.Reconnect,
+// until the settlement's ctx ends; then the delivery is requeued.
 //
 // # Inspection
 //
