@@ -349,14 +349,23 @@ func (s *Scheduler) collect(st *state, now time.Time) {
 		}
 		st.pending = append(st.pending, n)
 		st.cursor = n
-		if scanned++; scanned == maxScan {
-			// Jump ahead: the slots in between are dropped. Never back
-			// to a slot already taken (n == now), which would be
-			// collected again.
-			if c := now.Add(-time.Nanosecond); c.After(st.cursor) {
-				st.cursor = c
+		if scanned++; scanned%maxScan == 0 {
+			// Jump ahead, to where the policy's keep newest due slots
+			// begin: the slots taken and those in between are dropped
+			// (the policies keep the most recent). A schedule too
+			// irregular for that is jumped to now after another maxScan
+			// slots. Never back to a slot already taken (n == now),
+			// which would be collected again.
+			c := now.Add(-time.Nanosecond)
+			if scanned == maxScan {
+				// Zero (walk on) when fewer than keep slots are left.
+				c = s.recentFrom(st, now, keep)
 			}
-			dropped++ // at least; the count is a lower bound from here
+			if c.After(st.cursor) {
+				drop(0)
+				st.cursor = c
+				dropped++ // at least; the count is a lower bound from here
+			}
 		}
 		if len(st.pending) > 2*keep {
 			drop(keep)
@@ -367,6 +376,30 @@ func (s *Scheduler) collect(st *state, now time.Time) {
 		s.o.Logger.Warn("berth/periodic: dropping missed slots", "schedule", st.job.Name,
 			"policy", s.o.Missed.String(), "dropped", dropped, "from", droppedFrom.UTC(), "to", droppedTo.UTC())
 	}
+}
+
+// recentFrom returns a time after st.cursor from which st's schedule has
+// at least keep slots up to now, searching back from now by doubling
+// windows (a few Next calls per slot kept), or the zero time when there is
+// none: collect walks on from there after a pause too long to walk.
+func (s *Scheduler) recentFrom(st *state, now time.Time, keep int) time.Time {
+	keep = min(keep, maxScan/2) // bounds the Next calls, and the walk after
+	span := now.Sub(st.cursor)
+	for w := time.Nanosecond; w > 0 && w < span; w *= 2 { // w > 0: stop if it overflows
+		c := now.Add(-w)
+		n := 0
+		for t := c; n < keep; n++ {
+			next := st.job.Schedule.Next(t)
+			if next.IsZero() || !next.After(t) || next.After(now) {
+				break // the walk itself stops a Schedule that breaks its contract
+			}
+			t = next
+		}
+		if n >= keep {
+			return c
+		}
+	}
+	return time.Time{}
 }
 
 // keep is how many due slots the policy publishes at once.

@@ -2,6 +2,8 @@ package periodic_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -79,5 +81,85 @@ func TestLongCatchUpPublishesEachSlotOnce(t *testing.T) {
 	}
 	if len(pub.keys) != 10 {
 		t.Errorf("published %d slots, want MaxCatchUp = 10", len(pub.keys))
+	}
+}
+
+// A pause longer than maxScan (100 000) slots — a one-second job on a host
+// suspended for two days, or a clock stepped years ahead at boot — made
+// collect stop walking after 100 000 slots and jump to now, keeping the
+// slots of that first stretch: Skip published a slot from a day and a half
+// before (not the latest due one), CatchUp nine stale slots and the newest.
+// The policies keep the most recent due slots, however many were missed.
+func TestLongPauseKeepsMostRecentSlots(t *testing.T) {
+	for _, tc := range []struct {
+		missed periodic.MissedPolicy
+		slots  int // missed, more than the scan bound (100 000)
+		want   int
+	}{
+		{periodic.Skip, 150_000, 1},
+		{periodic.CatchUp, 150_000, 10},
+		{periodic.CatchUp, 100_005, 10}, // fewer than MaxCatchUp past the bound
+	} {
+		missed := tc.slots
+		t.Run(fmt.Sprintf("%s/%d", tc.missed, missed), func(t *testing.T) {
+			c := periodic.NewFakeClock(t0)
+			pub := &keyRecorder{}
+			s, err := periodic.New(pub, periodic.Options{Clock: c, Missed: tc.missed}, periodic.Job{
+				Name: "tick", Schedule: every(t, time.Second), Queue: "q",
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// now between two slots: the latest due one is t0+missed s
+			drive(t, s, c, time.Duration(missed)*time.Second+500*time.Millisecond)
+			var want []string
+			for i := missed - tc.want + 1; i <= missed; i++ {
+				want = append(want, t0.Add(time.Duration(i)*time.Second).Format(time.RFC3339Nano))
+			}
+			if !slices.Equal(pub.slots, want) {
+				t.Errorf("published slots %v, want the %d most recent due: %v", pub.slots, tc.want, want)
+			}
+		})
+	}
+}
+
+// A host that boots with its clock at the epoch (no RTC) and starts the
+// scheduler before NTP steps the clock 56 years ahead: Skip publishes the
+// slot now due, not one from 1970.
+func TestClockSteppedYearsAheadPublishesCurrentSlot(t *testing.T) {
+	boot := time.Unix(0, 0).UTC()
+	c := periodic.NewFakeClock(boot)
+	pub := &keyRecorder{}
+	s, err := periodic.New(pub, periodic.Options{Clock: c}, periodic.Job{
+		Name: "minutely", Schedule: every(t, time.Minute), Queue: "q",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, c, t0.Add(30*time.Second).Sub(boot))
+	if want := []string{t0.Format(time.RFC3339Nano)}; !slices.Equal(pub.slots, want) {
+		t.Errorf("published slots %v, want %v", pub.slots, want)
+	}
+}
+
+// A scheduler starting with CatchUp and a Lookback holding more than
+// maxScan slots publishes the MaxCatchUp most recent of them, not slots
+// from the start of the Lookback.
+func TestLongLookbackCatchesUpMostRecentSlots(t *testing.T) {
+	c := periodic.NewFakeClock(t0)
+	pub := &keyRecorder{}
+	s, err := periodic.New(pub, periodic.Options{Clock: c, Missed: periodic.CatchUp, Lookback: 48 * time.Hour, MaxCatchUp: 3},
+		periodic.Job{Name: "tick", Schedule: every(t, time.Second), Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, c)
+	want := []string{
+		t0.Add(-2 * time.Second).Format(time.RFC3339Nano),
+		t0.Add(-time.Second).Format(time.RFC3339Nano),
+		t0.Format(time.RFC3339Nano),
+	}
+	if !slices.Equal(pub.slots, want) {
+		t.Errorf("published slots %v, want %v", pub.slots, want)
 	}
 }
