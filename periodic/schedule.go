@@ -42,7 +42,10 @@ var parser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron
 // it from the time it is asked, so two schedulers would disagree on the
 // slots; use [Every], which aligns slots to the Unix epoch.
 //
-// In a zone with daylight saving time, robfig's slots follow the wall clock:
+// In a zone with daylight saving time, the slots follow the wall clock —
+// they are the instants whose wall time the expression names, whatever the
+// size or the hour of the change (robfig's own search, which skipped the
+// Sunday whose midnight Asia/Beirut skips, is not used for it):
 // a time in the hour repeated in autumn ("CRON_TZ=America/New_York 30 1 * *
 // *") gives two slots that day, with different [SlotKey]s, so the job runs
 // twice; a time in the hour skipped in spring (2:30 there) gives none. Keep
@@ -78,6 +81,11 @@ func Cron(expr string) (Schedule, error) {
 		// of the time it is asked about (the machine's, from RealClock),
 		// so schedulers in different zones would name different slots.
 		return nil, fmt.Errorf("%w: %q: the time zone \"Local\" is the machine's; name the zone", ErrInvalidSchedule, expr)
+	}
+	if spec, ok := s.(*cron.SpecSchedule); ok && spec.Location != time.UTC {
+		w := *spec
+		w.Location = time.UTC
+		s = zoned{wall: &w, loc: spec.Location}
 	}
 	// robfig's Next looks five years ahead, which holds every date a
 	// valid expression can name (February 29th included): none from the
@@ -147,4 +155,72 @@ func (e every) Next(t time.Time) time.Time {
 		q-- // floor division for times before the epoch
 	}
 	return time.Unix(0, (q+1)*e.d+e.off).UTC()
+}
+
+// zoned is a cron schedule read in a zone other than UTC. robfig's own Next
+// walks the zone's wall clock with time.Date and hour corrections that
+// assume offset changes of one hour away from midnight: where midnight is
+// skipped (Asia/Beirut) it stepped over that whole day, and where a change
+// is not one hour (Australia/Lord_Howe, Antarctica/Troll) or falls back
+// across the hour (Pacific/Chatham) it skipped slots, named one on the wrong
+// day or one before the time asked — and schedulers started at different
+// times disagreed on the slots. zoned walks the wall clock as if it were UTC,
+// where robfig is exact, and maps each wall time to the instants that show
+// it: none in a gap (spring), two in an overlap (autumn).
+type zoned struct {
+	wall *cron.SpecSchedule // the expression's fields, in UTC
+	loc  *time.Location
+}
+
+// offsetWindow covers the instants that show a wall time and the largest
+// change of offset (−12h to +14h): an offset sampled this far either side
+// of a time is one of those that apply around it.
+const offsetWindow = 27 * time.Hour
+
+// offsets returns the zone's offsets (seconds) at u and offsetWindow either
+// side, the smallest first.
+func (z zoned) offsets(u time.Time) [3]int {
+	var o [3]int
+	for i, d := range [3]time.Duration{-offsetWindow, 0, offsetWindow} {
+		_, o[i] = u.Add(d).In(z.loc).Zone()
+	}
+	if o[0] > o[1] {
+		o[0], o[1] = o[1], o[0]
+	}
+	if o[1] > o[2] {
+		o[1], o[2] = o[2], o[1]
+	}
+	if o[0] > o[1] {
+		o[0], o[1] = o[1], o[0]
+	}
+	return o
+}
+
+// Next returns the first instant after t whose wall time in the zone the
+// expression names, or the zero time when robfig finds no wall time (none
+// in five years).
+func (z zoned) Next(t time.Time) time.Time {
+	// An instant i after t shows the wall time i+offset(i), after t plus
+	// the smallest offset around: start the wall clock search there.
+	w := t.UTC().Add(time.Duration(z.offsets(t)[0]) * time.Second)
+	var best time.Time
+	for {
+		if w = z.wall.Next(w); w.IsZero() {
+			break
+		}
+		offs := z.offsets(w)
+		if !best.IsZero() && w.Add(-time.Duration(offs[2])*time.Second).After(best) {
+			break // this wall time and the later ones show after best
+		}
+		for _, o := range offs {
+			i := w.Add(-time.Duration(o) * time.Second)
+			if _, got := i.In(z.loc).Zone(); got == o && i.After(t) && (best.IsZero() || i.Before(best)) {
+				best = i
+			}
+		}
+	}
+	if best.IsZero() {
+		return best
+	}
+	return best.In(t.Location()) // as robfig does
 }
