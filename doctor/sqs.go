@@ -157,6 +157,12 @@ func sqsQueue(ctx context.Context, b *sqs.Broker, q string, o Options) ([]Findin
 		case dattrs == nil:
 			add(Finding{ID: "sqs.dlq-retention", Severity: Error, Summary: "the redrive policy's dead-letter queue does not exist",
 				Evidence: "queue " + dlqName + " not found", Fix: "create " + dlqName + " (berth DeclareQueue)"})
+		case dst < src && attrs[string(sqstypes.QueueAttributeNameFifoQueue)] == "true":
+			// SQS resets a FIFO message's enqueue time when it moves it
+			// to the dead-letter queue: each dead letter is kept the
+			// dead-letter queue's retention from then.
+			add(Finding{ID: "sqs.dlq-retention", Severity: OK, Summary: "dead letters are kept the dead-letter queue's retention from when they are moved (FIFO: SQS resets their enqueue time)",
+				Evidence: fmt.Sprintf("%s MessageRetentionPeriod %s, %s's %s; FIFO queues", dlqName, dst, q, src)})
 		case dst < src:
 			add(Finding{ID: "sqs.dlq-retention", Severity: Error, Summary: "the dead-letter queue keeps messages for less time than the queue: SQS keeps a message's original enqueue time, so dead letters expire early",
 				Evidence: fmt.Sprintf("%s MessageRetentionPeriod %s < %s's %s", dlqName, dst, q, src),
