@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -66,12 +68,21 @@ func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Opt
 	window := o.redeliveryWindow()
 	var n int64
 	var minKeep, maxKeep *time.Duration
-	if err := pool.QueryRow(ctx, `SELECT count(*),
-			(extract(epoch FROM min(expires_at - completed_at)) * 1e6)::bigint * interval '1 microsecond',
-			(extract(epoch FROM max(expires_at - completed_at)) * 1e6)::bigint * interval '1 microsecond'
-		FROM (SELECT expires_at, completed_at FROM `+qt+` WHERE status = 'completed' AND completed_at IS NOT NULL
-			ORDER BY completed_at DESC LIMIT 1000) r`).Scan(&n, &minKeep, &maxKeep); err != nil {
+	// Each row's retention is computed from the epochs and clamped to the
+	// longest Duration, either way: an expires_at of 'infinity' or the
+	// year 9999 (results kept forever, set by hand), from which a
+	// timestamp cannot be subtracted or whose interval no Duration holds,
+	// must neither fail the check nor wrap.
+	var minUS, maxUS *int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), min(keep), max(keep)
+		FROM (SELECT least(greatest((extract(epoch FROM expires_at) - extract(epoch FROM completed_at)) * 1e6, -$1::bigint), $1::bigint)::bigint AS keep
+			FROM `+qt+` WHERE status = 'completed' AND completed_at IS NOT NULL AND isfinite(completed_at)
+			ORDER BY completed_at DESC LIMIT 1000) r`, maxAgeMicros).Scan(&n, &minUS, &maxUS); err != nil {
 		return nil, fmt.Errorf("doctor: idempotency: retention: %w", err)
+	}
+	if minUS != nil && maxUS != nil {
+		lo, hi := time.Duration(*minUS)*time.Microsecond, time.Duration(*maxUS)*time.Microsecond
+		minKeep, maxKeep = &lo, &hi
 	}
 	switch {
 	case n == 0 || minKeep == nil:
@@ -88,14 +99,14 @@ func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Opt
 	}
 
 	var stuck int64
-	var oldest *time.Time
+	var oldest pgtype.Timestamptz // '-infinity' when a claim's lease was set so by hand
 	if err := pool.QueryRow(ctx, `SELECT count(*), min(locked_until) FROM `+qt+`
 		WHERE status = 'in_progress' AND locked_until < now() - $1 * interval '1 microsecond'`, o.StuckClaims.Microseconds()).Scan(&stuck, &oldest); err != nil {
 		return nil, fmt.Errorf("doctor: idempotency: claims: %w", err)
 	}
 	if stuck > 0 {
 		add(Finding{ID: "idempotency.claims-stuck", Severity: Warn, Summary: "claims in progress long past their lease: their jobs never came back to take them over",
-			Evidence: fmt.Sprintf("%s in_progress with locked_until more than %s ago, the oldest %s", plural(stuck, "claim", "claims"), o.StuckClaims, when(oldest)),
+			Evidence: fmt.Sprintf("%s in_progress with locked_until more than %s ago, the oldest %s", plural(stuck, "claim", "claims"), o.StuckClaims, whenTS(oldest)),
 			Fix:      "find their jobs (berth job show KEY): dead-lettered or lost with the effect perhaps half done; check the effect, then delete the claim row or redrive the job"})
 	} else {
 		add(Finding{ID: "idempotency.claims-stuck", Severity: OK, Summary: "no claim is stuck in progress", Evidence: "threshold " + o.StuckClaims.String()})
@@ -127,8 +138,9 @@ func retentionOr(d time.Duration) string {
 // than the redelivery window is reported as info (the cache is a fast path:
 // the result store decides, so a miss costs a query, never a duplicate).
 //
-// The sample is the first 200 keys under prefix that SCAN finds, within at
-// most 1000 SCAN calls (COUNT 100: about 100,000 keys of the whole
+// The sample is the first 200 keys under prefix that SCAN finds (on a
+// cluster or a ring, on each master or shard in turn, with a cursor of its
+// own), within at most 1000 SCAN calls in all (COUNT 100: about 100,000 keys of the whole
 // keyspace examined, whatever their prefix), so that a large Redis gets a
 // result, not a check timeout. When the scan stops there, the finding says
 // so: what it found is a sample ("at least" that many dedupe keys; none
@@ -139,21 +151,32 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 		prefix = redisstore.DefaultPrefix
 	}
 	window := o.redeliveryWindow()
+	nodes, err := scanNodes(ctx, rdb)
+	if err != nil {
+		return nil, redisErr(rdb, err)
+	}
 	var keys []string
-	var cursor uint64
-	calls, complete := 0, false
-	for len(keys) < dedupeSample && calls < dedupeScanCalls {
-		page, next, err := rdb.Scan(ctx, cursor, prefix+"*", dedupeScanCount).Result()
-		if err != nil {
-			return nil, redisErr(rdb, err)
-		}
-		calls++
-		keys = append(keys, page...)
-		if cursor = next; cursor == 0 {
-			complete = true
-			break
+	var owners []redis.Cmdable // the node each key was found on
+	calls, done := 0, 0
+	for _, n := range nodes {
+		var cursor uint64
+		for len(keys) < dedupeSample && calls < dedupeScanCalls {
+			page, next, err := n.Scan(ctx, cursor, prefix+"*", dedupeScanCount).Result()
+			if err != nil {
+				return nil, redisErr(rdb, err)
+			}
+			calls++
+			keys = append(keys, page...)
+			for range page {
+				owners = append(owners, n)
+			}
+			if cursor = next; cursor == 0 {
+				done++
+				break
+			}
 		}
 	}
+	complete := done == len(nodes)
 	keys = keys[:min(len(keys), dedupeSample)]
 	// stopped says where a scan that did not reach the end of the keyspace
 	// stopped; only a scan that found too few keys to fill the sample says
@@ -174,8 +197,8 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 	}
 	var forever int
 	var longest time.Duration
-	for _, k := range keys {
-		d, err := rdb.PTTL(ctx, k).Result()
+	for i, k := range keys {
+		d, err := owners[i].PTTL(ctx, k).Result()
 		if err != nil {
 			return nil, redisErr(rdb, err)
 		}
@@ -200,6 +223,36 @@ func Dedupe(ctx context.Context, rdb redis.UniversalClient, prefix string, opts 
 	}
 	f.Evidence = ev
 	return []Finding{f}, nil
+}
+
+// scanNodes returns the clients whose keyspaces SCAN reads, one cursor
+// each: every master of a cluster, every shard of a ring (go-redis sends a
+// SCAN made on either to the one node its cursor hashes to), rdb itself
+// otherwise.
+func scanNodes(ctx context.Context, rdb redis.UniversalClient) ([]redis.Cmdable, error) {
+	var (
+		mu    sync.Mutex
+		nodes []redis.Cmdable
+	)
+	add := func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		nodes = append(nodes, c)
+		return nil
+	}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		if err := c.ForEachMaster(ctx, add); err != nil {
+			return nil, err
+		}
+	case *redis.Ring:
+		if err := c.ForEachShard(ctx, add); err != nil {
+			return nil, err
+		}
+	default:
+		return []redis.Cmdable{rdb}, nil
+	}
+	return nodes, nil
 }
 
 // redisErr wraps err, from a call on rdb. A timeout of the client's own
