@@ -44,7 +44,7 @@ func TestConsumerTimeoutAgainstUnboundedJobs(t *testing.T) {
 		rabbitmq.DeadLetterQueue(q): {"x-queue-type": "quorum"},
 	}}
 	for longest, want := range map[time.Duration]Severity{-1: Error, time.Hour: Error, 10 * time.Minute: OK} {
-		fs, err := rabbitQueue(context.Background(), b, q, serverVersion{announced: "3.13.7"}, Options{LongestJob: longest}.withDefaults())
+		fs, err := rabbitQueue(context.Background(), b, q, serverVersion{announced: "3.13.7"}, rabbitmq.DefaultDelayBuckets, Options{LongestJob: longest}.withDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}

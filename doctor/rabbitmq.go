@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/sdk"
 )
@@ -33,7 +35,9 @@ func asRabbit(b sdk.Broker) rabbitBroker {
 }
 
 // RabbitMQ runs the RabbitMQ checks on each of opts.Queues:
-// rabbitmq.queue-missing, rabbitmq.queue-type, rabbitmq.dead-letter-exchange,
+// rabbitmq.queue-missing, rabbitmq.queue-arguments (info: doctor's login
+// may not declare the queue, so its arguments are not read and the checks
+// that need them do not run), rabbitmq.queue-type, rabbitmq.dead-letter-exchange,
 // rabbitmq.dead-letter-queue, rabbitmq.delivery-limit,
 // rabbitmq.queue-limits, rabbitmq.consumer-timeout, rabbitmq.prefetch,
 // rabbitmq.delay-queues. Queue arguments are read without the management
@@ -67,10 +71,16 @@ func rabbitMQ(ctx context.Context, b rabbitBroker, o Options) ([]Finding, error)
 	default:
 		return fs, fmt.Errorf("doctor: rabbitmq: server version: %w", err)
 	}
+	// The delay queues are those of the broker's buckets, which its
+	// Options may set.
+	buckets := rabbitmq.DefaultDelayBuckets
+	if db, ok := b.(interface{ DelayBuckets() []time.Duration }); ok {
+		buckets = db.DelayBuckets()
+	}
 	for _, q := range o.Queues {
 		tb := &tracedRabbit{rabbitBroker: b}
 		qf, err := bounded(ctx, o, "RabbitMQ checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
-			return rabbitQueue(ctx, tb, q, version, o)
+			return rabbitQueue(ctx, tb, q, version, buckets, o)
 		})
 		if err != nil {
 			return fs, err
@@ -122,7 +132,7 @@ func (t *tracedRabbit) ExchangeExists(ctx context.Context, name string) (bool, e
 	return t.rabbitBroker.ExchangeExists(ctx, name)
 }
 
-func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVersion, o Options) ([]Finding, error) {
+func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVersion, buckets []time.Duration, o Options) ([]Finding, error) {
 	var fs []Finding
 	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
 	args, err := b.QueueArguments(ctx, q)
@@ -130,6 +140,14 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 		add(Finding{ID: "rabbitmq.queue-missing", Severity: Error, Summary: "the queue does not exist",
 			Evidence: fmt.Sprintf("queue.declare (passive) of %s: not found", quoted(q)),
 			Fix:      "declare it with berth (DeclareQueue, or a Worker/publisher without no_declare) so it gets its dead-letter queue and arguments"})
+		return fs, nil
+	}
+	if accessRefused(err) {
+		// The queue exists (its passive declare passed); reading its
+		// arguments takes a queue.declare, which needs the configure
+		// permission.
+		add(Finding{ID: "rabbitmq.queue-arguments", Severity: Info, Summary: "the queue's arguments could not be read (doctor's login may not declare it): its type, dead-lettering, delivery limit, limits, consumer timeout and delay queues are not checked",
+			Evidence: err.Error(), Fix: "run doctor as a login with the configure permission on the queue and its .dlq and .delay queues (the one that declares them): reading the arguments redeclares a queue with its own, which changes nothing"})
 		return fs, nil
 	}
 	if err != nil {
@@ -189,7 +207,7 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 	if _, err := b.QueueArguments(ctx, dlq); errors.Is(err, sdk.ErrNotFound) {
 		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: Error, Summary: "the dead-letter queue does not exist: dead letters are dropped",
 			Evidence: fmt.Sprintf("queue %s not found", quoted(dlq)), Fix: fmt.Sprintf("declare %s bound to the dead-letter exchange with routing key %s (berth DeclareQueue does)", quoted(dlq), quoted(q))})
-	} else if err != nil {
+	} else if err != nil && !accessRefused(err) { // refused after its passive declare passed: it exists
 		return nil, fmt.Errorf("doctor: rabbitmq: %w", err)
 	} else {
 		add(Finding{ID: "rabbitmq.dead-letter-queue", Severity: OK, Summary: "the dead-letter queue exists", Evidence: "queue " + dlq})
@@ -223,11 +241,15 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 			Fix:      "check consumer_timeout in rabbitmq.conf (rabbitmqctl eval 'application:get_env(rabbit, consumer_timeout).') is above the longest job; a hung consumer's channel is closed after it"})
 	}
 
-	var present, wrong []string
-	for _, ttl := range rabbitmq.DefaultDelayBuckets {
+	var present, wrong, unread []string
+	for _, ttl := range buckets {
 		name := rabbitmq.DelayQueue(q, ttl)
 		dargs, err := b.QueueArguments(ctx, name)
 		if errors.Is(err, sdk.ErrNotFound) {
+			continue
+		}
+		if accessRefused(err) {
+			unread = append(unread, name)
 			continue
 		}
 		if err != nil {
@@ -248,14 +270,26 @@ func rabbitQueue(ctx context.Context, b rabbitBroker, q string, version serverVe
 	case len(wrong) > 0:
 		add(Finding{ID: "rabbitmq.delay-queues", Severity: Error, Summary: "delay queues do not route retries back to the queue",
 			Evidence: strings.Join(wrong, "; "), Fix: fmt.Sprintf("delete them (empty) and let berth redeclare them: x-message-ttl the bucket, x-dead-letter-exchange \"\", x-dead-letter-routing-key %s", quoted(q))})
+	case len(unread) > 0:
+		add(Finding{ID: "rabbitmq.delay-queues", Severity: Info, Summary: "delay queues whose arguments could not be read (doctor's login may not declare them): not checked",
+			Evidence: fmt.Sprintf("%d of %d delay queues exist, %d unread: %s", len(present)+len(unread), len(buckets), len(unread), strings.Join(unread, ", ")),
+			Fix:      "run doctor as a login with the configure permission on them (the one that declares them)"})
 	case len(present) == 0:
 		add(Finding{ID: "rabbitmq.delay-queues", Severity: Info, Summary: "no delay queue yet: berth declares each on its first Retry or delayed publish",
-			Evidence: fmt.Sprintf("none of the %d delay queues exists", len(rabbitmq.DefaultDelayBuckets)), Fix: "nothing to do unless the application's user cannot declare queues (then declare them ahead)"})
+			Evidence: fmt.Sprintf("none of the %d delay queues exists", len(buckets)), Fix: "nothing to do unless the application's user cannot declare queues (then declare them ahead)"})
 	default:
 		add(Finding{ID: "rabbitmq.delay-queues", Severity: OK, Summary: "the delay queues present route back to the queue",
-			Evidence: fmt.Sprintf("%d of %d delay queues exist", len(present), len(rabbitmq.DefaultDelayBuckets))})
+			Evidence: fmt.Sprintf("%d of %d delay queues exist", len(present), len(buckets))})
 	}
 	return fs, nil
+}
+
+// accessRefused reports whether err is the server's 403 ACCESS_REFUSED:
+// the login may not do what was asked (a queue.declare without the
+// configure permission).
+func accessRefused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.AccessRefused
 }
 
 // policyNote qualifies a missing argument: AMQP shows a queue's arguments,

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -33,6 +35,10 @@ var queueProperties = map[string]bool{"durable": true, "auto_delete": true, "exc
 // declare succeeds. A declare that succeeds with the queue's own arguments
 // changes nothing. A queue that does not exist is never created: it is
 // checked with a passive declare first (an error wrapping [sdk.ErrNotFound]).
+// A queue's type is read even where the vhost's default queue type gives
+// it to a declare without x-queue-type (the probe asks for "classic"
+// explicitly); x-queue-type classic is reported only where the vhost's
+// default is another type.
 // Arguments the server does not compare on a redeclare (x-delivery-limit of
 // a classic queue, which RabbitMQ ignores anyway) are not reported. A
 // queue that is not durable, or is auto-delete, which berth never declares
@@ -46,12 +52,29 @@ func (b *Broker) QueueArguments(ctx context.Context, queue string) (map[string]a
 		return nil, fmt.Errorf("rabbitmq: inspect %q: %w", queue, err)
 	}
 	args := amqp.Table{}
+	// A declare without x-queue-type gets the vhost's default queue type
+	// (quorum where the vhost says so), this probe's too: a quorum queue
+	// declared without it, in such a vhost, would pass for a classic one.
+	// Once the declare succeeds without it, it is asked for "classic"
+	// explicitly, which the server refuses naming the type when it is
+	// another.
+	askedType := false
 	for range maxProbes {
 		err := b.withChannel(ctx, func(ch *amqp.Channel) error {
 			_, err := ch.QueueDeclare(queue, true, false, false, false, args)
 			return err
 		})
+		if err == nil && !askedType {
+			if _, ok := args["x-queue-type"]; !ok {
+				askedType = true
+				args["x-queue-type"] = string(Classic)
+				continue
+			}
+		}
 		if err == nil {
+			if askedType && args["x-queue-type"] == string(Classic) {
+				delete(args, "x-queue-type") // classic, the default: as before, not reported
+			}
 			out := make(map[string]any, len(args))
 			for k, v := range args {
 				out[k] = v
@@ -136,6 +159,12 @@ func sameType(sent any, v string) any {
 	}
 	return v
 }
+
+// DelayBuckets returns the TTLs of the broker's delay queues: its
+// [Options.DelayBuckets] (each rounded up to a whole millisecond) or
+// [DefaultDelayBuckets], shortest first. berth doctor checks the delay
+// queues ([DelayQueue]) of those.
+func (b *Broker) DelayBuckets() []time.Duration { return slices.Clone(b.opts.DelayBuckets) }
 
 // ServerVersion returns the version the RabbitMQ server announced in its
 // connection.start properties ("3.13.7", "4.0.5") when the broker's
