@@ -43,18 +43,8 @@ func TestLongBodyIsShownCut(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { b.Close() })
-			ctx := context.Background()
 			m := &sdk.Message{ID: c.id, Type: "big", Body: c.body}
-			if err := b.Publish(ctx, "billing", m); err != nil {
-				t.Fatal(err)
-			}
-			ds, err := b.Receive(ctx, "billing", 1)
-			if err != nil || len(ds) != 1 {
-				t.Fatalf("receive %d %v", len(ds), err)
-			}
-			if err := ds[0].DeadLetter(ctx, sdk.Permanent(context.Canceled)); err != nil {
-				t.Fatal(err)
-			}
+			deadLetterOne(t, b, m)
 			d, err := dashboard.New(b, dashboard.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -91,5 +81,22 @@ func TestLongBodyIsShownCut(t *testing.T) {
 				t.Errorf("the API gives %d of the body's %d bytes (%d)", len(body), len(c.body), rec.Code)
 			}
 		})
+	}
+}
+
+// deadLetterOne publishes m to "billing" on the memory broker b, receives it
+// and dead-letters it.
+func deadLetterOne(t *testing.T, b *memory.Broker, m *sdk.Message) {
+	t.Helper()
+	ctx := context.Background()
+	if err := b.Publish(ctx, "billing", m); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := b.Receive(ctx, "billing", 1)
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("receive %d %v", len(ds), err)
+	}
+	if err := ds[0].DeadLetter(ctx, sdk.Permanent(context.Canceled)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,7 +2,6 @@ package dashboard_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
@@ -27,20 +26,10 @@ func TestAPIListCarriesBodyPreview(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	ctx := context.Background()
 	bodies := map[string][]byte{}
 	publish := func(id string, body []byte) {
 		t.Helper()
-		if err := b.Publish(ctx, "billing", &sdk.Message{ID: id, Type: "big", Body: body}); err != nil {
-			t.Fatal(err)
-		}
-		ds, err := b.Receive(ctx, "billing", 1)
-		if err != nil || len(ds) != 1 {
-			t.Fatalf("receive %d %v", len(ds), err)
-		}
-		if err := ds[0].DeadLetter(ctx, sdk.Permanent(context.Canceled)); err != nil {
-			t.Fatal(err)
-		}
+		deadLetterOne(t, b, &sdk.Message{ID: id, Type: "big", Body: body})
 		bodies[id] = body
 	}
 	// "€" is 3 bytes: a cut at a round number of bytes falls inside one.

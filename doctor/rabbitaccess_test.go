@@ -1,7 +1,6 @@
 package doctor_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -18,8 +17,7 @@ import (
 // arguments are an Info finding that says why, and the others still run.
 func TestRabbitMQArgumentsRefused(t *testing.T) {
 	node := integration.StartRabbitMQ(t)
-	node.Ctl(t, "add_user", "berthdoctor", "pw")
-	node.Ctl(t, "set_permissions", "-p", "/", "berthdoctor", "^$", ".*", ".*")
+	url := node.User(t, "berthdoctor", "^$", ".*", ".*")
 	q, other := "billing", "emails"
 	admin := open(t, node.URL)
 	for _, n := range []string{q, other} {
@@ -27,7 +25,7 @@ func TestRabbitMQArgumentsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := open(t, strings.Replace(node.URL, "guest:guest", "berthdoctor:pw", 1)+"?no_declare=true")
+	b := open(t, url+"?no_declare=true")
 	fs, err := doctor.Run(testCtx(t), b, doctor.Options{Queues: []string{q, other}})
 	if err != nil {
 		t.Fatalf("doctor as a login that may not declare: %v", err)
@@ -42,9 +40,7 @@ func TestRabbitMQArgumentsRefused(t *testing.T) {
 	if err := admin.Publish(testCtx(t), q, &sdk.Message{Type: "doctor.test", Delay: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	node.Ctl(t, "add_user", "berthdoctormain", "pw")
-	node.Ctl(t, "set_permissions", "-p", "/", "berthdoctormain", "^(billing|emails)$", ".*", ".*")
-	b = open(t, strings.Replace(node.URL, "guest:guest", "berthdoctormain:pw", 1)+"?no_declare=true")
+	b = open(t, node.User(t, "berthdoctormain", "^(billing|emails)$", ".*", ".*")+"?no_declare=true")
 	fs, err = doctor.Run(testCtx(t), b, doctor.Options{Queues: []string{q}})
 	if err != nil {
 		t.Fatalf("doctor as a login that may declare the main queues only: %v", err)

@@ -229,6 +229,18 @@ func (n *RabbitMQNode) Ctl(t testing.TB, args ...string) string {
 	return out
 }
 
+// User adds the login name (password "pw") to this node with the
+// permissions configure, write and read (regular expressions, as
+// rabbitmqctl set_permissions takes them) on the vhost "/", and returns
+// the node's URL with that login. A private node goes with its test, the
+// login with it.
+func (n *RabbitMQNode) User(t testing.TB, name, configure, write, read string) string {
+	t.Helper()
+	n.Ctl(t, "add_user", name, "pw")
+	n.Ctl(t, "set_permissions", "-p", "/", name, configure, write, read)
+	return strings.Replace(n.URL, "guest:guest", name+":pw", 1)
+}
+
 func (n *RabbitMQNode) ctlOutput(args ...string) (string, error) {
 	cmd := exec.Command(n.ctl, append([]string{"-n", n.Name}, args...)...)
 	cmd.Env = append(os.Environ(), n.env...)

@@ -22,11 +22,9 @@ import (
 // another login, basic.consume.
 func TestReceiveAccessRefusedReported(t *testing.T) {
 	node := integration.StartRabbitMQ(t)
-	node.Ctl(t, "add_user", "berthnoread", "pw")
 	// Every right but reading, except on the dead-letter exchange (a
 	// binding to it reads it).
-	node.Ctl(t, "set_permissions", "-p", "/", "berthnoread", ".*", ".*", "^berth\\.dlx$")
-	url := strings.Replace(node.URL, "guest:guest", "berthnoread:pw", 1)
+	url := node.User(t, "berthnoread", ".*", ".*", "^berth\\.dlx$")
 	fast := sdk.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 
 	for _, c := range []struct {
@@ -156,10 +154,8 @@ func TestPublishAccessRefusedReported(t *testing.T) {
 func TestRetryCopyAccessRefused(t *testing.T) {
 	node := integration.StartRabbitMQ(t)
 	user := "berthnoretry_" + sdk.NewID()
-	node.Ctl(t, "add_user", user, "pw")
+	url := node.User(t, user, ".*", "^(berth_rmqtest_.*|berth\\.dlx)$", ".*")
 	t.Cleanup(func() { node.Ctl(t, "delete_user", user) })
-	node.Ctl(t, "set_permissions", "-p", "/", user, ".*", "^(berth_rmqtest_.*|berth\\.dlx)$", ".*")
-	url := strings.Replace(node.URL, "guest:guest", user+":pw", 1)
 	q := "berth_rmqtest_noretry"
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
