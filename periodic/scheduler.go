@@ -131,8 +131,9 @@ var ErrInvalidJob = errors.New("berth/periodic: invalid job")
 // New returns a Scheduler that publishes jobs through pub. It returns an
 // error wrapping [ErrInvalidJob] for a job without name, schedule or valid
 // queue, with a name that is not valid UTF-8, holds a NUL or is longer than
-// [MaxNameLength] (a broker would refuse every one of its slots), or for
-// two jobs with the same name.
+// [MaxNameLength] (a broker would refuse every one of its slots), for
+// two jobs with the same name, and for options it cannot follow (a
+// negative Lookback, a Missed policy that is neither [Skip] nor [CatchUp]).
 func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
 	if pub == nil {
 		return nil, fmt.Errorf("%w: nil publisher", ErrInvalidJob)
@@ -174,6 +175,11 @@ func New(pub sdk.Publisher, opts Options, jobs ...Job) (*Scheduler, error) {
 	}
 	if opts.Lookback < 0 {
 		return nil, fmt.Errorf("%w: negative Lookback", ErrInvalidJob)
+	}
+	if opts.Missed != Skip && opts.Missed != CatchUp {
+		// A policy of a newer berth, or a stray conversion: run as Skip,
+		// a CatchUp meant would drop every missed slot but the last.
+		return nil, fmt.Errorf("%w: unknown Missed policy %s", ErrInvalidJob, opts.Missed)
 	}
 	if opts.PublishTimeout <= 0 {
 		opts.PublishTimeout = 30 * time.Second

@@ -275,6 +275,22 @@ func TestNewRefusesBadJobs(t *testing.T) {
 	if _, err := periodic.New(nil, periodic.Options{}); !errors.Is(err, periodic.ErrInvalidJob) {
 		t.Errorf("nil publisher: %v", err)
 	}
+	// Options it cannot follow: an unknown Missed policy ran as Skip.
+	job := periodic.Job{Name: "j", Schedule: s, Queue: "q"}
+	for name, o := range map[string]periodic.Options{
+		"negative Lookback": {Lookback: -time.Second},
+		"unknown Missed":    {Missed: periodic.CatchUp + 1},
+		"negative Missed":   {Missed: -1},
+	} {
+		if _, err := periodic.New(r, o, job); !errors.Is(err, periodic.ErrInvalidJob) {
+			t.Errorf("%s: %v, want ErrInvalidJob", name, err)
+		}
+	}
+	for _, m := range []periodic.MissedPolicy{periodic.Skip, periodic.CatchUp} {
+		if _, err := periodic.New(r, periodic.Options{Missed: m}, job); err != nil {
+			t.Errorf("Missed %s: %v", m, err)
+		}
+	}
 }
 
 func TestRunTwiceIsRefused(t *testing.T) {
