@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -82,7 +83,17 @@ type apiMessage struct {
 	BodyCut bool `json:"body_cut"`
 	// URL is the API path of the dead letter, whole body included.
 	URL string `json:"url"`
+	// FieldsCut is set when a listing cut a field other than the ID and
+	// the body (a header value, the type, a key, the correlation ID, what
+	// the dead-letter history reads from headers) to maxListField bytes.
+	FieldsCut bool `json:"fields_cut,omitempty"`
 }
+
+// maxListField is the most of each message field other than the ID and the
+// body, in bytes, that a listing carries: a producer outside berth may
+// write headers of 100 KiB (a broker bounds a message, not a field), and a
+// page of 1,000 would carry them all.
+const maxListField = 1 << 10
 
 // apiView returns the API's form of queue's dead letter m with at most limit
 // bytes of its body (all of it when limit < 0).
@@ -96,7 +107,52 @@ func apiView(queue string, m *sdk.Message, limit int) apiMessage {
 		// the whole body's, as in the dead letter's own document.
 		v.Body, v.BodyEncoding = base64.StdEncoding.EncodeToString(body), "base64"
 	}
+	if limit >= 0 {
+		v.cutFields(maxListField)
+	}
 	return v
+}
+
+// cutFields cuts every field of v but the ID and the body to at most limit
+// bytes (see maxListField), setting FieldsCut when one was.
+func (v *apiMessage) cutFields(limit int) {
+	cut := func(s *string) {
+		b, c := cutBody([]byte(*s), limit)
+		if c {
+			*s, v.FieldsCut = string(b)+"…", true
+		}
+	}
+	for _, f := range []*string{&v.Type, &v.IdempotencyKey, &v.Key, &v.CorrelationID,
+		&v.DeadLetter.Reason, &v.DeadLetter.Class, &v.DeadLetter.Queue, &v.DeadLetter.FirstFailure, &v.DeadLetter.LastFailure} {
+		cut(f)
+	}
+	if v.Headers == nil {
+		return
+	}
+	var short map[string]string // a copy: the map is the broker's message's
+	for k, val := range v.Headers {
+		b, c := cutBody([]byte(k), limit)
+		vb, vc := cutBody([]byte(val), limit)
+		if !c && !vc {
+			continue
+		}
+		if short == nil {
+			short = maps.Clone(v.Headers)
+		}
+		delete(short, k)
+		nk, nv := string(b), string(vb)
+		if c {
+			nk += "…"
+		}
+		if vc {
+			nv += "…"
+		}
+		short[nk] = nv
+		v.FieldsCut = true
+	}
+	if short != nil {
+		v.Headers = short
+	}
 }
 
 // cutBody returns b whole when it has at most limit bytes (or limit < 0),

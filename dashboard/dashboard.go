@@ -33,7 +33,9 @@
 // Bodies: a dead letter's page shows the first MiB of its body; the API's
 // listing (GET /api/queues/{queue}/dead-letters) the first 4 KiB of each
 // (cut between characters; body_cut says it was cut, body_size is the whole
-// body's length in bytes), and a dead letter's own document (GET
+// body's length in bytes), and of every other field but the ID (headers,
+// type, keys, correlation ID, the dead-letter history) the first KiB
+// (fields_cut), and a dead letter's own document (GET
 // /api/queues/{queue}/dead-letters/{id}, the listing's url) all of it.
 //
 // A broker that does not answer: each read (a page, a GET of the API, a

@@ -125,3 +125,75 @@ func TestAPIListCarriesBodyPreview(t *testing.T) {
 		}
 	}
 }
+
+// A listing cuts every field but the ID and the body to 1 KiB too (header
+// values and names, the type, the keys, the dead-letter history read from
+// headers a foreign producer forged) and says so in fields_cut; the dead letter's document
+// keeps them whole. A producer outside berth may write 64 KiB headers, and a
+// page of 1,000 dead letters carried them all.
+func TestAPIListCutsLongFields(t *testing.T) {
+	b, err := memory.New(memory.Options{MaxMessageSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	huge := strings.Repeat("€", 64<<10/3) // 3 bytes each: a cut falls inside one
+	m := &sdk.Message{ID: "forged", Type: "t" + huge, CorrelationID: "c" + huge, Key: "k" + huge, Body: []byte("{}"),
+		Headers: map[string]string{"tenant": "v" + huge, "h" + huge: "x", "short": "kept"}}
+	deadLetterOne(t, b, m)
+	deadLetterOne(t, b, &sdk.Message{ID: "plain", Type: "order", Body: []byte("{}"), Headers: map[string]string{"tenant": "acme"}})
+
+	type message struct {
+		ID            string            `json:"id"`
+		Type          string            `json:"type"`
+		Key           string            `json:"key"`
+		CorrelationID string            `json:"correlation_id"`
+		Headers       map[string]string `json:"headers"`
+		FieldsCut     bool              `json:"fields_cut"`
+		URL           string            `json:"url"`
+	}
+	srv := serve(t, b, dashboard.Options{})
+	code, page := get(t, http.DefaultClient, srv.URL+"/api/queues/billing/dead-letters")
+	var l struct {
+		Messages []message `json:"messages"`
+	}
+	if code != 200 || json.Unmarshal([]byte(page), &l) != nil || len(l.Messages) != 2 {
+		t.Fatalf("list: %d %.300s", code, page)
+	}
+	if len(page) > 64<<10 {
+		t.Errorf("a listing of two dead letters is %d bytes", len(page))
+	}
+	const limit = 1<<10 + len("…")
+	for _, v := range l.Messages {
+		if v.ID == "plain" {
+			if v.FieldsCut || v.Type != "order" || v.Headers["tenant"] != "acme" {
+				t.Errorf("plain: %+v, want it whole and fields_cut false", v)
+			}
+			continue
+		}
+		if !v.FieldsCut {
+			t.Errorf("forged: fields_cut false")
+		}
+		fields := map[string]string{"type": v.Type, "key": v.Key, "correlation_id": v.CorrelationID}
+		for k, val := range v.Headers {
+			fields["header name "+k[:min(len(k), 8)]] = k
+			fields["header "+k[:min(len(k), 8)]] = val
+		}
+		for name, val := range fields {
+			if len(val) > limit || !utf8.ValidString(val) {
+				t.Errorf("forged: %s of %d bytes (valid UTF-8 %v), want at most %d", name, len(val), utf8.ValidString(val), limit)
+			}
+		}
+		if v.Headers["short"] != "kept" || !strings.HasPrefix(v.Headers["tenant"], "v€") {
+			t.Errorf("forged: headers %.200v", v.Headers)
+		}
+		code, one := get(t, http.DefaultClient, srv.URL+v.URL)
+		var full message
+		if code != 200 || json.Unmarshal([]byte(one), &full) != nil {
+			t.Fatalf("%s: %d %.200s", v.URL, code, one)
+		}
+		if full.FieldsCut || full.Type != m.Type || full.Headers["tenant"] != m.Headers["tenant"] || full.Key != m.Key {
+			t.Errorf("the document does not keep the fields whole (fields_cut %v, type of %d bytes)", full.FieldsCut, len(full.Type))
+		}
+	}
+}
