@@ -117,9 +117,9 @@ func apiView(queue string, m *sdk.Message, limit int) apiMessage {
 // bytes (see maxListField), setting FieldsCut when one was.
 func (v *apiMessage) cutFields(limit int) {
 	cut := func(s *string) {
-		b, c := cutBody([]byte(*s), limit)
+		b, c := cutBody(*s, limit)
 		if c {
-			*s, v.FieldsCut = string(b)+"…", true
+			*s, v.FieldsCut = b+"…", true
 		}
 	}
 	for _, f := range []*string{&v.Type, &v.IdempotencyKey, &v.Key, &v.CorrelationID,
@@ -131,8 +131,8 @@ func (v *apiMessage) cutFields(limit int) {
 	}
 	var short map[string]string // a copy: the map is the broker's message's
 	for k, val := range v.Headers {
-		b, c := cutBody([]byte(k), limit)
-		vb, vc := cutBody([]byte(val), limit)
+		nk, c := cutBody(k, limit)
+		nv, vc := cutBody(val, limit)
 		if !c && !vc {
 			continue
 		}
@@ -140,7 +140,6 @@ func (v *apiMessage) cutFields(limit int) {
 			short = maps.Clone(v.Headers)
 		}
 		delete(short, k)
-		nk, nv := string(b), string(vb)
 		if c {
 			nk += "…"
 		}
@@ -155,10 +154,11 @@ func (v *apiMessage) cutFields(limit int) {
 	}
 }
 
-// cutBody returns b whole when it has at most limit bytes (or limit < 0),
-// else its first limit bytes, fewer by up to utf8.UTFMax so as to cut
-// before a character rather than inside it, and true.
-func cutBody(b []byte, limit int) ([]byte, bool) {
+// cutBody returns b (a body, or a field's text) whole when it has at most
+// limit bytes (or limit < 0), else its first limit bytes, fewer by up to
+// utf8.UTFMax so as to cut before a character rather than inside it, and
+// true.
+func cutBody[T ~string | ~[]byte](b T, limit int) (T, bool) {
 	if limit < 0 || len(b) <= limit {
 		return b, false
 	}
