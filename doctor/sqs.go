@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
@@ -32,7 +33,9 @@ func asSQS(b sdk.Broker) *sqs.Broker {
 
 // SQS runs the SQS checks on each of opts.Queues: sqs.queue-missing,
 // sqs.redrive-policy, sqs.max-receive-count, sqs.visibility-timeout,
-// sqs.dlq-retention, sqs.long-polling. Each queue's checks are bounded by
+// sqs.dlq-retention, sqs.long-polling, and sqs.queue-attributes (info:
+// doctor's credentials may not read a queue's attributes, so the checks
+// that need them are not made). Each queue's checks are bounded by
 // Options.CheckTimeout (doctor.check-timeout).
 func SQS(ctx context.Context, b *sqs.Broker, opts Options) ([]Finding, error) {
 	fs, err := sqsChecks(ctx, b, opts.withDefaults())
@@ -75,6 +78,31 @@ func sqsAttributes(ctx context.Context, c *awssqs.Client, name string) (map[stri
 	return out.Attributes, nil
 }
 
+// accessDenied reports whether err is SQS refusing a call for want of
+// permission: credentials whose IAM policy does not allow
+// sqs:GetQueueUrl or sqs:GetQueueAttributes (a producer's, say).
+func accessDenied(err error) bool {
+	var ae smithy.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.ErrorCode() {
+	case "AccessDenied", "AccessDeniedException":
+		return true
+	}
+	return false
+}
+
+// attributesDenied is the finding for a queue whose attributes doctor may
+// not read: the checks that need them (listed in unchecked) are not made,
+// and the other queues' checks still run.
+func attributesDenied(name, unchecked string, err error) Finding {
+	return Finding{ID: "sqs.queue-attributes", Severity: Info,
+		Summary:  fmt.Sprintf("the attributes of %s could not be read (doctor's credentials may not): %s not checked", quoted(name), unchecked),
+		Evidence: err.Error(),
+		Fix:      "run doctor with credentials allowed sqs:GetQueueUrl and sqs:GetQueueAttributes on the queue and its dead-letter queue"}
+}
+
 func seconds(attrs map[string]string, name sqstypes.QueueAttributeName) (time.Duration, bool) {
 	n, err := strconv.Atoi(attrs[string(name)])
 	if err != nil {
@@ -88,6 +116,10 @@ func sqsQueue(ctx context.Context, b *sqs.Broker, q string, o Options) ([]Findin
 	add := func(f Finding) { f.Queue = q; fs = append(fs, f) }
 	c := b.Client()
 	attrs, err := sqsAttributes(ctx, c, q)
+	if accessDenied(err) {
+		add(attributesDenied(q, "its redrive policy, maxReceiveCount, visibility timeout, long polling and dead-letter retention are", err))
+		return fs, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -149,6 +181,10 @@ func sqsQueue(ctx context.Context, b *sqs.Broker, q string, o Options) ([]Findin
 	// Dead-letter queue retention.
 	if dlqName != "" {
 		dattrs, err := sqsAttributes(ctx, c, dlqName)
+		if accessDenied(err) {
+			add(attributesDenied(dlqName, "the dead-letter queue's retention is", err))
+			return fs, nil
+		}
 		if err != nil {
 			return nil, err
 		}
