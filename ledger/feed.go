@@ -257,6 +257,13 @@ type deadLetters struct {
 }
 
 func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	// Dated when the redrive begins, not when it returns: a job it moved
+	// may run and die again before it returns (a redrive of many letters
+	// moves them one by one), and the store redrives a dead row only if it
+	// died no later than the redrive's time — dated after, its new death
+	// would read as the one redriven, and the row show a generation that
+	// never runs.
+	now := time.Now()
 	n, err := d.DeadLetters.RedriveDeadLetters(ctx, queue, ids...)
 	if err != nil || len(ids) == 0 {
 		// Which messages moved is not known (brokers may redrive part of a
@@ -265,7 +272,6 @@ func (d *deadLetters) RedriveDeadLetters(ctx context.Context, queue string, ids 
 		// start shows the new generation.
 		return n, err
 	}
-	now := time.Now()
 	for _, id := range ids {
 		d.l.Record(Event{MessageID: id, Queue: queue, Status: StatusRedriven, At: now})
 	}
