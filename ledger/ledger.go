@@ -135,8 +135,10 @@ type Options struct {
 	// which batches land does not matter (the store's guard orders events),
 	// and pgledger.Store locks a batch's rows in one order, so concurrent
 	// batches of job events cannot deadlock each other (a whole-queue
-	// redrive racing them may; PostgreSQL then refuses one batch, which is
-	// counted as failed like any other). Store.Write is then called from several
+	// redrive racing them may; PostgreSQL then aborts one batch as the
+	// deadlock's victim, which pgledger.Store.Write sends again, up to
+	// three times in all, and only then reports failed like any other
+	// failed batch). Store.Write is then called from several
 	// goroutines at once and must be safe for that.
 	Writers int
 	// WriteTimeout bounds each Write, and Close's writing of what is

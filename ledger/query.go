@@ -78,7 +78,8 @@ type Page struct {
 }
 
 // Window bounds [Reader.Counts]: jobs updated in [Since, Until), of Queue
-// when set. A zero Until means now.
+// when set. A zero Since or Until is no bound: with a zero Until, rows
+// dated after now (a writer's clock ahead of this one) are counted too.
 type Window struct {
 	Queue        string
 	Since, Until time.Time
