@@ -24,5 +24,8 @@
 //
 // Every table and column name these packages put into SQL is validated (a
 // plain identifier, optionally schema-qualified for tables) and quoted; values
-// are always bind parameters.
+// are always bind parameters. A missing row is a permanent error (each
+// package's ErrNotFound), and so is a value PostgreSQL refuses with a data
+// exception (SQLSTATE class 22: a key the key column's type cannot read, a
+// value to set of the wrong form), since every retry sends the same values.
 package concurrency

@@ -3,6 +3,7 @@ package concurrency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/berthq/berth/concurrency/state"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -202,5 +204,59 @@ func TestUnstorableNamedStringKeyIsNotFound(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("the transaction after rowlock.Lock(%q): %v, want it usable", bad, err)
+	}
+}
+
+// TestMalformedValueIsPermanent: a key the key column's type cannot read
+// ("abc" or a number beyond bigint's range, for a bigint key — a message's
+// order id, as text), or a value to set of the wrong form, is refused by
+// PostgreSQL with a data exception (SQLSTATE class 22): every retry sends
+// the same values and fails the same way. Before, each package returned the
+// refusal as a transient error, and the job was retried with backoff to its
+// last attempt instead of going to the dead-letter queue at once.
+func TestMalformedValueIsPermanent(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
+		`CREATE TABLE items (id bigint PRIMARY KEY, status text NOT NULL, n bigint NOT NULL DEFAULT 0, version bigint NOT NULL DEFAULT 1, fence_token bigint, at timestamptz)`,
+		`INSERT INTO items (id, status) VALUES (1, 'pending')`)
+	check := func(name string, err error) {
+		t.Helper()
+		var pe *pgconn.PgError
+		switch {
+		case err == nil:
+			t.Errorf("%s: nil error", name)
+		case sdk.Classify(err) != sdk.ClassPermanent:
+			t.Errorf("%s: %v classified %q, want permanent", name, err, sdk.Classify(err))
+		case !errors.As(err, &pe) || !strings.HasPrefix(pe.Code, "22"):
+			t.Errorf("%s: %v, want PostgreSQL's data exception in the chain", name, err)
+		}
+	}
+	for _, key := range []string{"abc", "99999999999999999999999"} {
+		for _, c := range lookupCalls(t, pool, key) {
+			if c.name == "rowlock.Lock" { // the refusal aborts the transaction
+				locker, _, _, _ := itemsTools(t)
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var n int64
+				_, err = locker.Lock(ctx, tx, key, &n)
+				_ = tx.Rollback(ctx)
+				check(fmt.Sprintf("%s(%q)", c.name, key), err)
+				continue
+			}
+			check(fmt.Sprintf("%s(%q)", c.name, key), c.call())
+		}
+	}
+	_, versioned, fenced, flow := itemsTools(t)
+	_, err := versioned.Update(ctx, pool, 1, 1, map[string]any{"at": "not a time"})
+	check("optimistic.Update(at: not a time)", err)
+	check("fence.Update(at: not a time)", fenced.Update(ctx, pool, 1, 1, map[string]any{"at": "not a time"}))
+	_, err = flow.Transition(ctx, pool, 1, "paid", map[string]any{"at": "not a time"})
+	check("state.Transition(at: not a time)", err)
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM items WHERE id = 1`).Scan(&status); err != nil || status != "pending" {
+		t.Fatalf("row 1: %q, %v; want untouched", status, err)
 	}
 }

@@ -101,7 +101,9 @@ func New(opts Options) (*Table, error) {
 // Check records token on the row whose key is key, provided no later token
 // has; it writes nothing else. Run it first in a transaction whose other
 // writes the token should fence. A later token gives a [*StaleTokenError]
-// ([ErrStaleToken]); a missing row a permanent [ErrNotFound].
+// ([ErrStaleToken]); a missing row a permanent [ErrNotFound]; a key or
+// value PostgreSQL cannot read (a data exception, SQLSTATE class 22) a
+// permanent error wrapping PostgreSQL's.
 func (t *Table) Check(ctx context.Context, db DB, key any, token int64) error {
 	return t.Update(ctx, db, key, token, nil)
 }
@@ -157,6 +159,9 @@ func (t *Table) wrap(ctx context.Context, key any, err error) error {
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if sqlident.DataException(err) { // a retry sends the same values
+		return sdk.Permanent(fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), err))
 	}
 	return fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), err)
 }

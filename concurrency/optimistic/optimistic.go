@@ -195,7 +195,8 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 // version. A stale version gives a [*ConflictError] ([ErrVersionConflict]),
 // as does a serialization failure or deadlock of an Update run outside a
 // transaction (with Cause set; see the package doc); a missing row gives a
-// permanent [ErrNotFound].
+// permanent [ErrNotFound], and a key or value PostgreSQL cannot read (a
+// data exception, SQLSTATE class 22) a permanent error wrapping PostgreSQL's.
 // Column names are validated and quoted; values are bind parameters. set must not name the key or version column.
 func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set map[string]any) (int64, error) {
 	names := make([]string, 0, len(set))
@@ -296,6 +297,9 @@ func (t *Table) wrap(ctx context.Context, key any, err error) error {
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if sqlident.DataException(err) { // a retry sends the same values
+		return sdk.Permanent(fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), err))
 	}
 	return fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), err)
 }

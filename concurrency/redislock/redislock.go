@@ -102,7 +102,9 @@ type Options struct {
 	// whole and every script refused with CROSSSLOT.
 	Prefix string
 	// TTL is the lock's lifetime in Redis without extension. Default 30s;
-	// at least 10ms.
+	// at least 10ms. Redis counts it in whole milliseconds: a fraction of
+	// a millisecond is dropped (the lock would expire in Redis that much
+	// before the holder's watchdog expects it to).
 	TTL time.Duration
 	// ExtendEvery is how often the watchdog of [Client.Run] extends the
 	// lock. Default TTL/3; must be below TTL.
@@ -145,6 +147,9 @@ func New(rdb redis.Scripter, opts Options) (*Client, error) {
 	if opts.TTL < 10*time.Millisecond {
 		return nil, fmt.Errorf("%w: TTL %s under 10ms", ErrInvalidOptions, opts.TTL)
 	}
+	// PX takes milliseconds: the lock lives TTL.Milliseconds() in Redis,
+	// and the watchdog's reckoning of its expiry must not run past that.
+	opts.TTL = opts.TTL.Truncate(time.Millisecond)
 	if opts.ExtendEvery == 0 {
 		opts.ExtendEvery = opts.TTL / 3
 	}

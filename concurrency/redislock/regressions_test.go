@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -141,4 +142,56 @@ func (h hangHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (hangHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// pxRecorder is the real client, recording the lifetime (PX, in
+// milliseconds) each script of the package is given.
+type pxRecorder struct {
+	*redis.Client
+	mu  sync.Mutex
+	pxs []int64
+}
+
+func (r *pxRecorder) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	if len(args) >= 2 {
+		if px, ok := args[1].(int64); ok {
+			r.mu.Lock()
+			r.pxs = append(r.pxs, px)
+			r.mu.Unlock()
+		}
+	}
+	return r.Client.EvalSha(ctx, sha, keys, args...)
+}
+
+// TestTTLIsTheLifetimeRedisGives: Redis takes a lock's lifetime in whole
+// milliseconds (PX), so a TTL with a fraction of one (20.6ms) gave the key
+// 20ms while Lock.TTL, and the watchdog of Run — which counts the lock as
+// certainly held until acquisition + TTL — took it to live 20.6ms: fn's
+// context was cancelled, and a release failure excused, up to a millisecond
+// after Redis had already expired the lock and could hand it to another
+// holder.
+func TestTTLIsTheLifetimeRedisGives(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	rec := &pxRecorder{Client: rdb}
+	c := newClient(t, rec, prefix, redislock.Options{TTL: 20*time.Millisecond + 600*time.Microsecond})
+	ctx := context.Background()
+	l, err := c.Obtain(ctx, "ttl:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+	if err := l.Extend(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	pxs := append([]int64(nil), rec.pxs...)
+	rec.mu.Unlock()
+	if len(pxs) < 2 {
+		t.Fatalf("recorded lifetimes %v, want the obtain's and the extension's", pxs)
+	}
+	for _, px := range pxs {
+		if given := time.Duration(px) * time.Millisecond; l.TTL() != given {
+			t.Errorf("Lock.TTL() = %s, but Redis was given %s", l.TTL(), given)
+		}
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -74,7 +75,8 @@ type Options struct {
 	Columns []string
 	// Timeout bounds the wait for the lock (PostgreSQL lock_timeout, set
 	// with SET LOCAL for the locking statement only, then put back).
-	// Default 2s. Ignored with NoWait.
+	// Default 2s, at most about 24.8 days (2^31-1 ms, PostgreSQL's
+	// largest lock_timeout). Ignored with NoWait.
 	Timeout time.Duration
 	// NoWait fails at once when the row is locked (FOR UPDATE NOWAIT).
 	NoWait bool
@@ -87,6 +89,9 @@ type Options struct {
 	// concurrent use.
 	Observe func(ctx context.Context, table string, waited time.Duration, err error)
 }
+
+// maxTimeout is the largest lock_timeout PostgreSQL accepts: 2^31-1 ms.
+const maxTimeout = math.MaxInt32 * time.Millisecond
 
 // Locker locks rows of one table. It is safe for concurrent use.
 type Locker struct {
@@ -124,6 +129,10 @@ func New(opts Options) (*Locker, error) {
 	if opts.Timeout < time.Millisecond {
 		return nil, errors.New("rowlock: Timeout under 1ms (lock_timeout counts milliseconds)")
 	}
+	if opts.Timeout > maxTimeout && !opts.NoWait {
+		// PostgreSQL refuses a larger lock_timeout: every Lock would fail.
+		return nil, fmt.Errorf("rowlock: Timeout %s over %s (lock_timeout's largest value)", opts.Timeout, maxTimeout)
+	}
 	if opts.RetryDelay == 0 {
 		opts.RetryDelay = time.Second
 	}
@@ -151,7 +160,9 @@ func New(opts Options) (*Locker, error) {
 //
 // A busy row gives an error made by sdk.RetryAfter wrapping a [*BusyError]
 // ([ErrBusy]); tx is then aborted and must be rolled back. A missing row
-// gives a permanent [ErrNotFound]. Context errors are returned unwrapped.
+// gives a permanent [ErrNotFound], and a key the key column's type cannot
+// read (a data exception, SQLSTATE class 22) a permanent error wrapping
+// PostgreSQL's. Context errors are returned unwrapped.
 func (l *Locker) Lock(ctx context.Context, tx pgx.Tx, key any, dest ...any) (time.Duration, error) {
 	waited, err := l.lock(ctx, tx, key, dest)
 	if l.observe != nil {
@@ -209,6 +220,9 @@ func (l *Locker) classify(ctx context.Context, key any, waited time.Duration, er
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if sqlident.DataException(err) { // a retry sends the same key
+		return sdk.Permanent(fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), err))
 	}
 	return fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), err)
 }

@@ -229,3 +229,28 @@ func Example() {
 	}
 	_ = handle
 }
+
+// TestTimeoutPostgreSQLCannotSet: lock_timeout holds at most 2^31-1 ms
+// (about 24.8 days). New took a longer Timeout (30 days: "wait as long as
+// it takes"), and then every Lock failed setting it (SQLSTATE 22023):
+// every job was retried to its last attempt and dead-lettered, the row
+// never locked. New refuses it; the largest value works.
+func TestTimeoutPostgreSQLCannotSet(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	if l, err := rowlock.New(rowlock.Options{Table: "orders", Timeout: 30 * 24 * time.Hour}); err == nil {
+		_, err := l.Lock(ctx, begin(t, pool), 1)
+		t.Fatalf("New accepted a 30-day Timeout, with which Lock = %v", err)
+	}
+	largest := time.Duration(1<<31-1) * time.Millisecond
+	l, err := rowlock.New(rowlock.Options{Table: "orders", Timeout: largest})
+	if err != nil {
+		t.Fatalf("New(Timeout %s) = %v, want PostgreSQL's largest lock_timeout accepted", largest, err)
+	}
+	if _, err := l.Lock(ctx, begin(t, pool), 1); err != nil {
+		t.Fatalf("Lock with Timeout %s = %v", largest, err)
+	}
+	if _, err := rowlock.New(rowlock.Options{Table: "orders", NoWait: true, Timeout: 30 * 24 * time.Hour}); err != nil {
+		t.Errorf("New(NoWait, 30-day Timeout) = %v: Timeout is ignored with NoWait", err)
+	}
+}

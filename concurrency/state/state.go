@@ -49,7 +49,9 @@ var (
 
 // TransitionError describes a refused move. It wraps [ErrInvalidTransition].
 type TransitionError struct {
-	Key      any
+	Key any
+	// From is the row's state, "" when its status column is NULL (or
+	// empty); To is the refused target.
 	From, To string
 	// Backward is true when From can be reached from To: the move would
 	// undo progress (paid → pending). When false the move skips ahead of a
@@ -64,7 +66,11 @@ func (e *TransitionError) Error() string {
 	if e.Backward {
 		dir = "backward"
 	}
-	return fmt.Sprintf("state: %s: %s → %s is %s", sqlident.KeyText(e.Key), e.From, e.To, dir)
+	from := e.From
+	if from == "" {
+		from = "(NULL or empty)"
+	}
+	return fmt.Sprintf("state: %s: %s → %s is %s", sqlident.KeyText(e.Key), from, e.To, dir)
 }
 
 // Unwrap returns ErrInvalidTransition.
@@ -242,10 +248,12 @@ const maxRaces = 3
 // quoted, values as bind parameters.
 //
 // A row already in state to is left alone and reported with Changed false and
-// a nil error. A refused move returns sdk.Permanent wrapping a
-// [*TransitionError] ([ErrInvalidTransition]); a missing row sdk.Permanent
+// a nil error. A refused move (from a state the table does not let move to
+// to, one it does not declare, or a NULL status) returns sdk.Permanent
+// wrapping a [*TransitionError] ([ErrInvalidTransition]); a missing row sdk.Permanent
 // wrapping [ErrNotFound]; an undeclared target sdk.Permanent wrapping
-// [ErrUnknownState]. Run it in the transaction that makes the rest of the
+// [ErrUnknownState]; a key or value PostgreSQL cannot read (a data
+// exception, SQLSTATE class 22) sdk.Permanent wrapping its error. Run it in the transaction that makes the rest of the
 // job's effect, so that the move and the effect commit together.
 func (m *Machine) Transition(ctx context.Context, db DB, key any, to string, set map[string]any) (Result, error) {
 	if _, ok := m.reach[to]; !ok {
@@ -268,10 +276,16 @@ func (m *Machine) Transition(ctx context.Context, db DB, key any, to string, set
 			return Result{}, m.wrap(ctx, key, err)
 		}
 		// Refused: read the state to say why.
-		var cur string
-		if err := db.QueryRow(ctx, m.selectSQL, key).Scan(&cur); err != nil {
+		var status *string
+		if err := db.QueryRow(ctx, m.selectSQL, key).Scan(&status); err != nil {
 			return Result{}, m.wrap(ctx, key, err)
 		}
+		if status == nil {
+			// A NULL status is no declared state: no move can start
+			// from it, and a retry cannot change that.
+			return Result{}, sdk.Permanent(&TransitionError{Key: key, To: to})
+		}
+		cur := *status
 		switch {
 		case cur == to:
 			return Result{From: to}, nil
@@ -318,6 +332,9 @@ func (m *Machine) wrap(ctx context.Context, key any, err error) error {
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if sqlident.DataException(err) { // a retry sends the same values
+		return sdk.Permanent(fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), err))
 	}
 	return fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), err)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -300,5 +301,34 @@ func TestTransitionRetriesWhenRowMovesIntoAllowedState(t *testing.T) {
 	res, err := m.Transition(ctx, db, 1, "paid", nil)
 	if err != nil || res != (state.Result{From: "processing", Changed: true}) {
 		t.Fatalf("Transition = %+v, %v; want processing → paid after the concurrent move", res, err)
+	}
+}
+
+// TestNullStatusIsARefusedMove: a row whose status column is NULL (a
+// nullable column added to an existing table) can take no transition — NULL
+// is in no allowed-from set — so a move is refused permanently, as from an
+// undeclared state. Before, reading the state to explain the refusal failed
+// to scan NULL, and the job got a transient error and was retried for
+// nothing until its attempts ran out.
+func TestNullStatusIsARefusedMove(t *testing.T) {
+	pool, _ := pgtest.Schema(t, 2)
+	pgtest.Exec(t, pool,
+		`CREATE TABLE orders (id bigint PRIMARY KEY, status text)`,
+		`INSERT INTO orders (id, status) VALUES (1, NULL)`)
+	m, err := state.New(state.Options{Table: "orders", Transitions: orderFlow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Transition(context.Background(), pool, 1, "processing", nil)
+	var te *state.TransitionError
+	if !sdk.IsPermanent(err) || !errors.As(err, &te) || te.From != "" || te.To != "processing" || te.Backward {
+		t.Fatalf("NULL → processing = %v (permanent %v), want a permanent TransitionError from NULL", err, sdk.IsPermanent(err))
+	}
+	if !strings.Contains(err.Error(), "(NULL or empty) → processing") {
+		t.Errorf("error %q does not name the NULL status", err)
+	}
+	var status *string
+	if err := pool.QueryRow(context.Background(), "SELECT status FROM orders WHERE id = 1").Scan(&status); err != nil || status != nil {
+		t.Errorf("row 1 status = %v, %v; want NULL, untouched", status, err)
 	}
 }

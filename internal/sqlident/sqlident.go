@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -153,4 +154,14 @@ func KeyText(key any) string {
 		return strconv.Quote(s)
 	}
 	return fmt.Sprint(key)
+}
+
+// DataException reports whether err is PostgreSQL refusing a statement's
+// values themselves: a data exception (SQLSTATE class 22), such as a key
+// the key column's type cannot read ("abc" for a bigint or a uuid, a number
+// beyond its range) or a value to set of the wrong form. The same values
+// fail the same way on every retry.
+func DataException(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22")
 }
