@@ -625,8 +625,10 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // It pages through the dead-letter queue, redriving each page as it goes,
 // until receives find it empty. It returns how many it redrove, and an error
 // wrapping [sdk.ErrNotFound] naming the IDs it did not find. Dead letters it
-// could not send stay, with the errors returned. With no IDs, a dead letter
-// whose berth ID the call already redrove (it came back, dead-lettered again
+// could not send stay, with the errors returned. So does one whose copy was
+// sent while another reader took it (the send outlasted the scan's hold):
+// it is not counted, and its error wraps [sdk.ErrLeaseLost]. With no IDs, a
+// dead letter whose berth ID the call already redrove (it came back, dead-lettered again
 // by a consumer while the redrive ran, or it is a duplicate) stays too, so
 // that the call ends. It remembers only the last 10,000 IDs it redrove
 // (bounded memory, however many it redrives): once it has redriven more, a
@@ -737,10 +739,15 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 // berth ID, which letters may share); it returns how many it deleted. A
 // letter that cannot be encoded for the queue, or whose copy SQS refused,
 // stays held; the refused are named by berth ID in an [*sdk.PublishError].
+// A send slow enough for the page's hold to have lapsed is followed by a
+// check of the holds: a letter another reader took meanwhile is not
+// deleted (a stale receipt's delete succeeds and deletes nothing), and is
+// reported with an error wrapping [sdk.ErrLeaseLost].
 func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *recentIDs) (int, error) {
 	if len(page) == 0 {
 		return 0, nil
 	}
+	began := time.Now()                 // the page was received, and its hold set, just before
 	limit, err := b.wireLimit(ctx, s.q) // the queue's own limit, when below MaxWireSize
 	if err != nil {
 		return 0, err
@@ -769,6 +776,9 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 	// redriven again: a duplicate job).
 	failed, err := b.sendEach(ctx, s.q, entries)
 	if err != nil {
+		for _, l := range sendable { // held, not needed: a redrive of all goes on paging
+			l.msg = nil
+		}
 		return 0, errors.Join(append(errs, err)...) // nothing was sent, unless err says it may have been
 	}
 	if failed != nil {
@@ -782,6 +792,32 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 		}
 		l.msg = nil
 	}
+	held := make([]*letter, 0, len(done))
+	for _, l := range done {
+		if l.handle != "" {
+			held = append(held, l)
+		}
+	}
+	if time.Since(began) >= s.b.scanHold/3 {
+		// The send took long enough for the page's hold to lapse: another
+		// reader may hold a letter now, and a delete with a stale receipt
+		// succeeds and deletes nothing (the letter would stay, redriven
+		// again by the next redrive). Checked as the acker checks a late
+		// delete: a letter whose receipt no longer holds it is not
+		// deleted, and is reported.
+		if err := b.changeVisibilityBatch(ctx, s.dlq, held, s.b.scanHold); err != nil {
+			return 0, errors.Join(append(errs, fmt.Errorf("berth/sqs: %d dead letters of %s were redriven but not deleted (their hold could not be checked): %w", len(done), s.dlq.name, err))...)
+		}
+	}
+	held = held[:0]
+	for _, l := range done {
+		if l.handle == "" {
+			errs = append(errs, fmt.Errorf("berth/sqs: dead letter %s of %s was redriven, but another reader took it while its copy was sent: it stays in the dead-letter queue: %w", l.sqsID, s.dlq.name, sdk.ErrLeaseLost))
+			continue
+		}
+		held = append(held, l)
+	}
+	done = held
 	gone, err := b.remove(ctx, s.dlq, done)
 	s.forget(gone)
 	return len(gone), errors.Join(append(errs, err)...)
