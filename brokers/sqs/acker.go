@@ -548,7 +548,7 @@ func (a *acker) finish(e ackEntry, err error) {
 		if errors.Is(err, sdk.ErrUnavailable) { // SQS's answer was lost or left it out
 			msg = "berth/sqs: delete's outcome unknown; the message may be delivered again"
 		}
-		a.log.Warn(msg, slog.String("queue", e.queue), slog.String("message_id", e.id), slog.Any("error", err))
+		a.log.Warn(msg, slog.String("queue", e.queue), sdk.LogText("message_id", e.id), sdk.LogCause("error", err)) // the ID is the producer's
 		if len(a.surfaced) < maxSurfaced {
 			a.surfaced = append(a.surfaced, err)
 		} else {

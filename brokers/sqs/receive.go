@@ -135,7 +135,7 @@ func (b *Broker) message(q *queueRef, m sqstypes.Message) *sdk.Message {
 	msg, err := decode(m)
 	if err != nil {
 		b.opts.Logger.Warn("berth/sqs: undecodable message delivered as it is",
-			slog.String("queue", q.name), slog.String("sqs_message_id", aws.ToString(m.MessageId)), slog.Any("error", err))
+			slog.String("queue", q.name), slog.String("sqs_message_id", aws.ToString(m.MessageId)), sdk.LogCause("error", err)) // err quotes the envelope
 		msg = foreign(m)
 	}
 	return msg
