@@ -28,6 +28,9 @@ type delivery struct {
 	deadline time.Time   // berth's view of when the lease ends
 	until    time.Time   // the end ExtendLease asked for
 	renew    *time.Timer // repeats InProgress until until, nil when none
+	// renewing is closed once the +WPI renewLease has on its way is
+	// answered or given up; nil when none is.
+	renewing chan struct{}
 }
 
 var _ sdk.Releaser = (*delivery)(nil)
@@ -53,8 +56,23 @@ func (e *LeaseLostError) Unwrap() error { return sdk.ErrLeaseLost }
 
 // begin checks that d can be settled: not yet settled, lease not over. It
 // holds d.mu until end is called.
-func (d *delivery) begin() error {
+//
+// It first waits (as long as ctx lets it) for a +WPI of the lease timer on
+// its way: a settlement sent meanwhile could reach the server first, and
+// the +WPI, applied after a Retry's delayed nak, restarts the message's
+// AckWait: it came back after AckWait instead of the delay.
+func (d *delivery) begin(ctx context.Context) error {
 	d.mu.Lock()
+	for d.renewing != nil {
+		renewing := d.renewing
+		d.mu.Unlock()
+		select {
+		case <-renewing:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		d.mu.Lock()
+	}
 	if d.b.closed.Load() {
 		d.mu.Unlock()
 		return sdk.ErrClosed
@@ -157,7 +175,7 @@ func (d *delivery) sendInLease(ctx context.Context, op string, body []byte) erro
 // (work-queue retention). An answer that comes only after the lease ended
 // is a [*LeaseLostError] (see sendInLease).
 func (d *delivery) Ack(ctx context.Context) error {
-	if err := d.begin(); err != nil {
+	if err := d.begin(ctx); err != nil {
 		return err
 	}
 	return d.end(d.sendInLease(ctx, "ack", ackAck))
@@ -167,7 +185,7 @@ func (d *delivery) Ack(ctx context.Context) error {
 // NumDelivered (hence Attempt) one higher, not before delay. cause is not
 // stored: JetStream keeps no text with a nak.
 func (d *delivery) Retry(ctx context.Context, delay time.Duration, _ error) error {
-	if err := d.begin(); err != nil {
+	if err := d.begin(ctx); err != nil {
 		return err
 	}
 	delay = min(max(delay, 0), sdk.MaxDelay)
@@ -228,12 +246,18 @@ func (d *delivery) renewLease() {
 		return
 	}
 	timer, deadline := d.renew, d.deadline
+	renewing := make(chan struct{})
+	d.renewing = renewing
 	d.mu.Unlock()
 
-	// Without d.mu: a settlement or ExtendLease need not wait for the
-	// answer. Past the lease's end the answer is of no use.
+	// Without d.mu: ExtendLease need not wait for the answer (a
+	// settlement does, see begin). Past the lease's end the answer is of
+	// no use.
 	err := d.b.connected("in progress")
 	if err == nil {
+		if renewHook != nil {
+			renewHook()
+		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		go func() { // Close ends the wait
 			select {
@@ -248,6 +272,10 @@ func (d *delivery) renewLease() {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.renewing == renewing { // else another renewal is on its way
+		d.renewing = nil
+	}
+	close(renewing)
 	if d.settled || d.renew != timer {
 		return // settled, or ExtendLease started anew, meanwhile
 	}
@@ -269,6 +297,10 @@ func (d *delivery) renewLease() {
 	}
 }
 
+// renewHook, set by the tests, runs in renewLease just before its +WPI is
+// sent.
+var renewHook func()
+
 // DeadLetter stores a copy with the reason headers in the queue's
 // dead-letter stream (waiting for its ack), then acknowledges the original,
 // within the lease (see sendInLease).
@@ -277,7 +309,7 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 }
 
 func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) error {
-	if err := d.begin(); err != nil {
+	if err := d.begin(ctx); err != nil {
 		return err
 	}
 	m := d.msg.Clone()
@@ -354,7 +386,7 @@ func (b *Broker) fitDeadLetter(m *sdk.Message, extra nats.Header, subject, id st
 // be lost, or the lease end first, both copies are delivered: consumers
 // dedupe by IdempotencyKey.
 func (d *delivery) Release(ctx context.Context, delay time.Duration) error {
-	if err := d.begin(); err != nil {
+	if err := d.begin(ctx); err != nil {
 		return err
 	}
 	delay = min(max(delay, 0), sdk.MaxDelay)

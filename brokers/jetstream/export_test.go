@@ -52,3 +52,11 @@ func SetPullHook(f func(*Broker)) (restore func()) {
 
 // Closing returns the channel Close closes once it has begun.
 func (b *Broker) Closing() <-chan struct{} { return b.closing }
+
+// SetRenewHook sets the hook ExtendLease's timer runs just before it sends
+// a +WPI; the returned func restores it.
+func SetRenewHook(f func()) (restore func()) {
+	old := renewHook
+	renewHook = f
+	return func() { renewHook = old }
+}

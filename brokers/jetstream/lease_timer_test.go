@@ -1,7 +1,9 @@
 package jetstream_test
 
 import (
+	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,5 +70,58 @@ func TestLeaseTimerRenewalNotConfirmed(t *testing.T) {
 	}
 	if err := second.Ack(ctx); err != nil {
 		t.Errorf("second holder's Ack: %v", err)
+	}
+}
+
+// TestLeaseTimerRenewalAfterRetry: ExtendLease's timer sent its +WPI
+// without holding the delivery, so a Retry(d) made meanwhile could reach
+// the server first; the +WPI, applied to the nak'ed message, restarted its
+// AckWait, and the message came back after AckWait instead of after d
+// (Retry promises "not before d").
+func TestLeaseTimerRenewalAfterRetry(t *testing.T) {
+	const ackWait = 2 * time.Second
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	b := newBroker(t, jetstream.Options{AckWait: ackWait, WaitTime: 700 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet})
+	q := declare(t, b, "renewretry")
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "renew-retry", Type: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(ctx, t, b, q)
+
+	renewing, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer jetstream.SetRenewHook(func() {
+		once.Do(func() {
+			close(renewing)
+			select { // the Retry below goes first, unless the renewal holds it back
+			case <-proceed:
+			case <-time.After(300 * time.Millisecond):
+			}
+		})
+	})()
+	if err := d.ExtendLease(ctx, 10*ackWait); err != nil { // renewed by the timer every AckWait/2
+		t.Fatal(err)
+	}
+	select {
+	case <-renewing:
+	case <-ctx.Done():
+		t.Fatal("the lease timer did not renew")
+	}
+	err := d.Retry(ctx, time.Minute, errors.New("later"))
+	close(proceed)
+	if err != nil {
+		t.Fatalf("Retry: %v", err)
+	}
+	// Retried with a minute's delay: not back within a few AckWaits.
+	for until := time.Now().Add(3 * ackWait); time.Now().Before(until); {
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, got := range ds {
+			t.Fatalf("%s (attempt %d) redelivered a minute early: a +WPI sent after the Retry's nak restarted its AckWait",
+				got.Message().ID, got.Attempt())
+		}
 	}
 }
