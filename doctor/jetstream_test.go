@@ -168,10 +168,11 @@ func setConsumerMaxDeliver(ctx context.Context, t *testing.T, js jetstream.JetSt
 }
 
 // TestJetStreamPerSubjectLimit: every ready job of a queue is stored on one
-// subject, so a MaxMsgsPerSubject on the queue's stream (discard old, berth's
-// setting) keeps only the newest jobs and drops the others without an error
-// to anyone. Doctor reported "no limit drops jobs" (OK): it read MaxAge,
-// MaxMsgs and MaxBytes only.
+// subject, so a MaxMsgsPerSubject on the queue's stream (which its discard
+// policy does not govern without discard new per subject) keeps only the
+// newest jobs and drops the others without an error to anyone. Doctor
+// reported "no limit drops jobs" (OK): it read MaxAge, MaxMsgs and MaxBytes
+// only.
 func TestJetStreamPerSubjectLimit(t *testing.T) {
 	b, jb, js := openJS(t, "persubject")
 	ctx := testCtx(t)

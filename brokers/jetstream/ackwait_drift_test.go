@@ -1,6 +1,7 @@
 package jetstream_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -92,5 +93,52 @@ func TestNoDeclareShorterConsumerAckWait(t *testing.T) {
 	}
 	if got := receiveOne(ctx, t, short, q); got.Message().ID != "held" || got.Attempt() != 1 {
 		t.Errorf("the refused Receive took %s (attempt %d), want it untouched", got.Message().ID, got.Attempt())
+	}
+}
+
+// TestDeclareResetsHeadersOnly: a ready consumer set to headers_only (by
+// an operator's `nats consumer edit`, or another tool) delivers messages
+// without their bodies. Declaring the queue did not compare that setting,
+// so it stayed: handlers got empty bodies, and the copies a DeadLetter (or
+// Release) stores were made from them, the original acked: the body was
+// lost for good. Declaring the queue turns it off again.
+func TestDeclareResetsHeadersOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "headersonly")
+	js := rawJetStream(t)
+	stream, _ := b.StreamNames(q)
+	c, err := js.Consumer(ctx, stream, "berth")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	cfg.HeadersOnly = true
+	if _, err := js.UpdateConsumer(ctx, stream, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := newBroker(t, testOpts) // declares the queue on first use
+	if err := fresh.DeclareQueue(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("the job's payload")
+	if err := fresh.Publish(ctx, q, &sdk.Message{ID: "with-body", Type: "x", Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	d := receiveOne(ctx, t, fresh, q)
+	if got := d.Message().Body; !bytes.Equal(got, body) {
+		t.Errorf("delivered body %q, want %q", got, body)
+	}
+	if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fresh.GetDeadLetter(ctx, q, "with-body")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m.Body, body) {
+		t.Errorf("dead letter's body %q, want %q: the original was acked, the body lost", m.Body, body)
 	}
 }

@@ -748,7 +748,30 @@ func (b *Broker) wrapErr(ctx context.Context, op string, err error) error {
 		errors.Is(err, nats.ErrReconnectBufExceeded) || isNetErr(err) {
 		return fmt.Errorf("berth/jetstream: %s: %w: %w", op, sdk.ErrUnavailable, err)
 	}
+	if streamFull(err) {
+		return fmt.Errorf("berth/jetstream: %s: the stream cannot store more now: %w: %w", op, sdk.ErrUnavailable, err)
+	}
 	return fmt.Errorf("berth/jetstream: %s: %w", op, err)
+}
+
+// streamFull reports whether err is the server refusing to store a message
+// for want of room: a stream limit an operator set (MaxMsgs, MaxBytes,
+// with berth's discard new), or the server's storage or memory exhausted.
+// Consumers make room, so it is ErrUnavailable (try later), as a RabbitMQ
+// queue's reject-publish nack is, not a refusal of the message itself.
+func streamFull(err error) bool {
+	var ae *jetstream.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.ErrorCode {
+	case 10077, // JSStreamStoreFailedF: "maximum messages exceeded", "maximum bytes exceeded"
+		10023, // JSInsufficientResourcesErr
+		10028, // JSMemoryResourcesExceededErr
+		10047: // JSStorageResourcesExceededErr
+		return true
+	}
+	return false
 }
 
 // serverForLog is the URL of the server a connection reached, for a log

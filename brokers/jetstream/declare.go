@@ -214,7 +214,11 @@ func (b *Broker) declare(ctx context.Context, queue string) (qs *queueState, err
 		Replicas:    o.Replicas,
 		Duplicates:  o.Duplicates,
 		MaxMsgSize:  -1,
-		Discard:     jetstream.DiscardOld,
+		// A limit an operator sets (MaxMsgs, MaxBytes: kept, see
+		// DeclareQueue) refuses a publish past it rather than delete the
+		// oldest job to store it: with discard old each Publish returned
+		// nil and a stored job was dropped, unknown to anyone.
+		Discard: jetstream.DiscardNew,
 	}); err != nil {
 		return nil, err
 	}
@@ -379,6 +383,7 @@ func (b *Broker) ensureConsumer(ctx context.Context, lock *declareLock, stream s
 		if !same {
 			upd.Description, upd.FilterSubject, upd.AckPolicy, upd.DeliverPolicy = want.Description, want.FilterSubject, want.AckPolicy, want.DeliverPolicy
 			upd.MaxDeliver, upd.MaxAckPending, upd.MaxWaiting = want.MaxDeliver, want.MaxAckPending, want.MaxWaiting
+			upd.HeadersOnly = want.HeadersOnly
 			if !raise {
 				upd.AckWait = want.AckWait
 			}
@@ -591,12 +596,16 @@ func (l *declareLock) release(ctx context.Context) {
 }
 
 // consumerSettingsEqual reports whether cur has the settings berth declares
-// in want, the AckWait aside when it is raised rather than set.
+// in want, the AckWait aside when it is raised rather than set. HeadersOnly
+// (false) is one of them: a consumer that delivers headers only (set by an
+// operator's edit) hands out messages without their bodies, and every copy
+// berth stores of one (a dead letter, a release, a move) would lose it.
 func consumerSettingsEqual(cur, want jetstream.ConsumerConfig, raise bool) bool {
 	return cur.Description == want.Description && cur.FilterSubject == want.FilterSubject &&
 		cur.AckPolicy == want.AckPolicy && cur.DeliverPolicy == want.DeliverPolicy &&
 		cur.MaxDeliver == want.MaxDeliver && cur.MaxAckPending == want.MaxAckPending &&
-		cur.MaxWaiting == want.MaxWaiting && (raise || cur.AckWait == want.AckWait)
+		cur.MaxWaiting == want.MaxWaiting && cur.HeadersOnly == want.HeadersOnly &&
+		(raise || cur.AckWait == want.AckWait)
 }
 
 // AckWaitError reports a queue whose ready consumer has a shorter AckWait
