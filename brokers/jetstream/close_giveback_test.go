@@ -50,3 +50,44 @@ func TestCloseDuringPullGivesBack(t *testing.T) {
 	closed.Wait()
 	ackAllAtFirstAttempt(ctx, t, other, q, msgs, map[string]int{})
 }
+
+// TestCloseAsPullFillsGivesBack: a Broker closed as the last message of a
+// Receive's batch arrives. The pull, its batch full, returned without
+// looking at Close, and Receive returned the deliveries: their caller
+// could not settle them on the closed Broker (ErrClosed), and the message
+// came back only after its AckWait, an attempt spent, although the doc
+// promises that a Receive Close interrupts returns ErrClosed and gives
+// back what its pull read.
+func TestCloseAsPullFillsGivesBack(t *testing.T) {
+	opts := jetstream.Options{AckWait: 20 * time.Second, WaitTime: 700 * time.Millisecond, Logger: quiet}
+	b := newBroker(t, opts)
+	other := newBroker(t, opts)
+	q := declare(t, b, "closefull")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	msgs := []*sdk.Message{{Type: "closefull"}}
+	if err := b.Publish(ctx, q, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var closed sync.WaitGroup
+	defer closed.Wait()
+	defer jetstream.SetPullHook(func(pb *jetstream.Broker) {
+		if pb != b {
+			return
+		}
+		once.Do(func() { // Close as the batch's last message arrives
+			closed.Go(func() { _ = b.Close() })
+			<-b.Closing()
+		})
+	})()
+	ds, err := b.Receive(ctx, q, 1)
+	if !errors.Is(err, sdk.ErrClosed) || len(ds) != 0 {
+		for _, d := range ds {
+			t.Logf("delivery %s: Ack on the closed Broker: %v", d.Message().ID, d.Ack(ctx))
+		}
+		t.Errorf("Receive during Close: %d deliveries, %v; want none, ErrClosed", len(ds), err)
+	}
+	closed.Wait()
+	ackAllAtFirstAttempt(ctx, t, other, q, msgs, map[string]int{})
+}

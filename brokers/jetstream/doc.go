@@ -196,7 +196,9 @@
 // (nats.ReconnectBufSize, 8 MiB by default), is refused with an error
 // wrapping [sdk.ErrUnavailable] as well. A pull request lost with the
 // connection is given up after WaitTime plus a second, and the caller pulls
-// again. Settlements and pulls made while it is down are refused at once
+// again; the next Receive declares the queue again, since a pull on a
+// consumer that does not exist (deleted while no pull waited on it) is
+// never answered either. Settlements and pulls made while it is down are refused at once
 // with an error wrapping [sdk.ErrUnavailable]: the message comes back after
 // its AckWait. A publish whose ack was lost with the connection fails after
 // 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once

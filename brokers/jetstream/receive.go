@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -53,6 +54,9 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 		return nil, err
 	}
 	max = min(maxInt(max, 1), maxBatch)
+	if err := b.connected("pull"); err != nil { // not held by a declaration while down
+		return nil, err
+	}
 	q, err := b.queue(ctx, queue)
 	if err != nil {
 		return nil, err
@@ -63,14 +67,22 @@ func (b *Broker) Receive(ctx context.Context, queue string, max int) ([]sdk.Deli
 	b.startMover(q)
 	for {
 		msgs, err := b.fetch(ctx, q, consumerName, max)
-		if errors.Is(err, sdk.ErrClosed) {
+		if errors.Is(err, sdk.ErrClosed) || len(msgs) > 0 && b.closed.Load() {
+			// Close began, also when the pull ended (its batch full)
+			// without seeing it: the deliveries could not be settled.
 			b.giveBackAll(q, consumerName, msgs)
-			return nil, err
+			return nil, sdk.ErrClosed
 		}
 		if len(msgs) == 0 {
 			return nil, err
 		}
 		ds := b.deliveries(ctx, q, msgs)
+		if len(ds) > 0 && b.closed.Load() { // Close began while poison messages were moved
+			b.giveBackAll(q, consumerName, slices.DeleteFunc(msgs, func(p pulled) bool {
+				return !slices.ContainsFunc(ds, func(d sdk.Delivery) bool { return d.(*delivery).reply == p.msg.Reply })
+			}))
+			return nil, sdk.ErrClosed
+		}
 		if len(ds) > 0 || err != nil {
 			return ds, nil
 		}
@@ -181,7 +193,14 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 			}
 			return msgs, ctx.Err()
 		case <-timer.C:
-			b.untrack(sub) // request lost (reconnect): the caller asks again
+			// No answer: the request was lost (a reconnect), or the
+			// consumer is not there (deleted while no pull of this
+			// Broker's waited on it to be told by a 409: a pull on a
+			// missing consumer is never answered). The caller asks
+			// again, and the next Receive declares the queue again,
+			// creating what is missing.
+			b.untrack(sub)
+			b.declared.CompareAndDelete(q.name, q)
 			return msgs, nil
 		}
 		if status := serverStatus(m); status != "" {

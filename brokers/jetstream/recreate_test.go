@@ -215,3 +215,43 @@ func TestStatsWithoutReadyConsumer(t *testing.T) {
 		t.Errorf("Stats without the ready consumer = %+v; want Ready 1, Delayed 1, DeadLettered 1, an OldestAge", st)
 	}
 }
+
+// The ready consumer deleted (by an operator, or expired by an
+// inactive_threshold someone set) while no pull of the receiving Broker
+// was waiting on it, so that no 409 told it: a pull on a consumer that
+// does not exist gets no answer at all, and every Receive returned no
+// deliveries and no error, for ever, while the stream held the jobs
+// (Health ready, the queue stuck). A pull left unanswered has the queue
+// declared again at the next Receive.
+func TestReceiveAfterReadyConsumerDeleted(t *testing.T) {
+	b := newBroker(t, testOpts)
+	q := declare(t, b, "consumergone")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := receiveOne(ctx, t, b, q).Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stream, _ := b.StreamNames(q)
+	if err := rawJetStream(t).DeleteConsumer(ctx, stream, "berth"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "stuck"}); err != nil {
+		t.Fatal(err)
+	}
+	for until := time.Now().Add(15 * time.Second); time.Now().Before(until); {
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) > 0 {
+			if id := ds[0].Message().ID; id != "stuck" {
+				t.Fatalf("received %q, want stuck", id)
+			}
+			return
+		}
+	}
+	t.Fatal("the job stored after the ready consumer was deleted was never received (every Receive empty, no error)")
+}
