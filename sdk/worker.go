@@ -1076,7 +1076,27 @@ func (w *Worker) call(ctx context.Context, d Delivery) (err error) {
 				LogText("type", m.Type), LogText("correlation_id", m.CorrelationID), "panic", panicText(r), "stack", string(err.(*PanicError).Stack))
 		}
 	}()
-	return w.handler.Handle(ctx, d)
+	return printable(w.handler.Handle(ctx, d))
+}
+
+// printable returns err, or, when its Error method panics — a handler that
+// returned a typed nil pointer as its error (var e *MyError; return e) —
+// an error naming its type in its place. Brokers, observers and logs call
+// Error on a handler's cause while settling it, where nothing recovers: the
+// panic ended the process. The replacement does not wrap err (its Is, As
+// or classification methods would panic as well): the job is retried as an
+// unclassified failure, then dead-lettered, with that text as its reason.
+func printable(err error) (out error) {
+	if err == nil {
+		return nil
+	}
+	defer func() {
+		if recover() != nil {
+			out = fmt.Errorf("berth: the handler returned a %T whose Error method panics (a nil pointer returned as an error?)", err)
+		}
+	}()
+	_ = err.Error()
+	return err
 }
 
 // settleContext returns a context for settlements made at now (on the
