@@ -21,7 +21,9 @@ const (
 // LogHandler is a [slog.Handler] that adds, from the record's context, the
 // correlation ID ([sdk.CorrelationID]), the trace and span IDs of the current
 // span, and — inside a handler run by a Worker with an [Observer] — the job
-// type and attempt of the delivery. Attributes the record already carries
+// type and attempt of the delivery. The correlation ID and job type, which
+// come from the message, are written through [sdk.LogText] (valid UTF-8, at
+// most [sdk.MaxLogTextLength] bytes). Attributes the record already carries
 // under the same key are not repeated. Log with the context-taking methods
 // (InfoContext, …) to get them.
 //
@@ -65,7 +67,7 @@ func (h *LogHandler) Handle(ctx context.Context, r slog.Record) error {
 	var attrs [5]slog.Attr
 	n := 0
 	if id := sdk.CorrelationID(ctx); id != "" && !have[0] {
-		attrs[n] = slog.String(LogCorrelationID, id)
+		attrs[n] = sdk.LogText(LogCorrelationID, id) // the message's, inside a delivery
 		n++
 	}
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
@@ -80,7 +82,7 @@ func (h *LogHandler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	if st := stateFrom(ctx); st != nil {
 		if !have[3] {
-			attrs[n] = slog.String(LogJobType, st.d.Message().Type)
+			attrs[n] = sdk.LogText(LogJobType, st.d.Message().Type)
 			n++
 		}
 		if !have[4] {

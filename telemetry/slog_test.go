@@ -5,10 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"strings"
 	"testing"
 	"testing/slogtest"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/berthq/berth/berthtest"
 
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
@@ -65,5 +70,31 @@ func TestLogHandlerOutsideAWorker(t *testing.T) {
 	logger.InfoContext(ctx, "again", "correlation_id", "explicit")
 	if bytes.Count(buf.Bytes(), []byte(`"correlation_id"`)) != 1 || !bytes.Contains(buf.Bytes(), []byte(`"explicit"`)) {
 		t.Errorf("a record's own correlation_id was duplicated or replaced: %s", buf.Bytes())
+	}
+}
+
+// TestLogHandlerBoundsMessageFields: the correlation ID and job type the
+// handler adds inside a delivery come from the message, written by any
+// producer; they go through sdk.LogText (valid UTF-8, at most
+// sdk.MaxLogTextLength bytes) as ARCHITECTURE.md (Telemetry) promises for
+// every log record, not whole into every line the handler logs.
+func TestLogHandlerBoundsMessageFields(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(&buf, nil)))
+	obs, _ := newObserver(t, noop.NewTracerProvider(), telemetry.Options{})
+	long := strings.Repeat("x", 64<<10)
+	fd := berthtest.NewDelivery(&sdk.Message{ID: "m", Type: long + "\xff", CorrelationID: long})
+	ctx := obs.Start(context.Background(), fd)
+	logger.InfoContext(ctx, "handling")
+	obs.Settled(ctx, fd, sdk.Settlement{Action: sdk.ActionAck})
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{telemetry.LogCorrelationID, telemetry.LogJobType} {
+		v, _ := m[k].(string)
+		if v == "" || len(v) > sdk.MaxLogTextLength || !utf8.ValidString(v) {
+			t.Errorf("%s: %d bytes (valid UTF-8: %v), want 1..%d valid", k, len(v), utf8.ValidString(v), sdk.MaxLogTextLength)
+		}
 	}
 }
