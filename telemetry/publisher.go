@@ -166,6 +166,9 @@ func (o *Observer) publish(ctx context.Context, target any, queue string, msgs [
 		if merr != nil {
 			failed++
 			recordPublishError(s, merr)
+			if partial { // each failed message under its own error.type
+				pl.failedFor(errorType(merr)).sent.Add(1)
+			}
 		}
 		s.End()
 	}
@@ -173,7 +176,11 @@ func (o *Observer) publish(ctx context.Context, target any, queue string, msgs [
 		recordPublishError(batch, err)
 	}
 	batch.End()
-	pl.count(len(msgs), failed, err)
+	if partial {
+		pl.count(len(msgs)-failed, 0, nil)
+	} else {
+		pl.count(len(msgs), failed, err)
+	}
 	return err
 }
 
