@@ -133,7 +133,9 @@ func (r Result) DeadLettered() bool { return r.Action == sdk.ActionDeadLetter }
 // default) — as a Worker's shutdown stops it: its context is cancelled
 // with cause [sdk.ErrShutdown] and the delivery released. A handler
 // stopped at the bound fails the test (with t.Errorf; the Result is still
-// returned). The handler timeout of the WorkerOptions, when shorter,
+// returned), whatever the Worker then did with it (a release, a retry
+// when the delivery cannot be released, an ack when the handler returned
+// nil once stopped). The handler timeout of the WorkerOptions, when shorter,
 // applies first.
 func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 	t.Helper()
@@ -171,8 +173,11 @@ func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 		t.Fatalf("berthtest: Work: %v", err)
 	}
 	res := Result{Settlement: w.Process(ctx, sd), Delivery: d}
-	if res.Action == sdk.ActionRelease && errors.Is(context.Cause(ctx), errWorkBound) {
-		t.Errorf("berthtest: Work: the handler of a %q job still ran after %s (WaitTimeout): it was stopped, its delivery released", m.Type, bound)
+	if errors.Is(context.Cause(ctx), errWorkBound) {
+		// Whatever the Worker then did: released, retried (a delivery
+		// that cannot be released) or acked (a handler that returned nil
+		// once stopped), the handler hung until the bound.
+		t.Errorf("berthtest: Work: the handler of a %q job still ran after %s (WaitTimeout): it was stopped, its delivery settled as %s", m.Type, bound, res.Action)
 	}
 	if res.Action == sdk.ActionDeadLetter && res.Cause != nil {
 		res.Reason = sdk.SanitizeReason(res.Cause.Error())

@@ -112,3 +112,47 @@ func TestWorkInCleanup(t *testing.T) {
 		t.Errorf("Work in a Cleanup: %s (%v), want an ack", res.Action, res.Cause)
 	}
 }
+
+// TestWorkBoundFailsWhateverTheSettlement: a handler stopped at WaitTimeout
+// fails the test whatever the Worker then did with it: retried (a delivery
+// that cannot be released, WithoutRelease, as on SQS) or acked (a handler
+// that returns nil once its context ends). Before, only a release failed
+// it: such a hung handler passed a test that checked Retried() or Acked().
+func TestWorkBoundFailsWhateverTheSettlement(t *testing.T) {
+	saved := berthtest.WaitTimeout
+	berthtest.WaitTimeout = 50 * time.Millisecond
+	t.Cleanup(func() { berthtest.WaitTimeout = saved })
+	hung := func(ret error) sdk.Handler {
+		return sdk.HandlerFunc(func(ctx context.Context, _ sdk.Delivery) error {
+			<-ctx.Done()
+			return ret
+		})
+	}
+	for _, c := range []struct {
+		name string
+		h    sdk.Handler
+		opts []berthtest.Option
+		want sdk.Action
+	}{
+		{"without release", hung(errors.New("stopped")), []berthtest.Option{berthtest.WithoutRelease()}, sdk.ActionRetry},
+		{"returns nil", hung(nil), nil, sdk.ActionAck},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tb := &ctxT{TB: t, ctx: t.Context()}
+			done := make(chan berthtest.Result, 1)
+			go func() { done <- berthtest.Work(tb, c.h, &sdk.Message{Type: "waits"}, c.opts...) }()
+			var res berthtest.Result
+			select {
+			case res = <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Work still running")
+			}
+			if res.Action != c.want {
+				t.Errorf("got %s (%v), want %s", res.Action, res.Cause, c.want)
+			}
+			if e := tb.errors(); !strings.Contains(e, "WaitTimeout") {
+				t.Errorf("Work did not fail the test; errors: %q", e)
+			}
+		})
+	}
+}
