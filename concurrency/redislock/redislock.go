@@ -128,6 +128,14 @@ type Client struct {
 // New validates opts and returns a Client using rdb (a *redis.Client,
 // *redis.ClusterClient or *redis.Ring). Options it refuses give an error
 // wrapping [ErrInvalidOptions].
+//
+// go-redis honours a call's ctx only while it waits for a connection
+// unless the client's ContextTimeoutEnabled option is set: without it, an
+// Obtain, Extend or Release whose ctx ends waits for Redis's answer up to
+// the client's ReadTimeout (3s by default) a try, and an abandoned Obtain's
+// release can take that long rather than the second it is given. Run's
+// watchdog does not depend on it (it counts the lock lost at its TTL);
+// set ContextTimeoutEnabled for calls that end with their ctx.
 func New(rdb redis.Scripter, opts Options) (*Client, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
