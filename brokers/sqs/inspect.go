@@ -644,7 +644,9 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // message group behind letters the scan holds (the first of the group, at
 // most 10 in one receive, or ones it could not send): SQS returns no more of a group while earlier
 // letters are in flight, so when nothing else holds letters the call ends
-// at once with a [*ScanError] saying so, without waiting.
+// at once with a [*ScanError] saying so, without waiting. A ctx that ends
+// stops the call between pages: a page whose copies went out is finished
+// (its letters deleted from the dead-letter queue) and counted first.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
 	want := map[string]bool{}
 	for _, id := range ids {
@@ -770,11 +772,19 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 	if len(entries) == 0 {
 		return 0, errors.Join(errs...)
 	}
+	// Once the copies go out, the page is finished whatever ctx does (an
+	// operator's Ctrl-C, a deadline): a send cut in flight may have been
+	// done, and a letter whose copy was sent but whose delete was cut
+	// would stay a dead letter, redriven again by the next call (a
+	// duplicate job) and not counted by this one. ctx stops the call
+	// between pages (s.next).
+	pctx, cancel := finishCtx(ctx)
+	defer cancel()
 	// Each letter's outcome is its own entry's, by position: letters may
 	// share a berth ID (a message dead-lettered twice), and the refusal of
 	// one copy must not keep a letter whose copy was sent (it would be
 	// redriven again: a duplicate job).
-	failed, err := b.sendEach(ctx, s.q, entries)
+	failed, err := b.sendEach(pctx, s.q, entries)
 	if err != nil {
 		for _, l := range sendable { // held, not needed: a redrive of all goes on paging
 			l.msg = nil
@@ -805,7 +815,7 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 		// again by the next redrive). Checked as the acker checks a late
 		// delete: a letter whose receipt no longer holds it is not
 		// deleted, and is reported.
-		if err := b.changeVisibilityBatch(ctx, s.dlq, held, s.b.scanHold); err != nil {
+		if err := b.changeVisibilityBatch(pctx, s.dlq, held, s.b.scanHold); err != nil {
 			return 0, errors.Join(append(errs, fmt.Errorf("berth/sqs: %d dead letters of %s were redriven but not deleted (their hold could not be checked): %w", len(done), s.dlq.name, err))...)
 		}
 	}
@@ -818,16 +828,29 @@ func (b *Broker) redrive(ctx context.Context, s *scan, page []*letter, sent *rec
 		held = append(held, l)
 	}
 	done = held
-	gone, err := b.remove(ctx, s.dlq, done)
+	gone, err := b.remove(pctx, s.dlq, done)
 	s.forget(gone)
 	return len(gone), errors.Join(append(errs, err)...)
+}
+
+// finishTimeout bounds the finishing of a page of a redrive or purge that
+// ctx no longer bounds (see finishCtx): one send and one delete of at most
+// a receive's letters.
+const finishTimeout = 30 * time.Second
+
+// finishCtx returns the context that finishes a page once begun: not cut
+// when ctx is (nor by Close), bounded by finishTimeout.
+func finishCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 }
 
 // PurgeDeadLetters deletes every message of queue's dead-letter queue, page
 // by page until receives find it empty, and returns how many it deleted
 // (counted one by one, not through PurgeQueue, which SQS limits to once a
-// minute and applies lazily). Dead letters another reader holds invisible
-// until it gives up waiting for them stay, reported by a [*ScanError].
+// minute and applies lazily). A ctx that ends stops it between pages: the
+// page in hand is deleted and counted first. Dead letters another reader
+// holds invisible until it gives up waiting for them stay, reported by a
+// [*ScanError].
 func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
 	total := 0
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
@@ -843,7 +866,11 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 				}
 				return nil
 			}
-			gone, err := b.remove(ctx, s.dlq, ls)
+			// Not cut by ctx: a delete cut as SQS answers it was done,
+			// and the count would miss it (ctx stops between pages).
+			pctx, cancel := finishCtx(ctx)
+			gone, err := b.remove(pctx, s.dlq, ls)
+			cancel()
 			s.forget(gone)
 			total += len(gone)
 			if err != nil {
