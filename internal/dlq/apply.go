@@ -336,10 +336,6 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		if o.Limit > 0 && r.Matched == o.Limit {
-			r.Complete = false
-			break
-		}
 		m, err := dl.GetDeadLetter(ctx, queue, id)
 		r.Scanned++
 		switch {
@@ -354,6 +350,14 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 			return r, err
 		}
 		if !rest.Match(m, o.Now()) {
+			continue
+		}
+		if o.Limit > 0 && r.Matched == o.Limit {
+			// Past Limit it only looks, as sweepApply does: to say that
+			// more would match, and to name the IDs that are not dead
+			// letters (a change confirmed for the count found stops at
+			// it, and must still say which named IDs it did not find).
+			r.Complete = false
 			continue
 		}
 		r.Matched++

@@ -441,10 +441,6 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 			continue
 		}
 		seen[id] = true
-		if o.Limit > 0 && s.Matched == o.Limit {
-			s.Complete = false
-			break
-		}
 		m, err := dl.GetDeadLetter(ctx, queue, id)
 		s.Scanned++
 		o.scanned(s.Scanned)
@@ -458,7 +454,11 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		case err != nil:
 			return s, first, missing, err
 		}
-		if rest.Match(m, o.Now()) {
+		switch {
+		case !rest.Match(m, o.Now()):
+		case o.Limit > 0 && s.Matched == o.Limit:
+			s.Complete = false // past Limit it only looks, as Apply does: for the missing IDs
+		default:
 			s.Matched++
 			if len(first) < keep {
 				first = append(first, m)
