@@ -123,6 +123,14 @@ func (c *cli) filter(ids []string) (dlq.Filter, error) {
 	if err := f.ParseReason(c.reason); err != nil {
 		return f, &usageError{err.Error()}
 	}
+	// A filter flag given an empty value (a script's unset variable: -type
+	// "$TYPE") would narrow nothing: a purge would choose every dead letter.
+	for _, name := range flagsGiven(c.fs) {
+		empty := map[string]bool{"type": len(f.Types) == 0, "class": c.class == "", "reason": c.reason == ""}
+		if empty[name] {
+			return f, usagef("-%s is empty: give a value, or leave the flag out to choose every dead letter", name)
+		}
+	}
 	if c.olderThan < 0 || c.newerThan < 0 || c.limit < 0 || c.offset < 0 || c.pageSize <= 0 || c.scanLimit <= 0 {
 		return f, usagef("-older-than, -newer-than, -limit and -offset must not be negative, -page-size and -scan-limit must be positive")
 	}
@@ -334,9 +342,12 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			return err
 		}
 		report.Matched, report.Complete, report.Incomplete, report.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)
+		fs := make([]dlq.Failure, 0, len(missing))
 		for _, id := range missing {
-			report.Failed = append(report.Failed, jsonFailure{ID: id, Error: sdk.ErrNotFound.Error()})
+			fs = append(fs, dlq.Failure{ID: id, Err: sdk.ErrNotFound})
 		}
+		report.Failed = failures(fs) // id_base64 for an ID that is not UTF-8, as the change's
+
 		if c.dryRun {
 			return c.printDryRun(report, first, verb, missing)
 		}

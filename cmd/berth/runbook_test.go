@@ -120,6 +120,9 @@ func checkDocCommands(t *testing.T, path string, min int) map[string]bool {
 		}
 		verbs[c.name] = true
 		for _, w := range words {
+			if w == "--" {
+				break // arguments from here on, as parseInterspersed reads them
+			}
 			if !strings.HasPrefix(w, "-") || w == "-" {
 				continue
 			}
