@@ -432,7 +432,12 @@ func (w *Worker) receiveBase(ctx context.Context) (context.Context, func()) {
 // round robin among the queues that can take one (not paused, holding fewer
 // waiting slots than they want), or to the first of them with Priority.
 // A queue whose last Receive came back short is idle and wants one slot:
-// an empty queue does not tie up the slots the others could use.
+// an empty queue does not tie up the slots the others could use. An idle
+// queue whose Receive is under way gets a waiting slot too, except when the
+// idle queues would then hold every slot while another queue has none to
+// receive with: with few slots (two, at Concurrency 1) the slot it held
+// waiting kept the last one from a queue with work until its Receive ran
+// out, and that queue ran one job per QueueIdleWait.
 func (w *Worker) allocate(ctx context.Context, free chan int) {
 	for {
 		var slot int
@@ -442,7 +447,7 @@ func (w *Worker) allocate(ctx context.Context, free chan int) {
 			return
 		}
 		for {
-			if q := w.pick(); q != nil {
+			if q := w.pick(free); q != nil {
 				q.slots <- slot // buffered to the capacity: never blocks
 				break
 			}
@@ -456,13 +461,36 @@ func (w *Worker) allocate(ctx context.Context, free chan int) {
 	}
 }
 
-// pick chooses the queue for the next slot, nil when none can take one.
-func (w *Worker) pick() *queueState {
+// pick chooses the queue for the next slot (taken from free), nil when
+// none can take one.
+func (w *Worker) pick(free chan int) *queueState {
 	var best, skipped *queueState
 	var total int64
+	// A queue with no slot waiting and no Receive under way has nothing to
+	// receive with. When the idle queues polling hold every other slot in
+	// use (none runs or waits for the other queues), such a queue gets this
+	// one: an idle queue's waiting slot would leave it none at all.
+	emptyHanded := false
+	idleHeld := 0 // slots of the idle queues polling: in their Receive (1) and waiting
 	for _, q := range w.queues {
 		if q.paused.Load() {
 			continue
+		}
+		polling := q.receiving.Load() > 0
+		if len(q.slots) == 0 && !polling {
+			emptyHanded = true
+		}
+		if polling && q.want.Load() == 1 {
+			idleHeld += 1 + len(q.slots)
+		}
+	}
+	starved := emptyHanded && cap(free)-len(free)-1 <= idleHeld
+	for _, q := range w.queues {
+		if q.paused.Load() {
+			continue
+		}
+		if starved && q.want.Load() == 1 && q.receiving.Load() > 0 {
+			continue // idle and polling: its waiting slot can wait
 		}
 		if w.opts.Priority {
 			if want := q.want.Load(); int64(len(q.slots)) < want {

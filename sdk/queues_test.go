@@ -223,6 +223,57 @@ func TestWorkerQueuesDryQueueYields(t *testing.T) {
 	}
 }
 
+// An idle queue polling with one slot does not take the last free slot as
+// a waiting one while another queue has work and nothing to receive with.
+// Before, at Concurrency 1 (two slots) the empty queue held both (one in its
+// Receive, one waiting) and the queue with work ran one job per
+// QueueIdleWait: 20 jobs took 19 QueueIdleWaits.
+func TestWorkerQueuesIdleQueueLeavesLastSlot(t *testing.T) {
+	const idleWait = time.Second
+	for _, priority := range []bool{false, true} {
+		t.Run(fmt.Sprintf("priority=%v", priority), func(t *testing.T) {
+			b := newMem(t)
+			sub := newCountingSub(b)
+			ok := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+			w, err := sdk.NewWorker(sub, ok, sdk.WorkerOptions{Concurrency: 1, Logger: mqQuiet(), Priority: priority,
+				QueueIdleWait: idleWait, Queues: []sdk.WorkerQueue{{Name: "empty"}, {Name: "busy"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runMQ(t, w)
+			// Both queues start active; wait until both ran dry once (idle).
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				sub.mu.Lock()
+				idle := sub.calls["empty"] >= 2 && sub.calls["busy"] >= 2
+				sub.mu.Unlock()
+				if idle {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the queues never went idle")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			fill(t, b, "busy", 20)
+			// A bound, not a timing: the fixed Worker takes milliseconds,
+			// the broken one 19 QueueIdleWaits.
+			bound := time.After(5 * idleWait)
+			for {
+				if n := sub.received()["busy"]; n >= 20 {
+					break
+				}
+				select {
+				case <-sub.seen:
+				case <-time.After(10 * time.Millisecond):
+				case <-bound:
+					t.Fatalf("%d of 20 jobs of the busy queue received in 5 QueueIdleWaits: the empty queue held the slots", sub.received()["busy"])
+				}
+			}
+		})
+	}
+}
+
 // An empty queue does not hold the Worker back: its Receive waits on its
 // own while the other queue's work flows.
 func TestWorkerQueuesEmptyQueueDoesNotBlock(t *testing.T) {

@@ -94,9 +94,10 @@ type WorkerOptions struct {
 	// (smooth weighted round robin), or, with Priority, the first queue in
 	// the list with work gets them all. Each queue has its own Receive loop,
 	// so an empty queue never delays the others; it holds at most two slots
-	// while it waits. [Worker.Pause] and [Worker.Resume] stop and restart
-	// receiving from one queue. See ARCHITECTURE.md, "Several queues per
-	// Worker".
+	// while it waits (not the second when the other queues would then
+	// have none).
+	// [Worker.Pause] and [Worker.Resume] stop and restart receiving from
+	// one queue. See ARCHITECTURE.md, "Several queues per Worker".
 	Queues []WorkerQueue
 	// QueueIdleWait bounds, with several Queues, how long a Receive may
 	// wait on a queue; when it runs out the queue counts as idle and asks
