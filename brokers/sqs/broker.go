@@ -206,13 +206,15 @@ type queueRef struct {
 	url  string
 	fifo bool
 
-	// dlqLock (one slot) guards dlq and maxReceive: a lookup holds it
+	// dlqLock (one slot) guards dlq and the writes of maxReceive: a lookup holds it
 	// across its calls, and a caller waiting for it stops when its ctx
 	// ends (a sync.Mutex would hold it for as long as the other caller's
 	// calls take).
 	dlqLock    chan struct{}
 	dlq        *queueRef
-	maxReceive int // the redrive policy's maxReceiveCount, 0 when unknown
+	// maxReceive is the redrive policy's maxReceiveCount, 0 when unknown;
+	// atomic: a scan's annotate reads it without dlqLock.
+	maxReceive atomic.Int64
 
 	// polls are this Broker's long polls of the queue, those given up that
 	// may still wait on the server among them: what the Broker makes
@@ -423,7 +425,8 @@ func (b *Broker) deadLetterQueue(ctx context.Context, q *queueRef) (*queueRef, e
 		}
 		if json.Unmarshal([]byte(p), &policy) == nil && policy.Target != "" {
 			name = policy.Target[strings.LastIndexByte(policy.Target, ':')+1:]
-			q.maxReceive, _ = strconv.Atoi(fmt.Sprint(policy.Max))
+			n, _ := strconv.Atoi(fmt.Sprint(policy.Max))
+			q.maxReceive.Store(int64(n))
 		}
 	}
 	if err := validateQueueName(name); err != nil {

@@ -104,7 +104,8 @@ func (b *Broker) EnsureQueue(ctx context.Context, queue string, cfg QueueConfig)
 	case <-ctx.Done():
 		return b.wrap(ctx, "declare queue "+queue, ctx.Err())
 	}
-	q.dlq, q.maxReceive = dlq, cfg.MaxReceiveCount
+	q.dlq = dlq
+	q.maxReceive.Store(int64(cfg.MaxReceiveCount))
 	<-q.dlqLock
 	// Both queues' MaximumMessageSize is now MaxWireSize: no need to read it.
 	q.size.set(b.opts.MaxWireSize)

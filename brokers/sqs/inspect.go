@@ -434,7 +434,7 @@ func (b *Broker) annotate(ctx context.Context, q, dlq *queueRef, msg *sdk.Messag
 		sdk.HeaderDeadLetterQueue, sdk.HeaderFirstFailure, sdk.HeaderLastFailure, sdk.HeaderAttempt, HeaderDeadLetterTruncated} {
 		delete(msg.Headers, h)
 	}
-	attempts := q.maxReceive
+	attempts := int(q.maxReceive.Load())
 	if attempts <= 0 {
 		attempts = max(receiveCount(raw)-1, 1)
 	}
