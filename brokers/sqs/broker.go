@@ -210,8 +210,8 @@ type queueRef struct {
 	// across its calls, and a caller waiting for it stops when its ctx
 	// ends (a sync.Mutex would hold it for as long as the other caller's
 	// calls take).
-	dlqLock    chan struct{}
-	dlq        *queueRef
+	dlqLock chan struct{}
+	dlq     *queueRef
 	// maxReceive is the redrive policy's maxReceiveCount, 0 when unknown;
 	// atomic: a scan's annotate reads it without dlqLock.
 	maxReceive atomic.Int64
