@@ -21,12 +21,9 @@ import (
 // sent is now finished whatever ctx does; ctx stops the call between pages.
 func TestRedriveInterruptedBetweenSendAndDelete(t *testing.T) {
 	t.Parallel()
-	var armed atomic.Bool
-	var cancel atomic.Pointer[context.CancelFunc]
+	var ctrlC interruption
 	hook := onOperation("DeleteMessageBatch", func(context.Context) error {
-		if armed.CompareAndSwap(true, false) {
-			(*cancel.Load())() // the operator's Ctrl-C, just after the send
-		}
+		ctrlC.cut() // just after the send
 		return nil
 	})
 	b := newBroker(t, fastOptions(), hook)
@@ -34,11 +31,7 @@ func TestRedriveInterruptedBetweenSendAndDelete(t *testing.T) {
 	fillDeadLetters(t, b, q, 5)
 	raw := newClient(t)
 
-	ctx, stop := context.WithCancel(testCtx(t))
-	defer stop()
-	cancel.Store(&stop)
-	armed.Store(true)
-	n, err := b.RedriveDeadLetters(ctx, q)
+	n, err := b.RedriveDeadLetters(ctrlC.start(t), q)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("RedriveDeadLetters interrupted = %d, %v; want context.Canceled", n, err)
 	}
@@ -58,8 +51,7 @@ func TestRedriveInterruptedBetweenSendAndDelete(t *testing.T) {
 // between pages.
 func TestPurgeInterruptedAsADeleteAnswers(t *testing.T) {
 	t.Parallel()
-	var armed atomic.Bool
-	var cancel atomic.Pointer[context.CancelFunc]
+	var ctrlC interruption
 	// After the answer came, the caller's ctx ends: the SDK gives the
 	// call's ctx error instead of the answer, as it does when ctx ends
 	// while it reads the response.
@@ -67,8 +59,7 @@ func TestPurgeInterruptedAsADeleteAnswers(t *testing.T) {
 		return st.Finalize.Add(middleware.FinalizeMiddlewareFunc("berthCutAnswer",
 			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
 				out, md, err := next.HandleFinalize(ctx, in)
-				if err == nil && awsmiddleware.GetOperationName(ctx) == "DeleteMessageBatch" && armed.CompareAndSwap(true, false) {
-					(*cancel.Load())()
+				if err == nil && awsmiddleware.GetOperationName(ctx) == "DeleteMessageBatch" && ctrlC.cut() {
 					if ctx.Err() != nil {
 						return middleware.FinalizeOutput{}, md, ctx.Err()
 					}
@@ -81,11 +72,7 @@ func TestPurgeInterruptedAsADeleteAnswers(t *testing.T) {
 	fillDeadLetters(t, b, q, 5)
 	raw := newClient(t)
 
-	ctx, stop := context.WithCancel(testCtx(t))
-	defer stop()
-	cancel.Store(&stop)
-	armed.Store(true)
-	n, err := b.PurgeDeadLetters(ctx, q)
+	n, err := b.PurgeDeadLetters(ctrlC.start(t), q)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("PurgeDeadLetters interrupted = %d, %v; want context.Canceled", n, err)
 	}
@@ -93,4 +80,30 @@ func TestPurgeInterruptedAsADeleteAnswers(t *testing.T) {
 	if left == 5 || n != 5-left {
 		t.Errorf("interrupted purge returned %d, but %d of the 5 dead letters were deleted", n, 5-left)
 	}
+}
+
+// interruption is an operator's Ctrl-C at a chosen call: a hook calls cut,
+// which ends the ctx start returned, once.
+type interruption struct {
+	armed  atomic.Bool
+	cancel atomic.Pointer[context.CancelFunc]
+}
+
+// start returns the ctx cut ends, and arms cut.
+func (i *interruption) start(t *testing.T) context.Context {
+	ctx, stop := context.WithCancel(testCtx(t))
+	t.Cleanup(stop)
+	i.cancel.Store(&stop)
+	i.armed.Store(true)
+	return ctx
+}
+
+// cut ends start's ctx the first time it is called after start; it
+// reports whether it did.
+func (i *interruption) cut() bool {
+	if !i.armed.CompareAndSwap(true, false) {
+		return false
+	}
+	(*i.cancel.Load())()
+	return true
 }
