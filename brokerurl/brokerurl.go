@@ -24,11 +24,13 @@
 // sqs:// (the queue is not named there), nats:// or mem://, a host on mem://,
 // user info on mem://, sqs:// or an SQS endpoint, and a fragment (#…) on
 // any built-in scheme. A lone "/" path names nothing and is allowed
-// ("sqs://eu-west-1/").
+// ("sqs://eu-west-1/"). A nats:// host that lists servers
+// ("nats://a:4222,b:4222") wraps [ErrInvalidURL] too.
 // An '@' in the path or in a parameter's name wraps [ErrInvalidURL] too:
 // it ends a password whose '/' or '?' was not percent-encoded
 // ("nats://user:/secret@host" names the host "user:"); write %40 for an '@'
-// meant there.
+// meant there. So does an '@' anywhere in the query after a host with an
+// empty port ("amqp://user:?se=cret@host": the password began with '?').
 // An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
 // contains the URL's password.
 //
@@ -91,7 +93,11 @@ type Options struct {
 	Schemes map[string]Opener
 	// Defaults are query parameters used when the URL does not set them,
 	// for example the berth command's "no_declare=true" on amqp:// (it never
-	// changes topology). A default a scheme does not know is ignored. A
+	// changes topology). A default a scheme does not know is ignored, and
+	// so is one for a parameter its opener passes on to a driver rather
+	// than reads by name (postgres://'s sslmode, application_name and the
+	// other pgx parameters: [Params.Rest] hands on the URL's only, as a
+	// default cannot be told from another scheme's); give those in the URL. A
 	// default with more than one value is refused, like a parameter given
 	// twice in the URL, with a [*ParamError] — when the scheme reads it.
 	Defaults url.Values
@@ -112,7 +118,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 		// url.Parse's error quotes the whole URL, password included.
 		return nil, fmt.Errorf("%w: want scheme://[user[:password]@]host[/path][?param=value]", ErrInvalidURL)
 	}
-	if atAfterHost(rawURL) {
+	if atAfterHost(rawURL) || queryCutPassword(u) {
 		// A '/' or '?' in a password ends the authority early: the rest of
 		// the password becomes the path or a parameter's name, which errors
 		// quote, and Open, finding no password, scrubs nothing.
@@ -192,6 +198,17 @@ func atAfterHost(rawURL string) bool {
 		}
 	}
 	return false
+}
+
+// queryCutPassword reports whether u is a URL whose password began with a
+// '?' written as is: "amqp://admin:?ab=cd@host" has no user info, the host
+// "admin:" (an empty port) and the query "ab=cd@host", whose '@' is in a
+// value, where atAfterHost does not look (an '@' is a valid value there);
+// the parameter "ab", a piece of the password, would be quoted as unknown,
+// or sent to the server as a setting. A host with an empty port and an '@'
+// in the query is no URL anyone means.
+func queryCutPassword(u *url.URL) bool {
+	return u.User == nil && strings.HasSuffix(u.Host, ":") && strings.Contains(u.RawQuery, "@")
 }
 
 // passwordForms returns the forms in which u's password can show in an

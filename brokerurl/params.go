@@ -149,7 +149,8 @@ func (p *Params) Enum(name, def string, allowed ...string) string {
 	return v
 }
 
-// Rest returns the parameters no one has read yet and marks them read: an
+// Rest returns the URL's parameters no one has read yet (never a default of
+// [Options.Defaults]) and marks them read: an
 // opener passes them on to the driver (PostgreSQL's sslmode, for one). A
 // parameter given more than once is refused (Done reports it), as for the
 // parameters read one by one: a driver would silently use one of the values.

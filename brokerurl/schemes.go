@@ -40,9 +40,9 @@ var schemes = map[string]Opener{
 	"nats":       openJetStream,
 }
 
-// openJetStream opens NATS JetStream: nats://user:pass@host:4222 (several
-// servers: nats://a:4222,b:4222 is not a URL; give one, nats.go learns the
-// others from the cluster). No path.
+// openJetStream opens NATS JetStream: nats://user:pass@host:4222 (one
+// server: a list, nats://a:4222,b:4222, is refused with [ErrInvalidURL];
+// nats.go learns the others from the cluster). No path.
 //
 // Parameters (the fields of [jetstream.Options] and [jetstream.ConnectOptions]):
 // ack_wait (duration, at least 100ms), wait_time (duration),
@@ -75,6 +75,12 @@ func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, erro
 	}
 	if err := unusedParts(p.scheme, u, usesUser|usesHost); err != nil {
 		return nil, err
+	}
+	if strings.Contains(u.Host, ",") {
+		// nats.go splits a server list at its commas and parses each
+		// server again: the error of one that does not parse quotes it,
+		// with a token given as the user (which Open does not scrub).
+		return nil, fmt.Errorf("%w: nats: the host is a list of servers: give one (nats.go learns the cluster's others from it)", ErrInvalidURL)
 	}
 	return jetstream.Connect(ctx, withQuery(u, nil), co, o)
 }
