@@ -721,11 +721,13 @@ func (w *Worker) watchdog(held []atomic.Pointer[task], stop <-chan struct{}) {
 			if t.started == 0 {
 				t.started = now
 			}
-			if now-t.started >= int64(timeout) {
+			// Not once the handler returned (settling, set since the
+			// check above): its settlement then goes by its result. Nor
+			// marked timed out when another cause stopped it first (the
+			// drain deadline's ErrShutdown): that handler is settled by
+			// a release, and the heartbeat keeps its lease until then.
+			if now-t.started >= int64(timeout) && t.hc.cancelUnless(ErrJobTimeout, &t.settling) {
 				t.timedOut.Store(true)
-				// Not once the handler returned (settling, set since the
-				// check above): its settlement then goes by its result.
-				t.hc.cancelUnless(ErrJobTimeout, &t.settling)
 			}
 			t.mu.Unlock()
 		}
@@ -769,26 +771,33 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 		if errors.Is(err, ErrAlreadySettled) {
 			return // settled while the heartbeat looked: nothing to extend, nothing lost
 		}
+		// The outcome is acted on before the lease observers are told: one
+		// that calls runtime.Goexit ends this goroutine, and a lease lost
+		// must still stop the handler (as after a panic in one).
+		final := true
+		var wait time.Duration
+		switch {
+		case err == nil:
+			t.extended.Store(time.Now().UnixNano())
+		case errors.Is(err, ErrLeaseLost):
+			t.loseLease()
+		default:
+			if wait = min(pause, time.Until(giveUp)); wait <= 0 {
+				// The next attempt would come when the lease may have ended and
+				// another consumer may hold the message: give up now.
+				o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, LogText("id", t.d.Message().ID), "attempts", attempt+1, "err", err)
+				t.loseLease()
+			} else {
+				final = false
+			}
+		}
 		if len(w.leaseOb) > 0 {
 			hctx := t.context(ctx)
 			for _, lo := range w.leaseOb {
 				w.observeLease(hctx, lo, t.d, o.Lease, err)
 			}
 		}
-		switch {
-		case err == nil:
-			t.extended.Store(time.Now().UnixNano())
-			return
-		case errors.Is(err, ErrLeaseLost):
-			t.loseLease()
-			return
-		}
-		wait := min(pause, time.Until(giveUp))
-		if wait <= 0 {
-			// The next attempt would come when the lease may have ended and
-			// another consumer may hold the message: give up now.
-			o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, LogText("id", t.d.Message().ID), "attempts", attempt+1, "err", err)
-			t.loseLease()
+		if final {
 			return
 		}
 		if attempt == 0 {
@@ -874,9 +883,7 @@ type asyncAck struct {
 // finishAsync reports a background ack as process reports a settlement.
 func (w *Worker) finishAsync(a *asyncAck) {
 	w.log(a.ctx, a.t.d, a.s)
-	for _, ob := range w.opts.Observers {
-		w.observeSettled(a.ctx, ob, a.t.d, a.s)
-	}
+	w.settledFrom(a.ctx, 0, a.t.d, a.s)
 	a.t.hc.cancel(nil)
 }
 
@@ -965,9 +972,7 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 		s.Duration = endMono - start
 		s.Received = time.Unix(0, t.received)
 	}
-	for _, ob := range w.opts.Observers {
-		w.observeSettled(ctx, ob, d, s)
-	}
+	w.settledFrom(ctx, 0, d, s)
 	return s, false
 }
 
@@ -992,9 +997,7 @@ func (w *Worker) goexited(base, ctx context.Context, t *task, start time.Duratio
 		}
 		s.Received = time.Unix(0, t.received)
 	}
-	for _, ob := range w.opts.Observers {
-		w.observeSettled(ctx, ob, d, s)
-	}
+	w.settledFrom(ctx, 0, d, s)
 }
 
 // observeStart calls ob.Start. Observers are user code called on the
@@ -1032,6 +1035,25 @@ func (w *Worker) observeSettled(ctx context.Context, ob Observer, d Delivery, s 
 		}
 	}()
 	ob.Settled(ctx, d, s)
+}
+
+// settledFrom tells the observers from the i-th on of settlement s. An
+// observer whose Settled calls runtime.Goexit ends the goroutine (recover
+// sees nothing): the deferred call still tells the observers after it,
+// which saw the delivery start, before the goroutine ends.
+func (w *Worker) settledFrom(ctx context.Context, i int, d Delivery, s Settlement) {
+	obs := w.opts.Observers
+	if i >= len(obs) {
+		return
+	}
+	defer func() {
+		if i < len(obs) { // obs[i].Settled called runtime.Goexit
+			w.settledFrom(ctx, i+1, d, s)
+		}
+	}()
+	for ; i < len(obs); i++ {
+		w.observeSettled(ctx, obs[i], d, s)
+	}
 }
 
 // observeLease calls lo.LeaseExtended, recovering a panic as observeStart

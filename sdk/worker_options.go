@@ -371,7 +371,8 @@ type Settlement struct {
 // is logged once per Worker. One that calls runtime.Goexit (t.FailNow) ends
 // the Worker's goroutine, which is replaced: a Goexit in Start settles the
 // delivery as a handler's Goexit does ([ErrGoexit]), and one in Settled
-// still frees the delivery's slot.
+// still frees the delivery's slot and the observers after it are still
+// told of the settlement.
 type Observer interface {
 	Start(ctx context.Context, d Delivery) context.Context
 	Settled(ctx context.Context, d Delivery, s Settlement)
@@ -380,7 +381,8 @@ type Observer interface {
 // LeaseObserver is an optional extension of Observer told of every lease
 // extension attempt by the heartbeat (err nil on success), with the handler's
 // context once the handler runs (before, the Worker's). A panic in it is
-// recovered as Observer's are: the heartbeat acts on err regardless.
+// recovered as Observer's are: the heartbeat acts on err regardless, and
+// has already acted on it when one calls runtime.Goexit.
 type LeaseObserver interface {
 	LeaseExtended(ctx context.Context, d Delivery, by time.Duration, err error)
 }
