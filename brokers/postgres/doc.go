@@ -23,7 +23,8 @@
 //
 //	claim       UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED LIMIT max): due queued/retry rows
 //	            and processing rows whose lease expired become processing, attempt_count+1,
-//	            visibility_until = now()+Lease, worker_id, a fresh lease_token (one per
+//	            visibility_until = clock_timestamp()+Lease (from when the row is taken, not
+//	            from a start the claim may have waited after), worker_id, a fresh lease_token (one per
 //	            claim, chosen by the broker before it sends the claim)
 //	poison      a row claimed max_attempts times is dead-lettered at the next claim (sdk.ErrMaxDeliveries)
 //	Ack         status = 'completed', group-committed (see below)
@@ -31,7 +32,7 @@
 //	Release(d)  back to queued/retry with attempt_count-1: no attempt consumed
 //	DeadLetter  status = 'dead_letter', last_error, the sdk.AnnotateDeadLetter headers
 //	            (a NUL byte a handler put in a header is written as U+FFFD)
-//	ExtendLease visibility_until = now()+d, d at most Broker.MaxLease (12 h, or Lease when longer)
+//	ExtendLease visibility_until = clock_timestamp()+d, d at most Broker.MaxLease (12 h, or Lease when longer)
 //
 // Every settlement is fenced by the lease token: it changes the row only if the
 // token still matches, so a worker whose lease expired and was taken over
@@ -60,7 +61,10 @@
 // delivered, and that one is handed back at once, no attempt counted, with
 // a warning naming its job id. A Receive whose claim took only such rows
 // returns a [*DecodeError] with their ids: fix the rows (or dead-letter or
-// delete them) in SQL.
+// delete them) in SQL. So is a row at its attempt cap whose message ID is
+// longer than [MaxIndexedLength] (written by hand, by another tool, or
+// before Publish bounded IDs): the dead letters' index cannot hold it, and
+// dead-lettering it would fail every claim of its queue.
 //
 // After Close, and once the application has closed the pool (even with
 // the broker open), every operation returns an error wrapping

@@ -194,8 +194,15 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	// sdk.AnnotateDeadLetter keeps one (see headerFirstFailureSQL), else now.
 	first := `COALESCE(` + fmt.Sprintf(rfc3339SQL, "j.first_failure_at") + `, (SELECT ` + fmt.Sprintf(rfc3339SQL, "h.t") +
 		` FROM (SELECT ` + headerFirstFailureSQL + ` AS t) h WHERE h.t <= now()), ` + fmt.Sprintf(rfc3339SQL, "now()") + `)`
+	// The lease runs from clock_timestamp() when the claim takes the row,
+	// not from now(), the start of its transaction: a claim that waited
+	// for the table (behind a migration's CREATE INDEX, say) longer than
+	// the lease would hand out jobs whose lease was already over, and the
+	// next claim of any worker would take them again at once.
 	q := `WITH c AS (
-		SELECT id, attempt_count >= max_attempts AS poison
+		SELECT id, attempt_count >= max_attempts AND octet_length(message_id) <= $8 AS poison,
+			attempt_count >= max_attempts AND octet_length(message_id) > $8 AS stuck,
+			clock_timestamp() AS taken
 		FROM ` + b.table + `
 		WHERE queue = $1 AND status IN ('queued', 'retry', 'processing') AND available_at <= now()
 		ORDER BY available_at
@@ -205,8 +212,8 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	UPDATE ` + b.table + ` AS j SET
 		status           = CASE WHEN c.poison THEN 'dead_letter' ELSE 'processing' END,
 		attempt_count    = CASE WHEN c.poison THEN j.attempt_count ELSE j.attempt_count + 1 END,
-		available_at     = CASE WHEN c.poison THEN j.available_at ELSE now() + $3 * interval '1 microsecond' END,
-		visibility_until = CASE WHEN c.poison THEN NULL ELSE now() + $3 * interval '1 microsecond' END,
+		available_at     = CASE WHEN c.poison THEN j.available_at ELSE c.taken + $3 * interval '1 microsecond' END,
+		visibility_until = CASE WHEN c.poison THEN NULL ELSE c.taken + $3 * interval '1 microsecond' END,
 		lease_token      = CASE WHEN c.poison THEN NULL ELSE $7::uuid END,
 		worker_id        = $4,
 		last_error       = CASE WHEN c.poison THEN ` + poisonReason + ` ELSE j.last_error END,
@@ -224,9 +231,9 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	WHERE j.id = c.id
 	RETURNING c.poison, j.id, j.message_id, j.job_type, j.payload, j.headers, j.correlation_id,
 		j.ordering_key, COALESCE(j.idempotency_key, ''), j.attempt_count, COALESCE(j.lease_token::text, ''),
-		j.first_failure_at`
+		j.first_failure_at, c.stuck`
 	rows, err := conn.Query(cctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
-		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)), token)
+		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)), token, MaxIndexedLength)
 	if err != nil {
 		b.recoverClaim(conn, queue, token, pid, err)
 		return nil, 0, b.wrap(ctx, "receive", err)
@@ -246,23 +253,35 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	for rows.Next() {
 		var (
 			poison  bool
+			stuck   bool
 			d       = &delivery{b: b, queue: queue, msg: &sdk.Message{}}
 			headers []byte
 			first   *time.Time
 			values  = rows.RawValues()
 		)
-		// The poison flag and the id are computed by the claim and never
+		// The poison and stuck flags and the id are computed by the claim and never
 		// NULL; the rest comes from the row as it was written.
-		if err := pgx.ScanRow(typeMap, fields[:2], values[:2], &poison, &d.id); err != nil {
+		last := len(fields) - 1
+		if err := pgx.ScanRow(typeMap, append(fields[:2:2], fields[last]), append(values[:2:2], values[last]),
+			&poison, &d.id, &stuck); err != nil {
 			return nil, 0, b.wrap(ctx, "receive", err)
 		}
 		err := pgx.ScanRow(typeMap, fields, values, nil, nil, &d.msg.ID, &d.msg.Type, &d.msg.Body, &headers,
-			&d.msg.CorrelationID, &d.msg.Key, &d.msg.IdempotencyKey, &d.attempt, &d.token, &first)
+			&d.msg.CorrelationID, &d.msg.Key, &d.msg.IdempotencyKey, &d.attempt, &d.token, &first, nil)
+		if stuck && err == nil {
+			// At its attempt cap, but its message ID (from a row written
+			// by hand, by another tool or before Publish bounded IDs) is
+			// longer than the dead letters' index holds: dead-lettering it
+			// would fail the claim, and so every claim of the queue, for
+			// ever. It is handed back as a row that cannot be decoded is.
+			err = fmt.Errorf("job %d at its attempt cap cannot be dead-lettered: its message ID of %d bytes is over the %d bytes an index of the jobs table holds (shorten or delete it in SQL)",
+				d.id, len(d.msg.ID), MaxIndexedLength)
+		}
 		if poison {
 			// Already dead-lettered by the claim: nothing to hand back.
 			poisoned++
 			b.opts.Logger.Warn("berth/postgres: job dead-lettered at claim: max deliveries exceeded",
-				"queue", queue, "job_id", d.id, "message_id", d.msg.ID, "attempts", d.attempt)
+				"queue", queue, "job_id", d.id, sdk.LogText("message_id", d.msg.ID), "attempts", d.attempt) // the ID is the producer's
 			continue
 		}
 		if err != nil {
@@ -330,8 +349,11 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 // for a lease nor dead-lettered by a cap they never ran into; the job ids
 // tell which rows to fix (or dead-letter, or delete) in SQL. A claim that
 // also took rows that decode delivers those, and logs the others (same
-// hand-back), instead of returning this error. Use errors.As to get it;
-// Err (a [pgx.ScanArgError], which names the column) is in the chain.
+// hand-back), instead of returning this error. A row at its attempt cap
+// whose message ID is over [MaxIndexedLength], which cannot be
+// dead-lettered, is handed back and reported so too (Err says why). Use
+// errors.As to get it; Err (a [pgx.ScanArgError], which names the column,
+// for a row that cannot be decoded) is in the chain.
 type DecodeError struct {
 	Queue  string  // the queue received from
 	JobIDs []int64 // the rows' ids in the jobs table
@@ -581,9 +603,12 @@ func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 	if d.b.isClosed() {
 		return errClosed("extend lease")
 	}
+	// From clock_timestamp(), as the claim's lease: an UPDATE that waited
+	// for the table longer than by would extend to a time already past.
 	err := d.exec(ctx, "extend lease", false, `SET
-		available_at = now() + $3 * interval '1 microsecond',
-		visibility_until = now() + $3 * interval '1 microsecond', updated_at = now()`, by.Microseconds())
+		available_at = x.t + $3 * interval '1 microsecond',
+		visibility_until = x.t + $3 * interval '1 microsecond', updated_at = now()
+		FROM (SELECT clock_timestamp() AS t) AS x`, by.Microseconds())
 	if errors.Is(err, sdk.ErrLeaseLost) {
 		// A settlement of this delivery may have changed the row while the
 		// UPDATE ran (it holds d.mu until it is written): then the lease was
