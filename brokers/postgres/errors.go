@@ -67,7 +67,11 @@ func (b *Broker) wrap(ctx context.Context, op string, err error) error {
 func (b *Broker) poolClosed() bool { return pgretry.PoolClosed(b.pool) }
 
 // retryable reports whether err is worth retrying later: a broken or refused
-// connection, a server going away, a deadlock or serialization failure.
+// connection, a server going away or short of resources, a deadlock or
+// serialization failure, a lock or statement timeout (the table locked by
+// a migration's DDL, a server under load). A read-only transaction (25006)
+// is not: it is as often a role's setting, which no retry changes, as a
+// failover's demoted primary.
 // Another server error (a constraint, a bad value) is the statement's, and
 // so is a client-side error that is not about the connection: an argument
 // pgx cannot encode, a transaction already ended (PublishTx), a row that
@@ -78,7 +82,9 @@ func retryable(err error) bool {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			strings.HasPrefix(pgErr.Code, "57P"), // admin shutdown, crash shutdown, cannot connect now, idle session timeout
-			pgErr.Code == "53300",                // too many connections
+			strings.HasPrefix(pgErr.Code, "53"),  // insufficient resources: too many connections, disk full, out of memory
+			pgErr.Code == "55P03",                // lock_not_available: a lock_timeout ran out behind another's lock (DDL)
+			pgErr.Code == "57014",                // query_canceled by the server: a statement_timeout under load
 			pgErr.Code == "40001",                // serialization failure
 			pgErr.Code == "40P01":                // deadlock detected
 			return true
