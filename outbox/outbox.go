@@ -707,7 +707,9 @@ func msDuration(ms int64) time.Duration {
 // When ctx ends during the publish or after it, the pass still records what
 // the broker took (deletes those rows), for up to [StopGrace] after ctx
 // ends; the rows whose publish the end cut short are left untouched (no
-// attempt counted). It then returns how many it deleted and ctx's error.
+// attempt counted). Through an [sdk.AsyncPublisher], a message sent before
+// ctx ended is not cut short by it: its result is awaited for up to half of
+// StopGrace. It then returns how many it deleted and ctx's error.
 //
 // If the application has closed the pool, RelayOnce publishes nothing and
 // its error wraps [sdk.ErrClosed].
@@ -803,13 +805,26 @@ ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, opts.BatchSize)
 		pctx   context.Context
 		cancel context.CancelFunc
 	)
+	// The broker's answers to what was already sent (an AsyncPublisher's
+	// results: RabbitMQ's confirms, JetStream's acks) are awaited on wctx:
+	// within PublishTimeout and, when ctx ends (the relay is stopping), for
+	// up to half of StopGrace after it, the rest of which is the record's.
+	// A row the broker took whose answer came just after the stop was left
+	// untouched, and published again at the next start.
+	wctx, wcancel := afterGrace(ctx, StopGrace/2)
 	if opts.PublishTimeout > 0 {
-		pctx, cancel = context.WithTimeout(ctx, opts.PublishTimeout)
+		deadline := start.Add(opts.PublishTimeout)
+		pctx, cancel = context.WithDeadline(ctx, deadline)
+		var dcancel context.CancelFunc
+		wctx, dcancel = context.WithDeadline(wctx, deadline)
+		defer dcancel()
 	} else {
 		pctx, cancel = context.WithCancel(ctx) // no bound
 	}
-	publishInOrder(pctx, pub, batch)
-	timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded)
+	publishInOrder(pctx, wctx, pub, batch)
+	// wctx's deadline is PublishTimeout's (its grace ends it Canceled).
+	timedOut := errors.Is(pctx.Err(), context.DeadlineExceeded) || errors.Is(wctx.Err(), context.DeadlineExceeded)
+	wcancel()
 	cancel()
 	// Record the outcome even when ctx ends now or during the recording
 	// (the relay is stopping): rolling back would publish again, at the
@@ -1054,7 +1069,9 @@ func (e *dbError) Unwrap() error { return e.err }
 
 // StopGrace is how long a relay pass whose context ends after its publish
 // (the relay is stopping) goes on recording what the broker took, so that
-// those rows are not published again at the next start.
+// those rows are not published again at the next start. Through an
+// [sdk.AsyncPublisher], the first half of it also waits for the broker's
+// answers (confirms, acks) to the messages sent before the context ended.
 const StopGrace = 5 * time.Second
 
 // afterGrace returns a context with ctx's values that ends grace after ctx
@@ -1198,7 +1215,11 @@ GROUP BY b.queue, b.key`, queues, keys, ids, all)
 // first round) every row without a key are published, one call per queue:
 // rows of one key never share a call, so a broker that accepts part of a
 // call cannot let a later row of a key overtake a refused one.
-func publishInOrder(ctx context.Context, pub sdk.Publisher, batch []*row) {
+//
+// wait bounds the wait for the results of an [sdk.AsyncPublisher] (ctx
+// bounds the sends): it may outlast ctx, so that what the broker took just
+// before ctx ended is known.
+func publishInOrder(ctx, wait context.Context, pub sdk.Publisher, batch []*row) {
 	type qk struct{ queue, key string }
 	var free []*row
 	lines := map[qk][]*row{}
@@ -1220,7 +1241,7 @@ func publishInOrder(ctx context.Context, pub sdk.Publisher, batch []*row) {
 		round = append(round, lines[k][0])
 	}
 	for len(round) > 0 && ctx.Err() == nil {
-		publishRound(ctx, pub, round)
+		publishRound(ctx, wait, pub, round)
 		var next []*row
 		for _, k := range order {
 			line := lines[k]
@@ -1245,9 +1266,9 @@ func publishInOrder(ctx context.Context, pub sdk.Publisher, batch []*row) {
 // A call refused as a whole (an invalid message fails the batch) is retried
 // message by message, so that only the bad row fails; a broker that is down
 // fails them all.
-func publishRound(ctx context.Context, pub sdk.Publisher, rows []*row) {
+func publishRound(ctx, wait context.Context, pub sdk.Publisher, rows []*row) {
 	if ap, ok := pub.(sdk.AsyncPublisher); ok {
-		publishAsync(ctx, ap, rows)
+		publishAsync(ctx, wait, ap, rows)
 		return
 	}
 	byQueue := map[string][]*row{}
@@ -1287,14 +1308,18 @@ func publishRound(ctx context.Context, pub sdk.Publisher, rows []*row) {
 // every row is in flight at once (RabbitMQ: a sliding window of confirms
 // instead of one batch per queue awaited as a whole) and each gets its own
 // outcome, so an invalid row fails alone without a retry round.
-func publishAsync(ctx context.Context, ap sdk.AsyncPublisher, rows []*row) {
+//
+// The results are awaited on wait, not ctx: a message sent before ctx ended
+// may be taken by the broker after, and its row must then be deleted, not
+// published again.
+func publishAsync(ctx, wait context.Context, ap sdk.AsyncPublisher, rows []*row) {
 	results := make([]*sdk.PublishResult, len(rows))
 	for i, r := range rows {
 		results[i], r.err = ap.PublishAsync(ctx, r.queue, r.msg.Clone())
 	}
 	for i, r := range rows {
 		if results[i] != nil {
-			r.err = results[i].Wait(ctx)
+			r.err = results[i].Wait(wait)
 		}
 	}
 }

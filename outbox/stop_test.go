@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
@@ -155,6 +156,71 @@ func TestStopWhileRecordingKeepsWhatWasPublished(t *testing.T) {
 	}
 	if _, ok := left[good.ID]; ok || left[bad.ID] != 1 || len(left) != 1 {
 		t.Fatalf("rows left (message: attempts) %v; want only the refused one, with 1 attempt (the published one deleted)", left)
+	}
+	drain(t, b, "q", 1)
+}
+
+// lateConfirm is an asynchronous publisher whose broker takes each message
+// at once but answers (confirms) a little later, as RabbitMQ's confirms and
+// JetStream's acks come a round trip after the send; the relay is stopped
+// (its ctx ended) right after the send, before the answer.
+type lateConfirm struct {
+	sdk.Publisher
+	stop func()
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	sent map[string]int
+}
+
+func (l *lateConfirm) PublishAsync(ctx context.Context, q string, m *sdk.Message) (*sdk.PublishResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := l.Publisher.Publish(ctx, q, m); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.sent[m.ID]++
+	l.mu.Unlock()
+	res := sdk.NewPublishResult(m.ID)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		time.Sleep(50 * time.Millisecond) // the confirm's round trip
+		res.Resolve(nil)
+	}()
+	l.stop()
+	return res, nil
+}
+
+// TestStoppedRelayAwaitsConfirmsOfWhatItSent: a relay stopped between
+// sending a message through an asynchronous publish and the broker's answer
+// still waits (within StopGrace) for that answer and deletes the row the
+// broker took, so the next start does not publish it again. Before, the
+// wait ended with ctx, the row was left untouched and published twice.
+func TestStoppedRelayAwaitsConfirmsOfWhatItSent(t *testing.T) {
+	ctx := context.Background()
+	pool, box, b, _ := setupSchema(t, outbox.Options{})
+	m := &sdk.Message{Type: "x"}
+	add(t, pool, box, "q", m)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pub := &lateConfirm{Publisher: b, stop: cancel, sent: map[string]int{}}
+	defer pub.wg.Wait()
+	if _, err := box.RelayOnce(rctx, pub, outbox.RelayOptions{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RelayOnce stopped after its send: %v, want context.Canceled", err)
+	}
+	pub.stop = func() {}
+	if _, err := box.RelayOnce(ctx, pub, outbox.RelayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if pending, err := box.Pending(ctx); err != nil || pending != 0 {
+		t.Fatalf("pending %d, %v; want 0", pending, err)
+	}
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	if n := pub.sent[m.ID]; n != 1 {
+		t.Fatalf("message published %d times, want 1: the broker took it before the stop's grace ended", n)
 	}
 	drain(t, b, "q", 1)
 }
