@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
@@ -79,5 +80,48 @@ func TestParkedIDs(t *testing.T) {
 	}
 	if _, err := box.ParkedIDs(ctx, 0, 0); err == nil {
 		t.Fatal("limit 0 accepted")
+	}
+}
+
+// ParkedIDsUntil leaves out the rows parked after until, whatever their id
+// (a row requeued and parked again keeps its low id), and keeps those whose
+// parked_at is ±infinity (written by hand).
+func TestParkedIDsUntil(t *testing.T) {
+	pool, box, _, schema := setupSchema(t, outbox.Options{})
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := box.Add(ctx, tx, "emails", &sdk.Message{Type: "email", Body: fmt.Appendf(nil, `{"n":%d}`, i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = box.RelayOnce(ctx, refusingPublisher{}, outbox.RelayOptions{MaxAttempts: 1})
+	all, err := box.ParkedIDs(ctx, 0, 10)
+	if err != nil || len(all) != 3 {
+		t.Fatalf("parked %v %v", all, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE "`+schema+`".berth_outbox SET parked_at = 'infinity' WHERE id = $1`, all[2]); err != nil {
+		t.Fatal(err)
+	}
+	var until time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	// The lowest row is requeued and parked again, after until.
+	if _, err := box.Requeue(ctx, all[0]); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = box.RelayOnce(ctx, refusingPublisher{}, outbox.RelayOptions{MaxAttempts: 1})
+	if ids, err := box.ParkedIDs(ctx, 0, 10); err != nil || !slices.Equal(ids, all) {
+		t.Fatalf("ParkedIDs %v %v, want %v", ids, err, all)
+	}
+	if ids, err := box.ParkedIDsUntil(ctx, 0, 10, until); err != nil || !slices.Equal(ids, all[1:]) {
+		t.Fatalf("ParkedIDsUntil %v %v, want %v (not %d, parked after until)", ids, err, all[1:], all[0])
 	}
 }

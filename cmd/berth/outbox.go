@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/berthq/berth/internal/dlq"
@@ -24,12 +25,18 @@ import (
 
 // openOutbox opens the outbox table of -db (default $BERTH_DB) and -table.
 func (c *cli) openOutbox(ctx context.Context) (*outbox.Outbox, func(), error) {
+	box, _, closeBox, err := c.openOutboxPool(ctx)
+	return box, closeBox, err
+}
+
+// openOutboxPool is openOutbox that also returns the outbox's pool.
+func (c *cli) openOutboxPool(ctx context.Context) (*outbox.Outbox, *pgxpool.Pool, func(), error) {
 	dsn := c.db
 	if dsn == "" {
 		dsn = c.getenv("BERTH_DB")
 	}
 	if dsn == "" {
-		return nil, nil, usagef("no database: give -db postgres://… or set BERTH_DB")
+		return nil, nil, nil, usagef("no database: give -db postgres://… or set BERTH_DB")
 	}
 	o := outbox.Options{}
 	if c.table != "" {
@@ -41,17 +48,17 @@ func (c *cli) openOutbox(ctx context.Context) (*outbox.Outbox, func(), error) {
 	}
 	pool, err := c.openDBFor(ctx, dsn, "outbox")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	box, err := outbox.New(pool, o)
 	if err != nil {
 		pool.Close()
 		if errors.Is(err, outbox.ErrInvalidIdentifier) {
-			return nil, nil, &usageError{err.Error()}
+			return nil, nil, nil, &usageError{err.Error()}
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return box, pool.Close, nil
+	return box, pool, pool.Close, nil
 }
 
 type jsonParked struct {
@@ -221,7 +228,7 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 	if discard {
 		verb, done = "discard", "discarded"
 	}
-	box, closeBox, err := c.openOutbox(ctx)
+	box, pool, closeBox, err := c.openOutboxPool(ctx)
 	if err != nil {
 		return err
 	}
@@ -231,6 +238,11 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 		report.Matched = len(ids)
 	}
 	ceiling := int64(math.MaxInt64) // all: the highest id counted
+	// all, counted: the database's time after the count. A row parked
+	// after it is not among the rows counted, whatever its id (a row is
+	// parked long after it was added: its id is usually lower than those
+	// of rows counted), and is left alone.
+	var until *time.Time
 	if c.dryRun || !c.yes {
 		if len(ids) > 0 {
 			missing, err := missingParked(ctx, box, ids)
@@ -245,6 +257,11 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 			if err != nil {
 				return err
 			}
+			var t time.Time
+			if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t); err != nil {
+				return fmt.Errorf("outbox: reading the database's time: %w", err)
+			}
+			until = &t
 		}
 		n := report.Matched
 		if c.dryRun {
@@ -285,7 +302,7 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 			progressbar.OptionSetSpinnerChangeInterval(0),
 		)
 	}
-	n, err := changeParked(ctx, box, ids, report.Matched, ceiling, discard, func(n int) {
+	n, err := changeParked(ctx, box, ids, report.Matched, ceiling, until, discard, func(n int) {
 		if bar != nil {
 			_ = bar.Set(n)
 		}
@@ -331,10 +348,11 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 
 // changeParked requeues or discards parked rows in batches and returns how
 // many it changed: the ids given, or else at most limit (all when limit < 0)
-// of the rows parked with an id up to ceiling, oldest first. Each batch is
+// of the rows parked with an id up to ceiling, and (when until is not nil)
+// at or before until by the database's clock, oldest first. Each batch is
 // one transaction, not cut by ctx; ctx is checked between batches. On an
 // error it returns the count done before it.
-func changeParked(ctx context.Context, box *outbox.Outbox, ids []int64, limit int, ceiling int64, discard bool, progress func(done int)) (int, error) {
+func changeParked(ctx context.Context, box *outbox.Outbox, ids []int64, limit int, ceiling int64, until *time.Time, discard bool, progress func(done int)) (int, error) {
 	do := func(batch []int64) (int, error) {
 		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dlq.PageTimeout)
 		defer cancel()
@@ -367,7 +385,15 @@ func changeParked(ctx context.Context, box *outbox.Outbox, ids []int64, limit in
 		if limit >= 0 {
 			want = min(want, limit-done)
 		}
-		page, err := box.ParkedIDs(ctx, after, want)
+		var (
+			page []int64
+			err  error
+		)
+		if until != nil {
+			page, err = box.ParkedIDsUntil(ctx, after, want, *until)
+		} else {
+			page, err = box.ParkedIDs(ctx, after, want)
+		}
 		if err != nil {
 			return done, err
 		}

@@ -125,6 +125,61 @@ func TestOutboxChangesOnlyTheConfirmed(t *testing.T) {
 	}
 }
 
+// reparkWhileAsked runs one relay pass that parks every due row when the
+// operator's answer is read: a row put back in line (requeued) before the
+// count, refused again while the question is on screen.
+type reparkWhileAsked struct {
+	box    *outbox.Outbox
+	answer io.Reader
+	done   bool
+}
+
+func (p *reparkWhileAsked) Read(b []byte) (int, error) {
+	if !p.done {
+		p.done = true
+		_, _ = p.box.RelayOnce(context.Background(), refusing{}, outbox.RelayOptions{MaxAttempts: 1})
+	}
+	return p.answer.Read(b)
+}
+
+// "outbox discard|requeue" of all leaves alone a row parked while the
+// question was on screen also when its id is lower than those counted (rows
+// are parked long after they were added). Before, the id ceiling let it
+// through, and it was discarded (its message never published) in place of
+// a counted row, which stayed parked.
+func TestOutboxLeavesLowerRowParkedDuringQuestion(t *testing.T) {
+	for _, verb := range []string{"discard", "requeue"} {
+		t.Run(verb, func(t *testing.T) {
+			ctx := context.Background()
+			box, dsn, table := parkedOutbox(t, 2)
+			rows, err := box.Parked(ctx, 0)
+			if err != nil || len(rows) != 2 {
+				t.Fatalf("parked: %v %v", rows, err)
+			}
+			low, counted := rows[0].ID, rows[1].ID
+			if _, err := box.Requeue(ctx, low); err != nil { // in line again: not parked at the count
+				t.Fatal(err)
+			}
+			var out, errOut strings.Builder
+			code := run(ctx, []string{"outbox", verb, "-db", dsn, "-table", table}, env{
+				stdin: &reparkWhileAsked{box: box, answer: strings.NewReader("y\n")}, stdout: &out, stderr: &errOut,
+				interactive: true, getenv: func(string) string { return "" }, open: openURL,
+			})
+			if code != 0 || !strings.Contains(errOut.String(), verb+" 1 parked row(s)") || !strings.Contains(out.String(), "d 1 parked row(s)") {
+				t.Fatalf("exit %d\nstdout %q\nstderr %q", code, out.String(), errOut.String())
+			}
+			left, err := box.Parked(ctx, 0)
+			if err != nil || len(left) != 1 || left[0].ID != low {
+				ids := []int64{}
+				for _, r := range left {
+					ids = append(ids, r.ID)
+				}
+				t.Fatalf("parked after the change: %v %v; want only row %d (parked during the question), not %d (counted and confirmed)", ids, err, low, counted)
+			}
+		})
+	}
+}
+
 // "outbox requeue -yes" of all works in batches and changes every row.
 func TestOutboxChangeAllInBatches(t *testing.T) {
 	_, dsn, table := parkedOutbox(t, 1)
