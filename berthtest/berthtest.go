@@ -24,6 +24,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,12 +169,23 @@ func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 	if o.Rand == nil {
 		o.Rand = rand.New(rand.NewPCG(1, 2))
 	}
+	// hung: the handler (its middleware included) returned only once the
+	// bound had passed. Read when it returns, not after Process: what
+	// follows it (an observer's Settled, the settlement) may outlast the
+	// bound without the handler having hung.
+	var hung atomic.Bool
+	o.Middleware = append([]sdk.Middleware{func(next sdk.Handler) sdk.Handler {
+		return sdk.HandlerFunc(func(hctx context.Context, d sdk.Delivery) error {
+			defer func() { hung.Store(errors.Is(context.Cause(ctx), errWorkBound)) }()
+			return next.Handle(hctx, d)
+		})
+	}}, o.Middleware...)
 	w, err := sdk.NewWorker(noSubscriber{}, h, o)
 	if err != nil {
 		t.Fatalf("berthtest: Work: %v", err)
 	}
 	res := Result{Settlement: w.Process(ctx, sd), Delivery: d}
-	if errors.Is(context.Cause(ctx), errWorkBound) {
+	if hung.Load() {
 		// Whatever the Worker then did: released, retried (a delivery
 		// that cannot be released) or acked (a handler that returned nil
 		// once stopped), the handler hung until the bound.

@@ -156,3 +156,33 @@ func TestWorkBoundFailsWhateverTheSettlement(t *testing.T) {
 		})
 	}
 }
+
+// slowSettled is an Observer whose Settled takes a while (an exporter
+// writing synchronously): it runs after the handler has returned.
+type slowSettled struct{ d time.Duration }
+
+func (slowSettled) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+func (s slowSettled) Settled(context.Context, sdk.Delivery, sdk.Settlement) {
+	time.Sleep(s.d)
+}
+
+// TestWorkBoundAfterHandlerReturned: a handler that returned before
+// WaitTimeout does not fail the test when what follows it (an observer's
+// Settled, the settlement) runs past the bound: only a handler still
+// running at the bound hung. Before, any end of Work's context by the
+// bound before Process returned failed the test.
+func TestWorkBoundAfterHandlerReturned(t *testing.T) {
+	saved := berthtest.WaitTimeout
+	berthtest.WaitTimeout = 50 * time.Millisecond
+	t.Cleanup(func() { berthtest.WaitTimeout = saved })
+	tb := &ctxT{TB: t, ctx: t.Context()}
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	res := berthtest.Work(tb, h, &sdk.Message{Type: "quick"},
+		berthtest.WorkerOptions(sdk.WorkerOptions{Observers: []sdk.Observer{slowSettled{200 * time.Millisecond}}}))
+	if !res.Acked() {
+		t.Errorf("got %s (%v), want an ack", res.Action, res.Cause)
+	}
+	if e := tb.errors(); e != "" {
+		t.Errorf("Work failed the test of a handler that returned at once: %q", e)
+	}
+}
