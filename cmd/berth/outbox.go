@@ -105,6 +105,26 @@ func countParked(ctx context.Context, box *outbox.Outbox) (n int, last int64, er
 	}
 }
 
+// countParkedUntil counts the rows parked at or before until (by the
+// database's clock) with an id up to ceiling, reading their ids page by page.
+func countParkedUntil(ctx context.Context, box *outbox.Outbox, ceiling int64, until time.Time) (int, error) {
+	n, after := 0, int64(0)
+	for {
+		ids, err := box.ParkedIDsUntil(ctx, after, outboxBatch, until)
+		if err != nil {
+			return n, err
+		}
+		if i := slices.IndexFunc(ids, func(id int64) bool { return id > ceiling }); i >= 0 {
+			return n + i, nil
+		}
+		if len(ids) == 0 {
+			return n, nil
+		}
+		n += len(ids)
+		after = ids[len(ids)-1]
+	}
+}
+
 // missingParked returns those of ids that are not parked rows, in their
 // order, reading the parked ids page by page.
 func missingParked(ctx context.Context, box *outbox.Outbox, ids []int64) ([]int64, error) {
@@ -286,6 +306,21 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 		}
 		if err := c.confirm(q); err != nil {
 			return err
+		}
+		if until != nil {
+			// A relay pass parks rows (parked_at) inside its transaction
+			// and commits after its publish: a row it parked before the
+			// count but committed after was not counted, yet is parked
+			// before until, and would be changed in place of a counted
+			// row (the change stops at the count). Counted again now, it
+			// shows: change nothing.
+			again, err := countParkedUntil(ctx, box, ceiling, *until)
+			if err != nil {
+				return err
+			}
+			if again > report.Matched {
+				return fmt.Errorf("%d row(s) parked before the count were not in it (a relay pass that parked them was still under way): nothing changed; run it again", again-report.Matched)
+			}
 		}
 	}
 

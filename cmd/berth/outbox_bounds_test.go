@@ -307,3 +307,75 @@ func TestOutboxListNegativeLimit(t *testing.T) {
 		t.Fatalf("outbox list -limit -1: exit %d\nstdout: %s\nstderr: %s", r.code, r.out, r.err)
 	}
 }
+
+// commitWhileAsked commits tx when the operator's answer is read: a relay
+// pass that parked a row before the count commits while the question is on
+// screen.
+type commitWhileAsked struct {
+	tx     pgx.Tx
+	answer io.Reader
+	done   bool
+}
+
+func (p *commitWhileAsked) Read(b []byte) (int, error) {
+	if !p.done {
+		p.done = true
+		_ = p.tx.Commit(context.Background())
+	}
+	return p.answer.Read(b)
+}
+
+// "outbox discard|requeue" of all changes nothing when a row parked before
+// the count (by a relay pass, which parks the rows it sets aside inside its
+// transaction and commits after its publish) shows up after it: the row is
+// parked before the database time the change pages by, so it would be
+// changed in place of a counted row. Before, it was: the row the operator
+// confirmed stayed parked, one never counted was discarded, exit 0.
+func TestOutboxChangeRefusesRowParkedBeforeCountCommittedAfter(t *testing.T) {
+	for _, verb := range []string{"discard", "requeue"} {
+		t.Run(verb, func(t *testing.T) {
+			ctx := context.Background()
+			box, dsn, table := parkedOutbox(t, 2)
+			rows, err := box.Parked(ctx, 0)
+			if err != nil || len(rows) != 2 {
+				t.Fatalf("parked: %v %v", rows, err)
+			}
+			low, counted := rows[0].ID, rows[1].ID
+			if _, err := box.Requeue(ctx, low); err != nil { // in line again
+				t.Fatal(err)
+			}
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+			schema, name, _ := strings.Cut(table, ".")
+			// What a relay pass does to a row it sets aside, before it
+			// publishes the rest of its batch and commits.
+			if _, err := tx.Exec(ctx, `UPDATE `+pgx.Identifier{schema, name}.Sanitize()+` SET parked_at = clock_timestamp(), last_error = 'set aside' WHERE id = $1`, low); err != nil {
+				t.Fatal(err)
+			}
+			var out, errOut strings.Builder
+			code := run(ctx, []string{"outbox", verb, "-db", dsn, "-table", table}, env{
+				stdin: &commitWhileAsked{tx: tx, answer: strings.NewReader("y\n")}, stdout: &out, stderr: &errOut,
+				interactive: true, getenv: func(string) string { return "" }, open: openURL,
+			})
+			if code == 0 || !strings.Contains(errOut.String(), verb+" 1 parked row(s)") || !strings.Contains(errOut.String(), "nothing changed") {
+				t.Errorf("exit %d\nstdout %q\nstderr %q; want a refusal that changed nothing", code, out.String(), errOut.String())
+			}
+			left, err := box.Parked(ctx, 0)
+			if err != nil || len(left) != 2 || left[0].ID != low || left[1].ID != counted {
+				ids := []int64{}
+				for _, r := range left {
+					ids = append(ids, r.ID)
+				}
+				t.Fatalf("parked after the change: %v %v; want both %d and %d untouched", ids, err, low, counted)
+			}
+		})
+	}
+}
