@@ -479,6 +479,11 @@ func (l *declareLock) acquire(ctx context.Context) error {
 			return nil
 		}
 		if err != nil && ctx.Err() != nil {
+			if errors.Is(err, ctx.Err()) && failure != nil {
+				// This attempt was only cut by ctx: the one before it
+				// says why the lock was not taken.
+				err = failure
+			}
 			return l.ended(ctx, err)
 		}
 		switch {
