@@ -62,8 +62,9 @@
 // a warning naming its job id. A Receive whose claim took only such rows
 // returns a [*DecodeError] with their ids: fix the rows (or dead-letter or
 // delete them) in SQL. So is a row at its attempt cap whose message ID is
-// longer than [MaxIndexedLength] (written by hand, by another tool, or
-// before Publish bounded IDs): the dead letters' index cannot hold it, and
+// too long for an entry of the dead letters' index (2704 bytes with the
+// queue name, compressed when it compresses; written by hand, by another
+// tool, or before Publish bounded IDs to [MaxIndexedLength]):
 // dead-lettering it would fail every claim of its queue.
 //
 // After Close, and once the application has closed the pool (even with

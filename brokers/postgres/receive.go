@@ -200,8 +200,8 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	// the lease would hand out jobs whose lease was already over, and the
 	// next claim of any worker would take them again at once.
 	q := `WITH c AS (
-		SELECT id, attempt_count >= max_attempts AND octet_length(message_id) <= $8 AS poison,
-			attempt_count >= max_attempts AND octet_length(message_id) > $8 AS stuck,
+		SELECT id, attempt_count >= max_attempts AND pg_column_size(message_id) + octet_length(queue) <= $8 AS poison,
+			attempt_count >= max_attempts AND pg_column_size(message_id) + octet_length(queue) > $8 AS stuck,
 			clock_timestamp() AS taken
 		FROM ` + b.table + `
 		WHERE queue = $1 AND status IN ('queued', 'retry', 'processing') AND available_at <= now()
@@ -233,7 +233,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 		j.ordering_key, COALESCE(j.idempotency_key, ''), j.attempt_count, COALESCE(j.lease_token::text, ''),
 		j.first_failure_at, c.stuck`
 	rows, err := conn.Query(cctx, q, queue, max, b.opts.Lease.Microseconds(), b.opts.WorkerID,
-		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)), token, MaxIndexedLength)
+		sdk.ErrMaxDeliveries.Error(), string(sdk.Classify(sdk.ErrMaxDeliveries)), token, maxDeadLetterKey)
 	if err != nil {
 		b.recoverClaim(conn, queue, token, pid, err)
 		return nil, 0, b.wrap(ctx, "receive", err)
@@ -274,8 +274,8 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 			// longer than the dead letters' index holds: dead-lettering it
 			// would fail the claim, and so every claim of the queue, for
 			// ever. It is handed back as a row that cannot be decoded is.
-			err = fmt.Errorf("job %d at its attempt cap cannot be dead-lettered: its message ID of %d bytes is over the %d bytes an index of the jobs table holds (shorten or delete it in SQL)",
-				d.id, len(d.msg.ID), MaxIndexedLength)
+			err = fmt.Errorf("job %d at its attempt cap cannot be dead-lettered: its message ID of %d bytes is too long for an entry of the dead letters' index (%d bytes, compressed, with the queue name; shorten or delete it in SQL)",
+				d.id, len(d.msg.ID), btreeMaxEntry)
 		}
 		if poison {
 			// Already dead-lettered by the claim: nothing to hand back.
@@ -341,6 +341,20 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 	return ds, poisoned, nil
 }
 
+// btreeMaxEntry is the largest btree index entry PostgreSQL holds (8 kB
+// pages): the dead letters' index entry is the queue name and the message
+// ID, as stored (compressed when it is long and compresses).
+const btreeMaxEntry = 2704
+
+// maxDeadLetterKey bounds pg_column_size(message_id) + octet_length(queue)
+// of a row the claim dead-letters: btreeMaxEntry less the entry's header,
+// the name's length byte and the alignment padding. A row over it (an ID
+// written around Publish's MaxIndexedLength) would fail the claim with
+// SQLSTATE 54000; one under it, however long its ID, is dead-lettered
+// (MaxIndexedLength is Publish's bound, not the index's: an ID of 2500
+// bytes, or a long one that compresses, fits).
+const maxDeadLetterKey = btreeMaxEntry - 24
+
 // DecodeError is the error of a Receive whose claim took only jobs whose
 // row could not be decoded into a delivery: a value the broker's Go types
 // cannot hold, written by hand or by another tool (a first_failure_at of
@@ -350,7 +364,7 @@ func (b *Broker) claim(ctx context.Context, queue string, max int) (ds []sdk.Del
 // tell which rows to fix (or dead-letter, or delete) in SQL. A claim that
 // also took rows that decode delivers those, and logs the others (same
 // hand-back), instead of returning this error. A row at its attempt cap
-// whose message ID is over [MaxIndexedLength], which cannot be
+// whose message ID is too long for an index entry, which cannot be
 // dead-lettered, is handed back and reported so too (Err says why). Use
 // errors.As to get it; Err (a [pgx.ScanArgError], which names the column,
 // for a row that cannot be decoded) is in the chain.
