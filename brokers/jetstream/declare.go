@@ -633,13 +633,21 @@ func (e *AckWaitError) Error() string {
 
 // checkAckWait returns an [*AckWaitError] when, with NoDeclare, q's ready
 // consumer has a shorter AckWait than the Broker's. It reads the consumer
-// until it has once found it fine; a consumer not found is left to the pull.
+// until it has once found it fine (again after a pull left unanswered, see
+// pull). A ready consumer not found wraps [sdk.ErrNotFound], as a stream not
+// found does: a pull on it is never answered, and every Receive would
+// return nothing, no error, for ever. A stream not found is left to the
+// pull.
 func (b *Broker) checkAckWait(ctx context.Context, q *queueState) error {
 	if !b.opts.NoDeclare || q.ackWaitOK.Load() {
 		return nil
 	}
 	c, err := b.js.Consumer(ctx, q.stream, consumerName)
-	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("berth/jetstream: queue %s: no consumer %q on stream %s (NoDeclare: declare the queue): %w: %w",
+			q.name, consumerName, q.stream, sdk.ErrNotFound, err)
+	}
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil
 	}
 	if err != nil {

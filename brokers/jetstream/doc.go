@@ -198,7 +198,8 @@
 // connection is given up after WaitTime plus a second, and the caller pulls
 // again; the next Receive declares the queue again, since a pull on a
 // consumer that does not exist (deleted while no pull waited on it) is
-// never answered either. Settlements and pulls made while it is down are refused at once
+// never answered either (with [Options.NoDeclare], Receive then returns an
+// error wrapping [sdk.ErrNotFound]). Settlements and pulls made while it is down are refused at once
 // with an error wrapping [sdk.ErrUnavailable]: the message comes back after
 // its AckWait. A publish whose ack was lost with the connection fails after
 // 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once

@@ -255,3 +255,36 @@ func TestReceiveAfterReadyConsumerDeleted(t *testing.T) {
 	}
 	t.Fatal("the job stored after the ready consumer was deleted was never received (every Receive empty, no error)")
 }
+
+// TestNoDeclareReceiveAfterReadyConsumerDeleted: as
+// TestReceiveAfterReadyConsumerDeleted, with NoDeclare: the Broker may not
+// declare the consumer again, and checkAckWait left a missing consumer "to
+// the pull", which is never answered: every Receive returned no deliveries
+// and no error, for ever, the jobs stranded and nothing said. A missing
+// ready consumer is ErrNotFound, as a missing stream is.
+func TestNoDeclareReceiveAfterReadyConsumerDeleted(t *testing.T) {
+	owner := newBroker(t, testOpts)
+	q := declare(t, owner, "consumergonenodecl")
+	opts := testOpts
+	opts.NoDeclare = true
+	b := newBroker(t, opts)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	stream, _ := b.StreamNames(q)
+	if err := rawJetStream(t).DeleteConsumer(ctx, stream, "berth"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, q, &sdk.Message{ID: "stuck"}); err != nil {
+		t.Fatal(err)
+	}
+	for until := time.Now().Add(10 * time.Second); time.Now().Before(until); {
+		ds, err := b.Receive(ctx, q, 1)
+		if errors.Is(err, sdk.ErrNotFound) {
+			return
+		}
+		if err != nil || len(ds) > 0 {
+			t.Fatalf("Receive without the ready consumer (NoDeclare): %d deliveries, %v; want ErrNotFound", len(ds), err)
+		}
+	}
+	t.Fatal("Receive without the ready consumer (NoDeclare) returned nothing and no error, for ever")
+}
