@@ -29,8 +29,9 @@
 // An '@' in the path or in a parameter's name wraps [ErrInvalidURL] too:
 // it ends a password whose '/' or '?' was not percent-encoded
 // ("nats://user:/secret@host" names the host "user:"); write %40 for an '@'
-// meant there. So does an '@' anywhere in the query after a host with an
-// empty port ("amqp://user:?se=cret@host": the password began with '?').
+// meant there. So does an '@' anywhere in the query after a host with a
+// port, or an empty one, and no path ("amqp://user:?se=cret@host",
+// "amqp://user:12?se=cret@host": the password had a '?').
 // An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
 // contains the URL's password.
 //
@@ -205,10 +206,12 @@ func atAfterHost(rawURL string) bool {
 // "admin:" (an empty port) and the query "ab=cd@host", whose '@' is in a
 // value, where atAfterHost does not look (an '@' is a valid value there);
 // the parameter "ab", a piece of the password, would be quoted as unknown,
-// or sent to the server as a setting. A host with an empty port and an '@'
-// in the query is no URL anyone means.
+// or sent to the server as a setting. A password whose '?' follows digits
+// ("admin:12?ab=cd@host") gives the host a port ("admin:12"): so a host
+// with a port, or an empty one, no user info, no path and an '@' in the
+// query is refused too (write %40 for an '@' meant in a value there).
 func queryCutPassword(u *url.URL) bool {
-	return u.User == nil && strings.HasSuffix(u.Host, ":") && strings.Contains(u.RawQuery, "@")
+	return u.User == nil && strings.Contains(u.Host, ":") && u.Path == "" && strings.Contains(u.RawQuery, "@")
 }
 
 // passwordForms returns the forms in which u's password can show in an

@@ -56,6 +56,11 @@ func TestPasswordCutShortByAQuestionMarkIsInvalid(t *testing.T) {
 		"postgres://admin:?" + piece + "=Zq7@127.0.0.1:1/db",
 		"sqs://admin:?x&" + piece + "=Zq7@eu-west-1",
 		"mem://admin:?" + piece + "=Zq7@",
+		// A password whose '?' follows digits: the host "admin:12" has a
+		// port, not an empty one, and the piece still showed.
+		"amqp://admin:12?" + piece + "=Zq7@127.0.0.1:1/vh",
+		"nats://admin:12?" + piece + "=Zq7@127.0.0.1:1",
+		"postgres://admin:12?" + piece + "=Zq7@127.0.0.1:1/db",
 	} {
 		b, err := brokerurl.Open(ctx, raw, brokerurl.Options{})
 		if b != nil {

@@ -125,8 +125,9 @@ func (c *cli) filter(ids []string) (dlq.Filter, error) {
 	}
 	// A filter flag given an empty value (a script's unset variable: -type
 	// "$TYPE") would narrow nothing: a purge would choose every dead letter.
+	// So would an empty regexp (-reason "/$RE/" with RE unset: "//").
 	for _, name := range flagsGiven(c.fs) {
-		empty := map[string]bool{"type": len(f.Types) == 0, "class": c.class == "", "reason": c.reason == ""}
+		empty := map[string]bool{"type": len(f.Types) == 0, "class": c.class == "", "reason": c.reason == "" || c.reason == "//"}
 		if empty[name] {
 			return f, usagef("-%s is empty: give a value, or leave the flag out to choose every dead letter", name)
 		}

@@ -6,13 +6,14 @@ import (
 )
 
 // TestEmptyFilterIsRefused: a filter flag given an empty value (-type "",
-// -type ",", -class "", -reason "": a script's unset variable, as in
+// -type ",", -class "", -reason "", -reason "//" (-reason "/$RE/" with RE
+// unset: an empty regexp matches every reason): a script's unset variable, as in
 // berth dlq purge billing -type "$TYPE" -yes) chose no narrower set but
 // every dead letter, and the purge deleted them all. An empty filter is
 // now a usage error (exit 2), refused before anything is read; leaving
 // the flag out still chooses every dead letter.
 func TestEmptyFilterIsRefused(t *testing.T) {
-	for _, flags := range [][]string{{"-type", ""}, {"-type", " , "}, {"-class", ""}, {"-reason", ""}} {
+	for _, flags := range [][]string{{"-type", ""}, {"-type", " , "}, {"-class", ""}, {"-reason", ""}, {"-reason", "//"}} {
 		for _, verb := range []string{"purge", "redrive"} {
 			b, _ := deadLettered(t, 4)
 			args := append([]string{"dlq", verb, "billing", "-yes"}, flags...)
