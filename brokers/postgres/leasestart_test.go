@@ -20,61 +20,84 @@ import (
 // worker took it again at once, while the first ran it.
 func TestClaimLeaseCountsFromTheClaim(t *testing.T) {
 	ctx := testCtx(t)
-	app := "berth-leasestart-" + suffix()
-	pool := newPool(t, app, 1) // one connection: the claim statement is prepared on it
-	admin := newPool(t, app+"-admin", 2)
 	const lease = 2 * time.Second
-	b := newBroker(t, pool, postgres.Options{Lease: lease, PollInterval: 50 * time.Millisecond, DisableListen: true})
-	q := "leasestart_" + suffix()
+	l := newLockWait(t, "leasestart", lease)
 
 	// A first claim prepares the claim statement on the pool's connection,
 	// so that the next one waits for the table lock in its own transaction
 	// (a statement prepared anew would wait in its Parse, in another one).
-	publishN(t, b, q, 1)
-	ds, err := b.Receive(ctx, q, 1)
+	publishN(t, l.b, l.q, 1)
+	ds, err := l.b.Receive(ctx, l.q, 1)
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("first Receive: %d, %v", len(ds), err)
 	}
 	if err := ds[0].Ack(ctx); err != nil {
 		t.Fatalf("Ack: %v", err)
 	}
-	publishN(t, b, q, 1)
+	publishN(t, l.b, l.q, 1)
 
-	tx, err := admin.Begin(ctx)
+	// The claim waits for the lock for longer than the lease.
+	err = l.behindLock(ctx, t, lease, func() error {
+		ds, err = l.b.Receive(ctx, l.q, 1)
+		return err
+	})
+	if err != nil || len(ds) != 1 {
+		t.Fatalf("Receive behind the lock: %d, %v", len(ds), err)
+	}
+	l.notClaimedAgain(ctx, t, "right after its claim: its lease was over when it was granted")
+}
+
+// lockWait is a broker whose one connection (its statements prepared on
+// it) can be made to wait behind a SHARE lock on its jobs table that an
+// admin session holds, and a queue.
+type lockWait struct {
+	app   string
+	admin *pgxpool.Pool
+	b     *postgres.Broker
+	q     string
+}
+
+func newLockWait(t *testing.T, name string, lease time.Duration) *lockWait {
+	t.Helper()
+	l := &lockWait{app: "berth-" + name + "-" + suffix(), q: name + "_" + suffix()}
+	pool := newPool(t, l.app, 1)
+	l.admin = newPool(t, l.app+"-admin", 2)
+	l.b = newBroker(t, pool, postgres.Options{Lease: lease, PollInterval: 50 * time.Millisecond, DisableListen: true})
+	return l
+}
+
+// behindLock runs op while the admin session holds the lock for one and a
+// half leases, op waiting for it, and returns op's error.
+func (l *lockWait) behindLock(ctx context.Context, t *testing.T, lease time.Duration, op func() error) error {
+	t.Helper()
+	tx, err := l.admin.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `LOCK TABLE `+b.Schema()+`.jobs IN SHARE MODE`); err != nil {
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+l.b.Schema()+`.jobs IN SHARE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		n   int
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		ds, err := b.Receive(ctx, q, 1)
-		got <- result{len(ds), err}
-	}()
-	// The claim waits for the lock for longer than the lease.
-	waitForLockWait(ctx, t, admin, app)
+	done := make(chan error, 1)
+	go func() { done <- op() }()
+	waitForLockWait(ctx, t, l.admin, l.app)
 	time.Sleep(lease + lease/2)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := <-got
-	if r.err != nil || r.n != 1 {
-		t.Fatalf("Receive behind the lock: %d, %v", r.n, r.err)
-	}
+	return <-done
+}
 
-	// Another worker looks at once: the job's lease has just begun.
-	other := newBrokerOn(t, admin, b.Schema())
+// notClaimedAgain fails t when another worker, looking at once, claims the
+// queue's job: its lease must have just begun.
+func (l *lockWait) notClaimedAgain(ctx context.Context, t *testing.T, why string) {
+	t.Helper()
+	other := newBrokerOn(t, l.admin, l.b.Schema())
 	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	again, err := other.Receive(rctx, q, 1)
+	again, err := other.Receive(rctx, l.q, 1)
 	if len(again) != 0 {
-		t.Fatalf("job claimed again right after its claim: its lease was over when it was granted")
+		t.Fatal("job claimed again " + why)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second Receive: %v, want its deadline", err)
@@ -123,50 +146,20 @@ func newBrokerOn(t *testing.T, pool *pgxpool.Pool, schema string) *postgres.Brok
 // worker while its holder, told its lease was extended, still ran it.
 func TestExtendLeaseCountsFromTheExtension(t *testing.T) {
 	ctx := testCtx(t)
-	app := "berth-extendstart-" + suffix()
-	pool := newPool(t, app, 1) // one connection: the extension statement is prepared on it
-	admin := newPool(t, app+"-admin", 2)
 	const lease = 2 * time.Second
-	b := newBroker(t, pool, postgres.Options{Lease: lease, PollInterval: 50 * time.Millisecond, DisableListen: true})
-	q := "extendstart_" + suffix()
-	publishN(t, b, q, 1)
-	ds, err := b.Receive(ctx, q, 1)
+	l := newLockWait(t, "extendstart", lease)
+	publishN(t, l.b, l.q, 1)
+	ds, err := l.b.Receive(ctx, l.q, 1)
 	if err != nil || len(ds) != 1 {
 		t.Fatalf("Receive: %d, %v", len(ds), err)
 	}
 	if err := ds[0].ExtendLease(ctx, lease); err != nil { // prepares the statement
 		t.Fatalf("ExtendLease: %v", err)
 	}
-
-	tx, err := admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `LOCK TABLE `+b.Schema()+`.jobs IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	extended := make(chan error, 1)
-	go func() { extended <- ds[0].ExtendLease(ctx, lease) }()
-	waitForLockWait(ctx, t, admin, app)
-	time.Sleep(lease + lease/2)
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-extended; err != nil {
+	if err := l.behindLock(ctx, t, lease, func() error { return ds[0].ExtendLease(ctx, lease) }); err != nil {
 		t.Fatalf("ExtendLease behind the lock: %v", err)
 	}
-
-	other := newBrokerOn(t, admin, b.Schema())
-	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	again, err := other.Receive(rctx, q, 1)
-	if len(again) != 0 {
-		t.Fatalf("job claimed again right after its lease was extended: the extension was over when it was written")
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("second Receive: %v, want its deadline", err)
-	}
+	l.notClaimedAgain(ctx, t, "right after its lease was extended: the extension was over when it was written")
 	if err := ds[0].Ack(ctx); err != nil {
 		t.Fatalf("Ack by the holder: %v", err)
 	}
