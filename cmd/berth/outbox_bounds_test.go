@@ -125,21 +125,61 @@ func TestOutboxChangesOnlyTheConfirmed(t *testing.T) {
 	}
 }
 
-// reparkWhileAsked runs one relay pass that parks every due row when the
-// operator's answer is read: a row put back in line (requeued) before the
-// count, refused again while the question is on screen.
-type reparkWhileAsked struct {
-	box    *outbox.Outbox
+// onAnswer runs do once, when the operator's answer is first read: what
+// happens while the question is on screen.
+type onAnswer struct {
+	do     func()
 	answer io.Reader
 	done   bool
 }
 
-func (p *reparkWhileAsked) Read(b []byte) (int, error) {
+func (p *onAnswer) Read(b []byte) (int, error) {
 	if !p.done {
 		p.done = true
-		_, _ = p.box.RelayOnce(context.Background(), refusing{}, outbox.RelayOptions{MaxAttempts: 1})
+		p.do()
 	}
 	return p.answer.Read(b)
+}
+
+// lowRequeued parks two rows and puts the lower back in line, as an
+// operator's earlier requeue does: it is not parked at the next count.
+func lowRequeued(t *testing.T) (box *outbox.Outbox, dsn, table string, low, counted int64) {
+	t.Helper()
+	box, dsn, table = parkedOutbox(t, 2)
+	rows, err := box.Parked(context.Background(), 0)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("parked: %v %v", rows, err)
+	}
+	if _, err := box.Requeue(context.Background(), rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	return box, dsn, table, rows[0].ID, rows[1].ID
+}
+
+// changeAsked runs "outbox VERB" of all on a terminal, answering y, with
+// meanwhile run while the question is on screen.
+func changeAsked(t *testing.T, verb, dsn, table string, meanwhile func()) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut strings.Builder
+	code = run(context.Background(), []string{"outbox", verb, "-db", dsn, "-table", table}, env{
+		stdin: &onAnswer{do: meanwhile, answer: strings.NewReader("y\n")}, stdout: &out, stderr: &errOut,
+		interactive: true, getenv: func(string) string { return "" }, open: openURL,
+	})
+	return code, out.String(), errOut.String()
+}
+
+// parkedIDs returns the ids of the parked rows.
+func parkedIDs(t *testing.T, box *outbox.Outbox) []int64 {
+	t.Helper()
+	left, err := box.Parked(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []int64{}
+	for _, r := range left {
+		ids = append(ids, r.ID)
+	}
+	return ids
 }
 
 // "outbox discard|requeue" of all leaves alone a row parked while the
@@ -150,31 +190,16 @@ func (p *reparkWhileAsked) Read(b []byte) (int, error) {
 func TestOutboxLeavesLowerRowParkedDuringQuestion(t *testing.T) {
 	for _, verb := range []string{"discard", "requeue"} {
 		t.Run(verb, func(t *testing.T) {
-			ctx := context.Background()
-			box, dsn, table := parkedOutbox(t, 2)
-			rows, err := box.Parked(ctx, 0)
-			if err != nil || len(rows) != 2 {
-				t.Fatalf("parked: %v %v", rows, err)
-			}
-			low, counted := rows[0].ID, rows[1].ID
-			if _, err := box.Requeue(ctx, low); err != nil { // in line again: not parked at the count
-				t.Fatal(err)
-			}
-			var out, errOut strings.Builder
-			code := run(ctx, []string{"outbox", verb, "-db", dsn, "-table", table}, env{
-				stdin: &reparkWhileAsked{box: box, answer: strings.NewReader("y\n")}, stdout: &out, stderr: &errOut,
-				interactive: true, getenv: func(string) string { return "" }, open: openURL,
+			box, dsn, table, low, counted := lowRequeued(t)
+			code, out, errOut := changeAsked(t, verb, dsn, table, func() {
+				// A relay pass refuses the requeued row again and parks it.
+				_, _ = box.RelayOnce(context.Background(), refusing{}, outbox.RelayOptions{MaxAttempts: 1})
 			})
-			if code != 0 || !strings.Contains(errOut.String(), verb+" 1 parked row(s)") || !strings.Contains(out.String(), "d 1 parked row(s)") {
-				t.Fatalf("exit %d\nstdout %q\nstderr %q", code, out.String(), errOut.String())
+			if code != 0 || !strings.Contains(errOut, verb+" 1 parked row(s)") || !strings.Contains(out, "d 1 parked row(s)") {
+				t.Fatalf("exit %d\nstdout %q\nstderr %q", code, out, errOut)
 			}
-			left, err := box.Parked(ctx, 0)
-			if err != nil || len(left) != 1 || left[0].ID != low {
-				ids := []int64{}
-				for _, r := range left {
-					ids = append(ids, r.ID)
-				}
-				t.Fatalf("parked after the change: %v %v; want only row %d (parked during the question), not %d (counted and confirmed)", ids, err, low, counted)
+			if ids := parkedIDs(t, box); len(ids) != 1 || ids[0] != low {
+				t.Fatalf("parked after the change: %v; want only row %d (parked during the question), not %d (counted and confirmed)", ids, low, counted)
 			}
 		})
 	}
@@ -308,23 +333,6 @@ func TestOutboxListNegativeLimit(t *testing.T) {
 	}
 }
 
-// commitWhileAsked commits tx when the operator's answer is read: a relay
-// pass that parked a row before the count commits while the question is on
-// screen.
-type commitWhileAsked struct {
-	tx     pgx.Tx
-	answer io.Reader
-	done   bool
-}
-
-func (p *commitWhileAsked) Read(b []byte) (int, error) {
-	if !p.done {
-		p.done = true
-		_ = p.tx.Commit(context.Background())
-	}
-	return p.answer.Read(b)
-}
-
 // "outbox discard|requeue" of all changes nothing when a row parked before
 // the count (by a relay pass, which parks the rows it sets aside inside its
 // transaction and commits after its publish) shows up after it: the row is
@@ -335,15 +343,7 @@ func TestOutboxChangeRefusesRowParkedBeforeCountCommittedAfter(t *testing.T) {
 	for _, verb := range []string{"discard", "requeue"} {
 		t.Run(verb, func(t *testing.T) {
 			ctx := context.Background()
-			box, dsn, table := parkedOutbox(t, 2)
-			rows, err := box.Parked(ctx, 0)
-			if err != nil || len(rows) != 2 {
-				t.Fatalf("parked: %v %v", rows, err)
-			}
-			low, counted := rows[0].ID, rows[1].ID
-			if _, err := box.Requeue(ctx, low); err != nil { // in line again
-				t.Fatal(err)
-			}
+			box, dsn, table, low, counted := lowRequeued(t)
 			conn, err := pgx.Connect(ctx, dsn)
 			if err != nil {
 				t.Fatal(err)
@@ -360,21 +360,12 @@ func TestOutboxChangeRefusesRowParkedBeforeCountCommittedAfter(t *testing.T) {
 			if _, err := tx.Exec(ctx, `UPDATE `+pgx.Identifier{schema, name}.Sanitize()+` SET parked_at = clock_timestamp(), last_error = 'set aside' WHERE id = $1`, low); err != nil {
 				t.Fatal(err)
 			}
-			var out, errOut strings.Builder
-			code := run(ctx, []string{"outbox", verb, "-db", dsn, "-table", table}, env{
-				stdin: &commitWhileAsked{tx: tx, answer: strings.NewReader("y\n")}, stdout: &out, stderr: &errOut,
-				interactive: true, getenv: func(string) string { return "" }, open: openURL,
-			})
-			if code == 0 || !strings.Contains(errOut.String(), verb+" 1 parked row(s)") || !strings.Contains(errOut.String(), "nothing changed") {
-				t.Errorf("exit %d\nstdout %q\nstderr %q; want a refusal that changed nothing", code, out.String(), errOut.String())
+			code, out, errOut := changeAsked(t, verb, dsn, table, func() { _ = tx.Commit(ctx) })
+			if code == 0 || !strings.Contains(errOut, verb+" 1 parked row(s)") || !strings.Contains(errOut, "nothing changed") {
+				t.Errorf("exit %d\nstdout %q\nstderr %q; want a refusal that changed nothing", code, out, errOut)
 			}
-			left, err := box.Parked(ctx, 0)
-			if err != nil || len(left) != 2 || left[0].ID != low || left[1].ID != counted {
-				ids := []int64{}
-				for _, r := range left {
-					ids = append(ids, r.ID)
-				}
-				t.Fatalf("parked after the change: %v %v; want both %d and %d untouched", ids, err, low, counted)
+			if ids := parkedIDs(t, box); len(ids) != 2 || ids[0] != low || ids[1] != counted {
+				t.Fatalf("parked after the change: %v; want both %d and %d untouched", ids, low, counted)
 			}
 		})
 	}
