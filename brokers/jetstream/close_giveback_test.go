@@ -18,37 +18,7 @@ import (
 // buffered dropped: all came back only after their AckWait, an attempt
 // spent.
 func TestCloseDuringPullGivesBack(t *testing.T) {
-	opts := jetstream.Options{AckWait: 20 * time.Second, WaitTime: 700 * time.Millisecond, Logger: quiet}
-	b := newBroker(t, opts)
-	other := newBroker(t, opts)
-	q := declare(t, b, "closeback")
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	msgs := make([]*sdk.Message, 40)
-	for i := range msgs {
-		msgs[i] = &sdk.Message{Type: "closeback"}
-	}
-	if err := b.Publish(ctx, q, msgs...); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	var closed sync.WaitGroup
-	defer closed.Wait()
-	defer jetstream.SetPullHook(func(pb *jetstream.Broker) {
-		if pb != b {
-			return
-		}
-		once.Do(func() { // Close as the pull's answer arrives
-			closed.Go(func() { _ = b.Close() })
-			<-b.Closing()
-		})
-	})()
-	ds, err := b.Receive(ctx, q, len(msgs))
-	if !errors.Is(err, sdk.ErrClosed) || len(ds) != 0 {
-		t.Errorf("Receive during Close: %d deliveries, %v; want none, ErrClosed", len(ds), err)
-	}
-	closed.Wait()
-	ackAllAtFirstAttempt(ctx, t, other, q, msgs, map[string]int{})
+	closeDuringReceive(t, "closeback", 40) // Close as the pull's answer arrives
 }
 
 // TestCloseAsPullFillsGivesBack: a Broker closed as the last message of a
@@ -59,13 +29,25 @@ func TestCloseDuringPullGivesBack(t *testing.T) {
 // promises that a Receive Close interrupts returns ErrClosed and gives
 // back what its pull read.
 func TestCloseAsPullFillsGivesBack(t *testing.T) {
+	closeDuringReceive(t, "closefull", 1) // Close as the batch's last message arrives
+}
+
+// closeDuringReceive publishes n messages to queue, closes the Broker as
+// the answer of a Receive of n arrives, and checks that the Receive
+// returned none and ErrClosed, and that another Broker then gets every
+// message at its first attempt (given back, no attempt spent).
+func closeDuringReceive(t *testing.T, queue string, n int) {
+	t.Helper()
 	opts := jetstream.Options{AckWait: 20 * time.Second, WaitTime: 700 * time.Millisecond, Logger: quiet}
 	b := newBroker(t, opts)
 	other := newBroker(t, opts)
-	q := declare(t, b, "closefull")
+	q := declare(t, b, queue)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	msgs := []*sdk.Message{{Type: "closefull"}}
+	msgs := make([]*sdk.Message, n)
+	for i := range msgs {
+		msgs[i] = &sdk.Message{Type: queue}
+	}
 	if err := b.Publish(ctx, q, msgs...); err != nil {
 		t.Fatal(err)
 	}
@@ -76,12 +58,12 @@ func TestCloseAsPullFillsGivesBack(t *testing.T) {
 		if pb != b {
 			return
 		}
-		once.Do(func() { // Close as the batch's last message arrives
+		once.Do(func() {
 			closed.Go(func() { _ = b.Close() })
 			<-b.Closing()
 		})
 	})()
-	ds, err := b.Receive(ctx, q, 1)
+	ds, err := b.Receive(ctx, q, n)
 	if !errors.Is(err, sdk.ErrClosed) || len(ds) != 0 {
 		for _, d := range ds {
 			t.Logf("delivery %s: Ack on the closed Broker: %v", d.Message().ID, d.Ack(ctx))
