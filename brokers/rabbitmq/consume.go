@@ -373,6 +373,7 @@ func (s *chanState) flush(force, aged bool) error {
 		// before it (which held flushMu) may have sent this caller's ack,
 		// and a write that failed since lost it.
 		if werr := s.written(); werr != nil {
+			s.unsure = true
 			return errChannelGone
 		}
 		// And processed by the server, when this flush sent acks. When it
@@ -388,6 +389,12 @@ func (s *chanState) flush(force, aged bool) error {
 		case s.unsure:
 			return errChannelGone
 		}
+	}
+	if err != nil && (hi > 0 || len(singles) > 0) {
+		// This flush may have carried the tags of Acks whose own flushes
+		// wait for flushMu and will find nothing to send: they must not
+		// report success for frames that failed.
+		s.unsure = true
 	}
 	if err != nil && (s.isDead() || errors.Is(err, amqp.ErrClosed)) {
 		return errChannelGone
