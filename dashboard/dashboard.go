@@ -171,8 +171,9 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 }
 
 // The routes that take a dead letter's or job's ID in the query ("id"), for
-// an ID that cannot be a path segment (".", ".." and "/": see notSegment): the
-// dead letter's page, and the API's dead letter and job.
+// an ID that cannot be a path segment (".", ".." and "/": see notSegment; and
+// for a dead letter the empty ID): the dead letter's page, and the API's dead
+// letter and job.
 const (
 	messageByQuery       = "GET /queues/{queue}/message"
 	apiDeadLetterByQuery = "GET /api/queues/{queue}/dead-letter"
@@ -183,7 +184,14 @@ const (
 // ByQuery its "id" parameter (an error when that is missing).
 func idOf(r *http.Request) (string, error) {
 	switch r.Pattern {
-	case messageByQuery, apiDeadLetterByQuery, apiJobByQuery:
+	case messageByQuery, apiDeadLetterByQuery:
+		// A dead letter's ID may be empty (a RabbitMQ message published
+		// without a message-id): "id=" names it.
+		if q := r.URL.Query(); q.Has("id") {
+			return q.Get("id"), nil
+		}
+		return "", &badRequest{"id: name the dead letter or job"}
+	case apiJobByQuery:
 		if id := r.URL.Query().Get("id"); id != "" {
 			return id, nil
 		}

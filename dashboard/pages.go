@@ -115,7 +115,7 @@ func notSegment(id string) bool { return id == "." || id == ".." || id == "/" }
 // messageURL is the path of the page of queue's dead letter id: the ID as a
 // path segment, or in the query (see notSegment).
 func messageURL(queue, id string) string {
-	if notSegment(id) {
+	if notSegment(id) || id == "" { // "": a path ending in "/", which no {id} matches
 		return "/queues/" + url.PathEscape(queue) + "/message?id=" + url.QueryEscape(id)
 	}
 	return "/queues/" + url.PathEscape(queue) + "/messages/" + url.PathEscape(id)
@@ -125,7 +125,7 @@ func messageURL(queue, id string) string {
 // message, body included): the ID as a path segment, or in the query (see
 // notSegment).
 func apiDeadLetterURL(queue, id string) string {
-	if notSegment(id) {
+	if notSegment(id) || id == "" {
 		return "/api/queues/" + url.PathEscape(queue) + "/dead-letter?id=" + url.QueryEscape(id)
 	}
 	return "/api/queues/" + url.PathEscape(queue) + "/dead-letters/" + url.PathEscape(id)
