@@ -385,14 +385,17 @@ func (s *Scheduler) collect(st *state, now time.Time) {
 }
 
 // recentFrom returns a time after st.cursor from which st's schedule has
-// at least keep slots up to now, searching back from now by doubling
-// windows (a few Next calls per slot kept), or the zero time when there is
-// none: collect walks on from there after a pause too long to walk.
+// keep slots up to now, or the zero time when there are fewer: collect
+// walks on from there after a pause too long to walk. It searches back
+// from now by doubling windows, up to the span (st.cursor, now], then
+// bisects between the last window too short and the first long enough, so
+// that the walk after takes keep slots, not all those of a window that
+// reaches into a burst of slots (a seconds cron for some days a month):
+// past maxScan of them, collect would jump to now and drop them all. Each
+// step costs at most keep Next calls.
 func (s *Scheduler) recentFrom(st *state, now time.Time, keep int) time.Time {
 	keep = min(keep, maxScan/2) // bounds the Next calls, and the walk after
-	span := now.Sub(st.cursor)
-	for w := time.Nanosecond; w > 0 && w < span; w *= 2 { // w > 0: stop if it overflows
-		c := now.Add(-w)
+	enough := func(c time.Time) bool {
 		n := 0
 		for t := c; n < keep; n++ {
 			next := st.job.Schedule.Next(t)
@@ -401,11 +404,33 @@ func (s *Scheduler) recentFrom(st *state, now time.Time, keep int) time.Time {
 			}
 			t = next
 		}
-		if n >= keep {
-			return c
+		return n >= keep
+	}
+	// (short, now] has fewer than keep slots, (long, now] at least keep.
+	short, long := now, st.cursor
+	span := now.Sub(st.cursor)
+	for w := time.Nanosecond; w > 0 && w < span; w *= 2 { // w > 0: stop if it overflows
+		c := now.Add(-w)
+		if enough(c) {
+			long = c
+			break
+		}
+		short = c
+	}
+	if long.Equal(st.cursor) && !enough(st.cursor) {
+		return time.Time{} // fewer than keep: the walk takes them all
+	}
+	for short.Sub(long) > time.Nanosecond {
+		if mid := long.Add(short.Sub(long) / 2); enough(mid) {
+			long = mid
+		} else {
+			short = mid
 		}
 	}
-	return time.Time{}
+	if !long.After(st.cursor) {
+		return time.Time{}
+	}
+	return long
 }
 
 // keep is how many due slots the policy publishes at once.

@@ -163,3 +163,45 @@ func TestLongLookbackCatchesUpMostRecentSlots(t *testing.T) {
 		t.Errorf("published slots %v, want %v", pub.slots, want)
 	}
 }
+
+// A schedule whose slots come in bursts ("* * * 1-3 * *": every second of
+// the 1st to the 3rd of each month, 259 200 slots) and a wall clock that
+// jumps from before a burst to weeks after it (a host resumed from suspend):
+// the policies keep the most recent due slots, the end of the burst. The
+// scan bound must not drop them all because the burst lies further back
+// than its doubling search reached.
+func TestBurstScheduleAfterLongJumpKeepsMostRecentSlots(t *testing.T) {
+	start := time.Date(2026, 1, 31, 23, 59, 30, 0, time.UTC)
+	end := time.Date(2026, 2, 3, 23, 59, 59, 0, time.UTC)
+	for _, tc := range []struct {
+		missed periodic.MissedPolicy
+		keep   int
+		now    time.Time
+	}{
+		{periodic.Skip, 1, time.Date(2026, 2, 20, 12, 0, 0, 0, time.UTC)},
+		{periodic.CatchUp, 3, time.Date(2026, 2, 20, 12, 0, 0, 0, time.UTC)},
+		// A doubling window that reaches back into the burst, holding
+		// more than 100 000 of its slots.
+		{periodic.Skip, 1, time.Date(2026, 2, 5, 20, 26, 40, 0, time.UTC)},
+		{periodic.CatchUp, 3, time.Date(2026, 2, 5, 20, 26, 40, 0, time.UTC)},
+	} {
+		t.Run(tc.missed.String()+"/"+tc.now.Format(time.DateTime), func(t *testing.T) {
+			c := periodic.NewFakeClock(start)
+			pub := &keyRecorder{}
+			s, err := periodic.New(pub, periodic.Options{Clock: c, Missed: tc.missed, MaxCatchUp: tc.keep}, periodic.Job{
+				Name: "burst", Schedule: periodic.MustCron("* * * 1-3 * *"), Queue: "q",
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			drive(t, s, c, tc.now.Sub(start))
+			var want []string
+			for i := tc.keep - 1; i >= 0; i-- {
+				want = append(want, end.Add(-time.Duration(i)*time.Second).Format(time.RFC3339Nano))
+			}
+			if !slices.Equal(pub.slots, want) {
+				t.Errorf("published slots %v, want the %d most recent due: %v", pub.slots, tc.keep, want)
+			}
+		})
+	}
+}
