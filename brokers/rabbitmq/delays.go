@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -192,7 +193,7 @@ func (m *mover) session() error {
 		}
 		return err
 	}
-	var held []heldMsg // in arrival order, so in due order: one TTL per queue
+	var held []heldMsg // in due order (see redeliveredDue), then arrival order
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -208,8 +209,17 @@ func (m *mover) session() error {
 				return nil
 			}
 			// Held for the TTL from its arrival here, which is never
-			// before it entered the delay queue: never early.
-			held = append(held, heldMsg{d: d, due: time.Now().Add(m.ttl)})
+			// before it entered the delay queue: never early. A
+			// redelivery (a mover's channel died holding it) may be due
+			// sooner, and goes in its place in due order.
+			h := heldMsg{d: d, due: redeliveredDue(d, time.Now(), m.ttl)}
+			i, _ := slices.BinarySearchFunc(held, h.due, func(e heldMsg, due time.Time) int {
+				if e.due.After(due) {
+					return 1
+				}
+				return -1 // equal dues keep their arrival order
+			})
+			held = slices.Insert(held, i, h)
 			m.held.Store(int64(len(held)))
 		case <-due:
 			now := time.Now()
@@ -228,6 +238,30 @@ func (m *mover) session() error {
 			return nil
 		}
 	}
+}
+
+// redeliveredDue is when delivery d of a delay queue of ttl, arriving at
+// now, is due. A first delivery is due a ttl after its arrival. A
+// redelivery was held by a mover whose channel died: its delay began when
+// the copy entered the delay queue, not now, and counting it again from
+// now stretched a delay by up to another ttl at every restart. The copy's
+// AMQP timestamp (set by berth's Publish and Retry, in whole seconds,
+// rounded down) bounds that moment: the copy went in before the stamp's
+// next second, so it is due at the latest a second plus ttl after the
+// stamp — never early on the sender's clock. The result stays within
+// [now, now+ttl]: a missing, far-future or forged stamp changes nothing.
+func redeliveredDue(d amqp.Delivery, now time.Time, ttl time.Duration) time.Time {
+	due := now.Add(ttl)
+	if !d.Redelivered || d.Timestamp.IsZero() {
+		return due
+	}
+	if sent := d.Timestamp.Add(time.Second + ttl); sent.Before(due) {
+		due = sent
+	}
+	if due.Before(now) {
+		due = now
+	}
+	return due
 }
 
 // prefetch is how many deliveries a mover holds at most: what it does not

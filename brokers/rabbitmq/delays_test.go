@@ -155,3 +155,81 @@ func TestDelayMoverHandsBackOnClose(t *testing.T) {
 		t.Errorf("a second copy of %s arrived", d.Message().ID)
 	}
 }
+
+// A mover whose channel restarts takes back what it held as redeliveries:
+// their wait counts from when they entered the delay queue (the copy's
+// timestamp), not again from the redelivery — a restart in the middle of a
+// delay must not stretch it by up to another delay.
+func TestDelayMoverRestartKeepsDue(t *testing.T) {
+	url := serverURL(t)
+	q := testQueue(t, url)
+	const ttl = 6 * time.Second
+	b := newBroker(t, url, Options{Logger: quiet, DelayBuckets: []time.Duration{ttl}})
+	if err := b.DeclareQueue(t.Context(), q); err != nil {
+		t.Fatal(err)
+	}
+	if d := receiveOne(t, b, q, 100*time.Millisecond); d != nil {
+		t.Fatalf("unexpected delivery %s", d.Message().ID)
+	}
+	m := &sdk.Message{Type: "delayed", Body: []byte("x"), Delay: ttl}
+	sent := time.Now()
+	if err := b.Publish(t.Context(), q, m); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(ttl / 2)
+	for b.heldDelayed(q) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the mover never took the message")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Until(sent.Add(ttl / 2)))
+	b.resetMover(DelayQueue(q, ttl)) // the channel goes: the message is redelivered to the next one
+	deadline = time.Now().Add(10 * time.Second)
+	for b.heldDelayed(q) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the mover never let go of the message")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d := receiveOne(t, b, q, 3*ttl)
+	if d == nil || d.Message().ID != m.ID {
+		t.Fatalf("got %v, want message %s", d, m.ID)
+	}
+	waited := time.Since(sent)
+	if waited < ttl {
+		t.Errorf("arrived after %s, before its delay %s", waited, ttl)
+	}
+	// Before: held again for the whole ttl from the redelivery (≥ 1.5 ttl).
+	// Now: due at the stamp's second + 1 s + ttl, at most ttl + 1 s after the
+	// send; the margin is for a loaded machine.
+	if limit := ttl + ttl/3; waited > limit {
+		t.Errorf("arrived after %s: the restart started its delay again (want under %s)", waited, limit)
+	}
+	if err := d.Ack(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// redeliveredDue keeps a redelivery's due within [now, now+ttl] whatever its
+// stamp says, and uses the stamp only for redeliveries.
+func TestRedeliveredDueBounds(t *testing.T) {
+	now := time.Date(2026, 12, 5, 10, 0, 0, 500e6, time.UTC)
+	const ttl = 10 * time.Second
+	stamp := func(ago time.Duration) time.Time { return now.Add(-ago).Truncate(time.Second) }
+	for _, c := range []struct {
+		name string
+		d    amqp.Delivery
+		want time.Time
+	}{
+		{"first delivery", amqp.Delivery{Timestamp: stamp(4 * time.Second)}, now.Add(ttl)},
+		{"no stamp", amqp.Delivery{Redelivered: true}, now.Add(ttl)},
+		{"stamped 4 s ago", amqp.Delivery{Redelivered: true, Timestamp: stamp(4 * time.Second)}, stamp(4 * time.Second).Add(time.Second + ttl)},
+		{"stamped long ago", amqp.Delivery{Redelivered: true, Timestamp: stamp(time.Hour)}, now},
+		{"stamped in the future", amqp.Delivery{Redelivered: true, Timestamp: now.Add(time.Hour)}, now.Add(ttl)},
+	} {
+		if got := redeliveredDue(c.d, now, ttl); !got.Equal(c.want) {
+			t.Errorf("%s: due %s, want %s", c.name, got, c.want)
+		}
+	}
+}

@@ -80,9 +80,13 @@
 // so every retry through that bucket was held for 3 to 6 minutes
 // (RELIABILITY.md). A mover publishes through an ordinary channel, which
 // follows the new leader. A moved message is late by the time it waited in
-// the delay queue before a mover took it (milliseconds while a mover runs;
-// up to one more TTL when it was handed back by a process that stopped);
-// it is never early. [Broker.Info] counts the deliveries this process's
+// the delay queue before a mover took it (milliseconds while a mover runs);
+// it is never early. A delivery a mover's channel or a stopped process
+// handed back is redelivered, and its wait counts from the AMQP timestamp
+// of the copy berth put in the delay queue (whole seconds: at most a
+// second late), not again from its redelivery, which stretched the delay
+// by up to one more TTL; that "never early" is then on the sending
+// process's clock. [Broker.Info] counts the deliveries this process's
 // movers hold as Delayed; those held by other processes are not visible
 // through AMQP.
 //
