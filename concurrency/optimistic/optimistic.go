@@ -66,6 +66,12 @@ var (
 	// a row that does not exist cannot succeed (the same convention in every
 	// concurrency package; ARCHITECTURE.md, "Error classes").
 	ErrNotFound = notfound.New("optimistic: row not found")
+	// ErrNullVersion reports a row whose version column is NULL (a column
+	// added without a default, a row written around this package): no
+	// version can match it, so no read-modify-write of it can succeed. It
+	// arrives wrapped in sdk.Permanent; set the column (and make it NOT
+	// NULL with a default) to repair the row.
+	ErrNullVersion = errors.New("optimistic: version column is NULL")
 )
 
 // ConflictError is the error of a read or update that lost the race. It
@@ -163,7 +169,8 @@ func New(opts Options) (*Table, error) {
 }
 
 // Get reads the row's version and the given columns into dest (one target per
-// column). A missing row gives a permanent [ErrNotFound]. A serialization
+// column). A missing row gives a permanent [ErrNotFound], a NULL version a
+// permanent [ErrNullVersion]. A serialization
 // failure or deadlock of a Get run outside a transaction is a
 // [*ConflictError] ([ErrVersionConflict]); in a transaction it is returned
 // as the database error, not a conflict (see the package doc).
@@ -178,7 +185,7 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 	if sqlident.UnstorableKey(key) {
 		return 0, t.wrap(ctx, key, pgx.ErrNoRows) // no row holds it
 	}
-	var version int64
+	var version *int64
 	q := "SELECT " + strings.Join(append([]string{t.version}, cols...), ", ") +
 		" FROM " + t.table + " WHERE " + t.key + " = $1"
 	if err := db.QueryRow(ctx, q, key).Scan(append([]any{&version}, dest...)...); err != nil {
@@ -187,7 +194,10 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 		}
 		return 0, t.wrap(ctx, key, err)
 	}
-	return version, nil
+	if version == nil {
+		return 0, t.nullVersion(key)
+	}
+	return *version, nil
 }
 
 // Update sets the columns in set on the row whose key is key, provided its
@@ -195,7 +205,8 @@ func (t *Table) Get(ctx context.Context, db DB, key any, columns []string, dest 
 // version. A stale version gives a [*ConflictError] ([ErrVersionConflict]),
 // as does a serialization failure or deadlock of an Update run outside a
 // transaction (with Cause set; see the package doc); a missing row gives a
-// permanent [ErrNotFound], and a key or value PostgreSQL cannot read (a
+// permanent [ErrNotFound], a NULL version a permanent [ErrNullVersion],
+// and a key or value PostgreSQL cannot read (a
 // data exception, SQLSTATE class 22) a permanent error wrapping PostgreSQL's.
 // Column names are validated and quoted; values are bind parameters. set must not name the key or version column.
 func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set map[string]any) (int64, error) {
@@ -240,7 +251,7 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 	// No row matched, or (REPEATABLE READ or SERIALIZABLE) the row changed
 	// while the update waited for it, or the statement lost another race:
 	// tell a stale version from a missing row.
-	var actual int64
+	var actual *int64
 	err = db.QueryRow(ctx, "SELECT "+t.version+" FROM "+t.table+" WHERE "+t.key+" = $1", key).Scan(&actual)
 	if err != nil {
 		if lostRace(ctx, db, err) { // the update lost anyway; a reload tells
@@ -248,7 +259,10 @@ func (t *Table) Update(ctx context.Context, db DB, key any, version int64, set m
 		}
 		return 0, t.wrap(ctx, key, err)
 	}
-	return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: actual, Op: OpUpdate, Cause: cause}
+	if actual == nil {
+		return 0, t.nullVersion(key)
+	}
+	return 0, &ConflictError{Table: t.name, Key: key, Expected: version, Actual: *actual, Op: OpUpdate, Cause: cause}
 }
 
 // raceCode returns the SQLSTATE of err when PostgreSQL rolled back the
@@ -289,6 +303,11 @@ func ownTransaction(db DB) bool {
 		return c != nil && c.PgConn().TxStatus() == 'I'
 	}
 	return false
+}
+
+// nullVersion is the error of a row whose version column is NULL.
+func (t *Table) nullVersion(key any) error {
+	return sdk.Permanent(fmt.Errorf("%w: %s %s (column %s)", ErrNullVersion, t.name, sqlident.KeyText(key), t.version))
 }
 
 func (t *Table) wrap(ctx context.Context, key any, err error) error {
