@@ -381,6 +381,16 @@ func (f filterForm) values() url.Values {
 	return v
 }
 
+// IsZero reports whether the form sets no criterion: it matches every
+// dead letter.
+func (f filterForm) IsZero() bool { return f == filterForm{} }
+
+// ReasonRE reports whether the reason criterion is a regexp ("/re/", see
+// dlq.Filter.ParseReason) rather than a substring.
+func (f filterForm) ReasonRE() bool {
+	return len(f.Reason) >= 2 && strings.HasPrefix(f.Reason, "/") && strings.HasSuffix(f.Reason, "/")
+}
+
 // Query is the filter as a query string (without "?"), for a link:
 // html/template would percent-encode the "=" and "&" of a string there,
 // leaving one meaningless parameter (see the "query" func).
@@ -534,6 +544,85 @@ type confirmPage struct {
 	// Incomplete: the preview's scan stopped before the end of the
 	// dead-letter queue (why); Count is a lower bound.
 	Incomplete string
+	// Shared is how many of the Count letters have the empty ID when the
+	// selection names it (see preview), else 0.
+	Shared int
+	// ShownIDs are the first maxShownIDs of the distinct IDs the selection
+	// names, shown with the filter; NIDs is how many it names.
+	ShownIDs []string
+	NIDs     int
+}
+
+// maxShownIDs is the most of a selection's IDs its confirmation lists (a
+// page's "select all" ticks hundreds; a crafted link may name thousands).
+const maxShownIDs = 20
+
+// distinct returns ids without repeats, in order.
+func distinct(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// preview is dlq.Preview of a change for the confirmation page, keeping
+// keep letters for its sample, and how many of the chosen letters have the
+// empty ID.
+//
+// A selection naming the empty ID (RabbitMQ messages a producer outside
+// berth published without a message-id, which often are many) chooses
+// every dead letter that has it and matches the filter: no broker call can
+// address one of them alone (brokers move each letter holding an ID they
+// are given; RabbitMQ's sweep chooses by ID too). dlq.Preview, which looks
+// each chosen ID up on a broker that pages (GetDeadLetter), would count one
+// letter for it, and the change, confirmed for one, would move them all.
+// So such a selection is counted letter by letter, by a walk of the
+// dead-letter queue (the one sweep dlq.Preview makes on RabbitMQ), and the
+// page says how many share the empty ID.
+func (d *Dashboard) preview(ctx context.Context, queue string, f dlq.Filter, keep int) (s dlq.Summary, sample []*sdk.Message, missing []string, shared int, err error) {
+	if !slices.Contains(f.IDs, "") {
+		s, sample, missing, err = dlq.Preview(ctx, d.deadLetters(), queue, f, dlq.Options{}, keep)
+		return s, sample, missing, 0, err
+	}
+	rest := f
+	rest.IDs = nil
+	seen := map[string]bool{}
+	matched := 0
+	s, err = dlq.Walk(ctx, d.deadLetters(), queue, dlq.Filter{IDs: f.IDs}, dlq.Options{}, func(page []*sdk.Message) error {
+		now := time.Now()
+		for _, m := range page {
+			seen[m.ID] = true // a dead letter, chosen or not by the rest of the filter
+			if !rest.Match(m, now) {
+				continue
+			}
+			matched++
+			if m.ID == "" {
+				shared++
+			}
+			if len(sample) < keep {
+				sample = append(sample, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return s, nil, nil, 0, err
+	}
+	s.Matched = matched
+	if s.Incomplete == "" { // a scan that stopped short cannot tell an ID is gone
+		for _, id := range f.IDs {
+			if !seen[id] {
+				seen[id] = true
+				missing = append(missing, id)
+			}
+		}
+	}
+	return s, sample, missing, shared, nil
 }
 
 func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
@@ -547,14 +636,16 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	s, sample, missing, err := dlq.Preview(r.Context(), d.deadLetters(), queue, f, dlq.Options{}, 10)
+	s, sample, missing, shared, err := d.preview(r.Context(), queue, f, 10)
 	if err != nil {
 		d.fail(w, r, err)
 		return
 	}
 	sel.Limit = s.Matched
 	verb := map[string]string{"redrive": "Redrive", "purge": "Delete for good"}[sel.Action]
-	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb, Incomplete: s.Incomplete})
+	ids := distinct(sel.IDs)
+	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb,
+		Incomplete: s.Incomplete, Shared: shared, ShownIDs: ids[:min(len(ids), maxShownIDs)], NIDs: len(ids)})
 }
 
 func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
@@ -693,9 +784,16 @@ type messagePage struct {
 	Queue   string
 	M       *sdk.Message
 	History dlq.History
-	Headers [][2]string
-	Body    string
-	Kind    string // "json", "text" or "hex"
+	// Headers are the first maxShownHeaders of the headers by name, name
+	// and value escaped (dlq.EscapeText) and cut as the template's short
+	// cuts them (maxHeaderName, maxHeaderValue runes). HeadersTotal is how
+	// many the dead letter has; HeadersCut is set when a name or a value
+	// shown was cut.
+	Headers      [][2]string
+	HeadersTotal int
+	HeadersCut   bool
+	Body         string
+	Kind         string // "json", "text" or "hex"
 	// Shown is how many bytes of the body Body shows: all of them, or
 	// maxShownBody when the body is longer (Cut is then set).
 	Shown int
@@ -710,6 +808,29 @@ type messagePage struct {
 // body.
 const maxShownBody = 1 << 20
 
+// maxShownHeaders is the most headers a dead letter's page shows, and
+// maxHeaderName and maxHeaderValue the most runes of each name and value
+// it shows. A broker bounds a message, not its headers: a producer outside
+// berth may send thousands, or values of megabytes, and shown whole they
+// made a page of as many megabytes, held in memory while rendered, for
+// every request. The API gives them all.
+const (
+	maxShownHeaders = 100
+	maxHeaderName   = 100
+	maxHeaderValue  = 1000
+)
+
+// shortText is s escaped and cut to at most n runes as the template's
+// "short" shows it (dlq.EscapeTextShort), and whether it was cut.
+func shortText(s string, n int) (string, bool) {
+	if utf8.RuneCountInString(s) <= n { // else cut: escapes only lengthen text
+		if e := dlq.EscapeText(s, false); utf8.RuneCountInString(e) <= n {
+			return e, false
+		}
+	}
+	return dlq.EscapeTextShort(s, n), true
+}
+
 func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 	queue := r.PathValue("queue")
 	id, err := idOf(r)
@@ -723,8 +844,13 @@ func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := messagePage{Queue: queue, M: m, History: dlq.HistoryOf(m)}
-	for _, k := range sortedKeys(m.Headers) {
-		p.Headers = append(p.Headers, [2]string{k, m.Headers[k]})
+	keys := sortedKeys(m.Headers)
+	p.HeadersTotal = len(keys)
+	for _, k := range keys[:min(len(keys), maxShownHeaders)] {
+		name, nameCut := shortText(k, maxHeaderName)
+		value, valueCut := shortText(m.Headers[k], maxHeaderValue)
+		p.HeadersCut = p.HeadersCut || nameCut || valueCut
+		p.Headers = append(p.Headers, [2]string{name, value})
 	}
 	var body []byte
 	body, p.Cut = cutBody(m.Body, maxShownBody)
