@@ -122,6 +122,9 @@ type sendEntry struct {
 	id  string // berth message ID
 	enc encoded
 	in  sqstypes.SendMessageBatchRequestEntry
+	// sent, when not nil, gets the SQS MessageId SQS gave the entry once
+	// it was published (DeadLetter's copy, which it may have to take back).
+	sent *string
 }
 
 // entry checks and encodes m for a queue (FIFO or not), refusing it with a
@@ -426,6 +429,9 @@ func (b *Broker) sendBatch(ctx context.Context, q *queueRef, chunk []sendEntry) 
 	for _, r := range out.Successful {
 		if i, err := strconv.Atoi(aws.ToString(r.Id)); err == nil && i >= 0 && i < len(chunk) {
 			ok[i] = true
+			if chunk[i].sent != nil {
+				*chunk[i].sent = aws.ToString(r.MessageId)
+			}
 		}
 	}
 	for _, f := range out.Failed {

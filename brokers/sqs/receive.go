@@ -3,6 +3,7 @@ package sqs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -323,10 +324,21 @@ func (d *delivery) ExtendLease(ctx context.Context, dur time.Duration) error {
 // message Publish did not check (another producer's), or one whose
 // dead-letter queue's limit is below its own queue's, can still be too
 // large: a [*sdk.MessageTooLargeError], and the message stays in the queue.
-// A delete SQS refuses because the receipt handle expired, or one sent after
-// the lease ran out whose receipt no longer holds the message (see Ack),
-// returns an error wrapping [sdk.ErrLeaseLost] (the original comes back, and
-// the copy stays); a delete call that fails is mapped as Ack's is.
+// Once the lease may have run out, DeadLetter first checks that the receipt
+// still holds the message (as Ack does), and returns an error wrapping
+// [sdk.ErrLeaseLost] with nothing sent when it does not. A delete SQS
+// refuses because the receipt handle expired, or one sent after the lease
+// ran out whose receipt no longer holds the message (see Ack: the lease ran
+// out while the copy was being sent), returns an error wrapping
+// [sdk.ErrLeaseLost] too, after DeadLetter took the copy back out of the
+// dead-letter queue ([Broker.DeleteDeadLetters] of the copy's SQS
+// MessageId, a scan of that queue): the original comes back, or already
+// runs on another receive, and a letter left in the dead-letter queue would
+// be one of a job still live (a redrive would run it twice). When the copy
+// cannot be taken back, the error (wrapping sdk.ErrLeaseLost) says so and
+// names it, and it is logged. A delete call that fails otherwise is mapped
+// as Ack's is, and the copy stays (the original comes back and is
+// dead-lettered again).
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -360,6 +372,8 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err != nil {
 		return err
 	}
+	var copyID string // the copy's SQS MessageId
+	e.sent = &copyID
 	if err := d.b.send(ctx, dlq, []sendEntry{e}); err != nil {
 		return err
 	}
@@ -371,7 +385,42 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	if err := d.b.acks.add(ctx, d.q.url, ackEntry{queue: d.q.name, id: d.msg.ID, handle: d.handle, w: w, deadline: d.deadline, received: d.received}); err != nil {
 		return sdk.ErrClosed
 	}
-	return w.wait(ctx)
+	err = w.wait(ctx)
+	if errors.Is(err, sdk.ErrLeaseLost) {
+		// The lease ran out while the copy was on its way: the original
+		// is not deleted, and another receive may hold it already. A
+		// settlement after the lease was lost changes nothing, so the
+		// copy is taken back: left in the dead-letter queue, it would be
+		// a dead letter of a job that still runs (a redrive would run it
+		// twice).
+		d.state = stateLost
+		return d.withdraw(ctx, copyID, err)
+	}
+	return err
+}
+
+// withdraw deletes from the dead-letter queue the copy (SQS MessageId
+// copyID) that DeadLetter sent before its delete of the original failed
+// with lost, an error wrapping [sdk.ErrLeaseLost], and returns lost, or,
+// when the copy could not be deleted, lost joined with why (the copy
+// stays, and is logged). d.mu is held.
+func (d *delivery) withdraw(ctx context.Context, copyID string, lost error) error {
+	err := errors.New("SQS did not name the copy it took")
+	if copyID != "" {
+		var n int
+		n, err = d.b.DeleteDeadLetters(ctx, d.q.name, copyID)
+		if err == nil && n != 1 { // found, but another reader took it meanwhile
+			err = errors.New("another reader of the dead-letter queue held it")
+		}
+	}
+	if err == nil {
+		return lost
+	}
+	err = fmt.Errorf("berth/sqs: the lease of message %s was lost after its dead letter was sent, and the dead letter (SQS MessageId %s) stays in the dead-letter queue of %s: %w",
+		d.msg.ID, copyID, d.q.name, err)
+	d.b.opts.Logger.Warn("berth/sqs: a dead letter was sent for a message whose lease was lost, and could not be taken back",
+		slog.String("queue", d.q.name), sdk.LogText("message_id", d.msg.ID), slog.String("sqs_message_id", copyID), sdk.LogCause("error", err))
+	return errors.Join(lost, err)
 }
 
 // checkLease makes sure, once the lease may have run out, that the receipt

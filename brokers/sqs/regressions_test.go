@@ -95,19 +95,32 @@ func TestSharedPublishSameIDOutcomeByEntry(t *testing.T) {
 
 // TestStaleDeleteIsLeaseLost: a delete that SQS refuses because the receipt
 // handle expired wraps sdk.ErrLeaseLost, from a SyncAck Ack and from
-// DeadLetter; the acked delivery is lost, not settled.
+// DeadLetter; the acked delivery is lost, not settled, and DeadLetter takes
+// its copy back out of the dead-letter queue.
 func TestStaleDeleteIsLeaseLost(t *testing.T) {
-	var deletes atomic.Int32
+	var deletes, withdrawn atomic.Int32
 	client := newFakeSQS(t, func(op string, n int, req map[string]any) string {
-		if s, ok := fakeCommon(op); ok {
-			return s
-		}
 		switch op {
+		case "ReceiveMessage":
+			switch n {
+			case 1: // the queue
+			case 2: // the dead-letter queue, scanned for the copy
+				return `{"Messages":[{"MessageId":"dl","ReceiptHandle":"hdl","Body":"b","Attributes":{"ApproximateReceiveCount":"1"}}]}`
+			default:
+				return `{"Messages":[]}`
+			}
 		case "DeleteMessageBatch":
+			if e := req["Entries"].([]any); len(e) == 1 && e[0].(map[string]any)["ReceiptHandle"] == "hdl" {
+				withdrawn.Add(1)
+				return `{"Successful":[{"Id":"0"}],"Failed":[]}`
+			}
 			deletes.Add(1)
 			return `{"Successful":[],"Failed":[{"Id":"0","Code":"ReceiptHandleIsInvalid","Message":"The receipt handle has expired","SenderFault":true}]}`
 		case "SendMessageBatch": // the dead-letter copy
 			return `{"Successful":[{"Id":"0","MessageId":"dl","MD5OfMessageBody":"x"}],"Failed":[]}`
+		}
+		if s, ok := fakeCommon(op); ok {
+			return s
 		}
 		return `{}`
 	})
@@ -126,6 +139,9 @@ func TestStaleDeleteIsLeaseLost(t *testing.T) {
 	}
 	if n := deletes.Load(); n != 2 {
 		t.Errorf("%d DeleteMessageBatch calls, want 2 (a stale entry is not sent again)", n)
+	}
+	if n := withdrawn.Load(); n != 1 {
+		t.Errorf("the dead letter's copy was deleted %d times, want once (taken back: the original's lease was lost)", n)
 	}
 }
 
