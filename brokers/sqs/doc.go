@@ -44,7 +44,9 @@
 //     (83 bytes below MaxWireSize), so that every message it accepts can be
 //     dead-lettered; only another producer's message too close to the limit
 //     cannot (DeadLetter returns an [*sdk.MessageTooLargeError] and the
-//     message stays in the queue). A message received more than
+//     message stays in the queue). A DeadLetter whose lease runs out before
+//     the original is deleted takes its copy back out of the dead-letter
+//     queue and returns [sdk.ErrLeaseLost]. A message received more than
 //     MaxReceiveCount times without being settled is moved to the dead-letter
 //     queue by SQS's own redrive policy; berth reports it with the reason
 //     [sdk.ErrMaxDeliveries] when it lists it.
@@ -145,5 +147,9 @@
 // too), which the scan then waits for, and reports, in vain. A dead letter that
 // SQS's redrive policy moved, or that another producer sent, is listed with
 // the reason [sdk.ErrMaxDeliveries] and the queue being read as its source,
-// whatever berth- headers it carries.
+// whatever berth- headers it carries. SQS does not say when it moved a
+// letter: its failure times are taken from the times SQS keeps with it
+// (its first receive, ApproximateFirstReceiveTimestamp, or its
+// SentTimestamp when later), the same at every listing, so that an age
+// filter (`berth dlq -older-than`) matches it.
 package sqs

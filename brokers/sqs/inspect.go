@@ -323,7 +323,13 @@ func (s *scan) receive(ctx context.Context) ([]*letter, error) {
 
 // sentAt is m's SentTimestamp (Unix milliseconds), zero when it has none.
 func sentAt(m sqstypes.Message) time.Time {
-	ms, err := strconv.ParseInt(m.Attributes[string(sqstypes.MessageSystemAttributeNameSentTimestamp)], 10, 64)
+	return msAttr(m, sqstypes.MessageSystemAttributeNameSentTimestamp)
+}
+
+// msAttr is m's system attribute name, a time in Unix milliseconds, zero
+// when it has none.
+func msAttr(m sqstypes.Message, name sqstypes.MessageSystemAttributeName) time.Time {
+	ms, err := strconv.ParseInt(m.Attributes[string(name)], 10, 64)
 	if err != nil || ms <= 0 {
 		return time.Time{}
 	}
@@ -412,7 +418,8 @@ func (s *scan) forget(ls []*letter) {
 // another producer, whose berth- headers may be forged — loses the
 // dead-letter headers it carries and gets those of a poison message: reason
 // [sdk.ErrMaxDeliveries], attempts the policy's maxReceiveCount, source
-// queue q, failure time now (SQS does not say when it moved it).
+// queue q, and failure times from what SQS says of the message (see
+// [policyFailure]).
 //
 // A dead letter whose annotations DeadLetter shortened to fit
 // ([HeaderDeadLetterTruncated]) is berth's too: with its reason cut or left
@@ -438,7 +445,40 @@ func (b *Broker) annotate(ctx context.Context, q, dlq *queueRef, msg *sdk.Messag
 	if attempts <= 0 {
 		attempts = max(receiveCount(raw)-1, 1)
 	}
-	sdk.AnnotateDeadLetter(msg, q.name, attempts, sdk.ErrMaxDeliveries, time.Time{}, time.Now())
+	first, last := policyFailure(raw, time.Now())
+	sdk.AnnotateDeadLetter(msg, q.name, attempts, sdk.ErrMaxDeliveries, first, last)
+}
+
+// policyFailure returns the failure times annotate gives m, a dead letter
+// berth did not send: moved by SQS's redrive policy, or sent to the
+// dead-letter queue by another producer. SQS does not say when it moved a
+// message, and the listing's own time (now) would change at every listing:
+// an age filter (`berth dlq -older-than`) would never match the letter,
+// and whatever records dead letters from listings (the ledger) would see a
+// new failure each time. So both are times the message carries, by SQS's
+// clock (milliseconds), the same at every listing. The last failure is the
+// later of its ApproximateFirstReceiveTimestamp (its first receive: the
+// policy moves a message only after its last receive's visibility timeout,
+// so the move came later; SQS keeps the attribute when it moves a message,
+// as fauxqs does) and its SentTimestamp (on a standard queue the original
+// send, which the move keeps; a FIFO queue's move may reset it to the
+// move's time). The first failure is the first receive. One of the two
+// serves for both when the other is missing; a message carrying neither
+// gets now. For another producer's message the first receive may be the
+// first listing's.
+func policyFailure(m sqstypes.Message, now time.Time) (first, last time.Time) {
+	received := msAttr(m, sqstypes.MessageSystemAttributeNameApproximateFirstReceiveTimestamp)
+	last = sentAt(m)
+	if received.After(last) {
+		last = received
+	}
+	if last.IsZero() {
+		return now, now
+	}
+	if received.IsZero() {
+		return last, last
+	}
+	return received, last
 }
 
 // hasDeadLetterNote reports whether msg carries any of the annotations
