@@ -49,7 +49,10 @@
 // and a settlement whose call failed (an ack on a dropped connection) show
 // as `retrying` with no next attempt time and the class
 // [ClassLeaseLost] or [ClassSettleFailed]: the broker delivers the message
-// again, and that attempt replaces them.
+// again, and that attempt replaces them. A release whose call failed shows
+// as `released`, class [ClassSettleFailed], with no next attempt time: a
+// release spends no attempt, and the broker may deliver the message again
+// at the same attempt, whose start replaces it.
 //
 // A broker's own dead-lettering of a message that crashes every consumer
 // or keeps losing its lease (the memory broker's and RabbitMQ's delivery

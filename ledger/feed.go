@@ -35,19 +35,26 @@ type startKey struct{}
 // next attempt time (retry), dead (dead letter), released (handed back).
 //
 // Two endings leave the message with the broker, which delivers it again;
-// both are recorded as retrying with no next attempt time (the broker
-// decides when) and an error that says what happened:
-//   - a lost lease ([sdk.ActionLeaseLost]): the error is [sdk.ErrLeaseLost]'s
-//     text, with the handler's error if it returned one, class
-//     [ClassLeaseLost];
+// both are recorded with no next attempt time (the broker decides when) and
+// an error that says what happened:
+//   - a lost lease ([sdk.ActionLeaseLost]): retrying; the error is
+//     [sdk.ErrLeaseLost]'s text, with the handler's error if it returned
+//     one, class [ClassLeaseLost];
 //   - a settlement whose call failed (Settlement.Err): the error names the
 //     settlement that failed and why, then the handler's error if any,
-//     class [ClassSettleFailed]. An ack that failed on the wire may still
-//     have reached the broker; then no attempt follows and the row keeps
-//     this state, which says exactly that.
+//     class [ClassSettleFailed]. An ack, retry or dead letter that failed
+//     is recorded retrying; a release that failed, released (dated when
+//     its handler ended, as a release is): a release spends no attempt, and
+//     one that failed may have handed the message back all the same (a
+//     copy sent, then its ack lost), so the broker may deliver it again at
+//     the same attempt, whose start must replace it — retrying ends its
+//     attempt. A settlement that failed on the wire may still have reached
+//     the broker; then no attempt follows and the row keeps this state,
+//     which says exactly that.
 //
-// The next attempt's events replace either (a later attempt is newer), and
-// this attempt stays in the job's history.
+// The next attempt's events replace either (a later attempt is newer; after
+// a failed release, a later start of the same attempt too), and this
+// attempt stays in the job's history.
 func (l *Ledger) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
 	m := d.Message()
 	now := time.Now()
@@ -68,6 +75,14 @@ func (l *Ledger) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) 
 	case s.Err != nil:
 		e.Status, e.Class = StatusRetrying, ClassSettleFailed
 		e.Error = reason(withCause(string(s.Action)+" failed: "+s.Err.Error(), s.Cause))
+		if s.Action == sdk.ActionRelease {
+			// A release spends no attempt, and one that failed may have
+			// handed the message back all the same (a copy sent, then the
+			// ack lost): the broker may deliver it again at this attempt.
+			// Retrying would end the attempt (rank 2) and hide that
+			// delivery's events; released, dated as a release is, does not.
+			e.Status, e.At = StatusReleased, releasedAt(ctx, s, now)
+		}
 		l.Record(e)
 		return
 	}
@@ -79,18 +94,25 @@ func (l *Ledger) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) 
 	case sdk.ActionDeadLetter:
 		e.Status = StatusDead
 	case sdk.ActionRelease:
-		e.Status, e.NextAttemptAt = StatusReleased, now.Add(s.Delay)
-		if started, ok := ctx.Value(startKey{}).(time.Time); ok {
-			// The store keeps microseconds: at least one after the start,
-			// so an instant release still ends its own running.
-			if at := started.Add(max(s.Duration, time.Microsecond)); at.Before(now) {
-				e.At = at
-			}
-		}
+		e.Status, e.NextAttemptAt, e.At = StatusReleased, now.Add(s.Delay), releasedAt(ctx, s, now)
 	default:
 		return
 	}
 	l.Record(e)
+}
+
+// releasedAt is when a release settled at now is dated (see startKey): when
+// its handler ended, read from the start Start put in ctx; now when ctx
+// holds none, or that time is not before now.
+func releasedAt(ctx context.Context, s sdk.Settlement, now time.Time) time.Time {
+	if started, ok := ctx.Value(startKey{}).(time.Time); ok {
+		// The store keeps microseconds: at least one after the start, so
+		// an instant release still ends its own running.
+		if at := started.Add(max(s.Duration, time.Microsecond)); at.Before(now) {
+			return at
+		}
+	}
+	return now
 }
 
 // Error classes the ledger records for attempts that ended without a

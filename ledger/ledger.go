@@ -26,7 +26,7 @@ const (
 	StatusEnqueued  Status = "enqueued"  // published, not yet started
 	StatusRunning   Status = "running"   // an attempt started and has not settled
 	StatusRetrying  Status = "retrying"  // an attempt failed; the next is due at NextAttemptAt
-	StatusReleased  Status = "released"  // handed back without consuming an attempt (shutdown, RetryAfter)
+	StatusReleased  Status = "released"  // handed back without consuming an attempt (shutdown, RetryAfter; class settle_failed: the release call failed)
 	StatusSucceeded Status = "succeeded" // acked
 	StatusDead      Status = "dead"      // dead-lettered
 	StatusRedriven  Status = "redriven"  // moved back from the dead-letter queue, not yet started
