@@ -136,10 +136,13 @@ func withCause(what string, cause error) error {
 
 // base is the part of an event every feed knows from the message.
 func base(m *sdk.Message, queue string) Event {
-	gen, _ := strconv.Atoi(m.Header(sdk.HeaderRedriveCount))
+	// The count as a redrive reads it (sdk.RedriveCount): a forged one,
+	// negative or past the store's bound, read otherwise here than by
+	// sdk.PrepareRedrive, numbered the redriven job's generation at or
+	// below the row's, and its events were dropped as older.
 	return Event{
 		MessageID: m.ID, Queue: queue, Type: m.Type, IdempotencyKey: m.IdempotencyKey,
-		CorrelationID: m.CorrelationID, Generation: max(gen, 0),
+		CorrelationID: m.CorrelationID, Generation: sdk.RedriveCount(m),
 	}
 }
 

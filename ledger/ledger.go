@@ -74,7 +74,8 @@ type Event struct {
 	IdempotencyKey string
 	CorrelationID  string
 	Status         Status
-	// Generation counts redrives (the message's berth-redrive-count): a
+	// Generation counts redrives (the message's berth-redrive-count, as
+	// [sdk.RedriveCount] reads it: 0 when it is not 1 to 9 digits): a
 	// redriven job starts again at attempt 1 in a new generation.
 	Generation int
 	// Attempt is the delivery's attempt, 0 for enqueued and redriven. A

@@ -326,13 +326,14 @@ func SanitizeReason(s string) string {
 }
 
 // PrepareRedrive readies a dead-lettered message for its original queue: it
-// removes the dead-letter headers, increments [HeaderRedriveCount] and returns
+// removes the dead-letter headers, increments [HeaderRedriveCount] (as
+// [RedriveCount] reads it: a forged count restarts at 1) and returns
 // queue, the queue whose dead letters are being redriven, as the queue to
 // publish to. The [HeaderDeadLetterQueue] header is never the target: a
 // header can be forged by a producer or a foreign dead-letterer, while the
 // dead-letter queue's owner is known from berth's own topology.
 func PrepareRedrive(m *Message, queue string) string {
-	n, _ := strconv.Atoi(m.Header(HeaderRedriveCount))
+	n := RedriveCount(m)
 	for _, h := range []string{HeaderDeadLetterReason, HeaderDeadLetterClass, HeaderDeadLetterAttempts,
 		HeaderDeadLetterQueue, HeaderFirstFailure, HeaderLastFailure, HeaderAttempt, HeaderDeadLetterTruncated} {
 		delete(m.Headers, h)
@@ -340,6 +341,29 @@ func PrepareRedrive(m *Message, queue string) string {
 	m.SetHeader(HeaderRedriveCount, strconv.Itoa(n+1))
 	m.Delay = 0
 	return queue
+}
+
+// RedriveCount returns how many times m was redriven: its
+// [HeaderRedriveCount], read as the PostgreSQL broker's redrive reads it. A
+// producer outside berth can set that header to anything, so a value that
+// is not 1 to 9 ASCII digits (negative, signed, longer, not a number)
+// counts as none, 0: [PrepareRedrive] then writes 1, and the job ledger
+// numbers the job's generations from it, never backwards. Only a forged
+// count of 999999999, redriven, reads as none again.
+func RedriveCount(m *Message) int {
+	v := m.Header(HeaderRedriveCount)
+	if len(v) == 0 || len(v) > 9 {
+		return 0
+	}
+	n := 0
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }
 
 // PublishError reports a batch that the broker accepted only in part. Failed

@@ -59,6 +59,6 @@ func HistoryOf(m *sdk.Message) History {
 		Reason: m.Header(sdk.HeaderDeadLetterReason), Class: m.Header(sdk.HeaderDeadLetterClass),
 		Attempts: atoi(m.Header(sdk.HeaderDeadLetterAttempts)), Queue: m.Header(sdk.HeaderDeadLetterQueue),
 		FirstFailure: m.Header(sdk.HeaderFirstFailure), LastFailure: m.Header(sdk.HeaderLastFailure),
-		RedriveCount: atoi(m.Header(sdk.HeaderRedriveCount)),
+		RedriveCount: sdk.RedriveCount(m), // as a redrive reads it: a forged count is none
 	}
 }
