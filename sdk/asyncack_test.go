@@ -178,3 +178,109 @@ func TestWorkerWaitsForAckBatch(t *testing.T) {
 		d(nil)
 	}
 }
+
+// TestWorkerAsyncAckKeepsLease: the heartbeat goes on extending the lease of
+// a job whose handler returned while its background ack is under way, and
+// stops once the ack is back. Before, it left the job alone as soon as the
+// handler returned: an ack slower than the lease let the lease lapse, and
+// another consumer ran the job again.
+func TestWorkerAsyncAckKeepsLease(t *testing.T) {
+	sub := newFakeSub()
+	acks := make(chan func(error), 1)
+	var extends atomic.Int32
+	rec := berthtest.NewRecorder()
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Lease: 80 * time.Millisecond,
+		HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{rec}})
+	d := &asyncDelivery{Delivery: newFake(1, "t", berthtest.OnExtend(func(context.Context, time.Duration) error {
+		extends.Add(1)
+		return nil
+	})), acks: acks}
+	sub.ch <- d
+	var ack func(error)
+	select {
+	case ack = <-acks:
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("no AckAsync")
+	}
+	before := extends.Load()
+	time.Sleep(200 * time.Millisecond) // 2.5 leases
+	if got := extends.Load() - before; got < 3 {
+		t.Fatalf("%d lease extensions while the ack was under way for 2.5 leases, want several", got)
+	}
+	ack(nil)
+	rs := rec.Wait(t, 1)
+	if rs[0].Action != sdk.ActionAck || rs[0].Err != nil {
+		t.Fatalf("settlement = %+v, want an ack", rs[0])
+	}
+	after := extends.Load()
+	time.Sleep(50 * time.Millisecond)
+	if got := extends.Load() - after; got > 1 { // one may have been under way as the ack came back
+		t.Errorf("%d lease extensions after the ack was back, want none", got)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// ctxObserver records, at each Settled, whether its context had ended.
+type ctxObserver struct {
+	ended chan error // ctx.Err() at each Settled
+}
+
+func (o *ctxObserver) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+func (o *ctxObserver) Settled(ctx context.Context, _ sdk.Delivery, _ sdk.Settlement) {
+	o.ended <- ctx.Err()
+}
+
+// TestWorkerAsyncAckLeaseLostKeepsContext: an extension that finds the lease
+// lost while the background ack is under way stops the extensions, but does
+// not cancel the handler's context (the handler has returned): the
+// observers get the ack's outcome with the context they gave the handler,
+// as after any ack, not one already cancelled by the heartbeat.
+func TestWorkerAsyncAckLeaseLostKeepsContext(t *testing.T) {
+	sub := newFakeSub()
+	acks := make(chan func(error), 1)
+	var extends atomic.Int32
+	obs := &ctxObserver{ended: make(chan error, 1)}
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { return nil })
+	stop := runWorker(t, sub, h, sdk.WorkerOptions{Concurrency: 1, Lease: 80 * time.Millisecond,
+		HeartbeatInterval: 10 * time.Millisecond, Observers: []sdk.Observer{obs}})
+	d := &asyncDelivery{Delivery: newFake(1, "t", berthtest.OnExtend(func(context.Context, time.Duration) error {
+		extends.Add(1)
+		return sdk.ErrLeaseLost
+	})), acks: acks}
+	sub.ch <- d
+	var ack func(error)
+	select {
+	case ack = <-acks:
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("no AckAsync")
+	}
+	deadline := time.Now().Add(berthtest.WaitTimeout)
+	for extends.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no extension while the ack was under way")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // many heartbeat periods
+	if got := extends.Load(); got != 1 {
+		t.Errorf("%d extensions, want 1: the lease was found lost", got)
+	}
+	ack(errAckLeaseLost)
+	select {
+	case err := <-obs.ended:
+		if err != nil {
+			t.Errorf("Settled got a context already ended (%v): the heartbeat cancelled it", err)
+		}
+	case <-time.After(berthtest.WaitTimeout):
+		t.Fatal("no settlement")
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// errAckLeaseLost is the error a fenced ack returns after the lease was lost.
+var errAckLeaseLost = errors.Join(errors.New("ack refused"), sdk.ErrLeaseLost)

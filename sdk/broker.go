@@ -14,7 +14,8 @@ import (
 // once with one of Ack, Retry, DeadLetter (or [Releaser.Release]).
 //
 // A Delivery is used by one goroutine at a time, except ExtendLease, which the
-// Worker's heartbeat may call while the handler runs. A second settlement
+// Worker's heartbeat may call while the handler runs (and, on an
+// [AsyncAcker], while its ack is in flight). A second settlement
 // returns [ErrAlreadySettled]; a settlement after the lease was lost returns an
 // error wrapping [ErrLeaseLost] and changes nothing. Settlement errors are safe
 // to ignore for correctness: an unsettled delivery comes back.
@@ -154,11 +155,15 @@ const LongPollGrace = 2 * time.Second
 // not block.
 //
 // The Worker uses it for successful jobs so that a handler goroutine moves on
-// to the next job while the ack is committed: the delivery keeps its slot
-// (and its lease is not extended, as for any settlement) until done, and
-// observers see the settlement, with its error, then. An ack is only ever
-// delayed, never made for unfinished work; a crash before it is written
-// means a redelivery, as a crash before a synchronous Ack does.
+// to the next job while the ack is committed: the delivery keeps its slot,
+// and its heartbeat keeps extending its lease, until done, so that an ack
+// slow to be written (a lock, a slow disk) does not let the lease lapse and
+// another consumer run the job again; observers see the settlement, with its
+// error, then. ExtendLease must therefore work while an ack is in flight,
+// and report [ErrAlreadySettled] once it is written (or [ErrLeaseLost] when
+// the lease is lost). An ack is only ever delayed, never made for unfinished
+// work; a crash before it is written means a redelivery, as a crash before a
+// synchronous Ack does.
 type AsyncAcker interface {
 	AckAsync(ctx context.Context, done func(error))
 }

@@ -116,7 +116,8 @@ type task struct {
 	started   int64        // unix nanos when the watchdog first saw the handler run; under mu
 	mu        sync.Mutex
 	lost      atomic.Bool     // the lease was lost: do not run, do not settle
-	settling  atomic.Bool     // the handler returned: the heartbeat leaves it alone
+	settling  atomic.Bool     // the handler returned: the heartbeat leaves it alone, unless acking
+	acking    atomic.Bool     // its background ack (AsyncAcker) is under way: the heartbeat keeps its lease
 	timedOut  atomic.Bool     // the handler ran past its timeout: its lease is no longer extended
 	extending atomic.Bool     // the heartbeat's extension of it is under way
 	slot      int32           // index in the held table, returned to the free list when done
@@ -137,9 +138,39 @@ func (t *task) context(fallback context.Context) context.Context {
 	return fallback
 }
 
+// keepLease reports whether the heartbeat extends t's lease: while its
+// handler runs within its timeout, and while its background ack
+// ([AsyncAcker]) is under way, until that ack returns. A job whose ack is
+// slow to be written (a lock, a slow disk) must not see its lease lapse
+// meanwhile: another consumer would claim it and run it again, and the ack,
+// fenced by the lease, would then be refused. A handler that ran past its
+// timeout and still runs gets no extension (it must not hold the job for
+// ever: its lease runs out); once it returned and its ack is under way, it
+// does.
+func (t *task) keepLease() bool {
+	if t.acking.Load() {
+		return true
+	}
+	return !t.settling.Load() && !t.timedOut.Load()
+}
+
 func (t *task) loseLease() {
 	t.lost.Store(true)
 	t.stop(ErrLeaseLost)
+}
+
+// leaseGone records what the heartbeat found: t's lease is lost, or will
+// run out before an extension can recover. A running handler is stopped
+// (loseLease). One that returned, whose background ack is under way, is
+// only marked, so that the heartbeat tries no more: its context stays as
+// it is until the ack's outcome (which reports the loss) is given to the
+// observers with it.
+func (t *task) leaseGone() {
+	if t.settling.Load() {
+		t.lost.Store(true)
+		return
+	}
+	t.loseLease()
 }
 
 // stop cancels the handler's context with cause; before the handler runs,
@@ -669,12 +700,7 @@ func (w *Worker) heartbeat(ctx context.Context, held []atomic.Pointer[task], sto
 				continue
 			}
 			last := time.Unix(0, t.extended.Load())
-			if t.lost.Load() || t.settling.Load() || now.Sub(last) < o.HeartbeatInterval {
-				continue
-			}
-			if t.timedOut.Load() {
-				// A handler that ignores its context must not hold the
-				// job for ever: let the lease run out.
+			if t.lost.Load() || !t.keepLease() || now.Sub(last) < o.HeartbeatInterval {
 				continue
 			}
 			if !t.extending.CompareAndSwap(false, true) {
@@ -780,13 +806,13 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 		case err == nil:
 			t.extended.Store(time.Now().UnixNano())
 		case errors.Is(err, ErrLeaseLost):
-			t.loseLease()
+			t.leaseGone()
 		default:
 			if wait = min(pause, time.Until(giveUp)); wait <= 0 {
 				// The next attempt would come when the lease may have ended and
 				// another consumer may hold the message: give up now.
 				o.Logger.WarnContext(t.context(ctx), "berth: lease runs out before extensions recover", "queue", o.Queue, LogText("id", t.d.Message().ID), "attempts", attempt+1, "err", err)
-				t.loseLease()
+				t.leaseGone()
 			} else {
 				final = false
 			}
@@ -810,7 +836,7 @@ func (w *Worker) extend(ctx context.Context, t *task, last time.Time, stop <-cha
 			return
 		case <-timer.C:
 		}
-		if t.settling.Load() || t.lost.Load() || t.timedOut.Load() {
+		if t.lost.Load() || !t.keepLease() {
 			// A handler past its timeout gets no more extensions, even
 			// from one under way when the timeout fired: its lease runs
 			// out (see WorkerOptions.Timeout).
@@ -961,7 +987,9 @@ func (w *Worker) process(base context.Context, t *task, acked chan<- *asyncAck, 
 		s = a.s // before AckAsync: its done may run at once, writing a.s.Err
 		asyncs.Add(1)
 		w.acking.Add(1)
+		t.acking.Store(true) // the heartbeat keeps the lease until the ack returns
 		aa.AckAsync(w.settleContext(base, endMono), func(err error) {
+			t.acking.Store(false)
 			a.s.Err = err
 			acked <- a
 		})

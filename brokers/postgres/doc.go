@@ -88,9 +88,9 @@
 // without a linger. The statement is repeated on a lost connection (it is
 // idempotent). Deliveries implement [sdk.AsyncAcker]: the Worker acks
 // successful jobs with AckAsync, so a handler goroutine takes the next job
-// while the ack waits for its batch, the delivery keeping its slot until the
-// outcome is back (Concurrency + Prefetch bound the jobs in flight, and so
-// each batch). An ack is only delayed, never written for unfinished work; a
+// while the ack waits for its batch, the delivery keeping its slot, and its
+// lease (ExtendLease works while the ack is in flight), until the outcome is
+// back (Concurrency + Prefetch bound the jobs in flight, and so each batch). An ack is only delayed, never written for unfinished work; a
 // process that dies before the batch commits leaves its jobs processing, and
 // they are claimed again after their lease (the idempotency guard absorbs
 // the second run). Ack itself waits for the outcome. For many short jobs,

@@ -394,7 +394,7 @@ type delivery struct {
 
 	mu      sync.Mutex
 	settled bool
-	acking  bool // an AckAsync is in flight: other settlements are refused
+	acking  bool // an AckAsync is in flight: other settlements are refused (ExtendLease is not)
 }
 
 var (
@@ -440,7 +440,10 @@ func (d *delivery) Ack(ctx context.Context) error {
 // what Ack would have returned — nil once the row is completed, an error
 // wrapping [sdk.ErrLeaseLost] when another claim took the job meanwhile
 // (the row is then left alone), or ctx's error if ctx ends first. While it
-// is in flight, other settlements of d return [sdk.ErrAlreadySettled].
+// is in flight, other settlements of d return [sdk.ErrAlreadySettled];
+// ExtendLease still extends the lease (the Worker's heartbeat keeps it
+// until the ack is written), so that an ack slow to be written does not let
+// another claim take the job meanwhile.
 func (d *delivery) AckAsync(ctx context.Context, done func(error)) {
 	d.mu.Lock()
 	switch {
@@ -603,13 +606,18 @@ func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 // The Worker's heartbeat extends by its Lease, the broker's by default,
 // which is never clamped. A by of zero or less is refused with an error
 // wrapping [sdk.ErrInvalidMessage].
+//
+// It extends the lease of a delivery whose AckAsync is in flight too: the
+// ack may wait for its batch (a lock, a slow disk) longer than the lease,
+// and another claim must not take the job meanwhile. Once the ack is
+// written it reports [sdk.ErrAlreadySettled].
 func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 	if by <= 0 {
 		return fmt.Errorf("berth/postgres: extend lease by %s: %w", by, sdk.ErrInvalidMessage)
 	}
 	by = min(by, d.b.MaxLease())
 	d.mu.Lock()
-	settled := d.settled || d.acking
+	settled := d.settled
 	d.mu.Unlock()
 	if settled {
 		return fmt.Errorf("berth/postgres: extend lease of job %d: %w", d.id, sdk.ErrAlreadySettled)
@@ -626,7 +634,9 @@ func (d *delivery) ExtendLease(ctx context.Context, by time.Duration) error {
 	if errors.Is(err, sdk.ErrLeaseLost) {
 		// A settlement of this delivery may have changed the row while the
 		// UPDATE ran (it holds d.mu until it is written): then the lease was
-		// not lost, the job is settled.
+		// not lost, the job is settled. Likewise while an AckAsync is in
+		// flight: its ack may just have completed the row, and its outcome
+		// (done) reports a lease lost meanwhile, as the settlement's.
 		d.mu.Lock()
 		settled := d.settled || d.acking
 		d.mu.Unlock()
