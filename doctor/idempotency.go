@@ -43,7 +43,10 @@ const defaultQueueRetention = 4 * 24 * time.Hour
 // idempotency.retention (results kept at least the redelivery window:
 // Options.RedeliveryWindow plus the Worker's retry delays) and
 // idempotency.claims-stuck (lease-mode claims in progress long past their
-// lease).
+// lease). The retention check's scan is bounded: cut at its
+// statement_timeout (scanBudget: a third of Options.CheckTimeout, at most
+// half the time left before ctx's deadline), it is reported as an Info
+// finding, not checked.
 func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
 	if table == "" {
@@ -73,11 +76,19 @@ func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Opt
 	// year 9999 (results kept forever, set by hand), from which a
 	// timestamp cannot be subtracted or whose interval no Duration holds,
 	// must neither fail the check nor wrap.
+	// No index serves completed_at: the sample sorts every completed row.
+	// The scan is bounded (boundedScan, scanBudget): on a table too large
+	// to sort in time it is cut, and an Info finding says so, instead of
+	// the whole check running out of time.
 	var minUS, maxUS *int64
-	if err := pool.QueryRow(ctx, `SELECT count(*), min(keep), max(keep)
+	err := boundedScan(ctx, pool, scanBudget(ctx, o), func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT count(*), min(keep), max(keep)
 		FROM (SELECT least(greatest((extract(epoch FROM expires_at) - extract(epoch FROM completed_at)) * 1e6, -$1::bigint), $1::bigint)::bigint AS keep
 			FROM `+qt+` WHERE status = 'completed' AND completed_at IS NOT NULL AND isfinite(completed_at)
-			ORDER BY completed_at DESC LIMIT 1000) r`, maxAgeMicros).Scan(&n, &minUS, &maxUS); err != nil {
+			ORDER BY completed_at DESC LIMIT 1000) r`, maxAgeMicros).Scan(&n, &minUS, &maxUS)
+	})
+	var cut *scanCut
+	if err != nil && !errors.As(err, &cut) {
 		return nil, fmt.Errorf("doctor: idempotency: retention: %w", err)
 	}
 	if minUS != nil && maxUS != nil {
@@ -85,6 +96,10 @@ func Idempotency(ctx context.Context, pool *pgxpool.Pool, table string, opts Opt
 		minKeep, maxKeep = &lo, &hi
 	}
 	switch {
+	case cut != nil:
+		add(Finding{ID: "idempotency.retention", Severity: Info, Summary: "retention not checked: the scan of the latest results was cut",
+			Evidence: cutEvidence("the scan of the latest completed results (sorted by completed_at, which no index serves)", cut),
+			Fix:      "run doctor off-peak with a larger -check-timeout; meanwhile compare idempotency.Options.Retention with the redelivery window " + window.Round(time.Hour).String()})
 	case n == 0 || minKeep == nil:
 		add(Finding{ID: "idempotency.retention", Severity: Info, Summary: "no completed result yet: retention not measurable",
 			Evidence: "0 completed rows", Fix: "run again once jobs completed"})

@@ -297,7 +297,7 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 		}
 	}
 	if len(idle) > 0 {
-		unknown, err := unknownQueues(ctx, pool, schema, qt, idle)
+		unknown, err := unknownQueues(ctx, pool, schema, qt, idle, o)
 		if err != nil {
 			return nil, err
 		}
@@ -315,8 +315,11 @@ func pgChecks(ctx context.Context, pool *pgxpool.Pool, schema string, lease time
 // postgres.queue-unknown says so: Warn when a queue that has rows is a few
 // edits away (the likely misspelling), Info otherwise. Unless every idle
 // queue is declared, it reads the distinct queue names once, as
-// Broker.Queues does (a scan of the jobs table).
-func unknownQueues(ctx context.Context, pool *pgxpool.Pool, schema, qt string, idle []string) ([]Finding, error) {
+// Broker.Queues does (a scan of the jobs table). That scan is bounded
+// (boundedScan, scanBudget): on a table too large to scan in time it is
+// cut, and each idle queue gets an Info finding saying it was not checked,
+// instead of the whole check running out of time.
+func unknownQueues(ctx context.Context, pool *pgxpool.Pool, schema, qt string, idle []string, o Options) ([]Finding, error) {
 	declared, err := declaredQueues(ctx, pool, schema, idle)
 	if err != nil {
 		return nil, err
@@ -335,11 +338,25 @@ func unknownQueues(ctx context.Context, pool *pgxpool.Pool, schema, qt string, i
 		return fs, nil
 	}
 	idle = rest
-	rows, err := pool.Query(ctx, `SELECT DISTINCT queue FROM `+qt+` ORDER BY queue`)
-	if err != nil {
-		return nil, fmt.Errorf("doctor: postgres: queue names: %w", err)
+	var known []string
+	err = boundedScan(ctx, pool, scanBudget(ctx, o), func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT DISTINCT queue FROM `+qt+` ORDER BY queue`)
+		if err != nil {
+			return err
+		}
+		known, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	var c *scanCut
+	if errors.As(err, &c) {
+		for _, q := range idle {
+			fs = append(fs, Finding{ID: "postgres.queue-unknown", Severity: Info, Queue: q,
+				Summary:  "no waiting or running job; whether this queue ever had rows (or its name is misspelt) was not checked: the scan of the queue names was cut",
+				Evidence: cutEvidence("the scan of the jobs table's queue names (SELECT DISTINCT queue)", c),
+				Fix:      "nothing is known to be wrong; to check the name, compare it with the queues the publishers use, or run doctor off-peak with a larger -check-timeout"})
+		}
+		return fs, nil
 	}
-	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("doctor: postgres: queue names: %w", err)
 	}

@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // checkTimeoutID is the ID of the finding of a check that did not answer.
@@ -123,3 +127,78 @@ type clientTimeout struct {
 
 func (e *clientTimeout) Error() string { return e.err.Error() }
 func (e *clientTimeout) Unwrap() error { return e.err }
+
+// scanShare divides a check's budget for one of its scans of a whole table
+// (postgres.queue-unknown's queue names, idempotency.retention's latest
+// results), which may take 1/scanShare of it: on a huge table such a scan
+// can outlast the budget, and the check's other findings must not be lost
+// with it.
+const scanShare = 3
+
+// scanBudget is how long a scan of a whole table may run within ctx: a
+// third of o.CheckTimeout, and at most half the time left before ctx's
+// deadline (the rest of the check runs after it); at least 1ms.
+func scanBudget(ctx context.Context, o Options) time.Duration {
+	b := o.CheckTimeout / scanShare
+	if dl, ok := ctx.Deadline(); ok {
+		b = min(b, time.Until(dl)/2)
+	}
+	return max(b, time.Millisecond)
+}
+
+// scanCut is the error of a scan that the server cancelled at the
+// statement_timeout boundedScan set.
+type scanCut struct {
+	budget time.Duration // the statement_timeout
+	err    error         // the server's error (57014 query_canceled)
+}
+
+func (e *scanCut) Error() string {
+	return fmt.Sprintf("cancelled at its statement_timeout (%s): %v", e.budget, e.err)
+}
+func (e *scanCut) Unwrap() error { return e.err }
+
+// queryCanceled is the SQLSTATE of a statement cancelled by its
+// statement_timeout (or by a cancel request).
+const queryCanceled = "57014"
+
+// boundedScan runs scan in a transaction of its own whose statement_timeout
+// (SET LOCAL, through set_config) is budget, or the session's own when that
+// is shorter: the server cancels a statement that runs longer, lock waits
+// included, and boundedScan then returns a *scanCut, for the check to
+// report that it was cut (cutEvidence) rather than fail. Any other error is
+// returned as is.
+func boundedScan(ctx context.Context, pool *pgxpool.Pool, budget time.Duration, scan func(context.Context, pgx.Tx) error) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// The transaction only read: rolling it back just ends it (on a
+		// context already ended, pgx closes the connection instead).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	// pg_settings gives statement_timeout in milliseconds; 0 is none.
+	ms := max(budget.Milliseconds(), 1)
+	var set string
+	if err := tx.QueryRow(ctx, `SELECT x.ms, set_config('statement_timeout', x.ms::text, true)
+		FROM (SELECT CASE WHEN setting::bigint > 0 AND setting::bigint < $1 THEN setting::bigint ELSE $1 END AS ms
+			FROM pg_settings WHERE name = 'statement_timeout') x`, ms).Scan(&ms, &set); err != nil {
+		return err
+	}
+	err = scan(ctx, tx)
+	var pe *pgconn.PgError
+	if ctx.Err() == nil && errors.As(err, &pe) && pe.Code == queryCanceled {
+		return &scanCut{budget: time.Duration(ms) * time.Millisecond, err: err}
+	}
+	return err
+}
+
+// cutEvidence is the evidence of a finding whose scan (what) boundedScan
+// cut with c.
+func cutEvidence(what string, c *scanCut) string {
+	return fmt.Sprintf("%s was cut at its statement_timeout (%s), so that doctor's other checks keep their time: "+
+		"the table is too large to scan within it, or the scan waited for a lock", what, c.budget)
+}
