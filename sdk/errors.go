@@ -58,7 +58,8 @@ var (
 	// or handler, a negative count or duration where zero means the default
 	// (Concurrency, Prefetch, ReceiveLoops, QueueIdleWait, Lease,
 	// DrainTimeout, SettleTimeout, a RetryPolicy's MaxAttempts, Backoff.Base
-	// or Backoff.Max), a Concurrency + Prefetch above math.MaxInt32, a
+	// or Backoff.Max), a QueueIdleWait below [MinQueueIdleWait], a
+	// Concurrency + Prefetch above math.MaxInt32, a
 	// HeartbeatInterval longer than half the Lease, queue
 	// weights adding up to more than [MaxQueueWeights] (that error wraps
 	// [ErrInvalidQueue] too). Bad queue names wrap [ErrInvalidQueue] instead.

@@ -104,7 +104,10 @@ type WorkerOptions struct {
 	// for one delivery at a time (so a queue that ran dry holds one slot,
 	// not the ones the others could use) until a Receive fills again. An
 	// idle queue polls every QueueIdleWait while it holds a slot. Zero
-	// means 500ms; negative is refused. A Receive cut off this way is
+	// means 500ms; negative, or positive below [MinQueueIdleWait] (1ms), is
+	// refused ([ErrInvalidOptions]): a wait that runs out before a Receive
+	// can return cuts every one off empty (at 1ns a Worker of several
+	// queues ran no job). A Receive cut off this way is
 	// neither a success nor a failure for [Worker.Health] (see [Health]);
 	// one that fails with an error of its own, even past QueueIdleWait,
 	// failed.
@@ -216,6 +219,11 @@ type WorkerOptions struct {
 	Rand *rand.Rand
 }
 
+// MinQueueIdleWait is the shortest [WorkerOptions.QueueIdleWait] [NewWorker]
+// takes: long enough for a Receive with work waiting to return before its
+// wait runs out. A shorter positive one is refused ([ErrInvalidOptions]).
+const MinQueueIdleWait = time.Millisecond
+
 // maxCapacity bounds Concurrency + Prefetch: a slot's index is an int32.
 const maxCapacity = math.MaxInt32
 
@@ -239,6 +247,10 @@ func (o WorkerOptions) withDefaults() (WorkerOptions, error) {
 		return o, fmt.Errorf("%w: negative Concurrency (%d), Prefetch (%d) or ReceiveLoops (%d)", ErrInvalidOptions, o.Concurrency, o.Prefetch, o.ReceiveLoops)
 	case o.QueueIdleWait < 0:
 		return o, fmt.Errorf("%w: negative QueueIdleWait %s", ErrInvalidOptions, o.QueueIdleWait)
+	case o.QueueIdleWait > 0 && o.QueueIdleWait < MinQueueIdleWait:
+		// Cut off before it can return, every Receive of a Worker of
+		// several queues would come back empty.
+		return o, fmt.Errorf("%w: QueueIdleWait %s below %s (MinQueueIdleWait)", ErrInvalidOptions, o.QueueIdleWait, MinQueueIdleWait)
 	case o.Lease < 0:
 		return o, fmt.Errorf("%w: negative Lease %s", ErrInvalidOptions, o.Lease)
 	case o.DrainTimeout < 0:
