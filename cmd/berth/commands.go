@@ -371,7 +371,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		if act == actPurge {
 			q = fmt.Sprintf("delete %s dead letter(s) of %s for good?", n, esc(queue))
 		}
-		if err := c.confirm(q); err != nil {
+		if err := c.confirm(ctx, q); err != nil {
 			return err
 		}
 		o.Limit = s.Matched // never more than was confirmed

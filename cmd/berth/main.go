@@ -517,7 +517,17 @@ func (c *cli) mayChange() error {
 }
 
 // confirm asks the operator on a terminal; elsewhere it refuses without -yes.
-func (c *cli) confirm(question string) error {
+// An interrupt (ctx done: SIGINT, SIGTERM, -timeout) while it waits for the
+// answer is a *partialError (exit 4, "interrupted"): nothing was changed.
+//
+// The read of the answer runs in a goroutine that confirm does not wait
+// for once ctx is done: a read of a terminal cannot be cut short (os.Stdin
+// has no deadlines), so it stays blocked until a line or EOF comes. Its
+// owner is the process: the command returns at once, and main exits
+// right after run returns, ending it; nothing else reads stdin. It holds
+// only stdin and a channel with room for its one answer, so it never
+// blocks on sending.
+func (c *cli) confirm(ctx context.Context, question string) error {
 	if c.yes {
 		return nil
 	}
@@ -525,7 +535,20 @@ func (c *cli) confirm(question string) error {
 		return c.mayChange()
 	}
 	fmt.Fprintf(c.stderr, "%s [y/N] ", question)
-	line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+	answer := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(c.stdin).ReadString('\n')
+		answer <- line
+	}()
+	var line string
+	select {
+	case line = <-answer:
+	case <-ctx.Done():
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(c.stderr) // end the prompt's line (after the terminal's ^C)
+		return &partialError{msg: fmt.Sprintf("interrupted (%v) at the confirmation; nothing changed", ctx.Err()), err: ctx.Err()}
+	}
 	switch strings.ToLower(strings.TrimSpace(line)) {
 	case "y", "yes":
 		return nil

@@ -304,7 +304,7 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 		if discard {
 			q = fmt.Sprintf("discard %d parked row(s) (their messages are never published)?", n)
 		}
-		if err := c.confirm(q); err != nil {
+		if err := c.confirm(ctx, q); err != nil {
 			return err
 		}
 		if until != nil {
