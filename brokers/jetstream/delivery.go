@@ -2,11 +2,13 @@ package jetstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -146,10 +148,23 @@ func (d *delivery) send(ctx context.Context, op string, body []byte) error {
 // may not have been applied. Without [Options.AsyncAck] only: an
 // acknowledgement not waited for is not known to have been applied late.
 func (d *delivery) sendInLease(ctx context.Context, op string, body []byte) error {
+	_, err := d.trySendInLease(ctx, op, body)
+	return err
+}
+
+// trySendInLease is sendInLease, reporting also whether the lease had
+// ended before the send: then nothing was sent, and err is a
+// [*LeaseLostError].
+func (d *delivery) trySendInLease(ctx context.Context, op string, body []byte) (ended bool, err error) {
 	start := time.Now()
 	if !start.Before(d.deadline) {
-		return &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
+		return true, &LeaseLostError{Queue: d.q.name, ID: d.msg.ID, Ended: d.deadline}
 	}
+	return false, d.sendBefore(ctx, op, body, start)
+}
+
+// sendBefore is sendInLease's send, started at start, within the lease.
+func (d *delivery) sendBefore(ctx context.Context, op string, body []byte, start time.Time) error {
 	if d.b.opts.AsyncAck {
 		return d.send(ctx, op, body)
 	}
@@ -304,6 +319,24 @@ var renewHook func()
 // DeadLetter stores a copy with the reason headers in the queue's
 // dead-letter stream (waiting for its ack), then acknowledges the original,
 // within the lease (see sendInLease).
+//
+// When the lease ran out while the copy was being stored, the original is
+// not acknowledged (it comes back, or already runs on another consumer):
+// DeadLetter then deletes the copy it stored from the dead-letter stream
+// (by the stream sequence its publish ack gave), and returns a
+// [*LeaseLostError]; a dead letter left there would be one of a job still
+// live, which a redrive would run twice. When the copy cannot be deleted,
+// the error (still wrapping [sdk.ErrLeaseLost]) says so and names it, and
+// it is logged. An acknowledgement sent but not answered within the lease
+// may have been applied: the copy stays then, as it does when the
+// acknowledgement fails (the original comes back and is dead-lettered
+// again, a copy JetStream drops as a duplicate).
+//
+// A copy JetStream drops as a duplicate (of an earlier DeadLetter of the
+// message, within the stream's Duplicates window) whose earlier copy is no
+// longer in the dead-letter stream (taken back as above, or deleted,
+// purged or redriven since) is stored again under an ID of this delivery,
+// so that the original is never acknowledged without a dead letter.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return d.deadLetter(ctx, cause, d.attempt)
 }
@@ -323,11 +356,12 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 	// letter of a new message at the sequence of one dead-lettered before,
 	// whose original the ack below then deletes: a job lost.
 	id := internalID(idDeadLetter, d.q.stream, d.seq, uint64(d.stored.UnixNano()))
-	w, err := d.b.fitDeadLetter(m, d.extra, d.q.dead+"."+idToken(m.ID), id)
+	subject := d.q.dead + "." + idToken(m.ID)
+	w, err := d.b.fitDeadLetter(m, d.extra, subject, id)
 	if err != nil {
 		return d.end(err)
 	}
-	err = d.b.publishOne(ctx, d.q.dlq, w, id)
+	pa, err := d.b.publishAcked(ctx, w, id)
 	if streamGone(err) {
 		// No stream answered: the dead-letter stream was deleted (by an
 		// operator, to empty it) after this Broker declared the queue.
@@ -337,12 +371,75 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 		if _, derr := d.b.redeclare(ctx, d.q); derr != nil {
 			return d.end(derr)
 		}
-		err = d.b.publishOne(ctx, d.q.dlq, w, id)
+		pa, err = d.b.publishAcked(ctx, w, id)
+	}
+	if err == nil && pa.Duplicate {
+		// Dropped as a duplicate of the copy an earlier DeadLetter of the
+		// message stored (whose ack of the original was lost): that copy
+		// is its dead letter, unless it is gone (taken back, as below, by
+		// a DeadLetter whose lease ran out, or deleted, purged or
+		// redriven since), and the ack below would then leave none.
+		var gone bool
+		if gone, err = d.b.letterGone(ctx, d.q.dlq, pa.Sequence); err == nil && gone {
+			id = internalID(idDeadLetter, d.q.stream, d.seq, uint64(d.stored.UnixNano()), d.delivered)
+			if w, err = d.b.fitDeadLetter(m, d.extra, subject, id); err == nil {
+				pa, err = d.b.publishAcked(ctx, w, id)
+			}
+		}
 	}
 	if err != nil {
 		return d.end(err)
 	}
-	return d.end(d.sendInLease(ctx, "ack", ackAck))
+	if deadLetterHook != nil {
+		deadLetterHook()
+	}
+	ended, err := d.trySendInLease(ctx, "ack", ackAck)
+	if ended {
+		// The lease ran out while the copy was being stored: the original
+		// is not acked, and comes back or already runs elsewhere.
+		return d.end(d.takeBack(ctx, err, pa.Sequence))
+	}
+	return d.end(err)
+}
+
+// deadLetterHook, set by the tests, runs in DeadLetter once the copy is
+// stored, before the original is acknowledged.
+var deadLetterHook func()
+
+// takeBack deletes the copy DeadLetter stored at sequence seq of the
+// dead-letter stream, whose original it did not acknowledge because the
+// lease had ended (lost, a *LeaseLostError), and returns lost. When the
+// copy cannot be deleted, it logs that and returns an error wrapping lost
+// that says so.
+func (d *delivery) takeBack(ctx context.Context, lost error, seq uint64) error {
+	s, err := d.b.js.Stream(ctx, d.q.dlq)
+	if err == nil {
+		// Not there (false): deleted, purged or redriven meanwhile.
+		_, err = d.b.take(ctx, s, seq)
+	}
+	if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return lost
+	}
+	err = d.b.wrapErr(ctx, "take back dead letter", err)
+	d.b.opts.Logger.Error("berth/jetstream: the dead letter of a message whose lease ran out while it was stored could not be deleted: a redrive would run the job again",
+		"queue", d.q.name, sdk.LogText("id", d.msg.ID), "stream", d.q.dlq, "seq", seq, "err", err)
+	return fmt.Errorf("%w; its dead letter (stream %s, sequence %d) stays, not deleted: %v", lost, d.q.dlq, seq, err)
+}
+
+// letterGone reports whether the message at sequence seq of dead-letter
+// stream dlq is no longer there.
+func (b *Broker) letterGone(ctx context.Context, dlq string, seq uint64) (bool, error) {
+	s, err := b.js.Stream(ctx, dlq)
+	if err == nil {
+		_, err = s.GetMsg(ctx, seq)
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, b.wrapErr(ctx, "read dead letter", err)
+	}
+	return false, nil
 }
 
 // HeaderDeadLetterTruncated marks a dead letter whose annotations berth

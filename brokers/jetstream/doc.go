@@ -88,7 +88,9 @@
 //     settlement or ExtendLease that JetStream has not answered by the
 //     lease's end is reported so too (it may or may not have been
 //     applied), and Release and DeadLetter do not ack the original once
-//     the lease has ended while their copy was being stored. That clock
+//     the lease has ended while their copy was being stored (DeadLetter
+//     then deletes its copy from the dead-letter stream again: the job is
+//     back in the queue, or already runs on another consumer). That clock
 //     holds only while the consumer's AckWait is no shorter than the
 //     Broker's: declaring a queue never shortens it
 //     (Brokers of a queue with different AckWaits leave it at the longest,
@@ -120,7 +122,12 @@
 //     clocks.
 //   - DeadLetter stores a copy with berth's reason headers
 //     ([sdk.AnnotateDeadLetter]) in the dead-letter stream, waits for its
-//     ack, then acks the original. A copy over the server's max_payload
+//     ack, then acks the original. When the lease ran out while the copy
+//     was being stored, it does not ack the original, deletes the copy (by
+//     the stream sequence of its publish ack) and returns
+//     [*LeaseLostError]; a copy it cannot delete is named in the error and
+//     logged. A copy dropped as a duplicate of an earlier dead letter of
+//     the message that is no longer there is stored again. A copy over the server's max_payload
 //     has its annotations shortened, never the message: the reason cut,
 //     else every annotation left out, and [HeaderDeadLetterTruncated]
 //     says so. Publish refuses ([sdk.MessageTooLargeError]) a message

@@ -60,3 +60,11 @@ func SetRenewHook(f func()) (restore func()) {
 	renewHook = f
 	return func() { renewHook = old }
 }
+
+// SetDeadLetterHook sets the hook DeadLetter runs once its copy is stored,
+// before it acknowledges the original; the returned func restores it.
+func SetDeadLetterHook(f func()) (restore func()) {
+	old := deadLetterHook
+	deadLetterHook = f
+	return func() { deadLetterHook = old }
+}

@@ -164,7 +164,7 @@ func (b *Broker) forgetGone(subject string, err error) {
 // publishSingle publishes one message as Publish does, with its result
 // resolved in nats.go's callback rather than by a future of its own.
 func (b *Broker) publishSingle(ctx context.Context, w *nats.Msg, id string) error {
-	res, refused, err := b.publishTracked(ctx, w, id, msgID(id))
+	res, _, refused, err := b.publishTracked(ctx, w, id, msgID(id))
 	if refused {
 		return &sdk.PublishError{Failed: map[string]error{id: err}}
 	}
@@ -207,7 +207,7 @@ func (b *Broker) publishWire(ctx context.Context, _ string, wire []*nats.Msg, id
 		failed[name(i)] = err
 	}
 	for i, w := range wire {
-		res, refused, err := b.publishTracked(ctx, w, name(i), ids[i])
+		res, _, refused, err := b.publishTracked(ctx, w, name(i), ids[i])
 		if refused {
 			fail(i, err)
 			continue
@@ -239,15 +239,40 @@ func (b *Broker) publishWire(ctx context.Context, _ string, wire []*nats.Msg, id
 }
 
 // publishOne publishes one prepared NATS message and waits for its ack.
-func (b *Broker) publishOne(ctx context.Context, stream string, w *nats.Msg, id string) error {
-	err := b.publishWire(ctx, stream, []*nats.Msg{w}, []string{id}, func(int) string { return id })
-	var pe *sdk.PublishError
-	if errors.As(err, &pe) {
-		for _, e := range pe.Failed {
-			return e
-		}
-	}
+func (b *Broker) publishOne(ctx context.Context, _ string, w *nats.Msg, id string) error {
+	_, err := b.publishAcked(ctx, w, id)
 	return err
+}
+
+// publishAcked is publishOne (w with Nats-Msg-Id id, an internal one),
+// returning JetStream's publish ack: the stream sequence of the message
+// stored, or, when it is a duplicate, of the one stored before with id.
+func (b *Broker) publishAcked(ctx context.Context, w *nats.Msg, id string) (*jetstream.PubAck, error) {
+	res, paf, refused, err := b.publishTracked(ctx, w, id, id)
+	if refused {
+		return nil, err
+	}
+	if err != nil {
+		return nil, err // ctx.Err() or ErrClosed
+	}
+	select {
+	case <-res.Done():
+		if err := res.Err(); err != nil {
+			return nil, err
+		}
+	case <-ctx.Done():
+		return nil, ctx.Err() // the ack may still come: the message may be stored
+	case <-b.closing:
+		return nil, sdk.ErrClosed
+	}
+	// res resolves nil only in the ack callback, which nats.go calls once
+	// the future holds the ack.
+	select {
+	case pa := <-paf.Ok():
+		return pa, nil
+	default:
+		return nil, errors.New("berth/jetstream: publish: acked without a publish ack")
+	}
 }
 
 var _ sdk.AsyncPublisher = (*Broker)(nil)
@@ -295,22 +320,23 @@ func (b *Broker) PublishAsync(ctx context.Context, queue string, msg *sdk.Messag
 	if _, err := b.queue(ctx, queue); err != nil {
 		return nil, err
 	}
-	res, _, err := b.publishTracked(ctx, w, msg.ID, msgID(msg.ID))
+	res, _, _, err := b.publishTracked(ctx, w, msg.ID, msgID(msg.ID))
 	return res, err
 }
 
 // publishTracked takes a slot, publishes w (message id, with Nats-Msg-Id
 // natsID) with nats.go's asynchronous publish and returns the result that
-// asyncDone resolves with its outcome; the slot is freed with it.
-// refused reports that nats.go refused the publish (err is its error,
-// wrapped); the other errors are ctx's and ErrClosed.
-func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id, natsID string) (res *sdk.PublishResult, refused bool, err error) {
+// asyncDone resolves with its outcome; the slot is freed with it. paf is
+// nats.go's future of the publish, which holds the publish ack once res has
+// resolved nil. refused reports that nats.go refused the publish (err is
+// its error, wrapped); the other errors are ctx's and ErrClosed.
+func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id, natsID string) (res *sdk.PublishResult, paf jetstream.PubAckFuture, refused bool, err error) {
 	select {
 	case b.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, false, ctx.Err()
+		return nil, nil, false, ctx.Err()
 	case <-b.closing:
-		return nil, false, sdk.ErrClosed
+		return nil, nil, false, sdk.ErrClosed
 	}
 	// Registered before the publish, so that an ack arriving at once finds
 	// it; under pendMu with the closed check, so that Close (which sets
@@ -320,26 +346,27 @@ func (b *Broker) publishTracked(ctx context.Context, w *nats.Msg, id, natsID str
 	if b.closed.Load() {
 		b.pendMu.Unlock()
 		<-b.slots
-		return nil, false, sdk.ErrClosed
+		return nil, nil, false, sdk.ErrClosed
 	}
 	b.pending[w] = res
 	b.pendMu.Unlock()
-	if _, err := b.js.PublishMsgAsync(w, jetstream.WithMsgID(natsID)); err != nil {
+	paf, err = b.js.PublishMsgAsync(w, jetstream.WithMsgID(natsID))
+	if err != nil {
 		if b.takePending(w) == nil {
 			// Resolved meanwhile, its slot freed: by Close, or by nats.go's
 			// error callback (its pending acks are failed on a reconnection).
 			if b.closed.Load() {
-				return nil, false, sdk.ErrClosed
+				return nil, nil, false, sdk.ErrClosed
 			}
-			return nil, true, b.wrapErr(ctx, "publish", err)
+			return nil, nil, true, b.wrapErr(ctx, "publish", err)
 		}
 		<-b.slots
 		if errors.Is(err, nats.ErrConnectionClosed) && b.closed.Load() {
-			return nil, false, sdk.ErrClosed
+			return nil, nil, false, sdk.ErrClosed
 		}
-		return nil, true, b.wrapErr(ctx, "publish", err)
+		return nil, nil, true, b.wrapErr(ctx, "publish", err)
 	}
-	return res, false, nil
+	return res, paf, false, nil
 }
 
 // takePending removes and returns the result of w (a Publish's message or

@@ -89,7 +89,7 @@ func TestPublishPathsBeyondReconnectBufferUnavailable(t *testing.T) {
 		}
 	}
 	ws, msgs := wire(1)
-	if _, _, err := b.publishTracked(ctx, ws[0], msgs[0].ID, msgID(msgs[0].ID)); !errors.Is(err, sdk.ErrUnavailable) {
+	if _, _, _, err := b.publishTracked(ctx, ws[0], msgs[0].ID, msgID(msgs[0].ID)); !errors.Is(err, sdk.ErrUnavailable) {
 		t.Errorf("PublishAsync past the connection check, beyond the reconnect buffer: %v; want an error wrapping sdk.ErrUnavailable", err)
 	}
 	if n := len(b.slots); n != 0 {
