@@ -156,6 +156,13 @@ func (b sharedEmptyID) GetDeadLetter(ctx context.Context, q, id string) (*sdk.Me
 	return m, err
 }
 
+func (b sharedEmptyID) CountDeadLetters(ctx context.Context, q, id string) (int, error) {
+	if id == "" {
+		return len(b.held(ctx, q)), nil
+	}
+	return b.Broker.CountDeadLetters(ctx, q, id)
+}
+
 func (b sharedEmptyID) RedriveDeadLetters(ctx context.Context, q string, ids ...string) (int, error) {
 	return b.Broker.RedriveDeadLetters(ctx, q, b.inner(ctx, q, ids)...)
 }

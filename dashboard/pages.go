@@ -545,8 +545,12 @@ type confirmPage struct {
 	// dead-letter queue (why); Count is a lower bound.
 	Incomplete string
 	// Shared is how many of the Count letters have the empty ID when the
-	// selection names it (see preview), else 0.
-	Shared int
+	// selection names it (see preview), else 0. SharedIDs is how many of
+	// them share another chosen ID with other letters (a producer that
+	// reused an ID, a message dead-lettered twice): a change of the ID
+	// moves them all (dlq.Summary.Shared).
+	Shared    int
+	SharedIDs int
 	// ShownIDs are the first maxShownIDs of the distinct IDs the selection
 	// names, shown with the filter; NIDs is how many it names.
 	ShownIDs []string
@@ -583,7 +587,11 @@ func distinct(ids []string) []string {
 // letter for it, and the change, confirmed for one, would move them all.
 // So such a selection is counted letter by letter, by a walk of the
 // dead-letter queue (the one sweep dlq.Preview makes on RabbitMQ), and the
-// page says how many share the empty ID.
+// page says how many share the empty ID. (dlq.Preview now counts every
+// letter holding a chosen ID too, and the change is limited by letters:
+// the walk is kept for that count of the empty ID; it counts as
+// dlq.Preview does, the first letter holding an ID deciding whether it
+// is chosen.)
 func (d *Dashboard) preview(ctx context.Context, queue string, f dlq.Filter, keep int) (s dlq.Summary, sample []*sdk.Message, missing []string, shared int, err error) {
 	if !slices.Contains(f.IDs, "") {
 		s, sample, missing, err = dlq.Preview(ctx, d.deadLetters(), queue, f, dlq.Options{}, keep)
@@ -592,15 +600,24 @@ func (d *Dashboard) preview(ctx context.Context, queue string, f dlq.Filter, kee
 	rest := f
 	rest.IDs = nil
 	seen := map[string]bool{}
+	chosen := map[string]bool{}
+	held := map[string]int{}
 	matched := 0
 	s, err = dlq.Walk(ctx, d.deadLetters(), queue, dlq.Filter{IDs: f.IDs}, dlq.Options{}, func(page []*sdk.Message) error {
 		now := time.Now()
 		for _, m := range page {
-			seen[m.ID] = true // a dead letter, chosen or not by the rest of the filter
-			if !rest.Match(m, now) {
+			if !seen[m.ID] {
+				// The first letter holding an ID decides whether it is
+				// chosen, as in dlq.Preview; a change of a chosen ID moves
+				// every letter holding it, so each is counted.
+				seen[m.ID] = true
+				chosen[m.ID] = rest.Match(m, now)
+			}
+			if !chosen[m.ID] {
 				continue
 			}
 			matched++
+			held[m.ID]++
 			if m.ID == "" {
 				shared++
 			}
@@ -614,6 +631,11 @@ func (d *Dashboard) preview(ctx context.Context, queue string, f dlq.Filter, kee
 		return s, nil, nil, 0, err
 	}
 	s.Matched = matched
+	for id, n := range held {
+		if id != "" && n > 1 {
+			s.Shared += n
+		}
+	}
 	if s.Incomplete == "" { // a scan that stopped short cannot tell an ID is gone
 		for _, id := range f.IDs {
 			if !seen[id] {
@@ -645,7 +667,7 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
 	verb := map[string]string{"redrive": "Redrive", "purge": "Delete for good"}[sel.Action]
 	ids := distinct(sel.IDs)
 	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb,
-		Incomplete: s.Incomplete, Shared: shared, ShownIDs: ids[:min(len(ids), maxShownIDs)], NIDs: len(ids)})
+		Incomplete: s.Incomplete, Shared: shared, SharedIDs: s.Shared, ShownIDs: ids[:min(len(ids), maxShownIDs)], NIDs: len(ids)})
 }
 
 func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {
@@ -792,8 +814,13 @@ type messagePage struct {
 	Headers      [][2]string
 	HeadersTotal int
 	HeadersCut   bool
-	Body         string
-	Kind         string // "json", "text" or "hex"
+	// F are the dead letter's fields as shown, escaped and cut.
+	F shownFields
+	// APIURL is the API's copy of the dead letter, "" when its ID is too
+	// long to link (maxLinkedID).
+	APIURL string
+	Body   string
+	Kind   string // "json", "text" or "hex"
 	// Shown is how many bytes of the body Body shows: all of them, or
 	// maxShownBody when the body is longer (Cut is then set).
 	Shown int
@@ -823,12 +850,50 @@ const (
 // shortText is s escaped and cut to at most n runes as the template's
 // "short" shows it (dlq.EscapeTextShort), and whether it was cut.
 func shortText(s string, n int) (string, bool) {
-	if utf8.RuneCountInString(s) <= n { // else cut: escapes only lengthen text
-		if e := dlq.EscapeText(s, false); utf8.RuneCountInString(e) <= n {
-			return e, false
-		}
+	return dlq.EscapeTextCut(s, false, n)
+}
+
+// shownFields are a dead letter's fields as its page shows them: escaped
+// (dlq.EscapeText; the reason on its lines) and cut to maxFieldText runes
+// (the reason to maxShownReason, the class and failure times to
+// maxShortField), as its headers are. A producer outside berth sets the
+// ID, type, keys and correlation ID, and may forge the failure-history
+// headers, at any length: shown whole, each made the page as many
+// megabytes. The API gives them whole.
+type shownFields struct {
+	ID, Type, IdempotencyKey, Key, CorrelationID string
+	Reason, Class, FirstFailure, LastFailure     string
+	// Cut is set when one of them was cut.
+	Cut bool
+}
+
+const (
+	maxFieldText   = 1000
+	maxShownReason = 4000 // a berth reason is at most sdk.MaxReasonLength bytes
+	maxShortField  = 100
+	// maxLinkedID is the longest ID (in bytes) a dead letter's page links
+	// to the API's copy of: the link holds the ID, percent-encoded.
+	maxLinkedID = 4096
+)
+
+// fieldsOf returns m's fields as its page shows them.
+func fieldsOf(m *sdk.Message, h dlq.History) shownFields {
+	var f shownFields
+	cut := func(dst *string, s string, block bool, n int) {
+		var c bool
+		*dst, c = dlq.EscapeTextCut(s, block, n)
+		f.Cut = f.Cut || c
 	}
-	return dlq.EscapeTextShort(s, n), true
+	cut(&f.ID, m.ID, false, maxFieldText)
+	cut(&f.Type, m.Type, false, maxFieldText)
+	cut(&f.IdempotencyKey, m.IdempotencyKey, false, maxFieldText)
+	cut(&f.Key, m.Key, false, maxFieldText)
+	cut(&f.CorrelationID, m.CorrelationID, false, maxFieldText)
+	cut(&f.Reason, h.Reason, true, maxShownReason)
+	cut(&f.Class, h.Class, false, maxShortField)
+	cut(&f.FirstFailure, h.FirstFailure, false, maxShortField)
+	cut(&f.LastFailure, h.LastFailure, false, maxShortField)
+	return f
 }
 
 func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
@@ -844,6 +909,10 @@ func (d *Dashboard) message(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := messagePage{Queue: queue, M: m, History: dlq.HistoryOf(m)}
+	p.F = fieldsOf(m, p.History)
+	if len(m.ID) <= maxLinkedID {
+		p.APIURL = apiDeadLetterURL(queue, m.ID)
+	}
 	keys := sortedKeys(m.Headers)
 	p.HeadersTotal = len(keys)
 	for _, k := range keys[:min(len(keys), maxShownHeaders)] {

@@ -2,7 +2,9 @@ package dashboard
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -112,6 +114,9 @@ func changeBanner(action string, res dlq.Result) string {
 	s := fmt.Sprintf("%s %d dead letter(s)", verb, res.Done)
 	if res.Missed > 0 {
 		s += fmt.Sprintf("; %d of the chosen were not %s (%s)", res.Missed, verb, whyMissed(allGone(res)))
+	}
+	if slices.ContainsFunc(res.Failed, func(f dlq.Failure) bool { return errors.Is(f.Err, dlq.ErrOverLimit) }) {
+		s += "; some chosen IDs are held by more dead letters than were left of the count confirmed (a change of an ID moves every letter holding it), so they were not " + verb + ": confirm again"
 	}
 	if res.Incomplete != "" {
 		s += "; the broker's scan stopped before the end of the dead-letter queue, so more may match: do it again"

@@ -268,10 +268,17 @@ func TestForeignSeqIDSharedWithBerthLetter(t *testing.T) {
 	if m, err := b.GetDeadLetter(ctx, q, id); err != nil || string(m.Body) != "berth" {
 		t.Errorf("GetDeadLetter(%q) = %v, %v; want the latest, the berth letter", id, m, err)
 	}
+	// What a change of the ID is confirmed with: every letter it moves.
+	if n, err := b.CountDeadLetters(ctx, q, id); n != 2 || err != nil {
+		t.Errorf("CountDeadLetters(%q) = %d, %v; want both letters listed under it", id, n, err)
+	}
 	if n, err := b.DeleteDeadLetters(ctx, q, id); n != 2 || err != nil {
 		t.Errorf("DeleteDeadLetters(%q) = %d, %v; want both letters listed under it", id, n, err)
 	}
 	if dls, err := b.ListDeadLetters(ctx, q, 10); err != nil || len(dls) != 0 {
 		t.Errorf("left after the delete: %v, %v", dls, err)
+	}
+	if n, err := b.CountDeadLetters(ctx, q, id); n != 0 || err != nil {
+		t.Errorf("CountDeadLetters(%q) after the delete = %d, %v; want 0", id, n, err)
 	}
 }

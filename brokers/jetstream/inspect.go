@@ -308,6 +308,19 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	return dls[len(dls)-1].msg, nil
 }
 
+// CountDeadLetters returns how many dead letters of queue hold the message
+// ID id: the letters a redrive or delete of id moves (each of them, see
+// lookup), 0 when none does. The CLI and dashboard confirm a change of
+// chosen IDs with that count.
+func (b *Broker) CountDeadLetters(ctx context.Context, queue, id string) (int, error) {
+	q, s, err := b.deadStream(ctx, queue)
+	if err != nil || s == nil {
+		return 0, err
+	}
+	dls, err := b.lookup(ctx, q, s, id)
+	return len(dls), err
+}
+
 // RedriveDeadLetters stores the dead letters with the given ids (all when
 // none is given) again on queue, ready now, with attempts reset and
 // [sdk.HeaderRedriveCount] incremented, and deletes them from the

@@ -164,3 +164,23 @@ func (b *Broker) PurgeDeadLetters(_ context.Context, queue string) (int, error) 
 	q.dead, q.deadSeq = nil, nil
 	return n, nil
 }
+
+// CountDeadLetters returns how many of queue's dead letters have the
+// message ID id: [Broker.RedriveDeadLetters] and
+// [Broker.DeleteDeadLetters] given id move every one of them.
+func (b *Broker) CountDeadLetters(_ context.Context, queue, id string) (int, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil || q == nil {
+		return 0, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.promote(time.Now(), b.maxDeliveries)
+	n := 0
+	for _, m := range q.dead {
+		if m.ID == id {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -231,6 +231,29 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	return m, nil
 }
 
+// CountDeadLetters returns how many of queue's dead letters have the
+// message ID id: [Broker.RedriveDeadLetters] and
+// [Broker.DeleteDeadLetters] given id move every one of them. One indexed
+// statement (jobs_dead_letter_idx).
+func (b *Broker) CountDeadLetters(ctx context.Context, queue, id string) (int, error) {
+	if b.isClosed() {
+		return 0, errClosed("count dead letters")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return 0, err
+	}
+	if _, bad := unstorableID(id); bad {
+		return 0, nil // no row can hold it
+	}
+	var n int
+	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+`
+		WHERE queue = $1 AND status = 'dead_letter' AND message_id = $2`, queue, id).Scan(&n)
+	if err != nil {
+		return 0, b.wrap(ctx, "count dead letters", err)
+	}
+	return n, nil
+}
+
 // RedriveDeadLetters puts dead letters of queue back to 'queued' in place:
 // attempt_count reset to 0, due now, the dead-letter headers (the
 // berth-dlq-truncated marker too) removed and

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -350,7 +351,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		report.Failed = failures(fs) // id_base64 for an ID that is not UTF-8, as the change's
 
 		if c.dryRun {
-			return c.printDryRun(report, first, verb, missing)
+			return c.printDryRun(report, first, verb, missing, s.Shared)
 		}
 		if s.Matched == 0 && s.Incomplete != "" {
 			// As a dry run: "none of the first -scan-limit matched" is
@@ -366,6 +367,11 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			// A count from a capped scan: at most these are changed
 			// (Limit below), more may match.
 			n = fmt.Sprintf("the %d found (the scan stopped before the end of the dead-letter queue: more may match)", s.Matched)
+		}
+		if s.Shared > 0 {
+			// A change of an ID moves every letter holding it: say why
+			// the count is more than the IDs named.
+			n += fmt.Sprintf(" (%d of them share their ID with other dead letters: each ID changes every letter holding it)", s.Shared)
 		}
 		q := fmt.Sprintf("%s %s dead letter(s) of %s?", verb, n, esc(queue))
 		if act == actPurge {
@@ -467,9 +473,10 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		return &partialError{msg: fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
 	case r.Incomplete != "":
 		return &partialError{msg: fmt.Sprintf("%s %d dead letter(s), but the scan stopped before the end of the dead-letter queue; more may match: run it again to continue", done, r.Done)}
-	case r.Matched == 0 && r.Done == 0:
+	case r.Matched == 0 && r.Done == 0 && !slices.ContainsFunc(r.Failed, func(f dlq.Failure) bool { return errors.Is(f.Err, dlq.ErrOverLimit) }):
 		// Named IDs none of which is a dead letter (listed above) are
-		// "nothing matched", as the confirmation and a dry run say.
+		// "nothing matched", as the confirmation and a dry run say (not
+		// IDs held by more letters than the change could touch).
 		return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 	case r.Missed > 0:
 		return &partialError{msg: fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
@@ -511,7 +518,9 @@ func (c *cli) scanProgress(o dlq.Options, what string) (dlq.Options, func()) {
 	}
 }
 
-func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string) error {
+// printDryRun prints the answer of a dry run; shared is how many of the
+// letters counted share their ID with others (dlq.Summary.Shared).
+func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string, shared int) error {
 	if c.json {
 		for _, m := range first {
 			r.Messages = append(r.Messages, dlq.View(m))
@@ -531,6 +540,9 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 			n = "at least " + n
 		}
 		fmt.Fprintf(c.stdout, "dry run: would %s %s dead letter(s) of %s; nothing changed\n", verb, n, esc(r.Queue))
+		if shared > 0 {
+			fmt.Fprintf(c.stdout, "%d of them share their ID with other dead letters: each ID changes every letter holding it\n", shared)
+		}
 		if r.Incomplete != "" {
 			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))
 		}

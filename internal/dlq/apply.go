@@ -160,8 +160,8 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 			for _, id := range ids {
 				n, err := do(ctx, []string{id})
 				switch {
-				case err == nil && n == 1:
-					r.Done++
+				case err == nil && n > 0: // every letter holding id
+					r.Done += n
 				case err == nil || errors.Is(err, sdk.ErrNotFound):
 					if err == nil {
 						err = sdk.ErrNotFound
@@ -271,11 +271,17 @@ func (r *Result) cut(ids []string, n int, err error) {
 
 // applyIDs is Apply for a filter that names its dead letters: each is
 // looked up (a missing one is a Failure), checked against the rest of the
-// filter, and the chosen ones are moved PageSize at a time.
+// filter, and the chosen ones are moved PageSize at a time. Matched and
+// Limit count letters, not IDs: a chosen ID counts every dead letter
+// holding it (the broker moves them all; see [IDCounter] and eachID), and
+// one whose letters do not all fit in what is left of Limit is not changed
+// but named, a Failure wrapping [ErrOverLimit], its letters counted in
+// Missed.
 func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, do func(context.Context, []string) (int, error), progress func(int)) (Result, error) {
 	o = o.withDefaults()
 	var r Result
-	r.Complete = true
+	matched, shared, more := 0, 0, false
+	incomplete := "" // why a broker call's own scan stopped
 	miss := func(id string, err error) {
 		r.Missed++
 		if len(r.Failed) < MaxFailures {
@@ -293,7 +299,7 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 			r.Done += n
 		case ScanIncomplete(err):
 			r.Done += n
-			r.Complete, r.Incomplete = false, err.Error()
+			incomplete = err.Error()
 			r.missPage(batch, n, err)
 		case errors.Is(err, sdk.ErrNotFound) && n > 0: // as in Apply's walk
 			r.Done += n
@@ -302,13 +308,13 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 			for _, id := range batch {
 				n, err := do(ctx, []string{id})
 				switch {
-				case err == nil && n == 1:
-					r.Done++
+				case err == nil && n > 0: // every letter holding id
+					r.Done += n
 				case err == nil || errors.Is(err, sdk.ErrNotFound):
 					miss(id, sdk.ErrNotFound)
 				case ScanIncomplete(err): // as for a batch: partial, not fatal
 					r.Done += n
-					r.Complete, r.Incomplete = false, err.Error()
+					incomplete = err.Error()
 					r.missPage([]string{id}, n, err)
 				default:
 					r.cut([]string{id}, n, err)
@@ -325,50 +331,55 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 		}
 		return nil
 	}
-	rest := f
-	rest.IDs = nil
-	seen := map[string]bool{}
-	for _, id := range f.IDs {
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		if err := ctx.Err(); err != nil {
-			return r, err
-		}
-		m, err := dl.GetDeadLetter(ctx, queue, id)
-		r.Scanned++
+	s, err := eachID(ctx, dl, queue, f, o, 0, func(c idCount) error {
 		switch {
-		case errors.Is(err, sdk.ErrNotFound):
-			miss(id, err)
-			continue
-		case ScanIncomplete(err):
-			r.Complete, r.Incomplete = false, err.Error()
-			miss(id, err)
-			continue
-		case err != nil:
-			return r, err
-		}
-		if !rest.Match(m, o.Now()) {
-			continue
-		}
-		if o.Limit > 0 && r.Matched == o.Limit {
+		case errors.Is(c.err, sdk.ErrNotFound):
+			miss(c.id, c.err)
+			return nil
+		case c.err != nil: // a ScanIncomplete (eachID set Incomplete)
+			miss(c.id, c.err)
+			return nil
+		case !c.chosen:
+			return nil
+		case o.Limit > 0 && matched == o.Limit:
 			// Past Limit it only looks, as sweepApply does: to say that
 			// more would match, and to name the IDs that are not dead
 			// letters (a change confirmed for the count found stops at
 			// it, and must still say which named IDs it did not find).
-			r.Complete = false
-			continue
-		}
-		r.Matched++
-		batch = append(batch, id)
-		if len(batch) == o.PageSize {
-			if err := flush(); err != nil {
-				return r, err
+			more = true
+			return nil
+		case o.Limit > 0 && matched+c.n > o.Limit:
+			// A change of the ID moves every letter holding it: more
+			// than are left of the count confirmed. None is moved.
+			more = true
+			r.Missed += c.n
+			if len(r.Failed) < MaxFailures {
+				r.Failed = append(r.Failed, Failure{ID: c.id, Err: fmt.Errorf("%w: %d dead letters hold it, and a change of an ID moves them all, "+
+					"but only %d of the %d confirmed were left; it was not changed (confirm the change again for its new count)", ErrOverLimit, c.n, o.Limit-matched, o.Limit)})
 			}
+			return nil
 		}
+		matched += c.n
+		if c.n > 1 {
+			shared += c.n
+		}
+		batch = append(batch, c.id)
+		if len(batch) == o.PageSize {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
 	}
-	return r, flush()
+	// eachID's Summary counts the lookups; the letters chosen are counted
+	// here, as is a broker call's scan that stopped.
+	r.Summary, r.Matched, r.Shared = s, matched, shared
+	if r.Incomplete == "" {
+		r.Incomplete = incomplete
+	}
+	r.Complete = s.Complete && !more && r.Incomplete == ""
+	return r, err
 }
 
 // sweepApply is Apply on a broker that sweeps ([Sweeper]): one pass round

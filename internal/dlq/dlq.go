@@ -71,6 +71,23 @@ type Deleter interface {
 	DeleteDeadLetters(ctx context.Context, queue string, ids ...string) (int, error)
 }
 
+// IDCounter counts the dead letters of queue holding the message ID id
+// (0 when none does). Brokers move every dead letter holding an ID they are
+// given (a producer may reuse an ID, a message may be dead-lettered twice,
+// foreign messages may all have the empty one), so a change of chosen IDs
+// ([Preview], [Apply]) counts, and is limited by, the letters they hold: on
+// a broker without IDCounter that count takes a walk of the dead-letter
+// queue. The memory, PostgreSQL and JetStream brokers have it.
+type IDCounter interface {
+	CountDeadLetters(ctx context.Context, queue, id string) (int, error)
+}
+
+// ErrOverLimit is wrapped by the [Failure] of a chosen ID that [Apply] did
+// not change because the dead letters holding it, all of which a change of
+// it moves, are more than what was left of [Options.Limit] (the count an
+// operator confirmed): a change never touches more letters than its Limit.
+var ErrOverLimit = errors.New("more dead letters hold this ID than the change may touch")
+
 // QueueLister lists a broker's queues.
 type QueueLister interface {
 	Queues(ctx context.Context) ([]string, error)
@@ -202,6 +219,10 @@ type Summary struct {
 	// before the end of the dead-letter queue when Limit did not stop it:
 	// more dead letters than Matched may match. "" otherwise.
 	Incomplete string
+	// Shared is how many of the Matched letters, chosen by ID, share it
+	// with other dead letters: a change of an ID moves every letter holding
+	// it, so each is counted (see [IDCounter]).
+	Shared int
 }
 
 // ScanIncomplete reports whether err is a broker's report that its own
@@ -388,7 +409,14 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 
 // Preview counts the dead letters f chooses without changing anything and
 // returns the first keep of them. With IDs in f, each is looked up and the
-// IDs that are not dead letters of queue are returned as missing.
+// IDs that are not dead letters of queue are returned as missing; a chosen
+// ID counts every dead letter holding it, which a change of it moves (see
+// [IDCounter]; Summary.Shared says how many share one), and with
+// [Options.Limit] an ID whose letters do not all fit in what is left of it
+// is not counted, as [Apply] does not change it. (On a broker without
+// IDCounter the letters are counted by a walk of the dead-letter queue:
+// when it stops before the end, Incomplete says so and a count may be
+// short.)
 func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int) (s Summary, first []*sdk.Message, missing []string, err error) {
 	o = o.withDefaults()
 	_, paged := dl.(Pager)
@@ -432,40 +460,144 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		})
 		return s, first, nil, err
 	}
+	matched, shared, more := 0, 0, false
+	s, err = eachID(ctx, dl, queue, f, o, keep, func(c idCount) error {
+		switch {
+		case errors.Is(c.err, sdk.ErrNotFound):
+			missing = append(missing, c.id)
+		case c.err != nil: // a ScanIncomplete: neither found nor known to be missing
+		case !c.chosen:
+		case o.Limit > 0 && matched+c.n > o.Limit:
+			more = true // past Limit it only looks, as Apply does: for the missing IDs
+		default:
+			matched += c.n
+			if c.n > 1 {
+				shared += c.n
+			}
+			if c.m != nil && len(first) < keep {
+				first = append(first, c.m)
+			}
+		}
+		return nil
+	})
+	s.Matched, s.Shared, s.Complete = matched, shared, s.Complete && !more
+	return s, first, missing, err
+}
+
+// idCount is what [eachID] found of one chosen ID.
+type idCount struct {
+	id string
+	// chosen: the rest of the filter matches the letter that decides
+	// (the one GetDeadLetter returns, or the first a walk meets).
+	chosen bool
+	// n is how many dead letters hold id: a change of it moves them all.
+	n int
+	// m is a letter holding id, or nil (a walk keeps only the first keep
+	// chosen).
+	m *sdk.Message
+	// err: the lookup failed with an error wrapping [sdk.ErrNotFound], or
+	// one of a broker's scan that stopped ([ScanIncomplete]).
+	err error
+}
+
+// eachID calls fn, in order, with what it finds of each distinct ID of
+// f.IDs, for [Preview] and [Apply]: whether the rest of f chooses it and how
+// many dead letters hold it. A broker with [IDCounter] is asked for each ID
+// (GetDeadLetter, then CountDeadLetters); on another one dead-letter walk
+// counts the letters of every ID at once, and an ID it did not meet is
+// looked up (GetDeadLetter: an SQS letter is named by its MessageId too, one
+// letter each). It returns the Summary of the lookups (Scanned, and
+// Complete and Incomplete; the caller counts Matched) and stops at the
+// first error of the broker (not a lookup's ErrNotFound or ScanIncomplete,
+// given to fn) or of fn.
+func eachID(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int, fn func(idCount) error) (Summary, error) {
 	rest := f
 	rest.IDs = nil
-	s.Complete = true
+	s := Summary{Complete: true}
+	lookup := func(id string) (idCount, error) {
+		c := idCount{id: id, n: 1}
+		c.m, c.err = dl.GetDeadLetter(ctx, queue, id)
+		s.Scanned++
+		o.scanned(s.Scanned)
+		switch {
+		case errors.Is(c.err, sdk.ErrNotFound):
+			return c, nil
+		case ScanIncomplete(c.err):
+			s.Complete, s.Incomplete = false, c.err.Error()
+			return c, nil
+		case c.err != nil:
+			return c, c.err
+		}
+		c.chosen = rest.Match(c.m, o.Now())
+		return c, nil
+	}
+	var walked map[string]*idCount
+	counter, counts := dl.(IDCounter)
+	if !counts {
+		// One walk counts the letters of every ID.
+		walked = make(map[string]*idCount, len(f.IDs))
+		for _, id := range f.IDs {
+			walked[id] = &idCount{id: id}
+		}
+		kept := 0
+		all := o
+		all.Limit = 0
+		ws, err := Walk(ctx, dl, queue, Filter{IDs: f.IDs}, all, func(page []*sdk.Message) error {
+			now := o.Now()
+			for _, m := range page {
+				c := walked[m.ID]
+				if c.n == 0 { // the first (oldest) letter holding it decides, as GetDeadLetter's does
+					c.chosen = rest.Match(m, now)
+					if c.chosen && kept < keep {
+						c.m, kept = m, kept+1
+					}
+				}
+				c.n++
+			}
+			return nil
+		})
+		s.Scanned = ws.Scanned
+		if err != nil {
+			return s, err
+		}
+		if ws.Incomplete != "" {
+			// The walk did not see every letter: an ID's count is a
+			// lower bound.
+			s.Complete, s.Incomplete = false, ws.Incomplete
+		}
+	}
 	seen := map[string]bool{}
 	for _, id := range f.IDs {
 		if seen[id] {
 			continue
 		}
 		seen[id] = true
-		m, err := dl.GetDeadLetter(ctx, queue, id)
-		s.Scanned++
-		o.scanned(s.Scanned)
-		switch {
-		case errors.Is(err, sdk.ErrNotFound):
-			missing = append(missing, id)
-			continue
-		case ScanIncomplete(err): // neither found nor known to be missing
-			s.Complete, s.Incomplete = false, err.Error()
-			continue
-		case err != nil:
-			return s, first, missing, err
+		if err := ctx.Err(); err != nil {
+			return s, err
 		}
+		var c idCount
 		switch {
-		case !rest.Match(m, o.Now()):
-		case o.Limit > 0 && s.Matched == o.Limit:
-			s.Complete = false // past Limit it only looks, as Apply does: for the missing IDs
+		case walked != nil && walked[id].n > 0:
+			c = *walked[id]
 		default:
-			s.Matched++
-			if len(first) < keep {
-				first = append(first, m)
+			var err error
+			if c, err = lookup(id); err != nil {
+				return s, err
 			}
+			if c.err != nil || !counts {
+				break // not found, or a letter the walk did not meet: at least the one found
+			}
+			n, err := counter.CountDeadLetters(ctx, queue, id)
+			if err != nil {
+				return s, err
+			}
+			c.n = max(n, 1) // at least the one found: one gone since is the change's to report
+		}
+		if err := fn(c); err != nil {
+			return s, err
 		}
 	}
-	return s, first, missing, nil
+	return s, nil
 }
 
 // unseen returns the IDs of ids (each once, in order) that seen lacks.

@@ -51,3 +51,21 @@ func TestEscapeTextShortCutsBetweenEscapes(t *testing.T) {
 		}
 	}
 }
+
+// EscapeTextCut cuts as EscapeTextShort does, and says when it cut; with
+// block, newlines and tabs are kept, and the cut is still between escapes.
+func TestEscapeTextCut(t *testing.T) {
+	for _, s := range append(cutCases, "two\nlines\tand a tab") {
+		for n := 1; n <= utf8.RuneCountInString(EscapeText(s, false))+1; n++ {
+			got, cut := EscapeTextCut(s, false, n)
+			if want := EscapeTextShort(s, n); got != want || cut != (got != EscapeText(s, false)) {
+				t.Errorf("EscapeTextCut(%q, %d) = %q, %v; want %q", s, n, got, cut, want)
+			}
+			block, cut := EscapeTextCut(s, true, n)
+			kept, _ := strings.CutSuffix(block, "…")
+			if utf8.RuneCountInString(block) > n || cut != strings.HasSuffix(block, "…") || !strings.HasPrefix(EscapeText(s, true), kept) {
+				t.Errorf("EscapeTextCut(%q, block, %d) = %q, %v", s, n, block, cut)
+			}
+		}
+	}
+}

@@ -102,6 +102,46 @@ func EscapeTextShort(s string, n int) string {
 	return b.String() + "…"
 }
 
+// EscapeTextCut is EscapeText(s, block) when that is at most n runes, and
+// else it cut to at most n runes as [EscapeTextShort] cuts it (between
+// whole escapes, the last rune "…"); cut reports which. Unlike them it
+// reads no more of s than it shows, whatever the length of s (a header
+// forged at megabytes).
+func EscapeTextCut(s string, block bool, n int) (text string, cut bool) {
+	var b, piece strings.Builder
+	room := n
+	i := 0
+	for i < len(s) {
+		piece.Reset()
+		k := writeEscaped(&piece, s, i, block, false)
+		w := utf8.RuneCountInString(piece.String())
+		if w > room {
+			break
+		}
+		b.WriteString(piece.String())
+		room -= w
+		i += k
+	}
+	if i == len(s) {
+		return b.String(), false
+	}
+	// Cut: again, leaving room for the "…".
+	b.Reset()
+	room = max(n-1, 0)
+	for i = 0; i < len(s); {
+		piece.Reset()
+		k := writeEscaped(&piece, s, i, block, false)
+		w := utf8.RuneCountInString(piece.String())
+		if w > room {
+			break
+		}
+		b.WriteString(piece.String())
+		room -= w
+		i += k
+	}
+	return b.String() + "…", true
+}
+
 func unsafeRune(r rune) bool {
 	if unicode.IsControl(r) { // C0, DEL, C1 (CSI is U+009B)
 		return true

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/berthq/berth/brokers/memory"
+	"github.com/berthq/berth/sdk"
+)
+
+// dupLettered is a memory broker whose queue billing holds two dead
+// letters with the ID dup (a producer that reused a message ID) and one
+// with the ID own.
+func dupLettered(t *testing.T) *memory.Broker {
+	t.Helper()
+	ctx := context.Background()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	for _, id := range []string{"dup", "dup", "own"} {
+		if err := b.Publish(ctx, "billing", &sdk.Message{ID: id, Type: "billing.charge"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds, err := b.Receive(ctx, "billing", 3)
+	if err != nil || len(ds) != 3 {
+		t.Fatalf("receive: %d %v", len(ds), err)
+	}
+	for _, d := range ds {
+		if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// berth dlq purge billing -- dup deletes the two letters holding dup: the
+// dry run and the question count 2 and say why, and a change limited to
+// fewer letters than the ID holds (-limit 1) deletes none, says why and
+// exits 4. Before, both counted 1, and -limit 1 deleted 2.
+func TestSharedIDCountsEveryLetterInTheCLI(t *testing.T) {
+	b := dupLettered(t)
+	ctx := context.Background()
+	r := berth(t, b, "dlq", "purge", "billing", "-dry-run", "--", "dup")
+	if r.code != exitOK || !strings.Contains(r.out, "would purge 2 dead letter(s) of billing") || !strings.Contains(r.out, "2 of them share their ID") {
+		t.Errorf("dry run (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	r = berthEnv(t, ctx, b, env{interactive: true, stdin: strings.NewReader("n\n")}, "dlq", "purge", "billing", "--", "dup")
+	if !strings.Contains(r.err, "delete 2 (2 of them share their ID with other dead letters") {
+		t.Errorf("question (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	r = berth(t, b, "dlq", "purge", "billing", "-limit", "1", "-yes", "--", "dup")
+	if st := stats(t, b); st.DeadLettered != 3 {
+		t.Fatalf("-limit 1 left %d of 3 dead letters (exit %d):\n%s%s", st.DeadLettered, r.code, r.out, r.err)
+	}
+	if r.code != exitPartial || !strings.Contains(r.out, "not purged: dup: more dead letters hold this ID than the change may touch: 2 dead letters hold it") {
+		t.Errorf("-limit 1 (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	r = berthEnv(t, ctx, b, env{interactive: true, stdin: strings.NewReader("y\n")}, "dlq", "purge", "billing", "--", "dup")
+	if r.code != exitOK || !strings.Contains(r.out, "purged 2 dead letter(s)") {
+		t.Errorf("purge (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	if st := stats(t, b); st.DeadLettered != 1 {
+		t.Errorf("%d dead letters left, want 1", st.DeadLettered)
+	}
+}
