@@ -152,4 +152,11 @@
 // (its first receive, ApproximateFirstReceiveTimestamp, or its
 // SentTimestamp when later), the same at every listing, so that an age
 // filter (`berth dlq -older-than`) matches it.
+// [Broker.RedriveDeadLettersProgress] and [Broker.PurgeDeadLettersProgress]
+// are the redrive and purge of all that report their running count after
+// each page (berth dlq redrive and purge draw it), and
+// [Broker.StreamDeadLetters] is a listing that hands its letters over a
+// receive at a time instead of holding them all (berth dlq list and a dry
+// run keep only what they show); its scan still holds every letter it read
+// invisible until it ends.
 package sqs

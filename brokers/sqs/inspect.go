@@ -589,26 +589,48 @@ func (b *Broker) remove(ctx context.Context, dlq *queueRef, ls []*letter) ([]*le
 // scans of the same queue see fewer messages. It implements
 // [sdk.DeadLetters].
 func (b *Broker) ListDeadLetters(ctx context.Context, queue string, limit int) ([]*sdk.Message, error) {
+	var out []*sdk.Message
+	err := b.StreamDeadLetters(ctx, queue, limit, func(page []*sdk.Message) error {
+		out = append(out, page...)
+		return nil
+	})
+	return out, err
+}
+
+// StreamDeadLetters is [Broker.ListDeadLetters] that hands the dead letters
+// to fn as it receives them, a page (at most 10) at a time, instead of
+// returning them all: what it keeps of the letters' text is one page, not
+// up to limit letters. As ListDeadLetters, it holds every letter it has read
+// invisible until it ends (so that its receives see further, and no letter
+// is read twice), then makes them visible again: fn must not keep the page,
+// and must not look the letters up or change them through a broker (they
+// are held); it is called on the caller's goroutine, and an error it returns
+// ends the scan and is returned.
+func (b *Broker) StreamDeadLetters(ctx context.Context, queue string, limit int, fn func(page []*sdk.Message) error) error {
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	var out []*sdk.Message
-	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
-		for len(out) < limit {
+	read := 0
+	return b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
+		for read < limit {
 			ls, err := s.next(ctx)
 			if err != nil || len(ls) == 0 {
 				return err
 			}
+			page := make([]*sdk.Message, 0, len(ls))
 			for _, l := range ls {
-				if len(out) < limit {
-					out = append(out, l.msg)
+				if read < limit {
+					page = append(page, l.msg)
+					read++
 				}
-				l.msg = nil
+				l.msg = nil // held, not needed: only its receipt stays
+			}
+			if err := fn(page); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
-	return out, err
 }
 
 // GetDeadLetter returns the dead letter with berth ID (or SQS MessageId) id,
@@ -688,6 +710,22 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 // stops the call between pages: a page whose copies went out is finished
 // (its letters deleted from the dead-letter queue) and counted first.
 func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...string) (int, error) {
+	return b.redriveDeadLetters(ctx, queue, nil, ids...)
+}
+
+// RedriveDeadLettersProgress is [Broker.RedriveDeadLetters] of every dead
+// letter (no IDs) that calls progress, when not nil, with the running count
+// of letters redriven after each page that redrove some: a redrive of a
+// large dead-letter queue moves at most 10 letters a receive, and takes
+// minutes. It moves exactly what RedriveDeadLetters does, and returns the
+// same count and error; progress is called on the caller's goroutine.
+func (b *Broker) RedriveDeadLettersProgress(ctx context.Context, queue string, progress func(done int)) (int, error) {
+	return b.redriveDeadLetters(ctx, queue, progress)
+}
+
+// redriveDeadLetters is RedriveDeadLetters, calling progress (when not nil)
+// as RedriveDeadLettersProgress says.
+func (b *Broker) redriveDeadLetters(ctx context.Context, queue string, progress func(done int), ids ...string) (int, error) {
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
@@ -743,6 +781,9 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 			redriven += n
 			if err != nil {
 				errs = append(errs, err)
+			}
+			if progress != nil && n > 0 {
+				progress(redriven)
 			}
 		}
 		return nil
@@ -892,6 +933,16 @@ func finishCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // holds invisible until it gives up waiting for them stay, reported by a
 // [*ScanError].
 func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
+	return b.PurgeDeadLettersProgress(ctx, queue, nil)
+}
+
+// PurgeDeadLettersProgress is [Broker.PurgeDeadLetters] that calls progress,
+// when not nil, with the running count of letters deleted after each page
+// that deleted some: a purge of a large dead-letter queue deletes at most 10
+// letters a receive, and takes minutes. It deletes exactly what
+// PurgeDeadLetters does, and returns the same count and error; progress is
+// called on the caller's goroutine.
+func (b *Broker) PurgeDeadLettersProgress(ctx context.Context, queue string, progress func(done int)) (int, error) {
 	total := 0
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
 		s.whole = true
@@ -913,6 +964,9 @@ func (b *Broker) PurgeDeadLetters(ctx context.Context, queue string) (int, error
 			cancel()
 			s.forget(gone)
 			total += len(gone)
+			if progress != nil && len(gone) > 0 {
+				progress(total)
+			}
 			if err != nil {
 				return err
 			}

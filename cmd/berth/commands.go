@@ -403,7 +403,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			progressbar.OptionShowIts(),
 			progressbar.OptionSetItsString("msg"),
 			progressbar.OptionSetPredictTime(true),
-			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionThrottle(barThrottle),
 			progressbar.OptionFullWidth(),
 			progressbar.OptionOnCompletion(func() { fmt.Fprintln(c.stderr) }),
 			// No spinner goroutine (an unknown count, total -1): it would
@@ -484,6 +484,10 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 	return nil
 }
 
+// barThrottle is how often at most a progress bar redraws (tests lower it
+// to see every count a change reports).
+var barThrottle = 100 * time.Millisecond
+
 // scanProgress returns o with a progress line on a terminal (-progress)
 // that counts the dead letters a scan reads, and the func that ends it: the
 // count before a confirmation or a dry run's answer walks the whole
@@ -498,7 +502,7 @@ func (c *cli) scanProgress(o dlq.Options, what string) (dlq.Options, func()) {
 		progressbar.OptionShowCount(),
 		progressbar.OptionShowIts(),
 		progressbar.OptionSetItsString("msg"),
-		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionThrottle(barThrottle),
 		progressbar.OptionFullWidth(),
 		// No spinner goroutine: with an unknown length the bar would start
 		// one that redraws until the bar is finished, which a scan that

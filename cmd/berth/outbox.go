@@ -330,7 +330,7 @@ func runOutboxChange(ctx context.Context, c *cli, args []string, discard bool) e
 			progressbar.OptionSetWriter(c.stderr),
 			progressbar.OptionSetDescription(verb+" parked rows"),
 			progressbar.OptionShowCount(),
-			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionThrottle(barThrottle),
 			progressbar.OptionFullWidth(),
 			// No spinner goroutine (all with -yes: the count is unknown,
 			// -1): see runChange.

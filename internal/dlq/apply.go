@@ -66,6 +66,11 @@ const MaxFailures = 100
 // refused in Missed: PostgreSQL and memory do all of a page or none of it,
 // SQS, JetStream and RabbitMQ move letter by letter and say how many.)
 //
+// Where Apply calls the broker's own redrive or purge of every dead letter
+// (no filter and no Limit, on a broker that cannot page them), progress is
+// called after each page when the broker is a [Progresser] (SQS), and only
+// at the end otherwise.
+//
 // A redrive walks the dead letters there are when it begins: on a [Bounded]
 // broker it stops where the dead-letter queue ended then, so a letter
 // dead-lettered (or dead-lettered again by a consumer) while it runs is
@@ -101,12 +106,20 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	}
 	if purgeAll {
 		if _, deletes := dl.(Deleter); !paged || !deletes { // the broker's own purge of all beats a capped scan or a sweep
+			if pr, ok := dl.(Progresser); ok {
+				n, err := pr.PurgeDeadLettersProgress(ctx, queue, progress)
+				return r.all(n, err, progress)
+			}
 			n, err := dl.PurgeDeadLetters(ctx, queue)
 			return r.all(n, err, progress)
 		}
 	}
 	if act == Redrive && f.IsZero() && o.Limit <= 0 {
 		if _, ok := dl.(Pager); !ok { // the broker's own redrive of all beats a capped scan
+			if pr, ok := dl.(Progresser); ok {
+				n, err := pr.RedriveDeadLettersProgress(ctx, queue, progress)
+				return r.all(n, err, progress)
+			}
 			n, err := dl.RedriveDeadLetters(ctx, queue)
 			return r.all(n, err, progress)
 		}
@@ -445,11 +458,12 @@ func sweepApply(ctx context.Context, sw Sweeper, queue string, f Filter, act Act
 	return r, err
 }
 
-// without returns err less pe, the failures it reports (see sweepApply):
-// nil when err is pe, the other errors when err joins pe to them (as
-// rabbitmq.WalkError does), and err itself otherwise.
-func without(err error, pe *sdk.PublishError) error {
-	if err == error(pe) {
+// without returns err less pe, the failures it reports (see sweepApply),
+// or less another error value it may join (errStreamLimit): nil when err is
+// pe, the other errors when err joins pe to them (as rabbitmq.WalkError
+// does), and err itself otherwise.
+func without(err error, pe error) error {
+	if err == pe {
 		return nil
 	}
 	j, ok := err.(interface{ Unwrap() []error })
@@ -458,13 +472,15 @@ func without(err error, pe *sdk.PublishError) error {
 	}
 	var rest []error
 	for _, e := range j.Unwrap() {
-		if e != error(pe) {
+		if e != pe {
 			rest = append(rest, e)
 		}
 	}
 	switch {
 	case len(rest) == len(j.Unwrap()):
 		return err
+	case len(rest) == 0:
+		return nil
 	case len(rest) == 1:
 		return rest[0]
 	}

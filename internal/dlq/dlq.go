@@ -65,6 +65,34 @@ type Sweeper interface {
 	SweepDeadLetters(ctx context.Context, queue string, pageSize int, redrive bool, fn func(done int, page []*sdk.Message) []bool) (int, error)
 }
 
+// Progresser is a broker whose own redrive and purge of every dead letter
+// go page by page and say, after each page that moved letters, how many
+// they have moved so far (the SQS broker, whose dead-letter queue can be
+// neither paged nor swept, and is moved at most 10 letters a receive).
+// [Apply] uses it where it would call RedriveDeadLetters with no IDs or
+// PurgeDeadLetters, so that a long redrive or purge of all shows progress.
+// Each method moves exactly what the [sdk.DeadLetters] method does and
+// returns the same count and error; progress, when not nil, is called on
+// the caller's goroutine with the running count.
+type Progresser interface {
+	RedriveDeadLettersProgress(ctx context.Context, queue string, progress func(done int)) (int, error)
+	PurgeDeadLettersProgress(ctx context.Context, queue string, progress func(done int)) (int, error)
+}
+
+// Streamer reads a queue's dead letters in one scan as ListDeadLetters does
+// (at most limit of them), but hands them to fn a page at a time as it
+// reads them instead of returning them all, so that a walk that keeps only
+// some (a listed page, a preview's first ones) holds no more in memory (the
+// SQS broker, whose scan reads up to [Options.ScanLimit] whole letters).
+// The letters it read stay held by the scan until it ends, so fn must not
+// look them up or change them through the broker: [List] and [Preview] use
+// it, [Apply] (whose pages are redriven or deleted as the walk goes) and
+// [Walk] (whose fn may) do not. An error of fn ends the scan and is
+// returned.
+type Streamer interface {
+	StreamDeadLetters(ctx context.Context, queue string, limit int, fn func(page []*sdk.Message) error) error
+}
+
 // Deleter deletes chosen dead letters. An unknown id gives an error
 // wrapping [sdk.ErrNotFound] and then nothing is deleted.
 type Deleter interface {
@@ -274,7 +302,15 @@ type walkMode struct {
 	// has already redriven): read (Scanned), but neither matched nor given
 	// to fn. Only the Pager and ListDeadLetters walks use it.
 	skip func(*sdk.Message) bool
+	// stream reads a broker with neither Pager nor Sweeper through
+	// [Streamer], when it is one: fn is handed each page as the broker's
+	// scan reads it, while the scan holds the letters it read, so fn must
+	// not call the broker on them.
+	stream bool
 }
+
+// errStreamLimit ends a [Streamer]'s scan once Limit matches were found.
+var errStreamLimit = errors.New("dlq: limit reached")
 
 // walk is [Walk] in mode w.
 func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, w walkMode, fn func([]*sdk.Message) error) (Summary, error) {
@@ -340,6 +376,38 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		}
 		s.Complete = err == nil && !more && s.Incomplete == ""
 		return s, err
+	}
+	if st, streams := dl.(Streamer); !ok && streams && w.stream {
+		limited := false
+		err := st.StreamDeadLetters(ctx, queue, o.ScanLimit, func(page []*sdk.Message) error {
+			s.Scanned += len(page)
+			o.scanned(s.Scanned)
+			stop, err := emit(page)
+			if err != nil {
+				return err
+			}
+			if stop {
+				limited = true
+				return errStreamLimit
+			}
+			return ctx.Err()
+		})
+		if limited {
+			err = without(err, errStreamLimit)
+		}
+		switch {
+		case err != nil && !ScanIncomplete(err):
+			return s, err
+		case limited:
+			s.Complete, s.Incomplete = false, "" // Limit stopped it
+			return s, nil
+		case err != nil:
+			s.Incomplete = err.Error()
+		case s.Scanned >= o.ScanLimit:
+			s.Incomplete = fmt.Sprintf("the broker cannot page its dead letters: only the first %d were read", o.ScanLimit)
+		}
+		s.Complete = s.Incomplete == ""
+		return s, nil
 	}
 	if !ok {
 		page, err := dl.ListDeadLetters(ctx, queue, o.ScanLimit)
@@ -450,7 +518,8 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		return s, first, missing, err
 	}
 	if len(f.IDs) == 0 {
-		s, err = Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
+		// Streamed: it keeps only the first keep letters, not every one read.
+		s, err = walk(ctx, dl, queue, f, o, walkMode{stream: true}, func(page []*sdk.Message) error {
 			for _, m := range page {
 				if len(first) < keep {
 					first = append(first, m)

@@ -54,7 +54,9 @@ func List(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, offse
 		o.ScanLimit = min(o.withDefaults().ScanLimit, end)
 	}
 	i := 0
-	s, err := Walk(ctx, dl, queue, f, o, func(page []*sdk.Message) error {
+	// Streamed ([Streamer]): it keeps only the page it shows, not every
+	// dead letter the scan reads.
+	s, err := walk(ctx, dl, queue, f, o, walkMode{stream: true}, func(page []*sdk.Message) error {
 		for _, m := range page {
 			if i >= offset && i < end {
 				l.Messages = append(l.Messages, m)
