@@ -135,7 +135,7 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	// The letters skipped are not matched again: Matched and Limit count
 	// each letter once.
 	var redriven map[string]bool
-	mode := walkMode{toMark: act == Redrive}
+	mode := walkMode{toMark: act == Redrive, light: true} // do reads only IDs
 	if _, bounded := dl.(Bounded); act == Redrive && !bounded {
 		redriven = map[string]bool{}
 		mode.skip = func(m *sdk.Message) bool { return redriven[m.ID] }

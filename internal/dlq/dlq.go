@@ -86,9 +86,10 @@ type Progresser interface {
 // SQS broker, whose scan reads up to [Options.ScanLimit] whole letters).
 // The letters it read stay held by the scan until it ends, so fn must not
 // look them up or change them through the broker: [List] and [Preview] use
-// it, [Apply] (whose pages are redriven or deleted as the walk goes) and
-// [Walk] (whose fn may) do not. An error of fn ends the scan and is
-// returned.
+// it; [Apply], whose pages are redriven or deleted by ID, uses it to keep
+// the letters without their bodies until the scan ends, then changes them;
+// [Walk] (whose fn may call the broker) does not. An error of fn ends the
+// scan and is returned.
 type Streamer interface {
 	StreamDeadLetters(ctx context.Context, queue string, limit int, fn func(page []*sdk.Message) error) error
 }
@@ -307,6 +308,12 @@ type walkMode struct {
 	// scan reads it, while the scan holds the letters it read, so fn must
 	// not call the broker on them.
 	stream bool
+	// light: fn reads no letter's body (Apply reads only IDs). A broker
+	// with neither Pager nor Sweeper that is a [Streamer] is then read
+	// through it and its letters kept without their bodies until the scan
+	// ends, in place of the whole letters ListDeadLetters returns: an
+	// SQS dead-letter queue of ScanLimit letters of 256 KiB was gigabytes.
+	light bool
 }
 
 // errStreamLimit ends a [Streamer]'s scan once Limit matches were found.
@@ -410,7 +417,21 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		return s, nil
 	}
 	if !ok {
-		page, err := dl.ListDeadLetters(ctx, queue, o.ScanLimit)
+		var page []*sdk.Message
+		var err error
+		if st, streams := dl.(Streamer); streams && w.light {
+			err = st.StreamDeadLetters(ctx, queue, o.ScanLimit, func(read []*sdk.Message) error {
+				for _, m := range read {
+					c := *m
+					c.Body = nil // the filter reads headers, fn only IDs
+					page = append(page, &c)
+				}
+				o.scanned(len(page))
+				return ctx.Err()
+			})
+		} else {
+			page, err = dl.ListDeadLetters(ctx, queue, o.ScanLimit)
+		}
 		switch {
 		case ScanIncomplete(err):
 			s.Incomplete = err.Error()
