@@ -149,3 +149,84 @@ func TestDeadLetterLeaseLostCopyNotTakenBack(t *testing.T) {
 		t.Errorf("dead-letter stream holds %d messages; want the copy that could not be deleted", n)
 	}
 }
+
+// TestDeadLetterStoredAgainStaysDeduplicated: after a DeadLetter took its
+// copy back (its lease ran out), the next holder's copy, dropped as a
+// duplicate of the one gone, is stored again under another ID. When that
+// holder's ack of the original is then lost (its connection stalls past
+// the lease: the copy stays, as the package doc says), the holder after it
+// must find that copy, as the dead letter already stored, and store no
+// second one: two dead letters of one job, and a redrive of both would run
+// it twice. Before, the copy stored again had an ID of its delivery (its
+// NumDelivered), which every later delivery changed: each stored one more.
+func TestDeadLetterStoredAgainStaysDeduplicated(t *testing.T) {
+	const ackWait = 2 * time.Second
+	opts := jetstream.Options{AckWait: ackWait, WaitTime: 300 * time.Millisecond, MaxDeliveries: testMaxDeliveries, Logger: quiet}
+	ctx, p, direct, b, q, first := proxiedDelivery(t, opts, "dlagain")
+	id := first.Message().ID
+
+	// The first holder's lease runs out once its copy is stored: it takes
+	// the copy back.
+	restore := jetstream.SetDeadLetterHook(func() { time.Sleep(ackWait) })
+	err := first.DeadLetter(ctx, errors.New("one"))
+	restore()
+	if !errors.Is(err, sdk.ErrLeaseLost) {
+		t.Fatalf("first DeadLetter = %v, want ErrLeaseLost", err)
+	}
+	if n := dlqMsgs(ctx, t, direct, q); n != 0 {
+		t.Fatalf("dead-letter stream holds %d messages after the copy was taken back, want 0", n)
+	}
+
+	// The second holder's copy is stored again; then its connection
+	// stalls, and its ack goes unanswered past its lease.
+	var second sdk.Delivery
+	for second == nil {
+		ds, err := b.Receive(ctx, q, 1)
+		if err != nil {
+			t.Fatalf("second Receive: %v", err)
+		}
+		if len(ds) > 0 {
+			second = ds[0]
+		}
+	}
+	stored := make(chan struct{})
+	restore = jetstream.SetDeadLetterHook(func() {
+		p.Freeze()
+		close(stored)
+	})
+	defer restore()
+	answered := make(chan error, 1)
+	go func() { answered <- second.DeadLetter(ctx, errors.New("two")) }()
+	select {
+	case <-stored:
+	case err := <-answered:
+		t.Fatalf("second DeadLetter returned %v before storing its copy", err)
+	}
+	var third sdk.Delivery
+	for third == nil && ctx.Err() == nil {
+		ds, err := direct.Receive(ctx, q, 1)
+		if err != nil {
+			p.Thaw()
+			t.Fatalf("third Receive: %v", err)
+		}
+		if len(ds) > 0 {
+			third = ds[0]
+		}
+	}
+	p.Thaw()
+	t.Logf("second DeadLetter: %v", <-answered)
+	restore()
+	if third == nil || third.Message().ID != id {
+		t.Fatalf("redelivered %v, want %q", third, id)
+	}
+	if n := dlqMsgs(ctx, t, direct, q); n != 1 {
+		t.Fatalf("dead-letter stream holds %d messages after the second holder's copy, want 1", n)
+	}
+
+	if err := third.DeadLetter(ctx, errors.New("three")); err != nil {
+		t.Fatalf("third DeadLetter: %v", err)
+	}
+	if n := dlqMsgs(ctx, t, direct, q); n != 1 {
+		t.Errorf("dead-letter stream holds %d messages after the third holder's DeadLetter; want 1 (the job dead-lettered once)", n)
+	}
+}

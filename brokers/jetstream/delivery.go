@@ -335,8 +335,10 @@ var renewHook func()
 // A copy JetStream drops as a duplicate (of an earlier DeadLetter of the
 // message, within the stream's Duplicates window) whose earlier copy is no
 // longer in the dead-letter stream (taken back as above, or deleted,
-// purged or redriven since) is stored again under an ID of this delivery,
-// so that the original is never acknowledged without a dead letter.
+// purged or redriven since) is stored again under the next of a series of
+// IDs of the original's (see storeAgain), so that the original is never
+// acknowledged without a dead letter, and a later delivery of the message
+// whose DeadLetter's copy this is finds it a duplicate too.
 func (d *delivery) DeadLetter(ctx context.Context, cause error) error {
 	return d.deadLetter(ctx, cause, d.attempt)
 }
@@ -374,18 +376,7 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 		pa, err = d.b.publishAcked(ctx, w, id)
 	}
 	if err == nil && pa.Duplicate {
-		// Dropped as a duplicate of the copy an earlier DeadLetter of the
-		// message stored (whose ack of the original was lost): that copy
-		// is its dead letter, unless it is gone (taken back, as below, by
-		// a DeadLetter whose lease ran out, or deleted, purged or
-		// redriven since), and the ack below would then leave none.
-		var gone bool
-		if gone, err = d.b.letterGone(ctx, d.q.dlq, pa.Sequence); err == nil && gone {
-			id = internalID(idDeadLetter, d.q.stream, d.seq, uint64(d.stored.UnixNano()), d.delivered)
-			if w, err = d.b.fitDeadLetter(m, d.extra, subject, id); err == nil {
-				pa, err = d.b.publishAcked(ctx, w, id)
-			}
-		}
+		pa, err = d.storeAgain(ctx, m, subject, pa)
 	}
 	if err != nil {
 		return d.end(err)
@@ -400,6 +391,44 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 		return d.end(d.takeBack(ctx, err, pa.Sequence))
 	}
 	return d.end(err)
+}
+
+// maxStoreAgain bounds how many times storeAgain stores a dead letter again
+// under a new ID (see storeAgain).
+const maxStoreAgain = 16
+
+// storeAgain is called when DeadLetter's copy of m (on subject) was dropped
+// as a duplicate (pa), of the copy an earlier DeadLetter of the message
+// stored (whose ack of the original was lost): that copy is its dead
+// letter, unless it is gone (taken back by a DeadLetter whose lease ran
+// out, see takeBack, or deleted, purged or redriven since), and the ack of the
+// original would then leave none. A copy gone is stored again under the
+// next ID of a series of the original's (its stream, sequence and store
+// time, and 1, 2, …), not one of this delivery: a later delivery of the
+// message (this one's ack lost in turn) must find that copy a duplicate
+// too, and store no second dead letter, which a redrive would run twice.
+// It returns the publish ack of the copy that stands for the dead letter,
+// or an error after maxStoreAgain copies gone (the original comes back,
+// and its DeadLetter stores it as new once the Duplicates window passed).
+func (d *delivery) storeAgain(ctx context.Context, m *sdk.Message, subject string, pa *jetstream.PubAck) (*jetstream.PubAck, error) {
+	for k := uint64(1); ; k++ {
+		gone, err := d.b.letterGone(ctx, d.q.dlq, pa.Sequence)
+		if err != nil || !gone {
+			return pa, err
+		}
+		if k > maxStoreAgain {
+			return nil, fmt.Errorf("berth/jetstream: dead letter of message %s of queue %s: %d copies stored again are gone within the dead-letter stream's Duplicates window: %w",
+				d.msg.ID, d.q.name, maxStoreAgain, sdk.ErrUnavailable)
+		}
+		id := internalID(idDeadLetter, d.q.stream, d.seq, uint64(d.stored.UnixNano()), k)
+		w, err := d.b.fitDeadLetter(m, d.extra, subject, id)
+		if err != nil {
+			return nil, err
+		}
+		if pa, err = d.b.publishAcked(ctx, w, id); err != nil || !pa.Duplicate {
+			return pa, err
+		}
+	}
 }
 
 // deadLetterHook, set by the tests, runs in DeadLetter once the copy is
