@@ -28,7 +28,9 @@ func (r *settledRecorder) Settled(_ context.Context, _ sdk.Delivery, s sdk.Settl
 // consumer claimed the job and ran it again, and the first ack, written
 // afterwards, was refused (ErrLeaseLost).
 func TestWorkerKeepsLeaseWhileAsyncAckInFlight(t *testing.T) {
-	const lease = time.Second
+	// Two seconds: the heartbeat (every Lease/3) must extend within each
+	// lease on a loaded machine too; a lease of one second left it 667 ms.
+	const lease = 2 * time.Second
 	pool := newPool(t, "berth-asyncacklease-"+suffix(), 6)
 	b := newBroker(t, pool, postgres.Options{Lease: lease, PollInterval: 50 * time.Millisecond})
 	ctx := testCtx(t)
@@ -60,9 +62,9 @@ func TestWorkerKeepsLeaseWhileAsyncAckInFlight(t *testing.T) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	// Another consumer tries to claim the job for three leases while the
+	// Another consumer tries to claim the job for two leases while the
 	// ack waits.
-	rctx, cancel := context.WithTimeout(ctx, 3*lease)
+	rctx, cancel := context.WithTimeout(ctx, 2*lease)
 	ds, err := b.Receive(rctx, q, 1)
 	cancel()
 	if len(ds) > 0 {
