@@ -239,3 +239,77 @@ func TestRunbookCoversDoctor(t *testing.T) {
 		t.Fatalf("found only %d doctor finding IDs in ../../doctor", ids)
 	}
 }
+
+// readmeFile is the README, whose "berth doctor" section lists the findings.
+const readmeFile = "../../README.md"
+
+// emittedFindingIDs returns every finding ID berth doctor can print: the
+// ID literals of package doctor and of the CLI's own findings
+// (cmd/berth: ledger.tables-missing), the check-timeout finding's constant,
+// and sdk's Conflict* IDs, which doctor reports through sdk.CheckConfig.
+func emittedFindingIDs(t *testing.T) map[string]string {
+	t.Helper()
+	ids := map[string]string{}
+	constID := regexp.MustCompile(`(?m)^\s*(?:const\s+)?(?:checkTimeoutID|Conflict[A-Za-z]+)\s*=\s*"([a-z]+\.[a-z0-9-]+)"`)
+	for _, glob := range []string{"../../doctor/*.go", "../../cmd/berth/*.go", "../../sdk/config_check.go"} {
+		files, err := filepath.Glob(glob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, re := range []*regexp.Regexp{findingID, constID} {
+				for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+					ids[m[1]] = filepath.Base(f)
+				}
+			}
+		}
+	}
+	if len(ids) < 40 {
+		t.Fatalf("found only %d doctor finding IDs", len(ids))
+	}
+	return ids
+}
+
+// TestReadmeListsEveryDoctorFinding checks the table of README.md's
+// "berth doctor" section against the findings berth doctor prints: every
+// ID it can print has a row (berth doctor -h and RUNBOOK.md send operators
+// there for what an ID means), and every row names an ID it prints.
+func TestReadmeListsEveryDoctorFinding(t *testing.T) {
+	b, err := os.ReadFile(readmeFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n### berth doctor\n")
+	if !ok {
+		t.Fatal(`README.md has no "### berth doctor" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	listed := map[string]bool{}
+	for _, line := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		first, _, _ := strings.Cut(strings.TrimPrefix(line, "|"), "|")
+		for _, id := range codeSpans(first) {
+			listed[id] = true
+		}
+	}
+	emitted := emittedFindingIDs(t)
+	for id, file := range emitted {
+		if !listed[id] {
+			t.Errorf("doctor finding %s (%s) has no row in README.md's berth doctor table", id, file)
+		}
+	}
+	for id := range listed {
+		if _, ok := emitted[id]; !ok {
+			t.Errorf("README.md's berth doctor table lists %s, which berth doctor never prints", id)
+		}
+	}
+}
