@@ -160,7 +160,7 @@ func commands() []*command {
 		{name: "stats", args: "[QUEUE...]", short: "ready, delayed, in flight, dead-lettered, oldest age of queues (all when none is named)",
 			flags: []string{"watch", "interval"}, run: runStats, timeout: readTimeout},
 		{name: "dlq list", args: "QUEUE", short: "the dead letters of QUEUE matching the filters, a page at a time",
-			long: "The last line counts every matching dead letter, not just the page shown. When the broker's scan\n" +
+			long: "The line under the table counts every matching dead letter, not just the page shown. When the broker's scan\n" +
 				"stopped before the end of the dead-letter queue (SQS: -scan-limit), the list is partial: it exits 4.",
 			flags: append(append([]string{}, filters...), "limit", "offset", "scan-limit"), run: runList, timeout: readTimeout},
 		{name: "dlq show", args: "QUEUE ID", short: "one dead letter: headers, body, failure history", run: runShow, timeout: readTimeout},
