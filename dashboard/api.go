@@ -329,7 +329,9 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 			d.apiFail(w, r, err)
 			return
 		}
-		out.Matched, out.Complete, out.Incomplete, out.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)
+		// Missed counts the letters the change would leave, their IDs held
+		// by dead letters the filter does not choose too, as it would.
+		out.Matched, out.Complete, out.Incomplete, out.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)+s.Withheld
 		for _, id := range missing {
 			out.Failed = append(out.Failed, failure(id, "not found"))
 		}

@@ -551,6 +551,14 @@ type confirmPage struct {
 	// moves them all (dlq.Summary.Shared).
 	Shared    int
 	SharedIDs int
+	// Withheld is how many more letters the filter (without IDs) matches
+	// that the change leaves, not in Count: dead letters it does not choose
+	// hold their IDs too, and a change of an ID moves every letter holding
+	// it (dlq.Summary.Withheld). Limit is the change's dlq.Options.Limit,
+	// every letter matched (Count and Withheld): the change walks the same
+	// letters and leaves the same ones.
+	Withheld int
+	Limit    int
 	// ShownIDs are the first maxShownIDs of the distinct IDs the selection
 	// names, shown with the filter; NIDs is how many it names.
 	ShownIDs []string
@@ -666,8 +674,9 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
 	sel.Limit = s.Matched
 	verb := map[string]string{"redrive": "Redrive", "purge": "Delete for good"}[sel.Action]
 	ids := distinct(sel.IDs)
-	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched, Missing: missing, Sample: sample, Verb: verb,
-		Incomplete: s.Incomplete, Shared: shared, SharedIDs: s.Shared, ShownIDs: ids[:min(len(ids), maxShownIDs)], NIDs: len(ids)})
+	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched - s.Withheld, Missing: missing, Sample: sample, Verb: verb,
+		Incomplete: s.Incomplete, Shared: shared, SharedIDs: s.Shared, Withheld: s.Withheld, Limit: s.Matched,
+		ShownIDs: ids[:min(len(ids), maxShownIDs)], NIDs: len(ids)})
 }
 
 func (d *Dashboard) change(w http.ResponseWriter, r *http.Request) {

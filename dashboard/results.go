@@ -118,6 +118,9 @@ func changeBanner(action string, res dlq.Result) string {
 	if slices.ContainsFunc(res.Failed, func(f dlq.Failure) bool { return errors.Is(f.Err, dlq.ErrOverLimit) }) {
 		s += "; some chosen IDs are held by more dead letters than were left of the count confirmed (a change of an ID moves every letter holding it), so they were not " + verb + ": confirm again"
 	}
+	if slices.ContainsFunc(res.Failed, func(f dlq.Failure) bool { return errors.Is(f.Err, dlq.ErrSharedID) }) {
+		s += "; some matched dead letters share their ID with dead letters the filter did not choose (a change of an ID moves every letter holding it), so they were not " + verb + ": change those IDs by ID"
+	}
 	if res.Incomplete != "" {
 		s += "; the broker's scan stopped before the end of the dead-letter queue, so more may match: do it again"
 	}

@@ -184,3 +184,28 @@ func (b *Broker) CountDeadLetters(_ context.Context, queue, id string) (int, err
 	}
 	return n, nil
 }
+
+// CountDeadLettersByID returns, for each of ids that dead letters of queue
+// hold, how many do (an ID none holds is left out): what
+// [Broker.CountDeadLetters] returns for each, in one pass under the queue's
+// lock.
+func (b *Broker) CountDeadLettersByID(_ context.Context, queue string, ids []string) (map[string]int, error) {
+	q, err := b.deadQueue(queue)
+	if err != nil || q == nil {
+		return map[string]int{}, err
+	}
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	n := make(map[string]int, len(ids))
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.promote(time.Now(), b.maxDeliveries)
+	for _, m := range q.dead {
+		if want[m.ID] {
+			n[m.ID]++
+		}
+	}
+	return n, nil
+}

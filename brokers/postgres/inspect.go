@@ -254,6 +254,45 @@ func (b *Broker) CountDeadLetters(ctx context.Context, queue, id string) (int, e
 	return n, nil
 }
 
+// CountDeadLettersByID returns, for each of ids that dead letters of queue
+// hold, how many do (an ID none holds is left out): what
+// [Broker.CountDeadLetters] returns for each, in one statement on
+// jobs_dead_letter_idx (the IDs joined, as RedriveDeadLetters joins them).
+func (b *Broker) CountDeadLettersByID(ctx context.Context, queue string, ids []string) (map[string]int, error) {
+	if b.isClosed() {
+		return nil, errClosed("count dead letters")
+	}
+	if err := sdk.ValidateQueueName(queue); err != nil {
+		return nil, err
+	}
+	n := make(map[string]int, len(ids))
+	seen := make(map[string]bool, len(ids))
+	chosen := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if _, bad := unstorableID(id); !bad && !seen[id] { // no row can hold an unstorable one
+			seen[id] = true
+			chosen = append(chosen, id)
+		}
+	}
+	if len(chosen) == 0 {
+		return n, nil
+	}
+	rows, err := b.pool.Query(ctx, `SELECT j.message_id, count(*) FROM unnest($2::text[]) AS chosen(id)
+		JOIN `+b.table+` j ON j.queue = $1 AND j.status = 'dead_letter' AND j.message_id = chosen.id
+		GROUP BY j.message_id`, queue, chosen)
+	if err != nil {
+		return nil, b.wrap(ctx, "count dead letters", err)
+	}
+	var (
+		id string
+		k  int
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &k}, func() error { n[id] = k; return nil }); err != nil {
+		return nil, b.wrap(ctx, "count dead letters", err)
+	}
+	return n, nil
+}
+
 // RedriveDeadLetters puts dead letters of queue back to 'queued' in place:
 // attempt_count reset to 0, due now, the dead-letter headers (the
 // berth-dlq-truncated marker too) removed and

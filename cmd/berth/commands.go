@@ -343,7 +343,10 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		if err != nil {
 			return err
 		}
-		report.Matched, report.Complete, report.Incomplete, report.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)
+		// The letters the change would leave, their IDs held by dead
+		// letters the filter does not choose too, are missed as it misses
+		// them (exit 4).
+		report.Matched, report.Complete, report.Incomplete, report.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)+s.Withheld
 		fs := make([]dlq.Failure, 0, len(missing))
 		for _, id := range missing {
 			fs = append(fs, dlq.Failure{ID: id, Err: sdk.ErrNotFound})
@@ -351,7 +354,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		report.Failed = failures(fs) // id_base64 for an ID that is not UTF-8, as the change's
 
 		if c.dryRun {
-			return c.printDryRun(report, first, verb, missing, s.Shared)
+			return c.printDryRun(report, first, verb, missing, s.Shared, s.Withheld)
 		}
 		if s.Matched == 0 && s.Incomplete != "" {
 			// As a dry run: "none of the first -scan-limit matched" is
@@ -362,11 +365,18 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		if s.Matched == 0 {
 			return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
 		}
-		n := fmt.Sprint(s.Matched)
+		if s.Matched == s.Withheld {
+			return &partialError{msg: fmt.Sprintf("%d dead letter(s) of %s match, but %s; nothing changed", s.Matched, queue, withheldWhy)}
+		}
+		n := fmt.Sprint(s.Matched - s.Withheld)
 		if s.Incomplete != "" {
 			// A count from a capped scan: at most these are changed
 			// (Limit below), more may match.
-			n = fmt.Sprintf("the %d found (the scan stopped before the end of the dead-letter queue: more may match)", s.Matched)
+			n = fmt.Sprintf("the %d found (the scan stopped before the end of the dead-letter queue: more may match)", s.Matched-s.Withheld)
+		}
+		if s.Withheld > 0 {
+			// The change, limited to s.Matched below, leaves them.
+			n += fmt.Sprintf(" (%d more match, but are left: %s)", s.Withheld, withheldWhy)
 		}
 		if s.Shared > 0 {
 			// A change of an ID moves every letter holding it: say why
@@ -522,9 +532,14 @@ func (c *cli) scanProgress(o dlq.Options, what string) (dlq.Options, func()) {
 	}
 }
 
+// withheldWhy says why a change chosen by a filter leaves the letters
+// dlq.Summary.Withheld counts.
+const withheldWhy = "dead letters the filter does not choose (or past -limit) hold their IDs too, and a change of an ID moves every letter holding it; change those IDs by ID to move all their letters"
+
 // printDryRun prints the answer of a dry run; shared is how many of the
-// letters counted share their ID with others (dlq.Summary.Shared).
-func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string, shared int) error {
+// letters counted share their ID with others (dlq.Summary.Shared), withheld
+// how many the change would leave (dlq.Summary.Withheld).
+func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string, shared, withheld int) error {
 	if c.json {
 		for _, m := range first {
 			r.Messages = append(r.Messages, dlq.View(m))
@@ -535,17 +550,20 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 	} else {
 		if len(first) > 0 {
 			printTable(c.stdout, first)
-			if r.Matched > len(first) {
-				fmt.Fprintf(c.stdout, "… and %d more\n", r.Matched-len(first))
+			if r.Matched-withheld > len(first) {
+				fmt.Fprintf(c.stdout, "… and %d more\n", r.Matched-withheld-len(first))
 			}
 		}
-		n := fmt.Sprint(r.Matched)
+		n := fmt.Sprint(r.Matched - withheld)
 		if !r.Complete {
 			n = "at least " + n
 		}
 		fmt.Fprintf(c.stdout, "dry run: would %s %s dead letter(s) of %s; nothing changed\n", verb, n, esc(r.Queue))
 		if shared > 0 {
 			fmt.Fprintf(c.stdout, "%d of them share their ID with other dead letters: each ID changes every letter holding it\n", shared)
+		}
+		if withheld > 0 {
+			fmt.Fprintf(c.stdout, "%d more match, but would be left: %s\n", withheld, withheldWhy)
 		}
 		if r.Incomplete != "" {
 			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))
@@ -568,6 +586,10 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 		// The change would exit 4 for them: a dry run answers as it would,
 		// so that a script can check before it changes anything.
 		return &partialError{msg: fmt.Sprintf("the dry run found %d of the named IDs not among the dead letters of %s (listed above): the change would not %s them", len(missing), r.Queue, verb)}
+	}
+	if withheld > 0 {
+		// As for missing IDs: the change would exit 4.
+		return &partialError{msg: fmt.Sprintf("the dry run found %d matching dead letter(s) of %s that the change would not %s (above)", withheld, r.Queue, verb)}
 	}
 	return nil
 }

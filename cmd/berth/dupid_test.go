@@ -68,3 +68,52 @@ func TestSharedIDCountsEveryLetterInTheCLI(t *testing.T) {
 		t.Errorf("%d dead letters left, want 1", st.DeadLettered)
 	}
 }
+
+// berth dlq redrive billing -type billing.charge, where the ID dup is held
+// by a letter of that type and one of another: a redrive of dup moves both,
+// so the change leaves it, names it and exits 4, and the dry run and the
+// question say so. Before, the question counted 2 (and the dry run exited
+// 0), and the change confirmed for 2 redrove all 3 letters.
+func TestFilterLeavesSharedIDInTheCLI(t *testing.T) {
+	ctx := context.Background()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	for _, m := range []*sdk.Message{{ID: "dup", Type: "billing.charge"}, {ID: "dup", Type: "billing.refund"}, {ID: "own", Type: "billing.charge"}} {
+		if err := b.Publish(ctx, "billing", m); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := b.Receive(ctx, "billing", 1)
+		if err != nil || len(ds) != 1 {
+			t.Fatalf("receive: %d %v", len(ds), err)
+		}
+		if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := berth(t, b, "dlq", "redrive", "billing", "-type", "billing.charge", "-dry-run")
+	if r.code != exitPartial || !strings.Contains(r.out, "would redrive 1 dead letter(s) of billing") || !strings.Contains(r.out, "1 more match, but would be left") {
+		t.Errorf("dry run (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	r = berthEnv(t, ctx, b, env{interactive: true, stdin: strings.NewReader("y\n")}, "dlq", "redrive", "billing", "-type", "billing.charge")
+	if !strings.Contains(r.err, "redrive 1 (1 more match, but are left: dead letters the filter does not choose") {
+		t.Errorf("question (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	if st := stats(t, b); st.DeadLettered != 2 {
+		t.Fatalf("the redrive left %d of 3 dead letters, want the 2 holding dup (exit %d):\n%s%s", st.DeadLettered, r.code, r.out, r.err)
+	}
+	if r.code != exitPartial || !strings.Contains(r.out, "redriven 1 dead letter(s)") ||
+		!strings.Contains(r.out, "not redriven: dup: dead letters the change did not choose hold this ID too: 2 dead letters hold this ID and only 1 of them") {
+		t.Errorf("redrive (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	// Nothing left to redrive by the filter alone: said, nothing changed.
+	r = berthEnv(t, ctx, b, env{interactive: true, stdin: strings.NewReader("y\n")}, "dlq", "redrive", "billing", "-type", "billing.charge")
+	if r.code != exitPartial || !strings.Contains(r.err, "1 dead letter(s) of billing match, but dead letters the filter does not choose") {
+		t.Errorf("second redrive (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	if st := stats(t, b); st.DeadLettered != 2 {
+		t.Errorf("%d dead letters left, want 2", st.DeadLettered)
+	}
+}

@@ -77,6 +77,15 @@ const MaxFailures = 100
 // left for the next one, and its memory stays bounded. On a [Pager] that is
 // not Bounded it keeps the ID of each letter it redrove (memory grows with
 // the count), so as not to redrive one a consumer dead-letters again.
+//
+// Brokers move dead letters by ID, every letter holding an ID they are
+// given. So when f has no IDs (a filter, or Limit, chooses), a chosen letter
+// whose ID dead letters f did not choose (or past Limit) hold too is not
+// moved, on a broker that counts the letters of an ID ([IDCounter]; one
+// [IDsCounter] call a page): a Failure wrapping [ErrSharedID], counted in
+// Missed and in Summary.Withheld, as [Preview] counts it. Letters sharing an
+// ID that are all chosen are moved, those of different pages once the last
+// is met.
 func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
 	var r Result
 	do := func(ctx context.Context, ids []string) (int, error) {
@@ -140,10 +149,23 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 		redriven = map[string]bool{}
 		mode.skip = func(m *sdk.Message) bool { return redriven[m.ID] }
 	}
+	// A letter whose ID letters the change did not choose hold too is
+	// held back (see idGuard): the broker would move those with it.
+	guard := newIDGuard(dl, queue, f, o)
 	r.Summary, err = walk(ctx, dl, queue, f, o, mode, func(page []*sdk.Message) error {
 		ids := make([]string, 0, len(page))
-		for _, m := range page {
-			ids = append(ids, m.ID)
+		if guard != nil {
+			var err error
+			if ids, err = guard.page(ctx, page); err != nil {
+				return err
+			}
+			if len(ids) == 0 {
+				return nil
+			}
+		} else {
+			for _, m := range page {
+				ids = append(ids, m.ID)
+			}
 		}
 		if redriven != nil {
 			for _, id := range ids {
@@ -170,7 +192,19 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 			r.Done += n
 			r.missPage(ids, n, err)
 		case errors.Is(err, sdk.ErrNotFound):
+			// ID by ID, each once: letters of the page sharing an ID
+			// (len(ids) counts each) are all moved by one call, and
+			// are all missed when none is found.
+			letters := make(map[string]int, len(ids))
 			for _, id := range ids {
+				letters[id]++
+			}
+			for _, id := range ids {
+				k := letters[id]
+				if k == 0 {
+					continue // tried already
+				}
+				letters[id] = 0
 				n, err := do(ctx, []string{id})
 				switch {
 				case err == nil && n > 0: // every letter holding id
@@ -179,7 +213,7 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 					if err == nil {
 						err = sdk.ErrNotFound
 					}
-					r.Missed++
+					r.Missed += k
 					if len(r.Failed) < MaxFailures {
 						r.Failed = append(r.Failed, Failure{ID: id, Err: err})
 					}
@@ -205,6 +239,15 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	})
 	if stopped != "" && r.Incomplete == "" {
 		r.Complete, r.Incomplete = false, stopped
+	}
+	if guard != nil && err == nil { // (one that stopped it may have been chosen further on)
+		for _, h := range guard.held() {
+			r.Withheld += h.chosen
+			r.Missed += h.chosen
+			if len(r.Failed) < MaxFailures {
+				r.Failed = append(r.Failed, Failure{ID: h.id, Err: h.err()})
+			}
+		}
 	}
 	return r, err
 }

@@ -111,6 +111,25 @@ type IDCounter interface {
 	CountDeadLetters(ctx context.Context, queue, id string) (int, error)
 }
 
+// IDsCounter is an [IDCounter] that counts the dead letters of many IDs in
+// one call: for each distinct ID of ids, how many dead letters of queue
+// hold it (an ID none holds may be left out of the map). A change chosen by
+// a filter without IDs ([Apply], and the count [Preview] confirms it with)
+// counts the IDs of each page of letters it would move with one call, to
+// hold back an ID that letters it did not choose hold too (see
+// [ErrSharedID]); on an IDCounter without it each ID is counted alone. The
+// memory and PostgreSQL brokers have it.
+type IDsCounter interface {
+	CountDeadLettersByID(ctx context.Context, queue string, ids []string) (map[string]int, error)
+}
+
+// ErrSharedID is wrapped by the [Failure] of the letters a change chosen by
+// a filter without IDs matched but did not move: brokers move dead letters
+// by ID, every letter holding an ID they are given, and other dead letters,
+// which the filter did not choose (or that lay past [Options.Limit]), hold
+// their ID too. A change of the ID by name moves them all.
+var ErrSharedID = errors.New("dead letters the change did not choose hold this ID too")
+
 // ErrOverLimit is wrapped by the [Failure] of a chosen ID that [Apply] did
 // not change because the dead letters holding it, all of which a change of
 // it moves, are more than what was left of [Options.Limit] (the count an
@@ -252,6 +271,12 @@ type Summary struct {
 	// with other dead letters: a change of an ID moves every letter holding
 	// it, so each is counted (see [IDCounter]).
 	Shared int
+	// Withheld is how many of the Matched letters, chosen by a filter
+	// without IDs, a change leaves: dead letters it did not choose hold
+	// their ID too, and the broker would move those with them (see
+	// [ErrSharedID]). [Apply] counts them in Missed. Only a broker with
+	// [IDCounter] can tell; elsewhere it is 0.
+	Withheld int
 }
 
 // ScanIncomplete reports whether err is a broker's report that its own
@@ -506,6 +531,11 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 // IDCounter the letters are counted by a walk of the dead-letter queue:
 // when it stops before the end, Incomplete says so and a count may be
 // short.)
+//
+// Without IDs in f, Matched counts every letter f chooses (up to Limit: a
+// change confirmed for it is given Matched as its Limit) and Withheld those
+// of them [Apply] would not move, their ID held by dead letters f does not
+// choose too (see [ErrSharedID]); first leaves them out.
 func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int) (s Summary, first []*sdk.Message, missing []string, err error) {
 	o = o.withDefaults()
 	_, paged := dl.(Pager)
@@ -540,7 +570,16 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 	}
 	if len(f.IDs) == 0 {
 		// Streamed: it keeps only the first keep letters, not every one read.
+		// The letters Apply would hold back, their ID held by letters not
+		// chosen too, are counted as it counts them (Withheld) and left
+		// out of first.
+		guard := newIDGuard(dl, queue, f, o)
 		s, err = walk(ctx, dl, queue, f, o, walkMode{stream: true}, func(page []*sdk.Message) error {
+			if guard != nil {
+				if _, err := guard.page(ctx, page); err != nil {
+					return err
+				}
+			}
 			for _, m := range page {
 				if len(first) < keep {
 					first = append(first, m)
@@ -548,6 +587,14 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 			}
 			return nil
 		})
+		if guard != nil && err == nil {
+			held := map[string]bool{}
+			for _, h := range guard.held() {
+				s.Withheld += h.chosen
+				held[h.id] = true
+			}
+			first = slices.DeleteFunc(first, func(m *sdk.Message) bool { return held[m.ID] })
+		}
 		return s, first, nil, err
 	}
 	matched, shared, more := 0, 0, false

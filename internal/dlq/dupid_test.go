@@ -118,3 +118,23 @@ func TestBrokersCountLettersByID(t *testing.T) {
 		}
 	})
 }
+
+// The memory and PostgreSQL brokers count the letters of a page's IDs in
+// one call (dlq.IDsCounter), as CountDeadLetters counts each.
+func TestBrokersCountLettersByIDs(t *testing.T) {
+	brokers(t, func(t *testing.T, b broker) {
+		ctx := context.Background()
+		deadLetterTwice(t, b, "billing", "dup")
+		c, ok := any(b).(dlq.IDsCounter)
+		if !ok {
+			t.Fatalf("%T is not a dlq.IDsCounter", b)
+		}
+		got, err := c.CountDeadLettersByID(ctx, "billing", []string{"dup", "own", "gone", "dup", "bad\x00"})
+		if err != nil || len(got) != 2 || got["dup"] != 2 || got["own"] != 1 {
+			t.Errorf("CountDeadLettersByID = %v, %v; want dup 2, own 1", got, err)
+		}
+		if got, err := c.CountDeadLettersByID(ctx, "nosuch", []string{"dup"}); err != nil || len(got) != 0 {
+			t.Errorf("CountDeadLettersByID of another queue = %v, %v; want none", got, err)
+		}
+	})
+}
