@@ -14,8 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/doctor"
 	"github.com/berthq/berth/ledger/pgledger"
+	"github.com/berthq/berth/sdk"
 )
 
 // openDB opens and pings the PostgreSQL of dsn (-db).
@@ -153,7 +155,7 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		default:
 			defer pool.Close()
 			opts.Results, opts.ResultsTable = pool, c.resultsTable
-			dbFinding = ledgerMissingFinding(schema, c.schema != "")
+			dbFinding = ledgerMissingFinding(schema, c.schema != "", isPostgres(b))
 		}
 	}
 	if c.redis != "" {
@@ -225,19 +227,37 @@ func (c *cli) printFindings(fs []doctor.Finding, errs, warns int) {
 }
 
 // ledgerMissingFinding is the finding of -db without the ledger's tables in
-// schema: the ledger checks did not run, which must not look clean. Like
-// idempotency.results-missing it is info, as -db may name the application's
-// database for the idempotency checks alone; a -schema given explicitly asked
-// for the ledger checks, so there it is a warning.
-func ledgerMissingFinding(schema string, explicit bool) *doctor.Finding {
+// schema: the ledger checks did not run, which must not look clean — or,
+// on the PostgreSQL broker (onPostgres), ran on the broker's jobs table
+// instead, which the finding says. Like idempotency.results-missing it is
+// info, as -db may name the application's database for the idempotency
+// checks alone; a -schema given explicitly asked for the ledger checks, so
+// there it is a warning.
+func ledgerMissingFinding(schema string, explicit, onPostgres bool) *doctor.Finding {
 	table := schema + "." + pgledger.DefaultPrefix + "jobs"
+	outcome := "the ledger checks were not run"
+	if onPostgres {
+		outcome = "the ledger checks read the PostgreSQL broker's jobs table instead"
+	}
 	f := &doctor.Finding{ID: "ledger.tables-missing", Severity: doctor.Info, Queue: table,
-		Summary:  "no ledger tables here: the ledger checks were not run",
+		Summary:  "no ledger tables here: " + outcome,
 		Evidence: fmt.Sprintf("no table %s in the database of -db (schema %s)", table, schema),
 		Fix:      "point -db at the ledger's database and -schema at its schema (pgledger.Options.Schema, default " + pgledger.DefaultSchema + ")"}
 	if explicit {
 		f.Severity = doctor.Warn
-		f.Summary = "no ledger tables in -schema " + schema + ": the ledger checks were not run"
+		f.Summary = "no ledger tables in -schema " + schema + ": " + outcome
 	}
 	return f
+}
+
+// isPostgres reports whether b is the PostgreSQL broker (or wraps it, as
+// doctor finds it), whose jobs table the ledger checks read when -db holds
+// no ledger.
+func isPostgres(b sdk.Broker) bool {
+	var pb *postgres.Broker
+	if as, ok := b.(interface{ As(any) bool }); ok && as.As(&pb) {
+		return true
+	}
+	_, ok := b.(*postgres.Broker)
+	return ok
 }

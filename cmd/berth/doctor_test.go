@@ -116,10 +116,18 @@ func TestDoctorOnMemory(t *testing.T) {
 // application's database for the idempotency checks alone) the missing
 // ledger is info; with -schema given it is a warning.
 func TestLedgerMissingSeverity(t *testing.T) {
-	if f := ledgerMissingFinding("berth", false); f.Severity != doctor.Info || f.Queue != "berth.ledger_jobs" {
+	if f := ledgerMissingFinding("berth", false, false); f.Severity != doctor.Info || f.Queue != "berth.ledger_jobs" {
 		t.Errorf("default schema: %+v", f)
 	}
-	if f := ledgerMissingFinding("app", true); f.Severity != doctor.Warn || !strings.Contains(f.Summary, "-schema app") {
+	if f := ledgerMissingFinding("app", true, false); f.Severity != doctor.Warn || !strings.Contains(f.Summary, "-schema app") {
 		t.Errorf("-schema app: %+v", f)
+	}
+	// On the PostgreSQL broker the ledger checks run all the same, on its
+	// jobs table: the finding must not say they did not.
+	for _, explicit := range []bool{false, true} {
+		f := ledgerMissingFinding("app", explicit, true)
+		if strings.Contains(f.Summary, "not run") || !strings.Contains(f.Summary, "jobs table") {
+			t.Errorf("PostgreSQL broker, -schema given %v: %+v", explicit, f)
+		}
 	}
 }
