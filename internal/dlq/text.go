@@ -108,8 +108,18 @@ func EscapeTextShort(s string, n int) string {
 // reads no more of s than it shows, whatever the length of s (a header
 // forged at megabytes).
 func EscapeTextCut(s string, block bool, n int) (text string, cut bool) {
+	if text, whole := escapeWithin(s, block, n); whole {
+		return text, false
+	}
+	text, _ = escapeWithin(s, block, max(n-1, 0)) // room for the "…"
+	return text + "…", true
+}
+
+// escapeWithin is EscapeText(s, block) cut, between whole escapes, to at
+// most room runes; whole reports that nothing was cut. It reads no more of
+// s than it returns, and one escape more.
+func escapeWithin(s string, block bool, room int) (text string, whole bool) {
 	var b, piece strings.Builder
-	room := n
 	i := 0
 	for i < len(s) {
 		piece.Reset()
@@ -122,24 +132,7 @@ func EscapeTextCut(s string, block bool, n int) (text string, cut bool) {
 		room -= w
 		i += k
 	}
-	if i == len(s) {
-		return b.String(), false
-	}
-	// Cut: again, leaving room for the "…".
-	b.Reset()
-	room = max(n-1, 0)
-	for i = 0; i < len(s); {
-		piece.Reset()
-		k := writeEscaped(&piece, s, i, block, false)
-		w := utf8.RuneCountInString(piece.String())
-		if w > room {
-			break
-		}
-		b.WriteString(piece.String())
-		room -= w
-		i += k
-	}
-	return b.String() + "…", true
+	return b.String(), i == len(s)
 }
 
 func unsafeRune(r rune) bool {
