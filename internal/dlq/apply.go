@@ -82,7 +82,9 @@ const MaxFailures = 100
 // given. So when f has no IDs (a filter, or Limit, chooses), a chosen letter
 // whose ID dead letters f did not choose (or past Limit) hold too is not
 // moved, on a broker that counts the letters of an ID ([IDCounter]; one
-// [IDsCounter] call a page): a Failure wrapping [ErrSharedID], counted in
+// [IDsCounter] call a page), or on one with neither Pager nor Sweeper (SQS:
+// the letters of its one scan, read before any is moved, are counted by
+// ID): a Failure wrapping [ErrSharedID], counted in
 // Missed and in Summary.Withheld, as [Preview] counts it. Letters sharing an
 // ID that are all chosen are moved, those of different pages once the last
 // is met.
@@ -152,6 +154,9 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	// A letter whose ID letters the change did not choose hold too is
 	// held back (see idGuard): the broker would move those with it.
 	guard := newIDGuard(dl, queue, f, o)
+	if guard != nil && guard.totals != nil {
+		mode.count = guard.scanned // counted before any page is moved
+	}
 	r.Summary, err = walk(ctx, dl, queue, f, o, mode, func(page []*sdk.Message) error {
 		ids := make([]string, 0, len(page))
 		if guard != nil {

@@ -274,8 +274,11 @@ type Summary struct {
 	// Withheld is how many of the Matched letters, chosen by a filter
 	// without IDs, a change leaves: dead letters it did not choose hold
 	// their ID too, and the broker would move those with them (see
-	// [ErrSharedID]). [Apply] counts them in Missed. Only a broker with
-	// [IDCounter] can tell; elsewhere it is 0.
+	// [ErrSharedID]). [Apply] counts them in Missed. A broker with
+	// [IDCounter] tells, and on one with neither Pager nor Sweeper (SQS)
+	// the letters of the scan are counted by ID (a change reads them all
+	// before it moves any); on a [Sweeper], which moves letter by letter,
+	// it is 0.
 	Withheld int
 }
 
@@ -339,6 +342,13 @@ type walkMode struct {
 	// ends, in place of the whole letters ListDeadLetters returns: an
 	// SQS dead-letter queue of ScanLimit letters of 256 KiB was gigabytes.
 	light bool
+	// count, when set, is given every letter the walk reads of a broker
+	// with neither Pager nor Sweeper, chosen or not: on the light and
+	// ListDeadLetters walks the whole scan before any page is given to
+	// fn; on the streamed one as read, the scan then reading on past Limit
+	// to its end (only counting). An [idGuard] counts each ID's letters
+	// so (see newIDGuard).
+	count func(page []*sdk.Message)
 }
 
 // errStreamLimit ends a [Streamer]'s scan once Limit matches were found.
@@ -414,13 +424,21 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		err := st.StreamDeadLetters(ctx, queue, o.ScanLimit, func(page []*sdk.Message) error {
 			s.Scanned += len(page)
 			o.scanned(s.Scanned)
+			if w.count != nil {
+				w.count(page)
+			}
+			if limited {
+				return ctx.Err() // past Limit: only counted
+			}
 			stop, err := emit(page)
 			if err != nil {
 				return err
 			}
 			if stop {
 				limited = true
-				return errStreamLimit
+				if w.count == nil {
+					return errStreamLimit
+				}
 			}
 			return ctx.Err()
 		})
@@ -468,6 +486,9 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 		s.Scanned = len(page)
 		o.scanned(s.Scanned)
 		s.Complete = s.Incomplete == ""
+		if w.count != nil {
+			w.count(page)
+		}
 		for len(page) > 0 {
 			n := min(len(page), o.PageSize)
 			stop, err := emit(page[:n])
@@ -535,7 +556,10 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 // Without IDs in f, Matched counts every letter f chooses (up to Limit: a
 // change confirmed for it is given Matched as its Limit) and Withheld those
 // of them [Apply] would not move, their ID held by dead letters f does not
-// choose too (see [ErrSharedID]); first leaves them out.
+// choose too (see [ErrSharedID]); first leaves them out. (On a broker with
+// neither Pager nor Sweeper, SQS, that count takes every letter of the scan,
+// which the change reads before it moves any: past Limit the scan reads on
+// to its end, only counting each ID's letters.)
 func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, keep int) (s Summary, first []*sdk.Message, missing []string, err error) {
 	o = o.withDefaults()
 	_, paged := dl.(Pager)
@@ -574,8 +598,20 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 		// chosen too, are counted as it counts them (Withheld) and left
 		// out of first.
 		guard := newIDGuard(dl, queue, f, o)
-		s, err = walk(ctx, dl, queue, f, o, walkMode{stream: true}, func(page []*sdk.Message) error {
-			if guard != nil {
+		mode := walkMode{stream: true}
+		var chosen []*sdk.Message // a streamed scan's chosen letters, bodyless, for the guard once it ends
+		if guard != nil && guard.totals != nil {
+			// The guard counts the scan's letters by ID, known only once it
+			// ends (as Apply's scan reads them all before it moves any).
+			mode.count = guard.scanned
+		}
+		s, err = walk(ctx, dl, queue, f, o, mode, func(page []*sdk.Message) error {
+			switch {
+			case guard != nil && guard.totals != nil:
+				for _, m := range page {
+					chosen = append(chosen, &sdk.Message{ID: m.ID})
+				}
+			case guard != nil:
 				if _, err := guard.page(ctx, page); err != nil {
 					return err
 				}
@@ -587,6 +623,9 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 			}
 			return nil
 		})
+		if guard != nil && guard.totals != nil && err == nil && len(chosen) > 0 {
+			_, err = guard.page(ctx, chosen)
+		}
 		if guard != nil && err == nil {
 			held := map[string]bool{}
 			for _, h := range guard.held() {
@@ -679,7 +718,9 @@ func eachID(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o O
 		kept := 0
 		all := o
 		all.Limit = 0
-		ws, err := Walk(ctx, dl, queue, Filter{IDs: f.IDs}, all, func(page []*sdk.Message) error {
+		// Streamed on a [Streamer] (fn only counts, and keeps at most keep
+		// letters): a scan of ScanLimit whole letters is not held.
+		ws, err := walk(ctx, dl, queue, Filter{IDs: f.IDs}, all, walkMode{stream: true}, func(page []*sdk.Message) error {
 			now := o.Now()
 			for _, m := range page {
 				c := walked[m.ID]

@@ -12,7 +12,8 @@ import (
 // every letter holding it, so moving such an ID would touch letters the
 // operator did not choose, and more than the count confirmed. Each page of
 // chosen letters is counted by ID in one broker call ([IDsCounter], or one
-// [IDCounter] call an ID); an ID held by more letters than were chosen so
+// [IDCounter] call an ID; on a broker with neither Pager nor Sweeper, from
+// the counts of its one scan); an ID held by more letters than were chosen so
 // far waits (a letter holding it may be chosen in a later page) and is
 // moved once all its letters were chosen; those still waiting when the walk
 // ends are the change's [ErrSharedID] failures. It keeps an entry for each
@@ -21,6 +22,11 @@ type idGuard struct {
 	count   func(ctx context.Context, ids []string) (map[string]int, error)
 	waiting map[string]*heldID
 	order   []string // of waiting, in the order they were met
+	// totals, on a broker with neither Pager nor Sweeper (SQS), counts
+	// the letters of each ID its one scan read (scanned), which count
+	// answers from: that scan holds the letters until it ends, so the
+	// broker cannot be asked. Its entries are bounded by ScanLimit.
+	totals map[string]int
 }
 
 // heldID is an ID waiting in an idGuard: chosen of the total letters
@@ -32,15 +38,25 @@ type heldID struct {
 
 // newIDGuard returns the guard of a change of queue's dead letters that f
 // chooses, limited to o.Limit; nil when none is needed (f and Limit choose
-// every dead letter) or the broker cannot count the letters of an ID.
+// every dead letter), on a [Sweeper] (which moves letter by letter), or on
+// a [Pager] that cannot count the letters of an ID.
 func newIDGuard(dl sdk.DeadLetters, queue string, f Filter, o Options) *idGuard {
 	if len(f.IDs) > 0 || (f.IsZero() && o.Limit <= 0) {
 		return nil
 	}
-	if _, paged := dl.(Pager); !paged {
-		return nil // a Streamer's walk must not call the broker; none counts
-	}
 	g := &idGuard{waiting: map[string]*heldID{}}
+	if _, paged := dl.(Pager); !paged {
+		if _, sweeps := dl.(Sweeper); sweeps {
+			return nil // a sweep moves letter by letter, not by ID
+		}
+		// One scan reads every letter a change may move (up to
+		// ScanLimit): its letters are counted by ID as it reads them
+		// (walkMode.count), and a Streamer's scan must not call the
+		// broker anyway.
+		g.totals = map[string]int{}
+		g.count = func(context.Context, []string) (map[string]int, error) { return g.totals, nil }
+		return g
+	}
 	switch c := dl.(type) {
 	case IDsCounter:
 		g.count = func(ctx context.Context, ids []string) (map[string]int, error) {
@@ -62,6 +78,13 @@ func newIDGuard(dl sdk.DeadLetters, queue string, f Filter, o Options) *idGuard 
 		return nil
 	}
 	return g
+}
+
+// scanned counts the letters of page, read by a scan, by ID (totals).
+func (g *idGuard) scanned(page []*sdk.Message) {
+	for _, m := range page {
+		g.totals[m.ID]++
+	}
 }
 
 // page returns the IDs of page (the chosen letters of one page of the walk)
