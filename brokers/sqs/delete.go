@@ -9,10 +9,13 @@ import (
 )
 
 // DeleteDeadLetters deletes the dead letters with the given IDs (berth IDs
-// or SQS MessageIds) from queue's dead-letter queue and returns how many it
+// or SQS MessageIds; every letter holding a berth ID, as a redrive by ID
+// moves every one) from queue's dead-letter queue and returns how many it
 // deleted; with no IDs it deletes nothing ([Broker.PurgeDeadLetters] deletes
-// them all). It scans the dead-letter queue, holding what it sees, until it
-// has found every ID, and only then deletes: when an ID is not found it
+// them all). It scans the dead-letter queue, holding what it sees, to its
+// end (until it has found every ID when all are SQS MessageIds; a scan that
+// fills once every ID was found deletes what it found), and only then
+// deletes: when an ID is not found it
 // deletes nothing and returns an error wrapping [sdk.ErrNotFound] that names
 // the missing IDs; a scan that has to hold more than 10,000 other dead
 // letters stops with a [*ScanError] and deletes nothing either, as does one
@@ -32,14 +35,24 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 		want[id] = true
 	}
 	found := make(map[string]bool, len(ids))
+	bySQSID := 0 // IDs found as an SQS MessageId: unique, no other letter has it
 	deleted := 0
 	var unseen *ScanError
 	err := b.withScan(ctx, queue, func(ctx context.Context, s *scan) error {
 		s.whole = true
 		var chosen []*letter
-		for len(found) < len(want) {
+		// Every letter holding a wanted ID is deleted, as a redrive by ID
+		// moves every one (a producer may reuse a berth ID): the scan goes
+		// on to the end of the queue, unless every ID was an SQS
+		// MessageId, or the scan is full once every ID was found (the
+		// letters found are deleted, as before; others holding an ID may
+		// lie past the scan).
+		for bySQSID < len(want) {
 			if s.full() {
-				return s.incomplete()
+				if len(found) < len(want) {
+					return s.incomplete()
+				}
+				break
 			}
 			ls, err := s.next(ctx)
 			if err != nil {
@@ -48,21 +61,28 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 			if len(ls) == 0 {
 				// The end of the queue: some IDs are missing, or among
 				// the letters another reader holds.
-				unseen = s.unseenError()
-				return nil
+				if len(found) < len(want) {
+					unseen = s.unseenError()
+				}
+				break
 			}
 			for _, l := range ls {
 				hit := false
-				for _, k := range []string{l.msg.ID, l.sqsID} {
-					if want[k] && !found[k] {
-						found[k], hit = true, true
-					}
+				if want[l.msg.ID] {
+					found[l.msg.ID], hit = true, true
+				}
+				if want[l.sqsID] && !found[l.sqsID] {
+					found[l.sqsID], hit = true, true
+					bySQSID++
 				}
 				if hit {
 					chosen = append(chosen, l)
 				}
 				l.msg = nil
 			}
+		}
+		if len(found) < len(want) {
+			return nil // nothing is deleted unless every ID was found
 		}
 		if err := s.renew(ctx); err != nil {
 			return err

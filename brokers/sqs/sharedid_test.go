@@ -98,3 +98,30 @@ func redriveSharedID(t *testing.T, maxWire, smallBody, bigBody, lowered, calls i
 		t.Errorf("%d messages in %s, want 2 (the warm-up and the small letter's copy)", got, q)
 	}
 }
+
+// DeleteDeadLetters of a berth ID that two letters hold deletes both, as a
+// redrive of it moves both: the CLI and dashboard confirm a change of an ID
+// with every letter holding it. Before, the scan stopped at the first
+// letter found, and one of the two stayed.
+func TestDeleteSharedIDDeletesEveryLetter(t *testing.T) {
+	ctx := testCtx(t)
+	b := newBroker(t, fastOptions())
+	q := declare(t, b, "sharedid-del", false, sqs.QueueConfig{})
+	id := sdk.NewID()
+	for _, body := range []string{"a", "b"} {
+		if err := b.Publish(ctx, q+"-dlq", &sdk.Message{ID: id, Type: "dup", Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Publish(ctx, q+"-dlq", &sdk.Message{Type: "own", Body: []byte("c")}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.DeleteDeadLetters(ctx, q, id)
+	if err != nil || n != 2 {
+		t.Fatalf("DeleteDeadLetters(%s) = %d, %v; want both letters holding it", id, n, err)
+	}
+	left, err := b.ListDeadLetters(ctx, q, 10)
+	if err != nil || len(left) != 1 || left[0].Type != "own" {
+		t.Errorf("left %d letters (%v), want the other one only", len(left), err)
+	}
+}
