@@ -335,6 +335,11 @@ func (d *Dashboard) apiChange(w http.ResponseWriter, r *http.Request) {
 		for _, id := range missing {
 			out.Failed = append(out.Failed, failure(id, "not found"))
 		}
+		// And names their IDs, as the change would (at most
+		// dlq.MaxFailures of them).
+		for _, fl := range s.WithheldIDs {
+			out.Failed = append(out.Failed, failure(fl.ID, fl.Err.Error()))
+		}
 		writeJSON(w, http.StatusOK, out)
 		return
 	}

@@ -98,6 +98,10 @@ func TestFilterLeavesSharedIDOnTheDashboard(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `"matched":2`) || !strings.Contains(body, `"missed":1`) {
 		t.Errorf("dry run: %d %s; want matched 2, missed 1", code, body)
 	}
+	// It names dup, as the change would (it only counted it).
+	if !strings.Contains(body, `"failed":[{"id":"dup","error":"dead letters the change did not choose hold this ID too: 2 dead letters hold this ID and only 1 of them`) {
+		t.Errorf("the dry run does not name dup: %s", body)
+	}
 	form := url.Values{"all": {"1"}, "type": {"billing.charge"}, "limit": {limit[1]}}
 	_, page = post(t, mustReq("POST", srv.URL+"/queues/billing/redrive", "application/x-www-form-urlencoded", form.Encode()))
 	if st := stats(t, mb); st.DeadLettered != 2 {

@@ -335,6 +335,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 	defer b.Close()
 	o := dlq.Options{PageSize: c.pageSize, Limit: c.limit, ScanLimit: c.scanLimit}
 	report := jsonChange{Action: verb, Queue: queue, DryRun: c.dryRun, Failed: []jsonFailure{}}
+	barTotal := int64(-1) // the progress bar's total, when the confirmation counted it
 
 	if c.dryRun || !c.yes {
 		po, stopScan := c.scanProgress(o, "counting "+esc(queue))
@@ -347,14 +348,16 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		// letters the filter does not choose too, are missed as it misses
 		// them (exit 4).
 		report.Matched, report.Complete, report.Incomplete, report.Missed = s.Matched, s.Complete, s.Incomplete, len(missing)+s.Withheld
-		fs := make([]dlq.Failure, 0, len(missing))
+		fs := make([]dlq.Failure, 0, len(missing)+len(s.WithheldIDs))
 		for _, id := range missing {
 			fs = append(fs, dlq.Failure{ID: id, Err: sdk.ErrNotFound})
 		}
+		// The IDs it would leave, named as the change names them.
+		fs = append(fs, s.WithheldIDs...)
 		report.Failed = failures(fs) // id_base64 for an ID that is not UTF-8, as the change's
 
 		if c.dryRun {
-			return c.printDryRun(report, first, verb, missing, s.Shared, s.Withheld)
+			return c.printDryRun(report, first, verb, missing, s)
 		}
 		if s.Matched == 0 && s.Incomplete != "" {
 			// As a dry run: "none of the first -scan-limit matched" is
@@ -391,20 +394,25 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			return err
 		}
 		o.Limit = s.Matched // never more than was confirmed
+		// The letters it leaves (Withheld) are walked, within Limit, but
+		// not moved: the bar counts those it moves.
+		barTotal = int64(s.Matched - s.Withheld)
 	}
 
 	var bar *progressbar.ProgressBar
 	if c.progress {
-		total := int64(-1)
-		if f.IsZero() {
-			if in, ok := b.(sdk.Inspector); ok {
-				if st, err := in.Stats(ctx, queue); err == nil {
-					total = st.DeadLettered
+		total := barTotal
+		if total < 0 { // -yes: what the broker counts, or -limit
+			if f.IsZero() {
+				if in, ok := b.(sdk.Inspector); ok {
+					if st, err := in.Stats(ctx, queue); err == nil {
+						total = st.DeadLettered
+					}
 				}
 			}
-		}
-		if o.Limit > 0 && (total < 0 || int64(o.Limit) < total) {
-			total = int64(o.Limit)
+			if o.Limit > 0 && (total < 0 || int64(o.Limit) < total) {
+				total = int64(o.Limit)
+			}
 		}
 		bar = progressbar.NewOptions64(total,
 			progressbar.OptionSetWriter(c.stderr),
@@ -536,10 +544,12 @@ func (c *cli) scanProgress(o dlq.Options, what string) (dlq.Options, func()) {
 // dlq.Summary.Withheld counts.
 const withheldWhy = "dead letters the filter does not choose (or past -limit) hold their IDs too, and a change of an ID moves every letter holding it; change those IDs by ID to move all their letters"
 
-// printDryRun prints the answer of a dry run; shared is how many of the
-// letters counted share their ID with others (dlq.Summary.Shared), withheld
-// how many the change would leave (dlq.Summary.Withheld).
-func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string, shared, withheld int) error {
+// printDryRun prints the answer of a dry run; s is the preview's: Shared
+// is how many of the letters counted share their ID with others, Withheld
+// how many the change would leave, WithheldIDs (in r.Failed too) their IDs
+// as the change would name them.
+func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missing []string, s dlq.Summary) error {
+	shared, withheld := s.Shared, s.Withheld
 	if c.json {
 		for _, m := range first {
 			r.Messages = append(r.Messages, dlq.View(m))
@@ -564,6 +574,12 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 		}
 		if withheld > 0 {
 			fmt.Fprintf(c.stdout, "%d more match, but would be left: %s\n", withheld, withheldWhy)
+			for _, fl := range s.WithheldIDs {
+				fmt.Fprintf(c.stdout, "would not %s: %s: %s\n", verb, esc(fl.ID), esc(fl.Err.Error()))
+			}
+			if len(s.WithheldIDs) == dlq.MaxFailures {
+				fmt.Fprintf(c.stdout, "(at most the first %d IDs left are named)\n", dlq.MaxFailures)
+			}
 		}
 		if r.Incomplete != "" {
 			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))

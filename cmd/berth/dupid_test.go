@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/sdk"
@@ -97,9 +99,32 @@ func TestFilterLeavesSharedIDInTheCLI(t *testing.T) {
 	if r.code != exitPartial || !strings.Contains(r.out, "would redrive 1 dead letter(s) of billing") || !strings.Contains(r.out, "1 more match, but would be left") {
 		t.Errorf("dry run (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
-	r = berthEnv(t, ctx, b, env{interactive: true, stdin: strings.NewReader("y\n")}, "dlq", "redrive", "billing", "-type", "billing.charge")
+	// The dry run names dup as the change would (it only counted it).
+	if !strings.Contains(r.out, "would not redrive: dup: dead letters the change did not choose hold this ID too: 2 dead letters hold this ID and only 1 of them") {
+		t.Errorf("the dry run does not name dup:\n%s", r.out)
+	}
+	r = berth(t, b, "dlq", "redrive", "billing", "-type", "billing.charge", "-dry-run", "-json")
+	var dry struct {
+		Missed int `json:"missed"`
+		Failed []struct {
+			ID    string `json:"id"`
+			Error string `json:"error"`
+		} `json:"failed"`
+	}
+	if err := json.Unmarshal([]byte(r.out), &dry); err != nil || r.code != exitPartial || dry.Missed != 1 || len(dry.Failed) != 1 || dry.Failed[0].ID != "dup" ||
+		!strings.HasPrefix(dry.Failed[0].Error, "dead letters the change did not choose hold this ID too: 2 dead letters hold this ID") {
+		t.Errorf("dry run -json (exit %d, %v): %+v\n%s", r.code, err, dry, r.out)
+	}
+	// The bar of the change confirmed counts the letters it moves (own),
+	// not those it leaves: it ends at 1/1, not 1/2.
+	defer func(d time.Duration) { barThrottle = d }(barThrottle)
+	barThrottle = 0
+	r = berthEnv(t, ctx, b, env{interactive: true, progress: true, stdin: strings.NewReader("y\n")}, "dlq", "redrive", "billing", "-type", "billing.charge")
 	if !strings.Contains(r.err, "redrive 1 (1 more match, but are left: dead letters the filter does not choose") {
 		t.Errorf("question (exit %d):\n%s%s", r.code, r.out, r.err)
+	}
+	if m := barCount.FindAllStringSubmatch(r.err, -1); len(m) == 0 || m[len(m)-1][1] != "1" || m[len(m)-1][2] != "1" {
+		t.Errorf("the bar's last count: %v; want 1/1:\n%q", m, r.err)
 	}
 	if st := stats(t, b); st.DeadLettered != 2 {
 		t.Fatalf("the redrive left %d of 3 dead letters, want the 2 holding dup (exit %d):\n%s%s", st.DeadLettered, r.code, r.out, r.err)
@@ -115,5 +140,33 @@ func TestFilterLeavesSharedIDInTheCLI(t *testing.T) {
 	}
 	if st := stats(t, b); st.DeadLettered != 2 {
 		t.Errorf("%d dead letters left, want 2", st.DeadLettered)
+	}
+}
+
+// A dry run names the IDs it would leave escaped, as the change's failures
+// are: an ID is untrusted text, and a raw ESC would drive the terminal.
+func TestDryRunEscapesWithheldIDs(t *testing.T) {
+	ctx := context.Background()
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	const odd = "d\x1b[2J\u202e"
+	for _, typ := range []string{"billing.charge", "billing.refund"} {
+		if err := b.Publish(ctx, "billing", &sdk.Message{ID: odd, Type: typ}); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := b.Receive(ctx, "billing", 1)
+		if err != nil || len(ds) != 1 {
+			t.Fatalf("receive: %d %v", len(ds), err)
+		}
+		if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := berth(t, b, "dlq", "purge", "billing", "-type", "billing.charge", "-dry-run")
+	if r.code != exitPartial || !strings.Contains(r.out, "would not purge: "+esc(odd)+": dead letters the change did not choose") || strings.ContainsAny(r.out, "\x1b\u202e") {
+		t.Errorf("dry run (exit %d):\n%q", r.code, r.out)
 	}
 }

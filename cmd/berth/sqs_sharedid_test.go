@@ -37,7 +37,8 @@ func TestOnSQSFilterLeavesSharedID(t *testing.T) {
 		}
 	}
 	r := cliOn(t, u, "dlq", "redrive", queue, "-type", "billing.charge", "-dry-run")
-	if r.code != exitPartial || !strings.Contains(r.out, "would redrive 1 dead letter(s) of "+queue) || !strings.Contains(r.out, "1 more match, but would be left") {
+	if r.code != exitPartial || !strings.Contains(r.out, "would redrive 1 dead letter(s) of "+queue) || !strings.Contains(r.out, "1 more match, but would be left") ||
+		!strings.Contains(r.out, "would not redrive: dup: dead letters the change did not choose hold this ID too") {
 		t.Errorf("dry run (exit %d):\n%s%s", r.code, r.out, r.err)
 	}
 	r = cliOn(t, u, "dlq", "redrive", queue, "-type", "billing.charge", "-yes")

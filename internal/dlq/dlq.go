@@ -280,6 +280,12 @@ type Summary struct {
 	// before it moves any); on a [Sweeper], which moves letter by letter,
 	// it is 0.
 	Withheld int
+	// WithheldIDs names the IDs of the Withheld letters, as the change
+	// would report them (each a Failure wrapping [ErrSharedID], with the
+	// text of [Apply]'s), in the order met: at most [MaxFailures] of them
+	// (Withheld counts every letter). [Preview] fills it; [Apply] reports
+	// them in Result.Failed and leaves it nil.
+	WithheldIDs []Failure
 }
 
 // ScanIncomplete reports whether err is a broker's report that its own
@@ -556,7 +562,8 @@ func walk(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Opt
 // Without IDs in f, Matched counts every letter f chooses (up to Limit: a
 // change confirmed for it is given Matched as its Limit) and Withheld those
 // of them [Apply] would not move, their ID held by dead letters f does not
-// choose too (see [ErrSharedID]); first leaves them out. (On a broker with
+// choose too (see [ErrSharedID]), WithheldIDs naming their IDs as Apply
+// would; first leaves them out. (On a broker with
 // neither Pager nor Sweeper, SQS, that count takes every letter of the scan,
 // which the change reads before it moves any: past Limit the scan reads on
 // to its end, only counting each ID's letters.)
@@ -631,6 +638,9 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 			for _, h := range guard.held() {
 				s.Withheld += h.chosen
 				held[h.id] = true
+				if len(s.WithheldIDs) < MaxFailures {
+					s.WithheldIDs = append(s.WithheldIDs, Failure{ID: h.id, Err: h.err()})
+				}
 			}
 			first = slices.DeleteFunc(first, func(m *sdk.Message) bool { return held[m.ID] })
 		}
