@@ -83,9 +83,24 @@ func dbTimeoutFinding(ctx context.Context, d time.Duration, err error) *doctor.F
 	return f
 }
 
-// dbTimedOut reports whether err, from opening or querying -db under ctx,
-// means the database did not answer in time (rather than that it refused,
-// or that the run was interrupted).
+// brokerTimeoutFinding is the doctor.check-timeout finding of a broker
+// (-url) whose connection did not answer within d (or before the run's
+// deadline, ctx's) with err: without a broker no check runs.
+func brokerTimeoutFinding(ctx context.Context, d time.Duration, err error) *doctor.Finding {
+	f := &doctor.Finding{ID: "doctor.check-timeout", Severity: doctor.Error, Queue: "-url",
+		Summary:  fmt.Sprintf("the broker of -url did not answer within %s: no check was run", d),
+		Evidence: err.Error(), // brokerurl's errors never hold the password
+		Fix:      "check that the broker answers (a hung broker stalls the Workers too); if it is only slow, raise -check-timeout"}
+	if ctx.Err() != nil {
+		f.Summary = "the broker of -url did not answer before doctor's overall deadline: no check was run"
+		f.Fix = "check that the broker answers; if it is only slow, raise -timeout (the overall deadline)"
+	}
+	return f
+}
+
+// dbTimedOut reports whether err, from opening or querying -db (or opening
+// the broker) under ctx, means the server did not answer in time (rather
+// than that it refused, or that the run was interrupted).
 func dbTimedOut(ctx context.Context, err error) bool {
 	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return false
@@ -112,9 +127,14 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if c.checkTimeout <= 0 {
 		return usagef("-check-timeout must be positive")
 	}
-	b, err := c.broker(ctx)
+	// Opening the broker has -check-timeout too: one that does not answer
+	// is a finding (no other check can run without it), not a bare error.
+	b, err := c.brokerWithin(ctx, c.checkTimeout)
 	if err != nil {
-		return err
+		if !dbTimedOut(ctx, err) {
+			return err
+		}
+		return c.reportFindings([]doctor.Finding{*brokerTimeoutFinding(ctx, c.checkTimeout, err)})
 	}
 	defer b.Close()
 	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency,
@@ -174,6 +194,12 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		fs = append(fs, *dbFinding)
 		doctor.Sort(fs) // worst first, as Run ordered the others
 	}
+	return c.reportFindings(fs)
+}
+
+// reportFindings prints fs (-json: as JSON) and returns errDoctorFindings
+// when one is an error.
+func (c *cli) reportFindings(fs []doctor.Finding) error {
 	var errs, warns int
 	for _, f := range fs {
 		switch f.Severity {

@@ -200,7 +200,8 @@ func commands() []*command {
 				"-db (BERTH_DB) adds the ledger checks (its tables in -schema) and the idempotency checks (-results-table, default public.job_results);\n" +
 				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.\n" +
 				"Each check (one queue's, the ledger's, …) has -check-timeout (default 10s) to answer, else it is reported as doctor.check-timeout\n" +
-				"and the others still run; the whole run has -timeout (default 1m; -timeout 0: no limit).",
+				"and the others still run; the whole run has -timeout (default 1m; -timeout 0: no limit). A broker whose connection does not\n" +
+				"answer within -check-timeout is that finding for -url, and no other check runs.",
 			flags:   []string{"max-attempts", "longest-job", "concurrency", "worker-prefetch", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis", "check-timeout"},
 			run:     runDoctor,
 			timeout: doctorTimeout},
@@ -485,15 +486,27 @@ func (c *cli) clock() time.Time {
 	return time.Now()
 }
 
-// broker opens the broker of -url.
+// broker opens the broker of -url, giving it 30 s to answer.
 func (c *cli) broker(ctx context.Context) (sdk.Broker, error) {
+	return c.brokerWithin(ctx, 30*time.Second)
+}
+
+// brokerWithin is broker giving the broker d to answer.
+func (c *cli) brokerWithin(ctx context.Context, d time.Duration) (sdk.Broker, error) {
 	if c.url == "" {
 		return nil, usagef("no broker URL: give -url or set BERTH_URL")
 	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	octx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	b, err := c.open(octx, c.url)
 	if err != nil {
+		// A client that ran out of the deadline in its own read (amqp091's
+		// handshake: an *amqp.Error whose reason says "i/o timeout") does
+		// not say so in a form errors.Is knows: once the deadline has
+		// passed, the error is marked as the deadline's.
+		if dl, ok := octx.Deadline(); ok && !time.Now().Before(dl) && !errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+		}
 		var pe *brokerurl.ParamError
 		if errors.As(err, &pe) || errors.Is(err, brokerurl.ErrUnknownScheme) || errors.Is(err, brokerurl.ErrInvalidURL) {
 			return nil, &usageError{err.Error()}
