@@ -12,10 +12,9 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// dupLettered is a memory broker whose queue billing holds two dead
-// letters with the ID dup (a producer that reused a message ID) and one
-// with the ID own.
-func dupLettered(t *testing.T) *memory.Broker {
+// lettered is a memory broker whose queue billing holds msgs as dead
+// letters, in order.
+func lettered(t *testing.T, msgs ...*sdk.Message) *memory.Broker {
 	t.Helper()
 	ctx := context.Background()
 	b, err := memory.New(memory.Options{})
@@ -23,21 +22,28 @@ func dupLettered(t *testing.T) *memory.Broker {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	for _, id := range []string{"dup", "dup", "own"} {
-		if err := b.Publish(ctx, "billing", &sdk.Message{ID: id, Type: "billing.charge"}); err != nil {
+	for _, m := range msgs {
+		if err := b.Publish(ctx, "billing", m); err != nil {
 			t.Fatal(err)
 		}
-	}
-	ds, err := b.Receive(ctx, "billing", 3)
-	if err != nil || len(ds) != 3 {
-		t.Fatalf("receive: %d %v", len(ds), err)
-	}
-	for _, d := range ds {
-		if err := d.DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
+		ds, err := b.Receive(ctx, "billing", 1)
+		if err != nil || len(ds) != 1 {
+			t.Fatalf("receive: %d %v", len(ds), err)
+		}
+		if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return b
+}
+
+// dupLettered is a memory broker whose queue billing holds two dead
+// letters with the ID dup (a producer that reused a message ID) and one
+// with the ID own.
+func dupLettered(t *testing.T) *memory.Broker {
+	t.Helper()
+	return lettered(t, &sdk.Message{ID: "dup", Type: "billing.charge"}, &sdk.Message{ID: "dup", Type: "billing.charge"},
+		&sdk.Message{ID: "own", Type: "billing.charge"})
 }
 
 // berth dlq purge billing -- dup deletes the two letters holding dup: the
@@ -78,23 +84,8 @@ func TestSharedIDCountsEveryLetterInTheCLI(t *testing.T) {
 // 0), and the change confirmed for 2 redrove all 3 letters.
 func TestFilterLeavesSharedIDInTheCLI(t *testing.T) {
 	ctx := context.Background()
-	b, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	for _, m := range []*sdk.Message{{ID: "dup", Type: "billing.charge"}, {ID: "dup", Type: "billing.refund"}, {ID: "own", Type: "billing.charge"}} {
-		if err := b.Publish(ctx, "billing", m); err != nil {
-			t.Fatal(err)
-		}
-		ds, err := b.Receive(ctx, "billing", 1)
-		if err != nil || len(ds) != 1 {
-			t.Fatalf("receive: %d %v", len(ds), err)
-		}
-		if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := lettered(t, &sdk.Message{ID: "dup", Type: "billing.charge"}, &sdk.Message{ID: "dup", Type: "billing.refund"},
+		&sdk.Message{ID: "own", Type: "billing.charge"})
 	r := berth(t, b, "dlq", "redrive", "billing", "-type", "billing.charge", "-dry-run")
 	if r.code != exitPartial || !strings.Contains(r.out, "would redrive 1 dead letter(s) of billing") || !strings.Contains(r.out, "1 more match, but would be left") {
 		t.Errorf("dry run (exit %d):\n%s%s", r.code, r.out, r.err)
@@ -146,25 +137,8 @@ func TestFilterLeavesSharedIDInTheCLI(t *testing.T) {
 // A dry run names the IDs it would leave escaped, as the change's failures
 // are: an ID is untrusted text, and a raw ESC would drive the terminal.
 func TestDryRunEscapesWithheldIDs(t *testing.T) {
-	ctx := context.Background()
-	b, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
 	const odd = "d\x1b[2J\u202e"
-	for _, typ := range []string{"billing.charge", "billing.refund"} {
-		if err := b.Publish(ctx, "billing", &sdk.Message{ID: odd, Type: typ}); err != nil {
-			t.Fatal(err)
-		}
-		ds, err := b.Receive(ctx, "billing", 1)
-		if err != nil || len(ds) != 1 {
-			t.Fatalf("receive: %d %v", len(ds), err)
-		}
-		if err := ds[0].DeadLetter(ctx, sdk.Permanent(errors.New("bad"))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := lettered(t, &sdk.Message{ID: odd, Type: "billing.charge"}, &sdk.Message{ID: odd, Type: "billing.refund"})
 	r := berth(t, b, "dlq", "purge", "billing", "-type", "billing.charge", "-dry-run")
 	if r.code != exitPartial || !strings.Contains(r.out, "would not purge: "+esc(odd)+": dead letters the change did not choose") || strings.ContainsAny(r.out, "\x1b\u202e") {
 		t.Errorf("dry run (exit %d):\n%q", r.code, r.out)
