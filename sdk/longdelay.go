@@ -51,6 +51,11 @@ type LongDelay struct {
 	Now func() time.Time
 }
 
+// Unwrap returns l.Publisher, the publisher l sends through, so that layers
+// naming the broker under a publisher (telemetry's messaging.system) look
+// through LongDelay, as through the ledger's publisher or an [AsyncPool].
+func (l LongDelay) Unwrap() Publisher { return l.Publisher }
+
 func (l LongDelay) now() time.Time {
 	if l.Now != nil {
 		return l.Now()

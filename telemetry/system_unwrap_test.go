@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/brokers/memory"
 	"github.com/berthq/berth/ledger"
@@ -13,8 +14,10 @@ import (
 
 // TestPublisherSystemLooksThroughWrappers: the messaging.system of a send
 // span is the broker's under the publishing wrappers (the ledger's, an
-// AsyncPool), not the wrapper's package: before, the ledger's wrapper
-// counted every message under "ledger" and the pool under "sdk".
+// AsyncPool, an sdk.LongDelay), not the wrapper's package: before, the
+// ledger's wrapper counted every message under "ledger", the pool and a
+// LongDelay (the README's way to publish delays past a broker's limit)
+// under "sdk".
 func TestPublisherSystemLooksThroughWrappers(t *testing.T) {
 	tp, rec := newTracing(t)
 	obs, _ := newObserver(t, tp, telemetry.Options{})
@@ -37,6 +40,7 @@ func TestPublisherSystemLooksThroughWrappers(t *testing.T) {
 		"ledger":         l.Publisher(b),
 		"pool":           pool,
 		"pool-of-ledger": poolOfLedger,
+		"long-delay":     sdk.LongDelay{Publisher: b, Limit: time.Hour},
 	} {
 		queue := "sys-" + name
 		if err := obs.Publisher(p).Publish(context.Background(), queue, &sdk.Message{Type: "t"}); err != nil {

@@ -360,9 +360,10 @@ func (o *Observer) observeQueues(ctx context.Context, obs metric.Observer) error
 
 // systemOf names the messaging system of a broker's value (a Delivery or a
 // Publisher) from its package path. A publishing wrapper (one with an
-// Unwrap() sdk.Publisher method: the ledger's, an sdk.AsyncPool, this
-// package's own) is looked through to the publisher it wraps, so that
-// Publisher(l.Publisher(rabbit)) counts under "rabbitmq", not "ledger".
+// Unwrap() sdk.Publisher method: the ledger's, an sdk.AsyncPool, an
+// sdk.LongDelay, this package's own) is looked through to the publisher it
+// wraps, so that Publisher(l.Publisher(rabbit)) counts under "rabbitmq", not
+// "ledger".
 func (o *Observer) systemOf(v any) string {
 	if o.system != "" {
 		return o.system
