@@ -559,6 +559,13 @@ type confirmPage struct {
 	// letters and leaves the same ones.
 	Withheld int
 	Limit    int
+	// WithheldIDs are the first maxShownIDs of the IDs of the Withheld
+	// letters, in the order met; NWithheldIDs is how many the preview
+	// named (dlq.Summary.WithheldIDs), at most dlq.MaxFailures:
+	// WithheldIDsCapped says there may be more.
+	WithheldIDs       []string
+	NWithheldIDs      int
+	WithheldIDsCapped bool
 	// ShownIDs are the first maxShownIDs of the distinct IDs the selection
 	// names, shown with the filter; NIDs is how many it names.
 	ShownIDs []string
@@ -674,8 +681,13 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
 	sel.Limit = s.Matched
 	verb := map[string]string{"redrive": "Redrive", "purge": "Delete for good"}[sel.Action]
 	ids := distinct(sel.IDs)
+	var withheld []string // the IDs of the letters the change leaves, the first maxShownIDs
+	for _, fl := range s.WithheldIDs[:min(len(s.WithheldIDs), maxShownIDs)] {
+		withheld = append(withheld, fl.ID)
+	}
 	d.render(w, "confirm", http.StatusOK, confirmPage{Queue: queue, Sel: sel, Count: s.Matched - s.Withheld, Missing: missing, Sample: sample, Verb: verb,
 		Incomplete: s.Incomplete, Shared: shared, SharedIDs: s.Shared, Withheld: s.Withheld, Limit: s.Matched,
+		WithheldIDs: withheld, NWithheldIDs: len(s.WithheldIDs), WithheldIDsCapped: len(s.WithheldIDs) == dlq.MaxFailures,
 		ShownIDs: ids[:min(len(ids), maxShownIDs)], NIDs: len(ids)})
 }
 
@@ -735,7 +747,7 @@ func (d *Dashboard) logFailed(action, queue string, res dlq.Result) {
 	for _, f := range res.Failed {
 		d.o.Logger.Warn("dashboard: dead letter not changed", "action", action, "queue", queue, sdk.LogText("id", f.ID), "err", f.Err)
 	}
-	if n := res.Missed - len(res.Failed); n > 0 {
+	if n := res.Unnamed(); n > 0 { // (a failure names an ID for all its letters)
 		d.o.Logger.Warn("dashboard: more dead letters not changed", "action", action, "queue", queue, "count", n)
 	}
 }
@@ -745,7 +757,7 @@ func (d *Dashboard) logFailed(action, queue string, res dlq.Result) {
 // (a refused publish), nor one a stopped scan did not reach, which are
 // still dead letters.
 func allGone(res dlq.Result) bool {
-	if res.Missed != len(res.Failed) {
+	if res.Unnamed() > 0 {
 		return false // some are not named: their reason is unknown
 	}
 	for _, f := range res.Failed {

@@ -400,8 +400,8 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 	}
 
 	var bar *progressbar.ProgressBar
+	total := barTotal
 	if c.progress {
-		total := barTotal
 		if total < 0 { // -yes: what the broker counts, or -limit
 			if f.IsZero() {
 				if in, ok := b.(sdk.Inspector); ok {
@@ -436,6 +436,13 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		}
 	})
 	if bar != nil {
+		if barTotal < 0 && total >= 0 && err == nil && r.Withheld > 0 {
+			// -yes: the total (-limit, or what the broker counts) included
+			// the letters the change left (Withheld), which only its walk
+			// could tell: the bar counts those it acted on, as after a
+			// confirmation.
+			bar.ChangeMax64(max(total-int64(r.Withheld), int64(r.Done)))
+		}
 		_ = bar.Exit()
 		fmt.Fprintln(c.stderr)
 	}
@@ -472,8 +479,8 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		for _, fl := range r.Failed {
 			fmt.Fprintf(c.stdout, "not %s: %s: %s\n", done, esc(fl.ID), esc(fl.Err.Error()))
 		}
-		if r.Missed > len(r.Failed) {
-			fmt.Fprintf(c.stdout, "… and %d more not %s\n", r.Missed-len(r.Failed), done)
+		if n := r.Unnamed(); n > 0 { // (a failure names an ID for all its letters)
+			fmt.Fprintf(c.stdout, "… and %d more not %s\n", n, done)
 		}
 		if r.Incomplete != "" && !interrupted {
 			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))

@@ -36,7 +36,9 @@ const PageTimeout = 2 * time.Minute
 // ErrUnsupported is wrapped by the error of an operation the broker lacks.
 var ErrUnsupported = errors.New("not supported by this broker")
 
-// Failure is one chosen dead letter that was not moved, and why.
+// Failure is a chosen ID whose dead letters were not moved, and why. It
+// stands for every chosen letter holding the ID that was not moved for
+// that reason (Result.Missed counts each).
 type Failure struct {
 	ID  string
 	Err error
@@ -45,9 +47,29 @@ type Failure struct {
 // Result is the account of an [Apply].
 type Result struct {
 	Summary
-	Done   int       // dead letters redriven or deleted
-	Failed []Failure // chosen but not done (at most MaxFailures are kept; Missed counts them all)
-	Missed int       // chosen but not done
+	Done int // dead letters redriven or deleted
+	// Failed names the chosen dead letters not done, an ID once for its
+	// letters, with why: at most MaxFailures are kept, and a broker call
+	// that moved some of its letters does not say which of the others it
+	// did not (see Unnamed).
+	Failed []Failure
+	Missed int // chosen dead letters not done, each counted
+	named  int // of Missed, the letters Failed names
+}
+
+// Unnamed is how many of the Missed letters no Failure of Failed names
+// (past MaxFailures, or left by a broker call that does not say which):
+// the "and N more" of a report that lists Failed.
+func (r Result) Unnamed() int { return r.Missed - r.named }
+
+// fail counts letters chosen dead letters holding id as missed for err,
+// named by one Failure while Failed has room.
+func (r *Result) fail(id string, letters int, err error) {
+	r.Missed += letters
+	if len(r.Failed) < MaxFailures {
+		r.Failed = append(r.Failed, Failure{ID: id, Err: err})
+		r.named += letters
+	}
 }
 
 // MaxFailures bounds Result.Failed, so that memory stays bounded.
@@ -87,7 +109,13 @@ const MaxFailures = 100
 // ID): a Failure wrapping [ErrSharedID], counted in
 // Missed and in Summary.Withheld, as [Preview] counts it. Letters sharing an
 // ID that are all chosen are moved, those of different pages once the last
-// is met.
+// is met. An Apply that an error stops names the IDs it had held back by
+// then the same way (their text says it stopped: it might have chosen
+// their other letters further on), apart from the letters it never reached.
+//
+// Missed counts letters, as Matched does: a Failure names an ID once for
+// all of its chosen letters that were not moved ([Result.Unnamed] is how
+// many no Failure names).
 func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act Action, o Options, progress func(done int)) (Result, error) {
 	var r Result
 	do := func(ctx context.Context, ids []string) (int, error) {
@@ -189,13 +217,13 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 			// found them all: those not done stay, and the walk goes on.
 			stopped = err.Error()
 			r.Done += n
-			r.missPage(ids, n, err)
+			r.missPage(tally(ids), n, err)
 		case errors.Is(err, sdk.ErrNotFound) && n > 0:
 			// The broker moved the letters it found (SQS does) and names
 			// the others in err: trying each again would count those it
 			// moved as missing.
 			r.Done += n
-			r.missPage(ids, n, err)
+			r.missPage(tally(ids), n, err)
 		case errors.Is(err, sdk.ErrNotFound):
 			// ID by ID, each once: letters of the page sharing an ID
 			// (len(ids) counts each) are all moved by one call, and
@@ -218,16 +246,13 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 					if err == nil {
 						err = sdk.ErrNotFound
 					}
-					r.Missed += k
-					if len(r.Failed) < MaxFailures {
-						r.Failed = append(r.Failed, Failure{ID: id, Err: err})
-					}
+					r.fail(id, k, err)
 				case ScanIncomplete(err):
 					// As for a page: the scan for this letter stopped
 					// before it found it; it stays, and the walk goes on.
 					stopped = err.Error()
 					r.Done += n
-					r.missPage([]string{id}, n, err)
+					r.missPage([]idLetters{{id, k}}, n, err)
 				default:
 					r.cut([]string{id}, n, err)
 					return err
@@ -245,13 +270,13 @@ func Apply(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, act 
 	if stopped != "" && r.Incomplete == "" {
 		r.Complete, r.Incomplete = false, stopped
 	}
-	if guard != nil && err == nil { // (one that stopped it may have been chosen further on)
+	if guard != nil {
+		// Named even when an error stopped the walk, as held back so far
+		// (letters holding the ID may have been chosen further on): apart
+		// from the letters the walk never reached.
 		for _, h := range guard.held() {
 			r.Withheld += h.chosen
-			r.Missed += h.chosen
-			if len(r.Failed) < MaxFailures {
-				r.Failed = append(r.Failed, Failure{ID: h.id, Err: h.err()})
-			}
+			r.fail(h.id, h.chosen, h.err(err != nil))
 		}
 	}
 	return r, err
@@ -271,20 +296,50 @@ func (r Result) all(n int, err error, progress func(int)) (Result, error) {
 	return r, err
 }
 
-// missPage counts the len(ids)-n of a page that a broker call did not do,
-// naming them when it did none (a partial call does not say which). A
-// broker may move more letters than it was given IDs (the SQS broker
-// redrives every letter holding a requested ID: duplicates share one), so
-// n may exceed len(ids): none is counted then, never a negative number.
-func (r *Result) missPage(ids []string, n int, err error) {
-	r.Missed += max(len(ids)-n, 0)
+// idLetters is a chosen ID of a broker call and how many of the chosen
+// letters hold it.
+type idLetters struct {
+	id      string
+	letters int
+}
+
+// tally returns ids, one for each chosen letter (as [Apply]'s walk moves
+// a page), as each distinct ID with its letters, in order.
+func tally(ids []string) []idLetters {
+	at := make(map[string]int, len(ids))
+	var out []idLetters
+	for _, id := range ids {
+		i, ok := at[id]
+		if !ok {
+			i = len(out)
+			at[id] = i
+			out = append(out, idLetters{id: id})
+		}
+		out[i].letters++
+	}
+	return out
+}
+
+// missPage counts the letters of a broker call on ids (each ID with the
+// chosen letters holding it) that it did not do, all of them less the n
+// it did, naming each ID when it did none (a partial call does not say
+// which). Letters, not IDs: a change of an ID moves every letter holding
+// it, and Matched counts each. A broker may move more letters than were
+// counted (the SQS broker redrives every letter holding a requested ID,
+// and an ID a walk did not meet counts one; a letter may be dead-lettered
+// since), so n may exceed them: none is counted then, never a negative
+// number.
+func (r *Result) missPage(ids []idLetters, n int, err error) {
 	if n > 0 {
+		letters := 0
+		for _, c := range ids {
+			letters += c.letters
+		}
+		r.Missed += max(letters-n, 0)
 		return
 	}
-	for _, id := range ids {
-		if len(r.Failed) < MaxFailures {
-			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
-		}
+	for _, c := range ids {
+		r.fail(c.id, c.letters, err)
 	}
 }
 
@@ -308,12 +363,7 @@ func (r *Result) cut(ids []string, n int, err error) {
 	if !errors.As(err, &pe) {
 		return
 	}
-	miss := func(id string) {
-		r.Missed++
-		if len(r.Failed) < MaxFailures {
-			r.Failed = append(r.Failed, Failure{ID: id, Err: pe.Failed[id]})
-		}
-	}
+	miss := func(id string) { r.fail(id, 1, pe.Failed[id]) }
 	// In the order of ids, each entry once; then any the broker named by
 	// another ID (one it knows the letter by, e.g. SQS's MessageId).
 	named := make(map[string]bool, len(pe.Failed))
@@ -337,24 +387,24 @@ func (r *Result) cut(ids []string, n int, err error) {
 // holding it (the broker moves them all; see [IDCounter] and eachID), and
 // one whose letters do not all fit in what is left of Limit is not changed
 // but named, a Failure wrapping [ErrOverLimit], its letters counted in
-// Missed.
+// Missed, as are those of a chosen ID the broker did not move.
 func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o Options, do func(context.Context, []string) (int, error), progress func(int)) (Result, error) {
 	o = o.withDefaults()
 	var r Result
 	matched, shared, more := 0, 0, false
 	incomplete := "" // why a broker call's own scan stopped
-	miss := func(id string, err error) {
-		r.Missed++
-		if len(r.Failed) < MaxFailures {
-			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
-		}
-	}
-	var batch []string
+	// batch holds the chosen IDs to move, each with the letters holding it
+	// (counted: Missed counts letters, as Matched does).
+	var batch []idLetters
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		n, err := do(ctx, batch)
+		ids := make([]string, len(batch))
+		for i, c := range batch {
+			ids[i] = c.id
+		}
+		n, err := do(ctx, ids)
 		switch {
 		case err == nil:
 			r.Done += n
@@ -366,24 +416,24 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 			r.Done += n
 			r.missPage(batch, n, err)
 		case errors.Is(err, sdk.ErrNotFound):
-			for _, id := range batch {
-				n, err := do(ctx, []string{id})
+			for _, c := range batch {
+				n, err := do(ctx, []string{c.id})
 				switch {
 				case err == nil && n > 0: // every letter holding id
 					r.Done += n
 				case err == nil || errors.Is(err, sdk.ErrNotFound):
-					miss(id, sdk.ErrNotFound)
+					r.fail(c.id, c.letters, sdk.ErrNotFound)
 				case ScanIncomplete(err): // as for a batch: partial, not fatal
 					r.Done += n
 					incomplete = err.Error()
-					r.missPage([]string{id}, n, err)
+					r.missPage([]idLetters{c}, n, err)
 				default:
-					r.cut([]string{id}, n, err)
+					r.cut([]string{c.id}, n, err)
 					return err
 				}
 			}
 		default:
-			r.cut(batch, n, err)
+			r.cut(ids, n, err)
 			return err
 		}
 		batch = batch[:0]
@@ -395,10 +445,10 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 	s, err := eachID(ctx, dl, queue, f, o, 0, func(c idCount) error {
 		switch {
 		case errors.Is(c.err, sdk.ErrNotFound):
-			miss(c.id, c.err)
+			r.fail(c.id, 1, c.err)
 			return nil
 		case c.err != nil: // a ScanIncomplete (eachID set Incomplete)
-			miss(c.id, c.err)
+			r.fail(c.id, 1, c.err)
 			return nil
 		case !c.chosen:
 			return nil
@@ -413,18 +463,15 @@ func applyIDs(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o
 			// A change of the ID moves every letter holding it: more
 			// than are left of the count confirmed. None is moved.
 			more = true
-			r.Missed += c.n
-			if len(r.Failed) < MaxFailures {
-				r.Failed = append(r.Failed, Failure{ID: c.id, Err: fmt.Errorf("%w: %d dead letters hold it, and a change of an ID moves them all, "+
-					"but only %d of the %d confirmed were left; it was not changed (confirm the change again for its new count)", ErrOverLimit, c.n, o.Limit-matched, o.Limit)})
-			}
+			r.fail(c.id, c.n, fmt.Errorf("%w: %d dead letters hold it, and a change of an ID moves them all, "+
+				"but only %d of the %d confirmed were left; it was not changed (confirm the change again for its new count)", ErrOverLimit, c.n, o.Limit-matched, o.Limit))
 			return nil
 		}
 		matched += c.n
 		if c.n > 1 {
 			shared += c.n
 		}
-		batch = append(batch, c.id)
+		batch = append(batch, idLetters{c.id, c.n})
 		if len(batch) == o.PageSize {
 			return flush()
 		}
@@ -474,12 +521,7 @@ func sweepApply(ctx context.Context, sw Sweeper, queue string, f Filter, act Act
 		return chosen
 	})
 	r.Done = n
-	miss := func(id string, err error) {
-		r.Missed++
-		if len(r.Failed) < MaxFailures {
-			r.Failed = append(r.Failed, Failure{ID: id, Err: err})
-		}
-	}
+	miss := func(id string, err error) { r.fail(id, 1, err) }
 	var pe *sdk.PublishError
 	if errors.As(err, &pe) {
 		// The chosen letters that failed, named even when an error ended

@@ -274,7 +274,8 @@ type Summary struct {
 	// Withheld is how many of the Matched letters, chosen by a filter
 	// without IDs, a change leaves: dead letters it did not choose hold
 	// their ID too, and the broker would move those with them (see
-	// [ErrSharedID]). [Apply] counts them in Missed. A broker with
+	// [ErrSharedID]). [Apply] counts them in Missed, and an Apply that an
+	// error stopped those it had held back by then. A broker with
 	// [IDCounter] tells, and on one with neither Pager nor Sweeper (SQS)
 	// the letters of the scan are counted by ID (a change reads them all
 	// before it moves any); on a [Sweeper], which moves letter by letter,
@@ -639,7 +640,7 @@ func Preview(ctx context.Context, dl sdk.DeadLetters, queue string, f Filter, o 
 				s.Withheld += h.chosen
 				held[h.id] = true
 				if len(s.WithheldIDs) < MaxFailures {
-					s.WithheldIDs = append(s.WithheldIDs, Failure{ID: h.id, Err: h.err()})
+					s.WithheldIDs = append(s.WithheldIDs, Failure{ID: h.id, Err: h.err(false)})
 				}
 			}
 			first = slices.DeleteFunc(first, func(m *sdk.Message) bool { return held[m.ID] })

@@ -16,8 +16,9 @@ import (
 // the counts of its one scan); an ID held by more letters than were chosen so
 // far waits (a letter holding it may be chosen in a later page) and is
 // moved once all its letters were chosen; those still waiting when the walk
-// ends are the change's [ErrSharedID] failures. It keeps an entry for each
-// waiting ID: memory grows with the IDs shared with letters not chosen.
+// ends (or an error stops it) are the change's [ErrSharedID] failures. It
+// keeps an entry for each waiting ID: memory grows with the IDs shared with
+// letters not chosen.
 type idGuard struct {
 	count   func(ctx context.Context, ids []string) (map[string]int, error)
 	waiting map[string]*heldID
@@ -147,8 +148,13 @@ func (g *idGuard) held() []*heldID {
 	return out
 }
 
-// err is the Failure of h's letters.
-func (h *heldID) err() error {
-	return fmt.Errorf("%w: %d dead letters hold this ID and only %d of them were chosen (matched the filter, within the limit), "+
-		"but a change of an ID moves every letter holding it; it was not changed: change it by ID to move them all", ErrSharedID, h.total, h.chosen)
+// err is the Failure of h's letters; stopped: the change stopped (an
+// error) before the end of its walk, which might have chosen the others.
+func (h *heldID) err(stopped bool) error {
+	chosen := "were chosen"
+	if stopped {
+		chosen = "had been chosen when the change stopped"
+	}
+	return fmt.Errorf("%w: %d dead letters hold this ID and only %d of them %s (matched the filter, within the limit), "+
+		"but a change of an ID moves every letter holding it; it was not changed: change it by ID to move them all", ErrSharedID, h.total, h.chosen, chosen)
 }
