@@ -85,6 +85,9 @@ func NewPG(pool *pgxpool.Pool, opts PGOptions) (*PG, error) {
 // it as it starts): concurrent runs are serialised by a transaction-scoped
 // advisory lock, since PostgreSQL's CREATE ... IF NOT EXISTS fails with a
 // unique violation when another session creates the same object meanwhile.
+// When the table exists it runs no DDL, so a role that may only read and
+// write the table (USAGE on the schema; SELECT, INSERT, DELETE on
+// paused_queues) can run it; creating the table needs the CREATE privilege.
 func (s *PG) Migrate(ctx context.Context) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -96,6 +99,18 @@ func (s *PG) Migrate(ctx context.Context) error {
 	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "berth.pause.migrate."+s.schema); err != nil {
 		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	// Done already (every process that starts may run Migrate): no DDL.
+	// PostgreSQL checks CREATE SCHEMA/TABLE IF NOT EXISTS for the CREATE
+	// privilege (on the database, on the schema) before it finds the
+	// object, so a role that may only read and write the table (an
+	// operator's, an application's) failed here (pgschema.Present).
+	done, err := pgschema.Present(ctx, tx, s.name, "paused_queues")
+	if err != nil {
+		return fmt.Errorf("berth/pause: migrate: %w", err)
+	}
+	if done {
+		return nil
 	}
 	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s.schema); err != nil {
 		return fmt.Errorf("berth/pause: migrate: %w", err)
