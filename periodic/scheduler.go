@@ -85,9 +85,14 @@ type Options struct {
 	// PublishTimeout bounds each Publish. Default 30s.
 	PublishTimeout time.Duration
 	// Retry spaces the attempts of a job's failing Publish (the other
-	// jobs' slots are published meanwhile). Default 1s doubling up to 1m,
-	// with 50% jitter. The slots stay due meanwhile (subject to
-	// the Missed policy once newer slots come).
+	// jobs' slots are published between them). Default 1s doubling up to
+	// 1m, with 50% jitter. The slots stay due meanwhile (subject to
+	// the Missed policy once newer slots come). One Run publishes one
+	// slot at a time: an attempt that hangs until PublishTimeout (a queue
+	// whose broker never confirms, while other queues' publishes go
+	// through) holds up the other jobs' slots that long, and under Skip
+	// those that came due meanwhile but the latest are dropped. Give the
+	// jobs of a queue that may hang alone a Scheduler (a Run) of their own.
 	Retry sdk.Backoff
 	// Logger receives warnings of failed publishes and dropped slots.
 	// Default slog.Default().
