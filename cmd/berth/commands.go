@@ -17,6 +17,17 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
+// hungRefresh is the least a refresh of stats -watch has waited, when the
+// -timeout given ends the watch, for it to be reported as getting no
+// answer (exit 1) rather than the watch's normal end: -interval, and at
+// least this, so that a deadline falling inside a refresh under way is not
+// taken for a broker that stopped answering. A refresh cut before any
+// refresh answered is always reported: the watch showed nothing.
+const hungRefresh = time.Second
+
+// runStats prints the statistics of the queues in args (every queue when
+// none), with -watch every -interval until interrupted or until the
+// -timeout given; each refresh then has c.refreshTimeout.
 func runStats(ctx context.Context, c *cli, args []string) error {
 	if c.interval <= 0 {
 		return usagef("-interval must be positive")
@@ -30,23 +41,38 @@ func runStats(ctx context.Context, c *cli, args []string) error {
 	if !ok {
 		return fmt.Errorf("this broker cannot report statistics")
 	}
+	answered := false // a refresh of -watch was printed
 	for {
 		rctx, cancel := ctx, context.CancelFunc(func() {})
 		if c.refreshTimeout > 0 {
 			rctx, cancel = context.WithTimeout(ctx, c.refreshTimeout)
 		}
+		start := time.Now()
 		all, err := statsRound(rctx, b, in, args)
+		waited := time.Since(start)
 		cancel()
 		if err != nil {
+			if c.watch && errors.Is(ctx.Err(), context.DeadlineExceeded) && (!answered || waited >= max(c.interval, hungRefresh)) {
+				// The -timeout given ended the watch while a refresh
+				// waited for an answer it had not had in -interval: the
+				// broker stopped answering, not a deadline that fell
+				// inside a refresh under way. (run says "gave up after".)
+				return fmt.Errorf("a refresh of -watch had waited %s with no answer: %w", waited.Round(10*time.Millisecond), err)
+			}
 			if c.watch && ctx.Err() != nil {
-				return nil // -watch ends when interrupted
+				return nil // -watch ends when interrupted, or at the -timeout given
 			}
 			if c.refreshTimeout > 0 && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+				if c.timeout > 0 {
+					return fmt.Errorf("a refresh of -watch got no answer within %s (each refresh's bound, the default -timeout of stats; "+
+						"the -timeout given, %s, bounds the whole watch): %w", c.refreshTimeout, c.timeout, err)
+				}
 				return fmt.Errorf("a refresh of -watch got no answer within %s (the default -timeout of stats, for each refresh; "+
 					"-timeout bounds the whole watch instead): %w", c.refreshTimeout, err)
 			}
 			return err
 		}
+		answered = true
 		if err := c.printStats(all); err != nil {
 			return err
 		}

@@ -147,7 +147,8 @@ var doctorTimeout = time.Minute
 // a broker or database that takes connections and never answers (an SQS
 // endpoint behind a hung proxy, a PostgreSQL waiting on a lock) must not
 // hang them for ever. With stats -watch, which runs until interrupted, it
-// bounds each refresh instead. The commands that change (a redrive of a
+// bounds each refresh instead (a -timeout given bounds the whole watch,
+// and each refresh still has this). The commands that change (a redrive of a
 // large dead-letter queue takes long) and ui have none.
 var readTimeout = time.Minute
 
@@ -201,7 +202,7 @@ func commands() []*command {
 				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.\n" +
 				"Each check (one queue's, the ledger's, …) has -check-timeout (default 10s) to answer, else it is reported as doctor.check-timeout\n" +
 				"and the others still run; the whole run has -timeout (default 1m; -timeout 0: no limit). A broker whose connection does not\n" +
-				"answer within -check-timeout is that finding for -url, and no other check runs.",
+				"answer within -check-timeout is that finding for -url: its checks and the Workers' options are not run, -db's and -redis's still are.",
 			flags:   []string{"max-attempts", "longest-job", "concurrency", "worker-prefetch", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis", "check-timeout"},
 			run:     runDoctor,
 			timeout: doctorTimeout},
@@ -263,7 +264,7 @@ type cli struct {
 	requestTimeout        time.Duration
 	tlsCert, tlsKey       string
 	// refreshTimeout bounds each refresh of stats -watch: the command's
-	// default -timeout, which would otherwise end the watch.
+	// default -timeout, which bounds the whole watch only when given.
 	refreshTimeout time.Duration
 }
 
@@ -345,7 +346,9 @@ func (c *cli) commandUsage(w io.Writer, cmd *command) {
 	printFlags(w, c.fs, globalFlags)
 	switch {
 	case cmd.timeout > 0 && contains(cmd.flags, "watch"):
-		fmt.Fprintf(w, "\n-timeout is %s unless given (with -watch: each refresh; a -timeout given bounds the whole watch).\n", cmd.timeout)
+		fmt.Fprintf(w, "\n-timeout is %s unless given (with -watch: each refresh; a -timeout given bounds the whole watch, each refresh keeping %s,\n"+
+			"and ends it with exit 0 unless a refresh had then waited -interval, at least %s, or none had answered yet: exit 1).\n",
+			cmd.timeout, cmd.timeout, hungRefresh)
 	case cmd.timeout > 0:
 		fmt.Fprintf(w, "\n-timeout is %s unless given.\n", cmd.timeout)
 	default:
@@ -399,10 +402,16 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	if !timeoutGiven {
 		c.timeout = cmd.timeout
-		if c.watch && c.timeout > 0 {
-			// -watch runs until interrupted: the default bounds each
-			// refresh (runStats), not the whole watch.
-			c.refreshTimeout, c.timeout = c.timeout, 0
+	}
+	if c.watch && cmd.timeout > 0 && c.timeout > 0 {
+		// -watch runs until interrupted: the default bounds each refresh
+		// (runStats), not the whole watch; a -timeout given bounds the
+		// whole watch, and each refresh keeps the default, so that a
+		// broker that stops answering is reported then, not only when a
+		// long watch ends (-timeout 0: no limit on either).
+		c.refreshTimeout = cmd.timeout
+		if !timeoutGiven {
+			c.timeout = 0
 		}
 	}
 	parent := ctx
