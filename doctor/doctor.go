@@ -14,7 +14,7 @@
 // arguments, a no-op, on queues that exist.
 //
 // The command "berth doctor" (cmd/berth) runs [Run] on the broker a URL
-// opens.
+// opens, and [RunStores] when that broker does not answer.
 package doctor
 
 import (
@@ -228,6 +228,9 @@ var ErrNoQueues = errors.New("doctor: name the queues to check (this broker cann
 // A check that does not answer within opts.CheckTimeout, or before ctx's
 // deadline, is a doctor.check-timeout error finding naming what did not
 // answer, and the other checks still run; a cancelled ctx stops the run.
+// Beside the broker's own it runs the checks of [RunStores] (the ledger's,
+// on the PostgreSQL broker its jobs table's when opts.Ledger is nil, the
+// idempotency result store's, the dedupe cache's) and the Worker's options.
 func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
 	var (
@@ -255,13 +258,55 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	if lr, ok := b.(sdk.LeaseReporter); ok {
 		lease = lr.Lease()
 	}
-	if r := o.Ledger; (r != nil || asPostgres(b) != nil) && !missingJobsTable(fs) {
-		if r == nil {
+	var r ledger.Reader
+	if (o.Ledger != nil || asPostgres(b) != nil) && !missingJobsTable(fs) {
+		if r = o.Ledger; r == nil {
 			pg := asPostgres(b)
 			if r, err = pgledger.NewJobs(pg.pool, pg.schema); err != nil {
 				return fs, err
 			}
 		}
+	}
+	sf, err := stores(ctx, o, r, lease)
+	fs = append(fs, sf...)
+	if err != nil {
+		return fs, err
+	}
+	fs = append(fs, workerConfig(b, o, opts)...)
+	Sort(fs)
+	return fs, nil
+}
+
+// RunStores runs the checks of [Run] that read no broker: the ledger's
+// ([Ledger], on opts.Ledger), the idempotency result store's
+// ([Idempotency], on opts.Results) and the dedupe cache's ([Dedupe], on
+// opts.Redis), those that are set, each within opts.CheckTimeout as in Run,
+// and returns their findings, worst first. It is for when the broker cannot
+// be opened or does not answer, when these matter most: berth doctor then
+// reports the broker as doctor.check-timeout and runs them. Without a
+// broker the Worker's options, which are checked against it, are not, the
+// PostgreSQL broker's jobs table does not stand in for a ledger, and the
+// ledger.duration evidence gives no lease. opts.Queues is not read. An
+// error means a check failed (not a timeout: that is a finding); a
+// cancelled ctx stops the run.
+func RunStores(ctx context.Context, opts Options) ([]Finding, error) {
+	o := opts.withDefaults()
+	fs, err := stores(ctx, o, o.Ledger, leaseUnknown)
+	Sort(fs)
+	return fs, err
+}
+
+// leaseUnknown is the lease [Ledger] is given when there is no broker to
+// report one ([RunStores]).
+const leaseUnknown = -1
+
+// stores runs the checks of the stores beside the broker, each within
+// o.CheckTimeout: the ledger's on r (when not nil; lease is the broker's),
+// the idempotency result store's and the dedupe cache's (when o has them).
+// It returns the findings made before an error.
+func stores(ctx context.Context, o Options, r ledger.Reader, lease time.Duration) ([]Finding, error) {
+	var fs []Finding
+	if r != nil {
 		lf, err := bounded(ctx, o, "ledger checks", "", func(ctx context.Context) ([]Finding, error) { return Ledger(ctx, r, lease, o) })
 		if err != nil {
 			return fs, err
@@ -294,8 +339,6 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 		}
 		fs = append(fs, rf...)
 	}
-	fs = append(fs, workerConfig(b, o, opts)...)
-	Sort(fs)
 	return fs, nil
 }
 

@@ -46,7 +46,8 @@ import (
 //     index may be a build under way: the evidence says so and the fix
 //     warns before its DROP.
 //
-// lease is the broker's lease (0: none).
+// lease is the broker's lease (0: none; negative: not known, as when
+// [RunStores] runs without a broker).
 func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
 	now := o.Now()
@@ -73,7 +74,10 @@ func Ledger(ctx context.Context, r ledger.Reader, lease time.Duration, opts Opti
 		sample = fmt.Sprintf(", among the newest %d of more jobs", len(page.Jobs))
 	}
 	leaseText := fmt.Sprintf("lease %s, extended by the heartbeat", lease)
-	if lease <= 0 {
+	switch {
+	case lease < 0:
+		leaseText = "the broker's lease not read (no broker)"
+	case lease == 0:
 		leaseText = "no broker lease" // RabbitMQ: consumer_timeout, not a lease, bounds a delivery
 	}
 	if len(ds) == 0 {

@@ -85,14 +85,20 @@ func dbTimeoutFinding(ctx context.Context, d time.Duration, err error) *doctor.F
 
 // brokerTimeoutFinding is the doctor.check-timeout finding of a broker
 // (-url) whose connection did not answer within d (or before the run's
-// deadline, ctx's) with err: without a broker no check runs.
-func brokerTimeoutFinding(ctx context.Context, d time.Duration, err error) *doctor.Finding {
+// deadline, ctx's) with err: without a broker none of its checks runs, nor
+// those of the Workers' options; only those of others ("-db and -redis",
+// "-db", "-redis" or "": none) do.
+func brokerTimeoutFinding(ctx context.Context, d time.Duration, err error, others string) *doctor.Finding {
+	outcome := "no check was run"
+	if others != "" {
+		outcome = "no check of the broker (its queues, the Workers' options) was run, only those of " + others
+	}
 	f := &doctor.Finding{ID: "doctor.check-timeout", Severity: doctor.Error, Queue: "-url",
-		Summary:  fmt.Sprintf("the broker of -url did not answer within %s: no check was run", d),
+		Summary:  fmt.Sprintf("the broker of -url did not answer within %s: %s", d, outcome),
 		Evidence: err.Error(), // brokerurl's errors never hold the password
 		Fix:      "check that the broker answers (a hung broker stalls the Workers too); if it is only slow, raise -check-timeout"}
 	if ctx.Err() != nil {
-		f.Summary = "the broker of -url did not answer before doctor's overall deadline: no check was run"
+		f.Summary = "the broker of -url did not answer before doctor's overall deadline: " + outcome
 		f.Fix = "check that the broker answers; if it is only slow, raise -timeout (the overall deadline)"
 	}
 	return f
@@ -127,26 +133,36 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if c.checkTimeout <= 0 {
 		return usagef("-check-timeout must be positive")
 	}
+	dsn := c.db
+	if dsn == "" {
+		dsn = c.getenv("BERTH_DB")
+	}
 	// Opening the broker has -check-timeout too: one that does not answer
-	// is a finding (no other check can run without it), not a bare error.
+	// is a finding, not a bare error, and the checks that need no broker
+	// (-db's, -redis's: doctor.RunStores) still run beside it.
+	var brokerFinding *doctor.Finding
 	b, err := c.brokerWithin(ctx, c.checkTimeout)
 	if err != nil {
 		if !dbTimedOut(ctx, err) {
 			return err
 		}
-		return c.reportFindings([]doctor.Finding{*brokerTimeoutFinding(ctx, c.checkTimeout, err)})
+		var others []string // the parts checked without the broker
+		if dsn != "" {
+			others = append(others, "-db")
+		}
+		if c.redis != "" {
+			others = append(others, "-redis")
+		}
+		brokerFinding, b = brokerTimeoutFinding(ctx, c.checkTimeout, err, strings.Join(others, " and ")), nil
+	} else {
+		defer b.Close()
 	}
-	defer b.Close()
 	opts := doctor.Options{Queues: args, MaxAttempts: c.maxAttempts, LongestJob: c.longestJob, Concurrency: c.concurrency,
 		WorkerPrefetch: c.workerPrefetch, DrainTimeout: c.drainTimeout, GracePeriod: c.grace, CheckTimeout: c.checkTimeout}
 	if u, err := url.Parse(c.url); err == nil { // the workers' RabbitMQ prefetch, from the URL they use
 		if p, err := strconv.Atoi(u.Query().Get("prefetch")); err == nil {
 			opts.Prefetch = p
 		}
-	}
-	dsn := c.db
-	if dsn == "" {
-		dsn = c.getenv("BERTH_DB")
 	}
 	// The application's database (-db): the ledger's tables and the
 	// idempotency results. dbFinding: its tables missing, or no answer.
@@ -175,7 +191,7 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		default:
 			defer pool.Close()
 			opts.Results, opts.ResultsTable = pool, c.resultsTable
-			dbFinding = ledgerMissingFinding(schema, c.schema != "", isPostgres(b))
+			dbFinding = ledgerMissingFinding(schema, c.schema != "", b != nil && isPostgres(b))
 		}
 	}
 	if c.redis != "" {
@@ -183,7 +199,13 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		defer rdb.Close()
 		opts.Redis = rdb
 	}
-	fs, err := doctor.Run(ctx, b, opts)
+	var fs []doctor.Finding
+	if b != nil {
+		fs, err = doctor.Run(ctx, b, opts)
+	} else {
+		fs, err = doctor.RunStores(ctx, opts)
+		fs = append(fs, *brokerFinding)
+	}
 	if errors.Is(err, doctor.ErrNoQueues) {
 		return usagef("this broker cannot list its queues: name them (berth doctor QUEUE...)")
 	}
@@ -192,8 +214,8 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	}
 	if dbFinding != nil {
 		fs = append(fs, *dbFinding)
-		doctor.Sort(fs) // worst first, as Run ordered the others
 	}
+	doctor.Sort(fs) // worst first, as Run ordered the others
 	return c.reportFindings(fs)
 }
 

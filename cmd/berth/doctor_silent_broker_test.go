@@ -1,12 +1,24 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/berthq/berth/doctor"
+	"github.com/berthq/berth/idempotency/pgstore"
+	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/ledger/pgledger"
 )
 
 // silentServer returns the address of a TCP listener that accepts every
@@ -87,5 +99,85 @@ func TestDoctorSilentBroker(t *testing.T) {
 	want := "error  doctor.check-timeout  -url: the broker of -url did not answer before doctor's overall deadline: no check was run"
 	if r.code != exitError || !strings.Contains(r.out, want) || !strings.Contains(r.out, "1 checks: 1 errors, 0 warnings") {
 		t.Fatalf("doctor -timeout 2s on a silent broker (exit %d): no %s in\n%s%s", r.code, want, r.out, r.err)
+	}
+}
+
+// TestDoctorSilentBrokerChecksDBAndRedis: with a broker (-url) that accepts
+// the connection and never answers, "berth doctor -db … -redis …" reported
+// the broker's doctor.check-timeout and nothing else: the ledger, the
+// idempotency result store and the dedupe cache, which an operator
+// diagnosing the outage needs most, were not checked, as their checks ran
+// inside doctor.Run, which needs the broker. They now run without it
+// (doctor.RunStores), their findings beside the broker's; exit 1 (the
+// broker's finding is an error).
+func TestDoctorSilentBrokerChecksDBAndRedis(t *testing.T) {
+	ctx := context.Background()
+	dsn := integration.PostgresDSN(t)
+	schema := fmt.Sprintf("cli_nobroker_%d", rand.Uint64()%1e12)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A lease-mode claim whose worker died an hour ago: idempotency.claims-stuck.
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "job_results"}.Sanitize()+` (idempotency_key, status, owner_token, locked_until, expires_at)
+		VALUES ('charge:order_lost:v1', 'in_progress', 'w1', now() - interval '1 hour', now() + interval '7 days')`); err != nil {
+		t.Fatal(err)
+	}
+
+	u := "postgres://x@" + silentServer(t) + "/db"
+	r := doctorEnds(t, u, "billing", "-check-timeout", "2s", "-db", dsn, "-schema", schema, "-results-table", schema+".job_results",
+		"-redis", integration.RedisAddr(t))
+	for _, want := range []string{
+		"error  doctor.check-timeout  -url: the broker of -url did not answer within 2s: no check of the broker (its queues, the Workers' options) was run, only those of -db and -redis",
+		"warn   idempotency.claims-stuck  " + schema + ".job_results: ",
+		"idempotency.retention  " + schema + ".job_results: ",
+		"ok     ledger.retry-storm: ",
+		"ledger.indexes  " + schema + ".ledger_jobs: ",
+		"idempotency.dedupe-ttl",
+	} {
+		if r.code != exitError || !strings.Contains(r.out, want) || r.err != "" {
+			t.Fatalf("doctor -db -redis on a silent broker (exit %d): no %q in\n%s%s", r.code, want, r.out, r.err)
+		}
+	}
+
+	// -db without the ledger's tables: the finding says the ledger checks
+	// were not run (there is no broker whose jobs table they could read).
+	r = doctorEnds(t, u, "billing", "-check-timeout", "2s", "-db", dsn, "-schema", schema+"_none", "-json")
+	var d jsonDoctor
+	if err := json.Unmarshal([]byte(r.out), &d); err != nil || r.code != exitError {
+		t.Fatalf("doctor -db -json on a silent broker (exit %d): %v\n%s%s", r.code, err, r.out, r.err)
+	}
+	var got []string
+	for _, f := range d.Findings {
+		got = append(got, f.ID+" "+f.Queue)
+		if f.ID == "ledger.tables-missing" && !strings.Contains(f.Summary, "the ledger checks were not run") {
+			t.Errorf("ledger.tables-missing without a broker: %q", f.Summary)
+		}
+	}
+	for _, want := range []string{"doctor.check-timeout -url", "ledger.tables-missing " + schema + "_none.ledger_jobs", "idempotency.results-missing public.job_results"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("doctor -db -json on a silent broker: no %s among %q", want, got)
+		}
+	}
+	if d.Errors != 1 || d.Worst != doctor.Error {
+		t.Errorf("doctor -db -json on a silent broker: %d errors, worst %s", d.Errors, d.Worst)
 	}
 }
