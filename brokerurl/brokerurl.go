@@ -15,7 +15,10 @@
 // Each scheme's query parameters are listed on its opener ([Schemes] lists
 // the schemes). A parameter berth does not know for that scheme, or a value it
 // cannot use, is an error: a [*ParamError] naming the parameter, wrapping
-// [ErrInvalidURL]. A URL without "//" after its scheme
+// [ErrInvalidURL]. So is an empty value of a parameter berth reads itself
+// ("?schema=", as "?schema=$SCHEMA" reads with SCHEMA unset): leave a
+// parameter out for its default (the ones postgres:// hands on to pgx keep
+// pgx's meaning). A URL without "//" after its scheme
 // ("amqp:user:pass@host" or "amqp:/user:pass@host", which name no host)
 // wraps [ErrInvalidURL] too, unless nothing but a query follows the scheme
 // ("mem:?lease=1s").

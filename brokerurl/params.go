@@ -75,6 +75,22 @@ func (p *Params) String(name, def string) string {
 	return def
 }
 
+// name returns the parameter name, or def when the URL does not set it; an
+// empty value is refused: the built-in openers read their names (a schema, a
+// prefix, a region, a file) with it, and there "" would silently select the
+// default ("?schema=$SCHEMA" with SCHEMA unset opened the schema "berth").
+func (p *Params) name(name, def string) string {
+	v, ok := p.get(name)
+	if !ok {
+		return def
+	}
+	if v == "" {
+		p.fail(name, "empty value: leave the parameter out for its default")
+		return def
+	}
+	return v
+}
+
 // signedInt returns the parameter name as an integer of any sign, or def
 // when unset: for options where a negative value means "off" (the memory
 // broker's max_deliveries and max_message_size).

@@ -56,14 +56,14 @@ func openJetStream(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, erro
 		WaitTime:       p.Duration("wait_time", 0),
 		MaxDeliveries:  p.Int("max_deliveries", 0),
 		MaxMessageSize: p.Int("max_message_size", 0),
-		Prefix:         p.String("prefix", ""),
+		Prefix:         p.name("prefix", ""),
 		NoDeclare:      p.Bool("no_declare", false),
 		AsyncAck:       p.Bool("async_ack", false),
 	}
 	co := jetstream.ConnectOptions{
-		Name:            p.String("connection_name", ""),
-		CredentialsFile: p.String("creds", ""),
-		NKeyFile:        p.String("nkey", ""),
+		Name:            p.name("connection_name", ""),
+		CredentialsFile: p.name("creds", ""),
+		NKeyFile:        p.name("nkey", ""),
 	}
 	if p.Bool("tls", false) {
 		co.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -123,7 +123,7 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 		QueueType:      rabbitmq.QueueType(p.Enum("queue_type", "", string(rabbitmq.Quorum), string(rabbitmq.Classic))),
 		MaxDeliveries:  p.Int("max_deliveries", 0),
 		NoDeclare:      p.Bool("no_declare", false),
-		ConnectionName: p.String("connection_name", ""),
+		ConnectionName: p.name("connection_name", ""),
 		Heartbeat:      p.Duration("heartbeat", 0),
 		AckInterval:    p.Duration("ack_interval", 0),
 		SyncAck:        p.Bool("sync_ack", false),
@@ -158,11 +158,13 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 // one as a custom setting without checking it (where it refuses an unknown
 // plain name), so a misspelt parameter would be accepted silently. Set such
 // a setting on purpose with options ("options=-c foo.bar=1"). A parameter
-// given more than once is refused. The broker owns the pool it opens and
+// given more than once is refused, and so is one whose value pgx refuses
+// (sslmode=required, a sslrootcert file it cannot read): a [*ParamError]
+// naming it, not repeating its value. The broker owns the pool it opens and
 // closes it.
 func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	o := postgres.Options{
-		Schema:        p.String("schema", ""),
+		Schema:        p.name("schema", ""),
 		Lease:         p.Duration("lease", 0),
 		MaxAttempts:   p.Int("max_attempts", 0),
 		PollInterval:  p.Duration("poll_interval", 0),
@@ -189,7 +191,18 @@ func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	}
 	cfg, err := pgxpool.ParseConfig(withQuery(u, rest))
 	if err != nil {
-		return nil, fmt.Errorf("%w: postgres: the connection string does not parse", ErrInvalidURL) // pgx may quote it
+		// pgx's error quotes the connection string: it is not passed
+		// on. The parameter pgx refuses is named instead, found as the
+		// one without which the string parses.
+		for _, k := range slices.Sorted(maps.Keys(rest)) {
+			without := maps.Clone(rest)
+			delete(without, k)
+			if _, err := pgxpool.ParseConfig(withQuery(u, without)); err == nil {
+				return nil, &ParamError{Scheme: p.scheme, Param: k,
+					Reason: "pgx refuses its value (one pgx does not know, or a file it cannot read)"}
+			}
+		}
+		return nil, fmt.Errorf("%w: postgres: the connection string does not parse", ErrInvalidURL)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -228,6 +241,11 @@ func (b *pgBroker) Close() error {
 	return err
 }
 
+// Unwrap returns the *postgres.Broker under the pool's owner: a wrapper
+// that publishes through it, as telemetry looks through one to name the
+// messaging system ("postgres", not this package's name).
+func (b *pgBroker) Unwrap() sdk.Publisher { return b.Broker }
+
 // As reaches the *postgres.Broker under the pool's owner, or its pool:
 // target must be a **postgres.Broker or a **pgxpool.Pool.
 func (b *pgBroker) As(target any) bool {
@@ -258,12 +276,12 @@ func (b *pgBroker) As(target any) bool {
 // credentials are used.
 func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	scheme := p.scheme
-	region := p.String("region", "")
+	region := p.name("region", "")
 	o := sqs.Options{
 		VisibilityTimeout: p.Duration("visibility_timeout", 0),
 		WaitTime:          p.Duration("wait_time", 0),
 		MaxReceiveCount:   p.Int("max_receive_count", 0),
-		DeadLetterSuffix:  p.String("dlq_suffix", ""),
+		DeadLetterSuffix:  p.name("dlq_suffix", ""),
 	}
 	p.check("visibility_timeout", o.VisibilityTimeout <= sqs.MaxVisibility, "want a duration of at most "+sqs.MaxVisibility.String())
 	p.check("wait_time", o.WaitTime <= sqs.MaxWaitTime, "want a duration of at most "+sqs.MaxWaitTime.String())
