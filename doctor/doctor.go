@@ -14,7 +14,8 @@
 // arguments, a no-op, on queues that exist.
 //
 // The command "berth doctor" (cmd/berth) runs [Run] on the broker a URL
-// opens, and [RunStores] when that broker does not answer.
+// opens, and [RunStores] when that broker cannot be opened or does not
+// answer.
 package doctor
 
 import (
@@ -283,7 +284,8 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 // opts.Redis), those that are set, each within opts.CheckTimeout as in Run,
 // and returns their findings, worst first. It is for when the broker cannot
 // be opened or does not answer, when these matter most: berth doctor then
-// reports the broker as doctor.check-timeout and runs them. Without a
+// reports the broker as doctor.broker-unreachable (refused, or not opened)
+// or doctor.check-timeout (no answer) and runs them. Without a
 // broker the Worker's options, which are checked against it, are not, the
 // PostgreSQL broker's jobs table does not stand in for a ledger, and the
 // ledger.duration evidence gives no lease. opts.Queues is not read. An

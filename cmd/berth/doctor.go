@@ -2,16 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/berthq/berth/brokers/postgres"
@@ -83,16 +88,22 @@ func dbTimeoutFinding(ctx context.Context, d time.Duration, err error) *doctor.F
 	return f
 }
 
+// brokerOutcome says which checks ran without the broker: only those of
+// others ("-db and -redis", "-db", "-redis" or "": none).
+func brokerOutcome(others string) string {
+	if others == "" {
+		return "no check was run"
+	}
+	return "no check of the broker (its queues, the Workers' options) was run, only those of " + others
+}
+
 // brokerTimeoutFinding is the doctor.check-timeout finding of a broker
 // (-url) whose connection did not answer within d (or before the run's
 // deadline, ctx's) with err: without a broker none of its checks runs, nor
 // those of the Workers' options; only those of others ("-db and -redis",
 // "-db", "-redis" or "": none) do.
 func brokerTimeoutFinding(ctx context.Context, d time.Duration, err error, others string) *doctor.Finding {
-	outcome := "no check was run"
-	if others != "" {
-		outcome = "no check of the broker (its queues, the Workers' options) was run, only those of " + others
-	}
+	outcome := brokerOutcome(others)
 	f := &doctor.Finding{ID: "doctor.check-timeout", Severity: doctor.Error, Queue: "-url",
 		Summary:  fmt.Sprintf("the broker of -url did not answer within %s: %s", d, outcome),
 		Evidence: err.Error(), // brokerurl's errors never hold the password
@@ -102,6 +113,73 @@ func brokerTimeoutFinding(ctx context.Context, d time.Duration, err error, other
 		f.Fix = "check that the broker answers; if it is only slow, raise -timeout (the overall deadline)"
 	}
 	return f
+}
+
+// brokerDownFinding is the finding of a broker (-url) that could not be
+// opened, err the error of opening it within d under ctx, beside the
+// checks of others (as for brokerTimeoutFinding): doctor.broker-unreachable
+// when the broker refused the connection, its credentials, vhost or
+// database, its host name did not resolve or the TLS handshake failed (even
+// after the client retried until the deadline, as RabbitMQ's does on a
+// refused connection), or when the broker could not be opened for another
+// reason; doctor.check-timeout when it did not answer in time. It is nil
+// when err is not the broker's: a usage error (a malformed -url, an unknown
+// scheme or parameter) or an interrupted run, which stay errors.
+func brokerDownFinding(ctx context.Context, d time.Duration, err error, others string) *doctor.Finding {
+	var ue *usageError
+	if errors.As(err, &ue) || ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return nil
+	}
+	what, fix := brokerFailure(err)
+	if what == "" {
+		if dbTimedOut(ctx, err) {
+			return brokerTimeoutFinding(ctx, d, err, others)
+		}
+		what, fix = "could not be opened", "fix what the evidence names: the Workers, given the same URL, cannot connect either"
+	} else if errors.Is(err, context.DeadlineExceeded) { // RabbitMQ's client retries a refused connection
+		if ctx.Err() != nil {
+			what += ", retried until doctor's overall deadline"
+		} else {
+			what += fmt.Sprintf(", retried for %s (-check-timeout)", d)
+		}
+	}
+	return &doctor.Finding{ID: "doctor.broker-unreachable", Severity: doctor.Error, Queue: "-url",
+		Summary:  "the broker of -url " + what + ": " + brokerOutcome(others),
+		Evidence: err.Error(), // brokerurl's errors never hold the password
+		Fix:      fix}
+}
+
+// brokerFailure returns what happened to a connection to the broker that
+// failed with err, for a finding's summary, and what to check: "" when err
+// is none of the failures it knows.
+func brokerFailure(err error) (what, fix string) {
+	var (
+		dns    *net.DNSError
+		record tls.RecordHeaderError
+		verify *tls.CertificateVerificationError
+		alert  tls.AlertError
+		ae     *amqp.Error
+		pe     *pgconn.PgError
+	)
+	switch {
+	case errors.As(err, &dns) && !dns.IsTimeout: // a DNS server that did not answer in time is doctor.check-timeout
+		return "could not be reached: its host name did not resolve", "check the host name of -url, and the DNS this machine uses"
+	case errors.As(err, &record) || errors.As(err, &verify) || errors.As(err, &alert) ||
+		errors.Is(err, nats.ErrSecureConnWanted) || errors.Is(err, nats.ErrSecureConnRequired):
+		return "failed the TLS handshake",
+			"check that -url asks for TLS where the server's port speaks it (amqps://, nats:// tls=true, PostgreSQL's sslmode) and that this machine trusts the server's certificate for -url's host name"
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused,
+		errors.As(err, &pe) && (pe.Code == "28P01" || pe.Code == "28000"),
+		errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		return "refused the credentials",
+			"check the user and password of -url (or its credentials file) and that the broker lets that user in from this machine (PostgreSQL: pg_hba.conf)"
+	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed, errors.As(err, &pe) && pe.Code == "3D000":
+		return "refused the vhost or database",
+			"check the path of -url: the RabbitMQ vhost or PostgreSQL database must exist and the user must have access to it"
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, nats.ErrNoServers):
+		return "refused the connection", "check that the broker is running and that -url names its host and port (a firewall can refuse too)"
+	}
+	return "", ""
 }
 
 // dbTimedOut reports whether err, from opening or querying -db (or opening
@@ -137,15 +215,14 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 	if dsn == "" {
 		dsn = c.getenv("BERTH_DB")
 	}
-	// Opening the broker has -check-timeout too: one that does not answer
-	// is a finding, not a bare error, and the checks that need no broker
-	// (-db's, -redis's: doctor.RunStores) still run beside it.
+	// Opening the broker has -check-timeout too: one that does not answer,
+	// refuses the connection or cannot be opened otherwise is a finding,
+	// not a bare error, and the checks that need no broker (-db's,
+	// -redis's: doctor.RunStores) still run beside it. A malformed -url
+	// stays a usage error.
 	var brokerFinding *doctor.Finding
 	b, err := c.brokerWithin(ctx, c.checkTimeout)
 	if err != nil {
-		if !dbTimedOut(ctx, err) {
-			return err
-		}
 		var others []string // the parts checked without the broker
 		if dsn != "" {
 			others = append(others, "-db")
@@ -153,7 +230,10 @@ func runDoctor(ctx context.Context, c *cli, args []string) error {
 		if c.redis != "" {
 			others = append(others, "-redis")
 		}
-		brokerFinding, b = brokerTimeoutFinding(ctx, c.checkTimeout, err, strings.Join(others, " and ")), nil
+		if brokerFinding = brokerDownFinding(ctx, c.checkTimeout, err, strings.Join(others, " and ")); brokerFinding == nil {
+			return err
+		}
+		b = nil
 	} else {
 		defer b.Close()
 	}

@@ -202,7 +202,9 @@ func commands() []*command {
 				"-redis HOST:PORT the dedupe cache's. On the PostgreSQL broker the ledger checks read its jobs table.\n" +
 				"Each check (one queue's, the ledger's, …) has -check-timeout (default 10s) to answer, else it is reported as doctor.check-timeout\n" +
 				"and the others still run; the whole run has -timeout (default 1m; -timeout 0: no limit). A broker whose connection does not\n" +
-				"answer within -check-timeout is that finding for -url: its checks and the Workers' options are not run, -db's and -redis's still are.",
+				"answer within -check-timeout is that finding for -url; one that refuses the connection, its credentials or vhost, or cannot be opened\n" +
+				"otherwise is doctor.broker-unreachable: its checks and the Workers' options are not run, -db's and -redis's still are. A malformed\n" +
+				"-url is a usage error (exit 2).",
 			flags:   []string{"max-attempts", "longest-job", "concurrency", "worker-prefetch", "drain-timeout", "grace-period", "db", "schema", "results-table", "redis", "check-timeout"},
 			run:     runDoctor,
 			timeout: doctorTimeout},
