@@ -31,7 +31,8 @@ import (
 	"github.com/berthq/berth/sdk"
 )
 
-// DefaultQueue is the queue of a [Delivery] made without the [Queue] option.
+// DefaultQueue is the queue of a [Delivery] made without the [Queue] option
+// when no [WorkerOptions] name a queue.
 const DefaultQueue = "berthtest"
 
 // WaitTimeout bounds how long the Wait helpers wait before failing the test
@@ -56,15 +57,27 @@ type Option func(*config)
 type config struct {
 	attempt   int
 	queue     string
+	queueSet  bool // by the Queue option
 	extend    func(context.Context, time.Duration) error
 	noRelease bool
 	worker    sdk.WorkerOptions
 }
 
 func newConfig(opts []Option) config {
-	c := config{attempt: 1, queue: DefaultQueue}
+	c := config{attempt: 1}
 	for _, o := range opts {
 		o(&c)
+	}
+	if !c.queueSet {
+		// A Worker only gets deliveries of the queues it consumes.
+		switch {
+		case c.worker.Queue != "":
+			c.queue = c.worker.Queue
+		case len(c.worker.Queues) > 0:
+			c.queue = c.worker.Queues[0].Name
+		default:
+			c.queue = DefaultQueue
+		}
 	}
 	return c
 }
@@ -74,8 +87,10 @@ func newConfig(opts []Option) config {
 // with a last failure.
 func Attempt(n int) Option { return func(c *config) { c.attempt = max(n, 1) } }
 
-// Queue makes the delivery come from queue.
-func Queue(queue string) Option { return func(c *config) { c.queue = queue } }
+// Queue makes the delivery come from queue. Without it, the delivery comes
+// from the queue of the [WorkerOptions] (Queue, or the first of Queues), as
+// a Worker's deliveries do, else from [DefaultQueue].
+func Queue(queue string) Option { return func(c *config) { c.queue, c.queueSet = queue, true } }
 
 // OnExtend makes ExtendLease return what fn returns: a refused extension
 // ([sdk.ErrLeaseLost]) or a failing one.
@@ -92,30 +107,40 @@ func WithoutRelease() Option { return func(c *config) { c.noRelease = true } }
 // defaults to the delivery's queue (unless Queues is set: the options of a
 // Worker that consumes several queues are taken as they are), Logger to one
 // that discards, Rand to a fixed seed (so backoff delays are the same on
-// every run).
+// every run). Without the [Queue] option, the delivery comes from Queue (or
+// the first of Queues).
 func WorkerOptions(o sdk.WorkerOptions) Option { return func(c *config) { c.worker = o } }
 
 // Result is what the Worker did with one delivery in [Work].
 type Result struct {
 	// Settlement is the Worker's account of it: Action (ack, retry,
-	// dead_letter, release), Delay, the handler's error (Cause) and its Class.
+	// dead_letter, release), Delay, the handler's error (Cause) and its
+	// Class, and Err when the delivery refused the settlement.
 	sdk.Settlement
 	// Reason is the dead-letter reason a broker would store
-	// ([sdk.SanitizeReason] of the cause), "" unless dead-lettered.
+	// ([sdk.SanitizeReason] of the cause), "" unless dead-lettered
+	// ([Result.DeadLettered]).
 	Reason string
 	// Delivery is the fake delivery the handler ran on.
 	Delivery *Delivery
 }
 
 // Acked reports whether the job was acked (done).
-func (r Result) Acked() bool { return r.Action == sdk.ActionAck }
+//
+// Acked, Retried and DeadLettered report a settlement that took: one the
+// delivery refused (Err: the handler had settled the delivery itself, its
+// lease was lost) did nothing, as on a broker, and is none of them; Action
+// still says what the Worker tried.
+func (r Result) Acked() bool { return r.Action == sdk.ActionAck && r.Err == nil }
 
 // Retried reports whether the job was handed back to run again: retried
 // (an attempt consumed) or released (none consumed).
-func (r Result) Retried() bool { return r.Action == sdk.ActionRetry || r.Action == sdk.ActionRelease }
+func (r Result) Retried() bool {
+	return (r.Action == sdk.ActionRetry || r.Action == sdk.ActionRelease) && r.Err == nil
+}
 
 // DeadLettered reports whether the job was moved to the dead-letter queue.
-func (r Result) DeadLettered() bool { return r.Action == sdk.ActionDeadLetter }
+func (r Result) DeadLettered() bool { return r.Action == sdk.ActionDeadLetter && r.Err == nil }
 
 // Work runs h on one delivery of m through the Worker's own settlement code
 // ([sdk.Worker.Process]: middleware, panic recovery, retry policy, handler
@@ -191,7 +216,7 @@ func Work(t testing.TB, h sdk.Handler, m *sdk.Message, opts ...Option) Result {
 		// once stopped), the handler hung until the bound.
 		t.Errorf("berthtest: Work: the handler of a %q job still ran after %s (WaitTimeout): it was stopped, its delivery settled as %s", m.Type, bound, res.Action)
 	}
-	if res.Action == sdk.ActionDeadLetter && res.Cause != nil {
+	if res.DeadLettered() && res.Cause != nil {
 		res.Reason = sdk.SanitizeReason(res.Cause.Error())
 	}
 	return res

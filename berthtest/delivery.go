@@ -54,8 +54,9 @@ var (
 )
 
 // NewDelivery returns a Delivery of m: attempt 1 on queue [DefaultQueue]
-// unless opts say otherwise ([Attempt], [Queue], [OnExtend]). m is used as
-// it is; [Work] prepares it first ([sdk.Prepare]).
+// unless opts say otherwise ([Attempt], [Queue] or the queue of
+// [WorkerOptions], [OnExtend]). m is used as it is; [Work] prepares it
+// first ([sdk.Prepare]).
 func NewDelivery(m *sdk.Message, opts ...Option) *Delivery {
 	c := newConfig(opts)
 	return &Delivery{msg: m, attempt: c.attempt, queue: c.queue, extend: c.extend, done: make(chan struct{})}
@@ -67,7 +68,8 @@ func (d *Delivery) Message() *sdk.Message { return d.msg }
 // Attempt returns the attempt given by the [Attempt] option, 1 by default.
 func (d *Delivery) Attempt() int { return d.attempt }
 
-// Queue returns the queue given by the [Queue] option, [DefaultQueue] by default.
+// Queue returns the queue given by the [Queue] option, else the queue of
+// the [WorkerOptions], else [DefaultQueue].
 func (d *Delivery) Queue() string { return d.queue }
 
 // Ack records an ack.

@@ -27,6 +27,10 @@ type Recorder struct {
 	records []Record
 	changed chan struct{} // closed and replaced at every settlement
 	timeout time.Duration // of the waits; 0: WaitTimeout
+	// stopped is closed when the Worker of StartWorker returned from Run,
+	// runErr (written before) what it returned; nil for NewRecorder's.
+	stopped chan struct{}
+	runErr  error
 }
 
 var _ sdk.Observer = (*Recorder)(nil)
@@ -118,7 +122,10 @@ func finished(rs []Record) []Record {
 
 // WaitFor waits up to [WaitTimeout] (or [Recorder.SetWaitTimeout]) until
 // cond holds on the settlements so far and returns them; it fails the test,
-// naming what, if cond never holds.
+// naming what, if cond never holds. On the Recorder of [StartWorker], it
+// fails at once, with Run's error, when the Worker has stopped (a closed
+// broker, a missing queue): no settlement can come any more. The same goes
+// for [Recorder.Wait] and [Recorder.WaitDone].
 func (r *Recorder) WaitFor(t testing.TB, what string, cond func([]Record) bool) []Record {
 	t.Helper()
 	r.mu.Lock()
@@ -126,6 +133,7 @@ func (r *Recorder) WaitFor(t testing.TB, what string, cond func([]Record) bool) 
 	r.mu.Unlock()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
+	stopped := false
 	for {
 		r.mu.Lock()
 		all := append([]Record(nil), r.records...)
@@ -134,8 +142,14 @@ func (r *Recorder) WaitFor(t testing.TB, what string, cond func([]Record) bool) 
 		if cond(all) {
 			return all
 		}
+		if stopped {
+			t.Fatalf("berthtest: the Worker stopped (Run returned %v) while waiting for %s; %d settlements: %s", r.runErr, what, len(all), summary(all))
+			return nil
+		}
 		select {
 		case <-changed:
+		case <-r.stopped: // nil (never ready) but for StartWorker's
+			stopped = true // look once more: its last settlements came before
 		case <-timer.C:
 			t.Fatalf("berthtest: timed out after %s waiting for %s; %d settlements: %s", timeout, what, len(all), summary(all))
 			return nil
@@ -180,10 +194,13 @@ func Memory(t testing.TB, opts ...memory.Options) *memory.Broker {
 // StartWorker runs a Worker for h on opts.Queue of sub until the test ends
 // (it then stops the Worker and waits for it, failing the test if Run
 // returned an error), and returns a Recorder of its settlements, added to
-// opts.Observers. Logger defaults to one that discards.
+// opts.Observers. The recorder's waits fail as soon as the Worker has
+// stopped (Run returned an error during the test). Logger defaults to one
+// that discards.
 func StartWorker(t testing.TB, sub sdk.Subscriber, h sdk.Handler, opts sdk.WorkerOptions) *Recorder {
 	t.Helper()
 	rec := NewRecorder()
+	rec.stopped = make(chan struct{})
 	opts.Observers = append(append([]sdk.Observer(nil), opts.Observers...), rec)
 	if opts.Logger == nil {
 		opts.Logger = discard
@@ -194,7 +211,12 @@ func StartWorker(t testing.TB, sub sdk.Subscriber, h sdk.Handler, opts sdk.Worke
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	go func() {
+		err := w.Run(ctx)
+		rec.runErr = err // read by the waits once stopped is closed
+		close(rec.stopped)
+		done <- err
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
