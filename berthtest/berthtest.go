@@ -13,7 +13,7 @@
 //		m, _ := sdk.NewJob(ChargeOrder{OrderID: "o1"})
 //		res := berthtest.Work(t, router, m)
 //		if !res.Acked() {
-//			t.Fatalf("charge: %s (%v)", res.Action, res.Cause)
+//			t.Fatalf("charge: %s (%v, refused: %v)", res.Action, res.Cause, res.Err)
 //		}
 //	}
 package berthtest

@@ -27,8 +27,9 @@ type Call struct {
 // first settlement wins, a later one returns [sdk.ErrAlreadySettled] (and is
 // recorded, so a test can see that the Worker settled twice), a settlement
 // after ExtendLease returned an error wrapping [sdk.ErrLeaseLost] is refused
-// with such an error and settles nothing (it is recorded too), and a
-// dead-letter reason is what a broker would store ([sdk.SanitizeReason]).
+// with such an error and settles nothing (it is recorded too). A dead
+// letter's Call keeps the cause as given; [Result.Reason] is what a broker
+// would store of it ([sdk.SanitizeReason]).
 //
 // Use it to test handlers and middleware without a broker, and to force
 // the failure paths a real broker cannot produce on demand (a refused lease
