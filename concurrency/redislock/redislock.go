@@ -309,9 +309,15 @@ func (l *Lock) Extend(ctx context.Context) error {
 // took it): whatever the holder did after that point was not protected by
 // the lock. Releasing twice reports ErrLockLost the second time.
 //
-// A Release whose outcome is unknown (a network error) may be called again:
-// when the first call did delete the lock, the second reports success, as
-// the first would have.
+// A Release whose outcome is unknown (a network error, ctx ending mid-call)
+// may be called again: when the first call did delete the lock, the second
+// reports success, as the first would have.
+//
+// A ctx already done when Release is called (a deferred Release in a job
+// cancelled by its timeout or a shutdown) does not stop it: a lock left
+// behind would block every other holder for the rest of its TTL. Release
+// then runs on a context of its own, ctx's values without its
+// cancellation, bounded by a second (as [Client.Obtain]'s clean-up is).
 func (l *Lock) Release(ctx context.Context) error {
 	_, err := l.release(ctx)
 	return err
@@ -322,6 +328,11 @@ func (l *Lock) Release(ctx context.Context) error {
 func (l *Lock) release(ctx context.Context) (earlier bool, err error) {
 	if !l.released.CompareAndSwap(false, true) {
 		return false, l.alreadyReleased()
+	}
+	if ctx.Err() != nil { // go-redis would not even send the script
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+		defer cancel()
 	}
 	call := l.releases.Add(1)
 	n, err := releaseScript.Run(ctx, l.c.rdb, []string{l.key, l.key + ":released:" + l.owner}, l.owner, l.ttl.Milliseconds(), call).Int64()
@@ -522,7 +533,8 @@ func (c *Client) wrap(ctx context.Context, op, resource string, err error) error
 	return fmt.Errorf("redislock: %s %q: %w", op, resource, err)
 }
 
-// abandonTimeout bounds the release [Client.abandon] sends.
+// abandonTimeout bounds the release [Client.abandon] sends, and a Release
+// called with its ctx already done.
 const abandonTimeout = time.Second
 
 // abandon releases, as far as it can, a lock an Obtain may have taken

@@ -195,3 +195,37 @@ func TestTTLIsTheLifetimeRedisGives(t *testing.T) {
 		}
 	}
 }
+
+// A Release whose ctx is already done — a deferred l.Release(ctx) in a job
+// cancelled by its timeout or a shutdown — still releases the lock. Before,
+// go-redis refused the call before sending it, Release returned a bare
+// context.Canceled that said nothing of the lock, and the lock stayed in
+// Redis, held by nobody, for its whole TTL: every Obtain of the resource
+// meanwhile was busy.
+func TestReleaseAfterCtxEndedStillReleases(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	c := newClient(t, rdb, prefix, redislock.Options{TTL: 30 * time.Second})
+	bg := context.Background()
+	ctx, cancel := context.WithCancel(bg)
+	l, err := c.Obtain(ctx, "order:21")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release after ctx ended = %v, want nil", err)
+	}
+	if n, err := rdb.Exists(bg, prefix+"{order:21}").Result(); err != nil || n != 0 {
+		t.Errorf("lock key exists = %d, %v after Release: still held by nobody", n, err)
+	}
+	next, err := c.Obtain(bg, "order:21")
+	if err != nil {
+		t.Fatalf("Obtain after the released lock = %v, want the lock", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, redislock.ErrLockLost) {
+		t.Errorf("second Release = %v, want ErrLockLost", err)
+	}
+	if err := next.Release(bg); err != nil {
+		t.Errorf("next holder's Release = %v", err)
+	}
+}
