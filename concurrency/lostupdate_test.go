@@ -163,11 +163,18 @@ func TestLostUpdate(t *testing.T) {
 		run(t, pool, func(ctx context.Context) error {
 			for {
 				err := locks.Run(ctx, "counter:1", func(ctx context.Context, l *redislock.Lock) error {
-					var n int64
-					if err := pool.QueryRow(ctx, "SELECT n FROM counters WHERE id = 1").Scan(&n); err != nil {
-						return err
-					}
-					return f.Update(ctx, pool, 1, l.Token(), map[string]any{"n": n + 1})
+					// Check, read, write, in one transaction: a read
+					// before the Check is not fenced (TestFencedReadModifyWrite).
+					return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						if err := f.Check(ctx, tx, 1, l.Token()); err != nil {
+							return err
+						}
+						var n int64
+						if err := tx.QueryRow(ctx, "SELECT n FROM counters WHERE id = 1").Scan(&n); err != nil {
+							return err
+						}
+						return f.Update(ctx, tx, 1, l.Token(), map[string]any{"n": n + 1})
+					})
 				})
 				if !errors.Is(err, redislock.ErrBusy) {
 					return err

@@ -14,6 +14,19 @@
 // several times, while every earlier holder is refused. Run the fenced write
 // in the transaction that makes the rest of the job's effect: the row lock it
 // takes then fences the whole transaction.
+//
+// A token orders writes; it does not fence a read made before it is
+// recorded. In a read-modify-write, a holder that reads the row and then
+// makes a fenced write can lose an update: the earlier holder, paused past
+// its lock's TTL, writes between that read and the fenced write (no later
+// token has written yet, so its write is accepted), and the fenced write,
+// computed from the read before it, overwrites it. Take the token first:
+//
+//	tx: Check(row, token) → read the row → Update(row, token, new values) → commit
+//
+// Check records the token and locks the row until commit, so an earlier
+// holder's write either came before it (and the read sees it) or is
+// refused ([ErrStaleToken]).
 package fence
 
 import (
@@ -99,9 +112,9 @@ func New(opts Options) (*Table, error) {
 }
 
 // Check records token on the row whose key is key, provided no later token
-// has; it writes nothing else. Run it first in a transaction whose other
-// writes the token should fence. A later token gives a [*StaleTokenError]
-// ([ErrStaleToken]); a missing row a permanent [ErrNotFound]; a key or
+// has; it writes nothing else. Run it first in a transaction whose reads and
+// other writes the token should fence (see the package doc). A later token
+// gives a [*StaleTokenError] ([ErrStaleToken]); a missing row a permanent [ErrNotFound]; a key or
 // value PostgreSQL cannot read (a data exception, SQLSTATE class 22) a
 // permanent error wrapping PostgreSQL's.
 func (t *Table) Check(ctx context.Context, db DB, key any, token int64) error {
@@ -161,7 +174,7 @@ func (t *Table) wrap(ctx context.Context, key any, err error) error {
 		return ctx.Err()
 	}
 	if sqlident.DataException(err) { // a retry sends the same values
-		return sdk.Permanent(fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), err))
+		return sdk.Permanent(fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), sqlident.EscapedErr(err)))
 	}
-	return fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), err)
+	return fmt.Errorf("fence: %s %s: %w", t.name, sqlident.KeyText(key), sqlident.EscapedErr(err))
 }
