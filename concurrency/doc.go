@@ -28,4 +28,9 @@
 // package's ErrNotFound), and so is a value PostgreSQL refuses with a data
 // exception (SQLSTATE class 22: a key the key column's type cannot read, a
 // value to set of the wrong form), since every retry sends the same values.
+// Keys and values often come from messages: in error text a string key is
+// quoted with Go escapes, and so is any other key, or a status read from a
+// row, whose text needs them; PostgreSQL's message, which repeats a value
+// it could not read as it was sent, has its control and bidirectional-text
+// characters escaped.
 package concurrency

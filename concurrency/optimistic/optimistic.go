@@ -318,9 +318,9 @@ func (t *Table) wrap(ctx context.Context, key any, err error) error {
 		return ctx.Err()
 	}
 	if sqlident.DataException(err) { // a retry sends the same values
-		return sdk.Permanent(fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), err))
+		return sdk.Permanent(fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), sqlident.EscapedErr(err)))
 	}
-	return fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), err)
+	return fmt.Errorf("optimistic: %s %s: %w", t.name, sqlident.KeyText(key), sqlident.EscapedErr(err))
 }
 
 // DefaultMaxAttempts is the number of tries a zero [Retrier] makes.

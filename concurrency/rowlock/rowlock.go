@@ -222,7 +222,7 @@ func (l *Locker) classify(ctx context.Context, key any, waited time.Duration, er
 		return ctx.Err()
 	}
 	if sqlident.DataException(err) { // a retry sends the same key
-		return sdk.Permanent(fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), err))
+		return sdk.Permanent(fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), sqlident.EscapedErr(err)))
 	}
-	return fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), err)
+	return fmt.Errorf("rowlock: lock %s %s: %w", l.table, sqlident.KeyText(key), sqlident.EscapedErr(err))
 }

@@ -66,7 +66,7 @@ func (e *TransitionError) Error() string {
 	if e.Backward {
 		dir = "backward"
 	}
-	from := e.From
+	from := sqlident.Text(e.From) // read from the row: any text
 	if from == "" {
 		from = "(NULL or empty)"
 	}
@@ -334,7 +334,7 @@ func (m *Machine) wrap(ctx context.Context, key any, err error) error {
 		return ctx.Err()
 	}
 	if sqlident.DataException(err) { // a retry sends the same values
-		return sdk.Permanent(fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), err))
+		return sdk.Permanent(fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), sqlident.EscapedErr(err)))
 	}
-	return fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), err)
+	return fmt.Errorf("state: %s %s: %w", m.name, sqlident.KeyText(key), sqlident.EscapedErr(err))
 }

@@ -145,7 +145,8 @@ func stringKey(key any) (string, bool) {
 // message, so it is untrusted; see stringKey for what counts as one) quoted
 // with Go escapes, so that a NUL, a newline or a terminal escape in it
 // cannot forge or garble a log line or a terminal; any other key as fmt
-// prints it.
+// prints it, quoted the same way (see [Text]) when that text needs escapes
+// (a pgtype.Text or sql.NullString holding a message's text).
 func KeyText(key any) string {
 	if k, ok := key.([]byte); ok {
 		return strconv.Quote(string(k))
@@ -153,7 +154,58 @@ func KeyText(key any) string {
 	if s, ok := stringKey(key); ok {
 		return strconv.Quote(s)
 	}
-	return fmt.Sprint(key)
+	return Text(fmt.Sprint(key))
+}
+
+// Text is s as error text: s itself when Go would print it unescaped, else s
+// quoted with Go escapes (a newline, a control or bidirectional-text
+// character, invalid UTF-8): for text read from a row or from a message.
+func Text(s string) string {
+	if q := strconv.Quote(s); q[1:len(q)-1] != s {
+		return q
+	}
+	return s
+}
+
+// EscapedErr returns err, a database error, with every character of its
+// text that Go would not print unescaped (a newline, a control or
+// bidirectional-text character, invalid UTF-8) written as its Go escape,
+// and a backslash as \\: PostgreSQL repeats a value it cannot read in its
+// message as it was sent (`invalid input syntax for type bigint:
+// "1<newline>…"`), and keys and values come from messages. errors.Is and
+// errors.As see err (the *pgconn.PgError and its SQLSTATE).
+func EscapedErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return escapedError{err}
+}
+
+type escapedError struct{ err error }
+
+func (e escapedError) Error() string { return escape(e.err.Error()) }
+func (e escapedError) Unwrap() error { return e.err }
+
+// escape writes s with each character strconv.Quote would escape escaped,
+// without the quotes (a PostgreSQL message quotes values itself).
+func escape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\\':
+			b.WriteString(`\\`)
+		case strconv.IsPrint(r):
+			b.WriteString(s[i : i+n])
+		default:
+			q := strconv.QuoteRune(r) // '\n', '\x1b', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // DataException reports whether err is PostgreSQL refusing a statement's

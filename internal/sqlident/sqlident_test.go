@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/berthq/berth/internal/sqlident"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 )
 
@@ -84,5 +85,27 @@ func TestUnstorableKey(t *testing.T) {
 	}
 	if got, want := sqlident.KeyText(&bad), `"a\x00"`; got != want {
 		t.Errorf("KeyText(&namedKey) = %s, want %s", got, want)
+	}
+}
+
+// EscapedErr escapes what PostgreSQL repeats of a value in its message and
+// keeps the error's chain; Text quotes only text that needs escapes.
+func TestEscapedErrAndText(t *testing.T) {
+	pe := &pgconn.PgError{Severity: "ERROR", Code: "22P02", Message: "invalid input syntax for type bigint: \"1\n\x1b[31m\u202e\\\xff\""}
+	err := sqlident.EscapedErr(pe)
+	if got, want := err.Error(), `ERROR: invalid input syntax for type bigint: "1\n\x1b[31m\u202e\\\xff" (SQLSTATE 22P02)`; got != want {
+		t.Errorf("EscapedErr text = %s, want %s", got, want)
+	}
+	var as *pgconn.PgError
+	if !errors.As(err, &as) || as != pe || !sqlident.DataException(err) {
+		t.Errorf("EscapedErr lost the *pgconn.PgError from its chain")
+	}
+	if sqlident.EscapedErr(nil) != nil {
+		t.Error("EscapedErr(nil) != nil")
+	}
+	for in, want := range map[string]string{"pending": "pending", "": "", "a\nb": `"a\nb"`, "\u202e": `"\u202e"`, `say "x"`: `"say \"x\""`} {
+		if got := sqlident.Text(in); got != want {
+			t.Errorf("Text(%q) = %s, want %s", in, got, want)
+		}
 	}
 }
