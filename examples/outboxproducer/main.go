@@ -10,7 +10,8 @@
 //
 // With a postgres:// broker URL the broker could take part in the
 // transaction itself (it is an sdk.TxPublisher too); the outbox is the way
-// for every broker. The demo works in a schema of its own, dropped at the end.
+// for every broker. The demo works in a schema of its own, dropped at the end
+// (Ctrl-C or SIGTERM included).
 package main
 
 import (
@@ -22,6 +23,8 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,9 +56,17 @@ func main() {
 	dsn := flag.String("postgres", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL DSN (the business database, holding the outbox)")
 	url := flag.String("broker", "mem://", "broker URL (brokerurl schemes)")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Ctrl-C or SIGTERM ends the demo with its schema dropped; a second one
+	// kills it at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	context.AfterFunc(ctx, stop)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := demo(ctx, *dsn, *url, os.Stdout); err != nil {
+		if ctx.Err() != nil { // say why: the signal, or the minute
+			err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+		}
 		log.Fatal(err)
 	}
 }

@@ -3,8 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"go.uber.org/goleak"
 
@@ -12,7 +20,17 @@ import (
 	"github.com/berthq/berth/berthtest/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// runMainEnv makes the test binary run the command's main instead of the
+// tests (TestInterruptDropsSchema's child process).
+const runMainEnv = "BERTH_OUTBOXPRODUCER_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // TestRun: the committed sign-ups' jobs reach the broker through the
 // outbox, once each, with their keys; the refused one publishes nothing.
@@ -40,5 +58,110 @@ func TestRun(t *testing.T) {
 	st, err := b.Stats(context.Background(), Queue)
 	if err != nil || st.Ready+st.InFlight+st.Delayed != 0 {
 		t.Errorf("queue left with %+v (%v)", st, err)
+	}
+}
+
+// TestInterruptDropsSchema: Ctrl-C (SIGINT) while the demo waits for its
+// broker (here one that takes the connection and never answers) ends it with
+// an error, its schema dropped, as the command's doc promises ("dropped at
+// the end"), instead of killing it with the schema left behind.
+func TestInterruptDropsSchema(t *testing.T) {
+	db, _ := pgtest.Schema(t, 2)
+	dsn := db.Config().ConnString() // the database's, without the schema
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	schemas := func() map[string]bool {
+		t.Helper()
+		rows, err := db.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'outbox\_demo\_%'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, n := range names {
+			m[n] = true
+		}
+		return m
+	}
+	before := schemas()
+
+	// A broker that accepts connections and never answers: the demo waits
+	// for it after creating its schema.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	accepting := make(chan struct{})
+	go func() {
+		defer close(accepting)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		_ = ln.Close()
+		<-accepting
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+
+	cmd := exec.Command(os.Args[0], "-postgres", dsn, "-broker", "amqp://guest:guest@"+ln.Addr().String()+"/")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var mine string
+	for mine == "" {
+		for n := range schemas() {
+			if !before[n] {
+				mine = n
+			}
+		}
+		if mine != "" {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the demo ended before its schema appeared: %v\n%s", err, stderr.String())
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Fatal("no outbox_demo_ schema appeared")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-exited:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the demo did not end after SIGINT\n%s", stderr.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "interrupt signal received") {
+		t.Errorf("after SIGINT the demo ended with %v, want exit status 1 saying it was interrupted (not killed by the signal)\n%s", err, stderr.String())
+	}
+	if schemas()[mine] {
+		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mine}.Sanitize()+" CASCADE")
+		t.Errorf("schema %s left behind after SIGINT", mine)
 	}
 }

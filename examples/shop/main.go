@@ -13,7 +13,7 @@
 //
 // It prints the orders by status, the stock left, the emails sent (once per
 // confirmed order) and what telemetry counted. It works in a schema of its
-// own, dropped at the end.
+// own, dropped at the end (Ctrl-C or SIGTERM included).
 package main
 
 import (
@@ -25,9 +25,11 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"os/signal"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,9 +50,17 @@ func main() {
 	orders := flag.Int("orders", 40, "orders to place")
 	stock := flag.Int("stock", 15, "items of each of the two products")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Ctrl-C or SIGTERM ends the demo with its schema dropped; a second one
+	// kills it at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	context.AfterFunc(ctx, stop)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := demo(ctx, *dsn, Config{Orders: *orders, Stock: *stock}, os.Stdout); err != nil {
+		if ctx.Err() != nil { // say why: the signal, or the 2 minutes
+			err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+		}
 		log.Fatal(err)
 	}
 }

@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -19,7 +24,17 @@ import (
 	"github.com/berthq/berth/telemetry"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// runMainEnv makes the test binary run the command's main instead of the
+// tests (TestInterruptDropsSchema's child process).
+const runMainEnv = "BERTH_SHOP_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // newTestShop is a migrated shop in a schema of the test's own, with
 // telemetry recording into spans.
@@ -232,5 +247,82 @@ func TestRun(t *testing.T) {
 	r.Print(&out)
 	if !strings.Contains(out.String(), "emails sent: 6 (orders emailed twice: 0)") {
 		t.Errorf("report:\n%s", out.String())
+	}
+}
+
+// TestInterruptDropsSchema: Ctrl-C (SIGINT) while the demo runs ends it with
+// an error, its schema dropped, as the command's doc promises ("dropped at
+// the end"), instead of killing it with the schema left behind.
+func TestInterruptDropsSchema(t *testing.T) {
+	db, _ := pgtest.Schema(t, 2)
+	dsn := db.Config().ConnString() // the database's, without the schema
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	schemas := func() map[string]bool {
+		t.Helper()
+		rows, err := db.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'shop\_demo\_%'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, n := range names {
+			m[n] = true
+		}
+		return m
+	}
+	before := schemas()
+
+	// Enough orders that the demo is still placing them when it is interrupted.
+	cmd := exec.Command(os.Args[0], "-postgres", dsn, "-orders", "10000", "-stock", "10")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var mine string
+	for mine == "" {
+		for n := range schemas() {
+			if !before[n] {
+				mine = n
+			}
+		}
+		if mine != "" {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the demo ended before its schema appeared: %v\n%s", err, stderr.String())
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Fatal("no shop_demo_ schema appeared")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-exited:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the demo did not end after SIGINT\n%s", stderr.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "interrupt signal received") {
+		t.Errorf("after SIGINT the demo ended with %v, want exit status 1 saying it was interrupted (not killed by the signal)\n%s", err, stderr.String())
+	}
+	if schemas()[mine] {
+		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mine}.Sanitize()+" CASCADE")
+		t.Errorf("schema %s left behind after SIGINT", mine)
 	}
 }
