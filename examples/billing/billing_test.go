@@ -4,15 +4,31 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// runMainEnv makes the test binary run the command's main instead of the
+// tests (TestSIGTERMDropsSchema's child process).
+const runMainEnv = "BERTH_BILLING_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // check asserts the scenario's promise: no order charged twice, every valid
 // order charged, and exactly the poison job dead-lettered, as undecodable.
@@ -116,5 +132,117 @@ func TestScenarioPostgresRedis(t *testing.T) {
 	check(t, s, out.String())
 	if s.Guard.CacheHits == 0 {
 		t.Fatal("no duplicate was answered by the cache")
+	}
+}
+
+// cancelOnLog is a slog.Handler that cancels a run's context, with its
+// cause, at the first record the run logs (its Workers are then running).
+type cancelOnLog struct {
+	cancel context.CancelCauseFunc
+	cause  error
+}
+
+func (h cancelOnLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOnLog) Handle(context.Context, slog.Record) error {
+	h.cancel(h.cause)
+	return nil
+}
+func (h cancelOnLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h cancelOnLog) WithGroup(string) slog.Handler      { return h }
+
+// An interrupted run (Ctrl-C: main's context cancelled by the signal) says
+// so, not that it ran out of -timeout.
+func TestScenarioInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	interrupted := errors.New("interrupt signal received")
+	var out bytes.Buffer
+	_, err := run(ctx, config{Seed: 9, Orders: 200, Timeout: 10 * time.Minute, Logger: slog.New(cancelOnLog{cancel, interrupted})}, &out)
+	if err == nil {
+		t.Fatalf("an interrupted run returned no error\n%s", out.String())
+	}
+	if !strings.Contains(err.Error(), "interrupt signal received") || strings.Contains(err.Error(), "did not finish within") {
+		t.Errorf("interrupted run: %v, want it to say it was interrupted", err)
+	}
+}
+
+// TestSIGTERMDropsSchema: SIGTERM (kill, docker stop) while the scenario
+// runs on PostgreSQL stops it as Ctrl-C does, with its schema dropped
+// ("dropped at the end unless -keep"), instead of killing it with the schema
+// and its jobs left behind.
+func TestSIGTERMDropsSchema(t *testing.T) {
+	dsn := integration.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	schemas := func() map[string]bool {
+		t.Helper()
+		rows, err := db.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname ~ '^billing_[0-9a-f]{8}$'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, n := range names {
+			m[n] = true
+		}
+		return m
+	}
+	before := schemas()
+
+	// Enough orders that the scenario still runs when the signal comes.
+	cmd := exec.Command(os.Args[0], "-broker", "postgres", "-postgres", dsn, "-orders", "20000", "-timeout", "10m")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var mine string
+	for mine == "" {
+		for n := range schemas() {
+			if !before[n] {
+				mine = n
+			}
+		}
+		if mine != "" {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the scenario ended before its schema appeared: %v\n%s", err, stderr.String())
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Fatal("no billing_ schema appeared")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-exited:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the scenario did not end after SIGTERM\n%s", stderr.String())
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "terminated signal received") {
+		t.Errorf("after SIGTERM the scenario ended with %v, want exit status 1 saying it was stopped (not killed by the signal)\n%s", err, stderr.String())
+	}
+	if schemas()[mine] {
+		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mine}.Sanitize()+" CASCADE")
+		t.Errorf("schema %s left behind after SIGTERM", mine)
 	}
 }

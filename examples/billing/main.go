@@ -29,18 +29,20 @@
 // With -redis, a Redis cache (SET NX EX, written after each commit) answers
 // most duplicates before the store is asked; it is never the source of
 // truth. With -postgres the orders, charges and job_results tables live in a fresh
-// schema of that database (dropped at the end unless -keep). The summary ends
-// with the number of orders charged twice; the exit status is 1 unless it is
-// 0 and every valid order was charged.
+// schema of that database, dropped at the end (Ctrl-C or SIGTERM included)
+// unless -keep. The summary ends with the number of orders charged twice; the
+// exit status is 1 unless it is 0 and every valid order was charged.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"syscall"
 	"time"
 )
 
@@ -48,9 +50,9 @@ func main() {
 	var c config
 	flag.StringVar(&c.Broker, "broker", "memory", "broker: memory, rabbitmq, sqs, postgres or jetstream")
 	flag.StringVar(&c.PostgresDSN, "postgres", os.Getenv("BERTH_POSTGRES_DSN"), "PostgreSQL DSN for the stores (and -broker postgres); default $BERTH_POSTGRES_DSN, empty means memory stores")
-	flag.StringVar(&c.RabbitMQURL, "rabbitmq", os.Getenv("BERTH_RABBITMQ_URL"), "RabbitMQ URL for -broker rabbitmq")
+	flag.StringVar(&c.RabbitMQURL, "rabbitmq", os.Getenv("BERTH_RABBITMQ_URL"), "RabbitMQ URL for -broker rabbitmq; default $BERTH_RABBITMQ_URL")
 	flag.StringVar(&c.RedisAddr, "redis", "", "Redis host:port for the dedupe cache in front of the store (optional)")
-	flag.StringVar(&c.SQSEndpoint, "sqs", os.Getenv("BERTH_SQS_ENDPOINT"), "SQS endpoint for -broker sqs")
+	flag.StringVar(&c.SQSEndpoint, "sqs", os.Getenv("BERTH_SQS_ENDPOINT"), "SQS endpoint for -broker sqs; default $BERTH_SQS_ENDPOINT")
 	flag.StringVar(&c.NATSURL, "nats", natsDefault(), "NATS URL for -broker jetstream; default $BERTH_NATS_URL, else nats://127.0.0.1:4222")
 	flag.IntVar(&c.Orders, "orders", 60, "number of orders")
 	flag.IntVar(&c.DupEvery, "dup-every", 3, "publish every n-th order's job twice")
@@ -67,10 +69,16 @@ func main() {
 	if *verbose {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// Ctrl-C or SIGTERM stops the scenario, its schema and queue removed
+	// (unless -keep); a second one kills it at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, stop)
 	s, err := run(ctx, c, os.Stdout)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) { // stopped while setting up: say why
+			err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+		}
 		fmt.Fprintln(os.Stderr, "billing:", err)
 		os.Exit(1)
 	}

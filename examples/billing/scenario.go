@@ -315,7 +315,7 @@ func run(ctx context.Context, c config, out io.Writer) (*summary, error) {
 		return nil, err
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, c.Timeout, fmt.Errorf("did not finish within %s (-timeout)", c.Timeout))
 	defer cancel()
 	e, err := open(ctx, &c)
 	if err != nil {
@@ -416,7 +416,9 @@ func run(ctx context.Context, c config, out io.Writer) (*summary, error) {
 	select {
 	case <-tr.allDone:
 	case <-ctx.Done():
-		waitErr = fmt.Errorf("scenario did not finish within %s: %d of %d jobs settled", c.Timeout, tr.settled(), len(msgs))
+		// The cause: -timeout ran out, or main's context was cancelled
+		// (Ctrl-C: "interrupt signal received").
+		waitErr = fmt.Errorf("scenario stopped: %v: %d of %d jobs settled", context.Cause(ctx), tr.settled(), len(msgs))
 	}
 	stop()
 	wg.Wait()
