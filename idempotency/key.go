@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/berthq/berth/internal/notfound"
@@ -46,9 +47,16 @@ type MissingKeyError struct {
 	Type      string
 }
 
-// Error says which message has no key.
+// Error says which message has no key. The ID comes from the message, so
+// it is untrusted: written as it is when Go would print it unescaped, else
+// quoted with Go escapes (a newline, a control or bidirectional-text
+// character), as the error becomes a dead-letter reason and a log line.
 func (e *MissingKeyError) Error() string {
-	return fmt.Sprintf("idempotency: message %s (type %q) has no idempotency key", e.MessageID, e.Type)
+	id := e.MessageID
+	if q := strconv.Quote(id); q[1:len(q)-1] != id {
+		id = q
+	}
+	return fmt.Sprintf("idempotency: message %s (type %q) has no idempotency key", id, e.Type)
 }
 
 // Unwrap returns [ErrMissingKey].
