@@ -32,7 +32,8 @@
 // that is taken over when it expires, and the handler runs again. Pass the
 // key ([KeyFrom]) to the external API so that it deduplicates that second
 // call; the guard does its part by recording a success even after the
-// handler's ctx was cancelled and by retrying a failed completion.
+// handler's ctx was cancelled and by retrying a failed completion for as
+// long as the claim holds.
 //
 // The same key with a different payload fingerprint is a permanent
 // [ErrKeyConflict], never the stored result. A key (or job type) the store

@@ -99,8 +99,14 @@ type Options struct {
 	Retention time.Duration
 	// CleanupTimeout bounds the calls that record a handler's outcome — the
 	// commit or completion after a success, the rollback or release after a
-	// failure — which run even when the handler's ctx is done; a lease-mode
-	// completion that fails is retried within it. Default 5s, or half of
+	// failure — which run even when the handler's ctx is done. A lease-mode
+	// completion that fails is retried within it, and beyond it for as long
+	// as the claim holds (ClaimLease after it was taken or last extended):
+	// the effect is applied, no other worker can take the key over before
+	// then, and a store that answers again meanwhile (a failover, a starved
+	// pool) gets the result rather than leave the claim to expire and a
+	// redelivery to apply the effect again (the job keeps its Worker slot
+	// meanwhile). Default 5s, or half of
 	// ClaimLease − Heartbeat when that is shorter. It must be
 	// shorter than ClaimLease − Heartbeat (ClaimLease when the heartbeat is
 	// disabled): the claim was last extended up to one Heartbeat before the
@@ -416,8 +422,11 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, guardKey{}, r))
 	// lost is the heartbeat's ErrClaimLost, read after stop (which waits for
 	// it): once ctx is done it cannot become hctx's cause (the first stays).
+	// held is when the claim was taken or last extended, also read after
+	// stop: it holds until ClaimLease after that.
 	var lost error
-	stop := g.heartbeat(hctx, c, claimed, func(cause error) { lost = cause; cancel(cause) })
+	held := claimed
+	stop := g.heartbeat(hctx, c, &held, func(cause error) { lost = cause; cancel(cause) })
 	ended := false
 	defer func() {
 		stop()
@@ -440,7 +449,7 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	// fn's effect is applied: record it even if ctx was cancelled meanwhile.
 	// A claim left in progress would expire and be taken over by the
 	// redelivery, which would apply the effect a second time.
-	if err := g.complete(ctx, c, r.result()); err != nil {
+	if err := g.complete(ctx, c, r.result(), held.Add(g.o.ClaimLease)); err != nil {
 		if errors.Is(err, ErrClaimLost) {
 			g.event(ctx, EventClaimLost, c.JobType)
 		}
@@ -451,22 +460,34 @@ func (g *Guard) doLease(ctx context.Context, c Claim, retryCosts bool, fn func(c
 	return true, nil
 }
 
-// complete records a lease-mode success on a [Guard.detached] context,
-// retrying transient failures until CleanupTimeout: the effect is applied,
-// and a claim left in progress would expire and be taken over by a
-// redelivery that applies it again. Retrying is safe: Complete is fenced by
-// the owner token, and a first call that did complete (its answer lost)
-// makes the next one return nil, not ErrClaimLost.
-func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
-	cctx, cancel := g.detached(ctx)
+// complete records a lease-mode success, retrying transient failures until
+// the claim expires (until, ClaimLease after it was taken or last extended,
+// by this process's clock), and for CleanupTimeout at least: the effect is
+// applied, and a claim left in progress would expire and be taken over by a
+// redelivery that applies it again. Until then no other worker can take the
+// key over, so a store that answers again in time (a failover, a starved
+// pool) gets the result. It runs on a context that survives ctx's
+// cancellation. Retrying is safe: Complete is fenced by the owner token, and
+// a first call that did complete (its answer lost) makes the next one return
+// nil, not ErrClaimLost.
+func (g *Guard) complete(ctx context.Context, c Claim, r Result, until time.Time) error {
+	deadline := time.Now().Add(g.o.CleanupTimeout)
+	if until.After(deadline) {
+		deadline = until
+	}
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	wait := 20 * time.Millisecond
-	for {
+	for failures := 0; ; failures++ {
 		err := g.o.Store.Complete(cctx, c, r)
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
 		}
-		g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", g.keyAttr(c.Key), "err", err)
+		if failures == 0 {
+			g.o.Logger.WarnContext(ctx, "idempotency: recording the result failed; retrying", g.keyAttr(c.Key), "err", err)
+		} else {
+			g.o.Logger.DebugContext(ctx, "idempotency: recording the result failed again; retrying", g.keyAttr(c.Key), "err", err)
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-cctx.Done():
@@ -479,7 +500,8 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 }
 
 // heartbeat extends c while fn runs, one Heartbeat after the claim was taken
-// or last extended (at held), not after fn started: a claim whose answer came
+// or last extended (at *heldp, which it moves to each extension's start, for
+// the caller to read after stop), not after fn started: a claim whose answer came
 // late has less than ClaimLease left, and is extended at once if a Heartbeat
 // has passed. When the claim is lost, or extensions keep failing until the
 // claim (extended last at held) would expire before the next try, it cancels
@@ -490,10 +512,11 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result) error {
 // It goes on after ctx is done, until stop: fn may still be applying its
 // effect (and its success is recorded), so the claim must not expire under
 // it. stop cancels an Extend under way and waits for the goroutine.
-func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel context.CancelCauseFunc) (stop func()) {
+func (g *Guard) heartbeat(ctx context.Context, c Claim, heldp *time.Time, cancel context.CancelCauseFunc) (stop func()) {
 	if g.o.Heartbeat < 0 {
-		return g.expiry(c, held, cancel)
+		return g.expiry(c, *heldp, cancel)
 	}
+	held := *heldp
 	hbctx, done := context.WithCancel(context.WithoutCancel(ctx))
 	exited := make(chan struct{})
 	go func() {
@@ -518,6 +541,7 @@ func (g *Guard) heartbeat(ctx context.Context, c Claim, held time.Time, cancel c
 				}
 				if err == nil {
 					held = sent
+					*heldp = sent // read by the caller after stop
 					t.Reset(time.Until(held.Add(g.o.Heartbeat)))
 					continue
 				}
@@ -564,9 +588,9 @@ func (g *Guard) expiry(c Claim, held time.Time, cancel context.CancelCauseFunc) 
 	}
 }
 
-// detached returns a context for recording an outcome (commit, complete,
-// rollback, release): it keeps ctx's values, survives ctx's cancellation and
-// is bounded by CleanupTimeout.
+// detached returns a context for recording an outcome (commit, rollback,
+// release; a lease-mode completion has [Guard.complete]'s): it keeps ctx's
+// values, survives ctx's cancellation and is bounded by CleanupTimeout.
 func (g *Guard) detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), g.o.CleanupTimeout)
 }
