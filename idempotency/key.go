@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/berthq/berth/internal/notfound"
@@ -52,11 +51,7 @@ type MissingKeyError struct {
 // quoted with Go escapes (a newline, a control or bidirectional-text
 // character), as the error becomes a dead-letter reason and a log line.
 func (e *MissingKeyError) Error() string {
-	id := e.MessageID
-	if q := strconv.Quote(id); q[1:len(q)-1] != id {
-		id = q
-	}
-	return fmt.Sprintf("idempotency: message %s (type %q) has no idempotency key", id, e.Type)
+	return fmt.Sprintf("idempotency: message %s (type %q) has no idempotency key", sdk.ErrorText(e.MessageID), e.Type)
 }
 
 // Unwrap returns [ErrMissingKey].

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"log/slog"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -56,4 +57,17 @@ func cutText(s string, limit int) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// ErrorText returns s, a value taken from a message (an ID, a type, a key)
+// or read from a row, as it may appear in an error's text: s itself when Go
+// would print it unescaped, else s quoted with Go escapes (a newline, a
+// control or bidirectional-text character, invalid UTF-8). An error's text
+// becomes a dead-letter reason, a log line and a terminal's output; a
+// forged newline or escape sequence must not reach them raw.
+func ErrorText(s string) string {
+	if q := strconv.Quote(s); q[1:len(q)-1] != s {
+		return q
+	}
+	return s
 }

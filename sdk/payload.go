@@ -19,7 +19,7 @@ type DecodeError struct {
 
 // Error names the message, its type and the decoder's complaint.
 func (e *DecodeError) Error() string {
-	return fmt.Sprintf("berth: message %s (type %q): undecodable body: %v", e.MessageID, e.Type, e.Err)
+	return fmt.Sprintf("berth: message %s (type %q): undecodable body: %v", ErrorText(e.MessageID), e.Type, e.Err)
 }
 
 // Unwrap returns [ErrUndecodable] and the decoder's error.

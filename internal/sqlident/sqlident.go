@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/berthq/berth/sdk"
 )
 
 // ErrInvalid reports a table or column name that is not a plain identifier.
@@ -160,12 +162,7 @@ func KeyText(key any) string {
 // Text is s as error text: s itself when Go would print it unescaped, else s
 // quoted with Go escapes (a newline, a control or bidirectional-text
 // character, invalid UTF-8): for text read from a row or from a message.
-func Text(s string) string {
-	if q := strconv.Quote(s); q[1:len(q)-1] != s {
-		return q
-	}
-	return s
-}
+func Text(s string) string { return sdk.ErrorText(s) }
 
 // EscapedErr returns err, a database error, with every character of its
 // text that Go would not print unescaped (a newline, a control or
