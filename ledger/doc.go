@@ -22,7 +22,8 @@
 // Recording never blocks a job for long and never fails it: events go into a
 // bounded buffer that one goroutine writes to the [Store] in batches (one
 // round trip per batch). When the buffer is full, recording waits at most
-// Options.BlockTimeout, then drops the event and counts it
+// Options.BlockTimeout (a Publish of a batch: at most that in all, not per
+// message), then drops the event and counts it
 // ([Stats].Dropped, the berth.ledger.events metric with
 // berth.ledger.result=dropped). A failed batch is counted and logged (the
 // first of a run of failures, then once a minute while they go on); the

@@ -161,7 +161,9 @@ func reason(err error) string {
 // wherever jobs are published: with a broker, or as the outbox relay's
 // publisher; inside or outside [sdk.LongDelay]. A batch that fails is
 // recorded for the messages that [sdk.PublishError] says were published;
-// the error is returned unchanged.
+// the error is returned unchanged. When the buffer is full, a Publish waits
+// for room at most Options.BlockTimeout in all, whatever the size of its
+// batch, then drops (and counts) the events that still find it full.
 //
 // When p is an [sdk.AsyncPublisher] (RabbitMQ, JetStream, an
 // [sdk.AsyncPool]), so is the returned publisher, and only then: the outbox
@@ -201,6 +203,9 @@ func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		failed = pe.Failed
 	}
 	now := time.Now()
+	// One wait for the whole batch: with the buffer full, each message
+	// waiting BlockTimeout of its own held the Publish up for as many.
+	var by time.Time
 	for _, m := range msgs {
 		if m == nil || m.ID == "" {
 			continue
@@ -208,7 +213,7 @@ func (p *publisher) Publish(ctx context.Context, queue string, msgs ...*sdk.Mess
 		if _, ok := failed[m.ID]; ok {
 			continue
 		}
-		p.l.Record(enqueued(m, queue, now))
+		p.l.record(enqueued(m, queue, now), &by)
 	}
 	return err
 }
@@ -232,7 +237,7 @@ func (p *asyncPublisher) PublishAsync(ctx context.Context, queue string, msg *sd
 	res.AfterResolve(func(err error) {
 		// msg is the caller's until out resolves: reading it here is safe.
 		if err == nil && msg.ID != "" {
-			p.l.record(enqueued(msg, queue, time.Now()), false)
+			p.l.record(enqueued(msg, queue, time.Now()), nil)
 		}
 		out.Resolve(err)
 	})

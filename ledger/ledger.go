@@ -121,8 +121,11 @@ type Options struct {
 	// BlockTimeout is how long recording waits for room when the buffer is
 	// full before dropping the event. Default 5ms; negative drops at once.
 	// The wait is on the caller's goroutine: a Worker's handler starts (or
-	// its next job begins) at most BlockTimeout later; no job's outcome
-	// ever depends on it.
+	// its next job begins) at most BlockTimeout later; a Publish through
+	// [Ledger.Publisher] returns at most BlockTimeout later whatever the
+	// size of its batch (its events share the wait: once it is spent, the
+	// rest that find the buffer full are dropped and counted at once); no
+	// job's outcome ever depends on it.
 	BlockTimeout time.Duration
 	// Linger is how long the writer waits for more events before writing a
 	// batch that is not full. Events of one job that land in one batch
@@ -360,12 +363,19 @@ func (l *Ledger) Stats() Stats {
 // is dropped too, at once. A Record racing Close is written or dropped,
 // and counted either way. The feeds call it; applications may record
 // events of their own (a custom publisher).
-func (l *Ledger) Record(e Event) { l.record(e, true) }
+func (l *Ledger) Record(e Event) {
+	var by time.Time
+	l.record(e, &by)
+}
 
-// record is Record; wait false drops the event at once when the buffer is
-// full, whatever BlockTimeout says (a caller that must not block: a
-// broker's confirmation callback).
-func (l *Ledger) record(e Event, wait bool) {
+// record is Record with the wait for room shared: by, when not nil, is
+// when the caller stops waiting for a full buffer, set from BlockTimeout
+// by the first of its events that finds the buffer full (zero before), so
+// that the events of one call (a Publish of a batch) wait BlockTimeout in
+// all, not each. by nil drops the event at once when the buffer is full,
+// whatever BlockTimeout says (a caller that must not block: a broker's
+// confirmation callback).
+func (l *Ledger) record(e Event, by *time.Time) {
 	l.recorded.Add(1)
 	if l.closed.Load() {
 		l.dropClosed(e)
@@ -378,15 +388,20 @@ func (l *Ledger) record(e Event, wait bool) {
 		return
 	default:
 	}
-	if wait && l.opts.BlockTimeout > 0 {
-		t := time.NewTimer(l.opts.BlockTimeout)
-		defer t.Stop()
-		select {
-		case l.buf <- p:
-			l.sent()
-			return
-		case <-t.C:
-		case <-l.stop:
+	if by != nil && l.opts.BlockTimeout > 0 {
+		if by.IsZero() {
+			*by = time.Now().Add(l.opts.BlockTimeout)
+		}
+		if wait := time.Until(*by); wait > 0 {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			select {
+			case l.buf <- p:
+				l.sent()
+				return
+			case <-t.C:
+			case <-l.stop:
+			}
 		}
 	}
 	l.drop(e)
