@@ -25,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/berthq/berth/internal/pgindex"
 	"github.com/berthq/berth/internal/pgschema"
@@ -894,8 +895,12 @@ const DefaultPurgeBatch = 1000
 
 // Purge deletes the jobs that finished (succeeded or dead) before before,
 // batch rows at a time (default 1000), until a batch
-// comes back short or ctx is done. Each batch is its own short statement. It
-// returns how many jobs it deleted.
+// comes back short or ctx is done. Each batch is its own short statement,
+// oldest rows first, starting past the last row the batch before it
+// deleted: the rows it keeps (jobs not finished, as a job delayed for
+// weeks) are walked once per call, not once per batch. A row skipped while
+// a writer held it is deleted by the next call. It returns how many jobs it
+// deleted.
 func (s *Store) Purge(ctx context.Context, before time.Time, batch int) (int, error) {
 	return s.purge(ctx, "purge", `status IN ('succeeded', 'dead') AND updated_at < $1`, before, batch)
 }
@@ -919,16 +924,37 @@ func (s *Store) purge(ctx context.Context, what, where string, before time.Time,
 	if batch <= 0 {
 		batch = DefaultPurgeBatch
 	}
-	q := `WITH d AS (
+	// Each batch starts past the last row the one before deleted: the rows
+	// it passed over (kept: not its to delete, or locked) lie behind that,
+	// and a batch walking again from the oldest row read every one of them
+	// before the rows it deletes — a run read them once per batch. The
+	// next run starts from the oldest again, so a row skipped while locked
+	// is deleted then. Two statements, not one with an optional bound
+	// ("$3 IS NULL OR ..."), which a plan made for any parameters could not
+	// use as the index scan's start.
+	q := func(after string) string {
+		return `WITH d AS (
 	DELETE FROM ` + s.jobs + ` WHERE message_id IN (
-		SELECT message_id FROM ` + s.jobs + ` WHERE ` + where + `
-		ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-	RETURNING 1)
-SELECT count(*) FROM d`
+		SELECT message_id FROM ` + s.jobs + ` WHERE ` + where + after + `
+		ORDER BY updated_at, message_id LIMIT $2 FOR UPDATE SKIP LOCKED)
+	RETURNING updated_at, message_id)
+SELECT count(*), max(updated_at), (array_agg(message_id ORDER BY updated_at DESC, message_id DESC))[1] FROM d`
+	}
+	first, next := q(""), q(` AND (updated_at, message_id) > ($3, $4)`)
 	total := 0
+	var (
+		lastAt pgtype.Timestamptz // as stored: '-infinity' too
+		lastID *string
+	)
 	for {
 		var n int
-		if err := s.db.QueryRow(ctx, q, before, batch).Scan(&n); err != nil {
+		var err error
+		if lastID == nil {
+			err = s.db.QueryRow(ctx, first, before, batch).Scan(&n, &lastAt, &lastID)
+		} else {
+			err = s.db.QueryRow(ctx, next, before, batch, lastAt, *lastID).Scan(&n, &lastAt, &lastID)
+		}
+		if err != nil {
 			return total, fmt.Errorf("pgledger: %s: %w", what, err)
 		}
 		total += n
