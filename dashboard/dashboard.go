@@ -11,8 +11,14 @@
 // status). The same data is served as JSON under /api/.
 //
 // Security: with Options.Token every request must carry it (a bearer token,
-// or the password of HTTP basic auth, which browsers ask for); state-changing
-// requests are POSTs guarded by [http.CrossOriginProtection]; ReadOnly hides
+// or the password of HTTP basic auth, which browsers ask for), and one that
+// does not is answered 401 at once, a body it announced not waited for;
+// state-changing requests are POSTs guarded by [http.CrossOriginProtection];
+// a request a browser makes for a page of another origin (an image, a
+// fetch, a frame: its Sec-Fetch-Site) is refused, a read too (on RabbitMQ a
+// page of dead letters walks the dead-letter queue, on SQS it receives
+// them), but for a link followed to the dashboard (a top-level navigation);
+// ReadOnly hides
 // and refuses every change; every answer, the 401 too, forbids framing
 // (CSP frame-ancestors 'none' and X-Frame-Options: DENY), inline scripts and
 // caching; the banner a page shows after a change or a pause is the
@@ -162,6 +168,7 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	timed(apiJobByQuery, d.apiJob)
 	var h http.Handler = mux
 	h = http.NewCrossOriginProtection().Handler(h)
+	h = sameOriginOnly(h)
 	if o.Token != "" {
 		h = requireToken(o.Token, h)
 	}
@@ -236,9 +243,52 @@ func requireToken(token string, next http.Handler) http.Handler {
 		}
 		sum := sha256.Sum256([]byte(got))
 		if constantTimeCompare(sum[:], want[:]) != 1 {
+			// The body of a refused request is not waited for: the server
+			// reads what a handler left of it before it answers (to keep
+			// the connection), and a client that announced a body and
+			// never sent it held the connection, with no answer, for as
+			// long as it liked (berth ui has no ReadTimeout, which would
+			// cut a long redrive): anyone who can reach the address,
+			// without the token, could hold connections until the process
+			// ran out of files. Such a connection is closed after the 401
+			// instead. (Only one with a body: the deadline also ends the
+			// connection's context, which a request without a body, a
+			// browser's first, would pass on to the next request on it.)
+			if r.ContentLength != 0 {
+				w.Header().Set("Connection", "close")
+				_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			}
 			w.Header().Set("WWW-Authenticate", `Basic realm="berth", charset="UTF-8"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sameOriginOnly refuses (403) a request a browser made for a page of another
+// origin (Fetch Metadata: Sec-Fetch-Site other than same-origin or none),
+// unless it is a top-level navigation with GET or HEAD (a link to the
+// dashboard from a chat or a runbook). Reads have effects too: on RabbitMQ a
+// page of dead letters, a dead letter or a confirmation walks the whole
+// dead-letter queue, taking every letter and republishing it, and on SQS it
+// holds the letters invisible and counts a receive of each; walks that
+// overlap make each other, and a redrive under way, stop short. Before, any
+// web page the operator opened could make the dashboard do that, as often
+// as it liked, with an <img> or a no-cors fetch: [http.CrossOriginProtection]
+// guards only the unsafe methods. A request without Sec-Fetch-Site (not
+// from a browser, or from one too old to send it) is let through; the POSTs
+// are still guarded by its Origin.
+func sameOriginOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get("Sec-Fetch-Site") {
+		case "", "same-origin", "none":
+		default:
+			if (r.Method != http.MethodGet && r.Method != http.MethodHead) ||
+				r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-Dest") != "document" {
+				http.Error(w, "cross-site request refused: open the dashboard's page itself", http.StatusForbidden)
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
