@@ -29,9 +29,11 @@
 // # Missed slots
 //
 // A slot is due when the clock passes it. Slots that pass while a scheduler
-// cannot publish — it was paused, or Publish kept failing — are handled by
-// Options.Missed: [Skip] publishes only the latest due slot, [CatchUp] the
-// due slots oldest first, at most Options.MaxCatchUp. A scheduler that
+// cannot publish them — it was paused, Publish kept failing, or the job's
+// previous publish is still in flight (each job publishes on its own, so a
+// hung one holds up no other job) — are handled by Options.Missed: [Skip]
+// publishes only the latest due slot, [CatchUp] the due slots oldest
+// first, at most Options.MaxCatchUp. A scheduler that
 // starts publishes nothing older than its start, except with CatchUp and
 // Options.Lookback, when the slots of the last Lookback are due at once
 // (republishing a slot that other schedulers published is harmless: same

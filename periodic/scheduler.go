@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -87,18 +88,19 @@ type Options struct {
 	// Retry spaces the attempts of a job's failing Publish (the other
 	// jobs' slots are published between them). Default 1s doubling up to
 	// 1m, with 50% jitter. The slots stay due meanwhile (subject to
-	// the Missed policy once newer slots come). One Run publishes one
-	// slot at a time: an attempt that hangs until PublishTimeout (a queue
-	// whose broker never confirms, while other queues' publishes go
-	// through) holds up the other jobs' slots that long, and under Skip
-	// those that came due meanwhile but the latest are dropped. Give the
-	// jobs of a queue that may hang alone a Scheduler (a Run) of their own.
+	// the Missed policy once newer slots come). Each job publishes on its
+	// own, one publish in flight at a time: an attempt that hangs until
+	// PublishTimeout (a queue whose broker never confirms, while other
+	// queues' publishes go through) holds up only its own job, whose
+	// slots that come due meanwhile stay due under the Missed policy; the
+	// other jobs' slots are published when they come.
 	Retry sdk.Backoff
 	// Logger receives warnings of failed publishes and dropped slots.
 	// Default slog.Default().
 	Logger *slog.Logger
 	// OnPublish, optional, is called after each successful publish with the
-	// job's name and the slot (metrics, tests).
+	// job's name and the slot (metrics, tests), from Run's goroutine, one
+	// call at a time.
 	OnPublish func(name string, slot time.Time)
 }
 
@@ -224,15 +226,105 @@ type state struct {
 	// slots wait until retryAt (Options.Retry), the other jobs do not.
 	failures int
 	retryAt  time.Time
+	// inflight is set while a publish of the job runs: its slots are out
+	// of pending, and the job starts no other publish until Run has
+	// taken the result.
+	inflight bool
 }
 
-// Run publishes slots until ctx is done, then returns nil. It returns only
-// on ctx (or [ErrRunning]): a failing Publish is retried (Options.Retry) and logged.
+// outgoing is a slot and its message, as a job's publish is given them.
+type outgoing struct {
+	slot time.Time
+	msg  *sdk.Message
+}
+
+// flight is the result of one publish of a job's slots (see launch).
+type flight struct {
+	st        *state
+	w         *work       // the publish's work on a FakeClock, ended by Run
+	published []time.Time // the slots published, oldest first
+	unsent    []time.Time // the slots left by a failed Publish, oldest first
+	// panicked holds what the Publish panicked with, raised again on Run's
+	// goroutine (land), as when Run called Publish itself: a panic on the
+	// publish's own goroutine would end the process, past any recover of
+	// Run's caller.
+	panicked any
+}
+
+// flights are the publishes a Run has started and not yet taken back.
+type flights struct {
+	n       int         // started, not yet taken
+	results chan flight // one per job at most: never blocks a publish
+	mu      sync.Mutex
+	cancel  context.CancelFunc // ends Run's current sleep; nil while awake
+}
+
+// done reports a publish's result and wakes Run if it sleeps.
+func (f *flights) done(r flight) {
+	f.results <- r
+	f.mu.Lock()
+	if f.cancel != nil {
+		f.cancel()
+	}
+	f.mu.Unlock()
+}
+
+// sleep sleeps on c for d, or until a publish reports or ctx is done,
+// and returns ctx.Err().
+func (f *flights) sleep(ctx context.Context, c Clock, d time.Duration) error {
+	f.mu.Lock()
+	if len(f.results) > 0 { // reported since Run looked
+		f.mu.Unlock()
+		return ctx.Err()
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	f.cancel = cancel
+	f.mu.Unlock()
+	_ = c.Sleep(sctx, d)
+	f.mu.Lock()
+	f.cancel = nil
+	f.mu.Unlock()
+	cancel()
+	return ctx.Err()
+}
+
+// Run publishes slots until ctx is done, then returns nil once the
+// publishes it started have ended. It returns only on ctx (or
+// [ErrRunning]): a failing Publish is retried (Options.Retry) and logged.
+//
+// Each job's due slots are published in a goroutine of Run's, one publish
+// in flight per job, so that a job whose Publish hangs (until
+// PublishTimeout) does not hold up the others: while it is in flight, its
+// job's newer slots stay due under Options.Missed and the other jobs'
+// slots are published when they come. A Publish that panics makes Run
+// panic with its value, on the goroutine that called Run, once the other
+// publishes in flight have ended (their ctx is cancelled).
 func (s *Scheduler) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
 	defer s.running.Store(false)
+	wc, _ := s.o.Clock.(workClock)
+	begin := func() *work {
+		if wc == nil {
+			return nil
+		}
+		return wc.beginWork()
+	}
+	loop := begin() // this loop's work, idle while it sleeps on the clock
+	defer loop.end()
+	ctx = withWork(ctx, loop)
+	// The publishes end with pctx: ctx, or Run panicking (a Publish's panic
+	// raised again in land), which must not wait for the others to end by
+	// themselves.
+	pctx, pcancel := context.WithCancel(ctx)
+	fl := &flights{results: make(chan flight, len(s.jobs))}
+	defer func() {
+		pcancel()
+		for fl.n > 0 { // ctx is done (or Run panics): the publishes end with pctx
+			s.land(<-fl.results, fl, true)
+		}
+	}()
 	now := s.o.Clock.Now()
 	start := now
 	if s.o.Missed == CatchUp {
@@ -243,32 +335,33 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		states[i] = &state{job: j, cursor: start}
 	}
 	for {
+		for taken := false; !taken; {
+			select {
+			case r := <-fl.results:
+				s.land(r, fl, false)
+			default:
+				taken = true
+			}
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
 		now = s.o.Clock.Now()
 		for _, st := range states {
 			s.collect(st, now)
-			if len(st.pending) == 0 || now.Before(st.retryAt) {
+			if st.inflight || len(st.pending) == 0 || now.Before(st.retryAt) {
 				continue
 			}
-			if s.publish(ctx, st) {
-				st.failures, st.retryAt = 0, time.Time{}
-			} else {
-				// Back off this job only: a job whose publishes fail
-				// (its queue gone, a permission) must not hold back the
-				// slots of the others.
-				st.failures++
-				st.retryAt = s.o.Clock.Now().Add(s.o.Retry.Delay(st.failures, s.rnd.Float64()))
-			}
+			s.launch(pctx, fl, st, begin())
 		}
 		next, ok := s.nextSlot(states)
 		for _, st := range states {
-			if len(st.pending) > 0 && (!ok || st.retryAt.Before(next)) {
+			if !st.inflight && len(st.pending) > 0 && (!ok || st.retryAt.Before(next)) {
 				next, ok = st.retryAt, true
 			}
 		}
-		if !ok {
+		if !ok && fl.n == 0 {
+			loop.end()   // its work is done
 			<-ctx.Done() // nothing left to schedule
 			return nil
 		}
@@ -276,10 +369,86 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		// time, and the slots are wall-clock times, so after the wall clock
 		// jumps ahead — a host resumed from suspend, a VM restored or
 		// migrated, a clock stepped by NTP — a sleep computed before would
-		// publish the due slots as late as the jump.
-		if err := s.o.Clock.Sleep(ctx, min(next.Sub(s.o.Clock.Now()), maxSleep)); err != nil {
+		// publish the due slots as late as the jump. A publish that ends
+		// wakes Run.
+		d := maxSleep
+		if ok {
+			d = min(next.Sub(s.o.Clock.Now()), maxSleep)
+		}
+		if err := fl.sleep(ctx, s.o.Clock, d); err != nil {
 			return nil
 		}
+	}
+}
+
+// launch starts a publish of st's pending slots, oldest first, in a
+// goroutine that Run waits for; w is its work on a FakeClock. The slots
+// leave pending until Run takes the result (land). A slot whose message
+// cannot be built is dropped here: it will not build later.
+func (s *Scheduler) launch(ctx context.Context, fl *flights, st *state, w *work) {
+	batch := make([]outgoing, 0, len(st.pending))
+	for _, slot := range st.pending {
+		m, err := s.message(st.job, slot)
+		if err != nil {
+			s.o.Logger.Error("berth/periodic: building the slot's message failed; slot dropped", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
+			continue
+		}
+		batch = append(batch, outgoing{slot: slot, msg: m})
+	}
+	st.pending = st.pending[:0]
+	if len(batch) == 0 {
+		w.end()
+		return
+	}
+	st.inflight = true
+	fl.n++
+	job := st.job
+	go func() {
+		var r flight
+		defer func() {
+			if p := recover(); p != nil {
+				r = flight{panicked: p}
+			}
+			r.st, r.w = st, w
+			fl.done(r)
+		}()
+		r = s.publish(withWork(ctx, w), job, batch)
+	}()
+}
+
+// land takes the result of a job's publish, in Run's goroutine: it calls
+// OnPublish for the slots published and, when a Publish failed, backs off
+// this job only (a job whose publishes fail — its queue gone, a
+// permission, a broker that never confirms — must not hold back the slots
+// of the others) and puts the slots left back before the job's newer ones,
+// under the Missed policy — unless Run is stopping.
+func (s *Scheduler) land(r flight, fl *flights, stopping bool) {
+	defer r.w.end()
+	fl.n--
+	st := r.st
+	st.inflight = false
+	if r.panicked != nil {
+		panic(r.panicked) // on Run's goroutine, as before publishes ran beside it
+	}
+	if s.o.OnPublish != nil {
+		for _, slot := range r.published {
+			s.o.OnPublish(st.job.Name, slot)
+		}
+	}
+	if len(r.unsent) == 0 {
+		st.failures, st.retryAt = 0, time.Time{}
+		return
+	}
+	if stopping {
+		return
+	}
+	st.failures++
+	st.retryAt = s.o.Clock.Now().Add(s.o.Retry.Delay(st.failures, s.rnd.Float64()))
+	st.pending = append(r.unsent, st.pending...)
+	if n := len(st.pending) - s.keep(); n > 0 {
+		s.o.Logger.Warn("berth/periodic: dropping missed slots", "schedule", st.job.Name,
+			"policy", s.o.Missed.String(), "dropped", n, "from", st.pending[0].UTC(), "to", st.pending[n-1].UTC())
+		st.pending = append(st.pending[:0], st.pending[n:]...)
 	}
 }
 
@@ -457,42 +626,34 @@ func (p MissedPolicy) String() string {
 	return fmt.Sprintf("MissedPolicy(%d)", int(p))
 }
 
-// publish publishes st's pending slots oldest first, one Publish each so
-// a slot is never delayed by another's failure; it reports whether all
-// were published.
-func (s *Scheduler) publish(ctx context.Context, st *state) bool {
-	for len(st.pending) > 0 {
-		slot := st.pending[0]
-		m, err := s.message(st.job, slot)
-		if err != nil {
-			// A message that cannot be built will not build later: drop it.
-			s.o.Logger.Error("berth/periodic: building the slot's message failed; slot dropped", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
-			st.pending = st.pending[1:]
-			continue
-		}
+// publish publishes a job's slots oldest first, one Publish each so a
+// slot is never delayed by another's failure, and stops at the first
+// failure; it runs in a goroutine of Run's (launch).
+func (s *Scheduler) publish(ctx context.Context, j Job, batch []outgoing) flight {
+	var r flight
+	for i, o := range batch {
 		pctx, cancel := context.WithTimeout(ctx, s.o.PublishTimeout)
-		err = s.pub.Publish(pctx, st.job.Queue, m)
+		err := s.pub.Publish(pctx, j.Queue, o.msg)
 		cancel()
 		if err != nil && refused(err) {
 			// The message itself is invalid (sdk.Prepare's refusal): it
 			// would be refused again, and retrying it, oldest first,
 			// would hold back every later slot of the job.
-			s.o.Logger.Error("berth/periodic: the publisher refused the slot's message; slot dropped", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
-			st.pending = st.pending[1:]
+			s.o.Logger.Error("berth/periodic: the publisher refused the slot's message; slot dropped", "schedule", j.Name, "slot", o.slot.UTC(), "err", err)
 			continue
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				s.o.Logger.Warn("berth/periodic: publish failed; will retry", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
+				s.o.Logger.Warn("berth/periodic: publish failed; will retry", "schedule", j.Name, "slot", o.slot.UTC(), "err", err)
 			}
-			return false
+			for _, o := range batch[i:] {
+				r.unsent = append(r.unsent, o.slot)
+			}
+			return r
 		}
-		st.pending = st.pending[1:]
-		if s.o.OnPublish != nil {
-			s.o.OnPublish(st.job.Name, slot)
-		}
+		r.published = append(r.published, o.slot)
 	}
-	return true
+	return r
 }
 
 // refused reports a Publish error that refuses the message itself (see

@@ -434,10 +434,12 @@ func TestNewRefusesNameNoMessageCanCarry(t *testing.T) {
 
 // jumpClock is a wall clock that can jump ahead of the time timers count
 // (a host resumed from suspend, a VM restored, a clock stepped by NTP):
-// Sleep waits on mono, the elapsed time, and Now is mono's time plus the
-// jumps. A real clock cannot be made to jump on cue.
+// Sleep waits on the embedded FakeClock, the elapsed time, and Now is its
+// time plus the jumps. A real clock cannot be made to jump on cue. It
+// embeds the FakeClock, as a Clock wrapping one should, so that its
+// WaitSleepers counts the scheduler's publishes as work.
 type jumpClock struct {
-	mono *periodic.FakeClock
+	*periodic.FakeClock
 	mu   sync.Mutex
 	jump time.Duration
 }
@@ -445,10 +447,8 @@ type jumpClock struct {
 func (c *jumpClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.mono.Now().Add(c.jump)
+	return c.FakeClock.Now().Add(c.jump)
 }
-
-func (c *jumpClock) Sleep(ctx context.Context, d time.Duration) error { return c.mono.Sleep(ctx, d) }
 
 func (c *jumpClock) Jump(d time.Duration) {
 	c.mu.Lock()
@@ -462,7 +462,7 @@ func (c *jumpClock) Jump(d time.Duration) {
 // the day's sleep, a day late. It now reads the clock at least every
 // minute.
 func TestSlotDueAfterWallClockJumpIsPublished(t *testing.T) {
-	c := &jumpClock{mono: periodic.NewFakeClock(t0.Add(time.Hour))}
+	c := &jumpClock{FakeClock: periodic.NewFakeClock(t0.Add(time.Hour))}
 	r := &recorder{}
 	s, err := periodic.New(r, periodic.Options{Clock: c}, periodic.Job{Name: "daily", Schedule: every(t, 24*time.Hour), Queue: "q"})
 	if err != nil {
@@ -473,12 +473,12 @@ func TestSlotDueAfterWallClockJumpIsPublished(t *testing.T) {
 	go func() { done <- s.Run(ctx) }()
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
-	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+	if err := c.FakeClock.WaitSleepers(wctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	c.Jump(24 * time.Hour) // 01:00 on day 1 → 01:00 on day 2, past the slot at 00:00
-	c.mono.Advance(time.Minute)
-	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+	c.FakeClock.Advance(time.Minute)
+	if err := c.FakeClock.WaitSleepers(wctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
@@ -501,7 +501,7 @@ func TestSlotDueAfterWallClockJumpIsPublished(t *testing.T) {
 // now reading the clock every minute, must not publish it a second time
 // when the clock reaches it again; it goes on to the next slot.
 func TestSlotNotRepublishedAfterWallClockStepsBack(t *testing.T) {
-	c := &jumpClock{mono: periodic.NewFakeClock(t0.Add(-30 * time.Minute))}
+	c := &jumpClock{FakeClock: periodic.NewFakeClock(t0.Add(-30 * time.Minute))}
 	r := &recorder{}
 	s, err := periodic.New(r, periodic.Options{Clock: c}, periodic.Job{Name: "hourly", Schedule: every(t, time.Hour), Queue: "q"})
 	if err != nil {
@@ -514,22 +514,22 @@ func TestSlotNotRepublishedAfterWallClockStepsBack(t *testing.T) {
 	defer wcancel()
 	step := func(d time.Duration) {
 		t.Helper()
-		if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+		if err := c.FakeClock.WaitSleepers(wctx, 1); err != nil {
 			t.Fatal(err)
 		}
-		c.mono.Advance(d)
+		c.FakeClock.Advance(d)
 	}
 	for range 31 { // to 00:01, past the slot at 00:00
 		step(time.Minute)
 	}
-	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+	if err := c.FakeClock.WaitSleepers(wctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	c.Jump(-30 * time.Minute) // back to 23:31 the day before
 	for range 89 {            // to 01:00 on the wall clock, through 00:00 again
 		step(time.Minute)
 	}
-	if err := c.mono.WaitSleepers(wctx, 1); err != nil {
+	if err := c.FakeClock.WaitSleepers(wctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
