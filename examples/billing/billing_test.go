@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berthq/berth/integration"
+	"github.com/berthq/berth/internal/demotest"
 	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
@@ -179,70 +180,8 @@ func TestSIGTERMDropsSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close(context.Background())
-	schemas := func() map[string]bool {
-		t.Helper()
-		rows, err := db.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname ~ '^billing_[0-9a-f]{8}$'`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]bool{}
-		for _, n := range names {
-			m[n] = true
-		}
-		return m
-	}
-	before := schemas()
-
 	// Enough orders that the scenario still runs when the signal comes.
 	cmd := exec.Command(os.Args[0], "-broker", "postgres", "-postgres", dsn, "-orders", "20000", "-timeout", "10m")
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var mine string
-	for mine == "" {
-		for n := range schemas() {
-			if !before[n] {
-				mine = n
-			}
-		}
-		if mine != "" {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("the scenario ended before its schema appeared: %v\n%s", err, stderr.String())
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Fatal("no billing_ schema appeared")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err = <-exited:
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the scenario did not end after SIGTERM\n%s", stderr.String())
-	}
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "terminated signal received") {
-		t.Errorf("after SIGTERM the scenario ended with %v, want exit status 1 saying it was stopped (not killed by the signal)\n%s", err, stderr.String())
-	}
-	if schemas()[mine] {
-		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mine}.Sanitize()+" CASCADE")
-		t.Errorf("schema %s left behind after SIGTERM", mine)
-	}
+	demotest.SignalDropsSchema(ctx, t, db, `^billing_[0-9a-f]{8}$`, cmd, syscall.SIGTERM, "terminated signal received")
 }

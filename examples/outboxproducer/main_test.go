@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -12,12 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"go.uber.org/goleak"
 
 	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/berthtest/pgtest"
+	"github.com/berthq/berth/internal/demotest"
 )
 
 // runMainEnv makes the test binary run the command's main instead of the
@@ -70,24 +68,6 @@ func TestInterruptDropsSchema(t *testing.T) {
 	dsn := db.Config().ConnString() // the database's, without the schema
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	schemas := func() map[string]bool {
-		t.Helper()
-		rows, err := db.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'outbox\_demo\_%'`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]bool{}
-		for _, n := range names {
-			m[n] = true
-		}
-		return m
-	}
-	before := schemas()
-
 	// A broker that accepts connections and never answers: the demo waits
 	// for it after creating its schema.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -119,49 +99,5 @@ func TestInterruptDropsSchema(t *testing.T) {
 
 	cmd := exec.Command(os.Args[0], "-postgres", dsn, "-broker", "amqp://guest:guest@"+ln.Addr().String()+"/")
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var mine string
-	for mine == "" {
-		for n := range schemas() {
-			if !before[n] {
-				mine = n
-			}
-		}
-		if mine != "" {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("the demo ended before its schema appeared: %v\n%s", err, stderr.String())
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Fatal("no outbox_demo_ schema appeared")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err = <-exited:
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the demo did not end after SIGINT\n%s", stderr.String())
-	}
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "interrupt signal received") {
-		t.Errorf("after SIGINT the demo ended with %v, want exit status 1 saying it was interrupted (not killed by the signal)\n%s", err, stderr.String())
-	}
-	if schemas()[mine] {
-		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mine}.Sanitize()+" CASCADE")
-		t.Errorf("schema %s left behind after SIGINT", mine)
-	}
+	demotest.SignalDropsSchema(ctx, t, db, `^outbox_demo_`, cmd, os.Interrupt, "interrupt signal received")
 }

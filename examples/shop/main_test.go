@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -11,14 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
 	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/berthtest/pgtest"
+	"github.com/berthq/berth/internal/demotest"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 	"github.com/berthq/berth/telemetry"
@@ -258,71 +256,8 @@ func TestInterruptDropsSchema(t *testing.T) {
 	dsn := db.Config().ConnString() // the database's, without the schema
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	schemas := func() map[string]bool {
-		t.Helper()
-		rows, err := db.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'shop\_demo\_%'`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]bool{}
-		for _, n := range names {
-			m[n] = true
-		}
-		return m
-	}
-	before := schemas()
-
 	// Enough orders that the demo is still placing them when it is interrupted.
 	cmd := exec.Command(os.Args[0], "-postgres", dsn, "-orders", "10000", "-stock", "10")
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var mine string
-	for mine == "" {
-		for n := range schemas() {
-			if !before[n] {
-				mine = n
-			}
-		}
-		if mine != "" {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("the demo ended before its schema appeared: %v\n%s", err, stderr.String())
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Fatal("no shop_demo_ schema appeared")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	select {
-	case err = <-exited:
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the demo did not end after SIGINT\n%s", stderr.String())
-	}
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "interrupt signal received") {
-		t.Errorf("after SIGINT the demo ended with %v, want exit status 1 saying it was interrupted (not killed by the signal)\n%s", err, stderr.String())
-	}
-	if schemas()[mine] {
-		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{mine}.Sanitize()+" CASCADE")
-		t.Errorf("schema %s left behind after SIGINT", mine)
-	}
+	demotest.SignalDropsSchema(ctx, t, db, `^shop_demo_`, cmd, os.Interrupt, "interrupt signal received")
 }
