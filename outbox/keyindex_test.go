@@ -4,16 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/berthq/berth/brokers/memory"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/outbox"
 	"github.com/berthq/berth/sdk"
 )
@@ -83,33 +79,8 @@ func tableRowsRead(node map[string]any, table string) float64 {
 // rows of its key.
 func TestKeyedRowsDoNotWalkTheTable(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	tr := &keyedTracer{stmts: map[string]capturedSQL{}}
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := fmt.Sprintf("outbox_test_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		pool.Close()
-	})
-	box, err := outbox.New(pool, outbox.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := box.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	pool, box, schema, b := tracedOutbox(t, tr)
 
 	const parked = 20000
 	table := pgx.Identifier{schema, "berth_outbox"}.Sanitize()

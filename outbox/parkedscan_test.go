@@ -67,33 +67,8 @@ func rowsRead(node map[string]any) float64 {
 // same when nothing is due: an idle relay scanned them every 200 ms).
 func TestRelayReadDoesNotWalkParkedRows(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	tr := &captureTracer{}
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := fmt.Sprintf("outbox_test_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		pool.Close()
-	})
-	box, err := outbox.New(pool, outbox.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := box.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	pool, box, schema, b := tracedOutbox(t, tr)
 	// An empty pass: the statement the relay reads its batch with.
 	if _, err := box.RelayOnce(ctx, b, outbox.RelayOptions{}); err != nil {
 		t.Fatal(err)
@@ -148,4 +123,39 @@ func TestRelayReadDoesNotWalkParkedRows(t *testing.T) {
 			t.Errorf("%s: the relay's read looked at %.0f rows of a table holding %d parked ones; want only the due rows\n%s", c.name, n, parked, plan)
 		}
 	}
+}
+
+// tracedOutbox returns a pool whose statements go through tracer, an
+// outbox migrated on a schema of its own (dropped at the end), that schema,
+// and a memory broker: for the tests that read the relay's own statements.
+func tracedOutbox(t *testing.T, tracer pgx.QueryTracer) (*pgxpool.Pool, *outbox.Outbox, string, *memory.Broker) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(integration.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := fmt.Sprintf("outbox_test_%d", rand.Uint64()%1e12)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	box, err := outbox.New(pool, outbox.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := box.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return pool, box, schema, b
 }
