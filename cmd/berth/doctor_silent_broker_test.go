@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
-	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -12,13 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/berthq/berth/doctor"
-	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/berthq/berth/integration"
-	"github.com/berthq/berth/ledger/pgledger"
 )
 
 // silentServer returns the address of a TCP listener that accepts every
@@ -111,37 +103,7 @@ func TestDoctorSilentBroker(t *testing.T) {
 // (doctor.RunStores), their findings beside the broker's; exit 1 (the
 // broker's finding is an error).
 func TestDoctorSilentBrokerChecksDBAndRedis(t *testing.T) {
-	ctx := context.Background()
-	dsn := integration.PostgresDSN(t)
-	schema := fmt.Sprintf("cli_nobroker_%d", rand.Uint64()%1e12)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		pool.Close()
-	})
-	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	store, err := pgstore.New(pool, pgstore.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// A lease-mode claim whose worker died an hour ago: idempotency.claims-stuck.
-	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "job_results"}.Sanitize()+` (idempotency_key, status, owner_token, locked_until, expires_at)
-		VALUES ('charge:order_lost:v1', 'in_progress', 'w1', now() - interval '1 hour', now() + interval '7 days')`); err != nil {
-		t.Fatal(err)
-	}
-
+	dsn, schema := storesToCheck(t)
 	u := "postgres://x@" + silentServer(t) + "/db"
 	r := doctorEnds(t, u, "billing", "-check-timeout", "2s", "-db", dsn, "-schema", schema, "-results-table", schema+".job_results",
 		"-redis", integration.RedisAddr(t))

@@ -42,7 +42,7 @@ func storesToCheck(t *testing.T) (string, string) {
 	t.Helper()
 	ctx := context.Background()
 	dsn := integration.PostgresDSN(t)
-	schema := fmt.Sprintf("cli_unreachable_%d", rand.Uint64()%1e12)
+	schema := fmt.Sprintf("cli_stores_%d", rand.Uint64()%1e12)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
