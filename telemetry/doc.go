@@ -53,16 +53,20 @@
 // [sdk.SanitizeReason], as the dead-letter reason header does: valid UTF-8, at
 // most [sdk.MaxReasonLength] bytes. The message's own text (its ID,
 // correlation ID and, on send spans, type), which a producer outside berth may
-// write with any bytes, is made valid UTF-8 too: an OTLP exporter refuses a
-// whole batch with one invalid string.
+// write with any bytes and of any length, is written as a log record writes it
+// ([sdk.LogText]: valid UTF-8, at most [sdk.MaxLogTextLength] bytes): an OTLP
+// exporter refuses a whole batch with one invalid string, or one past the
+// receiver's size limit.
 //
 // # Metrics
 //
 // See [Observer] for the instruments. berth.job.type comes from the message,
 // so its values are bounded: the declared [Options.JobTypes] and the first
 // [Options.MaxJobTypes] (default 100) others seen keep their name, the rest
-// (and any type that is not valid UTF-8) are counted as [OtherJobType]. Close leaves the delivery counters registered so
-// that a final export after it still reports them.
+// (and any undeclared type that is not valid UTF-8 or is longer than
+// [sdk.MaxLogTextLength] bytes) are counted as [OtherJobType]. Close leaves
+// the delivery counters registered so that a final export after it still
+// reports them.
 //
 // The counters only other berth packages
 // can see are fed through their hooks:

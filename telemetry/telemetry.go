@@ -42,7 +42,9 @@ const (
 )
 
 // InspectedQueue names a queue whose depth and oldest message age are reported
-// as observable gauges, read through Inspector at each collection.
+// as observable gauges, read through Inspector at each collection, under
+// messaging.system (Inspector's, as for deliveries: see [Options.System]) and
+// messaging.destination.name.
 type InspectedQueue struct {
 	Inspector sdk.Inspector
 	Queue     string
@@ -72,7 +74,11 @@ type Options struct {
 	// LinkOnly starts each delivery's process span as the root of a new trace,
 	// linked to the message's creation span, instead of as its child.
 	LinkOnly bool
-	// Queues are reported by the queue depth and oldest age gauges.
+	// Queues are reported by the queue depth and oldest age gauges. Two
+	// brokers' queues of one name are told apart by their messaging.system:
+	// New refuses two brokers of the same system with a queue of the same
+	// name, whose gauges would be one series (a queue listed twice on one
+	// broker is reported once).
 	Queues []InspectedQueue
 	// InspectTimeout bounds each Stats call of a collection. Default 5s.
 	InspectTimeout time.Duration
@@ -80,18 +86,20 @@ type Options struct {
 	// in metrics (declare the types your handlers register).
 	JobTypes []string
 	// MaxJobTypes bounds how many other job types, first seen first served,
-	// get their own berth.job.type value; deliveries of the rest are counted
-	// under [OtherJobType]. A job type comes from the message, which anyone
-	// who can publish chooses, and every value costs a label set per
-	// instrument, kept for the Observer's life. Default 100; negative: only
-	// JobTypes.
+	// get their own berth.job.type value; deliveries of the rest (and of
+	// types that are not valid UTF-8 or are longer than
+	// [sdk.MaxLogTextLength] bytes) are counted under [OtherJobType]. A job
+	// type comes from the message, which anyone who can publish chooses,
+	// and every value costs a label set per instrument, kept for the
+	// Observer's life. Default 100; negative: only JobTypes.
 	MaxJobTypes int
 }
 
 // OtherJobType is the berth.job.type value (in metrics, process spans and
 // the idempotency counters) of job types beyond [Options.JobTypes] and
-// [Options.MaxJobTypes], and of those that are not valid UTF-8. Log records
-// keep the message's own type.
+// [Options.MaxJobTypes], and of undeclared ones that are not valid UTF-8 or
+// are longer than [sdk.MaxLogTextLength] bytes. Log records keep the
+// message's own type (cut as [sdk.LogText] cuts it).
 const OtherJobType = "_OTHER"
 
 // defaultMaxJobTypes is the default [Options.MaxJobTypes].
@@ -126,7 +134,8 @@ const defaultMaxJobTypes = 100
 //	berth.concurrency.lock_wait.duration  histogram s            row-lock wait time (fed by concurrency)
 //
 // Every delivery metric carries messaging.system, messaging.destination.name
-// and berth.job.type.
+// and berth.job.type; the queue gauges messaging.system and
+// messaging.destination.name.
 type Observer struct {
 	tracer     trace.Tracer
 	noopTracer bool // tracer is the no-op one: no span work at all (see Start)
@@ -135,6 +144,7 @@ type Observer struct {
 	linkOnly   bool
 	corrHeader string
 	queues     []InspectedQueue
+	queueSys   []attribute.KeyValue // messaging.system of each of queues
 	inspectTTL time.Duration
 	regs       []metric.Registration
 
@@ -177,10 +187,12 @@ var delayBuckets = []float64{0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600,
 
 // New creates the instruments and registers the callbacks that report the
 // delivery counters and the queue gauges. It returns an error for an invalid
-// InspectedQueue, for a CorrelationHeader no publish could carry (a
-// [*sdk.HeaderError], matching [sdk.ErrInvalidHeader]: not valid UTF-8, a
-// reserved berth- name, or a header of the Propagator's), or when the meter
-// refuses an instrument.
+// InspectedQueue or two of different brokers that name the same queue of
+// the same messaging.system (their gauges would be one series, holding one
+// queue's values), for a
+// CorrelationHeader no publish could carry (a [*sdk.HeaderError], matching
+// [sdk.ErrInvalidHeader]: not valid UTF-8, a reserved berth- name, or a
+// header of the Propagator's), or when the meter refuses an instrument.
 func New(opts Options) (*Observer, error) {
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = otel.GetTracerProvider()
@@ -222,6 +234,17 @@ func New(opts Options) (*Observer, error) {
 		pubLabels:  make(map[labelKey]*pubLabels),
 	}
 	_, o.noopTracer = o.tracer.(noop.Tracer)
+	inspected := make(map[labelKey]int, len(o.queues))
+	for i, q := range o.queues {
+		k := labelKey{system: o.systemOf(q.Inspector), queue: q.Queue}
+		if j, dup := inspected[k]; dup && !sameInspector(o.queues[j].Inspector, q.Inspector) {
+			return nil, fmt.Errorf("berth: telemetry: Queues[%d]: queue %s of messaging.system %s is already Queues[%d]: their gauges would be one series", i, k.queue, k.system, j)
+		}
+		if _, dup := inspected[k]; !dup {
+			inspected[k] = i
+		}
+		o.queueSys = append(o.queueSys, semconv.MessagingSystemKey.String(k.system))
+	}
 	for _, t := range opts.JobTypes {
 		o.jobTypes[t] = true
 	}
@@ -338,7 +361,7 @@ func (o *Observer) Close() error {
 
 func (o *Observer) observeQueues(ctx context.Context, obs metric.Observer) error {
 	var errs []error
-	for _, q := range o.queues {
+	for i, q := range o.queues {
 		sctx, cancel := context.WithTimeout(ctx, o.inspectTTL)
 		st, err := q.Inspector.Stats(sctx, q.Queue)
 		cancel()
@@ -346,14 +369,14 @@ func (o *Observer) observeQueues(ctx context.Context, obs metric.Observer) error
 			errs = append(errs, fmt.Errorf("stats of %s: %w", q.Queue, err))
 			continue
 		}
-		dest := semconv.MessagingDestinationName(q.Queue)
+		sys, dest := o.queueSys[i], semconv.MessagingDestinationName(q.Queue)
 		for _, s := range []struct {
 			state string
 			n     int64
 		}{{"ready", st.Ready}, {"delayed", st.Delayed}, {"in_flight", st.InFlight}, {"dead_lettered", st.DeadLettered}} {
-			obs.ObserveInt64(o.depth, s.n, metric.WithAttributes(dest, AttrQueueState.String(s.state)))
+			obs.ObserveInt64(o.depth, s.n, metric.WithAttributes(sys, dest, AttrQueueState.String(s.state)))
 		}
-		obs.ObserveFloat64(o.oldest, st.OldestAge.Seconds(), metric.WithAttributes(dest))
+		obs.ObserveFloat64(o.oldest, st.OldestAge.Seconds(), metric.WithAttributes(sys, dest))
 	}
 	return errors.Join(errs...)
 }
@@ -448,8 +471,10 @@ type labels struct {
 
 // jobLabel returns the berth.job.type value of job type t: t itself when it
 // is declared or among the first [Options.MaxJobTypes] others seen, else
-// [OtherJobType]. A type that is not valid UTF-8 is never a label of its own:
-// an OTLP exporter refuses a whole batch with one such string.
+// [OtherJobType]. A type that is not valid UTF-8, or longer than
+// [sdk.MaxLogTextLength] bytes, is never a label of its own: an OTLP exporter
+// refuses a whole batch with one invalid string, and a label value is
+// exported on every data point of its set at every collection.
 func (o *Observer) jobLabel(t string) string {
 	o.mu.RLock()
 	known := o.jobTypes[t]
@@ -458,7 +483,7 @@ func (o *Observer) jobLabel(t string) string {
 	if known {
 		return t
 	}
-	if full || !utf8.ValidString(t) {
+	if full || len(t) > sdk.MaxLogTextLength || !utf8.ValidString(t) {
 		return OtherJobType
 	}
 	o.mu.Lock()
@@ -618,15 +643,17 @@ func (o *Observer) observeCounts(_ context.Context, obs metric.Observer) error {
 	return nil
 }
 
-// validText returns s, made valid UTF-8 (each run of invalid bytes becomes one U+FFFD)
-// when it is not. Message fields come from the producer, which may be outside
-// berth and write any bytes, and an OTLP exporter refuses a whole batch of
-// spans with one attribute that is not valid UTF-8.
+// validText returns s as a log record shows it ([sdk.LogText]): made valid
+// UTF-8 (each run of invalid bytes becomes one U+FFFD) and cut to
+// [sdk.MaxLogTextLength] bytes, ending in "…" when cut. Message fields come
+// from the producer, which may be outside berth and write any bytes of any
+// length: an OTLP exporter refuses a whole batch of spans with one attribute
+// that is not valid UTF-8, or one past the receiver's message size limit.
 func validText(s string) string {
-	if utf8.ValidString(s) {
+	if len(s) <= sdk.MaxLogTextLength && utf8.ValidString(s) {
 		return s
 	}
-	return strings.ToValidUTF8(s, "\uFFFD")
+	return sdk.LogText("", s).Value.String()
 }
 
 // noSpan is the span of a delivery or a publish with a no-op tracer.
@@ -645,4 +672,13 @@ func FromContext(ctx context.Context) *Observer {
 		return st.obs
 	}
 	return nil
+}
+
+// sameInspector reports whether a and b are the same broker (a queue listed
+// twice on it reports the same values twice, which is harmless).
+func sameInspector(a, b sdk.Inspector) bool {
+	if t := reflect.TypeOf(a); t == nil || t != reflect.TypeOf(b) || !t.Comparable() {
+		return false
+	}
+	return a == b
 }
