@@ -36,7 +36,8 @@ func (d *delivery) Queue() string { return d.q.name }
 // A lease whose time ran out but whose message was not yet handed to anyone
 // else still settles: no other consumer can hold it, and the Ack of a slow
 // but successful handler is not thrown away. Once the broker noticed the
-// expiry (at the next Receive or Stats), settling returns ErrLeaseLost.
+// expiry (at the next call that looks at the queue: see the package doc),
+// settling returns ErrLeaseLost.
 func (d *delivery) settle(needNow bool, f func(q *queue, e *entry, now time.Time)) error {
 	if d.b.closed.Load() {
 		return sdk.ErrClosed
@@ -99,6 +100,10 @@ func (d *delivery) Ack(context.Context) error {
 // ([Options.MaxDeliveries]) allows, Retry dead-letters the message at once
 // with cause [sdk.ErrMaxDeliveries] and cause in the reason.
 func (d *delivery) Retry(_ context.Context, delay time.Duration, cause error) error {
+	var own *entry
+	if m := d.b.maxDeliveries; m <= 0 || d.attempt < m { // else it is dead-lettered (a copy)
+		own = d.e.detached()
+	}
 	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		if e.failed == nil {
 			e.failed = &failure{first: now}
@@ -106,29 +111,38 @@ func (d *delivery) Retry(_ context.Context, delay time.Duration, cause error) er
 		if cause != nil {
 			e.failed.lastError = sdk.SanitizeReason(cause.Error())
 		}
-		d.requeue(q, e, now, delay)
+		d.requeue(q, e, own, now, delay)
 	})
 }
 
 // Release hands the message back without consuming an attempt: the next
 // delivery has the same Attempt. It becomes deliverable after delay.
 func (d *delivery) Release(_ context.Context, delay time.Duration) error {
+	own := d.e.detached()
 	return d.settle(true, func(q *queue, e *entry, now time.Time) {
 		e.attempts--
-		d.requeue(q, e, now, delay)
+		d.requeue(q, e, own, now, delay)
 	})
 }
 
-// requeue makes e deliverable again after delay. A message that used the
-// last delivery the cap allows is dead-lettered now (its next delivery
-// would pass the cap): left waiting for a Receive to notice, it would be
-// missing from ListDeadLetters and Stats, counted Ready or Delayed, until
-// a consumer came, and for ever on a queue whose consumers are gone.
-func (d *delivery) requeue(q *queue, e *entry, now time.Time, delay time.Duration) {
+// requeue makes e deliverable again after delay, as own when not nil (e's
+// message in an entry of its own, [entry.detached]: a message that comes
+// back may stay long after the rest of its Publish batch). A message that
+// used the last delivery the cap allows is dead-lettered now (its next
+// delivery would pass the cap): left waiting for a Receive to notice, it
+// would be missing from ListDeadLetters and Stats, counted Ready or
+// Delayed, until a consumer came, and for ever on a queue whose consumers
+// are gone.
+func (d *delivery) requeue(q *queue, e, own *entry, now time.Time, delay time.Duration) {
 	e.gen++
 	if m := d.b.maxDeliveries; m > 0 && int(e.attempts) >= m {
 		q.deadLetter(e, e.poison(), now)
 		return
+	}
+	if own != nil { // e stays where it is, settled, for the deliveries that still point at it
+		own.gen, own.failed, own.attempts = e.gen, e.failed, e.attempts
+		e.state = stateGone
+		e = own
 	}
 	delay = min(delay, sdk.MaxDelay)
 	if delay > 0 {

@@ -7,19 +7,23 @@
 //
 // Ready messages are handed out in the order they became ready (published,
 // or their delay, retry delay or lease ran out): messages published together
-// reach a single receiver in publish order, whatever their Key.
+// reach a single receiver in publish order, whatever their Key, also when
+// they carry the same Delay. Messages received together whose leases then
+// run out come back in no set order.
 //
 // It is the default for tests, examples and single-process applications.
 // Nothing survives the process: use a real broker when jobs must outlive it.
 //
 // The broker runs no goroutine of its own. Delays and leases are kept in
-// heaps and acted upon lazily, by the calls that look at a queue (Receive,
-// Stats, the dead-letter calls); a Receive waiting on an empty queue sleeps
+// heaps and acted upon lazily, by the calls that look at a queue (Publish,
+// Receive, Stats, ExtendLease, the dead-letter calls, and a Retry or Release
+// without delay); a Receive waiting on an empty queue sleeps
 // on one timer set for the next due delay or lease end and is woken by
 // Publish and by settlements that make a message ready.
 package memory
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
 	"fmt"
@@ -186,11 +190,16 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	if err := sdk.PrepareAll(ctx, queue, msgs, b.maxMessageSize); err != nil {
 		return err // it validates the queue name too
 	}
-	// One allocation for the entries and one for all bodies of the batch.
+	// One allocation for the entries and one for all bodies of the batch
+	// (entry.shared), except the body of a message with a Delay in a batch
+	// of several: it waits out its delay apart from the rest (store).
+	batch := len(msgs) > 1
 	entries := make([]entry, len(msgs))
 	size := 0
 	for _, m := range msgs {
-		size += len(m.Body)
+		if !batch || m.Delay <= 0 {
+			size += len(m.Body)
+		}
 	}
 	var bodies []byte
 	if size > 0 {
@@ -199,10 +208,15 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 	for i, m := range msgs {
 		e := &entries[i]
 		e.msg = *m
+		e.shared = batch
 		if m.Body != nil {
-			start := len(bodies)
-			bodies = append(bodies, m.Body...)
-			e.msg.Body = bodies[start:len(bodies):len(bodies)]
+			if batch && m.Delay > 0 {
+				e.msg.Body = bytes.Clone(m.Body)
+			} else {
+				start := len(bodies)
+				bodies = append(bodies, m.Body...)
+				e.msg.Body = bodies[start:len(bodies):len(bodies)]
+			}
 		}
 		if m.Headers != nil {
 			h := make(map[string]string, len(m.Headers))

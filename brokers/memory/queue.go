@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
 	"fmt"
@@ -22,14 +23,39 @@ const (
 // msg never changes after publish: deliveries hand out &e.msg without copying,
 // and dead letters and redrives work on clones.
 type entry struct {
-	msg        sdk.Message
-	gen        uint64    // bumped at every delivery and settlement: fences stale deliveries
-	due        time.Time // stateDelayed: when it becomes ready; stateInFlight: lease end
-	readySince int64     // stateReady: when it became ready, on the monotonic clock (sinceEpoch)
-	failed     *failure  // set by the first Retry or DeadLetter
-	attempts   int32     // deliveries so far (Release gives one back)
-	state      int32     // stateReady, ...
-	index      int32     // position in the delayed or in-flight heap
+	msg sdk.Message
+	gen uint64    // bumped at every delivery and settlement: fences stale deliveries
+	due time.Time // stateDelayed: when it becomes ready; stateInFlight: lease end
+	// readySince is, in stateReady, when it became ready, on the monotonic
+	// clock (sinceEpoch); in stateDelayed, the order it was scheduled in
+	// (queue.scheduled), which breaks ties of due in the delayed heap.
+	readySince int64
+	failed     *failure // set by the first Retry or DeadLetter
+	attempts   int32    // deliveries so far (Release gives one back)
+	state      int32    // stateReady, ...
+	index      int32    // position in the delayed or in-flight heap
+	// shared: the entry is in its Publish batch's array of entries and its
+	// body in the batch's array of bodies (one allocation each for the
+	// batch), which stay in memory as long as any entry of the batch does.
+	// An entry that may stay long after the rest of its batch — a Retry, a
+	// Release, a Delay in a batch of several — is moved out first (detached,
+	// store), so that one straggler does not keep a whole batch, acked long
+	// ago, in memory. Never changes once the entry is stored.
+	shared bool
+}
+
+// detached returns a copy of e's message in an entry of its own, with a
+// body of its own, for a shared entry about to be kept apart from its
+// batch (Retry, Release); nil when e is not shared. e.msg and e.shared
+// never change once stored, so q.mu need not be held: the copy is made
+// before the settlement takes the lock.
+func (e *entry) detached() *entry {
+	if !e.shared {
+		return nil
+	}
+	own := &entry{msg: e.msg}
+	own.msg.Body = bytes.Clone(e.msg.Body)
+	return own
 }
 
 // failure is what an entry keeps of its failures, for the dead-letter
@@ -51,11 +77,14 @@ type queue struct {
 	name     string
 	mu       sync.Mutex
 	ready    fifo
-	delayed  timeHeap // by due
+	delayed  dueHeap  // by due, then in the order scheduled
 	inFlight timeHeap // by lease end
-	dead     []*sdk.Message
-	deadSeq  map[*sdk.Message]uint64 // position of each dead letter, for DeadLetterPage cursors
-	deadNext uint64
+	// scheduled counts the entries put in the delayed heap: the order of
+	// entries with the same due (a batch published with one Delay).
+	scheduled int64
+	dead      []*sdk.Message
+	deadSeq   map[*sdk.Message]uint64 // position of each dead letter, for DeadLetterPage cursors
+	deadNext  uint64
 
 	// wake is closed (and set to nil) when a waiting receiver must look
 	// again: ready work arrived or the next deadline moved earlier.
@@ -118,6 +147,12 @@ func (q *queue) store(entries []entry, now time.Time) {
 		e := &entries[i]
 		if d := e.msg.Delay; d > 0 {
 			e.msg.Delay = 0
+			if e.shared { // it waits out its delay apart from its batch (Publish gave it its own body)
+				own := new(entry)
+				*own = *e
+				own.shared = false
+				e = own
+			}
 			q.schedule(e, now.Add(d))
 			continue
 		}
@@ -153,6 +188,8 @@ func (q *queue) makeReady(e *entry, now time.Time) {
 func (q *queue) schedule(e *entry, due time.Time) {
 	e.state = stateDelayed
 	e.due = due
+	q.scheduled++
+	e.readySince = q.scheduled
 	heap.Push(&q.delayed, e)
 	if q.delayed[0] == e {
 		q.deadlineMoved(due)
@@ -283,6 +320,24 @@ func (f *fifo) shrink() {
 	}
 	f.buf, f.head = buf, 0
 }
+
+// dueHeap is the delayed heap: a timeHeap whose entries with the same due
+// (a batch published with one Delay) come out in the order they were
+// scheduled, kept in readySince while they wait, so that they become ready
+// in publish order. The in-flight heap needs no such order, and its Less,
+// run at every Receive and Ack, stays one comparison.
+type dueHeap []*entry
+
+func (h dueHeap) Len() int { return len(h) }
+func (h dueHeap) Less(i, j int) bool {
+	if c := h[i].due.Compare(h[j].due); c != 0 {
+		return c < 0
+	}
+	return h[i].readySince < h[j].readySince
+}
+func (h dueHeap) Swap(i, j int) { timeHeap(h).Swap(i, j) }
+func (h *dueHeap) Push(x any)   { (*timeHeap)(h).Push(x) }
+func (h *dueHeap) Pop() any     { return (*timeHeap)(h).Pop() }
 
 // timeHeap is a min-heap of entries by due, for container/heap.
 type timeHeap []*entry
