@@ -60,6 +60,9 @@ type Filter struct {
 	Queue    string
 	Statuses []Status
 	Type     string
+	// IdempotencyKey selects the jobs with this idempotency key: the
+	// publishes of one operation ([Reader.JobByKey] gives only the newest).
+	IdempotencyKey string
 	// Since and Until bound the jobs' last update (Since inclusive, Until
 	// exclusive); zero is no bound. [Infinity] and [NegativeInfinity]
 	// stand for 'infinity' and '-infinity', as a Reader gives them.
@@ -100,8 +103,9 @@ type Reader interface {
 	// An unknown id gives an error wrapping [sdk.ErrNotFound].
 	Job(ctx context.Context, id string) (*Job, error)
 	// JobByKey returns the most recently seen job with idempotency key key
-	// (several publishes of one operation share a key; List with the ID
-	// finds the others). An unknown key gives [sdk.ErrNotFound].
+	// (several publishes of one operation share a key; List with
+	// [Filter.IdempotencyKey] finds the others). An unknown key gives
+	// [sdk.ErrNotFound].
 	JobByKey(ctx context.Context, key string) (*Job, error)
 	// List returns a page of the jobs f selects, newest job first (by when
 	// it was first seen, then its ID; pgledger.Jobs: by its row's id, the

@@ -102,6 +102,11 @@ type jsonJob struct {
 	Worker         string        `json:"worker"`
 	UpdatedAt      *time.Time    `json:"updated_at"`
 	History        []jsonAttempt `json:"history"` // empty where the ledger keeps none (the PostgreSQL broker's table)
+	// SameKeyIDs (job show only) are the IDs of the other jobs with this
+	// job's idempotency key, newest first, at most sameKeyMax of them;
+	// SameKeyMore says there are more.
+	SameKeyIDs  []string `json:"same_key_ids,omitempty"`
+	SameKeyMore bool     `json:"same_key_more,omitempty"`
 }
 
 type jsonJobs struct {
@@ -166,8 +171,17 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	same, more, err := sameKey(ctx, r, j)
+	if err != nil {
+		return err
+	}
 	if c.json {
-		return writeJSON(c.stdout, viewJob(j))
+		v := viewJob(j)
+		v.SameKeyMore = more
+		for _, o := range same {
+			v.SameKeyIDs = append(v.SameKeyIDs, o.MessageID)
+		}
+		return writeJSON(c.stdout, v)
 	}
 	w := c.stdout
 	fmt.Fprintf(w, "id:              %s\nqueue:           %s\ntype:            %s\n", esc(j.MessageID), esc(j.Queue), esc(j.Type))
@@ -221,7 +235,48 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 		}
 		_ = tw.Flush()
 	}
+	if len(same) > 0 {
+		// Two publishes of one operation (a charge made twice) are two
+		// jobs under one key: the one shown is not all of it.
+		fmt.Fprintf(w, "same idempotency key: %d other job(s), newest first (berth job show ID):\n", len(same))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, o := range same {
+			fmt.Fprintf(tw, "  %s\t%s\tfirst seen %s\n", esc(o.MessageID), o.Status, when(o.FirstSeenAt))
+		}
+		_ = tw.Flush()
+		if more {
+			fmt.Fprintf(w, "  … and more (the newest %d are named)\n", sameKeyMax)
+		}
+	}
 	return nil
+}
+
+// sameKeyMax is how many other jobs with its idempotency key job show names.
+const sameKeyMax = 20
+
+// sameKey returns the other jobs with j's idempotency key (none when it has
+// none), newest first, at most sameKeyMax, and whether there are more.
+func sameKey(ctx context.Context, r ledger.Reader, j *ledger.Job) ([]ledger.Job, bool, error) {
+	if j.IdempotencyKey == "" {
+		return nil, false, nil
+	}
+	p, err := r.List(ctx, ledger.Filter{IdempotencyKey: j.IdempotencyKey, Limit: sameKeyMax + 1})
+	if err != nil {
+		return nil, false, fmt.Errorf("the other jobs with its idempotency key: %w", err)
+	}
+	var out []ledger.Job
+	shown := false
+	for _, o := range p.Jobs {
+		// The job shown, once: on the PostgreSQL broker's table another
+		// row may have its ID.
+		if !shown && o.MessageID == j.MessageID && o.FirstSeenAt.Equal(j.FirstSeenAt) {
+			shown = true
+			continue
+		}
+		out = append(out, o)
+	}
+	more := p.Next != "" || len(out) > sameKeyMax
+	return out[:min(len(out), sameKeyMax)], more, nil
 }
 
 func runJobs(ctx context.Context, c *cli, args []string) error {

@@ -140,7 +140,7 @@ func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	}
 	where := []string{`($1 = '' OR queue = $1)`, `($2 = '' OR job_type = $2)`,
 		`($3::timestamptz IS NULL OR updated_at >= $3)`, `($4::timestamptz IS NULL OR updated_at < $4)`,
-		`($5::bigint IS NULL OR id < $5)`}
+		`($5::bigint IS NULL OR id < $5)`, `($7 = '' OR idempotency_key = $7)`}
 	if len(f.Statuses) > 0 {
 		var or []string
 		for _, st := range f.Statuses {
@@ -159,7 +159,7 @@ func (s *Jobs) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) {
 	}
 	rows, err := s.db.Query(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE `+strings.Join(where, " AND ")+`
 ORDER BY id DESC LIMIT $6`,
-		storableText(f.Queue), storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterID, f.Limit+1)
+		storableText(f.Queue), storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterID, f.Limit+1, storableText(f.IdempotencyKey))
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}

@@ -153,9 +153,10 @@ func (s *Store) List(ctx context.Context, f ledger.Filter) (ledger.Page, error) 
 	rows, err := s.db.Query(ctx, `SELECT `+jobCols+` FROM `+s.jobs+`
 WHERE ($1 = '' OR queue = $1) AND ($2::text[] IS NULL OR status = ANY($2)) AND ($3 = '' OR job_type = $3)
 	AND ($4::timestamptz IS NULL OR updated_at >= $4) AND ($5::timestamptz IS NULL OR updated_at < $5)
-	AND ($6::timestamptz IS NULL OR (first_seen_at, message_id) < ($6, $7))
+	AND ($6::timestamptz IS NULL OR (first_seen_at, message_id) < ($6, $7)) AND ($9 = '' OR idempotency_key = $9)
 ORDER BY first_seen_at DESC, message_id DESC LIMIT $8`,
-		indexedText(f.Queue), statuses, storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterT, indexedText(afterID), f.Limit+1)
+		indexedText(f.Queue), statuses, storableText(f.Type), filterTime(f.Since), filterTime(f.Until), afterT, indexedText(afterID), f.Limit+1,
+		indexedText(f.IdempotencyKey))
 	if err != nil {
 		return ledger.Page{}, fmt.Errorf("pgledger: list: %w", err)
 	}
