@@ -23,7 +23,9 @@
 // Flags go before or after the command and its arguments; "berth help
 // COMMAND" or "berth COMMAND -h" describes one command. The URL may come
 // from the BERTH_URL environment variable, which keeps credentials out of
-// shell history; it never appears in output or errors.
+// shell history; it never appears in output or errors. A -url, -db, -table
+// or -schema given empty is a usage error, not its default (a script's
+// unset variable would otherwise send the command elsewhere).
 //
 // Exit codes: 0 done; 1 error (broker unreachable, refused); 2 usage (bad
 // command line, or a change without -yes and no terminal to confirm on,
@@ -154,6 +156,15 @@ var readTimeout = time.Minute
 
 var globalFlags = []string{"url", "json", "timeout"}
 
+// targetDefaults are the flags that name where a command reads or changes,
+// with what leaving them out means: given, they must not be empty (see run).
+var targetDefaults = map[string]string{
+	"url":    "$BERTH_URL",
+	"db":     "$BERTH_DB",
+	"table":  "public.berth_outbox",
+	"schema": "the default schema (berth)",
+}
+
 func commands() []*command {
 	filters := []string{"type", "class", "reason", "older-than", "newer-than"}
 	change := append(append([]string{}, filters...), "limit", "dry-run", "yes", "page-size", "scan-limit")
@@ -188,6 +199,8 @@ func commands() []*command {
 			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
 		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
+			long: "A key several jobs have (an operation published twice) shows the newest of them; the other jobs with the\n" +
+				"shown job's idempotency key are named under it (-json: same_key_ids).",
 			flags: []string{"db", "schema"}, run: runJobShow, timeout: readTimeout},
 		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest (first seen) first, with the total",
 			long: "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.\n" +
@@ -280,12 +293,12 @@ func newCLI(e env) *cli {
 		"and doctor; none for the changes and ui; \"berth COMMAND -h\" says which)")
 	fs.BoolVar(&c.watch, "watch", false, "print again every -interval until interrupted")
 	fs.DurationVar(&c.interval, "interval", 2*time.Second, "the period of -watch")
-	fs.StringVar(&c.types, "type", "", "only messages of these types (comma-separated, exact)")
+	fs.StringVar(&c.types, "type", "", "dlq: only dead letters of these types (comma-separated, exact); jobs: only jobs of this one type (exact)")
 	fs.StringVar(&c.class, "class", "", "only dead letters of this error class (permanent, transient, panic, max_deliveries, unknown, …)")
 	fs.StringVar(&c.reason, "reason", "", "only dead letters whose reason contains this text, or matches /regexp/")
 	fs.DurationVar(&c.olderThan, "older-than", 0, "only dead letters whose last failure is older than this (e.g. 24h)")
 	fs.DurationVar(&c.newerThan, "newer-than", 0, "only dead letters whose last failure is newer than this")
-	fs.IntVar(&c.limit, "limit", 0, "list: page size (default 50); redrive, purge: at most this many")
+	fs.IntVar(&c.limit, "limit", 0, "list, jobs: page size (default 50); redrive, purge: at most this many")
 	fs.IntVar(&c.offset, "offset", 0, "skip this many matching dead letters (the next page's offset is printed)")
 	fs.IntVar(&c.pageSize, "page-size", 500, "dead letters read and moved per broker call")
 	fs.IntVar(&c.scanLimit, "scan-limit", 10000, "on a broker that can neither page nor sweep its dead letters (SQS): read at most this many in one scan (more: say the scan is incomplete)")
@@ -299,9 +312,9 @@ func newCLI(e env) *cli {
 	fs.StringVar(&c.tlsKey, "tls-key", "", "ui: the private key (PEM file) of -tls-cert")
 	fs.BoolVar(&c.demo, "demo", false, "ui: with mem://, seed a few queues and dead letters to look at")
 	fs.StringVar(&c.queues, "queues", "", "ui: queues to show (comma-separated) besides those the broker lists")
-	fs.StringVar(&c.db, "db", "", "outbox, job, jobs: the application's PostgreSQL, where the outbox and the ledger live (default $BERTH_DB)")
+	fs.StringVar(&c.db, "db", "", "outbox, job, jobs, queue, doctor, ui: the application's PostgreSQL, where the outbox, the ledger and the pause table live (default $BERTH_DB)")
 	fs.StringVar(&c.table, "table", "", "outbox: the outbox table, [schema.]table (default public.berth_outbox)")
-	fs.StringVar(&c.schema, "schema", "", "job, jobs: the schema of the ledger's tables in -db; queue: of the pause table (default berth)")
+	fs.StringVar(&c.schema, "schema", "", "job, jobs, doctor, ui: the schema of the ledger's tables in -db; queue, ui: of the pause table (default berth)")
 	fs.StringVar(&c.queue, "queue", "", "jobs: only jobs of this queue")
 	fs.StringVar(&c.status, "status", "", "jobs: only jobs in these statuses (comma-separated: enqueued, running, retrying, released, succeeded, dead, redriven)")
 	fs.DurationVar(&c.since, "since", 0, "jobs: only jobs updated in this last while (e.g. 1h)")
@@ -398,6 +411,13 @@ func run(ctx context.Context, args []string, e env) int {
 		}
 		c.limitSet = c.limitSet || name == "limit"
 		c.pageSizeSet = c.pageSizeSet || name == "page-size"
+		// A target given empty (a script's unset variable: -db "$APP_DB")
+		// is not the default: that is another database, broker, table or
+		// schema than the one meant, and a change would act there.
+		if def, ok := targetDefaults[name]; ok && c.fs.Lookup(name).Value.String() == "" {
+			fmt.Fprintf(c.stderr, "berth %s: -%s is empty: give a value, or leave the flag out for %s\n", cmd.name, name, def)
+			return exitUsage
+		}
 	}
 	if c.url == "" {
 		c.url = c.getenv("BERTH_URL")

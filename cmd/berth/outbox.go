@@ -44,6 +44,11 @@ func (c *cli) openOutboxPool(ctx context.Context) (*outbox.Outbox, *pgxpool.Pool
 		if !ok {
 			schema, table = "", schema
 		}
+		// "app." or ".outbox" ("$SCHEMA.outbox" with SCHEMA unset) would
+		// name the default table or schema: another table than the one meant.
+		if table == "" || ok && schema == "" {
+			return nil, nil, nil, usagef("-table \"%s\": want [schema.]table, neither of them empty", c.table)
+		}
 		o.Schema, o.Table = schema, table
 	}
 	pool, err := c.openDBFor(ctx, dsn, "outbox")
