@@ -127,3 +127,48 @@ func TestRelayLoopBacksOffWhileBrokerDown(t *testing.T) {
 		t.Errorf("info logs %q; want one saying the broker takes messages again", infos)
 	}
 }
+
+// TestRelayLoopOutageEndsWithNothingToTry: a pass with nothing to try (the
+// rows parked or discarded by an operator meanwhile) ends a broker outage
+// as far as the relay knows, so the next one starts its backoff at the
+// first step and warns at its start. Before, only a pass that published
+// reset it: the next outage began near the 30 s cap, with no warning at
+// its start, and was later logged as lasting since the first.
+func TestRelayLoopOutageEndsWithNothingToTry(t *testing.T) {
+	logs := &logged{}
+	opts := RelayOptions{Logger: slog.New(logs)}.withDefaults()
+	clock := &fakeClock{now: time.Unix(1e9, 0)} // no jitter
+	o := &Outbox{table: "t"}
+	downErr := &brokerDownError{fmt.Errorf("%w: connection refused", sdk.ErrUnavailable)}
+	results := []error{downErr, downErr, downErr, nil, downErr}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	pass := func(context.Context) (int, error) {
+		if calls == len(results) {
+			cancel()
+			return 0, nil
+		}
+		err := results[calls]
+		calls++
+		return 0, err
+	}
+	if err := o.relayLoop(ctx, opts, pass, clock); err != nil {
+		t.Fatal(err)
+	}
+	if len(clock.waits) < len(results) {
+		t.Fatalf("%d waits, want %d at least: %v", len(clock.waits), len(results), clock.waits)
+	}
+	if got, want := clock.waits[4], opts.OutageBackoff.Delay(1, 0); got != want {
+		t.Errorf("wait after the new outage's first pass: %s, want OutageBackoff's first step %s (waits %v)", got, want, clock.waits)
+	}
+	starts := 0
+	for _, r := range logs.recs {
+		if r.Level == slog.LevelWarn && strings.Contains(r.Message, "the broker is unavailable") {
+			starts++
+		}
+	}
+	if starts != 2 {
+		t.Errorf("%d outage-start warnings, want 2 (one an outage)", starts)
+	}
+}

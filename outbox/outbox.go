@@ -620,9 +620,15 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 			}
 			continue
 		}
-		if down > 0 && n > 0 {
+		switch {
+		case down > 0 && n > 0:
 			opts.Logger.Info("outbox: relay: the broker takes messages again",
 				"table", o.table, "failed_passes", down, "outage", clock.Now().Sub(downSince).Round(time.Millisecond))
+			down = 0
+		case down > 0 && err == nil:
+			// Nothing to try (the rows parked, discarded, or waiting on
+			// their own backoff): the outage is not known to go on, and
+			// the next one must start its backoff and its warning afresh.
 			down = 0
 		}
 		switch {
