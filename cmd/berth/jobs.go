@@ -107,6 +107,9 @@ type jsonJob struct {
 	// SameKeyMore says there are more.
 	SameKeyIDs  []string `json:"same_key_ids,omitempty"`
 	SameKeyMore bool     `json:"same_key_more,omitempty"`
+	// SameKeyError says why the other jobs of the key were not read (the
+	// job itself was).
+	SameKeyError string `json:"same_key_error,omitempty"`
 }
 
 type jsonJobs struct {
@@ -171,13 +174,21 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	same, more, err := sameKey(ctx, r, j)
-	if err != nil {
-		return err
+	// The other jobs of its key are a second read, within its own bound:
+	// on the PostgreSQL broker's table no index is keyed by the idempotency
+	// key alone, and a slow or failed read must not cost the job found.
+	kctx, kcancel := context.WithTimeout(ctx, sameKeyTimeout)
+	same, more, keyErr := sameKey(kctx, r, j)
+	kcancel()
+	if keyErr != nil && ctx.Err() != nil {
+		return keyErr // interrupted, or the command's -timeout
 	}
 	if c.json {
 		v := viewJob(j)
 		v.SameKeyMore = more
+		if keyErr != nil {
+			v.SameKeyError = keyErr.Error()
+		}
 		for _, o := range same {
 			v.SameKeyIDs = append(v.SameKeyIDs, o.MessageID)
 		}
@@ -235,6 +246,9 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 		}
 		_ = tw.Flush()
 	}
+	if keyErr != nil {
+		fmt.Fprintf(w, "same idempotency key: the other jobs were not read: %s\n", esc(keyErr.Error()))
+	}
 	if len(same) > 0 {
 		// Two publishes of one operation (a charge made twice) are two
 		// jobs under one key: the one shown is not all of it.
@@ -253,6 +267,10 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 
 // sameKeyMax is how many other jobs with its idempotency key job show names.
 const sameKeyMax = 20
+
+// sameKeyTimeout bounds job show's read of the other jobs with the key: a
+// var for tests.
+var sameKeyTimeout = 10 * time.Second
 
 // sameKey returns the other jobs with j's idempotency key (none when it has
 // none), newest first, at most sameKeyMax, and whether there are more.

@@ -91,6 +91,20 @@ func TestJobShowSameKey(t *testing.T) {
 	if r := onLedger("job", "show", "charge:o2"); r.code != exitOK || strings.Contains(r.out, "same idempotency key") {
 		t.Errorf("job show of an unshared key: exit %d\n%s%s", r.code, r.out, r.err)
 	}
+
+	// The other jobs are a second read within its own bound: one that fails
+	// (here its bound spent at once) is said, and the job is still shown.
+	keep := sameKeyTimeout
+	sameKeyTimeout = time.Nanosecond
+	r = onLedger("job", "show", "charge-a")
+	if r.code != exitOK || !strings.Contains(r.out, "id:              charge-a") || !strings.Contains(r.out, "same idempotency key: the other jobs were not read") {
+		t.Errorf("job show with the same-key read failing: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+	r = onLedger("job", "show", "charge-a", "-json")
+	if r.code != exitOK || !strings.Contains(r.out, `"same_key_error"`) {
+		t.Errorf("job show -json with the same-key read failing: exit %d\n%s%s", r.code, r.out, r.err)
+	}
+	sameKeyTimeout = keep
 	// More than are named: the newest sameKeyMax, and "more".
 	var bulk []ledger.Event
 	for i := range sameKeyMax + 2 {
