@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/berthq/berth/sdk"
@@ -106,12 +107,13 @@ type Options struct {
 	// then, and a store that answers again meanwhile (a failover, a starved
 	// pool) gets the result rather than leave the claim to expire and a
 	// redelivery to apply the effect again (the job keeps its Worker slot
-	// meanwhile). Default 5s, or half of
-	// ClaimLease − Heartbeat when that is shorter. It must be
-	// shorter than ClaimLease − Heartbeat (ClaimLease when the heartbeat is
+	// meanwhile); once the handler's ctx is done (a shutdown past the
+	// Worker's drain), for CleanupTimeout more at most. Default 5s, or half
+	// of ClaimLease − Heartbeat when that is shorter. It must be shorter
+	// than ClaimLease − Heartbeat (ClaimLease when the heartbeat is
 	// disabled): the claim was last extended up to one Heartbeat before the
-	// handler returned, and a completion still being retried when it expires
-	// would let another worker take the key over and run the operation again.
+	// handler returned, and the calls it bounds must end while the claim
+	// holds, before another worker may take the key over.
 	// [New] returns an error wrapping [ErrInvalidConfig] otherwise.
 	CleanupTimeout time.Duration
 	// Stats, optional, counts events.
@@ -477,6 +479,27 @@ func (g *Guard) complete(ctx context.Context, c Claim, r Result, until time.Time
 	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
+	// Once ctx is done (the Worker's drain deadline passed, a lost lease),
+	// CleanupTimeout more at most, as before the retries outlived it: the
+	// Worker gives up on a handler that outlasts its drain, and a shutdown
+	// must not wait for the rest of the claim.
+	var (
+		mu    sync.Mutex
+		timer *time.Timer
+	)
+	unwatch := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		timer = time.AfterFunc(g.o.CleanupTimeout, cancel)
+		mu.Unlock()
+	})
+	defer func() {
+		unwatch()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+	}()
 	wait := 20 * time.Millisecond
 	for failures := 0; ; failures++ {
 		err := g.o.Store.Complete(cctx, c, r)

@@ -105,3 +105,60 @@ func TestCompletionOutlastsStoreOutage(t *testing.T) {
 		t.Errorf("effect applied %d times, want 1", n)
 	}
 }
+
+// TestCompletionAfterShutdownKeepsCleanupTimeout: once the handler's ctx is
+// done (the Worker's drain deadline passed), the completion retried during
+// a store outage stops after CleanupTimeout, as before it could outlive
+// it: the Worker gives up on a handler that outlasts its drain, and a
+// shutdown must not wait for the rest of a 10 s claim. (The review of the
+// change above found it waited the whole claim.)
+func TestCompletionAfterShutdownKeepsCleanupTimeout(t *testing.T) {
+	e := newEnv(t)
+	cfg, err := pgxpool.ParseConfig(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	small, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	s1, err := pgstore.New(small, pgstore.Options{Schema: e.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		lease   = 60 * time.Second
+		cleanup = 200 * time.Millisecond
+	)
+	g, err := idempotency.New(idempotency.Options{Mode: idempotency.Lease, Store: s1, ClaimLease: lease, CleanupTimeout: cleanup, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := idempotency.Operation{Key: "k-" + randSuffix(), JobType: "t", Fingerprint: "fp"}
+	ctx, shutdown := context.WithCancel(context.Background())
+	var conn *pgxpool.Conn
+	start := time.Now()
+	_, err = g.Do(ctx, op, func(hctx context.Context) error {
+		// The store goes out of reach, and the shutdown comes, right after
+		// the effect.
+		c, err := small.Acquire(hctx)
+		if err != nil {
+			return err
+		}
+		conn = c
+		shutdown()
+		return nil
+	})
+	took := time.Since(start)
+	if conn != nil {
+		conn.Release()
+	}
+	if err == nil {
+		t.Fatal("Do recorded the success with the store out of reach")
+	}
+	if took > lease/2 {
+		t.Errorf("Do returned after %s: the completion after the shutdown outlived CleanupTimeout (%s) by far, toward the claim's %s", took, cleanup, lease)
+	}
+}
