@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,11 +75,12 @@ type Options struct {
 	// LinkOnly starts each delivery's process span as the root of a new trace,
 	// linked to the message's creation span, instead of as its child.
 	LinkOnly bool
-	// Queues are reported by the queue depth and oldest age gauges. Two
-	// brokers' queues of one name are told apart by their messaging.system:
-	// New refuses two brokers of the same system with a queue of the same
-	// name, whose gauges would be one series (a queue listed twice on one
-	// broker is reported once).
+	// Queues are reported by the queue depth and oldest age gauges, under
+	// messaging.system and the queue's name: queues of one name on brokers
+	// of different systems are series of their own, a queue listed twice
+	// on one broker is read once, and two brokers of the same system with
+	// a queue of the same name (two RabbitMQ clusters) share one series —
+	// give each its own Observer and MeterProvider to tell them apart.
 	Queues []InspectedQueue
 	// InspectTimeout bounds each Stats call of a collection. Default 5s.
 	InspectTimeout time.Duration
@@ -187,9 +189,7 @@ var delayBuckets = []float64{0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600,
 
 // New creates the instruments and registers the callbacks that report the
 // delivery counters and the queue gauges. It returns an error for an invalid
-// InspectedQueue or two of different brokers that name the same queue of
-// the same messaging.system (their gauges would be one series, holding one
-// queue's values), for a
+// InspectedQueue, for a
 // CorrelationHeader no publish could carry (a [*sdk.HeaderError], matching
 // [sdk.ErrInvalidHeader]: not valid UTF-8, a reserved berth- name, or a
 // header of the Propagator's), or when the meter refuses an instrument.
@@ -234,17 +234,19 @@ func New(opts Options) (*Observer, error) {
 		pubLabels:  make(map[labelKey]*pubLabels),
 	}
 	_, o.noopTracer = o.tracer.(noop.Tracer)
-	inspected := make(map[labelKey]int, len(o.queues))
-	for i, q := range o.queues {
-		k := labelKey{system: o.systemOf(q.Inspector), queue: q.Queue}
-		if j, dup := inspected[k]; dup && !sameInspector(o.queues[j].Inspector, q.Inspector) {
-			return nil, fmt.Errorf("berth: telemetry: Queues[%d]: queue %s of messaging.system %s is already Queues[%d]: their gauges would be one series", i, k.queue, k.system, j)
+	// A queue listed twice on one broker is read once. Two brokers of one
+	// messaging.system with a queue of the same name (two RabbitMQ
+	// clusters) still share one series, as before messaging.system was
+	// added: said on Options.Queues.
+	queues := o.queues[:0:0]
+	for _, q := range o.queues {
+		if slices.ContainsFunc(queues, func(p InspectedQueue) bool { return p.Queue == q.Queue && sameInspector(p.Inspector, q.Inspector) }) {
+			continue
 		}
-		if _, dup := inspected[k]; !dup {
-			inspected[k] = i
-		}
-		o.queueSys = append(o.queueSys, semconv.MessagingSystemKey.String(k.system))
+		queues = append(queues, q)
+		o.queueSys = append(o.queueSys, semconv.MessagingSystemKey.String(o.systemOf(q.Inspector)))
 	}
+	o.queues = queues
 	for _, t := range opts.JobTypes {
 		o.jobTypes[t] = true
 	}
