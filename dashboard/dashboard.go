@@ -17,8 +17,9 @@
 // a request a browser makes for a page of another origin (an image, a
 // fetch, a frame: its Sec-Fetch-Site) is refused, a read too (on RabbitMQ a
 // page of dead letters walks the dead-letter queue, on SQS it receives
-// them), but for a link followed to the dashboard (a top-level navigation);
-// ReadOnly hides
+// them); a link followed to the dashboard from another site gets a page
+// that leads on to the one it names by a same-origin link (another site
+// could open such links in a loop, each a walk); ReadOnly hides
 // and refuses every change; every answer, the 401 too, forbids framing
 // (CSP frame-ancestors 'none' and X-Frame-Options: DENY), inline scripts and
 // caching; the banner a page shows after a change or a pause is the
@@ -268,8 +269,11 @@ func requireToken(token string, next http.Handler) http.Handler {
 
 // sameOriginOnly refuses (403) a request a browser made for a page of another
 // origin (Fetch Metadata: Sec-Fetch-Site other than same-origin or none),
-// unless it is a top-level navigation with GET or HEAD (a link to the
-// dashboard from a chat or a runbook). Reads have effects too: on RabbitMQ a
+// and answers a top-level navigation with GET or HEAD (a link to the
+// dashboard from a chat or a runbook) with a page whose same-origin link
+// leads on to the page it named (continueTmpl), read only then: another
+// site could open such links in a loop (window.open, location). Reads have
+// effects too: on RabbitMQ a
 // page of dead letters, a dead letter or a confirmation walks the whole
 // dead-letter queue, taking every letter and republishing it, and on SQS it
 // holds the letters invisible and counts a receive of each; walks that
@@ -289,10 +293,37 @@ func sameOriginOnly(next http.Handler) http.Handler {
 				http.Error(w, "cross-site request refused: open the dashboard's page itself", http.StatusForbidden)
 				return
 			}
+			// A link followed from another site: a page that reads the
+			// broker only once the operator continues from here, a
+			// same-origin link (another site could open such links in a
+			// loop with window.open or location, each a walk).
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			if r.Method == http.MethodGet {
+				_ = continueTmpl.Execute(w, localURI(r.URL.RequestURI()))
+			}
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// localURI is uri when it is a path of this origin, else "/": a path that
+// begins "//" or "/\\" is another host's to a browser.
+func localURI(uri string) string {
+	if !strings.HasPrefix(uri, "/") || strings.HasPrefix(uri, "//") || strings.HasPrefix(uri, "/\\") {
+		return "/"
+	}
+	return uri
+}
+
+// continueTmpl is the page a link from another site gets (sameOriginOnly):
+// the dashboard's page it named, behind one same-origin link.
+var continueTmpl = template.Must(template.New("continue").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>berth dashboard</title></head>
+<body><p>A link from another site leads to this dashboard page. Pages of dead letters read the broker
+(on RabbitMQ a walk of the dead-letter queue), so it is opened only from here:</p>
+<p><a id="continue" href="{{.}}">continue to {{.}}</a></p></body></html>
+`))
 
 func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
