@@ -5,16 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger"
-	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -27,23 +22,7 @@ import (
 // pages asked for 10 minutes apart, each counting 5.
 func TestJobsSincePagesKeepTheWindow(t *testing.T) {
 	ctx := context.Background()
-	dsn := integration.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := fmt.Sprintf("cli_since_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
-		pool.Close()
-	})
-	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dsn, schema, s := migratedLedger(t, "cli_since_")
 	first := time.Now().Truncate(time.Second)
 	var evs []ledger.Event
 	for i := range 5 {

@@ -5,18 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/berthq/berth/brokers/memory"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/ledger"
-	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -77,23 +71,7 @@ func TestJobsOnPostgresBroker(t *testing.T) {
 // (fed on RabbitMQ, SQS or memory), with every attempt.
 func TestJobsOnLedger(t *testing.T) {
 	ctx := context.Background()
-	dsn := integration.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := fmt.Sprintf("cli_ledger_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() { // after the test's defers: the pool must still be open to drop the schema
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
-		pool.Close()
-	})
-	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dsn, schema, s := migratedLedger(t, "cli_ledger_")
 	t0 := time.Now().Add(-time.Minute)
 	ev := func(st ledger.Status, attempt, sec int, worker, e string) ledger.Event {
 		at := t0.Add(time.Duration(sec) * time.Second)

@@ -27,23 +27,7 @@ import (
 // same_key_ids), on the ledger's tables and on the PostgreSQL broker's.
 func TestJobShowSameKey(t *testing.T) {
 	ctx := context.Background()
-	dsn := integration.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := fmt.Sprintf("cli_samekey_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		pool.Close()
-	})
-	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dsn, schema, s := migratedLedger(t, "cli_samekey_")
 	t0 := time.Now().Add(-time.Hour)
 	ev := func(id, key string, sec int) ledger.Event {
 		at := t0.Add(time.Duration(sec) * time.Second)
@@ -149,4 +133,30 @@ func TestJobShowSameKey(t *testing.T) {
 	if r := cliOn(t, u, "job", "show", "charge:o9"); r.code != exitOK || !strings.Contains(r.out, first.ID) {
 		t.Errorf("job show on the PostgreSQL broker: exit %d\n%s%s", r.code, r.out, r.err)
 	}
+}
+
+// migratedLedger returns the test database's DSN, a new schema (named prefix
+// and a random number, dropped at the end of the test) and the ledger's
+// tables migrated into it.
+func migratedLedger(t *testing.T, prefix string) (string, string, *pgledger.Store) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := integration.PostgresDSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := fmt.Sprintf("%s%d", prefix, rand.Uint64()%1e12)
+	t.Cleanup(func() { // after the test's defers: the pool must still be open to drop the schema
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		pool.Close()
+	})
+	s, err := pgledger.New(pool, pgledger.Options{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return dsn, schema, s
 }

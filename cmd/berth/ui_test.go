@@ -2,22 +2,16 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/internal/syncbuf"
 	"github.com/berthq/berth/ledger"
-	"github.com/berthq/berth/ledger/pgledger"
 	"github.com/berthq/berth/sdk"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // startUI starts berth ui with args and returns its address and stderr;
@@ -111,23 +105,7 @@ func TestUIDemo(t *testing.T) {
 // no job state of its own).
 func TestUIJobPagesFromTheLedger(t *testing.T) {
 	ctx := context.Background()
-	dsn := integration.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := fmt.Sprintf("cli_ledger_%d", rand.Uint64()%1e12)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-		pool.Close()
-	})
-	store, err := pgledger.New(pool, pgledger.Options{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	dsn, schema, store := migratedLedger(t, "cli_ledger_")
 	now := time.Now()
 	if err := store.Write(ctx, []ledger.Event{{MessageID: "job-1", Queue: "billing", Type: "billing.charge", Status: ledger.StatusRetrying,
 		Attempt: 1, At: now, StartedAt: now, Error: "gateway \x1b[31mtimeout", Class: sdk.ClassTransient}}); err != nil {
