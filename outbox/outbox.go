@@ -545,17 +545,47 @@ func (realClock) Wait(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// outage is a run of failed passes of the relay (the table unreadable, the
+// broker down): how many in a row, since when, and when it was last logged.
+type outage struct {
+	failures      int
+	since, logged time.Time
+}
+
+// fail counts one more failed pass at now and returns how many in a row;
+// it calls log with start true for the first, and false (with the count and
+// the outage's length as attributes) at most every [OutageLogInterval]
+// after.
+func (u *outage) fail(now time.Time, log func(start bool, attrs ...any)) int {
+	u.failures++
+	switch {
+	case u.failures == 1:
+		u.since, u.logged = now, now
+		log(true)
+	case now.Sub(u.logged) >= OutageLogInterval:
+		u.logged = now
+		log(false, u.failures, "for", now.Sub(u.since).Round(time.Second))
+	}
+	return u.failures
+}
+
+// end ends the outage at now and returns how many passes failed in it (0:
+// none was under way) and how long it lasted.
+func (u *outage) end(now time.Time) (int, time.Duration) {
+	n := u.failures
+	u.failures = 0
+	return n, now.Sub(u.since).Round(time.Millisecond)
+}
+
 // relayLoop runs pass until ctx ends, pacing and logging as Relay says. It
 // returns nil when ctx ends, and the pass's error when it says the pool is
 // closed (a dbError wrapping sdk.ErrClosed).
 func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(context.Context) (int, error), clock relayClock) error {
 	var (
-		failures      int       // consecutive passes that could not read the table
-		since, logged time.Time // the outage's start, its last log
-		lost          int       // consecutive passes whose record the database lost
-		down          int       // consecutive passes the broker failed as a whole (brokerDownError)
-		downSince     time.Time // that broker outage's start
-		downLogged    time.Time // its last log
+		db   outage // passes that could not read the table
+		lost int    // consecutive passes whose record the database lost
+		// passes the broker failed as a whole (brokerDownError)
+		broker outage
 	)
 	for ctx.Err() == nil {
 		n, err := pass(ctx)
@@ -571,28 +601,24 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 			return err
 		}
 		if dbFailed {
-			failures++
-			now := clock.Now()
-			switch {
-			case failures == 1:
-				since, logged = now, now
-				opts.Logger.Warn("outbox: relay: cannot read the outbox table (database down or unreachable?); polling with backoff until it can",
-					"table", o.table, "err", err)
-			case now.Sub(logged) >= OutageLogInterval:
-				logged = now
-				opts.Logger.Warn("outbox: relay: still cannot read the outbox table",
-					"table", o.table, "failed_polls", failures, "for", now.Sub(since).Round(time.Second), "err", err)
-			}
-			wait = opts.OutageBackoff.Delay(failures, clock.Float64())
+			k := db.fail(clock.Now(), func(start bool, attrs ...any) {
+				if start {
+					opts.Logger.Warn("outbox: relay: cannot read the outbox table (database down or unreachable?); polling with backoff until it can",
+						append([]any{"table", o.table, "err", err}, attrs...)...)
+				} else {
+					opts.Logger.Warn("outbox: relay: still cannot read the outbox table",
+						append([]any{"table", o.table, "failed_polls"}, append(attrs, "err", err)...)...)
+				}
+			})
+			wait = opts.OutageBackoff.Delay(k, clock.Float64())
 			if !clock.Wait(ctx, wait) {
 				return nil
 			}
 			continue
 		}
-		if failures > 0 {
+		if failures, took := db.end(clock.Now()); failures > 0 {
 			opts.Logger.Info("outbox: relay: the outbox table can be read again",
-				"table", o.table, "failed_polls", failures, "outage", clock.Now().Sub(since).Round(time.Millisecond))
-			failures = 0
+				"table", o.table, "failed_polls", failures, "outage", took)
 		}
 		if !errors.Is(err, ErrPublishNotRecorded) {
 			lost = 0
@@ -603,33 +629,29 @@ func (o *Outbox) relayLoop(ctx context.Context, opts RelayOptions, pass func(con
 			// the next batch would be tried after PollInterval: with a
 			// backlog, a failed publish, an UPDATE of a batch and a
 			// warning every PollInterval for the whole outage.
-			down++
-			now := clock.Now()
-			switch {
-			case down == 1:
-				downSince, downLogged = now, now
-				opts.Logger.Warn("outbox: relay: the broker is unavailable (every publish of a pass failed); the rows tried are postponed, and passes are paced with backoff until it takes messages again",
-					"table", o.table, "err", err)
-			case now.Sub(downLogged) >= OutageLogInterval:
-				downLogged = now
-				opts.Logger.Warn("outbox: relay: the broker is still unavailable",
-					"table", o.table, "failed_passes", down, "for", now.Sub(downSince).Round(time.Second), "err", err)
-			}
-			if !clock.Wait(ctx, opts.OutageBackoff.Delay(down, clock.Float64())) {
+			k := broker.fail(clock.Now(), func(start bool, attrs ...any) {
+				if start {
+					opts.Logger.Warn("outbox: relay: the broker is unavailable (every publish of a pass failed); the rows tried are postponed, and passes are paced with backoff until it takes messages again",
+						append([]any{"table", o.table, "err", err}, attrs...)...)
+				} else {
+					opts.Logger.Warn("outbox: relay: the broker is still unavailable",
+						append([]any{"table", o.table, "failed_passes"}, append(attrs, "err", err)...)...)
+				}
+			})
+			if !clock.Wait(ctx, opts.OutageBackoff.Delay(k, clock.Float64())) {
 				return nil
 			}
 			continue
 		}
-		switch {
-		case down > 0 && n > 0:
-			opts.Logger.Info("outbox: relay: the broker takes messages again",
-				"table", o.table, "failed_passes", down, "outage", clock.Now().Sub(downSince).Round(time.Millisecond))
-			down = 0
-		case down > 0 && err == nil:
-			// Nothing to try (the rows parked, discarded, or waiting on
-			// their own backoff): the outage is not known to go on, and
-			// the next one must start its backoff and its warning afresh.
-			down = 0
+		if n > 0 || err == nil {
+			// A pass that published ends the outage; so does one with
+			// nothing to try (the rows parked, discarded, or waiting on
+			// their own backoff): it is not known to go on, and the next
+			// one must start its backoff and its warning afresh.
+			if failed, took := broker.end(clock.Now()); failed > 0 && n > 0 {
+				opts.Logger.Info("outbox: relay: the broker takes messages again",
+					"table", o.table, "failed_passes", failed, "outage", took)
+			}
 		}
 		switch {
 		case errors.Is(err, ErrPublishNotRecorded):
