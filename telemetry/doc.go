@@ -48,7 +48,13 @@
 // messaging.message.conversation_id (the correlation ID), and berth's own:
 // berth.job.type, berth.delivery.attempt, berth.settlement.action,
 // berth.retry.delay (seconds), berth.dead_letter.reason, error.type (the
-// [sdk.ErrorClass]). Error texts (the dead-letter reason, a failed
+// [sdk.ErrorClass] of the handler's error). A handler the Worker interrupts
+// is no handler error, whatever it returns: one whose lease was lost (its
+// context's cause is [sdk.ErrLeaseLost]) is reported as the outcome
+// lease_lost — berth.settlement.action lease_lost, status "lease lost",
+// counted in berth.lease.expirations — and one handed back at shutdown
+// ([sdk.ErrShutdown]) as its release, neither with error.type nor in
+// berth.job.errors. Error texts (the dead-letter reason, a failed
 // settlement's error, the "exception" event of the cause) pass through
 // [sdk.SanitizeReason], as the dead-letter reason header does: valid UTF-8, at
 // most [sdk.MaxReasonLength] bytes. The message's own text (its ID,

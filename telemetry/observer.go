@@ -136,10 +136,18 @@ func (o *Observer) startProcess(parent context.Context, m *sdk.Message, d sdk.De
 // context's cause is [sdk.ErrShutdown]) is no handler error: it is counted as
 // its release (or retry, where the broker cannot release) without
 // error.type, in neither berth.job.errors nor berth.job.retries, and its span
-// gets no error.
+// gets no error. Likewise a handler whose context the Worker cancelled
+// because the delivery's lease was lost (the cause is [sdk.ErrLeaseLost];
+// the delivery is not settled, another consumer may own it) did not fail,
+// whatever it returned: it is counted as [sdk.ActionLeaseLost] in
+// berth.delivery.settlements and berth.lease.expirations, its run time
+// without error.type, not in berth.job.errors, and its span gets the status
+// "lease lost" and no error.type or exception. An error a handler returned
+// while its lease was held (one wrapping context.Canceled included) stays a
+// handler error, also when the lease is lost while it is settled.
 func (o *Observer) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
 	shutdown := shutdownHandBack(ctx, s)
-	if shutdown {
+	if shutdown || leaseLostInterruption(ctx, s) {
 		s.Cause, s.Class = nil, sdk.ClassNone
 	}
 	var lb *labels
@@ -212,6 +220,17 @@ func shutdownHandBack(ctx context.Context, s sdk.Settlement) bool {
 		return false
 	}
 	return errors.Is(context.Cause(ctx), sdk.ErrShutdown)
+}
+
+// leaseLostInterruption reports whether s reports a lost lease whose
+// handler returned an error after the Worker cancelled its context, ctx,
+// with cause [sdk.ErrLeaseLost]: the handler was interrupted, it did not
+// fail (ARCHITECTURE.md, Settlement).
+func leaseLostInterruption(ctx context.Context, s sdk.Settlement) bool {
+	if s.Cause == nil || s.Action != sdk.ActionLeaseLost || ctx.Err() == nil {
+		return false
+	}
+	return errors.Is(context.Cause(ctx), sdk.ErrLeaseLost)
 }
 
 // settleErrorType is the berth.settlement.error_type of a settlement call's

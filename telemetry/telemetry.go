@@ -121,7 +121,7 @@ const defaultMaxJobTypes = 100
 //	berth.delivery.redeliveries           counter   {delivery}   deliveries with attempt > 1
 //	berth.delivery.settlements            counter   {delivery}   per berth.settlement.action and error.type, berth.settlement.error_type when the call failed
 //	berth.delivery.claim_to_ack.duration  histogram s            receive (claim) to successful ack
-//	berth.job.errors                      counter   {error}      handler errors per error.type (class)
+//	berth.job.errors                      counter   {error}      handler errors per error.type (class); not a lost lease or shutdown
 //	berth.job.retries                     counter   {retry}      retries per berth.job.type
 //	berth.job.dead_letters                counter   {message}    dead letters per berth.job.type and error.type
 //	berth.retry.delay                     histogram s            backoff and retry-after delays
