@@ -33,7 +33,10 @@
 // previous publish is still in flight (each job publishes on its own, so a
 // hung one holds up no other job) — are handled by Options.Missed: [Skip]
 // publishes only the latest due slot, [CatchUp] the due slots oldest
-// first, at most Options.MaxCatchUp. A scheduler that
+// first, at most Options.MaxCatchUp. A job's slots are published one at a
+// time: Options.OnPublish is called for each as it is published, in
+// schedule order, for slots caught up together as for slots that come one
+// by one. A scheduler that
 // starts publishes nothing older than its start, except with CatchUp and
 // Options.Lookback, when the slots of the last Lookback are due at once
 // (republishing a slot that other schedulers published is harmless: same
@@ -47,7 +50,10 @@
 // is refused). A scheduler reads the clock at least every minute, so
 // slots that come due when the wall clock jumps ahead (a host resumed from
 // suspend, a clock stepped) are published within a minute. Tests inject a
-// [FakeClock] (Options.Clock) and run hours of schedule without sleeping.
+// [FakeClock] (Options.Clock) and run hours of schedule without sleeping;
+// every time of the scheduler follows the Clock — the slots, the Retry
+// delays and Options.PublishTimeout, which an Advance past it makes cut a
+// hung publish short.
 //
 // See ARCHITECTURE.md, "Periodic jobs".
 package periodic

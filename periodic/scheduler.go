@@ -83,7 +83,12 @@ type Options struct {
 	// consumer's idempotency guard absorbs. Default 0: a scheduler starts
 	// with the first slot after its start.
 	Lookback time.Duration
-	// PublishTimeout bounds each Publish. Default 30s.
+	// PublishTimeout bounds each Publish. Default 30s. It is time of the
+	// Clock, as the slots and the Retry delays are: with RealClock the
+	// Publish's ctx has that deadline; with a FakeClock an Advance past it
+	// ends the ctx (Err context.DeadlineExceeded; no Deadline, since the
+	// fake time is not the wall clock's), so that a test drives a hung
+	// publish to its timeout without waiting.
 	PublishTimeout time.Duration
 	// Retry spaces the attempts of a job's failing Publish (the other
 	// jobs' slots are published between them). Default 1s doubling up to
@@ -100,7 +105,12 @@ type Options struct {
 	Logger *slog.Logger
 	// OnPublish, optional, is called after each successful publish with the
 	// job's name and the slot (metrics, tests), from Run's goroutine, one
-	// call at a time.
+	// call at a time. A job's slots are published one at a time, oldest
+	// first, and each one's call comes before the job's next slot is
+	// published: slots caught up together (CatchUp, after a pause or a
+	// restart with Lookback, or after failed publishes) are reported one
+	// by one in schedule order, as slots that come due one by one are.
+	// The calls of different jobs interleave as their publishes end.
 	OnPublish func(name string, slot time.Time)
 }
 
@@ -226,7 +236,7 @@ type state struct {
 	// slots wait until retryAt (Options.Retry), the other jobs do not.
 	failures int
 	retryAt  time.Time
-	// inflight is set while a publish of the job runs: its slots are out
+	// inflight is set while a publish of the job runs: its slot is out
 	// of pending, and the job starts no other publish until Run has
 	// taken the result.
 	inflight bool
@@ -242,8 +252,8 @@ type outgoing struct {
 type flight struct {
 	st        *state
 	w         *work       // the publish's work on a FakeClock, ended by Run
-	published []time.Time // the slots published, oldest first
-	unsent    []time.Time // the slots left by a failed Publish, oldest first
+	published []time.Time // the slot published, if it was
+	unsent    []time.Time // the slot a failed Publish left, if it failed
 	// panicked holds what the Publish panicked with, raised again on Run's
 	// goroutine (land), as when Run called Publish itself: a panic on the
 	// publish's own goroutine would end the process, past any recover of
@@ -381,22 +391,29 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 }
 
-// launch starts a publish of st's pending slots, oldest first, in a
-// goroutine that Run waits for; w is its work on a FakeClock. The slots
-// leave pending until Run takes the result (land). A slot whose message
-// cannot be built is dropped here: it will not build later.
+// launch starts the publish of st's oldest pending slot in a goroutine
+// that Run waits for; w is its work on a FakeClock. The slot leaves
+// pending until Run takes the result (land), and the job's next slot is
+// launched only then: a job's slots are published one at a time, oldest
+// first, each reported to OnPublish before the next is published — a
+// group of missed slots caught up as slots that come one by one are.
+// Slots whose message cannot be built are dropped here: they will not
+// build later.
 func (s *Scheduler) launch(ctx context.Context, fl *flights, st *state, w *work) {
-	batch := make([]outgoing, 0, len(st.pending))
-	for _, slot := range st.pending {
+	var o outgoing
+	built := false
+	i := 0
+	for ; i < len(st.pending) && !built; i++ {
+		slot := st.pending[i]
 		m, err := s.message(st.job, slot)
 		if err != nil {
 			s.o.Logger.Error("berth/periodic: building the slot's message failed; slot dropped", "schedule", st.job.Name, "slot", slot.UTC(), "err", err)
 			continue
 		}
-		batch = append(batch, outgoing{slot: slot, msg: m})
+		o, built = outgoing{slot: slot, msg: m}, true
 	}
-	st.pending = st.pending[:0]
-	if len(batch) == 0 {
+	st.pending = append(st.pending[:0], st.pending[i:]...)
+	if !built {
 		w.end()
 		return
 	}
@@ -412,7 +429,7 @@ func (s *Scheduler) launch(ctx context.Context, fl *flights, st *state, w *work)
 			r.st, r.w = st, w
 			fl.done(r)
 		}()
-		r = s.publish(withWork(ctx, w), job, batch)
+		r = s.publish(withWork(ctx, w), job, o)
 	}()
 }
 
@@ -626,34 +643,42 @@ func (p MissedPolicy) String() string {
 	return fmt.Sprintf("MissedPolicy(%d)", int(p))
 }
 
-// publish publishes a job's slots oldest first, one Publish each so a
-// slot is never delayed by another's failure, and stops at the first
-// failure; it runs in a goroutine of Run's (launch).
-func (s *Scheduler) publish(ctx context.Context, j Job, batch []outgoing) flight {
+// publish publishes one slot of a job; it runs in a goroutine of Run's
+// (launch).
+func (s *Scheduler) publish(ctx context.Context, j Job, o outgoing) flight {
 	var r flight
-	for i, o := range batch {
-		pctx, cancel := context.WithTimeout(ctx, s.o.PublishTimeout)
-		err := s.pub.Publish(pctx, j.Queue, o.msg)
-		cancel()
-		if err != nil && refused(err) {
-			// The message itself is invalid (sdk.Prepare's refusal): it
-			// would be refused again, and retrying it, oldest first,
-			// would hold back every later slot of the job.
-			s.o.Logger.Error("berth/periodic: the publisher refused the slot's message; slot dropped", "schedule", j.Name, "slot", o.slot.UTC(), "err", err)
-			continue
+	pctx, cancel := s.withTimeout(ctx, s.o.PublishTimeout)
+	err := s.pub.Publish(pctx, j.Queue, o.msg)
+	cancel()
+	switch {
+	case err != nil && refused(err):
+		// The message itself is invalid (sdk.Prepare's refusal): it
+		// would be refused again, and retrying it, oldest first, would
+		// hold back every later slot of the job.
+		s.o.Logger.Error("berth/periodic: the publisher refused the slot's message; slot dropped", "schedule", j.Name, "slot", o.slot.UTC(), "err", err)
+	case err != nil:
+		if ctx.Err() == nil {
+			s.o.Logger.Warn("berth/periodic: publish failed; will retry", "schedule", j.Name, "slot", o.slot.UTC(), "err", err)
 		}
-		if err != nil {
-			if ctx.Err() == nil {
-				s.o.Logger.Warn("berth/periodic: publish failed; will retry", "schedule", j.Name, "slot", o.slot.UTC(), "err", err)
-			}
-			for _, o := range batch[i:] {
-				r.unsent = append(r.unsent, o.slot)
-			}
-			return r
-		}
-		r.published = append(r.published, o.slot)
+		r.unsent = []time.Time{o.slot}
+	default:
+		r.published = []time.Time{o.slot}
 	}
 	return r
+}
+
+// withTimeout returns ctx bounded by d of the scheduler's clock: a
+// deadline with [RealClock]; on a [FakeClock] (or a Clock embedding one),
+// a timer that Advance fires; on any other Clock, a Sleep of d on it.
+func (s *Scheduler) withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	switch c := s.o.Clock.(type) {
+	case RealClock, *RealClock:
+		return context.WithTimeout(ctx, d)
+	case workClock:
+		return c.timeout(ctx, d)
+	default:
+		return clockTimeout(ctx, c, d)
+	}
 }
 
 // refused reports a Publish error that refuses the message itself (see
