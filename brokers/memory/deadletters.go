@@ -2,7 +2,7 @@ package memory
 
 import (
 	"context"
-	"slices"
+	"sort"
 	"strconv"
 	"time"
 
@@ -83,6 +83,15 @@ func (e *notFoundError) Unwrap() error { return sdk.ErrNotFound }
 // now, with attempts reset and [sdk.HeaderRedriveCount] incremented. It
 // returns how many it redrove; an unknown id is an error wrapping
 // [sdk.ErrNotFound], and then nothing is redriven.
+//
+// It moves the letters that were dead when it began (one dead-lettered
+// again meanwhile stays dead), oldest first, up to redriveBatchLen of them per
+// hold of the queue's lock: a huge dead-letter queue does not hold up the
+// queue's Receive and Publish calls for the whole redrive, and each letter
+// leaves the dead-letter list and joins the ready messages under one hold,
+// so that [Broker.Stats] counts it in exactly one of the two at any
+// instant. A letter deleted or purged meanwhile is not redriven, nor
+// counted.
 func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...string) (int, error) {
 	q, err := b.deadQueue(queue)
 	if err != nil {
@@ -94,16 +103,16 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 		}
 		return 0, nil
 	}
-	q.mu.Lock()
-	q.promote(time.Now(), b.maxDeliveries) // a poison message whose last lease ran out is a dead letter
-	var picked []*sdk.Message
-	if len(ids) == 0 {
-		picked, q.dead, q.deadSeq = q.dead, nil, nil
-	} else {
-		want := make(map[string]bool, len(ids))
+	var want map[string]bool
+	if len(ids) > 0 {
+		want = make(map[string]bool, len(ids))
 		for _, id := range ids {
 			want[id] = true
 		}
+	}
+	q.mu.Lock()
+	q.promote(time.Now(), b.maxDeliveries) // a poison message whose last lease ran out is a dead letter
+	if want != nil {
 		found := make(map[string]bool, len(ids))
 		for _, m := range q.dead {
 			if want[m.ID] {
@@ -116,38 +125,91 @@ func (b *Broker) RedriveDeadLetters(_ context.Context, queue string, ids ...stri
 				return 0, notFound(queue, id)
 			}
 		}
-		q.dead = slices.DeleteFunc(q.dead, func(m *sdk.Message) bool {
-			if want[m.ID] {
-				picked = append(picked, m)
-				delete(q.deadSeq, m)
-				return true
-			}
-			return false
-		})
-		q.releaseDead()
 	}
-	q.mu.Unlock()
-
-	// The target is q, whose dead letters these are: never a header value,
-	// which a message could carry forged.
-	for _, m := range picked { // each m is the broker's own copy: reuse it
-		sdk.PrepareRedrive(m, queue)
-		e := &entry{msg: *m}
-		q.mu.Lock()
-		now := time.Now()
-		q.promote(now, b.maxDeliveries)
-		q.makeReady(e, now)
+	// The letters dead now are numbered up to deadNext; those dead-lettered
+	// from here on, the redriven ones included, come after it.
+	upTo, after := q.deadNext, uint64(0)
+	n := 0
+	for {
+		moved, more := q.redriveBatch(queue, want, &after, upTo, b.maxDeliveries)
+		n += moved
 		q.mu.Unlock()
+		if !more {
+			return n, nil
+		}
+		q.mu.Lock()
 	}
-	return len(picked), nil
 }
 
+// redriveBatch is one step of RedriveDeadLetters, under q.mu: it moves to
+// the ready messages up to redriveBatchLen dead letters numbered after *after
+// and up to upTo whose ID want holds (every one when want is nil), sets
+// *after to the last letter it looked at, and reports how many it moved
+// and whether letters up to upTo are left to look at.
+func (q *queue) redriveBatch(queue string, want map[string]bool, after *uint64, upTo uint64, maxDeliveries int) (moved int, more bool) {
+	now := time.Now()
+	q.promote(now, maxDeliveries) // the redriven letters become ready after what is due
+	i := sort.Search(len(q.dead), func(i int) bool { return q.deadSeq[q.dead[i]] > *after })
+	kept, j := i, i
+	for ; j < len(q.dead) && moved < redriveBatchLen; j++ {
+		m := q.dead[j]
+		seq := q.deadSeq[m]
+		if seq > upTo {
+			break
+		}
+		*after = seq
+		if want != nil && !want[m.ID] {
+			q.dead[kept] = m
+			kept++
+			continue
+		}
+		delete(q.deadSeq, m)
+		// The target is q, whose dead letters these are: never a header
+		// value, which a message could carry forged. m is the broker's own
+		// copy, off the list now: reuse it.
+		sdk.PrepareRedrive(m, queue)
+		q.makeReady(&entry{msg: *m}, now)
+		moved++
+	}
+	more = j < len(q.dead) && q.deadSeq[q.dead[j]] <= upTo
+	switch {
+	case kept == 0:
+		// A run from the oldest letter on (a whole-queue redrive): drop it
+		// from the front, without moving the letters behind it.
+		clear(q.dead[:j])
+		q.dead = q.dead[j:]
+	case kept < j:
+		k := copy(q.dead[kept:], q.dead[j:])
+		clear(q.dead[kept+k:])
+		q.dead = q.dead[:kept+k]
+	}
+	q.releaseDead()
+	return moved, more
+}
+
+// redriveBatchLen bounds the dead letters one hold of a queue's lock
+// redrives (RedriveDeadLetters): the queue's Receive, Publish and Stats
+// calls wait for one batch at most, not for the whole redrive.
+const redriveBatchLen = 1024
+
 // releaseDead lets the dead-letter list and its cursor map go once the
-// list is empty: a Go map never shrinks, and a burst's would be kept for
-// the life of the queue. Called with q.mu held.
+// list is empty, and moves them to a list and a map of their size once
+// the list holds under a shrinkRatio-th of the most it held since they
+// were made (and that was above shrinkAbove): a Go map never shrinks, and
+// a burst's would be kept, with the list's array, for the life of the
+// queue whenever a few letters stay. Called with q.mu held.
 func (q *queue) releaseDead() {
-	if len(q.dead) == 0 {
-		q.dead, q.deadSeq = nil, nil
+	switch n := len(q.dead); {
+	case n == 0:
+		q.dead, q.deadSeq, q.deadPeak = nil, nil, 0
+	case q.deadPeak > shrinkAbove && n < q.deadPeak/shrinkRatio:
+		dead := make([]*sdk.Message, n, 2*n)
+		copy(dead, q.dead)
+		seq := make(map[*sdk.Message]uint64, n)
+		for _, m := range dead {
+			seq[m] = q.deadSeq[m]
+		}
+		q.dead, q.deadSeq, q.deadPeak = dead, seq, n
 	}
 }
 
@@ -161,7 +223,7 @@ func (b *Broker) PurgeDeadLetters(_ context.Context, queue string) (int, error) 
 	defer q.mu.Unlock()
 	q.promote(time.Now(), b.maxDeliveries)
 	n := len(q.dead)
-	q.dead, q.deadSeq = nil, nil
+	q.dead, q.deadSeq, q.deadPeak = nil, nil, 0
 	return n, nil
 }
 

@@ -62,3 +62,13 @@ func ReadyCap(b *Broker, queue string) int {
 	defer q.mu.Unlock()
 	return len(q.ready.buf)
 }
+
+// DeadLetterCursors returns how many entries queue's dead-letter cursor map
+// (the position of each dead letter, which DeadLetterPage cursors name)
+// holds.
+func DeadLetterCursors(b *Broker, queue string) int {
+	q := b.queue(queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.deadSeq)
+}

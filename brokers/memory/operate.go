@@ -20,6 +20,7 @@ func (q *queue) numberDead(m *sdk.Message) {
 	}
 	q.deadNext++
 	q.deadSeq[m] = q.deadNext
+	q.deadPeak = max(q.deadPeak, len(q.deadSeq))
 }
 
 // Queues returns the names of the queues used so far (published to,

@@ -85,6 +85,7 @@ type queue struct {
 	dead      []*sdk.Message
 	deadSeq   map[*sdk.Message]uint64 // position of each dead letter, for DeadLetterPage cursors
 	deadNext  uint64
+	deadPeak  int // the most letters dead and deadSeq held since they were made (releaseDead)
 
 	// wake is closed (and set to nil) when a waiting receiver must look
 	// again: ready work arrived or the next deadline moved earlier.
