@@ -31,13 +31,19 @@
 // job repairs a lost one (the row holds the newest state, not a log).
 //
 // Out-of-order writes never move a row backwards: each event carries its
-// (redrive generation, attempt, status rank, time), and the store applies it
-// only when it is newer than the row, in SQL, so two processes writing about
-// one job agree whatever the order their batches land in. Within one attempt
-// `succeeded` and `dead` are final; `released` (handed back without consuming
-// an attempt) and `running` of the same attempt are ordered by time, a
-// release dated when its handler ended: the redelivery it allows may start,
-// and be recorded, before the release is reported.
+// (redrive generation, attempt, start, status rank, time), and the store
+// applies it only when it is newer than the row, in SQL, so two processes
+// writing about one job agree whatever the order their batches land in.
+// Within one attempt `succeeded` and `dead` are final. One attempt may have
+// several deliveries — a release spends no attempt, and on a RabbitMQ
+// classic queue a redelivery after a lost lease keeps its attempt (only the
+// redelivered flag says it came back) — and every event of one delivery
+// carries the start its `running` recorded: of two deliveries of an
+// attempt, the one that started later wins, so an earlier delivery's
+// `retrying` (a lost lease) or `released`, however late it is reported,
+// never hides the delivery running now. Within one delivery, events order
+// by rank, then time (a release is dated when its handler ended, after its
+// own start).
 //
 // The PostgreSQL store ([github.com/berthq/berth/ledger/pgledger]) keeps one
 // row per job, whose history holds every earlier attempt's outcome,

@@ -23,12 +23,15 @@ func (l *Ledger) Start(ctx context.Context, d sdk.Delivery) context.Context {
 }
 
 // startKey holds, in the handler's context, when Start recorded the
-// attempt running. A release is ordered against running by time (same
-// attempt, same rank), and Settled reports it only once the broker has
-// taken it — by then the broker may have handed the message again, at the
-// same attempt, and that start been recorded. So a release is dated when
-// its handler ended (the start plus the handler's run time), before the
-// release call and so before any redelivery, yet after its own start.
+// attempt running. Settled records it as its event's start, so that every
+// event of one delivery carries the same start, and the store orders the
+// events of two deliveries of one attempt by it (see the package doc). A
+// release is ordered against its own running by time (same start, same
+// rank), and Settled reports it only once the broker has taken it — by
+// then the broker may have handed the message again, at the same attempt,
+// and that start been recorded. So a release is dated when its handler
+// ended (the start plus the handler's run time), before the release call
+// and so before any redelivery, yet after its own start.
 type startKey struct{}
 
 // Settled records how d's attempt ended: succeeded (ack), retrying with its
@@ -52,15 +55,22 @@ type startKey struct{}
 //     the broker; then no attempt follows and the row keeps this state,
 //     which says exactly that.
 //
-// The next attempt's events replace either (a later attempt is newer; after
-// a failed release, a later start of the same attempt too), and this
-// attempt stays in the job's history.
+// The next attempt's events replace either (a later attempt is newer; so is
+// a later delivery of the same attempt: after a failed release, or a lost
+// lease on a RabbitMQ classic queue, whose redelivery keeps the attempt),
+// and this attempt stays in the job's history (as its attempt: a later
+// delivery of the same attempt takes its place there).
 func (l *Ledger) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) {
 	m := d.Message()
 	now := time.Now()
 	e := base(m, d.Queue())
 	e.Attempt, e.At, e.Worker, e.Duration = d.Attempt(), now, l.worker, s.Duration
-	if s.Duration > 0 {
+	// The start Start recorded, exactly: the store tells this delivery's
+	// events from another delivery's of the same attempt (a RabbitMQ
+	// classic queue's redelivery) by their start.
+	if started, ok := ctx.Value(startKey{}).(time.Time); ok {
+		e.StartedAt = started
+	} else if s.Duration > 0 {
 		e.StartedAt = now.Add(-s.Duration)
 	}
 	if s.Cause != nil {

@@ -45,10 +45,12 @@ func (s Status) Valid() bool {
 	return false
 }
 
-// Rank orders the statuses of one attempt: an event replaces a row of the
-// same generation and attempt only with a rank at least as high (and, at
-// equal rank, a time at least as late). Ranks 3 (succeeded, dead) are final
-// for their attempt; rank 2 (retrying) ends an attempt.
+// Rank orders the statuses of one delivery of an attempt: an event replaces
+// a row of the same generation, attempt and start only with a rank at least
+// as high (and, at equal rank, a time at least as late); of another
+// delivery of the attempt, when it started later (see the package doc).
+// Ranks 3 (succeeded, dead) are final for their attempt; rank 2 (retrying)
+// ends a delivery.
 func (s Status) Rank() int {
 	switch s {
 	case StatusEnqueued, StatusRedriven:
@@ -85,9 +87,14 @@ type Event struct {
 	// already ended succeeded or dead, and it makes no row where there is
 	// none (the janitor relies on that not to bring back purged jobs).
 	Attempt int
-	// At is when it happened; it orders events of equal rank.
-	At            time.Time
-	StartedAt     time.Time // running and settlements
+	// At is when it happened; it orders the events of one delivery of equal
+	// rank.
+	At time.Time
+	// StartedAt is the delivery's start, in running and settlements: the
+	// same in every event of one delivery ([Ledger.Settled] takes the one
+	// [Ledger.Start] recorded), it tells two deliveries of one attempt
+	// apart, the later start being the newer. Zero is unknown.
+	StartedAt     time.Time
 	NextAttemptAt time.Time // retrying, released with a delay; enqueued: when a delayed message is due
 	Error         string    // retrying, dead, released with a cause
 	Class         sdk.ErrorClass
@@ -102,7 +109,7 @@ type Event struct {
 
 // Store writes events. Write is called by one goroutine at a time (the
 // ledger's writer; several at once with Options.Writers > 1) with a batch it must not retain; it applies every event
-// whose (Generation, Attempt, rank, At) is newer than the row's, in any
+// whose (Generation, Attempt, StartedAt, rank, At) is newer than the row's, in any
 // order, and leaves older ones out (see the package doc). An error means
 // the batch may be partly written; the ledger counts it and moves on, so
 // Write must not retry for long. Implementations: pgledger.Store.

@@ -80,8 +80,11 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 	if err := json.Unmarshal(hist, &entries); err != nil {
 		return nil, fmt.Errorf("pgledger: %s: history: %w", what, err)
 	}
-	// Each attempt's newest state: a later rank, else a later time; the
-	// current attempt is the row itself.
+	// Each attempt's newest state: of two deliveries of it (both starts
+	// known and different), the one that started later, unless the other's
+	// is final (succeeded, dead); within one, a later rank, else a later
+	// time (as the store's guard orders them). The current attempt is the
+	// row itself.
 	type key struct{ gen, att int }
 	// The start and worker come from any state of the attempt that has
 	// them: a settlement may say neither, and its running state may have
@@ -90,7 +93,7 @@ func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Jo
 	for _, e := range entries {
 		k := key{e.Generation, e.Attempt}
 		b, ok := best[k]
-		if !ok || e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.t.Before(b.UpdatedAt.t) {
+		if !ok || entryNewer(e, b) {
 			b, e = e, b
 		}
 		if b.StartedAt == nil {
@@ -226,4 +229,17 @@ func collectCounts(rows pgx.Rows) (ledger.Counts, error) {
 		return c, fmt.Errorf("pgledger: counts: %w", err)
 	}
 	return c, nil
+}
+
+// entryNewer reports whether history entry e is a newer state of its
+// attempt than b (see Store.Job). Starts are compared to the microsecond,
+// as the table keeps them: an entry the batch wrote has its start to the
+// nanosecond, one the upsert copied from the row to the microsecond.
+func entryNewer(e, b historyEntry) bool {
+	if e.Rank < 3 && b.Rank < 3 && e.StartedAt != nil && b.StartedAt != nil {
+		if c := e.StartedAt.t.Truncate(time.Microsecond).Compare(b.StartedAt.t.Truncate(time.Microsecond)); c != 0 {
+			return c > 0
+		}
+	}
+	return e.Rank > b.Rank || e.Rank == b.Rank && !e.UpdatedAt.t.Before(b.UpdatedAt.t)
 }

@@ -139,15 +139,20 @@ func New(db DB, opts Options) (*Store, error) {
 	s := &Store{db: db, opts: opts, jobs: pgx.Identifier{opts.Schema, opts.Prefix + "jobs"}.Sanitize()}
 	// newer is the guard of the package doc, in SQL: an event replaces the
 	// row's state only when it is of a later generation or attempt, or of
-	// the same attempt, not final yet, with a rank and time at least the
-	// row's. Fields that describe the message (queue, type, keys, first
-	// seen) are merged whatever the order, and so is the attempt's start:
-	// a settlement may carry none (a run time of zero, a dead letter found
-	// by a sync), and the attempt's running event landing after it must
-	// not lose it.
+	// the same attempt, not final yet, and either final itself, or of a
+	// delivery that started later (both starts known and different: two
+	// deliveries of one attempt, as a RabbitMQ classic queue's redelivery
+	// after a lost lease), or of the same delivery (or one of unknown
+	// start) with a rank and time at least the row's. Fields that describe
+	// the message (queue, type, keys, first seen) are merged whatever the
+	// order, and so is the attempt's start: a settlement may carry none (a
+	// run time of zero, a dead letter found by a sync), and the attempt's
+	// running event landing after it must not lose it.
 	const newer = `((EXCLUDED.generation, EXCLUDED.attempts) > (j.generation, j.attempts)
 	OR ((EXCLUDED.generation, EXCLUDED.attempts) = (j.generation, j.attempts) AND j.rank < 3
-		AND (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at)))`
+		AND CASE WHEN EXCLUDED.rank < 3 AND EXCLUDED.started_at <> j.started_at
+			THEN EXCLUDED.started_at > j.started_at
+			ELSE (EXCLUDED.rank, EXCLUDED.updated_at) >= (j.rank, j.updated_at) END))`
 	when := func(col, v string) string {
 		return col + ` = CASE WHEN ` + newer + ` THEN ` + v + ` ELSE j.` + col + ` END`
 	}
@@ -529,10 +534,26 @@ func newer(e, r ledger.Event) bool {
 	if r.Status.Rank() >= 3 {
 		return false
 	}
+	if c, ok := otherDelivery(e, r); ok {
+		return e.Status.Rank() >= 3 || c > 0
+	}
 	if c := cmp.Compare(e.Status.Rank(), r.Status.Rank()); c != 0 {
 		return c > 0
 	}
 	return !e.At.Before(r.At)
+}
+
+// otherDelivery compares the starts of e and r, events of one attempt, as
+// the table keeps them (microseconds, no monotonic reading): ok when both
+// are known and differ, that is when they are of two deliveries of the
+// attempt (a redelivery that keeps its attempt: a RabbitMQ classic queue's
+// after a lost lease, a release's), and then c > 0 when e's started later.
+func otherDelivery(e, r ledger.Event) (c int, ok bool) {
+	if e.StartedAt.IsZero() || r.StartedAt.IsZero() {
+		return 0, false
+	}
+	c = e.StartedAt.Truncate(time.Microsecond).Compare(r.StartedAt.Truncate(time.Microsecond))
+	return c, c != 0
 }
 
 func toRow(e ledger.Event) row {
@@ -580,9 +601,17 @@ func merge(r *row, e ledger.Event) {
 	}
 }
 
-// attemptNewer orders the states of one attempt: within it retrying,
-// succeeded and dead are final.
+// attemptNewer orders the states of one attempt: succeeded and dead are
+// final, and so is retrying within one delivery of it; of two deliveries
+// of it, the one that started later replaces the other's states (as
+// newer does).
 func attemptNewer(e, r ledger.Event) bool {
+	if r.Status.Rank() >= 3 {
+		return false
+	}
+	if c, ok := otherDelivery(e, r); ok {
+		return e.Status.Rank() >= 3 || c > 0
+	}
 	if r.Status.Rank() >= 2 {
 		return false
 	}
