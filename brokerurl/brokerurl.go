@@ -38,6 +38,15 @@
 // An unknown scheme wraps [ErrUnknownScheme]. No error returned by [Open]
 // contains the URL's password.
 //
+// Opening connects (except sqs://, http(s):// and mem://, which send no
+// request). With a ctx that has no deadline, connecting to RabbitMQ or
+// PostgreSQL is bounded by [Options.ConnectTimeout] (default
+// [DefaultConnectTimeout], 30 s; a postgres:// URL's connect_timeout
+// bounds it instead): a host that takes the connection and never answers
+// fails Open with an error that says so and wraps
+// [context.DeadlineExceeded]. nats:// is bounded by nats.go's own timeout.
+// Cancelling ctx ends Open at once.
+//
 // A new scheme is one entry in the table of schemes.go and one [Opener]; a
 // program can add its own through [Options.Schemes] without touching the
 // package.
@@ -52,6 +61,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -105,6 +115,15 @@ type Options struct {
 	// default with more than one value is refused, like a parameter given
 	// twice in the URL, with a [*ParamError] — when the scheme reads it.
 	Defaults url.Values
+	// ConnectTimeout bounds connecting to RabbitMQ (amqp://, amqps://:
+	// the TCP connection, TLS and AMQP handshakes, and the retries of a
+	// refused connection) and to PostgreSQL (postgres://: the first
+	// connection, unless the URL sets pgx's connect_timeout) when ctx has
+	// no deadline: a host that takes the connection and never answers
+	// would hold Open for ever. Zero is [DefaultConnectTimeout]; negative
+	// is none (Open then waits until ctx ends). A ctx with a deadline is
+	// bounded by it alone; cancelling ctx ends Open at once either way.
+	ConnectTimeout time.Duration
 }
 
 // Schemes returns the built-in schemes, sorted.
@@ -151,7 +170,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (sdk.Broker, error) 
 		// silently by u.Query(); the error text quotes it, so it is not kept.
 		return nil, fmt.Errorf("%w: the query string does not parse (a ';' or a bad %%-escape)", ErrInvalidURL)
 	}
-	p := &Params{scheme: scheme, query: q, defaults: opts.Defaults, used: map[string]bool{}}
+	p := &Params{scheme: scheme, query: q, defaults: opts.Defaults, used: map[string]bool{}, connectTimeout: opts.ConnectTimeout}
 	b, err := open(ctx, u, p)
 	if err == nil && b == nil { // a custom opener's bug: no broker to use or close
 		err = fmt.Errorf("brokerurl: the opener of scheme %q returned neither a broker nor an error", scheme)
@@ -269,3 +288,6 @@ func (s *scrubbed) Error() string {
 	return msg
 }
 func (s *scrubbed) Unwrap() error { return s.err }
+
+// DefaultConnectTimeout is the default of [Options.ConnectTimeout].
+const DefaultConnectTimeout = 30 * time.Second

@@ -298,7 +298,7 @@ func TestSQSLoopbackHostCase(t *testing.T) {
 }
 
 // TestSQSRegionLowerCase: a region in upper case (sqs://EU-WEST-1: a URL's
-// host is case-insensitive; ?region=AP-South-1) reaches the SQS client in
+// host is case-insensitive; sqs://?region=AP-South-1) reaches the SQS client in
 // lower case. It was passed on as written, and the signer put it so in the
 // signature's scope, which AWS refuses.
 func TestSQSRegionLowerCase(t *testing.T) {
@@ -307,7 +307,7 @@ func TestSQSRegionLowerCase(t *testing.T) {
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	for raw, want := range map[string]string{
 		"sqs://EU-WEST-1":                        "eu-west-1",
-		"sqs://eu-west-1?region=AP-South-1":      "ap-south-1",
+		"sqs://?region=AP-South-1":               "ap-south-1",
 		"https://SQS.US-EAST-2.AMAZONAWS.COM":    "us-east-2",
 		"http://127.0.0.1:4566?region=EU-WEST-3": "eu-west-3",
 	} {

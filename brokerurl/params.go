@@ -1,6 +1,10 @@
 package brokerurl
 
 import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"net/url"
 	"slices"
@@ -19,6 +23,34 @@ type Params struct {
 	defaults url.Values
 	used     map[string]bool
 	err      error
+
+	connectTimeout time.Duration // Options.ConnectTimeout
+}
+
+// connectWithin returns ctx bounded by the connect timeout
+// ([Options.ConnectTimeout], default [DefaultConnectTimeout]) when ctx has
+// no deadline and the timeout is not negative, else ctx itself, and finish,
+// which the opener calls once connecting is over, with its error: finish
+// releases the bound and returns err as it is, or, when the bound ended it
+// (not ctx), an error that says so and wraps both err and
+// [context.DeadlineExceeded].
+func (p *Params) connectWithin(ctx context.Context) (context.Context, func(error) error) {
+	if _, ok := ctx.Deadline(); ok || p.connectTimeout < 0 {
+		return ctx, func(err error) error { return err }
+	}
+	d := cmp.Or(p.connectTimeout, DefaultConnectTimeout)
+	cctx, cancel := context.WithTimeout(ctx, d)
+	return cctx, func(err error) error {
+		bounded := cctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err == nil || !bounded {
+			return err
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+		}
+		return fmt.Errorf("brokerurl: %s: cannot connect: no answer within the connect timeout (%s; Options.ConnectTimeout, as ctx has no deadline): %w", p.scheme, d, err)
+	}
 }
 
 func (p *Params) get(name string) (string, bool) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -143,7 +144,12 @@ func openRabbitMQ(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	if err := unusedParts(p.scheme, u, usesUser|usesHost|usesPath); err != nil {
 		return nil, err
 	}
-	return rabbitmq.New(ctx, withQuery(u, nil), o)
+	cctx, finish := p.connectWithin(ctx)
+	b, err := rabbitmq.New(cctx, withQuery(u, nil), o)
+	if err = finish(err); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // openPostgres opens the PostgreSQL job table: postgres://user:pass@host/db.
@@ -208,11 +214,19 @@ func openPostgres(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error
 	if err != nil {
 		return nil, fmt.Errorf("brokerurl: postgres: %w", err)
 	}
-	if err := pool.Ping(ctx); err != nil {
+	pctx, finish := ctx, func(err error) error { return err }
+	if cfg.ConnConfig.ConnectTimeout == 0 { // else the URL's connect_timeout bounds it (pgx)
+		pctx, finish = p.connectWithin(ctx)
+	}
+	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		if bounded := finish(err); bounded != err {
+			return nil, bounded
+		}
 		// pgx names host, user and database, never the password.
 		return nil, fmt.Errorf("brokerurl: postgres: cannot connect: %w", err)
 	}
+	_ = finish(nil)
 	b, err := postgres.New(pool, o)
 	if err != nil {
 		pool.Close()
@@ -268,7 +282,9 @@ func (b *pgBroker) As(target any) bool {
 // Parameters: region (an AWS region such as eu-west-1, in any case; default:
 // sqs://'s host, which must be a region too, or the region an AWS endpoint's
 // host names (https://sqs.eu-west-1.amazonaws.com), else the AWS
-// configuration, else us-east-1; the region is used in lower case),
+// configuration, else us-east-1; the region is used in lower case; a
+// region that contradicts the one the host names, such as
+// sqs://eu-west-1?region=us-east-1, is a [*ParamError] naming both),
 // visibility_timeout (duration, at most 12h), wait_time (duration, at most
 // 20s), max_receive_count (at most 1000), dlq_suffix (letters, digits, '-'
 // and '_'). Credentials come from the AWS default chain;
@@ -301,24 +317,32 @@ func openSQS(ctx context.Context, u *url.URL, p *Params) (sdk.Broker, error) {
 	if err := unusedParts(scheme, u, uses); err != nil {
 		return nil, err
 	}
-	var endpoint string
+	var endpoint, hostRegion string
 	if scheme == "sqs" {
 		if u.Host != "" && !awsRegion(u.Host) {
 			return nil, fmt.Errorf("%w: sqs: the host of an sqs:// URL is an AWS region, e.g. sqs://eu-west-1 (no port)", ErrInvalidURL)
 		}
-		if region == "" {
-			region = u.Host
-		}
+		hostRegion = u.Host
 	} else {
 		if u.Host == "" {
 			return nil, fmt.Errorf("%w: sqs: an http(s) URL must name the endpoint's host", ErrInvalidURL)
 		}
 		endpoint = withQuery(u, nil)
-		if region == "" {
-			// An AWS endpoint names its region; requests signed for
-			// another (the configuration's, us-east-1) are refused.
-			region = endpointRegion(u.Hostname())
-		}
+		// An AWS endpoint names its region; requests signed for
+		// another (the configuration's, us-east-1) are refused.
+		hostRegion = endpointRegion(u.Hostname())
+	}
+	switch {
+	case region == "":
+		region = hostRegion
+	case hostRegion != "" && !strings.EqualFold(region, hostRegion):
+		// Which one was meant is not known: ?region= would sign the
+		// requests for a region whose endpoint the host is not (AWS
+		// refuses them), or send them to another region than the host
+		// names. Both are checked region names; quoted all the same.
+		return nil, &ParamError{Scheme: scheme, Param: "region",
+			Reason: fmt.Sprintf("names the region %s but the URL's host names %s: give one region (drop ?region=, or make them agree)",
+				strconv.Quote(strings.ToLower(region)), strconv.Quote(strings.ToLower(hostRegion)))}
 	}
 	cfg, err := awsconfig.LoadDefaultConfig(ctx)
 	if err != nil {
