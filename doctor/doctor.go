@@ -15,7 +15,9 @@
 //
 // The command "berth doctor" (cmd/berth) runs [Run] on the broker a URL
 // opens, and [RunStores] when that broker cannot be opened or does not
-// answer.
+// answer. An SQS broker opens without a request: [Run] itself reports an
+// endpoint it cannot reach as doctor.broker-unreachable, with the checks
+// of [RunStores] beside it.
 package doctor
 
 import (
@@ -232,17 +234,23 @@ var ErrNoQueues = errors.New("doctor: name the queues to check (this broker cann
 // Beside the broker's own it runs the checks of [RunStores] (the ledger's,
 // on the PostgreSQL broker its jobs table's when opts.Ledger is nil, the
 // idempotency result store's, the dedupe cache's) and the Worker's options.
+// An SQS endpoint that cannot be reached (see [SQS]: SQS opens without a
+// request) is a doctor.broker-unreachable finding, as berth doctor reports
+// the other brokers it cannot open: only the checks of [RunStores] run
+// beside it (one that does not answer is doctor.check-timeout on each
+// queue, beside every other check).
 func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	o := opts.withDefaults()
 	var (
-		fs  []Finding
-		err error
+		fs   []Finding
+		err  error
+		down bool // the broker could not be reached: only the stores' checks run beside it
 	)
 	switch {
 	case asRabbit(b) != nil:
 		fs, err = rabbitMQ(ctx, asRabbit(b), o)
 	case asSQS(b) != nil:
-		fs, err = sqsChecks(ctx, asSQS(b), o)
+		fs, down, err = sqsChecks(ctx, asSQS(b), o)
 	case asPostgres(b) != nil:
 		pg := asPostgres(b)
 		fs, err = postgresChecks(ctx, pg.pool, pg.schema, pg.broker.Lease(), o)
@@ -273,7 +281,9 @@ func Run(ctx context.Context, b sdk.Broker, opts Options) ([]Finding, error) {
 	if err != nil {
 		return fs, err
 	}
-	fs = append(fs, workerConfig(b, o, opts)...)
+	if !down {
+		fs = append(fs, workerConfig(b, o, opts)...)
+	}
 	Sort(fs)
 	return fs, nil
 }

@@ -2,17 +2,22 @@ package doctor
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/berthq/berth/brokers/sqs"
 	"github.com/berthq/berth/sdk"
@@ -37,27 +42,111 @@ func asSQS(b sdk.Broker) *sqs.Broker {
 // doctor's credentials may not read a queue's attributes, so the checks
 // that need them are not made). Each queue's checks are bounded by
 // Options.CheckTimeout (doctor.check-timeout).
+//
+// An SQS broker opens without a request, so the checks of the first queue
+// send the first requests, and they tell whether the endpoint can be
+// reached: one that refuses the connection, whose host name does not
+// resolve, whose TLS handshake fails, that refuses doctor's credentials or
+// whose requests cannot be sent otherwise is the error finding
+// doctor.broker-unreachable (the finding berth doctor gives a RabbitMQ or
+// PostgreSQL it cannot open), alone: no queue is checked. One that does
+// not answer in time is doctor.check-timeout on each queue, as before.
 func SQS(ctx context.Context, b *sqs.Broker, opts Options) ([]Finding, error) {
-	fs, err := sqsChecks(ctx, b, opts.withDefaults())
+	fs, _, err := sqsChecks(ctx, b, opts.withDefaults())
 	Sort(fs)
 	return fs, err
 }
 
-func sqsChecks(ctx context.Context, b *sqs.Broker, o Options) ([]Finding, error) {
+// sqsChecks runs the SQS checks; down reports that the endpoint could not
+// be reached (fs then holds the one finding that says so).
+func sqsChecks(ctx context.Context, b *sqs.Broker, o Options) (fs []Finding, down bool, err error) {
 	if len(o.Queues) == 0 {
-		return nil, ErrNoQueues
+		return nil, false, ErrNoQueues
 	}
-	var fs []Finding
-	for _, q := range o.Queues {
+	for i, q := range o.Queues {
 		qf, err := bounded(ctx, o, "SQS checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
 			return sqsQueue(ctx, b, q, o)
 		})
+		if err != nil && i == 0 && ctx.Err() == nil {
+			// The first queue's requests are the first the broker
+			// sends: they tell whether the endpoint can be reached.
+			if f := sqsUnreachable(b.Client(), q, err); f != nil {
+				return []Finding{*f}, true, nil
+			}
+		}
 		if err != nil {
-			return fs, err
+			return fs, false, err
 		}
 		fs = append(fs, qf...)
 	}
-	return fs, nil
+	return fs, false, nil
+}
+
+// brokerUnreachableID is the ID of the finding of a broker that cannot be
+// reached.
+const brokerUnreachableID = "doctor.broker-unreachable"
+
+// sqsUnreachable returns the doctor.broker-unreachable finding of err, the
+// error of the checks of queue q through the SQS client c, when it says
+// that the endpoint could not be reached or refused the credentials; nil
+// when SQS answered (its other errors are the checks' to report).
+func sqsUnreachable(c *awssqs.Client, q string, err error) *Finding {
+	what, fix := sqsFailure(err)
+	if what == "" {
+		return nil
+	}
+	where := "region " + c.Options().Region
+	if ep := c.Options().BaseEndpoint; ep != nil {
+		where = "endpoint " + redactURL(*ep) + ", " + where
+	}
+	return &Finding{ID: brokerUnreachableID, Severity: Error,
+		Summary:  "the SQS endpoint " + what + ": no check of the broker (its queues, the Workers' options) was run",
+		Evidence: fmt.Sprintf("checks of %s (%s): %v", quoted(q), where, err),
+		Fix:      fix}
+}
+
+// sqsFailure returns what happened to a request to SQS that failed with
+// err, for a finding's summary, and what to check; "" when SQS answered it
+// (an error of its own other than refused credentials) or the error is not
+// the request's (a timeout: doctor.check-timeout).
+func sqsFailure(err error) (what, fix string) {
+	var (
+		ae     smithy.APIError
+		dns    *net.DNSError
+		record tls.RecordHeaderError
+		verify *tls.CertificateVerificationError
+		alert  tls.AlertError
+		send   *smithyhttp.RequestSendError
+	)
+	switch {
+	case errors.As(err, &ae):
+		switch ae.ErrorCode() {
+		case "InvalidClientTokenId", "UnrecognizedClientException", "SignatureDoesNotMatch", "InvalidSignatureException",
+			"IncompleteSignature", "MissingAuthenticationToken", "InvalidAccessKeyId", "ExpiredToken", "ExpiredTokenException":
+			return "refused the credentials",
+				"check the AWS credentials doctor runs with (the default chain: AWS_ACCESS_KEY_ID, AWS_PROFILE, the instance's role) and the region they are valid in"
+		}
+		return "", ""
+	case errors.As(err, &dns) && !dns.IsTimeout:
+		return "could not be reached: its host name did not resolve", "check the host name of the endpoint (-url), and the DNS this machine uses"
+	case errors.As(err, &record) || errors.As(err, &verify) || errors.As(err, &alert):
+		return "failed the TLS handshake", "check that the endpoint speaks TLS where the URL says https:// and that this machine trusts its certificate for its host name"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused the connection", "check that the endpoint is running and that -url names its host and port (a firewall can refuse too)"
+	case errors.As(err, &send):
+		return "could not be reached", "fix what the evidence names: the Workers, given the same endpoint, cannot reach it either"
+	}
+	return "", ""
+}
+
+// redactURL returns raw with any password replaced, or a placeholder when
+// it does not parse.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an endpoint URL that does not parse)"
+	}
+	return u.Redacted()
 }
 
 // sqsAttributes returns a queue's attributes, nil when it does not exist.
