@@ -36,8 +36,34 @@ func browser(t *testing.T) context.Context {
 		}
 		t.Skip("browser: chromium is not installed (apt-get install chromium)")
 	}
+	// Chromium's temporary files go to a directory of the test's, removed
+	// when the test ends: its profile (else chromedp's in $TMPDIR) and what
+	// it makes in $TMPDIR itself, the org.chromium.Chromium.* directories
+	// (its singleton socket's), which it leaves behind when it is killed.
+	// Not t.TempDir(), whose path holds the test's name: the socket's path
+	// in it would pass the 107 bytes a Unix socket's path may have, and
+	// Chromium would not start. The removal is registered before the
+	// browser's stop, so it runs after it (cleanups run last first).
+	tmp, err := os.MkdirTemp("", "berth-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Chromium's helper processes may outlive it for a moment and
+		// still write to its profile: try again until they are gone.
+		var err error
+		for range 200 {
+			if err = os.RemoveAll(tmp); err == nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Errorf("browser: remove its temporary files: %v", err)
+	})
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
+		chromedp.UserDataDir(filepath.Join(tmp, "profile")),
+		chromedp.Env("TMPDIR="+tmp),
 		chromedp.Headless,
 		chromedp.NoSandbox, // tests run as root in CI
 		chromedp.DisableGPU,
@@ -50,10 +76,15 @@ func browser(t *testing.T) context.Context {
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(actx)
 	tctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the removal of tmp
+		// Closed, not killed, when it answers: Chromium then stops its
+		// helpers and removes what it made in $TMPDIR itself.
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_ = chromedp.Cancel(cctx)
+		cancel()
 		cancelTimeout()
 		cancelCtx()
-		cancelAlloc()
+		cancelAlloc() // waits for the browser's process to end
 	})
 	if err := chromedp.Run(tctx); err != nil { // starts the browser
 		t.Fatalf("browser: start %s: %v", path, err)
