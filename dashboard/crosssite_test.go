@@ -41,7 +41,7 @@ func (c *readCounting) GetDeadLetter(ctx context.Context, q, id string) (*sdk.Me
 // POSTs were guarded: any web page the operator opened could make the
 // dashboard read the dead-letter queues, as often as it liked.
 func TestCrossSiteReadsRefused(t *testing.T) {
-	for _, token := range []string{"", "s3cret"} {
+	for _, token := range []string{"", testToken} {
 		b := &readCounting{broker: memoryBroker(t)}
 		ids := seed(t, b.broker, 3, 0)
 		srv := serve(t, b, dashboard.Options{Token: token})

@@ -10,9 +10,14 @@
 // [ledger.Reader], job state (one job by ID or idempotency key, lists by
 // status). The same data is served as JSON under /api/.
 //
-// Security: with Options.Token every request must carry it (a bearer token,
-// or the password of HTTP basic auth, which browsers ask for), and one that
-// does not is answered 401 at once, a body it announced not waited for;
+// Security: with Options.Token (at least [MinTokenLength] bytes) every
+// request must carry it (a bearer token, or the password of HTTP basic
+// auth, which browsers ask for), and one that does not is answered 401 at
+// once, a body it announced not waited for; a request that carried a wrong
+// token is logged at WARN (remote address, method and path, never the token
+// it tried), at most one line a second (those refused within a second of a
+// line are counted, and logged as one line with their count and the latest
+// of them at the end of that second);
 // state-changing requests are POSTs guarded by [http.CrossOriginProtection];
 // a request a browser makes for a page of another origin (an image, a
 // fetch, a frame: its Sec-Fetch-Site) is refused, a read too (on RabbitMQ a
@@ -22,8 +27,11 @@
 // could open such links in a loop, each a walk); ReadOnly hides
 // and refuses every change; every answer, the 401 too, forbids framing
 // (CSP frame-ancestors 'none' and X-Frame-Options: DENY), inline scripts and
-// caching; the banner a page shows after a change or a pause is the
-// server's record of what it did, under a single-use token in the redirect
+// caching, and one served over TLS (the request's TLS is set: the caller's
+// http.Server serves HTTPS) tells the browser to come back only over HTTPS
+// (Strict-Transport-Security, a year; never over plain HTTP, where it would
+// be both ignored and a lie); the banner a page shows after a change or a
+// pause is the server's record of what it did, under a single-use token in the redirect
 // (a crafted link cannot make it claim a count); message text is escaped
 // by html/template, and
 // control characters, bidirectional-text controls and invisible characters
@@ -57,6 +65,7 @@ import (
 	"crypto/subtle"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -78,6 +87,10 @@ type Options struct {
 	ReadOnly bool
 	// Token, when set, is required by every request: "Authorization: Bearer
 	// TOKEN", or HTTP basic auth with TOKEN as the password (any user name).
+	// It has at least MinTokenLength bytes ([New] refuses a shorter one with
+	// an error wrapping [ErrShortToken]): a random one, e.g. the output of
+	// `openssl rand -hex 16`. A request refused for a wrong token is logged
+	// at WARN through Logger, at most one line a second.
 	Token string
 	// Queues are shown on the overview besides those the broker lists; on a
 	// broker that cannot list its queues (RabbitMQ, SQS) they are the
@@ -119,10 +132,22 @@ type Dashboard struct {
 // sdk.DeadLetters operations.
 var ErrNoDeadLetters = errors.New("dashboard: the broker has no dead-letter operations")
 
+// MinTokenLength is the shortest Options.Token, in bytes, that [New]
+// accepts. A short token is guessed by anyone who can reach the dashboard
+// and try: 16 random bytes (32 hex characters give 128 bits) are not.
+const MinTokenLength = 16
+
+// ErrShortToken is wrapped by the error [New] returns for an Options.Token
+// shorter than [MinTokenLength] bytes (the token itself is not in it).
+var ErrShortToken = errors.New("dashboard: the token is too short")
+
 // New returns the dashboard of b.
 func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	if _, ok := b.(sdk.DeadLetters); !ok {
 		return nil, ErrNoDeadLetters
+	}
+	if o.Token != "" && len(o.Token) < MinTokenLength {
+		return nil, fmt.Errorf("%w: %d bytes, want at least %d (a random one, e.g. openssl rand -hex 16)", ErrShortToken, len(o.Token), MinTokenLength)
 	}
 	if o.PageSize <= 0 {
 		o.PageSize = 50
@@ -171,7 +196,7 @@ func New(b sdk.Broker, o Options) (*Dashboard, error) {
 	h = http.NewCrossOriginProtection().Handler(h)
 	h = sameOriginOnly(h)
 	if o.Token != "" {
-		h = requireToken(o.Token, h)
+		h = requireToken(o.Token, newAuthLog(o.Logger), h)
 	}
 	h = securityHeaders(h) // outermost: the 401 that asks for the token has them too
 	d.handler = h
@@ -233,7 +258,10 @@ var constantTimeCompare = subtle.ConstantTimeCompare
 // different lengths, so comparing the tokens as they are would let the time
 // of a refusal tell the token's length. Digests have one length, and
 // hashing what a client sent takes time by its length, which it knows.
-func requireToken(token string, next http.Handler) http.Handler {
+// A refusal of a request that carried a token (a wrong one) goes to log;
+// one that carried none (a browser's first request, before it asks for the
+// password) is not a failed login and is not logged.
+func requireToken(token string, log *authLog, next http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var got string
@@ -244,6 +272,9 @@ func requireToken(token string, next http.Handler) http.Handler {
 		}
 		sum := sha256.Sum256([]byte(got))
 		if constantTimeCompare(sum[:], want[:]) != 1 {
+			if r.Header.Get("Authorization") != "" {
+				log.refused(r)
+			}
 			// The body of a refused request is not waited for: the server
 			// reads what a handler left of it before it answers (to keep
 			// the connection), and a client that announced a body and
@@ -333,6 +364,11 @@ func securityHeaders(next http.Handler) http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-store")
+		if r.TLS != nil {
+			// Only over TLS: a browser ignores it over plain HTTP (RFC
+			// 6797), and there it would claim HTTPS the server lacks.
+			h.Set("Strict-Transport-Security", "max-age=31536000")
+		}
 		next.ServeHTTP(w, r)
 	})
 }

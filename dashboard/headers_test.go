@@ -18,7 +18,7 @@ import (
 func TestSecurityHeadersOnEveryAnswer(t *testing.T) {
 	b := memoryBroker(t)
 	seed(t, b, 1, 0)
-	srv := serve(t, b, dashboard.Options{Token: "s3cret"})
+	srv := serve(t, b, dashboard.Options{Token: testToken})
 	type answer struct {
 		method, path string
 		token        bool
@@ -36,7 +36,7 @@ func TestSecurityHeadersOnEveryAnswer(t *testing.T) {
 	} {
 		req, _ := http.NewRequest(a.method, srv.URL+a.path, nil)
 		if a.token {
-			req.Header.Set("Authorization", "Bearer s3cret")
+			req.Header.Set("Authorization", "Bearer "+testToken)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

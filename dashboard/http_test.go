@@ -40,13 +40,13 @@ func post(t *testing.T, req *http.Request) (int, string) {
 
 func TestToken(t *testing.T) {
 	b := memoryBroker(t)
-	srv := serve(t, b, dashboard.Options{Token: "s3cret"})
+	srv := serve(t, b, dashboard.Options{Token: testToken})
 	if code, _ := get(t, http.DefaultClient, srv.URL+"/"); code != http.StatusUnauthorized {
 		t.Fatalf("no token: %d", code)
 	}
 	for _, set := range []func(*http.Request){
-		func(r *http.Request) { r.Header.Set("Authorization", "Bearer s3cret") },
-		func(r *http.Request) { r.SetBasicAuth("ops", "s3cret") },
+		func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+testToken) },
+		func(r *http.Request) { r.SetBasicAuth("ops", testToken) },
 	} {
 		req, _ := http.NewRequest("GET", srv.URL+"/api/queues", nil)
 		set(req)

@@ -22,7 +22,7 @@ import (
 func TestUnauthorizedRequestDoesNotWaitForItsBody(t *testing.T) {
 	b := memoryBroker(t)
 	seed(t, b, 1, 0)
-	srv := serve(t, b, dashboard.Options{Token: "s3cret"})
+	srv := serve(t, b, dashboard.Options{Token: testToken})
 	for _, head := range []string{
 		"POST /api/queues/billing/purge HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
 		"POST /queues/billing/purge HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -57,7 +57,7 @@ func TestUnauthorizedRequestDoesNotWaitForItsBody(t *testing.T) {
 func TestUnauthorizedRequestKeepsItsConnection(t *testing.T) {
 	b := memoryBroker(t)
 	seed(t, b, 1, 0)
-	srv := serve(t, b, dashboard.Options{Token: "s3cret"})
+	srv := serve(t, b, dashboard.Options{Token: testToken})
 	c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestUnauthorizedRequestKeepsItsConnection(t *testing.T) {
 	for _, want := range []struct {
 		auth string
 		code int
-	}{{"", http.StatusUnauthorized}, {"Authorization: Bearer s3cret\r\n", http.StatusOK}} {
+	}{{"", http.StatusUnauthorized}, {"Authorization: Bearer " + testToken + "\r\n", http.StatusOK}} {
 		if _, err := c.Write([]byte("GET /queues/billing HTTP/1.1\r\nHost: x\r\n" + want.auth + "\r\n")); err != nil {
 			t.Fatal(err)
 		}

@@ -229,12 +229,14 @@ func commands() []*command {
 		{name: "queue paused", args: "", short: "the queues paused in -db, with the time of their pause",
 			flags: []string{"db", "schema"}, run: runQueuePaused, timeout: readTimeout},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
-			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token): every request must then carry it,\n" +
-				"as a bearer token or the basic-auth password. Without a token only requests for a loopback host\n" +
-				"(127.0.0.1, [::1], localhost) are answered. -read-only hides and refuses every change.\n" +
+			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token) of at least 16 bytes, e.g. from\n" +
+				"openssl rand -hex 16 (a shorter one is a usage error). Every request must then carry it, as a bearer token\n" +
+				"or the basic-auth password; wrong tokens are logged (at most one line a second). Without a token only\n" +
+				"requests for a loopback host (127.0.0.1, [::1], localhost) are answered. -read-only hides and refuses every change.\n" +
 				"-tls-cert and -tls-key (PEM files, both or neither) serve HTTPS; on an address other than loopback\n" +
 				"without them the token and the pages cross the network in clear text, and berth ui warns so on stderr\n" +
-				"(or put a TLS proxy in front and listen on 127.0.0.1). The files are read at start.\n" +
+				"(or put a TLS proxy in front and listen on 127.0.0.1). The files are read at start. Over HTTPS every answer\n" +
+				"carries Strict-Transport-Security (max-age one year).\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
 				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
 				"With -db, queue pages also show and change pauses (the table of berth queue pause).\n" +
@@ -305,7 +307,7 @@ func newCLI(e env) *cli {
 	fs.BoolVar(&c.dryRun, "dry-run", false, "print what would be done, change nothing")
 	fs.BoolVar(&c.yes, "yes", false, "do it without asking")
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8080", "ui: listen address (not loopback: needs a token)")
-	fs.StringVar(&c.token, "token", "", "ui: the token every request must carry (default $BERTH_UI_TOKEN, which keeps it out of ps)")
+	fs.StringVar(&c.token, "token", "", "ui: the token every request must carry, at least 16 bytes (default $BERTH_UI_TOKEN, which keeps it out of ps)")
 	fs.BoolVar(&c.readOnly, "read-only", false, "ui: show, never change")
 	fs.DurationVar(&c.requestTimeout, "request-timeout", dashboard.DefaultTimeout, "ui: how long a page (or a GET of the API, a confirmation's count, a pause) may wait on the broker before it answers 503")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "ui: serve HTTPS with this certificate (PEM file, chain after it); with -tls-key")

@@ -33,6 +33,13 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	if token == "" {
 		token = c.getenv("BERTH_UI_TOKEN")
 	}
+	// A short token is guessed by whoever can reach the address; refused
+	// on loopback too (a token given is one relied on). No token is
+	// fine there: then only loopback hosts are answered.
+	if token != "" && len(token) < dashboard.MinTokenLength {
+		return usagef("the token (-token or BERTH_UI_TOKEN) has %d bytes; it needs at least %d bytes, e.g. BERTH_UI_TOKEN=$(openssl rand -hex 16), "+
+			"so that it cannot be guessed", len(token), dashboard.MinTokenLength)
+	}
 	host, _, err := net.SplitHostPort(c.addr)
 	if err != nil {
 		return usagef("-addr: want host:port, e.g. 127.0.0.1:8080")

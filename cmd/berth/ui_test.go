@@ -77,14 +77,23 @@ func TestUIPublicAddressWithAToken(t *testing.T) {
 	b, _ := deadLettered(t, 1)
 	e := env{
 		open:   func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil },
-		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": "t0ken"}[k] },
+		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": uiTestToken}[k] },
 	}
 	addr, _ := startUI(t, e, "-addr", "0.0.0.0:0", "-url", "mem://", "-read-only")
 	_, port, _ := net.SplitHostPort(addr)
 	if code, _ := httpGet(t, "http://127.0.0.1:"+port+"/", ""); code != http.StatusUnauthorized {
 		t.Fatalf("without the token: %d", code)
 	}
-	code, page := httpGet(t, "http://127.0.0.1:"+port+"/queues/billing", "t0ken")
+	// Plain HTTP: no HSTS, which is for answers over TLS only.
+	resp, err := http.Get("http://127.0.0.1:" + port + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if v := resp.Header.Get("Strict-Transport-Security"); v != "" {
+		t.Errorf("Strict-Transport-Security %q over plain HTTP", v)
+	}
+	code, page := httpGet(t, "http://127.0.0.1:"+port+"/queues/billing", uiTestToken)
 	if code != 200 || !strings.Contains(page, `id="read-only"`) || strings.Contains(page, `id="redrive"`) {
 		t.Fatalf("with the token: %d", code)
 	}

@@ -71,14 +71,15 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 
 // berth ui -tls-cert -tls-key serves HTTPS with them: a client that trusts
 // the certificate reaches the dashboard, the token is still required, and
-// every answer, the 401 too, still carries the security headers. A plain
+// every answer, the 401 too, still carries the security headers, and over
+// TLS HSTS (Strict-Transport-Security) as well. A plain
 // HTTP request gets no page. On loopback it does not warn.
 func TestUIServesHTTPS(t *testing.T) {
 	certFile, keyFile, pool := selfSigned(t)
 	b, _ := deadLettered(t, 1)
 	e := env{
 		open:   func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil },
-		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": "t0ken"}[k] },
+		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": uiTestToken}[k] },
 	}
 	addr, stderr := startUI(t, e, "-addr", "127.0.0.1:0", "-url", "mem://", "-tls-cert", certFile, "-tls-key", keyFile)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
@@ -104,12 +105,13 @@ func TestUIServesHTTPS(t *testing.T) {
 	for _, c := range []struct {
 		token  string
 		status int
-	}{{"", http.StatusUnauthorized}, {"wrong", http.StatusUnauthorized}, {"t0ken", http.StatusOK}} {
+	}{{"", http.StatusUnauthorized}, {"wrong", http.StatusUnauthorized}, {uiTestToken, http.StatusOK}} {
 		resp, body := get(c.token)
 		if resp.StatusCode != c.status {
 			t.Errorf("token %q: %d, want %d: %s", c.token, resp.StatusCode, c.status, body)
 		}
-		for k, want := range map[string]string{"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"} {
+		for k, want := range map[string]string{"X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
+			"Strict-Transport-Security": "max-age=31536000"} {
 			if got := resp.Header.Get(k); got != want {
 				t.Errorf("token %q: %s %q, want %q", c.token, k, got, want)
 			}
@@ -185,7 +187,7 @@ func TestUIWarnsWithoutTLSOffLoopback(t *testing.T) {
 	b, _ := deadLettered(t, 1)
 	e := env{
 		open:   func(context.Context, string) (sdk.Broker, error) { return nopClose{b}, nil },
-		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": "t0ken"}[k] },
+		getenv: func(k string) string { return map[string]string{"BERTH_UI_TOKEN": uiTestToken}[k] },
 	}
 	for _, c := range []struct {
 		args []string
