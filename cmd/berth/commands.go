@@ -108,7 +108,7 @@ func statsRound(ctx context.Context, b sdk.Broker, in sdk.Inspector, args []stri
 			if len(args) == 0 && errors.Is(err, sdk.ErrNotFound) {
 				continue // deleted since the broker listed it
 			}
-			return nil, fmt.Errorf("stats %s: %w", q, err)
+			return nil, fmt.Errorf("stats %s: %w", esc(q), err)
 		}
 		all = append(all, st)
 	}
@@ -254,10 +254,10 @@ func runList(ctx context.Context, c *cli, args []string) error {
 		// script does not take it for one (nor "nothing matched" for
 		// "none of the first -scan-limit matched").
 		return &partialError{msg: fmt.Sprintf("the list is partial: the scan stopped before the end of the dead-letter queue of %s, "+
-			"so more than %d may match; raise -scan-limit (it was %d) or narrow the filter to see the rest, or run it again", queue, matched, c.scanLimit)}
+			"so more than %d may match; raise -scan-limit (it was %d) or narrow the filter to see the rest, or run it again", esc(queue), matched, c.scanLimit)}
 	}
 	if matched == 0 {
-		return fmt.Errorf("%s: %w", queue, errNothing)
+		return fmt.Errorf("%s: %w", esc(queue), errNothing)
 	}
 	return nil
 }
@@ -291,7 +291,7 @@ func runShow(ctx context.Context, c *cli, args []string) error {
 		// many letters, or others were held invisible by another reader):
 		// a partial answer, exit 4 as a partial list, not an error.
 		return &partialError{msg: fmt.Sprintf("dead letter %s of %s was not found, but the scan stopped before the end of the dead-letter queue: %v; run it again",
-			args[1], args[0], err), err: err}
+			esc(args[1]), esc(args[0]), err), err: err}
 	}
 	if err != nil {
 		return err
@@ -337,7 +337,13 @@ const (
 	actPurge
 )
 
-func runChange(ctx context.Context, c *cli, args []string, act action) error {
+func runChange(ctx context.Context, c *cli, args []string, act action) (err error) {
+	applying := false // from here on, the report says what was changed
+	defer func() {
+		if !applying {
+			err = interruptedBeforeChange(ctx, err)
+		}
+	}()
 	if len(args) < 1 {
 		return usagef("want QUEUE [ID...]")
 	}
@@ -389,13 +395,13 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			// As a dry run: "none of the first -scan-limit matched" is
 			// not "nothing matched" (exit 3), nor an answer to confirm.
 			return &partialError{msg: fmt.Sprintf("none of the dead letters read matches, but the scan stopped before the end of the dead-letter queue of %s (%s), "+
-				"so some may; raise -scan-limit (it was %d) or narrow the filter; nothing changed", queue, s.Incomplete, c.scanLimit)}
+				"so some may; raise -scan-limit (it was %d) or narrow the filter; nothing changed", esc(queue), s.Incomplete, c.scanLimit)}
 		}
 		if s.Matched == 0 {
-			return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
+			return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
 		}
 		if s.Matched == s.Withheld {
-			return &partialError{msg: fmt.Sprintf("%d dead letter(s) of %s match, but %s; nothing changed", s.Matched, queue, withheldWhy)}
+			return &partialError{msg: fmt.Sprintf("%d dead letter(s) of %s match, but %s; nothing changed", s.Matched, esc(queue), withheldWhy)}
 		}
 		n := fmt.Sprint(s.Matched - s.Withheld)
 		if s.Incomplete != "" {
@@ -456,6 +462,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 			progressbar.OptionSetSpinnerChangeInterval(0),
 		)
 	}
+	applying = true
 	r, err := dlq.Apply(ctx, dl, queue, f, dact, o, func(n int) {
 		if bar != nil {
 			_ = bar.Set(n)
@@ -503,7 +510,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		}
 		fmt.Fprintf(c.stdout, "%s %d dead letter(s) of %s%s\n", done, r.Done, esc(queue), before)
 		for _, fl := range r.Failed {
-			fmt.Fprintf(c.stdout, "not %s: %s: %s\n", done, esc(fl.ID), esc(fl.Err.Error()))
+			fmt.Fprintf(c.stdout, "not %s: %s: %s\n", done, esc(fl.ID), errText(fl.Err))
 		}
 		if n := r.Unnamed(); n > 0 { // (a failure names an ID for all its letters)
 			fmt.Fprintf(c.stdout, "… and %d more not %s\n", n, done)
@@ -520,6 +527,8 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		return &partialError{msg: fmt.Sprintf("%s %d dead letter(s), then: %v; run it again for the rest", done, r.Done, stopped), err: stopped}
 	case stopped != nil:
 		return stopped
+	case interrupted && r.Done == 0:
+		return &partialError{msg: fmt.Sprintf("interrupted (%v) before any of the chosen dead letters was %s; nothing changed", ctx.Err(), done)}
 	case interrupted:
 		return &partialError{msg: fmt.Sprintf("interrupted (%v) after %d of the chosen dead letters were %s; run it again to continue", ctx.Err(), r.Done, done)}
 	case r.Incomplete != "":
@@ -528,7 +537,7 @@ func runChange(ctx context.Context, c *cli, args []string, act action) error {
 		// Named IDs none of which is a dead letter (listed above) are
 		// "nothing matched", as the confirmation and a dry run say (not
 		// IDs held by more letters than the change could touch).
-		return fmt.Errorf("no dead letter of %s matches: %w", queue, errNothing)
+		return fmt.Errorf("no dead letter of %s matches: %w", esc(queue), errNothing)
 	case r.Missed > 0:
 		return &partialError{msg: fmt.Sprintf("%d of the chosen dead letters were not %s (listed above)", r.Missed, done)}
 	}
@@ -608,7 +617,7 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 		if withheld > 0 {
 			fmt.Fprintf(c.stdout, "%d more match, but would be left: %s\n", withheld, withheldWhy)
 			for _, fl := range s.WithheldIDs {
-				fmt.Fprintf(c.stdout, "would not %s: %s: %s\n", verb, esc(fl.ID), esc(fl.Err.Error()))
+				fmt.Fprintf(c.stdout, "would not %s: %s: %s\n", verb, esc(fl.ID), errText(fl.Err))
 			}
 			if len(s.WithheldIDs) == dlq.MaxFailures {
 				fmt.Fprintf(c.stdout, "(at most the first %d IDs left are named)\n", dlq.MaxFailures)
@@ -626,19 +635,19 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 		// answer, so it exits 4 (nor is "none of the first -scan-limit
 		// matched" a "nothing matched").
 		return &partialError{msg: fmt.Sprintf("the dry run is partial: the scan stopped before the end of the dead-letter queue of %s, "+
-			"so more than %d may match; raise -scan-limit (it was %d) or narrow the filter to count them all", r.Queue, r.Matched, c.scanLimit)}
+			"so more than %d may match; raise -scan-limit (it was %d) or narrow the filter to count them all", esc(r.Queue), r.Matched, c.scanLimit)}
 	}
 	if r.Matched == 0 {
-		return fmt.Errorf("no dead letter of %s matches: %w", r.Queue, errNothing)
+		return fmt.Errorf("no dead letter of %s matches: %w", esc(r.Queue), errNothing)
 	}
 	if len(missing) > 0 {
 		// The change would exit 4 for them: a dry run answers as it would,
 		// so that a script can check before it changes anything.
-		return &partialError{msg: fmt.Sprintf("the dry run found %d of the named IDs not among the dead letters of %s (listed above): the change would not %s them", len(missing), r.Queue, verb)}
+		return &partialError{msg: fmt.Sprintf("the dry run found %d of the named IDs not among the dead letters of %s (listed above): the change would not %s them", len(missing), esc(r.Queue), verb)}
 	}
 	if withheld > 0 {
 		// As for missing IDs: the change would exit 4.
-		return &partialError{msg: fmt.Sprintf("the dry run found %d matching dead letter(s) of %s that the change would not %s (above)", withheld, r.Queue, verb)}
+		return &partialError{msg: fmt.Sprintf("the dry run found %d matching dead letter(s) of %s that the change would not %s (above)", withheld, esc(r.Queue), verb)}
 	}
 	return nil
 }

@@ -169,7 +169,7 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 		j, err = r.JobByKey(ctx, args[0])
 	}
 	if errors.Is(err, sdk.ErrNotFound) {
-		return fmt.Errorf("no job with ID or idempotency key \"%s\": %w", args[0], sdk.ErrNotFound)
+		return fmt.Errorf("no job with ID or idempotency key \"%s\": %w", esc(args[0]), sdk.ErrNotFound)
 	}
 	if err != nil {
 		return err
@@ -247,7 +247,7 @@ func runJobShow(ctx context.Context, c *cli, args []string) error {
 		_ = tw.Flush()
 	}
 	if keyErr != nil {
-		fmt.Fprintf(w, "same idempotency key: the other jobs were not read: %s\n", esc(keyErr.Error()))
+		fmt.Fprintf(w, "same idempotency key: the other jobs were not read: %s\n", errText(keyErr))
 	}
 	if len(same) > 0 {
 		// Two publishes of one operation (a charge made twice) are two
@@ -319,7 +319,7 @@ func runJobs(ctx context.Context, c *cli, args []string) error {
 		for _, s := range strings.Split(c.status, ",") {
 			st := ledger.Status(strings.TrimSpace(s))
 			if !st.Valid() {
-				return usagef("-status \"%s\": want one or more of %s", s, statusNames())
+				return usagef("-status \"%s\": want one or more of %s", esc(s), statusNames())
 			}
 			f.Statuses = append(f.Statuses, st)
 		}

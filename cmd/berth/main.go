@@ -30,8 +30,9 @@
 // Exit codes: 0 done; 1 error (broker unreachable, refused); 2 usage (bad
 // command line, or a change without -yes and no terminal to confirm on,
 // refused before anything is read);
-// 3 nothing matched or not found; 4 partial (some chosen dead letters were
-// not moved, the command was interrupted, or the broker's scan stopped
+// 3 nothing matched or not found; 4 partial (some chosen dead letters or
+// named outbox rows were not changed, the command was interrupted (a
+// change interrupted before it changed anything says "nothing changed"), or the broker's scan stopped
 // before the end of the dead-letter queue, a dlq list, a -dry-run or the
 // count a change asks to confirm too; the output says which and why).
 //
@@ -43,7 +44,10 @@
 // bidirectional-text controls, invisible characters (zero-width, tag
 // characters, …) and invalid UTF-8 from messages as Go-style escapes, and
 // a backslash as \\, so that an escape always means the character it names
-// (a JSON body is shown as JSON, its escapes as they are). In a table, each
+// (a JSON body is shown as JSON, its escapes as they are). An error names
+// such text escaped once, by berth or Go-quoted by the package that made it:
+// its escapes are printed as they are, and what is still raw in it is
+// escaped (errText). In a table, each
 // column of such text is cut at a fixed width with a visible "…" (an ID at
 // 40 characters, as the dashboard does, with a line under the table saying
 // so), so that no message widens every row; -json, dlq show and job show
@@ -193,10 +197,14 @@ func commands() []*command {
 		{name: "outbox list", args: "", short: "the outbox rows the relay parked after every attempt failed (-db, -table)",
 			flags: []string{"db", "table", "limit"}, run: runOutboxList, timeout: readTimeout},
 		{name: "outbox requeue", args: "[ROW-ID...]", short: "put parked outbox rows (all when none is named) back in line for the relay",
-			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
+			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be requeued.\n" +
+				"A named row that is not parked (no such row, or pending: requeued already, or relayed) is left and named\n" +
+				"(the first 100, then \"… and N more\"): a change or a -dry-run exits 4, 3 when none of them is parked.",
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, false) }},
 		{name: "outbox discard", args: "[ROW-ID...]", short: "delete parked outbox rows (all when none is named): never published",
-			long:  "Asks for confirmation on a terminal; elsewhere needs -yes.",
+			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be discarded.\n" +
+				"A discard cannot be undone: when a named row is not parked, it discards none of them (exit 3) and names\n" +
+				"those that are not (the first 100, then \"… and N more\").",
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
 		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
 			long: "A key several jobs have (an operation published twice) shows the newest of them; the other jobs with the\n" +
@@ -222,11 +230,14 @@ func commands() []*command {
 			run:     runDoctor,
 			timeout: doctorTimeout},
 		{name: "queue pause", args: "QUEUE...", short: "pause queues for every Worker that runs pause.Sync on -db (held jobs finish; the broker is untouched)",
-			long:  "The pause is a row in -schema.paused_queues (default berth) of -db (default $BERTH_DB); Workers apply it within their sync interval.",
+			long: "The pause is a row in -schema.paused_queues (default berth) of -db (default $BERTH_DB); Workers apply it within their sync interval.\n" +
+				"A -schema that does not exist is not created: exit 3. The first pause in one that exists creates the table.",
 			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, true) }},
 		{name: "queue resume", args: "QUEUE...", short: "resume paused queues",
+			long:  "A -schema that does not exist, or holds no pause table (nothing was ever paused there), is not found: exit 3.",
 			flags: []string{"db", "schema"}, run: func(ctx context.Context, c *cli, a []string) error { return runQueueChange(ctx, c, a, false) }},
 		{name: "queue paused", args: "", short: "the queues paused in -db, with the time of their pause",
+			long:  "A -schema that does not exist, or holds no pause table (nothing was ever paused there), is not found: exit 3.",
 			flags: []string{"db", "schema"}, run: runQueuePaused, timeout: readTimeout},
 		{name: "ui", args: "", short: "serve the web dashboard (http://127.0.0.1:8080 by default)",
 			long: "Any address other than loopback needs a token (BERTH_UI_TOKEN, or -token) of at least 16 bytes, e.g. from\n" +
@@ -377,10 +388,10 @@ func run(ctx context.Context, args []string, e env) int {
 	c := newCLI(e)
 	pos, help, err := parseInterspersed(c.fs, args)
 	if err != nil {
-		// The flag package quotes a bad value but not a bad flag's name: an
-		// argument such as an ID from a message that starts with "-" would
-		// reach the terminal as it is.
-		fmt.Fprintf(c.stderr, "berth: %s\n", esc(err.Error()))
+		// The flag package quotes a bad value (Go escapes, printed as they
+		// are) but not a bad flag's name: an argument such as an ID from a
+		// message that starts with "-" would reach the terminal as it is.
+		fmt.Fprintf(c.stderr, "berth: %s\n", errText(err))
 		fmt.Fprint(c.stderr, "run \"berth -h\" for usage\n")
 		return exitUsage
 	}
@@ -481,18 +492,33 @@ func (c *cli) exit(cmd *command, err error) int {
 	case errors.Is(err, errDoctorFindings):
 		return exitError
 	case errors.As(err, &ue):
-		fmt.Fprintf(c.stderr, "berth %s: %s\nrun \"berth %s -h\" for usage\n", cmd.name, esc(err.Error()), cmd.name)
+		fmt.Fprintf(c.stderr, "berth %s: %s\nrun \"berth %s -h\" for usage\n", cmd.name, errText(err), cmd.name)
 		return exitUsage
 	case errors.As(err, &pe):
-		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, esc(err.Error()))
+		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, errText(err))
 		return exitPartial
 	case errors.Is(err, errNothing) || errors.Is(err, sdk.ErrNotFound):
-		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, esc(err.Error()))
+		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, errText(err))
 		return exitNotFound
 	default:
-		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, esc(err.Error()))
+		fmt.Fprintf(c.stderr, "berth %s: %s\n", cmd.name, errText(err))
 		return exitError
 	}
+}
+
+// interruptedBeforeChange returns err, the error that ended a change
+// before it changed anything, as an interrupt when ctx is done (SIGINT,
+// SIGTERM, -timeout): a *partialError (exit 4) saying "interrupted" and
+// "nothing changed", as one at the y/N question is (confirm), rather than
+// the bare "context canceled" of the read, connection or count it cut,
+// which says neither. A *partialError is returned as it is: it says what
+// it is already.
+func interruptedBeforeChange(ctx context.Context, err error) error {
+	var pe *partialError
+	if err == nil || ctx.Err() == nil || errors.As(err, &pe) {
+		return err
+	}
+	return &partialError{msg: fmt.Sprintf("interrupted (%v) before any change; nothing changed", ctx.Err()), err: err}
 }
 
 // errNothing is wrapped by the error of a command whose filters matched

@@ -14,6 +14,12 @@ import (
 // dlq.EscapeText).
 func esc(s string) string { return dlq.EscapeText(s, false) }
 
+// errText makes the text of an error safe for one line of a terminal (see
+// dlq.EscapeErrorText): what it names was escaped once where the error was
+// made (esc in this package, Go quoting in the others), so its backslashes
+// are left as they are, and what is still raw in it is escaped.
+func errText(err error) string { return dlq.EscapeErrorText(err.Error()) }
+
 // escBlock is esc for multi-line text: newlines and tabs are kept.
 func escBlock(s string) string { return dlq.EscapeText(s, true) }
 

@@ -148,10 +148,11 @@ func TestPausesReadOnADatabaseThatRefusesChanges(t *testing.T) {
 	if r := cliDB(t, "", false, "queue", "paused", "-db", ro, "-schema", schema); r.code != exitOK || !strings.Contains(r.out, "emails") {
 		t.Fatalf("queue paused on a read-only database: %+v", r)
 	}
-	// No table in that schema: nothing is paused there, and nothing is created.
+	// A schema that does not exist: not found (exit 3), and nothing is
+	// created.
 	none := schema + "_none"
-	if r := cliDB(t, "", false, "queue", "paused", "-db", ro, "-schema", none); r.code != exitOK || !strings.Contains(r.out, "(no paused queues)") {
-		t.Fatalf("queue paused without a table: %+v", r)
+	if r := cliDB(t, "", false, "queue", "paused", "-db", ro, "-schema", none); r.code != exitNotFound || !strings.Contains(r.err, "does not exist") {
+		t.Fatalf("queue paused in a schema that does not exist: %+v", r)
 	}
 	var created bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, none).Scan(&created); err != nil || created {

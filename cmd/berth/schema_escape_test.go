@@ -12,8 +12,8 @@ import (
 // TestJobsBadSchemaEscapedOnce: the ledger refused a bad -schema with the
 // name %q-quoted, and berth escaped the error again where it printed it:
 // a backslash showed as four, an ESC as \\x1b (an escape of an escape,
-// which reads as the four characters \x1b). The name is now quoted as
-// read and escaped once, by berth.
+// which reads as the four characters \x1b). The name is escaped once, by
+// the ledger (%q), and berth prints the error's escapes as they are.
 func TestJobsBadSchemaEscapedOnce(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	for schema, want := range map[string]string{

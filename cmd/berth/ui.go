@@ -45,7 +45,7 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		return usagef("-addr: want host:port, e.g. 127.0.0.1:8080")
 	}
 	if !isLoopback(host) && token == "" {
-		return usagef("refusing to serve on %s without a token: anyone who can reach it could redrive and purge; set BERTH_UI_TOKEN (or -token), or listen on 127.0.0.1", c.addr)
+		return usagef("refusing to serve on %s without a token: anyone who can reach it could redrive and purge; set BERTH_UI_TOKEN (or -token), or listen on 127.0.0.1", esc(c.addr))
 	}
 	if c.demo && !strings.HasPrefix(strings.ToLower(c.url), "mem:") {
 		return usagef("-demo seeds made-up messages and works with mem:// only")
@@ -82,7 +82,11 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 		o.Jobs = jobs
 		// Queue pauses: the pause table in the same database (pause.Sync);
 		// read-only, it is not created (the database may be a replica).
-		pauses, closePauses, err := c.openPause(ctx, !c.readOnly)
+		use := pauseUI
+		if c.readOnly {
+			use = pauseUIReadOnly
+		}
+		pauses, closePauses, err := c.openPause(ctx, use)
 		if err != nil {
 			return err
 		}
@@ -208,7 +212,7 @@ func (c *cli) uiTLS() (*tls.Config, error) {
 	}
 	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
 	if err != nil {
-		return nil, fmt.Errorf("-tls-cert %s, -tls-key %s: %w", c.tlsCert, c.tlsKey, err)
+		return nil, fmt.Errorf("-tls-cert %s, -tls-key %s: %w", esc(c.tlsCert), esc(c.tlsKey), err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }

@@ -60,3 +60,20 @@ func jsonEqual(a, b any) bool {
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
 }
+
+// EscapeErrorText shows an error's text whose values were Go-quoted where
+// the error was made (sdk.ErrorText, %q) with those escapes as they are,
+// once, and escapes what is still raw in it: nothing reaches a terminal raw.
+func TestEscapeErrorText(t *testing.T) {
+	for in, want := range map[string]string{
+		`no dead letter "ev\x1b[31m"`:    `no dead letter "ev\x1b[31m"`, // quoted by the package: once
+		"no dead letter ev\x1b[31m":      `no dead letter ev\x1b[31m`,   // named as it is: escaped here
+		"bidi \u202e, zero-width \u200b": `bidi \u202e, zero-width \u200b`,
+		"a\nb\tc \xff":                   `a\nb\tc \xff`,
+		`C:\dir`:                         `C:\dir`,
+	} {
+		if got := dlq.EscapeErrorText(in); got != want {
+			t.Errorf("EscapeErrorText(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -24,6 +24,18 @@ func EscapeText(s string, block bool) string {
 	return escapeText(s, block, false)
 }
 
+// EscapeErrorText is EscapeText (one line) for the text of an error,
+// whose untrusted values were escaped once where the error was made: Go
+// escapes in quotes ([sdk.ErrorText], %q) in berth's packages, EscapeText
+// in the CLI. What it still holds raw (a control or invisible character, a
+// bidirectional-text control, invalid UTF-8, from a value an error names
+// as it is) is escaped as EscapeText does, but a backslash is left as it
+// is: escaped again, each escape of those values would print as an escape
+// of an escape (\\x1b, which reads as the four characters \x1b).
+func EscapeErrorText(s string) string {
+	return escapeText(s, false, true)
+}
+
 // EscapeJSONText is EscapeText with block for a valid JSON document (as
 // [encoding/json.Valid] accepts it), shown as JSON: backslashes are left as
 // they are, since in JSON a backslash always starts an escape, and every

@@ -108,13 +108,13 @@ func scanJobsRow(r pgx.Row) (ledger.Job, int64, error) {
 // Job returns the newest job with message ID id. An unknown id gives an
 // error wrapping [sdk.ErrNotFound].
 func (s *Jobs) Job(ctx context.Context, id string) (*ledger.Job, error) {
-	return s.one(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE message_id = $1 ORDER BY id DESC LIMIT 1`, "job "+id, id)
+	return s.one(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE message_id = $1 ORDER BY id DESC LIMIT 1`, "job "+sdk.ErrorText(id), id)
 }
 
 // JobByKey returns the newest job with idempotency key key. An unknown key
 // gives an error wrapping [sdk.ErrNotFound].
 func (s *Jobs) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
-	return s.one(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE idempotency_key = $1 ORDER BY id DESC LIMIT 1`, "job with key "+key, key)
+	return s.one(ctx, `SELECT `+jobsCols+` FROM `+s.table+` WHERE idempotency_key = $1 ORDER BY id DESC LIMIT 1`, "job with key "+sdk.ErrorText(key), key)
 }
 
 func (s *Jobs) one(ctx context.Context, q, what, arg string) (*ledger.Job, error) {

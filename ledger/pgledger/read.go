@@ -54,14 +54,14 @@ func micros(us *int64) time.Duration {
 // 'infinity' and '-infinity' (written by hand or by another tool) as
 // [ledger.Infinity] and [ledger.NegativeInfinity] (see there).
 func (s *Store) Job(ctx context.Context, id string) (*ledger.Job, error) {
-	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE message_id = $1`, "job "+id, id)
+	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE message_id = $1`, "job "+sdk.ErrorText(id), id)
 }
 
 // JobByKey returns the most recently seen job with idempotency key key and
 // its attempts. An unknown key gives an error wrapping [sdk.ErrNotFound].
 func (s *Store) JobByKey(ctx context.Context, key string) (*ledger.Job, error) {
 	return s.one(ctx, `SELECT `+jobCols+`, history FROM `+s.jobs+` WHERE idempotency_key = $1
-ORDER BY first_seen_at DESC, message_id DESC LIMIT 1`, "job with key "+key, key)
+ORDER BY first_seen_at DESC, message_id DESC LIMIT 1`, "job with key "+sdk.ErrorText(key), key)
 }
 
 func (s *Store) one(ctx context.Context, q, what string, arg string) (*ledger.Job, error) {

@@ -79,9 +79,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	for _, id := range []string{o.Schema, o.Prefix + "jobs_queue_status_idx"} {
 		if !identRE.MatchString(id) {
-			// As read, in plain quotes: whoever shows the error escapes it
-			// (berth does), and %q here would escape it twice there.
-			return o, fmt.Errorf("%w: identifier \"%s\": want 1-40 of [a-z0-9_], not starting with a digit", ErrInvalidOptions, id)
+			// Go-quoted, escaped once here: whoever shows the error
+			// leaves its escapes as they are (berth does).
+			return o, fmt.Errorf("%w: identifier %q: want 1-40 of [a-z0-9_], not starting with a digit", ErrInvalidOptions, id)
 		}
 	}
 	return o, nil
