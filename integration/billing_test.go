@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -234,6 +235,13 @@ type billingRun struct {
 	// trace, when set, records every settlement of the two poison jobs
 	// by the workers of run.worker; it is logged when the test fails.
 	trace *poisonTrace
+	// publishRetries counts the inserts and Publish calls publishDuring
+	// retried: the fault reached the publishers.
+	publishRetries atomic.Int64
+	// faultAfter, when not 0, makes underFault wait until that many of its
+	// later orders are published (acknowledged by the broker) before the
+	// fault: the fault then meets a stream of publishes and fresh acks.
+	faultAfter int64
 }
 
 // poisonTrace records what the Worker did with each delivery of the poison

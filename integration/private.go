@@ -16,10 +16,11 @@ import (
 	"time"
 )
 
-// Private service instances: a RabbitMQ node, a PostgreSQL cluster and a
-// Redis server that one test owns, on free loopback ports, with their data in
-// a temporary directory. A test may stop, kill, restart or flush them without
-// disturbing the shared services other packages' tests use at the same time.
+// Private service instances: a RabbitMQ node, a PostgreSQL cluster, a
+// Redis server and a nats-server with JetStream that one test owns, on free
+// loopback ports, with their data in a temporary directory. A test may stop,
+// kill, restart or flush them without disturbing the shared services other
+// packages' tests use at the same time.
 // Each starts in seconds, is stopped when the test ends (t.Cleanup kills its
 // whole process group) and is skipped with the reason when its binaries are
 // missing — except under CI=true, where that fails the test.

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/brokers/jetstream"
+	"github.com/berthq/berth/sdk"
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -177,6 +179,49 @@ func TestPrivateRabbitMQRestarts(t *testing.T) {
 	}
 	if q.Messages != 1 {
 		t.Fatalf("%d messages after a restart, want the confirmed one", q.Messages)
+	}
+}
+
+// A private nats-server keeps its JetStream streams across a clean stop and
+// a SIGKILL, refuses connections while it is down, and is not the shared one.
+func TestPrivateNATSRestarts(t *testing.T) {
+	srv := StartNATS(t)
+	if srv.URL == NATSURL(t) {
+		t.Fatal("the private NATS is the shared one")
+	}
+	ctx := context.Background()
+	depth := func() int64 {
+		t.Helper()
+		b, err := jetstream.Connect(ctx, srv.URL, jetstream.ConnectOptions{Name: "berth-private-test"}, jetstream.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		st, err := b.Stats(ctx, "kept")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Ready
+	}
+	b, err := jetstream.Connect(ctx, srv.URL, jetstream.ConnectOptions{Name: "berth-private-test"}, jetstream.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Publish(ctx, "kept", &sdk.Message{Type: "t", Body: []byte("x")})
+	b.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stop := range []func(testing.TB){srv.Stop, srv.Kill} {
+		stop(t)
+		if c, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.URL, "nats://"), time.Second); err == nil {
+			c.Close()
+			t.Fatal("a stopped server accepted a connection")
+		}
+		srv.Start(t)
+		if n := depth(); n != 1 {
+			t.Fatalf("%d messages ready after a restart, want the acknowledged one", n)
+		}
 	}
 }
 

@@ -50,17 +50,19 @@ func (r *billingRun) underFault(stats *idempotency.Stats, cache idempotency.Cach
 	pubDone := make(chan error, 1)
 	orders := make([]charge, 0, more)
 	go func() { pubDone <- r.publishDuring(ctx, more, &orders, &published) }()
-	for deadline := time.Now().Add(60 * time.Second); r.paid() < 10; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); r.paid() < 10 || published.Load() < r.faultAfter; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("workers paid %d orders in a minute", r.paid())
+			t.Fatalf("workers paid %d orders, %d of %d published in a minute", r.paid(), published.Load(), r.faultAfter)
 		}
 	}
+	before := published.Load()
 	fault()
 	if err := <-pubDone; err != nil {
 		t.Fatalf("publish through the fault: %v", err)
 	}
 	r.orders = append(r.orders, orders...)
-	t.Logf("%d orders published in all, %d during the fault phase", len(r.orders), published.Load())
+	t.Logf("%d orders published in all, %d during the fault phase (%d of them before the fault began); %d inserts or publishes retried",
+		len(r.orders), published.Load(), before, r.publishRetries.Load())
 	r.finish(0, stats) // the running workers finish the queue
 	cancel()
 	wg.Wait()
@@ -84,6 +86,7 @@ func (r *billingRun) publishDuring(ctx context.Context, n int, out *[]charge, pu
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: %w", what, err)
 			}
+			r.publishRetries.Add(1)
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
@@ -163,6 +166,37 @@ func TestScenarioRabbitMQNodeRestart(t *testing.T) {
 		t.Logf("node down for %v", time.Since(start).Round(100*time.Millisecond))
 	})
 	t.Logf("%+v", stats.Snapshot())
+}
+
+// A private nats-server (JetStream, file store) stops mid-run and starts
+// again on the same store directory: publishers are refused while it is
+// down and retry the same messages (the Nats-Msg-Id dedupes a retried
+// Publish that was stored), consumers reconnect, and every message JetStream
+// acknowledged is processed once in effect.
+func TestScenarioNATSRestart(t *testing.T) {
+	for _, mode := range []string{"stop", "kill"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := StartNATS(t)
+			r := setupBilling(t, "jetstream", endpoints{pg: PostgresDSN(t), nats: srv.URL})
+			r.faultAfter = 40 // mid-stream: some publishes just acknowledged, the rest retried
+			stats := &idempotency.Stats{}
+			r.underFault(stats, nil, 100, func() {
+				start := time.Now()
+				if mode == "kill" {
+					srv.Kill(t)
+				} else {
+					srv.Stop(t)
+				}
+				time.Sleep(time.Second) // publishers and consumers see it down
+				srv.Start(t)
+				t.Logf("nats-server %s: down for %v", mode, time.Since(start).Round(10*time.Millisecond))
+			})
+			t.Logf("%+v", stats.Snapshot())
+			if t.Failed() {
+				t.Logf("nats-server log:\n%s", srv.Log())
+			}
+		})
+	}
 }
 
 // PostgreSQL — the broker's job table, the idempotency store and the

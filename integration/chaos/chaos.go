@@ -36,9 +36,11 @@ type config struct {
 	PostgresDSN string
 	RabbitMQURL string
 	SQSEndpoint string
+	NATSURL     string
 	Seed        uint64
 	Settle      time.Duration // the workers' time to finish after the faults
 	Keep        bool
+	Trace       bool    // the workers log every delivery's start and settlement
 	FailRate    float64 // transient handler failures after the charge
 	Lease       time.Duration
 	LogDir      string // where the workers' log goes; default the temporary directory
@@ -160,9 +162,11 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 		brokerURL = c.RabbitMQURL
 	case "sqs":
 		brokerURL = c.SQSEndpoint
+	case "jetstream":
+		brokerURL = c.NATSURL
 	case "postgres":
 	default:
-		return nil, fmt.Errorf("unknown broker %q (want rabbitmq, postgres or sqs)", c.Broker)
+		return nil, fmt.Errorf("unknown broker %q (want %s)", c.Broker, brokerKinds)
 	}
 	childURL := ""
 	if brokerURL != "" {
@@ -170,10 +174,7 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 		if err != nil {
 			return nil, fmt.Errorf("broker URL: %w", err)
 		}
-		def := "5672"
-		if c.Broker == "sqs" {
-			def = "80"
-		}
+		def := map[string]string{"rabbitmq": "5672", "sqs": "80", "jetstream": "4222"}[c.Broker]
 		brokerProxy, err = integration.NewProxy(hostPort(u, def))
 		if err != nil {
 			return nil, err
@@ -209,6 +210,9 @@ CREATE TABLE ` + s + `.charges (id bigserial PRIMARY KEY, order_id text NOT NULL
 	}
 	env := append(os.Environ(), envChild+"=1", envBroker+"="+c.Broker, envQueue+"="+queue, envSchema+"="+schema,
 		envPG+"="+childPG.String(), envURL+"="+childURL, envFail+"="+fmt.Sprint(c.FailRate), envOut+"="+c.Lease.String(), envWork+"="+c.Work.String())
+	if c.Trace {
+		env = append(env, envTrace+"=1")
+	}
 	ws := &workers{exe: exe, env: env, log: logFile}
 	defer ws.killAll()
 	for range c.Workers {
@@ -412,16 +416,17 @@ func rolling(ctx context.Context, rng *rand.Rand, ws *workers, rep *report) {
 	}
 }
 
-// slow resets every connection through one of the proxies every 2–4 s;
-// the latency is set by run.
+// slow resets every connection through one of the proxies every 2–4 s,
+// the broker's and the database's in turn (a random pick left one path
+// untouched in some 10-second runs); the latency is set by run.
 func slow(ctx context.Context, rng *rand.Rand, pgProxy, brokerProxy *integration.Proxy, kind string, rep *report) {
-	for {
+	for i := 0; ; i++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(2*time.Second + time.Duration(rng.IntN(2000))*time.Millisecond):
 		}
-		if kind == "postgres" || rng.IntN(2) == 0 {
+		if kind == "postgres" || i%2 == 1 {
 			pgProxy.Reset()
 			rep.Faults["db proxy reset"]++
 		} else {
@@ -549,7 +554,9 @@ FROM (SELECT o.id, count(c.id) AS n FROM `+s+`.orders o LEFT JOIN `+s+`.charges 
 	// means a drain consumed an attempt. That holds on SQS too, which
 	// cannot hand a message back without counting a receive: its Worker
 	// runs what it received rather than hand it back, and lets a long poll
-	// in flight finish (sdk.LongPoller) rather than cut it off.
+	// in flight finish (sdk.LongPoller) rather than cut it off. And on
+	// JetStream, which counts every delivery as well: its Release stores a
+	// copy carrying the attempt, then acks the original.
 	if c.Faults == "rolling" && rep.LateCharges > 0 {
 		*v = append(*v, fmt.Sprintf("%d charges committed at an attempt above 1 (max %d): the drain consumed attempts", rep.LateCharges, rep.MaxAttempt))
 	}

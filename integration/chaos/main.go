@@ -5,6 +5,7 @@
 //	go run ./integration/chaos -broker rabbitmq -duration 2m
 //	go run ./integration/chaos -broker postgres -duration 2m
 //	go run ./integration/chaos -broker sqs -duration 2m
+//	go run ./integration/chaos -broker jetstream -duration 2m
 //
 // Worker child processes (this program, re-executed) consume the queue with
 // the PostgreSQL idempotency guard: each charge job loads its order FOR
@@ -24,8 +25,9 @@
 //
 // The services come from the flags, else the same environment variables
 // and loopback defaults as berth's tests (BERTH_POSTGRES_DSN,
-// BERTH_RABBITMQ_URL, BERTH_SQS_ENDPOINT). The run lives in its own
-// PostgreSQL schema and queue, removed at the end unless -keep.
+// BERTH_RABBITMQ_URL, BERTH_SQS_ENDPOINT, BERTH_NATS_URL). The run lives in
+// its own PostgreSQL schema and queue (on JetStream, the queue's streams),
+// removed at the end unless -keep.
 package main
 
 import (
@@ -43,16 +45,18 @@ func main() {
 		os.Exit(runChild())
 	}
 	c := config{}
-	flag.StringVar(&c.Broker, "broker", "rabbitmq", "broker: rabbitmq, postgres or sqs")
+	flag.StringVar(&c.Broker, "broker", "rabbitmq", "broker: "+brokerKinds)
 	flag.DurationVar(&c.Duration, "duration", 2*time.Minute, "how long faults are injected")
 	flag.IntVar(&c.Workers, "workers", 3, "worker processes")
 	flag.IntVar(&c.Rate, "rate", 20, "orders published per second")
 	flag.StringVar(&c.PostgresDSN, "postgres", envOr("BERTH_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN (orders, charges, idempotency results; the postgres broker's jobs)")
 	flag.StringVar(&c.RabbitMQURL, "rabbitmq", envOr("BERTH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&c.SQSEndpoint, "sqs", envOr("BERTH_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint")
+	flag.StringVar(&c.NATSURL, "nats", envOr("BERTH_NATS_URL", "nats://127.0.0.1:4222"), "NATS (JetStream) URL")
 	flag.Uint64Var(&c.Seed, "seed", 0, "random seed (0: from the clock)")
 	flag.DurationVar(&c.Settle, "settle", 2*time.Minute, "how long the workers may take to finish after the faults stop")
 	flag.BoolVar(&c.Keep, "keep", false, "keep the schema and the queue")
+	flag.BoolVar(&c.Trace, "trace", false, "log every delivery's start and settlement to the worker log")
 	flag.StringVar(&c.Faults, "faults", "mixed", "fault mix: mixed, rolling (SIGTERM every worker in turn) or slow (200 ms per round trip and resets)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

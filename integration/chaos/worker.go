@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/postgres"
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/brokers/sqs"
@@ -37,6 +38,7 @@ const (
 	envFail   = "BERTH_CHAOS_FAIL"  // probability of a transient failure after the charge
 	envOut    = "BERTH_CHAOS_LEASE" // lease
 	envWork   = "BERTH_CHAOS_WORK"  // the longest payment call
+	envTrace  = "BERTH_CHAOS_TRACE" // "1": log every delivery's start and settlement
 	chargeTyp = "billing.charge"
 	leaseDflt = 3 * time.Second
 	// slowLeaseDflt is the lease under -faults slow. Through the slow proxy
@@ -54,6 +56,12 @@ const (
 	// leaves 6.7 s: one stall up to the reset interval (4 s) and two
 	// reconnections (2.4 s).
 	slowLeaseDflt = 10 * time.Second
+	// natsWait is a JetStream Receive's long poll: one that divides the
+	// AckWait lines empty polls up with redeliveries, which nats-server
+	// 2.9.10 can lose (brokers/jetstream's package doc).
+	natsWait = 1300 * time.Millisecond
+	// brokerKinds is what -broker accepts, for the error messages.
+	brokerKinds = "rabbitmq, postgres, sqs or jetstream"
 )
 
 type charge struct {
@@ -74,6 +82,14 @@ func openBroker(ctx context.Context, kind, url string, pool *pgxpool.Pool, schem
 				o.BaseEndpoint = aws.String(url)
 				o.HTTPClient = client
 			})
+	case "jetstream":
+		// The queue's name is unique per run, and so are its streams
+		// (BERTH_Q_<queue>, BERTH_DLQ_<queue>, BERTH_LOCK_<queue>), which
+		// the parent deletes at the end: parallel runs on one NATS server
+		// do not meet. WaitTime divides none of the leases (3 s, 10 s,
+		// 15 s): see the package doc on nats-server 2.9.10.
+		return jetstream.Connect(ctx, url, jetstream.ConnectOptions{Name: "berth-chaos", ReconnectWait: 250 * time.Millisecond},
+			jetstream.Options{AckWait: lease, WaitTime: natsWait, MaxDeliveries: 20, Logger: quietLogger()})
 	case "postgres":
 		b, err := postgres.New(pool, postgres.Options{Schema: schema, Lease: lease, MaxAttempts: 20, PollInterval: 200 * time.Millisecond})
 		if err != nil {
@@ -81,7 +97,7 @@ func openBroker(ctx context.Context, kind, url string, pool *pgxpool.Pool, schem
 		}
 		return b, b.Migrate(ctx)
 	}
-	return nil, fmt.Errorf("unknown broker %q (want rabbitmq, postgres or sqs)", kind)
+	return nil, fmt.Errorf("unknown broker %q (want %s)", kind, brokerKinds)
 }
 
 func quietLogger() *slog.Logger {
@@ -186,7 +202,7 @@ func runChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	obs := &counter{}
+	obs := &counter{trace: os.Getenv(envTrace) == "1"}
 	w, err := sdk.NewWorker(b, billing(schema, failRate, work), sdk.WorkerOptions{
 		Queue:        os.Getenv(envQueue),
 		Concurrency:  4,
@@ -213,9 +229,18 @@ func runChild() int {
 // counter counts the settlements the invariants do not show: leases lost
 // (the handler's context cancelled, the delivery left to another worker)
 // and deliveries released (handed back without consuming an attempt).
-type counter struct{ leaseLost, released atomic.Int64 }
+type counter struct {
+	leaseLost, released atomic.Int64
+	trace               bool // -trace: every start and settlement to the log
+}
 
-func (c *counter) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+func (c *counter) Start(ctx context.Context, d sdk.Delivery) context.Context {
+	if c.trace {
+		fmt.Fprintf(os.Stderr, "%s start: pid %d id %q key %q attempt %d\n",
+			time.Now().Format("15:04:05.000"), os.Getpid(), d.Message().ID, d.Message().IdempotencyKey, d.Attempt())
+	}
+	return ctx
+}
 
 // LeaseExtended writes every failed extension to the worker's log: a
 // lease lost with heartbeats on is a violation of the slow mix, and this
@@ -228,6 +253,10 @@ func (c *counter) LeaseExtended(_ context.Context, d sdk.Delivery, _ time.Durati
 }
 
 func (c *counter) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
+	if c.trace {
+		fmt.Fprintf(os.Stderr, "%s settled: pid %d id %q attempt %d action %v err %v\n",
+			time.Now().Format("15:04:05.000"), os.Getpid(), d.Message().ID, d.Attempt(), s.Action, s.Err)
+	}
 	switch s.Action {
 	case sdk.ActionLeaseLost:
 		c.leaseLost.Add(1)
