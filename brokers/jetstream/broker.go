@@ -554,8 +554,9 @@ func (b *Broker) Close() error {
 		close(b.closing)
 		b.closeCancel()
 		// Every pull runs in a Receive or a goroutine of the Broker's,
-		// which wg counts: at closing, each reads what the server sent it
-		// (see pull), gives it back and unsubscribes.
+		// which wg counts: at closing, each drains its subscription,
+		// reading what the server sent it (see unsubscribe), and gives
+		// it back.
 		b.wg.Wait()
 		b.mu.Lock()
 		subs := b.subs

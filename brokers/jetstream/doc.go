@@ -151,6 +151,11 @@
 //     attempt, by a goroutine the Broker owns (stopped by Close). A Receive
 //     that Close interrupts returns [sdk.ErrClosed] and hands back likewise
 //     what its pull read or still had on its way; Close waits for that.
+//     A pull request still open at Close is not simply unsubscribed: its
+//     subscription is drained (UNSUB, then a round trip to the server, at
+//     most 2 s), so that a message the server delivers to it before it
+//     drops the subscription is handed back too rather than lost to
+//     nats.go and redelivered after its AckWait, an attempt spent.
 //
 // A server defect to know of: on nats-server 2.9.10 (the version berth is
 // tested on) a redelivery that falls due at the moment a waiting pull

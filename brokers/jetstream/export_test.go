@@ -68,3 +68,13 @@ func SetDeadLetterHook(f func()) (restore func()) {
 	deadLetterHook = f
 	return func() { deadLetterHook = old }
 }
+
+// SetClosePullHook sets the hook a pull that Close interrupts runs once it
+// has read what its answer held, before it ends its subscription, with the
+// consumer it pulls from (held reports what the subscription's channel
+// holds); the returned func restores it.
+func SetClosePullHook(f func(b *Broker, consumer string, held func() int)) (restore func()) {
+	old := closePullHook
+	closePullHook = f
+	return func() { closePullHook = old }
+}

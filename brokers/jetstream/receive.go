@@ -137,7 +137,8 @@ type pullRequest struct {
 // first (a long poll, or a no_wait answer on its way), the subscription is
 // handed to a drain that gives back what the server still delivers. When
 // the Broker closes first, it returns with [sdk.ErrClosed] the messages read
-// and those the connection had buffered for it.
+// and those the server sent it before it dropped the subscription (see
+// unsubscribe).
 func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch int, wait time.Duration) ([]pulled, error) {
 	if err := b.connected("pull"); err != nil {
 		return nil, err
@@ -183,13 +184,20 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 		case m = <-ch:
 		case <-b.closing:
 			rest := answered(ch, batch-len(msgs), wait, timer.C)
-			b.untrack(sub)
+			if closePullHook != nil {
+				closePullHook(b, consumer, func() int { return len(ch) })
+			}
+			// A long poll is still open at the server, and the answer
+			// of a no_wait pull cut at expired may not be over: what
+			// the server sends until it drops the subscription is
+			// caught too.
+			rest = append(rest, b.unsubscribe(sub, ch)...)
 			return append(msgs, rest...), sdk.ErrClosed
 		case <-ctx.Done():
 			// A no_wait answer may be arriving too: the server has
 			// counted a delivery of each message it sends.
 			if !b.drain(q, consumer, sub, ch, limit) { // closed meanwhile
-				return append(msgs, buffered(ch)...), sdk.ErrClosed
+				return append(msgs, b.unsubscribe(sub, ch)...), sdk.ErrClosed
 			}
 			return msgs, ctx.Err()
 		case <-timer.C:
@@ -232,6 +240,11 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 // pullHook, set by the tests, runs in pull after each message it reads.
 var pullHook func(*Broker)
 
+// closePullHook, set by the tests, runs in a pull that Close interrupts
+// once it has read what its answer held, before it ends its subscription;
+// held reports how many messages the subscription's channel holds.
+var closePullHook func(b *Broker, consumer string, held func() int)
+
 // serverStatus returns the status of m when it is the server's answer to a
 // pull (404 no messages, 408 expired, 409 ..., 100 heartbeat), else "". A
 // stored message may carry a Status header and no body too (any producer
@@ -262,7 +275,7 @@ func (e *QueueDeletedError) Unwrap() error { return sdk.ErrNotFound }
 // come, up to n: of a no_wait pull, the rest of its answer (it is on its
 // way, each message a delivery the server counted), until the server ends
 // it or expired fires; of a long poll, which could wait for its expiry,
-// only what ch holds.
+// only what ch holds (unsubscribe then catches what is still on its way).
 func answered(ch <-chan *nats.Msg, n int, wait time.Duration, expired <-chan time.Time) []pulled {
 	if wait > 0 {
 		return buffered(ch)
@@ -304,12 +317,12 @@ func buffered(ch <-chan *nats.Msg) []pulled {
 
 // drain keeps reading a cancelled pull's subscription until the request
 // expires (limit) or the Broker closes, and gives back every message the
-// server still delivers to it (at Close, those already buffered). It
-// returns false, having unsubscribed, when the Broker is closed already:
-// the caller gives back what ch holds.
+// server still delivers to it (at Close, those it delivered before it
+// dropped the subscription: see unsubscribe). It returns false, leaving
+// the subscription to the caller, when the Broker is closed already: the
+// caller ends it with unsubscribe and gives back what that returns.
 func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, ch <-chan *nats.Msg, limit time.Time) bool {
-	if !b.goOwned(func() {
-		defer b.untrack(sub)
+	return b.goOwned(func() {
 		timer := time.NewTimer(time.Until(limit))
 		defer timer.Stop()
 		for {
@@ -317,14 +330,15 @@ func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, c
 			select {
 			case m = <-ch:
 			case <-timer.C:
+				b.untrack(sub)
 				return
 			case <-b.closing:
-				b.untrack(sub)
-				b.giveBackAll(q, consumer, buffered(ch))
+				b.giveBackAll(q, consumer, b.unsubscribe(sub, ch))
 				return
 			}
 			if status := serverStatus(m); status != "" {
 				if status != "100" {
+					b.untrack(sub)
 					return
 				}
 				continue
@@ -333,11 +347,53 @@ func (b *Broker) drain(q *queueState, consumer string, sub *nats.Subscription, c
 			b.giveBack(ctx, q, consumer, m)
 			cancel()
 		}
-	}) {
-		b.untrack(sub)
-		return false
+	})
+}
+
+// unsubscribeTimeout bounds unsubscribe's wait for the server.
+const unsubscribeTimeout = 2 * time.Second
+
+// unsubscribe ends the subscription of a pull whose request may still be
+// open at the server (a long poll, a no_wait answer not over) and returns
+// the messages it holds and those the server sent it before dropping it,
+// server statuses left out: each is a delivery the server counted, which
+// the caller gives back. Unsubscribe would drop a message still on its way
+// (nats.go discards what arrives for a subscription it has removed), and
+// the message would come back only after its AckWait, an attempt spent.
+// So the subscription is drained (nats.go's Drain): the UNSUB is sent,
+// then a PING, and the subscription is removed once the PONG is back, when
+// everything the server sent it before processing the UNSUB has been put
+// in ch. It waits for that at most unsubscribeTimeout (then unsubscribes);
+// with the connection down, it unsubscribes at once (nothing can arrive).
+func (b *Broker) unsubscribe(sub *nats.Subscription, ch <-chan *nats.Msg) []pulled {
+	b.mu.Lock()
+	delete(b.subs, sub)
+	b.mu.Unlock()
+	if nats.Status(b.status.Load()) != nats.CONNECTED { // nothing more comes; a drain would wait for the reconnection
+		_ = sub.Unsubscribe()
+		return buffered(ch)
 	}
-	return true
+	removed := sub.StatusChanged(nats.SubscriptionClosed) // closed once the drain removed sub
+	if err := sub.Drain(); err != nil {                   // the connection closed meanwhile
+		_ = sub.Unsubscribe()
+		return buffered(ch)
+	}
+	timer := time.NewTimer(unsubscribeTimeout)
+	defer timer.Stop()
+	var out []pulled
+	for {
+		select {
+		case m := <-ch:
+			if serverStatus(m) == "" {
+				out = append(out, pulled{msg: m, arrived: time.Now()})
+			}
+		case <-removed:
+			return append(out, buffered(ch)...)
+		case <-timer.C:
+			_ = sub.Unsubscribe()
+			return append(out, buffered(ch)...)
+		}
+	}
 }
 
 // giveBackTimeout bounds one give-back: of a message, or (giveBackAll) of
