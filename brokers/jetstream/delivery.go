@@ -50,7 +50,7 @@ type LeaseLostError struct {
 }
 
 func (e *LeaseLostError) Error() string {
-	return fmt.Sprintf("berth/jetstream: message %s of queue %s: lease ended at %s", e.ID, e.Queue, e.Ended.Format(time.RFC3339Nano))
+	return fmt.Sprintf("berth/jetstream: message %s of queue %s: lease ended at %s", sdk.ErrorText(e.ID), e.Queue, e.Ended.Format(time.RFC3339Nano))
 }
 
 // Unwrap returns [sdk.ErrLeaseLost].
@@ -418,7 +418,7 @@ func (d *delivery) storeAgain(ctx context.Context, m *sdk.Message, subject strin
 		}
 		if k > maxStoreAgain {
 			return nil, fmt.Errorf("berth/jetstream: dead letter of message %s of queue %s: %d copies stored again are gone within the dead-letter stream's Duplicates window: %w",
-				d.msg.ID, d.q.name, maxStoreAgain, sdk.ErrUnavailable)
+				sdk.ErrorText(d.msg.ID), d.q.name, maxStoreAgain, sdk.ErrUnavailable)
 		}
 		id := internalID(idDeadLetter, d.q.stream, d.seq, uint64(d.stored.UnixNano()), k)
 		w, err := d.b.fitDeadLetter(m, d.extra, subject, id)

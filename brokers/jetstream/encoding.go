@@ -90,7 +90,7 @@ func encode(m *sdk.Message, extra nats.Header, subject string, base int, notBefo
 	if !ok {
 		raw, err := json.Marshal(env)
 		if err != nil { // strings and a map of strings always marshal
-			return nil, fmt.Errorf("berth/jetstream: encode message %s: %w", m.ID, err)
+			return nil, fmt.Errorf("berth/jetstream: encode message %s: %w", sdk.ErrorText(m.ID), err)
 		}
 		value = raw
 	}

@@ -72,7 +72,7 @@ func notFound(queue, id string) error {
 type notFoundError struct{ queue, id string }
 
 func (e *notFoundError) Error() string {
-	return "memory: no dead letter " + e.id + " in queue " + e.queue
+	return "memory: no dead letter " + sdk.ErrorText(e.id) + " in queue " + sdk.ErrorText(e.queue)
 }
 
 func (e *notFoundError) Unwrap() error { return sdk.ErrNotFound }

@@ -80,7 +80,7 @@ type leaseLostError struct {
 }
 
 func (e *leaseLostError) Error() string {
-	return "memory: lease of message " + e.id + " (attempt " + itoa(e.attempt) + ") lost"
+	return "memory: lease of message " + sdk.ErrorText(e.id) + " (attempt " + itoa(e.attempt) + ") lost"
 }
 
 func (e *leaseLostError) Unwrap() error { return sdk.ErrLeaseLost }

@@ -218,12 +218,12 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 		return nil, err
 	}
 	if id, bad := unstorableID(id); bad {
-		return nil, fmt.Errorf("berth/postgres: dead letter \"%s\" of %s: %w", id, queue, sdk.ErrNotFound)
+		return nil, fmt.Errorf("berth/postgres: dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 	}
 	m, err := scanMessage(b.pool.QueryRow(ctx, `SELECT `+deadLetterColumns+` FROM `+b.table+`
 		WHERE queue = $1 AND status = 'dead_letter' AND message_id = $2 ORDER BY id LIMIT 1`, queue, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("berth/postgres: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+		return nil, fmt.Errorf("berth/postgres: dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 	}
 	if err != nil {
 		return nil, b.wrap(ctx, "get dead letter", err)
@@ -308,7 +308,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 		return 0, err
 	}
 	if id, bad := unstorableID(ids...); bad {
-		return 0, fmt.Errorf("berth/postgres: redrive dead letter \"%s\" of %s: %w", id, queue, sdk.ErrNotFound)
+		return 0, fmt.Errorf("berth/postgres: redrive dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -364,7 +364,7 @@ func (b *Broker) RedriveDeadLetters(ctx context.Context, queue string, ids ...st
 	}
 	for _, id := range ids {
 		if !found[id] {
-			return 0, fmt.Errorf("berth/postgres: redrive dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+			return 0, fmt.Errorf("berth/postgres: redrive dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 		}
 	}
 	if n > 0 {

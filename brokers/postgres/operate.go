@@ -254,7 +254,7 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 		return 0, nil
 	}
 	if id, bad := unstorableID(ids...); bad {
-		return 0, fmt.Errorf("berth/postgres: delete dead letter \"%s\" of %s: %w", id, queue, sdk.ErrNotFound)
+		return 0, fmt.Errorf("berth/postgres: delete dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -277,7 +277,7 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 	}
 	for _, id := range ids {
 		if !found[id] {
-			return 0, fmt.Errorf("berth/postgres: delete dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+			return 0, fmt.Errorf("berth/postgres: delete dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

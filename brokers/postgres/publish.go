@@ -79,12 +79,12 @@ func (b *Broker) prepare(ctx context.Context, queue string, msgs []*sdk.Message)
 		for _, s := range []string{m.ID, m.Type, m.IdempotencyKey, m.Key, m.CorrelationID} {
 			if strings.IndexByte(s, 0) >= 0 {
 				return fmt.Errorf("%w: message %s: PostgreSQL cannot store NUL bytes in ID, Type, IdempotencyKey, Key or CorrelationID",
-					sdk.ErrInvalidMessage, stripNUL(m.ID))
+					sdk.ErrInvalidMessage, sdk.ErrorText(m.ID))
 			}
 		}
 		if len(m.ID) > MaxIndexedLength || len(m.IdempotencyKey) > MaxIndexedLength {
-			return fmt.Errorf("%w: message %.64s…: its ID (%d bytes) or IdempotencyKey (%d bytes) is over the %d an index of the jobs table holds",
-				sdk.ErrInvalidMessage, m.ID, len(m.ID), len(m.IdempotencyKey), MaxIndexedLength)
+			return fmt.Errorf("%w: message %s…: its ID (%d bytes) or IdempotencyKey (%d bytes) is over the %d an index of the jobs table holds",
+				sdk.ErrInvalidMessage, sdk.ErrorText(fmt.Sprintf("%.64s", m.ID)), len(m.ID), len(m.IdempotencyKey), MaxIndexedLength)
 		}
 	}
 	return nil
@@ -129,7 +129,7 @@ func (b *Broker) insert(ctx context.Context, q querier, queue string, msgs []*sd
 		if m.Headers != nil {
 			h, err := json.Marshal(m.Headers)
 			if err != nil {
-				return fmt.Errorf("berth/postgres: publish: headers of %s: %w", m.ID, err)
+				return fmt.Errorf("berth/postgres: publish: headers of %s: %w", sdk.ErrorText(m.ID), err)
 			}
 			s := string(h)
 			headers[i] = &s

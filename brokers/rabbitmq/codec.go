@@ -323,7 +323,7 @@ func annotateBrokerDeath(m *sdk.Message, h amqp.Table, mainQueue string) {
 	}
 	var cause error = sdk.ErrMaxDeliveries
 	if reason != "delivery_limit" {
-		cause = fmt.Errorf("rabbitmq: dead-lettered by the broker: %s", reason)
+		cause = fmt.Errorf("rabbitmq: dead-lettered by the broker: %s", sdk.ErrorText(reason))
 	}
 	if at.IsZero() {
 		at = time.Now()

@@ -1099,7 +1099,7 @@ func (d *delivery) ExtendLease(ctx context.Context, _ time.Duration) error {
 }
 
 func (d *delivery) lost() error {
-	return fmt.Errorf("%w: rabbitmq: the channel of delivery %s closed; the server requeued it", sdk.ErrLeaseLost, d.msg.ID)
+	return fmt.Errorf("%w: rabbitmq: the channel of delivery %s closed; the server requeued it", sdk.ErrLeaseLost, sdk.ErrorText(d.msg.ID))
 }
 
 // begin claims the delivery's one settlement.
@@ -1295,7 +1295,7 @@ func (b *Broker) deadLetterCopy(m *sdk.Message, keep carried, now time.Time) (am
 	})
 	if err != nil {
 		return amqp.Publishing{}, fmt.Errorf("rabbitmq: dead letter of message %s: its properties and headers do not fit one content header frame (frame_max %d) even without the annotations: %w",
-			m.ID, fm, err)
+			sdk.ErrorText(m.ID), fm, err)
 	}
 	return p, nil
 }
@@ -1358,7 +1358,7 @@ var _ sdk.BatchAcker = (*Broker)(nil)
 func (b *Broker) AckBatch(ctx context.Context, ds []sdk.Delivery) error {
 	var errs []error
 	fail := func(d sdk.Delivery, err error) {
-		errs = append(errs, fmt.Errorf("rabbitmq: ack of message %s: %w", d.Message().ID, err))
+		errs = append(errs, fmt.Errorf("rabbitmq: ack of message %s: %w", sdk.ErrorText(d.Message().ID), err))
 	}
 	groups := map[*chanState][]*delivery{}
 	var order []*chanState

@@ -346,7 +346,7 @@ func (b *Broker) finishPage(ctx context.Context, ch *amqp.Channel, queue, stamp 
 	ack := func(tag uint64, id string) error {
 		if err := ch.Ack(tag, false); err != nil {
 			// The copy is out; the original goes back too: twice, never none.
-			return fmt.Errorf("%w: rabbitmq: remove dead letter %s after copying it: %w", sdk.ErrUnavailable, id, err)
+			return fmt.Errorf("%w: rabbitmq: remove dead letter %s after copying it: %w", sdk.ErrUnavailable, sdk.ErrorText(id), err)
 		}
 		return nil
 	}
@@ -449,7 +449,7 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	case err != nil:
 		return nil, err
 	}
-	return nil, fmt.Errorf("%w: dead letter %s in %q", sdk.ErrNotFound, id, DeadLetterQueue(queue))
+	return nil, fmt.Errorf("%w: dead letter %s in %q", sdk.ErrNotFound, sdk.ErrorText(id), DeadLetterQueue(queue))
 }
 
 // RedriveDeadLetters publishes the dead letters with the given IDs (all
@@ -496,7 +496,7 @@ func (b *Broker) moveDeadLetters(ctx context.Context, queue string, v verdict, i
 		}
 		for _, id := range ids {
 			if !want[id] {
-				return 0, fmt.Errorf("%w: dead letter %s in %q", sdk.ErrNotFound, id, DeadLetterQueue(queue))
+				return 0, fmt.Errorf("%w: dead letter %s in %q", sdk.ErrNotFound, sdk.ErrorText(id), DeadLetterQueue(queue))
 			}
 		}
 	}

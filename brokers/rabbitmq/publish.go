@@ -42,7 +42,7 @@ type DelayError struct {
 }
 
 func (e *DelayError) Error() string {
-	return fmt.Sprintf("rabbitmq: message %s: delay %s beyond the largest delay bucket, %s", e.ID, e.Delay, e.Max)
+	return fmt.Sprintf("rabbitmq: message %s: delay %s beyond the largest delay bucket, %s", sdk.ErrorText(e.ID), e.Delay, e.Max)
 }
 
 // Unwrap returns [sdk.ErrInvalidMessage].
@@ -364,7 +364,7 @@ func (pc *pubChannel) write(ctx context.Context, exchange, key string, pd *pendi
 	if pc.maxHeader > 0 {
 		if n := contentHeaderSize(p); n > pc.maxHeader {
 			return fmt.Errorf("rabbitmq: message %s: its properties and headers take %d bytes, over the %d one content header frame holds on this connection: %w",
-				pd.id, n, pc.maxHeader, &sdk.MessageTooLargeError{ID: pd.id, Size: n, Limit: pc.maxHeader})
+				sdk.ErrorText(pd.id), n, pc.maxHeader, &sdk.MessageTooLargeError{ID: pd.id, Size: n, Limit: pc.maxHeader})
 		}
 	}
 	pc.pubMu.Lock()
@@ -524,7 +524,7 @@ func (b *Broker) checkFrame(m *sdk.Message) error {
 	limit := fm - frameOverhead - deadLetterRoom
 	if n := messageHeaderSize(m); n > limit {
 		return fmt.Errorf("rabbitmq: message %s: its properties and headers take %d bytes; one content header frame holds %d "+
-			"with room for the dead-letter headers (frame_max %d): %w", m.ID, n, limit, fm,
+			"with room for the dead-letter headers (frame_max %d): %w", sdk.ErrorText(m.ID), n, limit, fm,
 			&sdk.MessageTooLargeError{ID: m.ID, Size: n, Limit: limit})
 	}
 	return nil

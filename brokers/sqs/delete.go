@@ -3,7 +3,6 @@ package sqs
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/berthq/berth/sdk"
 )
@@ -111,7 +110,7 @@ func (b *Broker) DeleteDeadLetters(ctx context.Context, queue string, ids ...str
 		return 0, unseen // the missing may be among them
 	}
 	if len(missing) > 0 {
-		return 0, fmt.Errorf("berth/sqs: dead letters %s of %s: %w", strings.Join(missing, ", "), queue, sdk.ErrNotFound)
+		return 0, fmt.Errorf("berth/sqs: dead letters %s of %s: %w", joinErrorText(missing), queue, sdk.ErrNotFound)
 	}
 	return 0, nil
 }

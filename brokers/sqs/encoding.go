@@ -92,7 +92,7 @@ func encodeAttr(m *sdk.Message, enc string) (string, error) {
 	env := envelope{V: 1, ID: m.ID, T: m.Type, IK: m.IdempotencyKey, K: m.Key, C: m.CorrelationID, Enc: enc, H: m.Headers}
 	raw, err := json.Marshal(env)
 	if err != nil { // strings and a map of strings always marshal
-		return "", fmt.Errorf("berth/sqs: encode message %s: %w", m.ID, err)
+		return "", fmt.Errorf("berth/sqs: encode message %s: %w", sdk.ErrorText(m.ID), err)
 	}
 	return escapeNonSQS(raw), nil
 }
@@ -165,11 +165,11 @@ func decode(msg sqstypes.Message) (*sdk.Message, error) {
 	case encBase64:
 		b, err := base64.StdEncoding.DecodeString(body)
 		if err != nil {
-			return nil, fmt.Errorf("berth/sqs: message %s: undecodable base64 body: %w", env.ID, err)
+			return nil, fmt.Errorf("berth/sqs: message %s: undecodable base64 body: %w", sdk.ErrorText(env.ID), err)
 		}
 		m.Body = b
 	default:
-		return nil, fmt.Errorf("berth/sqs: message %s: unknown body encoding %q", env.ID, env.Enc)
+		return nil, fmt.Errorf("berth/sqs: message %s: unknown body encoding %q", sdk.ErrorText(env.ID), env.Enc)
 	}
 	return m, nil
 }

@@ -65,7 +65,7 @@ type LeaseCeilingError struct {
 
 func (e *LeaseCeilingError) Error() string {
 	return fmt.Sprintf("berth/sqs: message %s: %s more would end %s after its receipt, beyond SQS's ceiling of %s",
-		e.ID, e.Requested, time.Since(e.Received).Round(time.Second)+e.Requested, MaxVisibility)
+		sdk.ErrorText(e.ID), e.Requested, time.Since(e.Received).Round(time.Second)+e.Requested, MaxVisibility)
 }
 
 // Unwrap returns [ErrLeaseCeiling].
@@ -82,9 +82,9 @@ type DelayError struct {
 
 func (e *DelayError) Error() string {
 	if e.Max == 0 {
-		return fmt.Sprintf("berth/sqs: message %s: FIFO queues take no per-message delay (%s asked)", e.ID, e.Delay)
+		return fmt.Sprintf("berth/sqs: message %s: FIFO queues take no per-message delay (%s asked)", sdk.ErrorText(e.ID), e.Delay)
 	}
-	return fmt.Sprintf("berth/sqs: message %s: delay %s over SQS's maximum of %s", e.ID, e.Delay, e.Max)
+	return fmt.Sprintf("berth/sqs: message %s: delay %s over SQS's maximum of %s", sdk.ErrorText(e.ID), e.Delay, e.Max)
 }
 
 // Unwrap returns [sdk.ErrInvalidMessage].
@@ -100,7 +100,7 @@ type AckError struct {
 }
 
 func (e *AckError) Error() string {
-	return fmt.Sprintf("berth/sqs: delete of message %s from %s failed: %v", e.ID, e.Queue, e.Err)
+	return fmt.Sprintf("berth/sqs: delete of message %s from %s failed: %v", sdk.ErrorText(e.ID), e.Queue, e.Err)
 }
 
 // Unwrap returns the cause.
@@ -170,7 +170,17 @@ func staleCode(code string) bool {
 // leaseLost wraps err for a delivery whose receipt handle went stale.
 func leaseLost(id string, err error) error {
 	if err == nil {
-		return fmt.Errorf("berth/sqs: message %s: %w", id, sdk.ErrLeaseLost)
+		return fmt.Errorf("berth/sqs: message %s: %w", sdk.ErrorText(id), sdk.ErrLeaseLost)
 	}
-	return fmt.Errorf("berth/sqs: message %s: %w: %w", id, sdk.ErrLeaseLost, err)
+	return fmt.Errorf("berth/sqs: message %s: %w: %w", sdk.ErrorText(id), sdk.ErrLeaseLost, err)
+}
+
+// joinErrorText returns ids, message IDs, each as [sdk.ErrorText] writes it,
+// joined with ", ".
+func joinErrorText(ids []string) string {
+	quoted := make([]string, len(ids))
+	for i, id := range ids {
+		quoted[i] = sdk.ErrorText(id)
+	}
+	return strings.Join(quoted, ", ")
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -672,7 +671,7 @@ func (b *Broker) GetDeadLetter(ctx context.Context, queue, id string) (*sdk.Mess
 	if unseen != nil {
 		return nil, unseen // it may be one of those
 	}
-	return nil, fmt.Errorf("berth/sqs: dead letter %s of %s: %w", id, queue, sdk.ErrNotFound)
+	return nil, fmt.Errorf("berth/sqs: dead letter %s of %s: %w", sdk.ErrorText(id), queue, sdk.ErrNotFound)
 }
 
 // RedriveDeadLetters sends the dead letters with the given IDs (berth IDs or
@@ -812,7 +811,7 @@ func (b *Broker) redriveDeadLetters(ctx context.Context, queue string, progress 
 		}
 	}
 	if len(missing) > 0 {
-		return redriven, fmt.Errorf("berth/sqs: dead letters %s of %s: %w", strings.Join(missing, ", "), queue, sdk.ErrNotFound)
+		return redriven, fmt.Errorf("berth/sqs: dead letters %s of %s: %w", joinErrorText(missing), queue, sdk.ErrNotFound)
 	}
 	return redriven, nil
 }

@@ -372,7 +372,7 @@ func haltGroups(halted map[string]error, chunk []sendEntry, refused []error) map
 		}
 		g := aws.ToString(chunk[i].in.MessageGroupId)
 		if _, ok := halted[g]; !ok {
-			halted[g] = fmt.Errorf("%w (message %s: %v)", ErrGroupHalted, chunk[i].id, err)
+			halted[g] = fmt.Errorf("%w (message %s: %v)", ErrGroupHalted, sdk.ErrorText(chunk[i].id), err)
 		}
 	}
 	return halted

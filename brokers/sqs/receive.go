@@ -417,7 +417,7 @@ func (d *delivery) withdraw(ctx context.Context, copyID string, lost error) erro
 		return lost
 	}
 	err = fmt.Errorf("berth/sqs: the lease of message %s was lost after its dead letter was sent, and the dead letter (SQS MessageId %s) stays in the dead-letter queue of %s: %w",
-		d.msg.ID, copyID, d.q.name, err)
+		sdk.ErrorText(d.msg.ID), copyID, d.q.name, err)
 	d.b.opts.Logger.Warn("berth/sqs: a dead letter was sent for a message whose lease was lost, and could not be taken back",
 		slog.String("queue", d.q.name), sdk.LogText("message_id", d.msg.ID), slog.String("sqs_message_id", copyID), sdk.LogCause("error", err))
 	return errors.Join(lost, err)
@@ -466,7 +466,7 @@ func (d *delivery) changeVisibility(ctx context.Context, dur time.Duration, clam
 		if next.Before(d.deadline) {
 			d.deadline = next
 		}
-		return d.b.wrap(ctx, "change visibility of message "+d.msg.ID, err)
+		return d.b.wrap(ctx, "change visibility of message "+sdk.ErrorText(d.msg.ID), err)
 	}
 	d.deadline = next
 	return nil
