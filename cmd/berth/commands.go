@@ -391,6 +391,17 @@ func runChange(ctx context.Context, c *cli, args []string, act action) (err erro
 		if c.dryRun {
 			return c.printDryRun(report, first, verb, missing, s)
 		}
+		if s.Matched == 0 || s.Matched == s.Withheld {
+			// Nothing to confirm: the answer names the IDs that are not
+			// dead letters, as -yes and a dry run do.
+			if c.json {
+				if err := writeJSON(c.stdout, report); err != nil {
+					return err
+				}
+			} else {
+				c.printMissing(queue, missing)
+			}
+		}
 		if s.Matched == 0 && s.Incomplete != "" {
 			// As a dry run: "none of the first -scan-limit matched" is
 			// not "nothing matched" (exit 3), nor an answer to confirm.
@@ -544,6 +555,18 @@ func runChange(ctx context.Context, c *cli, args []string, act action) (err erro
 	return nil
 }
 
+// printMissing names the IDs of missing, named but not dead letters of
+// queue: the first [dlq.MaxFailures] of them, as a change names those it
+// missed, then how many more.
+func (c *cli) printMissing(queue string, missing []string) {
+	for _, id := range missing[:min(len(missing), dlq.MaxFailures)] {
+		fmt.Fprintf(c.stdout, "not a dead letter of %s: %s\n", esc(queue), esc(id))
+	}
+	if n := len(missing) - dlq.MaxFailures; n > 0 {
+		fmt.Fprintf(c.stdout, "… and %d more not dead letters of %s\n", n, esc(queue))
+	}
+}
+
 // barThrottle is how often at most a progress bar redraws (tests lower it
 // to see every count a change reports).
 var barThrottle = 100 * time.Millisecond
@@ -626,9 +649,7 @@ func (c *cli) printDryRun(r jsonChange, first []*sdk.Message, verb string, missi
 		if r.Incomplete != "" {
 			fmt.Fprintf(c.stdout, "the scan stopped before the end of the dead-letter queue: %s\n", esc(r.Incomplete))
 		}
-		for _, id := range missing {
-			fmt.Fprintf(c.stdout, "not a dead letter of %s: %s\n", esc(r.Queue), esc(id))
-		}
+		c.printMissing(r.Queue, missing)
 	}
 	if r.Incomplete != "" {
 		// As dlq list: a count from a capped scan is a lower bound, not the

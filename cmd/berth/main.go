@@ -183,15 +183,17 @@ func commands() []*command {
 		{name: "dlq redrive", args: "QUEUE [ID...]", short: "put the chosen dead letters (IDs and/or filters; all when none) back on QUEUE, attempts reset",
 			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be redriven.\n" +
 				"When the broker's scan stopped before the end of the dead-letter queue (SQS: -scan-limit), the count is\n" +
-				"partial (\"at least N\"): a change or a -dry-run exits 4. A named ID that is not a dead letter makes a\n" +
-				"change or a -dry-run exit 4 (3 when none of them is one and nothing else matches). Put IDs after --\n" +
+				"partial (\"at least N\"): a change or a -dry-run exits 4. A named ID that is not a dead letter is named (the\n" +
+				"first 100, then \"… and N more\") and makes a change or a -dry-run exit 4 (3 when none of them is one and\n" +
+				"nothing else matches: a change on a terminal names them too, asking nothing). Put IDs after --\n" +
 				"(berth dlq redrive QUEUE -yes -- ID...): an ID read as a flag (-older-than=1ns, or --) would choose more.",
 			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actRedrive) }},
 		{name: "dlq purge", args: "QUEUE [ID...]", short: "delete the chosen dead letters (IDs and/or filters; all when none) for good",
 			long: "Asks for confirmation on a terminal; elsewhere needs -yes. -dry-run shows what would be deleted.\n" +
 				"When the broker's scan stopped before the end of the dead-letter queue (SQS: -scan-limit), the count is\n" +
-				"partial (\"at least N\"): a change or a -dry-run exits 4. A named ID that is not a dead letter makes a\n" +
-				"change or a -dry-run exit 4 (3 when none of them is one and nothing else matches). Put IDs after --\n" +
+				"partial (\"at least N\"): a change or a -dry-run exits 4. A named ID that is not a dead letter is named (the\n" +
+				"first 100, then \"… and N more\") and makes a change or a -dry-run exit 4 (3 when none of them is one and\n" +
+				"nothing else matches: a change on a terminal names them too, asking nothing). Put IDs after --\n" +
 				"(berth dlq purge QUEUE -yes -- ID...): an ID read as a flag (-older-than=1ns, or --) would choose more.",
 			flags: change, run: func(ctx context.Context, c *cli, a []string) error { return runChange(ctx, c, a, actPurge) }},
 		{name: "outbox list", args: "", short: "the outbox rows the relay parked after every attempt failed (-db, -table)",
