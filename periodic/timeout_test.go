@@ -67,15 +67,7 @@ func TestPublishTimeoutFollowsTheClock(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- s.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			defer runScheduler(t, s)()
 			wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer wcancel()
 			if err := c.WaitSleepers(wctx, 1); err != nil {
@@ -135,15 +127,7 @@ func TestPublishTimeoutFollowsAnyClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer runScheduler(t, s)()
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	if err := c.WaitSleepers(wctx, 1); err != nil { // Run
@@ -166,5 +150,19 @@ func TestPublishTimeoutFollowsAnyClock(t *testing.T) {
 		}
 	case <-wctx.Done():
 		t.Fatal("moving the clock past PublishTimeout did not end the hung publish")
+	}
+}
+
+// runScheduler starts s.Run and returns the func that stops it: it cancels
+// Run's context and reports an error Run returns.
+func runScheduler(t *testing.T, s *periodic.Scheduler) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/berthq/berth/idempotency"
-	"github.com/berthq/berth/idempotency/pgstore"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A worker whose pool its handler has exhausted cannot extend its claim: the
@@ -19,20 +17,7 @@ import (
 func TestPoolStarvedHeartbeatCancelsHandler(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	small, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer small.Close()
-	s1, err := pgstore.New(small, pgstore.Options{Schema: e.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, s1 := oneConnStore(t, e)
 	const lease = time.Second
 	opts := idempotency.Options{Mode: idempotency.Lease, ClaimLease: lease, Heartbeat: 200 * time.Millisecond, Logger: quiet}
 	opts.Store = s1

@@ -41,6 +41,29 @@ type env struct {
 	store  *pgstore.Store
 }
 
+// oneConnStore returns a Store on e's schema through a pool of a single
+// connection, and that pool (closed when the test ends): a test takes the
+// connection to cut the store off from its worker (a starved pool, an
+// outage) while the store's other clients still reach the database.
+func oneConnStore(t *testing.T, e *env) (*pgxpool.Pool, *pgstore.Store) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	small, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(small.Close)
+	s, err := pgstore.New(small, pgstore.Options{Schema: e.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return small, s
+}
+
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	dsn := integration.PostgresDSN(t)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/berthq/berth/idempotency"
-	"github.com/berthq/berth/idempotency/pgstore"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -24,20 +23,7 @@ import (
 func TestCompletionOutlastsStoreOutage(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	small, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer small.Close()
-	s1, err := pgstore.New(small, pgstore.Options{Schema: e.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, s1 := oneConnStore(t, e)
 	const (
 		lease   = 10 * time.Second
 		cleanup = 200 * time.Millisecond
@@ -114,20 +100,7 @@ func TestCompletionOutlastsStoreOutage(t *testing.T) {
 // change above found it waited the whole claim.)
 func TestCompletionAfterShutdownKeepsCleanupTimeout(t *testing.T) {
 	e := newEnv(t)
-	cfg, err := pgxpool.ParseConfig(e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	small, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer small.Close()
-	s1, err := pgstore.New(small, pgstore.Options{Schema: e.schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, s1 := oneConnStore(t, e)
 	const (
 		lease   = 60 * time.Second
 		cleanup = 200 * time.Millisecond
