@@ -47,8 +47,9 @@ func asSQS(b sdk.Broker) *sqs.Broker {
 // send the first requests, and they tell whether the endpoint can be
 // reached: one that refuses the connection, whose host name does not
 // resolve, whose TLS handshake fails, that refuses doctor's credentials or
-// whose requests cannot be sent otherwise is the error finding
-// doctor.broker-unreachable (the finding berth doctor gives a RabbitMQ or
+// whose requests cannot be sent otherwise (and a client whose credential
+// chain finds no credentials, checked before the first request) is the
+// error finding doctor.broker-unreachable (the finding berth doctor gives a RabbitMQ or
 // PostgreSQL it cannot open), alone: no queue is checked. One that does
 // not answer in time is doctor.check-timeout on each queue, as before.
 func SQS(ctx context.Context, b *sqs.Broker, opts Options) ([]Finding, error) {
@@ -62,6 +63,9 @@ func SQS(ctx context.Context, b *sqs.Broker, opts Options) ([]Finding, error) {
 func sqsChecks(ctx context.Context, b *sqs.Broker, o Options) (fs []Finding, down bool, err error) {
 	if len(o.Queues) == 0 {
 		return nil, false, ErrNoQueues
+	}
+	if f := sqsNoCredentials(ctx, b.Client(), o); f != nil {
+		return []Finding{*f}, true, nil
 	}
 	for i, q := range o.Queues {
 		qf, err := bounded(ctx, o, "SQS checks of the queue", q, func(ctx context.Context) ([]Finding, error) {
@@ -103,6 +107,28 @@ func sqsUnreachable(c *awssqs.Client, q string, err error) *Finding {
 		Summary:  "the SQS endpoint " + what + ": no check of the broker (its queues, the Workers' options) was run",
 		Evidence: fmt.Sprintf("checks of %s (%s): %v", quoted(q), where, err),
 		Fix:      fix}
+}
+
+// sqsNoCredentials returns the doctor.broker-unreachable finding of a
+// client whose credential chain yields none (no environment variables, no
+// profile, no instance role): it signs no request, so no check could run,
+// and the SDK's error says so only inside its own text. nil when the client
+// has credentials (or is anonymous), and when their retrieval did not end
+// within CheckTimeout (an instance metadata service that does not answer:
+// the queues' checks then report doctor.check-timeout, as before).
+func sqsNoCredentials(ctx context.Context, c *awssqs.Client, o Options) *Finding {
+	p := c.Options().Credentials
+	if p == nil {
+		return nil
+	}
+	_, err := within(ctx, o.CheckTimeout, func(ctx context.Context) (aws.Credentials, error) { return p.Retrieve(ctx) })
+	if err == nil || ctx.Err() != nil || timedOut(ctx, err) {
+		return nil
+	}
+	return &Finding{ID: brokerUnreachableID, Severity: Error,
+		Summary:  "the SQS client found no AWS credentials: no request was sent, no check of the broker (its queues, the Workers' options) was run",
+		Evidence: fmt.Sprintf("region %s: %v", c.Options().Region, err),
+		Fix:      "give doctor the credentials the Workers use: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE with a shared config file, or the instance's or task's role"}
 }
 
 // sqsFailure returns what happened to a request to SQS that failed with

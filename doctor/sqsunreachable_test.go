@@ -1,11 +1,14 @@
 package doctor_test
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,4 +110,49 @@ func TestSQSUnreachable(t *testing.T) {
 		})
 	}
 
+}
+
+// TestSQSNoCredentials: a client whose credential chain finds none (no
+// environment variables, no profile, no instance role) sends no request:
+// the checks of the first queue failed signing it, and Run returned that
+// bare error (berth doctor exited without a finding, the stores' checks
+// lost). It is doctor.broker-unreachable, with the chain's error as evidence
+// and a fix that says where credentials come from.
+func TestSQSNoCredentials(t *testing.T) {
+	jobs := []ledger.Job{{MessageID: "1", Status: ledger.StatusSucceeded, Duration: time.Second}}
+	opts := doctor.Options{Queues: []string{"billing"}, Ledger: pagedReader{jobs: jobs}, CheckTimeout: 5 * time.Second}
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		http.Error(w, "unexpected", http.StatusInternalServerError)
+	}))
+	defer srv.Close()
+	client := awssqs.New(awssqs.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(srv.URL),
+		Credentials: aws.NewCredentialsCache(aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{}, errors.New("no EC2 IMDS role found")
+		})),
+	})
+	sb, err := sqs.New(client, sqs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Close() })
+
+	fs, err := doctor.Run(testCtx(t), sb, opts)
+	if err != nil {
+		t.Fatalf("Run without AWS credentials: %v, want a finding", err)
+	}
+	expect(t, fs, "doctor.broker-unreachable", "", doctor.Error)
+	for _, f := range find(fs, "doctor.broker-unreachable", "") {
+		if !strings.Contains(f.Summary, "credentials") || !strings.Contains(f.Evidence, "no EC2 IMDS role found") ||
+			!strings.Contains(f.Fix, "AWS_ACCESS_KEY_ID") {
+			t.Errorf("doctor.broker-unreachable: %+v, want the credentials named in the summary, the chain's error as evidence, where credentials come from in the fix", f)
+		}
+	}
+	expect(t, fs, "ledger.duration", "", doctor.OK)
+	if n := requests.Load(); n != 0 {
+		t.Errorf("%d requests reached the endpoint without credentials", n)
+	}
 }
