@@ -41,6 +41,10 @@ func (c *cli) openLedger(ctx context.Context) (ledger.Reader, func(), error) {
 			}
 			return nil, nil, err
 		}
+		if err := ledgerFound(ctx, pool, c.schema, s.Table()); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
 		return s, pool.Close, nil
 	}
 	if c.url == "" {
@@ -65,6 +69,38 @@ func (c *cli) openLedger(ctx context.Context) (ledger.Reader, func(), error) {
 		return nil, nil, err
 	}
 	return j, func() { _ = b.Close() }, nil
+}
+
+// ledgerMissing is the error of a -db whose -schema holds no ledger table:
+// not found (exit 3). A mistyped -schema used to fail each read with
+// PostgreSQL's "relation does not exist" (exit 1), and berth ui served job
+// pages that all failed, after creating the schema for its pause table.
+type ledgerMissing struct {
+	notFoundError
+	schemaFound bool // the schema exists; the table does not
+}
+
+// ledgerFound returns a *ledgerMissing when table (quoted, in schema, the
+// default when "") is not in the database of pool.
+func ledgerFound(ctx context.Context, pool *pgxpool.Pool, schema, table string) error {
+	if schema == "" {
+		schema = pgledger.DefaultSchema
+	}
+	var schemaFound, tableFound bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1), to_regclass($2) IS NOT NULL`,
+		schema, table).Scan(&schemaFound, &tableFound); err != nil {
+		return fmt.Errorf("ledger table: %w", err)
+	}
+	switch {
+	case tableFound:
+		return nil
+	case !schemaFound:
+		return &ledgerMissing{notFoundError: notFoundError{fmt.Sprintf("schema \"%s\" does not exist in -db: no ledger there, and berth creates no schema "+
+			"(give -schema the schema of the ledger the Workers write; pgledger.Store.Migrate creates its table)", esc(schema))}}
+	default:
+		return &ledgerMissing{schemaFound: true, notFoundError: notFoundError{fmt.Sprintf("no ledger table %s in -db: no job state was ever written there "+
+			"(is -schema the schema of the ledger the Workers write? pgledger.Store.Migrate creates the table)", esc(table))}}
+	}
 }
 
 // The -json documents of the job verbs. Fields are only ever added.

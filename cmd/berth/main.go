@@ -210,12 +210,14 @@ func commands() []*command {
 			flags: []string{"db", "table", "dry-run", "yes"}, run: func(ctx context.Context, c *cli, a []string) error { return runOutboxChange(ctx, c, a, true) }},
 		{name: "job show", args: "ID|KEY", short: "one job's state and attempts, from the ledger (-db) or the PostgreSQL broker's jobs table",
 			long: "A key several jobs have (an operation published twice) shows the newest of them; the other jobs with the\n" +
-				"shown job's idempotency key are named under it (-json: same_key_ids).",
+				"shown job's idempotency key are named under it (-json: same_key_ids). A -schema of -db that does not exist,\n" +
+				"or holds no ledger table, is not found: exit 3.",
 			flags: []string{"db", "schema"}, run: runJobShow, timeout: readTimeout},
 		{name: "jobs", args: "", short: "jobs by -queue, -status, -type and -since, newest (first seen) first, with the total",
 			long: "Reads the ledger in -db (default $BERTH_DB; package ledger), else the jobs table of a PostgreSQL broker's -url.\n" +
 				"The next page is -after the cursor printed (give the same filters): with -since it holds the window's start,\n" +
-				"so every page reads the window of the first, however much later it is asked for.",
+				"so every page reads the window of the first, however much later it is asked for. A -schema of -db that does\n" +
+				"not exist, or holds no ledger table, is not found: exit 3.",
 			flags: []string{"db", "schema", "queue", "status", "type", "since", "limit", "after"}, run: runJobs, timeout: readTimeout},
 		{name: "doctor", args: "[QUEUE...]", short: "check the broker, its queues and the Workers' settings for misconfigurations (exit 1 on an error finding)",
 			long: "Each finding has a stable ID (README.md, \"berth doctor\"), a severity (ok, info, warn, error), the evidence and the fix.\n" +
@@ -252,7 +254,8 @@ func commands() []*command {
 				"carries Strict-Transport-Security (max-age one year).\n" +
 				"On a broker that cannot list its queues (RabbitMQ, SQS) name them with -queues.\n" +
 				"Job pages (/jobs) read the ledger in -db (BERTH_DB), or the PostgreSQL broker's jobs table.\n" +
-				"With -db, queue pages also show and change pauses (the table of berth queue pause).\n" +
+				"With -db, queue pages also show and change pauses (the table of berth queue pause). A -schema that does not\n" +
+				"exist is refused (exit 3, nothing created); one without a ledger table serves no job pages and says so.\n" +
 				"A page whose broker does not answer within -request-timeout (default 1m) fails with 503 and says so;\n" +
 				"a redrive or purge is not cut by it (each broker call has its own 2m bound). -timeout stops the server.\n" +
 				"Ctrl-C stops it: requests in hand get 5s, then a redrive or purge stops after the page it is moving,\n" +

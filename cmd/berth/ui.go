@@ -74,12 +74,20 @@ func runUI(ctx context.Context, c *cli, args []string) error {
 	// Job pages: the ledger's tables in -db (BERTH_DB) when given; else, on
 	// the PostgreSQL broker, its jobs table, which is the ledger.
 	if c.db != "" || c.getenv("BERTH_DB") != "" {
+		// A schema without a ledger table serves the other pages (the
+		// pauses may live there without a ledger); a schema that does not
+		// exist is a mistyped -schema: refused before anything is created.
 		jobs, closeJobs, err := c.openLedger(ctx)
-		if err != nil {
+		var missing *ledgerMissing
+		switch {
+		case errors.As(err, &missing) && missing.schemaFound:
+			fmt.Fprintf(c.stderr, "berth ui: %s; serving without job pages\n", missing.msg)
+		case err != nil:
 			return err
+		default:
+			defer closeJobs()
+			o.Jobs = jobs
 		}
-		defer closeJobs()
-		o.Jobs = jobs
 		// Queue pauses: the pause table in the same database (pause.Sync);
 		// read-only, it is not created (the database may be a replica).
 		use := pauseUI
