@@ -14,7 +14,9 @@
 //     recording a message once the broker confirms it;
 //   - the [Ledger] itself is an [sdk.Observer]: put it in
 //     WorkerOptions.Observers (beside telemetry's) and it records each
-//     attempt's start and settlement;
+//     attempt's start and settlement (an [sdk.LongDelay] hop, a delivery
+//     acked before its sdk.HeaderDueAt, is no attempt: it is recorded as
+//     the job enqueued, due at that time);
 //   - [Ledger.DeadLetters] wraps a broker's dead-letter API and records
 //     `redriven` for the jobs it redrives by ID (a whole-queue redrive
 //     shows when each job starts again).
@@ -29,6 +31,10 @@
 // first of a run of failures, then once a minute while they go on); the
 // jobs it described go on as if nothing happened. A later event of the same
 // job repairs a lost one (the row holds the newest state, not a log).
+//
+// A job is one row, keyed by its message ID; the hops of a job delayed by
+// [sdk.LongDelay], new messages with new IDs, carry its first message's ID
+// in sdk.HeaderHopOf, and their events go to that row.
 //
 // Out-of-order writes never move a row backwards: each event carries its
 // (redrive generation, attempt, start, status rank, time), and the store

@@ -13,9 +13,20 @@ import (
 // Start records that d's attempt started (status running). It is the
 // [sdk.Observer] half the Worker calls before the handler; it returns ctx
 // with the start time, which Settled reads (see startKey).
+//
+// A delivery that is not due yet (its [sdk.HeaderDueAt] is after now) is
+// most likely an [sdk.LongDelay] hop, not an attempt: nothing is recorded,
+// and the context carries [sdk.WithHopNotice]'s notice, by which Settled
+// learns whether the middleware hopped it (the job then waits for its due
+// time) or ran the handler (the due time passed meanwhile: the attempt is
+// recorded then, with its start).
 func (l *Ledger) Start(ctx context.Context, d sdk.Delivery) context.Context {
 	m := d.Message()
 	now := time.Now()
+	if _, ok := hopDue(m, now); ok {
+		ctx, hopped := sdk.WithHopNotice(ctx)
+		return context.WithValue(context.WithValue(ctx, startKey{}, now), hopKey{}, hopped)
+	}
 	e := base(m, d.Queue())
 	e.Status, e.Attempt, e.At, e.StartedAt, e.Worker = StatusRunning, d.Attempt(), now, now, l.worker
 	l.Record(e)
@@ -34,8 +45,18 @@ func (l *Ledger) Start(ctx context.Context, d sdk.Delivery) context.Context {
 // and so before any redelivery, yet after its own start.
 type startKey struct{}
 
+// hopKey holds, in the context of a delivery Start took for a hop, the
+// hopped of its [sdk.WithHopNotice].
+type hopKey struct{}
+
 // Settled records how d's attempt ended: succeeded (ack), retrying with its
 // next attempt time (retry), dead (dead letter), released (handed back).
+//
+// The ack of an [sdk.LongDelay] hop (the middleware republished the
+// message for later and acked it; the handler did not run, which the
+// middleware tells through [sdk.WithHopNotice]) is recorded as the job
+// enqueued, due at its [sdk.HeaderDueAt], at attempt 0 — never as its
+// success.
 //
 // Two endings leave the message with the broker, which delivers it again;
 // both are recorded with no next attempt time (the broker decides when) and
@@ -98,6 +119,14 @@ func (l *Ledger) Settled(ctx context.Context, d sdk.Delivery, s sdk.Settlement) 
 	}
 	switch s.Action {
 	case sdk.ActionAck:
+		if hopped, _ := ctx.Value(hopKey{}).(func() bool); hopped != nil && hopped() {
+			due, _ := hopDue(m, time.Time{})
+			// A hop: the job waits for its due time, as when it was
+			// published (no attempt, no start, no run time).
+			l.Record(Event{MessageID: e.MessageID, Queue: e.Queue, Type: e.Type, IdempotencyKey: e.IdempotencyKey,
+				CorrelationID: e.CorrelationID, Generation: e.Generation, Status: StatusEnqueued, At: now, NextAttemptAt: due})
+			return
+		}
 		e.Status = StatusSucceeded
 	case sdk.ActionRetry:
 		e.Status, e.NextAttemptAt = StatusRetrying, now.Add(s.Delay)
@@ -144,6 +173,28 @@ func withCause(what string, cause error) error {
 	return fmt.Errorf("%s (handler error: %w)", what, cause)
 }
 
+// hopDue returns m's [sdk.HeaderDueAt] when it is a valid time after at:
+// a delivery of m started at at is an [sdk.LongDelay] hop. A message
+// without headers costs a nil-map lookup.
+func hopDue(m *sdk.Message, at time.Time) (time.Time, bool) {
+	v := m.Header(sdk.HeaderDueAt)
+	if v == "" {
+		return time.Time{}, false
+	}
+	due, err := time.Parse(time.RFC3339Nano, v)
+	return due, err == nil && due.After(at)
+}
+
+// jobID is the ID the ledger knows m's job by: m's own, or for an
+// [sdk.LongDelay] hop the job's first message's ([sdk.HeaderHopOf]), so
+// that the hops of one job are one row.
+func jobID(m *sdk.Message) string {
+	if id := m.Header(sdk.HeaderHopOf); id != "" {
+		return id
+	}
+	return m.ID
+}
+
 // base is the part of an event every feed knows from the message.
 func base(m *sdk.Message, queue string) Event {
 	// The count as a redrive reads it (sdk.RedriveCount): a forged one,
@@ -151,7 +202,7 @@ func base(m *sdk.Message, queue string) Event {
 	// sdk.PrepareRedrive, numbered the redriven job's generation at or
 	// below the row's, and its events were dropped as older.
 	return Event{
-		MessageID: m.ID, Queue: queue, Type: m.Type, IdempotencyKey: m.IdempotencyKey,
+		MessageID: jobID(m), Queue: queue, Type: m.Type, IdempotencyKey: m.IdempotencyKey,
 		CorrelationID: m.CorrelationID, Generation: sdk.RedriveCount(m),
 	}
 }

@@ -70,6 +70,8 @@ func (s Status) Rank() int {
 // build them; a [Store] writes them. Zero fields are unknown: a store keeps
 // what the row already holds for them.
 type Event struct {
+	// MessageID names the job's row: the message's ID, or an sdk.LongDelay
+	// hop's first message's ([sdk.HeaderHopOf]).
 	MessageID      string
 	Queue          string
 	Type           string

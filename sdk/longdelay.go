@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -10,6 +11,16 @@ import (
 // UTC. [LongDelay] writes it; [Prepare] accepts it (the one reserved header
 // an application's Publish may carry) when it holds a valid time.
 const HeaderDueAt = "berth-due-at"
+
+// HeaderHopOf carries, on each hop of a long-delayed message, the ID of the
+// job's first message: the one [LongDelay.Publish] (or an application
+// setting [HeaderDueAt] itself) published, whose ID the publisher knows the
+// job by. A hop sets it to the ID of the delivery it continues when that has
+// none, and keeps it otherwise, so every hop of a job names the same first
+// message. The job-state ledger keys a hop's events by it, so a job is one
+// row however many hops it takes. [Prepare] accepts it, non-empty, on a
+// message whose [HeaderDueAt] it accepts.
+const HeaderHopOf = "berth-hop-of"
 
 func validDueAt(v string) bool {
 	_, err := time.Parse(time.RFC3339Nano, v)
@@ -27,7 +38,8 @@ func validDueAt(v string) bool {
 //
 // Each hop is a new broker message with a new ID (a broker that drops a
 // repeated ID, as JetStream does within its Duplicates window, would
-// otherwise drop the hop); it keeps the idempotency key — Publish fills an
+// otherwise drop the hop), which names the job's first message in
+// [HeaderHopOf]; it keeps the idempotency key — Publish fills an
 // empty one with the message's ID, as a hop does for a message whose due
 // header was set without Publish, so the hops stay one operation — the
 // correlation ID and the application headers (not the brokers' berth-*
@@ -36,7 +48,10 @@ func validDueAt(v string) bool {
 // and its ack leaves two copies, which the consumer's idempotency guard
 // absorbs like any duplicate. Put the Middleware first in
 // WorkerOptions.Middleware (outermost): a guard outside it would record the
-// hop as the job's completion. Observers see each hop as an acked delivery.
+// hop as the job's completion. Observers see each hop as an acked delivery
+// of a message whose [HeaderDueAt] is after the delivery started: the
+// ledger records it as the job waiting for that time, not as its
+// completion.
 //
 // Not for the PostgreSQL broker with DedupeEnqueue (a hop's key is that of
 // the stored job, so the hop would be dropped; PostgreSQL delays exactly up
@@ -121,7 +136,7 @@ func (l LongDelay) Middleware() Middleware {
 			for k := range hop.Headers {
 				// Broker bookkeeping (a retry's first failure, a redrive
 				// count) is not the application's to publish.
-				if IsReservedHeader(k) && k != HeaderDueAt {
+				if IsReservedHeader(k) && k != HeaderDueAt && k != HeaderHopOf {
 					delete(hop.Headers, k)
 				}
 			}
@@ -131,12 +146,37 @@ func (l LongDelay) Middleware() Middleware {
 				// the copies a crash leaves could not be told apart.
 				hop.IdempotencyKey = m.ID
 			}
+			if hop.Header(HeaderHopOf) == "" {
+				// The first hop: the delivery is the job's first message,
+				// whose ID the job is known by (the ledger's row).
+				hop.SetHeader(HeaderHopOf, m.ID)
+			}
 			hop.ID = NewID()
 			hop.Delay = min(remaining, l.Limit)
 			if err := l.Publisher.Publish(ctx, d.Queue(), hop); err != nil {
 				return fmt.Errorf("berth: long delay hop: %w", err)
 			}
+			if n, ok := ctx.Value(hopNoticeKey{}).(*atomic.Bool); ok {
+				n.Store(true)
+			}
 			return nil
 		})
 	}
+}
+
+// hopNoticeKey holds, in a handler's context, the flag [WithHopNotice]
+// made.
+type hopNoticeKey struct{}
+
+// WithHopNotice returns ctx with a notice that [LongDelay.Middleware] sets
+// when it hops the delivery handled under it (republishes it for later and
+// returns nil without running the handler), and hopped, which reports
+// whether it did. It is for an [Observer] that must tell a hop's ack from
+// the job's success: its Start returns the context, the Worker hands it to
+// the handler, and its Settled asks hopped. The middleware decides on its
+// own clock reading, so an observer comparing [HeaderDueAt] with its own
+// would misread a due time passing between the two readings.
+func WithHopNotice(ctx context.Context) (context.Context, func() bool) {
+	n := new(atomic.Bool)
+	return context.WithValue(ctx, hopNoticeKey{}, n), n.Load
 }

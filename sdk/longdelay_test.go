@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/berthtest"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -130,8 +131,18 @@ func TestLongDelayBeyondMaxDelayAndHeaders(t *testing.T) {
 	}
 	hop := got[1]
 	if hop.Delay != 15*time.Minute || hop.ID == m.ID || hop.IdempotencyKey != m.ID || hop.CorrelationID != m.CorrelationID || hop.Header("tenant") != "t1" || hop.Header(sdk.HeaderRedriveCount) != "" ||
-		hop.Header(sdk.HeaderDueAt) != "2026-12-31T00:00:00Z" {
+		hop.Header(sdk.HeaderDueAt) != "2026-12-31T00:00:00Z" || hop.Header(sdk.HeaderHopOf) != m.ID {
 		t.Errorf("hop %+v", hop)
+	}
+	// The next hop names the same first message (the job's ID in the
+	// ledger), not the hop it continues.
+	d2 := newFake(1, "renewal")
+	*d2.Message() = *hop.Clone()
+	if err := ld.Middleware()(sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { ran = true; return nil })).Handle(context.Background(), d2); err != nil || ran {
+		t.Fatalf("second hop: err %v, handler ran %v", err, ran)
+	}
+	if len(got) != 3 || got[2].ID == hop.ID || got[2].Header(sdk.HeaderHopOf) != m.ID {
+		t.Errorf("second hop %+v, want %s in %s", got[len(got)-1], m.ID, sdk.HeaderHopOf)
 	}
 
 	// Due: the handler runs.
@@ -149,15 +160,22 @@ func TestLongDelayBeyondMaxDelayAndHeaders(t *testing.T) {
 	}
 }
 
-// Prepare accepts HeaderDueAt with a valid time only, and no other
-// reserved header.
+// Prepare accepts HeaderDueAt with a valid time only, HeaderHopOf only
+// non-empty beside such a HeaderDueAt, and no other reserved header.
 func TestPrepareDueAtHeader(t *testing.T) {
 	ok := &sdk.Message{Headers: map[string]string{sdk.HeaderDueAt: "2026-12-01T00:00:00Z"}}
 	if err := sdk.Prepare(context.Background(), "q", ok, 0); err != nil {
 		t.Errorf("valid due: %v", err)
 	}
+	hop := &sdk.Message{Headers: map[string]string{sdk.HeaderDueAt: "2026-12-01T00:00:00Z", sdk.HeaderHopOf: "first"}}
+	if err := sdk.Prepare(context.Background(), "q", hop, 0); err != nil {
+		t.Errorf("valid hop: %v", err)
+	}
 	for _, h := range []map[string]string{
 		{sdk.HeaderDueAt: "tomorrow"},
+		{sdk.HeaderHopOf: "first"},
+		{sdk.HeaderDueAt: "tomorrow", sdk.HeaderHopOf: "first"},
+		{sdk.HeaderDueAt: "2026-12-01T00:00:00Z", sdk.HeaderHopOf: ""},
 		{"Berth-Due-At": "2026-12-01T00:00:00Z"},
 		{sdk.HeaderRedriveCount: "1"},
 	} {
@@ -208,4 +226,48 @@ func TestLongDelayHopKeysUnkeyedMessage(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the job never ran")
 	}
+}
+
+// TestLongDelayHopNotice: the middleware sets WithHopNotice's notice when
+// it hops a delivery, not when it runs the handler (no due header, or a
+// due time passed) nor when the hop's publish fails (the delivery is then
+// retried).
+func TestLongDelayHopNotice(t *testing.T) {
+	b := newMem(t)
+	ran := false
+	h := sdk.HandlerFunc(func(context.Context, sdk.Delivery) error { ran = true; return nil })
+	var failing failingPublisher
+	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
+	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
+	for _, c := range []struct {
+		name        string
+		due         string
+		pub         sdk.Publisher
+		hopped, err bool
+	}{
+		{"hop", future, b, true, false},
+		{"no header", "", b, false, false},
+		{"due passed", past, b, false, false},
+		{"hop publish failed", future, failing, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ran = false
+			m := &sdk.Message{ID: sdk.NewID(), Type: "remind"}
+			if c.due != "" {
+				m.SetHeader(sdk.HeaderDueAt, c.due)
+			}
+			ctx, hopped := sdk.WithHopNotice(context.Background())
+			err := sdk.LongDelay{Publisher: c.pub, Limit: time.Minute}.Middleware()(h).Handle(ctx, berthtest.NewDelivery(m, berthtest.Queue("later")))
+			if hopped() != c.hopped || (err != nil) != c.err || ran != (!c.hopped && !c.err) {
+				t.Errorf("hopped %v, err %v, handler ran %v; want hopped %v, error %v", hopped(), err, ran, c.hopped, c.err)
+			}
+		})
+	}
+}
+
+// failingPublisher refuses every publish.
+type failingPublisher struct{}
+
+func (failingPublisher) Publish(context.Context, string, ...*sdk.Message) error {
+	return errors.New("broker down")
 }

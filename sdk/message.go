@@ -308,7 +308,8 @@ func hex8(x uint32) uint64 {
 //
 // It refuses, with an error wrapping [ErrInvalidMessage]: a reserved header
 // name ([IsReservedHeader]; the error also wraps a [HeaderError]) other than
-// [HeaderDueAt] holding an RFC 3339 time (what [LongDelay] writes), and an ID,
+// [HeaderDueAt] holding an RFC 3339 time and, beside such a HeaderDueAt,
+// a non-empty [HeaderHopOf] (what [LongDelay] writes), and an ID,
 // Type, Key, IdempotencyKey or CorrelationID that is not valid UTF-8 (the
 // error names the field). The Body may be any bytes. A CorrelationID taken
 // from ctx (the caller left it empty) that is not valid UTF-8 is not
@@ -337,7 +338,7 @@ func prepare(ctx context.Context, m *Message, limit int, b *idBatch) error {
 		return err
 	}
 	for k, v := range m.Headers {
-		if IsReservedHeader(k) && (k != HeaderDueAt || !validDueAt(v)) {
+		if IsReservedHeader(k) && !acceptedReserved(m, k, v) {
 			// Both sentinels hold: the message is refused because of a header.
 			return fmt.Errorf("%w: %w", ErrInvalidMessage,
 				&HeaderError{Name: k, Reason: "names starting with " + ReservedHeaderPrefix + " are reserved for brokers"})
@@ -370,6 +371,18 @@ func prepare(ctx context.Context, m *Message, limit int, b *idBatch) error {
 		return &MessageTooLargeError{ID: m.ID, Size: m.Size(), Limit: limit}
 	}
 	return nil
+}
+
+// acceptedReserved reports whether Prepare accepts the reserved header k
+// with value v on m: the ones [LongDelay] writes, when valid.
+func acceptedReserved(m *Message, k, v string) bool {
+	switch k {
+	case HeaderDueAt:
+		return validDueAt(v)
+	case HeaderHopOf:
+		return v != "" && validDueAt(m.Header(HeaderDueAt))
+	}
+	return false
 }
 
 // PrepareAll runs [Prepare] on every message and stops at the first error.
