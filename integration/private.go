@@ -3,6 +3,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -40,11 +41,25 @@ func missing(t testing.TB, what string, err error) {
 // the ephemeral range (what listening on port 0 gives) could meanwhile
 // become the local end of any outgoing connection on the machine, and the
 // CI runs thousands of them, so the server would fail to start.
+//
+// It never returns a port twice in this process: picked at random, two
+// servers started in parallel (or one's port and the other's cluster bus
+// port) could get the same one, and the second to bind it failed. A
+// server of another test process can still take a port before it is
+// bound: a private Redis's first start looks out for that and moves to
+// other ports (startNew).
 func freePort() (int, error) {
 	low := ephemeralLow()
 	var lastErr error
 	for range 100 {
 		port := 10000 + rand.IntN(low-10000)
+		handedOut.Lock()
+		taken := handedOut.ports[port]
+		handedOut.ports[port] = true // a busy one is not tried again either
+		handedOut.Unlock()
+		if taken {
+			continue
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			lastErr = err
@@ -55,6 +70,13 @@ func freePort() (int, error) {
 	}
 	return 0, fmt.Errorf("no free port below %d: %w", low, lastErr)
 }
+
+// handedOut holds the ports freePort tried in this process, never tried
+// again: a stopped server may start again on its port.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: make(map[int]bool)}
 
 // ephemeralLow is the first port of the kernel's ephemeral range (Linux's
 // ip_local_port_range), 32768 where it cannot be read.
@@ -199,6 +221,18 @@ func tailFile(path string, n int64) string {
 	buf := make([]byte, st.Size()-off)
 	_, _ = f.ReadAt(buf, off)
 	return string(buf)
+}
+
+// readFrom returns a log file's content from offset off, for telling what
+// one start of a server wrote.
+func readFrom(path string, off int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, off, 1<<30))
+	return string(b)
 }
 
 // server is the state every private instance shares: its current process,

@@ -345,3 +345,73 @@ func TestProxyFaults(t *testing.T) {
 		}
 	}
 }
+
+// freePort never hands out the same port twice in one process: two private
+// servers started in parallel could get the same port (or one's port was
+// the other's cluster bus port), about once in 350 runs of the twelve picks
+// of TestPrivateRedisClusterBusPort, and one of them failed to start.
+func TestFreePortNotHandedOutTwice(t *testing.T) {
+	// Enough picks that two equal ones are all but certain if nothing
+	// prevents it (about 20 expected from 1000 random ports of 22768).
+	n := min(1000, (ephemeralLow()-10000)/10)
+	seen := make(map[int]bool, n)
+	for range n {
+		p, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p] {
+			t.Fatalf("freePort handed out port %d twice", p)
+		}
+		seen[p] = true
+	}
+}
+
+// A port freePort gave can be taken before the server binds it, by a
+// server of another test process (freePort keeps a port apart only in its
+// own): a private Redis Cluster node whose port or cluster bus port is so
+// taken starts on other ports. Before, its start failed: on the bus port
+// the node exited ("Address already in use"), and on its own port the
+// client talked to the other listener, which closed the connection (as a
+// cluster bus does): "CLUSTER ADDSLOTSRANGE: ... connection reset".
+func TestPrivateRedisClusterPortTaken(t *testing.T) {
+	for _, which := range []string{"port", "bus"} {
+		t.Run(which, func(t *testing.T) {
+			t.Parallel()
+			s := newRedisServer(t)
+			if s == nil {
+				return
+			}
+			var err error
+			if s.busPort, err = freePort(); err != nil {
+				t.Fatal(err)
+			}
+			taken := map[string]int{"port": s.port, "bus": s.busPort}[which]
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(taken))
+			if err != nil {
+				t.Skipf("port %d: %v", taken, err)
+			}
+			done := make(chan struct{})
+			t.Cleanup(func() { ln.Close(); <-done })
+			go func() {
+				defer close(done)
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+			s.startCluster(t)
+			if s.port == taken || s.busPort == taken {
+				t.Fatalf("the node kept the taken port %d (port %d, bus %d)", taken, s.port, s.busPort)
+			}
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+			defer rdb.Close()
+			if err := rdb.Set(context.Background(), "k", "v", 0).Err(); err != nil {
+				t.Fatalf("the cluster node refused a write: %v", err)
+			}
+		})
+	}
+}
