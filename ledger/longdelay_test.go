@@ -86,16 +86,7 @@ func longDelayOneJob(t *testing.T, inside bool) {
 	if j.Status != ledger.StatusEnqueued || !j.NextAttemptAt.Equal(due.Truncate(time.Microsecond)) {
 		t.Errorf("while hopping: status %s, next attempt %s; want enqueued, due %s", j.Status, j.NextAttemptAt, due)
 	}
-	page, err := e.reader.List(ctx, ledger.Filter{Queue: e.queue})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(page.Jobs) != 1 {
-		for _, j := range page.Jobs {
-			t.Logf("row %s: %s attempts %d next %s", j.MessageID, j.Status, j.Attempts, j.NextAttemptAt)
-		}
-		t.Errorf("while hopping: %d jobs in the ledger, want 1", len(page.Jobs))
-	}
+	oneJob(t, ctx, e, "while hopping")
 
 	// Once it ran.
 	j = waitJob(t, ctx, e.reader, m.ID, "succeeded", func(j *ledger.Job) bool { return j.Status == ledger.StatusSucceeded })
@@ -112,7 +103,18 @@ func longDelayOneJob(t *testing.T, inside bool) {
 			t.Errorf("history records an attempt before the due time: %+v", a)
 		}
 	}
-	page, err = e.reader.List(ctx, ledger.Filter{Queue: e.queue})
+	oneJob(t, ctx, e, "after the run")
+	mu.Lock()
+	if hops < 2 {
+		t.Errorf("%d hops, want 2", hops)
+	}
+	mu.Unlock()
+}
+
+// oneJob checks that the ledger of e holds one job in its queue, when.
+func oneJob(t *testing.T, ctx context.Context, e env, when string) {
+	t.Helper()
+	page, err := e.reader.List(ctx, ledger.Filter{Queue: e.queue})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,13 +122,8 @@ func longDelayOneJob(t *testing.T, inside bool) {
 		for _, j := range page.Jobs {
 			t.Logf("row %s: %s attempts %d next %s", j.MessageID, j.Status, j.Attempts, j.NextAttemptAt)
 		}
-		t.Errorf("after the run: %d jobs in the ledger, want 1", len(page.Jobs))
+		t.Errorf("%s: %d jobs in the ledger, want 1", when, len(page.Jobs))
 	}
-	mu.Lock()
-	if hops < 2 {
-		t.Errorf("%d hops, want 2", hops)
-	}
-	mu.Unlock()
 }
 
 // TestLongDelayDueWhileStarting: the due time of a delivery passes between

@@ -86,9 +86,8 @@ func ledgerFound(ctx context.Context, pool *pgxpool.Pool, schema, table string) 
 	if schema == "" {
 		schema = pgledger.DefaultSchema
 	}
-	var schemaFound, tableFound bool
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1), to_regclass($2) IS NOT NULL`,
-		schema, table).Scan(&schemaFound, &tableFound); err != nil {
+	schemaFound, tableFound, err := schemaTable(ctx, pool, schema, table)
+	if err != nil {
 		return fmt.Errorf("ledger table: %w", err)
 	}
 	switch {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
@@ -22,17 +21,7 @@ import (
 func TestLedgerVerbsNameAMissingLedger(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	ctx := context.Background()
-	pool, schema := pgtest.Schema(t, 0) // exists, holds no ledger table
-	wrong := schema + "_wrong"
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+wrong+` CASCADE`) })
-	exists := func(name string) bool {
-		t.Helper()
-		var ok bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	}
+	_, schema, wrong, exists := schemaAndWrong(t) // schema holds no ledger table
 	for _, args := range [][]string{{"jobs"}, {"job", "show", "job-1"}} {
 		r := cliDB(t, "", false, append(args, "-db", dsn, "-schema", wrong)...)
 		if r.code != exitNotFound || !strings.Contains(r.err, `schema "`+wrong+`" does not exist`) || exists(wrong) {

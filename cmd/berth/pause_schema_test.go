@@ -8,6 +8,7 @@ import (
 	"github.com/berthq/berth/berthtest/pgtest"
 	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/pause"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestQueueVerbsCreateNoSchema: "queue pause -schema WRONG" created the
@@ -20,17 +21,7 @@ import (
 func TestQueueVerbsCreateNoSchema(t *testing.T) {
 	dsn := integration.PostgresDSN(t)
 	ctx := context.Background()
-	pool, schema := pgtest.Schema(t, 0)
-	wrong := schema + "_wrong"
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+wrong+` CASCADE`) })
-	exists := func(name string) bool {
-		t.Helper()
-		var ok bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok); err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	}
+	pool, schema, wrong, exists := schemaAndWrong(t)
 	for _, verb := range []string{"pause", "resume", "paused"} {
 		args := []string{"queue", verb, "-db", dsn, "-schema", wrong}
 		if verb != "paused" {
@@ -67,4 +58,24 @@ func TestQueueVerbsCreateNoSchema(t *testing.T) {
 	if ps, err := s.Paused(ctx); err != nil || len(ps) != 1 || ps[0].Queue != "emails" {
 		t.Fatalf("paused: %+v %v", ps, err)
 	}
+}
+
+// schemaAndWrong returns a schema of the test database (empty, dropped
+// when the test ends), the name of one that does not exist (dropped too,
+// should a defect create it), and a function that reports whether a schema
+// exists.
+func schemaAndWrong(t *testing.T) (pool *pgxpool.Pool, schema, wrong string, exists func(string) bool) {
+	t.Helper()
+	pool, schema = pgtest.Schema(t, 0)
+	wrong = schema + "_wrong"
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+wrong+` CASCADE`) })
+	exists = func(name string) bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	return pool, schema, wrong, exists
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/berthq/berth/internal/dlq"
 	"github.com/berthq/berth/internal/sqlident"
@@ -45,6 +46,15 @@ func (e *notFoundError) Error() string { return e.msg }
 
 // Unwrap returns sdk.ErrNotFound.
 func (e *notFoundError) Unwrap() error { return sdk.ErrNotFound }
+
+// schemaTable reports whether schema exists in the database of pool, and
+// table (quoted) in it: the CLI creates no schema, so a mistyped -schema
+// is named rather than made.
+func schemaTable(ctx context.Context, pool *pgxpool.Pool, schema, table string) (schemaFound, tableFound bool, err error) {
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1), to_regclass($2) IS NOT NULL`,
+		schema, table).Scan(&schemaFound, &tableFound)
+	return schemaFound, tableFound, err
+}
 
 // openPause opens the pause table of -db (default $BERTH_DB) in -schema,
 // for use. The queue verbs create no schema: a -schema mistyped made
@@ -86,9 +96,8 @@ func (c *cli) openPause(ctx context.Context, use pauseUse) (*pause.PG, func(), e
 	if schema == "" {
 		schema = pause.DefaultSchema
 	}
-	var schemaFound, tableFound bool
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = $1), to_regclass($2) IS NOT NULL`,
-		schema, pgx.Identifier{schema, "paused_queues"}.Sanitize()).Scan(&schemaFound, &tableFound); err != nil {
+	schemaFound, tableFound, err := schemaTable(ctx, pool, schema, pgx.Identifier{schema, "paused_queues"}.Sanitize())
+	if err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("pause table: %w", err)
 	}
