@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -179,6 +180,47 @@ func waitDeadLetter(t *testing.T, ctx context.Context, b *jetstream.Broker, q, i
 		case <-ctx.Done():
 			t.Fatalf("poison %s never reached the dead letters", id)
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestAckSurvivesCrash: a worker process SIGKILLed the moment Ack returned
+// has not lost the ack. Ack waits for the server's answer (unless
+// Options.AsyncAck): ten children each receive one message, ack it and
+// kill themselves; none of the ten comes back after AckWait, when a lost
+// ack would have made JetStream deliver it again.
+func TestAckSurvivesCrash(t *testing.T) {
+	url := integration.NATSURL(t)
+	b := newBroker(t, jetstream.Options{AckWait: childAckWait, WaitTime: 700 * time.Millisecond, Logger: quiet})
+	q := declare(t, b, "ackkill")
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	const n = 10
+	for i := range n {
+		if err := b.Publish(ctx, q, &sdk.Message{Type: "crash.ack", Body: []byte(strconv.Itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		c := startChild(t, "ackkill", url, q)
+		for f := c.next(t, 30*time.Second); f != nil; f = c.next(t, 30*time.Second) {
+			t.Errorf("child %d: %v", i, f) // it prints only errors
+		}
+		_ = c.Wait()
+		if ws, ok := c.Cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("child %d: %v (want killed by its own SIGKILL after Ack)", i, c.Cmd.ProcessState)
+		}
+	}
+	// A lost ack shows as its message delivered again once AckWait has
+	// passed since the child received it.
+	time.Sleep(2 * childAckWait)
+	for range 3 {
+		ds, err := b.Receive(ctx, q, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			t.Errorf("message %s (body %s), acked by a child whose Ack returned nil, delivered again at attempt %d", d.Message().ID, d.Message().Body, d.Attempt())
 		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // Environment of the fault tests' child process.
 const (
-	helperEnv   = "BERTH_JS_HELPER" // the child's role: "hold" or "worker"
+	helperEnv   = "BERTH_JS_HELPER" // the child's role: "hold", "ackkill" or "worker"
 	helperURL   = "BERTH_JS_HELPER_URL"
 	helperQueue = "BERTH_JS_HELPER_QUEUE"
 	helperHold  = "BERTH_JS_HELPER_HOLD"
@@ -68,6 +68,25 @@ func helperProcess(role string) {
 		}
 		fmt.Println("READY")
 		select {}
+	case "ackkill":
+		// Receive one message, ack it, and SIGKILL this process the
+		// moment Ack returns.
+		for {
+			ds, err := b.Receive(ctx, q, 1)
+			if err != nil {
+				fmt.Println("ERROR", err)
+				os.Exit(1)
+			}
+			if len(ds) == 0 {
+				continue
+			}
+			if err := ds[0].Ack(ctx); err != nil {
+				fmt.Println("ERROR", err)
+				os.Exit(1)
+			}
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
 	case "worker":
 		// A Worker whose handler crashes the process on a poison message.
 		h := sdk.HandlerFunc(func(ctx context.Context, d sdk.Delivery) error {
