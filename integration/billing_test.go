@@ -102,6 +102,9 @@ func openBroker(ctx context.Context, kind string, ep endpoints, pool *pgxpool.Po
 	return nil, fmt.Errorf("unknown broker %q", kind)
 }
 
+// errGateway is the failure billingHandler injects after charging.
+var errGateway = errors.New("payment gateway timeout")
+
 // billingHandler is step 5–8 of ARCHITECTURE.md's worker flow, inside the
 // transaction the idempotency guard opened: load the order FOR UPDATE,
 // validate, charge (insert the charge row: the side effect), mark it paid.
@@ -135,7 +138,7 @@ func billingHandler(schema string, failRate float64) sdk.Handler {
 			return err
 		}
 		if rand.Float64() < failRate {
-			return errors.New("payment gateway timeout") // after the charge: rolled back with it
+			return errGateway // after the charge: rolled back with it
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+orders+` SET status = 'paid', charged_at = now(), version = version + 1, updated_at = now() WHERE id = $1`, c.OrderID); err != nil {
 			return err
@@ -239,6 +242,8 @@ type billingRun struct {
 	// trace, when set, records every settlement of the two poison jobs
 	// by the workers of run.worker; it is logged when the test fails.
 	trace *poisonTrace
+	// settled, when set, counts the settlements of run.worker's Workers.
+	settled *settleCounts
 	// publishRetries counts the inserts and Publish calls publishDuring
 	// retried: the fault reached the publishers.
 	publishRetries atomic.Int64

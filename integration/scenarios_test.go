@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -118,6 +119,9 @@ func (r *billingRun) publishDuring(ctx context.Context, n int, out *[]charge, pu
 	return nil
 }
 
+// billingMaxAttempts is the attempt cap of run.worker's Workers.
+const billingMaxAttempts = 15
+
 // worker is newBillingWorker with an optional dedupe cache in front of the
 // store.
 func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (*sdk.Worker, error) {
@@ -137,6 +141,9 @@ func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (
 	if r.trace != nil {
 		observers = append(observers, r.trace)
 	}
+	if r.settled != nil {
+		observers = append(observers, r.settled)
+	}
 	return sdk.NewWorker(r.broker, billingHandler(r.schema, failRate), sdk.WorkerOptions{
 		Observers:   observers,
 		Queue:       r.queue,
@@ -145,7 +152,7 @@ func (r *billingRun) worker(stats *idempotency.Stats, cache idempotency.Cache) (
 		// Backoff up to 3 s: a store outage (a PostgreSQL restart) fails
 		// handlers as transient errors, and 15 attempts must outlast the
 		// restart on a loaded machine (about 30 s of retries; 1 s apart, 15 s).
-		Retry:      sdk.RetryPolicy{MaxAttempts: 15, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 3 * time.Second}},
+		Retry:      sdk.RetryPolicy{MaxAttempts: billingMaxAttempts, Backoff: sdk.Backoff{Base: 20 * time.Millisecond, Max: 3 * time.Second}},
 		Middleware: []sdk.Middleware{guard},
 		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
@@ -219,18 +226,77 @@ func TestScenarioPostgresRestart(t *testing.T) {
 	}
 }
 
-// The idempotency store's PostgreSQL restarts (immediate) under a RabbitMQ
-// broker: the guard's transactions fail and are retried, nothing is
-// charged twice.
-func TestScenarioStoreRestartUnderRabbitMQ(t *testing.T) {
-	pg := StartPostgres(t)
-	r := setupBilling(t, "rabbitmq", endpoints{pg: pg.DSN, amqp: RabbitMQURL(t)})
-	stats := &idempotency.Stats{}
-	r.underFault(stats, nil, 100, func() {
-		pg.Stop(t, PostgresImmediate)
-		time.Sleep(500 * time.Millisecond)
-		pg.Start(t)
-	})
+// The idempotency store's PostgreSQL (a private cluster that also holds the
+// orders and charges) restarts with an immediate shutdown while Workers on
+// each message broker process the billing workload: the guard's
+// transactions fail, their jobs are retried through the broker, and
+// nothing is charged twice, lost, or dead-lettered but the two poison jobs.
+// The subtests are named after the broker (-run
+// 'TestScenarioStoreRestart/rabbitmq').
+func TestScenarioStoreRestart(t *testing.T) {
+	for _, kind := range []string{"rabbitmq", "sqs", "jetstream"} {
+		t.Run(kind, func(t *testing.T) {
+			ep := endpoints{}
+			switch kind {
+			case "rabbitmq":
+				ep.amqp = RabbitMQURL(t)
+			case "sqs":
+				ep.sqs = SQSEndpoint(t)
+			case "jetstream":
+				ep.nats = NATSURL(t)
+			}
+			pg := StartPostgres(t)
+			ep.pg = pg.DSN
+			r := setupBilling(t, kind, ep)
+			r.settled = &settleCounts{}
+			stats := &idempotency.Stats{}
+			var down time.Duration
+			var before int64
+			r.underFault(stats, nil, 100, func() {
+				before = r.settled.storeRetries.Load()
+				start := time.Now()
+				pg.Stop(t, PostgresImmediate)
+				time.Sleep(500 * time.Millisecond)
+				pg.Start(t)
+				down = time.Since(start)
+			})
+			c := r.settled
+			t.Logf("%s: store down for %v; %d handler runs failed by the store and retried (%d before the fault), %d by the injected gateway failure; highest attempt %d of %d; %d dead-lettered by the Worker; %+v",
+				kind, down.Round(10*time.Millisecond), c.storeRetries.Load(), before, c.gatewayRetries.Load(),
+				c.maxAttempt.Load(), billingMaxAttempts, c.deadLettered.Load(), stats.Snapshot())
+			if c.storeRetries.Load() == before {
+				t.Error("no handler run failed by the store was retried: the restart did not reach the workers")
+			}
+		})
+	}
+}
+
+// settleCounts counts the settlements of run.worker's Workers: the runs
+// retried because of the injected gateway failure and the others (here,
+// the store's), the highest attempt seen, the runs dead-lettered.
+type settleCounts struct {
+	storeRetries, gatewayRetries, deadLettered, maxAttempt atomic.Int64
+}
+
+func (c *settleCounts) Start(ctx context.Context, _ sdk.Delivery) context.Context { return ctx }
+
+func (c *settleCounts) Settled(_ context.Context, d sdk.Delivery, s sdk.Settlement) {
+	switch s.Action {
+	case sdk.ActionRetry:
+		if errors.Is(s.Cause, errGateway) {
+			c.gatewayRetries.Add(1)
+		} else {
+			c.storeRetries.Add(1)
+		}
+	case sdk.ActionDeadLetter:
+		c.deadLettered.Add(1)
+	}
+	for a := int64(d.Attempt()); ; {
+		m := c.maxAttempt.Load()
+		if a <= m || c.maxAttempt.CompareAndSwap(m, a) {
+			break
+		}
+	}
 }
 
 // The Redis dedupe cache is flushed (FLUSHALL) mid-run and again before
