@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/berthq/berth/brokers/memory"
-	"github.com/berthq/berth/integration"
 	"github.com/berthq/berth/sdk"
 )
 
@@ -55,8 +54,10 @@ func TestErrorsEscapedOnce(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q, escaped once", c.args, r.code, r.err, c.code, c.want)
 		}
 	}
-	// A job show whose read fails names the ID, escaped once (by the ledger).
-	r := cliDB(t, "", false, "job", "show", `k\`+id, "-db", integration.PostgresDSN(t), "-schema", "berth_no_such_schema")
+	// A job show that finds no job names the ID, escaped once (by the
+	// ledger).
+	dsn, schema, _ := migratedLedger(t, "cli_ledger_")
+	r := cliDB(t, "", false, "job", "show", `k\`+id, "-db", dsn, "-schema", schema)
 	if strings.Contains(r.err, `\\x1b`) || strings.ContainsRune(r.err, 0x1b) || !strings.Contains(r.err, `k\\ev\x1b[31m`) {
 		t.Errorf("job show: exit %d, stderr %q: want the ID escaped once", r.code, r.err)
 	}
