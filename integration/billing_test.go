@@ -65,7 +65,12 @@ type charge struct {
 	Amount  int64  `json:"amount"`
 }
 
-type endpoints struct{ pg, amqp, sqs, nats string }
+type endpoints struct {
+	pg, amqp, sqs, nats string
+	// natsReplicas is the JetStream streams' Replicas (0: the broker's
+	// default, one), for a cluster; this process's brokers only.
+	natsReplicas int
+}
 
 func (e endpoints) env() []string {
 	return []string{envPG + "=" + e.pg, envAMQP + "=" + e.amqp, envSQS + "=" + e.sqs, envNATS + "=" + e.nats}
@@ -91,7 +96,7 @@ func openBroker(ctx context.Context, kind string, ep endpoints, pool *pgxpool.Po
 			})
 	case "jetstream":
 		return jetstream.Connect(ctx, ep.nats, jetstream.ConnectOptions{Name: "berth-e2e"},
-			jetstream.Options{AckWait: e2eLease, WaitTime: time.Second})
+			jetstream.Options{AckWait: e2eLease, WaitTime: time.Second, Replicas: ep.natsReplicas})
 	case "postgres":
 		b, err := postgres.New(pool, postgres.Options{Schema: schema, Lease: e2eLease, MaxAttempts: 20, PollInterval: 200 * time.Millisecond})
 		if err != nil {

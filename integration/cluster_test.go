@@ -5,12 +5,16 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/berthq/berth/brokers/jetstream"
 	"github.com/berthq/berth/brokers/rabbitmq"
 	"github.com/berthq/berth/idempotency"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 )
 
 // A three-node RabbitMQ cluster with quorum queues: the node holding the
@@ -179,4 +183,214 @@ func allOnline(listing string, n int, queues []string) bool {
 		}
 	}
 	return true
+}
+
+// A three-node NATS cluster with the queue's streams replicated three
+// times: the node that leads the queue's stream (and, moved there, its
+// consumers) is SIGKILLed mid-run and started again on its store. The
+// Broker's one connection — publishers and Workers alike — is to that
+// node: it reconnects to a survivor, whose two remaining replicas elect a
+// new leader; publishes refused or unanswered meanwhile are retried with
+// the same messages (the Nats-Msg-Id dedupes one that was stored), and
+// deliveries whose acks went with the leader come back after AckWait.
+// Nothing JetStream acknowledged is lost, nothing is charged twice.
+func TestScenarioNATSClusterLeaderKilled(t *testing.T) {
+	nodes := StartNATSCluster(t, 3)
+	r := setupBilling(t, "jetstream", endpoints{pg: PostgresDSN(t), nats: ClusterURL(nodes), natsReplicas: 3})
+	stream, dlq := r.broker.(*jetstream.Broker).StreamNames(r.queue)
+	admin := newNATSAdmin(t, ClusterURL(nodes))
+	// An established cluster loses a node: every replica of the queue's
+	// streams is current, and the ready and delay consumers lead on the
+	// node that leads the stream, so that the kill takes every leader the
+	// queue's traffic goes through.
+	admin.waitCurrent(t, 30*time.Second, stream, dlq)
+	leader := admin.alignConsumers(t, stream, "berth", "berth-delay")
+	var victim *NATSServer
+	var survivors []*NATSServer
+	for _, n := range nodes {
+		if n.Name == leader {
+			victim = n
+		} else {
+			survivors = append(survivors, n)
+		}
+	}
+	if victim == nil {
+		t.Fatalf("leader %q of %s is none of the nodes", leader, stream)
+	}
+	admin.Close()
+	admin = newNATSAdmin(t, ClusterURL(survivors)) // asks while the victim is down
+	// The Broker's connection: the victim first, then the others.
+	r.broker.Close()
+	b, err := jetstream.Connect(context.Background(), victim.URL+","+ClusterURL(survivors),
+		jetstream.ConnectOptions{Name: "berth-cluster", ReconnectWait: 250 * time.Millisecond, Extra: []nats.Option{nats.DontRandomize()}},
+		jetstream.Options{AckWait: e2eLease, WaitTime: time.Second, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.broker = b
+	r.faultAfter = 40 // mid-stream: some publishes just acknowledged, the rest refused and retried
+	stats := &idempotency.Stats{}
+	r.underFault(stats, nil, 100, func() {
+		start := time.Now()
+		victim.Kill(t)
+		t.Logf("%s SIGKILLed with %d orders paid", victim.Name, r.paid())
+		// The time without a leader, of the stream and of the consumer
+		// the Workers pull from, each asked every 250 ms at most.
+		var streamAfter, consumerAfter time.Duration
+		var wg sync.WaitGroup
+		wg.Go(func() { streamAfter = admin.newLeader(stream, "", leader, start) })
+		wg.Go(func() { consumerAfter = admin.newLeader(stream, "berth", leader, start) })
+		wg.Wait()
+		if streamAfter == 0 || consumerAfter == 0 {
+			t.Fatalf("no new leader within 30s: stream %q, consumer %q", admin.streamLeader(stream), admin.consumerLeader(stream, "berth"))
+		}
+		t.Logf("leaders moved from %s: stream %s to %s after %v, consumer berth to %s after %v", leader,
+			stream, admin.streamLeader(stream), streamAfter.Round(10*time.Millisecond),
+			admin.consumerLeader(stream, "berth"), consumerAfter.Round(10*time.Millisecond))
+		time.Sleep(time.Second) // run on the new leaders for a while
+		victim.Start(t)
+		restarted := time.Since(start)
+		admin.waitCurrent(t, 30*time.Second, stream, dlq)
+		t.Logf("%s started again %v after the kill; every replica current again after %v", victim.Name,
+			restarted.Round(10*time.Millisecond), time.Since(start).Round(10*time.Millisecond))
+	})
+	t.Logf("%+v", stats.Snapshot())
+	if t.Failed() {
+		t.Logf("killed node's log:\n%s", victim.Log())
+	}
+}
+
+// natsAdmin is a connection for asking a NATS cluster where the leaders
+// of a queue's streams and consumers are.
+type natsAdmin struct {
+	nc *nats.Conn
+	js natsjs.JetStream
+}
+
+func newNATSAdmin(t *testing.T, url string) *natsAdmin {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &natsAdmin{nc: nc, js: js}
+}
+
+func (a *natsAdmin) Close() { a.nc.Close() }
+
+// cluster returns the cluster state of stream, or of its consumer when
+// consumer is not "": nil when the cluster does not answer within 250 ms
+// (a group without a leader does not answer).
+func (a *natsAdmin) cluster(stream, consumer string) *natsjs.ClusterInfo {
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	if consumer == "" {
+		s, err := a.js.Stream(ctx, stream)
+		if err != nil {
+			return nil
+		}
+		return s.CachedInfo().Cluster
+	}
+	c, err := a.js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return nil
+	}
+	return c.CachedInfo().Cluster
+}
+
+func (a *natsAdmin) streamLeader(stream string) string {
+	if ci := a.cluster(stream, ""); ci != nil {
+		return ci.Leader
+	}
+	return ""
+}
+
+func (a *natsAdmin) consumerLeader(stream, consumer string) string {
+	if ci := a.cluster(stream, consumer); ci != nil {
+		return ci.Leader
+	}
+	return ""
+}
+
+// newLeader waits until the stream (or its consumer) has a leader other
+// than old, and returns the time since start; 0 after 30 s without one.
+func (a *natsAdmin) newLeader(stream, consumer, old string, start time.Time) time.Duration {
+	for time.Since(start) < 30*time.Second {
+		if ci := a.cluster(stream, consumer); ci != nil && ci.Leader != "" && ci.Leader != old {
+			return time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return 0
+}
+
+// current reports whether the group has a leader and two more replicas,
+// online and caught up.
+func current(ci *natsjs.ClusterInfo) bool {
+	if ci == nil || ci.Leader == "" || len(ci.Replicas) != 2 {
+		return false
+	}
+	for _, p := range ci.Replicas {
+		if !p.Current || p.Offline {
+			return false
+		}
+	}
+	return true
+}
+
+// waitCurrent waits until each stream, the first one's berth consumers
+// too, has a leader and every other replica current.
+func (a *natsAdmin) waitCurrent(t *testing.T, timeout time.Duration, streams ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		pending := ""
+		for i, s := range streams {
+			if !current(a.cluster(s, "")) {
+				pending = s
+			}
+			if i == 0 {
+				for _, c := range []string{"berth", "berth-delay"} {
+					if !current(a.cluster(s, c)) {
+						pending = s + " consumer " + c
+					}
+				}
+			}
+		}
+		if pending == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no leader with every replica current within %v: %+v", pending, timeout, a.cluster(streams[0], ""))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// alignConsumers asks each consumer's leader to step down until the
+// stream's leader leads them all, and returns that node's name.
+func (a *natsAdmin) alignConsumers(t *testing.T, stream string, consumers ...string) string {
+	t.Helper()
+	for range 40 {
+		leader := a.streamLeader(stream)
+		aligned := leader != ""
+		for _, c := range consumers {
+			if l := a.consumerLeader(stream, c); leader != "" && l != leader {
+				aligned = false
+				_, _ = a.nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+stream+"."+c, nil, 2*time.Second)
+			}
+		}
+		if aligned {
+			return leader
+		}
+		a.waitCurrent(t, 30*time.Second, stream)
+	}
+	t.Fatalf("%s: its consumers' leaders did not move to the stream's leader in 40 step-downs", stream)
+	return ""
 }
