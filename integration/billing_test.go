@@ -252,6 +252,10 @@ type billingRun struct {
 	// publishRetries counts the inserts and Publish calls publishDuring
 	// retried: the fault reached the publishers.
 	publishRetries atomic.Int64
+	// publishStalled counts the Publish calls of publishDuring that ended
+	// with their own 10 s context rather than with an answer or an error
+	// of the broker's.
+	publishStalled atomic.Int64
 	// faultAfter, when not 0, makes underFault wait until that many of its
 	// later orders are published (acknowledged by the broker) before the
 	// fault: the fault then meets a stream of publishes and fresh acks.

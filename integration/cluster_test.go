@@ -256,6 +256,13 @@ func TestScenarioNATSClusterLeaderKilled(t *testing.T) {
 			restarted.Round(10*time.Millisecond), time.Since(start).Round(10*time.Millisecond))
 	})
 	t.Logf("%+v", stats.Snapshot())
+	// A Publish during the election is refused (sdk.ErrUnavailable) and
+	// retried by its caller; it used to take the leaderless stream for a
+	// deleted one and wait, declaring it again, until its caller's context
+	// ended.
+	if n := r.publishStalled.Load(); n > 0 {
+		t.Errorf("%d Publish calls ran until their caller's context ended during the election, want an error of the broker's", n)
+	}
 	if t.Failed() {
 		t.Logf("killed node's log:\n%s", victim.Log())
 	}

@@ -80,9 +80,13 @@ func (r *billingRun) publishDuring(ctx context.Context, n int, out *[]charge, pu
 		for {
 			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := f(cctx)
+			stalled := err != nil && cctx.Err() != nil
 			cancel()
 			if err == nil || ctx.Err() != nil {
 				return err
+			}
+			if stalled && what == "publish" {
+				r.publishStalled.Add(1)
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: %w", what, err)

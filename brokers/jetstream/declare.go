@@ -43,6 +43,10 @@ type queueState struct {
 	// ackWaitOK is set once Receive (with NoDeclare) has found the ready
 	// consumer's AckWait no shorter than the Broker's.
 	ackWaitOK atomic.Bool
+	// suspect is set when a PublishAsync to the queue found no stream to
+	// answer (forgetGone), or a pull no consumer (Receive): queue looks
+	// them up before using the queue again (recheck).
+	suspect atomic.Bool
 }
 
 // escape maps a queue name (letters, digits, '_', '-', '.') onto the
@@ -157,6 +161,9 @@ func (b *Broker) queue(ctx context.Context, queue string) (*queueState, error) {
 		return nil, err
 	}
 	if q, ok := b.declared.Load(queue); ok {
+		if qs := q.(*queueState); qs.suspect.Load() {
+			return b.recheck(ctx, qs)
+		}
 		return q.(*queueState), nil
 	}
 	if b.opts.NoDeclare {

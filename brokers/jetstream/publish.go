@@ -3,6 +3,7 @@ package jetstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -22,10 +23,16 @@ import (
 // Messages with a Delay go to the queue's delayed subject and are moved to
 // the ready one when due (see the package doc).
 //
-// When no stream answers (another process deleted the queue), Publish
-// declares the queue again and publishes the failed messages once more; with
-// [Options.NoDeclare] it returns an error wrapping [sdk.ErrNotFound].
-// PublishAsync's result fails then, and its next call declares the queue.
+// When no stream answers, Publish looks the queue's stream and consumers up
+// (for at most 2 s): when one is gone (another process deleted the queue)
+// it declares the queue again, and when they are there it does not; either
+// way it publishes the failed messages once more. With [Options.NoDeclare]
+// a missing stream is an error wrapping [sdk.ErrNotFound]. A lookup that
+// fails or gets no answer (a replicated stream electing a leader after its
+// node died answers nothing for seconds) is an error wrapping
+// [sdk.ErrUnavailable]: retry the same messages (deduplicated). When no
+// stream answers a PublishAsync, its result fails and the next call on the
+// queue looks it up first.
 //
 // A message whose NATS form would leave no room within the server's
 // max_payload for the copies berth stores of it (see [Options.MaxMessageSize])
@@ -77,11 +84,11 @@ func (b *Broker) Publish(ctx context.Context, queue string, msgs ...*sdk.Message
 		return err
 	}
 	// No stream answered: the queue's stream is gone (another process
-	// deleted the queue) and this Broker's declared entry is stale. Drop
-	// it, declare the queue again (with NoDeclare: ErrNotFound) and publish
-	// once more the messages that failed so.
-	b.declared.CompareAndDelete(queue, qs)
-	if qs, err = b.queue(ctx, queue); err != nil {
+	// deleted the queue), or, in a cluster, it had no leader for the
+	// moment. Only a stream JetStream says is not there is declared again
+	// (with NoDeclare: ErrNotFound; see recheck). Either way the messages
+	// that failed so are published once more.
+	if qs, err = b.recheck(ctx, qs); err != nil {
 		return err
 	}
 	var (
@@ -136,6 +143,62 @@ func streamGone(err error) bool {
 	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
+// goneCheckTimeout bounds queueMissing's lookups.
+const goneCheckTimeout = 2 * time.Second
+
+// queueMissing reports whether the stream of q, or one of its consumers,
+// is not there (another process deleted it); false when they are. It is
+// asked when a publish found no stream to answer, or a pull no consumer
+// (q marked suspect). It returns an error wrapping [sdk.ErrUnavailable]
+// when a lookup fails or gets no answer within goneCheckTimeout. A
+// replicated stream or consumer whose leader's node died answers nothing,
+// publishes, pulls and lookups alike, until its group elects another
+// leader (seconds): nats.go reports its publishes as it reports a missing
+// stream's, and the declaration that followed sent its lookups to the
+// leaderless stream, which dropped them unanswered, so Publish waited until
+// its caller's context ended (and declared the queue again for nothing).
+// Now the caller hears that JetStream is unavailable, and retries (the same
+// messages are deduplicated by their Nats-Msg-Id).
+func (b *Broker) queueMissing(ctx context.Context, q *queueState) (bool, error) {
+	lctx, cancel := context.WithTimeout(ctx, goneCheckTimeout)
+	defer cancel()
+	_, err := b.js.Stream(lctx, q.stream)
+	for _, c := range [...]string{consumerName, delayConsumerName} {
+		if err != nil {
+			break
+		}
+		_, err = b.js.Consumer(lctx, q.stream, c)
+	}
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrConsumerNotFound):
+		return true, nil
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	}
+	return false, fmt.Errorf("berth/jetstream: queue %s: %w: looking up stream %s and its consumers failed: %w",
+		sdk.ErrorText(q.name), sdk.ErrUnavailable, q.stream, err)
+}
+
+// recheck returns the state of q's queue once a publish to it found no
+// stream to answer, or a pull no consumer (q is then marked suspect, see
+// forgetGone and Receive): q itself when its stream and consumers are
+// there, the queue declared again when JetStream says one is not (another
+// process deleted it), and an error wrapping [sdk.ErrUnavailable] when they
+// cannot be looked up (see queueMissing).
+func (b *Broker) recheck(ctx context.Context, q *queueState) (*queueState, error) {
+	missing, err := b.queueMissing(ctx, q)
+	switch {
+	case err != nil:
+		return nil, err
+	case missing:
+		return b.redeclare(ctx, q)
+	}
+	q.suspect.Store(false)
+	return q, nil
+}
+
 // redeclare declares q's queue again, whose declared entry q is stale: one
 // of its streams was deleted by another process (a publish no stream
 // answered). With [Options.NoDeclare] it creates nothing.
@@ -144,9 +207,13 @@ func (b *Broker) redeclare(ctx context.Context, q *queueState) (*queueState, err
 	return b.queue(ctx, q.name)
 }
 
-// forgetGone drops the declared entry of the queue whose subject a publish
-// went to when no stream answered it, so that the next call on the queue
-// declares it again (PublishAsync cannot retry: its result is already out).
+// forgetGone marks suspect the declared entry of the queue whose subject
+// a publish went to when no stream answered it, so that the next call on
+// the queue looks its stream up first (recheck) and declares it again if
+// it is gone (PublishAsync cannot retry: its result is already out). It
+// used to drop the entry: the next call then declared the queue at once,
+// and during a stream leader election that declaration's lookup went
+// unanswered until the caller's context ended.
 func (b *Broker) forgetGone(subject string, err error) {
 	if !streamGone(err) {
 		return
@@ -154,7 +221,9 @@ func (b *Broker) forgetGone(subject string, err error) {
 	for _, kind := range [...]string{".q.", ".d."} {
 		if esc, ok := strings.CutPrefix(subject, b.opts.Prefix+kind); ok {
 			if queue, ok := unescape(esc); ok {
-				b.declared.Delete(queue)
+				if q, ok := b.declared.Load(queue); ok {
+					q.(*queueState).suspect.Store(true)
+				}
 			}
 			return
 		}

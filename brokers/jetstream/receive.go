@@ -201,14 +201,16 @@ func (b *Broker) pull(ctx context.Context, q *queueState, consumer string, batch
 			}
 			return msgs, ctx.Err()
 		case <-timer.C:
-			// No answer: the request was lost (a reconnect), or the
-			// consumer is not there (deleted while no pull of this
+			// No answer: the request was lost (a reconnect), the
+			// consumer has no leader for the moment (its node died), or
+			// the consumer is not there (deleted while no pull of this
 			// Broker's waited on it to be told by a 409: a pull on a
 			// missing consumer is never answered). The caller asks
-			// again, and the next Receive declares the queue again,
-			// creating what is missing.
+			// again, and the next call on the queue looks its stream and
+			// consumers up (recheck), declaring it again if one is
+			// missing.
 			b.untrack(sub)
-			b.declared.CompareAndDelete(q.name, q)
+			q.suspect.Store(true)
 			return msgs, nil
 		}
 		if status := serverStatus(m); status != "" {
