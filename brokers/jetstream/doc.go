@@ -208,10 +208,14 @@
 // (nats.ReconnectBufSize, 8 MiB by default), is refused with an error
 // wrapping [sdk.ErrUnavailable] as well. A pull request lost with the
 // connection is given up after WaitTime plus a second, and the caller pulls
-// again; the next Receive declares the queue again, since a pull on a
-// consumer that does not exist (deleted while no pull waited on it) is
-// never answered either (with [Options.NoDeclare], Receive then returns an
-// error wrapping [sdk.ErrNotFound]). Settlements and pulls made while it is down are refused at once
+// again; the next call on the queue first looks its stream and consumers
+// up (for at most 2 s) and declares the queue again if one is missing,
+// since a pull on a consumer that does not exist (deleted while no pull
+// waited on it) is never answered either (with [Options.NoDeclare], a
+// missing stream is an error wrapping [sdk.ErrNotFound]); a lookup that
+// gets no answer either (a replicated stream or consumer electing a leader
+// after its node died) is an error wrapping [sdk.ErrUnavailable], and the
+// caller tries again. Settlements and pulls made while it is down are refused at once
 // with an error wrapping [sdk.ErrUnavailable]: the message comes back after
 // its AckWait. A publish whose ack was lost with the connection fails after
 // 5 s, wrapping [sdk.ErrUnavailable]; retrying it stores nothing twice. Once
