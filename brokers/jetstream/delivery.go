@@ -366,11 +366,15 @@ func (d *delivery) deadLetter(ctx context.Context, cause error, attempts int) er
 	pa, err := d.b.publishAcked(ctx, w, id)
 	if streamGone(err) {
 		// No stream answered: the dead-letter stream was deleted (by an
-		// operator, to empty it) after this Broker declared the queue.
-		// Declared again, as Publish does with the queue's stream; else
-		// every DeadLetter and every poison message failed until the
-		// Broker was replaced, the message delivered again for ever.
-		if _, derr := d.b.redeclare(ctx, d.q); derr != nil {
+		// operator, to empty it) after this Broker declared the queue, or
+		// it is electing a leader. Declared again when it is missing, as
+		// Publish does with the queue's stream (recheck); else every
+		// DeadLetter and every poison message failed until the Broker was
+		// replaced, the message delivered again for ever. A stream without
+		// a leader is ErrUnavailable at once: the message comes back after
+		// its AckWait, where the declaration used to wait out the
+		// settlement's context.
+		if _, derr := d.b.recheck(ctx, d.q); derr != nil {
 			return d.end(derr)
 		}
 		pa, err = d.b.publishAcked(ctx, w, id)

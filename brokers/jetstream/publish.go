@@ -146,10 +146,10 @@ func streamGone(err error) bool {
 // goneCheckTimeout bounds queueMissing's lookups.
 const goneCheckTimeout = 2 * time.Second
 
-// queueMissing reports whether the stream of q, or one of its consumers,
-// is not there (another process deleted it); false when they are. It is
-// asked when a publish found no stream to answer, or a pull no consumer
-// (q marked suspect). It returns an error wrapping [sdk.ErrUnavailable]
+// queueMissing reports whether the stream of q, one of its consumers or its
+// dead-letter stream is not there (another process deleted it); false when
+// they are. It is asked when a publish found no stream to answer (a
+// dead letter's included), or a pull no consumer (q marked suspect). It returns an error wrapping [sdk.ErrUnavailable]
 // when a lookup fails or gets no answer within goneCheckTimeout. A
 // replicated stream or consumer whose leader's node died answers nothing,
 // publishes, pulls and lookups alike, until its group elects another
@@ -168,6 +168,9 @@ func (b *Broker) queueMissing(ctx context.Context, q *queueState) (bool, error) 
 			break
 		}
 		_, err = b.js.Consumer(lctx, q.stream, c)
+	}
+	if err == nil {
+		_, err = b.js.Stream(lctx, q.dlq)
 	}
 	switch {
 	case err == nil:
