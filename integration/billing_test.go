@@ -65,6 +65,21 @@ type charge struct {
 	Amount  int64  `json:"amount"`
 }
 
+// shared sets the endpoint of the shared server of broker kind (RabbitMQ,
+// the SQS emulator, NATS); the others need none or have their own.
+func (ep *endpoints) shared(t *testing.T, kind string) {
+	switch kind {
+	case "rabbitmq":
+		ep.amqp = RabbitMQURL(t)
+	case "sqs":
+		ep.sqs = SQSEndpoint(t)
+	case "jetstream":
+		ep.nats = NATSURL(t)
+	}
+}
+
+// endpoints are the servers of a billing run: its PostgreSQL and its
+// broker's.
 type endpoints struct {
 	pg, amqp, sqs, nats string
 	// natsReplicas is the JetStream streams' Replicas (0: the broker's
@@ -567,14 +582,7 @@ func TestBillingExactlyOnceEffect(t *testing.T) {
 	ep := endpoints{pg: PostgresDSN(t)}
 	for _, kind := range []string{"memory", "rabbitmq", "sqs", "postgres", "jetstream"} {
 		t.Run(kind, func(t *testing.T) {
-			switch kind {
-			case "rabbitmq":
-				ep.amqp = RabbitMQURL(t)
-			case "sqs":
-				ep.sqs = SQSEndpoint(t)
-			case "jetstream":
-				ep.nats = NATSURL(t)
-			}
+			ep.shared(t, kind)
 			r := setupBilling(t, kind, ep)
 			const orders = 200
 			r.publish(orders)

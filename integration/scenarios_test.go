@@ -241,14 +241,7 @@ func TestScenarioStoreRestart(t *testing.T) {
 	for _, kind := range []string{"rabbitmq", "sqs", "jetstream"} {
 		t.Run(kind, func(t *testing.T) {
 			ep := endpoints{}
-			switch kind {
-			case "rabbitmq":
-				ep.amqp = RabbitMQURL(t)
-			case "sqs":
-				ep.sqs = SQSEndpoint(t)
-			case "jetstream":
-				ep.nats = NATSURL(t)
-			}
+			ep.shared(t, kind)
 			pg := StartPostgres(t)
 			ep.pg = pg.DSN
 			r := setupBilling(t, kind, ep)
