@@ -179,8 +179,10 @@ func (b *Broker) queueMissing(ctx context.Context, q *queueState) (bool, error) 
 		return true, nil
 	case ctx.Err() != nil:
 		return false, ctx.Err()
+	case b.closed.Load():
+		return false, sdk.ErrClosed
 	}
-	return false, fmt.Errorf("berth/jetstream: queue %s: %w: looking up stream %s and its consumers failed: %w",
+	return false, fmt.Errorf("berth/jetstream: queue %s: %w: looking up stream %s, its consumers and dead-letter stream failed: %w",
 		sdk.ErrorText(q.name), sdk.ErrUnavailable, q.stream, err)
 }
 
