@@ -44,7 +44,7 @@ type queueState struct {
 	// consumer's AckWait no shorter than the Broker's.
 	ackWaitOK atomic.Bool
 	// suspect is set when a PublishAsync to the queue found no stream to
-	// answer (forgetGone), or a pull no consumer (Receive): queue looks
+	// answer (suspectGone), or a pull no consumer (Receive): queue looks
 	// them up before using the queue again (recheck).
 	suspect atomic.Bool
 }

@@ -188,7 +188,7 @@ func (b *Broker) queueMissing(ctx context.Context, q *queueState) (bool, error) 
 
 // recheck returns the state of q's queue once a publish to it found no
 // stream to answer, or a pull no consumer (q is then marked suspect, see
-// forgetGone and Receive): q itself when its stream and consumers are
+// suspectGone and Receive): q itself when its stream and consumers are
 // there, the queue declared again when JetStream says one is not (another
 // process deleted it), and an error wrapping [sdk.ErrUnavailable] when they
 // cannot be looked up (see queueMissing).
@@ -212,14 +212,14 @@ func (b *Broker) redeclare(ctx context.Context, q *queueState) (*queueState, err
 	return b.queue(ctx, q.name)
 }
 
-// forgetGone marks suspect the declared entry of the queue whose subject
+// suspectGone marks suspect the declared entry of the queue whose subject
 // a publish went to when no stream answered it, so that the next call on
 // the queue looks its stream up first (recheck) and declares it again if
 // it is gone (PublishAsync cannot retry: its result is already out). It
 // used to drop the entry: the next call then declared the queue at once,
 // and during a stream leader election that declaration's lookup went
 // unanswered until the caller's context ended.
-func (b *Broker) forgetGone(subject string, err error) {
+func (b *Broker) suspectGone(subject string, err error) {
 	if !streamGone(err) {
 		return
 	}
@@ -466,7 +466,7 @@ func (b *Broker) asyncDone(w *nats.Msg, err error) {
 		return
 	}
 	if err != nil {
-		b.forgetGone(w.Subject, err)
+		b.suspectGone(w.Subject, err)
 		err = b.wrapErr(context.Background(), "publish", err)
 	}
 	res.Resolve(err)
